@@ -1,0 +1,82 @@
+//! The `peerwasm` command line. Each subcommand has its own file; this one
+//! holds the argument definitions shared by them and the dispatch.
+
+mod run;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Exit code for usage or runtime errors that are not the job's doing.
+pub const EXIT_USAGE: u8 = 2;
+
+/// Run WebAssembly (wasm32-wasip1) jobs with exact memory limits, locally or
+/// on a pool of peer machines.
+#[derive(Parser, Debug)]
+#[command(name = "peerwasm", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run one job and exit with its exit code.
+    Run(run::RunArgs),
+}
+
+/// Options every job-submitting command shares.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SandboxArgs {
+    /// Jobs run at once on the embedded worker [default: number of cores].
+    #[arg(long, value_name = "N")]
+    slots: Option<usize>,
+    /// Where compiled modules are cached [default: the user's cache dir,
+    /// e.g. ~/.cache/peerwasm/modules].
+    #[arg(long, value_name = "DIR", env = "PEERWASM_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Keep compiled modules in memory only.
+    #[arg(long)]
+    no_disk_cache: bool,
+}
+
+impl SandboxArgs {
+    fn sandbox_config(&self) -> crate::sandbox::SandboxConfig {
+        let mut c = crate::sandbox::SandboxConfig::default();
+        if let Some(n) = self.slots {
+            c.slots = n.max(1);
+        }
+        if !self.no_disk_cache {
+            c.cache_dir = self.cache_dir.clone().or_else(default_cache_dir);
+        }
+        c
+    }
+}
+
+/// `$XDG_CACHE_HOME/peerwasm/modules` or `~/.cache/peerwasm/modules`.
+fn default_cache_dir() -> Option<PathBuf> {
+    dirs::cache_dir().map(|d| d.join("peerwasm").join("modules"))
+}
+
+/// Parses the command line, runs the command, and returns the exit code.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Run(args) => run::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("peerwasm: {e:#}");
+            ExitCode::from(EXIT_USAGE)
+        }
+    }
+}

@@ -1,0 +1,190 @@
+//! `peerwasm run`: one job, on the embedded worker, with the job's stdout and
+//! stderr streamed as it writes them and the job's exit code as ours.
+
+use std::io::{IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+use super::SandboxArgs;
+use crate::proto::{CacheSource, DirGrant, JobLimits, JobResult, JobSpec, Outcome, StdStream};
+use crate::units::{Bytes, parse_duration, parse_size};
+use crate::worker::{JobRunner, RunnerConfig};
+
+/// The most stdin `run` reads and hands to the job.
+pub const MAX_STDIN_BYTES: u64 = 256 << 20;
+
+/// The memory limit when `--mem` is not given.
+pub const DEFAULT_MEMORY: u64 = 1 << 30;
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// Linear-memory limit for the job, e.g. 64MiB, 2GiB, 1.5G [default: 1GiB].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    mem: Option<u64>,
+    /// Wall-time limit, e.g. 30s, 5m [default: none].
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    timeout: Option<Duration>,
+    /// Set an environment variable for the job; NAME alone passes this
+    /// process's value. The job sees no other variables.
+    #[arg(long = "env", value_name = "NAME[=VAL]")]
+    env: Vec<String>,
+    /// Grant the job a host directory, seen by the job at GUEST (default:
+    /// the same path), read-write, like `wasmtime run --dir`.
+    #[arg(long = "dir", value_name = "HOST[::GUEST]")]
+    dirs: Vec<String>,
+    /// Print peak memory, wall and CPU time to stderr when the job ends.
+    #[arg(long, conflicts_with = "json")]
+    stats: bool,
+    /// Print one JSON result object on stdout instead of the job's output.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    sandbox: SandboxArgs,
+    /// The job module, then its arguments, passed verbatim (also those
+    /// that start with '-').
+    #[arg(value_name = "JOB.wasm [ARGS]...", required = true, trailing_var_arg = true)]
+    module_and_args: Vec<String>,
+}
+
+pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let (module_path, job_args) = args
+        .module_and_args
+        .split_first()
+        .context("no job module given")?;
+    let bytes = std::fs::read(module_path).with_context(|| format!("cannot read {module_path}"))?;
+    let env = parse_env(&args.env)?;
+    let dirs = parse_dirs(&args.dirs)?;
+    let stdin = read_stdin()?;
+
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let runner = JobRunner::new(RunnerConfig { sandbox: args.sandbox.sandbox_config() })?;
+    let spec = JobSpec {
+        module: runner.add_module(bytes),
+        program_name: module_path.clone(),
+        args: job_args.to_vec(),
+        env,
+        stdin,
+        dirs,
+        limits: JobLimits {
+            memory_bytes: args.mem.unwrap_or(DEFAULT_MEMORY),
+            timeout_ms: args.timeout.map(|d| d.as_millis().max(1) as u64),
+            ..JobLimits::default()
+        },
+    };
+    let result = runtime.block_on(async {
+        if args.json {
+            return runner.run(spec, None).await;
+        }
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<crate::sandbox::OutputChunk>();
+        let forward = tokio::spawn(async move {
+            while let Some((stream, chunk)) = rx.recv().await {
+                // A closed stdout (`| head`) must not stop the job's stderr.
+                let _ = match stream {
+                    StdStream::Stdout => write_all_flush(&mut std::io::stdout().lock(), &chunk[..]),
+                    StdStream::Stderr => write_all_flush(&mut std::io::stderr().lock(), &chunk[..]),
+                };
+            }
+        });
+        let result = runner.run(spec, Some(tx)).await;
+        let _ = forward.await;
+        result
+    });
+
+    if args.json {
+        let mut out = std::io::stdout().lock();
+        serde_json::to_writer(&mut out, &result)?;
+        writeln!(out)?;
+    } else {
+        report(&result, args.mem.is_none(), args.stats);
+    }
+    Ok(ExitCode::from((result.outcome.exit_code() & 0xff) as u8))
+}
+
+fn write_all_flush(w: &mut impl Write, bytes: &[u8]) -> std::io::Result<()> {
+    w.write_all(bytes)?;
+    w.flush()
+}
+
+/// One clear line on stderr for every ending that is not the job's own exit;
+/// the warnings; and the figures with `--stats`.
+fn report(result: &JobResult, default_mem: bool, stats: bool) {
+    match &result.outcome {
+        Outcome::Exited { .. } => {}
+        Outcome::MemoryLimitExceeded { .. } if default_mem => {
+            eprintln!("peerwasm: {} — raise it with --mem", result.outcome)
+        }
+        other => eprintln!("peerwasm: {other}"),
+    }
+    for w in &result.warnings {
+        eprintln!("peerwasm: warning: {w}");
+    }
+    if stats {
+        let module = match result.cache {
+            CacheSource::Memory => "cached in memory",
+            CacheSource::Disk => "loaded from the disk cache",
+            CacheSource::Compiled => "compiled",
+            CacheSource::None => "not loaded",
+        };
+        eprintln!(
+            "peerwasm: exit {} · peak memory {} of {} · wall {:.1} ms · cpu {:.1} ms · module {module} · on {}",
+            result.outcome.exit_code(),
+            Bytes(result.peak_memory_bytes),
+            Bytes(result.memory_limit_bytes),
+            result.wall_time_us as f64 / 1000.0,
+            result.cpu_time_us as f64 / 1000.0,
+            result.peer,
+        );
+    }
+}
+
+/// All of stdin when it is not a terminal (as with `timeout cmd`, a job that
+/// reads stdin from a terminal would wait for ^D; we give it none).
+fn read_stdin() -> anyhow::Result<Vec<u8>> {
+    let stdin = std::io::stdin();
+    if stdin.is_terminal() {
+        return Ok(Vec::new());
+    }
+    let mut buf = Vec::new();
+    stdin.lock().take(MAX_STDIN_BYTES + 1).read_to_end(&mut buf).context("cannot read stdin")?;
+    if buf.len() as u64 > MAX_STDIN_BYTES {
+        bail!("stdin is larger than {}; give the job a file with --dir instead", Bytes(MAX_STDIN_BYTES));
+    }
+    Ok(buf)
+}
+
+fn parse_env(items: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+    items
+        .iter()
+        .map(|item| match item.split_once('=') {
+            Some((k, _)) if k.is_empty() => bail!("--env {item:?}: the name is empty"),
+            Some((k, v)) => Ok((k.to_string(), v.to_string())),
+            None => match std::env::var(item) {
+                Ok(v) => Ok((item.clone(), v)),
+                Err(_) => bail!("--env {item}: {item} is not set here; give a value with {item}=VALUE"),
+            },
+        })
+        .collect()
+}
+
+fn parse_dirs(items: &[String]) -> anyhow::Result<Vec<DirGrant>> {
+    items
+        .iter()
+        .map(|item| {
+            let (host, guest) = match item.split_once("::") {
+                Some((h, g)) => (h, g),
+                None => (item.as_str(), item.as_str()),
+            };
+            if host.is_empty() || guest.is_empty() {
+                bail!("--dir {item:?}: expected HOST or HOST::GUEST");
+            }
+            let host = PathBuf::from(host);
+            if !Path::new(&host).is_dir() {
+                bail!("--dir {item}: {} is not a directory", host.display());
+            }
+            Ok(DirGrant { host, guest: guest.to_string(), read_only: false })
+        })
+        .collect()
+}

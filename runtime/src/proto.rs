@@ -1,0 +1,316 @@
+//! Wire types shared by the client, the embedded worker and (later) remote
+//! workers: what a job asks for ([`JobSpec`]) and how it ended ([`JobResult`],
+//! [`Outcome`]).
+//!
+//! These are plain serde types. On the wire they travel as postcard; `peerwasm
+//! run --json` and `map` print them as JSON, which is why durations and sizes
+//! are flat integers with their unit in the field name rather than
+//! `std::time::Duration` (serde would print `{"secs":..,"nanos":..}`).
+
+use std::fmt;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// The sha256 of a module's bytes: the name a module goes by everywhere.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ModuleHash(pub [u8; 32]);
+
+impl ModuleHash {
+    /// Hashes `bytes`.
+    pub fn of(bytes: &[u8]) -> ModuleHash {
+        use sha2::Digest;
+        ModuleHash(sha2::Sha256::digest(bytes).into())
+    }
+
+    /// The lowercase hex form, as used in URLs and file names.
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+
+    /// Parses the hex form; `None` unless it is exactly 64 hex digits.
+    pub fn from_hex(s: &str) -> Option<ModuleHash> {
+        let mut out = [0u8; 32];
+        hex::decode_to_slice(s, &mut out).ok()?;
+        Some(ModuleHash(out))
+    }
+}
+
+impl fmt::Debug for ModuleHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ModuleHash({})", &self.to_hex()[..12])
+    }
+}
+
+impl fmt::Display for ModuleHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+/// Everything a worker needs to run one job, apart from the module bytes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobSpec {
+    /// The module to run, by content hash.
+    pub module: ModuleHash,
+    /// `argv[0]` as the guest sees it (the wasmtime CLI uses the file name).
+    pub program_name: String,
+    /// The job's arguments, verbatim, without `argv[0]`.
+    pub args: Vec<String>,
+    /// The job's whole environment; nothing of the host's leaks in.
+    pub env: Vec<(String, String)>,
+    /// The job's standard input.
+    pub stdin: Vec<u8>,
+    /// Host directories granted to the job (embedded worker only).
+    pub dirs: Vec<DirGrant>,
+    /// What the job may use.
+    pub limits: JobLimits,
+}
+
+impl JobSpec {
+    /// A job of `module` with no arguments, no input and default limits.
+    pub fn new(module: ModuleHash) -> JobSpec {
+        JobSpec {
+            module,
+            program_name: "job.wasm".into(),
+            args: Vec::new(),
+            env: Vec::new(),
+            stdin: Vec::new(),
+            dirs: Vec::new(),
+            limits: JobLimits::default(),
+        }
+    }
+}
+
+/// A host directory mapped into the guest, like `wasmtime run --dir HOST::GUEST`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirGrant {
+    /// The directory on the worker's host.
+    pub host: PathBuf,
+    /// Where the guest sees it (`/in`, `/`, `.`...).
+    pub guest: String,
+    /// Whether the guest may only read.
+    pub read_only: bool,
+}
+
+/// Per-job limits. Every field is enforced by the sandbox.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobLimits {
+    /// Linear memory, summed over all memories of the job, in bytes.
+    /// Default: 1 GiB.
+    pub memory_bytes: u64,
+    /// Wall-clock time; `None` means no limit. Default: none.
+    pub timeout_ms: Option<u64>,
+    /// Bytes of stdout kept; writing more ends the job. Default: 64 MiB.
+    pub stdout_bytes: u64,
+    /// Bytes of stderr kept; writing more ends the job. Default: 16 MiB.
+    pub stderr_bytes: u64,
+}
+
+impl Default for JobLimits {
+    fn default() -> Self {
+        JobLimits {
+            memory_bytes: 1 << 30,
+            timeout_ms: None,
+            stdout_bytes: 64 << 20,
+            stderr_bytes: 16 << 20,
+        }
+    }
+}
+
+/// Which output stream a message is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StdStream {
+    Stdout,
+    Stderr,
+}
+
+impl fmt::Display for StdStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            StdStream::Stdout => "stdout",
+            StdStream::Stderr => "stderr",
+        })
+    }
+}
+
+/// How a job ended. Every way a job can end is one of these values; none is a
+/// panic of the host.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Outcome {
+    /// `_start` returned (code 0) or the guest called `proc_exit(code)`.
+    Exited { code: i32 },
+    /// The job asked for more linear memory than its limit.
+    MemoryLimitExceeded {
+        /// The limit, in bytes.
+        limit: u64,
+        /// The largest total the job held, in bytes.
+        peak: u64,
+        /// The total it asked for when it was refused, in bytes.
+        requested: u64,
+    },
+    /// The job ran past its wall-time limit.
+    TimeLimitExceeded { limit_ms: u64 },
+    /// The job wrote more than its cap to stdout or stderr.
+    OutputLimitExceeded { stream: StdStream, limit: u64 },
+    /// The guest trapped (or a host call failed fatally).
+    Trapped {
+        /// The trap code (`unreachable`, `stack overflow`...) or `host error`.
+        trap: String,
+        /// One line describing what happened.
+        message: String,
+        /// Innermost frame first, at most a few frames.
+        backtrace: Vec<String>,
+    },
+    /// The bytes are not a runnable wasm32-wasip1 command module.
+    InvalidModule { reason: String },
+    /// The job was not run: too large, or not allowed.
+    Rejected { reason: String },
+}
+
+impl Outcome {
+    /// The process exit code `peerwasm run` uses for this outcome: the job's
+    /// own code, 124 for time (as `timeout(1)`), 137 for memory (as an OOM
+    /// kill), 134 for a trap (as `wasmtime run`), 2 for everything that is not
+    /// the job's doing.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Outcome::Exited { code } => *code,
+            Outcome::TimeLimitExceeded { .. } => 124,
+            Outcome::MemoryLimitExceeded { .. } => 137,
+            Outcome::Trapped { .. } | Outcome::OutputLimitExceeded { .. } => 134,
+            Outcome::InvalidModule { .. } | Outcome::Rejected { .. } => 2,
+        }
+    }
+
+    /// Whether the job ran to an exit of its own with code 0.
+    pub fn is_success(&self) -> bool {
+        matches!(self, Outcome::Exited { code: 0 })
+    }
+}
+
+impl fmt::Display for Outcome {
+    /// One line, for people: what `peerwasm run` prints on stderr.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use crate::units::Bytes;
+        match self {
+            Outcome::Exited { code } => write!(f, "job exited with code {code}"),
+            Outcome::MemoryLimitExceeded { limit, peak, requested } => write!(
+                f,
+                "job exceeded its memory limit of {} (peak {}, asked for {})",
+                Bytes(*limit),
+                Bytes(*peak),
+                Bytes(*requested)
+            ),
+            Outcome::TimeLimitExceeded { limit_ms } => write!(
+                f,
+                "job exceeded its time limit of {}",
+                humantime::format_duration(std::time::Duration::from_millis(*limit_ms))
+            ),
+            Outcome::OutputLimitExceeded { stream, limit } => {
+                write!(f, "job wrote more than its {stream} limit of {}", Bytes(*limit))
+            }
+            Outcome::Trapped { trap, message, backtrace } => {
+                write!(f, "job trapped: {trap}")?;
+                if !message.is_empty() && message != trap {
+                    write!(f, " ({message})")?;
+                }
+                if let Some(top) = backtrace.first() {
+                    write!(f, " in {top}")?;
+                }
+                Ok(())
+            }
+            Outcome::InvalidModule { reason } => write!(f, "invalid module: {reason}"),
+            Outcome::Rejected { reason } => write!(f, "job rejected: {reason}"),
+        }
+    }
+}
+
+/// Where a job's compiled module came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheSource {
+    /// Found compiled in memory.
+    Memory,
+    /// Loaded from a serialized artifact on disk.
+    Disk,
+    /// Compiled for this job.
+    Compiled,
+    /// The job never got as far as a compiled module.
+    None,
+}
+
+/// What a worker sends back for one job.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobResult {
+    /// How the job ended.
+    pub outcome: Outcome,
+    /// Standard output, up to the cap.
+    #[serde(with = "lossy_bytes")]
+    pub stdout: Vec<u8>,
+    /// Standard error, up to the cap.
+    #[serde(with = "lossy_bytes")]
+    pub stderr: Vec<u8>,
+    /// The largest linear memory the job held, initial size included, in bytes.
+    pub peak_memory_bytes: u64,
+    /// The memory limit the job ran under, in bytes.
+    pub memory_limit_bytes: u64,
+    /// Wall time from the start of instantiation to the end, in microseconds.
+    pub wall_time_us: u64,
+    /// CPU time the job's thread spent in the job, in microseconds.
+    pub cpu_time_us: u64,
+    /// Where the compiled module came from.
+    pub cache: CacheSource,
+    /// Who ran it (`embedded` or a peer address).
+    pub peer: String,
+    /// Things the submitter should know (e.g. peak close to the limit).
+    pub warnings: Vec<String>,
+}
+
+/// Output bytes: raw in postcard, as a (lossy) UTF-8 string in JSON, which is
+/// what a person or a script reading `--json` wants.
+mod lossy_bytes {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        if s.is_human_readable() {
+            s.serialize_str(&String::from_utf8_lossy(bytes))
+        } else {
+            s.serialize_bytes(bytes)
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        if d.is_human_readable() {
+            Ok(String::deserialize(d)?.into_bytes())
+        } else {
+            Ok(serde_bytes_vec(d)?)
+        }
+    }
+
+    fn serde_bytes_vec<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Vec<u8>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("bytes")
+            }
+            fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+                Ok(v.to_vec())
+            }
+            fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+                Ok(v)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Vec<u8>, A::Error> {
+                let mut out = Vec::new();
+                while let Some(b) = a.next_element()? {
+                    out.push(b);
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_byte_buf(V)
+    }
+}

@@ -1,0 +1,171 @@
+//! The per-job `ResourceLimiter`: enforces the job's linear-memory limit
+//! exactly, summed over all of its memories, and records the peak and any
+//! refusal so the outcome is classified from this record, not guessed from a
+//! trap's text.
+//!
+//! Why a store-wide sum: wasmtime's `StoreLimits::memory_size` limits each
+//! memory on its own, so a module with two memories could use twice its
+//! budget (Spin learned this the hard way).
+
+use std::fmt;
+
+use wasmtime::ResourceLimiter;
+
+use crate::proto::StdStream;
+
+/// Largest number of elements one table may grow to. Rust guests use a few
+/// hundred; a table-growth bomb is refused long before it costs the host much.
+pub const MAX_TABLE_ELEMENTS: usize = 1 << 20;
+
+/// A limit a job ran into. Returned as the error that ends the job, so it can
+/// be recognised by `downcast_ref` when the outcome is classified.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LimitExceeded {
+    /// A memory grow (or a new memory) would have taken the job past its limit.
+    Memory { limit: u64, requested: u64 },
+    /// A table would have grown past [`MAX_TABLE_ELEMENTS`].
+    Table { limit: u64, requested: u64 },
+    /// The job wrote more than its cap to an output stream.
+    Output { stream: StdStream, limit: u64 },
+}
+
+impl fmt::Display for LimitExceeded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LimitExceeded::Memory { limit, requested } => {
+                write!(f, "memory limit of {limit} bytes exceeded (asked for {requested})")
+            }
+            LimitExceeded::Table { limit, requested } => {
+                write!(f, "table limit of {limit} elements exceeded (asked for {requested})")
+            }
+            LimitExceeded::Output { stream, limit } => {
+                write!(f, "{stream} limit of {limit} bytes exceeded")
+            }
+        }
+    }
+}
+
+impl std::error::Error for LimitExceeded {}
+
+/// Tracks one job's linear memory. Wasm memories never shrink (a failed grow is
+/// rolled back), so the total only rises and the peak *is* the current total.
+#[derive(Debug)]
+pub struct MemoryLimiter {
+    limit: u64,
+    total: u64,
+    /// The growth the limiter last allowed, rolled back if the grow then fails.
+    pending: u64,
+    /// The total the job asked for when it was refused, if it was.
+    refused: Option<u64>,
+}
+
+impl MemoryLimiter {
+    /// A limiter for a job that may hold `limit` bytes of linear memory.
+    pub fn new(limit: u64) -> MemoryLimiter {
+        MemoryLimiter { limit, total: 0, pending: 0, refused: None }
+    }
+
+    /// The largest total the job held, in bytes.
+    pub fn peak(&self) -> u64 {
+        self.total
+    }
+
+    /// The limit, in bytes.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The total the job asked for when a grow was refused, if one was.
+    pub fn refused(&self) -> Option<u64> {
+        self.refused
+    }
+}
+
+impl ResourceLimiter for MemoryLimiter {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let delta = desired.saturating_sub(current) as u64;
+        let requested = self.total.saturating_add(delta);
+        if requested > self.limit {
+            self.refused = Some(requested);
+            return Err(LimitExceeded::Memory { limit: self.limit, requested }.into());
+        }
+        self.total = requested;
+        self.pending = delta;
+        Ok(true)
+    }
+
+    fn memory_grow_failed(&mut self, _error: wasmtime::Error) -> wasmtime::Result<()> {
+        // We allowed it but the host could not give it (the pooling
+        // allocator's ceiling, or mmap failing): roll back, and record the
+        // refusal, since the job did not get the memory it needed.
+        let requested = self.total;
+        self.total -= self.pending;
+        self.pending = 0;
+        self.refused.get_or_insert(requested);
+        Ok(())
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > MAX_TABLE_ELEMENTS {
+            return Err(LimitExceeded::Table {
+                limit: MAX_TABLE_ELEMENTS as u64,
+                requested: desired as u64,
+            }
+            .into());
+        }
+        Ok(true)
+    }
+
+    fn instances(&self) -> usize {
+        1
+    }
+
+    fn tables(&self) -> usize {
+        16
+    }
+
+    fn memories(&self) -> usize {
+        16
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_memories_and_refuses_past_the_limit() {
+        let mut l = MemoryLimiter::new(10 * 65536);
+        assert!(l.memory_growing(0, 4 * 65536, None).unwrap());
+        assert!(l.memory_growing(0, 4 * 65536, None).unwrap()); // a second memory
+        assert_eq!(l.peak(), 8 * 65536);
+        let err = l.memory_growing(4 * 65536, 7 * 65536, None).unwrap_err();
+        assert_eq!(
+            err.downcast_ref::<LimitExceeded>(),
+            Some(&LimitExceeded::Memory { limit: 10 * 65536, requested: 11 * 65536 })
+        );
+        assert_eq!(l.refused(), Some(11 * 65536));
+        assert_eq!(l.peak(), 8 * 65536);
+    }
+
+    #[test]
+    fn a_failed_grow_is_rolled_back() {
+        let mut l = MemoryLimiter::new(100 * 65536);
+        assert!(l.memory_growing(0, 65536, None).unwrap());
+        assert!(l.memory_growing(65536, 3 * 65536, None).unwrap());
+        l.memory_grow_failed(wasmtime::format_err!("no room")).unwrap();
+        assert!(l.memory_growing(65536, 2 * 65536, None).unwrap());
+        assert_eq!(l.peak(), 2 * 65536);
+        assert_eq!(l.refused(), Some(3 * 65536));
+    }
+}

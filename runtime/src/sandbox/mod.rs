@@ -1,0 +1,378 @@
+//! The sandbox: runs one job's module under wasmtime with exact limits and
+//! reports how it ended.
+//!
+//! Layout:
+//! * [`engine`] — the shared `Engine` (instance allocator, time-limit mechanism);
+//! * [`cache`] — sha256 → compiled module, in memory and on disk;
+//! * [`validate`] — cheap checks on module bytes, for clear messages;
+//! * [`limiter`] — the per-job memory limit and peak;
+//! * [`stdio`] — captured, capped, optionally streamed stdout/stderr;
+//! * [`outcome`] — classifying how a job ended.
+//!
+//! A job runs as an async wasmtime call on a Tokio runtime. That is what lets
+//! a wall-time limit end a job that is asleep in a host call: the sync WASI
+//! implementation blocks its thread, and an epoch deadline is never checked
+//! while it does. Compute is made to yield every few milliseconds by epochs
+//! (or fuel), so the same timeout ends a busy job too.
+
+pub mod cache;
+pub mod engine;
+pub mod limiter;
+pub mod outcome;
+pub mod stdio;
+pub mod validate;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc::UnboundedSender;
+use wasmtime::{Engine, Linker, Store};
+use wasmtime_wasi::p1::WasiP1Ctx;
+use wasmtime_wasi::p2::pipe::MemoryInputPipe;
+use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
+
+pub use cache::{CacheStats, CompiledModule, ModuleCache};
+pub use engine::TimeLimitMechanism;
+pub use stdio::OutputChunk;
+
+use crate::proto::{CacheSource, JobResult, JobSpec, Outcome, StdStream};
+use crate::units::Bytes;
+use limiter::MemoryLimiter;
+use outcome::Phase;
+use stdio::OutputCapture;
+
+/// Where a job's scratch directory appears in the guest.
+pub const SCRATCH_GUEST_PATH: &str = "/tmp";
+
+/// A result whose peak is above this share of its limit carries a warning.
+pub const PEAK_WARNING_SHARE: f64 = 0.9;
+
+/// How the sandbox is set up. Every field has a default (see `Default`).
+#[derive(Clone, Debug)]
+pub struct SandboxConfig {
+    /// How many jobs run at once; sizes the pooling allocator.
+    /// Default: the number of cores.
+    pub slots: usize,
+    /// Use wasmtime's pooling instance allocator (faster instantiation,
+    /// fixed address-space reservation per slot). Default: true.
+    pub pooling: bool,
+    /// How compute is made interruptible. Default: epochs.
+    pub time_limit: TimeLimitMechanism,
+    /// The largest module accepted, in bytes; larger ones are rejected.
+    /// Default: 64 MiB.
+    pub max_module_bytes: u64,
+    /// The largest memory limit a job may ask for, in bytes. Default: 4 GiB
+    /// (all a wasm32 memory can address).
+    pub max_job_memory: u64,
+    /// Compiled modules kept in memory. Default: 64.
+    pub cache_entries: usize,
+    /// Where compiled artifacts are kept on disk; `None` keeps them in
+    /// memory only. Default: none.
+    pub cache_dir: Option<PathBuf>,
+    /// Where per-job scratch directories are made. Default: the system's
+    /// temporary directory.
+    pub scratch_root: Option<PathBuf>,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            slots: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            pooling: true,
+            time_limit: TimeLimitMechanism::Epoch,
+            max_module_bytes: 64 << 20,
+            max_job_memory: 4 << 30,
+            cache_entries: 64,
+            cache_dir: None,
+            scratch_root: None,
+        }
+    }
+}
+
+/// What a job's store holds.
+pub struct JobState {
+    wasi: WasiP1Ctx,
+    limiter: MemoryLimiter,
+}
+
+/// One engine, one linker and one module cache, shared by every job of a
+/// process.
+pub struct Sandbox {
+    engine: Engine,
+    linker: Linker<JobState>,
+    cache: ModuleCache,
+    config: SandboxConfig,
+}
+
+impl Sandbox {
+    /// Creates the engine (and its epoch ticker), the WASI linker and the cache.
+    pub fn new(config: SandboxConfig) -> anyhow::Result<Sandbox> {
+        let engine = engine::build(&config)?;
+        if config.time_limit == TimeLimitMechanism::Epoch {
+            engine::start_epoch_ticker(&engine);
+        }
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p1::add_to_linker_async(&mut linker, |s: &mut JobState| &mut s.wasi)
+            .map_err(|e| anyhow::anyhow!("cannot link WASI: {e}"))?;
+        let cache = ModuleCache::new(engine.clone(), config.cache_entries, config.cache_dir.as_deref())?;
+        Ok(Sandbox { engine, linker, cache, config })
+    }
+
+    /// The shared engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The configuration it was made with.
+    pub fn config(&self) -> &SandboxConfig {
+        &self.config
+    }
+
+    /// The module cache's counters.
+    pub fn cache_stats(&self) -> CacheStats {
+        self.cache.stats()
+    }
+
+    /// The compiled module, if it is in memory. Cheap; never compiles.
+    pub fn cached(&self, hash: &crate::proto::ModuleHash) -> Option<Arc<CompiledModule>> {
+        self.cache.get(hash)
+    }
+
+    /// The compiled module for `bytes` (whose sha256 is `hash`), compiling
+    /// it if no cache has it. Blocks while compiling: call it from a
+    /// blocking thread. `Err` is the outcome to report (invalid, rejected).
+    pub fn load(
+        &self,
+        hash: &crate::proto::ModuleHash,
+        bytes: &[u8],
+    ) -> Result<(Arc<CompiledModule>, CacheSource), Outcome> {
+        if bytes.len() as u64 > self.config.max_module_bytes {
+            return Err(Outcome::Rejected {
+                reason: format!(
+                    "module is {}, larger than the {} this worker accepts",
+                    Bytes(bytes.len() as u64),
+                    Bytes(self.config.max_module_bytes)
+                ),
+            });
+        }
+        self.cache.load(hash, bytes)
+    }
+
+    /// Runs `spec` with the compiled `module`. Every way the job can end is
+    /// an [`Outcome`] in the result; this never panics because of the job.
+    /// Output is also sent to `tee` as it is written, if given.
+    pub async fn run(
+        &self,
+        module: &CompiledModule,
+        spec: &JobSpec,
+        cache: CacheSource,
+        tee: Option<UnboundedSender<OutputChunk>>,
+    ) -> JobResult {
+        let limits = &spec.limits;
+        let mut result = JobResult {
+            outcome: Outcome::Exited { code: 0 },
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            peak_memory_bytes: 0,
+            memory_limit_bytes: limits.memory_bytes,
+            wall_time_us: 0,
+            cpu_time_us: 0,
+            cache,
+            peer: "embedded".into(),
+            warnings: Vec::new(),
+        };
+        if limits.memory_bytes > self.config.max_job_memory {
+            result.outcome = Outcome::Rejected {
+                reason: format!(
+                    "a memory limit of {} is more than the {} a job may have here",
+                    Bytes(limits.memory_bytes),
+                    Bytes(self.config.max_job_memory)
+                ),
+            };
+            return result;
+        }
+        let pre = match module.pre.get_or_init(|| self.prepare(module)) {
+            Ok(pre) => pre.clone(),
+            Err(reason) => {
+                result.outcome = Outcome::InvalidModule { reason: reason.clone() };
+                return result;
+            }
+        };
+
+        let stdout = OutputCapture::new(StdStream::Stdout, limits.stdout_bytes, tee.clone());
+        let stderr = OutputCapture::new(StdStream::Stderr, limits.stderr_bytes, tee);
+        // Dropped (and so deleted) when the job is done.
+        let scratch = match self.scratch_dir() {
+            Ok(d) => d,
+            Err(e) => {
+                result.outcome = Outcome::Rejected { reason: format!("cannot make a scratch directory: {e}") };
+                return result;
+            }
+        };
+        let wasi = match build_wasi(spec, &stdout, &stderr, scratch.path()) {
+            Ok(w) => w,
+            Err(reason) => {
+                result.outcome = Outcome::Rejected { reason };
+                return result;
+            }
+        };
+
+        let mut store = Store::new(
+            &self.engine,
+            JobState { wasi, limiter: MemoryLimiter::new(limits.memory_bytes) },
+        );
+        store.limiter(|s| &mut s.limiter);
+        match self.config.time_limit {
+            TimeLimitMechanism::Epoch => {
+                store.set_epoch_deadline(1);
+                store.epoch_deadline_async_yield_and_update(1);
+            }
+            TimeLimitMechanism::Fuel => {
+                // Both only fail when fuel is not configured, which it is.
+                let _ = store.set_fuel(u64::MAX);
+                let _ = store.fuel_async_yield_interval(Some(engine::FUEL_YIELD_INTERVAL));
+            }
+            TimeLimitMechanism::Off => {}
+        }
+
+        let cpu_nanos = AtomicU64::new(0);
+        let started = Instant::now();
+        let ended: Result<Result<(), (Phase, wasmtime::Error)>, Elapsed> = {
+            let call = async {
+                let instance =
+                    pre.instantiate_async(&mut store).await.map_err(|e| (Phase::Instantiate, e))?;
+                let start = instance
+                    .get_typed_func::<(), ()>(&mut store, "_start")
+                    .map_err(|e| (Phase::Instantiate, e))?;
+                start.call_async(&mut store, ()).await.map_err(|e| (Phase::Run, e))
+            };
+            let call = CpuTimed { inner: Box::pin(call), nanos: &cpu_nanos };
+            match limits.timeout_ms {
+                Some(ms) => tokio::time::timeout(Duration::from_millis(ms), call).await.map_err(|_| Elapsed),
+                None => Ok(call.await),
+            }
+        };
+        result.wall_time_us = started.elapsed().as_micros() as u64;
+        result.cpu_time_us = cpu_nanos.load(Ordering::Relaxed) / 1000;
+
+        let limiter = &store.data().limiter;
+        result.peak_memory_bytes = limiter.peak();
+        result.outcome = match ended {
+            Err(Elapsed) => Outcome::TimeLimitExceeded { limit_ms: limits.timeout_ms.unwrap_or(0) },
+            Ok(Ok(())) => Outcome::Exited { code: 0 },
+            Ok(Err((phase, err))) => outcome::classify(&err, phase, limiter, [&stdout, &stderr]),
+        };
+        drop(store);
+        result.stdout = stdout.take();
+        result.stderr = stderr.take();
+        if result.peak_memory_bytes as f64 > PEAK_WARNING_SHARE * limits.memory_bytes as f64
+            && !matches!(result.outcome, Outcome::MemoryLimitExceeded { .. })
+        {
+            result.warnings.push(format!(
+                "peak memory {} is over {:.0}% of the {} limit; the next run may need more",
+                Bytes(result.peak_memory_bytes),
+                PEAK_WARNING_SHARE * 100.0,
+                Bytes(limits.memory_bytes)
+            ));
+        }
+        result
+    }
+
+    /// Resolves the module's imports against our linker, once per module.
+    fn prepare(&self, module: &CompiledModule) -> Result<wasmtime::InstancePre<JobState>, String> {
+        let m = &module.module;
+        match m.get_export("_start") {
+            Some(wasmtime::ExternType::Func(_)) => {}
+            _ => {
+                return Err("it has no `_start` function: peerwasm runs WASI command modules \
+                            (a Rust `fn main` built with --target wasm32-wasip1)"
+                    .into());
+            }
+        }
+        for import in m.imports() {
+            if import.module() != "wasi_snapshot_preview1" {
+                return Err(format!(
+                    "it imports `{}::{}`, which peerwasm does not provide (only wasi_snapshot_preview1)",
+                    import.module(),
+                    import.name()
+                ));
+            }
+        }
+        self.linker
+            .instantiate_pre(m)
+            .map_err(|e| format!("its imports cannot be satisfied: {}", cache::one_line(&e)))
+    }
+
+    fn scratch_dir(&self) -> std::io::Result<tempfile::TempDir> {
+        let b = tempfile::Builder::new().prefix("peerwasm-job-").to_owned();
+        match &self.config.scratch_root {
+            Some(root) => b.tempdir_in(root),
+            None => b.tempdir(),
+        }
+    }
+}
+
+/// The WASI context of one job: its args, env, stdio, scratch directory and
+/// granted directories, and nothing else (no host env, no network).
+fn build_wasi(
+    spec: &JobSpec,
+    stdout: &OutputCapture,
+    stderr: &OutputCapture,
+    scratch: &std::path::Path,
+) -> Result<WasiP1Ctx, String> {
+    let mut b = WasiCtxBuilder::new();
+    b.arg(&spec.program_name);
+    b.args(&spec.args);
+    b.envs(&spec.env);
+    b.stdin(MemoryInputPipe::new(spec.stdin.clone()));
+    b.stdout(stdout.clone());
+    b.stderr(stderr.clone());
+    if !spec.dirs.iter().any(|d| d.guest == SCRATCH_GUEST_PATH) {
+        b.preopened_dir(scratch, SCRATCH_GUEST_PATH, FsPerms::ReadWrite)
+            .map_err(|e| format!("cannot open the scratch directory: {e}"))?;
+    }
+    for d in &spec.dirs {
+        let perms = if d.read_only { FsPerms::ReadOnly } else { FsPerms::ReadWrite };
+        b.preopened_dir(&d.host, &d.guest, perms)
+            .map_err(|e| format!("cannot open directory {} for the job: {e}", d.host.display()))?;
+    }
+    Ok(b.build_p1())
+}
+
+/// The wall-time limit ran out.
+struct Elapsed;
+
+/// Adds up the CPU time of the polling thread while the inner future is
+/// polled. A job runs only inside `poll`, so this is the job's CPU time
+/// (blocking file I/O that WASI hands to other threads is not counted).
+struct CpuTimed<'a, F> {
+    inner: Pin<Box<F>>,
+    nanos: &'a AtomicU64,
+}
+
+impl<F: Future> Future for CpuTimed<'_, F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let before = thread_cpu_nanos();
+        let out = self.inner.as_mut().poll(cx);
+        self.nanos.fetch_add(thread_cpu_nanos().saturating_sub(before), Ordering::Relaxed);
+        out
+    }
+}
+
+/// CPU time of the calling thread, in nanoseconds.
+fn thread_cpu_nanos() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid timespec to write to; the clock id is a constant.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

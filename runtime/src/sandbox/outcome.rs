@@ -1,0 +1,111 @@
+//! Turning how a job's wasm call ended into an [`Outcome`].
+//!
+//! The order matters and follows what is most specific: an exit the guest
+//! asked for, then a limit our own limiter or output capture recorded, then a
+//! wasm trap, then anything else the host raised. Limits are read from the
+//! records, never guessed from an error's text.
+
+use wasmtime::{Trap, WasmBacktrace};
+use wasmtime_wasi::I32Exit;
+
+use super::cache::one_line;
+use super::limiter::{LimitExceeded, MemoryLimiter};
+use super::stdio::OutputCapture;
+use crate::proto::Outcome;
+
+/// How far the job got when the error came.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Creating the instance (memories, tables, the start function).
+    Instantiate,
+    /// Running `_start`.
+    Run,
+}
+
+/// Classifies the error that ended a job.
+pub fn classify(
+    err: &wasmtime::Error,
+    phase: Phase,
+    limiter: &MemoryLimiter,
+    outputs: [&OutputCapture; 2],
+) -> Outcome {
+    if let Some(exit) = err.downcast_ref::<I32Exit>() {
+        return Outcome::Exited { code: exit.0 };
+    }
+    if let Some(requested) = limiter.refused() {
+        return Outcome::MemoryLimitExceeded {
+            limit: limiter.limit(),
+            peak: limiter.peak(),
+            requested,
+        };
+    }
+    for capture in outputs {
+        if capture.overflowed() {
+            return Outcome::OutputLimitExceeded { stream: capture.stream(), limit: capture.cap() };
+        }
+    }
+    let backtrace = backtrace(err);
+    if let Some(limit @ LimitExceeded::Table { .. }) = err.downcast_ref::<LimitExceeded>() {
+        return Outcome::Trapped {
+            trap: "table limit exceeded".into(),
+            message: limit.to_string(),
+            backtrace,
+        };
+    }
+    if let Some(trap) = err.downcast_ref::<Trap>() {
+        return Outcome::Trapped { trap: trap_name(trap), message: trap.to_string(), backtrace };
+    }
+    match phase {
+        // Not a trap and not a limit: the module asks for something this
+        // sandbox cannot give (more memories or tables than allowed...).
+        Phase::Instantiate => Outcome::InvalidModule {
+            reason: format!("it cannot be instantiated: {}", one_line(err)),
+        },
+        Phase::Run => Outcome::Trapped {
+            trap: "host error".into(),
+            message: one_line(err),
+            backtrace,
+        },
+    }
+}
+
+/// A short, stable name for a trap code.
+fn trap_name(trap: &Trap) -> String {
+    match trap {
+        Trap::StackOverflow => "stack overflow",
+        Trap::MemoryOutOfBounds => "out of bounds memory access",
+        Trap::HeapMisaligned => "misaligned memory access",
+        Trap::TableOutOfBounds => "out of bounds table access",
+        Trap::IndirectCallToNull => "indirect call to null",
+        Trap::BadSignature => "indirect call type mismatch",
+        Trap::IntegerOverflow => "integer overflow",
+        Trap::IntegerDivisionByZero => "integer divide by zero",
+        Trap::BadConversionToInteger => "invalid conversion to integer",
+        Trap::UnreachableCodeReached => "unreachable",
+        Trap::Interrupt => "interrupt",
+        Trap::OutOfFuel => "out of fuel",
+        other => return other.to_string(),
+    }
+    .into()
+}
+
+/// Up to eight frames, innermost first: `name` or `<wasm function N>`.
+fn backtrace(err: &wasmtime::Error) -> Vec<String> {
+    let Some(bt) = err.downcast_ref::<WasmBacktrace>() else {
+        return Vec::new();
+    };
+    bt.frames()
+        .iter()
+        .take(8)
+        .map(|f| {
+            let name = match f.func_name() {
+                Some(n) => n.to_string(),
+                None => format!("<wasm function {}>", f.func_index()),
+            };
+            match f.module_offset() {
+                Some(off) => format!("{name} @ {off:#x}"),
+                None => name,
+            }
+        })
+        .collect()
+}

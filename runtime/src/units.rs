@@ -1,0 +1,108 @@
+//! Sizes and durations as people write them (`512MiB`, `1.5G`, `30s`) and as
+//! people read them (`64 MiB`).
+
+use std::fmt;
+use std::time::Duration;
+
+/// Parses a size: `512MiB`, `2GiB`, `1.5G`, `64k`, `1000000` (bytes). A bare
+/// `G`, `M` or `K` means the binary unit, as in Slurm's `--mem`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let unit = unit.trim();
+    if num.is_empty() {
+        return Err(format!("{s:?} is not a size (try 512MiB, 2GiB, 1.5G)"));
+    }
+    let multiplier: u64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "ki" | "kib" => 1 << 10,
+        "m" | "mi" | "mib" => 1 << 20,
+        "g" | "gi" | "gib" => 1 << 30,
+        "t" | "ti" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        _ => return Err(format!("unknown size unit {unit:?} in {s:?} (try 512MiB, 2GiB, 1.5G)")),
+    };
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (try 512MiB, 2GiB, 1.5G)"))?;
+    let bytes = value * multiplier as f64;
+    if !bytes.is_finite() || bytes > u64::MAX as f64 {
+        return Err(format!("size {s:?} is too large"));
+    }
+    Ok(bytes.round() as u64)
+}
+
+/// Parses a duration: `30s`, `5m`, `1h 30m`, `250ms`; a bare number is seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    if let Ok(secs) = t.parse::<f64>() {
+        if secs.is_finite() && secs >= 0.0 {
+            return Ok(Duration::from_secs_f64(secs));
+        }
+    }
+    humantime::parse_duration(t).map_err(|e| format!("{s:?} is not a duration ({e}; try 30s, 5m)"))
+}
+
+/// A byte count shown the way people read it: `64 MiB`, `1.5 GiB`, `300 B`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bytes(pub u64);
+
+impl fmt::Display for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: [(&str, u64); 4] = [("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+        for (name, size) in UNITS {
+            if self.0 >= size {
+                let v = self.0 as f64 / size as f64;
+                return if self.0 % size == 0 {
+                    write!(f, "{} {name}", self.0 / size)
+                } else if v >= 100.0 {
+                    write!(f, "{v:.0} {name}")
+                } else {
+                    write!(f, "{v:.1} {name}")
+                };
+            }
+        }
+        write!(f, "{} B", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_size("1.5G").unwrap(), 3 << 29);
+        assert_eq!(parse_size("64k").unwrap(), 64 << 10);
+        assert_eq!(parse_size("1000").unwrap(), 1000);
+        assert_eq!(parse_size("1 MB").unwrap(), 1_000_000);
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("5 parsecs").is_err());
+        assert!(parse_size("MiB").is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn display() {
+        assert_eq!(Bytes(64 << 20).to_string(), "64 MiB");
+        assert_eq!(Bytes(3 << 29).to_string(), "1.5 GiB");
+        assert_eq!(Bytes(300).to_string(), "300 B");
+        assert_eq!(Bytes(21568 << 10).to_string(), "21.1 MiB");
+    }
+}

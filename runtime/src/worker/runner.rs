@@ -1,0 +1,156 @@
+//! [`JobRunner`]: runs jobs in a fixed number of slots on this machine.
+//!
+//! Jobs run on a Tokio runtime of their own with one thread per slot, apart
+//! from whatever runtime the caller uses (the CLI's, or an HTTP server's): a
+//! job computing between two yields then never delays request handling.
+//! Compiling a module happens on a blocking thread, once per module (the
+//! sandbox's cache sees to that).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Semaphore;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::proto::{CacheSource, JobResult, JobSpec, ModuleHash, Outcome};
+use crate::sandbox::{OutputChunk, Sandbox, SandboxConfig};
+
+/// How a runner is set up.
+#[derive(Clone, Debug, Default)]
+pub struct RunnerConfig {
+    /// The sandbox; its `slots` is also the number of jobs run at once.
+    pub sandbox: SandboxConfig,
+}
+
+/// Runs jobs in N slots; see the module docs.
+pub struct JobRunner {
+    sandbox: Arc<Sandbox>,
+    slots: Arc<Semaphore>,
+    /// Module bytes by hash, for compiling on a cache miss.
+    modules: Mutex<HashMap<ModuleHash, Arc<[u8]>>>,
+    /// `Some` until drop; dropped in the background so that dropping a
+    /// runner inside another runtime does not panic.
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl JobRunner {
+    /// Creates the sandbox and the slot threads.
+    pub fn new(config: RunnerConfig) -> anyhow::Result<JobRunner> {
+        let slots = config.sandbox.slots.max(1);
+        let sandbox = Arc::new(Sandbox::new(config.sandbox)?);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(slots)
+            .thread_name("peerwasm-slot")
+            .enable_all()
+            .build()?;
+        Ok(JobRunner {
+            sandbox,
+            slots: Arc::new(Semaphore::new(slots)),
+            modules: Mutex::new(HashMap::new()),
+            runtime: Some(runtime),
+        })
+    }
+
+    /// The sandbox the jobs run in.
+    pub fn sandbox(&self) -> &Sandbox {
+        &self.sandbox
+    }
+
+    /// How many jobs run at once.
+    pub fn slots(&self) -> usize {
+        self.sandbox.config().slots.max(1)
+    }
+
+    /// Makes a module's bytes available to jobs; returns its hash. Hashing
+    /// happens here, once, not per job.
+    pub fn add_module(&self, bytes: impl Into<Arc<[u8]>>) -> ModuleHash {
+        let bytes = bytes.into();
+        let hash = ModuleHash::of(&bytes);
+        self.lock_modules().entry(hash).or_insert(bytes);
+        hash
+    }
+
+    /// Whether the runner has this module's bytes.
+    pub fn has_module(&self, hash: &ModuleHash) -> bool {
+        self.lock_modules().contains_key(hash)
+    }
+
+    /// Runs one job when a slot is free and returns how it ended. Output is
+    /// also sent to `tee` as the job writes it, if given. Never panics
+    /// because of the job: even a panic inside wasmtime comes back as an
+    /// outcome.
+    pub async fn run(&self, spec: JobSpec, tee: Option<UnboundedSender<OutputChunk>>) -> JobResult {
+        let bytes = self.lock_modules().get(&spec.module).cloned();
+        let sandbox = self.sandbox.clone();
+        let slots = self.slots.clone();
+        let task = async move {
+            let Ok(_permit) = slots.acquire_owned().await else {
+                return host_failure("the runner is shutting down");
+            };
+            let (module, source) = match sandbox.cached(&spec.module) {
+                Some(m) => (m, CacheSource::Memory),
+                None => {
+                    let Some(bytes) = bytes else {
+                        return outcome_only(Outcome::Rejected {
+                            reason: format!("module {} is unknown here", spec.module),
+                        });
+                    };
+                    let loader = sandbox.clone();
+                    let hash = spec.module;
+                    match tokio::task::spawn_blocking(move || loader.load(&hash, &bytes)).await {
+                        Ok(Ok(loaded)) => loaded,
+                        Ok(Err(outcome)) => return outcome_only(outcome),
+                        Err(e) => return host_failure(&format!("compiling the module failed: {e}")),
+                    }
+                }
+            };
+            sandbox.run(&module, &spec, source, tee).await
+        };
+        let handle = self.runtime.as_ref().expect("runtime lives until drop").spawn(task);
+        match handle.await {
+            Ok(result) => result,
+            Err(e) => host_failure(&format!("the job's task failed: {e}")),
+        }
+    }
+
+    /// [`run`](Self::run) for callers outside any async runtime.
+    pub fn run_blocking(&self, spec: JobSpec) -> JobResult {
+        self.runtime.as_ref().expect("runtime lives until drop").block_on(self.run(spec, None))
+    }
+
+    fn lock_modules(&self) -> std::sync::MutexGuard<'_, HashMap<ModuleHash, Arc<[u8]>>> {
+        self.modules.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for JobRunner {
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// A result for a job that never ran.
+fn outcome_only(outcome: Outcome) -> JobResult {
+    JobResult {
+        outcome,
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+        peak_memory_bytes: 0,
+        memory_limit_bytes: 0,
+        wall_time_us: 0,
+        cpu_time_us: 0,
+        cache: CacheSource::None,
+        peer: "embedded".into(),
+        warnings: Vec::new(),
+    }
+}
+
+fn host_failure(message: &str) -> JobResult {
+    outcome_only(Outcome::Trapped {
+        trap: "host error".into(),
+        message: message.into(),
+        backtrace: Vec::new(),
+    })
+}

@@ -1,0 +1,143 @@
+//! `peerwasm run` as a user runs it: the real binary, real files, real exit
+//! codes.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+use peerwasm_testkit::guest_wasm;
+
+/// A cache dir shared by these tests, so the module compiles once across them.
+fn cache_dir() -> &'static std::path::Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| tempfile::tempdir().unwrap()).path()
+}
+
+fn peerwasm(args: &[&str], stdin: &[u8]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_peerwasm"))
+        .args(args)
+        .env("PEERWASM_CACHE_DIR", cache_dir())
+        .env("GREETING", "from the host") // must not reach the job
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting peerwasm");
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn run_guest(flags: &[&str], guest: &str, job_args: &[&str], stdin: &str) -> Output {
+    let wasm = guest_wasm(guest);
+    let mut args = vec!["run"];
+    args.extend_from_slice(flags);
+    args.push(wasm.to_str().unwrap());
+    args.extend_from_slice(job_args);
+    peerwasm(&args, stdin.as_bytes())
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn args_after_the_module_go_to_the_job_verbatim() {
+    let out = run_guest(&["--env", "GREETING=hello"], "hello", &["--json", "-x", "--", "--stats"], "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "--json\n-x\n--\n--stats\nhello\n");
+    assert_eq!(text(&out.stderr), "");
+}
+
+#[test]
+fn stdin_reaches_the_job() {
+    let out = run_guest(&[], "primes", &[], r#"{"n": 100}"#);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "{\"count\":25}\n");
+}
+
+#[test]
+fn exit_codes_follow_the_conventions() {
+    let exit = run_guest(&[], "hostile-exit", &[], "");
+    assert_eq!(exit.status.code(), Some(3));
+    assert_eq!(text(&exit.stderr), "", "the job's own exit needs no message");
+
+    let mem = run_guest(&["--mem", "16MiB"], "memhog", &[], "64");
+    assert_eq!(mem.status.code(), Some(137));
+    let line = text(&mem.stderr);
+    assert!(line.contains("job exceeded its memory limit of 16 MiB (peak "), "{line}");
+
+    let time = run_guest(&["--timeout", "1s"], "hostile-loop", &[], "");
+    assert_eq!(time.status.code(), Some(124));
+    assert!(text(&time.stderr).contains("time limit of 1s"), "{}", text(&time.stderr));
+
+    let sleep = run_guest(&["--timeout", "1s"], "sleep", &[], "600000");
+    assert_eq!(sleep.status.code(), Some(124));
+
+    let trap = run_guest(&[], "hostile-recurse", &[], "");
+    assert_eq!(trap.status.code(), Some(134));
+    assert!(text(&trap.stderr).contains("job trapped"), "{}", text(&trap.stderr));
+}
+
+#[test]
+fn bad_input_gets_one_clear_line_and_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let text_file = dir.path().join("notes.txt");
+    std::fs::write(&text_file, "just some text\n").unwrap();
+    let out = peerwasm(&["run", text_file.to_str().unwrap()], b"");
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(text(&out.stderr).lines().count(), 1, "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("invalid module: not a WebAssembly module"));
+
+    let out = peerwasm(&["run", "/nonexistent/job.wasm"], b"");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("cannot read /nonexistent/job.wasm"));
+
+    let out = run_guest(&["--mem", "lots"], "hello", &[], "");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("not a size"), "{}", text(&out.stderr));
+
+    let out = run_guest(&["--dir", "/nonexistent-dir::/in"], "hello", &[], "");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("is not a directory"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn json_prints_one_result_object() {
+    let out = run_guest(&["--json"], "memhog", &[], "10");
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(v["outcome"]["kind"], "exited");
+    assert_eq!(v["outcome"]["code"], 0);
+    assert_eq!(v["stdout"], "10\n");
+    assert_eq!(v["peer"], "embedded");
+    let peak = v["peak_memory_bytes"].as_u64().unwrap();
+    assert!((10 << 20..12 << 20).contains(&peak), "{peak}");
+
+    let out = run_guest(&["--json", "--mem", "8MiB"], "memhog", &[], "64");
+    assert_eq!(out.status.code(), Some(137));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["outcome"]["kind"], "memory_limit_exceeded");
+    assert_eq!(v["outcome"]["limit"], 8 << 20);
+}
+
+#[test]
+fn stats_go_to_stderr() {
+    let out = run_guest(&["--stats"], "memhog", &[], "5");
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(text(&out.stdout), "5\n");
+    let err = text(&out.stderr);
+    assert!(err.contains("peak memory 6.") && err.contains("of 1 GiB") && err.contains("cpu"), "{err}");
+}
+
+#[test]
+fn dirs_map_like_wasmtime() {
+    let input = tempfile::tempdir().unwrap();
+    let output = tempfile::tempdir().unwrap();
+    std::fs::write(input.path().join("x.txt"), "peer to peer").unwrap();
+    let in_arg = format!("{}::/in", input.path().display());
+    let out_arg = format!("{}::/out", output.path().display());
+    let out = run_guest(&["--dir", &in_arg, "--dir", &out_arg], "files", &[], "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "copied 1 files\n");
+    assert_eq!(std::fs::read_to_string(output.path().join("x.txt")).unwrap(), "PEER TO PEER");
+}

@@ -1,0 +1,7 @@
+//! Integration tests of the `peerwasm` crate: one test binary (each links
+//! wasmtime), with one module per area.
+
+mod cache;
+mod cli;
+mod outcomes;
+mod support;

@@ -1,0 +1,70 @@
+//! Test and benchmark support: builds the guest examples for wasm32-wasip1
+//! (and natively) on first use, so `cargo test` needs no manual step.
+//!
+//! The guests are built by a nested `cargo build` into their own target
+//! directory (`target/guests`), so it never waits on the lock of the build
+//! that is running the tests. Cargo's own locking makes concurrent test
+//! processes wait for one another rather than build twice.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("testkit sits in the workspace").to_path_buf()
+}
+
+/// Where the guest builds go.
+pub fn guest_target_dir() -> PathBuf {
+    workspace_root().join("target").join("guests")
+}
+
+/// The path of guest example `name` built for wasm32-wasip1 (release),
+/// building all guest examples first if needed.
+pub fn guest_wasm(name: &str) -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let dir = BUILT.get_or_init(|| build(Some("wasm32-wasip1")).join("wasm32-wasip1").join("release"));
+    existing(dir.join(format!("{name}.wasm")))
+}
+
+/// The bytes of guest example `name` for wasm32-wasip1.
+pub fn guest_wasm_bytes(name: &str) -> Vec<u8> {
+    std::fs::read(guest_wasm(name)).expect("reading a built guest")
+}
+
+/// The path of guest example `name` built natively (release).
+pub fn guest_native(name: &str) -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let dir = BUILT.get_or_init(|| build(None).join("release"));
+    existing(dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX)))
+}
+
+fn existing(path: PathBuf) -> PathBuf {
+    assert!(path.exists(), "guest build did not produce {}", path.display());
+    path
+}
+
+fn build(target: Option<&str>) -> PathBuf {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let target_dir = guest_target_dir();
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(workspace_root())
+        .args(["build", "--release", "--quiet", "-p", "peerwasm-guest-examples", "--bins"])
+        .arg("--target-dir")
+        .arg(&target_dir)
+        // Flags meant for the outer build (coverage, sanitizers) would break
+        // a wasm build.
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS");
+    if let Some(t) = target {
+        cmd.args(["--target", t]);
+    }
+    let status = cmd.status().expect("running cargo to build the guest examples");
+    assert!(
+        status.success(),
+        "building the guest examples failed{}",
+        if target.is_some() { " (is the target installed? `rustup target add wasm32-wasip1`)" } else { "" }
+    );
+    target_dir
+}
