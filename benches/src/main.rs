@@ -1,7 +1,8 @@
 //! peerwasm benchmarks: figures and ratios measured side by side in one run.
 //!
 //! `cargo run --release -p peerwasm-benches` runs them all and prints a
-//! table; `-- --quick` runs a smoke-sized version (seconds). See README.md
+//! table; `-- --quick` runs a smoke-sized version (seconds); names (`trivial`,
+//! `compute`) select benchmarks. See README.md
 //! in this folder for the recorded figures.
 
 use std::time::{Duration, Instant};
@@ -21,11 +22,18 @@ fn main() -> anyhow::Result<()> {
     let sizes = if quick {
         Sizes { trivial_jobs: 200, primes_n: 2_000_000, reps: 3 }
     } else {
-        Sizes { trivial_jobs: 5_000, primes_n: 50_000_000, reps: 7 }
+        Sizes { trivial_jobs: 5_000, primes_n: 10_000_000, reps: 15 }
     };
     println!("peerwasm benchmarks{} — {} cores", if quick { " (quick)" } else { "" }, cores());
-    trivial(&sizes)?;
-    compute(&sizes)?;
+    // Benchmark names given on the command line select which run.
+    let only: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let wanted = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
+    if wanted("trivial") {
+        trivial(&sizes)?;
+    }
+    if wanted("compute") {
+        compute(&sizes)?;
+    }
     Ok(())
 }
 
@@ -48,11 +56,15 @@ fn job(runner: &JobRunner, guest: &str, stdin: &str) -> JobSpec {
 /// A trivial job from the cache, one after another: instantiate + run.
 fn trivial(sizes: &Sizes) -> anyhow::Result<()> {
     println!("\n## Trivial job from the module cache (hello, no args), sequential");
-    println!("| allocator | µs/job (median of batches) | jobs/s |");
-    println!("|---|---|---|");
+    println!("| allocator | time limit | µs/job (median of 5 batches) | jobs/s |");
+    println!("|---|---|---|---|");
     let mut figures = Vec::new();
-    for pooling in [true, false] {
-        let r = runner(pooling, TimeLimitMechanism::Epoch)?;
+    for (pooling, mech) in [
+        (true, TimeLimitMechanism::Fuel),
+        (false, TimeLimitMechanism::Fuel),
+        (true, TimeLimitMechanism::Epoch),
+    ] {
+        let r = runner(pooling, mech)?;
         let spec = job(&r, "hello", "");
         assert_eq!(r.run_blocking(spec.clone()).outcome, Outcome::Exited { code: 0 });
         let batch = sizes.trivial_jobs / 5;
@@ -67,46 +79,54 @@ fn trivial(sizes: &Sizes) -> anyhow::Result<()> {
         }
         let us = median(per_job).as_secs_f64() * 1e6;
         figures.push(us);
-        println!("| {} | {us:.1} | {:.0} |", if pooling { "pooling" } else { "on-demand" }, 1e6 / us);
+        let alloc = if pooling { "pooling" } else { "on-demand" };
+        println!("| {alloc} | {mech:?} | {us:.1} | {:.0} |", 1e6 / us);
     }
     println!("pooling / on-demand: {:.2}×", figures[0] / figures[1]);
     Ok(())
 }
 
 /// `primes` as wasm vs the same function native, and the cost of each
-/// time-limit mechanism.
+/// time-limit mechanism. The variants run interleaved, round after round,
+/// and each ratio is the median of per-round ratios: this machine's speed
+/// drifts by tens of percent between minutes, much less within one round.
 fn compute(sizes: &Sizes) -> anyhow::Result<()> {
     let n = sizes.primes_n;
-    println!("\n## Compute: primes below {n} (sieve), median of {} runs", sizes.reps);
-    let native = median(
-        (0..sizes.reps)
-            .map(|_| {
-                let t = Instant::now();
-                std::hint::black_box(peerwasm_guest_examples::count_primes_below(std::hint::black_box(n)));
-                t.elapsed()
-            })
-            .collect(),
-    );
-    println!("| variant | ms | vs native | vs no time limit |");
-    println!("|---|---|---|---|");
-    println!("| native (same crate, in-process) | {:.1} | 1.00× | |", ms(native));
-    let mut off = None;
-    for mech in [TimeLimitMechanism::Off, TimeLimitMechanism::Epoch, TimeLimitMechanism::Fuel] {
+    println!("\n## Compute: primes below {n} (sieve), {} interleaved rounds", sizes.reps);
+    let mechs = [TimeLimitMechanism::Off, TimeLimitMechanism::Epoch, TimeLimitMechanism::Fuel];
+    let mut variants = Vec::new();
+    for mech in mechs {
         let r = runner(true, mech)?;
         let spec = job(&r, "primes", &format!(r#"{{"n": {n}}}"#));
         let warm = r.run_blocking(spec.clone());
         anyhow::ensure!(warm.outcome.is_success(), "primes failed: {}", warm.outcome);
-        let t = median(
-            (0..sizes.reps)
-                .map(|_| Duration::from_micros(r.run_blocking(spec.clone()).wall_time_us))
-                .collect(),
-        );
-        let base = *off.get_or_insert(t);
+        variants.push((mech, r, spec));
+    }
+    // times[0] is native, then one per mechanism.
+    let mut times: Vec<Vec<Duration>> = vec![Vec::new(); 1 + mechs.len()];
+    for _ in 0..sizes.reps {
+        let t = Instant::now();
+        std::hint::black_box(peerwasm_guest_examples::count_primes_below(std::hint::black_box(n)));
+        times[0].push(t.elapsed());
+        for (i, (_, r, spec)) in variants.iter().enumerate() {
+            times[i + 1].push(Duration::from_micros(r.run_blocking(spec.clone()).wall_time_us));
+        }
+    }
+    let ratio = |a: usize, b: usize| {
+        let mut v: Vec<f64> =
+            times[a].iter().zip(&times[b]).map(|(x, y)| x.as_secs_f64() / y.as_secs_f64()).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!("| variant | median ms | vs native | vs no time limit |");
+    println!("|---|---|---|---|");
+    println!("| native (same crate, in-process) | {:.1} | 1.00× | |", ms(median(times[0].clone())));
+    for (i, mech) in mechs.iter().enumerate() {
         println!(
             "| wasm, time limit: {mech:?} | {:.1} | {:.2}× | {:.3}× |",
-            ms(t),
-            t.as_secs_f64() / native.as_secs_f64(),
-            t.as_secs_f64() / base.as_secs_f64()
+            ms(median(times[i + 1].clone())),
+            ratio(i + 1, 0),
+            ratio(i + 1, 1)
         );
     }
     Ok(())

@@ -35,7 +35,17 @@ pub struct CompiledModule {
     pub module: Module,
     /// Imports resolved against the sandbox's linker, once per module;
     /// `Err` names what is wrong (an import we do not provide, no `_start`).
-    pub(crate) pre: OnceLock<Result<InstancePre<JobState>, String>>,
+    pub(crate) prepared: OnceLock<Result<Prepared, String>>,
+}
+
+/// A module made ready to instantiate.
+#[derive(Clone)]
+pub(crate) struct Prepared {
+    pub pre: InstancePre<JobState>,
+    /// Whether it can open files at all (imports `path_open`). A module that
+    /// cannot needs no scratch directory, which saves two filesystem
+    /// round trips per job.
+    pub opens_files: bool,
 }
 
 /// Counters a test or `/metrics` can read.
@@ -129,7 +139,7 @@ impl ModuleCache {
             Some(module) => (module, CacheSource::Disk),
             None => (self.compile(hash, bytes)?, CacheSource::Compiled),
         };
-        let compiled = Arc::new(CompiledModule { hash: *hash, module, pre: OnceLock::new() });
+        let compiled = Arc::new(CompiledModule { hash: *hash, module, prepared: OnceLock::new() });
         lock(&self.memory).put(*hash, compiled.clone());
         Ok((compiled, source))
     }

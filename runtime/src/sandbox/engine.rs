@@ -14,10 +14,12 @@ use super::SandboxConfig;
 pub enum TimeLimitMechanism {
     /// Epoch interruption: a ticker thread bumps the engine's epoch every
     /// [`EPOCH_TICK`]; compiled code checks it at loop heads and calls.
-    #[default]
     Epoch,
     /// Fuel metering: compiled code counts instructions and yields every
-    /// [`FUEL_YIELD_INTERVAL`] units.
+    /// [`FUEL_YIELD_INTERVAL`] units. The default: it measured as cheap as
+    /// or cheaper than epochs on our guests (docs/time-limits.md), and the
+    /// count is deterministic.
+    #[default]
     Fuel,
     /// Neither: a computing job cannot be interrupted. Only for measuring
     /// what the mechanism costs; `timeout_ms` is not enforced on compute.
@@ -31,6 +33,10 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// Fuel units between yields under [`TimeLimitMechanism::Fuel`]: about
 /// 5–10 ms of compute.
 pub const FUEL_YIELD_INTERVAL: u64 = 10_000_000;
+
+/// Bytes of each pooled memory (and table) kept resident between jobs.
+/// A Rust guest starts with 1088 KiB of linear memory.
+pub const KEEP_RESIDENT: usize = 1 << 20;
 
 /// Builds the engine for `config`.
 pub fn build(config: &SandboxConfig) -> anyhow::Result<Engine> {
@@ -57,6 +63,12 @@ pub fn build(config: &SandboxConfig) -> anyhow::Result<Engine> {
         pool.total_tables(slots);
         pool.total_stacks(slots);
         pool.total_component_instances(0);
+        // Reset the first pages of a finished job's memory with memset
+        // instead of giving them back to the kernel: cheaper than madvise,
+        // the page faults that follow, and the TLB shootdowns madvise causes
+        // in a process with several slot threads.
+        pool.linear_memory_keep_resident(KEEP_RESIDENT);
+        pool.table_keep_resident(KEEP_RESIDENT);
         pool.max_memory_size(usize::try_from(config.max_job_memory).unwrap_or(usize::MAX));
         c.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     }

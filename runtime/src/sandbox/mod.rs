@@ -61,7 +61,7 @@ pub struct SandboxConfig {
     /// Use wasmtime's pooling instance allocator (faster instantiation,
     /// fixed address-space reservation per slot). Default: true.
     pub pooling: bool,
-    /// How compute is made interruptible. Default: epochs.
+    /// How compute is made interruptible. Default: fuel.
     pub time_limit: TimeLimitMechanism,
     /// The largest module accepted, in bytes; larger ones are rejected.
     /// Default: 64 MiB.
@@ -84,7 +84,7 @@ impl Default for SandboxConfig {
         SandboxConfig {
             slots: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             pooling: true,
-            time_limit: TimeLimitMechanism::Epoch,
+            time_limit: TimeLimitMechanism::default(),
             max_module_bytes: 64 << 20,
             max_job_memory: 4 << 30,
             cache_entries: 64,
@@ -196,8 +196,8 @@ impl Sandbox {
             };
             return result;
         }
-        let pre = match module.pre.get_or_init(|| self.prepare(module)) {
-            Ok(pre) => pre.clone(),
+        let prepared = match module.prepared.get_or_init(|| self.prepare(module)) {
+            Ok(p) => p.clone(),
             Err(reason) => {
                 result.outcome = Outcome::InvalidModule { reason: reason.clone() };
                 return result;
@@ -207,14 +207,14 @@ impl Sandbox {
         let stdout = OutputCapture::new(StdStream::Stdout, limits.stdout_bytes, tee.clone());
         let stderr = OutputCapture::new(StdStream::Stderr, limits.stderr_bytes, tee);
         // Dropped (and so deleted) when the job is done.
-        let scratch = match self.scratch_dir() {
+        let scratch = match prepared.opens_files.then(|| self.scratch_dir()).transpose() {
             Ok(d) => d,
             Err(e) => {
                 result.outcome = Outcome::Rejected { reason: format!("cannot make a scratch directory: {e}") };
                 return result;
             }
         };
-        let wasi = match build_wasi(spec, &stdout, &stderr, scratch.path()) {
+        let wasi = match build_wasi(spec, &stdout, &stderr, scratch.as_ref().map(|d| d.path())) {
             Ok(w) => w,
             Err(reason) => {
                 result.outcome = Outcome::Rejected { reason };
@@ -244,8 +244,11 @@ impl Sandbox {
         let started = Instant::now();
         let ended: Result<Result<(), (Phase, wasmtime::Error)>, Elapsed> = {
             let call = async {
-                let instance =
-                    pre.instantiate_async(&mut store).await.map_err(|e| (Phase::Instantiate, e))?;
+                let instance = prepared
+                    .pre
+                    .instantiate_async(&mut store)
+                    .await
+                    .map_err(|e| (Phase::Instantiate, e))?;
                 let start = instance
                     .get_typed_func::<(), ()>(&mut store, "_start")
                     .map_err(|e| (Phase::Instantiate, e))?;
@@ -284,7 +287,7 @@ impl Sandbox {
     }
 
     /// Resolves the module's imports against our linker, once per module.
-    fn prepare(&self, module: &CompiledModule) -> Result<wasmtime::InstancePre<JobState>, String> {
+    fn prepare(&self, module: &CompiledModule) -> Result<cache::Prepared, String> {
         let m = &module.module;
         match m.get_export("_start") {
             Some(wasmtime::ExternType::Func(_)) => {}
@@ -303,9 +306,12 @@ impl Sandbox {
                 ));
             }
         }
-        self.linker
+        let pre = self
+            .linker
             .instantiate_pre(m)
-            .map_err(|e| format!("its imports cannot be satisfied: {}", cache::one_line(&e)))
+            .map_err(|e| format!("its imports cannot be satisfied: {}", cache::one_line(&e)))?;
+        let opens_files = m.imports().any(|i| i.name() == "path_open");
+        Ok(cache::Prepared { pre, opens_files })
     }
 
     fn scratch_dir(&self) -> std::io::Result<tempfile::TempDir> {
@@ -323,7 +329,7 @@ fn build_wasi(
     spec: &JobSpec,
     stdout: &OutputCapture,
     stderr: &OutputCapture,
-    scratch: &std::path::Path,
+    scratch: Option<&std::path::Path>,
 ) -> Result<WasiP1Ctx, String> {
     let mut b = WasiCtxBuilder::new();
     b.arg(&spec.program_name);
@@ -332,7 +338,9 @@ fn build_wasi(
     b.stdin(MemoryInputPipe::new(spec.stdin.clone()));
     b.stdout(stdout.clone());
     b.stderr(stderr.clone());
-    if !spec.dirs.iter().any(|d| d.guest == SCRATCH_GUEST_PATH) {
+    if let Some(scratch) = scratch
+        && !spec.dirs.iter().any(|d| d.guest == SCRATCH_GUEST_PATH)
+    {
         b.preopened_dir(scratch, SCRATCH_GUEST_PATH, FsPerms::ReadWrite)
             .map_err(|e| format!("cannot open the scratch directory: {e}"))?;
     }

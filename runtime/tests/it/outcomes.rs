@@ -299,8 +299,11 @@ async fn files_sees_only_its_granted_directories() {
 async fn scratch_directories_are_removed_after_the_job() {
     let root = tempfile::tempdir().unwrap();
     let r = runner(SandboxConfig { slots: 1, scratch_root: Some(root.path().into()), ..SandboxConfig::default() });
-    let res = r.run(guest_job(&r, "hello", ""), None).await;
-    assert_eq!(res.outcome, Outcome::Exited { code: 0 });
+    // `files` opens files, so it gets a scratch dir (it fails: no /in granted).
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let res = r.run(guest_job(&r, "files", ""), Some(tx)).await;
+    assert_eq!(res.outcome, Outcome::Exited { code: 1 });
+    assert!(rx.try_recv().is_ok(), "the job ran and wrote");
     assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0, "scratch dir left behind");
 }
 
