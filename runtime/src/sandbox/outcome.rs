@@ -99,7 +99,8 @@ fn backtrace(err: &wasmtime::Error) -> Vec<String> {
         .take(8)
         .map(|f| {
             let name = match f.func_name() {
-                Some(n) => n.to_string(),
+                // `{:#}` drops the hash suffix of Rust symbols.
+                Some(n) => format!("{:#}", rustc_demangle::demangle(n)),
                 None => format!("<wasm function {}>", f.func_index()),
             };
             match f.module_offset() {
