@@ -11,6 +11,8 @@
 //!   [`JobResult`](proto::JobResult) and [`Outcome`](proto::Outcome) out;
 //! * [`worker`] — [`JobRunner`](worker::JobRunner): N slots running jobs on
 //!   this machine (the embedded worker);
+//! * [`gossip`] — membership and capacity adverts: the pure state machine
+//!   (no transport yet);
 //! * [`sandbox`] — wasmtime: the engine, module cache, memory limiter,
 //!   captured stdio and outcome classification;
 //! * [`units`] — sizes and durations as people write and read them.
@@ -31,6 +33,7 @@
 //! ```
 
 pub mod cli;
+pub mod gossip;
 pub mod proto;
 pub mod sandbox;
 pub mod units;

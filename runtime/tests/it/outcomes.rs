@@ -105,7 +105,9 @@ async fn a_computing_job_is_stopped_at_its_time_limit() {
     assert_eq!(res.outcome.exit_code(), 124);
     let took = t.elapsed();
     assert!(took >= Duration::from_millis(1000) && took < Duration::from_secs(3), "{took:?}");
-    assert!(res.cpu_time_us > 500_000, "it was computing: {} µs of CPU", res.cpu_time_us);
+    // Tests run in parallel on 2 cores, so the job may get well under all
+    // of a core; a sleeper would get almost nothing.
+    assert!(res.cpu_time_us > 200_000, "it was computing: {} µs of CPU", res.cpu_time_us);
 }
 
 #[tokio::test]
@@ -126,10 +128,13 @@ async fn sleep_is_wall_time_and_spin_is_cpu_time() {
     let res = r.run(guest_job(r, "sleep", "200"), None).await;
     assert_eq!(res.outcome, Outcome::Exited { code: 0 });
     assert!(res.wall_time_us >= 200_000);
-    assert!(res.cpu_time_us < 100_000, "{}", res.cpu_time_us);
+    assert!(res.cpu_time_us < 40_000, "{}", res.cpu_time_us);
     let res = r.run(guest_job(r, "spin", "200"), None).await;
     assert_eq!(res.outcome, Outcome::Exited { code: 0 });
-    assert!(res.cpu_time_us >= 150_000, "{}", res.cpu_time_us);
+    assert!(res.wall_time_us >= 200_000);
+    // `spin` burns 200 ms of wall time; on a loaded 2-core machine (tests
+    // run in parallel) it gets a share of a core, never nothing.
+    assert!(res.cpu_time_us >= 60_000, "{}", res.cpu_time_us);
 }
 
 #[tokio::test]

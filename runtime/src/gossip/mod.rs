@@ -1,0 +1,32 @@
+//! Membership and capacity adverts: anti-entropy gossip, Scuttlebutt style.
+//!
+//! Every node publishes one versioned record about itself and keeps the
+//! latest record of every peer. A round is one push-pull exchange with a few
+//! peers: the initiator sends a digest (node → version), the peer answers
+//! with what the initiator lacks plus its own digest, and the initiator
+//! pushes back what the peer lacks. A heartbeat in every record shows that
+//! its owner is alive; a failure detector turns a stalled heartbeat into
+//! *suspect*, then *dead*.
+//!
+//! Layout (one concept per file, as chitchat does):
+//! * [`state`] — the node table: records, versions, digests and deltas;
+//! * [`messages`] — what travels between nodes;
+//! * [`failure`] — the heartbeat-interval failure detector;
+//! * [`node`] — [`GossipNode`]: one node's state machine, driven by the
+//!   caller with the time and the randomness, so that it can be simulated
+//!   in one process (see the tests) and carried over any transport.
+//!
+//! Why our own and not chitchat, foca or memberlist: docs/gossip.md.
+
+pub mod failure;
+pub mod messages;
+pub mod node;
+pub mod state;
+
+pub use failure::{FailureDetectorConfig, Liveness};
+pub use messages::{Ack, Syn, SynAck};
+pub use node::{GossipConfig, GossipNode};
+pub use state::{NodeId, NodeState};
+
+#[cfg(test)]
+mod simulation;

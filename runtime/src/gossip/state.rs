@@ -1,0 +1,170 @@
+//! The node table: each node's latest record with its version, and the
+//! digest/delta arithmetic of anti-entropy.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// A node's identity: its address plus a generation that changes when the
+/// node restarts, so records of a restarted node supersede the old ones even
+/// though its versions start again from 1.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct NodeId {
+    /// Where the node is reached (`host:port`).
+    pub addr: String,
+    /// Start time of the node process (e.g. ms since the epoch).
+    pub generation: u64,
+}
+
+impl NodeId {
+    pub fn new(addr: impl Into<String>, generation: u64) -> NodeId {
+        NodeId { addr: addr.into(), generation }
+    }
+}
+
+/// One node's published state: its record, the version of this record and
+/// its heartbeat. Only the owner changes it; every change bumps `version`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeState<R> {
+    /// What the node advertises.
+    pub record: R,
+    /// Bumped on every change, heartbeats included.
+    pub version: u64,
+    /// Bumped by the owner once per gossip round: proof of life.
+    pub heartbeat: u64,
+}
+
+/// A digest: the version this side has of every node it knows.
+pub type Digest = BTreeMap<NodeId, u64>;
+
+/// Every node's latest state, as known here.
+#[derive(Clone, Debug)]
+pub struct ClusterState<R> {
+    nodes: BTreeMap<NodeId, NodeState<R>>,
+}
+
+impl<R> Default for ClusterState<R> {
+    fn default() -> Self {
+        ClusterState { nodes: BTreeMap::new() }
+    }
+}
+
+impl<R: Clone> ClusterState<R> {
+    /// The state of `id`, if known.
+    pub fn get(&self, id: &NodeId) -> Option<&NodeState<R>> {
+        self.nodes.get(id)
+    }
+
+    /// Every known node.
+    pub fn iter(&self) -> impl Iterator<Item = (&NodeId, &NodeState<R>)> {
+        self.nodes.iter()
+    }
+
+    /// How many nodes are known.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether no node is known.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Sets a node's state outright (the owner, for itself).
+    pub fn set(&mut self, id: NodeId, state: NodeState<R>) {
+        self.nodes.insert(id, state);
+    }
+
+    /// The digest of what is known here.
+    pub fn digest(&self) -> Digest {
+        self.nodes.iter().map(|(id, s)| (id.clone(), s.version)).collect()
+    }
+
+    /// The states the holder of `theirs` lacks or has older, stalest first
+    /// (most versions behind), at most `max` of them. A node whose older
+    /// generation the other side holds is sent too.
+    pub fn delta_for(&self, theirs: &Digest, max: usize) -> Vec<(NodeId, NodeState<R>)> {
+        let mut out: Vec<(u64, &NodeId, &NodeState<R>)> = self
+            .nodes
+            .iter()
+            .filter_map(|(id, s)| match theirs.get(id) {
+                Some(&v) if v >= s.version => None,
+                Some(&v) => Some((s.version - v, id, s)),
+                None => Some((s.version, id, s)),
+            })
+            .collect();
+        out.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+        out.into_iter().take(max).map(|(_, id, s)| (id.clone(), s.clone())).collect()
+    }
+
+    /// Takes what is newer in `delta`; returns the ids that changed. A
+    /// state of an older generation of a node known in a newer one is
+    /// ignored; a newer generation replaces the older one.
+    pub fn apply(&mut self, delta: Vec<(NodeId, NodeState<R>)>) -> Vec<NodeId> {
+        let mut changed = Vec::new();
+        for (id, state) in delta {
+            let newer_generation_known = self
+                .nodes
+                .range(NodeId::new(id.addr.clone(), id.generation + 1)..)
+                .next()
+                .is_some_and(|(other, _)| other.addr == id.addr);
+            if newer_generation_known {
+                continue;
+            }
+            match self.nodes.get(&id) {
+                Some(have) if have.version >= state.version => {}
+                _ => {
+                    // Drop older generations of the same address (ids sort
+                    // by address, then generation).
+                    let older: Vec<NodeId> = self
+                        .nodes
+                        .range(NodeId::new(id.addr.clone(), 0)..id.clone())
+                        .map(|(other, _)| other.clone())
+                        .collect();
+                    for other in older {
+                        self.nodes.remove(&other);
+                    }
+                    self.nodes.insert(id.clone(), state);
+                    changed.push(id);
+                }
+            }
+        }
+        changed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn st(version: u64) -> NodeState<u32> {
+        NodeState { record: version as u32, version, heartbeat: version }
+    }
+
+    #[test]
+    fn delta_sends_what_is_missing_or_newer_stalest_first() {
+        let mut s = ClusterState::default();
+        s.set(NodeId::new("a", 1), st(5));
+        s.set(NodeId::new("b", 1), st(9));
+        s.set(NodeId::new("c", 1), st(2));
+        let theirs: Digest = [(NodeId::new("a", 1), 5), (NodeId::new("b", 1), 1)].into();
+        let d = s.delta_for(&theirs, 10);
+        let ids: Vec<_> = d.iter().map(|(id, _)| id.addr.as_str()).collect();
+        assert_eq!(ids, ["b", "c"]);
+        assert_eq!(s.delta_for(&theirs, 1).len(), 1);
+    }
+
+    #[test]
+    fn apply_keeps_the_newest_and_the_newest_generation() {
+        let mut s = ClusterState::default();
+        s.set(NodeId::new("a", 1), st(5));
+        assert!(s.apply(vec![(NodeId::new("a", 1), st(3))]).is_empty());
+        assert_eq!(s.apply(vec![(NodeId::new("a", 1), st(7))]).len(), 1);
+        // The node restarted: generation 2 replaces generation 1.
+        assert_eq!(s.apply(vec![(NodeId::new("a", 2), st(1))]).len(), 1);
+        assert_eq!(s.len(), 1);
+        // A late record of generation 1 is ignored.
+        assert!(s.apply(vec![(NodeId::new("a", 1), st(50))]).is_empty());
+        assert_eq!(s.get(&NodeId::new("a", 2)).unwrap().version, 1);
+    }
+}
