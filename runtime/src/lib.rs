@@ -6,13 +6,16 @@
 //!
 //! The modules follow a job's path from the command line to the sandbox:
 //!
-//! * [`cli`] — the `peerwasm` command line (`run`);
+//! * [`cli`] — the `peerwasm` command line (`run`, `worker`, `peers`);
+//! * [`client`] — the submitting side: pool view, best-fit placement,
+//!   remote runs;
 //! * [`proto`] — wire types: [`JobSpec`](proto::JobSpec) in,
 //!   [`JobResult`](proto::JobResult) and [`Outcome`](proto::Outcome) out;
 //! * [`worker`] — [`JobRunner`](worker::JobRunner): N slots running jobs on
-//!   this machine (the embedded worker);
-//! * [`gossip`] — membership and capacity adverts: the pure state machine
-//!   (no transport yet);
+//!   this machine (the embedded worker), and `peerwasm worker`: the host
+//!   memory ledger, admission and the HTTP service;
+//! * [`gossip`] — membership and capacity adverts: a pure state machine
+//!   and its thin HTTP transport;
 //! * [`sandbox`] — wasmtime: the engine, module cache, memory limiter,
 //!   captured stdio and outcome classification;
 //! * [`units`] — sizes and durations as people write and read them.
@@ -33,6 +36,7 @@
 //! ```
 
 pub mod cli;
+pub mod client;
 pub mod gossip;
 pub mod proto;
 pub mod sandbox;

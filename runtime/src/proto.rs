@@ -137,8 +137,11 @@ impl fmt::Display for StdStream {
 
 /// How a job ended. Every way a job can end is one of these values; none is a
 /// panic of the host.
+///
+/// Externally tagged (`{"exited": {"code": 0}}` in JSON): postcard cannot
+/// decode serde's internally tagged enums.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum Outcome {
     /// `_start` returned (code 0) or the guest called `proc_exit(code)`.
     Exited { code: i32 },
@@ -312,5 +315,104 @@ mod lossy_bytes {
             }
         }
         d.deserialize_byte_buf(V)
+    }
+}
+
+/// What a worker advertises about itself over gossip: the record each node
+/// publishes, and what placement reads.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Advert {
+    /// Where clients and peers reach the worker (`host:port`).
+    pub addr: String,
+    /// The machine it runs on (several workers may share one).
+    pub host_id: String,
+    /// The most memory jobs may hold on this worker, in bytes.
+    pub capacity_bytes: u64,
+    /// Memory reserved by running jobs now, in bytes.
+    pub reserved_bytes: u64,
+    /// The most that was ever reserved at once, in bytes (≤ capacity).
+    pub reserved_high_water_bytes: u64,
+    /// Linear memory running jobs actually hold now, in bytes.
+    pub used_bytes: u64,
+    /// Memory the host has available now, as the OS reports it, in bytes.
+    pub host_available_bytes: u64,
+    /// The largest job that would be admitted now, in bytes.
+    pub largest_fit_bytes: u64,
+    /// Jobs that may run at once.
+    pub slots_total: u32,
+    /// Jobs running now.
+    pub slots_busy: u32,
+    /// Jobs waiting for a slot or memory.
+    pub queue_len: u32,
+    /// Jobs run since the worker started.
+    pub jobs_run: u64,
+    /// Module uploads accepted since the worker started.
+    pub modules_received: u64,
+}
+
+/// One peer as a worker sees it: `GET /v1/peers` returns a list of these.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PeerView {
+    /// Its gossip identity (address and generation).
+    pub id: crate::gossip::NodeId,
+    /// Its latest advert.
+    pub advert: Advert,
+    /// What the answering worker believes of it.
+    pub liveness: crate::gossip::Liveness,
+    /// Milliseconds since its heartbeat last advanced, as seen by the
+    /// answering worker (0 for the answering worker itself).
+    pub last_heard_ms: u64,
+}
+
+/// The content type of postcard bodies.
+pub const POSTCARD: &str = "application/x-postcard";
+
+/// Response header of a refusal that names the largest job this worker
+/// could ever take, in bytes.
+pub const LARGEST_JOB_HEADER: &str = "peerwasm-largest-job";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_round_trip_through_postcard() {
+        for outcome in [
+            Outcome::Exited { code: 3 },
+            Outcome::MemoryLimitExceeded { limit: 1, peak: 2, requested: 3 },
+            Outcome::TimeLimitExceeded { limit_ms: 5 },
+            Outcome::OutputLimitExceeded { stream: StdStream::Stderr, limit: 9 },
+            Outcome::Trapped { trap: "unreachable".into(), message: "m".into(), backtrace: vec!["f".into()] },
+            Outcome::InvalidModule { reason: "r".into() },
+            Outcome::Rejected { reason: "r".into() },
+        ] {
+            let result = JobResult {
+                outcome,
+                stdout: b"out\xff".to_vec(),
+                stderr: Vec::new(),
+                peak_memory_bytes: 65536,
+                memory_limit_bytes: 1 << 30,
+                wall_time_us: 10,
+                cpu_time_us: 9,
+                cache: CacheSource::Disk,
+                peer: "p".into(),
+                warnings: vec!["w".into()],
+            };
+            let bytes = postcard::to_allocvec(&result).unwrap();
+            assert_eq!(postcard::from_bytes::<JobResult>(&bytes).unwrap(), result);
+        }
+        let spec = JobSpec::new(ModuleHash::of(b"m"));
+        let bytes = postcard::to_allocvec(&spec).unwrap();
+        assert_eq!(postcard::from_bytes::<JobSpec>(&bytes).unwrap(), spec);
+    }
+
+    #[test]
+    fn truncated_or_garbage_bytes_are_errors_not_panics() {
+        let spec = JobSpec::new(ModuleHash::of(b"m"));
+        let bytes = postcard::to_allocvec(&spec).unwrap();
+        for cut in 0..bytes.len() {
+            assert!(postcard::from_bytes::<JobSpec>(&bytes[..cut]).is_err());
+        }
+        assert!(postcard::from_bytes::<JobSpec>(&[0xff; 64]).is_err());
     }
 }

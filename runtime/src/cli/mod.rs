@@ -1,7 +1,9 @@
 //! The `peerwasm` command line. Each subcommand has its own file; this one
 //! holds the argument definitions shared by them and the dispatch.
 
+mod peers;
 mod run;
+mod worker;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -24,6 +26,10 @@ pub struct Cli {
 enum Command {
     /// Run one job and exit with its exit code.
     Run(run::RunArgs),
+    /// Lend this machine to a pool: serve jobs over HTTP and gossip.
+    Worker(worker::WorkerArgs),
+    /// List the pool's workers.
+    Peers(peers::PeersArgs),
 }
 
 /// Options every job-submitting command shares.
@@ -62,15 +68,20 @@ fn default_cache_dir() -> Option<PathBuf> {
 /// Parses the command line, runs the command, and returns the exit code.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    // A worker is a service: tell its operator what it does. The other
+    // commands speak only when something is wrong.
+    let default_log = if matches!(cli.command, Command::Worker(_)) { "info" } else { "warn" };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_log)),
         )
         .with_writer(std::io::stderr)
         .init();
     let result = match cli.command {
         Command::Run(args) => run::run(args),
+        Command::Worker(args) => worker::run(args),
+        Command::Peers(args) => peers::run(args),
     };
     match result {
         Ok(code) => code,

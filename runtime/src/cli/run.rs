@@ -1,5 +1,6 @@
-//! `peerwasm run`: one job, on the embedded worker, with the job's stdout and
-//! stderr streamed as it writes them and the job's exit code as ours.
+//! `peerwasm run`: one job, on the embedded worker (stdout and stderr
+//! streamed as the job writes them) or on a pool (`--peers`), with the job's
+//! exit code as ours.
 
 use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
@@ -9,7 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 
 use super::SandboxArgs;
-use crate::proto::{CacheSource, DirGrant, JobLimits, JobResult, JobSpec, Outcome, StdStream};
+use crate::proto::{CacheSource, DirGrant, JobLimits, JobResult, JobSpec, ModuleHash, Outcome, StdStream};
 use crate::units::{Bytes, parse_duration, parse_size};
 use crate::worker::{JobRunner, RunnerConfig};
 
@@ -41,6 +42,10 @@ pub struct RunArgs {
     /// Print one JSON result object on stdout instead of the job's output.
     #[arg(long)]
     json: bool,
+    /// Run on this pool instead of the embedded worker: workers to ask for
+    /// the pool view, comma-separated host:port.
+    #[arg(long, value_delimiter = ',', env = "PEERWASM_PEERS", value_name = "ADDR,...")]
+    peers: Vec<String>,
     #[command(flatten)]
     sandbox: SandboxArgs,
     /// The job module, then its arguments, passed verbatim (also those
@@ -59,39 +64,35 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let dirs = parse_dirs(&args.dirs)?;
     let stdin = read_stdin()?;
 
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let runner = JobRunner::new(RunnerConfig { sandbox: args.sandbox.sandbox_config() })?;
+    let limits = JobLimits {
+        memory_bytes: args.mem.unwrap_or(DEFAULT_MEMORY),
+        timeout_ms: args.timeout.map(|d| d.as_millis().max(1) as u64),
+        ..JobLimits::default()
+    };
     let spec = JobSpec {
-        module: runner.add_module(bytes),
+        module: ModuleHash::of(&bytes),
         program_name: module_path.clone(),
         args: job_args.to_vec(),
         env,
         stdin,
         dirs,
-        limits: JobLimits {
-            memory_bytes: args.mem.unwrap_or(DEFAULT_MEMORY),
-            timeout_ms: args.timeout.map(|d| d.as_millis().max(1) as u64),
-            ..JobLimits::default()
-        },
+        limits,
     };
-    let result = runtime.block_on(async {
-        if args.json {
-            return runner.run(spec, None).await;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let result = if args.peers.is_empty() {
+        let runner = JobRunner::new(RunnerConfig { sandbox: args.sandbox.sandbox_config() })?;
+        runner.add_module(bytes);
+        runtime.block_on(run_embedded(&runner, spec, !args.json))
+    } else {
+        let http = reqwest::Client::new();
+        let result = runtime.block_on(crate::client::remote::run(&http, &args.peers, &bytes, &spec))?;
+        if !args.json {
+            // Remote output arrives with the result, not streamed.
+            let _ = write_all_flush(&mut std::io::stdout().lock(), &result.stdout);
+            let _ = write_all_flush(&mut std::io::stderr().lock(), &result.stderr);
         }
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<crate::sandbox::OutputChunk>();
-        let forward = tokio::spawn(async move {
-            while let Some((stream, chunk)) = rx.recv().await {
-                // A closed stdout (`| head`) must not stop the job's stderr.
-                let _ = match stream {
-                    StdStream::Stdout => write_all_flush(&mut std::io::stdout().lock(), &chunk[..]),
-                    StdStream::Stderr => write_all_flush(&mut std::io::stderr().lock(), &chunk[..]),
-                };
-            }
-        });
-        let result = runner.run(spec, Some(tx)).await;
-        let _ = forward.await;
         result
-    });
+    };
 
     if args.json {
         let mut out = std::io::stdout().lock();
@@ -101,6 +102,26 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         report(&result, args.mem.is_none(), args.stats);
     }
     Ok(ExitCode::from((result.outcome.exit_code() & 0xff) as u8))
+}
+
+/// Runs on the embedded worker, streaming the job's output if `stream`.
+async fn run_embedded(runner: &JobRunner, spec: JobSpec, stream: bool) -> JobResult {
+    if !stream {
+        return runner.run(spec, None).await;
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<crate::sandbox::OutputChunk>();
+    let forward = tokio::spawn(async move {
+        while let Some((stream, chunk)) = rx.recv().await {
+            // A closed stdout (`| head`) must not stop the job's stderr.
+            let _ = match stream {
+                StdStream::Stdout => write_all_flush(&mut std::io::stdout().lock(), &chunk[..]),
+                StdStream::Stderr => write_all_flush(&mut std::io::stderr().lock(), &chunk[..]),
+            };
+        }
+    });
+    let result = runner.run(spec, Some(tx)).await;
+    let _ = forward.await;
+    result
 }
 
 fn write_all_flush(w: &mut impl Write, bytes: &[u8]) -> std::io::Result<()> {

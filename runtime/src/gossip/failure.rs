@@ -101,6 +101,11 @@ impl FailureDetector {
         })
     }
 
+    /// Milliseconds since `id`'s heartbeat last advanced, if known.
+    pub fn silent_ms(&self, id: &NodeId, now_ms: u64) -> Option<u64> {
+        self.peers.get(id).map(|p| now_ms.saturating_sub(p.last_change_ms))
+    }
+
     /// Forgets a peer (e.g. an older generation that was replaced).
     pub fn forget(&mut self, id: &NodeId) {
         self.peers.remove(id);

@@ -14,7 +14,8 @@
 //! * [`failure`] — the heartbeat-interval failure detector;
 //! * [`node`] — [`GossipNode`]: one node's state machine, driven by the
 //!   caller with the time and the randomness, so that it can be simulated
-//!   in one process (see the tests) and carried over any transport.
+//!   in one process (see the tests) and carried over any transport;
+//! * [`transport`] — the thin HTTP shell (`POST /v1/gossip`).
 //!
 //! Why our own and not chitchat, foca or memberlist: docs/gossip.md.
 
@@ -22,6 +23,7 @@ pub mod failure;
 pub mod messages;
 pub mod node;
 pub mod state;
+pub mod transport;
 
 pub use failure::{FailureDetectorConfig, Liveness};
 pub use messages::{Ack, Syn, SynAck};

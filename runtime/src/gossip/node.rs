@@ -105,6 +105,14 @@ impl<R: Clone> GossipNode<R> {
         self.detector.liveness(id, now_ms)
     }
 
+    /// Milliseconds since `id`'s heartbeat last advanced here (0 for itself).
+    pub fn silent_ms(&self, id: &NodeId, now_ms: u64) -> u64 {
+        if *id == self.id {
+            return 0;
+        }
+        self.detector.silent_ms(id, now_ms).unwrap_or(0)
+    }
+
     /// Peers (not this node) with their state and liveness.
     pub fn peers(&self, now_ms: u64) -> impl Iterator<Item = (&NodeId, &NodeState<R>, Liveness)> {
         self.state.iter().filter(move |(id, _)| **id != self.id).map(move |(id, s)| {

@@ -8,6 +8,8 @@
 //! budget (Spin learned this the hard way).
 
 use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use wasmtime::ResourceLimiter;
 
@@ -57,12 +59,26 @@ pub struct MemoryLimiter {
     pending: u64,
     /// The total the job asked for when it was refused, if it was.
     refused: Option<u64>,
+    /// Where the current total is published for others (the host ledger).
+    meter: Option<Arc<AtomicU64>>,
 }
 
 impl MemoryLimiter {
     /// A limiter for a job that may hold `limit` bytes of linear memory.
     pub fn new(limit: u64) -> MemoryLimiter {
-        MemoryLimiter { limit, total: 0, pending: 0, refused: None }
+        MemoryLimiter { limit, total: 0, pending: 0, refused: None, meter: None }
+    }
+
+    /// Also publishes the job's current total into `meter` as it changes.
+    pub fn with_meter(mut self, meter: Option<Arc<AtomicU64>>) -> MemoryLimiter {
+        self.meter = meter;
+        self
+    }
+
+    fn publish(&self) {
+        if let Some(m) = &self.meter {
+            m.store(self.total, Ordering::Relaxed);
+        }
     }
 
     /// The largest total the job held, in bytes.
@@ -96,6 +112,7 @@ impl ResourceLimiter for MemoryLimiter {
         }
         self.total = requested;
         self.pending = delta;
+        self.publish();
         Ok(true)
     }
 
@@ -107,6 +124,7 @@ impl ResourceLimiter for MemoryLimiter {
         self.total -= self.pending;
         self.pending = 0;
         self.refused.get_or_insert(requested);
+        self.publish();
         Ok(())
     }
 

@@ -94,6 +94,15 @@ impl Default for SandboxConfig {
     }
 }
 
+/// What a running job reports to its caller besides its result.
+#[derive(Clone, Default)]
+pub struct RunHooks {
+    /// Receives the job's output as it is written.
+    pub tee: Option<UnboundedSender<OutputChunk>>,
+    /// Holds the job's current linear memory in bytes while it runs.
+    pub memory_meter: Option<Arc<AtomicU64>>,
+}
+
 /// What a job's store holds.
 pub struct JobState {
     wasi: WasiP1Ctx,
@@ -165,13 +174,13 @@ impl Sandbox {
 
     /// Runs `spec` with the compiled `module`. Every way the job can end is
     /// an [`Outcome`] in the result; this never panics because of the job.
-    /// Output is also sent to `tee` as it is written, if given.
+    /// `hooks` receive the output and the memory in use as the job runs.
     pub async fn run(
         &self,
         module: &CompiledModule,
         spec: &JobSpec,
         cache: CacheSource,
-        tee: Option<UnboundedSender<OutputChunk>>,
+        hooks: RunHooks,
     ) -> JobResult {
         let limits = &spec.limits;
         let mut result = JobResult {
@@ -204,8 +213,8 @@ impl Sandbox {
             }
         };
 
-        let stdout = OutputCapture::new(StdStream::Stdout, limits.stdout_bytes, tee.clone());
-        let stderr = OutputCapture::new(StdStream::Stderr, limits.stderr_bytes, tee);
+        let stdout = OutputCapture::new(StdStream::Stdout, limits.stdout_bytes, hooks.tee.clone());
+        let stderr = OutputCapture::new(StdStream::Stderr, limits.stderr_bytes, hooks.tee);
         // Dropped (and so deleted) when the job is done.
         let scratch = match prepared.opens_files.then(|| self.scratch_dir()).transpose() {
             Ok(d) => d,
@@ -224,7 +233,7 @@ impl Sandbox {
 
         let mut store = Store::new(
             &self.engine,
-            JobState { wasi, limiter: MemoryLimiter::new(limits.memory_bytes) },
+            JobState { wasi, limiter: MemoryLimiter::new(limits.memory_bytes).with_meter(hooks.memory_meter) },
         );
         store.limiter(|s| &mut s.limiter);
         match self.config.time_limit {

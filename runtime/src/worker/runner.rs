@@ -13,7 +13,7 @@ use tokio::sync::Semaphore;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::proto::{CacheSource, JobResult, JobSpec, ModuleHash, Outcome};
-use crate::sandbox::{OutputChunk, Sandbox, SandboxConfig};
+use crate::sandbox::{OutputChunk, RunHooks, Sandbox, SandboxConfig};
 
 /// How a runner is set up.
 #[derive(Clone, Debug, Default)]
@@ -80,6 +80,11 @@ impl JobRunner {
     /// because of the job: even a panic inside wasmtime comes back as an
     /// outcome.
     pub async fn run(&self, spec: JobSpec, tee: Option<UnboundedSender<OutputChunk>>) -> JobResult {
+        self.run_with(spec, RunHooks { tee, memory_meter: None }).await
+    }
+
+    /// [`run`](Self::run) with all the hooks.
+    pub async fn run_with(&self, spec: JobSpec, hooks: RunHooks) -> JobResult {
         let bytes = self.lock_modules().get(&spec.module).cloned();
         let sandbox = self.sandbox.clone();
         let slots = self.slots.clone();
@@ -104,7 +109,7 @@ impl JobRunner {
                     }
                 }
             };
-            sandbox.run(&module, &spec, source, tee).await
+            sandbox.run(&module, &spec, source, hooks).await
         };
         let handle = self.runtime.as_ref().expect("runtime lives until drop").spawn(task);
         match handle.await {

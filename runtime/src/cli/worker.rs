@@ -1,0 +1,77 @@
+//! `peerwasm worker`: lend this machine to the pool.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::units::{parse_duration, parse_size};
+use crate::worker::ledger::LedgerConfig;
+use crate::worker::server::{WorkerConfig, start};
+use crate::worker::RunnerConfig;
+
+#[derive(clap::Args, Debug)]
+pub struct WorkerArgs {
+    /// Address to listen on; port 0 picks a free port (printed at start).
+    #[arg(long, default_value = "127.0.0.1:7070", value_name = "ADDR")]
+    listen: SocketAddr,
+    /// Peers to join through, comma-separated host:port.
+    #[arg(long, value_delimiter = ',', value_name = "ADDR,...")]
+    join: Vec<String>,
+    /// Jobs run at once [default: number of cores].
+    #[arg(long, value_name = "N")]
+    slots: Option<usize>,
+    /// The most memory jobs may hold here, e.g. 8GiB [default: physical
+    /// memory less --reserve, or the cgroup's limit if lower].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    memory: Option<u64>,
+    /// Memory always left to the host and its users.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "1GiB")]
+    reserve: u64,
+    /// Where compiled modules are cached [default: ~/.cache/peerwasm/modules].
+    #[arg(long, value_name = "DIR", env = "PEERWASM_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Time between gossip rounds.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "1s")]
+    gossip_interval: Duration,
+}
+
+pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
+    let mut sandbox = crate::sandbox::SandboxConfig::default();
+    if let Some(n) = args.slots {
+        sandbox.slots = n.max(1);
+    }
+    sandbox.cache_dir = args.cache_dir.or_else(super::default_cache_dir);
+    let config = WorkerConfig {
+        listen: args.listen,
+        join: args.join,
+        runner: RunnerConfig { sandbox },
+        ledger: LedgerConfig { memory: args.memory, reserve: args.reserve },
+        gossip_interval: args.gossip_interval,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let worker = start(config, shutdown_signal()).await?;
+        // The one line scripts (and tests) read to learn the address.
+        println!("peerwasm worker listening on {}", worker.addr);
+        worker.wait().await?;
+        eprintln!("peerwasm worker stopped");
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(t) => t,
+        Err(_) => {
+            let _ = ctrl_c.await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term.recv() => {}
+    }
+}

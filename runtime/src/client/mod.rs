@@ -1,0 +1,73 @@
+//! The submitting side: reading the pool view, placing a job, and running
+//! it on a peer as if it ran here.
+//!
+//! * [`placement`] — best fit over the gossip view;
+//! * [`remote`] — one job on the pool: upload the module only if missing,
+//!   try candidates in order, and report the result as the embedded worker
+//!   would.
+
+pub mod placement;
+pub mod remote;
+
+use crate::proto::{PeerView, POSTCARD};
+use crate::units::Bytes;
+
+/// Fetches the pool view from the first of `peers` that answers.
+pub async fn fetch_peers(http: &reqwest::Client, peers: &[String]) -> anyhow::Result<Vec<PeerView>> {
+    let mut errors = Vec::new();
+    for addr in peers {
+        let resp = http
+            .get(format!("http://{addr}/v1/peers"))
+            .header(reqwest::header::ACCEPT, POSTCARD)
+            .send()
+            .await;
+        match resp {
+            Ok(r) if r.status().is_success() => {
+                let bytes = r.bytes().await?;
+                return postcard::from_bytes(&bytes)
+                    .map_err(|e| anyhow::anyhow!("{addr} sent a pool view we cannot read: {e}"));
+            }
+            Ok(r) => errors.push(format!("{addr}: {}", r.status())),
+            Err(e) => errors.push(format!("{addr}: {e}")),
+        }
+    }
+    anyhow::bail!("no peer answered ({})", errors.join("; "))
+}
+
+/// The pool as a table, one row per peer (FieldTrip's peerlist).
+pub fn peers_table(peers: &[PeerView]) -> String {
+    let mut rows = vec![[
+        "ADDRESS", "HOST", "STATE", "SLOTS", "RESERVED/CAPACITY", "FITS NOW", "QUEUE", "JOBS", "HEARD",
+    ]
+    .map(String::from)];
+    let mut sorted: Vec<&PeerView> = peers.iter().collect();
+    sorted.sort_by(|a, b| a.advert.addr.cmp(&b.advert.addr));
+    for p in sorted {
+        let a = &p.advert;
+        let state = match p.liveness {
+            crate::gossip::Liveness::Alive if a.slots_busy >= a.slots_total && a.slots_total > 0 => "full",
+            crate::gossip::Liveness::Alive if a.slots_busy > 0 => "busy",
+            crate::gossip::Liveness::Alive => "idle",
+            crate::gossip::Liveness::Suspect => "suspect",
+            crate::gossip::Liveness::Dead => "dead",
+        };
+        rows.push([
+            a.addr.clone(),
+            a.host_id.clone(),
+            state.into(),
+            format!("{}/{}", a.slots_busy, a.slots_total),
+            format!("{} / {}", Bytes(a.reserved_bytes), Bytes(a.capacity_bytes)),
+            Bytes(a.largest_fit_bytes).to_string(),
+            a.queue_len.to_string(),
+            a.jobs_run.to_string(),
+            format!("{:.1}s ago", p.last_heard_ms as f64 / 1000.0),
+        ]);
+    }
+    let widths: Vec<usize> = (0..rows[0].len()).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
+    rows.iter()
+        .map(|r| {
+            r.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect::<Vec<_>>().join("  ").trim_end().to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}

@@ -1,0 +1,78 @@
+//! Best-fit placement: among live peers whose largest-fitting job is at
+//! least the request, the one with the least memory to spare (HTCondor's
+//! default rank, and FieldTrip's peerfeval); ties go to the shorter queue.
+//! Adverts are hints — a worker may still refuse, and the client then tries
+//! the next candidate.
+
+use crate::gossip::Liveness;
+use crate::proto::PeerView;
+use crate::units::Bytes;
+
+/// The addresses to try for a job of `memreq` bytes, best first; or why
+/// no peer can take it.
+pub fn candidates(peers: &[PeerView], memreq: u64) -> Result<Vec<String>, String> {
+    let live: Vec<&PeerView> = peers.iter().filter(|p| p.liveness == Liveness::Alive).collect();
+    if live.is_empty() {
+        return Err("no live peer in the pool".into());
+    }
+    let largest_ever = live.iter().map(|p| p.advert.capacity_bytes).max().unwrap_or(0);
+    if memreq > largest_ever {
+        return Err(format!(
+            "no peer can hold a job of {}: the largest the pool can take is {}",
+            Bytes(memreq),
+            Bytes(largest_ever)
+        ));
+    }
+    let mut fitting: Vec<&PeerView> = live.iter().copied().filter(|p| p.advert.largest_fit_bytes >= memreq).collect();
+    fitting.sort_by_key(|p| (p.advert.largest_fit_bytes - memreq, p.advert.queue_len, p.advert.addr.clone()));
+    // Peers that could hold it but are full now come last, emptiest
+    // queue first: they may have room by the time the request arrives.
+    let mut busy: Vec<&PeerView> = live
+        .iter()
+        .copied()
+        .filter(|p| p.advert.largest_fit_bytes < memreq && p.advert.capacity_bytes >= memreq)
+        .collect();
+    busy.sort_by_key(|p| (p.advert.queue_len, p.advert.capacity_bytes - memreq));
+    Ok(fitting.into_iter().chain(busy).map(|p| p.advert.addr.clone()).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gossip::NodeId;
+    use crate::proto::Advert;
+
+    const GIB: u64 = 1 << 30;
+
+    fn peer(addr: &str, capacity: u64, fit: u64, queue: u32, liveness: Liveness) -> PeerView {
+        PeerView {
+            id: NodeId::new(addr, 1),
+            advert: Advert {
+                addr: addr.into(),
+                capacity_bytes: capacity,
+                largest_fit_bytes: fit,
+                queue_len: queue,
+                ..Advert::default()
+            },
+            liveness,
+            last_heard_ms: 0,
+        }
+    }
+
+    #[test]
+    fn best_fit_then_queue_then_busy() {
+        let peers = [
+            peer("big", 8 * GIB, 8 * GIB, 0, Liveness::Alive),
+            peer("small", 2 * GIB, 2 * GIB, 0, Liveness::Alive),
+            peer("mid", 4 * GIB, 4 * GIB, 3, Liveness::Alive),
+            peer("mid2", 4 * GIB, 4 * GIB, 1, Liveness::Alive),
+            peer("full", 16 * GIB, 0, 0, Liveness::Alive),
+            peer("dead", 64 * GIB, 64 * GIB, 0, Liveness::Dead),
+        ];
+        assert_eq!(candidates(&peers, GIB).unwrap(), ["small", "mid2", "mid", "big", "full"]);
+        assert_eq!(candidates(&peers, 6 * GIB).unwrap(), ["big", "full"]);
+        let err = candidates(&peers, 32 * GIB).unwrap_err();
+        assert!(err.contains("largest the pool can take is 16 GiB"), "{err}");
+        assert!(candidates(&peers[5..], GIB).unwrap_err().contains("no live peer"));
+    }
+}

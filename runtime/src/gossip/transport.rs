@@ -1,0 +1,127 @@
+//! The HTTP shell around the gossip core: one round is two requests to
+//! `POST /v1/gossip` (Syn → SynAck, then Ack), bodies in postcard.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::messages::{Ack, Syn, SynAck};
+use super::node::GossipNode;
+use crate::proto::POSTCARD;
+
+/// The body of `POST /v1/gossip`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum GossipRequest<R> {
+    /// Opens a round; answered with a `SynAck`.
+    Syn(Syn),
+    /// Closes a round; answered with an empty body.
+    Ack(Ack<R>),
+}
+
+/// A node shared between the HTTP handler and the round loop, with the
+/// clock it is driven by.
+pub struct SharedNode<R> {
+    pub node: Mutex<GossipNode<R>>,
+    started: Instant,
+}
+
+impl<R: Clone> SharedNode<R> {
+    pub fn new(node: GossipNode<R>) -> Arc<SharedNode<R>> {
+        Arc::new(SharedNode { node: Mutex::new(node), started: Instant::now() })
+    }
+
+    /// Milliseconds since this node started: the gossip clock.
+    pub fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, GossipNode<R>> {
+        self.node.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Handles a request body; returns the response body (empty for an Ack).
+    pub fn handle(&self, body: &[u8]) -> Result<Vec<u8>, String>
+    where
+        R: Serialize + DeserializeOwned,
+    {
+        let request: GossipRequest<R> =
+            postcard::from_bytes(body).map_err(|e| format!("bad gossip message: {e}"))?;
+        let now = self.now_ms();
+        match request {
+            GossipRequest::Syn(syn) => {
+                let ack = self.lock().handle_syn(syn);
+                postcard::to_allocvec(&ack).map_err(|e| e.to_string())
+            }
+            GossipRequest::Ack(ack) => {
+                self.lock().handle_ack(ack, now);
+                Ok(Vec::new())
+            }
+        }
+    }
+}
+
+/// Runs gossip rounds every `interval` until the task is dropped; before
+/// each round `refresh` may publish a new record.
+pub async fn run_rounds<R>(
+    shared: Arc<SharedNode<R>>,
+    http: reqwest::Client,
+    interval: Duration,
+    mut refresh: impl FnMut(&mut GossipNode<R>) + Send,
+) where
+    R: Clone + Serialize + DeserializeOwned + Send + 'static,
+{
+    let mut rng = SmallRng::from_rng(&mut rand::rng());
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let (targets, syn) = {
+            let mut node = shared.lock();
+            refresh(&mut node);
+            node.tick();
+            (node.choose_peers(&mut rng, shared.now_ms()), node.syn())
+        };
+        // Exchanges with the round's peers run concurrently; a slow or
+        // dead peer costs at most the request timeout.
+        let exchanges = targets.into_iter().map(|addr| exchange(&shared, &http, addr, syn.clone()));
+        futures::future::join_all(exchanges).await;
+    }
+}
+
+async fn exchange<R>(shared: &SharedNode<R>, http: &reqwest::Client, addr: String, syn: Syn)
+where
+    R: Clone + Serialize + DeserializeOwned,
+{
+    let url = format!("http://{addr}/v1/gossip");
+    let result: Result<(), String> = async {
+        let body = postcard::to_allocvec(&GossipRequest::<R>::Syn(syn)).map_err(|e| e.to_string())?;
+        let reply = post(http, &url, body).await?;
+        let syn_ack: SynAck<R> = postcard::from_bytes(&reply).map_err(|e| format!("bad SynAck: {e}"))?;
+        let ack = shared.lock().handle_syn_ack(syn_ack, shared.now_ms());
+        let body = postcard::to_allocvec(&GossipRequest::Ack(ack)).map_err(|e| e.to_string())?;
+        post(http, &url, body).await?;
+        Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        tracing::debug!(peer = %addr, "gossip exchange failed: {e}");
+    }
+}
+
+async fn post(http: &reqwest::Client, url: &str, body: Vec<u8>) -> Result<Vec<u8>, String> {
+    let resp = http
+        .post(url)
+        .header(reqwest::header::CONTENT_TYPE, POSTCARD)
+        .body(body)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    if !resp.status().is_success() {
+        return Err(format!("{}", resp.status()));
+    }
+    resp.bytes().await.map(|b| b.to_vec()).map_err(|e| e.to_string())
+}

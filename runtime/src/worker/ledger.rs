@@ -1,0 +1,245 @@
+//! The host memory ledger: smartmem, made exact.
+//!
+//! FieldTrip's smartmem divided free memory among idle workers and assumed a
+//! busy one had already allocated its memory; when it had not, a second job
+//! over-committed the host. Here every running job holds a *reservation*
+//! (its memory limit) and publishes what it actually holds (its linear
+//! memory, exact), and a new job is offered
+//!
+//! ```text
+//! min(capacity − Σ reservations,
+//!     host available now − Σ (reservation − in use) − reserve)
+//! ```
+//!
+//! so memory the host's interactive users take shrinks the offer, and
+//! memory a running job has not touched yet is still counted as taken.
+//! Σ reservations never exceeds capacity.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sysinfo::System;
+
+/// How often the host's available memory is re-read.
+pub const HOST_REFRESH: Duration = Duration::from_secs(1);
+
+/// How the ledger is sized. Defaults in `Default`.
+#[derive(Clone, Debug)]
+pub struct LedgerConfig {
+    /// The most jobs may hold (`--memory`); `None`: no limit of our own.
+    pub memory: Option<u64>,
+    /// Memory always left to the host (`--reserve`). Default: 1 GiB.
+    pub reserve: u64,
+}
+
+impl Default for LedgerConfig {
+    fn default() -> Self {
+        LedgerConfig { memory: None, reserve: 1 << 30 }
+    }
+}
+
+/// A snapshot of the ledger, for adverts and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LedgerSnapshot {
+    pub capacity: u64,
+    pub reserved: u64,
+    pub reserved_high_water: u64,
+    pub used: u64,
+    pub host_available: u64,
+    pub offer: u64,
+}
+
+/// The ledger; see the module docs.
+pub struct Ledger {
+    capacity: u64,
+    reserve: u64,
+    state: Mutex<State>,
+    host: Mutex<HostMemory>,
+}
+
+struct State {
+    reserved: u64,
+    high_water: u64,
+    /// Each running job's reservation and the meter of its actual use.
+    jobs: Vec<(u64, u64, Arc<AtomicU64>)>,
+    next_id: u64,
+}
+
+struct HostMemory {
+    system: System,
+    read_at: Instant,
+    available: u64,
+}
+
+/// Memory held for one job; given back when dropped.
+pub struct Reservation {
+    ledger: Arc<Ledger>,
+    id: u64,
+    bytes: u64,
+    meter: Arc<AtomicU64>,
+}
+
+impl Reservation {
+    /// The job's memory meter: the sandbox keeps it at the job's current
+    /// linear memory.
+    pub fn meter(&self) -> Arc<AtomicU64> {
+        self.meter.clone()
+    }
+
+    /// The reserved bytes.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let mut st = self.ledger.lock();
+        st.jobs.retain(|(id, _, _)| *id != self.id);
+        st.reserved -= self.bytes;
+    }
+}
+
+impl Ledger {
+    /// A ledger sized from `config`, the cgroup this process runs in (a
+    /// Slurm job's, say) and the machine's physical memory.
+    pub fn new(config: &LedgerConfig) -> anyhow::Result<Arc<Ledger>> {
+        let mut system = System::new().map_err(|e| anyhow::anyhow!("cannot read the host's memory: {e:?}"))?;
+        system.refresh_memory();
+        let physical = system.total_memory();
+        let cgroup = system.cgroup_limits().map(|c| c.total_memory).filter(|&t| t > 0);
+        let capacity = [config.memory, cgroup, Some(physical.saturating_sub(config.reserve))]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(0);
+        if let (Some(cg), Some(mem)) = (cgroup, config.memory) {
+            if cg < mem {
+                tracing::warn!(cgroup_limit = cg, memory = mem, "the cgroup's memory limit is lower than --memory");
+            }
+        }
+        let available = system.available_memory();
+        Ok(Arc::new(Ledger {
+            capacity,
+            reserve: config.reserve,
+            state: Mutex::new(State { reserved: 0, high_water: 0, jobs: Vec::new(), next_id: 0 }),
+            host: Mutex::new(HostMemory { system, read_at: Instant::now(), available }),
+        }))
+    }
+
+    /// The most jobs may ever hold here: the largest job this worker can take.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Host memory available now (re-read at most once per [`HOST_REFRESH`]).
+    fn host_available(&self) -> u64 {
+        let mut h = self.host.lock().unwrap_or_else(|e| e.into_inner());
+        if h.read_at.elapsed() >= HOST_REFRESH {
+            h.system.refresh_memory();
+            h.available = h.system.available_memory();
+            h.read_at = Instant::now();
+        }
+        h.available
+    }
+
+    fn offer_locked(&self, st: &State, host_available: u64) -> u64 {
+        let untouched: u64 = st
+            .jobs
+            .iter()
+            .map(|(_, res, used)| res.saturating_sub(used.load(Ordering::Relaxed)))
+            .sum();
+        let by_capacity = self.capacity.saturating_sub(st.reserved);
+        let by_host = host_available.saturating_sub(untouched).saturating_sub(self.reserve);
+        by_capacity.min(by_host)
+    }
+
+    /// The largest job that would be admitted now.
+    pub fn offer(&self) -> u64 {
+        let available = self.host_available();
+        self.offer_locked(&self.lock(), available)
+    }
+
+    /// Reserves `bytes` if they fit now.
+    pub fn try_reserve(self: &Arc<Self>, bytes: u64) -> Option<Reservation> {
+        let available = self.host_available();
+        let mut st = self.lock();
+        if bytes > self.offer_locked(&st, available) {
+            return None;
+        }
+        st.reserved += bytes;
+        st.high_water = st.high_water.max(st.reserved);
+        debug_assert!(st.reserved <= self.capacity);
+        let id = st.next_id;
+        st.next_id += 1;
+        let meter = Arc::new(AtomicU64::new(0));
+        st.jobs.push((id, bytes, meter.clone()));
+        Some(Reservation { ledger: self.clone(), id, bytes, meter })
+    }
+
+    /// The figures now.
+    pub fn snapshot(&self) -> LedgerSnapshot {
+        let available = self.host_available();
+        let st = self.lock();
+        LedgerSnapshot {
+            capacity: self.capacity,
+            reserved: st.reserved,
+            reserved_high_water: st.high_water,
+            used: st.jobs.iter().map(|(_, _, u)| u.load(Ordering::Relaxed)).sum(),
+            host_available: available,
+            offer: self.offer_locked(&st, available),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn reservations_never_exceed_capacity_and_are_given_back() {
+        let ledger = Ledger::new(&LedgerConfig { memory: Some(100 * MIB), reserve: 0 }).unwrap();
+        assert_eq!(ledger.capacity(), 100 * MIB);
+        let a = ledger.try_reserve(60 * MIB).expect("fits");
+        assert!(ledger.try_reserve(50 * MIB).is_none(), "60 + 50 > 100");
+        let b = ledger.try_reserve(40 * MIB).expect("fits exactly");
+        assert_eq!(ledger.snapshot().reserved, 100 * MIB);
+        assert_eq!(ledger.offer(), 0);
+        drop(a);
+        assert_eq!(ledger.snapshot().reserved, 40 * MIB);
+        assert_eq!(ledger.snapshot().reserved_high_water, 100 * MIB);
+        drop(b);
+        assert_eq!(ledger.offer(), 100 * MIB);
+    }
+
+    #[test]
+    fn untouched_reservations_count_against_host_memory() {
+        // Capacity far above what the host has: the host term decides.
+        let ledger = Ledger::new(&LedgerConfig { memory: Some(u64::MAX / 2), reserve: 0 }).unwrap();
+        let host = ledger.snapshot().host_available;
+        let half = host / 2;
+        let r = ledger.try_reserve(half).expect("half the host fits");
+        // The job has touched nothing yet: the whole reservation is taken.
+        assert!(ledger.offer() <= host - half);
+        r.meter().store(half, Ordering::Relaxed);
+        // Once it holds its memory, the OS's own figure will show it; the
+        // ledger no longer double-counts it.
+        let snap = ledger.snapshot();
+        assert_eq!(snap.used, half);
+    }
+
+    #[test]
+    fn capacity_is_capped_by_physical_memory_less_the_reserve() {
+        let ledger = Ledger::new(&LedgerConfig { memory: None, reserve: 1 << 30 }).unwrap();
+        let mut s = System::new().unwrap();
+        s.refresh_memory();
+        assert!(ledger.capacity() <= s.total_memory() - (1 << 30));
+    }
+}
