@@ -4,4 +4,5 @@
 mod cache;
 mod cli;
 mod outcomes;
+mod pool;
 mod support;

@@ -1,0 +1,230 @@
+//! A pool of real worker processes on loopback, talking real HTTP.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use peerwasm::gossip::Liveness;
+use peerwasm::proto::{JobSpec, ModuleHash, Outcome, PeerView};
+
+use crate::support::MIB;
+
+const GIB: u64 = 1 << 30;
+
+/// A `peerwasm worker` process; killed when dropped.
+struct Worker {
+    child: Child,
+    addr: String,
+    _cache: tempfile::TempDir,
+}
+
+impl Worker {
+    fn start(memory: &str, slots: u32, join: Option<&str>) -> Worker {
+        let cache = tempfile::tempdir().unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_peerwasm"));
+        cmd.args(["worker", "--listen", "127.0.0.1:0", "--memory", memory, "--reserve", "0"])
+            .args(["--slots", &slots.to_string(), "--gossip-interval", "100ms"])
+            .arg("--cache-dir")
+            .arg(cache.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        if let Some(seed) = join {
+            cmd.args(["--join", seed]);
+        }
+        let mut child = cmd.spawn().expect("starting a worker");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let addr = line.trim().strip_prefix("peerwasm worker listening on ").expect("the address line").to_string();
+        Worker { child, addr, _cache: cache }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill(); // SIGKILL
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
+}
+
+async fn view(addr: &str) -> Vec<PeerView> {
+    peerwasm::client::fetch_peers(&http(), &[addr.to_string()]).await.expect("a pool view")
+}
+
+/// Polls `addr`'s view until `done`, for at most `limit`.
+async fn wait_for(addr: &str, limit: Duration, done: impl Fn(&[PeerView]) -> bool) -> Vec<PeerView> {
+    let start = Instant::now();
+    loop {
+        let v = view(addr).await;
+        if done(&v) {
+            return v;
+        }
+        assert!(start.elapsed() < limit, "condition not reached in {limit:?}; view: {v:#?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn alive(v: &[PeerView]) -> usize {
+    v.iter().filter(|p| p.liveness == Liveness::Alive).count()
+}
+
+/// Three workers of 1, 2 and 4 GiB joined through the first.
+async fn three_workers() -> [Worker; 3] {
+    let a = Worker::start("1GiB", 2, None);
+    let b = Worker::start("2GiB", 2, Some(&a.addr));
+    let c = Worker::start("4GiB", 2, Some(&a.addr));
+    for w in [&a, &b, &c] {
+        wait_for(&w.addr, Duration::from_secs(10), |v| alive(v) == 3).await;
+    }
+    [a, b, c]
+}
+
+fn job(name: &str, stdin: &str, mem: u64) -> (Vec<u8>, JobSpec) {
+    let bytes = peerwasm_testkit::guest_wasm_bytes(name);
+    let mut spec = JobSpec::new(ModuleHash::of(&bytes));
+    spec.stdin = stdin.as_bytes().to_vec();
+    spec.limits.memory_bytes = mem;
+    (bytes, spec)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn workers_join_through_a_seed_and_a_killed_one_leaves_placement() {
+    let [a, b, mut c] = three_workers().await;
+    // Each sees each, with its capacity.
+    let v = view(&b.addr).await;
+    let mut caps: Vec<u64> = v.iter().map(|p| p.advert.capacity_bytes).collect();
+    caps.sort();
+    assert_eq!(caps, [GIB, 2 * GIB, 4 * GIB]);
+
+    let c_addr = c.addr.clone();
+    c.kill();
+    let v = wait_for(&a.addr, Duration::from_secs(15), |v| {
+        v.iter().any(|p| p.advert.addr == c_addr && p.liveness == Liveness::Dead)
+    })
+    .await;
+    let candidates = peerwasm::client::placement::candidates(&v, GIB).unwrap();
+    assert!(!candidates.contains(&c_addr), "{candidates:?}");
+    // Only the dead worker could take 3 GiB.
+    let err = peerwasm::client::placement::candidates(&v, 3 * GIB).unwrap_err();
+    assert!(err.contains("largest the pool can take is 2 GiB"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn best_fit_places_jobs_and_refuses_what_no_one_can_hold() {
+    let [a, b, c] = three_workers().await;
+    let peers = [a.addr.clone()];
+    let http = http();
+
+    let (bytes, spec) = job("hello", "", 3 * GIB);
+    let res = peerwasm::client::remote::run(&http, &peers, &bytes, &spec).await.unwrap();
+    assert_eq!(res.outcome, Outcome::Exited { code: 0 });
+    assert_eq!(res.peer, c.addr, "only the 4 GiB worker fits 3 GiB");
+
+    let (bytes, spec) = job("hello", "", 1536 * MIB);
+    let res = peerwasm::client::remote::run(&http, &peers, &bytes, &spec).await.unwrap();
+    assert_eq!(res.peer, b.addr, "the 2 GiB worker is the best fit for 1.5 GiB");
+
+    // Adverts are hints: until gossip brings B's release, B looks like it
+    // has 512 MiB to spare, a better fit than A's 1 GiB. Wait for it.
+    wait_for(&a.addr, Duration::from_secs(5), |v| v.iter().all(|p| p.advert.reserved_bytes == 0)).await;
+    let (bytes, spec) = job("hello", "", 256 * MIB);
+    let res = peerwasm::client::remote::run(&http, &peers, &bytes, &spec).await.unwrap();
+    assert_eq!(res.peer, a.addr, "the smallest that fits");
+
+    // Through the command line: refused at once, naming the largest.
+    let wasm = peerwasm_testkit::guest_wasm("hello");
+    let started = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_peerwasm"))
+        .args(["run", "--mem", "8GiB", "--peers", &a.addr, wasm.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no peer can hold a job of 8 GiB: the largest the pool can take is 4 GiB"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    // And a remote run behaves like an embedded one: output and exit code.
+    let out = Command::new(env!("CARGO_BIN_EXE_peerwasm"))
+        .args(["run", "--mem", "16MiB", "--peers", &a.addr, peerwasm_testkit::guest_wasm("memhog").to_str().unwrap()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child.stdin.take().unwrap().write_all(b"64")?;
+            child.wait_with_output()
+        })
+        .unwrap();
+    assert_eq!(out.status.code(), Some(137));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("memory limit of 16 MiB"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_module_is_uploaded_once_per_worker() {
+    let [a, b, c] = three_workers().await;
+    let http = http();
+    let peers = [a.addr.clone()];
+    for mem in [256 * MIB, 1536 * MIB, 3 * GIB].repeat(3) {
+        let (bytes, spec) = job("primes", r#"{"n": 1000}"#, mem);
+        let res = peerwasm::client::remote::run(&http, &peers, &bytes, &spec).await.unwrap();
+        assert_eq!(res.outcome, Outcome::Exited { code: 0 });
+    }
+    for w in [&a, &b, &c] {
+        let v = view(&w.addr).await;
+        let me = v.iter().find(|p| p.advert.addr == w.addr).unwrap();
+        assert_eq!(me.advert.jobs_run, 3, "{}", w.addr);
+        assert_eq!(me.advert.modules_received, 1, "{}", w.addr);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reservations_never_exceed_capacity_under_concurrent_submitters() {
+    let a = Worker::start("1GiB", 2, None);
+    let b = Worker::start("1GiB", 2, Some(&a.addr));
+    wait_for(&a.addr, Duration::from_secs(10), |v| alive(v) == 2).await;
+    let peers = vec![a.addr.clone(), b.addr.clone()];
+    let submitters = (0..8u64).map(|s| {
+        let peers = peers.clone();
+        tokio::spawn(async move {
+            let http = http();
+            let mut outcomes = Vec::new();
+            for i in 0..5u64 {
+                // Pseudo-random memreqs from 128 MiB to 1 GiB.
+                let mem = (128 + (s * 7919 + i * 104729) % 897) * MIB;
+                let (bytes, spec) = job("sleep", "50", mem);
+                match peerwasm::client::remote::run(&http, &peers, &bytes, &spec).await {
+                    Ok(res) => outcomes.push(res.outcome),
+                    // Both queues full at once: try again shortly.
+                    Err(e) if e.to_string().contains("queue is full") => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        let res = peerwasm::client::remote::run(&http, &peers, &bytes, &spec).await.unwrap();
+                        outcomes.push(res.outcome);
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            outcomes
+        })
+    });
+    for outcomes in futures::future::join_all(submitters).await {
+        assert!(outcomes.unwrap().iter().all(|o| *o == Outcome::Exited { code: 0 }));
+    }
+    let mut high_waters = Vec::new();
+    for w in [&a, &b] {
+        let v = view(&w.addr).await;
+        let me = &v.iter().find(|p| p.advert.addr == w.addr).unwrap().advert;
+        assert!(me.reserved_high_water_bytes <= me.capacity_bytes, "{me:?}");
+        assert_eq!(me.reserved_bytes, 0, "everything given back");
+        high_waters.push(me.reserved_high_water_bytes);
+    }
+    // The test must have pushed the ledger: two jobs at once on some worker.
+    assert!(high_waters.iter().any(|&h| h > 512 * MIB), "{high_waters:?}");
+}
