@@ -348,6 +348,8 @@ pub struct Advert {
     pub jobs_run: u64,
     /// Module uploads accepted since the worker started.
     pub modules_received: u64,
+    /// The worker is shutting down: it finishes its jobs but takes no more.
+    pub draining: bool,
 }
 
 /// One peer as a worker sees it: `GET /v1/peers` returns a list of these.

@@ -45,6 +45,7 @@ pub fn peers_table(peers: &[PeerView]) -> String {
     for p in sorted {
         let a = &p.advert;
         let state = match p.liveness {
+            crate::gossip::Liveness::Alive if a.draining => "leaving",
             crate::gossip::Liveness::Alive if a.slots_busy >= a.slots_total && a.slots_total > 0 => "full",
             crate::gossip::Liveness::Alive if a.slots_busy > 0 => "busy",
             crate::gossip::Liveness::Alive => "idle",

@@ -11,7 +11,8 @@ use crate::units::Bytes;
 /// The addresses to try for a job of `memreq` bytes, best first; or why
 /// no peer can take it.
 pub fn candidates(peers: &[PeerView], memreq: u64) -> Result<Vec<String>, String> {
-    let live: Vec<&PeerView> = peers.iter().filter(|p| p.liveness == Liveness::Alive).collect();
+    let live: Vec<&PeerView> =
+        peers.iter().filter(|p| p.liveness == Liveness::Alive && !p.advert.draining).collect();
     if live.is_empty() {
         return Err("no live peer in the pool".into());
     }
@@ -68,6 +69,10 @@ mod tests {
             peer("mid2", 4 * GIB, 4 * GIB, 1, Liveness::Alive),
             peer("full", 16 * GIB, 0, 0, Liveness::Alive),
             peer("dead", 64 * GIB, 64 * GIB, 0, Liveness::Dead),
+            PeerView {
+                advert: Advert { draining: true, ..peer("leaving", 64 * GIB, 64 * GIB, 0, Liveness::Alive).advert },
+                ..peer("leaving", 64 * GIB, 64 * GIB, 0, Liveness::Alive)
+            },
         ];
         assert_eq!(candidates(&peers, GIB).unwrap(), ["small", "mid2", "mid", "big", "full"]);
         assert_eq!(candidates(&peers, 6 * GIB).unwrap(), ["big", "full"]);

@@ -58,6 +58,7 @@ struct Worker {
     host_id: String,
     jobs_run: AtomicU64,
     modules_received: AtomicU64,
+    draining: std::sync::atomic::AtomicBool,
 }
 
 impl Worker {
@@ -78,6 +79,7 @@ impl Worker {
             queue_len: queued,
             jobs_run: self.jobs_run.load(Ordering::Relaxed),
             modules_received: self.modules_received.load(Ordering::Relaxed),
+            draining: self.draining.load(Ordering::Relaxed),
         }
     }
 }
@@ -91,8 +93,9 @@ pub struct RunningWorker {
 }
 
 impl RunningWorker {
-    /// Serves until `shutdown` resolves, then stops accepting, lets running
-    /// jobs finish, and stops gossiping.
+    /// Serves until the shutdown future given to [`start`] resolves; then
+    /// advertises that it is leaving, stops accepting, lets running jobs
+    /// finish, and stops gossiping.
     pub async fn wait(self) -> anyhow::Result<()> {
         let result = self.serve.await;
         self.gossip.abort();
@@ -135,6 +138,7 @@ pub async fn start(
         host_id: sysinfo::System::host_name().unwrap_or_else(|_| "unknown".into()),
         jobs_run: AtomicU64::new(0),
         modules_received: AtomicU64::new(0),
+        draining: std::sync::atomic::AtomicBool::new(false),
     });
     let advert = worker.advert();
     worker.gossip.lock().set_record(advert);
@@ -155,10 +159,19 @@ pub async fn start(
         .route("/v1/gossip", post(post_gossip))
         .route("/v1/peers", get(get_peers))
         .layer(DefaultBodyLimit::max(MAX_JOB_BODY))
-        .with_state(worker);
-    let serve = tokio::spawn(async move {
-        axum::serve(listener, app).with_graceful_shutdown(shutdown).await
-    });
+        .with_state(worker.clone());
+    // On shutdown: advertise `draining` for two gossip rounds (new jobs get
+    // 503 meanwhile), then stop accepting; requests in flight — running
+    // jobs — finish before `serve` returns.
+    let draining = worker.clone();
+    let interval = config.gossip_interval;
+    let drain = async move {
+        shutdown.await;
+        tracing::info!("shutting down: finishing running jobs, leaving the pool");
+        draining.draining.store(true, Ordering::Relaxed);
+        tokio::time::sleep(2 * interval).await;
+    };
+    let serve = tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(drain).await });
     Ok(RunningWorker { addr, serve, gossip })
 }
 
@@ -196,6 +209,11 @@ async fn post_job(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
     };
     if !spec.dirs.is_empty() {
         return text(StatusCode::BAD_REQUEST, "a remote worker cannot grant host directories");
+    }
+    if w.draining.load(Ordering::Relaxed) {
+        let mut resp = text(StatusCode::SERVICE_UNAVAILABLE, "this worker is shutting down");
+        resp.headers_mut().insert(header::RETRY_AFTER, 1.into());
+        return resp;
     }
     if !w.runner.has_module(&spec.module) {
         return text(StatusCode::NOT_FOUND, format!("module {} unknown: upload it first", spec.module));
