@@ -166,8 +166,10 @@ mod tests {
         let waiting = tokio::spawn(async move { adm2.admit(50 * MIB).await.map(|_| ()) });
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(adm.counts(), (1, 1));
-        // The queue (1) is full.
-        assert_eq!(adm.admit(10 * MIB).await.err(), Some(Refusal::Busy));
+        // A small job passes the waiting one: a slot is free and it fits.
+        drop(adm.admit(10 * MIB).await.expect("10 MiB fits beside 70"));
+        // One that does not fit finds the queue (1) full.
+        assert_eq!(adm.admit(40 * MIB).await.err(), Some(Refusal::Busy));
         drop(a);
         waiting.await.unwrap().unwrap();
         assert_eq!(adm.counts(), (0, 0));
