@@ -81,7 +81,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let result = if args.peers.is_empty() {
         let runner = JobRunner::new(RunnerConfig { sandbox: args.sandbox.sandbox_config() })?;
-        runner.add_module(bytes);
+        runner.add_module_hashed(spec.module, bytes);
         runtime.block_on(run_embedded(&runner, spec, !args.json))
     } else {
         let http = reqwest::Client::new();

@@ -66,8 +66,15 @@ impl JobRunner {
     pub fn add_module(&self, bytes: impl Into<Arc<[u8]>>) -> ModuleHash {
         let bytes = bytes.into();
         let hash = ModuleHash::of(&bytes);
-        self.lock_modules().entry(hash).or_insert(bytes);
+        self.add_module_hashed(hash, bytes);
         hash
+    }
+
+    /// [`add_module`](Self::add_module) for bytes whose sha256 the caller
+    /// has already computed (or verified). A wrong hash is caught when the
+    /// module is compiled: the cache checks it again then.
+    pub fn add_module_hashed(&self, hash: ModuleHash, bytes: impl Into<Arc<[u8]>>) {
+        self.lock_modules().entry(hash).or_insert_with(|| bytes.into());
     }
 
     /// Whether the runner has this module's bytes.
@@ -138,6 +145,7 @@ impl Drop for JobRunner {
 
 /// A result for a job that never ran.
 fn outcome_only(outcome: Outcome) -> JobResult {
+    // (The memory limit is unknown here: the job never reached the sandbox.)
     JobResult {
         outcome,
         stdout: Vec::new(),

@@ -197,7 +197,7 @@ async fn put_module(State(w): State<Arc<Worker>>, Path(hash): Path<String>, body
     if ModuleHash::of(&body) != hash {
         return text(StatusCode::BAD_REQUEST, "the bytes do not match the sha256 in the URL");
     }
-    w.runner.add_module(body.to_vec());
+    w.runner.add_module_hashed(hash, body.to_vec());
     w.modules_received.fetch_add(1, Ordering::Relaxed);
     StatusCode::CREATED.into_response()
 }
