@@ -90,12 +90,6 @@ impl Admission {
         self.slots
     }
 
-    /// The largest job that would start now (0 when every slot is busy).
-    pub fn largest_fit(&self) -> u64 {
-        let c = *self.lock();
-        if c.busy >= self.slots { 0 } else { self.ledger.offer() }
-    }
-
     /// Waits for a slot and `memreq` bytes, or refuses.
     pub async fn admit(self: &Arc<Self>, memreq: u64) -> Result<Ticket, Refusal> {
         if memreq > self.ledger.capacity() {

@@ -93,17 +93,18 @@ impl JobRunner {
     /// [`run`](Self::run) with all the hooks.
     pub async fn run_with(&self, spec: JobSpec, hooks: RunHooks) -> JobResult {
         let bytes = self.lock_modules().get(&spec.module).cloned();
+        let limit = spec.limits.memory_bytes;
         let sandbox = self.sandbox.clone();
         let slots = self.slots.clone();
         let task = async move {
             let Ok(_permit) = slots.acquire_owned().await else {
-                return host_failure("the runner is shutting down");
+                return host_failure(limit, "the runner is shutting down");
             };
             let (module, source) = match sandbox.cached(&spec.module) {
                 Some(m) => (m, CacheSource::Memory),
                 None => {
                     let Some(bytes) = bytes else {
-                        return outcome_only(Outcome::Rejected {
+                        return outcome_only(limit, Outcome::Rejected {
                             reason: format!("module {} is unknown here", spec.module),
                         });
                     };
@@ -111,8 +112,8 @@ impl JobRunner {
                     let hash = spec.module;
                     match tokio::task::spawn_blocking(move || loader.load(&hash, &bytes)).await {
                         Ok(Ok(loaded)) => loaded,
-                        Ok(Err(outcome)) => return outcome_only(outcome),
-                        Err(e) => return host_failure(&format!("compiling the module failed: {e}")),
+                        Ok(Err(outcome)) => return outcome_only(limit, outcome),
+                        Err(e) => return host_failure(limit, &format!("compiling the module failed: {e}")),
                     }
                 }
             };
@@ -121,7 +122,7 @@ impl JobRunner {
         let handle = self.runtime.as_ref().expect("runtime lives until drop").spawn(task);
         match handle.await {
             Ok(result) => result,
-            Err(e) => host_failure(&format!("the job's task failed: {e}")),
+            Err(e) => host_failure(limit, &format!("the job's task failed: {e}")),
         }
     }
 
@@ -144,14 +145,13 @@ impl Drop for JobRunner {
 }
 
 /// A result for a job that never ran.
-fn outcome_only(outcome: Outcome) -> JobResult {
-    // (The memory limit is unknown here: the job never reached the sandbox.)
+fn outcome_only(memory_limit_bytes: u64, outcome: Outcome) -> JobResult {
     JobResult {
         outcome,
         stdout: Vec::new(),
         stderr: Vec::new(),
         peak_memory_bytes: 0,
-        memory_limit_bytes: 0,
+        memory_limit_bytes,
         wall_time_us: 0,
         cpu_time_us: 0,
         cache: CacheSource::None,
@@ -160,8 +160,8 @@ fn outcome_only(outcome: Outcome) -> JobResult {
     }
 }
 
-fn host_failure(message: &str) -> JobResult {
-    outcome_only(Outcome::Trapped {
+fn host_failure(memory_limit_bytes: u64, message: &str) -> JobResult {
+    outcome_only(memory_limit_bytes, Outcome::Trapped {
         trap: "host error".into(),
         message: message.into(),
         backtrace: Vec::new(),
