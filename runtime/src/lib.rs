@@ -6,9 +6,10 @@
 //!
 //! The modules follow a job's path from the command line to the sandbox:
 //!
-//! * [`cli`] — the `peerwasm` command line (`run`, `worker`, `peers`);
-//! * [`client`] — the submitting side: pool view, best-fit placement,
-//!   remote runs;
+//! * [`cli`] — the `peerwasm` command line (`run`, `map`, `worker`, `peers`);
+//! * [`client`] — the submitting side: the embedded worker or a pool as one
+//!   [`Target`](client::Target), best-fit placement, learned memory
+//!   estimates, and [`map`](client::map()) with retries and ordered results;
 //! * [`proto`] — wire types: [`JobSpec`](proto::JobSpec) in,
 //!   [`JobResult`](proto::JobResult) and [`Outcome`](proto::Outcome) out;
 //! * [`worker`] — [`JobRunner`](worker::JobRunner): N slots running jobs on

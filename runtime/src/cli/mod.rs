@@ -1,7 +1,9 @@
 //! The `peerwasm` command line. Each subcommand has its own file; this one
 //! holds the argument definitions shared by them and the dispatch.
 
+mod map;
 mod peers;
+mod progress;
 mod run;
 mod worker;
 
@@ -26,6 +28,8 @@ pub struct Cli {
 enum Command {
     /// Run one job and exit with its exit code.
     Run(run::RunArgs),
+    /// Run a job once per input line; write the results in input order.
+    Map(map::MapArgs),
     /// Lend this machine to a pool: serve jobs over HTTP and gossip.
     Worker(worker::WorkerArgs),
     /// List the pool's workers.
@@ -38,8 +42,9 @@ pub struct SandboxArgs {
     /// Jobs run at once on the embedded worker [default: number of cores].
     #[arg(long, value_name = "N")]
     slots: Option<usize>,
-    /// Where compiled modules are cached [default: the user's cache dir,
-    /// e.g. ~/.cache/peerwasm/modules].
+    /// Where compiled modules (under modules/) and learned memory
+    /// estimates (under estimates/) are kept [default: the user's cache
+    /// dir, e.g. ~/.cache/peerwasm].
     #[arg(long, value_name = "DIR", env = "PEERWASM_CACHE_DIR")]
     cache_dir: Option<PathBuf>,
     /// Keep compiled modules in memory only.
@@ -54,15 +59,20 @@ impl SandboxArgs {
             c.slots = n.max(1);
         }
         if !self.no_disk_cache {
-            c.cache_dir = self.cache_dir.clone().or_else(default_cache_dir);
+            c.cache_dir = self.cache_root().map(|root| root.join("modules"));
         }
         c
     }
+
+    /// `--cache-dir`, else `$XDG_CACHE_HOME/peerwasm` or `~/.cache/peerwasm`.
+    fn cache_root(&self) -> Option<PathBuf> {
+        self.cache_dir.clone().or_else(default_cache_root)
+    }
 }
 
-/// `$XDG_CACHE_HOME/peerwasm/modules` or `~/.cache/peerwasm/modules`.
-fn default_cache_dir() -> Option<PathBuf> {
-    dirs::cache_dir().map(|d| d.join("peerwasm").join("modules"))
+/// `$XDG_CACHE_HOME/peerwasm` or `~/.cache/peerwasm`.
+fn default_cache_root() -> Option<PathBuf> {
+    dirs::cache_dir().map(|d| d.join("peerwasm"))
 }
 
 /// Parses the command line, runs the command, and returns the exit code.
@@ -80,6 +90,7 @@ pub fn main() -> ExitCode {
         .init();
     let result = match cli.command {
         Command::Run(args) => run::run(args),
+        Command::Map(args) => map::run(args),
         Command::Worker(args) => worker::run(args),
         Command::Peers(args) => peers::run(args),
     };

@@ -10,7 +10,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 
 use super::SandboxArgs;
-use crate::proto::{CacheSource, DirGrant, JobLimits, JobResult, JobSpec, ModuleHash, Outcome, StdStream};
+use crate::client::{Job, Target};
+use crate::proto::{CacheSource, DirGrant, JobResult, JobSpec, Outcome, StdStream};
 use crate::units::{Bytes, parse_duration, parse_size};
 use crate::worker::{JobRunner, RunnerConfig};
 
@@ -59,33 +60,25 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .module_and_args
         .split_first()
         .context("no job module given")?;
-    let bytes = std::fs::read(module_path).with_context(|| format!("cannot read {module_path}"))?;
     let env = parse_env(&args.env)?;
     let dirs = parse_dirs(&args.dirs)?;
     let stdin = read_stdin()?;
 
-    let limits = JobLimits {
-        memory_bytes: args.mem.unwrap_or(DEFAULT_MEMORY),
-        timeout_ms: args.timeout.map(|d| d.as_millis().max(1) as u64),
-        ..JobLimits::default()
-    };
-    let spec = JobSpec {
-        module: ModuleHash::of(&bytes),
-        program_name: module_path.clone(),
-        args: job_args.to_vec(),
-        env,
-        stdin,
-        dirs,
-        limits,
-    };
+    let mut job = Job::from_file(module_path)?;
+    job.args = job_args.to_vec();
+    job.env = env;
+    job.limits.timeout_ms = args.timeout.map(|d| d.as_millis().max(1) as u64);
+    let mut spec = job.spec(stdin, args.mem.unwrap_or(DEFAULT_MEMORY));
+    spec.dirs = dirs;
+
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let result = if args.peers.is_empty() {
         let runner = JobRunner::new(RunnerConfig { sandbox: args.sandbox.sandbox_config() })?;
-        runner.add_module_hashed(spec.module, bytes);
+        runner.add_module_hashed(job.hash(), job.bytes().clone());
         runtime.block_on(run_embedded(&runner, spec, !args.json))
     } else {
-        let http = reqwest::Client::new();
-        let result = runtime.block_on(crate::client::remote::run(&http, &args.peers, &bytes, &spec))?;
+        let target = Target::pool(args.peers.clone())?;
+        let result = runtime.block_on(target.run(&job, spec))?;
         if !args.json {
             // Remote output arrives with the result, not streamed.
             let _ = write_all_flush(&mut std::io::stdout().lock(), &result.stdout);
@@ -176,7 +169,7 @@ fn read_stdin() -> anyhow::Result<Vec<u8>> {
     Ok(buf)
 }
 
-fn parse_env(items: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+pub(super) fn parse_env(items: &[String]) -> anyhow::Result<Vec<(String, String)>> {
     items
         .iter()
         .map(|item| match item.split_once('=') {

@@ -28,7 +28,8 @@ pub struct WorkerArgs {
     /// Memory always left to the host and its users.
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "1GiB")]
     reserve: u64,
-    /// Where compiled modules are cached [default: ~/.cache/peerwasm/modules].
+    /// Where compiled modules are cached, under modules/ [default:
+    /// ~/.cache/peerwasm].
     #[arg(long, value_name = "DIR", env = "PEERWASM_CACHE_DIR")]
     cache_dir: Option<PathBuf>,
     /// Time between gossip rounds.
@@ -41,7 +42,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     if let Some(n) = args.slots {
         sandbox.slots = n.max(1);
     }
-    sandbox.cache_dir = args.cache_dir.or_else(super::default_cache_dir);
+    sandbox.cache_dir = args.cache_dir.or_else(super::default_cache_root).map(|root| root.join("modules"));
     let config = WorkerConfig {
         listen: args.listen,
         join: args.join,

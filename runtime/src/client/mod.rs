@@ -1,13 +1,40 @@
-//! The submitting side: reading the pool view, placing a job, and running
-//! it on a peer as if it ran here.
+//! The submitting side, in the order a job meets it:
 //!
+//! * [`job`] — a module and what its runs share, hashed once;
+//! * [`target`] — where jobs go: the embedded worker or a pool;
 //! * [`placement`] — best fit over the gossip view;
-//! * [`remote`] — one job on the pool: upload the module only if missing,
-//!   try candidates in order, and report the result as the embedded worker
-//!   would.
+//! * [`pool`] — one job on the pool: upload the module where missing, try
+//!   candidates in order, wait when all are busy;
+//! * [`estimate`] — learned memory requests (smartmem), saved per module;
+//! * [`map`] — many inputs, results in order, with retries and progress.
+//!
+//! `peerwasm run` and `peerwasm map` are thin shells over these; a program
+//! can do the same:
+//!
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! use peerwasm::client::{Job, MapConfig, MapItem, Target, map};
+//! let job = Job::from_file("primes.wasm")?;
+//! let target = Target::pool(vec!["127.0.0.1:7070".into()])?;
+//! let inputs = (1..=100).map(|n| format!("{{\"n\": {n}}}").into_bytes());
+//! let mut results: Vec<MapItem> = Vec::new();
+//! let summary = map(&target, &job, inputs, &MapConfig::default(), &mut results).await?;
+//! assert_eq!(results.len(), 100);
+//! println!("{summary}");
+//! # Ok(()) }
+//! ```
 
+pub mod estimate;
+pub mod job;
+pub mod map;
 pub mod placement;
-pub mod remote;
+pub mod pool;
+pub mod target;
+
+pub use job::Job;
+pub use map::{MapConfig, MapItem, MapObserver, MapSummary, map};
+pub use pool::{Pool, PoolConfig};
+pub use target::{Capacity, Placed, SubmitError, Target};
 
 use crate::proto::{PeerView, POSTCARD};
 use crate::units::Bytes;

@@ -8,21 +8,48 @@ use crate::gossip::Liveness;
 use crate::proto::PeerView;
 use crate::units::Bytes;
 
+/// Why no peer can take a job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NoPlace {
+    /// No live, non-draining peer is in the view (perhaps only for now).
+    NoLivePeer,
+    /// The job is larger than any live peer could ever hold; says so, with
+    /// the largest the pool can take.
+    NeverFits(String),
+}
+
+impl std::fmt::Display for NoPlace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NoPlace::NoLivePeer => f.write_str("no live peer in the pool"),
+            NoPlace::NeverFits(why) => f.write_str(why),
+        }
+    }
+}
+
+/// The largest job any live peer of the view could ever hold (its capacity).
+pub fn largest_job(peers: &[PeerView]) -> u64 {
+    live(peers).map(|p| p.advert.capacity_bytes).max().unwrap_or(0)
+}
+
+fn live(peers: &[PeerView]) -> impl Iterator<Item = &PeerView> {
+    peers.iter().filter(|p| p.liveness == Liveness::Alive && !p.advert.draining)
+}
+
 /// The addresses to try for a job of `memreq` bytes, best first; or why
 /// no peer can take it.
-pub fn candidates(peers: &[PeerView], memreq: u64) -> Result<Vec<String>, String> {
-    let live: Vec<&PeerView> =
-        peers.iter().filter(|p| p.liveness == Liveness::Alive && !p.advert.draining).collect();
+pub fn candidates(peers: &[PeerView], memreq: u64) -> Result<Vec<String>, NoPlace> {
+    let live: Vec<&PeerView> = live(peers).collect();
     if live.is_empty() {
-        return Err("no live peer in the pool".into());
+        return Err(NoPlace::NoLivePeer);
     }
-    let largest_ever = live.iter().map(|p| p.advert.capacity_bytes).max().unwrap_or(0);
+    let largest_ever = largest_job(peers);
     if memreq > largest_ever {
-        return Err(format!(
+        return Err(NoPlace::NeverFits(format!(
             "no peer can hold a job of {}: the largest the pool can take is {}",
             Bytes(memreq),
             Bytes(largest_ever)
-        ));
+        )));
     }
     let mut fitting: Vec<&PeerView> = live.iter().copied().filter(|p| p.advert.largest_fit_bytes >= memreq).collect();
     fitting.sort_by_key(|p| (p.advert.largest_fit_bytes - memreq, p.advert.queue_len, p.advert.addr.clone()));
@@ -76,8 +103,9 @@ mod tests {
         ];
         assert_eq!(candidates(&peers, GIB).unwrap(), ["small", "mid2", "mid", "big", "full"]);
         assert_eq!(candidates(&peers, 6 * GIB).unwrap(), ["big", "full"]);
-        let err = candidates(&peers, 32 * GIB).unwrap_err();
+        let err = candidates(&peers, 32 * GIB).unwrap_err().to_string();
         assert!(err.contains("largest the pool can take is 16 GiB"), "{err}");
-        assert!(candidates(&peers[5..], GIB).unwrap_err().contains("no live peer"));
+        assert_eq!(candidates(&peers[5..], GIB).unwrap_err(), NoPlace::NoLivePeer);
+        assert_eq!(largest_job(&peers), 16 * GIB);
     }
 }

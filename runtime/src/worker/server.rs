@@ -234,10 +234,21 @@ async fn post_job(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
             return resp;
         }
     };
-    let hooks = RunHooks { tee: None, memory_meter: Some(ticket.reservation().meter()) };
-    let mut result = w.runner.run_with(spec, hooks).await;
-    drop(ticket);
-    w.jobs_run.fetch_add(1, Ordering::Relaxed);
+    // The job runs in a task of its own that holds the ticket: if the client
+    // goes away, the job still ends normally and its reservation is held
+    // until then (dropping this handler must not free memory still in use).
+    let runner = w.clone();
+    let job = tokio::spawn(async move {
+        let hooks = RunHooks { tee: None, memory_meter: Some(ticket.reservation().meter()) };
+        let result = runner.runner.run_with(spec, hooks).await;
+        drop(ticket);
+        runner.jobs_run.fetch_add(1, Ordering::Relaxed);
+        result
+    });
+    let mut result = match job.await {
+        Ok(r) => r,
+        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, format!("the job's task failed: {e}")),
+    };
     result.peer = w.addr.clone();
     match postcard::to_allocvec(&result) {
         Ok(bytes) => postcard_body(bytes),

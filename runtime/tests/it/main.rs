@@ -3,6 +3,7 @@
 
 mod cache;
 mod cli;
+mod map;
 mod outcomes;
 mod pool;
 mod support;

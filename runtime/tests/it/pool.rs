@@ -1,70 +1,26 @@
 //! A pool of real worker processes on loopback, talking real HTTP.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use peerwasm::client::{Job, SubmitError, Target};
 use peerwasm::gossip::Liveness;
-use peerwasm::proto::{JobSpec, ModuleHash, Outcome, PeerView};
+use peerwasm::proto::{JobResult, JobSpec, ModuleHash, Outcome, PeerView};
 
-use crate::support::MIB;
+use crate::support::{MIB, WorkerProcess as Worker};
 
 const GIB: u64 = 1 << 30;
-
-/// A `peerwasm worker` process; killed when dropped.
-struct Worker {
-    child: Child,
-    addr: String,
-    _cache: tempfile::TempDir,
-}
-
-impl Worker {
-    fn start(memory: &str, slots: u32, join: Option<&str>) -> Worker {
-        let cache = tempfile::tempdir().unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_peerwasm"));
-        cmd.args(["worker", "--listen", "127.0.0.1:0", "--memory", memory, "--reserve", "0"])
-            .args(["--slots", &slots.to_string(), "--gossip-interval", "100ms"])
-            .arg("--cache-dir")
-            .arg(cache.path())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
-        if let Some(seed) = join {
-            cmd.args(["--join", seed]);
-        }
-        let mut child = cmd.spawn().expect("starting a worker");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let addr = line.trim().strip_prefix("peerwasm worker listening on ").expect("the address line").to_string();
-        Worker { child, addr, _cache: cache }
-    }
-
-    fn terminate(&mut self) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill(); // SIGKILL
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 fn http() -> reqwest::Client {
     reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
 }
 
-async fn view(addr: &str) -> Vec<PeerView> {
+pub(crate) async fn view(addr: &str) -> Vec<PeerView> {
     peerwasm::client::fetch_peers(&http(), &[addr.to_string()]).await.expect("a pool view")
 }
 
 /// Polls `addr`'s view until `done`, for at most `limit`.
-async fn wait_for(addr: &str, limit: Duration, done: impl Fn(&[PeerView]) -> bool) -> Vec<PeerView> {
+pub(crate) async fn wait_for(addr: &str, limit: Duration, done: impl Fn(&[PeerView]) -> bool) -> Vec<PeerView> {
     let start = Instant::now();
     loop {
         let v = view(addr).await;
@@ -76,12 +32,12 @@ async fn wait_for(addr: &str, limit: Duration, done: impl Fn(&[PeerView]) -> boo
     }
 }
 
-fn alive(v: &[PeerView]) -> usize {
+pub(crate) fn alive(v: &[PeerView]) -> usize {
     v.iter().filter(|p| p.liveness == Liveness::Alive).count()
 }
 
 /// Three workers of 1, 2 and 4 GiB joined through the first.
-async fn three_workers() -> [Worker; 3] {
+pub(crate) async fn three_workers() -> [Worker; 3] {
     let a = Worker::start("1GiB", 2, None);
     let b = Worker::start("2GiB", 2, Some(&a.addr));
     let c = Worker::start("4GiB", 2, Some(&a.addr));
@@ -89,6 +45,12 @@ async fn three_workers() -> [Worker; 3] {
         wait_for(&w.addr, Duration::from_secs(10), |v| alive(v) == 3).await;
     }
     [a, b, c]
+}
+
+/// One job on the pool reached through `peers`, as `peerwasm run --peers`.
+async fn remote_run(peers: &[String], bytes: &[u8], spec: &JobSpec) -> Result<JobResult, SubmitError> {
+    let target = Target::pool(peers.to_vec()).unwrap();
+    target.run(&Job::new(bytes.to_vec()), spec.clone()).await
 }
 
 fn job(name: &str, stdin: &str, mem: u64) -> (Vec<u8>, JobSpec) {
@@ -117,7 +79,7 @@ async fn workers_join_through_a_seed_and_a_killed_one_leaves_placement() {
     let candidates = peerwasm::client::placement::candidates(&v, GIB).unwrap();
     assert!(!candidates.contains(&c_addr), "{candidates:?}");
     // Only the dead worker could take 3 GiB.
-    let err = peerwasm::client::placement::candidates(&v, 3 * GIB).unwrap_err();
+    let err = peerwasm::client::placement::candidates(&v, 3 * GIB).unwrap_err().to_string();
     assert!(err.contains("largest the pool can take is 2 GiB"), "{err}");
 }
 
@@ -125,22 +87,21 @@ async fn workers_join_through_a_seed_and_a_killed_one_leaves_placement() {
 async fn best_fit_places_jobs_and_refuses_what_no_one_can_hold() {
     let [a, b, c] = three_workers().await;
     let peers = [a.addr.clone()];
-    let http = http();
 
     let (bytes, spec) = job("hello", "", 3 * GIB);
-    let res = peerwasm::client::remote::run(&http, &peers, &bytes, &spec).await.unwrap();
+    let res = remote_run(&peers, &bytes, &spec).await.unwrap();
     assert_eq!(res.outcome, Outcome::Exited { code: 0 });
     assert_eq!(res.peer, c.addr, "only the 4 GiB worker fits 3 GiB");
 
     let (bytes, spec) = job("hello", "", 1536 * MIB);
-    let res = peerwasm::client::remote::run(&http, &peers, &bytes, &spec).await.unwrap();
+    let res = remote_run(&peers, &bytes, &spec).await.unwrap();
     assert_eq!(res.peer, b.addr, "the 2 GiB worker is the best fit for 1.5 GiB");
 
     // Adverts are hints: until gossip brings B's release, B looks like it
     // has 512 MiB to spare, a better fit than A's 1 GiB. Wait for it.
     wait_for(&a.addr, Duration::from_secs(5), |v| v.iter().all(|p| p.advert.reserved_bytes == 0)).await;
     let (bytes, spec) = job("hello", "", 256 * MIB);
-    let res = peerwasm::client::remote::run(&http, &peers, &bytes, &spec).await.unwrap();
+    let res = remote_run(&peers, &bytes, &spec).await.unwrap();
     assert_eq!(res.peer, a.addr, "the smallest that fits");
 
     // Through the command line: refused at once, naming the largest.
@@ -175,11 +136,10 @@ async fn best_fit_places_jobs_and_refuses_what_no_one_can_hold() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_module_is_uploaded_once_per_worker() {
     let [a, b, c] = three_workers().await;
-    let http = http();
     let peers = [a.addr.clone()];
     for mem in [256 * MIB, 1536 * MIB, 3 * GIB].repeat(3) {
         let (bytes, spec) = job("primes", r#"{"n": 1000}"#, mem);
-        let res = peerwasm::client::remote::run(&http, &peers, &bytes, &spec).await.unwrap();
+        let res = remote_run(&peers, &bytes, &spec).await.unwrap();
         assert_eq!(res.outcome, Outcome::Exited { code: 0 });
     }
     // Placement follows (possibly stale) adverts, so which worker ran how
@@ -206,22 +166,14 @@ async fn reservations_never_exceed_capacity_under_concurrent_submitters() {
     let submitters = (0..8u64).map(|s| {
         let peers = peers.clone();
         tokio::spawn(async move {
-            let http = http();
             let mut outcomes = Vec::new();
             for i in 0..5u64 {
                 // Pseudo-random memreqs from 128 MiB to 1 GiB.
                 let mem = (128 + (s * 7919 + i * 104729) % 897) * MIB;
                 let (bytes, spec) = job("sleep", "50", mem);
-                match peerwasm::client::remote::run(&http, &peers, &bytes, &spec).await {
-                    Ok(res) => outcomes.push(res.outcome),
-                    // Both queues full at once: try again shortly.
-                    Err(e) if e.to_string().contains("queue is full") => {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        let res = peerwasm::client::remote::run(&http, &peers, &bytes, &spec).await.unwrap();
-                        outcomes.push(res.outcome);
-                    }
-                    Err(e) => panic!("{e}"),
-                }
+                // Both queues full at once: the client waits for room.
+                let res = remote_run(&peers, &bytes, &spec).await.unwrap();
+                outcomes.push(res.outcome);
             }
             outcomes
         })
@@ -250,7 +202,7 @@ async fn sigterm_finishes_running_jobs_and_leaves_the_pool() {
     wait_for(&a.addr, Duration::from_secs(10), |v| alive(v) == 2).await;
     let peers = [a.addr.clone()];
     let (bytes, spec) = job("sleep", "1500", 256 * MIB);
-    let running = tokio::spawn(async move { peerwasm::client::remote::run(&http(), &peers, &bytes, &spec).await });
+    let running = tokio::spawn(async move { remote_run(&peers, &bytes, &spec).await });
     tokio::time::sleep(Duration::from_millis(500)).await;
     let a_addr = a.addr.clone();
     a.terminate();

@@ -1,0 +1,283 @@
+//! Learned memory estimates — smartmem on the submitting side.
+//!
+//! FieldTrip's smartmem guessed a job's memory from RSS samples of earlier
+//! jobs. Here every result carries the job's exact peak linear memory, so
+//! the estimate is simply the largest peak seen times a margin, rounded up
+//! to whole wasm pages. Before any result is in, it starts from what an
+//! earlier run of the same module learned (saved per module hash), else
+//! from a default capped by what the pool can hold and by the module's own
+//! declared memory maximum.
+//!
+//! The estimate is a *request*, not a promise: a job that outgrows it is
+//! retried with a larger limit by `map` (see [`super::map`]).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::proto::ModuleHash;
+
+/// One wasm page: limits are always whole pages.
+pub const WASM_PAGE: u64 = 64 * 1024;
+
+/// The request before anything is known: 1 GiB, as `peerwasm run`.
+pub const DEFAULT_MEMREQ: u64 = 1 << 30;
+
+/// Default margin over the largest peak seen.
+pub const DEFAULT_MARGIN: f64 = 1.25;
+
+/// Rounds `bytes` up to whole wasm pages.
+pub fn round_to_pages(bytes: u64) -> u64 {
+    bytes.div_ceil(WASM_PAGE).saturating_mul(WASM_PAGE)
+}
+
+/// What a module says about its own memory, read from its memory section
+/// without compiling it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeclaredMemory {
+    /// Σ initial sizes of the memories it defines, in bytes: no limit below
+    /// this can even instantiate it.
+    pub initial_bytes: u64,
+    /// Σ declared maxima, in bytes, when every memory declares one.
+    pub maximum_bytes: Option<u64>,
+}
+
+impl DeclaredMemory {
+    /// Reads the memory section of a core module. Unreadable bytes give the
+    /// default (nothing declared): the worker reports them properly.
+    pub fn of(module: &[u8]) -> DeclaredMemory {
+        let mut out = DeclaredMemory::default();
+        let mut all_have_max = true;
+        let mut any = false;
+        for payload in wasmparser::Parser::new(0).parse_all(module) {
+            let Ok(payload) = payload else { return DeclaredMemory::default() };
+            if let wasmparser::Payload::MemorySection(reader) = payload {
+                for memory in reader {
+                    let Ok(memory) = memory else { return DeclaredMemory::default() };
+                    any = true;
+                    out.initial_bytes = out.initial_bytes.saturating_add(memory.initial.saturating_mul(WASM_PAGE));
+                    match memory.maximum {
+                        Some(max) => {
+                            let max = max.saturating_mul(WASM_PAGE);
+                            out.maximum_bytes = Some(out.maximum_bytes.unwrap_or(0).saturating_add(max));
+                        }
+                        None => all_have_max = false,
+                    }
+                }
+            }
+        }
+        if !any || !all_have_max {
+            out.maximum_bytes = None;
+        }
+        out
+    }
+}
+
+/// An estimate as saved between runs, one small JSON file per module.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SavedEstimate {
+    /// The largest peak any job of the module reached, in bytes.
+    pub peak_bytes: u64,
+    /// The request learned from it (peak × margin, whole pages).
+    pub memreq_bytes: u64,
+    /// How many results it was learned from.
+    pub jobs: u64,
+}
+
+/// The memory request for the next job of one module.
+#[derive(Clone, Debug)]
+pub struct MemoryEstimator {
+    margin: f64,
+    min: u64,
+    cap: u64,
+    declared: DeclaredMemory,
+    start: u64,
+    started_from_saved: bool,
+    peak_max: Option<u64>,
+    peak_sum: u128,
+    jobs: u64,
+}
+
+impl MemoryEstimator {
+    /// An estimator that starts from `saved` (if any) or the default, never
+    /// asks below `min` (nor below the module's initial memory), and never
+    /// above `cap` (the largest job the pool can take) nor the module's
+    /// declared maximum.
+    pub fn new(declared: DeclaredMemory, saved: Option<&SavedEstimate>, min: u64, cap: u64, margin: f64) -> Self {
+        let start = match saved {
+            Some(s) => s.memreq_bytes,
+            None => DEFAULT_MEMREQ.min(declared.maximum_bytes.unwrap_or(u64::MAX)),
+        };
+        MemoryEstimator {
+            margin: margin.max(1.0),
+            min,
+            cap: cap.max(WASM_PAGE),
+            declared,
+            start,
+            started_from_saved: saved.is_some(),
+            peak_max: None,
+            peak_sum: 0,
+            jobs: 0,
+        }
+    }
+
+    /// Learns from one measured peak.
+    pub fn observe(&mut self, peak_bytes: u64) {
+        self.peak_max = Some(self.peak_max.unwrap_or(0).max(peak_bytes));
+        self.peak_sum += peak_bytes as u128;
+        self.jobs += 1;
+    }
+
+    /// Whether any peak has been seen in this run.
+    pub fn learned(&self) -> bool {
+        self.peak_max.is_some()
+    }
+
+    /// Whether the first request came from an earlier run's saved estimate.
+    pub fn started_from_saved(&self) -> bool {
+        self.started_from_saved
+    }
+
+    /// The request for the next job: `max(peaks) × margin` in whole pages
+    /// once something was measured, else the starting request; then
+    /// clamped to `[max(min, initial memory), min(cap, declared max)]`.
+    pub fn memreq(&self) -> u64 {
+        let raw = match self.peak_max {
+            Some(peak) => round_to_pages((peak as f64 * self.margin).ceil() as u64),
+            None => self.start,
+        };
+        self.clamp(raw)
+    }
+
+    /// Clamps any request (the estimate, or a retry's larger one) to what
+    /// can run: not below the floor, not above the pool or the module's max.
+    pub fn clamp(&self, bytes: u64) -> u64 {
+        let floor = round_to_pages(self.min.max(self.declared.initial_bytes));
+        let ceiling = self.ceiling();
+        round_to_pages(bytes).max(floor).min(ceiling.max(floor))
+    }
+
+    /// The largest request worth making: the pool's largest job, or the
+    /// module's declared maximum if smaller.
+    pub fn ceiling(&self) -> u64 {
+        self.cap.min(self.declared.maximum_bytes.unwrap_or(u64::MAX))
+    }
+
+    /// Largest peak seen in this run.
+    pub fn peak_max(&self) -> Option<u64> {
+        self.peak_max
+    }
+
+    /// Mean peak over this run's results.
+    pub fn peak_mean(&self) -> Option<u64> {
+        (self.jobs > 0).then(|| (self.peak_sum / self.jobs as u128) as u64)
+    }
+
+    /// What to save for the next run, if anything was learned.
+    pub fn to_saved(&self) -> Option<SavedEstimate> {
+        let peak = self.peak_max?;
+        Some(SavedEstimate { peak_bytes: peak, memreq_bytes: self.memreq(), jobs: self.jobs })
+    }
+}
+
+/// Where estimates live: one `<sha256>.json` per module under a directory
+/// (by default `~/.cache/peerwasm/estimates`).
+#[derive(Clone, Debug)]
+pub struct EstimateStore {
+    dir: PathBuf,
+}
+
+impl EstimateStore {
+    /// A store under `dir` (created when first saving).
+    pub fn new(dir: impl Into<PathBuf>) -> EstimateStore {
+        EstimateStore { dir: dir.into() }
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn path(&self, module: &ModuleHash) -> PathBuf {
+        self.dir.join(format!("{}.json", module.to_hex()))
+    }
+
+    /// The saved estimate of `module`; `None` if there is none or it cannot
+    /// be read (a damaged file only costs the head start).
+    pub fn load(&self, module: &ModuleHash) -> Option<SavedEstimate> {
+        let bytes = std::fs::read(self.path(module)).ok()?;
+        match serde_json::from_slice(&bytes) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(path = %self.path(module).display(), "ignoring an unreadable saved estimate: {e}");
+                None
+            }
+        }
+    }
+
+    /// Saves `estimate` for `module`, atomically (write, then rename).
+    pub fn save(&self, module: &ModuleHash, estimate: &SavedEstimate) -> std::io::Result<()> {
+        std::fs::create_dir_all(&self.dir)?;
+        let mut tmp = tempfile::NamedTempFile::new_in(&self.dir)?;
+        serde_json::to_writer_pretty(&mut tmp, estimate)?;
+        tmp.persist(self.path(module)).map_err(|e| e.error)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn learns_max_peak_times_margin_in_pages() {
+        let mut e = MemoryEstimator::new(DeclaredMemory::default(), None, 0, 8 << 30, 1.25);
+        assert_eq!(e.memreq(), DEFAULT_MEMREQ);
+        e.observe(10 * MIB);
+        e.observe(40 * MIB + 1);
+        e.observe(20 * MIB);
+        let req = e.memreq();
+        assert_eq!(req % WASM_PAGE, 0);
+        assert!(req >= 50 * MIB && req <= 50 * MIB + WASM_PAGE, "{req}");
+        assert_eq!(e.peak_mean(), Some((70 * MIB + 1) / 3));
+    }
+
+    #[test]
+    fn clamped_by_min_initial_cap_and_declared_max() {
+        let declared = DeclaredMemory { initial_bytes: 2 * MIB, maximum_bytes: Some(64 * MIB) };
+        let e = MemoryEstimator::new(declared, None, 0, 8 << 30, 1.25);
+        assert_eq!(e.memreq(), 64 * MIB, "the default is capped by the declared max");
+        let mut e = MemoryEstimator::new(DeclaredMemory::default(), None, 16 * MIB, 512 * MIB, 1.25);
+        assert_eq!(e.memreq(), 512 * MIB, "the default is capped by the pool");
+        e.observe(MIB);
+        assert_eq!(e.memreq(), 16 * MIB, "never below --min-mem");
+        let e = MemoryEstimator::new(declared, None, 0, 8 << 30, 1.25);
+        assert_eq!(e.clamp(0), 2 * MIB, "never below the initial memory");
+    }
+
+    #[test]
+    fn starts_from_saved_and_reads_declared_memory() {
+        let saved = SavedEstimate { peak_bytes: 4 * MIB, memreq_bytes: 5 * MIB, jobs: 3 };
+        let e = MemoryEstimator::new(DeclaredMemory::default(), Some(&saved), 0, 8 << 30, 1.25);
+        assert_eq!(e.memreq(), 5 * MIB);
+        assert!(e.started_from_saved());
+
+        let wasm = wat::parse_str("(module (memory 3 10))").unwrap();
+        assert_eq!(DeclaredMemory::of(&wasm), DeclaredMemory {
+            initial_bytes: 3 * WASM_PAGE,
+            maximum_bytes: Some(10 * WASM_PAGE)
+        });
+        let wasm = wat::parse_str("(module (memory 1))").unwrap();
+        assert_eq!(DeclaredMemory::of(&wasm).maximum_bytes, None);
+        assert_eq!(DeclaredMemory::of(b"not wasm"), DeclaredMemory::default());
+
+        let dir = tempfile::tempdir().unwrap();
+        let store = EstimateStore::new(dir.path().join("estimates"));
+        let hash = ModuleHash::of(&wasm);
+        assert_eq!(store.load(&hash), None);
+        store.save(&hash, &saved).unwrap();
+        assert_eq!(store.load(&hash), Some(saved));
+    }
+}

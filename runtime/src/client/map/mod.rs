@@ -1,0 +1,499 @@
+//! `map`: one job module over many inputs, results in input order — the
+//! peercellfun of peerwasm.
+//!
+//! One loop owns all the state; every submission is a task that sends its
+//! answer back on a channel tagged with its attempt id. That makes the
+//! rules easy to check in one place:
+//!
+//! * **Flow**: at most `max_in_flight` submissions are under way (default:
+//!   two per slot, so a slot never idles during a round trip).
+//! * **Memory** (smartmem): jobs go out with the learned estimate; one that
+//!   exceeds a limit *we* estimated is resubmitted with double (at least what
+//!   it asked for), up to the largest the pool can take, and that does not
+//!   count against `--retries`.
+//! * **Lost jobs**: a broken connection, a worker the gossip declares dead,
+//!   or no answer within 3 × the slowest round trip seen + slack: the input
+//!   is resubmitted elsewhere. The old submission is not cancelled — if its
+//!   answer comes first it is used — and whichever answer comes second is
+//!   dropped, so each input gets exactly one result.
+//! * **Failures** of the job itself stop the map (after the inputs before
+//!   it are done) unless `keep_going`; they are resubmitted only up to
+//!   `retries` times.
+//! * **Order**: results are handed to the observer in input order; results
+//!   that arrive early wait (at most `reorder_window` inputs ahead).
+
+mod report;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+pub use report::{MapItem, MapSummary, Progress, Stopped};
+
+use super::estimate::{DEFAULT_MARGIN, EstimateStore, MemoryEstimator};
+use super::job::Job;
+use super::target::{Placed, SubmitError, Target};
+use crate::gossip::Liveness;
+use crate::proto::{JobResult, Outcome};
+use crate::units::Bytes;
+
+/// How a map runs. `Default` gives the documented defaults.
+#[derive(Clone, Debug)]
+pub struct MapConfig {
+    /// One fixed memory limit for every job; `None` learns it (smartmem).
+    /// Default: `None`.
+    pub mem: Option<u64>,
+    /// Never ask for less than this. Default: 0.
+    pub min_mem: u64,
+    /// Margin over the largest peak seen. Default: 1.25.
+    pub margin: f64,
+    /// How often a failed job is resubmitted. Default: 0.
+    pub retries: u32,
+    /// Submissions under way at once; `None`: two per slot of the target.
+    pub max_in_flight: Option<usize>,
+    /// Whether to go on after a job fails. Default: false.
+    pub keep_going: bool,
+    /// Added to 3 × the slowest round trip before a job counts as lost.
+    /// Default: 10 s.
+    pub lost_slack: Duration,
+    /// How far ahead of the next result to write the map may run.
+    /// Default: 10,000 inputs.
+    pub reorder_window: usize,
+    /// Where learned estimates are loaded from and saved to; `None` keeps
+    /// them for this run only. Default: `None`.
+    pub estimates: Option<EstimateStore>,
+}
+
+impl Default for MapConfig {
+    fn default() -> Self {
+        MapConfig {
+            mem: None,
+            min_mem: 0,
+            margin: DEFAULT_MARGIN,
+            retries: 0,
+            max_in_flight: None,
+            keep_going: false,
+            lost_slack: Duration::from_secs(10),
+            reorder_window: 10_000,
+            estimates: None,
+        }
+    }
+}
+
+/// Receives what a map produces.
+pub trait MapObserver {
+    /// Each input's result, in input order. An error stops the map.
+    fn result(&mut self, item: MapItem) -> anyhow::Result<()>;
+    /// After each result (in any order) and each resubmission.
+    fn progress(&mut self, _progress: &Progress) {}
+    /// When an input is submitted again, and why.
+    fn retry(&mut self, _index: usize, _why: &str) {}
+}
+
+/// Collects the items in order: the simplest observer.
+impl MapObserver for Vec<MapItem> {
+    fn result(&mut self, item: MapItem) -> anyhow::Result<()> {
+        self.push(item);
+        Ok(())
+    }
+}
+
+/// Runs `job` once per input (each input is the job's stdin) on `target`.
+/// Results reach `observer` in input order. Returns the figures of the
+/// whole map; a map stopped by a failing job returns `Ok` with
+/// [`MapSummary::stopped`] set. Errors are for what no input can get past
+/// (no worker, a job too large for any, the observer failing).
+pub async fn map<I>(
+    target: &Target,
+    job: &Job,
+    inputs: I,
+    config: &MapConfig,
+    observer: &mut dyn MapObserver,
+) -> anyhow::Result<MapSummary>
+where
+    I: IntoIterator<Item = Vec<u8>>,
+{
+    let mut run = MapRun::start(target, job, config).await?;
+    let result = run.drive(inputs.into_iter(), observer).await;
+    run.abort_all();
+    if let (Some(store), Some(saved)) = (&config.estimates, run.estimator.to_saved()) {
+        if let Err(e) = store.save(&job.hash(), &saved) {
+            tracing::warn!("cannot save the learned estimate in {}: {e}", store.dir().display());
+        }
+    }
+    result?;
+    Ok(run.finish())
+}
+
+/// One input that has no result yet.
+struct Pending {
+    stdin: Vec<u8>,
+    attempts: u32,
+    retries_used: u32,
+    /// The least the next submission asks for (after a memory retry).
+    memreq_floor: u64,
+    /// Submissions of it that are neither answered nor given up on.
+    live: u32,
+}
+
+/// One submission under way.
+struct Attempt {
+    index: usize,
+    placed: Arc<Placed>,
+    /// Given up on as lost; its answer still counts if it comes first.
+    abandoned: bool,
+    abort: tokio::task::AbortHandle,
+}
+
+type Answer = (u64, Result<JobResult, SubmitError>);
+
+struct MapRun<'a> {
+    target: &'a Target,
+    job: Arc<Job>,
+    config: &'a MapConfig,
+    estimator: MemoryEstimator,
+    slots: u32,
+    typical_job: u64,
+    max_in_flight: usize,
+    started: Instant,
+    tx: mpsc::UnboundedSender<Answer>,
+    rx: mpsc::UnboundedReceiver<Answer>,
+    pending: HashMap<usize, Pending>,
+    resubmit: VecDeque<usize>,
+    attempts: HashMap<u64, Attempt>,
+    next_attempt: u64,
+    active: usize,
+    ready: BTreeMap<usize, MapItem>,
+    next_emit: usize,
+    slowest_round_trip: Option<Duration>,
+    wall_sum_us: u128,
+    total: Option<u64>,
+    stop: Option<Stopped>,
+    summary: MapSummary,
+}
+
+impl<'a> MapRun<'a> {
+    async fn start(target: &'a Target, job: &Job, config: &'a MapConfig) -> anyhow::Result<MapRun<'a>> {
+        let capacity = target.capacity().await?;
+        if capacity.workers == 0 || capacity.slots == 0 {
+            anyhow::bail!("no live worker in the pool");
+        }
+        if let Some(mem) = config.mem
+            && mem > capacity.largest_job
+        {
+            anyhow::bail!(
+                "no peer can hold a job of {}: the largest the pool can take is {}",
+                Bytes(mem),
+                Bytes(capacity.largest_job)
+            );
+        }
+        let saved = config.estimates.as_ref().and_then(|s| s.load(&job.hash()));
+        let estimator = MemoryEstimator::new(
+            job.declared_memory(),
+            saved.as_ref(),
+            config.min_mem,
+            capacity.largest_job,
+            config.margin,
+        );
+        let (tx, rx) = mpsc::unbounded_channel();
+        Ok(MapRun {
+            target,
+            job: Arc::new(job.clone()),
+            config,
+            estimator,
+            slots: capacity.slots,
+            typical_job: capacity.typical_job,
+            max_in_flight: config.max_in_flight.unwrap_or(2 * capacity.slots as usize).max(1),
+            started: Instant::now(),
+            tx,
+            rx,
+            pending: HashMap::new(),
+            resubmit: VecDeque::new(),
+            attempts: HashMap::new(),
+            next_attempt: 0,
+            active: 0,
+            ready: BTreeMap::new(),
+            next_emit: 0,
+            slowest_round_trip: None,
+            wall_sum_us: 0,
+            total: None,
+            stop: None,
+            summary: MapSummary::default(),
+        })
+    }
+
+    async fn drive(
+        &mut self,
+        mut inputs: impl Iterator<Item = Vec<u8>>,
+        observer: &mut dyn MapObserver,
+    ) -> anyhow::Result<()> {
+        let (lo, hi) = inputs.size_hint();
+        self.total = (Some(lo) == hi).then_some(lo as u64);
+        let mut next_index = 0usize;
+        let mut exhausted = false;
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            while self.active < self.max_in_flight {
+                let index = if let Some(i) = self.resubmit.pop_front() {
+                    i
+                } else if self.stop.is_none() && !exhausted && next_index < self.next_emit + self.config.reorder_window {
+                    let Some(stdin) = inputs.next() else {
+                        exhausted = true;
+                        break;
+                    };
+                    self.pending.insert(next_index, Pending {
+                        stdin,
+                        attempts: 0,
+                        retries_used: 0,
+                        memreq_floor: 0,
+                        live: 0,
+                    });
+                    next_index += 1;
+                    next_index - 1
+                } else {
+                    break;
+                };
+                self.launch(index);
+            }
+            if self.pending.is_empty() && (exhausted || self.stop.is_some()) {
+                break;
+            }
+            tokio::select! {
+                Some((id, answer)) = self.rx.recv() => self.on_answer(id, answer, observer)?,
+                _ = tick.tick() => self.check_lost(observer).await,
+            }
+        }
+        if let Some(total) = self.total.filter(|_| self.stop.is_none()) {
+            debug_assert_eq!(self.summary.jobs, total);
+        }
+        Ok(())
+    }
+
+    /// The request for the next submission of `index`.
+    fn memreq(&self, index: usize) -> u64 {
+        match self.config.mem {
+            Some(mem) => mem,
+            None => {
+                let floor = self.pending.get(&index).map_or(0, |p| p.memreq_floor);
+                self.estimator.clamp(self.estimator.memreq().max(floor))
+            }
+        }
+    }
+
+    fn launch(&mut self, index: usize) {
+        let memreq = self.memreq(index);
+        let Some(p) = self.pending.get_mut(&index) else { return };
+        p.attempts += 1;
+        p.live += 1;
+        let spec = self.job.spec(p.stdin.clone(), memreq);
+        let id = self.next_attempt;
+        self.next_attempt += 1;
+        let placed = Arc::new(Placed::default());
+        let (target, job, tx, placed2) = (self.target.clone(), self.job.clone(), self.tx.clone(), placed.clone());
+        let task = tokio::spawn(async move {
+            let answer = target.run_tracked(&job, spec, &placed2).await;
+            let _ = tx.send((id, answer));
+        });
+        self.attempts.insert(id, Attempt { index, placed, abandoned: false, abort: task.abort_handle() });
+        self.active += 1;
+    }
+
+    fn on_answer(
+        &mut self,
+        id: u64,
+        answer: Result<JobResult, SubmitError>,
+        observer: &mut dyn MapObserver,
+    ) -> anyhow::Result<()> {
+        let Some(attempt) = self.attempts.remove(&id) else { return Ok(()) };
+        if !attempt.abandoned {
+            self.active -= 1;
+        }
+        let index = attempt.index;
+        let Some(p) = self.pending.get_mut(&index) else {
+            // This input already has its result (or the map stopped before it).
+            self.summary.late_answers += 1;
+            return Ok(());
+        };
+        if !attempt.abandoned {
+            p.live -= 1;
+        }
+        let result = match answer {
+            Ok(result) => result,
+            Err(SubmitError::Lost { peer, reason }) => {
+                if !attempt.abandoned {
+                    self.summary.lost += 1;
+                    observer.retry(index, &format!("lost with worker {peer}: {reason}"));
+                    if p.live == 0 {
+                        self.resubmit.push_front(index);
+                    }
+                }
+                return Ok(());
+            }
+            Err(SubmitError::Fatal(why)) => anyhow::bail!("{why}"),
+        };
+        if let Some((_, sent)) = attempt.placed.get() {
+            let rt = sent.elapsed();
+            self.slowest_round_trip = Some(self.slowest_round_trip.map_or(rt, |s| s.max(rt)));
+        }
+        let ceiling = self.estimator.ceiling();
+        let retry = match &result.outcome {
+            Outcome::MemoryLimitExceeded { limit, requested, .. } if self.config.mem.is_none() && *limit < ceiling => {
+                p.memreq_floor = self.estimator.clamp((limit.saturating_mul(2)).max(*requested));
+                self.summary.memory_retries += 1;
+                Some(format!("{}; again with {}", result.outcome, Bytes(p.memreq_floor)))
+            }
+            outcome if !outcome.is_success() && p.retries_used < self.config.retries => {
+                p.retries_used += 1;
+                self.summary.failure_retries += 1;
+                Some(format!("{outcome}; retry {} of {}", p.retries_used, self.config.retries))
+            }
+            _ => None,
+        };
+        if let Some(why) = retry {
+            if result.peak_memory_bytes > 0 {
+                self.estimator.observe(result.peak_memory_bytes);
+            }
+            observer.retry(index, &why);
+            if p.live == 0 {
+                self.resubmit.push_front(index);
+            }
+            return Ok(());
+        }
+        self.complete(index, result, observer)
+    }
+
+    fn complete(&mut self, index: usize, result: JobResult, observer: &mut dyn MapObserver) -> anyhow::Result<()> {
+        let Some(p) = self.pending.remove(&index) else { return Ok(()) };
+        let s = &mut self.summary;
+        s.jobs += 1;
+        s.cpu_time += Duration::from_micros(result.cpu_time_us);
+        *s.per_peer.entry(result.peer.clone()).or_default() += 1;
+        s.warned += u64::from(!result.warnings.is_empty());
+        self.wall_sum_us += result.wall_time_us as u128;
+        if result.peak_memory_bytes > 0 || result.outcome.is_success() {
+            self.estimator.observe(result.peak_memory_bytes);
+        }
+        let item = MapItem { index, result, attempts: p.attempts };
+        if !item.succeeded() {
+            s.failed += 1;
+            if !self.config.keep_going && self.stop.as_ref().is_none_or(|st| index < st.index) {
+                self.stop = Some(Stopped { index, message: item.failure_message() });
+                self.cut_after(index);
+            }
+        }
+        self.ready.insert(index, item);
+        while let Some(item) = self.ready.remove(&self.next_emit) {
+            if self.stop.as_ref().is_some_and(|st| item.index > st.index) {
+                break;
+            }
+            observer.result(item)?;
+            self.next_emit += 1;
+        }
+        observer.progress(&self.progress());
+        Ok(())
+    }
+
+    /// After a failure at `index` stops the map: nothing after it runs on.
+    fn cut_after(&mut self, index: usize) {
+        self.pending.retain(|&i, _| i <= index);
+        self.resubmit.retain(|&i| i <= index);
+        self.ready.retain(|&i, _| i <= index);
+        for a in self.attempts.values_mut().filter(|a| a.index > index && !a.abandoned) {
+            a.abort.abort();
+            a.abandoned = true;
+            self.active -= 1;
+        }
+    }
+
+    /// Gives up on submissions whose worker the pool calls dead, or that
+    /// are far slower than any answer so far; their inputs go out again.
+    async fn check_lost(&mut self, observer: &mut dyn MapObserver) {
+        let dead: Vec<String> = match self.target {
+            Target::Embedded(_) => return,
+            Target::Pool(pool) => match pool.view().await {
+                Ok(view) => view
+                    .iter()
+                    .filter(|p| p.liveness == Liveness::Dead)
+                    .map(|p| p.advert.addr.clone())
+                    .collect(),
+                Err(_) => Vec::new(),
+            },
+        };
+        let deadline = self.slowest_round_trip.map(|rt| 3 * rt + self.config.lost_slack);
+        let mut lost = Vec::new();
+        for (id, a) in &self.attempts {
+            if a.abandoned {
+                continue;
+            }
+            let Some((peer, sent)) = a.placed.get() else { continue };
+            if dead.contains(&peer) {
+                lost.push((*id, format!("worker {peer} was declared dead")));
+            } else if deadline.is_some_and(|d| sent.elapsed() > d) {
+                lost.push((*id, format!("no answer from {peer} in {:.1} s", sent.elapsed().as_secs_f64())));
+            }
+        }
+        for (id, why) in lost {
+            let Some(a) = self.attempts.get_mut(&id) else { continue };
+            a.abandoned = true;
+            self.active -= 1;
+            let index = a.index;
+            if let Some(p) = self.pending.get_mut(&index) {
+                p.live -= 1;
+                self.summary.lost += 1;
+                observer.retry(index, &why);
+                if p.live == 0 {
+                    self.resubmit.push_back(index);
+                }
+            }
+        }
+    }
+
+    fn progress(&self) -> Progress {
+        let done = self.summary.jobs;
+        let parallel = (self.slots as usize).min(self.max_in_flight).max(1) as f64;
+        let eta = self.total.filter(|_| done > 0).map(|total| {
+            let mean_us = self.wall_sum_us as f64 / done as f64;
+            Duration::from_micros((total.saturating_sub(done) as f64 * mean_us / parallel) as u64)
+        });
+        Progress {
+            done,
+            total: self.total,
+            failed: self.summary.failed,
+            retried: self.summary.retries(),
+            in_flight: self.active,
+            elapsed: self.started.elapsed(),
+            eta,
+            memreq: self.memreq(usize::MAX),
+        }
+    }
+
+    fn abort_all(&mut self) {
+        for a in self.attempts.values() {
+            a.abort.abort();
+        }
+    }
+
+    fn finish(mut self) -> MapSummary {
+        let mut s = std::mem::take(&mut self.summary);
+        s.elapsed = self.started.elapsed();
+        s.peak_max = self.estimator.peak_max().unwrap_or(0);
+        s.peak_mean = self.estimator.peak_mean().unwrap_or(0);
+        s.started_from_saved = self.estimator.started_from_saved();
+        if self.config.mem.is_none() && self.estimator.learned() {
+            let learned = self.estimator.memreq();
+            s.learned_memreq = Some(learned);
+            if learned > self.typical_job {
+                s.warnings.push(format!(
+                    "the learned memory request {} is larger than most workers can take ({}): jobs will queue on the few that can",
+                    Bytes(learned),
+                    Bytes(self.typical_job)
+                ));
+            }
+        }
+        s.stopped = self.stop.take();
+        s
+    }
+}

@@ -1,0 +1,279 @@
+//! [`Pool`]: the client's handle on a pool of workers — the pool view
+//! (refreshed from any worker that answers), module uploads (once per
+//! worker), and submitting one job: best fit first, the next candidate when a
+//! worker refuses, waiting when every worker is busy.
+//!
+//! A worker that cannot be reached is avoided for a moment; a worker that
+//! breaks a connection with a job on it has lost that job, which is reported
+//! as [`SubmitError::Lost`] so that the caller (`map`) resubmits it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+
+use super::job::Job;
+use super::placement;
+use super::target::{Placed, SubmitError};
+use crate::gossip::Liveness;
+use crate::proto::{JobResult, JobSpec, LARGEST_JOB_HEADER, ModuleHash, POSTCARD, PeerView};
+
+/// How a [`Pool`] behaves.
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    /// Workers to ask for the pool view (`host:port`).
+    pub seeds: Vec<String>,
+    /// How old a pool view may be before it is fetched again. Default: 500 ms.
+    pub view_max_age: Duration,
+    /// How long to wait for a live worker to appear before giving up.
+    /// Default: 30 s.
+    pub no_peer_patience: Duration,
+    /// How long a worker that refused connections is skipped. Default: 2 s.
+    pub avoid_for: Duration,
+}
+
+impl PoolConfig {
+    /// Defaults with these seeds.
+    pub fn new(seeds: Vec<String>) -> PoolConfig {
+        PoolConfig {
+            seeds,
+            view_max_age: Duration::from_millis(500),
+            no_peer_patience: Duration::from_secs(30),
+            avoid_for: Duration::from_secs(2),
+        }
+    }
+}
+
+/// A pool of workers, as seen from a client. Cheap to share (`Arc`).
+pub struct Pool {
+    config: PoolConfig,
+    http: reqwest::Client,
+    view: tokio::sync::Mutex<View>,
+    uploaded: Mutex<HashMap<(String, ModuleHash), Arc<tokio::sync::OnceCell<()>>>>,
+    /// Jobs of ours on each worker now (placement spreads by it).
+    load: Mutex<HashMap<String, u32>>,
+    /// Workers that refused a connection, until when to skip them.
+    avoid: Mutex<HashMap<String, Instant>>,
+}
+
+#[derive(Default)]
+struct View {
+    peers: Vec<PeerView>,
+    fetched: Option<Instant>,
+}
+
+/// Why one worker did not give a result.
+enum PeerError {
+    /// Refused or too small: try the next one.
+    Declined(String),
+    /// Could not connect: nothing was sent.
+    Unreachable(String),
+    /// The connection broke after the job was sent.
+    Lost(String),
+    /// The request itself is wrong: no worker will take it.
+    Fatal(String),
+}
+
+impl Pool {
+    /// A pool reached through `config.seeds`.
+    pub fn new(config: PoolConfig) -> anyhow::Result<Pool> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true)
+            .build()?;
+        Ok(Pool {
+            config,
+            http,
+            view: tokio::sync::Mutex::new(View::default()),
+            uploaded: Mutex::new(HashMap::new()),
+            load: Mutex::new(HashMap::new()),
+            avoid: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The pool view, fetched again when older than `view_max_age`.
+    pub async fn view(&self) -> anyhow::Result<Vec<PeerView>> {
+        self.view_at_most(self.config.view_max_age).await
+    }
+
+    /// The pool view, fetched again when older than `max_age`.
+    pub async fn view_at_most(&self, max_age: Duration) -> anyhow::Result<Vec<PeerView>> {
+        let mut view = self.view.lock().await;
+        if view.fetched.is_some_and(|t| t.elapsed() <= max_age) {
+            return Ok(view.peers.clone());
+        }
+        // The seeds first, then any live worker we know of: a map outlives
+        // the death of the worker it was pointed at.
+        let mut ask = self.config.seeds.clone();
+        for p in view.peers.iter().filter(|p| p.liveness == Liveness::Alive) {
+            if !ask.contains(&p.advert.addr) {
+                ask.push(p.advert.addr.clone());
+            }
+        }
+        let peers = super::fetch_peers(&self.http, &ask).await?;
+        view.peers = peers.clone();
+        view.fetched = Some(Instant::now());
+        Ok(peers)
+    }
+
+    /// Runs one job on the pool; `placed` is set to the worker while the
+    /// job is on it (so a caller can tell which worker lost it).
+    pub async fn run(&self, job: &Job, spec: &JobSpec, placed: &Placed) -> Result<JobResult, SubmitError> {
+        if !spec.dirs.is_empty() {
+            return Err(SubmitError::Fatal(
+                "--dir cannot be used with a remote worker yet: its files would not come back; \
+                 run without --peers to use the embedded worker"
+                    .into(),
+            ));
+        }
+        let body: bytes::Bytes = postcard::to_allocvec(spec).map_err(|e| SubmitError::Fatal(e.to_string()))?.into();
+        let memreq = spec.limits.memory_bytes;
+        let mut backoff = Duration::from_millis(10);
+        let mut no_peer_since: Option<Instant> = None;
+        loop {
+            let view = self.view().await.map_err(|e| SubmitError::Fatal(format!("{e:#}")))?;
+            let candidates = match placement::candidates(&view, memreq) {
+                Ok(c) => {
+                    no_peer_since = None;
+                    c
+                }
+                Err(placement::NoPlace::NeverFits(why)) => return Err(SubmitError::Fatal(why)),
+                Err(placement::NoPlace::NoLivePeer) => {
+                    let since = *no_peer_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() > self.config.no_peer_patience {
+                        return Err(SubmitError::Fatal(format!(
+                            "no live worker in the pool for {}",
+                            humantime::format_duration(self.config.no_peer_patience)
+                        )));
+                    }
+                    Vec::new()
+                }
+            };
+            let mut declined = Vec::new();
+            for addr in self.order_by_load(candidates, &view) {
+                placed.set(Some(&addr));
+                self.add_load(&addr, 1);
+                let outcome = self.submit_to(&addr, job, spec, body.clone()).await;
+                self.add_load(&addr, -1);
+                match outcome {
+                    Ok(result) => return Ok(result),
+                    Err(PeerError::Declined(why)) => declined.push(format!("{addr}: {why}")),
+                    Err(PeerError::Unreachable(why)) => {
+                        tracing::debug!(peer = %addr, "unreachable: {why}");
+                        self.avoid(&addr);
+                    }
+                    Err(PeerError::Lost(why)) => {
+                        self.avoid(&addr);
+                        return Err(SubmitError::Lost { peer: addr, reason: why });
+                    }
+                    Err(PeerError::Fatal(why)) => return Err(SubmitError::Fatal(format!("{addr}: {why}"))),
+                }
+            }
+            placed.set(None);
+            tracing::trace!("every worker declined ({}); waiting {backoff:?}", declined.join("; "));
+            let jitter = Duration::from_micros(rand::random_range(0..=backoff.as_micros() as u64 / 2));
+            tokio::time::sleep(backoff + jitter).await;
+            backoff = (backoff * 2).min(Duration::from_millis(250));
+        }
+    }
+
+    /// Candidates in best-fit order, but those already holding a slot's
+    /// worth of our jobs after those that do not: without this every job of
+    /// a map would go to the one best-fitting worker and queue there.
+    fn order_by_load(&self, candidates: Vec<String>, view: &[PeerView]) -> Vec<String> {
+        let load = self.load.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        let avoid = self.avoid.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<(u32, String)> = candidates
+            .into_iter()
+            .filter(|a| avoid.get(a).is_none_or(|until| *until <= now))
+            .map(|a| {
+                let slots = view.iter().find(|p| p.advert.addr == a).map_or(1, |p| p.advert.slots_total.max(1));
+                (load.get(&a).copied().unwrap_or(0) / slots, a)
+            })
+            .collect();
+        out.sort_by_key(|(waves, _)| *waves);
+        out.into_iter().map(|(_, a)| a).collect()
+    }
+
+    fn add_load(&self, addr: &str, delta: i32) {
+        let mut load = self.load.lock().unwrap_or_else(|e| e.into_inner());
+        let n = load.entry(addr.to_string()).or_insert(0);
+        *n = n.saturating_add_signed(delta);
+    }
+
+    fn avoid(&self, addr: &str) {
+        let until = Instant::now() + self.config.avoid_for;
+        self.avoid.lock().unwrap_or_else(|e| e.into_inner()).insert(addr.to_string(), until);
+    }
+
+    /// Submits to one worker, uploading the module first if this client
+    /// has not yet done so there, and again if the worker forgot it.
+    async fn submit_to(&self, addr: &str, job: &Job, spec: &JobSpec, body: bytes::Bytes) -> Result<JobResult, PeerError> {
+        let cell = self
+            .uploaded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry((addr.to_string(), spec.module))
+            .or_default()
+            .clone();
+        cell.get_or_try_init(|| self.upload(addr, job)).await?;
+        for attempt in 0..2 {
+            let resp = self
+                .http
+                .post(format!("http://{addr}/v1/jobs"))
+                .header(reqwest::header::CONTENT_TYPE, POSTCARD)
+                .body(body.clone())
+                .send()
+                .await
+                .map_err(|e| classify(&e))?;
+            match resp.status() {
+                StatusCode::OK => {
+                    let bytes = resp.bytes().await.map_err(|e| PeerError::Lost(e.to_string()))?;
+                    return postcard::from_bytes(&bytes).map_err(|e| PeerError::Lost(format!("unreadable result: {e}")));
+                }
+                StatusCode::NOT_FOUND if attempt == 0 => self.upload(addr, job).await?,
+                StatusCode::UNPROCESSABLE_ENTITY => {
+                    let largest = resp.headers().get(LARGEST_JOB_HEADER).and_then(|v| v.to_str().ok()).map(str::to_owned);
+                    return Err(PeerError::Declined(format!("too large here (largest {})", largest.unwrap_or_default())));
+                }
+                StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNAUTHORIZED => {
+                    let message = resp.text().await.unwrap_or_default();
+                    return Err(PeerError::Fatal(message.trim().to_string()));
+                }
+                status => {
+                    let message = resp.text().await.unwrap_or_default();
+                    return Err(PeerError::Declined(format!("{status}: {}", message.trim())));
+                }
+            }
+        }
+        Err(PeerError::Declined("the module was uploaded but the worker still did not know it".into()))
+    }
+
+    async fn upload(&self, addr: &str, job: &Job) -> Result<(), PeerError> {
+        let resp = self
+            .http
+            .put(format!("http://{addr}/v1/modules/{}", job.hash().to_hex()))
+            .header(reqwest::header::CONTENT_TYPE, "application/wasm")
+            .body(bytes::Bytes::copy_from_slice(job.bytes()))
+            .send()
+            .await
+            .map_err(|e| classify(&e))?;
+        match resp.status() {
+            s if s.is_success() => Ok(()),
+            s @ (StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNAUTHORIZED) => Err(
+                PeerError::Fatal(format!("module upload refused: {s} {}", resp.text().await.unwrap_or_default().trim())),
+            ),
+            s => Err(PeerError::Declined(format!("module upload refused: {s}"))),
+        }
+    }
+}
+
+fn classify(e: &reqwest::Error) -> PeerError {
+    if e.is_connect() {
+        PeerError::Unreachable(e.to_string())
+    } else {
+        PeerError::Lost(format!("{e} ({})", std::error::Error::source(e).map(|s| s.to_string()).unwrap_or_default()))
+    }
+}
