@@ -198,6 +198,54 @@ async fn a_worker_killed_mid_map_loses_no_result_and_duplicates_none() {
     drop(c);
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_frozen_worker_is_declared_dead_its_jobs_rerun_and_late_answers_dropped() {
+    let [a, b, c] = three_workers().await;
+    let cache = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let inputs = dir.path().join("inputs");
+    std::fs::write(&inputs, "40\n".repeat(400)).unwrap();
+    let out_path = dir.path().join("out.jsonl");
+    let child = Command::new(env!("CARGO_BIN_EXE_peerwasm"))
+        .args(["map", "--mem", "32MiB", "--peers", &a.addr, "-o"])
+        .arg(&out_path)
+        .arg(peerwasm_testkit::guest_wasm("sleep"))
+        .arg(&inputs)
+        .env("PEERWASM_CACHE_DIR", cache.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Freeze B with jobs on it: its connections stay open but nothing
+    // answers. The pool declares it dead within about a second (100 ms
+    // gossip), the map resubmits B's jobs; thawed, B answers late.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    b.signal(libc::SIGSTOP);
+    let b_addr = b.addr.clone();
+    wait_for(&a.addr, Duration::from_secs(10), |v| {
+        v.iter().any(|p| p.advert.addr == b_addr && p.liveness == peerwasm::gossip::Liveness::Dead)
+    })
+    .await;
+    // The map reads the view at most every 0.5 s: give it time to see it.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    b.signal(libc::SIGCONT);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let lines: Vec<Value> =
+        std::fs::read_to_string(&out_path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 400);
+    for (i, l) in lines.iter().enumerate() {
+        assert_eq!(l["index"], i as u64, "each input once, in order");
+        assert_eq!(l["exit_code"], 0);
+    }
+    let err = stderr(&out);
+    eprintln!("{err}");
+    assert!(err.contains("was declared dead"), "the map saw B die: {err}");
+    assert!(!err.contains(" 0 lost"), "{err}");
+    drop(c);
+}
+
 #[test]
 fn a_failing_input_stops_the_map_naming_it_unless_keep_going() {
     let cache = tempfile::tempdir().unwrap();

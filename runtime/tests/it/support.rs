@@ -73,8 +73,14 @@ impl WorkerProcess {
 
     /// SIGTERM: drain and leave.
     pub fn terminate(&mut self) {
+        self.signal(libc::SIGTERM);
+    }
+
+    /// Sends `signal` (SIGSTOP freezes it: connections stay open, nothing
+    /// answers; SIGCONT thaws it).
+    pub fn signal(&self, signal: i32) {
         // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        unsafe { libc::kill(self.child.id() as i32, signal) };
     }
 
     /// SIGKILL, and reap.

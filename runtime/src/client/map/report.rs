@@ -193,6 +193,9 @@ impl fmt::Display for MapSummary {
         }
         let peers: Vec<String> = self.per_peer.iter().map(|(p, n)| format!("{p} {n}")).collect();
         write!(f, "jobs per peer: {}", peers.join(" · "))?;
+        if self.late_answers > 0 {
+            write!(f, "\n{} late answers of resubmitted jobs were dropped (each input has one result)", self.late_answers)?;
+        }
         if self.warned > 0 {
             write!(f, "\n{} results carried a warning (see their \"warnings\")", self.warned)?;
         }
