@@ -320,7 +320,7 @@ mod lossy_bytes {
 
 /// What a worker advertises about itself over gossip: the record each node
 /// publishes, and what placement reads.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Advert {
     /// Where clients and peers reach the worker (`host:port`).
     pub addr: String,
@@ -350,6 +350,51 @@ pub struct Advert {
     pub modules_received: u64,
     /// The worker is shutting down: it finishes its jobs but takes no more.
     pub draining: bool,
+    /// Whether tenants authenticate here (`--tenants`); `false`: one
+    /// tenant, `default`.
+    pub multi_tenant: bool,
+    /// Per tenant: usage on this worker (decayed, for fair share) and its
+    /// account (cumulative, for rent).
+    pub tenants: Vec<TenantUsage>,
+}
+
+/// One tenant's usage on one worker, as gossiped.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TenantUsage {
+    /// The tenant's name.
+    pub tenant: String,
+    /// Decayed slot-seconds (fair share).
+    pub slot_seconds: f64,
+    /// Decayed reserved GiB-seconds (fair share).
+    pub gib_seconds: f64,
+    /// What the tenant has used here since the worker started.
+    pub account: TenantAccount,
+}
+
+/// What a tenant used — the figures rent could be charged on (seeds/003).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TenantAccount {
+    /// Jobs that ran.
+    pub jobs: u64,
+    /// CPU time of its jobs.
+    pub cpu_seconds: f64,
+    /// Wall time its jobs held a slot.
+    pub slot_seconds: f64,
+    /// Σ memory limit × wall time, in GiB-seconds.
+    pub reserved_gib_seconds: f64,
+    /// Σ peak memory × wall time, in GiB-seconds.
+    pub used_gib_seconds: f64,
+}
+
+impl TenantAccount {
+    /// Adds `other` into this one.
+    pub fn add(&mut self, other: &TenantAccount) {
+        self.jobs += other.jobs;
+        self.cpu_seconds += other.cpu_seconds;
+        self.slot_seconds += other.slot_seconds;
+        self.reserved_gib_seconds += other.reserved_gib_seconds;
+        self.used_gib_seconds += other.used_gib_seconds;
+    }
 }
 
 /// One peer as a worker sees it: `GET /v1/peers` returns a list of these.
@@ -372,6 +417,20 @@ pub const POSTCARD: &str = "application/x-postcard";
 /// Response header of a refusal that names the largest job this worker
 /// could ever take, in bytes.
 pub const LARGEST_JOB_HEADER: &str = "peerwasm-largest-job";
+
+/// Response header carrying a job's id (for `GET /v1/jobs/{id}`).
+pub const JOB_ID_HEADER: &str = "peerwasm-job-id";
+
+/// One of a tenant's jobs on a worker, as `GET /v1/jobs` lists them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobStatus {
+    /// The job's id: 128 random bits in hex, unguessable.
+    pub id: String,
+    /// `queued`, `running` or `done` (result not yet taken).
+    pub state: String,
+    /// Its memory request, in bytes.
+    pub memory_bytes: u64,
+}
 
 #[cfg(test)]
 mod tests {

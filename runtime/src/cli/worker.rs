@@ -9,6 +9,7 @@ use crate::units::{parse_duration, parse_size};
 use crate::worker::ledger::LedgerConfig;
 use crate::worker::server::{WorkerConfig, start};
 use crate::worker::RunnerConfig;
+use crate::worker::tenants::Tenants;
 
 #[derive(clap::Args, Debug)]
 pub struct WorkerArgs {
@@ -35,6 +36,26 @@ pub struct WorkerArgs {
     /// Time between gossip rounds.
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "1s")]
     gossip_interval: Duration,
+    /// Tenants who may submit, with their token hashes, weights and limits
+    /// (TOML; see the README). Without it, anyone who reaches the worker
+    /// may submit, as one tenant.
+    #[arg(long, value_name = "FILE")]
+    tenants: Option<PathBuf>,
+    /// Share slots between tenants by their decayed usage (on), or serve
+    /// jobs in arrival order (off).
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off)]
+    fair_share: bool,
+    /// Half-life of tenants' usage in fair share.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10m")]
+    usage_half_life: Duration,
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" | "true" | "yes" => Ok(true),
+        "off" | "false" | "no" => Ok(false),
+        _ => Err(format!("expected on or off, not {s:?}")),
+    }
 }
 
 pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
@@ -49,6 +70,12 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         runner: RunnerConfig { sandbox },
         ledger: LedgerConfig { memory: args.memory, reserve: args.reserve },
         gossip_interval: args.gossip_interval,
+        tenants: match &args.tenants {
+            Some(path) => Tenants::load(path)?,
+            None => Tenants::single(),
+        },
+        fair_share: args.fair_share,
+        usage_half_life: args.usage_half_life,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {

@@ -1,49 +1,124 @@
-//! Admission: a job starts when a slot is free and its memory fits the
-//! ledger; otherwise it waits in a bounded queue, and a full queue is
-//! refused at once (the client then tries another peer). A job that could
-//! never fit is refused at once with the largest this worker can take.
+//! Admission: which queued job starts when a slot frees.
 //!
-//! Waiting jobs are woken when a job ends, and re-check at least every
-//! [`RECHECK`] because host memory can free up without any job ending.
-//! (Fair share between tenants replaces first-come order here later.)
+//! A job starts when a slot is free, its memory fits the ledger, and its
+//! tenant is below its own slot limit. Otherwise it waits in its tenant's
+//! bounded queue; a full queue is refused at once (the client tries another
+//! worker), and so is a job that could never fit (naming the largest this
+//! worker can take).
+//!
+//! When a slot frees, the scheduler starts the first fitting job of the
+//! tenant with the lowest fair share (see [`super::fairshare`]) — or, with
+//! fair share off, the oldest fitting job. Small jobs may pass a waiting
+//! large one, but a job that has waited longer than `hold_after` has memory
+//! held for it: nothing else starts until it fits, so large jobs are not
+//! starved. Waiting jobs are also re-checked every [`RECHECK`], because host
+//! memory frees up without any job ending.
 
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
-use tokio::sync::Notify;
+use tokio::sync::oneshot;
 
+use super::fairshare::{FairShare, PoolSize, Usage};
 use super::ledger::{Ledger, Reservation};
+use super::tenants::Tenant;
+use crate::proto::TenantUsage;
 
-/// How often a waiting job re-checks host memory.
+/// How often waiting jobs re-check host memory.
 pub const RECHECK: Duration = Duration::from_millis(250);
+
+/// How admission behaves.
+#[derive(Clone, Debug)]
+pub struct AdmissionConfig {
+    /// Jobs that run at once.
+    pub slots: u32,
+    /// Jobs one tenant may have waiting. Default: 2 × slots.
+    pub queue_per_tenant: u32,
+    /// Rank tenants by fair share (`true`, the default) or serve jobs in
+    /// arrival order (`false`).
+    pub fair_share: bool,
+    /// Usage halves every this long. Default: 10 minutes.
+    pub half_life: Duration,
+    /// A job waiting longer than this gets memory held for it. Default: 30 s.
+    pub hold_after: Duration,
+}
+
+impl AdmissionConfig {
+    /// Defaults for `slots` slots.
+    pub fn new(slots: u32) -> AdmissionConfig {
+        AdmissionConfig {
+            slots,
+            queue_per_tenant: 2 * slots,
+            fair_share: true,
+            half_life: Duration::from_secs(600),
+            hold_after: Duration::from_secs(30),
+        }
+    }
+}
 
 /// Why a job was not admitted.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Refusal {
-    /// It asks for more than this worker could ever give.
+    /// It asks for more than this worker could ever give this tenant.
     NeverFits { requested: u64, largest: u64 },
-    /// The queue is full; try elsewhere or later.
+    /// The tenant's queue is full; try elsewhere or later.
     Busy,
 }
 
-/// Slots and queue of one worker.
+/// Slots, queues and fair share of one worker.
 pub struct Admission {
     ledger: Arc<Ledger>,
-    slots: u32,
-    max_queue: u32,
-    state: Mutex<Counts>,
-    changed: Notify,
+    config: AdmissionConfig,
+    state: Mutex<State>,
 }
 
-#[derive(Default, Clone, Copy)]
-struct Counts {
+struct State {
     busy: u32,
-    queued: u32,
+    /// Waiting jobs of all tenants, oldest first.
+    queue: Vec<Waiter>,
+    running: HashMap<u64, Running>,
+    fair: FairShare,
+    next_id: u64,
+}
+
+struct Waiter {
+    id: u64,
+    tenant: Arc<Tenant>,
+    memreq: u64,
+    since: Instant,
+    tx: oneshot::Sender<Ticket>,
+}
+
+struct Running {
+    tenant: Arc<Tenant>,
+    reserved: u64,
+    started: Instant,
+}
+
+impl State {
+    /// What each tenant's running jobs have accrued so far.
+    fn running_usage(&self, now: Instant) -> HashMap<String, Usage> {
+        let mut out: HashMap<String, Usage> = HashMap::new();
+        for r in self.running.values() {
+            let u = Usage::of_job(now.saturating_duration_since(r.started), r.reserved);
+            let e = out.entry(r.tenant.name.clone()).or_default();
+            e.slot_seconds += u.slot_seconds;
+            e.gib_seconds += u.gib_seconds;
+        }
+        out
+    }
+
+    fn running_of(&self, tenant: &str) -> u32 {
+        self.running.values().filter(|r| r.tenant.name == tenant).count() as u32
+    }
 }
 
 /// A slot and a memory reservation, held while the job runs.
 pub struct Ticket {
     admission: Arc<Admission>,
+    id: u64,
+    tenant: Arc<Tenant>,
     /// `Some` until drop.
     reservation: Option<Reservation>,
 }
@@ -53,24 +128,57 @@ impl Ticket {
     pub fn reservation(&self) -> &Reservation {
         self.reservation.as_ref().expect("held until drop")
     }
+
+    /// The job's tenant.
+    pub fn tenant(&self) -> &Arc<Tenant> {
+        &self.tenant
+    }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        // Give the memory back before waking waiters, so they find it.
-        drop(self.reservation.take());
-        self.admission.lock().busy -= 1;
-        self.admission.changed.notify_waiters();
+        let now = Instant::now();
+        {
+            let mut st = self.admission.lock();
+            if let Some(r) = st.running.remove(&self.id) {
+                let usage = Usage::of_job(now.saturating_duration_since(r.started), r.reserved);
+                st.fair.record(&r.tenant.name, usage, now);
+            }
+            st.busy -= 1;
+            // Give the memory back before dispatching, so waiters find it.
+            drop(self.reservation.take());
+        }
+        self.admission.dispatch();
     }
 }
 
 impl Admission {
-    /// `slots` jobs at once, at most `max_queue` waiting.
-    pub fn new(ledger: Arc<Ledger>, slots: u32, max_queue: u32) -> Arc<Admission> {
-        Arc::new(Admission { ledger, slots, max_queue, state: Mutex::new(Counts::default()), changed: Notify::new() })
+    /// Admission over `ledger`; starts the periodic re-check when called
+    /// inside a Tokio runtime.
+    pub fn new(ledger: Arc<Ledger>, config: AdmissionConfig) -> Arc<Admission> {
+        let pool = PoolSize { slots: config.slots as f64, capacity_gib: ledger.capacity() as f64 / (1u64 << 30) as f64 };
+        let fair = FairShare::new(config.half_life, pool);
+        let admission = Arc::new(Admission {
+            ledger,
+            config,
+            state: Mutex::new(State { busy: 0, queue: Vec::new(), running: HashMap::new(), fair, next_id: 0 }),
+        });
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let weak: Weak<Admission> = Arc::downgrade(&admission);
+            rt.spawn(async move {
+                loop {
+                    tokio::time::sleep(RECHECK).await;
+                    let Some(a) = weak.upgrade() else { return };
+                    if !a.lock().queue.is_empty() {
+                        a.dispatch();
+                    }
+                }
+            });
+        }
+        admission
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Counts> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -81,61 +189,134 @@ impl Admission {
 
     /// (slots busy, jobs queued) now.
     pub fn counts(&self) -> (u32, u32) {
-        let c = *self.lock();
-        (c.busy, c.queued)
+        let st = self.lock();
+        (st.busy, st.queue.len() as u32)
     }
 
     /// The slot count.
     pub fn slots(&self) -> u32 {
-        self.slots
+        self.config.slots
     }
 
-    /// Waits for a slot and `memreq` bytes, or refuses.
-    pub async fn admit(self: &Arc<Self>, memreq: u64) -> Result<Ticket, Refusal> {
-        if memreq > self.ledger.capacity() {
-            return Err(Refusal::NeverFits { requested: memreq, largest: self.ledger.capacity() });
+    /// Per tenant: usage here (running jobs included) and account.
+    pub fn tenant_report(&self) -> Vec<TenantUsage> {
+        let now = Instant::now();
+        let st = self.lock();
+        st.fair.report(&st.running_usage(now), now)
+    }
+
+    /// The rest of the pool's usage per tenant and the pool's size, from
+    /// gossip.
+    pub fn set_pool_usage(&self, remote: HashMap<String, Usage>, pool: PoolSize) {
+        self.lock().fair.set_remote(remote, pool);
+    }
+
+    /// Adds a finished job to its tenant's account.
+    pub fn account(&self, tenant: &str, cpu: Duration, wall: Duration, reserved: u64, peak: u64) {
+        self.lock().fair.account(tenant, cpu, wall, reserved, peak);
+    }
+
+    /// The largest job `tenant` may ever run here.
+    pub fn largest_for(&self, tenant: &Tenant) -> u64 {
+        self.ledger.capacity().min(tenant.max_job_memory.unwrap_or(u64::MAX))
+    }
+
+    /// Waits for a slot and `memreq` bytes for `tenant`, or refuses. A
+    /// cancelled wait leaves the queue.
+    pub async fn admit(self: &Arc<Self>, tenant: &Arc<Tenant>, memreq: u64) -> Result<Ticket, Refusal> {
+        let largest = self.largest_for(tenant);
+        if memreq > largest {
+            return Err(Refusal::NeverFits { requested: memreq, largest });
         }
-        let mut queued = false;
-        loop {
-            let notified = self.changed.notified();
-            {
-                let mut c = self.lock();
-                if c.busy < self.slots
-                    && let Some(reservation) = self.ledger.try_reserve(memreq)
-                {
-                    c.busy += 1;
-                    if queued {
-                        c.queued -= 1;
-                    }
-                    return Ok(Ticket { admission: self.clone(), reservation: Some(reservation) });
-                }
-                if !queued {
-                    if c.queued >= self.max_queue {
-                        return Err(Refusal::Busy);
-                    }
-                    c.queued += 1;
-                    queued = true;
+        let (tx, rx) = oneshot::channel();
+        let id = {
+            let mut st = self.lock();
+            let waiting = st.queue.iter().filter(|w| w.tenant.name == tenant.name).count() as u32;
+            // A free slot can start it at once; otherwise it must find room
+            // in its tenant's queue.
+            if waiting >= self.config.queue_per_tenant && st.busy >= self.config.slots {
+                return Err(Refusal::Busy);
+            }
+            st.next_id += 1;
+            let id = st.next_id;
+            st.queue.push(Waiter { id, tenant: tenant.clone(), memreq, since: Instant::now(), tx });
+            id
+        };
+        self.dispatch();
+        let guard = Dequeue { admission: self, id };
+        let ticket = rx.await;
+        drop(guard);
+        // The sender lives in the queue until it is used, so this is a
+        // ticket unless the admission itself went away.
+        ticket.map_err(|_| Refusal::Busy)
+    }
+
+    /// Starts as many waiting jobs as slots and memory allow, in fair-share
+    /// (or arrival) order.
+    fn dispatch(self: &Arc<Self>) {
+        let mut unwanted = Vec::new();
+        {
+            let now = Instant::now();
+            let mut st = self.lock();
+            while st.busy < self.config.slots && !st.queue.is_empty() {
+                let Some(pick) = self.pick(&st, now) else { break };
+                let w = st.queue.remove(pick.0);
+                st.busy += 1;
+                st.next_id += 1;
+                let id = st.next_id;
+                st.running.insert(id, Running { tenant: w.tenant.clone(), reserved: w.memreq, started: now });
+                let ticket = Ticket { admission: self.clone(), id, tenant: w.tenant, reservation: Some(pick.1) };
+                if let Err(ticket) = w.tx.send(ticket) {
+                    unwanted.push(ticket); // its waiter went away
                 }
             }
-            // A dropped (cancelled) waiter must leave the queue.
-            let guard = QueuedGuard { admission: self };
-            tokio::select! {
-                _ = notified => {}
-                _ = tokio::time::sleep(RECHECK) => {}
-            }
-            std::mem::forget(guard);
         }
+        // Dropped outside the lock: a ticket's drop takes it.
+        drop(unwanted);
+    }
+
+    /// The queue position of the job to start now, with its reservation.
+    fn pick(&self, st: &State, now: Instant) -> Option<(usize, Reservation)> {
+        // A job that has waited too long is served first, or nothing is.
+        if let Some((i, w)) = st.queue.iter().enumerate().find(|(_, w)| now.duration_since(w.since) > self.config.hold_after) {
+            return self.ledger.try_reserve(w.memreq).map(|r| (i, r));
+        }
+        let mut tenants: Vec<&Arc<Tenant>> = Vec::new();
+        for w in &st.queue {
+            if !tenants.iter().any(|t| t.name == w.tenant.name) {
+                tenants.push(&w.tenant); // in order of their oldest job
+            }
+        }
+        if self.config.fair_share {
+            let running = st.running_usage(now);
+            let share = |t: &Tenant| {
+                st.fair.share(&t.name, t.weight, running.get(&t.name).copied().unwrap_or_default(), now)
+            };
+            tenants.sort_by(|a, b| share(a).total_cmp(&share(b)));
+        }
+        for t in tenants {
+            if t.max_slots.is_some_and(|max| st.running_of(&t.name) >= max) {
+                continue;
+            }
+            for (i, w) in st.queue.iter().enumerate().filter(|(_, w)| w.tenant.name == t.name) {
+                if let Some(r) = self.ledger.try_reserve(w.memreq) {
+                    return Some((i, r));
+                }
+            }
+        }
+        None
     }
 }
 
-/// Takes a cancelled waiter out of the queue count.
-struct QueuedGuard<'a> {
+/// Takes a cancelled waiter out of the queue.
+struct Dequeue<'a> {
     admission: &'a Admission,
+    id: u64,
 }
 
-impl Drop for QueuedGuard<'_> {
+impl Drop for Dequeue<'_> {
     fn drop(&mut self) {
-        self.admission.lock().queued -= 1;
+        self.admission.lock().queue.retain(|w| w.id != self.id);
     }
 }
 
@@ -146,26 +327,71 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
+    fn admission(slots: u32, queue: u32) -> Arc<Admission> {
+        let ledger = Ledger::new(&LedgerConfig { memory: Some(100 * MIB), reserve: 0 }).unwrap();
+        Admission::new(ledger, AdmissionConfig { queue_per_tenant: queue, ..AdmissionConfig::new(slots) })
+    }
+
     #[tokio::test]
     async fn slots_memory_queue_and_refusals() {
-        let ledger = Ledger::new(&LedgerConfig { memory: Some(100 * MIB), reserve: 0 }).unwrap();
-        let adm = Admission::new(ledger, 2, 1);
+        let adm = admission(2, 1);
+        let t = Arc::new(Tenant::new("t"));
         assert_eq!(
-            adm.admit(200 * MIB).await.err(),
+            adm.admit(&t, 200 * MIB).await.err(),
             Some(Refusal::NeverFits { requested: 200 * MIB, largest: 100 * MIB })
         );
-        let a = adm.admit(70 * MIB).await.unwrap();
+        let a = adm.admit(&t, 70 * MIB).await.unwrap();
         // 70 + 50 > 100: waits in the queue.
-        let adm2 = adm.clone();
-        let waiting = tokio::spawn(async move { adm2.admit(50 * MIB).await.map(|_| ()) });
+        let (adm2, t2) = (adm.clone(), t.clone());
+        let waiting = tokio::spawn(async move { adm2.admit(&t2, 50 * MIB).await.map(|_| ()) });
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(adm.counts(), (1, 1));
         // A small job passes the waiting one: a slot is free and it fits.
-        drop(adm.admit(10 * MIB).await.expect("10 MiB fits beside 70"));
-        // One that does not fit finds the queue (1) full.
-        assert_eq!(adm.admit(40 * MIB).await.err(), Some(Refusal::Busy));
+        drop(adm.admit(&t, 10 * MIB).await.expect("10 MiB fits beside 70"));
+        // Both slots taken, and the tenant's queue (1) is full.
+        let b = adm.admit(&t, 10 * MIB).await.unwrap();
+        assert_eq!(adm.admit(&t, 10 * MIB).await.err(), Some(Refusal::Busy));
+        // Another tenant has a queue of its own.
+        let other = Arc::new(Tenant::new("other"));
+        let (adm3, o) = (adm.clone(), other.clone());
+        let other_waiting = tokio::spawn(async move { adm3.admit(&o, 10 * MIB).await.map(|_| ()) });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(adm.counts(), (2, 2));
         drop(a);
+        drop(b);
         waiting.await.unwrap().unwrap();
+        other_waiting.await.unwrap().unwrap();
         assert_eq!(adm.counts(), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn the_tenant_with_less_usage_goes_first_and_limits_hold() {
+        let adm = admission(1, 4);
+        let heavy = Arc::new(Tenant::new("heavy"));
+        let light = Arc::new(Tenant { max_slots: Some(1), ..Tenant::new("light") });
+        // Heavy has used the slot for a while.
+        let first = adm.admit(&heavy, 10 * MIB).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut waiters = Vec::new();
+        for t in [&heavy, &light, &heavy, &light] {
+            let (adm, t, order) = (adm.clone(), t.clone(), order.clone());
+            waiters.push(tokio::spawn(async move {
+                let ticket = adm.admit(&t, 10 * MIB).await.unwrap();
+                order.lock().unwrap().push(t.name.clone());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                drop(ticket);
+            }));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        drop(first);
+        for w in waiters {
+            w.await.unwrap();
+        }
+        // Light (no usage) runs both its jobs before heavy's queued ones.
+        assert_eq!(*order.lock().unwrap(), ["light", "light", "heavy", "heavy"]);
+        let report = adm.tenant_report();
+        assert_eq!(report.iter().map(|r| r.tenant.as_str()).collect::<Vec<_>>(), ["heavy", "light"]);
+        assert!(report[0].slot_seconds > report[1].slot_seconds);
     }
 }

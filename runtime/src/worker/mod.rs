@@ -3,13 +3,20 @@
 //! * [`runner`] — [`JobRunner`]: the sandbox with N slots on its own threads.
 //!   The embedded worker is a `JobRunner` inside the client's process;
 //! * [`ledger`] — the host memory ledger (smartmem, exact);
-//! * [`admission`] — slots, memory and a bounded queue;
+//! * [`tenants`] — who may submit (`--tenants`), with weights and limits;
+//! * [`admission`] — slots, memory and per-tenant queues;
+//! * [`fairshare`] — decayed dominant-resource usage (smartshare) and
+//!   accounts;
+//! * [`jobs`] — the job endpoints: authentication, job ids, results;
 //! * [`server`] — `peerwasm worker`: all of the above behind HTTP, with
 //!   capacity gossip.
 
 pub mod admission;
+pub mod fairshare;
+pub mod jobs;
 pub mod ledger;
 pub mod runner;
 pub mod server;
+pub mod tenants;
 
 pub use runner::{JobRunner, RunnerConfig};

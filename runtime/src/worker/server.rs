@@ -3,9 +3,7 @@
 //!
 //! Endpoints (bodies in postcard unless noted):
 //! * `PUT  /v1/modules/{sha256}` — module bytes; the hash is verified;
-//! * `POST /v1/jobs` — a `JobSpec`; answered with the `JobResult` when done,
-//!   or 404 (module unknown: upload it), 422 (can never fit here; header
-//!   `peerwasm-largest-job`), 503 (queue full; `Retry-After`), 400 (bad bytes);
+//! * `POST /v1/jobs`, `GET /v1/jobs[/{id}]` — jobs (see [`super::jobs`]);
 //! * `POST /v1/gossip` — anti-entropy (see `gossip::transport`);
 //! * `GET  /v1/peers` — the pool as this worker sees it, JSON (or postcard
 //!   with `Accept: application/x-postcard`);
@@ -23,13 +21,15 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::Router;
 
-use super::admission::{Admission, Refusal};
+use super::admission::{Admission, AdmissionConfig};
+use super::fairshare::{PoolSize, Usage};
+use super::jobs::{JobTable, authenticate};
 use super::ledger::{Ledger, LedgerConfig};
 use super::runner::{JobRunner, RunnerConfig};
+use super::tenants::Tenants;
 use crate::gossip::transport::{SharedNode, run_rounds};
 use crate::gossip::{GossipConfig, GossipNode, Liveness, NodeId};
-use crate::proto::{Advert, JobSpec, LARGEST_JOB_HEADER, ModuleHash, POSTCARD, PeerView};
-use crate::sandbox::RunHooks;
+use crate::proto::{Advert, ModuleHash, POSTCARD, PeerView};
 use crate::units::Bytes as Size;
 
 /// The most a job request body may be (spec + stdin).
@@ -48,17 +48,26 @@ pub struct WorkerConfig {
     pub ledger: LedgerConfig,
     /// Time between gossip rounds. Default: 1 s.
     pub gossip_interval: Duration,
+    /// Who may submit. Default: one tenant, no tokens.
+    pub tenants: Tenants,
+    /// Fair share on or off (`AdmissionConfig::fair_share`). Default: on.
+    pub fair_share: bool,
+    /// Half-life of tenants' usage. Default: 10 minutes.
+    pub usage_half_life: Duration,
 }
 
-struct Worker {
-    addr: String,
-    runner: JobRunner,
-    admission: Arc<Admission>,
+/// The state every handler shares.
+pub(super) struct Worker {
+    pub(super) addr: String,
+    pub(super) runner: JobRunner,
+    pub(super) admission: Arc<Admission>,
+    pub(super) tenants: Tenants,
+    pub(super) jobs: JobTable,
     gossip: Arc<SharedNode<Advert>>,
     host_id: String,
-    jobs_run: AtomicU64,
+    pub(super) jobs_run: AtomicU64,
     modules_received: AtomicU64,
-    draining: std::sync::atomic::AtomicBool,
+    pub(super) draining: std::sync::atomic::AtomicBool,
 }
 
 impl Worker {
@@ -80,7 +89,33 @@ impl Worker {
             jobs_run: self.jobs_run.load(Ordering::Relaxed),
             modules_received: self.modules_received.load(Ordering::Relaxed),
             draining: self.draining.load(Ordering::Relaxed),
+            multi_tenant: self.tenants.is_multi(),
+            tenants: self.admission.tenant_report(),
         }
+    }
+
+    /// Hands the rest of the pool's per-tenant usage to fair share, so
+    /// tenants are ranked by what they use across the pool.
+    fn learn_pool_usage(&self, node: &GossipNode<Advert>) {
+        let now = self.gossip.now_ms();
+        let mut remote: std::collections::HashMap<String, Usage> = Default::default();
+        let mut pool = PoolSize { slots: 0.0, capacity_gib: 0.0 };
+        for (id, s) in node.state().iter() {
+            if node.liveness(id, now).unwrap_or(Liveness::Alive) == Liveness::Dead {
+                continue;
+            }
+            pool.slots += s.record.slots_total as f64;
+            pool.capacity_gib += s.record.capacity_bytes as f64 / (1u64 << 30) as f64;
+            if s.record.addr == self.addr {
+                continue;
+            }
+            for t in &s.record.tenants {
+                let u = remote.entry(t.tenant.clone()).or_default();
+                u.slot_seconds += t.slot_seconds;
+                u.gib_seconds += t.gib_seconds;
+            }
+        }
+        self.admission.set_pool_usage(remote, pool);
     }
 }
 
@@ -116,7 +151,11 @@ pub async fn start(
     let slots = config.runner.sandbox.slots.max(1);
     let runner = JobRunner::new(config.runner.clone())?;
     let ledger = Ledger::new(&config.ledger)?;
-    let admission = Admission::new(ledger, slots as u32, 2 * slots as u32);
+    let admission = Admission::new(ledger, AdmissionConfig {
+        fair_share: config.fair_share,
+        half_life: config.usage_half_life,
+        ..AdmissionConfig::new(slots as u32)
+    });
     let generation = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -134,6 +173,8 @@ pub async fn start(
         addr: addr.to_string(),
         runner,
         admission,
+        tenants: config.tenants.clone(),
+        jobs: JobTable::default(),
         gossip: SharedNode::new(node),
         host_id: sysinfo::System::host_name().unwrap_or_else(|_| "unknown".into()),
         jobs_run: AtomicU64::new(0),
@@ -143,19 +184,26 @@ pub async fn start(
     let advert = worker.advert();
     worker.gossip.lock().set_record(advert);
     tracing::info!(%addr, slots, capacity = %Size(worker.admission.ledger().capacity()), "worker started");
+    match &config.tenants {
+        Tenants::Single(_) => tracing::info!("single-tenant mode: no --tenants file, jobs need no token"),
+        Tenants::Multi(t) => tracing::info!(tenants = t.len(), fair_share = config.fair_share, "multi-tenant mode"),
+    }
 
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(5))
         .build()?;
     let refresher = worker.clone();
     let gossip = tokio::spawn(run_rounds(worker.gossip.clone(), http, config.gossip_interval, move |node| {
+        refresher.learn_pool_usage(node);
+        refresher.jobs.sweep();
         node.set_record(refresher.advert())
     }));
 
     let app = Router::new()
         .route("/", get(status_text))
         .route("/v1/modules/{hash}", put(put_module))
-        .route("/v1/jobs", post(post_job))
+        .route("/v1/jobs", post(super::jobs::post_job).get(super::jobs::list_jobs))
+        .route("/v1/jobs/{id}", get(super::jobs::get_job))
         .route("/v1/gossip", post(post_gossip))
         .route("/v1/peers", get(get_peers))
         .layer(DefaultBodyLimit::max(MAX_JOB_BODY))
@@ -175,15 +223,18 @@ pub async fn start(
     Ok(RunningWorker { addr, serve, gossip })
 }
 
-fn text(status: StatusCode, message: impl Into<String>) -> Response {
+pub(super) fn text(status: StatusCode, message: impl Into<String>) -> Response {
     (status, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], message.into() + "\n").into_response()
 }
 
-fn postcard_body(bytes: Vec<u8>) -> Response {
+pub(super) fn postcard_body(bytes: Vec<u8>) -> Response {
     ([(header::CONTENT_TYPE, POSTCARD)], bytes).into_response()
 }
 
-async fn put_module(State(w): State<Arc<Worker>>, Path(hash): Path<String>, body: Bytes) -> Response {
+async fn put_module(State(w): State<Arc<Worker>>, Path(hash): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Err(resp) = authenticate(&w, &headers) {
+        return resp;
+    }
     let Some(hash) = ModuleHash::from_hex(&hash) else {
         return text(StatusCode::BAD_REQUEST, "the module name must be its sha256 in hex");
     };
@@ -200,60 +251,6 @@ async fn put_module(State(w): State<Arc<Worker>>, Path(hash): Path<String>, body
     w.runner.add_module_hashed(hash, body.to_vec());
     w.modules_received.fetch_add(1, Ordering::Relaxed);
     StatusCode::CREATED.into_response()
-}
-
-async fn post_job(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
-    let spec: JobSpec = match postcard::from_bytes(&body) {
-        Ok(s) => s,
-        Err(e) => return text(StatusCode::BAD_REQUEST, format!("bad job request: {e}")),
-    };
-    if !spec.dirs.is_empty() {
-        return text(StatusCode::BAD_REQUEST, "a remote worker cannot grant host directories");
-    }
-    if w.draining.load(Ordering::Relaxed) {
-        let mut resp = text(StatusCode::SERVICE_UNAVAILABLE, "this worker is shutting down");
-        resp.headers_mut().insert(header::RETRY_AFTER, 1.into());
-        return resp;
-    }
-    if !w.runner.has_module(&spec.module) {
-        return text(StatusCode::NOT_FOUND, format!("module {} unknown: upload it first", spec.module));
-    }
-    let ticket = match w.admission.admit(spec.limits.memory_bytes).await {
-        Ok(t) => t,
-        Err(Refusal::NeverFits { requested, largest }) => {
-            let mut resp = text(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                format!("the job asks for {} but this worker can take at most {}", Size(requested), Size(largest)),
-            );
-            resp.headers_mut().insert(LARGEST_JOB_HEADER, largest.into());
-            return resp;
-        }
-        Err(Refusal::Busy) => {
-            let mut resp = text(StatusCode::SERVICE_UNAVAILABLE, "this worker's queue is full");
-            resp.headers_mut().insert(header::RETRY_AFTER, 1.into());
-            return resp;
-        }
-    };
-    // The job runs in a task of its own that holds the ticket: if the client
-    // goes away, the job still ends normally and its reservation is held
-    // until then (dropping this handler must not free memory still in use).
-    let runner = w.clone();
-    let job = tokio::spawn(async move {
-        let hooks = RunHooks { tee: None, memory_meter: Some(ticket.reservation().meter()) };
-        let result = runner.runner.run_with(spec, hooks).await;
-        drop(ticket);
-        runner.jobs_run.fetch_add(1, Ordering::Relaxed);
-        result
-    });
-    let mut result = match job.await {
-        Ok(r) => r,
-        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, format!("the job's task failed: {e}")),
-    };
-    result.peer = w.addr.clone();
-    match postcard::to_allocvec(&result) {
-        Ok(bytes) => postcard_body(bytes),
-        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("cannot encode the result: {e}")),
-    }
 }
 
 async fn post_gossip(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
