@@ -54,6 +54,9 @@ pub struct MapArgs {
     /// host:port of workers to ask for the pool view).
     #[arg(long, value_delimiter = ',', env = "PEERWASM_PEERS", value_name = "ADDR,...")]
     peers: Vec<String>,
+    /// Your tenant token, for workers started with --tenants.
+    #[arg(long, env = "PEERWASM_TOKEN", value_name = "TOKEN", hide_env_values = true)]
+    token: Option<String>,
     #[command(flatten)]
     sandbox: SandboxArgs,
     /// The job module.
@@ -75,7 +78,7 @@ pub fn run(args: MapArgs) -> anyhow::Result<ExitCode> {
         let runner = JobRunner::new(RunnerConfig { sandbox: args.sandbox.sandbox_config() })?;
         Target::Embedded(Arc::new(runner))
     } else {
-        Target::pool(args.peers.clone())?
+        Target::pool_as(args.peers.clone(), args.token.clone())?
     };
     let config = MapConfig {
         mem: args.mem,
@@ -86,7 +89,7 @@ pub fn run(args: MapArgs) -> anyhow::Result<ExitCode> {
         estimates: args.sandbox.cache_root().map(|root| EstimateStore::new(root.join("estimates"))),
         ..MapConfig::default()
     };
-    let out: Box<dyn Write> = match &args.output {
+    let out: Box<dyn Write + Send> = match &args.output {
         Some(path) => Box::new(std::io::BufWriter::new(
             std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
         )),

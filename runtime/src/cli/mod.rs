@@ -5,6 +5,7 @@ mod map;
 mod peers;
 mod progress;
 mod run;
+mod status;
 mod worker;
 
 use std::path::PathBuf;
@@ -34,6 +35,8 @@ enum Command {
     Worker(worker::WorkerArgs),
     /// List the pool's workers.
     Peers(peers::PeersArgs),
+    /// The pool on one screen: workers, slots, memory, per-tenant usage.
+    Status(status::StatusArgs),
 }
 
 /// Options every job-submitting command shares.
@@ -93,6 +96,7 @@ pub fn main() -> ExitCode {
         Command::Map(args) => map::run(args),
         Command::Worker(args) => worker::run(args),
         Command::Peers(args) => peers::run(args),
+        Command::Status(args) => status::run(args),
     };
     match result {
         Ok(code) => code,

@@ -19,7 +19,7 @@ const RETRIES_SHOWN: u32 = 10;
 
 /// Writes results and shows progress on stderr.
 pub struct MapPrinter {
-    out: Box<dyn Write>,
+    out: Box<dyn Write + Send>,
     bar: Option<ProgressBar>,
     last_plain: Instant,
     last_flush: Instant,
@@ -29,7 +29,7 @@ pub struct MapPrinter {
 impl MapPrinter {
     /// Results go to `out`; progress to stderr, as a bar if it is a terminal
     /// and `show` is set.
-    pub fn new(out: Box<dyn Write>, total: Option<u64>, show: bool) -> MapPrinter {
+    pub fn new(out: Box<dyn Write + Send>, total: Option<u64>, show: bool) -> MapPrinter {
         let bar = (show && std::io::stderr().is_terminal()).then(|| {
             let bar = ProgressBar::with_draw_target(total, ProgressDrawTarget::stderr_with_hz(10));
             bar.set_style(

@@ -47,6 +47,9 @@ pub struct RunArgs {
     /// the pool view, comma-separated host:port.
     #[arg(long, value_delimiter = ',', env = "PEERWASM_PEERS", value_name = "ADDR,...")]
     peers: Vec<String>,
+    /// Your tenant token, for workers started with --tenants.
+    #[arg(long, env = "PEERWASM_TOKEN", value_name = "TOKEN", hide_env_values = true)]
+    token: Option<String>,
     #[command(flatten)]
     sandbox: SandboxArgs,
     /// The job module, then its arguments, passed verbatim (also those
@@ -77,7 +80,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         runner.add_module_hashed(job.hash(), job.bytes().clone());
         runtime.block_on(run_embedded(&runner, spec, !args.json))
     } else {
-        let target = Target::pool(args.peers.clone())?;
+        let target = Target::pool_as(args.peers.clone(), args.token.clone())?;
         let result = runtime.block_on(target.run(&job, spec))?;
         if !args.json {
             // Remote output arrives with the result, not streamed.

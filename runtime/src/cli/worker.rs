@@ -43,7 +43,7 @@ pub struct WorkerArgs {
     tenants: Option<PathBuf>,
     /// Share slots between tenants by their decayed usage (on), or serve
     /// jobs in arrival order (off).
-    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off)]
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     fair_share: bool,
     /// Half-life of tenants' usage in fair share.
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10m")]

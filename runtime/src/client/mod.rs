@@ -6,7 +6,8 @@
 //! * [`pool`] — one job on the pool: upload the module where missing, try
 //!   candidates in order, wait when all are busy;
 //! * [`estimate`] — learned memory requests (smartmem), saved per module;
-//! * [`map`] — many inputs, results in order, with retries and progress.
+//! * [`map`] — many inputs, results in order, with retries and progress;
+//! * [`status`] — the pool summed up on one screen.
 //!
 //! `peerwasm run` and `peerwasm map` are thin shells over these; a program
 //! can do the same:
@@ -29,6 +30,7 @@ pub mod job;
 pub mod map;
 pub mod placement;
 pub mod pool;
+pub mod status;
 pub mod target;
 
 pub use job::Job;

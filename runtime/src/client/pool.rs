@@ -31,6 +31,8 @@ pub struct PoolConfig {
     pub no_peer_patience: Duration,
     /// How long a worker that refused connections is skipped. Default: 2 s.
     pub avoid_for: Duration,
+    /// The tenant's token, sent as `Authorization: Bearer`. Default: none.
+    pub token: Option<String>,
 }
 
 impl PoolConfig {
@@ -41,6 +43,7 @@ impl PoolConfig {
             view_max_age: Duration::from_millis(500),
             no_peer_patience: Duration::from_secs(30),
             avoid_for: Duration::from_secs(2),
+            token: None,
         }
     }
 }
@@ -78,9 +81,17 @@ enum PeerError {
 impl Pool {
     /// A pool reached through `config.seeds`.
     pub fn new(config: PoolConfig) -> anyhow::Result<Pool> {
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(token) = &config.token {
+            let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+                .map_err(|_| anyhow::anyhow!("the token must be printable ASCII"))?;
+            value.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true)
+            .default_headers(headers)
             .build()?;
         Ok(Pool {
             config,

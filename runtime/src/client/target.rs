@@ -71,7 +71,12 @@ impl Target {
 
     /// A pool reached through `seeds` (`host:port`), with default settings.
     pub fn pool(seeds: Vec<String>) -> anyhow::Result<Target> {
-        Ok(Target::Pool(Arc::new(Pool::new(PoolConfig::new(seeds))?)))
+        Target::pool_as(seeds, None)
+    }
+
+    /// A pool reached through `seeds`, submitting as the tenant of `token`.
+    pub fn pool_as(seeds: Vec<String>, token: Option<String>) -> anyhow::Result<Target> {
+        Ok(Target::Pool(Arc::new(Pool::new(PoolConfig { token, ..PoolConfig::new(seeds) })?)))
     }
 
     /// Whether this is the embedded worker.

@@ -240,6 +240,7 @@ impl Admission {
             st.next_id += 1;
             let id = st.next_id;
             st.queue.push(Waiter { id, tenant: tenant.clone(), memreq, since: Instant::now(), tx });
+            tracing::trace!(tenant = %tenant.name, queued = st.queue.len(), "job queued");
             id
         };
         self.dispatch();
@@ -261,6 +262,7 @@ impl Admission {
             while st.busy < self.config.slots && !st.queue.is_empty() {
                 let Some(pick) = self.pick(&st, now) else { break };
                 let w = st.queue.remove(pick.0);
+                tracing::debug!(tenant = %w.tenant.name, queued = st.queue.len(), "starting a job");
                 st.busy += 1;
                 st.next_id += 1;
                 let id = st.next_id;
@@ -293,6 +295,7 @@ impl Admission {
                 st.fair.share(&t.name, t.weight, running.get(&t.name).copied().unwrap_or_default(), now)
             };
             tenants.sort_by(|a, b| share(a).total_cmp(&share(b)));
+            tracing::trace!(shares = ?tenants.iter().map(|t| (t.name.as_str(), share(t))).collect::<Vec<_>>(), "ranked");
         }
         for t in tenants {
             if t.max_slots.is_some_and(|max| st.running_of(&t.name) >= max) {

@@ -7,3 +7,4 @@ mod map;
 mod outcomes;
 mod pool;
 mod support;
+mod tenants;

@@ -53,6 +53,11 @@ pub struct WorkerProcess {
 impl WorkerProcess {
     /// Starts `peerwasm worker` on a free loopback port, with its own cache.
     pub fn start(memory: &str, slots: u32, join: Option<&str>) -> WorkerProcess {
+        WorkerProcess::start_with(memory, slots, join, &[])
+    }
+
+    /// [`start`](Self::start) with more worker flags.
+    pub fn start_with(memory: &str, slots: u32, join: Option<&str>, extra: &[&str]) -> WorkerProcess {
         let cache = tempfile::tempdir().unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_peerwasm"));
         cmd.args(["worker", "--listen", "127.0.0.1:0", "--memory", memory, "--reserve", "0"])
@@ -60,6 +65,7 @@ impl WorkerProcess {
             .arg("--cache-dir")
             .arg(cache.path())
             .stdout(Stdio::piped())
+            .args(extra)
             .stderr(Stdio::null());
         if let Some(seed) = join {
             cmd.args(["--join", seed]);

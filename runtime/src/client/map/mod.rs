@@ -110,7 +110,7 @@ pub async fn map<I>(
     job: &Job,
     inputs: I,
     config: &MapConfig,
-    observer: &mut dyn MapObserver,
+    observer: &mut (dyn MapObserver + Send),
 ) -> anyhow::Result<MapSummary>
 where
     I: IntoIterator<Item = Vec<u8>>,
@@ -227,7 +227,7 @@ impl<'a> MapRun<'a> {
     async fn drive(
         &mut self,
         mut inputs: impl Iterator<Item = Vec<u8>>,
-        observer: &mut dyn MapObserver,
+        observer: &mut (dyn MapObserver + Send),
     ) -> anyhow::Result<()> {
         let (lo, hi) = inputs.size_hint();
         self.total = (Some(lo) == hi).then_some(lo as u64);
@@ -305,7 +305,7 @@ impl<'a> MapRun<'a> {
         &mut self,
         id: u64,
         answer: Result<JobResult, SubmitError>,
-        observer: &mut dyn MapObserver,
+        observer: &mut (dyn MapObserver + Send),
     ) -> anyhow::Result<()> {
         let Some(attempt) = self.attempts.remove(&id) else { return Ok(()) };
         if !attempt.abandoned {
@@ -365,7 +365,7 @@ impl<'a> MapRun<'a> {
         self.complete(index, result, observer)
     }
 
-    fn complete(&mut self, index: usize, result: JobResult, observer: &mut dyn MapObserver) -> anyhow::Result<()> {
+    fn complete(&mut self, index: usize, result: JobResult, observer: &mut (dyn MapObserver + Send)) -> anyhow::Result<()> {
         let Some(p) = self.pending.remove(&index) else { return Ok(()) };
         let s = &mut self.summary;
         s.jobs += 1;
@@ -410,7 +410,7 @@ impl<'a> MapRun<'a> {
 
     /// Gives up on submissions whose worker the pool calls dead, or that
     /// are far slower than any answer so far; their inputs go out again.
-    async fn check_lost(&mut self, observer: &mut dyn MapObserver) {
+    async fn check_lost(&mut self, observer: &mut (dyn MapObserver + Send)) {
         let dead: Vec<String> = match self.target {
             Target::Embedded(_) => return,
             Target::Pool(pool) => match pool.view().await {
