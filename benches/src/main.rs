@@ -2,8 +2,10 @@
 //!
 //! `cargo run --release -p peerwasm-benches` runs them all and prints a
 //! table; `-- --quick` runs a smoke-sized version (seconds); names (`trivial`,
-//! `compute`) select benchmarks. See README.md
+//! `compute`, `fairness`) select benchmarks. See README.md
 //! in this folder for the recorded figures.
+
+mod fairness;
 
 use std::time::{Duration, Instant};
 
@@ -33,6 +35,9 @@ fn main() -> anyhow::Result<()> {
     }
     if wanted("compute") {
         compute(&sizes)?;
+    }
+    if wanted("fairness") {
+        fairness::fairness(quick)?;
     }
     Ok(())
 }

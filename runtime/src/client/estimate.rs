@@ -93,6 +93,9 @@ pub struct MemoryEstimator {
     declared: DeclaredMemory,
     start: u64,
     started_from_saved: bool,
+    /// The largest peak an earlier run saw: small jobs seen in this run do
+    /// not make the estimate forget it.
+    saved_peak: u64,
     peak_max: Option<u64>,
     peak_sum: u128,
     jobs: u64,
@@ -115,6 +118,7 @@ impl MemoryEstimator {
             declared,
             start,
             started_from_saved: saved.is_some(),
+            saved_peak: saved.map_or(0, |s| s.peak_bytes),
             peak_max: None,
             peak_sum: 0,
             jobs: 0,
@@ -143,7 +147,7 @@ impl MemoryEstimator {
     /// clamped to `[max(min, initial memory), min(cap, declared max)]`.
     pub fn memreq(&self) -> u64 {
         let raw = match self.peak_max {
-            Some(peak) => round_to_pages((peak as f64 * self.margin).ceil() as u64),
+            Some(peak) => round_to_pages((peak.max(self.saved_peak) as f64 * self.margin).ceil() as u64),
             None => self.start,
         };
         self.clamp(raw)
@@ -175,7 +179,7 @@ impl MemoryEstimator {
 
     /// What to save for the next run, if anything was learned.
     pub fn to_saved(&self) -> Option<SavedEstimate> {
-        let peak = self.peak_max?;
+        let peak = self.peak_max?.max(self.saved_peak);
         Some(SavedEstimate { peak_bytes: peak, memreq_bytes: self.memreq(), jobs: self.jobs })
     }
 }
@@ -263,6 +267,9 @@ mod tests {
         let e = MemoryEstimator::new(DeclaredMemory::default(), Some(&saved), 0, 8 << 30, 1.25);
         assert_eq!(e.memreq(), 5 * MIB);
         assert!(e.started_from_saved());
+        let mut e = e;
+        e.observe(MIB);
+        assert_eq!(e.memreq(), 5 * MIB, "a small job does not make it forget the saved peak");
 
         let wasm = wat::parse_str("(module (memory 3 10))").unwrap();
         assert_eq!(DeclaredMemory::of(&wasm), DeclaredMemory {
