@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use super::fairshare::{FairShare, PoolSize, Usage};
+use super::fairshare::{FairShare, JobUsage, PoolSize, Usage};
 use super::ledger::{Ledger, Reservation};
 use super::tenants::Tenant;
 use crate::proto::TenantUsage;
@@ -212,8 +212,8 @@ impl Admission {
     }
 
     /// Adds a finished job to its tenant's account.
-    pub fn account(&self, tenant: &str, cpu: Duration, wall: Duration, reserved: u64, peak: u64) {
-        self.lock().fair.account(tenant, cpu, wall, reserved, peak);
+    pub fn account(&self, tenant: &str, job: &JobUsage) {
+        self.lock().fair.account(tenant, job);
     }
 
     /// The largest job `tenant` may ever run here.

@@ -43,6 +43,21 @@ impl Usage {
     }
 }
 
+/// What one finished job used, for its tenant's account.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct JobUsage {
+    /// CPU time.
+    pub cpu: Duration,
+    /// How long it held its slot (compiling and starting included).
+    pub held: Duration,
+    /// Its run's wall time.
+    pub wall: Duration,
+    /// Its reservation (memory limit).
+    pub reserved_bytes: u64,
+    /// Its peak linear memory.
+    pub peak_bytes: u64,
+}
+
 /// The pool the shares are taken of.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PoolSize {
@@ -77,15 +92,16 @@ impl FairShare {
         *entry = (entry.0.decayed(since, half_life).plus(usage), now);
     }
 
-    /// Adds one finished job to its tenant's account.
-    pub fn account(&mut self, tenant: &str, cpu: Duration, wall: Duration, reserved_bytes: u64, peak_bytes: u64) {
+    /// Adds one finished job to its tenant's account: slot and reserved
+    /// memory for as long as it held them, used memory as peak × run time.
+    pub fn account(&mut self, tenant: &str, job: &JobUsage) {
         let a = self.accounts.entry(tenant.to_string()).or_default();
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         a.jobs += 1;
-        a.cpu_seconds += cpu.as_secs_f64();
-        a.slot_seconds += wall.as_secs_f64();
-        a.reserved_gib_seconds += gib(reserved_bytes) * wall.as_secs_f64();
-        a.used_gib_seconds += gib(peak_bytes) * wall.as_secs_f64();
+        a.cpu_seconds += job.cpu.as_secs_f64();
+        a.slot_seconds += job.held.as_secs_f64();
+        a.reserved_gib_seconds += gib(job.reserved_bytes) * job.held.as_secs_f64();
+        a.used_gib_seconds += gib(job.peak_bytes) * job.wall.as_secs_f64();
     }
 
     /// The rest of the pool: Σ usage other workers gossiped, and the pool's
@@ -171,7 +187,13 @@ mod tests {
         remote.insert("b".to_string(), Usage { slot_seconds: 40.0, gib_seconds: 0.0 });
         fs.set_remote(remote, PoolSize { slots: 4.0, capacity_gib: 16.0 });
         assert!((fs.share("b", 1.0, Usage::default(), t0) - 10.0).abs() < 1e-9);
-        fs.account("a", Duration::from_secs(1), Duration::from_secs(2), 1 << 30, 1 << 29);
+        fs.account("a", &JobUsage {
+            cpu: Duration::from_secs(1),
+            held: Duration::from_secs(2),
+            wall: Duration::from_secs(2),
+            reserved_bytes: 1 << 30,
+            peak_bytes: 1 << 29,
+        });
         let report = fs.report(&HashMap::new(), t0);
         assert_eq!(report.len(), 1, "only this worker's own tenants");
         assert_eq!(report[0].account.jobs, 1);

@@ -26,6 +26,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::admission::Refusal;
+use super::fairshare::JobUsage as Usage;
 use super::server::{Worker, postcard_body, text};
 use super::tenants::{AuthError, Tenant};
 use crate::proto::{JOB_ID_HEADER, JobResult, JobSpec, JobStatus, LARGEST_JOB_HEADER};
@@ -232,15 +233,16 @@ async fn run(
     // until then (dropping this handler must not free memory still in use).
     let w2 = w.clone();
     let job = tokio::spawn(async move {
+        let held = Instant::now();
         let hooks = RunHooks { tee: None, memory_meter: Some(ticket.reservation().meter()) };
         let mut result = w2.runner.run_with(spec, hooks).await;
-        w2.admission.account(
-            &ticket.tenant().name,
-            Duration::from_micros(result.cpu_time_us),
-            Duration::from_micros(result.wall_time_us),
-            ticket.reservation().bytes(),
-            result.peak_memory_bytes,
-        );
+        w2.admission.account(&ticket.tenant().name, &Usage {
+            cpu: Duration::from_micros(result.cpu_time_us),
+            held: held.elapsed(),
+            wall: Duration::from_micros(result.wall_time_us),
+            reserved_bytes: ticket.reservation().bytes(),
+            peak_bytes: result.peak_memory_bytes,
+        });
         drop(ticket);
         w2.jobs_run.fetch_add(1, Ordering::Relaxed);
         result.peer = w2.addr.clone();
