@@ -50,13 +50,8 @@ pub struct MapArgs {
     /// No progress bar or lines (the summary is still printed).
     #[arg(long)]
     no_progress: bool,
-    /// Run on this pool instead of the embedded worker (comma-separated
-    /// host:port of workers to ask for the pool view).
-    #[arg(long, value_delimiter = ',', env = "PEERWASM_PEERS", value_name = "ADDR,...")]
-    peers: Vec<String>,
-    /// Your tenant token, for workers started with --tenants.
-    #[arg(long, env = "PEERWASM_TOKEN", value_name = "TOKEN", hide_env_values = true)]
-    token: Option<String>,
+    #[command(flatten)]
+    pool: super::PoolArgs,
     #[command(flatten)]
     sandbox: SandboxArgs,
     /// The job module.
@@ -74,11 +69,9 @@ pub fn run(args: MapArgs) -> anyhow::Result<ExitCode> {
     let inputs = read_inputs(&args.inputs)?;
     let total = inputs.len() as u64;
 
-    let target = if args.peers.is_empty() {
-        let runner = JobRunner::new(RunnerConfig { sandbox: args.sandbox.sandbox_config() })?;
-        Target::Embedded(Arc::new(runner))
-    } else {
-        Target::pool_as(args.peers.clone(), args.token.clone())?
+    let target = match args.pool.target()? {
+        Some(pool) => pool,
+        None => Target::Embedded(Arc::new(JobRunner::new(RunnerConfig { sandbox: args.sandbox.sandbox_config() })?)),
     };
     let config = MapConfig {
         mem: args.mem,

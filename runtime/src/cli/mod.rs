@@ -39,6 +39,58 @@ enum Command {
     Status(status::StatusArgs),
 }
 
+/// Where `run` and `map` send jobs, and as whom.
+#[derive(clap::Args, Debug, Clone)]
+pub struct PoolArgs {
+    /// Run on this pool instead of the embedded worker: workers to ask for
+    /// the pool view, comma-separated host:port.
+    #[arg(long, value_delimiter = ',', env = "PEERWASM_PEERS", value_name = "ADDR,...")]
+    peers: Vec<String>,
+    /// Your tenant token, for workers started with --tenants.
+    #[arg(long, env = "PEERWASM_TOKEN", value_name = "TOKEN", hide_env_values = true)]
+    token: Option<String>,
+}
+
+impl PoolArgs {
+    /// The pool, or `None` for the embedded worker.
+    fn target(&self) -> anyhow::Result<Option<crate::client::Target>> {
+        if self.peers.is_empty() {
+            return Ok(None);
+        }
+        crate::client::Target::pool_as(self.peers.clone(), self.token.clone()).map(Some)
+    }
+}
+
+/// What `peers` and `status` read: a pool view, as text or JSON.
+#[derive(clap::Args, Debug)]
+pub struct ViewArgs {
+    /// Workers to ask, comma-separated host:port (the first that answers).
+    #[arg(long, value_delimiter = ',', env = "PEERWASM_PEERS", value_name = "ADDR,...", required = true)]
+    peers: Vec<String>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+impl ViewArgs {
+    /// Fetches the pool view from the first worker that answers.
+    fn fetch(&self) -> anyhow::Result<Vec<crate::proto::PeerView>> {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let http = reqwest::Client::builder().timeout(std::time::Duration::from_secs(10)).build()?;
+        runtime.block_on(crate::client::fetch_peers(&http, &self.peers))
+    }
+
+    /// Prints `value` as JSON with `--json`, else `text`.
+    fn print(&self, value: &impl serde::Serialize, text: impl std::fmt::Display) -> anyhow::Result<ExitCode> {
+        if self.json {
+            println!("{}", serde_json::to_string_pretty(value)?);
+        } else {
+            println!("{text}");
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
 /// Options every job-submitting command shares.
 #[derive(clap::Args, Debug, Clone)]
 pub struct SandboxArgs {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 
 use super::SandboxArgs;
-use crate::client::{Job, Target};
+use crate::client::Job;
 use crate::proto::{CacheSource, DirGrant, JobResult, JobSpec, Outcome, StdStream};
 use crate::units::{Bytes, parse_duration, parse_size};
 use crate::worker::{JobRunner, RunnerConfig};
@@ -43,13 +43,8 @@ pub struct RunArgs {
     /// Print one JSON result object on stdout instead of the job's output.
     #[arg(long)]
     json: bool,
-    /// Run on this pool instead of the embedded worker: workers to ask for
-    /// the pool view, comma-separated host:port.
-    #[arg(long, value_delimiter = ',', env = "PEERWASM_PEERS", value_name = "ADDR,...")]
-    peers: Vec<String>,
-    /// Your tenant token, for workers started with --tenants.
-    #[arg(long, env = "PEERWASM_TOKEN", value_name = "TOKEN", hide_env_values = true)]
-    token: Option<String>,
+    #[command(flatten)]
+    pool: super::PoolArgs,
     #[command(flatten)]
     sandbox: SandboxArgs,
     /// The job module, then its arguments, passed verbatim (also those
@@ -75,19 +70,18 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     spec.dirs = dirs;
 
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let result = if args.peers.is_empty() {
-        let runner = JobRunner::new(RunnerConfig { sandbox: args.sandbox.sandbox_config() })?;
-        runner.add_module_hashed(job.hash(), job.bytes().clone());
-        runtime.block_on(run_embedded(&runner, spec, !args.json))
-    } else {
-        let target = Target::pool_as(args.peers.clone(), args.token.clone())?;
-        let result = runtime.block_on(target.run(&job, spec))?;
+    let result = if let Some(pool) = args.pool.target()? {
+        let result = runtime.block_on(pool.run(&job, spec))?;
         if !args.json {
             // Remote output arrives with the result, not streamed.
             let _ = write_all_flush(&mut std::io::stdout().lock(), &result.stdout);
             let _ = write_all_flush(&mut std::io::stderr().lock(), &result.stderr);
         }
         result
+    } else {
+        let runner = JobRunner::new(RunnerConfig { sandbox: args.sandbox.sandbox_config() })?;
+        runner.add_module_hashed(job.hash(), job.bytes().clone());
+        runtime.block_on(run_embedded(&runner, spec, !args.json))
     };
 
     if args.json {

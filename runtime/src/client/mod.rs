@@ -93,10 +93,18 @@ pub fn peers_table(peers: &[PeerView]) -> String {
             format!("{:.1}s ago", p.last_heard_ms as f64 / 1000.0),
         ]);
     }
-    let widths: Vec<usize> = (0..rows[0].len()).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
+    render_table(&rows)
+}
+
+/// Rows of cells as left-aligned columns two spaces apart.
+pub(crate) fn render_table<R: AsRef<[String]>>(rows: &[R]) -> String {
+    let columns = rows.first().map_or(0, |r| r.as_ref().len());
+    let widths: Vec<usize> =
+        (0..columns).map(|c| rows.iter().map(|r| r.as_ref()[c].chars().count()).max().unwrap_or(0)).collect();
     rows.iter()
         .map(|r| {
-            r.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect::<Vec<_>>().join("  ").trim_end().to_string()
+            let cells = r.as_ref().iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}"));
+            cells.collect::<Vec<_>>().join("  ").trim_end().to_string()
         })
         .collect::<Vec<_>>()
         .join("\n")

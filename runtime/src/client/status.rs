@@ -104,11 +104,6 @@ impl fmt::Display for PoolStatus {
                 format!("{:.1}", t.usage_slot_seconds),
             ]);
         }
-        let widths: Vec<usize> = (0..rows[0].len()).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
-        let lines: Vec<String> = rows
-            .iter()
-            .map(|r| r.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect::<Vec<_>>().join("  ").trim_end().to_string())
-            .collect();
-        write!(f, "{}", lines.join("\n"))
+        write!(f, "{}", super::render_table(&rows))
     }
 }

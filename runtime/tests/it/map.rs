@@ -25,31 +25,53 @@ fn primes_lines(ns: &[u64]) -> String {
     ns.iter().map(|n| format!("{{\"n\": {n}}}\n")).collect()
 }
 
-/// Runs `peerwasm map` with `args` then the primes module then `inputs`
-/// as a file; returns the process output and the result lines.
+/// A `peerwasm map` process over an inputs file, writing to a file.
+struct MapProcess {
+    child: std::process::Child,
+    out_path: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl MapProcess {
+    /// Starts `peerwasm map ARGS -o OUT GUEST INPUTS` with `inputs` as the
+    /// inputs file and `cache` as its cache dir.
+    fn start(guest: &str, args: &[&str], inputs: &str, cache: &Path) -> MapProcess {
+        let dir = tempfile::tempdir().unwrap();
+        let input_path = dir.path().join("inputs.jsonl");
+        let out_path = dir.path().join("out.jsonl");
+        std::fs::write(&input_path, inputs).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_peerwasm"))
+            .arg("map")
+            .args(args)
+            .arg("-o")
+            .arg(&out_path)
+            .arg(peerwasm_testkit::guest_wasm(guest))
+            .arg(&input_path)
+            .env("PEERWASM_CACHE_DIR", cache)
+            .env_remove("PEERWASM_PEERS")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("running peerwasm map");
+        MapProcess { child, out_path, _dir: dir }
+    }
+
+    /// Waits for it; returns its output and the result lines.
+    fn finish(self) -> (Output, Vec<Value>) {
+        let out = self.child.wait_with_output().unwrap();
+        let lines = std::fs::read_to_string(&self.out_path)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("each result line is JSON"))
+            .collect();
+        (out, lines)
+    }
+}
+
+/// Runs `peerwasm map` to the end; see [`MapProcess::start`].
 fn peerwasm_map(guest: &str, args: &[&str], inputs: &str, cache: &Path) -> (Output, Vec<Value>) {
-    let dir = tempfile::tempdir().unwrap();
-    let input_path = dir.path().join("inputs.jsonl");
-    let out_path = dir.path().join("out.jsonl");
-    std::fs::write(&input_path, inputs).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_peerwasm"))
-        .arg("map")
-        .args(args)
-        .arg("-o")
-        .arg(&out_path)
-        .arg(peerwasm_testkit::guest_wasm(guest))
-        .arg(&input_path)
-        .env("PEERWASM_CACHE_DIR", cache)
-        .env_remove("PEERWASM_PEERS")
-        .stdin(Stdio::null())
-        .output()
-        .expect("running peerwasm map");
-    let lines = std::fs::read_to_string(&out_path)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("each result line is JSON"))
-        .collect();
-    (out, lines)
+    MapProcess::start(guest, args, inputs, cache).finish()
 }
 
 fn stderr(out: &Output) -> String {
@@ -162,32 +184,16 @@ async fn a_job_that_outgrows_the_learned_estimate_is_retried_larger() {
 async fn a_worker_killed_mid_map_loses_no_result_and_duplicates_none() {
     let [a, mut b, c] = three_workers().await;
     let cache = tempfile::tempdir().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let inputs = dir.path().join("inputs");
-    std::fs::write(&inputs, "40\n".repeat(500)).unwrap();
-    let out_path = dir.path().join("out.jsonl");
-    let child = Command::new(env!("CARGO_BIN_EXE_peerwasm"))
-        .args(["map", "--mem", "32MiB", "--peers", &a.addr, "-o"])
-        .arg(&out_path)
-        .arg(peerwasm_testkit::guest_wasm("sleep"))
-        .arg(&inputs)
-        .env("PEERWASM_CACHE_DIR", cache.path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let map = MapProcess::start("sleep", &["--mem", "32MiB", "--peers", &a.addr], &"40\n".repeat(500), cache.path());
     // 500 × 40 ms over 6 slots is about 3.5 s: kill B a third of the way.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let b_addr = b.addr.clone();
     b.kill();
-    let out = child.wait_with_output().unwrap();
+    let (out, lines) = map.finish();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let lines: Vec<Value> =
-        std::fs::read_to_string(&out_path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(lines.len(), 500);
     for (i, l) in lines.iter().enumerate() {
-        assert_eq!(l["index"], i as u64);
+        assert_eq!(l["index"], i as u64, "each input once, in order");
         assert_eq!(l["stdout"], "slept 40 ms\n");
     }
     let on = |addr: &str| lines.iter().filter(|l| l["peer"] == addr).count();
@@ -202,21 +208,7 @@ async fn a_worker_killed_mid_map_loses_no_result_and_duplicates_none() {
 async fn a_frozen_worker_is_declared_dead_its_jobs_rerun_and_late_answers_dropped() {
     let [a, b, c] = three_workers().await;
     let cache = tempfile::tempdir().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let inputs = dir.path().join("inputs");
-    std::fs::write(&inputs, "40\n".repeat(400)).unwrap();
-    let out_path = dir.path().join("out.jsonl");
-    let child = Command::new(env!("CARGO_BIN_EXE_peerwasm"))
-        .args(["map", "--mem", "32MiB", "--peers", &a.addr, "-o"])
-        .arg(&out_path)
-        .arg(peerwasm_testkit::guest_wasm("sleep"))
-        .arg(&inputs)
-        .env("PEERWASM_CACHE_DIR", cache.path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let map = MapProcess::start("sleep", &["--mem", "32MiB", "--peers", &a.addr], &"40\n".repeat(400), cache.path());
     // Freeze B with jobs on it: its connections stay open but nothing
     // answers. The pool declares it dead within about a second (100 ms
     // gossip), the map resubmits B's jobs; thawed, B answers late.
@@ -230,10 +222,8 @@ async fn a_frozen_worker_is_declared_dead_its_jobs_rerun_and_late_answers_droppe
     // The map reads the view at most every 0.5 s: give it time to see it.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     b.signal(libc::SIGCONT);
-    let out = child.wait_with_output().unwrap();
+    let (out, lines) = map.finish();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let lines: Vec<Value> =
-        std::fs::read_to_string(&out_path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(lines.len(), 400);
     for (i, l) in lines.iter().enumerate() {
         assert_eq!(l["index"], i as u64, "each input once, in order");
