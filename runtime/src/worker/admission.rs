@@ -368,6 +368,30 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_large_job_that_waited_too_long_has_memory_held_for_it() {
+        let ledger = Ledger::new(&LedgerConfig { memory: Some(100 * MIB), reserve: 0 }).unwrap();
+        let config = AdmissionConfig { hold_after: Duration::from_millis(100), ..AdmissionConfig::new(3) };
+        let adm = Admission::new(ledger, config);
+        let t = Arc::new(Tenant::new("t"));
+        let running = adm.admit(&t, 60 * MIB).await.unwrap();
+        let (adm2, t2) = (adm.clone(), t.clone());
+        let large = tokio::spawn(async move { adm2.admit(&t2, 80 * MIB).await.map(|_| ()) });
+        // Before the bound, a small job passes the waiting large one...
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(adm.admit(&t, 10 * MIB).await.unwrap());
+        // ...after it, small jobs wait until the large one has run.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let (adm3, t3) = (adm.clone(), t.clone());
+        let small = tokio::spawn(async move { adm3.admit(&t3, 10 * MIB).await.map(|_| ()) });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!small.is_finished(), "the small job must wait behind the held memory");
+        assert_eq!(adm.counts(), (1, 2));
+        drop(running);
+        large.await.unwrap().unwrap();
+        small.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
     async fn the_tenant_with_less_usage_goes_first_and_limits_hold() {
         let adm = admission(1, 4);
         let heavy = Arc::new(Tenant::new("heavy"));
