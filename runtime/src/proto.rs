@@ -356,6 +356,9 @@ pub struct Advert {
     /// Per tenant: usage on this worker (decayed, for fair share) and its
     /// account (cumulative, for rent).
     pub tenants: Vec<TenantUsage>,
+    /// Warnings for the operator now (host memory low, jobs refused for
+    /// memory, cgroup below `--memory`).
+    pub warnings: Vec<String>,
 }
 
 /// One tenant's usage on one worker, as gossiped.

@@ -29,6 +29,8 @@ pub struct PoolStatus {
     pub queued: u32,
     /// Per tenant, over all workers the view knows (dead ones' accounts too).
     pub tenants: BTreeMap<String, TenantStatus>,
+    /// Warnings of live workers, each prefixed by its address.
+    pub warnings: Vec<String>,
 }
 
 /// One tenant over the pool.
@@ -59,6 +61,7 @@ impl PoolStatus {
                 s.used_bytes += a.used_bytes;
                 s.capacity_bytes += a.capacity_bytes;
                 s.queued += a.queue_len;
+                s.warnings.extend(a.warnings.iter().map(|w| format!("{}: {w}", a.addr)));
             }
             for t in &a.tenants {
                 let e = s.tenants.entry(t.tenant.clone()).or_default();
@@ -88,6 +91,9 @@ impl fmt::Display for PoolStatus {
             Bytes(self.capacity_bytes),
             self.queued
         )?;
+        for w in &self.warnings {
+            writeln!(f, "warning: {w}")?;
+        }
         if self.tenants.is_empty() {
             return write!(f, "no jobs have run yet");
         }

@@ -1,6 +1,7 @@
 //! The HTTP shell around the gossip core: one round is two requests to
 //! `POST /v1/gossip` (Syn → SynAck, then Ack), bodies in postcard.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,16 +23,40 @@ pub enum GossipRequest<R> {
     Ack(Ack<R>),
 }
 
+/// Counters of the gossip traffic of one node, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct GossipStats {
+    /// Rounds started.
+    pub rounds: AtomicU64,
+    /// Exchanges with a peer that completed, and that failed.
+    pub exchanges_ok: AtomicU64,
+    pub exchanges_failed: AtomicU64,
+    /// Bytes of gossip bodies sent and received (both directions of both
+    /// roles).
+    pub bytes_sent: AtomicU64,
+    pub bytes_received: AtomicU64,
+    /// Messages received that could not be decoded, and were dropped.
+    pub rejected: AtomicU64,
+}
+
+impl GossipStats {
+    fn add(counter: &AtomicU64, n: usize) {
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
+
 /// A node shared between the HTTP handler and the round loop, with the
 /// clock it is driven by.
 pub struct SharedNode<R> {
     pub node: Mutex<GossipNode<R>>,
     started: Instant,
+    /// Traffic counters.
+    pub stats: GossipStats,
 }
 
 impl<R: Clone> SharedNode<R> {
     pub fn new(node: GossipNode<R>) -> Arc<SharedNode<R>> {
-        Arc::new(SharedNode { node: Mutex::new(node), started: Instant::now() })
+        Arc::new(SharedNode { node: Mutex::new(node), started: Instant::now(), stats: GossipStats::default() })
     }
 
     /// Milliseconds since this node started: the gossip clock.
@@ -48,13 +73,18 @@ impl<R: Clone> SharedNode<R> {
     where
         R: Serialize + DeserializeOwned,
     {
-        let request: GossipRequest<R> =
-            postcard::from_bytes(body).map_err(|e| format!("bad gossip message: {e}"))?;
+        GossipStats::add(&self.stats.bytes_received, body.len());
+        let request: GossipRequest<R> = postcard::from_bytes(body).map_err(|e| {
+            GossipStats::add(&self.stats.rejected, 1);
+            format!("bad gossip message: {e}")
+        })?;
         let now = self.now_ms();
         match request {
             GossipRequest::Syn(syn) => {
                 let ack = self.lock().handle_syn(syn);
-                postcard::to_allocvec(&ack).map_err(|e| e.to_string())
+                let reply = postcard::to_allocvec(&ack).map_err(|e| e.to_string())?;
+                GossipStats::add(&self.stats.bytes_sent, reply.len());
+                Ok(reply)
             }
             GossipRequest::Ack(ack) => {
                 self.lock().handle_ack(ack, now);
@@ -79,6 +109,7 @@ pub async fn run_rounds<R>(
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
+        GossipStats::add(&shared.stats.rounds, 1);
         let (targets, syn) = {
             let mut node = shared.lock();
             refresh(&mut node);
@@ -99,16 +130,23 @@ where
     let url = format!("http://{addr}/v1/gossip");
     let result: Result<(), String> = async {
         let body = postcard::to_allocvec(&GossipRequest::<R>::Syn(syn)).map_err(|e| e.to_string())?;
+        GossipStats::add(&shared.stats.bytes_sent, body.len());
         let reply = post(http, &url, body).await?;
+        GossipStats::add(&shared.stats.bytes_received, reply.len());
         let syn_ack: SynAck<R> = postcard::from_bytes(&reply).map_err(|e| format!("bad SynAck: {e}"))?;
         let ack = shared.lock().handle_syn_ack(syn_ack, shared.now_ms());
         let body = postcard::to_allocvec(&GossipRequest::Ack(ack)).map_err(|e| e.to_string())?;
+        GossipStats::add(&shared.stats.bytes_sent, body.len());
         post(http, &url, body).await?;
         Ok(())
     }
     .await;
-    if let Err(e) = result {
-        tracing::debug!(peer = %addr, "gossip exchange failed: {e}");
+    match result {
+        Ok(()) => GossipStats::add(&shared.stats.exchanges_ok, 1),
+        Err(e) => {
+            GossipStats::add(&shared.stats.exchanges_failed, 1);
+            tracing::debug!(peer = %addr, "gossip exchange failed: {e}");
+        }
     }
 }
 

@@ -193,6 +193,19 @@ impl Admission {
         (st.busy, st.queue.len() as u32)
     }
 
+    /// Jobs waiting, per tenant (tenants with none left out).
+    pub fn queued_by_tenant(&self) -> Vec<(String, u32)> {
+        let st = self.lock();
+        let mut out: Vec<(String, u32)> = Vec::new();
+        for w in &st.queue {
+            match out.iter_mut().find(|(t, _)| *t == w.tenant.name) {
+                Some((_, n)) => *n += 1,
+                None => out.push((w.tenant.name.clone(), 1)),
+            }
+        }
+        out
+    }
+
     /// The slot count.
     pub fn slots(&self) -> u32 {
         self.config.slots

@@ -119,7 +119,10 @@ pub(super) async fn post_job(
 ) -> Response {
     let tenant = match authenticate(&w, &headers) {
         Ok(t) => t,
-        Err(resp) => return resp,
+        Err(resp) => {
+            w.metrics.refused("unauthorized");
+            return resp;
+        }
     };
     let spec: JobSpec = match postcard::from_bytes(&body) {
         Ok(s) => s,
@@ -129,6 +132,7 @@ pub(super) async fn post_job(
         return text(StatusCode::BAD_REQUEST, "a remote worker cannot grant host directories");
     }
     if w.draining.load(Ordering::Relaxed) {
+        w.metrics.refused("draining");
         return busy("this worker is shutting down");
     }
     if !w.runner.has_module(&spec.module) {
@@ -137,7 +141,7 @@ pub(super) async fn post_job(
     let memreq = spec.limits.memory_bytes;
     let largest = w.admission.largest_for(&tenant);
     if memreq > largest {
-        return too_large(memreq, largest);
+        return too_large(&w, memreq, largest);
     }
     let id = w.jobs.insert(&tenant.name, memreq);
     if params.detach {
@@ -178,7 +182,14 @@ pub(super) async fn post_job(
     }
 }
 
-fn too_large(requested: u64, largest: u64) -> Response {
+/// The 422 for a job that can never fit here; counted, and a warning for
+/// the operator (someone wants more memory than this worker lends).
+fn too_large(w: &Worker, requested: u64, largest: u64) -> Response {
+    w.metrics.refused("never_fits");
+    w.warnings.event(
+        super::warnings::WarningKind::RefusedForMemory,
+        format!("refused a job of {}: this worker can take at most {}", Size(requested), Size(largest)),
+    );
     let mut resp = text(
         StatusCode::UNPROCESSABLE_ENTITY,
         format!("the job asks for {} but this worker can take at most {}", Size(requested), Size(largest)),
@@ -212,8 +223,11 @@ async fn run(
         Ok(t) => t,
         Err(refusal) => {
             let resp = match refusal {
-                Refusal::NeverFits { requested, largest } => too_large(requested, largest),
-                Refusal::Busy => busy("this worker's queue for your jobs is full"),
+                Refusal::NeverFits { requested, largest } => too_large(w, requested, largest),
+                Refusal::Busy => {
+                    w.metrics.refused("queue_full");
+                    busy("this worker's queue for your jobs is full")
+                }
             };
             return Err(match queued.take() {
                 Some(tx) => {
@@ -243,6 +257,7 @@ async fn run(
             reserved_bytes: ticket.reservation().bytes(),
             peak_bytes: result.peak_memory_bytes,
         });
+        w2.metrics.job_ended(&ticket.tenant().name, &result);
         drop(ticket);
         w2.jobs_run.fetch_add(1, Ordering::Relaxed);
         result.peer = w2.addr.clone();

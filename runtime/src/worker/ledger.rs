@@ -50,9 +50,21 @@ pub struct LedgerSnapshot {
     pub offer: u64,
 }
 
+/// What the capacity was taken from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sizing {
+    /// `--memory`, if given.
+    pub requested: Option<u64>,
+    /// The memory limit of the cgroup this process runs in, if any.
+    pub cgroup: Option<u64>,
+    /// The machine's physical memory.
+    pub physical: u64,
+}
+
 /// The ledger; see the module docs.
 pub struct Ledger {
     capacity: u64,
+    sizing: Sizing,
     reserve: u64,
     state: Mutex<State>,
     host: Mutex<HostMemory>,
@@ -114,14 +126,10 @@ impl Ledger {
             .flatten()
             .min()
             .unwrap_or(0);
-        if let (Some(cg), Some(mem)) = (cgroup, config.memory) {
-            if cg < mem {
-                tracing::warn!(cgroup_limit = cg, memory = mem, "the cgroup's memory limit is lower than --memory");
-            }
-        }
         let available = system.available_memory();
         Ok(Arc::new(Ledger {
             capacity,
+            sizing: Sizing { requested: config.memory, cgroup, physical },
             reserve: config.reserve,
             state: Mutex::new(State { reserved: 0, high_water: 0, jobs: Vec::new(), next_id: 0 }),
             host: Mutex::new(HostMemory { system, read_at: Instant::now(), available }),
@@ -131,6 +139,16 @@ impl Ledger {
     /// The most jobs may ever hold here: the largest job this worker can take.
     pub fn capacity(&self) -> u64 {
         self.capacity
+    }
+
+    /// What the capacity was taken from.
+    pub fn sizing(&self) -> Sizing {
+        self.sizing
+    }
+
+    /// The memory always left to the host.
+    pub fn reserve(&self) -> u64 {
+        self.reserve
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {

@@ -8,6 +8,8 @@
 //! * [`fairshare`] — decayed dominant-resource usage (smartshare) and
 //!   accounts;
 //! * [`jobs`] — the job endpoints: authentication, job ids, results;
+//! * [`warnings`] — warnings to the operator, logged, counted and shown;
+//! * [`metrics`] — `GET /metrics` in Prometheus' text format;
 //! * [`server`] — `peerwasm worker`: all of the above behind HTTP, with
 //!   capacity gossip.
 
@@ -15,8 +17,10 @@ pub mod admission;
 pub mod fairshare;
 pub mod jobs;
 pub mod ledger;
+pub mod metrics;
 pub mod runner;
 pub mod server;
 pub mod tenants;
+pub mod warnings;
 
 pub use runner::{JobRunner, RunnerConfig};

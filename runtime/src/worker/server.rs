@@ -26,7 +26,9 @@ use super::fairshare::{PoolSize, Usage};
 use super::jobs::{JobTable, authenticate};
 use super::ledger::{Ledger, LedgerConfig};
 use super::runner::{JobRunner, RunnerConfig};
+use super::metrics::Metrics;
 use super::tenants::Tenants;
+use super::warnings::{WarningKind, Warnings};
 use crate::gossip::transport::{SharedNode, run_rounds};
 use crate::gossip::{GossipConfig, GossipNode, Liveness, NodeId};
 use crate::proto::{Advert, ModuleHash, POSTCARD, PeerView};
@@ -68,6 +70,8 @@ pub(super) struct Worker {
     pub(super) jobs_run: AtomicU64,
     modules_received: AtomicU64,
     pub(super) draining: std::sync::atomic::AtomicBool,
+    pub(super) metrics: Metrics,
+    pub(super) warnings: Warnings,
 }
 
 impl Worker {
@@ -91,7 +95,74 @@ impl Worker {
             draining: self.draining.load(Ordering::Relaxed),
             multi_tenant: self.tenants.is_multi(),
             tenants: self.admission.tenant_report(),
+            warnings: self.warnings.current(),
         }
+    }
+
+    /// Raises the warnings that depend on how memory was sized.
+    fn check_sizing(&self) {
+        let ledger = self.admission.ledger();
+        let sizing = ledger.sizing();
+        if let (Some(cgroup), Some(memory)) = (sizing.cgroup, sizing.requested)
+            && cgroup < memory
+        {
+            self.warnings.condition(
+                WarningKind::CgroupBelowMemory,
+                Some(format!("the cgroup's memory limit {} is lower than --memory {}: jobs get at most {}", Size(cgroup), Size(memory), Size(ledger.capacity()))),
+            );
+        }
+        let physical_less_reserve = sizing.physical.saturating_sub(ledger.reserve());
+        if let Some(memory) = sizing.requested
+            && memory > physical_less_reserve
+        {
+            self.warnings.condition(
+                WarningKind::MemoryAbovePhysical,
+                Some(format!("--memory {} is more than physical memory less --reserve ({}): jobs get at most {}", Size(memory), Size(physical_less_reserve), Size(ledger.capacity()))),
+            );
+        }
+    }
+
+    /// Raises (or ends) the host-memory-low warning.
+    fn check_host_memory(&self) {
+        let snap = self.admission.ledger().snapshot();
+        let reserve = self.admission.ledger().reserve();
+        let low = (snap.host_available < reserve).then(|| {
+            format!(
+                "host available memory {} is below the reserve of {}: no job can start until it frees up",
+                Size(snap.host_available),
+                Size(reserve)
+            )
+        });
+        self.warnings.condition(WarningKind::HostMemoryLow, low);
+    }
+
+    /// The `/metrics` text.
+    fn metrics_text(&self) -> String {
+        let advert = self.advert();
+        let queued = self.admission.queued_by_tenant();
+        let g = &self.gossip.stats;
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let now = self.gossip.now_ms();
+        let peers: Vec<Liveness> = {
+            let node = self.gossip.lock();
+            node.state().iter().map(|(id, _)| node.liveness(id, now).unwrap_or(Liveness::Alive)).collect()
+        };
+        let warnings: Vec<(&'static str, u64)> = self.warnings.counts().into_iter().map(|(k, n)| (k.label(), n)).collect();
+        self.metrics.render(&super::metrics::Scrape {
+            advert: &advert,
+            queued: &queued,
+            cache: self.runner.sandbox().cache_stats(),
+            gossip: [
+                load(&g.rounds),
+                load(&g.exchanges_ok),
+                load(&g.exchanges_failed),
+                load(&g.bytes_sent),
+                load(&g.bytes_received),
+                load(&g.rejected),
+            ],
+            peers: &peers,
+            warnings: &warnings,
+        })
     }
 
     /// Hands the rest of the pool's per-tenant usage to fair share, so
@@ -180,7 +251,11 @@ pub async fn start(
         jobs_run: AtomicU64::new(0),
         modules_received: AtomicU64::new(0),
         draining: std::sync::atomic::AtomicBool::new(false),
+        metrics: Metrics::new(),
+        warnings: Warnings::default(),
     });
+    worker.check_sizing();
+    worker.check_host_memory();
     let advert = worker.advert();
     worker.gossip.lock().set_record(advert);
     tracing::info!(%addr, slots, capacity = %Size(worker.admission.ledger().capacity()), "worker started");
@@ -195,6 +270,7 @@ pub async fn start(
     let refresher = worker.clone();
     let gossip = tokio::spawn(run_rounds(worker.gossip.clone(), http, config.gossip_interval, move |node| {
         refresher.learn_pool_usage(node);
+        refresher.check_host_memory();
         refresher.jobs.sweep();
         node.set_record(refresher.advert())
     }));
@@ -206,6 +282,7 @@ pub async fn start(
         .route("/v1/jobs/{id}", get(super::jobs::get_job))
         .route("/v1/gossip", post(post_gossip))
         .route("/v1/peers", get(get_peers))
+        .route("/metrics", get(get_metrics))
         .layer(DefaultBodyLimit::max(MAX_JOB_BODY))
         .with_state(worker.clone());
     // On shutdown: advertise `draining` for two gossip rounds (new jobs get
@@ -298,6 +375,10 @@ async fn get_peers(State(w): State<Arc<Worker>>, headers: HeaderMap) -> Response
             Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
         }
     }
+}
+
+async fn get_metrics(State(w): State<Arc<Worker>>) -> Response {
+    ([(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)], w.metrics_text()).into_response()
 }
 
 async fn status_text(State(w): State<Arc<Worker>>) -> Response {

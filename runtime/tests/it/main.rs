@@ -4,6 +4,7 @@
 mod cache;
 mod cli;
 mod map;
+mod observe;
 mod outcomes;
 mod pool;
 mod support;

@@ -60,7 +60,11 @@ impl WorkerProcess {
     pub fn start_with(memory: &str, slots: u32, join: Option<&str>, extra: &[&str]) -> WorkerProcess {
         let cache = tempfile::tempdir().unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_peerwasm"));
-        cmd.args(["worker", "--listen", "127.0.0.1:0", "--memory", memory, "--reserve", "0"])
+        cmd.args(["worker", "--listen", "127.0.0.1:0", "--memory", memory]);
+        if !extra.contains(&"--reserve") {
+            cmd.args(["--reserve", "0"]);
+        }
+        cmd
             .args(["--slots", &slots.to_string(), "--gossip-interval", "100ms"])
             .arg("--cache-dir")
             .arg(cache.path())

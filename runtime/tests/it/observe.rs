@@ -1,0 +1,135 @@
+//! Seeing the pool: `/metrics` parsed as Prometheus text and moving with
+//! the jobs, and each operator warning provoked on a real worker.
+
+use std::collections::HashMap;
+use std::process::Command;
+use std::time::Duration;
+
+use peerwasm::client::{Job, Target};
+use peerwasm::proto::Outcome;
+
+use crate::support::{MIB, WorkerProcess};
+
+/// Parses the text exposition strictly enough to catch a malformed line:
+/// `name{labels} value` or `name value`, with a number for a value, `#`
+/// lines for HELP/TYPE/UNIT, and `# EOF` last.
+fn parse(text: &str) -> HashMap<String, f64> {
+    let mut samples = HashMap::new();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.last(), Some(&"# EOF"), "OpenMetrics text ends with # EOF");
+    for line in &lines[..lines.len() - 1] {
+        if let Some(comment) = line.strip_prefix("# ") {
+            let kind = comment.split(' ').next().unwrap();
+            assert!(["HELP", "TYPE", "UNIT"].contains(&kind), "bad comment line {line:?}");
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("no value in {line:?}"));
+        let value: f64 = value.parse().unwrap_or_else(|_| panic!("bad value in {line:?}"));
+        let name = series.split('{').next().unwrap();
+        assert!(
+            name.starts_with("peerwasm_") && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+            "bad metric name in {line:?}"
+        );
+        if let Some(labels) = series.strip_prefix(name) {
+            assert!(labels.is_empty() || (labels.starts_with('{') && labels.ends_with('}')), "bad labels in {line:?}");
+        }
+        assert!(samples.insert(series.to_string(), value).is_none(), "{series} twice");
+    }
+    samples
+}
+
+async fn scrape(addr: &str) -> HashMap<String, f64> {
+    let resp = reqwest::get(format!("http://{addr}/metrics")).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let content_type = resp.headers()["content-type"].to_str().unwrap().to_string();
+    assert!(content_type.starts_with("application/openmetrics-text"), "{content_type}");
+    parse(&resp.text().await.unwrap())
+}
+
+fn get(m: &HashMap<String, f64>, series: &str) -> f64 {
+    m.get(series).copied().unwrap_or(0.0)
+}
+
+fn status(addr: &str) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_peerwasm")).args(["status", "--peers", addr]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_parse_and_move_as_jobs_run() {
+    let w = WorkerProcess::start("1GiB", 2, None);
+    let before = scrape(&w.addr).await;
+    assert_eq!(get(&before, "peerwasm_slots{state=\"total\"}"), 2.0);
+    assert_eq!(get(&before, "peerwasm_memory_bytes{kind=\"capacity\"}"), (1u64 << 30) as f64);
+    assert_eq!(get(&before, "peerwasm_job_wall_seconds_count"), 0.0);
+
+    let target = Target::pool(vec![w.addr.clone()]).unwrap();
+    let hello = Job::new(peerwasm_testkit::guest_wasm_bytes("hello"));
+    let memhog = Job::new(peerwasm_testkit::guest_wasm_bytes("memhog"));
+    for _ in 0..2 {
+        let r = target.run(&hello, hello.spec(Vec::new(), 16 * MIB)).await.unwrap();
+        assert_eq!(r.outcome, Outcome::Exited { code: 0 });
+    }
+    let r = target.run(&memhog, memhog.spec(b"64".to_vec(), 16 * MIB)).await.unwrap();
+    assert!(matches!(r.outcome, Outcome::MemoryLimitExceeded { .. }));
+    tokio::time::sleep(Duration::from_millis(300)).await; // a few gossip rounds
+
+    let after = scrape(&w.addr).await;
+    assert_eq!(get(&after, "peerwasm_jobs_total{outcome=\"exited_ok\",tenant=\"default\"}"), 2.0);
+    assert_eq!(get(&after, "peerwasm_jobs_total{outcome=\"memory_limit_exceeded\",tenant=\"default\"}"), 1.0);
+    assert_eq!(get(&after, "peerwasm_job_wall_seconds_count"), 3.0);
+    assert_eq!(get(&after, "peerwasm_job_peak_memory_bytes_count"), 3.0);
+    assert_eq!(get(&after, "peerwasm_module_cache_events_total{event=\"compile\"}"), 2.0, "two modules, compiled once each");
+    assert_eq!(get(&after, "peerwasm_module_cache_events_total{event=\"memory_hit\"}"), 1.0);
+    assert_eq!(get(&after, "peerwasm_tenant_jobs_total{tenant=\"default\"}"), 3.0);
+    assert!(get(&after, "peerwasm_tenant_slot_seconds_total{tenant=\"default\"}") > 0.0);
+    assert!(get(&after, "peerwasm_gossip_events_total{event=\"round\"}") > get(&before, "peerwasm_gossip_events_total{event=\"round\"}"));
+    assert_eq!(get(&after, "peerwasm_peers{liveness=\"alive\"}"), 1.0);
+    assert_eq!(get(&after, "peerwasm_slots{state=\"busy\"}"), 0.0);
+
+    // Bad gossip bytes are dropped and counted.
+    let r = reqwest::Client::new().post(format!("http://{}/v1/gossip", w.addr)).body(vec![0xff; 8]).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    let later = scrape(&w.addr).await;
+    assert_eq!(get(&later, "peerwasm_gossip_events_total{event=\"rejected\"}"), 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_too_large_warns_the_operator() {
+    let w = WorkerProcess::start("1GiB", 1, None);
+    let target = Target::pool(vec![w.addr.clone()]).unwrap();
+    let hello = Job::new(peerwasm_testkit::guest_wasm_bytes("hello"));
+    // Placement refuses it before asking the worker (the view says 1 GiB
+    // at most), so ask the worker directly, as a stale client would.
+    let body = postcard::to_allocvec(&hello.spec(Vec::new(), 2 << 30)).unwrap();
+    let http = reqwest::Client::new();
+    http.put(format!("http://{}/v1/modules/{}", w.addr, hello.hash().to_hex()))
+        .body(hello.bytes().to_vec())
+        .send()
+        .await
+        .unwrap();
+    let r = http.post(format!("http://{}/v1/jobs", w.addr)).body(body).send().await.unwrap();
+    assert_eq!(r.status(), 422);
+    let m = scrape(&w.addr).await;
+    assert_eq!(get(&m, "peerwasm_refused_jobs_total{reason=\"never_fits\"}"), 1.0);
+    assert_eq!(get(&m, "peerwasm_warnings_total{kind=\"refused_for_memory\"}"), 1.0);
+    let s = status(&w.addr);
+    assert!(s.contains("refused a job of 2 GiB: this worker can take at most 1 GiB"), "{s}");
+    let err = target.run(&hello, hello.spec(Vec::new(), 2 << 30)).await.unwrap_err();
+    assert!(err.to_string().contains("the largest the pool can take is 1 GiB"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn memory_below_the_reserve_warns_the_operator() {
+    // A reserve larger than the machine: the host is always "below" it, and
+    // --memory is more than physical memory less the reserve.
+    let w = WorkerProcess::start_with("1GiB", 1, None, &["--reserve", "1000TiB"]);
+    let m = scrape(&w.addr).await;
+    assert_eq!(get(&m, "peerwasm_warnings_total{kind=\"host_memory_low\"}"), 1.0);
+    assert_eq!(get(&m, "peerwasm_warnings_total{kind=\"memory_above_physical\"}"), 1.0);
+    assert_eq!(get(&m, "peerwasm_memory_bytes{kind=\"capacity\"}"), 0.0);
+    let s = status(&w.addr);
+    assert!(s.contains("is below the reserve of 1000 TiB"), "{s}");
+    assert!(s.contains("is more than physical memory less --reserve"), "{s}");
+}
