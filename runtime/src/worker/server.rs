@@ -7,7 +7,9 @@
 //! * `POST /v1/gossip` — anti-entropy (see `gossip::transport`);
 //! * `GET  /v1/peers` — the pool as this worker sees it, JSON (or postcard
 //!   with `Accept: application/x-postcard`);
-//! * `GET  /` — a one-screen text summary.
+//! * `GET  /metrics` — Prometheus text (see [`super::metrics`]);
+//! * `GET  /` — the status page for browsers (HTML that polls
+//!   `/v1/peers`), or the peers table as text for other clients.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -276,7 +278,7 @@ pub async fn start(
     }));
 
     let app = Router::new()
-        .route("/", get(status_text))
+        .route("/", get(status_page))
         .route("/v1/modules/{hash}", put(put_module))
         .route("/v1/jobs", post(super::jobs::post_job).get(super::jobs::list_jobs))
         .route("/v1/jobs/{id}", get(super::jobs::get_job))
@@ -381,7 +383,17 @@ async fn get_metrics(State(w): State<Arc<Worker>>) -> Response {
     ([(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)], w.metrics_text()).into_response()
 }
 
-async fn status_text(State(w): State<Arc<Worker>>) -> Response {
+/// The status page (`status.html`, served from the binary) for browsers;
+/// the peers table as text for `curl` and other clients.
+async fn status_page(State(w): State<Arc<Worker>>, headers: HeaderMap) -> Response {
+    let wants_html =
+        headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|v| v.contains("text/html"));
+    if wants_html {
+        return ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], STATUS_PAGE).into_response();
+    }
     let views = peer_views(&w);
     text(StatusCode::OK, crate::client::peers_table(&views))
 }
+
+/// The status page: plain HTML, CSS and JS that polls `GET /v1/peers`.
+const STATUS_PAGE: &str = include_str!("status.html");

@@ -2,6 +2,7 @@
 //! the jobs, and each operator warning provoked on a real worker.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -132,4 +133,80 @@ async fn memory_below_the_reserve_warns_the_operator() {
     let s = status(&w.addr);
     assert!(s.contains("is below the reserve of 1000 TiB"), "{s}");
     assert!(s.contains("is more than physical memory less --reserve"), "{s}");
+}
+
+/// Headless Chromium (Debian's `chromium`; `.ci/run` installs it).
+fn chromium() -> std::path::PathBuf {
+    for candidate in ["chromium", "chromium-browser"] {
+        if let Ok(out) = Command::new("which").arg(candidate).output()
+            && out.status.success()
+        {
+            return String::from_utf8_lossy(&out.stdout).trim().into();
+        }
+    }
+    panic!("this test needs a headless browser: apt-get install chromium (as .ci/run does)");
+}
+
+/// Loads `url` in headless Chromium, lets its scripts run for a few
+/// seconds of virtual time, and returns the DOM; with `screenshot`, also
+/// saves a picture of the page there.
+fn browse(url: &str, screenshot: Option<&Path>) -> String {
+    let profile = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(chromium());
+    cmd.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--virtual-time-budget=3000",
+        "--window-size=1280,900",
+    ])
+    .arg(format!("--user-data-dir={}", profile.path().display()));
+    match screenshot {
+        Some(path) => cmd.arg(format!("--screenshot={}", path.display())),
+        None => cmd.arg("--dump-dom"),
+    };
+    let out = cmd.arg(url).output().expect("running chromium");
+    assert!(out.status.success(), "chromium failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_status_page_shows_the_pool_in_a_real_browser() {
+    let a = WorkerProcess::start("1GiB", 2, None);
+    let b = WorkerProcess::start("2GiB", 1, Some(&a.addr));
+    crate::pool::wait_for(&a.addr, Duration::from_secs(10), |v| crate::pool::alive(v) == 2).await;
+    let target = Target::pool(vec![a.addr.clone()]).unwrap();
+    let hello = Job::new(peerwasm_testkit::guest_wasm_bytes("hello"));
+    for _ in 0..3 {
+        target.run(&hello, hello.spec(Vec::new(), 16 * MIB)).await.unwrap();
+    }
+    // A's view has both workers with their job counts.
+    crate::pool::wait_for(&a.addr, Duration::from_secs(5), |v| v.iter().map(|p| p.advert.jobs_run).sum::<u64>() == 3)
+        .await;
+
+    // curl-like clients get the text table; browsers get the page.
+    let text = reqwest::get(format!("http://{}/", a.addr)).await.unwrap().text().await.unwrap();
+    assert!(text.starts_with("ADDRESS"), "{text}");
+
+    let url = format!("http://{}/", a.addr);
+    let dom = tokio::task::spawn_blocking(move || browse(&url, None)).await.unwrap();
+    for addr in [&a.addr, &b.addr] {
+        assert!(dom.contains(&format!("data-addr=\"{addr}\"")), "no card for {addr} in\n{dom}");
+    }
+    assert!(dom.contains("2 up · 0 suspect · 0 dead"), "summary missing in\n{dom}");
+    assert!(dom.contains("capacity 1.0 GiB") && dom.contains("capacity 2.0 GiB"), "capacities missing in\n{dom}");
+    assert!(dom.contains("<tr data-tenant=\"default\"><td>default</td><td>3</td>"), "tenant row missing in\n{dom}");
+    assert!(dom.contains("jobs run"), "{dom}");
+
+    // A picture for people (not asserted): target/status-page.png.
+    let png = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("status-page.png");
+    let url = format!("http://{}/", a.addr);
+    let png2 = png.clone();
+    tokio::task::spawn_blocking(move || browse(&url, Some(&png2))).await.unwrap();
+    assert!(png.exists());
 }
