@@ -307,3 +307,20 @@ async fn a_job_too_large_for_the_pool_is_refused_at_once() {
         stderr(&out)
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn map_warns_when_its_estimate_is_larger_than_most_workers_take() {
+    let a = WorkerProcess::start("256MiB", 1, None);
+    let b = WorkerProcess::start("256MiB", 1, Some(&a.addr));
+    let c = WorkerProcess::start("2GiB", 1, Some(&a.addr));
+    wait_for(&a.addr, Duration::from_secs(10), |v| alive(v) == 3).await;
+    let target = Target::pool(vec![a.addr.clone()]).unwrap();
+    let job = Job::new(peerwasm_testkit::guest_wasm_bytes("memhog"));
+    let inputs = vec![b"300\n".to_vec(); 3];
+    let mut items: Vec<MapItem> = Vec::new();
+    let summary = map(&target, &job, inputs, &MapConfig::default(), &mut items).await.unwrap();
+    assert!(items.iter().all(|i| i.succeeded() && i.result.peer == c.addr), "only C holds 300 MiB: {items:?}");
+    let text = summary.to_string();
+    assert!(text.contains("larger than most workers can take (256 MiB)"), "{text}");
+    drop(b);
+}
