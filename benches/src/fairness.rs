@@ -48,6 +48,7 @@ async fn experiment(unit_ms: u64, fair_share: bool) -> anyhow::Result<(Duration,
         tenants: tenants()?,
         fair_share,
         usage_half_life: Duration::from_secs(600),
+        cluster_key: None,
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let worker = start(config, async move {

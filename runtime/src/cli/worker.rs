@@ -45,6 +45,11 @@ pub struct WorkerArgs {
     /// jobs in arrival order (off).
     #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     fair_share: bool,
+    /// A file holding the pool's shared secret (at least 16 bytes): gossip
+    /// is then authenticated (HMAC-SHA256) and forged or replayed messages
+    /// are dropped. Every worker of a pool needs the same file.
+    #[arg(long, value_name = "FILE")]
+    cluster_key: Option<PathBuf>,
     /// Half-life of tenants' usage in fair share.
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10m")]
     usage_half_life: Duration,
@@ -76,6 +81,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         },
         fair_share: args.fair_share,
         usage_half_life: args.usage_half_life,
+        cluster_key: args.cluster_key,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {

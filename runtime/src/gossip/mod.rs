@@ -15,10 +15,13 @@
 //! * [`node`] — [`GossipNode`]: one node's state machine, driven by the
 //!   caller with the time and the randomness, so that it can be simulated
 //!   in one process (see the tests) and carried over any transport;
+//! * [`auth`] — the HMAC envelope under a cluster key (forged and replayed
+//!   messages are dropped);
 //! * [`transport`] — the thin HTTP shell (`POST /v1/gossip`).
 //!
 //! Why our own and not chitchat, foca or memberlist: docs/gossip.md.
 
+pub mod auth;
 pub mod failure;
 pub mod messages;
 pub mod node;

@@ -10,6 +10,7 @@ use rand::rngs::SmallRng;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use super::auth::{ClusterKey, Refused};
 use super::messages::{Ack, Syn, SynAck};
 use super::node::GossipNode;
 use crate::proto::POSTCARD;
@@ -37,6 +38,9 @@ pub struct GossipStats {
     pub bytes_received: AtomicU64,
     /// Messages received that could not be decoded, and were dropped.
     pub rejected: AtomicU64,
+    /// Messages received with a bad MAC, stale or replayed (with a cluster
+    /// key), and dropped.
+    pub forged: AtomicU64,
 }
 
 impl GossipStats {
@@ -52,11 +56,47 @@ pub struct SharedNode<R> {
     started: Instant,
     /// Traffic counters.
     pub stats: GossipStats,
+    /// The cluster key every message is sealed with, if any.
+    key: Option<ClusterKey>,
+}
+
+/// Why a gossip request was not handled.
+#[derive(Debug, thiserror::Error)]
+pub enum GossipError {
+    /// The bytes are not a gossip message.
+    #[error("bad gossip message: {0}")]
+    Malformed(String),
+    /// Forged, stale or replayed (under a cluster key).
+    #[error("{0}")]
+    Unauthenticated(Refused),
 }
 
 impl<R: Clone> SharedNode<R> {
-    pub fn new(node: GossipNode<R>) -> Arc<SharedNode<R>> {
-        Arc::new(SharedNode { node: Mutex::new(node), started: Instant::now(), stats: GossipStats::default() })
+    /// A node whose messages are sealed with `key`, if given.
+    pub fn new(node: GossipNode<R>, key: Option<ClusterKey>) -> Arc<SharedNode<R>> {
+        Arc::new(SharedNode { node: Mutex::new(node), started: Instant::now(), stats: GossipStats::default(), key })
+    }
+
+    /// Seals an outgoing body (as is without a key).
+    fn seal(&self, body: Vec<u8>) -> Vec<u8> {
+        let out = match &self.key {
+            Some(key) => key.seal(&body),
+            None => body,
+        };
+        GossipStats::add(&self.stats.bytes_sent, out.len());
+        out
+    }
+
+    /// Opens an incoming body; forged, stale and replayed ones are counted.
+    fn open<'a>(&self, wire: &'a [u8]) -> Result<&'a [u8], GossipError> {
+        GossipStats::add(&self.stats.bytes_received, wire.len());
+        match &self.key {
+            None => Ok(wire),
+            Some(key) => key.open(wire).map_err(|e| {
+                GossipStats::add(&self.stats.forged, 1);
+                GossipError::Unauthenticated(e)
+            }),
+        }
     }
 
     /// Milliseconds since this node started: the gossip clock.
@@ -69,22 +109,21 @@ impl<R: Clone> SharedNode<R> {
     }
 
     /// Handles a request body; returns the response body (empty for an Ack).
-    pub fn handle(&self, body: &[u8]) -> Result<Vec<u8>, String>
+    pub fn handle(&self, body: &[u8]) -> Result<Vec<u8>, GossipError>
     where
         R: Serialize + DeserializeOwned,
     {
-        GossipStats::add(&self.stats.bytes_received, body.len());
+        let body = self.open(body)?;
         let request: GossipRequest<R> = postcard::from_bytes(body).map_err(|e| {
             GossipStats::add(&self.stats.rejected, 1);
-            format!("bad gossip message: {e}")
+            GossipError::Malformed(e.to_string())
         })?;
         let now = self.now_ms();
         match request {
             GossipRequest::Syn(syn) => {
                 let ack = self.lock().handle_syn(syn);
-                let reply = postcard::to_allocvec(&ack).map_err(|e| e.to_string())?;
-                GossipStats::add(&self.stats.bytes_sent, reply.len());
-                Ok(reply)
+                let reply = postcard::to_allocvec(&ack).map_err(|e| GossipError::Malformed(e.to_string()))?;
+                Ok(self.seal(reply))
             }
             GossipRequest::Ack(ack) => {
                 self.lock().handle_ack(ack, now);
@@ -130,14 +169,15 @@ where
     let url = format!("http://{addr}/v1/gossip");
     let result: Result<(), String> = async {
         let body = postcard::to_allocvec(&GossipRequest::<R>::Syn(syn)).map_err(|e| e.to_string())?;
-        GossipStats::add(&shared.stats.bytes_sent, body.len());
-        let reply = post(http, &url, body).await?;
-        GossipStats::add(&shared.stats.bytes_received, reply.len());
-        let syn_ack: SynAck<R> = postcard::from_bytes(&reply).map_err(|e| format!("bad SynAck: {e}"))?;
+        let reply = post(http, &url, shared.seal(body)).await?;
+        let reply = shared.open(&reply).map_err(|e| e.to_string())?;
+        let syn_ack: SynAck<R> = postcard::from_bytes(reply).map_err(|e| {
+            GossipStats::add(&shared.stats.rejected, 1);
+            format!("bad SynAck: {e}")
+        })?;
         let ack = shared.lock().handle_syn_ack(syn_ack, shared.now_ms());
         let body = postcard::to_allocvec(&GossipRequest::Ack(ack)).map_err(|e| e.to_string())?;
-        GossipStats::add(&shared.stats.bytes_sent, body.len());
-        post(http, &url, body).await?;
+        post(http, &url, shared.seal(body)).await?;
         Ok(())
     }
     .await;

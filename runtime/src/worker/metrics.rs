@@ -40,8 +40,9 @@ pub struct Scrape<'a> {
     /// The module cache's counters.
     pub cache: CacheStats,
     /// Gossip counters: rounds, exchanges ok and failed, bytes sent and
-    /// received, rejected messages.
-    pub gossip: [u64; 6],
+    /// received, rejected (undecodable) and forged (bad MAC, replayed)
+    /// messages.
+    pub gossip: [u64; 7],
     /// Peers by how this worker sees them.
     pub peers: &'a [Liveness],
     /// Warnings raised, by kind label.
@@ -118,7 +119,7 @@ impl Metrics {
         r.register("memory_bytes", "Memory: capacity, reserved, used by jobs, host available, largest job that fits now", m.memory.clone());
         r.register("queue_length", "Jobs waiting, by tenant", m.queue.clone());
         r.register("module_cache_events", "Module cache: compiles, memory hits, disk hits, rejected disk artifacts", m.cache.clone());
-        r.register("gossip_events", "Gossip: rounds, exchanges ok and failed, rejected messages", m.gossip.clone());
+        r.register("gossip_events", "Gossip: rounds, exchanges ok and failed, rejected and forged messages", m.gossip.clone());
         r.register("gossip_bytes", "Gossip bytes, by direction", m.gossip_bytes.clone());
         r.register("peers", "Peers in this worker's view, by liveness", m.peers.clone());
         r.register("tenant_jobs", "Jobs run, by tenant", m.tenant_jobs.clone());
@@ -186,8 +187,14 @@ impl Metrics {
         ] {
             sync(&self.cache.get_or_create(&label("event", event)), n);
         }
-        let [rounds, ok, failed, sent, received, rejected] = s.gossip;
-        for (event, n) in [("round", rounds), ("exchange_ok", ok), ("exchange_failed", failed), ("rejected", rejected)] {
+        let [rounds, ok, failed, sent, received, rejected, forged] = s.gossip;
+        for (event, n) in [
+            ("round", rounds),
+            ("exchange_ok", ok),
+            ("exchange_failed", failed),
+            ("rejected", rejected),
+            ("forged", forged),
+        ] {
             sync(&self.gossip.get_or_create(&label("event", event)), n);
         }
         sync(&self.gossip_bytes.get_or_create(&label("direction", "sent")), sent);
@@ -254,7 +261,7 @@ mod tests {
             advert: &advert,
             queued: &[("alice".into(), 2)],
             cache: CacheStats { compiles: 1, memory_hits: 5, ..CacheStats::default() },
-            gossip: [3, 2, 1, 100, 200, 0],
+            gossip: [3, 2, 1, 100, 200, 0, 0],
             peers: &[Liveness::Alive, Liveness::Dead],
             warnings: &[("refused_for_memory", 1)],
         };

@@ -58,6 +58,8 @@ pub struct WorkerConfig {
     pub fair_share: bool,
     /// Half-life of tenants' usage. Default: 10 minutes.
     pub usage_half_life: Duration,
+    /// The key gossip is authenticated with (`--cluster-key`). Default: none.
+    pub cluster_key: Option<std::path::PathBuf>,
 }
 
 /// The state every handler shares.
@@ -161,6 +163,7 @@ impl Worker {
                 load(&g.bytes_sent),
                 load(&g.bytes_received),
                 load(&g.rejected),
+                load(&g.forged),
             ],
             peers: &peers,
             warnings: &warnings,
@@ -248,7 +251,10 @@ pub async fn start(
         admission,
         tenants: config.tenants.clone(),
         jobs: JobTable::default(),
-        gossip: SharedNode::new(node),
+        gossip: SharedNode::new(node, match &config.cluster_key {
+            Some(path) => Some(crate::gossip::auth::ClusterKey::load(path)?),
+            None => None,
+        }),
         host_id: sysinfo::System::host_name().unwrap_or_else(|_| "unknown".into()),
         jobs_run: AtomicU64::new(0),
         modules_received: AtomicU64::new(0),
@@ -333,9 +339,11 @@ async fn put_module(State(w): State<Arc<Worker>>, Path(hash): Path<String>, head
 }
 
 async fn post_gossip(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
+    use crate::gossip::transport::GossipError;
     match w.gossip.handle(&body) {
         Ok(reply) => postcard_body(reply),
-        Err(e) => text(StatusCode::BAD_REQUEST, e),
+        Err(e @ GossipError::Malformed(_)) => text(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e @ GossipError::Unauthenticated(_)) => text(StatusCode::UNAUTHORIZED, e.to_string()),
     }
 }
 

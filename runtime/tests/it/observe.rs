@@ -210,3 +210,38 @@ async fn the_status_page_shows_the_pool_in_a_real_browser() {
     tokio::task::spawn_blocking(move || browse(&url, Some(&png2))).await.unwrap();
     assert!(png.exists());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn gossip_under_a_cluster_key_drops_forged_and_replayed_messages() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("cluster.key");
+    let other = dir.path().join("other.key");
+    std::fs::write(&key, "a shared secret of the pool\n").unwrap();
+    std::fs::write(&other, "somebody else's secret key\n").unwrap();
+    let with = |path: &Path| vec!["--cluster-key".to_string(), path.display().to_string()];
+    let args = with(&key);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let a = WorkerProcess::start_with("1GiB", 1, None, &args);
+    let b = WorkerProcess::start_with("1GiB", 1, Some(&a.addr), &args);
+    let stranger_args = with(&other);
+    let stranger_args: Vec<&str> = stranger_args.iter().map(String::as_str).collect();
+    let stranger = WorkerProcess::start_with("1GiB", 1, Some(&a.addr), &stranger_args);
+    // A and B (same key) see each other; the stranger is never let in.
+    crate::pool::wait_for(&b.addr, Duration::from_secs(10), |v| crate::pool::alive(v) == 2).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let view = crate::pool::view(&a.addr).await;
+    assert!(view.iter().all(|p| p.advert.addr != stranger.addr), "{view:?}");
+    let m = scrape(&a.addr).await;
+    assert!(get(&m, "peerwasm_gossip_events_total{event=\"forged\"}") >= 1.0, "the stranger's messages were counted");
+
+    // A captured message replayed: refused.
+    let http = reqwest::Client::new();
+    let forged = vec![b'P', b'W', b'G', b'1'].into_iter().chain(std::iter::repeat_n(7u8, 100)).collect::<Vec<u8>>();
+    let r = http.post(format!("http://{}/v1/gossip", a.addr)).body(forged).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let sealed = peerwasm::gossip::auth::ClusterKey::load(&key).unwrap().seal(b"not even postcard");
+    let r = http.post(format!("http://{}/v1/gossip", a.addr)).body(sealed.clone()).send().await.unwrap();
+    assert_eq!(r.status(), 400, "authentic but undecodable");
+    let r = http.post(format!("http://{}/v1/gossip", a.addr)).body(sealed).send().await.unwrap();
+    assert_eq!(r.status(), 401, "the same message again is a replay");
+}
