@@ -105,13 +105,8 @@ impl Pool {
 
     /// The pool view, fetched again when older than `view_max_age`.
     pub async fn view(&self) -> anyhow::Result<Vec<PeerView>> {
-        self.view_at_most(self.config.view_max_age).await
-    }
-
-    /// The pool view, fetched again when older than `max_age`.
-    pub async fn view_at_most(&self, max_age: Duration) -> anyhow::Result<Vec<PeerView>> {
         let mut view = self.view.lock().await;
-        if view.fetched.is_some_and(|t| t.elapsed() <= max_age) {
+        if view.fetched.is_some_and(|t| t.elapsed() <= self.config.view_max_age) {
             return Ok(view.peers.clone());
         }
         // The seeds first, then any live worker we know of: a map outlives

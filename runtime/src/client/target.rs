@@ -79,11 +79,6 @@ impl Target {
         Ok(Target::Pool(Arc::new(Pool::new(PoolConfig { token, ..PoolConfig::new(seeds) })?)))
     }
 
-    /// Whether this is the embedded worker.
-    pub fn is_embedded(&self) -> bool {
-        matches!(self, Target::Embedded(_))
-    }
-
     /// What the target can take now.
     pub async fn capacity(&self) -> anyhow::Result<Capacity> {
         match self {

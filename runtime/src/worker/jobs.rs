@@ -138,12 +138,8 @@ pub(super) async fn post_job(
     if !w.runner.has_module(&spec.module) {
         return text(StatusCode::NOT_FOUND, format!("module {} unknown: upload it first", spec.module));
     }
-    let memreq = spec.limits.memory_bytes;
-    let largest = w.admission.largest_for(&tenant);
-    if memreq > largest {
-        return too_large(&w, memreq, largest);
-    }
-    let id = w.jobs.insert(&tenant.name, memreq);
+    // Admission refuses a job that can never fit (422) before queueing it.
+    let id = w.jobs.insert(&tenant.name, spec.limits.memory_bytes);
     if params.detach {
         // Queue-full is still answered now, so the client can go elsewhere.
         let (admitted_tx, admitted_rx) = tokio::sync::oneshot::channel();

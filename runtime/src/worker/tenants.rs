@@ -144,14 +144,6 @@ impl Tenants {
             }
         }
     }
-
-    /// A tenant by name (for weights when ranking).
-    pub fn by_name(&self, name: &str) -> Option<Arc<Tenant>> {
-        match self {
-            Tenants::Single(t) => (t.name == name).then(|| t.clone()),
-            Tenants::Multi(m) => m.values().find(|t| t.name == name).cloned(),
-        }
-    }
 }
 
 #[cfg(test)]
