@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 
 use peerwasm::client::{Job, MapConfig, MapItem, Target, map};
 use peerwasm::proto::ModuleHash;
+use peerwasm::worker::RunnerConfig;
 use peerwasm::worker::ledger::LedgerConfig;
 use peerwasm::worker::server::{WorkerConfig, start};
 use peerwasm::worker::tenants::Tenants;
-use peerwasm::worker::RunnerConfig;
 
 const MIB: u64 = 1 << 20;
 
@@ -66,14 +66,16 @@ async fn experiment(unit_ms: u64, fair_share: bool) -> anyhow::Result<(Duration,
 }
 
 /// Runs the experiment with fair share on and off; prints both ratios.
-pub fn fairness(quick: bool) -> anyhow::Result<()> {
-    let unit_ms = if quick { 20 } else { 100 };
+pub fn fairness(sizes: &crate::Sizes, summary: &mut crate::summary::Summary) -> anyhow::Result<()> {
+    let unit_ms = if sizes.quick { 20 } else { 100 };
     println!("\n## Fairness: the smartshare seed's experiment, unit {unit_ms} ms, one slot");
     println!("| fair share | A done | B done | B / A | elapsed vs 110 units of work |");
     println!("|---|---|---|---|---|");
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let mut ratios = Vec::new();
     for on in [true, false] {
         let (a, b) = rt.block_on(experiment(unit_ms, on))?;
+        ratios.push(b.as_secs_f64() / a.as_secs_f64());
         let work = Duration::from_millis(110 * unit_ms);
         println!(
             "| {} | {:.2} s | {:.2} s | {:.2}× | {:.3}× |",
@@ -84,5 +86,10 @@ pub fn fairness(quick: bool) -> anyhow::Result<()> {
             a.max(b).as_secs_f64() / work.as_secs_f64()
         );
     }
+    summary.figure(
+        "fairness: B / A finish, fair share on vs off",
+        format!("{:.2}× vs {:.2}× (fluid model: 5.5× vs ~1.1×)", ratios[0], ratios[1]),
+        Some("Slurm fair-share and HTCondor user priorities order jobs alike"),
+    );
     Ok(())
 }

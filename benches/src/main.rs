@@ -1,147 +1,190 @@
 //! peerwasm benchmarks: figures and ratios measured side by side in one run.
 //!
 //! `cargo run --release -p peerwasm-benches` runs them all and prints a
-//! table; `-- --quick` runs a smoke-sized version (seconds); names (`trivial`,
-//! `compute`, `fairness`) select benchmarks. See README.md
-//! in this folder for the recorded figures.
+//! table per benchmark, then a summary against the goals of DESIGN.md and
+//! the anchors (Ray, Dask, Slurm, FieldTrip); `-- --quick` runs a
+//! smoke-sized version (seconds, what CI runs); names select benchmarks.
+//! README.md in this folder has the recorded figures.
+//!
+//! Layout, one benchmark a file:
+//! * [`dispatch`] — trivial jobs through `map`: embedded, one worker, two
+//!   workers, against the sandbox alone and one native process per input;
+//! * [`latency`] — `peerwasm run` of a cached trivial job, whole command;
+//! * [`compute`] — the sandbox alone: trivial job cost, and kernels as
+//!   wasm vs native with each time-limit mechanism;
+//! * [`cache`] — compile vs memory hit vs disk hit of a multi-MB module;
+//! * [`gossip`] — the gossip core simulated at 1,000 and 10,000 nodes;
+//! * [`footprint`] — worker RSS idle, with jobs running, after many jobs;
+//! * [`fairness`] — the smartshare seed's experiment, fair share on and off;
+//! * [`procs`] — real `peerwasm` processes (workers, commands);
+//! * [`summary`] — the closing table.
 
+mod cache;
+mod compute;
+mod dispatch;
 mod fairness;
+mod footprint;
+mod gossip;
+mod latency;
+mod procs;
+mod summary;
 
-use std::time::{Duration, Instant};
+use std::process::ExitCode;
+use std::time::Duration;
 
-use peerwasm::proto::{JobSpec, Outcome};
-use peerwasm::sandbox::{SandboxConfig, TimeLimitMechanism};
-use peerwasm::worker::{JobRunner, RunnerConfig};
+use summary::Summary;
 
-struct Sizes {
-    trivial_jobs: usize,
-    primes_n: u64,
-    reps: usize,
+/// How big each benchmark runs.
+pub struct Sizes {
+    /// Smoke-sized: seconds, not minutes.
+    pub quick: bool,
+    /// Repetitions of each timed whole command (the median is reported).
+    pub reps: usize,
+    /// Jobs per `map` in the dispatch benchmark.
+    pub dispatch_jobs: usize,
+    /// Runs of `peerwasm run` per latency figure.
+    pub latency_runs: usize,
+    /// Trivial jobs per sandbox-alone figure.
+    pub trivial_jobs: usize,
+    /// The sieve's bound in the compute benchmark.
+    pub primes_n: u64,
+    /// MiB touched by the memory-heavy kernel.
+    pub hog_mib: u64,
+    /// Interleaved rounds of the compute benchmark.
+    pub compute_rounds: usize,
+    /// Functions in the generated multi-MB module.
+    pub big_module_functions: usize,
+    /// Node counts of the gossip simulation.
+    pub gossip_nodes: Vec<usize>,
+    /// Trivial jobs between the footprint's RSS readings.
+    pub footprint_jobs: usize,
 }
 
-fn main() -> anyhow::Result<()> {
-    let quick = std::env::args().any(|a| a == "--quick");
-    let sizes = if quick {
-        Sizes { trivial_jobs: 200, primes_n: 2_000_000, reps: 3 }
-    } else {
-        Sizes { trivial_jobs: 5_000, primes_n: 10_000_000, reps: 15 }
-    };
-    println!("peerwasm benchmarks{} — {} cores", if quick { " (quick)" } else { "" }, cores());
-    // Benchmark names given on the command line select which run.
-    let only: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
-    let wanted = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
+impl Sizes {
+    fn full() -> Sizes {
+        Sizes {
+            quick: false,
+            reps: 3,
+            dispatch_jobs: 10_000,
+            latency_runs: 100,
+            trivial_jobs: 5_000,
+            primes_n: 10_000_000,
+            hog_mib: 256,
+            compute_rounds: 15,
+            big_module_functions: 20_000,
+            gossip_nodes: vec![1_000, 10_000],
+            footprint_jobs: 10_000,
+        }
+    }
+
+    fn quick() -> Sizes {
+        Sizes {
+            quick: true,
+            reps: 1,
+            dispatch_jobs: 300,
+            latency_runs: 5,
+            trivial_jobs: 200,
+            primes_n: 1_000_000,
+            hog_mib: 16,
+            compute_rounds: 3,
+            big_module_functions: 500,
+            gossip_nodes: vec![100],
+            footprint_jobs: 200,
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    // `peerwasm-benches peerwasm ARGS...` is the peerwasm command line: the
+    // workers and commands under test are this binary in that role.
+    if args.get(1).is_some_and(|a| a == "peerwasm") {
+        return peerwasm::cli::main_from(&args[1..]);
+    }
+    match benchmarks(&args[1..]) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("peerwasm-benches: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The benchmarks, in the order of issue 8; names select a subset.
+const NAMES: [&str; 8] = ["dispatch", "latency", "compute", "trivial", "cache", "gossip", "footprint", "fairness"];
+
+fn benchmarks(args: &[String]) -> anyhow::Result<()> {
+    let quick = args.iter().any(|a| a == "--quick");
+    let only: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
+    if let Some(bad) = only.iter().find(|o| !NAMES.contains(&o.as_str())) {
+        anyhow::bail!("no benchmark named {bad:?}; the benchmarks are {}", NAMES.join(", "));
+    }
+    let wanted = |name: &str| only.is_empty() || only.iter().any(|o| *o == name);
+    let sizes = if quick { Sizes::quick() } else { Sizes::full() };
+    let mut summary = Summary::default();
+    println!("peerwasm benchmarks{} — {} cores, commit {}", if quick { " (quick)" } else { "" }, cores(), commit());
+    if wanted("dispatch") {
+        dispatch::dispatch(&sizes, &mut summary)?;
+    }
+    if wanted("latency") {
+        latency::latency(&sizes, &mut summary)?;
+    }
     if wanted("trivial") {
-        trivial(&sizes)?;
+        compute::trivial(&sizes, &mut summary)?;
     }
     if wanted("compute") {
-        compute(&sizes)?;
+        compute::compute(&sizes, &mut summary)?;
+    }
+    if wanted("cache") {
+        cache::cache(&sizes, &mut summary)?;
+    }
+    if wanted("gossip") {
+        gossip::gossip(&sizes, &mut summary)?;
+    }
+    if wanted("footprint") {
+        footprint::footprint(&sizes, &mut summary)?;
     }
     if wanted("fairness") {
-        fairness::fairness(quick)?;
+        fairness::fairness(&sizes, &mut summary)?;
     }
+    summary.print();
     Ok(())
 }
 
-fn cores() -> usize {
+/// The commit being measured, from git (with `+` if the tree has changes).
+fn commit() -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .current_dir(peerwasm_testkit::workspace_root())
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let head = git(&["rev-parse", "--short", "HEAD"]).filter(|h| !h.is_empty()).unwrap_or_else(|| "unknown".into());
+    let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    format!("{head}{}", if dirty { "+" } else { "" })
+}
+
+/// The cores this machine has.
+pub fn cores() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
 }
 
-fn runner(pooling: bool, time_limit: TimeLimitMechanism) -> anyhow::Result<JobRunner> {
-    JobRunner::new(RunnerConfig {
-        sandbox: SandboxConfig { slots: cores(), pooling, time_limit, ..SandboxConfig::default() },
-    })
-}
-
-fn job(runner: &JobRunner, guest: &str, stdin: &str) -> JobSpec {
-    let mut spec = JobSpec::new(runner.add_module(peerwasm_testkit::guest_wasm_bytes(guest)));
-    spec.stdin = stdin.as_bytes().to_vec();
-    spec
-}
-
-/// A trivial job from the cache, one after another: instantiate + run.
-fn trivial(sizes: &Sizes) -> anyhow::Result<()> {
-    println!("\n## Trivial job from the module cache (hello, no args), sequential");
-    println!("| allocator | time limit | µs/job (median of 5 batches) | jobs/s |");
-    println!("|---|---|---|---|");
-    let mut figures = Vec::new();
-    for (pooling, mech) in [
-        (true, TimeLimitMechanism::Fuel),
-        (false, TimeLimitMechanism::Fuel),
-        (true, TimeLimitMechanism::Epoch),
-    ] {
-        let r = runner(pooling, mech)?;
-        let spec = job(&r, "hello", "");
-        assert_eq!(r.run_blocking(spec.clone()).outcome, Outcome::Exited { code: 0 });
-        let batch = sizes.trivial_jobs / 5;
-        let mut per_job = Vec::new();
-        for _ in 0..5 {
-            let t = Instant::now();
-            for _ in 0..batch {
-                let res = r.run_blocking(spec.clone());
-                debug_assert!(res.outcome.is_success());
-            }
-            per_job.push(t.elapsed() / batch as u32);
-        }
-        let us = median(per_job).as_secs_f64() * 1e6;
-        figures.push(us);
-        let alloc = if pooling { "pooling" } else { "on-demand" };
-        println!("| {alloc} | {mech:?} | {us:.1} | {:.0} |", 1e6 / us);
-    }
-    println!("pooling / on-demand: {:.2}×", figures[0] / figures[1]);
-    Ok(())
-}
-
-/// `primes` as wasm vs the same function native, and the cost of each
-/// time-limit mechanism. The variants run interleaved, round after round,
-/// and each ratio is the median of per-round ratios: this machine's speed
-/// drifts by tens of percent between minutes, much less within one round.
-fn compute(sizes: &Sizes) -> anyhow::Result<()> {
-    let n = sizes.primes_n;
-    println!("\n## Compute: primes below {n} (sieve), {} interleaved rounds", sizes.reps);
-    let mechs = [TimeLimitMechanism::Off, TimeLimitMechanism::Epoch, TimeLimitMechanism::Fuel];
-    let mut variants = Vec::new();
-    for mech in mechs {
-        let r = runner(true, mech)?;
-        let spec = job(&r, "primes", &format!(r#"{{"n": {n}}}"#));
-        let warm = r.run_blocking(spec.clone());
-        anyhow::ensure!(warm.outcome.is_success(), "primes failed: {}", warm.outcome);
-        variants.push((mech, r, spec));
-    }
-    // times[0] is native, then one per mechanism.
-    let mut times: Vec<Vec<Duration>> = vec![Vec::new(); 1 + mechs.len()];
-    for _ in 0..sizes.reps {
-        let t = Instant::now();
-        std::hint::black_box(peerwasm_guest_examples::count_primes_below(std::hint::black_box(n)));
-        times[0].push(t.elapsed());
-        for (i, (_, r, spec)) in variants.iter().enumerate() {
-            times[i + 1].push(Duration::from_micros(r.run_blocking(spec.clone()).wall_time_us));
-        }
-    }
-    let ratio = |a: usize, b: usize| {
-        let mut v: Vec<f64> =
-            times[a].iter().zip(&times[b]).map(|(x, y)| x.as_secs_f64() / y.as_secs_f64()).collect();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    println!("| variant | median ms | vs native | vs no time limit |");
-    println!("|---|---|---|---|");
-    println!("| native (same crate, in-process) | {:.1} | 1.00× | |", ms(median(times[0].clone())));
-    for (i, mech) in mechs.iter().enumerate() {
-        println!(
-            "| wasm, time limit: {mech:?} | {:.1} | {:.2}× | {:.3}× |",
-            ms(median(times[i + 1].clone())),
-            ratio(i + 1, 0),
-            ratio(i + 1, 1)
-        );
-    }
-    Ok(())
-}
-
-fn ms(d: Duration) -> f64 {
+/// Milliseconds, as a float.
+pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-fn median(mut v: Vec<Duration>) -> Duration {
+/// The median of `v` (which must not be empty).
+pub fn median<T: Ord + Copy>(mut v: Vec<T>) -> T {
     v.sort();
     v[v.len() / 2]
+}
+
+/// The `q` quantile (0..=1) of `v`, nearest rank.
+pub fn quantile<T: Ord + Copy>(mut v: Vec<T>, q: f64) -> T {
+    v.sort();
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
 }

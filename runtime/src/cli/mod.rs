@@ -132,7 +132,18 @@ fn default_cache_root() -> Option<PathBuf> {
 
 /// Parses the command line, runs the command, and returns the exit code.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    main_from(std::env::args_os())
+}
+
+/// [`main`] with the arguments given (the first is the program name): how
+/// a program that embeds peerwasm, such as the benchmarks, runs its
+/// commands in a process of its own.
+pub fn main_from<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = Cli::parse_from(args);
     // A worker is a service: tell its operator what it does. The other
     // commands speak only when something is wrong.
     let default_log = if matches!(cli.command, Command::Worker(_)) { "info" } else { "warn" };

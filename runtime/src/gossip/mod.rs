@@ -17,7 +17,8 @@
 //!   in one process (see the tests) and carried over any transport;
 //! * [`auth`] — the HMAC envelope under a cluster key (forged and replayed
 //!   messages are dropped);
-//! * [`transport`] — the thin HTTP shell (`POST /v1/gossip`).
+//! * [`transport`] — the thin HTTP shell (`POST /v1/gossip`);
+//! * [`simulation`] — many nodes in one process, for tests and benchmarks.
 //!
 //! Why our own and not chitchat, foca or memberlist: docs/gossip.md.
 
@@ -33,5 +34,4 @@ pub use messages::{Ack, Syn, SynAck};
 pub use node::{GossipConfig, GossipNode};
 pub use state::{NodeId, NodeState};
 
-#[cfg(test)]
-mod simulation;
+pub mod simulation;

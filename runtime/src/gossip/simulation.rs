@@ -1,7 +1,8 @@
 //! The gossip core simulated in one process: 1,000 nodes, message loss, a
 //! partition that heals, a node that dies. Deterministic (seeded RNG, a
 //! round counter for a clock); message sizes are the postcard encodings the
-//! HTTP transport sends.
+//! HTTP transport sends. The tests below assert the protocol's properties;
+//! the benchmarks (`peerwasm-benches gossip`) measure it at scale.
 
 use std::collections::HashMap;
 
@@ -13,7 +14,9 @@ use super::*;
 
 const ROUND_MS: u64 = 1000;
 
-struct Sim {
+/// `n` gossip nodes in one process, exchanging messages in rounds of one
+/// simulated second.
+pub struct Simulation {
     nodes: Vec<GossipNode<u64>>,
     index: HashMap<String, usize>,
     rng: SmallRng,
@@ -25,13 +28,15 @@ struct Sim {
     bytes_sent: u64,
 }
 
-impl Sim {
-    /// `n` nodes that all join through node 0 and gossip until everyone
-    /// knows everyone.
-    fn joined(n: usize, loss: f64, seed: u64) -> (Sim, u64) {
+type Sim = Simulation;
+
+impl Simulation {
+    /// `n` nodes that all join through node 0 and gossip, losing a share
+    /// `loss` of messages, until everyone knows everyone (at most 60
+    /// rounds); the simulation and the rounds joining took.
+    pub fn joined(n: usize, loss: f64, seed: u64) -> (Simulation, u64) {
         let config = GossipConfig { seeds: vec![addr(0)], ..GossipConfig::default() };
-        let nodes: Vec<_> =
-            (0..n).map(|i| GossipNode::new(NodeId::new(addr(i), 1), 0u64, config.clone())).collect();
+        let nodes: Vec<_> = (0..n).map(|i| GossipNode::new(NodeId::new(addr(i), 1), 0u64, config.clone())).collect();
         let index = (0..n).map(|i| (addr(i), i)).collect();
         let mut sim = Sim {
             nodes,
@@ -47,7 +52,8 @@ impl Sim {
         (sim, rounds.expect("membership converges"))
     }
 
-    fn now(&self) -> u64 {
+    /// The simulated time in milliseconds.
+    pub fn now(&self) -> u64 {
         self.round * ROUND_MS
     }
 
@@ -55,7 +61,8 @@ impl Sim {
         !self.down[to] && self.side[from] == self.side[to] && !self.rng.random_bool(self.loss)
     }
 
-    fn round(&mut self) {
+    /// One round: every live node, in random order, gossips with its peers.
+    pub fn round(&mut self) {
         self.round += 1;
         let now = self.now();
         let mut order: Vec<usize> = (0..self.nodes.len()).filter(|&i| !self.down[i]).collect();
@@ -84,8 +91,8 @@ impl Sim {
         }
     }
 
-    /// Runs rounds until `done`; the number of rounds it took.
-    fn run_until(&mut self, max: u64, done: impl Fn(&Sim) -> bool) -> Option<u64> {
+    /// Runs rounds until `done` (at most `max`); the number of rounds it took.
+    pub fn run_until(&mut self, max: u64, done: impl Fn(&Sim) -> bool) -> Option<u64> {
         for r in 1..=max {
             self.round();
             if done(self) {
@@ -95,13 +102,38 @@ impl Sim {
         None
     }
 
+    /// Node `i` changes its record; what to pass to [`share_seeing`](Self::share_seeing).
+    pub fn change_record(&mut self, i: usize, record: u64) -> (NodeId, u64) {
+        let id = self.nodes[i].id().clone();
+        self.nodes[i].set_record(record);
+        let version = self.nodes[i].state().get(&id).expect("a node knows itself").version;
+        (id, version)
+    }
+
+    /// Node `i` stops: it neither sends nor answers; its identity.
+    pub fn kill(&mut self, i: usize) -> NodeId {
+        self.down[i] = true;
+        self.nodes[i].id().clone()
+    }
+
+    /// Whether every live node believes `id` dead.
+    pub fn all_declare_dead(&self, id: &NodeId) -> bool {
+        let now = self.now();
+        (0..self.nodes.len())
+            .filter(|&i| !self.down[i])
+            .all(|i| self.nodes[i].liveness(id, now) == Some(Liveness::Dead))
+    }
+
+    /// Bytes of all messages sent so far (postcard encodings).
+    pub fn bytes_sent(&self) -> u64 {
+        self.bytes_sent
+    }
+
     /// Share of up nodes (other than `id`'s owner) that see `id` at `version` or newer.
-    fn share_seeing(&self, id: &NodeId, version: u64) -> f64 {
+    pub fn share_seeing(&self, id: &NodeId, version: u64) -> f64 {
         let up: Vec<_> = (0..self.nodes.len()).filter(|&i| !self.down[i]).collect();
-        let seeing = up
-            .iter()
-            .filter(|&&i| self.nodes[i].state().get(id).is_some_and(|s| s.version >= version))
-            .count();
+        let seeing =
+            up.iter().filter(|&&i| self.nodes[i].state().get(id).is_some_and(|s| s.version >= version)).count();
         seeing as f64 / up.len() as f64
     }
 }
@@ -114,57 +146,62 @@ fn size<T: serde::Serialize>(msg: &T) -> u64 {
     postcard::to_allocvec(msg).expect("encodes").len() as u64
 }
 
-#[test]
-fn a_change_reaches_99_percent_of_1000_nodes_under_10_percent_loss() {
-    let (mut sim, join_rounds) = Sim::joined(1000, 0.10, 7);
-    println!("1,000 nodes joined through one seed in {join_rounds} rounds");
-    let id = sim.nodes[500].id().clone();
-    sim.nodes[500].set_record(42);
-    let version = sim.nodes[500].state().get(&id).unwrap().version;
-    let before = sim.bytes_sent;
-    let rounds = sim.run_until(30, |s| s.share_seeing(&id, version) >= 0.99).expect("converges");
-    let per_node_round = (sim.bytes_sent - before) as f64 / (1000.0 * rounds as f64);
-    println!("a record change reached 99% of 1,000 nodes in {rounds} rounds; {per_node_round:.0} bytes/node/round");
-    assert!(rounds <= 10, "took {rounds} rounds");
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-#[test]
-fn a_partition_heals() {
-    let (mut sim, _) = Sim::joined(200, 0.10, 11);
-    // Split in two; the seed (node 0) is on side 0.
-    for i in 100..200 {
-        sim.side[i] = 1;
+    #[test]
+    fn a_change_reaches_99_percent_of_1000_nodes_under_10_percent_loss() {
+        let (mut sim, join_rounds) = Sim::joined(1000, 0.10, 7);
+        println!("1,000 nodes joined through one seed in {join_rounds} rounds");
+        let id = sim.nodes[500].id().clone();
+        sim.nodes[500].set_record(42);
+        let version = sim.nodes[500].state().get(&id).unwrap().version;
+        let before = sim.bytes_sent;
+        let rounds = sim.run_until(30, |s| s.share_seeing(&id, version) >= 0.99).expect("converges");
+        let per_node_round = (sim.bytes_sent - before) as f64 / (1000.0 * rounds as f64);
+        println!("a record change reached 99% of 1,000 nodes in {rounds} rounds; {per_node_round:.0} bytes/node/round");
+        assert!(rounds <= 10, "took {rounds} rounds");
     }
-    let id = sim.nodes[150].id().clone();
-    sim.nodes[150].set_record(7);
-    let version = sim.nodes[150].state().get(&id).unwrap().version;
-    for _ in 0..15 {
-        sim.round();
+
+    #[test]
+    fn a_partition_heals() {
+        let (mut sim, _) = Sim::joined(200, 0.10, 11);
+        // Split in two; the seed (node 0) is on side 0.
+        for i in 100..200 {
+            sim.side[i] = 1;
+        }
+        let id = sim.nodes[150].id().clone();
+        sim.nodes[150].set_record(7);
+        let version = sim.nodes[150].state().get(&id).unwrap().version;
+        for _ in 0..15 {
+            sim.round();
+        }
+        let seen_across = (0..100).filter(|&i| sim.nodes[i].state().get(&id).unwrap().version >= version).count();
+        assert_eq!(seen_across, 0, "nothing crosses a partition");
+        // Each side now believes the other dead.
+        let now = sim.now();
+        assert_eq!(sim.nodes[0].liveness(&id, now), Some(Liveness::Dead));
+
+        sim.side.iter_mut().for_each(|s| *s = 0);
+        let healed = sim.run_until(40, |s| s.share_seeing(&id, version) >= 1.0).expect("the partition heals");
+        println!("partition healed: the change crossed in {healed} rounds");
+        let now = sim.now();
+        assert!(sim.run_until(20, |s| s.nodes[0].liveness(&id, now) == Some(Liveness::Alive)).is_some());
     }
-    let seen_across = (0..100).filter(|&i| sim.nodes[i].state().get(&id).unwrap().version >= version).count();
-    assert_eq!(seen_across, 0, "nothing crosses a partition");
-    // Each side now believes the other dead.
-    let now = sim.now();
-    assert_eq!(sim.nodes[0].liveness(&id, now), Some(Liveness::Dead));
 
-    sim.side.iter_mut().for_each(|s| *s = 0);
-    let healed = sim.run_until(40, |s| s.share_seeing(&id, version) >= 1.0).expect("the partition heals");
-    println!("partition healed: the change crossed in {healed} rounds");
-    let now = sim.now();
-    assert!(sim.run_until(20, |s| s.nodes[0].liveness(&id, now) == Some(Liveness::Alive)).is_some());
-}
-
-#[test]
-fn a_dead_node_is_declared_dead_everywhere() {
-    let (mut sim, _) = Sim::joined(100, 0.10, 3);
-    let victim = sim.nodes[42].id().clone();
-    sim.down[42] = true;
-    let rounds = sim
-        .run_until(40, |s| {
-            let now = s.now();
-            (0..100).filter(|&i| !s.down[i]).all(|i| s.nodes[i].liveness(&victim, now) == Some(Liveness::Dead))
-        })
-        .expect("everyone declares it dead");
-    println!("a dead node was declared dead by all 99 others after {rounds} rounds");
-    assert!(rounds >= 5, "not before the detector's threshold: {rounds}");
+    #[test]
+    fn a_dead_node_is_declared_dead_everywhere() {
+        let (mut sim, _) = Sim::joined(100, 0.10, 3);
+        let victim = sim.nodes[42].id().clone();
+        sim.down[42] = true;
+        let rounds = sim
+            .run_until(40, |s| {
+                let now = s.now();
+                (0..100).filter(|&i| !s.down[i]).all(|i| s.nodes[i].liveness(&victim, now) == Some(Liveness::Dead))
+            })
+            .expect("everyone declares it dead");
+        println!("a dead node was declared dead by all 99 others after {rounds} rounds");
+        assert!(rounds >= 5, "not before the detector's threshold: {rounds}");
+    }
 }
