@@ -33,7 +33,9 @@ pub struct MapArgs {
     /// Run a failed job again up to N times.
     #[arg(long, value_name = "N", default_value_t = 0)]
     retries: u32,
-    /// Jobs submitted at once [default: two per slot of the pool].
+    /// Jobs submitted at once [default: two per slot of the pool, more for
+    /// short jobs: enough to cover 20 ms of their work per slot, at most 128
+    /// per slot].
     #[arg(long, value_name = "N")]
     max_in_flight: Option<usize>,
     /// Go on after a job fails (its result says how it failed); without

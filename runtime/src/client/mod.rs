@@ -5,6 +5,8 @@
 //! * [`placement`] — best fit over the gossip view;
 //! * [`pool`] — one job on the pool: upload the module where missing, try
 //!   candidates in order, wait when all are busy;
+//! * `batcher` — the jobs bound for one worker, sent together while it is
+//!   busy (`POST /v1/jobs/batch`);
 //! * [`estimate`] — learned memory requests (smartmem), saved per module;
 //! * [`map`] — many inputs, results in order, with retries and progress;
 //! * [`status`] — the pool summed up on one screen.
@@ -25,6 +27,7 @@
 //! # Ok(()) }
 //! ```
 
+mod batcher;
 pub mod estimate;
 pub mod job;
 pub mod map;

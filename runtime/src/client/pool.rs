@@ -1,7 +1,8 @@
 //! [`Pool`]: the client's handle on a pool of workers — the pool view
 //! (refreshed from any worker that answers), module uploads (once per
 //! worker), and submitting one job: best fit first, the next candidate when a
-//! worker refuses, waiting when every worker is busy.
+//! worker refuses, waiting when every worker is busy. Jobs travel to a
+//! worker in batches (`batcher.rs`).
 //!
 //! A worker that cannot be reached is avoided for a moment; a worker that
 //! breaks a connection with a job on it has lost that job, which is reported
@@ -13,11 +14,14 @@ use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 
+use super::batcher::Batchers;
 use super::job::Job;
 use super::placement;
 use super::target::{Placed, SubmitError};
 use crate::gossip::Liveness;
-use crate::proto::{JobResult, JobSpec, LARGEST_JOB_HEADER, ModuleHash, POSTCARD, PeerView};
+use crate::proto::batch::BatchAnswer;
+use crate::proto::{JobResult, JobSpec, ModuleHash, PeerView};
+use crate::units::Bytes;
 
 /// How a [`Pool`] behaves.
 #[derive(Clone, Debug)]
@@ -58,6 +62,8 @@ pub struct Pool {
     load: Mutex<HashMap<String, u32>>,
     /// Workers that refused a connection, until when to skip them.
     avoid: Mutex<HashMap<String, Instant>>,
+    /// Jobs on their way to each worker, sent in batches.
+    batchers: Batchers,
 }
 
 #[derive(Default)]
@@ -67,7 +73,8 @@ struct View {
 }
 
 /// Why one worker did not give a result.
-enum PeerError {
+#[derive(Clone, Debug)]
+pub(super) enum PeerError {
     /// Refused or too small: try the next one.
     Declined(String),
     /// Could not connect: nothing was sent.
@@ -95,11 +102,12 @@ impl Pool {
             .build()?;
         Ok(Pool {
             config,
-            http,
+            http: http.clone(),
             view: tokio::sync::Mutex::new(View::default()),
             uploaded: Mutex::new(HashMap::new()),
             load: Mutex::new(HashMap::new()),
             avoid: Mutex::new(HashMap::new()),
+            batchers: Batchers::new(http),
         })
     }
 
@@ -160,7 +168,8 @@ impl Pool {
             for addr in self.order_by_load(candidates, &view) {
                 placed.set(Some(&addr));
                 self.add_load(&addr, 1);
-                let outcome = self.submit_to(&addr, job, spec, body.clone()).await;
+                let slots = view.iter().find(|p| p.advert.addr == addr).map_or(1, |p| p.advert.slots_total);
+                let outcome = self.submit_to(&addr, slots, job, spec, body.clone()).await;
                 self.add_load(&addr, -1);
                 match outcome {
                     Ok(result) => return Ok(result),
@@ -216,7 +225,14 @@ impl Pool {
 
     /// Submits to one worker, uploading the module first if this client
     /// has not yet done so there, and again if the worker forgot it.
-    async fn submit_to(&self, addr: &str, job: &Job, spec: &JobSpec, body: bytes::Bytes) -> Result<JobResult, PeerError> {
+    async fn submit_to(
+        &self,
+        addr: &str,
+        slots: u32,
+        job: &Job,
+        spec: &JobSpec,
+        body: bytes::Bytes,
+    ) -> Result<JobResult, PeerError> {
         let cell = self
             .uploaded
             .lock()
@@ -226,32 +242,20 @@ impl Pool {
             .clone();
         cell.get_or_try_init(|| self.upload(addr, job)).await?;
         for attempt in 0..2 {
-            let resp = self
-                .http
-                .post(format!("http://{addr}/v1/jobs"))
-                .header(reqwest::header::CONTENT_TYPE, POSTCARD)
-                .body(body.clone())
-                .send()
-                .await
-                .map_err(|e| classify(&e))?;
-            match resp.status() {
-                StatusCode::OK => {
-                    let bytes = resp.bytes().await.map_err(|e| PeerError::Lost(e.to_string()))?;
-                    return postcard::from_bytes(&bytes).map_err(|e| PeerError::Lost(format!("unreadable result: {e}")));
-                }
+            let (status, message, largest) = match self.batchers.submit(addr, slots, body.clone()).await? {
+                BatchAnswer::Done(result) => return Ok(result),
+                BatchAnswer::Refused { status, message, largest_job } => (status, message, largest_job),
+            };
+            match StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR) {
                 StatusCode::NOT_FOUND if attempt == 0 => self.upload(addr, job).await?,
                 StatusCode::UNPROCESSABLE_ENTITY => {
-                    let largest = resp.headers().get(LARGEST_JOB_HEADER).and_then(|v| v.to_str().ok()).map(str::to_owned);
-                    return Err(PeerError::Declined(format!("too large here (largest {})", largest.unwrap_or_default())));
+                    let largest = largest.map(|b| Bytes(b).to_string()).unwrap_or_default();
+                    return Err(PeerError::Declined(format!("too large here (largest {largest})")));
                 }
                 StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNAUTHORIZED => {
-                    let message = resp.text().await.unwrap_or_default();
-                    return Err(PeerError::Fatal(message.trim().to_string()));
+                    return Err(PeerError::Fatal(message));
                 }
-                status => {
-                    let message = resp.text().await.unwrap_or_default();
-                    return Err(PeerError::Declined(format!("{status}: {}", message.trim())));
-                }
+                status => return Err(PeerError::Declined(format!("{status}: {message}"))),
             }
         }
         Err(PeerError::Declined("the module was uploaded but the worker still did not know it".into()))
@@ -265,7 +269,7 @@ impl Pool {
             .body(bytes::Bytes::copy_from_slice(job.bytes()))
             .send()
             .await
-            .map_err(|e| classify(&e))?;
+            .map_err(|e| PeerError::from_reqwest(&e))?;
         match resp.status() {
             s if s.is_success() => Ok(()),
             s @ (StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNAUTHORIZED) => Err(
@@ -276,10 +280,16 @@ impl Pool {
     }
 }
 
-fn classify(e: &reqwest::Error) -> PeerError {
-    if e.is_connect() {
-        PeerError::Unreachable(e.to_string())
-    } else {
-        PeerError::Lost(format!("{e} ({})", std::error::Error::source(e).map(|s| s.to_string()).unwrap_or_default()))
+impl PeerError {
+    /// A failed HTTP exchange: unreachable if nothing was sent, else lost.
+    pub(super) fn from_reqwest(e: &reqwest::Error) -> PeerError {
+        if e.is_connect() {
+            PeerError::Unreachable(e.to_string())
+        } else {
+            PeerError::Lost(format!(
+                "{e} ({})",
+                std::error::Error::source(e).map(|s| s.to_string()).unwrap_or_default()
+            ))
+        }
     }
 }

@@ -28,12 +28,19 @@ use crate::proto::TenantUsage;
 /// How often waiting jobs re-check host memory.
 pub const RECHECK: Duration = Duration::from_millis(250);
 
+/// Jobs a tenant may have waiting per slot, by default: deep enough for a
+/// client that pipelines short jobs (`map` keeps up to
+/// `client::map::MAX_IN_FLIGHT_PER_SLOT` per slot under way), small enough
+/// that a flood is refused (503) long before it costs the worker much
+/// memory.
+pub const QUEUE_PER_SLOT: u32 = 256;
+
 /// How admission behaves.
 #[derive(Clone, Debug)]
 pub struct AdmissionConfig {
     /// Jobs that run at once.
     pub slots: u32,
-    /// Jobs one tenant may have waiting. Default: 2 × slots.
+    /// Jobs one tenant may have waiting. Default: [`QUEUE_PER_SLOT`] × slots.
     pub queue_per_tenant: u32,
     /// Rank tenants by fair share (`true`, the default) or serve jobs in
     /// arrival order (`false`).
@@ -49,7 +56,7 @@ impl AdmissionConfig {
     pub fn new(slots: u32) -> AdmissionConfig {
         AdmissionConfig {
             slots,
-            queue_per_tenant: 2 * slots,
+            queue_per_tenant: QUEUE_PER_SLOT * slots,
             fair_share: true,
             half_life: Duration::from_secs(600),
             hold_after: Duration::from_secs(30),

@@ -9,6 +9,8 @@
 //! * `GET /v1/jobs/{id}` — a detached job's result (200, postcard; taken:
 //!   the worker forgets it), or 202 while it waits or runs.
 //! * `GET /v1/jobs` — the caller's own jobs here (JSON).
+//! * `POST /v1/jobs/batch` — many jobs at once, each answered as it ends
+//!   (`batch.rs`, `proto::batch`).
 //!
 //! Every request names its tenant with `Authorization: Bearer TOKEN` when
 //! the worker has `--tenants`. Job ids are 128 random bits *and* checked
@@ -29,6 +31,7 @@ use super::admission::Refusal;
 use super::fairshare::JobUsage as Usage;
 use super::server::{Worker, postcard_body, text};
 use super::tenants::{AuthError, Tenant};
+use crate::proto::batch::BatchAnswer;
 use crate::proto::{JOB_ID_HEADER, JobResult, JobSpec, JobStatus, LARGEST_JOB_HEADER};
 use crate::sandbox::RunHooks;
 use crate::units::Bytes as Size;
@@ -105,10 +108,40 @@ pub(super) struct PostParams {
     detach: bool,
 }
 
-fn busy(message: &str) -> Response {
-    let mut resp = text(StatusCode::SERVICE_UNAVAILABLE, message);
-    resp.headers_mut().insert(header::RETRY_AFTER, 1.into());
-    resp
+/// Why a job was not run: answered as a status and a message to one job,
+/// or as a [`BatchAnswer::Refused`] within a batch.
+pub(super) struct Refused {
+    status: StatusCode,
+    message: String,
+    /// For 422: the largest job this worker could ever take.
+    largest_job: Option<u64>,
+}
+
+impl Refused {
+    fn new(status: StatusCode, message: impl Into<String>) -> Refused {
+        Refused { status, message: message.into(), largest_job: None }
+    }
+
+    pub(super) fn busy(message: &str) -> Refused {
+        Refused::new(StatusCode::SERVICE_UNAVAILABLE, message)
+    }
+
+    /// As the response to one job.
+    pub(super) fn into_response(self) -> Response {
+        let mut resp = text(self.status, self.message);
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            resp.headers_mut().insert(header::RETRY_AFTER, 1.into());
+        }
+        if let Some(largest) = self.largest_job {
+            resp.headers_mut().insert(LARGEST_JOB_HEADER, largest.into());
+        }
+        resp
+    }
+
+    /// As one job's answer within a batch.
+    pub(super) fn into_answer(self) -> BatchAnswer {
+        BatchAnswer::Refused { status: self.status.as_u16(), message: self.message, largest_job: self.largest_job }
+    }
 }
 
 pub(super) async fn post_job(
@@ -128,15 +161,8 @@ pub(super) async fn post_job(
         Ok(s) => s,
         Err(e) => return text(StatusCode::BAD_REQUEST, format!("bad job request: {e}")),
     };
-    if !spec.dirs.is_empty() {
-        return text(StatusCode::BAD_REQUEST, "a remote worker cannot grant host directories");
-    }
-    if w.draining.load(Ordering::Relaxed) {
-        w.metrics.refused("draining");
-        return busy("this worker is shutting down");
-    }
-    if !w.runner.has_module(&spec.module) {
-        return text(StatusCode::NOT_FOUND, format!("module {} unknown: upload it first", spec.module));
+    if let Err(refused) = check(&w, &spec) {
+        return refused.into_response();
     }
     // Admission refuses a job that can never fit (422) before queueing it.
     let id = w.jobs.insert(&tenant.name, spec.limits.memory_bytes);
@@ -157,17 +183,16 @@ pub(super) async fn post_job(
                 resp.headers_mut().insert(JOB_ID_HEADER, id.parse().expect("hex is a valid header"));
                 resp
             }
-            Ok(Err(resp)) => resp,
+            Ok(Err(refused)) => refused.into_response(),
             Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "the job's task failed"),
         };
     }
     let result = run(&w, &tenant, &id, spec, None).await;
     w.jobs.remove(&id);
-    let mut result = match result {
+    let result = match result {
         Ok(r) => r,
-        Err(resp) => return resp,
+        Err(refused) => return refused.into_response(),
     };
-    result.peer = w.addr.clone();
     match postcard::to_allocvec(&result) {
         Ok(bytes) => {
             let mut resp = postcard_body(bytes);
@@ -178,20 +203,49 @@ pub(super) async fn post_job(
     }
 }
 
+/// What is checked before a job is admitted: no host directories, not
+/// draining, the module known.
+fn check(w: &Worker, spec: &JobSpec) -> Result<(), Refused> {
+    if !spec.dirs.is_empty() {
+        return Err(Refused::new(StatusCode::BAD_REQUEST, "a remote worker cannot grant host directories"));
+    }
+    if w.draining.load(Ordering::Relaxed) {
+        w.metrics.refused("draining");
+        return Err(Refused::busy("this worker is shutting down"));
+    }
+    if !w.runner.has_module(&spec.module) {
+        return Err(Refused::new(StatusCode::NOT_FOUND, format!("module {} unknown: upload it first", spec.module)));
+    }
+    Ok(())
+}
+
+/// One job of a batch: checked, admitted and run like `POST /v1/jobs`.
+pub(super) async fn run_one(w: &Arc<Worker>, tenant: &Arc<Tenant>, spec: JobSpec) -> BatchAnswer {
+    if let Err(refused) = check(w, &spec) {
+        return refused.into_answer();
+    }
+    let id = w.jobs.insert(&tenant.name, spec.limits.memory_bytes);
+    let result = run(w, tenant, &id, spec, None).await;
+    w.jobs.remove(&id);
+    match result {
+        Ok(r) => BatchAnswer::Done(r),
+        Err(refused) => refused.into_answer(),
+    }
+}
+
 /// The 422 for a job that can never fit here; counted, and a warning for
 /// the operator (someone wants more memory than this worker lends).
-fn too_large(w: &Worker, requested: u64, largest: u64) -> Response {
+fn too_large(w: &Worker, requested: u64, largest: u64) -> Refused {
     w.metrics.refused("never_fits");
     w.warnings.event(
         super::warnings::WarningKind::RefusedForMemory,
         format!("refused a job of {}: this worker can take at most {}", Size(requested), Size(largest)),
     );
-    let mut resp = text(
-        StatusCode::UNPROCESSABLE_ENTITY,
-        format!("the job asks for {} but this worker can take at most {}", Size(requested), Size(largest)),
-    );
-    resp.headers_mut().insert(LARGEST_JOB_HEADER, largest.into());
-    resp
+    Refused {
+        status: StatusCode::UNPROCESSABLE_ENTITY,
+        message: format!("the job asks for {} but this worker can take at most {}", Size(requested), Size(largest)),
+        largest_job: Some(largest),
+    }
 }
 
 /// Admits and runs one job. `queued` (for detached jobs) hears whether the
@@ -201,8 +255,8 @@ async fn run(
     tenant: &Arc<Tenant>,
     id: &str,
     spec: JobSpec,
-    queued: Option<tokio::sync::oneshot::Sender<Result<(), Response>>>,
-) -> Result<JobResult, Response> {
+    queued: Option<tokio::sync::oneshot::Sender<Result<(), Refused>>>,
+) -> Result<JobResult, Refused> {
     let mut queued = queued;
     let mut admit = std::pin::pin!(w.admission.admit(tenant, spec.limits.memory_bytes));
     // A refusal is immediate; anything else means the job is queued.
@@ -218,19 +272,19 @@ async fn run(
     let ticket = match ticket {
         Ok(t) => t,
         Err(refusal) => {
-            let resp = match refusal {
+            let refused = match refusal {
                 Refusal::NeverFits { requested, largest } => too_large(w, requested, largest),
                 Refusal::Busy => {
                     w.metrics.refused("queue_full");
-                    busy("this worker's queue for your jobs is full")
+                    Refused::busy("this worker's queue for your jobs is full")
                 }
             };
             return Err(match queued.take() {
                 Some(tx) => {
-                    let _ = tx.send(Err(resp));
-                    text(StatusCode::SERVICE_UNAVAILABLE, "refused")
+                    let _ = tx.send(Err(refused));
+                    Refused::busy("refused")
                 }
-                None => resp,
+                None => refused,
             });
         }
     };
@@ -246,20 +300,23 @@ async fn run(
         let held = Instant::now();
         let hooks = RunHooks { tee: None, memory_meter: Some(ticket.reservation().meter()) };
         let mut result = w2.runner.run_with(spec, hooks).await;
-        w2.admission.account(&ticket.tenant().name, &Usage {
-            cpu: Duration::from_micros(result.cpu_time_us),
-            held: held.elapsed(),
-            wall: Duration::from_micros(result.wall_time_us),
-            reserved_bytes: ticket.reservation().bytes(),
-            peak_bytes: result.peak_memory_bytes,
-        });
+        w2.admission.account(
+            &ticket.tenant().name,
+            &Usage {
+                cpu: Duration::from_micros(result.cpu_time_us),
+                held: held.elapsed(),
+                wall: Duration::from_micros(result.wall_time_us),
+                reserved_bytes: ticket.reservation().bytes(),
+                peak_bytes: result.peak_memory_bytes,
+            },
+        );
         w2.metrics.job_ended(&ticket.tenant().name, &result);
         drop(ticket);
         w2.jobs_run.fetch_add(1, Ordering::Relaxed);
         result.peer = w2.addr.clone();
         result
     });
-    job.await.map_err(|e| text(StatusCode::INTERNAL_SERVER_ERROR, format!("the job's task failed: {e}")))
+    job.await.map_err(|e| Refused::new(StatusCode::INTERNAL_SERVER_ERROR, format!("the job's task failed: {e}")))
 }
 
 pub(super) async fn get_job(State(w): State<Arc<Worker>>, Path(id): Path<String>, headers: HeaderMap) -> Response {

@@ -8,12 +8,14 @@
 //! * [`fairshare`] — decayed dominant-resource usage (smartshare) and
 //!   accounts;
 //! * [`jobs`] — the job endpoints: authentication, job ids, results;
+//! * [`batch`] — many jobs in one request, answers streamed as they end;
 //! * [`warnings`] — warnings to the operator, logged, counted and shown;
 //! * [`metrics`] — `GET /metrics` in Prometheus' text format;
 //! * [`server`] — `peerwasm worker`: all of the above behind HTTP, with
 //!   capacity gossip.
 
 pub mod admission;
+pub mod batch;
 pub mod fairshare;
 pub mod jobs;
 pub mod ledger;

@@ -288,6 +288,7 @@ pub async fn start(
         .route("/v1/modules/{hash}", put(put_module))
         .route("/v1/jobs", post(super::jobs::post_job).get(super::jobs::list_jobs))
         .route("/v1/jobs/{id}", get(super::jobs::get_job))
+        .route(crate::proto::batch::BATCH_PATH, post(super::batch::post_batch))
         .route("/v1/gossip", post(post_gossip))
         .route("/v1/peers", get(get_peers))
         .route("/metrics", get(get_metrics))

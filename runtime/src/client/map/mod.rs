@@ -5,8 +5,11 @@
 //! answer back on a channel tagged with its attempt id. That makes the
 //! rules easy to check in one place:
 //!
-//! * **Flow**: at most `max_in_flight` submissions are under way (default:
-//!   two per slot, so a slot never idles during a round trip).
+//! * **Flow**: at most `max_in_flight` submissions are under way. The
+//!   default follows Little's law: enough per slot to cover
+//!   [`PIPELINE_DEPTH`] of the jobs' measured wall time (at least two, at
+//!   most [`MAX_IN_FLIGHT_PER_SLOT`]), so a slot never idles during a
+//!   round trip, and short jobs fill the batches `pool` sends.
 //! * **Memory** (smartmem): jobs go out with the learned estimate; one that
 //!   exceeds a limit *we* estimated is resubmitted with double (at least what
 //!   it asked for), up to the largest the pool can take, and that does not
@@ -51,7 +54,8 @@ pub struct MapConfig {
     pub margin: f64,
     /// How often a failed job is resubmitted. Default: 0.
     pub retries: u32,
-    /// Submissions under way at once; `None`: two per slot of the target.
+    /// Submissions under way at once; `None`: two per slot of the target,
+    /// more for short jobs (see the module docs).
     pub max_in_flight: Option<usize>,
     /// Whether to go on after a job fails. Default: false.
     pub keep_going: bool,
@@ -149,6 +153,12 @@ struct Attempt {
 
 type Answer = (u64, Result<JobResult, SubmitError>);
 
+/// Wall time of work kept under way per slot by default.
+pub const PIPELINE_DEPTH: Duration = Duration::from_millis(20);
+
+/// The most submissions kept under way per slot by default.
+pub const MAX_IN_FLIGHT_PER_SLOT: usize = 128;
+
 struct MapRun<'a> {
     target: &'a Target,
     job: Arc<Job>,
@@ -236,7 +246,7 @@ impl<'a> MapRun<'a> {
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            while self.active < self.max_in_flight {
+            while self.active < self.in_flight_limit() {
                 let index = if let Some(i) = self.resubmit.pop_front() {
                     i
                 } else if self.stop.is_none() && !exhausted && next_index < self.next_emit + self.config.reorder_window {
@@ -270,6 +280,22 @@ impl<'a> MapRun<'a> {
             debug_assert_eq!(self.summary.jobs, total);
         }
         Ok(())
+    }
+
+    /// How many submissions may be under way: `--max-in-flight`, else
+    /// enough to keep [`PIPELINE_DEPTH`] of work per slot under way once
+    /// job times are known (two per slot before).
+    fn in_flight_limit(&self) -> usize {
+        if self.config.max_in_flight.is_some() {
+            return self.max_in_flight;
+        }
+        let per_slot = if self.summary.jobs == 0 {
+            2
+        } else {
+            let mean_us = (self.wall_sum_us / self.summary.jobs as u128).max(1);
+            (PIPELINE_DEPTH.as_micros() / mean_us).clamp(2, MAX_IN_FLIGHT_PER_SLOT as u128) as usize
+        };
+        per_slot * self.slots.max(1) as usize
     }
 
     /// The request for the next submission of `index`.

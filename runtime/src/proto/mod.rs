@@ -7,6 +7,8 @@
 //! are flat integers with their unit in the field name rather than
 //! `std::time::Duration` (serde would print `{"secs":..,"nanos":..}`).
 
+pub mod batch;
+
 use std::fmt;
 use std::path::PathBuf;
 

@@ -1,0 +1,181 @@
+//! Groups the jobs bound for one worker into batches (`POST /v1/jobs/batch`,
+//! format in [`crate::proto::batch`]), so that a map of many short jobs
+//! does not pay for one HTTP exchange per job.
+//!
+//! The rule is Nagle's: a job for a worker that has few of our jobs goes out
+//! at once, alone or with whatever else is already waiting — no added
+//! latency. Only while the worker already holds at least two jobs of ours
+//! per slot (so a new job would wait in its queue anyway) does the batcher
+//! linger up to [`LINGER`] to gather more. Answers come back one frame per
+//! job, as each ends, so a batch never makes a short job wait for a long one.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use tokio::sync::{mpsc, oneshot};
+
+use super::pool::PeerError;
+use crate::proto::batch::{BATCH_PATH, BatchAnswer, FrameReader, MAX_BATCH_JOBS};
+use crate::proto::{LARGEST_JOB_HEADER, POSTCARD};
+
+/// How long a batch may wait for company while the worker is busy.
+pub const LINGER: Duration = Duration::from_millis(1);
+
+/// The most jobs a client puts in one batch.
+const BATCH_JOBS: usize = 512;
+const _: () = assert!(BATCH_JOBS <= MAX_BATCH_JOBS);
+
+/// One job waiting to be sent: its postcard `JobSpec`, and who wants the answer.
+struct Waiting {
+    spec: bytes::Bytes,
+    reply: oneshot::Sender<Result<BatchAnswer, PeerError>>,
+}
+
+/// A worker's batcher: the queue its sending task reads.
+struct Lane {
+    queue: mpsc::UnboundedSender<Waiting>,
+    /// Our jobs sent to it and not yet answered.
+    outstanding: Arc<AtomicUsize>,
+    /// Its slots, as last seen in the pool view.
+    slots: Arc<AtomicUsize>,
+}
+
+/// The batchers of one client, one per worker.
+pub(super) struct Batchers {
+    http: reqwest::Client,
+    lanes: Mutex<HashMap<String, Lane>>,
+}
+
+impl Batchers {
+    pub(super) fn new(http: reqwest::Client) -> Batchers {
+        Batchers { http, lanes: Mutex::new(HashMap::new()) }
+    }
+
+    /// Sends one job (its postcard `JobSpec`) to `addr`, which has `slots`
+    /// slots, in the next batch; its answer. `Err` only when the exchange
+    /// itself failed; refusals are answers.
+    pub(super) async fn submit(&self, addr: &str, slots: u32, spec: bytes::Bytes) -> Result<BatchAnswer, PeerError> {
+        let (reply, answer) = oneshot::channel();
+        {
+            let mut lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+            let lane = lanes.entry(addr.to_string()).or_insert_with(|| self.open(addr));
+            lane.slots.store(slots.max(1) as usize, Ordering::Relaxed);
+            if let Err(mpsc::error::SendError(w)) = lane.queue.send(Waiting { spec, reply }) {
+                // Cannot happen while the lane exists (its task lives as long
+                // as the sender); answer rather than hang if it does.
+                let _ = w.reply.send(Err(PeerError::Lost("the batcher stopped".into())));
+            }
+        }
+        answer.await.unwrap_or_else(|_| Err(PeerError::Lost("the batch was dropped".into())))
+    }
+
+    fn open(&self, addr: &str) -> Lane {
+        let (queue, rx) = mpsc::unbounded_channel();
+        let lane =
+            Lane { queue, outstanding: Arc::new(AtomicUsize::new(0)), slots: Arc::new(AtomicUsize::new(1)) };
+        let url = format!("http://{addr}{BATCH_PATH}");
+        tokio::spawn(gather(self.http.clone(), url, rx, lane.outstanding.clone(), lane.slots.clone()));
+        lane
+    }
+}
+
+/// The lane's task: takes jobs as they come, forms batches, sends each in a
+/// task of its own (several batches may be under way at once).
+async fn gather(
+    http: reqwest::Client,
+    url: String,
+    mut rx: mpsc::UnboundedReceiver<Waiting>,
+    outstanding: Arc<AtomicUsize>,
+    slots: Arc<AtomicUsize>,
+) {
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < BATCH_JOBS {
+            match rx.try_recv() {
+                Ok(w) => batch.push(w),
+                Err(_) => break,
+            }
+        }
+        if outstanding.load(Ordering::Relaxed) >= 2 * slots.load(Ordering::Relaxed) {
+            let deadline = tokio::time::Instant::now() + LINGER;
+            while batch.len() < BATCH_JOBS {
+                match tokio::time::timeout_at(deadline, rx.recv()).await {
+                    Ok(Some(w)) => batch.push(w),
+                    Ok(None) | Err(_) => break,
+                }
+            }
+        }
+        outstanding.fetch_add(batch.len(), Ordering::Relaxed);
+        tokio::spawn(send(http.clone(), url.clone(), batch, outstanding.clone()));
+    }
+}
+
+/// Sends one batch and hands each answer to its job as its frame arrives.
+async fn send(http: reqwest::Client, url: String, batch: Vec<Waiting>, outstanding: Arc<AtomicUsize>) {
+    // A postcard Vec<JobSpec> is its length as a varint, then the elements.
+    let mut body = Vec::with_capacity(5 + batch.iter().map(|w| w.spec.len()).sum::<usize>());
+    let mut n = batch.len() as u32;
+    while n >= 0x80 {
+        body.push((n as u8 & 0x7f) | 0x80);
+        n >>= 7;
+    }
+    body.push(n as u8);
+    for w in &batch {
+        body.extend_from_slice(&w.spec);
+    }
+    let count = batch.len();
+    let mut waiting: Vec<Option<oneshot::Sender<_>>> = batch.into_iter().map(|w| Some(w.reply)).collect();
+    let mut answer = |index: usize, a: Result<BatchAnswer, PeerError>| {
+        if let Some(reply) = waiting.get_mut(index).and_then(Option::take) {
+            outstanding.fetch_sub(1, Ordering::Relaxed);
+            let _ = reply.send(a);
+        }
+    };
+    let ended = exchange(&http, &url, body, count, &mut answer).await;
+    // Whatever was not answered shares the exchange's fate.
+    let why = match ended {
+        Ok(()) => PeerError::Lost("the worker's answer ended before every job of the batch".into()),
+        Err(e) => e,
+    };
+    for index in 0..count {
+        answer(index, Err(why.clone()));
+    }
+}
+
+/// The HTTP exchange of one batch; calls `answer` for each job answered.
+async fn exchange(
+    http: &reqwest::Client,
+    url: &str,
+    body: Vec<u8>,
+    count: usize,
+    answer: &mut impl FnMut(usize, Result<BatchAnswer, PeerError>),
+) -> Result<(), PeerError> {
+    let mut resp = http
+        .post(url)
+        .header(reqwest::header::CONTENT_TYPE, POSTCARD)
+        .body(body)
+        .send()
+        .await
+        .map_err(|e| PeerError::from_reqwest(&e))?;
+    if resp.status() != StatusCode::OK {
+        // The whole request was refused: every job gets that refusal.
+        let status = resp.status().as_u16();
+        let largest_job = resp.headers().get(LARGEST_JOB_HEADER).and_then(|v| v.to_str().ok()?.parse().ok());
+        let message = resp.text().await.unwrap_or_default().trim().to_string();
+        for index in 0..count {
+            answer(index, Ok(BatchAnswer::Refused { status, message: message.clone(), largest_job }));
+        }
+        return Ok(());
+    }
+    let mut reader = FrameReader::default();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| PeerError::from_reqwest(&e))? {
+        reader.push(&chunk);
+        while let Some(item) = reader.next_item().map_err(PeerError::Lost)? {
+            answer(item.index as usize, Ok(item.answer));
+        }
+    }
+    Ok(())
+}
