@@ -74,8 +74,7 @@ impl Batchers {
 
     fn open(&self, addr: &str) -> Lane {
         let (queue, rx) = mpsc::unbounded_channel();
-        let lane =
-            Lane { queue, outstanding: Arc::new(AtomicUsize::new(0)), slots: Arc::new(AtomicUsize::new(1)) };
+        let lane = Lane { queue, outstanding: Arc::new(AtomicUsize::new(0)), slots: Arc::new(AtomicUsize::new(1)) };
         let url = format!("http://{addr}{BATCH_PATH}");
         tokio::spawn(gather(self.http.clone(), url, rx, lane.outstanding.clone(), lane.slots.clone()));
         lane

@@ -20,9 +20,9 @@ use futures::stream::FuturesUnordered;
 
 use super::jobs::{Refused, authenticate, run_one};
 use super::server::{Worker, text};
+use crate::proto::JobSpec;
 use crate::proto::POSTCARD;
 use crate::proto::batch::{BatchAnswer, BatchItem, MAX_BATCH_JOBS, encode_frame};
-use crate::proto::JobSpec;
 
 pub(super) async fn post_batch(State(w): State<Arc<Worker>>, headers: HeaderMap, body: Bytes) -> Response {
     let tenant = match authenticate(&w, &headers) {
@@ -46,6 +46,7 @@ pub(super) async fn post_batch(State(w): State<Arc<Worker>>, headers: HeaderMap,
         w.metrics.refused("draining");
         return Refused::busy("this worker is shutting down").into_response();
     }
+    w.metrics.batch_received(specs.len());
     let answers: FuturesUnordered<_> = specs
         .into_iter()
         .enumerate()

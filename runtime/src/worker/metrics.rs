@@ -57,6 +57,7 @@ pub struct Metrics {
     wall: Histogram,
     cpu: Histogram,
     peak: Histogram,
+    batch: Histogram,
     slots: Family<Labels, Gauge>,
     memory: Family<Labels, Gauge>,
     queue: Family<Labels, Gauge>,
@@ -93,6 +94,8 @@ impl Metrics {
             cpu: Histogram::new(exponential_buckets(0.001, 4.0, 10)),
             // 64 KiB … 16 GiB.
             peak: Histogram::new(exponential_buckets(65536.0, 4.0, 10)),
+            // 1 … 4096 jobs.
+            batch: Histogram::new(exponential_buckets(1.0, 2.0, 13)),
             slots: Family::default(),
             memory: Family::default(),
             queue: Family::default(),
@@ -115,6 +118,7 @@ impl Metrics {
         r.register("job_wall_seconds", "Wall time of jobs", m.wall.clone());
         r.register("job_cpu_seconds", "CPU time of jobs", m.cpu.clone());
         r.register("job_peak_memory_bytes", "Peak linear memory of jobs", m.peak.clone());
+        r.register("batch_jobs", "Jobs per POST /v1/jobs/batch request", m.batch.clone());
         r.register("slots", "Slots, by state (busy, total)", m.slots.clone());
         r.register("memory_bytes", "Memory: capacity, reserved, used by jobs, host available, largest job that fits now", m.memory.clone());
         r.register("queue_length", "Jobs waiting, by tenant", m.queue.clone());
@@ -130,6 +134,11 @@ impl Metrics {
         r.register("tenant_usage_slot_seconds", "Decayed slot-seconds fair share ranks by, by tenant", m.tenant_usage.clone());
         r.register("warnings", "Operator warnings raised, by kind", m.warnings.clone());
         Metrics { registry: r, ..m }
+    }
+
+    /// A batch of `jobs` jobs arrived.
+    pub fn batch_received(&self, jobs: usize) {
+        self.batch.observe(jobs as f64);
     }
 
     /// A job of `tenant` ended with `result`.

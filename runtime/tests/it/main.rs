@@ -1,6 +1,7 @@
 //! Integration tests of the `peerwasm` crate: one test binary (each links
 //! wasmtime), with one module per area.
 
+mod batch;
 mod cache;
 mod cli;
 mod map;

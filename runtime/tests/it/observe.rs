@@ -39,7 +39,7 @@ fn parse(text: &str) -> HashMap<String, f64> {
     samples
 }
 
-async fn scrape(addr: &str) -> HashMap<String, f64> {
+pub(crate) async fn scrape(addr: &str) -> HashMap<String, f64> {
     let resp = reqwest::get(format!("http://{addr}/metrics")).await.unwrap();
     assert_eq!(resp.status(), 200);
     let content_type = resp.headers()["content-type"].to_str().unwrap().to_string();
@@ -47,7 +47,7 @@ async fn scrape(addr: &str) -> HashMap<String, f64> {
     parse(&resp.text().await.unwrap())
 }
 
-fn get(m: &HashMap<String, f64>, series: &str) -> f64 {
+pub(crate) fn get(m: &HashMap<String, f64>, series: &str) -> f64 {
     m.get(series).copied().unwrap_or(0.0)
 }
 
