@@ -67,7 +67,7 @@ async fn experiment(unit_ms: u64, fair_share: bool) -> anyhow::Result<(Duration,
 
 /// Runs the experiment with fair share on and off; prints both ratios.
 pub fn fairness(sizes: &crate::Sizes, summary: &mut crate::summary::Summary) -> anyhow::Result<()> {
-    let unit_ms = if sizes.quick { 20 } else { 100 };
+    let unit_ms = sizes.fairness_unit_ms;
     println!("\n## Fairness: the smartshare seed's experiment, unit {unit_ms} ms, one slot");
     println!("| fair share | A done | B done | B / A | elapsed vs 110 units of work |");
     println!("|---|---|---|---|---|");

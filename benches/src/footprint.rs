@@ -36,8 +36,8 @@ pub fn footprint(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     let mut warm = map("sleep", "1\n".into())?;
     anyhow::ensure!(warm.wait()?.success(), "warm-up failed");
     let after_compile = worker.rss()?;
-    // `slots` jobs that sleep 1.5 s each, all running at once: sample RSS.
-    let mut running = map("sleep", "1500\n".repeat(slots))?;
+    // `slots` jobs that sleep, all running at once: sample RSS.
+    let mut running = map("sleep", format!("{}\n", sizes.footprint_sleep_ms).repeat(slots))?;
     let mut busy = 0;
     let start = Instant::now();
     while running.try_wait()?.is_none() && start.elapsed() < Duration::from_secs(30) {

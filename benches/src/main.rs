@@ -58,6 +58,10 @@ pub struct Sizes {
     pub gossip_nodes: Vec<usize>,
     /// Trivial jobs between the footprint's RSS readings.
     pub footprint_jobs: usize,
+    /// How long the footprint's jobs run while RSS is sampled.
+    pub footprint_sleep_ms: u64,
+    /// The fairness experiment's unit of work.
+    pub fairness_unit_ms: u64,
 }
 
 impl Sizes {
@@ -74,6 +78,8 @@ impl Sizes {
             big_module_functions: 20_000,
             gossip_nodes: vec![1_000, 10_000],
             footprint_jobs: 10_000,
+            footprint_sleep_ms: 1500,
+            fairness_unit_ms: 100,
         }
     }
 
@@ -90,6 +96,8 @@ impl Sizes {
             big_module_functions: 500,
             gossip_nodes: vec![100],
             footprint_jobs: 200,
+            footprint_sleep_ms: 300,
+            fairness_unit_ms: 5,
         }
     }
 }
