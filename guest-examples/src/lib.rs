@@ -15,6 +15,7 @@
 //! | `hostile-recurse` | — | recurses without end |
 //! | `hostile-flood` | — | writes 1 GiB to stdout |
 //! | `hostile-exit` | — | exits with code 3 |
+//! | `hostile-escape` | — | tries `..`, absolute paths and planted symlinks out of `/tmp` |
 
 use serde::{Deserialize, Serialize};
 

@@ -57,7 +57,8 @@ pub struct Pool {
     config: PoolConfig,
     http: reqwest::Client,
     view: tokio::sync::Mutex<View>,
-    uploaded: Mutex<HashMap<(String, ModuleHash), Arc<tokio::sync::OnceCell<()>>>>,
+    /// When we last uploaded each module to each worker.
+    uploaded: Mutex<HashMap<(String, ModuleHash), Arc<tokio::sync::Mutex<Option<Instant>>>>>,
     /// Jobs of ours on each worker now (placement spreads by it).
     load: Mutex<HashMap<String, u32>>,
     /// Workers that refused a connection, until when to skip them.
@@ -169,7 +170,7 @@ impl Pool {
                 placed.set(Some(&addr));
                 self.add_load(&addr, 1);
                 let slots = view.iter().find(|p| p.advert.addr == addr).map_or(1, |p| p.advert.slots_total);
-                let outcome = self.submit_to(&addr, slots, job, spec, body.clone()).await;
+                let outcome = self.submit_to(&addr, slots, job, body.clone()).await;
                 self.add_load(&addr, -1);
                 match outcome {
                     Ok(result) => return Ok(result),
@@ -223,31 +224,25 @@ impl Pool {
         self.avoid.lock().unwrap_or_else(|e| e.into_inner()).insert(addr.to_string(), until);
     }
 
-    /// Submits to one worker, uploading the module first if this client
-    /// has not yet done so there, and again if the worker forgot it.
+    /// Submits to one worker. The job goes first, without the module: a
+    /// worker that already has it (from another client, an earlier run, or
+    /// its disk cache) runs it at once. A worker that answers "module
+    /// unknown" gets the module and the job again.
     async fn submit_to(
         &self,
         addr: &str,
         slots: u32,
         job: &Job,
-        spec: &JobSpec,
         body: bytes::Bytes,
     ) -> Result<JobResult, PeerError> {
-        let cell = self
-            .uploaded
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry((addr.to_string(), spec.module))
-            .or_default()
-            .clone();
-        cell.get_or_try_init(|| self.upload(addr, job)).await?;
         for attempt in 0..2 {
+            let sent = Instant::now();
             let (status, message, largest) = match self.batchers.submit(addr, slots, body.clone()).await? {
                 BatchAnswer::Done(result) => return Ok(result),
                 BatchAnswer::Refused { status, message, largest_job } => (status, message, largest_job),
             };
             match StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR) {
-                StatusCode::NOT_FOUND if attempt == 0 => self.upload(addr, job).await?,
+                StatusCode::NOT_FOUND if attempt == 0 => self.upload_once(addr, job, sent).await?,
                 StatusCode::UNPROCESSABLE_ENTITY => {
                     let largest = largest.map(|b| Bytes(b).to_string()).unwrap_or_default();
                     return Err(PeerError::Declined(format!("too large here (largest {largest})")));
@@ -259,6 +254,26 @@ impl Pool {
             }
         }
         Err(PeerError::Declined("the module was uploaded but the worker still did not know it".into()))
+    }
+
+    /// Uploads `job`'s module to `addr` for a submission sent at `sent`
+    /// that found it missing — unless an upload finished since then: the
+    /// many jobs of a batch that all found it missing share one upload.
+    async fn upload_once(&self, addr: &str, job: &Job, sent: Instant) -> Result<(), PeerError> {
+        let last = self
+            .uploaded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry((addr.to_string(), job.hash()))
+            .or_default()
+            .clone();
+        let mut last = last.lock().await;
+        if last.is_some_and(|at| at > sent) {
+            return Ok(());
+        }
+        self.upload(addr, job).await?;
+        *last = Some(Instant::now());
+        Ok(())
     }
 
     async fn upload(&self, addr: &str, job: &Job) -> Result<(), PeerError> {

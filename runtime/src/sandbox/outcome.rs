@@ -61,9 +61,12 @@ pub fn classify(
         Phase::Instantiate => Outcome::InvalidModule {
             reason: format!("it cannot be instantiated: {}", one_line(err)),
         },
+        // The root cause is what the host said (e.g. "exit with invalid
+        // exit status outside of [0..126)"); the context wasmtime wraps it
+        // in repeats the backtrace, which is kept separately.
         Phase::Run => Outcome::Trapped {
             trap: "host error".into(),
-            message: one_line(err),
+            message: err.root_cause().to_string().replace('\n', " "),
             backtrace,
         },
     }

@@ -6,6 +6,7 @@ mod cache;
 mod cli;
 mod map;
 mod observe;
+mod hostile;
 mod outcomes;
 mod pool;
 mod support;
