@@ -53,6 +53,10 @@ pub struct WorkerArgs {
     /// Half-life of tenants' usage in fair share.
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10m")]
     usage_half_life: Duration,
+    /// Jobs one tenant may have waiting here; more are refused (503) and
+    /// the client tries another worker [default: 256 per slot].
+    #[arg(long, value_name = "N")]
+    max_queued: Option<u32>,
 }
 
 fn parse_on_off(s: &str) -> Result<bool, String> {
@@ -82,6 +86,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         fair_share: args.fair_share,
         usage_half_life: args.usage_half_life,
         cluster_key: args.cluster_key,
+        max_queued: args.max_queued,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {

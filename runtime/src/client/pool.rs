@@ -20,7 +20,7 @@ use super::placement;
 use super::target::{Placed, SubmitError};
 use crate::gossip::Liveness;
 use crate::proto::batch::BatchAnswer;
-use crate::proto::{JobResult, JobSpec, ModuleHash, PeerView};
+use crate::proto::{JobResult, JobSpec, ModuleHash, PROTOCOL_HEADER, PROTOCOL_VERSION, PeerView};
 use crate::units::Bytes;
 
 /// How a [`Pool`] behaves.
@@ -90,6 +90,7 @@ impl Pool {
     /// A pool reached through `config.seeds`.
     pub fn new(config: PoolConfig) -> anyhow::Result<Pool> {
         let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(PROTOCOL_HEADER, reqwest::header::HeaderValue::from_static(PROTOCOL_VERSION));
         if let Some(token) = &config.token {
             let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
                 .map_err(|_| anyhow::anyhow!("the token must be printable ASCII"))?;

@@ -416,6 +416,18 @@ pub struct PeerView {
     pub last_heard_ms: u64,
 }
 
+/// Request header naming the protocol version the sender speaks. Workers
+/// refuse other versions with 400; a request without it is taken as
+/// [`PROTOCOL_VERSION`].
+pub const PROTOCOL_HEADER: &str = "peerwasm-protocol";
+
+/// The protocol version of this build: bumped when a message's encoding
+/// changes incompatibly (postcard has no field tags to fall back on).
+pub const PROTOCOL_VERSION: &str = "1";
+
+/// The most a job's input (its stdin) may be, in bytes.
+pub const MAX_INPUT_BYTES: u64 = 64 << 20;
+
 /// The content type of postcard bodies.
 pub const POSTCARD: &str = "application/x-postcard";
 

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
@@ -24,13 +25,21 @@ use crate::proto::JobSpec;
 use crate::proto::POSTCARD;
 use crate::proto::batch::{BatchAnswer, BatchItem, MAX_BATCH_JOBS, encode_frame};
 
-pub(super) async fn post_batch(State(w): State<Arc<Worker>>, headers: HeaderMap, body: Bytes) -> Response {
+pub(super) async fn post_batch(
+    State(w): State<Arc<Worker>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let tenant = match authenticate(&w, &headers) {
         Ok(t) => t,
         Err(resp) => {
             w.metrics.refused("unauthorized");
             return resp;
         }
+    };
+    let body = match super::limits::body(body, "batch request", super::limits::BATCH_BODY) {
+        Ok(b) => b,
+        Err(resp) => return resp,
     };
     let specs: Vec<JobSpec> = match postcard::from_bytes(&body) {
         Ok(s) => s,

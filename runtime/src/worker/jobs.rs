@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -32,7 +33,7 @@ use super::fairshare::JobUsage as Usage;
 use super::server::{Worker, postcard_body, text};
 use super::tenants::{AuthError, Tenant};
 use crate::proto::batch::BatchAnswer;
-use crate::proto::{JOB_ID_HEADER, JobResult, JobSpec, JobStatus, LARGEST_JOB_HEADER};
+use crate::proto::{JOB_ID_HEADER, JobResult, JobSpec, JobStatus, LARGEST_JOB_HEADER, MAX_INPUT_BYTES};
 use crate::sandbox::RunHooks;
 use crate::units::Bytes as Size;
 
@@ -148,7 +149,7 @@ pub(super) async fn post_job(
     State(w): State<Arc<Worker>>,
     Query(params): Query<PostParams>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let tenant = match authenticate(&w, &headers) {
         Ok(t) => t,
@@ -156,6 +157,10 @@ pub(super) async fn post_job(
             w.metrics.refused("unauthorized");
             return resp;
         }
+    };
+    let body = match super::limits::body(body, "job request", super::limits::JOB_BODY) {
+        Ok(b) => b,
+        Err(resp) => return resp,
     };
     let spec: JobSpec = match postcard::from_bytes(&body) {
         Ok(s) => s,
@@ -203,9 +208,19 @@ pub(super) async fn post_job(
     }
 }
 
-/// What is checked before a job is admitted: no host directories, not
-/// draining, the module known.
+/// What is checked before a job is admitted: its input within the limit,
+/// no host directories, not draining, the module known.
 fn check(w: &Worker, spec: &JobSpec) -> Result<(), Refused> {
+    if spec.stdin.len() as u64 > MAX_INPUT_BYTES {
+        return Err(Refused::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the job's input is {}; inputs may be at most {}",
+                Size(spec.stdin.len() as u64),
+                Size(MAX_INPUT_BYTES)
+            ),
+        ));
+    }
     if !spec.dirs.is_empty() {
         return Err(Refused::new(StatusCode::BAD_REQUEST, "a remote worker cannot grant host directories"));
     }

@@ -9,6 +9,7 @@
 //!   accounts;
 //! * [`jobs`] — the job endpoints: authentication, job ids, results;
 //! * [`batch`] — many jobs in one request, answers streamed as they end;
+//! * [`limits`] — what a request may carry, per kind, and its protocol;
 //! * [`warnings`] — warnings to the operator, logged, counted and shown;
 //! * [`metrics`] — `GET /metrics` in Prometheus' text format;
 //! * [`server`] — `peerwasm worker`: all of the above behind HTTP, with
@@ -19,6 +20,7 @@ pub mod batch;
 pub mod fairshare;
 pub mod jobs;
 pub mod ledger;
+pub mod limits;
 pub mod metrics;
 pub mod runner;
 pub mod server;

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -28,17 +29,15 @@ use super::admission::{Admission, AdmissionConfig};
 use super::fairshare::{PoolSize, Usage};
 use super::jobs::{JobTable, authenticate};
 use super::ledger::{Ledger, LedgerConfig};
+use super::limits;
 use super::runner::{JobRunner, RunnerConfig};
 use super::metrics::Metrics;
 use super::tenants::Tenants;
 use super::warnings::{WarningKind, Warnings};
 use crate::gossip::transport::{SharedNode, run_rounds};
 use crate::gossip::{GossipConfig, GossipNode, Liveness, NodeId};
-use crate::proto::{Advert, ModuleHash, POSTCARD, PeerView};
+use crate::proto::{Advert, ModuleHash, POSTCARD, PROTOCOL_HEADER, PROTOCOL_VERSION, PeerView};
 use crate::units::Bytes as Size;
-
-/// The most a job request body may be (spec + stdin).
-pub const MAX_JOB_BODY: usize = 256 << 20;
 
 /// How a worker is set up.
 #[derive(Clone, Debug)]
@@ -61,6 +60,9 @@ pub struct WorkerConfig {
     pub usage_half_life: Duration,
     /// The key gossip is authenticated with (`--cluster-key`). Default: none.
     pub cluster_key: Option<std::path::PathBuf>,
+    /// Jobs one tenant may have waiting here (`--max-queued`); more are
+    /// refused with 503. `None`: `admission::QUEUE_PER_SLOT` × slots.
+    pub max_queued: Option<u32>,
 }
 
 /// The state every handler shares.
@@ -228,10 +230,12 @@ pub async fn start(
     let slots = config.runner.sandbox.slots.max(1);
     let runner = JobRunner::new(config.runner.clone())?;
     let ledger = Ledger::new(&config.ledger)?;
+    let defaults = AdmissionConfig::new(slots as u32);
     let admission = Admission::new(ledger, AdmissionConfig {
         fair_share: config.fair_share,
         half_life: config.usage_half_life,
-        ..AdmissionConfig::new(slots as u32)
+        queue_per_tenant: config.max_queued.unwrap_or(defaults.queue_per_tenant),
+        ..defaults
     });
     let generation = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -273,8 +277,12 @@ pub async fn start(
         Tenants::Multi(t) => tracing::info!(tenants = t.len(), fair_share = config.fair_share, "multi-tenant mode"),
     }
 
+    let mut protocol = reqwest::header::HeaderMap::new();
+    protocol.insert(PROTOCOL_HEADER, reqwest::header::HeaderValue::from_static(PROTOCOL_VERSION));
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .default_headers(protocol)
         .build()?;
     let refresher = worker.clone();
     let gossip = tokio::spawn(run_rounds(worker.gossip.clone(), http, config.gossip_interval, move |node| {
@@ -284,16 +292,24 @@ pub async fn start(
         node.set_record(refresher.advert())
     }));
 
+    // Each kind of request at its own size limit (limits.rs).
+    let module_limit = usize::try_from(worker.runner.sandbox().config().max_module_bytes).unwrap_or(usize::MAX);
     let app = Router::new()
         .route("/", get(status_page))
-        .route("/v1/modules/{hash}", put(put_module))
-        .route("/v1/jobs", post(super::jobs::post_job).get(super::jobs::list_jobs))
+        .route("/v1/modules/{hash}", put(put_module).layer(DefaultBodyLimit::max(module_limit)))
+        .route(
+            "/v1/jobs",
+            post(super::jobs::post_job).get(super::jobs::list_jobs).layer(DefaultBodyLimit::max(limits::JOB_BODY)),
+        )
         .route("/v1/jobs/{id}", get(super::jobs::get_job))
-        .route(crate::proto::batch::BATCH_PATH, post(super::batch::post_batch))
-        .route("/v1/gossip", post(post_gossip))
+        .route(
+            crate::proto::batch::BATCH_PATH,
+            post(super::batch::post_batch).layer(DefaultBodyLimit::max(limits::BATCH_BODY)),
+        )
+        .route("/v1/gossip", post(post_gossip).layer(DefaultBodyLimit::max(limits::GOSSIP_BODY)))
         .route("/v1/peers", get(get_peers))
         .route("/metrics", get(get_metrics))
-        .layer(DefaultBodyLimit::max(MAX_JOB_BODY))
+        .layer(axum::middleware::from_fn(limits::protocol))
         .with_state(worker.clone());
     // On shutdown: advertise `draining` for two gossip rounds (new jobs get
     // 503 meanwhile), then stop accepting; requests in flight — running
@@ -326,16 +342,25 @@ pub(super) fn postcard_body(bytes: Vec<u8>) -> Response {
     ([(header::CONTENT_TYPE, POSTCARD)], bytes).into_response()
 }
 
-async fn put_module(State(w): State<Arc<Worker>>, Path(hash): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
+async fn put_module(
+    State(w): State<Arc<Worker>>,
+    Path(hash): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     if let Err(resp) = authenticate(&w, &headers) {
         return resp;
     }
+    let max = w.runner.sandbox().config().max_module_bytes;
+    let body = match limits::body(body, "module", max as usize) {
+        Ok(b) => b,
+        Err(resp) => return resp,
+    };
     let Some(hash) = ModuleHash::from_hex(&hash) else {
         return text(StatusCode::BAD_REQUEST, "the module name must be its sha256 in hex");
     };
-    let max = w.runner.sandbox().config().max_module_bytes;
     if body.len() as u64 > max {
-        return text(StatusCode::PAYLOAD_TOO_LARGE, format!("modules may be at most {}", Size(max)));
+        return text(StatusCode::PAYLOAD_TOO_LARGE, format!("a module may be at most {}", Size(max)));
     }
     if w.runner.has_module(&hash) {
         return StatusCode::OK.into_response();
@@ -348,8 +373,12 @@ async fn put_module(State(w): State<Arc<Worker>>, Path(hash): Path<String>, head
     StatusCode::CREATED.into_response()
 }
 
-async fn post_gossip(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
+async fn post_gossip(State(w): State<Arc<Worker>>, body: Result<Bytes, BytesRejection>) -> Response {
     use crate::gossip::transport::GossipError;
+    let body = match limits::body(body, "gossip message", limits::GOSSIP_BODY) {
+        Ok(b) => b,
+        Err(resp) => return resp,
+    };
     match w.gossip.handle(&body) {
         Ok(reply) => postcard_body(reply),
         Err(e @ GossipError::Malformed(_)) => text(StatusCode::BAD_REQUEST, e.to_string()),

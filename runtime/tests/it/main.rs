@@ -11,3 +11,4 @@ mod outcomes;
 mod pool;
 mod support;
 mod tenants;
+mod wire;
