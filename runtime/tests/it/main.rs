@@ -6,6 +6,7 @@ mod cache;
 mod cli;
 mod map;
 mod observe;
+mod faults;
 mod hostile;
 mod outcomes;
 mod pool;

@@ -26,7 +26,7 @@ fn primes_lines(ns: &[u64]) -> String {
 }
 
 /// A `peerwasm map` process over an inputs file, writing to a file.
-struct MapProcess {
+pub(crate) struct MapProcess {
     child: std::process::Child,
     out_path: std::path::PathBuf,
     _dir: tempfile::TempDir,
@@ -35,7 +35,7 @@ struct MapProcess {
 impl MapProcess {
     /// Starts `peerwasm map ARGS -o OUT GUEST INPUTS` with `inputs` as the
     /// inputs file and `cache` as its cache dir.
-    fn start(guest: &str, args: &[&str], inputs: &str, cache: &Path) -> MapProcess {
+    pub(crate) fn start(guest: &str, args: &[&str], inputs: &str, cache: &Path) -> MapProcess {
         let dir = tempfile::tempdir().unwrap();
         let input_path = dir.path().join("inputs.jsonl");
         let out_path = dir.path().join("out.jsonl");
@@ -58,7 +58,7 @@ impl MapProcess {
     }
 
     /// Waits for it; returns its output and the result lines.
-    fn finish(self) -> (Output, Vec<Value>) {
+    pub(crate) fn finish(self) -> (Output, Vec<Value>) {
         let out = self.child.wait_with_output().unwrap();
         let lines = std::fs::read_to_string(&self.out_path)
             .unwrap_or_default()
@@ -74,7 +74,7 @@ fn peerwasm_map(guest: &str, args: &[&str], inputs: &str, cache: &Path) -> (Outp
     MapProcess::start(guest, args, inputs, cache).finish()
 }
 
-fn stderr(out: &Output) -> String {
+pub(crate) fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
