@@ -10,6 +10,7 @@ mod faults;
 mod hostile;
 mod outcomes;
 mod pool;
+mod soak;
 mod support;
 mod tenants;
 mod wire;
