@@ -50,6 +50,7 @@ async fn experiment(unit_ms: u64, fair_share: bool) -> anyhow::Result<(Duration,
         usage_half_life: Duration::from_secs(600),
         cluster_key: None,
         max_queued: None,
+        advertise: None,
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let worker = start(config, async move {

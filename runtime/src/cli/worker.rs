@@ -1,5 +1,6 @@
 //! `peerwasm worker`: lend this machine to the pool.
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -53,10 +54,22 @@ pub struct WorkerArgs {
     /// Half-life of tenants' usage in fair share.
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10m")]
     usage_half_life: Duration,
+    /// The address peers and clients reach this worker at, host:port (a
+    /// name is fine), when it is not the --listen address: e.g. with
+    /// --listen 0.0.0.0:7070 on a cluster node, --advertise node042:7070.
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_host_port)]
+    advertise: Option<String>,
     /// Jobs one tenant may have waiting here; more are refused (503) and
     /// the client tries another worker [default: 256 per slot].
     #[arg(long, value_name = "N")]
     max_queued: Option<u32>,
+}
+
+fn parse_host_port(s: &str) -> Result<String, String> {
+    match s.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) => Ok(s.to_string()),
+        _ => Err(format!("expected HOST:PORT (a port above 0), not {s:?}")),
+    }
 }
 
 fn parse_on_off(s: &str) -> Result<bool, String> {
@@ -87,14 +100,19 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         usage_half_life: args.usage_half_life,
         cluster_key: args.cluster_key,
         max_queued: args.max_queued,
+        advertise: args.advertise,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
         let worker = start(config, shutdown_signal()).await?;
         // The one line scripts (and tests) read to learn the address.
-        println!("peerwasm worker listening on {}", worker.addr);
+        // Not println!: a worker whose stdout is closed (a batch system, a
+        // pipe to `head -1`) must not panic here, after it began serving.
+        let mut stdout = std::io::stdout().lock();
+        let _ = writeln!(stdout, "peerwasm worker listening on {}", worker.advertised).and_then(|()| stdout.flush());
+        drop(stdout);
         worker.wait().await?;
-        eprintln!("peerwasm worker stopped");
+        let _ = writeln!(std::io::stderr(), "peerwasm worker stopped");
         Ok(ExitCode::SUCCESS)
     })
 }

@@ -120,7 +120,12 @@ impl Ledger {
         let mut system = System::new().map_err(|e| anyhow::anyhow!("cannot read the host's memory: {e:?}"))?;
         system.refresh_memory();
         let physical = system.total_memory();
-        let cgroup = system.cgroup_limits().map(|c| c.total_memory).filter(|&t| t > 0);
+        // Our own reader knows cgroup v1 and v2 and every ancestor's limit;
+        // sysinfo's reads the process's own v2 cgroup. The smaller wins.
+        let cgroup = [super::cgroup::memory_limit(), system.cgroup_limits().map(|c| c.total_memory).filter(|&t| t > 0)]
+            .into_iter()
+            .flatten()
+            .min();
         let capacity = [config.memory, cgroup, Some(physical.saturating_sub(config.reserve))]
             .into_iter()
             .flatten()

@@ -3,6 +3,8 @@
 //! * [`runner`] — [`JobRunner`]: the sandbox with N slots on its own threads.
 //!   The embedded worker is a `JobRunner` inside the client's process;
 //! * [`ledger`] — the host memory ledger (smartmem, exact);
+//! * [`cgroup`] — the memory limit of the cgroup the worker runs in (a
+//!   Slurm job's allocation), which the ledger never exceeds;
 //! * [`tenants`] — who may submit (`--tenants`), with weights and limits;
 //! * [`admission`] — slots, memory and per-tenant queues;
 //! * [`fairshare`] — decayed dominant-resource usage (smartshare) and
@@ -17,6 +19,7 @@
 
 pub mod admission;
 pub mod batch;
+pub mod cgroup;
 pub mod fairshare;
 pub mod jobs;
 pub mod ledger;

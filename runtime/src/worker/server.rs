@@ -60,6 +60,9 @@ pub struct WorkerConfig {
     pub usage_half_life: Duration,
     /// The key gossip is authenticated with (`--cluster-key`). Default: none.
     pub cluster_key: Option<std::path::PathBuf>,
+    /// The address peers and clients reach this worker at (`--advertise`,
+    /// `host:port`; a name is fine). `None`: the address it listens on.
+    pub advertise: Option<String>,
     /// Jobs one tenant may have waiting here (`--max-queued`); more are
     /// refused with 503. `None`: `admission::QUEUE_PER_SLOT` × slots.
     pub max_queued: Option<u32>,
@@ -202,6 +205,9 @@ impl Worker {
 pub struct RunningWorker {
     /// The address it listens on.
     pub addr: SocketAddr,
+    /// The address it gives peers and clients (`WorkerConfig::advertise`,
+    /// else `addr`).
+    pub advertised: String,
     serve: tokio::task::JoinHandle<std::io::Result<()>>,
     gossip: tokio::task::JoinHandle<()>,
 }
@@ -226,7 +232,8 @@ pub async fn start(
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
-    let addr = listener.local_addr()?;
+    let bound = listener.local_addr()?;
+    let addr = config.advertise.clone().unwrap_or_else(|| bound.to_string());
     let slots = config.runner.sandbox.slots.max(1);
     let runner = JobRunner::new(config.runner.clone())?;
     let ledger = Ledger::new(&config.ledger)?;
@@ -249,9 +256,9 @@ pub async fn start(
         },
         ..GossipConfig::default()
     };
-    let node = GossipNode::new(NodeId::new(addr.to_string(), generation), Advert::default(), gossip_config);
+    let node = GossipNode::new(NodeId::new(addr.clone(), generation), Advert::default(), gossip_config);
     let worker = Arc::new(Worker {
-        addr: addr.to_string(),
+        addr: addr.clone(),
         runner,
         admission,
         tenants: config.tenants.clone(),
@@ -331,7 +338,7 @@ pub async fn start(
         }
     });
     let serve = tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(drain).await });
-    Ok(RunningWorker { addr, serve, gossip })
+    Ok(RunningWorker { addr: bound, advertised: addr, serve, gossip })
 }
 
 pub(super) fn text(status: StatusCode, message: impl Into<String>) -> Response {

@@ -139,3 +139,37 @@ fn dirs_map_like_wasmtime() {
     assert_eq!(text(&out.stdout), "copied 1 files\n");
     assert_eq!(std::fs::read_to_string(output.path().join("x.txt")).unwrap(), "PEER TO PEER");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_whose_stdout_is_closed_keeps_serving() {
+    // A batch system may close stdout; the address line must not kill it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let cache = tempfile::tempdir().unwrap();
+    let mut worker = Command::new(env!("CARGO_BIN_EXE_peerwasm"))
+        .args(["worker", "--listen", &addr, "--memory", "1GiB", "--reserve", "0", "--slots", "1"])
+        .arg("--cache-dir")
+        .arg(cache.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    drop(worker.stdout.take()); // closed before the worker writes to it
+    let hello = peerwasm::client::Job::new(peerwasm_testkit::guest_wasm_bytes("hello"));
+    let target = peerwasm::client::Target::pool(vec![addr.clone()]).unwrap();
+    let start = std::time::Instant::now();
+    let result = loop {
+        match target.run(&hello, hello.spec(Vec::new(), 16 << 20)).await {
+            Ok(r) => break r,
+            Err(e) => {
+                assert!(start.elapsed() < std::time::Duration::from_secs(20), "never served: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert!(result.outcome.is_success());
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(worker.try_wait().unwrap().is_none(), "the worker died with its stdout closed");
+    let _ = worker.kill();
+    let _ = worker.wait();
+}

@@ -22,16 +22,16 @@ use crate::pool::{alive, wait_for};
 use crate::support::MIB;
 
 /// A bridge and `n` namespaces on it, removed when dropped.
-struct Net {
+pub(crate) struct Net {
     bridge: String,
-    hosts: Vec<Host>,
+    pub(crate) hosts: Vec<Host>,
 }
 
 /// One namespace: its name, the host-side end of its veth, its address.
-struct Host {
-    ns: String,
+pub(crate) struct Host {
+    pub(crate) ns: String,
     link: String,
-    ip: String,
+    pub(crate) ip: String,
 }
 
 fn ip(args: &[&str]) -> Result<(), String> {
@@ -45,7 +45,7 @@ fn ip(args: &[&str]) -> Result<(), String> {
 
 impl Net {
     /// `n` hosts, or why they cannot be made here.
-    fn new(n: usize) -> Result<Net, String> {
+    pub(crate) fn new(n: usize) -> Result<Net, String> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             return Err("not root".into());
@@ -187,6 +187,7 @@ async fn a_host_killed_during_a_1000_job_map_over_4_hosts_loses_and_duplicates_n
     let (out, lines) = map.finish();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let on_victim = assert_each_once(&lines, 1000, &victim);
+    println!("killed host ran {on_victim} of 1000 jobs before SIGKILL; {}", stderr(&out).lines().last().unwrap_or(""));
     assert!(on_victim > 0, "the killed host ran jobs before it died");
     for w in [&workers[0], &workers[1], &workers[3]] {
         assert!(lines.iter().any(|l| l["peer"] == w.addr.as_str()), "{} ran nothing", w.addr);
@@ -216,6 +217,7 @@ async fn a_host_cut_off_is_declared_dead_avoided_and_rejoins_when_its_link_retur
     let (out, lines) = map.finish();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let before_cut = assert_each_once(&lines, 600, &cut);
+    println!("cut-off host answered {before_cut} of 600 jobs before its link went down");
     assert!(before_cut > 0, "the host ran jobs before it was cut off");
     assert!(stderr(&out).contains("600 jobs, 0 failed"), "{}", stderr(&out));
 

@@ -4,6 +4,7 @@
 mod batch;
 mod cache;
 mod cli;
+mod cluster;
 mod map;
 mod observe;
 mod faults;

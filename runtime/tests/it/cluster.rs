@@ -1,0 +1,202 @@
+//! Running on a real cluster: the Slurm recipe (`contrib/slurm/peerwasm-pool.sbatch`)
+//! run as Slurm would run it — one task per node, each node a network
+//! namespace of its own, `srun` and `scontrol` stood in for by small shims —
+//! and a worker inside a real memory cgroup (what Slurm's `--mem` makes)
+//! lending no more than the cgroup's limit.
+//!
+//! Both need root (namespaces, cgroups); without it they print why and
+//! return. The cgroup reader itself is tested on fixture trees in
+//! `worker::cgroup`.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use peerwasm::client::{Job, SubmitError, Target};
+
+use crate::faults::Net;
+use crate::map::{MapProcess, stderr};
+use crate::pool::{alive, wait_for};
+use crate::support::MIB;
+
+fn shim(dir: &Path, name: &str, script: &str) {
+    let path = dir.join(name);
+    std::fs::write(&path, script).unwrap();
+    let mut perms = std::fs::metadata(&path).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&path, perms).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sbatch_recipe_starts_one_worker_per_node_joined_into_one_pool() {
+    let net = match Net::new(3) {
+        Ok(n) => n,
+        Err(why) => return eprintln!("skipped: network namespaces unavailable ({why})"),
+    };
+    let shims = tempfile::tempdir().unwrap();
+    shim(shims.path(), "scontrol", "#!/bin/sh\n[ \"$1 $2\" = \"show hostnames\" ] && echo \"$3\" | tr ',' '\\n'\n");
+    // srun: one task per node of the allocation, each in its node's namespace.
+    let namespaces: Vec<&str> = net.hosts.iter().map(|h| h.ns.as_str()).collect();
+    shim(
+        shims.path(),
+        "srun",
+        &format!(
+            "#!/bin/bash\nwhile [[ \"$1\" == --* ]]; do shift; done\nnamespaces=({})\ni=0\n\
+             for node in $(echo \"$SLURM_JOB_NODELIST\" | tr ',' ' '); do\n\
+             ip netns exec \"${{namespaces[$i]}}\" env SLURMD_NODENAME=\"$node\" SLURM_PROCID=$i \"$@\" &\n\
+             i=$((i+1))\ndone\nwait\n",
+            namespaces.join(" ")
+        ),
+    );
+    let nodes: Vec<&str> = net.hosts.iter().map(|h| h.ip.as_str()).collect();
+    let recipe = peerwasm_testkit::workspace_root().join("contrib/slurm/peerwasm-pool.sbatch");
+    let path = format!("{}:{}", shims.path().display(), std::env::var("PATH").unwrap_or_default());
+    let mut job = Command::new("bash")
+        .arg(&recipe)
+        .env("PATH", path)
+        .env("SLURM_JOB_NODELIST", nodes.join(","))
+        .env("SLURM_JOB_NUM_NODES", "3")
+        .env("SLURM_CPUS_PER_TASK", "2")
+        .env("PEERWASM", env!("CARGO_BIN_EXE_peerwasm"))
+        .env("PEERWASM_PORT", "7070")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(shims.path().join("job.err")).unwrap())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let mut banner = String::new();
+    let mut job_out = BufReader::new(job.stdout.take().unwrap());
+    job_out.read_line(&mut banner).unwrap();
+    // Keep reading what the workers print, as slurmstepd would.
+    std::thread::spawn(move || std::io::copy(&mut job_out, &mut std::io::sink()));
+    let seed = format!("{}:7070", nodes[0]);
+    assert!(banner.contains(&format!("PEERWASM_PEERS={seed}")), "{banner}");
+
+    // scancel, as Slurm does it: SIGTERM to every process of the job.
+    struct Scancel(i32);
+    impl Drop for Scancel {
+        fn drop(&mut self) {
+            // SAFETY: kill(2) on our own child's process group.
+            unsafe { libc::kill(-self.0, libc::SIGKILL) };
+        }
+    }
+    let _scancel = Scancel(job.id() as i32);
+
+    // The workers take a moment to start: wait for the seed to answer.
+    let start = std::time::Instant::now();
+    while reqwest::get(format!("http://{seed}/v1/peers")).await.is_err() {
+        assert!(start.elapsed() < Duration::from_secs(30), "the seed worker never answered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let view = wait_for(&seed, Duration::from_secs(30), |v| alive(v) == 3).await;
+    let mut addrs: Vec<String> = view.iter().map(|p| p.advert.addr.clone()).collect();
+    addrs.sort();
+    assert_eq!(addrs, nodes.iter().map(|n| format!("{n}:7070")).collect::<Vec<_>>(), "one worker per node, by name");
+    assert!(view.iter().all(|p| p.advert.slots_total == 2), "--cpus-per-task slots each");
+
+    let client = tempfile::tempdir().unwrap();
+    let map = MapProcess::start("sleep", &["--mem", "32MiB", "--peers", &seed], &"30\n".repeat(90), client.path());
+    let (out, lines) = map.finish();
+    let log = std::fs::read_to_string(shims.path().join("job.err")).unwrap_or_default();
+    assert_eq!(out.status.code(), Some(0), "{}\nthe job's stderr:\n{log}", stderr(&out));
+    assert_eq!(lines.len(), 90);
+    for addr in &addrs {
+        assert!(lines.iter().any(|l| l["peer"] == addr.as_str()), "{addr} ran nothing");
+    }
+
+    // The end of the Slurm job: SIGTERM; the workers drain and exit.
+    // SAFETY: kill(2) on our own child's process group.
+    unsafe { libc::kill(-(job.id() as i32), libc::SIGTERM) };
+    tokio::task::spawn_blocking(move || job.wait()).await.unwrap().unwrap();
+    let start = std::time::Instant::now();
+    while reqwest::get(format!("http://{seed}/v1/peers")).await.is_ok() {
+        assert!(start.elapsed() < Duration::from_secs(20), "the workers outlived the Slurm job");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A child cgroup (v1 memory controller) under this process's own, removed
+/// when dropped.
+struct Cgroup(PathBuf);
+
+impl Cgroup {
+    fn new(limit: u64) -> Result<Cgroup, String> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("not root".into());
+        }
+        let base = Path::new("/sys/fs/cgroup/memory");
+        let own = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| e.to_string())?;
+        let path = own
+            .lines()
+            .find_map(|l| l.split(':').nth(1).filter(|c| c.split(',').any(|c| c == "memory")).and(l.split(':').nth(2)))
+            .ok_or("no cgroup v1 memory controller")?;
+        let parent = [base.join(path.trim_start_matches('/')), base.to_path_buf()]
+            .into_iter()
+            .find(|p| p.join("cgroup.procs").exists())
+            .ok_or("the memory controller is not mounted at /sys/fs/cgroup/memory")?;
+        let dir = parent.join(format!("peerwasm-test-{}", std::process::id()));
+        std::fs::create_dir(&dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+        let group = Cgroup(dir);
+        std::fs::write(group.0.join("memory.limit_in_bytes"), limit.to_string()).map_err(|e| e.to_string())?;
+        Ok(group)
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_in_a_memory_cgroup_lends_no_more_than_its_limit() {
+    let limit = 300 * MIB;
+    let group = match Cgroup::new(limit) {
+        Ok(g) => g,
+        Err(why) => return eprintln!("skipped: no cgroup to make ({why})"),
+    };
+    let cache = tempfile::tempdir().unwrap();
+    // As under Slurm: the process is in the cgroup before the worker starts.
+    let script = format!(
+        "echo $$ > {}/cgroup.procs && exec {} worker --listen 127.0.0.1:0 --memory 1GiB --reserve 0 --slots 2 \
+         --gossip-interval 100ms --cache-dir {}",
+        group.0.display(),
+        env!("CARGO_BIN_EXE_peerwasm"),
+        cache.path().display()
+    );
+    let mut worker =
+        Command::new("sh").args(["-c", &script]).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(worker.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = line.trim().strip_prefix("peerwasm worker listening on ").expect("the address line").to_string();
+
+    let view = wait_for(&addr, Duration::from_secs(10), |v| !v.is_empty()).await;
+    let advert = &view[0].advert;
+    assert_eq!(advert.capacity_bytes, limit, "--memory 1GiB in a 300 MiB cgroup lends 300 MiB");
+    assert!(
+        advert.warnings.iter().any(|w| w.contains("cgroup's memory limit 300 MiB is lower than --memory 1 GiB")),
+        "{:?}",
+        advert.warnings
+    );
+
+    // A job larger than the cgroup allows is refused at once, clearly; one
+    // that fits runs.
+    let memhog = Job::new(peerwasm_testkit::guest_wasm_bytes("memhog"));
+    let target = Target::pool(vec![addr.clone()]).unwrap();
+    match target.run(&memhog, memhog.spec(b"8".to_vec(), 512 * MIB)).await {
+        Err(SubmitError::Fatal(why)) => assert!(why.contains("300 MiB"), "{why}"),
+        other => panic!("a 512 MiB job in a 300 MiB cgroup: {other:?}"),
+    }
+    let r = target.run(&memhog, memhog.spec(b"100".to_vec(), 200 * MIB)).await.unwrap();
+    assert!(r.outcome.is_success(), "{}", r.outcome);
+    let _ = worker.kill();
+    let _ = worker.wait();
+}
