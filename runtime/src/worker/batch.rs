@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 
-use super::jobs::{Refused, authenticate, run_one};
+use super::jobs::{Refused, caller_and_body, run_one};
 use super::server::{Worker, text};
 use crate::proto::JobSpec;
 use crate::proto::POSTCARD;
@@ -30,15 +30,8 @@ pub(super) async fn post_batch(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let tenant = match authenticate(&w, &headers) {
+    let (tenant, body) = match caller_and_body(&w, &headers, body, "batch request", super::limits::BATCH_BODY) {
         Ok(t) => t,
-        Err(resp) => {
-            w.metrics.refused("unauthorized");
-            return resp;
-        }
-    };
-    let body = match super::limits::body(body, "batch request", super::limits::BATCH_BODY) {
-        Ok(b) => b,
         Err(resp) => return resp,
     };
     let specs: Vec<JobSpec> = match postcard::from_bytes(&body) {

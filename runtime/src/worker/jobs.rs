@@ -103,6 +103,19 @@ pub(super) fn authenticate(w: &Worker, headers: &HeaderMap) -> Result<Arc<Tenant
     })
 }
 
+/// The caller's tenant and the request body (a `what`, at most `limit`
+/// bytes), or the response to give: 401 (counted), 413 or 400.
+pub(super) fn caller_and_body(
+    w: &Worker,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    what: &str,
+    limit: usize,
+) -> Result<(Arc<Tenant>, Bytes), Response> {
+    let tenant = authenticate(w, headers).inspect_err(|_| w.metrics.refused("unauthorized"))?;
+    Ok((tenant, super::limits::body(body, what, limit)?))
+}
+
 #[derive(serde::Deserialize)]
 pub(super) struct PostParams {
     #[serde(default)]
@@ -151,15 +164,8 @@ pub(super) async fn post_job(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let tenant = match authenticate(&w, &headers) {
+    let (tenant, body) = match caller_and_body(&w, &headers, body, "job request", super::limits::JOB_BODY) {
         Ok(t) => t,
-        Err(resp) => {
-            w.metrics.refused("unauthorized");
-            return resp;
-        }
-    };
-    let body = match super::limits::body(body, "job request", super::limits::JOB_BODY) {
-        Ok(b) => b,
         Err(resp) => return resp,
     };
     let spec: JobSpec = match postcard::from_bytes(&body) {

@@ -31,10 +31,7 @@ fn shim(dir: &Path, name: &str, script: &str) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_sbatch_recipe_starts_one_worker_per_node_joined_into_one_pool() {
-    let net = match Net::new(3) {
-        Ok(n) => n,
-        Err(why) => return eprintln!("skipped: network namespaces unavailable ({why})"),
-    };
+    let Some(net) = Net::or_skip(3) else { return };
     let shims = tempfile::tempdir().unwrap();
     shim(shims.path(), "scontrol", "#!/bin/sh\n[ \"$1 $2\" = \"show hostnames\" ] && echo \"$3\" | tr ',' '\\n'\n");
     // srun: one task per node of the allocation, each in its node's namespace.
@@ -172,11 +169,9 @@ async fn a_worker_in_a_memory_cgroup_lends_no_more_than_its_limit() {
         env!("CARGO_BIN_EXE_peerwasm"),
         cache.path().display()
     );
-    let mut worker =
-        Command::new("sh").args(["-c", &script]).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
-    let mut line = String::new();
-    BufReader::new(worker.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let addr = line.trim().strip_prefix("peerwasm worker listening on ").expect("the address line").to_string();
+    let (mut worker, addr) = crate::support::spawn_worker(
+        Command::new("sh").args(["-c", &script]).stdout(Stdio::piped()).stderr(Stdio::null()),
+    );
 
     let view = wait_for(&addr, Duration::from_secs(10), |v| !v.is_empty()).await;
     let advert = &view[0].advert;

@@ -7,7 +7,6 @@
 //! Namespaces need root (CI runs as root). Without root or `ip`, the two
 //! namespace tests print why and return; the restart test needs neither.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -76,6 +75,11 @@ impl Net {
         Ok(net)
     }
 
+    /// [`Net::new`], or `None` after saying why the test does not run.
+    pub(crate) fn or_skip(n: usize) -> Option<Net> {
+        Net::new(n).inspect_err(|why| eprintln!("skipped: network namespaces unavailable ({why})")).ok()
+    }
+
     /// Cuts host `i`'s link (`up == false`) or restores it.
     fn link(&self, i: usize, up: bool) {
         ip(&["link", "set", &self.hosts[i].link, if up { "up" } else { "down" }]).unwrap();
@@ -120,10 +124,7 @@ impl Worker {
         if let Some(seed) = join {
             cmd.args(["--join", seed]);
         }
-        let mut child = cmd.spawn().expect("starting a worker");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let addr = line.trim().strip_prefix("peerwasm worker listening on ").expect("the address line").to_string();
+        let (child, addr) = crate::support::spawn_worker(&mut cmd);
         Worker { child, addr }
     }
 
@@ -167,10 +168,7 @@ fn assert_each_once(lines: &[serde_json::Value], n: usize, addr: &str) -> usize 
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_host_killed_during_a_1000_job_map_over_4_hosts_loses_and_duplicates_nothing() {
-    let net = match Net::new(4) {
-        Ok(n) => n,
-        Err(why) => return eprintln!("skipped: network namespaces unavailable ({why})"),
-    };
+    let Some(net) = Net::or_skip(4) else { return };
     let caches = tempfile::tempdir().unwrap();
     let mut workers = pool(&net, &caches).await;
     let client = tempfile::tempdir().unwrap();
@@ -197,10 +195,7 @@ async fn a_host_killed_during_a_1000_job_map_over_4_hosts_loses_and_duplicates_n
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_host_cut_off_is_declared_dead_avoided_and_rejoins_when_its_link_returns() {
-    let net = match Net::new(3) {
-        Ok(n) => n,
-        Err(why) => return eprintln!("skipped: network namespaces unavailable ({why})"),
-    };
+    let Some(net) = Net::or_skip(3) else { return };
     let caches = tempfile::tempdir().unwrap();
     let workers = pool(&net, &caches).await;
     let (seed, cut) = (workers[0].addr.clone(), workers[1].addr.clone());

@@ -43,6 +43,16 @@ pub fn stderr(r: &JobResult) -> String {
     String::from_utf8_lossy(&r.stderr).into_owned()
 }
 
+/// Spawns `cmd` (a `peerwasm worker` with its stdout piped) and reads the
+/// address it prints.
+pub fn spawn_worker(cmd: &mut Command) -> (Child, String) {
+    let mut child = cmd.spawn().expect("starting a worker");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout piped")).read_line(&mut line).unwrap();
+    let addr = line.trim().strip_prefix("peerwasm worker listening on ").expect("the address line").to_string();
+    (child, addr)
+}
+
 /// A `peerwasm worker` process; killed when dropped.
 pub struct WorkerProcess {
     pub child: Child,
@@ -74,10 +84,7 @@ impl WorkerProcess {
         if let Some(seed) = join {
             cmd.args(["--join", seed]);
         }
-        let mut child = cmd.spawn().expect("starting a worker");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let addr = line.trim().strip_prefix("peerwasm worker listening on ").expect("the address line").to_string();
+        let (child, addr) = spawn_worker(&mut cmd);
         WorkerProcess { child, addr, _cache: cache }
     }
 
