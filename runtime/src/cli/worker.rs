@@ -54,6 +54,10 @@ pub struct WorkerArgs {
     /// Half-life of tenants' usage in fair share.
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10m")]
     usage_half_life: Duration,
+    /// Module bytes kept in memory for compiling, at most; the least
+    /// recently used are dropped (a client uploads a dropped module again).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "1GiB")]
+    module_memory: u64,
     /// The address peers and clients reach this worker at, host:port (a
     /// name is fine), when it is not the --listen address: e.g. with
     /// --listen 0.0.0.0:7070 on a cluster node, --advertise node042:7070.
@@ -85,6 +89,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     if let Some(n) = args.slots {
         sandbox.slots = n.max(1);
     }
+    sandbox.module_bytes_held = args.module_memory;
     sandbox.cache_dir = args.cache_dir.or_else(super::default_cache_root).map(|root| root.join("modules"));
     let config = WorkerConfig {
         listen: args.listen,

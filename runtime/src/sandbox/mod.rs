@@ -71,6 +71,9 @@ pub struct SandboxConfig {
     pub max_job_memory: u64,
     /// Compiled modules kept in memory. Default: 64.
     pub cache_entries: usize,
+    /// Module bytes a runner keeps for compiling on a cache miss, in bytes;
+    /// the least recently used go first (`worker::modules`). Default: 1 GiB.
+    pub module_bytes_held: u64,
     /// Where compiled artifacts are kept on disk; `None` keeps them in
     /// memory only. Default: none.
     pub cache_dir: Option<PathBuf>,
@@ -88,6 +91,7 @@ impl Default for SandboxConfig {
             max_module_bytes: 64 << 20,
             max_job_memory: 4 << 30,
             cache_entries: 64,
+            module_bytes_held: 1 << 30,
             cache_dir: None,
             scratch_root: None,
         }

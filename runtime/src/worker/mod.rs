@@ -2,6 +2,7 @@
 //!
 //! * [`runner`] — [`JobRunner`]: the sandbox with N slots on its own threads.
 //!   The embedded worker is a `JobRunner` inside the client's process;
+//! * [`modules`] — module bytes held for compiling, within a byte budget;
 //! * [`ledger`] — the host memory ledger (smartmem, exact);
 //! * [`cgroup`] — the memory limit of the cgroup the worker runs in (a
 //!   Slurm job's allocation), which the ledger never exceeds;
@@ -25,6 +26,7 @@ pub mod jobs;
 pub mod ledger;
 pub mod limits;
 pub mod metrics;
+pub mod modules;
 pub mod runner;
 pub mod server;
 pub mod tenants;

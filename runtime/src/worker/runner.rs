@@ -6,13 +6,13 @@
 //! Compiling a module happens on a blocking thread, once per module (the
 //! sandbox's cache sees to that).
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Semaphore;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::proto::{CacheSource, JobResult, JobSpec, ModuleHash, Outcome};
+use super::modules::ModuleBytes;
 use crate::sandbox::{OutputChunk, RunHooks, Sandbox, SandboxConfig};
 
 /// How a runner is set up.
@@ -27,7 +27,7 @@ pub struct JobRunner {
     sandbox: Arc<Sandbox>,
     slots: Arc<Semaphore>,
     /// Module bytes by hash, for compiling on a cache miss.
-    modules: Mutex<HashMap<ModuleHash, Arc<[u8]>>>,
+    modules: Mutex<ModuleBytes>,
     /// `Some` until drop; dropped in the background so that dropping a
     /// runner inside another runtime does not panic.
     runtime: Option<tokio::runtime::Runtime>,
@@ -37,6 +37,7 @@ impl JobRunner {
     /// Creates the sandbox and the slot threads.
     pub fn new(config: RunnerConfig) -> anyhow::Result<JobRunner> {
         let slots = config.sandbox.slots.max(1);
+        let modules = ModuleBytes::new(config.sandbox.module_bytes_held);
         let sandbox = Arc::new(Sandbox::new(config.sandbox)?);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(slots)
@@ -46,7 +47,7 @@ impl JobRunner {
         Ok(JobRunner {
             sandbox,
             slots: Arc::new(Semaphore::new(slots)),
-            modules: Mutex::new(HashMap::new()),
+            modules: Mutex::new(modules),
             runtime: Some(runtime),
         })
     }
@@ -74,12 +75,12 @@ impl JobRunner {
     /// has already computed (or verified). A wrong hash is caught when the
     /// module is compiled: the cache checks it again then.
     pub fn add_module_hashed(&self, hash: ModuleHash, bytes: impl Into<Arc<[u8]>>) {
-        self.lock_modules().entry(hash).or_insert_with(|| bytes.into());
+        self.lock_modules().insert(hash, bytes.into());
     }
 
     /// Whether the runner has this module's bytes.
     pub fn has_module(&self, hash: &ModuleHash) -> bool {
-        self.lock_modules().contains_key(hash)
+        self.lock_modules().contains(hash)
     }
 
     /// Runs one job when a slot is free and returns how it ended. Output is
@@ -92,7 +93,7 @@ impl JobRunner {
 
     /// [`run`](Self::run) with all the hooks.
     pub async fn run_with(&self, spec: JobSpec, hooks: RunHooks) -> JobResult {
-        let bytes = self.lock_modules().get(&spec.module).cloned();
+        let bytes = self.lock_modules().get(&spec.module);
         let limit = spec.limits.memory_bytes;
         let sandbox = self.sandbox.clone();
         let slots = self.slots.clone();
@@ -131,7 +132,7 @@ impl JobRunner {
         self.runtime.as_ref().expect("runtime lives until drop").block_on(self.run(spec, None))
     }
 
-    fn lock_modules(&self) -> std::sync::MutexGuard<'_, HashMap<ModuleHash, Arc<[u8]>>> {
+    fn lock_modules(&self) -> std::sync::MutexGuard<'_, ModuleBytes> {
         self.modules.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

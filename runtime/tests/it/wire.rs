@@ -228,3 +228,18 @@ async fn each_request_kind_has_its_own_limit_and_says_so() {
     assert_eq!((ran, full.len()), (4, 6), "one running and three queued; the rest refused: {answers:?}");
     assert!(full[0].contains("queue for your jobs is full"), "{}", full[0]);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn module_bytes_are_held_within_a_budget_and_a_dropped_module_is_uploaded_again() {
+    // A budget smaller than one module: each upload drops the one before.
+    let w = WorkerProcess::start_with("1GiB", 1, None, &["--module-memory", "1KiB"]);
+    let target = peerwasm::client::Target::pool(vec![w.addr.clone()]).unwrap();
+    let hello = Job::new(peerwasm_testkit::guest_wasm_bytes("hello"));
+    let sleep = Job::new(peerwasm_testkit::guest_wasm_bytes("sleep"));
+    for job in [&hello, &sleep, &hello] {
+        let r = target.run(job, job.spec(b"1\n".to_vec(), 16 * MIB)).await.unwrap();
+        assert!(r.outcome.is_success(), "{}", r.outcome);
+    }
+    let view = crate::pool::wait_for(&w.addr, Duration::from_secs(5), |v| v[0].advert.modules_received == 3).await;
+    assert_eq!(view[0].advert.modules_received, 3, "hello was dropped for sleep, then uploaded again");
+}
