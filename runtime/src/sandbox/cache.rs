@@ -128,20 +128,42 @@ impl ModuleCache {
     /// else from disk, else compiled now. Blocks while compiling; call it off
     /// the async executor.
     pub fn load(&self, hash: &ModuleHash, bytes: &[u8]) -> Result<(Arc<CompiledModule>, CacheSource), Outcome> {
+        self.load_with(hash, Some(bytes)).transpose().expect("with bytes, a module is always found or compiled")
+    }
+
+    /// The compiled module from memory or disk only, never compiling:
+    /// `None` if neither has it. What a worker that lost a module's bytes
+    /// (a restart) but kept its artifact runs a job from.
+    pub fn load_cached(&self, hash: &ModuleHash) -> Option<(Arc<CompiledModule>, CacheSource)> {
+        self.load_with(hash, None).ok().flatten()
+    }
+
+    /// Whether memory or disk has the compiled module (disk: an artifact
+    /// file exists; it is checked when loaded).
+    pub fn has(&self, hash: &ModuleHash) -> bool {
+        lock(&self.memory).contains(hash) || self.artifact_path(hash).is_some_and(|p| p.exists())
+    }
+
+    fn load_with(
+        &self,
+        hash: &ModuleHash,
+        bytes: Option<&[u8]>,
+    ) -> Result<Option<(Arc<CompiledModule>, CacheSource)>, Outcome> {
         if let Some(m) = self.get(hash) {
-            return Ok((m, CacheSource::Memory));
+            return Ok(Some((m, CacheSource::Memory)));
         }
         let _loading = lock(&self.loading);
         if let Some(m) = self.get(hash) {
-            return Ok((m, CacheSource::Memory));
+            return Ok(Some((m, CacheSource::Memory)));
         }
-        let (module, source) = match self.load_from_disk(hash) {
-            Some(module) => (module, CacheSource::Disk),
-            None => (self.compile(hash, bytes)?, CacheSource::Compiled),
+        let (module, source) = match (self.load_from_disk(hash), bytes) {
+            (Some(module), _) => (module, CacheSource::Disk),
+            (None, Some(bytes)) => (self.compile(hash, bytes)?, CacheSource::Compiled),
+            (None, None) => return Ok(None),
         };
         let compiled = Arc::new(CompiledModule { hash: *hash, module, prepared: OnceLock::new() });
         lock(&self.memory).put(*hash, compiled.clone());
-        Ok((compiled, source))
+        Ok(Some((compiled, source)))
     }
 
     fn compile(&self, hash: &ModuleHash, bytes: &[u8]) -> Result<Module, Outcome> {

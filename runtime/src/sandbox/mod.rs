@@ -156,6 +156,17 @@ impl Sandbox {
         self.cache.get(hash)
     }
 
+    /// The compiled module from the memory or disk cache, never compiling.
+    /// Blocks while reading the disk: call it from a blocking thread.
+    pub fn load_cached(&self, hash: &crate::proto::ModuleHash) -> Option<(Arc<CompiledModule>, CacheSource)> {
+        self.cache.load_cached(hash)
+    }
+
+    /// Whether the memory or disk cache has the compiled module.
+    pub fn has_compiled(&self, hash: &crate::proto::ModuleHash) -> bool {
+        self.cache.has(hash)
+    }
+
     /// The compiled module for `bytes` (whose sha256 is `hash`), compiling
     /// it if no cache has it. Blocks while compiling: call it from a
     /// blocking thread. `Err` is the outcome to report (invalid, rejected).

@@ -39,6 +39,8 @@ pub struct Scrape<'a> {
     pub queued: &'a [(String, u32)],
     /// The module cache's counters.
     pub cache: CacheStats,
+    /// Module bytes held for compiling (`worker::modules`).
+    pub module_bytes: u64,
     /// Gossip counters: rounds, exchanges ok and failed, bytes sent and
     /// received, rejected (undecodable) and forged (bad MAC, replayed)
     /// messages.
@@ -120,7 +122,7 @@ impl Metrics {
         r.register("job_peak_memory_bytes", "Peak linear memory of jobs", m.peak.clone());
         r.register("batch_jobs", "Jobs per POST /v1/jobs/batch request", m.batch.clone());
         r.register("slots", "Slots, by state (busy, total)", m.slots.clone());
-        r.register("memory_bytes", "Memory: capacity, reserved, used by jobs, host available, largest job that fits now", m.memory.clone());
+        r.register("memory_bytes", "Memory: capacity, reserved, used by jobs, host available, largest job that fits now, module bytes held", m.memory.clone());
         r.register("queue_length", "Jobs waiting, by tenant", m.queue.clone());
         r.register("module_cache_events", "Module cache: compiles, memory hits, disk hits, rejected disk artifacts", m.cache.clone());
         r.register("gossip_events", "Gossip: rounds, exchanges ok and failed, rejected and forged messages", m.gossip.clone());
@@ -181,6 +183,7 @@ impl Metrics {
             ("used", a.used_bytes),
             ("host_available", a.host_available_bytes),
             ("largest_fit", a.largest_fit_bytes),
+            ("module_bytes", s.module_bytes),
         ] {
             set(&self.memory, "kind", kind, n);
         }
@@ -270,6 +273,7 @@ mod tests {
             advert: &advert,
             queued: &[("alice".into(), 2)],
             cache: CacheStats { compiles: 1, memory_hits: 5, ..CacheStats::default() },
+            module_bytes: 0,
             gossip: [3, 2, 1, 100, 200, 0, 0],
             peers: &[Liveness::Alive, Liveness::Dead],
             warnings: &[("refused_for_memory", 1)],

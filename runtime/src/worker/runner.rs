@@ -78,9 +78,11 @@ impl JobRunner {
         self.lock_modules().insert(hash, bytes.into());
     }
 
-    /// Whether the runner has this module's bytes.
+    /// Whether the runner can run this module: it has its bytes, or its
+    /// compiled form in memory or on disk (after a restart, the bytes are
+    /// gone but the artifact is not, and nothing needs uploading again).
     pub fn has_module(&self, hash: &ModuleHash) -> bool {
-        self.lock_modules().contains(hash)
+        self.lock_modules().contains(hash) || self.sandbox.has_compiled(hash)
     }
 
     /// Runs one job when a slot is free and returns how it ended. Output is
@@ -104,15 +106,21 @@ impl JobRunner {
             let (module, source) = match sandbox.cached(&spec.module) {
                 Some(m) => (m, CacheSource::Memory),
                 None => {
-                    let Some(bytes) = bytes else {
-                        return outcome_only(limit, Outcome::Rejected {
-                            reason: format!("module {} is unknown here", spec.module),
-                        });
-                    };
                     let loader = sandbox.clone();
                     let hash = spec.module;
-                    match tokio::task::spawn_blocking(move || loader.load(&hash, &bytes)).await {
-                        Ok(Ok(loaded)) => loaded,
+                    // Without the bytes, the disk cache may still have it
+                    // (a restarted worker); with them, compile if need be.
+                    let loaded = tokio::task::spawn_blocking(move || match bytes {
+                        Some(bytes) => loader.load(&hash, &bytes).map(Some),
+                        None => Ok(loader.load_cached(&hash)),
+                    });
+                    match loaded.await {
+                        Ok(Ok(Some(loaded))) => loaded,
+                        Ok(Ok(None)) => {
+                            return outcome_only(limit, Outcome::Rejected {
+                                reason: format!("module {} is unknown here", spec.module),
+                            });
+                        }
                         Ok(Err(outcome)) => return outcome_only(limit, outcome),
                         Err(e) => return host_failure(limit, &format!("compiling the module failed: {e}")),
                     }
@@ -125,6 +133,11 @@ impl JobRunner {
             Ok(result) => result,
             Err(e) => host_failure(limit, &format!("the job's task failed: {e}")),
         }
+    }
+
+    /// Module bytes held now (within `SandboxConfig::module_bytes_held`).
+    pub fn module_bytes_held(&self) -> u64 {
+        self.lock_modules().held()
     }
 
     /// [`run`](Self::run) for callers outside any async runtime.

@@ -162,6 +162,7 @@ impl Worker {
             advert: &advert,
             queued: &queued,
             cache: self.runner.sandbox().cache_stats(),
+            module_bytes: self.runner.module_bytes_held(),
             gossip: [
                 load(&g.rounds),
                 load(&g.exchanges_ok),

@@ -239,11 +239,14 @@ async fn a_restarted_worker_serves_its_modules_from_its_disk_cache_without_compi
 
     let second = Worker::start(None, "127.0.0.1:0", cache.path(), None);
     // A new client, as after a restart of everything: the worker has lost
-    // the module's bytes (kept in memory) but not the compiled artifact.
+    // the module's bytes (kept in memory) but not the compiled artifact,
+    // which is enough: the client need not upload the module again.
     let r = Target::pool(vec![second.addr.clone()]).unwrap().run(&primes, spec()).await.unwrap();
     assert!(r.outcome.is_success(), "{}", r.outcome);
     assert_eq!(r.cache, CacheSource::Disk, "the restarted worker compiled again");
     let m = crate::observe::scrape(&second.addr).await;
     assert_eq!(crate::observe::get(&m, "peerwasm_module_cache_events_total{event=\"compile\"}"), 0.0);
     assert_eq!(crate::observe::get(&m, "peerwasm_module_cache_events_total{event=\"disk_hit\"}"), 1.0);
+    let view = wait_for(&second.addr, Duration::from_secs(5), |v| !v.is_empty()).await;
+    assert_eq!(view[0].advert.modules_received, 0, "the artifact served the job: nothing was uploaded again");
 }
