@@ -5,7 +5,7 @@
 //! their inputs more); a body over its limit is answered `413` with a
 //! message naming the limit, and nothing of it is decoded. A request that
 //! names a protocol version other than ours (header
-//! [`PROTOCOL_HEADER`](crate::proto::PROTOCOL_HEADER)) is answered `400`
+//! [`PROTOCOL_HEADER`]) is answered `400`
 //! before any handler sees it; a request without the header (curl) is taken
 //! as ours.
 
