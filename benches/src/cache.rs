@@ -84,7 +84,7 @@ pub fn cache(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     println!("|---|---|---|");
     println!("| first: compile | {compile:.1} | {cold:.1} (upload + compile) |");
     println!("| repeated: from memory | {memory:.2} | {warm:.1} |");
-    println!("| new worker: artifact from disk | {disk:.1} | {restarted:.1} (upload + load) |");
+    println!("| new worker: artifact from disk | {disk:.1} | {restarted:.1} (no upload: the artifact is enough) |");
     println!("compile / memory hit: {:.0}×; compile / disk hit: {:.0}×", compile / memory, compile / disk);
     summary.goal(
         format!("{mb:.1} MB module: repeated job / restarted worker"),
