@@ -114,14 +114,10 @@ async fn gather(
 
 /// Sends one batch and hands each answer to its job as its frame arrives.
 async fn send(http: reqwest::Client, url: String, batch: Vec<Waiting>, outstanding: Arc<AtomicUsize>) {
-    // A postcard Vec<JobSpec> is its length as a varint, then the elements.
+    // A postcard Vec<JobSpec> is its length (a varint, as postcard writes
+    // any integer), then the elements, already encoded.
     let mut body = Vec::with_capacity(5 + batch.iter().map(|w| w.spec.len()).sum::<usize>());
-    let mut n = batch.len() as u32;
-    while n >= 0x80 {
-        body.push((n as u8 & 0x7f) | 0x80);
-        n >>= 7;
-    }
-    body.push(n as u8);
+    body.extend(postcard::to_allocvec(&batch.len()).expect("a length encodes"));
     for w in &batch {
         body.extend_from_slice(&w.spec);
     }

@@ -167,10 +167,9 @@ impl Pool {
                 }
             };
             let mut declined = Vec::new();
-            for addr in self.order_by_load(candidates, &view) {
+            for (addr, slots) in self.order_by_load(candidates, &view) {
                 placed.set(Some(&addr));
                 self.add_load(&addr, 1);
-                let slots = view.iter().find(|p| p.advert.addr == addr).map_or(1, |p| p.advert.slots_total);
                 let outcome = self.submit_to(&addr, slots, job, body.clone()).await;
                 self.add_load(&addr, -1);
                 match outcome {
@@ -197,21 +196,22 @@ impl Pool {
 
     /// Candidates in best-fit order, but those already holding a slot's
     /// worth of our jobs after those that do not: without this every job of
-    /// a map would go to the one best-fitting worker and queue there.
-    fn order_by_load(&self, candidates: Vec<String>, view: &[PeerView]) -> Vec<String> {
+    /// a map would go to the one best-fitting worker and queue there. Each
+    /// with its slots.
+    fn order_by_load(&self, candidates: Vec<String>, view: &[PeerView]) -> Vec<(String, u32)> {
         let load = self.load.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         let avoid = self.avoid.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out: Vec<(u32, String)> = candidates
+        let mut out: Vec<(u32, String, u32)> = candidates
             .into_iter()
             .filter(|a| avoid.get(a).is_none_or(|until| *until <= now))
             .map(|a| {
                 let slots = view.iter().find(|p| p.advert.addr == a).map_or(1, |p| p.advert.slots_total.max(1));
-                (load.get(&a).copied().unwrap_or(0) / slots, a)
+                (load.get(&a).copied().unwrap_or(0) / slots, a, slots)
             })
             .collect();
-        out.sort_by_key(|(waves, _)| *waves);
-        out.into_iter().map(|(_, a)| a).collect()
+        out.sort_by_key(|(waves, _, _)| *waves);
+        out.into_iter().map(|(_, a, slots)| (a, slots)).collect()
     }
 
     fn add_load(&self, addr: &str, delta: i32) {

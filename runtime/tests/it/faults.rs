@@ -64,7 +64,9 @@ impl Net {
             let host =
                 Host { ns: format!("pwn{tag}{i}"), link: format!("pwv{tag}{i}"), ip: format!("{subnet}.{}", 11 + i) };
             ip(&["netns", "add", &host.ns])?;
-            net.hosts.push(Host { ns: host.ns.clone(), link: host.link.clone(), ip: host.ip.clone() });
+            // Owned by `net` from here, so that a failure below cleans it up.
+            net.hosts.push(host);
+            let host = net.hosts.last().expect("just pushed");
             ip(&["link", "add", &host.link, "type", "veth", "peer", "name", "eth0", "netns", &host.ns])?;
             ip(&["link", "set", &host.link, "master", &net.bridge])?;
             ip(&["link", "set", &host.link, "up"])?;
