@@ -9,7 +9,7 @@ use peerwasm::client::{Job, MapConfig, MapItem, Target, map};
 use peerwasm::proto::ModuleHash;
 use peerwasm::worker::RunnerConfig;
 use peerwasm::worker::ledger::LedgerConfig;
-use peerwasm::worker::server::{WorkerConfig, start};
+use peerwasm::worker::{WorkerConfig, start};
 use peerwasm::worker::tenants::Tenants;
 
 const MIB: u64 = 1 << 20;
@@ -40,17 +40,12 @@ async fn experiment(unit_ms: u64, fair_share: bool) -> anyhow::Result<(Duration,
     let mut runner = RunnerConfig::default();
     runner.sandbox.slots = 1;
     let config = WorkerConfig {
-        listen: "127.0.0.1:0".parse()?,
-        join: Vec::new(),
         runner,
         ledger: LedgerConfig { memory: Some(1 << 30), reserve: 0 },
         gossip_interval: Duration::from_millis(200),
         tenants: tenants()?,
         fair_share,
-        usage_half_life: Duration::from_secs(600),
-        cluster_key: None,
-        max_queued: None,
-        advertise: None,
+        ..WorkerConfig::new("127.0.0.1:0".parse()?)
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let worker = start(config, async move {

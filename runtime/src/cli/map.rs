@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use tokio_util::sync::CancellationToken;
 
 use super::SandboxArgs;
 use super::progress::MapPrinter;
@@ -93,12 +94,31 @@ pub fn run(args: MapArgs) -> anyhow::Result<ExitCode> {
     let mut printer = MapPrinter::new(out, Some(total), !args.no_progress);
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let summary = runtime.block_on(map(&target, &job, inputs, &config, &mut printer));
+    // Ctrl-C: stop, write the results that are in, cancel what is under way.
+    let interrupt = CancellationToken::new();
+    let config = MapConfig { interrupt: Some(interrupt.clone()), ..config };
+    let summary = runtime.block_on(async {
+        let watcher = tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                interrupt.cancel();
+            }
+        });
+        let summary = map(&target, &job, inputs, &config, &mut printer).await;
+        watcher.abort();
+        summary
+    });
     printer.finish().context("cannot write the results")?;
     let summary = summary?;
     eprintln!("peerwasm map: {}", summary.to_string().replace('\n', "\npeerwasm map: "));
     if let Some(stopped) = &summary.stopped {
         eprintln!("peerwasm map: stopped: {} (--keep-going runs the other inputs)", stopped.message);
+    }
+    if summary.interrupted {
+        eprintln!(
+            "peerwasm map: interrupted: {} of {total} results written; the jobs under way were cancelled",
+            summary.jobs
+        );
+        return Ok(ExitCode::from(super::EXIT_INTERRUPTED));
     }
     Ok(if summary.failed > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }

@@ -1,6 +1,7 @@
 //! The `peerwasm` command line. Each subcommand has its own file; this one
 //! holds the argument definitions shared by them and the dispatch.
 
+mod cancel;
 mod map;
 mod peers;
 mod progress;
@@ -15,6 +16,9 @@ use clap::{Parser, Subcommand};
 
 /// Exit code for usage or runtime errors that are not the job's doing.
 pub const EXIT_USAGE: u8 = 2;
+
+/// Exit code after Ctrl-C (SIGINT), as a shell reports a process it ended.
+pub const EXIT_INTERRUPTED: u8 = 130;
 
 /// Run WebAssembly (wasm32-wasip1) jobs with exact memory limits, locally or
 /// on a pool of peer machines.
@@ -31,6 +35,8 @@ enum Command {
     Run(run::RunArgs),
     /// Run a job once per input line; write the results in input order.
     Map(map::MapArgs),
+    /// Cancel jobs on the pool by id.
+    Cancel(cancel::CancelArgs),
     /// Lend this machine to a pool: serve jobs over HTTP and gossip.
     Worker(worker::WorkerArgs),
     /// List the pool's workers.
@@ -157,6 +163,7 @@ where
     let result = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Map(args) => map::run(args),
+        Command::Cancel(args) => cancel::run(args),
         Command::Worker(args) => worker::run(args),
         Command::Peers(args) => peers::run(args),
         Command::Status(args) => status::run(args),

@@ -11,7 +11,8 @@ use anyhow::{Context, bail};
 
 use super::SandboxArgs;
 use crate::client::Job;
-use crate::proto::{CacheSource, DirGrant, JobResult, JobSpec, Outcome, StdStream};
+use crate::proto::{CacheSource, CancelCause, DirGrant, JobResult, JobSpec, Outcome, StdStream};
+use crate::sandbox::{Cancel, RunHooks};
 use crate::units::{Bytes, parse_duration, parse_size};
 use crate::worker::{JobRunner, RunnerConfig};
 
@@ -71,7 +72,19 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let result = if let Some(pool) = args.pool.target()? {
-        let result = runtime.block_on(pool.run(&job, spec))?;
+        // Ctrl-C drops the request: the worker sees its client go and
+        // cancels the job.
+        let result = runtime.block_on(async {
+            tokio::select! {
+                r = pool.run(&job, spec) => Some(r),
+                _ = tokio::signal::ctrl_c() => None,
+            }
+        });
+        let Some(result) = result else {
+            eprintln!("peerwasm: interrupted: the job was cancelled");
+            return Ok(ExitCode::from(super::EXIT_INTERRUPTED));
+        };
+        let result = result?;
         if !args.json {
             // Remote output arrives with the result, not streamed.
             let _ = write_all_flush(&mut std::io::stdout().lock(), &result.stdout);
@@ -95,10 +108,23 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Runs on the embedded worker, streaming the job's output if `stream`.
+/// Ctrl-C cancels the job (outcome `cancelled`, exit code 130).
 async fn run_embedded(runner: &JobRunner, spec: JobSpec, stream: bool) -> JobResult {
-    if !stream {
-        return runner.run(spec, None).await;
-    }
+    let cancel = Cancel::new();
+    let on_interrupt = cancel.clone();
+    let interrupt = tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            on_interrupt.cancel(CancelCause::Interrupted);
+        }
+    });
+    let hooks = RunHooks { cancel: Some(cancel), ..RunHooks::default() };
+    let result = if stream { run_streaming(runner, spec, hooks).await } else { runner.run_with(spec, hooks).await };
+    interrupt.abort();
+    result
+}
+
+/// Runs with the job's output forwarded to ours as it is written.
+async fn run_streaming(runner: &JobRunner, spec: JobSpec, hooks: RunHooks) -> JobResult {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<crate::sandbox::OutputChunk>();
     let forward = tokio::spawn(async move {
         while let Some((stream, chunk)) = rx.recv().await {
@@ -109,7 +135,7 @@ async fn run_embedded(runner: &JobRunner, spec: JobSpec, stream: bool) -> JobRes
             };
         }
     });
-    let result = runner.run(spec, Some(tx)).await;
+    let result = runner.run_with(spec, RunHooks { tee: Some(tx), ..hooks }).await;
     let _ = forward.await;
     result
 }

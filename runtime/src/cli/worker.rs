@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use crate::units::{parse_duration, parse_size};
 use crate::worker::ledger::LedgerConfig;
-use crate::worker::server::{WorkerConfig, start};
-use crate::worker::RunnerConfig;
+use crate::worker::http::DEFAULT_MAX_JOB_TIME;
+use crate::worker::{RunnerConfig, WorkerConfig, start};
 use crate::worker::tenants::Tenants;
 
 #[derive(clap::Args, Debug)]
@@ -67,6 +67,44 @@ pub struct WorkerArgs {
     /// the client tries another worker [default: 256 per slot].
     #[arg(long, value_name = "N")]
     max_queued: Option<u32>,
+    /// The longest any job may run here, e.g. 2h, or `none`: a job that
+    /// asks for no limit gets this one, and a job asking for more is
+    /// refused, naming it (like a cluster partition's MaxTime).
+    #[arg(long, value_name = "DUR|none", value_parser = parse_max_job_time,
+          default_value_t = MaxJobTime(Some(DEFAULT_MAX_JOB_TIME)))]
+    max_job_time: MaxJobTime,
+    /// On shutdown (SIGTERM, Ctrl-C), how long running jobs may go on
+    /// before they are cancelled; queued jobs are cancelled at once, so
+    /// their clients send them elsewhere.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "30s")]
+    drain_grace: Duration,
+    /// A job that has waited this long gets memory held for it, so large
+    /// jobs are not starved by a stream of small ones.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "30s")]
+    hold_after: Duration,
+}
+
+/// `--max-job-time`: a duration, or no limit.
+#[derive(Clone, Copy, Debug)]
+struct MaxJobTime(Option<Duration>);
+
+impl std::fmt::Display for MaxJobTime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(d) => write!(f, "{}", humantime::format_duration(d)),
+            None => f.write_str("none"),
+        }
+    }
+}
+
+fn parse_max_job_time(s: &str) -> Result<MaxJobTime, String> {
+    match s.trim() {
+        "none" | "unlimited" | "off" => Ok(MaxJobTime(None)),
+        t => match parse_duration(t)? {
+            d if d.is_zero() => Err("--max-job-time must be above 0 (or `none`)".into()),
+            d => Ok(MaxJobTime(Some(d))),
+        },
+    }
 }
 
 fn parse_host_port(s: &str) -> Result<String, String> {
@@ -91,6 +129,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     }
     sandbox.module_bytes_held = args.module_memory;
     sandbox.cache_dir = args.cache_dir.or_else(super::default_cache_root).map(|root| root.join("modules"));
+    sandbox.max_job_time = args.max_job_time.0;
     let config = WorkerConfig {
         listen: args.listen,
         join: args.join,
@@ -103,9 +142,11 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         },
         fair_share: args.fair_share,
         usage_half_life: args.usage_half_life,
+        hold_after: args.hold_after,
         cluster_key: args.cluster_key,
         max_queued: args.max_queued,
         advertise: args.advertise,
+        drain_grace: args.drain_grace,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {

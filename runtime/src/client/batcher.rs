@@ -24,6 +24,9 @@ use crate::proto::{LARGEST_JOB_HEADER, POSTCARD};
 /// How long a batch may wait for company while the worker is busy.
 pub const LINGER: Duration = Duration::from_millis(1);
 
+/// How often a batch under way checks whether anyone still waits for it.
+const ABANDON_CHECK: Duration = Duration::from_millis(50);
+
 /// The most jobs a client puts in one batch.
 const BATCH_JOBS: usize = 512;
 const _: () = assert!(BATCH_JOBS <= MAX_BATCH_JOBS);
@@ -122,14 +125,30 @@ async fn send(http: reqwest::Client, url: String, batch: Vec<Waiting>, outstandi
         body.extend_from_slice(&w.spec);
     }
     let count = batch.len();
-    let mut waiting: Vec<Option<oneshot::Sender<_>>> = batch.into_iter().map(|w| Some(w.reply)).collect();
+    let waiting: Mutex<Vec<Option<oneshot::Sender<_>>>> = Mutex::new(batch.into_iter().map(|w| Some(w.reply)).collect());
+    let lock = || waiting.lock().unwrap_or_else(|e| e.into_inner());
     let mut answer = |index: usize, a: Result<BatchAnswer, PeerError>| {
-        if let Some(reply) = waiting.get_mut(index).and_then(Option::take) {
+        if let Some(reply) = lock().get_mut(index).and_then(Option::take) {
             outstanding.fetch_sub(1, Ordering::Relaxed);
             let _ = reply.send(a);
         }
     };
-    let ended = exchange(&http, &url, body, count, &mut answer).await;
+    // When every job still unanswered has lost its waiter (a map that was
+    // interrupted or stopped, a `run` cancelled with Ctrl-C), hang up: the
+    // worker then cancels the batch's jobs instead of running them for
+    // nobody.
+    let abandoned = async {
+        loop {
+            tokio::time::sleep(ABANDON_CHECK).await;
+            if lock().iter().flatten().all(|reply| reply.is_closed()) {
+                return;
+            }
+        }
+    };
+    let ended = tokio::select! {
+        ended = exchange(&http, &url, body, count, &mut answer) => ended,
+        () = abandoned => Err(PeerError::Lost("nobody waits for the batch any more".into())),
+    };
     // Whatever was not answered shares the exchange's fate.
     let why = match ended {
         Ok(()) => PeerError::Lost("the worker's answer ended before every job of the batch".into()),

@@ -9,7 +9,8 @@
 //!   busy (`POST /v1/jobs/batch`);
 //! * [`estimate`] — learned memory requests (smartmem), saved per module;
 //! * [`map`] — many inputs, results in order, with retries and progress;
-//! * [`status`] — the pool summed up on one screen.
+//! * [`status`] — the pool summed up on one screen;
+//! * [`cancel`] — cancelling jobs by id, wherever in the pool they are.
 //!
 //! `peerwasm run` and `peerwasm map` are thin shells over these; a program
 //! can do the same:
@@ -28,6 +29,7 @@
 //! ```
 
 mod batcher;
+pub mod cancel;
 pub mod estimate;
 pub mod job;
 pub mod map;
@@ -69,7 +71,7 @@ pub async fn fetch_peers(http: &reqwest::Client, peers: &[String]) -> anyhow::Re
 /// The pool as a table, one row per peer (FieldTrip's peerlist).
 pub fn peers_table(peers: &[PeerView]) -> String {
     let mut rows = vec![[
-        "ADDRESS", "HOST", "STATE", "SLOTS", "RESERVED/CAPACITY", "FITS NOW", "QUEUE", "JOBS", "HEARD",
+        "ADDRESS", "HOST", "STATE", "SLOTS", "RESERVED/CAPACITY", "FITS NOW", "MAX TIME", "QUEUE", "JOBS", "HEARD",
     ]
     .map(String::from)];
     let mut sorted: Vec<&PeerView> = peers.iter().collect();
@@ -91,6 +93,10 @@ pub fn peers_table(peers: &[PeerView]) -> String {
             format!("{}/{}", a.slots_busy, a.slots_total),
             format!("{} / {}", Bytes(a.reserved_bytes), Bytes(a.capacity_bytes)),
             Bytes(a.largest_fit_bytes).to_string(),
+            match a.max_job_time_ms {
+                Some(ms) => humantime::format_duration(std::time::Duration::from_millis(ms)).to_string(),
+                None => "none".into(),
+            },
             a.queue_len.to_string(),
             a.jobs_run.to_string(),
             format!("{:.1}s ago", p.last_heard_ms as f64 / 1000.0),

@@ -36,6 +36,25 @@ fn live(peers: &[PeerView]) -> impl Iterator<Item = &PeerView> {
     peers.iter().filter(|p| p.liveness == Liveness::Alive && !p.advert.draining)
 }
 
+/// The peers that allow a job asking for a time limit of `timeout_ms`
+/// (each worker's `--max-job-time`); every peer allows a job that asks for
+/// none (it runs under the worker's limit). When no live peer allows it,
+/// says so, naming the longest any allows.
+pub fn allowing_time(peers: Vec<PeerView>, timeout_ms: Option<u64>) -> Result<Vec<PeerView>, NoPlace> {
+    let Some(asked) = timeout_ms else { return Ok(peers) };
+    let allows = |p: &PeerView| p.advert.max_job_time_ms.is_none_or(|max| asked <= max);
+    if live(&peers).next().is_none() || live(&peers).any(allows) {
+        return Ok(peers.into_iter().filter(allows).collect());
+    }
+    let longest = live(&peers).filter_map(|p| p.advert.max_job_time_ms).max().unwrap_or(0);
+    let fmt = |ms: u64| humantime::format_duration(std::time::Duration::from_millis(ms)).to_string();
+    Err(NoPlace::NeverFits(format!(
+        "no worker runs jobs for {}: the longest any allows is {} (their --max-job-time)",
+        fmt(asked),
+        fmt(longest)
+    )))
+}
+
 /// The addresses to try for a job of `memreq` bytes, best first; or why
 /// no peer can take it.
 pub fn candidates(peers: &[PeerView], memreq: u64) -> Result<Vec<String>, NoPlace> {
@@ -107,5 +126,20 @@ mod tests {
         assert!(err.contains("largest the pool can take is 16 GiB"), "{err}");
         assert_eq!(candidates(&peers[5..], GIB).unwrap_err(), NoPlace::NoLivePeer);
         assert_eq!(largest_job(&peers), 16 * GIB);
+    }
+
+    #[test]
+    fn a_time_limit_goes_only_where_it_is_allowed() {
+        let limited = |addr: &str, max: Option<u64>| PeerView {
+            advert: Advert { max_job_time_ms: max, ..peer(addr, GIB, GIB, 0, Liveness::Alive).advert },
+            ..peer(addr, GIB, GIB, 0, Liveness::Alive)
+        };
+        let peers = vec![limited("short", Some(60_000)), limited("long", Some(3_600_000)), limited("free", None)];
+        let addrs = |v: Vec<PeerView>| v.into_iter().map(|p| p.advert.addr).collect::<Vec<_>>();
+        assert_eq!(addrs(allowing_time(peers.clone(), None).unwrap()), ["short", "long", "free"]);
+        assert_eq!(addrs(allowing_time(peers.clone(), Some(600_000)).unwrap()), ["long", "free"]);
+        let capped = peers[..2].to_vec();
+        let err = allowing_time(capped, Some(7_200_000)).unwrap_err().to_string();
+        assert!(err.contains("no worker runs jobs for 2h") && err.contains("longest any allows is 1h"), "{err}");
     }
 }

@@ -20,7 +20,7 @@ use super::placement;
 use super::target::{Placed, SubmitError};
 use crate::gossip::Liveness;
 use crate::proto::batch::BatchAnswer;
-use crate::proto::{JobResult, JobSpec, ModuleHash, PROTOCOL_HEADER, PROTOCOL_VERSION, PeerView};
+use crate::proto::{CancelCause, JobResult, JobSpec, ModuleHash, Outcome, PROTOCOL_HEADER, PROTOCOL_VERSION, PeerView};
 use crate::units::Bytes;
 
 /// How a [`Pool`] behaves.
@@ -89,19 +89,7 @@ pub(super) enum PeerError {
 impl Pool {
     /// A pool reached through `config.seeds`.
     pub fn new(config: PoolConfig) -> anyhow::Result<Pool> {
-        let mut headers = reqwest::header::HeaderMap::new();
-        headers.insert(PROTOCOL_HEADER, reqwest::header::HeaderValue::from_static(PROTOCOL_VERSION));
-        if let Some(token) = &config.token {
-            let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
-                .map_err(|_| anyhow::anyhow!("the token must be printable ASCII"))?;
-            value.set_sensitive(true);
-            headers.insert(reqwest::header::AUTHORIZATION, value);
-        }
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true)
-            .default_headers(headers)
-            .build()?;
+        let http = http_client(config.token.as_deref())?;
         Ok(Pool {
             config,
             http: http.clone(),
@@ -149,6 +137,7 @@ impl Pool {
         let mut no_peer_since: Option<Instant> = None;
         loop {
             let view = self.view().await.map_err(|e| SubmitError::Fatal(format!("{e:#}")))?;
+            let view = placement::allowing_time(view, spec.limits.timeout_ms).map_err(|e| SubmitError::Fatal(e.to_string()))?;
             let candidates = match placement::candidates(&view, memreq) {
                 Ok(c) => {
                     no_peer_since = None;
@@ -173,6 +162,11 @@ impl Pool {
                 let outcome = self.submit_to(&addr, slots, job, body.clone()).await;
                 self.add_load(&addr, -1);
                 match outcome {
+                    // A worker that shut down under the job did not run it
+                    // to its end: that is a lost job, to run elsewhere.
+                    Ok(JobResult { outcome: Outcome::Cancelled { cause: CancelCause::Shutdown }, .. }) => {
+                        return Err(SubmitError::Lost { peer: addr, reason: "the worker shut down".into() });
+                    }
                     Ok(result) => return Ok(result),
                     Err(PeerError::Declined(why)) => declined.push(format!("{addr}: {why}")),
                     Err(PeerError::Unreachable(why)) => {
@@ -245,8 +239,10 @@ impl Pool {
             match StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR) {
                 StatusCode::NOT_FOUND if attempt == 0 => self.upload_once(addr, job, sent).await?,
                 StatusCode::UNPROCESSABLE_ENTITY => {
-                    let largest = largest.map(|b| Bytes(b).to_string()).unwrap_or_default();
-                    return Err(PeerError::Declined(format!("too large here (largest {largest})")));
+                    return Err(PeerError::Declined(match largest {
+                        Some(b) => format!("too large here (largest {})", Bytes(b)),
+                        None => message, // e.g. a time limit longer than it allows
+                    }));
                 }
                 StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNAUTHORIZED => {
                     return Err(PeerError::Fatal(message));
@@ -294,6 +290,24 @@ impl Pool {
             s => Err(PeerError::Declined(format!("module upload refused: {s}"))),
         }
     }
+}
+
+/// An HTTP client for talking to workers: our protocol version and, if
+/// given, the tenant's token on every request.
+pub fn http_client(token: Option<&str>) -> anyhow::Result<reqwest::Client> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(PROTOCOL_HEADER, reqwest::header::HeaderValue::from_static(PROTOCOL_VERSION));
+    if let Some(token) = token {
+        let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+            .map_err(|_| anyhow::anyhow!("the token must be printable ASCII"))?;
+        value.set_sensitive(true);
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+    }
+    Ok(reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .default_headers(headers)
+        .build()?)
 }
 
 impl PeerError {

@@ -157,7 +157,13 @@ pub enum Outcome {
         requested: u64,
     },
     /// The job ran past its wall-time limit.
-    TimeLimitExceeded { limit_ms: u64 },
+    TimeLimitExceeded {
+        /// The limit it ran under, in milliseconds.
+        limit_ms: u64,
+        /// Whether that was the worker's own limit (`--max-job-time`) rather
+        /// than one the job asked for.
+        worker_limit: bool,
+    },
     /// The job wrote more than its cap to stdout or stderr.
     OutputLimitExceeded { stream: StdStream, limit: u64 },
     /// The guest trapped (or a host call failed fatally).
@@ -173,16 +179,45 @@ pub enum Outcome {
     InvalidModule { reason: String },
     /// The job was not run: too large, or not allowed.
     Rejected { reason: String },
+    /// The job was ended (or taken out of its queue) before it finished.
+    Cancelled { cause: CancelCause },
+}
+
+/// Who or what cancelled a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelCause {
+    /// Its owner asked (`peerwasm cancel`, `DELETE /v1/jobs/{id}`).
+    Owner,
+    /// The client waiting for it went away (its connection closed).
+    ClientGone,
+    /// The worker shut down before the job ended (past its drain grace).
+    /// The job did nothing wrong: a client runs it again elsewhere.
+    Shutdown,
+    /// The person running `peerwasm run` or `map` pressed Ctrl-C.
+    Interrupted,
+}
+
+impl fmt::Display for CancelCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CancelCause::Owner => "by its owner",
+            CancelCause::ClientGone => "because its client went away",
+            CancelCause::Shutdown => "because the worker shut down",
+            CancelCause::Interrupted => "by an interrupt (Ctrl-C)",
+        })
+    }
 }
 
 impl Outcome {
     /// The process exit code `peerwasm run` uses for this outcome: the job's
     /// own code, 124 for time (as `timeout(1)`), 137 for memory (as an OOM
-    /// kill), 134 for a trap (as `wasmtime run`), 2 for everything that is not
-    /// the job's doing.
+    /// kill), 134 for a trap (as `wasmtime run`), 130 when cancelled (as for
+    /// SIGINT), 2 for everything that is not the job's doing.
     pub fn exit_code(&self) -> i32 {
         match self {
             Outcome::Exited { code } => *code,
+            Outcome::Cancelled { .. } => 130,
             Outcome::TimeLimitExceeded { .. } => 124,
             Outcome::MemoryLimitExceeded { .. } => 137,
             Outcome::Trapped { .. } | Outcome::OutputLimitExceeded { .. } => 134,
@@ -209,11 +244,14 @@ impl fmt::Display for Outcome {
                 Bytes(*peak),
                 Bytes(*requested)
             ),
-            Outcome::TimeLimitExceeded { limit_ms } => write!(
-                f,
-                "job exceeded its time limit of {}",
-                humantime::format_duration(std::time::Duration::from_millis(*limit_ms))
-            ),
+            Outcome::TimeLimitExceeded { limit_ms, worker_limit } => {
+                let limit = humantime::format_duration(std::time::Duration::from_millis(*limit_ms));
+                if *worker_limit {
+                    write!(f, "job exceeded the worker's time limit of {limit} (its --max-job-time)")
+                } else {
+                    write!(f, "job exceeded its time limit of {limit}")
+                }
+            }
             Outcome::OutputLimitExceeded { stream, limit } => {
                 write!(f, "job wrote more than its {stream} limit of {}", Bytes(*limit))
             }
@@ -229,6 +267,7 @@ impl fmt::Display for Outcome {
             }
             Outcome::InvalidModule { reason } => write!(f, "invalid module: {reason}"),
             Outcome::Rejected { reason } => write!(f, "job rejected: {reason}"),
+            Outcome::Cancelled { cause } => write!(f, "job cancelled {cause}"),
         }
     }
 }
@@ -272,6 +311,26 @@ pub struct JobResult {
     pub peer: String,
     /// Things the submitter should know (e.g. peak close to the limit).
     pub warnings: Vec<String>,
+}
+
+impl JobResult {
+    /// The result of a job that ended as `outcome` without running (refused,
+    /// cancelled in its queue, its module unknown), under a memory limit of
+    /// `memory_limit_bytes`.
+    pub fn never_ran(memory_limit_bytes: u64, outcome: Outcome) -> JobResult {
+        JobResult {
+            outcome,
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            peak_memory_bytes: 0,
+            memory_limit_bytes,
+            wall_time_us: 0,
+            cpu_time_us: 0,
+            cache: CacheSource::None,
+            peer: "embedded".into(),
+            warnings: Vec::new(),
+        }
+    }
 }
 
 /// Output bytes: raw in postcard, as a (lossy) UTF-8 string in JSON, which is
@@ -352,6 +411,9 @@ pub struct Advert {
     pub modules_received: u64,
     /// The worker is shutting down: it finishes its jobs but takes no more.
     pub draining: bool,
+    /// The longest a job may run here (`--max-job-time`), in milliseconds;
+    /// `None`: no limit. A job that asks for none runs under this one.
+    pub max_job_time_ms: Option<u64>,
     /// Whether tenants authenticate here (`--tenants`); `false`: one
     /// tenant, `default`.
     pub multi_tenant: bool,
@@ -423,7 +485,7 @@ pub const PROTOCOL_HEADER: &str = "peerwasm-protocol";
 
 /// The protocol version of this build: bumped when a message's encoding
 /// changes incompatibly (postcard has no field tags to fall back on).
-pub const PROTOCOL_VERSION: &str = "1";
+pub const PROTOCOL_VERSION: &str = "2";
 
 /// The most a job's input (its stdin) may be, in bytes.
 pub const MAX_INPUT_BYTES: u64 = 64 << 20;
@@ -443,7 +505,8 @@ pub const JOB_ID_HEADER: &str = "peerwasm-job-id";
 pub struct JobStatus {
     /// The job's id: 128 random bits in hex, unguessable.
     pub id: String,
-    /// `queued`, `running` or `done` (result not yet taken).
+    /// `queued`, `running` or `done` (result not yet taken; a cancelled
+    /// job is `done` with a `cancelled` outcome).
     pub state: String,
     /// Its memory request, in bytes.
     pub memory_bytes: u64,
@@ -458,7 +521,8 @@ mod tests {
         for outcome in [
             Outcome::Exited { code: 3 },
             Outcome::MemoryLimitExceeded { limit: 1, peak: 2, requested: 3 },
-            Outcome::TimeLimitExceeded { limit_ms: 5 },
+            Outcome::TimeLimitExceeded { limit_ms: 5, worker_limit: true },
+            Outcome::Cancelled { cause: CancelCause::Owner },
             Outcome::OutputLimitExceeded { stream: StdStream::Stderr, limit: 9 },
             Outcome::Trapped { trap: "unreachable".into(), message: "m".into(), backtrace: vec!["f".into()] },
             Outcome::InvalidModule { reason: "r".into() },

@@ -16,6 +16,7 @@
 //! (or fuel), so the same timeout ends a busy job too.
 
 pub mod cache;
+pub mod cancel;
 pub mod engine;
 pub mod limiter;
 pub mod outcome;
@@ -37,10 +38,11 @@ use wasmtime_wasi::p2::pipe::MemoryInputPipe;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
 pub use cache::{CacheStats, CompiledModule, ModuleCache};
+pub use cancel::{Cancel, CancelOnDrop};
 pub use engine::TimeLimitMechanism;
 pub use stdio::OutputChunk;
 
-use crate::proto::{CacheSource, JobResult, JobSpec, Outcome, StdStream};
+use crate::proto::{CacheSource, CancelCause, JobResult, JobSpec, Outcome, StdStream};
 use crate::units::Bytes;
 use limiter::MemoryLimiter;
 use outcome::Phase;
@@ -80,6 +82,10 @@ pub struct SandboxConfig {
     /// Where per-job scratch directories are made. Default: the system's
     /// temporary directory.
     pub scratch_root: Option<PathBuf>,
+    /// The longest any job may run, whatever it asks (a worker's
+    /// `--max-job-time`); a job that asks for no limit gets this one.
+    /// Default: none (as `wasmtime run`; `peerwasm worker` sets 24 h).
+    pub max_job_time: Option<Duration>,
 }
 
 impl Default for SandboxConfig {
@@ -94,6 +100,7 @@ impl Default for SandboxConfig {
             module_bytes_held: 1 << 30,
             cache_dir: None,
             scratch_root: None,
+            max_job_time: None,
         }
     }
 }
@@ -105,6 +112,8 @@ pub struct RunHooks {
     pub tee: Option<UnboundedSender<OutputChunk>>,
     /// Holds the job's current linear memory in bytes while it runs.
     pub memory_meter: Option<Arc<AtomicU64>>,
+    /// Ends the job early when cancelled (outcome `cancelled`).
+    pub cancel: Option<Cancel>,
 }
 
 /// What a job's store holds.
@@ -264,9 +273,11 @@ impl Sandbox {
             TimeLimitMechanism::Off => {}
         }
 
+        let (deadline, worker_limit) = self.deadline(limits.timeout_ms);
+        let cancel = hooks.cancel.unwrap_or_default();
         let cpu_nanos = AtomicU64::new(0);
         let started = Instant::now();
-        let ended: Result<Result<(), (Phase, wasmtime::Error)>, Elapsed> = {
+        let ended: Result<Result<(), (Phase, wasmtime::Error)>, Stopped> = {
             let call = async {
                 let instance = prepared
                     .pre
@@ -279,9 +290,16 @@ impl Sandbox {
                 start.call_async(&mut store, ()).await.map_err(|e| (Phase::Run, e))
             };
             let call = CpuTimed { inner: Box::pin(call), nanos: &cpu_nanos };
-            match limits.timeout_ms {
-                Some(ms) => tokio::time::timeout(Duration::from_millis(ms), call).await.map_err(|_| Elapsed),
-                None => Ok(call.await),
+            let timed = async {
+                match deadline {
+                    Some(d) => tokio::time::timeout(d, call).await.map_err(|_| Stopped::Elapsed),
+                    None => Ok(call.await),
+                }
+            };
+            tokio::select! {
+                biased;
+                cause = cancel.cancelled() => Err(Stopped::Cancelled(cause)),
+                ended = timed => ended,
             }
         };
         result.wall_time_us = started.elapsed().as_micros() as u64;
@@ -290,7 +308,11 @@ impl Sandbox {
         let limiter = &store.data().limiter;
         result.peak_memory_bytes = limiter.peak();
         result.outcome = match ended {
-            Err(Elapsed) => Outcome::TimeLimitExceeded { limit_ms: limits.timeout_ms.unwrap_or(0) },
+            Err(Stopped::Elapsed) => Outcome::TimeLimitExceeded {
+                limit_ms: deadline.map_or(0, |d| d.as_millis() as u64),
+                worker_limit,
+            },
+            Err(Stopped::Cancelled(cause)) => Outcome::Cancelled { cause },
             Ok(Ok(())) => Outcome::Exited { code: 0 },
             Ok(Err((phase, err))) => outcome::classify(&err, phase, limiter, [&stdout, &stderr]),
         };
@@ -308,6 +330,18 @@ impl Sandbox {
             ));
         }
         result
+    }
+
+    /// The wall-time limit a job asking for `timeout_ms` runs under, and
+    /// whether it is the sandbox's own (`max_job_time`) rather than the
+    /// job's: the smaller of the two wins.
+    pub fn deadline(&self, timeout_ms: Option<u64>) -> (Option<Duration>, bool) {
+        let asked = timeout_ms.map(Duration::from_millis);
+        match (asked, self.config.max_job_time) {
+            (Some(a), Some(max)) if max < a => (Some(max), true),
+            (None, Some(max)) => (Some(max), true),
+            (asked, _) => (asked, false),
+        }
     }
 
     /// Resolves the module's imports against our linker, once per module.
@@ -376,8 +410,13 @@ fn build_wasi(
     Ok(b.build_p1())
 }
 
-/// The wall-time limit ran out.
-struct Elapsed;
+/// Why a job's call stopped before it returned.
+enum Stopped {
+    /// The wall-time limit ran out.
+    Elapsed,
+    /// Someone cancelled it.
+    Cancelled(CancelCause),
+}
 
 /// Adds up the CPU time of the polling thread while the inner future is
 /// polled. A job runs only inside `poll`, so this is the job's CPU time

@@ -10,9 +10,14 @@
 //! tenant with the lowest fair share (see [`super::fairshare`]) — or, with
 //! fair share off, the oldest fitting job. Small jobs may pass a waiting
 //! large one, but a job that has waited longer than `hold_after` has memory
-//! held for it: nothing else starts until it fits, so large jobs are not
-//! starved. Waiting jobs are also re-checked every [`RECHECK`], because host
-//! memory frees up without any job ending.
+//! held for it: other jobs start only if they fit beside it, so the memory
+//! it needs gathers as running jobs end and large jobs are not starved. The
+//! hold never wedges the worker: a job is held only if it fits in what the
+//! host could ever offer ([`Ledger::ceiling`]) — otherwise it is refused,
+//! naming the largest that fits — and only while its tenant is below its
+//! slot limit; among overdue jobs, fair share picks which is held. Waiting
+//! jobs are also re-checked every [`RECHECK`], because host memory frees up
+//! without any job ending.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -94,7 +99,15 @@ struct Waiter {
     tenant: Arc<Tenant>,
     memreq: u64,
     since: Instant,
-    tx: oneshot::Sender<Ticket>,
+    tx: oneshot::Sender<Result<Ticket, Refusal>>,
+}
+
+/// What the scheduler does next.
+enum Step {
+    /// Start the waiter at this queue position with this reservation.
+    Start(usize, Reservation),
+    /// Nothing can start now.
+    Wait,
 }
 
 struct Running {
@@ -244,6 +257,13 @@ impl Admission {
     /// Waits for a slot and `memreq` bytes for `tenant`, or refuses. A
     /// cancelled wait leaves the queue.
     pub async fn admit(self: &Arc<Self>, tenant: &Arc<Tenant>, memreq: u64) -> Result<Ticket, Refusal> {
+        self.enqueue(tenant, memreq)?.ticket().await
+    }
+
+    /// Queues a job of `memreq` bytes for `tenant` — or refuses it at once
+    /// when it could never fit or its tenant's queue is full. The job's
+    /// place is given up when the returned [`Queued`] is dropped.
+    pub fn enqueue(self: &Arc<Self>, tenant: &Arc<Tenant>, memreq: u64) -> Result<Queued, Refusal> {
         let largest = self.largest_for(tenant);
         if memreq > largest {
             return Err(Refusal::NeverFits { requested: memreq, largest });
@@ -264,31 +284,27 @@ impl Admission {
             id
         };
         self.dispatch();
-        let guard = Dequeue { admission: self, id };
-        let ticket = rx.await;
-        drop(guard);
-        // The sender lives in the queue until it is used, so this is a
-        // ticket unless the admission itself went away.
-        ticket.map_err(|_| Refusal::Busy)
+        Ok(Queued { admission: self.clone(), id, rx })
     }
 
     /// Starts as many waiting jobs as slots and memory allow, in fair-share
-    /// (or arrival) order.
+    /// (or arrival) order; refuses overdue jobs that can never fit.
     fn dispatch(self: &Arc<Self>) {
         let mut unwanted = Vec::new();
         {
             let now = Instant::now();
             let mut st = self.lock();
+            self.refuse_hopeless(&mut st, now);
             while st.busy < self.config.slots && !st.queue.is_empty() {
-                let Some(pick) = self.pick(&st, now) else { break };
-                let w = st.queue.remove(pick.0);
+                let Step::Start(pos, reservation) = self.pick(&st, now) else { break };
+                let w = st.queue.remove(pos);
                 tracing::debug!(tenant = %w.tenant.name, queued = st.queue.len(), "starting a job");
                 st.busy += 1;
                 st.next_id += 1;
                 let id = st.next_id;
                 st.running.insert(id, Running { tenant: w.tenant.clone(), reserved: w.memreq, started: now });
-                let ticket = Ticket { admission: self.clone(), id, tenant: w.tenant, reservation: Some(pick.1) };
-                if let Err(ticket) = w.tx.send(ticket) {
+                let ticket = Ticket { admission: self.clone(), id, tenant: w.tenant, reservation: Some(reservation) };
+                if let Err(Ok(ticket)) = w.tx.send(Ok(ticket)) {
                     unwanted.push(ticket); // its waiter went away
                 }
             }
@@ -297,18 +313,41 @@ impl Admission {
         drop(unwanted);
     }
 
-    /// The queue position of the job to start now, with its reservation.
-    fn pick(&self, st: &State, now: Instant) -> Option<(usize, Reservation)> {
-        // A job that has waited too long is served first, or nothing is.
-        if let Some((i, w)) = st.queue.iter().enumerate().find(|(_, w)| now.duration_since(w.since) > self.config.hold_after) {
-            return self.ledger.try_reserve(w.memreq).map(|r| (i, r));
+    /// Whether `w` has waited past the bound that gets memory held for it.
+    fn overdue(&self, w: &Waiter, now: Instant) -> bool {
+        now.saturating_duration_since(w.since) > self.config.hold_after
+    }
+
+    /// Refuses the overdue jobs that the host could not hold even with
+    /// nothing else running: holding memory for them would stop every other
+    /// job for nothing.
+    fn refuse_hopeless(&self, st: &mut State, now: Instant) {
+        if !st.queue.iter().any(|w| self.overdue(w, now)) {
+            return;
         }
+        let ceiling = self.ledger.ceiling();
+        let mut i = 0;
+        while i < st.queue.len() {
+            if self.overdue(&st.queue[i], now) && st.queue[i].memreq > ceiling {
+                let w = st.queue.remove(i);
+                tracing::info!(tenant = %w.tenant.name, memreq = w.memreq, ceiling, "refusing a job the host cannot hold");
+                let _ = w.tx.send(Err(Refusal::NeverFits { requested: w.memreq, largest: ceiling }));
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Tenants with waiting jobs that may start one now (below their slot
+    /// limit), lowest fair share first (or by their oldest job).
+    fn ranked_tenants<'s>(&self, st: &'s State, now: Instant) -> Vec<&'s Arc<Tenant>> {
         let mut tenants: Vec<&Arc<Tenant>> = Vec::new();
         for w in &st.queue {
             if !tenants.iter().any(|t| t.name == w.tenant.name) {
                 tenants.push(&w.tenant); // in order of their oldest job
             }
         }
+        tenants.retain(|t| t.max_slots.is_none_or(|max| st.running_of(&t.name) < max));
         if self.config.fair_share {
             let running = st.running_usage(now);
             let share = |t: &Tenant| {
@@ -317,27 +356,54 @@ impl Admission {
             tenants.sort_by(|a, b| share(a).total_cmp(&share(b)));
             tracing::trace!(shares = ?tenants.iter().map(|t| (t.name.as_str(), share(t))).collect::<Vec<_>>(), "ranked");
         }
-        for t in tenants {
-            if t.max_slots.is_some_and(|max| st.running_of(&t.name) >= max) {
-                continue;
-            }
-            for (i, w) in st.queue.iter().enumerate().filter(|(_, w)| w.tenant.name == t.name) {
-                if let Some(r) = self.ledger.try_reserve(w.memreq) {
-                    return Some((i, r));
+        tenants
+    }
+
+    /// The job to start now, with its reservation.
+    fn pick(&self, st: &State, now: Instant) -> Step {
+        let tenants = self.ranked_tenants(st, now);
+        fn of<'q>(st: &'q State, t: &'q Tenant) -> impl Iterator<Item = (usize, &'q Waiter)> {
+            st.queue.iter().enumerate().filter(move |(_, w)| w.tenant.name == t.name)
+        }
+        // The first overdue job, in fair-share order, has memory held: it
+        // starts if it fits, and others only if they fit beside it.
+        let held = tenants.iter().find_map(|t| of(st, t).find(|(_, w)| self.overdue(w, now)));
+        let keep = match held {
+            Some((i, w)) => match self.ledger.try_reserve(w.memreq) {
+                Some(r) => return Step::Start(i, r),
+                None => w.memreq,
+            },
+            None => 0,
+        };
+        for t in &tenants {
+            for (i, w) in of(st, t) {
+                if let Some(r) = self.ledger.try_reserve_beside(w.memreq, keep) {
+                    return Step::Start(i, r);
                 }
             }
         }
-        None
+        Step::Wait
     }
 }
 
-/// Takes a cancelled waiter out of the queue.
-struct Dequeue<'a> {
-    admission: &'a Admission,
+/// A job's place in its worker's queue; see [`Admission::enqueue`].
+pub struct Queued {
+    admission: Arc<Admission>,
     id: u64,
+    rx: oneshot::Receiver<Result<Ticket, Refusal>>,
 }
 
-impl Drop for Dequeue<'_> {
+impl Queued {
+    /// Waits until the job may start (or is refused after all: it waited
+    /// past the hold bound and the host can never hold it).
+    pub async fn ticket(mut self) -> Result<Ticket, Refusal> {
+        // The sender lives in the queue until it is used, so this is an
+        // answer unless the admission itself went away.
+        (&mut self.rx).await.unwrap_or(Err(Refusal::Busy))
+    }
+}
+
+impl Drop for Queued {
     fn drop(&mut self) {
         self.admission.lock().queue.retain(|w| w.id != self.id);
     }

@@ -188,11 +188,28 @@ impl Ledger {
         self.offer_locked(&self.lock(), available)
     }
 
+    /// The largest job this worker could start once every running job has
+    /// ended, as the host looks now: capacity, or less when the host's
+    /// other users hold memory (`host available + Σ in use − reserve`). A
+    /// job larger than this waits in vain until the host frees memory.
+    pub fn ceiling(&self) -> u64 {
+        let available = self.host_available();
+        let st = self.lock();
+        let in_use: u64 = st.jobs.iter().map(|(_, _, used)| used.load(Ordering::Relaxed)).sum();
+        self.capacity.min(available.saturating_add(in_use).saturating_sub(self.reserve))
+    }
+
     /// Reserves `bytes` if they fit now.
     pub fn try_reserve(self: &Arc<Self>, bytes: u64) -> Option<Reservation> {
+        self.try_reserve_beside(bytes, 0)
+    }
+
+    /// Reserves `bytes` if they fit now with `keep` bytes still free beside
+    /// them (memory held for a job that has waited too long).
+    pub fn try_reserve_beside(self: &Arc<Self>, bytes: u64, keep: u64) -> Option<Reservation> {
         let available = self.host_available();
         let mut st = self.lock();
-        if bytes > self.offer_locked(&st, available) {
+        if bytes.saturating_add(keep) > self.offer_locked(&st, available) {
             return None;
         }
         st.reserved += bytes;

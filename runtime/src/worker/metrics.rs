@@ -154,12 +154,23 @@ impl Metrics {
             Outcome::Trapped { .. } => "trapped",
             Outcome::InvalidModule { .. } => "invalid_module",
             Outcome::Rejected { .. } => "rejected",
+            Outcome::Cancelled { .. } => "cancelled",
         };
-        let labels = vec![("outcome".to_string(), outcome.to_string()), ("tenant".to_string(), tenant.to_string())];
-        self.jobs.get_or_create(&labels).inc();
+        self.count_job(tenant, outcome);
         self.wall.observe(result.wall_time_us as f64 / 1e6);
         self.cpu.observe(result.cpu_time_us as f64 / 1e6);
         self.peak.observe(result.peak_memory_bytes as f64);
+    }
+
+    /// A job cancelled while it waited for a slot: it ended (outcome
+    /// `cancelled`) without running, so no time or memory is observed.
+    pub fn cancelled_in_queue(&self, tenant: &str) {
+        self.count_job(tenant, "cancelled");
+    }
+
+    fn count_job(&self, tenant: &str, outcome: &str) {
+        let labels = vec![("outcome".to_string(), outcome.to_string()), ("tenant".to_string(), tenant.to_string())];
+        self.jobs.get_or_create(&labels).inc();
     }
 
     /// A job was refused before running (`never_fits`, `queue_full`,

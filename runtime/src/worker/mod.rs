@@ -1,35 +1,41 @@
-//! The worker side: what runs jobs on a machine.
+//! The worker side: what runs jobs on a machine, in the order a job meets
+//! it.
 //!
 //! * [`runner`] — [`JobRunner`]: the sandbox with N slots on its own threads.
 //!   The embedded worker is a `JobRunner` inside the client's process;
 //! * [`modules`] — module bytes held for compiling, within a byte budget;
+//! * [`http`] — `peerwasm worker`'s HTTP edge: the router and `start`,
+//!   extractors (tenant, capped bodies), one file per endpoint group;
+//! * [`jobs`] — a job's life: checks, admission, the run, charging,
+//!   cancelling, and the table of jobs by id;
+//! * [`admission`] — slots, memory and per-tenant queues;
 //! * [`ledger`] — the host memory ledger (smartmem, exact);
 //! * [`cgroup`] — the memory limit of the cgroup the worker runs in (a
 //!   Slurm job's allocation), which the ledger never exceeds;
-//! * [`tenants`] — who may submit (`--tenants`), with weights and limits;
-//! * [`admission`] — slots, memory and per-tenant queues;
 //! * [`fairshare`] — decayed dominant-resource usage (smartshare) and
 //!   accounts;
-//! * [`jobs`] — the job endpoints: authentication, job ids, results;
-//! * [`batch`] — many jobs in one request, answers streamed as they end;
-//! * [`limits`] — what a request may carry, per kind, and its protocol;
+//! * [`tenants`] — who may submit (`--tenants`), with weights and limits;
+//! * [`state`] — what a running worker holds and derives (its advert,
+//!   metrics, the pool's usage), shared by the HTTP edge and gossip;
 //! * [`warnings`] — warnings to the operator, logged, counted and shown;
-//! * [`metrics`] — `GET /metrics` in Prometheus' text format;
-//! * [`server`] — `peerwasm worker`: all of the above behind HTTP, with
-//!   capacity gossip.
+//! * [`metrics`] — `GET /metrics` in Prometheus' text format.
+//!
+//! Arrows point down the list: `http` uses `jobs` and `state`; `jobs` uses
+//! admission and the runner; admission, the ledger, fair share and tenants
+//! import nothing of HTTP.
 
 pub mod admission;
-pub mod batch;
 pub mod cgroup;
 pub mod fairshare;
+pub mod http;
 pub mod jobs;
 pub mod ledger;
-pub mod limits;
 pub mod metrics;
 pub mod modules;
 pub mod runner;
-pub mod server;
+pub mod state;
 pub mod tenants;
 pub mod warnings;
 
+pub use http::{RunningWorker, WorkerConfig, start};
 pub use runner::{JobRunner, RunnerConfig};

@@ -11,9 +11,9 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Semaphore;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::proto::{CacheSource, JobResult, JobSpec, ModuleHash, Outcome};
+use crate::proto::{CacheSource, CancelCause, JobResult, JobSpec, ModuleHash, Outcome};
 use super::modules::ModuleBytes;
-use crate::sandbox::{OutputChunk, RunHooks, Sandbox, SandboxConfig};
+use crate::sandbox::{Cancel, OutputChunk, RunHooks, Sandbox, SandboxConfig};
 
 /// How a runner is set up.
 #[derive(Clone, Debug, Default)]
@@ -90,17 +90,30 @@ impl JobRunner {
     /// because of the job: even a panic inside wasmtime comes back as an
     /// outcome.
     pub async fn run(&self, spec: JobSpec, tee: Option<UnboundedSender<OutputChunk>>) -> JobResult {
-        self.run_with(spec, RunHooks { tee, memory_meter: None }).await
+        self.run_with(spec, RunHooks { tee, ..RunHooks::default() }).await
     }
 
     /// [`run`](Self::run) with all the hooks.
-    pub async fn run_with(&self, spec: JobSpec, hooks: RunHooks) -> JobResult {
+    ///
+    /// The job is cancelled (cause: its client went away) if this future is
+    /// dropped before it ends: nobody would read its result. With
+    /// `hooks.cancel`, whoever holds that handle can end it too, while it
+    /// waits for a slot, compiles or runs.
+    pub async fn run_with(&self, spec: JobSpec, mut hooks: RunHooks) -> JobResult {
         let bytes = self.lock_modules().get(&spec.module);
         let limit = spec.limits.memory_bytes;
         let sandbox = self.sandbox.clone();
         let slots = self.slots.clone();
+        let cancel = hooks.cancel.get_or_insert_with(Cancel::new).clone();
+        let abandoned = cancel.on_drop(CancelCause::ClientGone);
         let task = async move {
-            let Ok(_permit) = slots.acquire_owned().await else {
+            let cancel = hooks.cancel.clone().unwrap_or_default();
+            let permit = tokio::select! {
+                biased;
+                cause = cancel.cancelled() => return JobResult::never_ran(limit, Outcome::Cancelled { cause }),
+                permit = slots.acquire_owned() => permit,
+            };
+            let Ok(_permit) = permit else {
                 return host_failure(limit, "the runner is shutting down");
             };
             let (module, source) = match sandbox.cached(&spec.module) {
@@ -114,14 +127,21 @@ impl JobRunner {
                         Some(bytes) => loader.load(&hash, &bytes).map(Some),
                         None => Ok(loader.load_cached(&hash)),
                     });
-                    match loaded.await {
+                    // A cancelled job stops waiting; the compile finishes
+                    // on its blocking thread and lands in the cache.
+                    let loaded = tokio::select! {
+                        biased;
+                        cause = cancel.cancelled() => return JobResult::never_ran(limit, Outcome::Cancelled { cause }),
+                        loaded = loaded => loaded,
+                    };
+                    match loaded {
                         Ok(Ok(Some(loaded))) => loaded,
                         Ok(Ok(None)) => {
-                            return outcome_only(limit, Outcome::Rejected {
+                            return JobResult::never_ran(limit, Outcome::Rejected {
                                 reason: format!("module {} is unknown here", spec.module),
                             });
                         }
-                        Ok(Err(outcome)) => return outcome_only(limit, outcome),
+                        Ok(Err(outcome)) => return JobResult::never_ran(limit, outcome),
                         Err(e) => return host_failure(limit, &format!("compiling the module failed: {e}")),
                     }
                 }
@@ -129,10 +149,12 @@ impl JobRunner {
             sandbox.run(&module, &spec, source, hooks).await
         };
         let handle = self.runtime.as_ref().expect("runtime lives until drop").spawn(task);
-        match handle.await {
+        let result = match handle.await {
             Ok(result) => result,
             Err(e) => host_failure(limit, &format!("the job's task failed: {e}")),
-        }
+        };
+        abandoned.disarm();
+        result
     }
 
     /// Module bytes held now (within `SandboxConfig::module_bytes_held`).
@@ -158,24 +180,8 @@ impl Drop for JobRunner {
     }
 }
 
-/// A result for a job that never ran.
-fn outcome_only(memory_limit_bytes: u64, outcome: Outcome) -> JobResult {
-    JobResult {
-        outcome,
-        stdout: Vec::new(),
-        stderr: Vec::new(),
-        peak_memory_bytes: 0,
-        memory_limit_bytes,
-        wall_time_us: 0,
-        cpu_time_us: 0,
-        cache: CacheSource::None,
-        peer: "embedded".into(),
-        warnings: Vec::new(),
-    }
-}
-
 fn host_failure(memory_limit_bytes: u64, message: &str) -> JobResult {
-    outcome_only(memory_limit_bytes, Outcome::Trapped {
+    JobResult::never_ran(memory_limit_bytes, Outcome::Trapped {
         trap: "host error".into(),
         message: message.into(),
         backtrace: Vec::new(),

@@ -140,6 +140,7 @@ fn outcome_label(r: &Result<JobResult, SubmitError>) -> String {
             Outcome::Trapped { .. } => "trap".into(),
             Outcome::InvalidModule { .. } => "invalid module".into(),
             Outcome::Rejected { .. } => "rejected".into(),
+            Outcome::Cancelled { .. } => "cancelled".into(),
         },
         Err(SubmitError::Fatal(_)) => "refused".into(),
         Err(SubmitError::Lost { .. }) => "lost".into(),

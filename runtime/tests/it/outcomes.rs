@@ -101,7 +101,7 @@ async fn a_computing_job_is_stopped_at_its_time_limit() {
     spec.limits.timeout_ms = Some(1000);
     let t = Instant::now();
     let res = r.run(spec, None).await;
-    assert_eq!(res.outcome, Outcome::TimeLimitExceeded { limit_ms: 1000 });
+    assert_eq!(res.outcome, Outcome::TimeLimitExceeded { limit_ms: 1000, worker_limit: false });
     assert_eq!(res.outcome.exit_code(), 124);
     let took = t.elapsed();
     assert!(took >= Duration::from_millis(1000) && took < Duration::from_secs(3), "{took:?}");
@@ -117,7 +117,7 @@ async fn a_sleeping_job_is_stopped_at_its_time_limit() {
     spec.limits.timeout_ms = Some(1000);
     let t = Instant::now();
     let res = r.run(spec, None).await;
-    assert_eq!(res.outcome, Outcome::TimeLimitExceeded { limit_ms: 1000 });
+    assert_eq!(res.outcome, Outcome::TimeLimitExceeded { limit_ms: 1000, worker_limit: false });
     assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
     assert!(res.cpu_time_us < 500_000, "a sleeper burns little CPU: {} µs", res.cpu_time_us);
 }

@@ -24,6 +24,11 @@
 //!   `retries` times.
 //! * **Order**: results are handed to the observer in input order; results
 //!   that arrive early wait (at most `reorder_window` inputs ahead).
+//! * **Interrupt** (`interrupt`, Ctrl-C in `peerwasm map`): no more
+//!   submissions; the results already in are handed over (in input order,
+//!   with a gap where a job was still under way), and every submission
+//!   under way is dropped, which cancels its job on the worker (the
+//!   connection waiting for it closes) or in the embedded worker.
 
 mod report;
 
@@ -32,6 +37,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 pub use report::{MapItem, MapSummary, Progress, Stopped};
 
@@ -68,6 +74,9 @@ pub struct MapConfig {
     /// Where learned estimates are loaded from and saved to; `None` keeps
     /// them for this run only. Default: `None`.
     pub estimates: Option<EstimateStore>,
+    /// Cancelling this stops the map (see the module docs); the summary
+    /// then says it was interrupted. Default: none.
+    pub interrupt: Option<CancellationToken>,
 }
 
 impl Default for MapConfig {
@@ -82,6 +91,7 @@ impl Default for MapConfig {
             lost_slack: Duration::from_secs(10),
             reorder_window: 10_000,
             estimates: None,
+            interrupt: None,
         }
     }
 }
@@ -245,6 +255,7 @@ impl<'a> MapRun<'a> {
         let mut exhausted = false;
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let interrupt = self.config.interrupt.clone().unwrap_or_default();
         loop {
             while self.active < self.in_flight_limit() {
                 let index = if let Some(i) = self.resubmit.pop_front() {
@@ -272,6 +283,15 @@ impl<'a> MapRun<'a> {
                 break;
             }
             tokio::select! {
+                biased;
+                () = interrupt.cancelled() => {
+                    self.summary.interrupted = true;
+                    // What is in is handed over, gaps and all.
+                    for (_, item) in std::mem::take(&mut self.ready) {
+                        observer.result(item)?;
+                    }
+                    return Ok(());
+                }
                 Some((id, answer)) = self.rx.recv() => self.on_answer(id, answer, observer)?,
                 _ = tick.tick() => self.check_lost(observer).await,
             }

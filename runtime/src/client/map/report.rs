@@ -151,6 +151,9 @@ pub struct MapSummary {
     pub warnings: Vec<String>,
     /// Set when a failure stopped the map.
     pub stopped: Option<Stopped>,
+    /// Whether the map was interrupted (`MapConfig::interrupt`): inputs
+    /// without a result were not run to their end.
+    pub interrupted: bool,
 }
 
 impl MapSummary {

@@ -1,0 +1,67 @@
+//! `POST /v1/jobs/batch`: many jobs of one tenant in one request, each
+//! answered in its own frame the moment it ends (the format is in
+//! [`crate::proto::batch`]).
+//!
+//! Each job goes through exactly the path of `POST /v1/jobs`
+//! ([`jobs::run_attached`]: checks, admission, fair share, accounting);
+//! only the HTTP exchange is shared. The jobs live inside the response
+//! stream: if the client hangs up, the stream is dropped, and with it every
+//! job of the batch — queued ones leave the queue, running ones are
+//! cancelled and give back their slots as soon as they stop.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+
+use super::extract::{BatchBody, Caller, Postcard};
+use super::response::{batch_refusal, text};
+use crate::proto::batch::{BatchAnswer, BatchItem, MAX_BATCH_JOBS, encode_frame};
+use crate::proto::{JobSpec, POSTCARD};
+use crate::worker::jobs::{self, Refused};
+use crate::worker::state::Worker;
+
+pub async fn post_batch(
+    State(w): State<Arc<Worker>>,
+    Caller(tenant): Caller,
+    Postcard(specs, _): Postcard<Vec<JobSpec>, BatchBody>,
+) -> Response {
+    if specs.len() > MAX_BATCH_JOBS {
+        return text(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("a batch of {} jobs is more than the limit of {MAX_BATCH_JOBS}", specs.len()),
+        );
+    }
+    if w.draining.load(std::sync::atomic::Ordering::Relaxed) {
+        w.metrics.refused("draining");
+        return Refused::Busy("this worker is shutting down".into()).into_response();
+    }
+    w.metrics.batch_received(specs.len());
+    let answers: FuturesUnordered<_> = specs
+        .into_iter()
+        .enumerate()
+        .map(|(index, spec)| {
+            let (w, tenant) = (w.clone(), tenant.clone());
+            async move {
+                let answer = match jobs::run_attached(&w, &tenant, spec, |_| {}).await {
+                    Ok(result) => BatchAnswer::Done(result),
+                    Err(refused) => batch_refusal(refused),
+                };
+                BatchItem { index: index as u32, answer }
+            }
+        })
+        .collect();
+    let frames = answers.map(|item| {
+        let frame = encode_frame(&item).unwrap_or_else(|e| {
+            let answer = batch_refusal(Refused::Internal(format!("cannot encode the result: {e}")));
+            encode_frame(&BatchItem { index: item.index, answer }).expect("a refusal encodes")
+        });
+        Ok::<_, Infallible>(Bytes::from(frame))
+    });
+    ([(header::CONTENT_TYPE, POSTCARD)], Body::from_stream(frames)).into_response()
+}

@@ -1,0 +1,152 @@
+//! What every request goes through before a handler sees it: the protocol
+//! version (middleware), the caller's tenant ([`Caller`], from the
+//! `Authorization` header alone), and a size-capped body ([`Body`],
+//! [`Postcard`]).
+//!
+//! Handlers take [`Caller`] before the body, and axum runs header-only
+//! extractors first, so a request without a valid token is refused before
+//! one byte of its body is read. Each kind of body has its own cap (a
+//! gossip message is kilobytes, a module megabytes, a batch of jobs with
+//! their inputs more); a body over its cap is answered `413` naming it, and
+//! nothing of it is decoded.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::Response;
+use serde::de::DeserializeOwned;
+
+use super::response::text;
+use crate::proto::{MAX_INPUT_BYTES, PROTOCOL_HEADER, PROTOCOL_VERSION};
+use crate::units::Bytes as Size;
+use crate::worker::state::Worker;
+use crate::worker::tenants::{AuthError, Tenant};
+
+/// The most a `POST /v1/jobs` body may be: one job's spec and its input.
+pub const JOB_BODY: usize = MAX_INPUT_BYTES as usize + (1 << 20);
+
+/// The most a `POST /v1/jobs/batch` body may be.
+pub const BATCH_BODY: usize = 256 << 20;
+
+/// The most a `POST /v1/gossip` body may be. A message carries at most 256
+/// node states of well under a kilobyte each.
+pub const GOSSIP_BODY: usize = 16 << 20;
+
+/// The tenant a request comes from, by its bearer token (the one tenant
+/// when the worker has no `--tenants`). Rejected with 401, counted.
+pub struct Caller(pub Arc<Tenant>);
+
+impl FromRequestParts<Arc<Worker>> for Caller {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, w: &Arc<Worker>) -> Result<Caller, Response> {
+        let token = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        w.tenants.authenticate(token).map(Caller).map_err(|e| {
+            w.metrics.refused("unauthorized");
+            let why = match e {
+                AuthError::Missing => "this worker needs a tenant token: give --token or PEERWASM_TOKEN",
+                AuthError::Unknown => "the tenant token is not known here",
+            };
+            let mut resp = text(StatusCode::UNAUTHORIZED, why);
+            resp.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+            resp
+        })
+    }
+}
+
+/// A kind of request body: what it is called in messages, and its cap.
+pub trait BodyKind {
+    /// What the body is, for messages ("job request").
+    const WHAT: &'static str;
+    /// The most it may be, in bytes.
+    fn limit(w: &Worker) -> usize;
+}
+
+macro_rules! body_kind {
+    ($name:ident, $what:literal, |$w:ident| $limit:expr) => {
+        #[doc = concat!("A ", $what, ".")]
+        pub struct $name;
+        impl BodyKind for $name {
+            const WHAT: &'static str = $what;
+            fn limit($w: &Worker) -> usize {
+                $limit
+            }
+        }
+    };
+}
+
+body_kind!(JobBody, "job request", |_w| JOB_BODY);
+body_kind!(BatchBody, "batch request", |_w| BATCH_BODY);
+body_kind!(GossipBody, "gossip message", |_w| GOSSIP_BODY);
+body_kind!(ModuleBody, "module", |w| usize::try_from(w.runner.sandbox().config().max_module_bytes).unwrap_or(usize::MAX));
+
+/// A whole request body of kind `K`, read up to its cap.
+pub struct Body<K>(pub Bytes, pub PhantomData<K>);
+
+impl<K: BodyKind> FromRequest<Arc<Worker>> for Body<K> {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, w: &Arc<Worker>) -> Result<Body<K>, Response> {
+        let limit = K::limit(w);
+        let too_large = || text(StatusCode::PAYLOAD_TOO_LARGE, format!("a {} may be at most {}", K::WHAT, Size(limit as u64)));
+        // A declared length over the cap is refused before reading.
+        let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > limit as u64) {
+            return Err(too_large());
+        }
+        match axum::body::to_bytes(req.into_body(), limit).await {
+            Ok(bytes) => Ok(Body(bytes, PhantomData)),
+            Err(e) => {
+                let e = e.into_inner();
+                if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+                    Err(too_large())
+                } else {
+                    Err(text(StatusCode::BAD_REQUEST, format!("cannot read the {}: {e}", K::WHAT)))
+                }
+            }
+        }
+    }
+}
+
+/// A postcard-encoded request body of kind `K`, decoded defensively: bad
+/// bytes get a 400 naming what could not be read.
+pub struct Postcard<T, K>(pub T, pub PhantomData<K>);
+
+impl<T: DeserializeOwned, K: BodyKind> FromRequest<Arc<Worker>> for Postcard<T, K> {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, w: &Arc<Worker>) -> Result<Postcard<T, K>, Response> {
+        let Body(bytes, _) = Body::<K>::from_request(req, w).await?;
+        postcard::from_bytes(&bytes)
+            .map(|v| Postcard(v, PhantomData))
+            .map_err(|e| text(StatusCode::BAD_REQUEST, format!("bad {}: {e}", K::WHAT)))
+    }
+}
+
+/// Middleware: refuses requests that speak another protocol version. A
+/// request without the header (curl) is taken as ours.
+pub async fn protocol(req: Request, next: Next) -> Response {
+    if let Some(v) = req.headers().get(PROTOCOL_HEADER)
+        && v.as_bytes() != PROTOCOL_VERSION.as_bytes()
+    {
+        return text(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "this worker speaks peerwasm protocol {PROTOCOL_VERSION}, the request protocol {}: \
+                 run the same peerwasm version on both sides",
+                String::from_utf8_lossy(v.as_bytes())
+            ),
+        );
+    }
+    next.run(req).await
+}

@@ -1,0 +1,100 @@
+//! The job endpoints.
+//!
+//! * `POST /v1/jobs` — a postcard `JobSpec`. Answered with the `JobResult`
+//!   when the job ends (header `peerwasm-job-id` names it); with
+//!   `?detach=true`, at once with `202` and the id, the result to be taken
+//!   later. An attached job is cancelled if its client hangs up. Refusals:
+//!   401 (no or unknown token), 404 (module unknown: upload it), 422 (can
+//!   never fit, header `peerwasm-largest-job`; or a time limit longer than
+//!   this worker allows), 503 (queue full or draining; `Retry-After`), 400
+//!   (bad bytes), 413 (too large).
+//! * `GET /v1/jobs/{id}` — a detached job's result (200, postcard; taken:
+//!   the worker forgets it), or 202 while it waits or runs.
+//! * `DELETE /v1/jobs/{id}` — cancels a queued or running job (200, JSON
+//!   `{"id", "was"}`); 409 if it had already ended; 404 if it is not the
+//!   caller's.
+//! * `GET /v1/jobs` — the caller's own jobs here (JSON).
+//!
+//! Job ids are 128 random bits *and* checked against the tenant: another
+//! tenant's id answers 404, exactly as an id that does not exist.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::http::header::{self, HeaderValue};
+use axum::response::{IntoResponse, Response};
+
+use super::extract::{Caller, JobBody, Postcard};
+use super::response::{json, postcard, text};
+use crate::proto::{JOB_ID_HEADER, JobSpec};
+use crate::worker::jobs::{self, Cancelled, Lookup};
+use crate::worker::state::Worker;
+
+#[derive(serde::Deserialize)]
+pub struct PostParams {
+    #[serde(default)]
+    detach: bool,
+}
+
+fn with_id(mut resp: Response, id: &str) -> Response {
+    if let Ok(v) = HeaderValue::from_str(id) {
+        resp.headers_mut().insert(JOB_ID_HEADER, v);
+    }
+    resp
+}
+
+pub async fn post_job(
+    State(w): State<Arc<Worker>>,
+    Query(params): Query<PostParams>,
+    Caller(tenant): Caller,
+    Postcard(spec, _): Postcard<JobSpec, JobBody>,
+) -> Response {
+    if params.detach {
+        return match jobs::submit_detached(&w, &tenant, spec) {
+            Ok(id) => with_id((StatusCode::ACCEPTED, id.clone()).into_response(), &id),
+            Err(refused) => refused.into_response(),
+        };
+    }
+    let mut job_id = String::new();
+    match jobs::run_attached(&w, &tenant, spec, |id| job_id = id.to_string()).await {
+        Ok(result) => with_id(postcard(&result), &job_id),
+        Err(refused) => refused.into_response(),
+    }
+}
+
+pub async fn get_job(State(w): State<Arc<Worker>>, Caller(tenant): Caller, Path(id): Path<String>) -> Response {
+    match w.jobs.take(&tenant.name, &id) {
+        Lookup::NotFound => text(StatusCode::NOT_FOUND, "no such job"),
+        Lookup::NotDone => {
+            let mut resp = text(StatusCode::ACCEPTED, "not done yet");
+            resp.headers_mut().insert(header::RETRY_AFTER, 1.into());
+            resp
+        }
+        Lookup::Done(result) => postcard(&*result),
+    }
+}
+
+/// What `DELETE /v1/jobs/{id}` answers when it cancelled a job.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CancelAnswer {
+    /// The job's id.
+    pub id: String,
+    /// What it was doing when cancelled: `queued` or `running`.
+    pub was: String,
+}
+
+pub async fn delete_job(State(w): State<Arc<Worker>>, Caller(tenant): Caller, Path(id): Path<String>) -> Response {
+    match w.jobs.cancel(&tenant.name, &id) {
+        Cancelled::NotFound => text(StatusCode::NOT_FOUND, "no such job"),
+        Cancelled::AlreadyEnded(outcome) => text(StatusCode::CONFLICT, format!("the job had already ended: {outcome}")),
+        Cancelled::Was(was) => {
+            tracing::info!(tenant = %tenant.name, job = %id, was, "job cancelled by its owner");
+            json(&CancelAnswer { id, was: was.into() })
+        }
+    }
+}
+
+pub async fn list_jobs(State(w): State<Arc<Worker>>, Caller(tenant): Caller) -> Response {
+    json(&w.jobs.list(&tenant.name))
+}

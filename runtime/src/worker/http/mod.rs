@@ -1,0 +1,279 @@
+//! `peerwasm worker` over HTTP: the router, and [`start`], which binds,
+//! gossips and serves until shut down.
+//!
+//! Endpoints (bodies in postcard unless noted), one file per group:
+//! * [`modules`] — `PUT /v1/modules/{sha256}`;
+//! * [`jobs`] — `POST /v1/jobs`, `GET /v1/jobs[/{id}]`, `DELETE /v1/jobs/{id}`;
+//! * [`batch`] — `POST /v1/jobs/batch`;
+//! * [`pool`] — `POST /v1/gossip`, `GET /v1/peers`, `GET /metrics`, `GET /`.
+//!
+//! [`extract`] holds what every request passes through first (protocol
+//! version, tenant, capped body) and [`response`] how refusals are
+//! answered. The handlers are thin: the job's life is `worker::jobs`, the
+//! worker's state `worker::state`; neither knows HTTP.
+
+pub mod batch;
+pub mod extract;
+pub mod jobs;
+pub mod modules;
+pub mod pool;
+pub mod response;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::{get, post, put};
+use axum::serve::ListenerExt;
+
+use super::admission::{Admission, AdmissionConfig};
+use super::jobs::JobTable;
+use super::ledger::{Ledger, LedgerConfig};
+use super::metrics::Metrics;
+use super::runner::{JobRunner, RunnerConfig};
+use super::state::Worker;
+use super::tenants::Tenants;
+use super::warnings::Warnings;
+use crate::gossip::transport::{SharedNode, run_rounds};
+use crate::gossip::{GossipConfig, GossipNode, NodeId};
+use crate::proto::{Advert, CancelCause, PROTOCOL_HEADER, PROTOCOL_VERSION};
+use crate::units::Bytes as Size;
+
+/// The longest a job may run on a worker unless `--max-job-time` says
+/// otherwise, like a cluster partition's time limit.
+pub const DEFAULT_MAX_JOB_TIME: Duration = Duration::from_secs(24 * 3600);
+
+/// How long a shutting-down worker lets running jobs finish before it
+/// cancels them, unless `--drain-grace` says otherwise (Slurm's `KillWait`
+/// is 30 s too).
+pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(30);
+
+/// How a worker is set up.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    /// Where to listen; port 0 picks a free port.
+    pub listen: SocketAddr,
+    /// Peers to join through (`host:port`).
+    pub join: Vec<String>,
+    /// The sandbox and its slots; `runner.sandbox.max_job_time` is the
+    /// worker's time policy (`--max-job-time`).
+    pub runner: RunnerConfig,
+    /// Memory sizing.
+    pub ledger: LedgerConfig,
+    /// Time between gossip rounds. Default: 1 s.
+    pub gossip_interval: Duration,
+    /// Who may submit. Default: one tenant, no tokens.
+    pub tenants: Tenants,
+    /// Fair share on or off (`AdmissionConfig::fair_share`). Default: on.
+    pub fair_share: bool,
+    /// Half-life of tenants' usage. Default: 10 minutes.
+    pub usage_half_life: Duration,
+    /// A job waiting longer than this gets memory held for it
+    /// (`AdmissionConfig::hold_after`). Default: 30 s.
+    pub hold_after: Duration,
+    /// The key gossip is authenticated with (`--cluster-key`). Default: none.
+    pub cluster_key: Option<std::path::PathBuf>,
+    /// The address peers and clients reach this worker at (`--advertise`,
+    /// `host:port`; a name is fine). `None`: the address it listens on.
+    pub advertise: Option<String>,
+    /// Jobs one tenant may have waiting here (`--max-queued`); more are
+    /// refused with 503. `None`: `admission::QUEUE_PER_SLOT` × slots.
+    pub max_queued: Option<u32>,
+    /// On shutdown, how long running jobs may go on before they are
+    /// cancelled (`--drain-grace`). Default: [`DEFAULT_DRAIN_GRACE`].
+    pub drain_grace: Duration,
+}
+
+impl WorkerConfig {
+    /// The documented defaults, listening on `listen`, with the worker's
+    /// time policy ([`DEFAULT_MAX_JOB_TIME`]) in its sandbox.
+    pub fn new(listen: SocketAddr) -> WorkerConfig {
+        let mut runner = RunnerConfig::default();
+        runner.sandbox.max_job_time = Some(DEFAULT_MAX_JOB_TIME);
+        WorkerConfig {
+            listen,
+            join: Vec::new(),
+            runner,
+            ledger: LedgerConfig::default(),
+            gossip_interval: Duration::from_secs(1),
+            tenants: Tenants::single(),
+            fair_share: true,
+            usage_half_life: Duration::from_secs(600),
+            hold_after: AdmissionConfig::new(1).hold_after,
+            cluster_key: None,
+            advertise: None,
+            max_queued: None,
+            drain_grace: DEFAULT_DRAIN_GRACE,
+        }
+    }
+}
+
+/// A bound, running worker.
+pub struct RunningWorker {
+    /// The address it listens on.
+    pub addr: SocketAddr,
+    /// The address it gives peers and clients (`WorkerConfig::advertise`,
+    /// else `addr`).
+    pub advertised: String,
+    serve: tokio::task::JoinHandle<std::io::Result<()>>,
+    gossip: tokio::task::JoinHandle<()>,
+    worker: Arc<Worker>,
+    grace: Duration,
+}
+
+impl RunningWorker {
+    /// Serves until the shutdown future given to [`start`] resolves; then
+    /// advertises that it is leaving, cancels the jobs still queued (their
+    /// clients send them elsewhere), stops accepting, lets running jobs
+    /// finish for up to the drain grace, cancels those still running, and
+    /// stops gossiping.
+    pub async fn wait(self) -> anyhow::Result<()> {
+        let result = self.serve.await;
+        // Detached jobs have no request keeping `serve` open: wait for
+        // them too, within what is left of the grace.
+        let deadline = tokio::time::Instant::now() + self.grace;
+        while self.worker.jobs.active() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.worker.jobs.cancel_all(CancelCause::Shutdown, false);
+        let stop = tokio::time::Instant::now() + Duration::from_secs(5);
+        while self.worker.jobs.active() > 0 && tokio::time::Instant::now() < stop {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.gossip.abort();
+        result??;
+        Ok(())
+    }
+}
+
+/// Binds, starts gossip and serves until `shutdown` resolves.
+pub async fn start(
+    config: WorkerConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<RunningWorker> {
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
+    let bound = listener.local_addr()?;
+    let addr = config.advertise.clone().unwrap_or_else(|| bound.to_string());
+    let slots = config.runner.sandbox.slots.max(1);
+    let runner = JobRunner::new(config.runner.clone())?;
+    let ledger = Ledger::new(&config.ledger)?;
+    let defaults = AdmissionConfig::new(slots as u32);
+    let admission = Admission::new(ledger, AdmissionConfig {
+        fair_share: config.fair_share,
+        half_life: config.usage_half_life,
+        hold_after: config.hold_after,
+        queue_per_tenant: config.max_queued.unwrap_or(defaults.queue_per_tenant),
+        ..defaults
+    });
+    let generation = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let gossip_config = GossipConfig {
+        seeds: config.join.clone(),
+        failure: crate::gossip::FailureDetectorConfig {
+            initial_interval_ms: config.gossip_interval.as_millis() as u64,
+            ..Default::default()
+        },
+        ..GossipConfig::default()
+    };
+    let node = GossipNode::new(NodeId::new(addr.clone(), generation), Advert::default(), gossip_config);
+    let worker = Arc::new(Worker {
+        addr: addr.clone(),
+        runner,
+        admission,
+        tenants: config.tenants.clone(),
+        jobs: JobTable::default(),
+        gossip: SharedNode::new(node, match &config.cluster_key {
+            Some(path) => Some(crate::gossip::auth::ClusterKey::load(path)?),
+            None => None,
+        }),
+        host_id: sysinfo::System::host_name().unwrap_or_else(|_| "unknown".into()),
+        jobs_run: AtomicU64::new(0),
+        modules_received: AtomicU64::new(0),
+        draining: AtomicBool::new(false),
+        metrics: Metrics::new(),
+        warnings: Warnings::default(),
+    });
+    worker.check_sizing();
+    worker.check_host_memory();
+    let advert = worker.advert();
+    worker.gossip.lock().set_record(advert);
+    let max_job_time = config.runner.sandbox.max_job_time.map(|d| humantime::format_duration(d).to_string());
+    tracing::info!(%addr, slots, capacity = %Size(worker.admission.ledger().capacity()),
+        max_job_time = max_job_time.as_deref().unwrap_or("none"), "worker started");
+    match &config.tenants {
+        Tenants::Single(_) => tracing::info!("single-tenant mode: no --tenants file, jobs need no token"),
+        Tenants::Multi(t) => tracing::info!(tenants = t.len(), fair_share = config.fair_share, "multi-tenant mode"),
+    }
+
+    let mut protocol = reqwest::header::HeaderMap::new();
+    protocol.insert(PROTOCOL_HEADER, reqwest::header::HeaderValue::from_static(PROTOCOL_VERSION));
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .default_headers(protocol)
+        .build()?;
+    let refresher = worker.clone();
+    let gossip = tokio::spawn(run_rounds(worker.gossip.clone(), http, config.gossip_interval, move |node| {
+        refresher.learn_pool_usage(node);
+        refresher.check_host_memory();
+        refresher.jobs.sweep();
+        node.set_record(refresher.advert())
+    }));
+
+    let app = router(worker.clone());
+    // On shutdown: advertise `draining` for two gossip rounds (new jobs get
+    // 503 meanwhile, queued ones are cancelled so their clients go
+    // elsewhere), then stop accepting; requests in flight — running jobs —
+    // finish before `serve` returns, or are cancelled after the grace.
+    let draining = worker.clone();
+    let (interval, grace) = (config.gossip_interval, config.drain_grace);
+    let drain = async move {
+        shutdown.await;
+        tracing::info!(grace = %humantime::format_duration(grace), "shutting down: finishing running jobs, leaving the pool");
+        draining.draining.store(true, Ordering::Relaxed);
+        let queued = draining.jobs.cancel_all(CancelCause::Shutdown, true);
+        if queued > 0 {
+            tracing::info!(queued, "cancelled queued jobs: their clients send them elsewhere");
+        }
+        let reaper = draining.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            let n = reaper.jobs.cancel_all(CancelCause::Shutdown, false);
+            if n > 0 {
+                tracing::warn!(jobs = n, "drain grace over: cancelled the jobs still running");
+            }
+        });
+        tokio::time::sleep(2 * interval).await;
+    };
+    // TCP_NODELAY: a response goes out in several writes (head, then body
+    // frames); with Nagle's algorithm each small write after the first
+    // waits for the client's delayed ACK, 40 ms on Linux.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("cannot set TCP_NODELAY: {e}");
+        }
+    });
+    let serve = tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(drain).await });
+    Ok(RunningWorker { addr: bound, advertised: addr, serve, gossip, worker, grace })
+}
+
+/// Every route, behind the protocol check.
+fn router(worker: Arc<Worker>) -> Router {
+    Router::new()
+        .route("/", get(pool::status_page))
+        .route("/v1/modules/{hash}", put(modules::put_module))
+        .route("/v1/jobs", post(jobs::post_job).get(jobs::list_jobs))
+        .route("/v1/jobs/{id}", get(jobs::get_job).delete(jobs::delete_job))
+        .route(crate::proto::batch::BATCH_PATH, post(batch::post_batch))
+        .route("/v1/gossip", post(pool::post_gossip))
+        .route("/v1/peers", get(pool::get_peers))
+        .route("/metrics", get(pool::get_metrics))
+        .layer(axum::middleware::from_fn(extract::protocol))
+        .with_state(worker)
+}

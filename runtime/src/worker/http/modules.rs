@@ -1,0 +1,34 @@
+//! `PUT /v1/modules/{sha256}`: module bytes, checked against their hash and
+//! kept within the worker's byte budget (`worker::modules`).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+use super::extract::{Body, Caller, ModuleBody};
+use super::response::text;
+use crate::proto::ModuleHash;
+use crate::worker::state::Worker;
+
+pub async fn put_module(
+    State(w): State<Arc<Worker>>,
+    _caller: Caller,
+    Path(hash): Path<String>,
+    Body(body, _): Body<ModuleBody>,
+) -> Response {
+    let Some(hash) = ModuleHash::from_hex(&hash) else {
+        return text(StatusCode::BAD_REQUEST, "the module name must be its sha256 in hex");
+    };
+    if w.runner.has_module(&hash) {
+        return StatusCode::OK.into_response();
+    }
+    if ModuleHash::of(&body) != hash {
+        return text(StatusCode::BAD_REQUEST, "the bytes do not match the sha256 in the URL");
+    }
+    w.runner.add_module_hashed(hash, body.to_vec());
+    w.modules_received.fetch_add(1, Ordering::Relaxed);
+    StatusCode::CREATED.into_response()
+}

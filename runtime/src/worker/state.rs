@@ -1,0 +1,178 @@
+//! [`Worker`]: what a running `peerwasm worker` holds — the runner, the
+//! ledger and admission, tenants, the job table, gossip, metrics and
+//! warnings — and what it derives from them: its advert, its metrics text,
+//! the pool's usage for fair share, and the operator's warnings. The HTTP
+//! edge (`http/`) and the job lifecycle (`jobs`) share it; it knows nothing
+//! of HTTP.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use super::admission::Admission;
+use super::fairshare::{PoolSize, Usage};
+use super::jobs::JobTable;
+use super::metrics::Metrics;
+use super::runner::JobRunner;
+use super::tenants::Tenants;
+use super::warnings::{WarningKind, Warnings};
+use crate::gossip::transport::SharedNode;
+use crate::gossip::{GossipNode, Liveness};
+use crate::proto::{Advert, PeerView};
+use crate::units::Bytes as Size;
+
+/// What a running worker holds, shared by every request and by gossip.
+pub struct Worker {
+    pub(crate) addr: String,
+    pub(crate) runner: JobRunner,
+    pub(crate) admission: Arc<Admission>,
+    pub(crate) tenants: Tenants,
+    pub(crate) jobs: JobTable,
+    pub(crate) gossip: Arc<SharedNode<Advert>>,
+    pub(crate) host_id: String,
+    pub(crate) jobs_run: AtomicU64,
+    pub(crate) modules_received: AtomicU64,
+    pub(crate) draining: AtomicBool,
+    pub(crate) metrics: Metrics,
+    pub(crate) warnings: Warnings,
+}
+
+impl Worker {
+    /// This worker's advert, fresh.
+    pub(crate) fn advert(&self) -> Advert {
+        let snap = self.admission.ledger().snapshot();
+        let (busy, queued) = self.admission.counts();
+        Advert {
+            addr: self.addr.clone(),
+            host_id: self.host_id.clone(),
+            capacity_bytes: snap.capacity,
+            reserved_bytes: snap.reserved,
+            reserved_high_water_bytes: snap.reserved_high_water,
+            used_bytes: snap.used,
+            host_available_bytes: snap.host_available,
+            largest_fit_bytes: if busy >= self.admission.slots() { 0 } else { snap.offer },
+            slots_total: self.admission.slots(),
+            slots_busy: busy,
+            queue_len: queued,
+            jobs_run: self.jobs_run.load(Ordering::Relaxed),
+            modules_received: self.modules_received.load(Ordering::Relaxed),
+            draining: self.draining.load(Ordering::Relaxed),
+            max_job_time_ms: self.runner.sandbox().config().max_job_time.map(|d| d.as_millis() as u64),
+            multi_tenant: self.tenants.is_multi(),
+            tenants: self.admission.tenant_report(),
+            warnings: self.warnings.current(),
+        }
+    }
+
+    /// Raises the warnings that depend on how memory was sized.
+    pub(crate) fn check_sizing(&self) {
+        let ledger = self.admission.ledger();
+        let sizing = ledger.sizing();
+        if let (Some(cgroup), Some(memory)) = (sizing.cgroup, sizing.requested)
+            && cgroup < memory
+        {
+            self.warnings.condition(
+                WarningKind::CgroupBelowMemory,
+                Some(format!("the cgroup's memory limit {} is lower than --memory {}: jobs get at most {}", Size(cgroup), Size(memory), Size(ledger.capacity()))),
+            );
+        }
+        let physical_less_reserve = sizing.physical.saturating_sub(ledger.reserve());
+        if let Some(memory) = sizing.requested
+            && memory > physical_less_reserve
+        {
+            self.warnings.condition(
+                WarningKind::MemoryAbovePhysical,
+                Some(format!("--memory {} is more than physical memory less --reserve ({}): jobs get at most {}", Size(memory), Size(physical_less_reserve), Size(ledger.capacity()))),
+            );
+        }
+    }
+
+    /// Raises (or ends) the host-memory-low warning.
+    pub(crate) fn check_host_memory(&self) {
+        let snap = self.admission.ledger().snapshot();
+        let reserve = self.admission.ledger().reserve();
+        let low = (snap.host_available < reserve).then(|| {
+            format!(
+                "host available memory {} is below the reserve of {}: no job can start until it frees up",
+                Size(snap.host_available),
+                Size(reserve)
+            )
+        });
+        self.warnings.condition(WarningKind::HostMemoryLow, low);
+    }
+
+    /// The `/metrics` text.
+    pub(crate) fn metrics_text(&self) -> String {
+        let advert = self.advert();
+        let queued = self.admission.queued_by_tenant();
+        let g = &self.gossip.stats;
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let now = self.gossip.now_ms();
+        let peers: Vec<Liveness> = {
+            let node = self.gossip.lock();
+            node.state().iter().map(|(id, _)| node.liveness(id, now).unwrap_or(Liveness::Alive)).collect()
+        };
+        let warnings: Vec<(&'static str, u64)> = self.warnings.counts().into_iter().map(|(k, n)| (k.label(), n)).collect();
+        self.metrics.render(&super::metrics::Scrape {
+            advert: &advert,
+            queued: &queued,
+            cache: self.runner.sandbox().cache_stats(),
+            module_bytes: self.runner.module_bytes_held(),
+            gossip: [
+                load(&g.rounds),
+                load(&g.exchanges_ok),
+                load(&g.exchanges_failed),
+                load(&g.bytes_sent),
+                load(&g.bytes_received),
+                load(&g.rejected),
+                load(&g.forged),
+            ],
+            peers: &peers,
+            warnings: &warnings,
+        })
+    }
+
+    /// Hands the rest of the pool's per-tenant usage to fair share, so
+    /// tenants are ranked by what they use across the pool.
+    pub(crate) fn learn_pool_usage(&self, node: &GossipNode<Advert>) {
+        let now = self.gossip.now_ms();
+        let mut remote: std::collections::HashMap<String, Usage> = Default::default();
+        let mut pool = PoolSize { slots: 0.0, capacity_gib: 0.0 };
+        for (id, s) in node.state().iter() {
+            if node.liveness(id, now).unwrap_or(Liveness::Alive) == Liveness::Dead {
+                continue;
+            }
+            pool.slots += s.record.slots_total as f64;
+            pool.capacity_gib += s.record.capacity_bytes as f64 / (1u64 << 30) as f64;
+            if s.record.addr == self.addr {
+                continue;
+            }
+            for t in &s.record.tenants {
+                let u = remote.entry(t.tenant.clone()).or_default();
+                u.slot_seconds += t.slot_seconds;
+                u.gib_seconds += t.gib_seconds;
+            }
+        }
+        self.admission.set_pool_usage(remote, pool);
+    }
+
+    /// The pool as this worker sees it, its own line fresh.
+    pub(crate) fn peer_views(&self) -> Vec<PeerView> {
+        let now = self.gossip.now_ms();
+        let node = self.gossip.lock();
+        let mut views: Vec<PeerView> = node
+            .state()
+            .iter()
+            .map(|(id, s)| PeerView {
+                id: id.clone(),
+                advert: s.record.clone(),
+                liveness: node.liveness(id, now).unwrap_or(Liveness::Alive),
+                last_heard_ms: node.silent_ms(id, now),
+            })
+            .collect();
+        drop(node);
+        for v in views.iter_mut().filter(|v| v.advert.addr == self.addr) {
+            v.advert = self.advert();
+        }
+        views
+    }
+}
