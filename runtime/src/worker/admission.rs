@@ -478,6 +478,58 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_hold_respects_slot_limits_and_lets_jobs_fit_beside_it() {
+        let ledger = Ledger::new(&LedgerConfig { memory: Some(100 * MIB), reserve: 0 }).unwrap();
+        let config = AdmissionConfig { hold_after: Duration::from_millis(50), ..AdmissionConfig::new(4) };
+        let adm = Admission::new(ledger, config);
+        let capped = Arc::new(Tenant { max_slots: Some(1), ..Tenant::new("capped") });
+        let other = Arc::new(Tenant::new("other"));
+        // Capped runs 50 and waits past the bound with 60 more: it may not
+        // start (its slot limit), so no memory is held for it...
+        let running = adm.admit(&capped, 50 * MIB).await.unwrap();
+        let waiting = adm.enqueue(&capped, 60 * MIB).unwrap();
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        let a = tokio::time::timeout(Duration::from_secs(1), adm.admit(&other, 40 * MIB)).await;
+        let a = a.expect("a job of another tenant waited behind a hold its own tenant's limit forbids").unwrap();
+        drop(a);
+        // ...until it may: then it is held, and others start only beside it.
+        drop(running);
+        let held = tokio::time::timeout(Duration::from_secs(1), waiting.ticket()).await.unwrap().unwrap();
+        let beside = adm.admit(&other, 40 * MIB).await.expect("60 + 40 fit");
+        drop((held, beside));
+        let big = adm.admit(&other, 90 * MIB).await.unwrap();
+        let overdue = adm.enqueue(&capped, 30 * MIB).unwrap();
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        let (adm2, o) = (adm.clone(), other.clone());
+        let small = tokio::spawn(async move { adm2.admit(&o, 10 * MIB).await.map(drop) });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!small.is_finished(), "10 fits now, but not beside the 30 held for the overdue job");
+        drop(big);
+        overdue.ticket().await.unwrap();
+        small.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_overdue_job_the_host_can_never_hold_is_refused() {
+        // Capacity above what the host has: the ceiling is the host's.
+        // Capacity is then physical memory, which the host never has all free.
+        let ledger = Ledger::new(&LedgerConfig { memory: Some(u64::MAX / 4), reserve: 0 }).unwrap();
+        let (capacity, ceiling) = (ledger.capacity(), ledger.ceiling());
+        assert!(ceiling < capacity, "the host has all its memory free");
+        let config = AdmissionConfig { hold_after: Duration::from_millis(50), ..AdmissionConfig::new(2) };
+        let adm = Admission::new(ledger, config);
+        let t = Arc::new(Tenant::new("t"));
+        let hopeless = adm.enqueue(&t, capacity).expect("no larger than the capacity: queued");
+        let refused = tokio::time::timeout(Duration::from_secs(2), hopeless.ticket()).await.unwrap();
+        match refused {
+            Err(Refusal::NeverFits { largest, .. }) => assert!(largest <= ceiling + (64 << 20)),
+            Err(e) => panic!("refused for the wrong reason: {e:?}"),
+            Ok(_) => panic!("admitted a job larger than the host"),
+        }
+        drop(adm.admit(&t, 10 * MIB).await.unwrap());
+    }
+
+    #[tokio::test]
     async fn the_tenant_with_less_usage_goes_first_and_limits_hold() {
         let adm = admission(1, 4);
         let heavy = Arc::new(Tenant::new("heavy"));

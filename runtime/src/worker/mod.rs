@@ -7,7 +7,8 @@
 //! * [`http`] — `peerwasm worker`'s HTTP edge: the router and `start`,
 //!   extractors (tenant, capped bodies), one file per endpoint group;
 //! * [`jobs`] — a job's life: checks, admission, the run, charging,
-//!   cancelling, and the table of jobs by id;
+//!   cancelling;
+//! * [`table`] — the jobs a worker holds, by id, with their cancel handles;
 //! * [`admission`] — slots, memory and per-tenant queues;
 //! * [`ledger`] — the host memory ledger (smartmem, exact);
 //! * [`cgroup`] — the memory limit of the cgroup the worker runs in (a
@@ -20,7 +21,8 @@
 //! * [`warnings`] — warnings to the operator, logged, counted and shown;
 //! * [`metrics`] — `GET /metrics` in Prometheus' text format.
 //!
-//! Arrows point down the list: `http` uses `jobs` and `state`; `jobs` uses
+//! Arrows point one way: `http` uses `jobs`, `table` and `state`; `jobs`
+//! uses `state`, `table`, admission and the runner; `state` uses `table`,
 //! admission and the runner; admission, the ledger, fair share and tenants
 //! import nothing of HTTP.
 
@@ -34,6 +36,7 @@ pub mod metrics;
 pub mod modules;
 pub mod runner;
 pub mod state;
+pub mod table;
 pub mod tenants;
 pub mod warnings;
 

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::admission::Admission;
 use super::fairshare::{PoolSize, Usage};
-use super::jobs::JobTable;
+use super::table::JobTable;
 use super::metrics::Metrics;
 use super::runner::JobRunner;
 use super::tenants::Tenants;

@@ -9,6 +9,7 @@ mod map;
 mod observe;
 mod faults;
 mod hostile;
+mod lifecycle;
 mod outcomes;
 mod pool;
 mod soak;

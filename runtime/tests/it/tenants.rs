@@ -12,10 +12,10 @@ use reqwest::StatusCode;
 use crate::pool::{alive, wait_for};
 use crate::support::{MIB, WorkerProcess};
 
-const ALICE: &str = "alice-token";
-const BOB: &str = "bob-token";
+pub(crate) const ALICE: &str = "alice-token";
+pub(crate) const BOB: &str = "bob-token";
 /// A third tenant, for warming caches without charging alice or bob.
-const CAROL: &str = "carol-token";
+pub(crate) const CAROL: &str = "carol-token";
 
 fn sha(token: &str) -> String {
     use sha2::Digest;
@@ -23,7 +23,7 @@ fn sha(token: &str) -> String {
 }
 
 /// A tenants file with alice and bob at these weights.
-fn tenants_file(alice_weight: u32, bob_weight: u32) -> tempfile::NamedTempFile {
+pub(crate) fn tenants_file(alice_weight: u32, bob_weight: u32) -> tempfile::NamedTempFile {
     let mut f = tempfile::NamedTempFile::new().unwrap();
     let text = format!(
         "[[tenant]]\nname = \"alice\"\ntoken_sha256 = \"{}\"\nweight = {alice_weight}\n\n\
@@ -37,21 +37,21 @@ fn tenants_file(alice_weight: u32, bob_weight: u32) -> tempfile::NamedTempFile {
     f
 }
 
-fn worker(slots: u32, tenants: &tempfile::NamedTempFile, join: Option<&str>, extra: &[&str]) -> WorkerProcess {
+pub(crate) fn worker(slots: u32, tenants: &tempfile::NamedTempFile, join: Option<&str>, extra: &[&str]) -> WorkerProcess {
     let mut args = vec!["--tenants", tenants.path().to_str().unwrap()];
     args.extend_from_slice(extra);
     WorkerProcess::start_with("2GiB", slots, join, &args)
 }
 
-fn sleep_job() -> Job {
+pub(crate) fn sleep_job() -> Job {
     Job::new(peerwasm_testkit::guest_wasm_bytes("sleep"))
 }
 
-fn http() -> reqwest::Client {
+pub(crate) fn http() -> reqwest::Client {
     reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
 }
 
-async fn upload(addr: &str, job: &Job, token: Option<&str>) -> StatusCode {
+pub(crate) async fn upload(addr: &str, job: &Job, token: Option<&str>) -> StatusCode {
     let mut req = http().put(format!("http://{addr}/v1/modules/{}", job.hash().to_hex())).body(job.bytes().to_vec());
     if let Some(t) = token {
         req = req.bearer_auth(t);
@@ -59,7 +59,7 @@ async fn upload(addr: &str, job: &Job, token: Option<&str>) -> StatusCode {
     req.send().await.unwrap().status()
 }
 
-async fn post(addr: &str, spec: &JobSpec, token: Option<&str>, detach: bool) -> reqwest::Response {
+pub(crate) async fn post(addr: &str, spec: &JobSpec, token: Option<&str>, detach: bool) -> reqwest::Response {
     let mut req = http()
         .post(format!("http://{addr}/v1/jobs{}", if detach { "?detach=true" } else { "" }))
         .body(postcard::to_allocvec(spec).unwrap());
@@ -69,7 +69,7 @@ async fn post(addr: &str, spec: &JobSpec, token: Option<&str>, detach: bool) -> 
     req.send().await.unwrap()
 }
 
-async fn me(addr: &str) -> peerwasm::proto::Advert {
+pub(crate) async fn me(addr: &str) -> peerwasm::proto::Advert {
     let v: Vec<PeerView> = peerwasm::client::fetch_peers(&http(), &[addr.to_string()]).await.unwrap();
     v.into_iter().find(|p| p.advert.addr == addr).unwrap().advert
 }
@@ -184,14 +184,45 @@ async fn sleep_map(addr: &str, token: &str, count: usize, ms: u64) -> Instant {
 /// The smartshare seed's experiment on one slot: A maps 10 jobs of 1 unit,
 /// B 10 of 10 units, together. Returns (A's finish / B's finish, elapsed).
 pub async fn seed_experiment(unit_ms: u64, fair_share: bool) -> (f64, Duration, f64) {
+    seed_experiment_in_order(unit_ms, fair_share, None, None).await
+}
+
+/// [`seed_experiment`] where the tenant of `prior` (a token) first ran one
+/// tiny job, and the map of `first` (a token) started half a unit before
+/// the other's; `None`: nobody ran anything, both start together.
+pub async fn seed_experiment_in_order(
+    unit_ms: u64,
+    fair_share: bool,
+    prior: Option<&str>,
+    first: Option<&str>,
+) -> (f64, Duration, f64) {
     let tenants = tenants_file(1, 1);
     let w = worker(1, &tenants, None, &["--fair-share", if fair_share { "on" } else { "off" }]);
     // Compile the module before the clock starts (compiling holds the slot,
     // so it is charged: to a third tenant).
     let warm = Target::pool_as(vec![w.addr.clone()], Some(CAROL.into())).unwrap();
     warm.run(&sleep_job(), sleep_job().spec(b"1".to_vec(), 32 * MIB)).await.unwrap();
+    if let Some(token) = prior {
+        let tiny = Target::pool_as(vec![w.addr.clone()], Some(token.into())).unwrap();
+        let r = tiny.run(&sleep_job(), sleep_job().spec(b"1".to_vec(), 32 * MIB)).await.unwrap();
+        assert!(r.outcome.is_success());
+    }
     let start = Instant::now();
-    let (a, b) = tokio::join!(sleep_map(&w.addr, ALICE, 10, unit_ms), sleep_map(&w.addr, BOB, 10, 10 * unit_ms));
+    let lead = |token: &str| {
+        let delay = if first == Some(token) || first.is_none() { 0 } else { unit_ms / 2 };
+        Duration::from_millis(delay)
+    };
+    let (addr_a, addr_b) = (w.addr.clone(), w.addr.clone());
+    let (a, b) = tokio::join!(
+        async move {
+            tokio::time::sleep(lead(ALICE)).await;
+            sleep_map(&addr_a, ALICE, 10, unit_ms).await
+        },
+        async move {
+            tokio::time::sleep(lead(BOB)).await;
+            sleep_map(&addr_b, BOB, 10, 10 * unit_ms).await
+        }
+    );
     let (a, b) = (a - start, b - start);
     let ratio = b.as_secs_f64() / a.as_secs_f64();
     (ratio, a.max(b), (110 * unit_ms) as f64 / 1000.0)
@@ -205,6 +236,25 @@ async fn the_seed_experiment_short_jobs_finish_five_times_sooner() {
     assert!(ratio >= 5.0, "A finished only {ratio:.2}x sooner");
     // The slot never idled while work waited.
     assert!(elapsed.as_secs_f64() <= work + 0.5, "elapsed {elapsed:?} for {work} s of work");
+}
+
+/// Fair share must not depend on who came first or who ran a small job
+/// before: in every order the short jobs finish at least 5× sooner.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_seed_experiment_holds_in_every_order_and_after_a_prior_job() {
+    let unit = 50;
+    for prior in [None, Some(ALICE), Some(BOB)] {
+        for first in [Some(ALICE), Some(BOB)] {
+            let (ratio, elapsed, work) = seed_experiment_in_order(unit, true, prior, first).await;
+            let name = |t: Option<&str>| t.map_or("nobody", |t| if t == ALICE { "A" } else { "B" });
+            println!(
+                "seed experiment, prior job by {}, {} first: A finished {ratio:.2}x sooner than B; elapsed {elapsed:?} for {work:.2} s",
+                name(prior),
+                name(first)
+            );
+            assert!(ratio >= 5.0, "prior job by {}, {} first: A finished only {ratio:.2}x sooner", name(prior), name(first));
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

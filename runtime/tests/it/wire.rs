@@ -196,11 +196,12 @@ async fn each_request_kind_has_its_own_limit_and_says_so() {
 
     // Another protocol version is refused, naming both.
     let (status, msg) = text(
-        http().post(format!("{base}/v1/jobs")).header(PROTOCOL_HEADER, "2").body(Vec::new()).send().await.unwrap(),
+        http().post(format!("{base}/v1/jobs")).header(PROTOCOL_HEADER, "0").body(Vec::new()).send().await.unwrap(),
     )
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(msg.contains("speaks peerwasm protocol 1, the request protocol 2"), "{msg}");
+    let expected = format!("speaks peerwasm protocol {}, the request protocol 0", peerwasm::proto::PROTOCOL_VERSION);
+    assert!(msg.contains(&expected), "{msg}");
 
     // Jobs queued per tenant: one slot, --max-queued 3, ten jobs at once.
     let sleep = Job::new(peerwasm_testkit::guest_wasm_bytes("sleep"));

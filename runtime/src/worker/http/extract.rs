@@ -3,9 +3,10 @@
 //! `Authorization` header alone), and a size-capped body ([`Body`],
 //! [`Postcard`]).
 //!
-//! Handlers take [`Caller`] before the body, and axum runs header-only
-//! extractors first, so a request without a valid token is refused before
-//! one byte of its body is read. Each kind of body has its own cap (a
+//! Routes with bodies check the tenant in [`tenant_first`], before the
+//! handler runs, so a request without a valid token is refused before its
+//! body is read into memory (it is dropped unread, so the client still sees
+//! the 401). Each kind of body has its own cap (a
 //! gossip message is kilobytes, a module megabytes, a batch of jobs with
 //! their inputs more); a body over its cap is answered `413` naming it, and
 //! nothing of it is decoded.
@@ -14,7 +15,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::extract::{FromRequest, FromRequestParts, Request, State};
 use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
@@ -37,30 +38,74 @@ pub const BATCH_BODY: usize = 256 << 20;
 /// node states of well under a kilobyte each.
 pub const GOSSIP_BODY: usize = 16 << 20;
 
+/// Bytes of an unauthenticated request's body read (and dropped, never
+/// held) before it is answered 401, so that a client still sending it
+/// sees the answer rather than a broken connection. Past this, the
+/// connection is closed.
+pub const DISCARD_UNAUTHENTICATED: usize = 8 << 20;
+
 /// The tenant a request comes from, by its bearer token (the one tenant
 /// when the worker has no `--tenants`). Rejected with 401, counted.
+#[derive(Clone)]
 pub struct Caller(pub Arc<Tenant>);
+
+/// The caller of a request with these headers, or the 401 to answer.
+fn authenticate(w: &Worker, headers: &axum::http::HeaderMap) -> Result<Caller, Response> {
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    w.tenants.authenticate(token).map(Caller).map_err(|e| {
+        w.metrics.refused("unauthorized");
+        let why = match e {
+            AuthError::Missing => "this worker needs a tenant token: give --token or PEERWASM_TOKEN",
+            AuthError::Unknown => "the tenant token is not known here",
+        };
+        let mut resp = text(StatusCode::UNAUTHORIZED, why);
+        resp.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        resp
+    })
+}
 
 impl FromRequestParts<Arc<Worker>> for Caller {
     type Rejection = Response;
 
+    /// The tenant [`tenant_first`] found, or from the headers.
     async fn from_request_parts(parts: &mut Parts, w: &Arc<Worker>) -> Result<Caller, Response> {
-        let token = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
-        w.tenants.authenticate(token).map(Caller).map_err(|e| {
-            w.metrics.refused("unauthorized");
-            let why = match e {
-                AuthError::Missing => "this worker needs a tenant token: give --token or PEERWASM_TOKEN",
-                AuthError::Unknown => "the tenant token is not known here",
-            };
-            let mut resp = text(StatusCode::UNAUTHORIZED, why);
-            resp.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
-            resp
-        })
+        match parts.extensions.get::<Caller>() {
+            Some(caller) => Ok(caller.clone()),
+            None => authenticate(w, &parts.headers),
+        }
+    }
+}
+
+/// Middleware for routes with bodies: the tenant is checked from the
+/// headers before anything of the body is read; a refused request's body
+/// is dropped unread, up to [`DISCARD_UNAUTHENTICATED`], before the 401.
+pub async fn tenant_first(State(w): State<Arc<Worker>>, mut req: Request, next: Next) -> Response {
+    match authenticate(&w, req.headers()) {
+        Ok(caller) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        Err(refusal) => {
+            discard(req.into_body(), DISCARD_UNAUTHENTICATED).await;
+            refusal
+        }
+    }
+}
+
+/// Reads and drops up to `max` bytes of `body`.
+async fn discard(body: axum::body::Body, max: usize) {
+    use http_body_util::BodyExt;
+    let mut body = body;
+    let mut seen = 0;
+    while seen <= max {
+        match body.frame().await {
+            Some(Ok(frame)) => seen += frame.data_ref().map_or(0, |d| d.len()),
+            _ => return,
+        }
     }
 }
 
@@ -98,18 +143,14 @@ impl<K: BodyKind> FromRequest<Arc<Worker>> for Body<K> {
 
     async fn from_request(req: Request, w: &Arc<Worker>) -> Result<Body<K>, Response> {
         let limit = K::limit(w);
-        let too_large = || text(StatusCode::PAYLOAD_TOO_LARGE, format!("a {} may be at most {}", K::WHAT, Size(limit as u64)));
-        // A declared length over the cap is refused before reading.
-        let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > limit as u64) {
-            return Err(too_large());
-        }
+        // Read up to the cap, then refuse: a client that declared more is
+        // still sending, and reading to the cap lets it see the 413.
         match axum::body::to_bytes(req.into_body(), limit).await {
             Ok(bytes) => Ok(Body(bytes, PhantomData)),
             Err(e) => {
                 let e = e.into_inner();
                 if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
-                    Err(too_large())
+                    Err(text(StatusCode::PAYLOAD_TOO_LARGE, format!("a {} may be at most {}", K::WHAT, Size(limit as u64))))
                 } else {
                     Err(text(StatusCode::BAD_REQUEST, format!("cannot read the {}: {e}", K::WHAT)))
                 }

@@ -28,7 +28,8 @@ use axum::response::{IntoResponse, Response};
 use super::extract::{Caller, JobBody, Postcard};
 use super::response::{json, postcard, text};
 use crate::proto::{JOB_ID_HEADER, JobSpec};
-use crate::worker::jobs::{self, Cancelled, Lookup};
+use crate::worker::jobs;
+use crate::worker::table::{Cancelled, Lookup};
 use crate::worker::state::Worker;
 
 #[derive(serde::Deserialize)]

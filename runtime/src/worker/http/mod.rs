@@ -29,7 +29,7 @@ use axum::routing::{get, post, put};
 use axum::serve::ListenerExt;
 
 use super::admission::{Admission, AdmissionConfig};
-use super::jobs::JobTable;
+use super::table::JobTable;
 use super::ledger::{Ledger, LedgerConfig};
 use super::metrics::Metrics;
 use super::runner::{JobRunner, RunnerConfig};
@@ -265,12 +265,17 @@ pub async fn start(
 
 /// Every route, behind the protocol check.
 fn router(worker: Arc<Worker>) -> Router {
-    Router::new()
-        .route("/", get(pool::status_page))
+    // Requests with a tenant's body: the tenant first, then the body.
+    let uploads = Router::new()
         .route("/v1/modules/{hash}", put(modules::put_module))
-        .route("/v1/jobs", post(jobs::post_job).get(jobs::list_jobs))
-        .route("/v1/jobs/{id}", get(jobs::get_job).delete(jobs::delete_job))
+        .route("/v1/jobs", post(jobs::post_job))
         .route(crate::proto::batch::BATCH_PATH, post(batch::post_batch))
+        .route_layer(axum::middleware::from_fn_with_state(worker.clone(), extract::tenant_first));
+    Router::new()
+        .merge(uploads)
+        .route("/", get(pool::status_page))
+        .route("/v1/jobs", get(jobs::list_jobs))
+        .route("/v1/jobs/{id}", get(jobs::get_job).delete(jobs::delete_job))
         .route("/v1/gossip", post(pool::post_gossip))
         .route("/v1/peers", get(pool::get_peers))
         .route("/metrics", get(pool::get_metrics))

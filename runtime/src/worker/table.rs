@@ -1,0 +1,153 @@
+//! [`JobTable`]: the jobs a worker holds, by id — queued, running, or done
+//! with a detached job's result waiting to be taken — each with the handle
+//! that cancels it.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::proto::{CancelCause, JobResult, JobStatus, Outcome};
+use crate::sandbox::Cancel;
+
+/// How long a detached job's result is kept if nobody takes it.
+pub const RESULT_TTL: Duration = Duration::from_secs(3600);
+
+/// Where a job is in its life.
+pub(crate) enum JobState {
+    Queued,
+    Running,
+    Done(Box<JobResult>, Instant),
+}
+
+struct Entry {
+    tenant: String,
+    memory_bytes: u64,
+    state: JobState,
+    cancel: Cancel,
+}
+
+/// What became of a cancel request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cancelled {
+    /// No such job of this tenant here.
+    NotFound,
+    /// It had already ended, this way; nothing to cancel.
+    AlreadyEnded(Outcome),
+    /// It was cancelled while in this state (`queued`, `running`).
+    Was(&'static str),
+}
+
+/// A detached job's result, as `GET /v1/jobs/{id}` finds it.
+pub enum Lookup {
+    NotFound,
+    NotDone,
+    Done(Box<JobResult>),
+}
+
+/// The jobs a worker holds, by id: 128 random bits, and checked against
+/// the tenant, so another tenant's id answers exactly as one that does not
+/// exist.
+#[derive(Default)]
+pub struct JobTable {
+    jobs: Mutex<HashMap<String, Entry>>,
+}
+
+impl JobTable {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn insert(&self, tenant: &str, memory_bytes: u64, cancel: Cancel) -> String {
+        let id = hex::encode(rand::random::<[u8; 16]>());
+        self.lock().insert(id.clone(), Entry { tenant: tenant.into(), memory_bytes, state: JobState::Queued, cancel });
+        id
+    }
+
+    pub(crate) fn set(&self, id: &str, state: JobState) {
+        if let Some(e) = self.lock().get_mut(id) {
+            e.state = state;
+        }
+    }
+
+    pub(crate) fn remove(&self, id: &str) {
+        self.lock().remove(id);
+    }
+
+    /// Forgets results nobody took within [`RESULT_TTL`].
+    pub fn sweep(&self) {
+        self.lock().retain(|_, e| !matches!(&e.state, JobState::Done(_, at) if at.elapsed() > RESULT_TTL));
+    }
+
+    /// Takes `tenant`'s detached job's result, if it is done (the worker
+    /// forgets it then).
+    pub fn take(&self, tenant: &str, id: &str) -> Lookup {
+        let mut jobs = self.lock();
+        match jobs.get(id).filter(|e| e.tenant == tenant).map(|e| &e.state) {
+            None => Lookup::NotFound,
+            Some(JobState::Queued | JobState::Running) => Lookup::NotDone,
+            Some(JobState::Done(..)) => match jobs.remove(id).map(|e| e.state) {
+                Some(JobState::Done(result, _)) => Lookup::Done(result),
+                _ => Lookup::NotFound,
+            },
+        }
+    }
+
+    /// `tenant`'s jobs here, by id.
+    pub fn list(&self, tenant: &str) -> Vec<JobStatus> {
+        let mut mine: Vec<JobStatus> = self
+            .lock()
+            .iter()
+            .filter(|(_, e)| e.tenant == tenant)
+            .map(|(id, e)| JobStatus { id: id.clone(), state: state_name(&e.state).into(), memory_bytes: e.memory_bytes })
+            .collect();
+        mine.sort_by(|a, b| a.id.cmp(&b.id));
+        mine
+    }
+
+    /// Cancels `tenant`'s job `id`: it leaves its queue at once, or stops
+    /// at its next yield if it runs.
+    pub fn cancel(&self, tenant: &str, id: &str) -> Cancelled {
+        let jobs = self.lock();
+        let Some(e) = jobs.get(id).filter(|e| e.tenant == tenant) else { return Cancelled::NotFound };
+        if let JobState::Done(result, _) = &e.state {
+            return Cancelled::AlreadyEnded(result.outcome.clone());
+        }
+        if let Some(cause) = e.cancel.cause() {
+            return Cancelled::AlreadyEnded(Outcome::Cancelled { cause });
+        }
+        e.cancel.cancel(CancelCause::Owner);
+        Cancelled::Was(state_name(&e.state))
+    }
+
+    /// Cancels every job that has not ended, for `cause`; with `queued_only`
+    /// only those still waiting for a slot. Returns how many.
+    pub fn cancel_all(&self, cause: CancelCause, queued_only: bool) -> usize {
+        let jobs = self.lock();
+        let mut n = 0;
+        for e in jobs.values() {
+            let cancel = match e.state {
+                JobState::Queued => true,
+                JobState::Running => !queued_only,
+                JobState::Done(..) => false,
+            };
+            if cancel && !e.cancel.is_cancelled() {
+                e.cancel.cancel(cause);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Jobs queued or running.
+    pub fn active(&self) -> usize {
+        self.lock().values().filter(|e| !matches!(e.state, JobState::Done(..))).count()
+    }
+}
+
+fn state_name(s: &JobState) -> &'static str {
+    match s {
+        JobState::Queued => "queued",
+        JobState::Running => "running",
+        JobState::Done(..) => "done",
+    }
+}
