@@ -1,7 +1,7 @@
 //! The `peerwasm` command line. Each subcommand has its own file; this one
 //! holds the argument definitions shared by them and the dispatch.
 
-mod cancel;
+mod jobs;
 mod map;
 mod peers;
 mod progress;
@@ -35,8 +35,10 @@ enum Command {
     Run(run::RunArgs),
     /// Run a job once per input line; write the results in input order.
     Map(map::MapArgs),
+    /// List your jobs on the pool: queued, running, results waiting.
+    Jobs(jobs::JobsArgs),
     /// Cancel jobs on the pool by id.
-    Cancel(cancel::CancelArgs),
+    Cancel(jobs::CancelArgs),
     /// Lend this machine to a pool: serve jobs over HTTP and gossip.
     Worker(worker::WorkerArgs),
     /// List the pool's workers.
@@ -163,7 +165,8 @@ where
     let result = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Map(args) => map::run(args),
-        Command::Cancel(args) => cancel::run(args),
+        Command::Jobs(args) => jobs::list_jobs(args),
+        Command::Cancel(args) => jobs::cancel_jobs(args),
         Command::Worker(args) => worker::run(args),
         Command::Peers(args) => peers::run(args),
         Command::Status(args) => status::run(args),

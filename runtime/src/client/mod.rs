@@ -10,7 +10,8 @@
 //! * [`estimate`] — learned memory requests (smartmem), saved per module;
 //! * [`map`] — many inputs, results in order, with retries and progress;
 //! * [`status`] — the pool summed up on one screen;
-//! * [`cancel`] — cancelling jobs by id, wherever in the pool they are.
+//! * [`jobs`] — a tenant's jobs across the pool: listing and cancelling
+//!   them by id.
 //!
 //! `peerwasm run` and `peerwasm map` are thin shells over these; a program
 //! can do the same:
@@ -29,9 +30,9 @@
 //! ```
 
 mod batcher;
-pub mod cancel;
 pub mod estimate;
 pub mod job;
+pub mod jobs;
 pub mod map;
 pub mod placement;
 pub mod pool;

@@ -133,6 +133,18 @@ async fn cancel_ends_a_computing_a_sleeping_and_a_queued_job() {
         .unwrap();
     assert_eq!(by_bob.status(), StatusCode::NOT_FOUND);
 
+    // `peerwasm jobs` lists them where they are; bob sees none.
+    let listed = peerwasm().args(["jobs", "--json", "--peers", &w.addr, "--token", ALICE]).output().unwrap();
+    let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let state = |id: &str| {
+        let job = listed.as_array().unwrap().iter().find(|j| j["id"] == id).unwrap_or_else(|| panic!("{id} not listed"));
+        assert_eq!(job["worker"], w.addr.as_str());
+        job["state"].as_str().unwrap().to_string()
+    };
+    assert_eq!([state(&computing), state(&sleeping), state(&queued)], ["running", "running", "queued"]);
+    let bobs = peerwasm().args(["jobs", "--json", "--peers", &w.addr, "--token", BOB]).output().unwrap();
+    assert_eq!(serde_json::from_slice::<serde_json::Value>(&bobs.stdout).unwrap(), serde_json::json!([]));
+
     let start = Instant::now();
     let out = peerwasm()
         // The queued one first: cancelling a running one frees its slot,

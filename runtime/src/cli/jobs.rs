@@ -1,0 +1,79 @@
+//! `peerwasm jobs`: your jobs on the pool; `peerwasm cancel ID...`: cancel
+//! some of them. A queued job leaves its queue at once; a running one stops
+//! at its next yield; its outcome becomes `cancelled` (and an attached
+//! job's client gets that as its result).
+
+use std::process::ExitCode;
+
+use crate::client::jobs::{CancelReport, cancel, list};
+use crate::client::pool::http_client;
+use crate::units::Bytes;
+
+#[derive(clap::Args, Debug)]
+pub struct JobsArgs {
+    #[command(flatten)]
+    pool: super::PoolArgs,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn list_jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
+    let (http, runtime) = pool_client(&args.pool, "jobs")?;
+    runtime.block_on(async {
+        let view = crate::client::fetch_peers(&http, &args.pool.peers).await?;
+        let (mut jobs, silent) = list(&http, &view).await?;
+        jobs.sort_by(|a, b| (&a.worker, &a.status.id).cmp(&(&b.worker, &b.status.id)));
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&jobs)?);
+        } else {
+            let mut rows = vec![["ID", "WORKER", "STATE", "MEMORY"].map(String::from)];
+            for j in &jobs {
+                let s = &j.status;
+                rows.push([s.id.clone(), j.worker.clone(), s.state.clone(), Bytes(s.memory_bytes).to_string()]);
+            }
+            println!("{}", crate::client::render_table(&rows));
+        }
+        for s in silent {
+            eprintln!("peerwasm: not listed: {s}");
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// The HTTP client with the tenant's token, and a runtime to use it on.
+fn pool_client(pool: &super::PoolArgs, what: &str) -> anyhow::Result<(reqwest::Client, tokio::runtime::Runtime)> {
+    if pool.peers.is_empty() {
+        anyhow::bail!("{what} needs the pool: give --peers or PEERWASM_PEERS (a job of the embedded worker ends with its command)");
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    Ok((http_client(pool.token.as_deref())?, runtime))
+}
+
+#[derive(clap::Args, Debug)]
+pub struct CancelArgs {
+    #[command(flatten)]
+    pool: super::PoolArgs,
+    /// The ids of the jobs to cancel (as `peerwasm jobs` lists them).
+    #[arg(value_name = "ID", required = true)]
+    ids: Vec<String>,
+}
+
+pub fn cancel_jobs(args: CancelArgs) -> anyhow::Result<ExitCode> {
+    let (http, runtime) = pool_client(&args.pool, "cancel")?;
+    runtime.block_on(async {
+        let view = crate::client::fetch_peers(&http, &args.pool.peers).await?;
+        let mut missing = 0;
+        for id in &args.ids {
+            match cancel(&http, &view, id).await? {
+                CancelReport::Cancelled { worker, was } => println!("{id}: cancelled on {worker} (it was {was})"),
+                CancelReport::AlreadyEnded { worker, message } => println!("{id}: on {worker}: {message}"),
+                CancelReport::NotFound => {
+                    missing += 1;
+                    eprintln!("peerwasm: {id}: no such job of yours on any live worker");
+                }
+            }
+        }
+        Ok(if missing > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+    })
+}

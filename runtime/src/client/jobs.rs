@@ -1,0 +1,101 @@
+//! A tenant's jobs across the pool, by id: listing them (`peerwasm jobs`,
+//! like Slurm's `squeue` or HTCondor's `condor_q`) and cancelling them
+//! (`peerwasm cancel`, like `scancel` or `condor_rm`). An id names a job on
+//! one worker and does not say which: ids are 128 random bits, so each live
+//! worker is asked in turn until one knows it. A worker answers 404 for
+//! another tenant's job exactly as for one that does not exist.
+
+use reqwest::StatusCode;
+
+use crate::gossip::Liveness;
+use crate::proto::{JobStatus, PeerView};
+
+/// One of the caller's jobs, and where it is.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct PoolJob {
+    /// The worker holding it.
+    pub worker: String,
+    /// Its id and state there.
+    #[serde(flatten)]
+    pub status: JobStatus,
+}
+
+/// The caller's jobs on every worker of `view` that is not dead, with
+/// `http` (which carries the tenant's token): queued, running, and
+/// detached ones whose result waits to be taken. Workers that do not answer
+/// are named in the second list.
+pub async fn list(http: &reqwest::Client, view: &[PeerView]) -> anyhow::Result<(Vec<PoolJob>, Vec<String>)> {
+    let mut jobs = Vec::new();
+    let mut silent = Vec::new();
+    for p in view.iter().filter(|p| p.liveness != Liveness::Dead) {
+        let worker = &p.advert.addr;
+        let resp = match http.get(format!("http://{worker}/v1/jobs")).send().await {
+            Ok(r) if r.status().is_success() => r,
+            Ok(r) if r.status() == StatusCode::UNAUTHORIZED => {
+                anyhow::bail!("{worker}: {}", r.text().await.unwrap_or_default().trim())
+            }
+            Ok(r) => {
+                silent.push(format!("{worker}: {}", r.status()));
+                continue;
+            }
+            Err(e) => {
+                silent.push(format!("{worker}: {e}"));
+                continue;
+            }
+        };
+        let body = resp.bytes().await.map_err(|e| anyhow::anyhow!("{worker}: {e}"))?;
+        let mine: Vec<JobStatus> =
+            serde_json::from_slice(&body).map_err(|e| anyhow::anyhow!("{worker} sent a list we cannot read: {e}"))?;
+        jobs.extend(mine.into_iter().map(|status| PoolJob { worker: worker.clone(), status }));
+    }
+    Ok((jobs, silent))
+}
+/// What became of one id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CancelReport {
+    /// Cancelled on `worker`; it was `queued` or `running`.
+    Cancelled { worker: String, was: String },
+    /// It had already ended on `worker` (the worker's message says how).
+    AlreadyEnded { worker: String, message: String },
+    /// No live worker knows it (or it is another tenant's).
+    NotFound,
+}
+
+/// Cancels job `id` wherever in `view` it is, with `http` (which carries
+/// the tenant's token). `Err` for what is not about the job: a refused
+/// token, no worker answering.
+pub async fn cancel(http: &reqwest::Client, view: &[PeerView], id: &str) -> anyhow::Result<CancelReport> {
+    let mut answered = 0;
+    let mut errors = Vec::new();
+    for p in view.iter().filter(|p| p.liveness != Liveness::Dead) {
+        let worker = &p.advert.addr;
+        let resp = match http.delete(format!("http://{worker}/v1/jobs/{id}")).send().await {
+            Ok(r) => r,
+            Err(e) => {
+                errors.push(format!("{worker}: {e}"));
+                continue;
+            }
+        };
+        answered += 1;
+        let status = resp.status();
+        let body = resp.text().await.unwrap_or_default();
+        match status {
+            StatusCode::OK => {
+                let was = serde_json::from_str::<serde_json::Value>(&body)
+                    .ok()
+                    .and_then(|v| v.get("was")?.as_str().map(String::from))
+                    .unwrap_or_default();
+                return Ok(CancelReport::Cancelled { worker: worker.clone(), was });
+            }
+            StatusCode::CONFLICT => {
+                return Ok(CancelReport::AlreadyEnded { worker: worker.clone(), message: body.trim().to_string() });
+            }
+            StatusCode::NOT_FOUND => {}
+            s => anyhow::bail!("{worker} refused: {s} {}", body.trim()),
+        }
+    }
+    if answered == 0 {
+        anyhow::bail!("no worker answered ({})", errors.join("; "));
+    }
+    Ok(CancelReport::NotFound)
+}
