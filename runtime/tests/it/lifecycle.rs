@@ -244,6 +244,27 @@ async fn ctrl_c_on_run_and_map_cancels_what_they_have_in_flight() {
     println!("embedded run: exited {:?} after Ctrl-C", start.elapsed());
 }
 
+/// A program that drops a map (or a single run) in the middle: the process
+/// lives on, so only the client hanging up its batches can tell the
+/// workers.
+#[tokio::test(flavor = "multi_thread")]
+async fn dropping_a_map_in_process_cancels_its_jobs_on_the_workers() {
+    use peerwasm::client::{MapConfig, MapItem, Target, map};
+    let w = WorkerProcess::start("1GiB", 2, None);
+    let target = Target::pool(vec![w.addr.clone()]).unwrap();
+    let job = sleep_job();
+    let config = MapConfig { mem: Some(32 * MIB), ..MapConfig::default() };
+    let running = tokio::spawn(async move {
+        let mut items: Vec<MapItem> = Vec::new();
+        map(&target, &job, vec![b"600000\n".to_vec(); 8], &config, &mut items).await.map(|_| items.len())
+    });
+    busy(&w.addr, 2).await;
+    assert!(me(&w.addr).await.queue_len > 0, "the map keeps more than the slots under way");
+    running.abort();
+    let took = idle_within(&w.addr, Duration::from_secs(1)).await;
+    println!("map dropped in-process: worker idle {took:?} later");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_worker_time_limit_ends_jobs_that_asked_for_none_and_refuses_longer_ones() {
     let w = WorkerProcess::start_with("1GiB", 2, None, &["--max-job-time", "1s"]);

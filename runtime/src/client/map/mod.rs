@@ -131,7 +131,6 @@ where
 {
     let mut run = MapRun::start(target, job, config).await?;
     let result = run.drive(inputs.into_iter(), observer).await;
-    run.abort_all();
     if let (Some(store), Some(saved)) = (&config.estimates, run.estimator.to_saved()) {
         if let Err(e) = store.save(&job.hash(), &saved) {
             tracing::warn!("cannot save the learned estimate in {}: {e}", store.dir().display());
@@ -139,6 +138,18 @@ where
     }
     result?;
     Ok(run.finish())
+}
+
+/// Whatever ends a map — its end, an error, or its future being dropped —
+/// ends the submissions it still has under way: each one's task is
+/// aborted, which drops its wait for an answer, and the client hangs up on
+/// the worker, which cancels the job.
+impl Drop for MapRun<'_> {
+    fn drop(&mut self) {
+        for a in self.attempts.values() {
+            a.abort.abort();
+        }
+    }
 }
 
 /// One input that has no result yet.
@@ -516,11 +527,6 @@ impl<'a> MapRun<'a> {
         }
     }
 
-    fn abort_all(&mut self) {
-        for a in self.attempts.values() {
-            a.abort.abort();
-        }
-    }
 
     fn finish(mut self) -> MapSummary {
         let mut s = std::mem::take(&mut self.summary);
