@@ -82,7 +82,19 @@ pub struct WorkerArgs {
     /// jobs are not starved by a stream of small ones.
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "30s")]
     hold_after: Duration,
+    /// Files and directories one job may hold open; past it, opening gives
+    /// the job EMFILE (the worker's own descriptors are never at risk).
+    #[arg(long, value_name = "N", default_value_t = crate::sandbox::descriptors::DEFAULT_MAX_OPEN_FILES)]
+    max_open_files: u32,
+    /// The most stdout, and the most stderr, a job's output is buffered to
+    /// here, whatever the job asks; past it the job ends with "output
+    /// limit".
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = MAX_OUTPUT_FLAG)]
+    max_output: u64,
 }
+
+/// `--max-output`'s default as people write it: [`crate::worker::http::DEFAULT_MAX_OUTPUT`].
+const MAX_OUTPUT_FLAG: &str = "64MiB";
 
 /// `--max-job-time`: a duration, or no limit.
 #[derive(Clone, Copy, Debug)]
@@ -130,6 +142,9 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     sandbox.module_bytes_held = args.module_memory;
     sandbox.cache_dir = args.cache_dir.or_else(super::default_cache_root).map(|root| root.join("modules"));
     sandbox.max_job_time = args.max_job_time.0;
+    sandbox.max_open_files = args.max_open_files.max(1);
+    sandbox.max_output_bytes = Some(args.max_output);
+    raise_descriptor_limit(args.slots.unwrap_or(sandbox.slots), args.max_open_files);
     let config = WorkerConfig {
         listen: args.listen,
         join: args.join,
@@ -163,6 +178,33 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// Raises this process's soft limit on open descriptors to its hard limit
+/// (as most servers do), and warns when even that cannot hold every slot's
+/// jobs at their bound with room for connections.
+fn raise_descriptor_limit(slots: usize, per_job: u32) {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit with a valid, owned rlimit struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim = raised;
+            }
+        }
+    }
+    let needed = slots as u64 * per_job as u64 + 1024;
+    if (lim.rlim_cur as u64) < needed {
+        tracing::warn!(
+            limit = lim.rlim_cur,
+            needed,
+            "the descriptor limit (ulimit -n) is below slots x --max-open-files + 1024: jobs at their bound could starve the worker"
+        );
+    }
+}
+
 /// SIGINT or SIGTERM.
 async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
@@ -176,5 +218,13 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = ctrl_c => {}
         _ = term.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn flag_defaults_are_the_library_defaults() {
+        assert_eq!(crate::units::parse_size(super::MAX_OUTPUT_FLAG), Ok(crate::worker::http::DEFAULT_MAX_OUTPUT));
     }
 }

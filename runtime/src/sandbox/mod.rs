@@ -6,6 +6,8 @@
 //! * [`cache`] — sha256 → compiled module, in memory and on disk;
 //! * [`validate`] — cheap checks on module bytes, for clear messages;
 //! * [`limiter`] — the per-job memory limit and peak;
+//! * [`descriptors`] — the per-job bound on open files;
+//! * [`cancel`] — ending a job early, from outside;
 //! * [`stdio`] — captured, capped, optionally streamed stdout/stderr;
 //! * [`outcome`] — classifying how a job ended.
 //!
@@ -17,6 +19,7 @@
 
 pub mod cache;
 pub mod cancel;
+pub mod descriptors;
 pub mod engine;
 pub mod limiter;
 pub mod outcome;
@@ -86,6 +89,14 @@ pub struct SandboxConfig {
     /// `--max-job-time`); a job that asks for no limit gets this one.
     /// Default: none (as `wasmtime run`; `peerwasm worker` sets 24 h).
     pub max_job_time: Option<Duration>,
+    /// Descriptors (files, directories) a job may hold open; past it,
+    /// opening gives the job `EMFILE`. Default:
+    /// [`descriptors::DEFAULT_MAX_OPEN_FILES`].
+    pub max_open_files: u32,
+    /// The most stdout, and the most stderr, a job's output is buffered to,
+    /// whatever the job asks (a worker's `--max-output`); past it the job
+    /// ends with *output limit*. Default: none (the job's own limits).
+    pub max_output_bytes: Option<u64>,
 }
 
 impl Default for SandboxConfig {
@@ -101,6 +112,8 @@ impl Default for SandboxConfig {
             cache_dir: None,
             scratch_root: None,
             max_job_time: None,
+            max_open_files: descriptors::DEFAULT_MAX_OPEN_FILES,
+            max_output_bytes: None,
         }
     }
 }
@@ -120,6 +133,7 @@ pub struct RunHooks {
 pub struct JobState {
     wasi: WasiP1Ctx,
     limiter: MemoryLimiter,
+    files: descriptors::OpenFiles,
 }
 
 /// One engine, one linker and one module cache, shared by every job of a
@@ -140,6 +154,7 @@ impl Sandbox {
         }
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p1::add_to_linker_async(&mut linker, |s: &mut JobState| &mut s.wasi)
+            .and_then(|()| descriptors::add_to_linker(&mut linker))
             .map_err(|e| anyhow::anyhow!("cannot link WASI: {e}"))?;
         let cache = ModuleCache::new(engine.clone(), config.cache_entries, config.cache_dir.as_deref())?;
         Ok(Sandbox { engine, linker, cache, config })
@@ -237,8 +252,9 @@ impl Sandbox {
             }
         };
 
-        let stdout = OutputCapture::new(StdStream::Stdout, limits.stdout_bytes, hooks.tee.clone());
-        let stderr = OutputCapture::new(StdStream::Stderr, limits.stderr_bytes, hooks.tee);
+        let cap = |asked: u64| self.config.max_output_bytes.map_or(asked, |max| asked.min(max));
+        let stdout = OutputCapture::new(StdStream::Stdout, cap(limits.stdout_bytes), hooks.tee.clone());
+        let stderr = OutputCapture::new(StdStream::Stderr, cap(limits.stderr_bytes), hooks.tee);
         // Dropped (and so deleted) when the job is done.
         let scratch = match prepared.opens_files.then(|| self.scratch_dir()).transpose() {
             Ok(d) => d,
@@ -257,7 +273,11 @@ impl Sandbox {
 
         let mut store = Store::new(
             &self.engine,
-            JobState { wasi, limiter: MemoryLimiter::new(limits.memory_bytes).with_meter(hooks.memory_meter) },
+            JobState {
+                wasi,
+                limiter: MemoryLimiter::new(limits.memory_bytes).with_meter(hooks.memory_meter),
+                files: descriptors::OpenFiles { open: 0, max: self.config.max_open_files },
+            },
         );
         store.limiter(|s| &mut s.limiter);
         match self.config.time_limit {

@@ -111,6 +111,7 @@ fn corpus() -> Vec<Case> {
         case("a component, not a core module", Module::Bytes(b"\0asm\x0d\0\x01\0".to_vec())),
         case("random bytes", Module::Bytes(random)),
         case("a truncated module", Module::Bytes(hello[..hello.len() / 2].to_vec())),
+        case("descriptor bomb: open files without end", Module::Guest("hostile-files")),
     ]
 }
 
@@ -155,16 +156,17 @@ fn message(r: &Result<JobResult, SubmitError>) -> String {
     }
 }
 
-/// The rows of the table in docs/hostile-corpus.md: case → (outcome, message contains).
-fn documented() -> BTreeMap<String, (String, String)> {
+/// The rows of the table in docs/hostile-corpus.md: case → (outcome,
+/// message contains, stdout contains).
+fn documented() -> BTreeMap<String, (String, String, String)> {
     let path = peerwasm_testkit::workspace_root().join("docs/hostile-corpus.md");
     let text = std::fs::read_to_string(&path).expect("docs/hostile-corpus.md");
     text.lines()
         .filter(|l| l.starts_with("| ") && !l.starts_with("| case") && !l.starts_with("|---"))
         .map(|l| {
             let cells: Vec<String> = l.trim_matches('|').split(" | ").map(|c| c.trim().replace('`', "")).collect();
-            assert!(cells.len() >= 3, "a corpus row needs case | outcome | message: {l}");
-            (cells[0].clone(), (cells[1].clone(), cells[2].clone()))
+            assert!(cells.len() >= 4, "a corpus row needs case | outcome | message | stdout: {l}");
+            (cells[0].clone(), (cells[1].clone(), cells[2].clone(), cells[3].clone()))
         })
         .collect()
 }
@@ -193,9 +195,13 @@ async fn every_hostile_case_gets_its_documented_outcome_and_the_worker_keeps_ser
         observed.push(format!("| {} | {label} | {} |", c.name, msg.lines().next().unwrap_or("").trim()));
         match docs.get(c.name) {
             None => wrong.push(format!("{}: not in docs/hostile-corpus.md", c.name)),
-            Some((outcome, contains)) => {
-                if *outcome != label || !msg.replace('`', "").contains(contains.as_str()) {
-                    wrong.push(format!("{}: documented {outcome:?} / {contains:?}, got {label:?}: {msg}", c.name));
+            Some((outcome, contains, printed)) => {
+                let stdout = result.as_ref().map(|r| String::from_utf8_lossy(&r.stdout).into_owned()).unwrap_or_default();
+                if *outcome != label || !msg.replace('`', "").contains(contains.as_str()) || !stdout.contains(printed.as_str()) {
+                    wrong.push(format!(
+                        "{}: documented {outcome:?} / {contains:?} / stdout {printed:?}, got {label:?}: {msg} / stdout {stdout:?}",
+                        c.name
+                    ));
                 }
             }
         }

@@ -8,6 +8,7 @@ mod cluster;
 mod map;
 mod observe;
 mod faults;
+mod hardening;
 mod hostile;
 mod lifecycle;
 mod outcomes;

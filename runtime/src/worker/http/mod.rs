@@ -45,6 +45,10 @@ use crate::units::Bytes as Size;
 /// otherwise, like a cluster partition's time limit.
 pub const DEFAULT_MAX_JOB_TIME: Duration = Duration::from_secs(24 * 3600);
 
+/// The most stdout (and stderr) a worker buffers per job unless
+/// `--max-output` says otherwise.
+pub const DEFAULT_MAX_OUTPUT: u64 = 64 << 20;
+
 /// How long a shutting-down worker lets running jobs finish before it
 /// cancels them, unless `--drain-grace` says otherwise (Slurm's `KillWait`
 /// is 30 s too).
@@ -92,6 +96,7 @@ impl WorkerConfig {
     pub fn new(listen: SocketAddr) -> WorkerConfig {
         let mut runner = RunnerConfig::default();
         runner.sandbox.max_job_time = Some(DEFAULT_MAX_JOB_TIME);
+        runner.sandbox.max_output_bytes = Some(DEFAULT_MAX_OUTPUT);
         WorkerConfig {
             listen,
             join: Vec::new(),
