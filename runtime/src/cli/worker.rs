@@ -51,6 +51,10 @@ pub struct WorkerArgs {
     /// are dropped. Every worker of a pool needs the same file.
     #[arg(long, value_name = "FILE")]
     cluster_key: Option<PathBuf>,
+    /// Gossip without --cluster-key although --listen is reachable from
+    /// other machines (anyone who reaches the port can forge adverts).
+    #[arg(long, conflicts_with = "cluster_key")]
+    insecure_gossip: bool,
     /// Half-life of tenants' usage in fair share.
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10m")]
     usage_half_life: Duration,
@@ -159,6 +163,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         usage_half_life: args.usage_half_life,
         hold_after: args.hold_after,
         cluster_key: args.cluster_key,
+        insecure_gossip: args.insecure_gossip,
         max_queued: args.max_queued,
         advertise: args.advertise,
         drain_grace: args.drain_grace,

@@ -37,7 +37,22 @@ pub struct GossipConfig {
     pub seeds: Vec<String>,
     /// When silence means failure.
     pub failure: FailureDetectorConfig,
+    /// The most nodes this node keeps records of; states of further new
+    /// nodes are dropped (a forger cannot grow the view without end).
+    /// Default: 4096.
+    pub max_nodes: usize,
+    /// A peer dead for this long is forgotten (its record dropped), so
+    /// the view does not keep every address that ever gossiped. Default:
+    /// 10 minutes.
+    pub forget_dead_after_ms: u64,
 }
+
+/// Checks a gossiped record before it enters the view; `Err` says why it
+/// was dropped.
+pub type RecordCheck<R> = fn(&R) -> Result<(), String>;
+
+/// The longest node address accepted, in bytes.
+pub const MAX_ADDR_LEN: usize = 256;
 
 impl Default for GossipConfig {
     fn default() -> Self {
@@ -48,6 +63,8 @@ impl Default for GossipConfig {
             seed_probability: 0.1,
             seeds: Vec::new(),
             failure: FailureDetectorConfig::default(),
+            max_nodes: 4096,
+            forget_dead_after_ms: 600_000,
         }
     }
 }
@@ -58,6 +75,9 @@ pub struct GossipNode<R> {
     config: GossipConfig,
     state: ClusterState<R>,
     detector: FailureDetector,
+    check: Option<RecordCheck<R>>,
+    /// States dropped: invalid, or beyond `max_nodes`.
+    dropped: u64,
 }
 
 impl<R: Clone> GossipNode<R> {
@@ -66,7 +86,38 @@ impl<R: Clone> GossipNode<R> {
         let mut state = ClusterState::default();
         state.set(id.clone(), NodeState { record, version: 1, heartbeat: 1 });
         let detector = FailureDetector::new(config.failure.clone());
-        GossipNode { id, config, state, detector }
+        GossipNode { id, config, state, detector, check: None, dropped: 0 }
+    }
+
+    /// Records from peers must pass `check` to enter the view.
+    pub fn with_check(mut self, check: RecordCheck<R>) -> GossipNode<R> {
+        self.check = Some(check);
+        self
+    }
+
+    /// States received and dropped: invalid records, over-long addresses,
+    /// new nodes beyond `max_nodes`.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// Forgets peers that have been dead longer than
+    /// `forget_dead_after_ms`; they come back if they gossip again.
+    pub fn forget_dead(&mut self, now_ms: u64) {
+        let forget: Vec<NodeId> = self
+            .state
+            .iter()
+            .filter(|(id, _)| **id != self.id)
+            .filter(|(id, _)| {
+                self.detector.liveness(id, now_ms) == Some(Liveness::Dead)
+                    && self.detector.silent_ms(id, now_ms).unwrap_or(0) > self.config.forget_dead_after_ms
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in forget {
+            self.state.remove(&id);
+            self.detector.forget(&id);
+        }
     }
 
     /// This node's id.
@@ -169,11 +220,73 @@ impl<R: Clone> GossipNode<R> {
     }
 
     fn apply(&mut self, delta: Vec<(NodeId, NodeState<R>)>, now_ms: u64) {
-        // Never let others rewrite what this node says about itself.
-        let delta = delta.into_iter().filter(|(id, _)| id.addr != self.id.addr).collect();
+        let received = delta.len();
+        let mut room = self.config.max_nodes.saturating_sub(self.state.len());
+        let delta: Vec<_> = delta
+            .into_iter()
+            // Never let others rewrite what this node says about itself.
+            .filter(|(id, _)| id.addr != self.id.addr)
+            .filter(|(id, s)| id.addr.len() <= MAX_ADDR_LEN && self.check.is_none_or(|check| check(&s.record).is_ok()))
+            .filter(|(id, _)| {
+                let known = self.state.knows_addr(&id.addr);
+                let fits = known || room > 0;
+                if fits && !known {
+                    room -= 1;
+                }
+                fits
+            })
+            .collect();
+        self.dropped += (received - delta.len()) as u64;
         for id in self.state.apply(delta) {
             let heartbeat = self.state.get(&id).expect("just applied").heartbeat;
             self.detector.observe(&id, heartbeat, now_ms);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(record: i64, version: u64) -> NodeState<i64> {
+        NodeState { record, version, heartbeat: version }
+    }
+
+    fn non_negative(r: &i64) -> Result<(), String> {
+        if *r >= 0 { Ok(()) } else { Err(format!("{r} < 0")) }
+    }
+
+    #[test]
+    fn invalid_records_and_nodes_past_the_bound_are_dropped_and_counted() {
+        let config = GossipConfig { max_nodes: 3, ..GossipConfig::default() };
+        let mut node = GossipNode::new(NodeId::new("me", 1), 0i64, config).with_check(non_negative);
+        let delta = vec![
+            (NodeId::new("a", 1), state(5, 1)),
+            (NodeId::new("forged", 1), state(-1, 1)),
+            (NodeId::new("x".repeat(MAX_ADDR_LEN + 1), 1), state(1, 1)),
+            (NodeId::new("b", 1), state(7, 1)),
+            (NodeId::new("c", 1), state(9, 1)), // a 4th node: past the bound
+        ];
+        node.handle_ack(Ack { delta }, 0);
+        let known: Vec<&str> = node.state().iter().map(|(id, _)| id.addr.as_str()).collect();
+        assert_eq!(known, ["a", "b", "me"]);
+        assert_eq!(node.dropped(), 3);
+        // A newer state of a known node still enters; a forged one does not.
+        node.handle_ack(Ack { delta: vec![(NodeId::new("a", 1), state(6, 2)), (NodeId::new("b", 1), state(-5, 2))] }, 0);
+        assert_eq!(node.state().get(&NodeId::new("a", 1)).unwrap().record, 6);
+        assert_eq!(node.state().get(&NodeId::new("b", 1)).unwrap().record, 7);
+    }
+
+    #[test]
+    fn peers_dead_long_enough_are_forgotten() {
+        let failure = FailureDetectorConfig { initial_interval_ms: 100, ..FailureDetectorConfig::default() };
+        let config = GossipConfig { forget_dead_after_ms: 5_000, failure, ..GossipConfig::default() };
+        let mut node = GossipNode::new(NodeId::new("me", 1), 0i64, config);
+        node.handle_ack(Ack { delta: vec![(NodeId::new("gone", 1), state(1, 1))] }, 0);
+        node.forget_dead(2_000); // dead (silent > 10 intervals) but not for long
+        assert!(node.state().knows_addr("gone"));
+        node.forget_dead(6_000);
+        assert!(!node.state().knows_addr("gone"));
+        assert!(node.state().knows_addr("me"), "a node never forgets itself");
     }
 }

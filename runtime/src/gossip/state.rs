@@ -70,6 +70,16 @@ impl<R: Clone> ClusterState<R> {
         self.nodes.is_empty()
     }
 
+    /// Forgets a node.
+    pub fn remove(&mut self, id: &NodeId) {
+        self.nodes.remove(id);
+    }
+
+    /// Whether any generation of the node at `addr` is known.
+    pub fn knows_addr(&self, addr: &str) -> bool {
+        self.nodes.range(NodeId::new(addr, 0)..).next().is_some_and(|(id, _)| id.addr == addr)
+    }
+
     /// Sets a node's state outright (the owner, for itself).
     pub fn set(&mut self, id: NodeId, state: NodeState<R>) {
         self.nodes.insert(id, state);

@@ -153,6 +153,7 @@ pub async fn run_rounds<R>(
             let mut node = shared.lock();
             refresh(&mut node);
             node.tick();
+            node.forget_dead(shared.now_ms());
             (node.choose_peers(&mut rng, shared.now_ms()), node.syn())
         };
         // Exchanges with the round's peers run concurrently; a slow or

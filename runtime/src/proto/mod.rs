@@ -425,6 +425,56 @@ pub struct Advert {
     pub warnings: Vec<String>,
 }
 
+impl Advert {
+    /// Whether a gossiped advert is one a worker could have sent: bounded
+    /// sizes, slot counts that add up, and usage figures that are finite
+    /// and not negative. A forged huge or negative usage would otherwise
+    /// starve or favour a tenant in every worker's fair share.
+    pub fn check(&self) -> Result<(), String> {
+        const MAX_TEXT: usize = 256;
+        const MAX_TENANTS: usize = 1024;
+        const MAX_WARNINGS: usize = 64;
+        const MAX_SLOTS: u32 = 1 << 16;
+        // A pool-wide day of 65,536 slots, or of a PiB of reservations.
+        const MAX_USAGE: f64 = 1e13;
+        let figure = |what: &str, v: f64| {
+            if v.is_finite() && (0.0..=MAX_USAGE).contains(&v) { Ok(()) } else { Err(format!("{what} is {v}")) }
+        };
+        if self.addr.len() > MAX_TEXT || self.host_id.len() > MAX_TEXT {
+            return Err("address or host id too long".into());
+        }
+        if self.slots_total > MAX_SLOTS || self.slots_busy > self.slots_total {
+            return Err(format!("{} of {} slots busy", self.slots_busy, self.slots_total));
+        }
+        if self.reserved_bytes > self.capacity_bytes || self.largest_fit_bytes > self.capacity_bytes {
+            return Err("more reserved or offered than the capacity".into());
+        }
+        if self.tenants.len() > MAX_TENANTS || self.warnings.len() > MAX_WARNINGS {
+            return Err("too many tenants or warnings".into());
+        }
+        if self.warnings.iter().any(|w| w.len() > 4 * MAX_TEXT) {
+            return Err("a warning is too long".into());
+        }
+        for t in &self.tenants {
+            if t.tenant.len() > MAX_TEXT {
+                return Err("a tenant name is too long".into());
+            }
+            let a = &t.account;
+            for (what, v) in [
+                ("slot_seconds", t.slot_seconds),
+                ("gib_seconds", t.gib_seconds),
+                ("account cpu_seconds", a.cpu_seconds),
+                ("account slot_seconds", a.slot_seconds),
+                ("account reserved_gib_seconds", a.reserved_gib_seconds),
+                ("account used_gib_seconds", a.used_gib_seconds),
+            ] {
+                figure(&format!("{}'s {what}", t.tenant), v)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// One tenant's usage on one worker, as gossiped.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TenantUsage {
@@ -546,6 +596,29 @@ mod tests {
         let spec = JobSpec::new(ModuleHash::of(b"m"));
         let bytes = postcard::to_allocvec(&spec).unwrap();
         assert_eq!(postcard::from_bytes::<JobSpec>(&bytes).unwrap(), spec);
+    }
+
+    #[test]
+    fn forged_adverts_fail_the_check() {
+        let good = Advert {
+            capacity_bytes: 1 << 30,
+            slots_total: 2,
+            slots_busy: 1,
+            tenants: vec![TenantUsage { tenant: "a".into(), slot_seconds: 3.0, ..TenantUsage::default() }],
+            ..Advert::default()
+        };
+        assert_eq!(good.check(), Ok(()));
+        let usage = |v: f64| Advert {
+            tenants: vec![TenantUsage { tenant: "b".into(), gib_seconds: v, ..TenantUsage::default() }],
+            ..good.clone()
+        };
+        for bad in [-1.0, f64::NAN, f64::INFINITY, 1e300] {
+            assert!(usage(bad).check().is_err(), "usage {bad} passed");
+        }
+        assert!(Advert { slots_busy: 3, ..good.clone() }.check().is_err());
+        assert!(Advert { reserved_bytes: 2 << 30, ..good.clone() }.check().is_err());
+        assert!(Advert { addr: "x".repeat(1000), ..good.clone() }.check().is_err());
+        assert!(Advert { warnings: vec![String::new(); 1000], ..good }.check().is_err());
     }
 
     #[test]

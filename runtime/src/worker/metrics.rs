@@ -42,7 +42,8 @@ pub struct Scrape<'a> {
     /// Module bytes held for compiling (`worker::modules`).
     pub module_bytes: u64,
     /// Gossip counters: rounds, exchanges ok and failed, bytes sent and
-    /// received, rejected (undecodable) and forged (bad MAC, replayed)
+    /// received, rejected (undecodable messages; invalid records, or new
+    /// nodes past the view's bound) and forged (bad MAC, replayed)
     /// messages.
     pub gossip: [u64; 7],
     /// Peers by how this worker sees them.

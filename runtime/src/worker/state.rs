@@ -107,9 +107,10 @@ impl Worker {
         let g = &self.gossip.stats;
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let now = self.gossip.now_ms();
-        let peers: Vec<Liveness> = {
+        let (peers, dropped): (Vec<Liveness>, u64) = {
             let node = self.gossip.lock();
-            node.state().iter().map(|(id, _)| node.liveness(id, now).unwrap_or(Liveness::Alive)).collect()
+            let peers = node.state().iter().map(|(id, _)| node.liveness(id, now).unwrap_or(Liveness::Alive)).collect();
+            (peers, node.dropped())
         };
         let warnings: Vec<(&'static str, u64)> = self.warnings.counts().into_iter().map(|(k, n)| (k.label(), n)).collect();
         self.metrics.render(&super::metrics::Scrape {
@@ -123,7 +124,7 @@ impl Worker {
                 load(&g.exchanges_failed),
                 load(&g.bytes_sent),
                 load(&g.bytes_received),
-                load(&g.rejected),
+                load(&g.rejected) + dropped,
                 load(&g.forged),
             ],
             peers: &peers,

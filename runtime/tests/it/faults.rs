@@ -97,6 +97,18 @@ impl Drop for Net {
     }
 }
 
+/// The pool's shared key: workers on addresses others can reach must have
+/// one.
+fn pool_key() -> &'static Path {
+    static KEY: std::sync::OnceLock<tempfile::NamedTempFile> = std::sync::OnceLock::new();
+    KEY.get_or_init(|| {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        std::io::Write::write_all(&mut f, b"a shared secret for the fault tests").unwrap();
+        f
+    })
+    .path()
+}
+
 /// A `peerwasm worker` process, in a namespace or not; killed when dropped.
 struct Worker {
     child: Child,
@@ -119,6 +131,8 @@ impl Worker {
         };
         cmd.args(["worker", "--listen", listen, "--memory", "1GiB", "--reserve", "0", "--slots", "1"])
             .args(["--gossip-interval", "100ms"])
+            .arg("--cluster-key")
+            .arg(pool_key())
             .arg("--cache-dir")
             .arg(cache)
             .stdout(Stdio::piped())

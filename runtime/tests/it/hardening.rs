@@ -83,3 +83,57 @@ async fn the_worker_caps_buffered_output_whatever_the_job_asks() {
     let r = alice.run(&flood, flood.spec(Vec::new(), 32 * MIB)).await.unwrap();
     assert_eq!(r.outcome, Outcome::OutputLimitExceeded { stream: StdStream::Stdout, limit: 64 << 10 });
 }
+
+/// Without a cluster key (a loopback-only worker), anyone who reaches the
+/// port can post gossip: the records must still be ones a worker could
+/// have sent, or they never enter the view that placement and fair share
+/// read.
+#[tokio::test(flavor = "multi_thread")]
+async fn forged_adverts_are_dropped_and_counted() {
+    use peerwasm::gossip::transport::GossipRequest;
+    use peerwasm::gossip::{Ack, NodeId, NodeState};
+    use peerwasm::proto::{Advert, TenantUsage};
+    let w = WorkerProcess::start("1GiB", 1, None);
+    let forged = |addr: &str, tenant: &str, usage: f64| {
+        let record = Advert {
+            addr: addr.into(),
+            capacity_bytes: 1 << 30,
+            slots_total: 1,
+            tenants: vec![TenantUsage { tenant: tenant.into(), slot_seconds: usage, ..TenantUsage::default() }],
+            ..Advert::default()
+        };
+        (NodeId::new(addr, 1), NodeState { record, version: 1, heartbeat: 1 })
+    };
+    let delta = vec![
+        forged("127.0.0.1:1", "bob", -1e12), // would favour bob everywhere
+        forged("127.0.0.1:2", "alice", f64::INFINITY), // would starve alice
+        forged("127.0.0.1:3", "carol", f64::NAN),
+        forged("127.0.0.1:4", "dave", 12.5), // a record a worker could send
+    ];
+    let body = postcard::to_allocvec(&GossipRequest::Ack(Ack { delta })).unwrap();
+    let r = reqwest::Client::new().post(format!("http://{}/v1/gossip", w.addr)).body(body).send().await.unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    let view = crate::pool::wait_for(&w.addr, Duration::from_secs(5), |_| true).await;
+    let addrs: Vec<&str> = view.iter().map(|p| p.advert.addr.as_str()).collect();
+    assert!(addrs.contains(&"127.0.0.1:4"), "{addrs:?}");
+    assert!(!addrs.iter().any(|a| ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"].contains(a)), "{addrs:?}");
+    let m = crate::observe::scrape(&w.addr).await;
+    assert_eq!(crate::observe::get(&m, "peerwasm_gossip_events_total{event=\"rejected\"}"), 3.0);
+}
+
+#[test]
+fn a_worker_reachable_from_other_machines_needs_a_cluster_key() {
+    use std::process::{Command, Stdio};
+    let peerwasm = env!("CARGO_BIN_EXE_peerwasm");
+    let out = Command::new(peerwasm).args(["worker", "--listen", "0.0.0.0:0", "--reserve", "0"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("give every worker of the pool --cluster-key FILE") && stderr.contains("--insecure-gossip"), "{stderr}");
+    // Those who want the old way say so.
+    let mut cmd = Command::new(peerwasm);
+    cmd.args(["worker", "--listen", "0.0.0.0:0", "--reserve", "0", "--insecure-gossip"]).stdout(Stdio::piped()).stderr(Stdio::null());
+    let (mut child, addr) = crate::support::spawn_worker(&mut cmd);
+    assert!(addr.starts_with("0.0.0.0:"), "{addr}");
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -29,14 +29,14 @@ fn spec() -> JobSpec {
 }
 
 fn gossip_node(key: Option<ClusterKey>) -> std::sync::Arc<SharedNode<Advert>> {
-    let node = GossipNode::new(NodeId::new("10.0.0.1:7070", 1), Advert::default(), GossipConfig::default());
+    let node = GossipNode::new(NodeId::new("127.0.0.1:1", 1), Advert::default(), GossipConfig::default());
     SharedNode::new(node, key)
 }
 
 /// A valid gossip request body: a Syn from another node, as the transport
 /// sends it.
 fn valid_syn() -> Vec<u8> {
-    let other = GossipNode::new(NodeId::new("10.0.0.2:7070", 1), Advert::default(), GossipConfig::default());
+    let other = GossipNode::new(NodeId::new("127.0.0.1:2", 1), Advert::default(), GossipConfig::default());
     postcard::to_allocvec(&GossipRequest::<Advert>::Syn(other.syn())).unwrap()
 }
 

@@ -77,8 +77,14 @@ pub struct WorkerConfig {
     /// A job waiting longer than this gets memory held for it
     /// (`AdmissionConfig::hold_after`). Default: 30 s.
     pub hold_after: Duration,
-    /// The key gossip is authenticated with (`--cluster-key`). Default: none.
+    /// The key gossip is authenticated with (`--cluster-key`). Default:
+    /// none, which [`start`] allows only on a loopback address unless
+    /// `insecure_gossip`.
     pub cluster_key: Option<std::path::PathBuf>,
+    /// Gossip without a cluster key on an address others can reach
+    /// (`--insecure-gossip`): anyone who reaches the port can then forge
+    /// adverts. Default: false.
+    pub insecure_gossip: bool,
     /// The address peers and clients reach this worker at (`--advertise`,
     /// `host:port`; a name is fine). `None`: the address it listens on.
     pub advertise: Option<String>,
@@ -108,6 +114,7 @@ impl WorkerConfig {
             usage_half_life: Duration::from_secs(600),
             hold_after: AdmissionConfig::new(1).hold_after,
             cluster_key: None,
+            insecure_gossip: false,
             advertise: None,
             max_queued: None,
             drain_grace: DEFAULT_DRAIN_GRACE,
@@ -158,6 +165,14 @@ pub async fn start(
     config: WorkerConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<RunningWorker> {
+    if !config.listen.ip().is_loopback() && config.cluster_key.is_none() && !config.insecure_gossip {
+        anyhow::bail!(
+            "--listen {} can be reached from other machines, and gossip without a key can be forged by anyone \
+             who reaches it: give every worker of the pool --cluster-key FILE (a shared secret of 16+ bytes, \
+             e.g. `head -c 32 /dev/urandom > pool.key`), or --insecure-gossip to run without",
+            config.listen
+        );
+    }
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
@@ -186,7 +201,8 @@ pub async fn start(
         },
         ..GossipConfig::default()
     };
-    let node = GossipNode::new(NodeId::new(addr.clone(), generation), Advert::default(), gossip_config);
+    let node = GossipNode::new(NodeId::new(addr.clone(), generation), Advert::default(), gossip_config)
+        .with_check(Advert::check);
     let worker = Arc::new(Worker {
         addr: addr.clone(),
         runner,
