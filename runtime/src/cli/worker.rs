@@ -34,6 +34,10 @@ pub struct WorkerArgs {
     /// ~/.cache/peerwasm].
     #[arg(long, value_name = "DIR", env = "PEERWASM_CACHE_DIR")]
     cache_dir: Option<PathBuf>,
+    /// The most disk the compiled-module cache may take; the least recently
+    /// used modules are removed first (and compiled again when needed).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "4GiB")]
+    cache_max: u64,
     /// Time between gossip rounds.
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "1s")]
     gossip_interval: Duration,
@@ -147,6 +151,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     sandbox.cache_dir = args.cache_dir.or_else(super::default_cache_root).map(|root| root.join("modules"));
     sandbox.max_job_time = args.max_job_time.0;
     sandbox.max_open_files = args.max_open_files.max(1);
+    sandbox.cache_max_bytes = args.cache_max;
     sandbox.max_output_bytes = Some(args.max_output);
     raise_descriptor_limit(args.slots.unwrap_or(sandbox.slots), args.max_open_files);
     let config = WorkerConfig {
@@ -231,5 +236,6 @@ mod tests {
     #[test]
     fn flag_defaults_are_the_library_defaults() {
         assert_eq!(crate::units::parse_size(super::MAX_OUTPUT_FLAG), Ok(crate::worker::http::DEFAULT_MAX_OUTPUT));
+        assert_eq!(crate::units::parse_size("4GiB"), Ok(crate::sandbox::DEFAULT_CACHE_MAX), "--cache-max");
     }
 }

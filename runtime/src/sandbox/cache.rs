@@ -1,31 +1,24 @@
 //! The module cache: sha256 of the bytes → compiled module, kept in memory (a
-//! bounded LRU) and on disk (serialized artifacts), so a module is compiled
-//! once per machine, not once per job.
+//! bounded LRU) and on disk ([`super::artifacts`]: authenticated, bounded),
+//! so a module is compiled once per machine, not once per job.
 //!
-//! Disk artifacts are native code that wasmtime will map and run, so they are
-//! never trusted blindly: each file carries a sha256 of the artifact, checked
-//! before wasmtime sees it, and wasmtime itself refuses an artifact made by an
-//! incompatible engine. Anything that fails either check is recompiled and
-//! overwritten. Artifacts live under a directory named after the engine's
-//! compatibility hash, so two builds of peerwasm never fight over one file.
+//! Loading or compiling holds a lock for that module only: two jobs of one
+//! new module compile it once, and a large module compiling does not make
+//! jobs of other modules wait for it.
 
-use std::fs;
-use std::hash::{Hash, Hasher};
+use std::collections::HashMap;
 use std::num::NonZeroUsize;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use lru::LruCache;
-use sha2::{Digest, Sha256};
 use wasmtime::{Engine, InstancePre, Module};
 
 use super::JobState;
+use super::artifacts::ArtifactStore;
 use super::validate;
 use crate::proto::{CacheSource, ModuleHash, Outcome};
-
-/// The first bytes of every artifact file; bump on any format change.
-const ARTIFACT_MAGIC: &[u8; 8] = b"PWASMA1\n";
 
 /// A compiled module, ready to instantiate.
 pub struct CompiledModule {
@@ -57,51 +50,43 @@ pub struct CacheStats {
     pub memory_hits: u64,
     /// Modules loaded from a disk artifact.
     pub disk_hits: u64,
-    /// Disk artifacts found corrupt or incompatible, and recompiled.
+    /// Disk artifacts not written by this cache (planted, altered) or
+    /// incompatible: removed unused, and recompiled.
     pub disk_rejects: u64,
+    /// Disk artifacts removed to keep the cache within its byte budget.
+    pub disk_evictions: u64,
 }
 
 /// Where compiled modules are kept.
 pub struct ModuleCache {
     engine: Engine,
     memory: Mutex<LruCache<ModuleHash, Arc<CompiledModule>>>,
-    disk: Option<PathBuf>,
-    /// Held while loading or compiling, so two jobs of one new module
-    /// compile it once. Compilation is itself parallel (cranelift uses all
-    /// cores), so serializing whole compiles costs little.
-    loading: Mutex<()>,
+    disk: Option<ArtifactStore>,
+    /// One lock per module being loaded or compiled (removed when done).
+    loading: Mutex<HashMap<ModuleHash, Arc<Mutex<()>>>>,
     compiles: AtomicU64,
     memory_hits: AtomicU64,
     disk_hits: AtomicU64,
     disk_rejects: AtomicU64,
+    disk_evictions: AtomicU64,
 }
 
 impl ModuleCache {
     /// A cache of at most `entries` compiled modules in memory, with disk
-    /// artifacts under `disk_dir` if given.
-    pub fn new(engine: Engine, entries: usize, disk_dir: Option<&Path>) -> anyhow::Result<Self> {
-        let disk = match disk_dir {
-            Some(dir) => {
-                let mut h = std::hash::DefaultHasher::new();
-                engine.precompile_compatibility_hash().hash(&mut h);
-                let dir = dir.join(format!("engine-{:016x}", h.finish()));
-                fs::create_dir_all(&dir).map_err(|e| {
-                    anyhow::anyhow!("cannot create module cache dir {}: {e}", dir.display())
-                })?;
-                Some(dir)
-            }
-            None => None,
-        };
+    /// artifacts under `disk_dir` (at most `disk_max_bytes` of them) if given.
+    pub fn new(engine: Engine, entries: usize, disk_dir: Option<&Path>, disk_max_bytes: u64) -> anyhow::Result<Self> {
+        let disk = disk_dir.map(|dir| ArtifactStore::open(dir, &engine, disk_max_bytes)).transpose()?;
         let entries = NonZeroUsize::new(entries.max(1)).expect("max(1) is non-zero");
         Ok(ModuleCache {
             engine,
             memory: Mutex::new(LruCache::new(entries)),
             disk,
-            loading: Mutex::new(()),
+            loading: Mutex::new(HashMap::new()),
             compiles: AtomicU64::new(0),
             memory_hits: AtomicU64::new(0),
             disk_hits: AtomicU64::new(0),
             disk_rejects: AtomicU64::new(0),
+            disk_evictions: AtomicU64::new(0),
         })
     }
 
@@ -112,6 +97,7 @@ impl ModuleCache {
             memory_hits: self.memory_hits.load(Ordering::Relaxed),
             disk_hits: self.disk_hits.load(Ordering::Relaxed),
             disk_rejects: self.disk_rejects.load(Ordering::Relaxed),
+            disk_evictions: self.disk_evictions.load(Ordering::Relaxed),
         }
     }
 
@@ -141,7 +127,7 @@ impl ModuleCache {
     /// Whether memory or disk has the compiled module (disk: an artifact
     /// file exists; it is checked when loaded).
     pub fn has(&self, hash: &ModuleHash) -> bool {
-        lock(&self.memory).contains(hash) || self.artifact_path(hash).is_some_and(|p| p.exists())
+        lock(&self.memory).contains(hash) || self.disk.as_ref().is_some_and(|d| d.has(hash))
     }
 
     fn load_with(
@@ -152,7 +138,24 @@ impl ModuleCache {
         if let Some(m) = self.get(hash) {
             return Ok(Some((m, CacheSource::Memory)));
         }
-        let _loading = lock(&self.loading);
+        let this_module = lock(&self.loading).entry(*hash).or_default().clone();
+        let loaded = {
+            let _loading = lock(&this_module);
+            self.load_locked(hash, bytes)
+        };
+        // The last one out removes the module's lock.
+        let mut loading = lock(&self.loading);
+        if Arc::strong_count(&this_module) == 2 {
+            loading.remove(hash);
+        }
+        loaded
+    }
+
+    fn load_locked(
+        &self,
+        hash: &ModuleHash,
+        bytes: Option<&[u8]>,
+    ) -> Result<Option<(Arc<CompiledModule>, CacheSource)>, Outcome> {
         if let Some(m) = self.get(hash) {
             return Ok(Some((m, CacheSource::Memory)));
         }
@@ -172,74 +175,46 @@ impl ModuleCache {
         }
         validate::check_header(bytes).map_err(|reason| Outcome::InvalidModule { reason })?;
         self.compiles.fetch_add(1, Ordering::Relaxed);
-        let module = Module::new(&self.engine, bytes).map_err(|e| Outcome::InvalidModule {
+        let module = compile_apart(|| Module::new(&self.engine, bytes)).map_err(|e| Outcome::InvalidModule {
             reason: format!("it does not compile: {}", one_line(&e)),
         })?;
-        if let Some(path) = self.artifact_path(hash) {
-            if let Err(e) = self.store_artifact(&module, &path) {
-                tracing::warn!(path = %path.display(), "could not write module artifact: {e}");
+        if let Some(disk) = &self.disk {
+            match disk.store(hash, &module) {
+                Ok(evicted) => {
+                    self.disk_evictions.fetch_add(evicted as u64, Ordering::Relaxed);
+                }
+                Err(e) => tracing::warn!(module = %hash, "could not write the module's artifact: {e}"),
             }
         }
         Ok(module)
     }
 
-    fn artifact_path(&self, hash: &ModuleHash) -> Option<PathBuf> {
-        self.disk.as_ref().map(|d| d.join(format!("{}.cwasm", hash.to_hex())))
-    }
-
     fn load_from_disk(&self, hash: &ModuleHash) -> Option<Module> {
-        let path = self.artifact_path(hash)?;
-        let file = match fs::read(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
-            Err(e) => {
-                tracing::warn!(path = %path.display(), "cannot read module artifact: {e}");
-                return None;
-            }
-        };
-        match self.decode_artifact(&file) {
-            Ok(module) => {
+        match self.disk.as_ref()?.load(&self.engine, hash) {
+            Ok(Some(module)) => {
                 self.disk_hits.fetch_add(1, Ordering::Relaxed);
                 Some(module)
             }
+            Ok(None) => None,
             Err(why) => {
-                tracing::warn!(path = %path.display(), "ignoring module artifact ({why}); recompiling");
+                tracing::warn!(module = %hash, "ignored and removed a module artifact ({why}); compiling instead");
                 self.disk_rejects.fetch_add(1, Ordering::Relaxed);
-                let _ = fs::remove_file(&path);
                 None
             }
         }
     }
+}
 
-    fn decode_artifact(&self, file: &[u8]) -> Result<Module, String> {
-        let header = ARTIFACT_MAGIC.len() + 32;
-        if file.len() < header || &file[..ARTIFACT_MAGIC.len()] != ARTIFACT_MAGIC {
-            return Err("not a peerwasm artifact".into());
-        }
-        let (sum, artifact) = file[ARTIFACT_MAGIC.len()..].split_at(32);
-        if Sha256::digest(artifact).as_slice() != sum {
-            return Err("checksum mismatch: the file is corrupt".into());
-        }
-        // SAFETY: the artifact was written by `store_artifact` of an engine
-        // with the same compatibility hash (the directory is keyed on it),
-        // and its checksum matches what was written. wasmtime additionally
-        // checks the engine configuration recorded in the artifact. Artifacts
-        // are never accepted from peers.
-        unsafe { Module::deserialize(&self.engine, artifact) }.map_err(|e| one_line(&e))
-    }
-
-    fn store_artifact(&self, module: &Module, path: &Path) -> anyhow::Result<()> {
-        let artifact = module.serialize().map_err(|e| anyhow::anyhow!("{e}"))?;
-        let mut file = Vec::with_capacity(ARTIFACT_MAGIC.len() + 32 + artifact.len());
-        file.extend_from_slice(ARTIFACT_MAGIC);
-        file.extend_from_slice(&Sha256::digest(&artifact));
-        file.extend_from_slice(&artifact);
-        // Write then rename, so a reader never sees half a file.
-        let dir = path.parent().expect("artifact paths have a parent");
-        let tmp = tempfile::NamedTempFile::new_in(dir)?;
-        fs::write(tmp.path(), &file)?;
-        tmp.persist(path)?;
-        Ok(())
+/// Runs `compile` on a thread pool of its own. wasmtime compiles a module's
+/// functions in parallel on rayon's current pool; on the one global pool,
+/// a small module's functions would queue behind every function of a large
+/// module compiling at the same time. With a pool per compile, concurrent
+/// compiles share the cores through the OS scheduler instead.
+fn compile_apart<T: Send>(compile: impl FnOnce() -> T + Send) -> T {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    match rayon::ThreadPoolBuilder::new().num_threads(threads).thread_name(|i| format!("peerwasm-compile-{i}")).build() {
+        Ok(pool) => pool.install(compile),
+        Err(_) => compile(),
     }
 }
 

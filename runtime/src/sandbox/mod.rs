@@ -4,6 +4,7 @@
 //! Layout:
 //! * [`engine`] — the shared `Engine` (instance allocator, time-limit mechanism);
 //! * [`cache`] — sha256 → compiled module, in memory and on disk;
+//! * [`artifacts`] — the disk half: authenticated, bounded artifacts;
 //! * [`validate`] — cheap checks on module bytes, for clear messages;
 //! * [`limiter`] — the per-job memory limit and peak;
 //! * [`descriptors`] — the per-job bound on open files;
@@ -17,6 +18,7 @@
 //! while it does. Compute is made to yield every few milliseconds by epochs
 //! (or fuel), so the same timeout ends a busy job too.
 
+pub mod artifacts;
 pub mod cache;
 pub mod cancel;
 pub mod descriptors;
@@ -54,6 +56,9 @@ use stdio::OutputCapture;
 /// Where a job's scratch directory appears in the guest.
 pub const SCRATCH_GUEST_PATH: &str = "/tmp";
 
+/// The most bytes of compiled artifacts a disk cache keeps by default.
+pub const DEFAULT_CACHE_MAX: u64 = 4 << 30;
+
 /// A result whose peak is above this share of its limit carries a warning.
 pub const PEAK_WARNING_SHARE: f64 = 0.9;
 
@@ -82,6 +87,9 @@ pub struct SandboxConfig {
     /// Where compiled artifacts are kept on disk; `None` keeps them in
     /// memory only. Default: none.
     pub cache_dir: Option<PathBuf>,
+    /// The most bytes of artifacts kept on disk; the least recently used
+    /// go first. Default: [`DEFAULT_CACHE_MAX`].
+    pub cache_max_bytes: u64,
     /// Where per-job scratch directories are made. Default: the system's
     /// temporary directory.
     pub scratch_root: Option<PathBuf>,
@@ -110,6 +118,7 @@ impl Default for SandboxConfig {
             cache_entries: 64,
             module_bytes_held: 1 << 30,
             cache_dir: None,
+            cache_max_bytes: DEFAULT_CACHE_MAX,
             scratch_root: None,
             max_job_time: None,
             max_open_files: descriptors::DEFAULT_MAX_OPEN_FILES,
@@ -156,7 +165,8 @@ impl Sandbox {
         wasmtime_wasi::p1::add_to_linker_async(&mut linker, |s: &mut JobState| &mut s.wasi)
             .and_then(|()| descriptors::add_to_linker(&mut linker))
             .map_err(|e| anyhow::anyhow!("cannot link WASI: {e}"))?;
-        let cache = ModuleCache::new(engine.clone(), config.cache_entries, config.cache_dir.as_deref())?;
+        let cache =
+            ModuleCache::new(engine.clone(), config.cache_entries, config.cache_dir.as_deref(), config.cache_max_bytes)?;
         Ok(Sandbox { engine, linker, cache, config })
     }
 

@@ -125,7 +125,7 @@ impl Metrics {
         r.register("slots", "Slots, by state (busy, total)", m.slots.clone());
         r.register("memory_bytes", "Memory: capacity, reserved, used by jobs, host available, largest job that fits now, module bytes held", m.memory.clone());
         r.register("queue_length", "Jobs waiting, by tenant", m.queue.clone());
-        r.register("module_cache_events", "Module cache: compiles, memory hits, disk hits, rejected disk artifacts", m.cache.clone());
+        r.register("module_cache_events", "Module cache: compiles, memory hits, disk hits, rejected disk artifacts (planted, altered, incompatible), evicted disk artifacts", m.cache.clone());
         r.register("gossip_events", "Gossip: rounds, exchanges ok and failed, rejected and forged messages", m.gossip.clone());
         r.register("gossip_bytes", "Gossip bytes, by direction", m.gossip_bytes.clone());
         r.register("peers", "Peers in this worker's view, by liveness", m.peers.clone());
@@ -208,6 +208,7 @@ impl Metrics {
             ("memory_hit", s.cache.memory_hits),
             ("disk_hit", s.cache.disk_hits),
             ("disk_reject", s.cache.disk_rejects),
+            ("disk_evict", s.cache.disk_evictions),
         ] {
             sync(&self.cache.get_or_create(&label("event", event)), n);
         }

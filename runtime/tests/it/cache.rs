@@ -1,9 +1,11 @@
 //! The module cache: compiled once per machine, by the compile counter; disk
-//! artifacts survive a restart; corrupt or foreign artifacts are recompiled.
+//! artifacts survive a restart; corrupt, planted or swapped artifacts are
+//! never loaded; the disk cache keeps to its budget; a large compile holds
+//! up no other module.
 
 use std::path::{Path, PathBuf};
 
-use peerwasm::proto::{CacheSource, Outcome};
+use peerwasm::proto::{CacheSource, JobSpec, Outcome};
 use peerwasm::sandbox::SandboxConfig;
 use peerwasm::worker::JobRunner;
 
@@ -15,12 +17,19 @@ fn with_disk(dir: &Path) -> JobRunner {
 
 fn artifacts(dir: &Path) -> Vec<PathBuf> {
     let mut found = Vec::new();
-    for engine_dir in std::fs::read_dir(dir).unwrap() {
-        for f in std::fs::read_dir(engine_dir.unwrap().path()).unwrap() {
+    for engine_dir in std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()) {
+        for f in std::fs::read_dir(engine_dir).unwrap() {
             found.push(f.unwrap().path());
         }
     }
+    found.sort();
     found
+}
+
+/// The artifact file of guest `name` under `dir`.
+fn artifact_of(dir: &Path, name: &str) -> PathBuf {
+    let hash = peerwasm::proto::ModuleHash::of(&peerwasm_testkit::guest_wasm_bytes(name)).to_hex();
+    artifacts(dir).into_iter().find(|p| p.to_string_lossy().contains(&hash)).expect("an artifact of it")
 }
 
 #[tokio::test]
@@ -96,10 +105,10 @@ async fn a_foreign_artifact_is_recompiled() {
         let r = with_disk(dir.path());
         r.run(guest_job(&r, "hello", ""), None).await;
     }
-    // An artifact that passes our checksum but that wasmtime does not accept
-    // (as one from another engine build would not be) is recompiled.
+    // A file planted by someone who can write the directory but does not
+    // have the cache's secret: a plausible header, a checksum, anything.
     let [artifact] = artifacts(dir.path()).try_into().unwrap();
-    let mut fake = b"PWASMA1\n".to_vec();
+    let mut fake = b"PWASMA2\n".to_vec();
     let payload = b"not a wasmtime artifact at all".to_vec();
     use sha2::Digest;
     fake.extend_from_slice(&sha2::Sha256::digest(&payload));
@@ -111,4 +120,74 @@ async fn a_foreign_artifact_is_recompiled() {
     assert_eq!(res.outcome, Outcome::Exited { code: 0 });
     assert_eq!(res.cache, CacheSource::Compiled);
     assert_eq!(r.sandbox().cache_stats().disk_rejects, 1);
+}
+
+#[tokio::test]
+async fn another_modules_artifact_under_this_modules_name_is_never_loaded() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let r = with_disk(dir.path());
+        r.run(guest_job(&r, "hello", ""), None).await;
+        r.run(guest_job(&r, "primes", r#"{"n": 10}"#), None).await;
+    }
+    // A genuine artifact, of primes, renamed to hello's: loading it would
+    // run primes' code for every hello job.
+    std::fs::copy(artifact_of(dir.path(), "primes"), artifact_of(dir.path(), "hello")).unwrap();
+    let r = with_disk(dir.path());
+    let mut spec = guest_job(&r, "hello", "");
+    spec.args = vec!["still hello".into()];
+    let res = r.run(spec, None).await;
+    assert_eq!(stdout(&res), "still hello\n");
+    assert_eq!(res.cache, CacheSource::Compiled);
+    assert_eq!(r.sandbox().cache_stats().disk_rejects, 1);
+    let secret = dir.path().join("secret.key");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&secret).unwrap().permissions().mode() & 0o777, 0o600);
+}
+
+#[tokio::test]
+async fn the_disk_cache_keeps_to_its_budget_dropping_the_least_recently_used() {
+    let guests = ["hello", "primes", "memhog", "spin"];
+    // Their artifact sizes, from an unbounded cache.
+    let sizes_dir = tempfile::tempdir().unwrap();
+    let r = with_disk(sizes_dir.path());
+    for g in guests {
+        r.run(guest_job(&r, g, "1"), None).await;
+    }
+    let mut sizes: Vec<u64> = artifacts(sizes_dir.path()).iter().map(|p| std::fs::metadata(p).unwrap().len()).collect();
+    sizes.sort();
+    let budget = sizes[2] + sizes[3]; // room for about two
+    let dir = tempfile::tempdir().unwrap();
+    let r = runner(SandboxConfig { slots: 2, cache_dir: Some(dir.path().into()), cache_max_bytes: budget, ..SandboxConfig::default() });
+    for g in guests {
+        r.run(guest_job(&r, g, "1"), None).await;
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await; // distinct mtimes
+    }
+    let kept: u64 = artifacts(dir.path()).iter().map(|p| std::fs::metadata(p).unwrap().len()).sum();
+    assert!(kept <= budget, "{kept} bytes kept, budget {budget}");
+    assert!(r.sandbox().cache_stats().disk_evictions >= 2);
+    assert!(std::fs::metadata(artifact_of(dir.path(), "spin")).is_ok(), "the newest is kept");
+    assert!(artifacts(dir.path()).iter().all(|p| !p.to_string_lossy().contains(&peerwasm::proto::ModuleHash::of(&peerwasm_testkit::guest_wasm_bytes("hello")).to_hex())), "the oldest went first");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_large_compile_holds_up_no_other_module() {
+    let r = std::sync::Arc::new(runner(SandboxConfig { slots: 2, ..SandboxConfig::default() }));
+    let big = JobSpec::new(r.add_module(crate::hostile::big_module(20_000)));
+    let started = std::time::Instant::now();
+    let big_run = tokio::spawn({
+        let r = r.clone();
+        async move { r.run(big, None).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let small = r.run(guest_job(&r, "hello", ""), None).await;
+    let small_done = started.elapsed();
+    assert_eq!(small.cache, CacheSource::Compiled);
+    assert!(!big_run.is_finished(), "the large module compiled too fast to tell ({small_done:?})");
+    let big = big_run.await.unwrap();
+    let big_done = started.elapsed();
+    println!("a small module compiled and ran at {small_done:?}, while a 20,000-function module took {big_done:?}");
+    // Behind one global queue, the small one finished just before the large.
+    assert!(small_done < big_done / 3, "the small module waited {small_done:?} of the large one's {big_done:?}");
+    assert_eq!(big.outcome, Outcome::Exited { code: 0 });
 }

@@ -117,7 +117,7 @@ fn corpus() -> Vec<Case> {
 
 /// A valid WASI command of `n` small functions (the same shape as the cache
 /// benchmark's).
-fn big_module(n: usize) -> Vec<u8> {
+pub(crate) fn big_module(n: usize) -> Vec<u8> {
     let mut wat = String::from("(module\n");
     for i in 0..n {
         let mut body = String::new();
