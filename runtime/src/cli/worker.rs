@@ -34,6 +34,10 @@ pub struct WorkerArgs {
     /// ~/.cache/peerwasm].
     #[arg(long, value_name = "DIR", env = "PEERWASM_CACHE_DIR")]
     cache_dir: Option<PathBuf>,
+    /// How long compiling one module may take; past it the job is rejected
+    /// naming this limit, and so are later jobs of that module.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "60s")]
+    max_compile_time: Duration,
     /// The most disk the compiled-module cache may take; the least recently
     /// used modules are removed first (and compiled again when needed).
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "4GiB")]
@@ -152,6 +156,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     sandbox.max_job_time = args.max_job_time.0;
     sandbox.max_open_files = args.max_open_files.max(1);
     sandbox.cache_max_bytes = args.cache_max;
+    sandbox.max_compile_time = Some(args.max_compile_time);
     sandbox.max_output_bytes = Some(args.max_output);
     raise_descriptor_limit(args.slots.unwrap_or(sandbox.slots), args.max_open_files);
     let config = WorkerConfig {

@@ -6,17 +6,17 @@
 //! new module compile it once, and a large module compiling does not make
 //! jobs of other modules wait for it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::num::NonZeroUsize;
-use std::path::Path;
+use std::time::Duration;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use lru::LruCache;
 use wasmtime::{Engine, InstancePre, Module};
 
-use super::JobState;
 use super::artifacts::ArtifactStore;
+use super::{JobState, SandboxConfig};
 use super::validate;
 use crate::proto::{CacheSource, ModuleHash, Outcome};
 
@@ -69,14 +69,23 @@ pub struct ModuleCache {
     disk_hits: AtomicU64,
     disk_rejects: AtomicU64,
     disk_evictions: AtomicU64,
+    /// How long a compile may take (`SandboxConfig::max_compile_time`).
+    max_compile_time: Option<Duration>,
+    /// Modules whose compile ran past it: refused at once from then on.
+    too_slow: Mutex<HashSet<ModuleHash>>,
 }
 
 impl ModuleCache {
-    /// A cache of at most `entries` compiled modules in memory, with disk
-    /// artifacts under `disk_dir` (at most `disk_max_bytes` of them) if given.
-    pub fn new(engine: Engine, entries: usize, disk_dir: Option<&Path>, disk_max_bytes: u64) -> anyhow::Result<Self> {
-        let disk = disk_dir.map(|dir| ArtifactStore::open(dir, &engine, disk_max_bytes)).transpose()?;
-        let entries = NonZeroUsize::new(entries.max(1)).expect("max(1) is non-zero");
+    /// A cache as `config` says: `cache_entries` compiled modules in
+    /// memory, artifacts under `cache_dir` (at most `cache_max_bytes`) if
+    /// given, compiles bounded by `max_compile_time`.
+    pub fn new(engine: Engine, config: &SandboxConfig) -> anyhow::Result<Self> {
+        let disk = config
+            .cache_dir
+            .as_deref()
+            .map(|dir| ArtifactStore::open(dir, &engine, config.cache_max_bytes))
+            .transpose()?;
+        let entries = NonZeroUsize::new(config.cache_entries.max(1)).expect("max(1) is non-zero");
         Ok(ModuleCache {
             engine,
             memory: Mutex::new(LruCache::new(entries)),
@@ -87,6 +96,8 @@ impl ModuleCache {
             disk_hits: AtomicU64::new(0),
             disk_rejects: AtomicU64::new(0),
             disk_evictions: AtomicU64::new(0),
+            max_compile_time: config.max_compile_time,
+            too_slow: Mutex::new(HashSet::new()),
         })
     }
 
@@ -174,10 +185,43 @@ impl ModuleCache {
             return Err(Outcome::Rejected { reason: format!("module bytes do not match their hash {hash}") });
         }
         validate::check_header(bytes).map_err(|reason| Outcome::InvalidModule { reason })?;
+        let slow = |limit: Duration| Outcome::Rejected {
+            reason: format!(
+                "compiling it takes longer than {} (this worker's --max-compile-time)",
+                humantime::format_duration(limit)
+            ),
+        };
+        if let Some(limit) = self.max_compile_time
+            && lock(&self.too_slow).contains(hash)
+        {
+            return Err(slow(limit));
+        }
         self.compiles.fetch_add(1, Ordering::Relaxed);
-        let module = compile_apart(|| Module::new(&self.engine, bytes)).map_err(|e| Outcome::InvalidModule {
-            reason: format!("it does not compile: {}", one_line(&e)),
-        })?;
+        let module = match self.max_compile_time {
+            None => compile_apart(|| Module::new(&self.engine, bytes)),
+            Some(limit) => {
+                // wasmtime cannot stop a compile: past the limit the job is
+                // refused and the module with it, and the compile runs to
+                // its end on its own thread, its result dropped.
+                let (tx, rx) = std::sync::mpsc::channel();
+                let (engine, owned) = (self.engine.clone(), bytes.to_vec());
+                std::thread::Builder::new()
+                    .name("peerwasm-compile".into())
+                    .spawn(move || {
+                        let _ = tx.send(compile_apart(|| Module::new(&engine, &owned)));
+                    })
+                    .map_err(|e| Outcome::Rejected { reason: format!("cannot start compiling: {e}") })?;
+                match rx.recv_timeout(limit) {
+                    Ok(compiled) => compiled,
+                    Err(_) => {
+                        tracing::warn!(module = %hash, "compile ran past --max-compile-time: module refused from now on");
+                        lock(&self.too_slow).insert(*hash);
+                        return Err(slow(limit));
+                    }
+                }
+            }
+        };
+        let module = module.map_err(|e| Outcome::InvalidModule { reason: format!("it does not compile: {}", one_line(&e)) })?;
         if let Some(disk) = &self.disk {
             match disk.store(hash, &module) {
                 Ok(evicted) => {

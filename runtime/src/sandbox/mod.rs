@@ -90,6 +90,10 @@ pub struct SandboxConfig {
     /// The most bytes of artifacts kept on disk; the least recently used
     /// go first. Default: [`DEFAULT_CACHE_MAX`].
     pub cache_max_bytes: u64,
+    /// How long compiling one module may take; past it the job is
+    /// `rejected` naming the limit, and so is every later job of that
+    /// module. Default: none (`peerwasm worker` sets 60 s).
+    pub max_compile_time: Option<Duration>,
     /// Where per-job scratch directories are made. Default: the system's
     /// temporary directory.
     pub scratch_root: Option<PathBuf>,
@@ -119,6 +123,7 @@ impl Default for SandboxConfig {
             module_bytes_held: 1 << 30,
             cache_dir: None,
             cache_max_bytes: DEFAULT_CACHE_MAX,
+            max_compile_time: None,
             scratch_root: None,
             max_job_time: None,
             max_open_files: descriptors::DEFAULT_MAX_OPEN_FILES,
@@ -165,8 +170,7 @@ impl Sandbox {
         wasmtime_wasi::p1::add_to_linker_async(&mut linker, |s: &mut JobState| &mut s.wasi)
             .and_then(|()| descriptors::add_to_linker(&mut linker))
             .map_err(|e| anyhow::anyhow!("cannot link WASI: {e}"))?;
-        let cache =
-            ModuleCache::new(engine.clone(), config.cache_entries, config.cache_dir.as_deref(), config.cache_max_bytes)?;
+        let cache = ModuleCache::new(engine.clone(), &config)?;
         Ok(Sandbox { engine, linker, cache, config })
     }
 

@@ -137,3 +137,35 @@ fn a_worker_reachable_from_other_machines_needs_a_cluster_key() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_compile_past_the_limit_is_refused_naming_it_and_others_run_meanwhile() {
+    let tenants = tenants_file(1, 1);
+    let w = worker(2, &tenants, None, &["--max-compile-time", "1s"]);
+    let alice = Target::pool_as(vec![w.addr.clone()], Some(ALICE.into())).unwrap();
+    // About 2.5 s to compile here: within the size cap, past the limit.
+    let bomb = Job::new(crate::hostile::big_module(20_000));
+    let started = Instant::now();
+    let compiling = tokio::spawn({
+        let (alice, bomb) = (alice.clone(), bomb.clone());
+        async move { alice.run(&bomb, bomb.spec(Vec::new(), 32 * MIB)).await.unwrap() }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let bob = Target::pool_as(vec![w.addr.clone()], Some(BOB.into())).unwrap();
+    let hello = Job::new(peerwasm_testkit::guest_wasm_bytes("hello"));
+    let t = Instant::now();
+    assert!(bob.run(&hello, hello.spec(Vec::new(), 16 * MIB)).await.unwrap().outcome.is_success());
+    let other = t.elapsed();
+    let r = compiling.await.unwrap();
+    let refused_after = started.elapsed();
+    let expected = "job rejected: compiling it takes longer than 1s (this worker's --max-compile-time)";
+    assert_eq!(r.outcome.to_string(), expected);
+    assert!(refused_after < Duration::from_millis(2500), "refused after {refused_after:?}");
+    // Once known, the module is refused at once.
+    let t = Instant::now();
+    let again = alice.run(&bomb, bomb.spec(Vec::new(), 32 * MIB)).await.unwrap();
+    assert_eq!(again.outcome.to_string(), expected);
+    assert!(t.elapsed() < Duration::from_millis(500), "the second refusal took {:?}", t.elapsed());
+    println!("compile bomb: refused after {refused_after:?}, again in {:?}; another tenant's job took {other:?} meanwhile", t.elapsed());
+    assert!(other < Duration::from_secs(1), "another tenant's job took {other:?} during the compile");
+}

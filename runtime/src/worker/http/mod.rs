@@ -49,6 +49,10 @@ pub const DEFAULT_MAX_JOB_TIME: Duration = Duration::from_secs(24 * 3600);
 /// `--max-output` says otherwise.
 pub const DEFAULT_MAX_OUTPUT: u64 = 64 << 20;
 
+/// How long compiling one module may take on a worker unless
+/// `--max-compile-time` says otherwise.
+pub const DEFAULT_MAX_COMPILE_TIME: Duration = Duration::from_secs(60);
+
 /// How long a shutting-down worker lets running jobs finish before it
 /// cancels them, unless `--drain-grace` says otherwise (Slurm's `KillWait`
 /// is 30 s too).
@@ -103,6 +107,7 @@ impl WorkerConfig {
         let mut runner = RunnerConfig::default();
         runner.sandbox.max_job_time = Some(DEFAULT_MAX_JOB_TIME);
         runner.sandbox.max_output_bytes = Some(DEFAULT_MAX_OUTPUT);
+        runner.sandbox.max_compile_time = Some(DEFAULT_MAX_COMPILE_TIME);
         WorkerConfig {
             listen,
             join: Vec::new(),
