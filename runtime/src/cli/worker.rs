@@ -79,6 +79,10 @@ pub struct WorkerArgs {
     /// the client tries another worker [default: 256 per slot].
     #[arg(long, value_name = "N")]
     max_queued: Option<u32>,
+    /// Bytes of input one tenant's waiting jobs may hold here; more are
+    /// refused (503) and the client tries another worker.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "1GiB")]
+    max_queued_bytes: u64,
     /// The longest any job may run here, e.g. 2h, or `none`: a job that
     /// asks for no limit gets this one, and a job asking for more is
     /// refused, naming it (like a cluster partition's MaxTime).
@@ -175,6 +179,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         cluster_key: args.cluster_key,
         insecure_gossip: args.insecure_gossip,
         max_queued: args.max_queued,
+        max_queued_bytes: args.max_queued_bytes,
         advertise: args.advertise,
         drain_grace: args.drain_grace,
     };
@@ -242,5 +247,6 @@ mod tests {
     fn flag_defaults_are_the_library_defaults() {
         assert_eq!(crate::units::parse_size(super::MAX_OUTPUT_FLAG), Ok(crate::worker::http::DEFAULT_MAX_OUTPUT));
         assert_eq!(crate::units::parse_size("4GiB"), Ok(crate::sandbox::DEFAULT_CACHE_MAX), "--cache-max");
+        assert_eq!(crate::units::parse_size("1GiB"), Ok(crate::worker::admission::QUEUE_BYTES_PER_TENANT));
     }
 }

@@ -40,6 +40,10 @@ pub const RECHECK: Duration = Duration::from_millis(250);
 /// memory.
 pub const QUEUE_PER_SLOT: u32 = 256;
 
+/// Bytes of input one tenant's waiting jobs may hold by default: a queue of
+/// many jobs with large inputs is memory the worker holds for nothing yet.
+pub const QUEUE_BYTES_PER_TENANT: u64 = 1 << 30;
+
 /// How admission behaves.
 #[derive(Clone, Debug)]
 pub struct AdmissionConfig {
@@ -47,6 +51,9 @@ pub struct AdmissionConfig {
     pub slots: u32,
     /// Jobs one tenant may have waiting. Default: [`QUEUE_PER_SLOT`] × slots.
     pub queue_per_tenant: u32,
+    /// Bytes one tenant's waiting jobs may hold (their inputs). Default:
+    /// [`QUEUE_BYTES_PER_TENANT`].
+    pub queue_bytes_per_tenant: u64,
     /// Rank tenants by fair share (`true`, the default) or serve jobs in
     /// arrival order (`false`).
     pub fair_share: bool,
@@ -62,6 +69,7 @@ impl AdmissionConfig {
         AdmissionConfig {
             slots,
             queue_per_tenant: QUEUE_PER_SLOT * slots,
+            queue_bytes_per_tenant: QUEUE_BYTES_PER_TENANT,
             fair_share: true,
             half_life: Duration::from_secs(600),
             hold_after: Duration::from_secs(30),
@@ -98,6 +106,8 @@ struct Waiter {
     id: u64,
     tenant: Arc<Tenant>,
     memreq: u64,
+    /// Bytes it holds while it waits (its input).
+    held: u64,
     since: Instant,
     tx: oneshot::Sender<Result<Ticket, Refusal>>,
 }
@@ -257,13 +267,15 @@ impl Admission {
     /// Waits for a slot and `memreq` bytes for `tenant`, or refuses. A
     /// cancelled wait leaves the queue.
     pub async fn admit(self: &Arc<Self>, tenant: &Arc<Tenant>, memreq: u64) -> Result<Ticket, Refusal> {
-        self.enqueue(tenant, memreq)?.ticket().await
+        self.enqueue(tenant, memreq, 0)?.ticket().await
     }
 
-    /// Queues a job of `memreq` bytes for `tenant` — or refuses it at once
-    /// when it could never fit or its tenant's queue is full. The job's
-    /// place is given up when the returned [`Queued`] is dropped.
-    pub fn enqueue(self: &Arc<Self>, tenant: &Arc<Tenant>, memreq: u64) -> Result<Queued, Refusal> {
+    /// Queues a job of `memreq` bytes for `tenant`, holding `held` bytes
+    /// (its input) while it waits — or refuses it at once when it could
+    /// never fit, or it cannot start now and its tenant's queue is full (in
+    /// jobs or in bytes). The job's place is given up when the returned
+    /// [`Queued`] is dropped.
+    pub fn enqueue(self: &Arc<Self>, tenant: &Arc<Tenant>, memreq: u64, held: u64) -> Result<Queued, Refusal> {
         let largest = self.largest_for(tenant);
         if memreq > largest {
             return Err(Refusal::NeverFits { requested: memreq, largest });
@@ -271,15 +283,22 @@ impl Admission {
         let (tx, rx) = oneshot::channel();
         let id = {
             let mut st = self.lock();
-            let waiting = st.queue.iter().filter(|w| w.tenant.name == tenant.name).count() as u32;
-            // A free slot can start it at once; otherwise it must find room
-            // in its tenant's queue.
-            if waiting >= self.config.queue_per_tenant && st.busy >= self.config.slots {
+            let (waiting, waiting_bytes) = st
+                .queue
+                .iter()
+                .filter(|w| w.tenant.name == tenant.name)
+                .fold((0u32, 0u64), |(n, b), w| (n + 1, b + w.held));
+            let full = waiting >= self.config.queue_per_tenant
+                || waiting_bytes.saturating_add(held) > self.config.queue_bytes_per_tenant;
+            // A job that can start at once needs no room in the queue; one
+            // that must wait (for a slot, or for memory) does.
+            let starts_now = st.busy < self.config.slots && memreq <= self.ledger.offer();
+            if full && !starts_now {
                 return Err(Refusal::Busy);
             }
             st.next_id += 1;
             let id = st.next_id;
-            st.queue.push(Waiter { id, tenant: tenant.clone(), memreq, since: Instant::now(), tx });
+            st.queue.push(Waiter { id, tenant: tenant.clone(), memreq, held, since: Instant::now(), tx });
             tracing::trace!(tenant = %tenant.name, queued = st.queue.len(), "job queued");
             id
         };
@@ -478,6 +497,26 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn queue_limits_hold_when_memory_is_the_bottleneck_and_count_bytes() {
+        let ledger = Ledger::new(&LedgerConfig { memory: Some(100 * MIB), reserve: 0 }).unwrap();
+        let config = AdmissionConfig { queue_per_tenant: 2, queue_bytes_per_tenant: 10 * MIB, ..AdmissionConfig::new(8) };
+        let adm = Admission::new(ledger, config);
+        let t = Arc::new(Tenant::new("t"));
+        let big = adm.admit(&t, 90 * MIB).await.unwrap();
+        // Seven slots free, but no memory: the queue limit of 2 holds.
+        let q1 = adm.enqueue(&t, 50 * MIB, 0).unwrap();
+        let q2 = adm.enqueue(&t, 50 * MIB, 0).unwrap();
+        assert_eq!(adm.enqueue(&t, 50 * MIB, 0).err(), Some(Refusal::Busy));
+        drop((q1, q2));
+        // Bytes: 6 + 6 MiB of inputs is over 10 MiB.
+        let q = adm.enqueue(&t, 50 * MIB, 6 * MIB).unwrap();
+        assert_eq!(adm.enqueue(&t, 50 * MIB, 6 * MIB).err(), Some(Refusal::Busy));
+        drop((q, big));
+        // A job that starts at once needs no room in the queue.
+        let _a = adm.enqueue(&t, 10 * MIB, 20 * MIB).expect("starts at once");
+    }
+
+    #[tokio::test]
     async fn a_hold_respects_slot_limits_and_lets_jobs_fit_beside_it() {
         let ledger = Ledger::new(&LedgerConfig { memory: Some(100 * MIB), reserve: 0 }).unwrap();
         let config = AdmissionConfig { hold_after: Duration::from_millis(50), ..AdmissionConfig::new(4) };
@@ -487,7 +526,7 @@ mod tests {
         // Capped runs 50 and waits past the bound with 60 more: it may not
         // start (its slot limit), so no memory is held for it...
         let running = adm.admit(&capped, 50 * MIB).await.unwrap();
-        let waiting = adm.enqueue(&capped, 60 * MIB).unwrap();
+        let waiting = adm.enqueue(&capped, 60 * MIB, 0).unwrap();
         tokio::time::sleep(Duration::from_millis(80)).await;
         let a = tokio::time::timeout(Duration::from_secs(1), adm.admit(&other, 40 * MIB)).await;
         let a = a.expect("a job of another tenant waited behind a hold its own tenant's limit forbids").unwrap();
@@ -498,7 +537,7 @@ mod tests {
         let beside = adm.admit(&other, 40 * MIB).await.expect("60 + 40 fit");
         drop((held, beside));
         let big = adm.admit(&other, 90 * MIB).await.unwrap();
-        let overdue = adm.enqueue(&capped, 30 * MIB).unwrap();
+        let overdue = adm.enqueue(&capped, 30 * MIB, 0).unwrap();
         tokio::time::sleep(Duration::from_millis(80)).await;
         let (adm2, o) = (adm.clone(), other.clone());
         let small = tokio::spawn(async move { adm2.admit(&o, 10 * MIB).await.map(drop) });
@@ -519,7 +558,7 @@ mod tests {
         let config = AdmissionConfig { hold_after: Duration::from_millis(50), ..AdmissionConfig::new(2) };
         let adm = Admission::new(ledger, config);
         let t = Arc::new(Tenant::new("t"));
-        let hopeless = adm.enqueue(&t, capacity).expect("no larger than the capacity: queued");
+        let hopeless = adm.enqueue(&t, capacity, 0).expect("no larger than the capacity: queued");
         let refused = tokio::time::timeout(Duration::from_secs(2), hopeless.ticket()).await.unwrap();
         match refused {
             Err(Refusal::NeverFits { largest, .. }) => assert!(largest <= ceiling + (64 << 20)),

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use super::admission::{Queued, Refusal};
 use super::fairshare::JobUsage;
+use super::runner::ModulePin;
 use super::state::Worker;
 use super::table::{JobState, JobTable};
 use super::tenants::Tenant;
@@ -83,7 +84,7 @@ pub async fn run_attached(
     spec: JobSpec,
     on_id: impl FnOnce(&str),
 ) -> Result<JobResult, Refused> {
-    let queued = admit(w, tenant, &spec)?;
+    let (queued, _pin) = admit(w, tenant, &spec)?;
     let cancel = Cancel::new();
     let id = w.jobs.insert(&tenant.name, spec.limits.memory_bytes, cancel.clone());
     let _forget = Forget { table: &w.jobs, id: id.clone() };
@@ -98,7 +99,7 @@ pub async fn run_attached(
 /// table until taken. Refusals that are known at once (the queue is full,
 /// it can never fit) are returned now, so the client can go elsewhere.
 pub fn submit_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, spec: JobSpec) -> Result<String, Refused> {
-    let queued = admit(w, tenant, &spec)?;
+    let (queued, pin) = admit(w, tenant, &spec)?;
     let cancel = Cancel::new();
     let memreq = spec.limits.memory_bytes;
     let id = w.jobs.insert(&tenant.name, memreq, cancel.clone());
@@ -111,15 +112,19 @@ pub fn submit_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, spec: JobSpec) -> 
             r.peer = w.addr.clone();
             r
         });
+        drop(pin);
         w.jobs.set(&id2, JobState::Done(Box::new(result), Instant::now()));
     });
     Ok(id)
 }
 
-/// The checks made before a job is queued, then its place in the queue.
-fn admit(w: &Worker, tenant: &Arc<Tenant>, spec: &JobSpec) -> Result<Queued, Refused> {
+/// The checks made before a job is queued, then its place in the queue,
+/// with its module pinned until the job is done.
+fn admit(w: &Worker, tenant: &Arc<Tenant>, spec: &JobSpec) -> Result<(Queued, ModulePin), Refused> {
     check(w, spec)?;
-    w.admission.enqueue(tenant, spec.limits.memory_bytes).map_err(|r| refusal(w, r))
+    let pin = w.runner.pin_module(&spec.module);
+    let queued = w.admission.enqueue(tenant, spec.limits.memory_bytes, spec.stdin.len() as u64).map_err(|r| refusal(w, r))?;
+    Ok((queued, pin))
 }
 
 /// What is checked before a job is admitted: its input within the limit, no

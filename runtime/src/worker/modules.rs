@@ -8,7 +8,13 @@
 //! (404) and the client uploads it again — the path a restarted worker
 //! already takes. A module larger than the whole budget is still kept (alone),
 //! so that any module within the upload limit can run.
+//!
+//! A module that a queued or running job needs is *pinned*: no upload can
+//! push it out before that job has started (and compiled it), so one
+//! tenant's uploads cannot make another tenant's queued jobs fail. Pinned
+//! bytes may take the store over its budget; the queue limits bound them.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use lru::LruCache;
@@ -20,12 +26,14 @@ pub struct ModuleBytes {
     budget: u64,
     held: u64,
     modules: LruCache<ModuleHash, Arc<[u8]>>,
+    /// Jobs that need each module, for those that any job needs.
+    pins: HashMap<ModuleHash, u32>,
 }
 
 impl ModuleBytes {
     /// An empty store that holds at most `budget` bytes.
     pub fn new(budget: u64) -> ModuleBytes {
-        ModuleBytes { budget, held: 0, modules: LruCache::unbounded() }
+        ModuleBytes { budget, held: 0, modules: LruCache::unbounded(), pins: HashMap::new() }
     }
 
     /// Adds a module (a no-op if it is here), dropping the least recently
@@ -36,11 +44,40 @@ impl ModuleBytes {
         }
         self.held += bytes.len() as u64;
         self.modules.put(hash, bytes);
-        while self.held > self.budget && self.modules.len() > 1 {
-            if let Some((_, dropped)) = self.modules.pop_lru() {
+        self.shrink(&hash);
+    }
+
+    /// Drops the least recently used unpinned modules, never `keep`, while
+    /// over budget.
+    fn shrink(&mut self, keep: &ModuleHash) {
+        while self.held > self.budget {
+            let victim = self
+                .modules
+                .iter()
+                .rev() // least recently used first
+                .map(|(h, _)| *h)
+                .find(|h| h != keep && !self.pins.contains_key(h));
+            let Some(victim) = victim else { return };
+            if let Some(dropped) = self.modules.pop(&victim) {
                 self.held -= dropped.len() as u64;
             }
         }
+    }
+
+    /// Marks `hash` as needed by one more job: it stays until unpinned.
+    pub fn pin(&mut self, hash: &ModuleHash) {
+        *self.pins.entry(*hash).or_insert(0) += 1;
+    }
+
+    /// One job fewer needs `hash`.
+    pub fn unpin(&mut self, hash: &ModuleHash) {
+        if let Some(n) = self.pins.get_mut(hash) {
+            *n -= 1;
+            if *n == 0 {
+                self.pins.remove(hash);
+            }
+        }
+        self.shrink(hash);
     }
 
     /// A module's bytes, marking it used.
@@ -85,6 +122,23 @@ mod tests {
         // Adding one already held changes nothing.
         store.insert(m[3].0, m[3].1.clone());
         assert_eq!(store.held(), 3000);
+    }
+
+    #[test]
+    fn a_pinned_module_outlives_uploads_until_unpinned() {
+        let mut store = ModuleBytes::new(2000);
+        let m: Vec<_> = (0..4).map(|i| module(i, 1000)).collect();
+        store.insert(m[0].0, m[0].1.clone());
+        store.pin(&m[0].0); // a queued job needs it
+        for (h, b) in &m[1..] {
+            store.insert(*h, b.clone());
+        }
+        assert!(store.contains(&m[0].0), "evicted while a job needed it");
+        assert!(store.contains(&m[3].0) && !store.contains(&m[1].0));
+        store.unpin(&m[0].0);
+        store.insert(m[1].0, m[1].1.clone());
+        assert!(!store.contains(&m[0].0), "unpinned, it is the least recently used");
+        assert_eq!(store.held(), 2000);
     }
 
     #[test]

@@ -27,7 +27,7 @@ pub struct JobRunner {
     sandbox: Arc<Sandbox>,
     slots: Arc<Semaphore>,
     /// Module bytes by hash, for compiling on a cache miss.
-    modules: Mutex<ModuleBytes>,
+    modules: Arc<Mutex<ModuleBytes>>,
     /// `Some` until drop; dropped in the background so that dropping a
     /// runner inside another runtime does not panic.
     runtime: Option<tokio::runtime::Runtime>,
@@ -47,7 +47,7 @@ impl JobRunner {
         Ok(JobRunner {
             sandbox,
             slots: Arc::new(Semaphore::new(slots)),
-            modules: Mutex::new(modules),
+            modules: Arc::new(Mutex::new(modules)),
             runtime: Some(runtime),
         })
     }
@@ -157,6 +157,13 @@ impl JobRunner {
         result
     }
 
+    /// Keeps `hash`'s bytes from being dropped for other uploads until the
+    /// returned pin is dropped: what a queued job holds until it starts.
+    pub fn pin_module(&self, hash: &ModuleHash) -> ModulePin {
+        self.lock_modules().pin(hash);
+        ModulePin { modules: self.modules.clone(), hash: *hash }
+    }
+
     /// Module bytes held now (within `SandboxConfig::module_bytes_held`).
     pub fn module_bytes_held(&self) -> u64 {
         self.lock_modules().held()
@@ -169,6 +176,18 @@ impl JobRunner {
 
     fn lock_modules(&self) -> std::sync::MutexGuard<'_, ModuleBytes> {
         self.modules.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A module kept for a job; see [`JobRunner::pin_module`].
+pub struct ModulePin {
+    modules: Arc<Mutex<ModuleBytes>>,
+    hash: ModuleHash,
+}
+
+impl Drop for ModulePin {
+    fn drop(&mut self) {
+        self.modules.lock().unwrap_or_else(|e| e.into_inner()).unpin(&self.hash);
     }
 }
 

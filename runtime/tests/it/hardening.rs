@@ -169,3 +169,46 @@ async fn a_compile_past_the_limit_is_refused_naming_it_and_others_run_meanwhile(
     println!("compile bomb: refused after {refused_after:?}, again in {:?}; another tenant's job took {other:?} meanwhile", t.elapsed());
     assert!(other < Duration::from_secs(1), "another tenant's job took {other:?} during the compile");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn queued_jobs_keep_their_module_and_queues_hold_bounded_bytes() {
+    use crate::tenants::{post, upload};
+    use reqwest::StatusCode;
+    let tenants = tenants_file(1, 1);
+    // Room for one module's bytes at a time; 1 MiB of queued input each.
+    let w = worker(1, &tenants, None, &["--module-memory", "1", "--max-queued-bytes", "1MiB"]);
+    let sleep = crate::tenants::sleep_job();
+    let primes = Job::new(peerwasm_testkit::guest_wasm_bytes("primes"));
+    // Alice: one job runs (its module compiled, so its bytes are no longer
+    // needed); one of primes, uploaded now and not compiled yet, waits.
+    assert!(upload(&w.addr, &sleep, Some(ALICE)).await.is_success());
+    let running = tokio::spawn({
+        let (addr, spec) = (w.addr.clone(), sleep.spec(b"1500".to_vec(), 16 * MIB));
+        async move { post(&addr, &spec, Some(ALICE), false).await.status() }
+    });
+    crate::pool::wait_for(&w.addr, Duration::from_secs(10), |v| v[0].advert.slots_busy == 1).await;
+    assert!(upload(&w.addr, &primes, Some(ALICE)).await.is_success());
+    let queued = tokio::spawn({
+        let (addr, spec) = (w.addr.clone(), primes.spec(br#"{"n": 100}"#.to_vec(), 16 * MIB));
+        async move { post(&addr, &spec, Some(ALICE), false).await }
+    });
+    crate::pool::wait_for(&w.addr, Duration::from_secs(5), |v| v[0].advert.queue_len == 1).await;
+    // Bob uploads other modules: each pushes out what it can.
+    for name in ["hello", "memhog", "spin"] {
+        assert!(upload(&w.addr, &Job::new(peerwasm_testkit::guest_wasm_bytes(name)), Some(BOB)).await.is_success());
+    }
+    // Queued input is bounded in bytes: 700 KB waits, 2 × 700 KB does not.
+    let big_input = |addr: String| {
+        let spec = sleep.spec(vec![b'1'; 700_000], 16 * MIB);
+        async move { post(&addr, &spec, Some(ALICE), false).await.status() }
+    };
+    let first = tokio::spawn(big_input(w.addr.clone()));
+    crate::pool::wait_for(&w.addr, Duration::from_secs(5), |v| v[0].advert.queue_len == 2).await;
+    assert_eq!(big_input(w.addr.clone()).await, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(running.await.unwrap(), StatusCode::OK);
+    let r = queued.await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let result: JobResult = postcard::from_bytes(&r.bytes().await.unwrap()).unwrap();
+    assert_eq!(String::from_utf8_lossy(&result.stdout).trim(), r#"{"count":25}"#, "{}", result.outcome);
+    let _ = first.await;
+}

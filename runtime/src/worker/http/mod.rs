@@ -95,6 +95,9 @@ pub struct WorkerConfig {
     /// Jobs one tenant may have waiting here (`--max-queued`); more are
     /// refused with 503. `None`: `admission::QUEUE_PER_SLOT` × slots.
     pub max_queued: Option<u32>,
+    /// Bytes of input one tenant's waiting jobs may hold here
+    /// (`--max-queued-bytes`). Default: `admission::QUEUE_BYTES_PER_TENANT`.
+    pub max_queued_bytes: u64,
     /// On shutdown, how long running jobs may go on before they are
     /// cancelled (`--drain-grace`). Default: [`DEFAULT_DRAIN_GRACE`].
     pub drain_grace: Duration,
@@ -122,6 +125,7 @@ impl WorkerConfig {
             insecure_gossip: false,
             advertise: None,
             max_queued: None,
+            max_queued_bytes: super::admission::QUEUE_BYTES_PER_TENANT,
             drain_grace: DEFAULT_DRAIN_GRACE,
         }
     }
@@ -192,6 +196,7 @@ pub async fn start(
         half_life: config.usage_half_life,
         hold_after: config.hold_after,
         queue_per_tenant: config.max_queued.unwrap_or(defaults.queue_per_tenant),
+        queue_bytes_per_tenant: config.max_queued_bytes,
         ..defaults
     });
     let generation = std::time::SystemTime::now()
