@@ -83,6 +83,13 @@ pub struct WorkerArgs {
     /// refused (503) and the client tries another worker.
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "1GiB")]
     max_queued_bytes: u64,
+    /// Connections served at once; more are closed as they arrive.
+    #[arg(long, value_name = "N", default_value_t = crate::worker::http::serve::DEFAULT_MAX_CONNECTIONS)]
+    max_connections: usize,
+    /// Time a client has to send a request's headers before its connection
+    /// is closed (slow clients cannot hold connections open).
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10s")]
+    header_timeout: Duration,
     /// The longest any job may run here, e.g. 2h, or `none`: a job that
     /// asks for no limit gets this one, and a job asking for more is
     /// refused, naming it (like a cluster partition's MaxTime).
@@ -182,6 +189,10 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         max_queued_bytes: args.max_queued_bytes,
         advertise: args.advertise,
         drain_grace: args.drain_grace,
+        serve: crate::worker::http::serve::ServeLimits {
+            max_connections: args.max_connections.max(1),
+            header_timeout: args.header_timeout,
+        },
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
@@ -248,5 +259,6 @@ mod tests {
         assert_eq!(crate::units::parse_size(super::MAX_OUTPUT_FLAG), Ok(crate::worker::http::DEFAULT_MAX_OUTPUT));
         assert_eq!(crate::units::parse_size("4GiB"), Ok(crate::sandbox::DEFAULT_CACHE_MAX), "--cache-max");
         assert_eq!(crate::units::parse_size("1GiB"), Ok(crate::worker::admission::QUEUE_BYTES_PER_TENANT));
+        assert_eq!(crate::units::parse_duration("10s"), Ok(crate::worker::http::serve::DEFAULT_HEADER_TIMEOUT));
     }
 }

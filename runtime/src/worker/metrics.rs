@@ -50,6 +50,8 @@ pub struct Scrape<'a> {
     pub peers: &'a [Liveness],
     /// Warnings raised, by kind label.
     pub warnings: &'a [(&'static str, u64)],
+    /// Connections closed at `--max-connections`.
+    pub connections_refused: u64,
 }
 
 /// The worker's metrics.
@@ -75,6 +77,7 @@ pub struct Metrics {
     tenant_used: Family<Labels, FloatCounter>,
     tenant_usage: Family<Labels, FloatGauge>,
     warnings: Family<Labels, Counter>,
+    connections_refused: Counter,
     /// Serialises scrapes: syncing counters is read-then-add.
     scrape: Mutex<()>,
 }
@@ -113,6 +116,7 @@ impl Metrics {
             tenant_used: Family::default(),
             tenant_usage: Family::default(),
             warnings: Family::default(),
+            connections_refused: Counter::default(),
             registry: Registry::default(),
             scrape: Mutex::new(()),
         };
@@ -136,6 +140,7 @@ impl Metrics {
         r.register("tenant_used_gib_seconds", "Used (peak) GiB-seconds, by tenant", m.tenant_used.clone());
         r.register("tenant_usage_slot_seconds", "Decayed slot-seconds fair share ranks by, by tenant", m.tenant_usage.clone());
         r.register("warnings", "Operator warnings raised, by kind", m.warnings.clone());
+        r.register("connections_refused", "Connections closed because --max-connections were open", m.connections_refused.clone());
         Metrics { registry: r, ..m }
     }
 
@@ -236,6 +241,7 @@ impl Metrics {
             sync_f(&self.tenant_used.get_or_create(&l), t.account.used_gib_seconds);
             self.tenant_usage.get_or_create(&l).set(t.slot_seconds);
         }
+        sync(&self.connections_refused, s.connections_refused);
         for (kind, n) in s.warnings {
             sync(&self.warnings.get_or_create(&label("kind", *kind)), *n);
         }
@@ -290,11 +296,13 @@ mod tests {
             gossip: [3, 2, 1, 100, 200, 0, 0],
             peers: &[Liveness::Alive, Liveness::Dead],
             warnings: &[("refused_for_memory", 1)],
+            connections_refused: 7,
         };
         let text = m.render(&scrape);
         for line in [
             "peerwasm_jobs_total{outcome=\"exited_ok\",tenant=\"alice\"} 1",
             "peerwasm_refused_jobs_total{reason=\"never_fits\"} 1",
+            "peerwasm_connections_refused_total 7",
             "peerwasm_slots{state=\"total\"} 4",
             "peerwasm_queue_length{tenant=\"alice\"} 2",
             "peerwasm_module_cache_events_total{event=\"memory_hit\"} 5",

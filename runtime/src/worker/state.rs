@@ -32,6 +32,8 @@ pub struct Worker {
     pub(crate) jobs_run: AtomicU64,
     pub(crate) modules_received: AtomicU64,
     pub(crate) draining: AtomicBool,
+    /// Connections closed because `--max-connections` were open.
+    pub(crate) connections_refused: Arc<AtomicU64>,
     pub(crate) metrics: Metrics,
     pub(crate) warnings: Warnings,
 }
@@ -129,6 +131,7 @@ impl Worker {
             ],
             peers: &peers,
             warnings: &warnings,
+            connections_refused: self.connections_refused.load(Ordering::Relaxed),
         })
     }
 

@@ -212,3 +212,56 @@ async fn queued_jobs_keep_their_module_and_queues_hold_bounded_bytes() {
     assert_eq!(String::from_utf8_lossy(&result.stdout).trim(), r#"{"count":25}"#, "{}", result.outcome);
     let _ = first.await;
 }
+
+/// Strangers need no token to open connections: those that send headers a
+/// byte at a time, or nothing, are closed after the header timeout, and
+/// past the connection cap new ones are closed at once — while the worker
+/// answers the pool.
+#[tokio::test(flavor = "multi_thread")]
+async fn slow_and_idle_connections_cannot_hold_the_worker() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+    let w = WorkerProcess::start_with("1GiB", 1, None, &["--max-connections", "16", "--header-timeout", "1s"]);
+    let closed_within = |mut s: TcpStream, limit: Duration| async move {
+        let mut buf = [0u8; 256];
+        match tokio::time::timeout(limit, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => true,
+            Ok(Ok(_)) => true, // an answer (408), then the close
+            Err(_) => false,
+        }
+    };
+    // Twelve slowloris connections: a request begun and never finished.
+    let mut slow = Vec::new();
+    for _ in 0..12 {
+        let mut s = TcpStream::connect(&w.addr).await.unwrap();
+        s.write_all(b"GET /v1/peers HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+        slow.push(s);
+    }
+    let t = Instant::now();
+    me(&w.addr).await;
+    let answered = t.elapsed();
+    assert!(answered < Duration::from_secs(1), "/v1/peers took {answered:?} beside 12 slow connections");
+    // Eight more that send nothing: past the cap of 16, some are closed at once.
+    let mut idle = Vec::new();
+    for _ in 0..8 {
+        idle.push(TcpStream::connect(&w.addr).await.unwrap());
+    }
+    let mut closed_at_once = 0;
+    for s in idle {
+        closed_at_once += closed_within(s, Duration::from_millis(300)).await as usize;
+    }
+    assert!(closed_at_once >= 4, "only {closed_at_once} of 8 connections past the cap were closed");
+    // The slow ones are closed by the header timeout.
+    let start = Instant::now();
+    for s in slow {
+        assert!(closed_within(s, Duration::from_secs(3)).await, "a slow connection outlived the header timeout");
+    }
+    println!(
+        "slowloris: /v1/peers answered in {answered:?}; {closed_at_once} of 8 closed at the cap; slow ones closed {:?} after",
+        start.elapsed()
+    );
+    // And it serves again.
+    me(&w.addr).await;
+    let m = crate::observe::scrape(&w.addr).await;
+    assert!(crate::observe::get(&m, "peerwasm_connections_refused_total") >= 4.0);
+}

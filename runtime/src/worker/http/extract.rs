@@ -13,6 +13,7 @@
 
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Request, State};
@@ -43,6 +44,13 @@ pub const GOSSIP_BODY: usize = 16 << 20;
 /// sees the answer rather than a broken connection. Past this, the
 /// connection is closed.
 pub const DISCARD_UNAUTHENTICATED: usize = 8 << 20;
+
+/// How long a request's body may take to arrive: 64 MiB at ~0.5 MB/s.
+/// A client that trickles a body holds a connection no longer than this.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How long an unauthenticated body is read (and dropped) before its 401.
+pub const DISCARD_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The tenant a request comes from, by its bearer token (the one tenant
 /// when the worker has no `--tenants`). Rejected with 401, counted.
@@ -90,7 +98,7 @@ pub async fn tenant_first(State(w): State<Arc<Worker>>, mut req: Request, next: 
             next.run(req).await
         }
         Err(refusal) => {
-            discard(req.into_body(), DISCARD_UNAUTHENTICATED).await;
+            let _ = tokio::time::timeout(DISCARD_TIMEOUT, discard(req.into_body(), DISCARD_UNAUTHENTICATED)).await;
             refusal
         }
     }
@@ -145,7 +153,14 @@ impl<K: BodyKind> FromRequest<Arc<Worker>> for Body<K> {
         let limit = K::limit(w);
         // Read up to the cap, then refuse: a client that declared more is
         // still sending, and reading to the cap lets it see the 413.
-        match axum::body::to_bytes(req.into_body(), limit).await {
+        let read = tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(req.into_body(), limit)).await;
+        let Ok(read) = read else {
+            return Err(text(
+                StatusCode::REQUEST_TIMEOUT,
+                format!("the {} did not arrive within {}", K::WHAT, humantime::format_duration(BODY_TIMEOUT)),
+            ));
+        };
+        match read {
             Ok(bytes) => Ok(Body(bytes, PhantomData)),
             Err(e) => {
                 let e = e.into_inner();

@@ -7,9 +7,10 @@
 //! * [`batch`] — `POST /v1/jobs/batch`;
 //! * [`pool`] — `POST /v1/gossip`, `GET /v1/peers`, `GET /metrics`, `GET /`.
 //!
-//! [`extract`] holds what every request passes through first (protocol
-//! version, tenant, capped body) and [`response`] how refusals are
-//! answered. The handlers are thin: the job's life is `worker::jobs`, the
+//! [`serve`] accepts connections within limits (a header timeout, a
+//! connection cap), [`extract`] holds what every request passes through
+//! first (protocol version, tenant, capped body) and [`response`] how
+//! refusals are answered. The handlers are thin: the job's life is `worker::jobs`, the
 //! worker's state `worker::state`; neither knows HTTP.
 
 pub mod batch;
@@ -18,6 +19,7 @@ pub mod jobs;
 pub mod modules;
 pub mod pool;
 pub mod response;
+pub mod serve;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,7 +28,6 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing::{get, post, put};
-use axum::serve::ListenerExt;
 
 use super::admission::{Admission, AdmissionConfig};
 use super::table::JobTable;
@@ -101,6 +102,9 @@ pub struct WorkerConfig {
     /// On shutdown, how long running jobs may go on before they are
     /// cancelled (`--drain-grace`). Default: [`DEFAULT_DRAIN_GRACE`].
     pub drain_grace: Duration,
+    /// Connections served at once and the time to send headers
+    /// (`--max-connections`, `--header-timeout`). Default: `ServeLimits::default()`.
+    pub serve: serve::ServeLimits,
 }
 
 impl WorkerConfig {
@@ -127,6 +131,7 @@ impl WorkerConfig {
             max_queued: None,
             max_queued_bytes: super::admission::QUEUE_BYTES_PER_TENANT,
             drain_grace: DEFAULT_DRAIN_GRACE,
+            serve: serve::ServeLimits::default(),
         }
     }
 }
@@ -227,6 +232,7 @@ pub async fn start(
         jobs_run: AtomicU64::new(0),
         modules_received: AtomicU64::new(0),
         draining: AtomicBool::new(false),
+        connections_refused: Default::default(),
         metrics: Metrics::new(),
         warnings: Warnings::default(),
     });
@@ -282,15 +288,8 @@ pub async fn start(
         });
         tokio::time::sleep(2 * interval).await;
     };
-    // TCP_NODELAY: a response goes out in several writes (head, then body
-    // frames); with Nagle's algorithm each small write after the first
-    // waits for the client's delayed ACK, 40 ms on Linux.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!("cannot set TCP_NODELAY: {e}");
-        }
-    });
-    let serve = tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(drain).await });
+    let refused = worker.connections_refused.clone();
+    let serve = tokio::spawn(serve::serve(listener, app, config.serve.clone(), refused, drain));
     Ok(RunningWorker { addr: bound, advertised: addr, serve, gossip, worker, grace })
 }
 
