@@ -18,7 +18,7 @@
 use std::fs;
 use std::hash::{Hash, Hasher};
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -79,9 +79,19 @@ impl ArtifactStore {
         self.dir.join(format!("{}.cwasm", hash.to_hex()))
     }
 
-    /// Whether an artifact file exists for `hash` (it is checked when loaded).
+    /// Whether a usable artifact of `hash` is here: it exists and this
+    /// cache wrote it (an old-format or planted file is not one, so the
+    /// client is asked for the module instead of the job failing later).
     pub fn has(&self, hash: &ModuleHash) -> bool {
-        self.path(hash).exists()
+        fs::read(self.path(hash)).is_ok_and(|file| self.authentic(hash, &file).is_some())
+    }
+
+    /// The artifact inside `file`, if this cache wrote it for `hash`.
+    fn authentic<'f>(&self, hash: &ModuleHash, file: &'f [u8]) -> Option<&'f [u8]> {
+        let rest = file.strip_prefix(ARTIFACT_MAGIC.as_slice())?;
+        let (tag, artifact) = rest.split_at_checked(32)?;
+        self.mac(hash, artifact).verify_slice(tag).ok()?;
+        Some(artifact)
     }
 
     fn mac(&self, hash: &ModuleHash, artifact: &[u8]) -> Hmac<Sha256> {
@@ -103,21 +113,16 @@ impl ArtifactStore {
                 return Ok(None);
             }
         };
-        let header = ARTIFACT_MAGIC.len() + 32;
-        let authentic = file.len() >= header && &file[..ARTIFACT_MAGIC.len()] == ARTIFACT_MAGIC && {
-            let (tag, artifact) = file[ARTIFACT_MAGIC.len()..].split_at(32);
-            self.mac(hash, artifact).verify_slice(tag).is_ok()
-        };
-        if !authentic {
+        let Some(artifact) = self.authentic(hash, &file) else {
             let _ = fs::remove_file(&path);
             return Err(Rejected::Unauthenticated);
-        }
+        };
         // SAFETY: the MAC proves this cache wrote these bytes for this
         // module, with an engine of the same compatibility hash (the
         // directory is keyed on it); wasmtime also checks the engine
         // configuration recorded in the artifact. Artifacts never come from
         // peers.
-        match unsafe { Module::deserialize(engine, &file[header..]) } {
+        match unsafe { Module::deserialize(engine, artifact) } {
             Ok(module) => {
                 // A load is a use: keep it from being evicted first.
                 if let Ok(f) = fs::File::options().write(true).open(&path) {
@@ -174,16 +179,21 @@ impl ArtifactStore {
     }
 }
 
-/// The cache's secret at `path`, made (0600) if missing.
+/// The cache's secret at `path`, made (0600) if missing. Made whole in a
+/// temporary file and linked into place only if none is there, so workers
+/// that share a cache directory and start together agree on one secret.
 fn secret(path: &Path) -> anyhow::Result<[u8; SECRET_LEN]> {
     let fresh: [u8; SECRET_LEN] = rand::random();
-    match fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
-        Ok(mut f) => {
-            f.write_all(&fresh)?;
-            return Ok(fresh);
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => anyhow::bail!("cannot create the module cache's secret {}: {e}", path.display()),
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp = tempfile::Builder::new()
+        .permissions(fs::Permissions::from_mode(0o600))
+        .tempfile_in(dir)
+        .map_err(|e| anyhow::anyhow!("cannot create the module cache's secret in {}: {e}", dir.display()))?;
+    tmp.write_all(&fresh)?;
+    match tmp.persist_noclobber(path) {
+        Ok(_) => return Ok(fresh),
+        Err(e) if e.error.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => anyhow::bail!("cannot create the module cache's secret {}: {}", path.display(), e.error),
     }
     let bytes = fs::read(path).map_err(|e| anyhow::anyhow!("cannot read the module cache's secret {}: {e}", path.display()))?;
     bytes.try_into().map_err(|_| {

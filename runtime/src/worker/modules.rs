@@ -47,10 +47,10 @@ impl ModuleBytes {
         self.shrink(&hash);
     }
 
-    /// Drops the least recently used unpinned modules, never `keep`, while
-    /// over budget.
+    /// Drops the least recently used unpinned modules, never `keep` and
+    /// never the last one, while over budget.
     fn shrink(&mut self, keep: &ModuleHash) {
-        while self.held > self.budget {
+        while self.held > self.budget && self.modules.len() > 1 {
             let victim = self
                 .modules
                 .iter()

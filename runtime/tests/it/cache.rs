@@ -116,10 +116,15 @@ async fn a_foreign_artifact_is_recompiled() {
     std::fs::write(&artifact, &fake).unwrap();
 
     let r = with_disk(dir.path());
+    // Not counted as having the module: a worker asks the client for it
+    // (404, upload) instead of failing the job when the file is refused.
+    let hash = peerwasm::proto::ModuleHash::of(&peerwasm_testkit::guest_wasm_bytes("hello"));
+    assert!(!r.has_module(&hash), "a planted artifact passed for the module");
     let res = r.run(guest_job(&r, "hello", ""), None).await;
     assert_eq!(res.outcome, Outcome::Exited { code: 0 });
     assert_eq!(res.cache, CacheSource::Compiled);
     assert_eq!(r.sandbox().cache_stats().disk_rejects, 1);
+    assert!(r.has_module(&hash));
 }
 
 #[tokio::test]
