@@ -78,14 +78,22 @@ pub struct ViewArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
+    /// A token, for workers started with --tenants: a tenant's shows its
+    /// own usage, an operator's everyone's; without one no tenant's shows.
+    #[arg(long, env = "PEERWASM_TOKEN", value_name = "TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 impl ViewArgs {
     /// Fetches the pool view from the first worker that answers.
     fn fetch(&self) -> anyhow::Result<Vec<crate::proto::PeerView>> {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        let http = reqwest::Client::builder().timeout(std::time::Duration::from_secs(10)).build()?;
-        runtime.block_on(crate::client::fetch_peers(&http, &self.peers))
+        let http = crate::client::pool::http_client(self.token.as_deref())?;
+        runtime.block_on(async {
+            tokio::time::timeout(std::time::Duration::from_secs(10), crate::client::fetch_peers(&http, &self.peers))
+                .await
+                .map_err(|_| anyhow::anyhow!("no worker answered within 10 s"))?
+        })
     }
 
     /// Prints `value` as JSON with `--json`, else `text`.

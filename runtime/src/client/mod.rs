@@ -62,7 +62,11 @@ pub async fn fetch_peers(http: &reqwest::Client, peers: &[String]) -> anyhow::Re
                 return postcard::from_bytes(&bytes)
                     .map_err(|e| anyhow::anyhow!("{addr} sent a pool view we cannot read: {e}"));
             }
-            Ok(r) => errors.push(format!("{addr}: {}", r.status())),
+            Ok(r) => {
+                let status = r.status();
+                let why = r.text().await.unwrap_or_default();
+                errors.push(format!("{addr}: {status} {}", why.trim()).trim_end().to_string());
+            }
             Err(e) => errors.push(format!("{addr}: {e}")),
         }
     }

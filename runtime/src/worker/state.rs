@@ -13,7 +13,7 @@ use super::fairshare::{PoolSize, Usage};
 use super::table::JobTable;
 use super::metrics::Metrics;
 use super::runner::JobRunner;
-use super::tenants::Tenants;
+use super::tenants::{Sees, Tenants};
 use super::warnings::{WarningKind, Warnings};
 use crate::gossip::transport::SharedNode;
 use crate::gossip::{GossipNode, Liveness};
@@ -159,8 +159,9 @@ impl Worker {
         self.admission.set_pool_usage(remote, pool);
     }
 
-    /// The pool as this worker sees it, its own line fresh.
-    pub(crate) fn peer_views(&self) -> Vec<PeerView> {
+    /// The pool as this worker sees it, its own line fresh, showing only
+    /// the tenants' usage the caller `sees`.
+    pub(crate) fn peer_views(&self, sees: &Sees) -> Vec<PeerView> {
         let now = self.gossip.now_ms();
         let node = self.gossip.lock();
         let mut views: Vec<PeerView> = node
@@ -176,6 +177,9 @@ impl Worker {
         drop(node);
         for v in views.iter_mut().filter(|v| v.advert.addr == self.addr) {
             v.advert = self.advert();
+        }
+        for v in &mut views {
+            v.advert.tenants.retain(|t| sees.may_see(&t.tenant));
         }
         views
     }

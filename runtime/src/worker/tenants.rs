@@ -8,7 +8,12 @@
 //! weight = 2                  # optional, default 1: twice the share of weight 1
 //! max_slots = 4               # optional: at most this many of its jobs at once here
 //! max_job_memory = "8GiB"     # optional: its largest job here
+//! operator = true             # optional: may see every tenant's usage
 //! ```
+//!
+//! With tenants, what the worker shows about usage is private: a tenant's
+//! token sees its own figures in `/v1/peers`, an operator's sees everyone's
+//! (and `/metrics`), and a request without a token sees none.
 //!
 //! Only hashes of tokens are stored, so the file is no secret; a token is
 //! checked by hashing it and looking the hash up. Without a file the worker
@@ -35,12 +40,14 @@ pub struct Tenant {
     pub max_slots: Option<u32>,
     /// Its largest job on this worker, in bytes.
     pub max_job_memory: Option<u64>,
+    /// Whether it may see every tenant's usage and accounts.
+    pub operator: bool,
 }
 
 impl Tenant {
     /// A tenant with weight 1 and no limits of its own.
     pub fn new(name: &str) -> Tenant {
-        Tenant { name: name.into(), weight: 1.0, max_slots: None, max_job_memory: None }
+        Tenant { name: name.into(), weight: 1.0, max_slots: None, max_job_memory: None, operator: false }
     }
 }
 
@@ -62,6 +69,8 @@ struct Entry {
     max_slots: Option<u32>,
     #[serde(default)]
     max_job_memory: Option<String>,
+    #[serde(default)]
+    operator: bool,
 }
 
 /// The tenants of a worker.
@@ -71,6 +80,28 @@ pub enum Tenants {
     Single(Arc<Tenant>),
     /// Tenants by the sha256 of their token.
     Multi(HashMap<[u8; 32], Arc<Tenant>>),
+}
+
+/// What a caller may see of tenants' usage and accounts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Sees {
+    /// Everyone's: an operator, or a worker without tenants.
+    All,
+    /// Its own tenant's only.
+    Only(String),
+    /// No tenant's: a request without a token.
+    Nobody,
+}
+
+impl Sees {
+    /// Whether `tenant`'s figures may be shown.
+    pub fn may_see(&self, tenant: &str) -> bool {
+        match self {
+            Sees::All => true,
+            Sees::Only(me) => me == tenant,
+            Sees::Nobody => false,
+        }
+    }
 }
 
 /// Why a request was not authenticated.
@@ -117,7 +148,8 @@ impl Tenants {
                 Some(s) => Some(crate::units::parse_size(s).map_err(|err| anyhow::anyhow!("tenant {}: {err}", e.name))?),
                 None => None,
             };
-            let tenant = Tenant { name: e.name.clone(), weight, max_slots: e.max_slots, max_job_memory };
+            let tenant =
+                Tenant { name: e.name.clone(), weight, max_slots: e.max_slots, max_job_memory, operator: e.operator };
             if by_hash.insert(hash, Arc::new(tenant)).is_some() {
                 bail!("tenant {} has the same token as another", e.name);
             }
@@ -128,6 +160,21 @@ impl Tenants {
     /// Whether tenants must authenticate.
     pub fn is_multi(&self) -> bool {
         matches!(self, Tenants::Multi(_))
+    }
+
+    /// What a request with this token may see of tenants' usage; `Err`
+    /// for a token no tenant has.
+    pub fn sees(&self, token: Option<&str>) -> Result<Sees, AuthError> {
+        match self {
+            Tenants::Single(_) => Ok(Sees::All),
+            Tenants::Multi(_) => match token {
+                None => Ok(Sees::Nobody),
+                Some(_) => {
+                    let t = self.authenticate(token)?;
+                    Ok(if t.operator { Sees::All } else { Sees::Only(t.name.clone()) })
+                }
+            },
+        }
     }
 
     /// The tenant a bearer token belongs to.
@@ -170,6 +217,12 @@ mod tests {
         assert_eq!(t.authenticate(Some("wrong")), Err(AuthError::Unknown));
         assert_eq!(t.authenticate(None), Err(AuthError::Missing));
         assert_eq!(Tenants::single().authenticate(None).unwrap().name, DEFAULT_TENANT);
+        assert_eq!(t.sees(None), Ok(Sees::Nobody));
+        assert_eq!(t.sees(Some("b-secret")), Ok(Sees::Only("bob".into())));
+        assert_eq!(t.sees(Some("wrong")), Err(AuthError::Unknown));
+        assert_eq!(Tenants::single().sees(None), Ok(Sees::All));
+        let ops = format!("[[tenant]]\nname = \"ops\"\ntoken_sha256 = \"{}\"\noperator = true\n", sha("o"));
+        assert_eq!(Tenants::parse(&ops).unwrap().sees(Some("o")), Ok(Sees::All));
 
         for bad in [
             "".to_string(),

@@ -265,3 +265,46 @@ async fn slow_and_idle_connections_cannot_hold_the_worker() {
     let m = crate::observe::scrape(&w.addr).await;
     assert!(crate::observe::get(&m, "peerwasm_connections_refused_total") >= 4.0);
 }
+
+/// With tenants, who used what is private: `/v1/peers` shows a tenant its
+/// own usage, an operator everyone's, a stranger no one's; `/metrics` is an
+/// operator's.
+#[tokio::test(flavor = "multi_thread")]
+async fn tenants_see_only_their_own_usage_and_operators_see_all() {
+    use crate::tenants::CAROL;
+    let tenants = tenants_file(1, 1);
+    let w = worker(2, &tenants, None, &[]);
+    let hello = Job::new(peerwasm_testkit::guest_wasm_bytes("hello"));
+    for token in [ALICE, BOB] {
+        let t = Target::pool_as(vec![w.addr.clone()], Some(token.into())).unwrap();
+        assert!(t.run(&hello, hello.spec(Vec::new(), 16 * MIB)).await.unwrap().outcome.is_success());
+    }
+    let names_seen_by = |token: Option<&'static str>| {
+        let addr = w.addr.clone();
+        async move {
+            let http = peerwasm::client::pool::http_client(token).unwrap();
+            let view = peerwasm::client::fetch_peers(&http, &[addr]).await.unwrap();
+            view[0].advert.tenants.iter().map(|t| t.tenant.clone()).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(names_seen_by(None).await, Vec::<String>::new(), "a stranger sees no tenant");
+    assert_eq!(names_seen_by(Some(ALICE)).await, ["alice"]);
+    assert_eq!(names_seen_by(Some(BOB)).await, ["bob"]);
+    assert_eq!(names_seen_by(Some(CAROL)).await, ["alice", "bob"], "the operator sees all");
+    let bad = peerwasm::client::pool::http_client(Some("guess")).unwrap();
+    assert!(peerwasm::client::fetch_peers(&bad, &[w.addr.clone()]).await.is_err(), "a wrong token is refused");
+    // The text page and `peerwasm peers` still work for anyone.
+    let page = reqwest::get(format!("http://{}/", w.addr)).await.unwrap();
+    assert!(page.status().is_success());
+    let metrics = |token: Option<&'static str>| {
+        let addr = w.addr.clone();
+        async move {
+            let http = peerwasm::client::pool::http_client(token).unwrap();
+            http.get(format!("http://{addr}/metrics")).send().await.unwrap()
+        }
+    };
+    assert_eq!(metrics(None).await.status(), reqwest::StatusCode::UNAUTHORIZED);
+    assert_eq!(metrics(Some(ALICE)).await.status(), reqwest::StatusCode::UNAUTHORIZED);
+    let text = metrics(Some(CAROL)).await.text().await.unwrap();
+    assert!(text.contains("tenant=\"alice\"") && text.contains("tenant=\"bob\""));
+}

@@ -39,8 +39,11 @@ fn parse(text: &str) -> HashMap<String, f64> {
     samples
 }
 
+/// `addr`'s metrics, scraped with the operator's token (`tenants::CAROL`):
+/// with `--tenants` they are an operator's to read.
 pub(crate) async fn scrape(addr: &str) -> HashMap<String, f64> {
-    let resp = reqwest::get(format!("http://{addr}/metrics")).await.unwrap();
+    let operator = peerwasm::client::pool::http_client(Some(crate::tenants::CAROL)).unwrap();
+    let resp = operator.get(format!("http://{addr}/metrics")).send().await.unwrap();
     assert_eq!(resp.status(), 200);
     let content_type = resp.headers()["content-type"].to_str().unwrap().to_string();
     assert!(content_type.starts_with("application/openmetrics-text"), "{content_type}");

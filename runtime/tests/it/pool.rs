@@ -15,8 +15,12 @@ fn http() -> reqwest::Client {
     reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
 }
 
+/// `addr`'s pool view, asked with the token of the tenants file's operator
+/// (`tenants::CAROL`), so it shows every tenant's usage on workers with
+/// `--tenants` (a worker without them takes any token).
 pub(crate) async fn view(addr: &str) -> Vec<PeerView> {
-    peerwasm::client::fetch_peers(&http(), &[addr.to_string()]).await.expect("a pool view")
+    let operator = peerwasm::client::pool::http_client(Some(crate::tenants::CAROL)).unwrap();
+    peerwasm::client::fetch_peers(&operator, &[addr.to_string()]).await.expect("a pool view")
 }
 
 /// Polls `addr`'s view until `done`, for at most `limit`.

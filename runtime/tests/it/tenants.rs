@@ -14,7 +14,8 @@ use crate::support::{MIB, WorkerProcess};
 
 pub(crate) const ALICE: &str = "alice-token";
 pub(crate) const BOB: &str = "bob-token";
-/// A third tenant, for warming caches without charging alice or bob.
+/// A third tenant, for warming caches without charging alice or bob; the
+/// tenants file's operator, who may see every tenant's usage.
 pub(crate) const CAROL: &str = "carol-token";
 
 fn sha(token: &str) -> String {
@@ -28,7 +29,7 @@ pub(crate) fn tenants_file(alice_weight: u32, bob_weight: u32) -> tempfile::Name
     let text = format!(
         "[[tenant]]\nname = \"alice\"\ntoken_sha256 = \"{}\"\nweight = {alice_weight}\n\n\
          [[tenant]]\nname = \"bob\"\ntoken_sha256 = \"{}\"\nweight = {bob_weight}\n\n\
-         [[tenant]]\nname = \"carol\"\ntoken_sha256 = \"{}\"\n",
+         [[tenant]]\nname = \"carol\"\ntoken_sha256 = \"{}\"\noperator = true\n",
         sha(ALICE),
         sha(BOB),
         sha(CAROL)
@@ -69,8 +70,10 @@ pub(crate) async fn post(addr: &str, spec: &JobSpec, token: Option<&str>, detach
     req.send().await.unwrap()
 }
 
+/// This worker's advert, as the operator sees it (every tenant's usage).
 pub(crate) async fn me(addr: &str) -> peerwasm::proto::Advert {
-    let v: Vec<PeerView> = peerwasm::client::fetch_peers(&http(), &[addr.to_string()]).await.unwrap();
+    let operator = peerwasm::client::pool::http_client(Some(CAROL)).unwrap();
+    let v: Vec<PeerView> = peerwasm::client::fetch_peers(&operator, &[addr.to_string()]).await.unwrap();
     v.into_iter().find(|p| p.advert.addr == addr).unwrap().advert
 }
 
@@ -152,7 +155,7 @@ async fn tokens_are_required_and_job_ids_are_private() {
 
     // And `peerwasm status` sums the accounts per tenant.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_peerwasm"))
-        .args(["status", "--json", "--peers", &w.addr])
+        .args(["status", "--json", "--peers", &w.addr, "--token", CAROL])
         .output()
         .unwrap();
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

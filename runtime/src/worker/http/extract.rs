@@ -27,7 +27,7 @@ use super::response::text;
 use crate::proto::{MAX_INPUT_BYTES, PROTOCOL_HEADER, PROTOCOL_VERSION};
 use crate::units::Bytes as Size;
 use crate::worker::state::Worker;
-use crate::worker::tenants::{AuthError, Tenant};
+use crate::worker::tenants::{AuthError, Sees, Tenant};
 
 /// The most a `POST /v1/jobs` body may be: one job's spec and its input.
 pub const JOB_BODY: usize = MAX_INPUT_BYTES as usize + (1 << 20);
@@ -57,23 +57,42 @@ pub const DISCARD_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Clone)]
 pub struct Caller(pub Arc<Tenant>);
 
-/// The caller of a request with these headers, or the 401 to answer.
-fn authenticate(w: &Worker, headers: &axum::http::HeaderMap) -> Result<Caller, Response> {
-    let token = headers
+/// The bearer token of a request, if any.
+fn token(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    w.tenants.authenticate(token).map(Caller).map_err(|e| {
-        w.metrics.refused("unauthorized");
-        let why = match e {
-            AuthError::Missing => "this worker needs a tenant token: give --token or PEERWASM_TOKEN",
-            AuthError::Unknown => "the tenant token is not known here",
-        };
-        let mut resp = text(StatusCode::UNAUTHORIZED, why);
-        resp.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
-        resp
-    })
+        .map(str::trim)
+}
+
+/// The 401 for `e`, counted.
+fn unauthorized(w: &Worker, e: AuthError) -> Response {
+    w.metrics.refused("unauthorized");
+    let why = match e {
+        AuthError::Missing => "this worker needs a tenant token: give --token or PEERWASM_TOKEN",
+        AuthError::Unknown => "the tenant token is not known here",
+    };
+    let mut resp = text(StatusCode::UNAUTHORIZED, why);
+    resp.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+    resp
+}
+
+/// The caller of a request with these headers, or the 401 to answer.
+fn authenticate(w: &Worker, headers: &axum::http::HeaderMap) -> Result<Caller, Response> {
+    w.tenants.authenticate(token(headers)).map(Caller).map_err(|e| unauthorized(w, e))
+}
+
+/// What the caller may see of tenants' usage (`/v1/peers`, `/`,
+/// `/metrics`): no token is fine (it sees none); a wrong one is a 401.
+pub struct Viewer(pub Sees);
+
+impl FromRequestParts<Arc<Worker>> for Viewer {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, w: &Arc<Worker>) -> Result<Viewer, Response> {
+        w.tenants.sees(token(&parts.headers)).map(Viewer).map_err(|e| unauthorized(w, e))
+    }
 }
 
 impl FromRequestParts<Arc<Worker>> for Caller {

@@ -10,10 +10,11 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::extract::{Body, GossipBody};
+use super::extract::{Body, GossipBody, Viewer};
 use super::response::{json, postcard, text};
 use crate::proto::POSTCARD;
 use crate::worker::state::Worker;
+use crate::worker::tenants::Sees;
 
 pub async fn post_gossip(State(w): State<Arc<Worker>>, Body(body, _): Body<GossipBody>) -> Response {
     use crate::gossip::transport::GossipError;
@@ -28,22 +29,31 @@ fn accepts(headers: &HeaderMap, what: &str) -> bool {
     headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|v| v.contains(what))
 }
 
-pub async fn get_peers(State(w): State<Arc<Worker>>, headers: HeaderMap) -> Response {
-    let views = w.peer_views();
+pub async fn get_peers(State(w): State<Arc<Worker>>, Viewer(sees): Viewer, headers: HeaderMap) -> Response {
+    let views = w.peer_views(&sees);
     if accepts(&headers, POSTCARD) { postcard(&views) } else { json(&views) }
 }
 
-pub async fn get_metrics(State(w): State<Arc<Worker>>) -> Response {
+/// Metrics name tenants, so with `--tenants` they are an operator's.
+pub async fn get_metrics(State(w): State<Arc<Worker>>, Viewer(sees): Viewer) -> Response {
+    if sees != Sees::All {
+        let mut resp = text(
+            StatusCode::UNAUTHORIZED,
+            "/metrics names tenants: scrape it with the token of a tenant marked operator = true in --tenants",
+        );
+        resp.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        return resp;
+    }
     ([(header::CONTENT_TYPE, crate::worker::metrics::CONTENT_TYPE)], w.metrics_text()).into_response()
 }
 
 /// The status page (`status.html`, served from the binary) for browsers;
 /// the peers table as text for `curl` and other clients.
-pub async fn status_page(State(w): State<Arc<Worker>>, headers: HeaderMap) -> Response {
+pub async fn status_page(State(w): State<Arc<Worker>>, Viewer(sees): Viewer, headers: HeaderMap) -> Response {
     if accepts(&headers, "text/html") {
         return ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], STATUS_PAGE).into_response();
     }
-    text(StatusCode::OK, crate::client::peers_table(&w.peer_views()))
+    text(StatusCode::OK, crate::client::peers_table(&w.peer_views(&sees)))
 }
 
 /// The status page: plain HTML, CSS and JS that polls `GET /v1/peers`.
