@@ -121,7 +121,7 @@ pub fn submit_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, spec: JobSpec) -> 
 /// The checks made before a job is queued, then its place in the queue,
 /// with its module pinned until the job is done.
 fn admit(w: &Worker, tenant: &Arc<Tenant>, spec: &JobSpec) -> Result<(Queued, ModulePin), Refused> {
-    check(w, spec)?;
+    check(w, tenant, spec)?;
     let pin = w.runner.pin_module(&spec.module);
     let queued = w.admission.enqueue(tenant, spec.limits.memory_bytes, spec.stdin.len() as u64).map_err(|r| refusal(w, r))?;
     Ok((queued, pin))
@@ -129,8 +129,9 @@ fn admit(w: &Worker, tenant: &Arc<Tenant>, spec: &JobSpec) -> Result<(Queued, Mo
 
 /// What is checked before a job is admitted: its input within the limit, no
 /// host directories, a time limit this worker allows, not draining, the
-/// module known.
-fn check(w: &Worker, spec: &JobSpec) -> Result<(), Refused> {
+/// module known — and, with tenants, shown by this tenant (a 404 asks its
+/// client to upload it, which proves it has the bytes).
+fn check(w: &Worker, tenant: &Tenant, spec: &JobSpec) -> Result<(), Refused> {
     if spec.stdin.len() as u64 > MAX_INPUT_BYTES {
         return Err(Refused::InputTooLarge(format!(
             "the job's input is {}; inputs may be at most {}",
@@ -156,7 +157,9 @@ fn check(w: &Worker, spec: &JobSpec) -> Result<(), Refused> {
         w.metrics.refused("draining");
         return Err(Refused::Busy("this worker is shutting down".into()));
     }
-    if !w.runner.has_module(&spec.module) {
+    if !w.runner.has_module(&spec.module)
+        || (w.tenants.is_multi() && !w.uploaders.has_shown(&spec.module, &tenant.name))
+    {
         return Err(Refused::UnknownModule(spec.module));
     }
     Ok(())

@@ -308,3 +308,35 @@ async fn tenants_see_only_their_own_usage_and_operators_see_all() {
     let text = metrics(Some(CAROL)).await.text().await.unwrap();
     assert!(text.contains("tenant=\"alice\"") && text.contains("tenant=\"bob\""));
 }
+
+/// A module's hash is no key to it: with tenants, only a tenant that showed
+/// the bytes (uploaded them) runs a module; another who only knows the
+/// hash is asked for them (404).
+#[tokio::test(flavor = "multi_thread")]
+async fn only_tenants_that_showed_a_modules_bytes_may_run_it() {
+    use crate::tenants::{post, upload};
+    use reqwest::StatusCode;
+    let tenants = tenants_file(1, 1);
+    let w = worker(1, &tenants, None, &[]);
+    let private = Job::new(peerwasm_testkit::guest_wasm_bytes("hello"));
+    assert!(upload(&w.addr, &private, Some(ALICE)).await.is_success());
+    let spec = private.spec(Vec::new(), 16 * MIB);
+    assert_eq!(post(&w.addr, &spec, Some(ALICE), false).await.status(), StatusCode::OK);
+    // Bob knows the hash, not the bytes.
+    let r = post(&w.addr, &spec, Some(BOB), false).await;
+    assert_eq!(r.status(), StatusCode::NOT_FOUND, "{}", r.text().await.unwrap());
+    // Wrong bytes under the hash prove nothing.
+    let wrong = crate::tenants::http()
+        .put(format!("http://{}/v1/modules/{}", w.addr, private.hash().to_hex()))
+        .bearer_auth(BOB)
+        .body(b"\0asm\x01\0\0\0".to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(post(&w.addr, &spec, Some(BOB), false).await.status(), StatusCode::NOT_FOUND);
+    // With the bytes (the client uploads on a 404), bob runs it.
+    let bob = Target::pool_as(vec![w.addr.clone()], Some(BOB.into())).unwrap();
+    assert!(bob.run(&private, spec.clone()).await.unwrap().outcome.is_success());
+    assert_eq!(post(&w.addr, &spec, Some(BOB), false).await.status(), StatusCode::OK);
+}

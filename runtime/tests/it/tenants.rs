@@ -127,6 +127,8 @@ async fn tokens_are_required_and_job_ids_are_private() {
     assert_eq!(get(ALICE, id).await.status(), StatusCode::NOT_FOUND, "a result is taken once");
 
     // A synchronous job names its id too; the account shows it per tenant.
+    // (Bob shows the module's bytes first: a hash alone runs nothing.)
+    assert!(upload(&w.addr, &job, Some(BOB)).await.is_success());
     let r = post(&w.addr, &spec, Some(BOB), false).await;
     assert_eq!(r.status(), StatusCode::OK);
     assert!(r.headers().contains_key(peerwasm::proto::JOB_ID_HEADER));

@@ -231,6 +231,7 @@ pub async fn start(
         host_id: sysinfo::System::host_name().unwrap_or_else(|_| "unknown".into()),
         jobs_run: AtomicU64::new(0),
         modules_received: AtomicU64::new(0),
+        uploaders: Default::default(),
         draining: AtomicBool::new(false),
         connections_refused: Default::default(),
         metrics: Metrics::new(),
