@@ -107,8 +107,16 @@ pub struct WorkerArgs {
     hold_after: Duration,
     /// Files and directories one job may hold open; past it, opening gives
     /// the job EMFILE (the worker's own descriptors are never at risk).
-    #[arg(long, value_name = "N", default_value_t = crate::sandbox::descriptors::DEFAULT_MAX_OPEN_FILES)]
+    #[arg(long, value_name = "N", default_value_t = crate::sandbox::files::DEFAULT_MAX_OPEN_FILES)]
     max_open_files: u32,
+    /// Bytes one job may write to files (its scratch directory /tmp); past
+    /// it, writing gives the job ENOSPC.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "1GiB")]
+    scratch: u64,
+    /// Where jobs' scratch directories are made [default: the system's
+    /// temporary directory].
+    #[arg(long, value_name = "DIR")]
+    scratch_dir: Option<PathBuf>,
     /// The most stdout, and the most stderr, a job's output is buffered to
     /// here, whatever the job asks; past it the job ends with "output
     /// limit".
@@ -167,6 +175,8 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     sandbox.max_job_time = args.max_job_time.0;
     sandbox.max_open_files = args.max_open_files.max(1);
     sandbox.cache_max_bytes = args.cache_max;
+    sandbox.max_scratch_bytes = Some(args.scratch);
+    sandbox.scratch_root = args.scratch_dir;
     sandbox.max_compile_time = Some(args.max_compile_time);
     sandbox.max_output_bytes = Some(args.max_output);
     raise_descriptor_limit(args.slots.unwrap_or(sandbox.slots), args.max_open_files);

@@ -7,7 +7,7 @@
 //! * [`artifacts`] — the disk half: authenticated, bounded artifacts;
 //! * [`validate`] — cheap checks on module bytes, for clear messages;
 //! * [`limiter`] — the per-job memory limit and peak;
-//! * [`descriptors`] — the per-job bound on open files;
+//! * [`files`] — what a job's files may take: descriptors and disk;
 //! * [`cancel`] — ending a job early, from outside;
 //! * [`stdio`] — captured, capped, optionally streamed stdout/stderr;
 //! * [`outcome`] — classifying how a job ended.
@@ -21,7 +21,7 @@
 pub mod artifacts;
 pub mod cache;
 pub mod cancel;
-pub mod descriptors;
+pub mod files;
 pub mod engine;
 pub mod limiter;
 pub mod outcome;
@@ -103,8 +103,12 @@ pub struct SandboxConfig {
     pub max_job_time: Option<Duration>,
     /// Descriptors (files, directories) a job may hold open; past it,
     /// opening gives the job `EMFILE`. Default:
-    /// [`descriptors::DEFAULT_MAX_OPEN_FILES`].
+    /// [`files::DEFAULT_MAX_OPEN_FILES`].
     pub max_open_files: u32,
+    /// Bytes a job may write to files (its scratch directory and granted
+    /// directories); past it, writing gives the job `ENOSPC`. Default: none
+    /// (as `wasmtime run`; `peerwasm worker` sets 1 GiB, `--scratch`).
+    pub max_scratch_bytes: Option<u64>,
     /// The most stdout, and the most stderr, a job's output is buffered to,
     /// whatever the job asks (a worker's `--max-output`); past it the job
     /// ends with *output limit*. Default: none (the job's own limits).
@@ -126,7 +130,8 @@ impl Default for SandboxConfig {
             max_compile_time: None,
             scratch_root: None,
             max_job_time: None,
-            max_open_files: descriptors::DEFAULT_MAX_OPEN_FILES,
+            max_open_files: files::DEFAULT_MAX_OPEN_FILES,
+            max_scratch_bytes: None,
             max_output_bytes: None,
         }
     }
@@ -147,7 +152,7 @@ pub struct RunHooks {
 pub struct JobState {
     wasi: WasiP1Ctx,
     limiter: MemoryLimiter,
-    files: descriptors::OpenFiles,
+    files: files::FileUse,
 }
 
 /// One engine, one linker and one module cache, shared by every job of a
@@ -168,7 +173,7 @@ impl Sandbox {
         }
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p1::add_to_linker_async(&mut linker, |s: &mut JobState| &mut s.wasi)
-            .and_then(|()| descriptors::add_to_linker(&mut linker))
+            .and_then(|()| files::add_to_linker(&mut linker))
             .map_err(|e| anyhow::anyhow!("cannot link WASI: {e}"))?;
         let cache = ModuleCache::new(engine.clone(), &config)?;
         Ok(Sandbox { engine, linker, cache, config })
@@ -290,7 +295,7 @@ impl Sandbox {
             JobState {
                 wasi,
                 limiter: MemoryLimiter::new(limits.memory_bytes).with_meter(hooks.memory_meter),
-                files: descriptors::OpenFiles { open: 0, max: self.config.max_open_files },
+                files: files::FileUse::new(self.config.max_open_files, self.config.max_scratch_bytes.unwrap_or(u64::MAX)),
             },
         );
         store.limiter(|s| &mut s.limiter);

@@ -340,3 +340,23 @@ async fn only_tenants_that_showed_a_modules_bytes_may_run_it() {
     assert!(bob.run(&private, spec.clone()).await.unwrap().outcome.is_success());
     assert_eq!(post(&w.addr, &spec, Some(BOB), false).await.status(), StatusCode::OK);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_disk_filler_gets_enospc_at_its_bound_and_leaves_nothing_behind() {
+    let tenants = tenants_file(1, 1);
+    let scratch = tempfile::tempdir().unwrap();
+    let w = worker(2, &tenants, None, &["--scratch", "32MiB", "--scratch-dir", scratch.path().to_str().unwrap()]);
+    let filler = Job::new(peerwasm_testkit::guest_wasm_bytes("hostile-disk"));
+    let alice = Target::pool_as(vec![w.addr.clone()], Some(ALICE.into())).unwrap();
+    let r = alice.run(&filler, filler.spec(Vec::new(), 32 * MIB)).await.unwrap();
+    let stdout = String::from_utf8_lossy(&r.stdout);
+    assert!(r.outcome.is_success(), "{}", r.outcome);
+    // 64 directories (256 KiB counted) and the file (4 KiB): 31 MiB fit.
+    assert!(stdout.starts_with("wrote 31 MiB, then: No space left on device"), "{stdout}");
+    let left: Vec<_> = std::fs::read_dir(scratch.path()).unwrap().collect();
+    assert!(left.is_empty(), "scratch left behind: {left:?}");
+    // Another tenant's job writes its own files as usual.
+    let bob = Target::pool_as(vec![w.addr.clone()], Some(BOB.into())).unwrap();
+    let files = Job::new(peerwasm_testkit::guest_wasm_bytes("hostile-escape"));
+    assert!(bob.run(&files, files.spec(Vec::new(), 32 * MIB)).await.unwrap().outcome.is_success());
+}

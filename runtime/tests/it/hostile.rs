@@ -112,6 +112,7 @@ fn corpus() -> Vec<Case> {
         case("random bytes", Module::Bytes(random)),
         case("a truncated module", Module::Bytes(hello[..hello.len() / 2].to_vec())),
         case("descriptor bomb: open files without end", Module::Guest("hostile-files")),
+        case("disk filler: a tree 64 deep, then writes without end", Module::Guest("hostile-disk")),
     ]
 }
 
@@ -173,7 +174,7 @@ fn documented() -> BTreeMap<String, (String, String, String)> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn every_hostile_case_gets_its_documented_outcome_and_the_worker_keeps_serving() {
-    let mut worker = WorkerProcess::start("1GiB", 2, None);
+    let mut worker = WorkerProcess::start_with("1GiB", 2, None, &["--scratch", "64MiB"]);
     let target = Target::pool(vec![worker.addr.clone()]).unwrap();
     let hello = Job::new(peerwasm_testkit::guest_wasm_bytes("hello"));
     let docs = documented();

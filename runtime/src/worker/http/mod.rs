@@ -50,6 +50,10 @@ pub const DEFAULT_MAX_JOB_TIME: Duration = Duration::from_secs(24 * 3600);
 /// `--max-output` says otherwise.
 pub const DEFAULT_MAX_OUTPUT: u64 = 64 << 20;
 
+/// Bytes one job may write to files on a worker unless `--scratch` says
+/// otherwise.
+pub const DEFAULT_SCRATCH: u64 = 1 << 30;
+
 /// How long compiling one module may take on a worker unless
 /// `--max-compile-time` says otherwise.
 pub const DEFAULT_MAX_COMPILE_TIME: Duration = Duration::from_secs(60);
@@ -115,6 +119,7 @@ impl WorkerConfig {
         runner.sandbox.max_job_time = Some(DEFAULT_MAX_JOB_TIME);
         runner.sandbox.max_output_bytes = Some(DEFAULT_MAX_OUTPUT);
         runner.sandbox.max_compile_time = Some(DEFAULT_MAX_COMPILE_TIME);
+        runner.sandbox.max_scratch_bytes = Some(DEFAULT_SCRATCH);
         WorkerConfig {
             listen,
             join: Vec::new(),

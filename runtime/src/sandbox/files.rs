@@ -1,0 +1,241 @@
+//! What a job's files may take from the host: descriptors and disk.
+//!
+//! Every file or directory a guest opens is a real descriptor of the host
+//! process (wasmtime-wasi opens it through cap-std), and every byte it
+//! writes to a file lands on the host's disk; WASI preview 1 bounds
+//! neither. One job that opens files in a loop would take all of the
+//! worker's descriptors (then the worker cannot accept a connection, answer
+//! gossip or run anyone else's job); one that writes without end would fill
+//! the disk. So the calls that change either are shadowed here, each
+//! delegating to wasmtime-wasi's own implementation:
+//!
+//! * `path_open` (+1 descriptor), `fd_close` and `fd_renumber` (−1): a job
+//!   at its bound gets `EMFILE`, as a process at its `RLIMIT_NOFILE` would.
+//!   Descriptors the sandbox opens for the job (stdio, preopened
+//!   directories) are not counted;
+//! * `fd_write` and `fd_pwrite` to files (not stdio), `path_create_directory`
+//!   and creating `path_open`s: a job past its disk bound gets `ENOSPC`.
+//!   What is counted is bytes *written* (overwriting counts again) plus
+//!   [`INODE_BYTES`] per file or directory created — an upper bound on what
+//!   the job holds, so the bound is never exceeded.
+
+use wasmtime::{AsContextMut, Caller, Extern, Linker};
+use wasmtime_wasi::p1::types::Errno;
+use wasmtime_wasi::p1::wasi_snapshot_preview1 as p1;
+use wasmtime_wasi::p1::wasi_snapshot_preview1::WasiSnapshotPreview1 as _;
+
+use super::JobState;
+
+const MODULE: &str = "wasi_snapshot_preview1";
+
+/// Descriptors a job may hold open unless the worker says otherwise
+/// (`--max-open-files`).
+pub const DEFAULT_MAX_OPEN_FILES: u32 = 256;
+
+/// What creating a file or a directory counts against the disk bound.
+pub const INODE_BYTES: u64 = 4096;
+
+/// What a job's files hold, against its bounds.
+#[derive(Clone, Copy, Debug)]
+pub struct FileUse {
+    /// Descriptors opened by the job and not closed.
+    pub open: u32,
+    /// The most it may hold.
+    pub max_open: u32,
+    /// Bytes written to files and created, as counted (see the module docs).
+    pub written: u64,
+    /// The most it may write.
+    pub max_written: u64,
+}
+
+impl FileUse {
+    /// Nothing used yet, under these bounds.
+    pub fn new(max_open: u32, max_written: u64) -> FileUse {
+        FileUse { open: 0, max_open, written: 0, max_written }
+    }
+
+    fn fits(&self, bytes: u64) -> bool {
+        self.written.saturating_add(bytes) <= self.max_written
+    }
+}
+
+/// WASI p1's `oflags::creat`.
+const O_CREAT: i32 = 1;
+
+/// Calls wasmtime-wasi's implementation of a WASI p1 function with the
+/// caller's memory and WASI context, as its own linker glue does.
+macro_rules! delegate {
+    ($caller:expr, $func:ident($($arg:expr),*)) => {{
+        let caller: &mut Caller<'_, JobState> = $caller;
+        let fuel = caller.as_context_mut().hostcall_fuel();
+        match caller.get_export("memory") {
+            Some(Extern::Memory(m)) => {
+                let (mem, state) = m.data_and_store_mut(&mut *caller);
+                state.wasi.set_hostcall_fuel(fuel);
+                p1::$func(&mut state.wasi, &mut wiggle::GuestMemory::Unshared(mem), $($arg),*).await
+            }
+            Some(Extern::SharedMemory(m)) => {
+                let state = caller.data_mut();
+                state.wasi.set_hostcall_fuel(fuel);
+                p1::$func(&mut state.wasi, &mut wiggle::GuestMemory::Shared(m.data()), $($arg),*).await
+            }
+            _ => Err(wasmtime::Error::msg("missing required memory export")),
+        }
+    }};
+}
+
+/// Shadows the calls named in the module docs in `linker` (which already
+/// has wasmtime-wasi's p1 functions) with the counting versions.
+pub fn add_to_linker(linker: &mut Linker<JobState>) -> wasmtime::Result<()> {
+    linker.allow_shadowing(true);
+    linker.func_wrap_async(
+        MODULE,
+        "path_open",
+        |mut caller: Caller<'_, JobState>,
+         (fd, dirflags, path, path_len, oflags, base, inheriting, fdflags, opened): (
+            i32,
+            i32,
+            i32,
+            i32,
+            i32,
+            i64,
+            i64,
+            i32,
+            i32,
+        )| {
+            Box::new(async move {
+                let files = caller.data().files;
+                if files.open >= files.max_open {
+                    return Ok(Errno::Mfile as i32);
+                }
+                let creates = oflags & O_CREAT != 0;
+                if creates && !files.fits(INODE_BYTES) {
+                    return Ok(Errno::Nospc as i32);
+                }
+                let errno = delegate!(
+                    &mut caller,
+                    path_open(fd, dirflags, path, path_len, oflags, base, inheriting, fdflags, opened)
+                )?;
+                if errno == Errno::Success as i32 {
+                    let files = &mut caller.data_mut().files;
+                    files.open += 1;
+                    if creates {
+                        files.written += INODE_BYTES;
+                    }
+                }
+                Ok(errno)
+            })
+        },
+    )?;
+    linker.func_wrap_async(MODULE, "fd_close", |mut caller: Caller<'_, JobState>, (fd,): (i32,)| {
+        Box::new(async move {
+            let errno = delegate!(&mut caller, fd_close(fd))?;
+            closed(&mut caller, errno);
+            Ok(errno)
+        })
+    })?;
+    linker.func_wrap_async(MODULE, "fd_renumber", |mut caller: Caller<'_, JobState>, (from, to): (i32, i32)| {
+        Box::new(async move {
+            // Renumbering onto `to` closes what `to` was.
+            let errno = delegate!(&mut caller, fd_renumber(from, to))?;
+            closed(&mut caller, errno);
+            Ok(errno)
+        })
+    })?;
+    linker.func_wrap_async(
+        MODULE,
+        "path_create_directory",
+        |mut caller: Caller<'_, JobState>, (fd, path, path_len): (i32, i32, i32)| {
+            Box::new(async move {
+                if !caller.data().files.fits(INODE_BYTES) {
+                    return Ok(Errno::Nospc as i32);
+                }
+                let errno = delegate!(&mut caller, path_create_directory(fd, path, path_len))?;
+                wrote(&mut caller, errno, INODE_BYTES);
+                Ok(errno)
+            })
+        },
+    )?;
+    linker.func_wrap_async(
+        MODULE,
+        "fd_write",
+        |mut caller: Caller<'_, JobState>, (fd, iovs, iovs_len, written): (i32, i32, i32, i32)| {
+            Box::new(async move {
+                if is_file(fd) && !{
+                    let asked = asked(&mut caller, iovs, iovs_len);
+                    caller.data().files.fits(asked)
+                } {
+                    return Ok(Errno::Nospc as i32);
+                }
+                let errno = delegate!(&mut caller, fd_write(fd, iovs, iovs_len, written))?;
+                if is_file(fd) {
+                    let n = read_u32(&mut caller, written);
+                    wrote(&mut caller, errno, n);
+                }
+                Ok(errno)
+            })
+        },
+    )?;
+    linker.func_wrap_async(
+        MODULE,
+        "fd_pwrite",
+        |mut caller: Caller<'_, JobState>, (fd, iovs, iovs_len, offset, written): (i32, i32, i32, i64, i32)| {
+            Box::new(async move {
+                if is_file(fd) && !{
+                    let asked = asked(&mut caller, iovs, iovs_len);
+                    caller.data().files.fits(asked)
+                } {
+                    return Ok(Errno::Nospc as i32);
+                }
+                let errno = delegate!(&mut caller, fd_pwrite(fd, iovs, iovs_len, offset, written))?;
+                if is_file(fd) {
+                    let n = read_u32(&mut caller, written);
+                    wrote(&mut caller, errno, n);
+                }
+                Ok(errno)
+            })
+        },
+    )?;
+    linker.allow_shadowing(false);
+    Ok(())
+}
+
+/// Whether writes to `fd` land on disk: not stdin, stdout or stderr (their
+/// output is captured in memory, within its own caps).
+fn is_file(fd: i32) -> bool {
+    fd > 2
+}
+
+fn wrote(caller: &mut Caller<'_, JobState>, errno: i32, bytes: u64) {
+    if errno == Errno::Success as i32 {
+        let files = &mut caller.data_mut().files;
+        files.written = files.written.saturating_add(bytes);
+    }
+}
+
+/// The bytes a write of the iovecs at `iovs` asks for (all of them: an
+/// upper bound). Bad pointers count nothing; the write itself then fails.
+fn asked(caller: &mut Caller<'_, JobState>, iovs: i32, iovs_len: i32) -> u64 {
+    let Some(Extern::Memory(m)) = caller.get_export("memory") else { return 0 };
+    let data = m.data(&*caller);
+    let (base, n) = (iovs as u32 as usize, (iovs_len as u32).min(1024) as usize);
+    (0..n)
+        .filter_map(|i| data.get(base + 8 * i + 4..base + 8 * i + 8))
+        .map(|len| u32::from_le_bytes(len.try_into().expect("four bytes")) as u64)
+        .sum()
+}
+
+/// The little-endian u32 the guest's memory holds at `at` (0 if out of
+/// bounds).
+fn read_u32(caller: &mut Caller<'_, JobState>, at: i32) -> u64 {
+    let Some(Extern::Memory(m)) = caller.get_export("memory") else { return 0 };
+    let at = at as u32 as usize;
+    m.data(&*caller).get(at..at + 4).map_or(0, |b| u32::from_le_bytes(b.try_into().expect("four bytes")) as u64)
+}
+
+fn closed(caller: &mut Caller<'_, JobState>, errno: i32) {
+    if errno == Errno::Success as i32 {
+        let files = &mut caller.data_mut().files;
+        files.open = files.open.saturating_sub(1);
+    }
+}
