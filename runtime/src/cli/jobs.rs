@@ -66,6 +66,9 @@ pub fn cancel_jobs(args: CancelArgs) -> anyhow::Result<ExitCode> {
         let mut missing = 0;
         for id in &args.ids {
             match cancel(&http, &view, id).await? {
+                CancelReport::Cancelled { worker, was } if was == "done" => {
+                    println!("{id}: had ended on {worker}; its result was discarded")
+                }
                 CancelReport::Cancelled { worker, was } => println!("{id}: cancelled on {worker} (it was {was})"),
                 CancelReport::AlreadyEnded { worker, message } => println!("{id}: on {worker}: {message}"),
                 CancelReport::NotFound => {

@@ -83,6 +83,11 @@ pub struct WorkerArgs {
     /// refused (503) and the client tries another worker.
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "1GiB")]
     max_queued_bytes: u64,
+    /// Bytes of finished detached jobs' output one tenant may hold here;
+    /// past it its new detached jobs are refused (503) until it discards
+    /// some.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "256MiB")]
+    max_results: u64,
     /// Connections served at once; more are closed as they arrive.
     #[arg(long, value_name = "N", default_value_t = crate::worker::http::serve::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
@@ -199,6 +204,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         max_queued_bytes: args.max_queued_bytes,
         advertise: args.advertise,
         drain_grace: args.drain_grace,
+        max_results: args.max_results,
         serve: crate::worker::http::serve::ServeLimits {
             max_connections: args.max_connections.max(1),
             header_timeout: args.header_timeout,
@@ -270,5 +276,7 @@ mod tests {
         assert_eq!(crate::units::parse_size("4GiB"), Ok(crate::sandbox::DEFAULT_CACHE_MAX), "--cache-max");
         assert_eq!(crate::units::parse_size("1GiB"), Ok(crate::worker::admission::QUEUE_BYTES_PER_TENANT));
         assert_eq!(crate::units::parse_duration("10s"), Ok(crate::worker::http::serve::DEFAULT_HEADER_TIMEOUT));
+        assert_eq!(crate::units::parse_size("256MiB"), Ok(crate::worker::http::DEFAULT_MAX_RESULTS));
+        assert_eq!(crate::units::parse_size("1GiB"), Ok(crate::worker::http::DEFAULT_SCRATCH), "--scratch");
     }
 }

@@ -53,7 +53,8 @@ pub async fn list(http: &reqwest::Client, view: &[PeerView]) -> anyhow::Result<(
 /// What became of one id.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CancelReport {
-    /// Cancelled on `worker`; it was `queued` or `running`.
+    /// Cancelled on `worker`; it was `queued` or `running` — or `done`, and
+    /// its result was discarded.
     Cancelled { worker: String, was: String },
     /// It had already ended on `worker` (the worker's message says how).
     AlreadyEnded { worker: String, message: String },

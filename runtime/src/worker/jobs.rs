@@ -99,6 +99,16 @@ pub async fn run_attached(
 /// table until taken. Refusals that are known at once (the queue is full,
 /// it can never fit) are returned now, so the client can go elsewhere.
 pub fn submit_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, spec: JobSpec) -> Result<String, Refused> {
+    let held = w.jobs.held_bytes(&tenant.name);
+    if held >= w.max_results {
+        w.metrics.refused("results_held");
+        return Err(Refused::Busy(format!(
+            "this worker holds {} of your finished jobs' results (its --max-results is {}): \
+             read them (GET /v1/jobs/ID) and discard them (DELETE /v1/jobs/ID, or peerwasm cancel ID)",
+            Size(held),
+            Size(w.max_results)
+        )));
+    }
     let (queued, pin) = admit(w, tenant, &spec)?;
     let cancel = Cancel::new();
     let memreq = spec.limits.memory_bytes;
@@ -113,7 +123,7 @@ pub fn submit_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, spec: JobSpec) -> 
             r
         });
         drop(pin);
-        w.jobs.set(&id2, JobState::Done(Box::new(result), Instant::now()));
+        w.jobs.set(&id2, JobState::Done(Box::new(result)));
     });
     Ok(id)
 }

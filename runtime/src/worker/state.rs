@@ -69,6 +69,8 @@ pub struct Worker {
     pub(crate) modules_received: AtomicU64,
     /// Which tenants proved they have each module (by uploading it).
     pub(crate) uploaders: Uploaders,
+    /// Bytes of detached results one tenant may hold (`--max-results`).
+    pub(crate) max_results: u64,
     pub(crate) draining: AtomicBool,
     /// Connections closed because `--max-connections` were open.
     pub(crate) connections_refused: Arc<AtomicU64>,

@@ -1,22 +1,25 @@
 //! [`JobTable`]: the jobs a worker holds, by id — queued, running, or done
-//! with a detached job's result waiting to be taken — each with the handle
-//! that cancels it.
+//! with a detached job's result waiting — each with the handle that cancels
+//! it.
+//!
+//! A detached result is kept until its owner discards it (`DELETE`), not
+//! when it is read: a read whose answer is lost in transit loses nothing,
+//! and reading again gives the same result. What a tenant holds so is
+//! bounded in bytes ([`JobTable::held_bytes`]; the worker refuses new
+//! detached jobs past `--max-results`).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+
 
 use crate::proto::{CancelCause, JobResult, JobStatus, Outcome};
 use crate::sandbox::Cancel;
-
-/// How long a detached job's result is kept if nobody takes it.
-pub const RESULT_TTL: Duration = Duration::from_secs(3600);
 
 /// Where a job is in its life.
 pub(crate) enum JobState {
     Queued,
     Running,
-    Done(Box<JobResult>, Instant),
+    Done(Box<JobResult>),
 }
 
 struct Entry {
@@ -35,6 +38,8 @@ pub enum Cancelled {
     AlreadyEnded(Outcome),
     /// It was cancelled while in this state (`queued`, `running`).
     Was(&'static str),
+    /// It had ended; its result (this outcome) was discarded.
+    Discarded(Outcome),
 }
 
 /// A detached job's result, as `GET /v1/jobs/{id}` finds it.
@@ -73,23 +78,26 @@ impl JobTable {
         self.lock().remove(id);
     }
 
-    /// Forgets results nobody took within [`RESULT_TTL`].
-    pub fn sweep(&self) {
-        self.lock().retain(|_, e| !matches!(&e.state, JobState::Done(_, at) if at.elapsed() > RESULT_TTL));
-    }
-
-    /// Takes `tenant`'s detached job's result, if it is done (the worker
-    /// forgets it then).
-    pub fn take(&self, tenant: &str, id: &str) -> Lookup {
-        let mut jobs = self.lock();
-        match jobs.get(id).filter(|e| e.tenant == tenant).map(|e| &e.state) {
+    /// `tenant`'s detached job's result, if it is done; it stays until
+    /// discarded.
+    pub fn result(&self, tenant: &str, id: &str) -> Lookup {
+        match self.lock().get(id).filter(|e| e.tenant == tenant).map(|e| &e.state) {
             None => Lookup::NotFound,
             Some(JobState::Queued | JobState::Running) => Lookup::NotDone,
-            Some(JobState::Done(..)) => match jobs.remove(id).map(|e| e.state) {
-                Some(JobState::Done(result, _)) => Lookup::Done(result),
-                _ => Lookup::NotFound,
-            },
+            Some(JobState::Done(result)) => Lookup::Done(result.clone()),
         }
+    }
+
+    /// Bytes of output `tenant`'s finished detached jobs hold here.
+    pub fn held_bytes(&self, tenant: &str) -> u64 {
+        self.lock()
+            .values()
+            .filter(|e| e.tenant == tenant)
+            .map(|e| match &e.state {
+                JobState::Done(r) => (r.stdout.len() + r.stderr.len()) as u64,
+                _ => 0,
+            })
+            .sum()
     }
 
     /// `tenant`'s jobs here, by id.
@@ -105,12 +113,14 @@ impl JobTable {
     }
 
     /// Cancels `tenant`'s job `id`: it leaves its queue at once, or stops
-    /// at its next yield if it runs.
+    /// at its next yield if it runs; a finished one's result is discarded.
     pub fn cancel(&self, tenant: &str, id: &str) -> Cancelled {
-        let jobs = self.lock();
+        let mut jobs = self.lock();
         let Some(e) = jobs.get(id).filter(|e| e.tenant == tenant) else { return Cancelled::NotFound };
-        if let JobState::Done(result, _) = &e.state {
-            return Cancelled::AlreadyEnded(result.outcome.clone());
+        if let JobState::Done(result) = &e.state {
+            let outcome = result.outcome.clone();
+            jobs.remove(id);
+            return Cancelled::Discarded(outcome);
         }
         if let Some(cause) = e.cancel.cause() {
             return Cancelled::AlreadyEnded(Outcome::Cancelled { cause });

@@ -360,3 +360,54 @@ async fn a_disk_filler_gets_enospc_at_its_bound_and_leaves_nothing_behind() {
     let files = Job::new(peerwasm_testkit::guest_wasm_bytes("hostile-escape"));
     assert!(bob.run(&files, files.spec(Vec::new(), 32 * MIB)).await.unwrap().outcome.is_success());
 }
+
+/// Finished detached jobs' output is memory the worker holds for their
+/// owner until it discards it: bounded per tenant.
+#[tokio::test(flavor = "multi_thread")]
+async fn detached_results_held_are_bounded_per_tenant_until_discarded() {
+    use crate::tenants::{http, post, upload};
+    use reqwest::StatusCode;
+    let tenants = tenants_file(1, 1);
+    let w = worker(2, &tenants, None, &["--max-results", "4KiB"]);
+    let hello = Job::new(peerwasm_testkit::guest_wasm_bytes("hello"));
+    for t in [ALICE, BOB] {
+        assert!(upload(&w.addr, &hello, Some(t)).await.is_success());
+    }
+    let mut loud = hello.spec(Vec::new(), 16 * MIB);
+    loud.args = vec!["x".repeat(5000)]; // 5 KB of output
+    let detach = |token: &'static str| {
+        let (addr, spec) = (w.addr.clone(), loud.clone());
+        async move { post(&addr, &spec, Some(token), true).await }
+    };
+    let r = detach(ALICE).await;
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let id = r.text().await.unwrap();
+    let done = |id: String| {
+        let addr = w.addr.clone();
+        async move {
+            for _ in 0..200 {
+                let r = http().get(format!("http://{addr}/v1/jobs/{id}")).bearer_auth(ALICE).send().await.unwrap();
+                if r.status() == StatusCode::OK {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            panic!("never done");
+        }
+    };
+    done(id.clone()).await;
+    // Alice holds 5 KB > 4 KiB: her next detached job is refused, saying why...
+    let r = detach(ALICE).await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(r.text().await.unwrap().contains("of your finished jobs' results"));
+    // ...bob's is not, and attached jobs still run.
+    assert_eq!(detach(BOB).await.status(), StatusCode::ACCEPTED);
+    assert_eq!(post(&w.addr, &loud, Some(ALICE), false).await.status(), StatusCode::OK);
+    // Discarding frees her room.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_peerwasm"))
+        .args(["cancel", "--peers", &w.addr, "--token", ALICE, &id])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("its result was discarded"), "{out:?}");
+    assert_eq!(detach(ALICE).await.status(), StatusCode::ACCEPTED);
+}

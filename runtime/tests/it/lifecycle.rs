@@ -159,9 +159,6 @@ async fn cancel_ends_a_computing_a_sleeping_and_a_queued_job() {
     let took = idle_within(&w.addr, Duration::from_secs(1)).await;
     println!("cancel of 3 jobs: command {:?}, worker idle {took:?} after it", start.elapsed() - took);
 
-    // Cancelling again says it had already ended.
-    let again = peerwasm().args(["cancel", "--peers", &w.addr, "--token", ALICE, &computing]).output().unwrap();
-    assert!(String::from_utf8_lossy(&again.stdout).contains("had already ended: job cancelled by its owner"));
     // A made-up id: exit 1.
     let none = peerwasm().args(["cancel", "--peers", &w.addr, "--token", ALICE, &"0".repeat(32)]).output().unwrap();
     assert_eq!(none.status.code(), Some(1));
@@ -174,6 +171,11 @@ async fn cancel_ends_a_computing_a_sleeping_and_a_queued_job() {
         assert_eq!(result.outcome, Outcome::Cancelled { cause: CancelCause::Owner });
         assert_eq!(result.outcome.exit_code(), 130);
     }
+    // Cancelling an ended job discards its result.
+    let again = peerwasm().args(["cancel", "--peers", &w.addr, "--token", ALICE, &computing]).output().unwrap();
+    assert!(String::from_utf8_lossy(&again.stdout).contains("had ended on"), "{again:?}");
+    let gone = crate::tenants::http().get(format!("http://{}/v1/jobs/{computing}", w.addr)).bearer_auth(ALICE).send().await.unwrap();
+    assert_eq!(gone.status(), StatusCode::NOT_FOUND);
     let alice = me(&w.addr).await.tenants.into_iter().find(|t| t.tenant == "alice").unwrap();
     assert_eq!(alice.account.jobs, 2, "the two that ran are accounted");
     assert!(alice.account.slot_seconds > 0.0 && alice.slot_seconds > 0.0, "and charged: {alice:?}");

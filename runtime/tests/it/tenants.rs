@@ -124,7 +124,18 @@ async fn tokens_are_required_and_job_ids_are_private() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!(result.outcome, Outcome::Exited { code: 0 });
-    assert_eq!(get(ALICE, id).await.status(), StatusCode::NOT_FOUND, "a result is taken once");
+    // A result stays until its owner discards it: an answer lost in transit
+    // can be asked for again.
+    let again = get(ALICE, id.clone()).await;
+    assert_eq!(again.status(), StatusCode::OK, "read twice");
+    assert_eq!(postcard::from_bytes::<JobResult>(&again.bytes().await.unwrap()).unwrap(), result);
+    let discard = |token: &'static str, id: String| {
+        let addr = w.addr.clone();
+        async move { http().delete(format!("http://{addr}/v1/jobs/{id}")).bearer_auth(token).send().await.unwrap() }
+    };
+    assert_eq!(discard(BOB, id.clone()).await.status(), StatusCode::NOT_FOUND, "only its owner discards it");
+    assert_eq!(discard(ALICE, id.clone()).await.status(), StatusCode::OK);
+    assert_eq!(get(ALICE, id).await.status(), StatusCode::NOT_FOUND, "discarded");
 
     // A synchronous job names its id too; the account shows it per tenant.
     // (Bob shows the module's bytes first: a hash alone runs nothing.)

@@ -8,11 +8,13 @@
 //!   never fit, header `peerwasm-largest-job`; or a time limit longer than
 //!   this worker allows), 503 (queue full or draining; `Retry-After`), 400
 //!   (bad bytes), 413 (too large).
-//! * `GET /v1/jobs/{id}` — a detached job's result (200, postcard; taken:
-//!   the worker forgets it), or 202 while it waits or runs.
-//! * `DELETE /v1/jobs/{id}` — cancels a queued or running job (200, JSON
-//!   `{"id", "was"}`); 409 if it had already ended; 404 if it is not the
-//!   caller's.
+//! * `GET /v1/jobs/{id}` — a detached job's result (200, postcard; kept
+//!   until discarded, so a lost answer can be asked for again), or 202
+//!   while it waits or runs.
+//! * `DELETE /v1/jobs/{id}` — cancels a queued or running job, or discards
+//!   a finished one's result (200, JSON `{"id", "was"}`: `queued`,
+//!   `running` or `done`); 409 if it is being cancelled already; 404 if it
+//!   is not the caller's.
 //! * `GET /v1/jobs` — the caller's own jobs here (JSON).
 //!
 //! Job ids are 128 random bits *and* checked against the tenant: another
@@ -65,7 +67,7 @@ pub async fn post_job(
 }
 
 pub async fn get_job(State(w): State<Arc<Worker>>, Caller(tenant): Caller, Path(id): Path<String>) -> Response {
-    match w.jobs.take(&tenant.name, &id) {
+    match w.jobs.result(&tenant.name, &id) {
         Lookup::NotFound => text(StatusCode::NOT_FOUND, "no such job"),
         Lookup::NotDone => {
             let mut resp = text(StatusCode::ACCEPTED, "not done yet");
@@ -89,6 +91,7 @@ pub async fn delete_job(State(w): State<Arc<Worker>>, Caller(tenant): Caller, Pa
     match w.jobs.cancel(&tenant.name, &id) {
         Cancelled::NotFound => text(StatusCode::NOT_FOUND, "no such job"),
         Cancelled::AlreadyEnded(outcome) => text(StatusCode::CONFLICT, format!("the job had already ended: {outcome}")),
+        Cancelled::Discarded(_) => json(&CancelAnswer { id, was: "done".into() }),
         Cancelled::Was(was) => {
             tracing::info!(tenant = %tenant.name, job = %id, was, "job cancelled by its owner");
             json(&CancelAnswer { id, was: was.into() })

@@ -50,6 +50,10 @@ pub const DEFAULT_MAX_JOB_TIME: Duration = Duration::from_secs(24 * 3600);
 /// `--max-output` says otherwise.
 pub const DEFAULT_MAX_OUTPUT: u64 = 64 << 20;
 
+/// Bytes of detached results one tenant may hold on a worker unless
+/// `--max-results` says otherwise.
+pub const DEFAULT_MAX_RESULTS: u64 = 256 << 20;
+
 /// Bytes one job may write to files on a worker unless `--scratch` says
 /// otherwise.
 pub const DEFAULT_SCRATCH: u64 = 1 << 30;
@@ -106,6 +110,10 @@ pub struct WorkerConfig {
     /// On shutdown, how long running jobs may go on before they are
     /// cancelled (`--drain-grace`). Default: [`DEFAULT_DRAIN_GRACE`].
     pub drain_grace: Duration,
+    /// Bytes of finished detached jobs' output one tenant may hold here
+    /// (`--max-results`); past it its new detached jobs are refused until
+    /// it discards some. Default: [`DEFAULT_MAX_RESULTS`].
+    pub max_results: u64,
     /// Connections served at once and the time to send headers
     /// (`--max-connections`, `--header-timeout`). Default: `ServeLimits::default()`.
     pub serve: serve::ServeLimits,
@@ -137,6 +145,7 @@ impl WorkerConfig {
             max_queued_bytes: super::admission::QUEUE_BYTES_PER_TENANT,
             drain_grace: DEFAULT_DRAIN_GRACE,
             serve: serve::ServeLimits::default(),
+            max_results: DEFAULT_MAX_RESULTS,
         }
     }
 }
@@ -237,6 +246,7 @@ pub async fn start(
         jobs_run: AtomicU64::new(0),
         modules_received: AtomicU64::new(0),
         uploaders: Default::default(),
+        max_results: config.max_results,
         draining: AtomicBool::new(false),
         connections_refused: Default::default(),
         metrics: Metrics::new(),
@@ -265,7 +275,6 @@ pub async fn start(
     let gossip = tokio::spawn(run_rounds(worker.gossip.clone(), http, config.gossip_interval, move |node| {
         refresher.learn_pool_usage(node);
         refresher.check_host_memory();
-        refresher.jobs.sweep();
         node.set_record(refresher.advert())
     }));
 
