@@ -411,3 +411,30 @@ async fn detached_results_held_are_bounded_per_tenant_until_discarded() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("its result was discarded"), "{out:?}");
     assert_eq!(detach(ALICE).await.status(), StatusCode::ACCEPTED);
 }
+
+/// A stranger's huge body is refused before it is read into memory: the
+/// tenant is checked from the headers, the body dropped unread.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_oversized_body_without_a_token_is_refused_unread() {
+    let tenants = tenants_file(1, 1);
+    let w = worker(1, &tenants, None, &[]);
+    let rss = |pid: u32| {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap().to_string();
+        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+    };
+    let before = rss(w.child.id());
+    let huge = vec![0u8; 60 << 20]; // under the module limit, so only the token refuses it
+    let url = format!("http://{}/v1/modules/{}", w.addr, "ab".repeat(32));
+    let answer = reqwest::Client::new().put(url).body(huge).send().await;
+    match answer {
+        Ok(r) => assert_eq!(r.status(), reqwest::StatusCode::UNAUTHORIZED),
+        Err(e) => println!("oversized body without a token: connection closed ({e})"),
+    }
+    let t = Instant::now();
+    me(&w.addr).await;
+    assert!(t.elapsed() < Duration::from_secs(1));
+    let grew = rss(w.child.id()).saturating_sub(before);
+    println!("oversized body without a token: peak RSS grew {} KiB", grew >> 10);
+    assert!(grew < 16 << 20, "the worker buffered the body: peak RSS grew {} MiB", grew >> 20);
+}
