@@ -22,7 +22,7 @@ pub fn list_jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
     let (http, runtime) = pool_client(&args.pool, "jobs")?;
     runtime.block_on(async {
         let view = crate::client::fetch_peers(&http, &args.pool.peers).await?;
-        let (mut jobs, silent) = list(&http, &view).await?;
+        let (mut jobs, silent) = list(&http, &view, &args.pool.peers).await?;
         jobs.sort_by(|a, b| (&a.worker, &a.status.id).cmp(&(&b.worker, &b.status.id)));
         if args.json {
             println!("{}", serde_json::to_string_pretty(&jobs)?);
@@ -65,7 +65,7 @@ pub fn cancel_jobs(args: CancelArgs) -> anyhow::Result<ExitCode> {
         let view = crate::client::fetch_peers(&http, &args.pool.peers).await?;
         let mut missing = 0;
         for id in &args.ids {
-            match cancel(&http, &view, id).await? {
+            match cancel(&http, &view, &args.pool.peers, id).await? {
                 CancelReport::Cancelled { worker, was } if was == "done" => {
                     println!("{id}: had ended on {worker}; its result was discarded")
                 }

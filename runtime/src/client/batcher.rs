@@ -48,23 +48,30 @@ struct Lane {
 
 /// The batchers of one client, one per worker.
 pub(super) struct Batchers {
-    http: reqwest::Client,
     lanes: Mutex<HashMap<String, Lane>>,
 }
 
 impl Batchers {
-    pub(super) fn new(http: reqwest::Client) -> Batchers {
-        Batchers { http, lanes: Mutex::new(HashMap::new()) }
+    pub(super) fn new() -> Batchers {
+        Batchers { lanes: Mutex::new(HashMap::new()) }
     }
 
     /// Sends one job (its postcard `JobSpec`) to `addr`, which has `slots`
     /// slots, in the next batch; its answer. `Err` only when the exchange
-    /// itself failed; refusals are answers.
-    pub(super) async fn submit(&self, addr: &str, slots: u32, spec: bytes::Bytes) -> Result<BatchAnswer, PeerError> {
+    /// itself failed; refusals are answers. `http` is the client a new lane
+    /// to `addr` sends with (whether it carries the token is the pool's
+    /// decision).
+    pub(super) async fn submit(
+        &self,
+        addr: &str,
+        slots: u32,
+        spec: bytes::Bytes,
+        http: &reqwest::Client,
+    ) -> Result<BatchAnswer, PeerError> {
         let (reply, answer) = oneshot::channel();
         {
             let mut lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
-            let lane = lanes.entry(addr.to_string()).or_insert_with(|| self.open(addr));
+            let lane = lanes.entry(addr.to_string()).or_insert_with(|| open(addr, http));
             lane.slots.store(slots.max(1) as usize, Ordering::Relaxed);
             if let Err(mpsc::error::SendError(w)) = lane.queue.send(Waiting { spec, reply }) {
                 // Cannot happen while the lane exists (its task lives as long
@@ -75,13 +82,15 @@ impl Batchers {
         answer.await.unwrap_or_else(|_| Err(PeerError::Lost("the batch was dropped".into())))
     }
 
-    fn open(&self, addr: &str) -> Lane {
-        let (queue, rx) = mpsc::unbounded_channel();
-        let lane = Lane { queue, outstanding: Arc::new(AtomicUsize::new(0)), slots: Arc::new(AtomicUsize::new(1)) };
-        let url = format!("http://{addr}{BATCH_PATH}");
-        tokio::spawn(gather(self.http.clone(), url, rx, lane.outstanding.clone(), lane.slots.clone()));
-        lane
-    }
+}
+
+/// A lane to `addr`, sending with `http`.
+fn open(addr: &str, http: &reqwest::Client) -> Lane {
+    let (queue, rx) = mpsc::unbounded_channel();
+    let lane = Lane { queue, outstanding: Arc::new(AtomicUsize::new(0)), slots: Arc::new(AtomicUsize::new(1)) };
+    let url = format!("http://{addr}{BATCH_PATH}");
+    tokio::spawn(gather(http.clone(), url, rx, lane.outstanding.clone(), lane.slots.clone()));
+    lane
 }
 
 /// The lane's task: takes jobs as they come, forms batches, sends each in a

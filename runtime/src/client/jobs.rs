@@ -20,15 +20,33 @@ pub struct PoolJob {
     pub status: JobStatus,
 }
 
-/// The caller's jobs on every worker of `view` that is not dead, with
-/// `http` (which carries the tenant's token): queued, running, and
-/// detached ones whose result waits to be taken. Workers that do not answer
-/// are named in the second list.
-pub async fn list(http: &reqwest::Client, view: &[PeerView]) -> anyhow::Result<(Vec<PoolJob>, Vec<String>)> {
-    let mut jobs = Vec::new();
-    let mut silent = Vec::new();
+/// The workers of `view` that are not dead and may be sent the token
+/// (`super::trusted`); the others are named in the second list.
+fn askable<'v>(view: &'v [PeerView], seeds: &[String]) -> (Vec<&'v String>, Vec<String>) {
+    let mut ask = Vec::new();
+    let mut skipped = Vec::new();
     for p in view.iter().filter(|p| p.liveness != Liveness::Dead) {
-        let worker = &p.advert.addr;
+        if super::trusted(&p.advert.addr, seeds, view) {
+            ask.push(&p.advert.addr);
+        } else {
+            skipped.push(format!("{}: not named, and the pool's gossip is not keyed", p.advert.addr));
+        }
+    }
+    (ask, skipped)
+}
+
+/// The caller's jobs on every worker of `view` that is not dead and may be
+/// sent the token, with `http` (which carries it): queued, running, and
+/// detached ones whose result waits. Workers not asked or not answering are
+/// named in the second list.
+pub async fn list(
+    http: &reqwest::Client,
+    view: &[PeerView],
+    seeds: &[String],
+) -> anyhow::Result<(Vec<PoolJob>, Vec<String>)> {
+    let mut jobs = Vec::new();
+    let (ask, mut silent) = askable(view, seeds);
+    for worker in ask {
         let resp = match http.get(format!("http://{worker}/v1/jobs")).send().await {
             Ok(r) if r.status().is_success() => r,
             Ok(r) if r.status() == StatusCode::UNAUTHORIZED => {
@@ -62,14 +80,13 @@ pub enum CancelReport {
     NotFound,
 }
 
-/// Cancels job `id` wherever in `view` it is, with `http` (which carries
-/// the tenant's token). `Err` for what is not about the job: a refused
+/// Cancels job `id` wherever in `view` it is (on the workers that may be
+/// sent the token), with `http` (which carries it). `Err` for what is not about the job: a refused
 /// token, no worker answering.
-pub async fn cancel(http: &reqwest::Client, view: &[PeerView], id: &str) -> anyhow::Result<CancelReport> {
+pub async fn cancel(http: &reqwest::Client, view: &[PeerView], seeds: &[String], id: &str) -> anyhow::Result<CancelReport> {
     let mut answered = 0;
-    let mut errors = Vec::new();
-    for p in view.iter().filter(|p| p.liveness != Liveness::Dead) {
-        let worker = &p.advert.addr;
+    let (ask, mut errors) = askable(view, seeds);
+    for worker in ask {
         let resp = match http.delete(format!("http://{worker}/v1/jobs/{id}")).send().await {
             Ok(r) => r,
             Err(e) => {

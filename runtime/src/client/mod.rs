@@ -73,6 +73,19 @@ pub async fn fetch_peers(http: &reqwest::Client, peers: &[String]) -> anyhow::Re
     anyhow::bail!("no peer answered ({})", errors.join("; "))
 }
 
+/// Whether a tenant's token may go to `addr`: the user named it (one of
+/// `seeds`), or every live worker of `view` authenticates its gossip (a
+/// keyed pool vouches for the addresses in it). See `pool`'s module docs.
+pub fn trusted(addr: &str, seeds: &[String], view: &[PeerView]) -> bool {
+    seeds.iter().any(|s| s == addr) || keyed(view)
+}
+
+/// Whether every live worker of `view` authenticates its gossip.
+pub fn keyed(view: &[PeerView]) -> bool {
+    let live = || view.iter().filter(|p| p.liveness == crate::gossip::Liveness::Alive);
+    live().next().is_some() && live().all(|p| p.advert.gossip_keyed)
+}
+
 /// The pool as a table, one row per peer (FieldTrip's peerlist).
 pub fn peers_table(peers: &[PeerView]) -> String {
     let mut rows = vec![[

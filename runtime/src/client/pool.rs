@@ -7,6 +7,12 @@
 //! A worker that cannot be reached is avoided for a moment; a worker that
 //! breaks a connection with a job on it has lost that job, which is reported
 //! as [`SubmitError::Lost`] so that the caller (`map`) resubmits it.
+//!
+//! The tenant's token goes only to workers the user named (the seeds) and,
+//! when every live worker of the view authenticates its gossip with a
+//! cluster key, to the others of the view: without a key, anyone who
+//! reaches a worker could plant an advert pointing at a machine of theirs
+//! and collect the tokens of clients placing jobs there.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -55,7 +61,12 @@ impl PoolConfig {
 /// A pool of workers, as seen from a client. Cheap to share (`Arc`).
 pub struct Pool {
     config: PoolConfig,
+    /// With the tenant's token, for trusted workers.
     http: reqwest::Client,
+    /// Without it, for the others.
+    anon: reqwest::Client,
+    /// Whether the last view came from a pool whose gossip is keyed.
+    keyed: std::sync::atomic::AtomicBool,
     view: tokio::sync::Mutex<View>,
     /// When we last uploaded each module to each worker.
     uploaded: Mutex<HashMap<(String, ModuleHash), Arc<tokio::sync::Mutex<Option<Instant>>>>>,
@@ -92,12 +103,14 @@ impl Pool {
         let http = http_client(config.token.as_deref())?;
         Ok(Pool {
             config,
-            http: http.clone(),
+            http,
+            anon: http_client(None)?,
+            keyed: std::sync::atomic::AtomicBool::new(false),
             view: tokio::sync::Mutex::new(View::default()),
             uploaded: Mutex::new(HashMap::new()),
             load: Mutex::new(HashMap::new()),
             avoid: Mutex::new(HashMap::new()),
-            batchers: Batchers::new(http),
+            batchers: Batchers::new(),
         })
     }
 
@@ -115,7 +128,14 @@ impl Pool {
                 ask.push(p.advert.addr.clone());
             }
         }
-        let peers = super::fetch_peers(&self.http, &ask).await?;
+        // Named workers are asked with the token, others only if trusted.
+        let (named, others): (Vec<String>, Vec<String>) = ask.into_iter().partition(|a| self.config.seeds.contains(a));
+        let peers = match super::fetch_peers(&self.http, &named).await {
+            Ok(p) => p,
+            Err(e) if others.is_empty() => return Err(e),
+            Err(_) => super::fetch_peers(self.client_for(&others[0]), &others).await?,
+        };
+        self.keyed.store(super::keyed(&peers), std::sync::atomic::Ordering::Relaxed);
         view.peers = peers.clone();
         view.fetched = Some(Instant::now());
         Ok(peers)
@@ -208,6 +228,17 @@ impl Pool {
         out.into_iter().map(|(_, a, slots)| (a, slots)).collect()
     }
 
+    /// Whether `addr` may be sent the tenant's token: the user named it,
+    /// or the pool's gossip is keyed.
+    fn trusts(&self, addr: &str) -> bool {
+        self.config.seeds.iter().any(|s| s == addr) || self.keyed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The client for `addr`: with the token if it is trusted.
+    fn client_for(&self, addr: &str) -> &reqwest::Client {
+        if self.trusts(addr) { &self.http } else { &self.anon }
+    }
+
     fn add_load(&self, addr: &str, delta: i32) {
         let mut load = self.load.lock().unwrap_or_else(|e| e.into_inner());
         let n = load.entry(addr.to_string()).or_insert(0);
@@ -232,7 +263,8 @@ impl Pool {
     ) -> Result<JobResult, PeerError> {
         for attempt in 0..2 {
             let sent = Instant::now();
-            let (status, message, largest) = match self.batchers.submit(addr, slots, body.clone()).await? {
+            let http = self.client_for(addr);
+            let (status, message, largest) = match self.batchers.submit(addr, slots, body.clone(), http).await? {
                 BatchAnswer::Done(result) => return Ok(result),
                 BatchAnswer::Refused { status, message, largest_job } => (status, message, largest_job),
             };
@@ -243,6 +275,12 @@ impl Pool {
                         Some(b) => format!("too large here (largest {})", Bytes(b)),
                         None => message, // e.g. a time limit longer than it allows
                     }));
+                }
+                StatusCode::UNAUTHORIZED if !self.trusts(addr) => {
+                    return Err(PeerError::Declined(format!(
+                        "it asks for a token, which goes only to workers you name or that a keyed pool \
+                         (--cluster-key) vouches for: {message}"
+                    )));
                 }
                 StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNAUTHORIZED => {
                     return Err(PeerError::Fatal(message));
@@ -275,7 +313,7 @@ impl Pool {
 
     async fn upload(&self, addr: &str, job: &Job) -> Result<(), PeerError> {
         let resp = self
-            .http
+            .client_for(addr)
             .put(format!("http://{addr}/v1/modules/{}", job.hash().to_hex()))
             .header(reqwest::header::CONTENT_TYPE, "application/wasm")
             .body(bytes::Bytes::copy_from_slice(job.bytes()))
@@ -284,6 +322,9 @@ impl Pool {
             .map_err(|e| PeerError::from_reqwest(&e))?;
         match resp.status() {
             s if s.is_success() => Ok(()),
+            StatusCode::UNAUTHORIZED if !self.trusts(addr) => {
+                Err(PeerError::Declined("it asks for a token, which goes only to trusted workers".into()))
+            }
             s @ (StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNAUTHORIZED) => Err(
                 PeerError::Fatal(format!("module upload refused: {s} {}", resp.text().await.unwrap_or_default().trim())),
             ),

@@ -99,6 +99,11 @@ impl<R: Clone> SharedNode<R> {
         }
     }
 
+    /// Whether messages are sealed with a cluster key.
+    pub fn is_keyed(&self) -> bool {
+        self.key.is_some()
+    }
+
     /// Milliseconds since this node started: the gossip clock.
     pub fn now_ms(&self) -> u64 {
         self.started.elapsed().as_millis() as u64

@@ -414,6 +414,9 @@ pub struct Advert {
     /// The longest a job may run here (`--max-job-time`), in milliseconds;
     /// `None`: no limit. A job that asks for none runs under this one.
     pub max_job_time_ms: Option<u64>,
+    /// Whether this worker's gossip is authenticated (`--cluster-key`):
+    /// only then can a client trust the addresses in its view with a token.
+    pub gossip_keyed: bool,
     /// Whether tenants authenticate here (`--tenants`); `false`: one
     /// tenant, `default`.
     pub multi_tenant: bool,

@@ -99,6 +99,7 @@ impl Worker {
             modules_received: self.modules_received.load(Ordering::Relaxed),
             draining: self.draining.load(Ordering::Relaxed),
             max_job_time_ms: self.runner.sandbox().config().max_job_time.map(|d| d.as_millis() as u64),
+            gossip_keyed: self.gossip.is_keyed(),
             multi_tenant: self.tenants.is_multi(),
             tenants: self.admission.tenant_report(),
             warnings: self.warnings.current(),

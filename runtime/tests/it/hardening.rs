@@ -438,3 +438,37 @@ async fn an_oversized_body_without_a_token_is_refused_unread() {
     println!("oversized body without a token: peak RSS grew {} KiB", grew >> 10);
     assert!(grew < 16 << 20, "the worker buffered the body: peak RSS grew {} MiB", grew >> 20);
 }
+
+/// Without a cluster key, anyone who reaches a worker can plant an advert:
+/// a client's token goes only to workers it named, unless every worker of
+/// the pool authenticates its gossip.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_token_goes_only_to_named_workers_unless_the_pool_is_keyed() {
+    use peerwasm::client::{MapConfig, MapItem, map};
+    let tenants = tenants_file(1, 1);
+    let key = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(key.path(), b"a shared secret for the token test").unwrap();
+    let key = key.path().to_str().unwrap().to_string();
+    for keyed in [false, true] {
+        let extra: Vec<&str> = if keyed { vec!["--cluster-key", &key] } else { vec![] };
+        let w1 = worker(1, &tenants, None, &extra);
+        let w2 = worker(1, &tenants, Some(&w1.addr), &extra);
+        crate::pool::wait_for(&w1.addr, Duration::from_secs(10), |v| crate::pool::alive(v) == 2).await;
+        // Named: w1 only.
+        let target = Target::pool_as(vec![w1.addr.clone()], Some(ALICE.into())).unwrap();
+        let job = crate::tenants::sleep_job();
+        let config = MapConfig { mem: Some(16 * MIB), ..MapConfig::default() };
+        let mut items: Vec<MapItem> = Vec::new();
+        let summary = map(&target, &job, vec![b"100".to_vec(); 8], &config, &mut items).await.unwrap();
+        assert!(items.iter().all(MapItem::succeeded));
+        let on_w2 = summary.per_peer.get(&w2.addr).copied().unwrap_or(0);
+        println!("keyed {keyed}: jobs per peer {:?}", summary.per_peer);
+        if keyed {
+            assert!(on_w2 > 0, "a keyed pool vouches for w2: it should have run some jobs");
+        } else {
+            assert_eq!(on_w2, 0, "w2 was not named and the pool is not keyed: it got no token, so no job");
+            let m = crate::observe::scrape(&w2.addr).await;
+            assert!(crate::observe::get(&m, "peerwasm_refused_jobs_total{reason=\"unauthorized\"}") > 0.0);
+        }
+    }
+}
