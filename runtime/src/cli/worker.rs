@@ -122,6 +122,11 @@ pub struct WorkerArgs {
     /// temporary directory].
     #[arg(long, value_name = "DIR")]
     scratch_dir: Option<PathBuf>,
+    /// Bytes all running jobs together may write to files; past it their
+    /// writes get ENOSPC [default: 90% of the free space where scratch
+    /// lives, when the worker starts].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    scratch_total: Option<u64>,
     /// The most stdout, and the most stderr, a job's output is buffered to
     /// here, whatever the job asks; past it the job ends with "output
     /// limit".
@@ -181,6 +186,8 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     sandbox.max_open_files = args.max_open_files.max(1);
     sandbox.cache_max_bytes = args.cache_max;
     sandbox.max_scratch_bytes = Some(args.scratch);
+    let scratch_root = args.scratch_dir.clone().unwrap_or_else(std::env::temp_dir);
+    sandbox.scratch_total_bytes = Some(args.scratch_total.unwrap_or_else(|| free_space(&scratch_root) / 10 * 9));
     sandbox.scratch_root = args.scratch_dir;
     sandbox.max_compile_time = Some(args.max_compile_time);
     sandbox.max_output_bytes = Some(args.max_output);
@@ -223,6 +230,22 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         let _ = writeln!(std::io::stderr(), "peerwasm worker stopped");
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// Bytes free for unprivileged users on the filesystem of `dir` (0 if it
+/// cannot be read).
+fn free_space(dir: &std::path::Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else { return 0 };
+    // SAFETY: statvfs writes into the zeroed struct we own; the path is a
+    // valid NUL-terminated string.
+    unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(path.as_ptr(), &mut st) != 0 {
+            return 0;
+        }
+        (st.f_bavail as u64).saturating_mul(st.f_frsize as u64)
+    }
 }
 
 /// Raises this process's soft limit on open descriptors to its hard limit

@@ -17,7 +17,10 @@
 //!   and creating `path_open`s: a job past its disk bound gets `ENOSPC`.
 //!   What is counted is bytes *written* (overwriting counts again) plus
 //!   [`INODE_BYTES`] per file or directory created — an upper bound on what
-//!   the job holds, so the bound is never exceeded.
+//!   the job holds, so the bound is never exceeded. The same count is also
+//!   added to a [`ScratchPool`] shared by every running job, so together
+//!   they stay within the worker's total too (a job's share is given back
+//!   when it ends and its scratch directory is removed).
 
 use wasmtime::{AsContextMut, Caller, Extern, Linker};
 use wasmtime_wasi::p1::types::Errno;
@@ -35,8 +38,44 @@ pub const DEFAULT_MAX_OPEN_FILES: u32 = 256;
 /// What creating a file or a directory counts against the disk bound.
 pub const INODE_BYTES: u64 = 4096;
 
+/// Bytes every running job has written, against the worker's total.
+#[derive(Debug)]
+pub struct ScratchPool {
+    in_use: std::sync::atomic::AtomicU64,
+    total: u64,
+}
+
+impl ScratchPool {
+    /// A pool of `total` bytes.
+    pub fn new(total: u64) -> ScratchPool {
+        ScratchPool { in_use: std::sync::atomic::AtomicU64::new(0), total }
+    }
+
+    /// Takes `bytes` if they fit.
+    fn take(&self, bytes: u64) -> bool {
+        use std::sync::atomic::Ordering;
+        self.in_use
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                used.checked_add(bytes).filter(|&after| after <= self.total)
+            })
+            .is_ok()
+    }
+
+    /// Gives back what a job that ended had taken.
+    pub fn give_back(&self, bytes: u64) {
+        let _ = self.in_use.fetch_update(std::sync::atomic::Ordering::Relaxed, std::sync::atomic::Ordering::Relaxed, |used| {
+            Some(used.saturating_sub(bytes))
+        });
+    }
+
+    /// Bytes taken now.
+    pub fn in_use(&self) -> u64 {
+        self.in_use.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 /// What a job's files hold, against its bounds.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct FileUse {
     /// Descriptors opened by the job and not closed.
     pub open: u32,
@@ -46,16 +85,48 @@ pub struct FileUse {
     pub written: u64,
     /// The most it may write.
     pub max_written: u64,
+    /// The worker's total, shared with the other running jobs.
+    pub pool: Option<std::sync::Arc<ScratchPool>>,
 }
 
 impl FileUse {
     /// Nothing used yet, under these bounds.
-    pub fn new(max_open: u32, max_written: u64) -> FileUse {
-        FileUse { open: 0, max_open, written: 0, max_written }
+    pub fn new(max_open: u32, max_written: u64, pool: Option<std::sync::Arc<ScratchPool>>) -> FileUse {
+        FileUse { open: 0, max_open, written: 0, max_written, pool }
     }
 
-    fn fits(&self, bytes: u64) -> bool {
-        self.written.saturating_add(bytes) <= self.max_written
+    /// Counts `bytes` about to be written, if they fit the job's bound and
+    /// the worker's; `false` (nothing counted) if not.
+    fn take(&mut self, bytes: u64) -> bool {
+        if self.written.saturating_add(bytes) > self.max_written {
+            return false;
+        }
+        if let Some(pool) = &self.pool
+            && !pool.take(bytes)
+        {
+            return false;
+        }
+        self.written += bytes;
+        true
+    }
+
+    /// Gives back what was taken for a write that then wrote only
+    /// `written` of `taken` bytes.
+    fn settle(&mut self, taken: u64, written: u64) {
+        let unused = taken.saturating_sub(written);
+        self.written -= unused;
+        if let Some(pool) = &self.pool {
+            pool.give_back(unused);
+        }
+    }
+}
+
+impl Drop for FileUse {
+    /// The job has ended: its scratch goes, and its share of the pool.
+    fn drop(&mut self) {
+        if let Some(pool) = &self.pool {
+            pool.give_back(self.written);
+        }
     }
 }
 
@@ -104,24 +175,22 @@ pub fn add_to_linker(linker: &mut Linker<JobState>) -> wasmtime::Result<()> {
             i32,
         )| {
             Box::new(async move {
-                let files = caller.data().files;
-                if files.open >= files.max_open {
+                if caller.data().files.open >= caller.data().files.max_open {
                     return Ok(Errno::Mfile as i32);
                 }
-                let creates = oflags & O_CREAT != 0;
-                if creates && !files.fits(INODE_BYTES) {
+                let creates = if oflags & O_CREAT != 0 { INODE_BYTES } else { 0 };
+                if !caller.data_mut().files.take(creates) {
                     return Ok(Errno::Nospc as i32);
                 }
                 let errno = delegate!(
                     &mut caller,
                     path_open(fd, dirflags, path, path_len, oflags, base, inheriting, fdflags, opened)
                 )?;
+                let files = &mut caller.data_mut().files;
                 if errno == Errno::Success as i32 {
-                    let files = &mut caller.data_mut().files;
                     files.open += 1;
-                    if creates {
-                        files.written += INODE_BYTES;
-                    }
+                } else {
+                    files.settle(creates, 0);
                 }
                 Ok(errno)
             })
@@ -147,11 +216,12 @@ pub fn add_to_linker(linker: &mut Linker<JobState>) -> wasmtime::Result<()> {
         "path_create_directory",
         |mut caller: Caller<'_, JobState>, (fd, path, path_len): (i32, i32, i32)| {
             Box::new(async move {
-                if !caller.data().files.fits(INODE_BYTES) {
+                if !caller.data_mut().files.take(INODE_BYTES) {
                     return Ok(Errno::Nospc as i32);
                 }
                 let errno = delegate!(&mut caller, path_create_directory(fd, path, path_len))?;
-                wrote(&mut caller, errno, INODE_BYTES);
+                let made = if errno == Errno::Success as i32 { INODE_BYTES } else { 0 };
+                caller.data_mut().files.settle(INODE_BYTES, made);
                 Ok(errno)
             })
         },
@@ -161,17 +231,12 @@ pub fn add_to_linker(linker: &mut Linker<JobState>) -> wasmtime::Result<()> {
         "fd_write",
         |mut caller: Caller<'_, JobState>, (fd, iovs, iovs_len, written): (i32, i32, i32, i32)| {
             Box::new(async move {
-                if is_file(fd) && !{
-                    let asked = asked(&mut caller, iovs, iovs_len);
-                    caller.data().files.fits(asked)
-                } {
+                let taken = if is_file(fd) { asked(&mut caller, iovs, iovs_len) } else { 0 };
+                if !caller.data_mut().files.take(taken) {
                     return Ok(Errno::Nospc as i32);
                 }
                 let errno = delegate!(&mut caller, fd_write(fd, iovs, iovs_len, written))?;
-                if is_file(fd) {
-                    let n = read_u32(&mut caller, written);
-                    wrote(&mut caller, errno, n);
-                }
+                settle(&mut caller, errno, taken, written);
                 Ok(errno)
             })
         },
@@ -181,17 +246,12 @@ pub fn add_to_linker(linker: &mut Linker<JobState>) -> wasmtime::Result<()> {
         "fd_pwrite",
         |mut caller: Caller<'_, JobState>, (fd, iovs, iovs_len, offset, written): (i32, i32, i32, i64, i32)| {
             Box::new(async move {
-                if is_file(fd) && !{
-                    let asked = asked(&mut caller, iovs, iovs_len);
-                    caller.data().files.fits(asked)
-                } {
+                let taken = if is_file(fd) { asked(&mut caller, iovs, iovs_len) } else { 0 };
+                if !caller.data_mut().files.take(taken) {
                     return Ok(Errno::Nospc as i32);
                 }
                 let errno = delegate!(&mut caller, fd_pwrite(fd, iovs, iovs_len, offset, written))?;
-                if is_file(fd) {
-                    let n = read_u32(&mut caller, written);
-                    wrote(&mut caller, errno, n);
-                }
+                settle(&mut caller, errno, taken, written);
                 Ok(errno)
             })
         },
@@ -206,11 +266,14 @@ fn is_file(fd: i32) -> bool {
     fd > 2
 }
 
-fn wrote(caller: &mut Caller<'_, JobState>, errno: i32, bytes: u64) {
-    if errno == Errno::Success as i32 {
-        let files = &mut caller.data_mut().files;
-        files.written = files.written.saturating_add(bytes);
+/// After a write that took `taken` bytes: keeps what it wrote (the count
+/// the guest's memory holds at `written`), gives back the rest.
+fn settle(caller: &mut Caller<'_, JobState>, errno: i32, taken: u64, written: i32) {
+    if taken == 0 {
+        return;
     }
+    let n = if errno == Errno::Success as i32 { read_u32(caller, written).min(taken) } else { 0 };
+    caller.data_mut().files.settle(taken, n);
 }
 
 /// The bytes a write of the iovecs at `iovs` asks for (all of them: an

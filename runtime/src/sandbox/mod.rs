@@ -109,6 +109,10 @@ pub struct SandboxConfig {
     /// directories); past it, writing gives the job `ENOSPC`. Default: none
     /// (as `wasmtime run`; `peerwasm worker` sets 1 GiB, `--scratch`).
     pub max_scratch_bytes: Option<u64>,
+    /// Bytes all running jobs together may write to files (a worker's
+    /// `--scratch-total`); past it, writing gives `ENOSPC` even within a
+    /// job's own bound. Default: none.
+    pub scratch_total_bytes: Option<u64>,
     /// The most stdout, and the most stderr, a job's output is buffered to,
     /// whatever the job asks (a worker's `--max-output`); past it the job
     /// ends with *output limit*. Default: none (the job's own limits).
@@ -132,6 +136,7 @@ impl Default for SandboxConfig {
             max_job_time: None,
             max_open_files: files::DEFAULT_MAX_OPEN_FILES,
             max_scratch_bytes: None,
+            scratch_total_bytes: None,
             max_output_bytes: None,
         }
     }
@@ -158,6 +163,8 @@ pub struct JobState {
 /// One engine, one linker and one module cache, shared by every job of a
 /// process.
 pub struct Sandbox {
+    /// The worker's scratch total, shared by its running jobs.
+    scratch: Option<Arc<files::ScratchPool>>,
     engine: Engine,
     linker: Linker<JobState>,
     cache: ModuleCache,
@@ -176,7 +183,8 @@ impl Sandbox {
             .and_then(|()| files::add_to_linker(&mut linker))
             .map_err(|e| anyhow::anyhow!("cannot link WASI: {e}"))?;
         let cache = ModuleCache::new(engine.clone(), &config)?;
-        Ok(Sandbox { engine, linker, cache, config })
+        let scratch = config.scratch_total_bytes.map(|total| Arc::new(files::ScratchPool::new(total)));
+        Ok(Sandbox { scratch, engine, linker, cache, config })
     }
 
     /// The shared engine.
@@ -295,7 +303,11 @@ impl Sandbox {
             JobState {
                 wasi,
                 limiter: MemoryLimiter::new(limits.memory_bytes).with_meter(hooks.memory_meter),
-                files: files::FileUse::new(self.config.max_open_files, self.config.max_scratch_bytes.unwrap_or(u64::MAX)),
+                files: files::FileUse::new(
+                    self.config.max_open_files,
+                    self.config.max_scratch_bytes.unwrap_or(u64::MAX),
+                    self.scratch.clone(),
+                ),
             },
         );
         store.limiter(|s| &mut s.limiter);

@@ -472,3 +472,30 @@ async fn a_token_goes_only_to_named_workers_unless_the_pool_is_keyed() {
         }
     }
 }
+
+/// Jobs' writes together stay within the worker's scratch total, each job
+/// within its own bound too.
+#[tokio::test(flavor = "multi_thread")]
+async fn running_jobs_together_keep_within_the_scratch_total() {
+    let tenants = tenants_file(1, 1);
+    let w = worker(2, &tenants, None, &["--scratch", "32MiB", "--scratch-total", "40MiB"]);
+    let filler = Job::new(peerwasm_testkit::guest_wasm_bytes("hostile-disk"));
+    // Each fills, then holds its files for a second: the two overlap.
+    let run = |token: &'static str| {
+        let (addr, filler) = (w.addr.clone(), filler.clone());
+        async move {
+            let t = Target::pool_as(vec![addr], Some(token.into())).unwrap();
+            let r = t.run(&filler, filler.spec(b"1000".to_vec(), 32 * MIB)).await.unwrap();
+            let out = String::from_utf8_lossy(&r.stdout).into_owned();
+            let mib: u64 = out.strip_prefix("wrote ").and_then(|s| s.split(' ').next()?.parse().ok()).unwrap_or_else(|| panic!("{out}"));
+            assert!(out.contains("No space left on device"), "{out}");
+            mib
+        }
+    };
+    let (a, b) = tokio::join!(run(ALICE), run(BOB));
+    println!("scratch total 40 MiB: two fillers wrote {a} + {b} MiB");
+    assert!(a + b <= 40, "together {a} + {b} MiB, over the 40 MiB total");
+    assert!(a <= 31 && b <= 31, "each within its own 32 MiB");
+    // Their shares came back when they ended: a third runs to its own bound.
+    assert_eq!(run(ALICE).await, 31);
+}
