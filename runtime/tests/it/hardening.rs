@@ -347,8 +347,9 @@ async fn a_disk_filler_gets_enospc_at_its_bound_and_leaves_nothing_behind() {
     let scratch = tempfile::tempdir().unwrap();
     let w = worker(2, &tenants, None, &["--scratch", "32MiB", "--scratch-dir", scratch.path().to_str().unwrap()]);
     let filler = Job::new(peerwasm_testkit::guest_wasm_bytes("hostile-disk"));
-    let alice = Target::pool_as(vec![w.addr.clone()], Some(ALICE.into())).unwrap();
-    let r = alice.run(&filler, filler.spec(Vec::new(), 32 * MIB)).await.unwrap();
+    // Fills, then holds its files for 2 s while the worker is probed.
+    let (r, probe) = probe_during(&w, filler, "2000", 32 * MIB).await;
+    println!("disk filler: worker answered /v1/peers in {:?} at worst; another tenant's job took {:?}", probe.slowest_view, probe.other_job);
     let stdout = String::from_utf8_lossy(&r.stdout);
     assert!(r.outcome.is_success(), "{}", r.outcome);
     // 64 directories (256 KiB counted) and the file (4 KiB): 31 MiB fit.
