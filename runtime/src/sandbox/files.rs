@@ -98,6 +98,9 @@ impl FileUse {
     /// Counts `bytes` about to be written, if they fit the job's bound and
     /// the worker's; `false` (nothing counted) if not.
     fn take(&mut self, bytes: u64) -> bool {
+        if bytes == 0 {
+            return true; // stdio, or a write of nothing: the common case
+        }
         if self.written.saturating_add(bytes) > self.max_written {
             return false;
         }
