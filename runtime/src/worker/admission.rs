@@ -292,8 +292,8 @@ impl Admission {
                 || waiting_bytes.saturating_add(held) > self.config.queue_bytes_per_tenant;
             // A job that can start at once needs no room in the queue; one
             // that must wait (for a slot, or for memory) does.
-            let starts_now = st.busy < self.config.slots && memreq <= self.ledger.offer();
-            if full && !starts_now {
+            // (The ledger's offer reads host memory: only asked when full.)
+            if full && !(st.busy < self.config.slots && memreq <= self.ledger.offer()) {
                 return Err(Refusal::Busy);
             }
             st.next_id += 1;

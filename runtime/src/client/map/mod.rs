@@ -267,6 +267,9 @@ impl<'a> MapRun<'a> {
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let interrupt = self.config.interrupt.clone().unwrap_or_default();
+        // One future for the whole map, not one per turn of the loop.
+        let interrupted = interrupt.cancelled();
+        tokio::pin!(interrupted);
         loop {
             while self.active < self.in_flight_limit() {
                 let index = if let Some(i) = self.resubmit.pop_front() {
@@ -295,7 +298,7 @@ impl<'a> MapRun<'a> {
             }
             tokio::select! {
                 biased;
-                () = interrupt.cancelled() => {
+                () = &mut interrupted => {
                     self.summary.interrupted = true;
                     // What is in is handed over, gaps and all.
                     for (_, item) in std::mem::take(&mut self.ready) {
