@@ -229,36 +229,29 @@ pub fn add_to_linker(linker: &mut Linker<JobState>) -> wasmtime::Result<()> {
             })
         },
     )?;
-    linker.func_wrap_async(
-        MODULE,
-        "fd_write",
-        |mut caller: Caller<'_, JobState>, (fd, iovs, iovs_len, written): (i32, i32, i32, i32)| {
-            Box::new(async move {
-                let taken = if is_file(fd) { asked(&mut caller, iovs, iovs_len) } else { 0 };
-                if !caller.data_mut().files.take(taken) {
-                    return Ok(Errno::Nospc as i32);
-                }
-                let errno = delegate!(&mut caller, fd_write(fd, iovs, iovs_len, written))?;
-                settle(&mut caller, errno, taken, written);
-                Ok(errno)
-            })
-        },
-    )?;
-    linker.func_wrap_async(
-        MODULE,
-        "fd_pwrite",
-        |mut caller: Caller<'_, JobState>, (fd, iovs, iovs_len, offset, written): (i32, i32, i32, i64, i32)| {
-            Box::new(async move {
-                let taken = if is_file(fd) { asked(&mut caller, iovs, iovs_len) } else { 0 };
-                if !caller.data_mut().files.take(taken) {
-                    return Ok(Errno::Nospc as i32);
-                }
-                let errno = delegate!(&mut caller, fd_pwrite(fd, iovs, iovs_len, offset, written))?;
-                settle(&mut caller, errno, taken, written);
-                Ok(errno)
-            })
-        },
-    )?;
+    // A write to a file first takes what it asks for from the job's (and
+    // the worker's) bound, then keeps what it wrote.
+    macro_rules! counted_write {
+        ($name:literal, $func:ident, ($($arg:ident: $ty:ty),*)) => {
+            linker.func_wrap_async(
+                MODULE,
+                $name,
+                |mut caller: Caller<'_, JobState>, (fd, iovs, iovs_len, $($arg,)* written): (i32, i32, i32, $($ty,)* i32)| {
+                    Box::new(async move {
+                        let taken = if is_file(fd) { asked(&mut caller, iovs, iovs_len) } else { 0 };
+                        if !caller.data_mut().files.take(taken) {
+                            return Ok(Errno::Nospc as i32);
+                        }
+                        let errno = delegate!(&mut caller, $func(fd, iovs, iovs_len, $($arg,)* written))?;
+                        settle(&mut caller, errno, taken, written);
+                        Ok(errno)
+                    })
+                },
+            )?;
+        };
+    }
+    counted_write!("fd_write", fd_write, ());
+    counted_write!("fd_pwrite", fd_pwrite, (offset: i64));
     linker.allow_shadowing(false);
     Ok(())
 }
