@@ -181,6 +181,10 @@ pub enum Outcome {
     Rejected { reason: String },
     /// The job was ended (or taken out of its queue) before it finished.
     Cancelled { cause: CancelCause },
+    /// The worker had no free memory to buffer more of the job's output
+    /// (every byte held counts against the worker's memory), though the job
+    /// was within its output cap. `held`: the bytes it kept.
+    OutputMemoryExhausted { stream: StdStream, held: u64 },
 }
 
 /// Who or what cancelled a job.
@@ -219,7 +223,7 @@ impl Outcome {
             Outcome::Exited { code } => *code,
             Outcome::Cancelled { .. } => 130,
             Outcome::TimeLimitExceeded { .. } => 124,
-            Outcome::MemoryLimitExceeded { .. } => 137,
+            Outcome::MemoryLimitExceeded { .. } | Outcome::OutputMemoryExhausted { .. } => 137,
             Outcome::Trapped { .. } | Outcome::OutputLimitExceeded { .. } => 134,
             Outcome::InvalidModule { .. } | Outcome::Rejected { .. } => 2,
         }
@@ -268,6 +272,12 @@ impl fmt::Display for Outcome {
             Outcome::InvalidModule { reason } => write!(f, "invalid module: {reason}"),
             Outcome::Rejected { reason } => write!(f, "job rejected: {reason}"),
             Outcome::Cancelled { cause } => write!(f, "job cancelled {cause}"),
+            Outcome::OutputMemoryExhausted { stream, held } => write!(
+                f,
+                "the worker had no free memory to hold more of the job's {stream} (it held {}): \
+                 write less to {stream}, or run it where more memory is free",
+                Bytes(*held)
+            ),
         }
     }
 }

@@ -45,7 +45,7 @@ use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 pub use cache::{CacheStats, CompiledModule, ModuleCache};
 pub use cancel::{Cancel, CancelOnDrop};
 pub use engine::TimeLimitMechanism;
-pub use stdio::OutputChunk;
+pub use stdio::{OutputBudget, OutputChunk};
 
 use crate::proto::{CacheSource, CancelCause, JobResult, JobSpec, Outcome, StdStream};
 use crate::units::Bytes;
@@ -151,6 +151,9 @@ pub struct RunHooks {
     pub memory_meter: Option<Arc<AtomicU64>>,
     /// Ends the job early when cancelled (outcome `cancelled`).
     pub cancel: Option<Cancel>,
+    /// Host memory the job's buffered output is charged to (a worker's
+    /// ledger); none: output is bounded by its caps only.
+    pub output_budget: Option<Arc<dyn OutputBudget>>,
 }
 
 /// What a job's store holds.
@@ -280,8 +283,10 @@ impl Sandbox {
         };
 
         let cap = |asked: u64| self.config.max_output_bytes.map_or(asked, |max| asked.min(max));
-        let stdout = OutputCapture::new(StdStream::Stdout, cap(limits.stdout_bytes), hooks.tee.clone());
-        let stderr = OutputCapture::new(StdStream::Stderr, cap(limits.stderr_bytes), hooks.tee);
+        let stdout = OutputCapture::new(StdStream::Stdout, cap(limits.stdout_bytes), hooks.tee.clone())
+            .with_budget(hooks.output_budget.clone());
+        let stderr = OutputCapture::new(StdStream::Stderr, cap(limits.stderr_bytes), hooks.tee)
+            .with_budget(hooks.output_budget);
         // Dropped (and so deleted) when the job is done.
         let scratch = match prepared.opens_files.then(|| self.scratch_dir()).transpose() {
             Ok(d) => d,

@@ -40,6 +40,9 @@ pub fn classify(
         };
     }
     for capture in outputs {
+        if capture.starved() {
+            return Outcome::OutputMemoryExhausted { stream: capture.stream(), held: capture.len() };
+        }
         if capture.overflowed() {
             return Outcome::OutputLimitExceeded { stream: capture.stream(), limit: capture.cap() };
         }

@@ -4,6 +4,14 @@
 //! Writing past the cap ends the job with a [`LimitExceeded::Output`] error
 //! instead of silently truncating: a user who gets half an output file would
 //! rather be told. Exactly the cap is still fine.
+//!
+//! On a worker the buffered bytes are also memory the host holds for the
+//! job, outside its linear memory: an [`OutputBudget`] (the worker's memory
+//! ledger) is asked for them in [`BUDGET_STEP`]s as the buffer grows. The
+//! first [`OUTPUT_ALLOWANCE`] per stream is taken regardless, so a worker
+//! whose memory is all reserved still lets its jobs print; past that, a job
+//! the worker has no memory left for ends as
+//! [`Outcome::OutputMemoryExhausted`](crate::proto::Outcome::OutputMemoryExhausted).
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -21,6 +29,21 @@ use crate::proto::StdStream;
 /// A chunk of output a running job wrote, for streaming.
 pub type OutputChunk = (StdStream, Bytes);
 
+/// Host memory the buffered output is charged to (on a worker, its ledger).
+pub trait OutputBudget: Send + Sync {
+    /// Takes `bytes` more if there is room, or regardless with `force`;
+    /// returns whether they were taken. Whoever owns the budget gives them
+    /// back once the output is sent or discarded.
+    fn try_take(&self, bytes: u64, force: bool) -> bool;
+}
+
+/// The budget is asked for output memory in steps of this many bytes, so a
+/// job's writes do not each take the ledger's lock.
+pub const BUDGET_STEP: u64 = 256 << 10;
+
+/// Output memory per stream taken from the budget even when it has no room.
+pub const OUTPUT_ALLOWANCE: u64 = 1 << 20;
+
 /// One captured output stream. Clones share the same buffer.
 #[derive(Clone)]
 pub struct OutputCapture {
@@ -33,6 +56,11 @@ struct CaptureState {
     cap: usize,
     overflowed: bool,
     tee: Option<UnboundedSender<OutputChunk>>,
+    budget: Option<Arc<dyn OutputBudget>>,
+    /// Bytes taken from the budget so far.
+    charged: u64,
+    /// The budget had no room for more (and so the write failed).
+    starved: bool,
 }
 
 impl OutputCapture {
@@ -46,8 +74,28 @@ impl OutputCapture {
                 cap,
                 overflowed: false,
                 tee,
+                budget: None,
+                charged: 0,
+                starved: false,
             })),
         }
+    }
+
+    /// Charges the buffered bytes to `budget` as they grow.
+    pub fn with_budget(self, budget: Option<Arc<dyn OutputBudget>>) -> Self {
+        self.lock().budget = budget;
+        self
+    }
+
+    /// Whether a write failed because the budget had no room for it (rather
+    /// than the cap).
+    pub fn starved(&self) -> bool {
+        self.lock().starved
+    }
+
+    /// The bytes buffered so far.
+    pub fn len(&self) -> u64 {
+        self.lock().buf.len() as u64
     }
 
     /// Which stream this captures.
@@ -80,7 +128,19 @@ impl OutputCapture {
     fn push(&self, bytes: &[u8]) -> (usize, bool) {
         let mut st = self.lock();
         let room = st.cap - st.buf.len();
-        let n = bytes.len().min(room);
+        let mut n = bytes.len().min(room);
+        let wanted = (st.buf.len() + n) as u64;
+        if wanted > st.charged
+            && let Some(budget) = st.budget.clone()
+        {
+            let step = (wanted - st.charged).div_ceil(BUDGET_STEP) * BUDGET_STEP;
+            if budget.try_take(step, st.charged + step <= OUTPUT_ALLOWANCE) {
+                st.charged += step;
+            } else {
+                n = (st.charged as usize).saturating_sub(st.buf.len()).min(n);
+                st.starved = true;
+            }
+        }
         st.buf.extend_from_slice(&bytes[..n]);
         if let Some(tee) = &st.tee
             && n > 0
@@ -97,9 +157,13 @@ impl OutputCapture {
     }
 
     fn limit_error(&self) -> StreamError {
-        StreamError::Trap(
-            LimitExceeded::Output { stream: self.stream, limit: self.cap() }.into(),
-        )
+        StreamError::Trap(self.limit_exceeded().into())
+    }
+
+    fn limit_exceeded(&self) -> LimitExceeded {
+        let st = self.lock();
+        let limit = if st.starved { st.buf.len() as u64 } else { st.cap as u64 };
+        LimitExceeded::Output { stream: self.stream, limit }
     }
 }
 
@@ -153,10 +217,7 @@ impl AsyncWrite for OutputCapture {
     fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
         match self.push(buf) {
             (n, false) => Poll::Ready(Ok(n)),
-            (_, true) => Poll::Ready(Err(std::io::Error::other(LimitExceeded::Output {
-                stream: self.stream,
-                limit: self.cap(),
-            }))),
+            (_, true) => Poll::Ready(Err(std::io::Error::other(self.limit_exceeded()))),
         }
     }
 
@@ -185,6 +246,39 @@ mod tests {
         assert!(c.overflowed());
         assert!(c.check_write().is_err());
         assert_eq!(c.take(), b"helloworld");
+    }
+
+    /// A budget with `room` bytes; counts what it was asked for.
+    struct Room(std::sync::Mutex<u64>);
+
+    impl OutputBudget for Room {
+        fn try_take(&self, bytes: u64, force: bool) -> bool {
+            let mut room = self.0.lock().unwrap();
+            if force {
+                return true;
+            }
+            if bytes > *room {
+                return false;
+            }
+            *room -= bytes;
+            true
+        }
+    }
+
+    #[test]
+    fn output_past_the_allowance_needs_room_in_the_budget() {
+        let room = Arc::new(Room(std::sync::Mutex::new(BUDGET_STEP)));
+        let mut c = OutputCapture::new(StdStream::Stdout, 64 << 20, None).with_budget(Some(room.clone()));
+        let chunk = Bytes::from(vec![b'x'; 64 << 10]);
+        let fits = (OUTPUT_ALLOWANCE + BUDGET_STEP) / (64 << 10);
+        for _ in 0..fits {
+            c.write(chunk.clone()).unwrap();
+        }
+        assert!(!c.starved());
+        assert!(matches!(c.write(chunk), Err(StreamError::Trap(_))));
+        assert!(c.starved() && c.overflowed());
+        assert_eq!(c.len(), OUTPUT_ALLOWANCE + BUDGET_STEP, "it keeps exactly what was charged");
+        assert_eq!(*room.0.lock().unwrap(), 0);
     }
 
     #[test]

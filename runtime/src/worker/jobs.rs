@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use super::admission::{Queued, Refusal};
 use super::fairshare::JobUsage;
+use super::ledger::Hold;
 use super::runner::ModulePin;
 use super::state::Worker;
 use super::table::{JobState, JobTable};
@@ -90,7 +91,10 @@ pub async fn run_attached(
     let _forget = Forget { table: &w.jobs, id: id.clone() };
     on_id(&id);
     let abandoned = cancel.on_drop(CancelCause::ClientGone);
-    let result = run_queued(w, tenant, &id, queued, spec, cancel).await;
+    // The output's hold is given back as this returns: the bytes are then
+    // the response's, sent at once.
+    let hold = Arc::new(w.admission.ledger().hold());
+    let result = run_queued(w, tenant, &id, queued, spec, cancel, &hold).await;
     abandoned.disarm();
     result
 }
@@ -115,7 +119,10 @@ pub fn submit_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, spec: JobSpec) -> 
     let id = w.jobs.insert(&tenant.name, memreq, cancel.clone());
     let (w, tenant, id2) = (w.clone(), tenant.clone(), id.clone());
     tokio::spawn(async move {
-        let result = run_queued(&w, &tenant, &id2, queued, spec, cancel).await.unwrap_or_else(|refused| {
+        // Held (and counted against the worker's memory) until the result
+        // is discarded.
+        let hold = Arc::new(w.admission.ledger().hold());
+        let result = run_queued(&w, &tenant, &id2, queued, spec, cancel, &hold).await.unwrap_or_else(|refused| {
             // Refused after it was queued: it waited past the hold bound and
             // the host can never hold it.
             let mut r = JobResult::never_ran(memreq, Outcome::Rejected { reason: refused.to_string() });
@@ -123,7 +130,7 @@ pub fn submit_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, spec: JobSpec) -> 
             r
         });
         drop(pin);
-        w.jobs.set(&id2, JobState::Done(Box::new(result)));
+        w.jobs.set_done(&id2, result, hold);
     });
     Ok(id)
 }
@@ -209,6 +216,7 @@ async fn run_queued(
     queued: Queued,
     spec: JobSpec,
     cancel: Cancel,
+    hold: &Arc<Hold>,
 ) -> Result<JobResult, Refused> {
     let ticket = tokio::select! {
         biased;
@@ -225,11 +233,17 @@ async fn run_queued(
     // The job runs in a task of its own that holds the ticket: if the
     // request waiting for it goes away, the job is cancelled, and its slot
     // and reservation are given back once it has actually stopped.
-    let w2 = w.clone();
+    let (w2, hold) = (w.clone(), hold.clone());
     let job = tokio::spawn(async move {
         let held = Instant::now();
-        let hooks = RunHooks { tee: None, memory_meter: Some(ticket.reservation().meter()), cancel: Some(cancel) };
+        let hooks = RunHooks {
+            tee: None,
+            memory_meter: Some(ticket.reservation().meter()),
+            cancel: Some(cancel),
+            output_budget: Some(hold.clone()),
+        };
         let mut result = w2.runner.run_with(spec, hooks).await;
+        hold.shrink_to((result.stdout.len() + result.stderr.len()) as u64);
         w2.admission.account(&ticket.tenant().name, &JobUsage {
             cpu: Duration::from_micros(result.cpu_time_us),
             held: held.elapsed(),

@@ -14,6 +14,13 @@
 //! so memory the host's interactive users take shrinks the offer, and
 //! memory a running job has not touched yet is still counted as taken.
 //! Σ reservations never exceeds capacity.
+//!
+//! Bytes the worker holds *for* jobs outside their linear memory — the
+//! output they buffer, and detached results waiting to be fetched — are
+//! [`Hold`]s: they come out of capacity beside the reservations, so a
+//! tenant that parks gigabytes of output shrinks what the worker offers
+//! instead of pushing the host past it. A hold grows as the output does
+//! and is given back when the bytes are sent or discarded.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -44,6 +51,8 @@ impl Default for LedgerConfig {
 pub struct LedgerSnapshot {
     pub capacity: u64,
     pub reserved: u64,
+    /// Bytes held for jobs' output and results ([`Hold`]s).
+    pub held: u64,
     pub reserved_high_water: u64,
     pub used: u64,
     pub host_available: u64,
@@ -72,6 +81,8 @@ pub struct Ledger {
 
 struct State {
     reserved: u64,
+    /// Σ holds.
+    held: u64,
     high_water: u64,
     /// Each running job's reservation and the meter of its actual use.
     jobs: Vec<(u64, u64, Arc<AtomicU64>)>,
@@ -102,6 +113,56 @@ impl Reservation {
     /// The reserved bytes.
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+}
+
+/// Bytes held for one job's output and then its result, outside its
+/// reservation; see the module docs. Given back when dropped.
+pub struct Hold {
+    ledger: Arc<Ledger>,
+    bytes: AtomicU64,
+}
+
+impl Hold {
+    /// Holds `bytes` more if capacity less reservations and holds has room
+    /// for them, or regardless with `force` (a small allowance every job
+    /// has, so that a worker whose memory is all reserved still lets its
+    /// jobs print). Returns whether they are held.
+    pub fn try_grow(&self, bytes: u64, force: bool) -> bool {
+        let mut st = self.ledger.lock();
+        let free = self.ledger.capacity.saturating_sub(st.reserved).saturating_sub(st.held);
+        if !force && bytes > free {
+            return false;
+        }
+        st.held += bytes;
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        true
+    }
+
+    /// Gives back all but `bytes` (what the result actually keeps).
+    pub fn shrink_to(&self, bytes: u64) {
+        let mut st = self.ledger.lock();
+        let now = self.bytes.load(Ordering::Relaxed);
+        let keep = bytes.min(now);
+        st.held -= now - keep;
+        self.bytes.store(keep, Ordering::Relaxed);
+    }
+
+    /// The bytes held.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+}
+
+impl crate::sandbox::OutputBudget for Hold {
+    fn try_take(&self, bytes: u64, force: bool) -> bool {
+        self.try_grow(bytes, force)
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.ledger.lock().held -= *self.bytes.get_mut();
     }
 }
 
@@ -136,7 +197,7 @@ impl Ledger {
             capacity,
             sizing: Sizing { requested: config.memory, cgroup, physical },
             reserve: config.reserve,
-            state: Mutex::new(State { reserved: 0, high_water: 0, jobs: Vec::new(), next_id: 0 }),
+            state: Mutex::new(State { reserved: 0, held: 0, high_water: 0, jobs: Vec::new(), next_id: 0 }),
             host: Mutex::new(HostMemory { system, read_at: Instant::now(), available }),
         }))
     }
@@ -177,7 +238,7 @@ impl Ledger {
             .iter()
             .map(|(_, res, used)| res.saturating_sub(used.load(Ordering::Relaxed)))
             .sum();
-        let by_capacity = self.capacity.saturating_sub(st.reserved);
+        let by_capacity = self.capacity.saturating_sub(st.reserved).saturating_sub(st.held);
         let by_host = host_available.saturating_sub(untouched).saturating_sub(self.reserve);
         by_capacity.min(by_host)
     }
@@ -197,6 +258,11 @@ impl Ledger {
         let st = self.lock();
         let in_use: u64 = st.jobs.iter().map(|(_, _, used)| used.load(Ordering::Relaxed)).sum();
         self.capacity.min(available.saturating_add(in_use).saturating_sub(self.reserve))
+    }
+
+    /// A hold of nothing yet, for one job's output and result.
+    pub fn hold(self: &Arc<Self>) -> Hold {
+        Hold { ledger: self.clone(), bytes: AtomicU64::new(0) }
     }
 
     /// Reserves `bytes` if they fit now.
@@ -229,6 +295,7 @@ impl Ledger {
         LedgerSnapshot {
             capacity: self.capacity,
             reserved: st.reserved,
+            held: st.held,
             reserved_high_water: st.high_water,
             used: st.jobs.iter().map(|(_, _, u)| u.load(Ordering::Relaxed)).sum(),
             host_available: available,
@@ -273,6 +340,26 @@ mod tests {
         // ledger no longer double-counts it.
         let snap = ledger.snapshot();
         assert_eq!(snap.used, half);
+    }
+
+    #[test]
+    fn holds_come_out_of_capacity_beside_reservations() {
+        let ledger = Ledger::new(&LedgerConfig { memory: Some(100 * MIB), reserve: 0 }).unwrap();
+        let r = ledger.try_reserve(60 * MIB).unwrap();
+        let hold = ledger.hold();
+        assert!(hold.try_grow(30 * MIB, false));
+        assert_eq!(ledger.offer(), 10 * MIB, "100 - 60 reserved - 30 held");
+        assert!(!hold.try_grow(20 * MIB, false), "only 10 MiB are free");
+        assert!(hold.try_grow(20 * MIB, true), "the allowance is taken regardless");
+        assert_eq!(ledger.snapshot().held, 50 * MIB);
+        assert_eq!(ledger.offer(), 0);
+        hold.shrink_to(5 * MIB);
+        assert_eq!(ledger.snapshot().held, 5 * MIB);
+        drop(r);
+        assert_eq!(ledger.offer(), 95 * MIB);
+        drop(hold);
+        assert_eq!(ledger.snapshot().held, 0);
+        assert_eq!(ledger.offer(), 100 * MIB);
     }
 
     #[test]

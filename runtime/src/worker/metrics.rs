@@ -41,6 +41,8 @@ pub struct Scrape<'a> {
     pub cache: CacheStats,
     /// Module bytes held for compiling (`worker::modules`).
     pub module_bytes: u64,
+    /// Bytes held for jobs' output and detached results (`ledger::Hold`).
+    pub output_bytes: u64,
     /// Gossip counters: rounds, exchanges ok and failed, bytes sent and
     /// received, rejected (undecodable messages; invalid records, or new
     /// nodes past the view's bound) and forged (bad MAC, replayed)
@@ -127,7 +129,7 @@ impl Metrics {
         r.register("job_peak_memory_bytes", "Peak linear memory of jobs", m.peak.clone());
         r.register("batch_jobs", "Jobs per POST /v1/jobs/batch request", m.batch.clone());
         r.register("slots", "Slots, by state (busy, total)", m.slots.clone());
-        r.register("memory_bytes", "Memory: capacity, reserved, used by jobs, host available, largest job that fits now, module bytes held", m.memory.clone());
+        r.register("memory_bytes", "Memory: capacity, reserved, used by jobs, host available, largest job that fits now, module bytes held, output and results held", m.memory.clone());
         r.register("queue_length", "Jobs waiting, by tenant", m.queue.clone());
         r.register("module_cache_events", "Module cache: compiles, memory hits, disk hits, rejected disk artifacts (planted, altered, incompatible), evicted disk artifacts", m.cache.clone());
         r.register("gossip_events", "Gossip: rounds, exchanges ok and failed, rejected and forged messages", m.gossip.clone());
@@ -161,6 +163,7 @@ impl Metrics {
             Outcome::InvalidModule { .. } => "invalid_module",
             Outcome::Rejected { .. } => "rejected",
             Outcome::Cancelled { .. } => "cancelled",
+            Outcome::OutputMemoryExhausted { .. } => "output_memory_exhausted",
         };
         self.count_job(tenant, outcome);
         self.wall.observe(result.wall_time_us as f64 / 1e6);
@@ -201,6 +204,7 @@ impl Metrics {
             ("host_available", a.host_available_bytes),
             ("largest_fit", a.largest_fit_bytes),
             ("module_bytes", s.module_bytes),
+            ("output_held", s.output_bytes),
         ] {
             set(&self.memory, "kind", kind, n);
         }

@@ -161,6 +161,7 @@ impl Worker {
             queued: &queued,
             cache: self.runner.sandbox().cache_stats(),
             module_bytes: self.runner.module_bytes_held(),
+            output_bytes: self.admission.ledger().snapshot().held,
             gossip: [
                 load(&g.rounds),
                 load(&g.exchanges_ok),

@@ -9,9 +9,9 @@
 //! detached jobs past `--max-results`).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-
+use super::ledger::Hold;
 use crate::proto::{CancelCause, JobResult, JobStatus, Outcome};
 use crate::sandbox::Cancel;
 
@@ -27,6 +27,9 @@ struct Entry {
     memory_bytes: u64,
     state: JobState,
     cancel: Cancel,
+    /// A finished job's result bytes, counted against the worker's memory
+    /// until the entry goes.
+    hold: Option<Arc<Hold>>,
 }
 
 /// What became of a cancel request.
@@ -64,13 +67,21 @@ impl JobTable {
 
     pub(crate) fn insert(&self, tenant: &str, memory_bytes: u64, cancel: Cancel) -> String {
         let id = hex::encode(rand::random::<[u8; 16]>());
-        self.lock().insert(id.clone(), Entry { tenant: tenant.into(), memory_bytes, state: JobState::Queued, cancel });
+        self.lock().insert(id.clone(), Entry { tenant: tenant.into(), memory_bytes, state: JobState::Queued, cancel, hold: None });
         id
     }
 
     pub(crate) fn set(&self, id: &str, state: JobState) {
         if let Some(e) = self.lock().get_mut(id) {
             e.state = state;
+        }
+    }
+
+    /// A detached job is done: its result waits here, its bytes held.
+    pub(crate) fn set_done(&self, id: &str, result: JobResult, hold: Arc<Hold>) {
+        if let Some(e) = self.lock().get_mut(id) {
+            e.state = JobState::Done(Box::new(result));
+            e.hold = Some(hold);
         }
     }
 

@@ -500,3 +500,62 @@ async fn running_jobs_together_keep_within_the_scratch_total() {
     // Their shares came back when they ended: a third runs to its own bound.
     assert_eq!(run(ALICE).await, 31);
 }
+
+/// Output a worker buffers, and detached results it keeps, are memory the
+/// host holds: they shrink what the worker offers beside the reservations,
+/// and a job whose output no longer fits ends saying so, within its cap.
+#[tokio::test(flavor = "multi_thread")]
+async fn buffered_output_and_held_results_count_against_the_workers_memory() {
+    use crate::tenants::{http, post, upload};
+    use reqwest::StatusCode;
+    let tenants = tenants_file(1, 1);
+    let w = WorkerProcess::start_with(
+        "256MiB",
+        2,
+        None,
+        &["--tenants", tenants.path().to_str().unwrap(), "--max-output", "1GiB"],
+    );
+    let mut flood = Job::new(peerwasm_testkit::guest_wasm_bytes("hostile-flood"));
+    assert!(upload(&w.addr, &flood, Some(ALICE)).await.is_success());
+    // Alice parks 100 MiB of output in a detached result.
+    flood.limits.stdout_bytes = 100 * MIB;
+    let r = post(&w.addr, &flood.spec(Vec::new(), 32 * MIB), Some(ALICE), true).await;
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let id = r.text().await.unwrap();
+    let start = Instant::now();
+    loop {
+        let r = http().get(format!("http://{}/v1/jobs/{id}", w.addr)).bearer_auth(ALICE).send().await.unwrap();
+        if r.status() == StatusCode::OK {
+            let result: JobResult = postcard::from_bytes(&r.bytes().await.unwrap()).unwrap();
+            assert_eq!(result.outcome, Outcome::OutputLimitExceeded { stream: StdStream::Stdout, limit: 100 * MIB });
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "the flood never ended");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let offer = me(&w.addr).await.largest_fit_bytes;
+    println!("with 100 MiB of results held, a 256 MiB worker offers {} MiB", offer / MIB);
+    assert_eq!(offer, 156 * MIB, "the held result must come out of the offer");
+    let m = crate::observe::scrape(&w.addr).await;
+    assert_eq!(crate::observe::get(&m, "peerwasm_memory_bytes{kind=\"output_held\"}"), (100 * MIB) as f64);
+    // Bob asks to keep 1 GiB; only what is free beside his 32 MiB
+    // reservation and alice's result can be held for him.
+    flood.limits.stdout_bytes = 1 << 30;
+    let bob = Target::pool_as(vec![w.addr.clone()], Some(BOB.into())).unwrap();
+    let r = bob.run(&flood, flood.spec(Vec::new(), 32 * MIB)).await.unwrap();
+    let Outcome::OutputMemoryExhausted { stream: StdStream::Stdout, held } = r.outcome else {
+        panic!("{}", r.outcome)
+    };
+    println!("bob's flood: {}", r.outcome);
+    assert_eq!(r.stdout.len() as u64, held);
+    assert!((123 * MIB..=125 * MIB).contains(&held), "held {} MiB", held / MIB);
+    assert_eq!(r.outcome.exit_code(), 137);
+    assert_eq!(me(&w.addr).await.largest_fit_bytes, 156 * MIB, "bob's output was given back");
+    // Discarding alice's result gives its memory back.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_peerwasm"))
+        .args(["cancel", "--peers", &w.addr, "--token", ALICE, &id])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(me(&w.addr).await.largest_fit_bytes, 256 * MIB);
+}

@@ -142,6 +142,7 @@ fn outcome_label(r: &Result<JobResult, SubmitError>) -> String {
             Outcome::Trapped { .. } => "trap".into(),
             Outcome::InvalidModule { .. } => "invalid module".into(),
             Outcome::Rejected { .. } => "rejected".into(),
+            Outcome::OutputMemoryExhausted { .. } => "output memory".into(),
             Outcome::Cancelled { .. } => "cancelled".into(),
         },
         Err(SubmitError::Fatal(_)) => "refused".into(),
