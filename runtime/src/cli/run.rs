@@ -2,7 +2,7 @@
 //! streamed as the job writes them) or on a pool (`--peers`), with the job's
 //! exit code as ours.
 
-use std::io::{IsTerminal, Read, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -12,7 +12,7 @@ use anyhow::{Context, bail};
 use super::SandboxArgs;
 use crate::client::Job;
 use crate::proto::{CacheSource, CancelCause, DirGrant, JobResult, JobSpec, Outcome, StdStream};
-use crate::sandbox::{Cancel, RunHooks};
+use crate::sandbox::{Cancel, RunHooks, StdinFeed};
 use crate::units::{Bytes, parse_duration, parse_size};
 use crate::worker::{JobRunner, RunnerConfig};
 
@@ -61,22 +61,29 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .context("no job module given")?;
     let env = parse_env(&args.env)?;
     let dirs = parse_dirs(&args.dirs)?;
-    let stdin = read_stdin()?;
+    let stdin = stream_stdin();
 
     let mut job = Job::from_file(module_path)?;
     job.args = job_args.to_vec();
     job.env = env;
     job.limits.timeout_ms = args.timeout.map(|d| d.as_millis().max(1) as u64);
-    let mut spec = job.spec(stdin, args.mem.unwrap_or(DEFAULT_MEMORY));
+    let mut spec = job.spec(Vec::new(), args.mem.unwrap_or(DEFAULT_MEMORY));
     spec.dirs = dirs;
 
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let result = if let Some(pool) = args.pool.target()? {
+    let result = if let Some(target) = args.pool.target()? {
+        let crate::client::Target::Pool(pool) = target else { unreachable!("--peers gives a pool") };
         // Ctrl-C drops the request: the worker sees its client go and
         // cancels the job.
+        let show = !args.json;
+        let mut on_output = move |stream: StdStream, bytes: &[u8]| {
+            if show {
+                print_output(stream, bytes);
+            }
+        };
         let result = runtime.block_on(async {
             tokio::select! {
-                r = pool.run(&job, spec) => Some(r),
+                r = pool.run_streaming(&job, spec, Some(stdin), &mut on_output) => Some(r),
                 _ = tokio::signal::ctrl_c() => None,
             }
         });
@@ -84,17 +91,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             eprintln!("peerwasm: interrupted: the job was cancelled");
             return Ok(ExitCode::from(super::EXIT_INTERRUPTED));
         };
-        let result = result?;
-        if !args.json {
-            // Remote output arrives with the result, not streamed.
-            let _ = write_all_flush(&mut std::io::stdout().lock(), &result.stdout);
-            let _ = write_all_flush(&mut std::io::stderr().lock(), &result.stderr);
-        }
-        result
+        result?
     } else {
         let runner = JobRunner::new(RunnerConfig { sandbox: args.sandbox.sandbox_config() })?;
         runner.add_module_hashed(job.hash(), job.bytes().clone());
-        runtime.block_on(run_embedded(&runner, spec, !args.json))
+        runtime.block_on(run_embedded(&runner, spec, stdin, !args.json))
     };
 
     if args.json {
@@ -109,7 +110,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
 /// Runs on the embedded worker, streaming the job's output if `stream`.
 /// Ctrl-C cancels the job (outcome `cancelled`, exit code 130).
-async fn run_embedded(runner: &JobRunner, spec: JobSpec, stream: bool) -> JobResult {
+async fn run_embedded(runner: &JobRunner, spec: JobSpec, stdin: StdinFeed, stream: bool) -> JobResult {
     let cancel = Cancel::new();
     let on_interrupt = cancel.clone();
     let interrupt = tokio::spawn(async move {
@@ -117,7 +118,7 @@ async fn run_embedded(runner: &JobRunner, spec: JobSpec, stream: bool) -> JobRes
             on_interrupt.cancel(CancelCause::Interrupted);
         }
     });
-    let hooks = RunHooks { cancel: Some(cancel), ..RunHooks::default() };
+    let hooks = RunHooks { cancel: Some(cancel), stdin: Some(stdin), ..RunHooks::default() };
     let result = if stream { run_streaming(runner, spec, hooks).await } else { runner.run_with(spec, hooks).await };
     interrupt.abort();
     result
@@ -128,11 +129,7 @@ async fn run_streaming(runner: &JobRunner, spec: JobSpec, hooks: RunHooks) -> Jo
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<crate::sandbox::OutputChunk>();
     let forward = tokio::spawn(async move {
         while let Some((stream, chunk)) = rx.recv().await {
-            // A closed stdout (`| head`) must not stop the job's stderr.
-            let _ = match stream {
-                StdStream::Stdout => write_all_flush(&mut std::io::stdout().lock(), &chunk[..]),
-                StdStream::Stderr => write_all_flush(&mut std::io::stderr().lock(), &chunk[..]),
-            };
+            print_output(stream, &chunk);
         }
     });
     let result = runner.run_with(spec, RunHooks { tee: Some(tx), ..hooks }).await;
@@ -140,9 +137,17 @@ async fn run_streaming(runner: &JobRunner, spec: JobSpec, hooks: RunHooks) -> Jo
     result
 }
 
-fn write_all_flush(w: &mut impl Write, bytes: &[u8]) -> std::io::Result<()> {
-    w.write_all(bytes)?;
-    w.flush()
+/// The job's output, on ours as it comes. A closed stdout (`| head`) must
+/// not stop the job's stderr, so errors are ignored.
+fn print_output(stream: StdStream, bytes: &[u8]) {
+    fn write_all_flush(mut w: impl Write, bytes: &[u8]) -> std::io::Result<()> {
+        w.write_all(bytes)?;
+        w.flush()
+    }
+    let _ = match stream {
+        StdStream::Stdout => write_all_flush(std::io::stdout().lock(), bytes),
+        StdStream::Stderr => write_all_flush(std::io::stderr().lock(), bytes),
+    };
 }
 
 /// One clear line on stderr for every ending that is not the job's own exit;
@@ -177,19 +182,44 @@ fn report(result: &JobResult, default_mem: bool, stats: bool) {
     }
 }
 
-/// All of stdin when it is not a terminal (as with `timeout cmd`, a job that
-/// reads stdin from a terminal would wait for ^D; we give it none).
-fn read_stdin() -> anyhow::Result<Vec<u8>> {
-    let stdin = std::io::stdin();
-    if stdin.is_terminal() {
-        return Ok(Vec::new());
+/// Our stdin, handed to the job as it arrives (as `wasmtime run` does): a
+/// job that never reads it neither waits for it nor makes us wait, and an
+/// interactive job gets each line as it is typed or piped. Read on a
+/// thread of its own, in chunks, through a bounded channel, so a fast pipe
+/// waits for a slow job; past [`MAX_STDIN_BYTES`] the job's reads fail.
+/// The thread ends with the process.
+fn stream_stdin() -> StdinFeed {
+    let (tx, feed) = StdinFeed::channel();
+    let spawned = std::thread::Builder::new().name("peerwasm-stdin".into()).spawn(move || {
+        let mut stdin = std::io::stdin().lock();
+        let mut total = 0u64;
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            let item = match stdin.read(&mut buf) {
+                Ok(0) => return, // the end: dropping `tx` tells the job
+                Ok(n) => {
+                    total += n as u64;
+                    if total > MAX_STDIN_BYTES {
+                        let why = format!("stdin is larger than {}; give the job a file with --dir instead", Bytes(MAX_STDIN_BYTES));
+                        eprintln!("peerwasm: {why}");
+                        let _ = tx.blocking_send(Err(std::io::Error::other(why)));
+                        return;
+                    }
+                    Ok(bytes::Bytes::copy_from_slice(&buf[..n]))
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => Err(e),
+            };
+            let failed = item.is_err();
+            if tx.blocking_send(item).is_err() || failed {
+                return; // the job has ended, or stdin failed
+            }
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot read stdin: {e}; the job gets none");
     }
-    let mut buf = Vec::new();
-    stdin.lock().take(MAX_STDIN_BYTES + 1).read_to_end(&mut buf).context("cannot read stdin")?;
-    if buf.len() as u64 > MAX_STDIN_BYTES {
-        bail!("stdin is larger than {}; give the job a file with --dir instead", Bytes(MAX_STDIN_BYTES));
-    }
-    Ok(buf)
+    feed
 }
 
 pub(super) fn parse_env(items: &[String]) -> anyhow::Result<Vec<(String, String)>> {

@@ -5,6 +5,8 @@
 //! * [`placement`] — best fit over the gossip view;
 //! * [`pool`] — one job on the pool: upload the module where missing, try
 //!   candidates in order, wait when all are busy;
+//! * [`stream`] — one job with stdin and output flowing while it runs
+//!   (`run --peers`);
 //! * `batcher` — the jobs bound for one worker, sent together while it is
 //!   busy (`POST /v1/jobs/batch`);
 //! * [`estimate`] — learned memory requests (smartmem), saved per module;
@@ -37,6 +39,7 @@ pub mod map;
 pub mod placement;
 pub mod pool;
 pub mod status;
+pub mod stream;
 pub mod target;
 
 pub use job::Job;

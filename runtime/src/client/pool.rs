@@ -86,7 +86,7 @@ struct View {
 
 /// Why one worker did not give a result.
 #[derive(Clone, Debug)]
-pub(super) enum PeerError {
+pub(crate) enum PeerError {
     /// Refused or too small: try the next one.
     Declined(String),
     /// Could not connect: nothing was sent.
@@ -152,31 +152,12 @@ impl Pool {
             ));
         }
         let body: bytes::Bytes = postcard::to_allocvec(spec).map_err(|e| SubmitError::Fatal(e.to_string()))?.into();
-        let memreq = spec.limits.memory_bytes;
         let mut backoff = Duration::from_millis(10);
         let mut no_peer_since: Option<Instant> = None;
         loop {
-            let view = self.view().await.map_err(|e| SubmitError::Fatal(format!("{e:#}")))?;
-            let view = placement::allowing_time(view, spec.limits.timeout_ms).map_err(|e| SubmitError::Fatal(e.to_string()))?;
-            let candidates = match placement::candidates(&view, memreq) {
-                Ok(c) => {
-                    no_peer_since = None;
-                    c
-                }
-                Err(placement::NoPlace::NeverFits(why)) => return Err(SubmitError::Fatal(why)),
-                Err(placement::NoPlace::NoLivePeer) => {
-                    let since = *no_peer_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() > self.config.no_peer_patience {
-                        return Err(SubmitError::Fatal(format!(
-                            "no live worker in the pool for {}",
-                            humantime::format_duration(self.config.no_peer_patience)
-                        )));
-                    }
-                    Vec::new()
-                }
-            };
+            let candidates = self.candidates_now(spec, &mut no_peer_since).await?;
             let mut declined = Vec::new();
-            for (addr, slots) in self.order_by_load(candidates, &view) {
+            for (addr, slots) in candidates {
                 placed.set(Some(&addr));
                 self.add_load(&addr, 1);
                 let outcome = self.submit_to(&addr, slots, job, body.clone()).await;
@@ -202,10 +183,38 @@ impl Pool {
             }
             placed.set(None);
             tracing::trace!("every worker declined ({}); waiting {backoff:?}", declined.join("; "));
-            let jitter = Duration::from_micros(rand::random_range(0..=backoff.as_micros() as u64 / 2));
-            tokio::time::sleep(backoff + jitter).await;
-            backoff = (backoff * 2).min(Duration::from_millis(250));
+            backoff_wait(&mut backoff).await;
         }
+    }
+
+    /// The workers to try for `spec` now, best first, each with its slots;
+    /// none while no live worker is known (an error once that has lasted
+    /// `no_peer_patience`, tracked in `no_peer_since`).
+    pub(super) async fn candidates_now(
+        &self,
+        spec: &JobSpec,
+        no_peer_since: &mut Option<Instant>,
+    ) -> Result<Vec<(String, u32)>, SubmitError> {
+        let view = self.view().await.map_err(|e| SubmitError::Fatal(format!("{e:#}")))?;
+        let view = placement::allowing_time(view, spec.limits.timeout_ms).map_err(|e| SubmitError::Fatal(e.to_string()))?;
+        let candidates = match placement::candidates(&view, spec.limits.memory_bytes) {
+            Ok(c) => {
+                *no_peer_since = None;
+                c
+            }
+            Err(placement::NoPlace::NeverFits(why)) => return Err(SubmitError::Fatal(why)),
+            Err(placement::NoPlace::NoLivePeer) => {
+                let since = *no_peer_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > self.config.no_peer_patience {
+                    return Err(SubmitError::Fatal(format!(
+                        "no live worker in the pool for {}",
+                        humantime::format_duration(self.config.no_peer_patience)
+                    )));
+                }
+                Vec::new()
+            }
+        };
+        Ok(self.order_by_load(candidates, &view))
     }
 
     /// Candidates in best-fit order, but those already holding a slot's
@@ -230,22 +239,22 @@ impl Pool {
 
     /// Whether `addr` may be sent the tenant's token: the user named it,
     /// or the pool's gossip is keyed.
-    fn trusts(&self, addr: &str) -> bool {
+    pub(super) fn trusts(&self, addr: &str) -> bool {
         self.config.seeds.iter().any(|s| s == addr) || self.keyed.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The client for `addr`: with the token if it is trusted.
-    fn client_for(&self, addr: &str) -> &reqwest::Client {
+    pub(super) fn client_for(&self, addr: &str) -> &reqwest::Client {
         if self.trusts(addr) { &self.http } else { &self.anon }
     }
 
-    fn add_load(&self, addr: &str, delta: i32) {
+    pub(super) fn add_load(&self, addr: &str, delta: i32) {
         let mut load = self.load.lock().unwrap_or_else(|e| e.into_inner());
         let n = load.entry(addr.to_string()).or_insert(0);
         *n = n.saturating_add_signed(delta);
     }
 
-    fn avoid(&self, addr: &str) {
+    pub(super) fn avoid(&self, addr: &str) {
         let until = Instant::now() + self.config.avoid_for;
         self.avoid.lock().unwrap_or_else(|e| e.into_inner()).insert(addr.to_string(), until);
     }
@@ -270,31 +279,34 @@ impl Pool {
             };
             match StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR) {
                 StatusCode::NOT_FOUND if attempt == 0 => self.upload_once(addr, job, sent).await?,
-                StatusCode::UNPROCESSABLE_ENTITY => {
-                    return Err(PeerError::Declined(match largest {
-                        Some(b) => format!("too large here (largest {})", Bytes(b)),
-                        None => message, // e.g. a time limit longer than it allows
-                    }));
-                }
-                StatusCode::UNAUTHORIZED if !self.trusts(addr) => {
-                    return Err(PeerError::Declined(format!(
-                        "it asks for a token, which goes only to workers you name or that a keyed pool \
-                         (--cluster-key) vouches for: {message}"
-                    )));
-                }
-                StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNAUTHORIZED => {
-                    return Err(PeerError::Fatal(message));
-                }
-                status => return Err(PeerError::Declined(format!("{status}: {message}"))),
+                status => return Err(self.refusal(addr, status, message, largest)),
             }
         }
         Err(PeerError::Declined("the module was uploaded but the worker still did not know it".into()))
     }
 
+    /// What a worker's refusal of a job means for its placement: 422 and
+    /// 503 (and a token withheld) send it to the next worker; a request no
+    /// worker would take is fatal.
+    pub(super) fn refusal(&self, addr: &str, status: StatusCode, message: String, largest: Option<u64>) -> PeerError {
+        match status {
+            StatusCode::UNPROCESSABLE_ENTITY => PeerError::Declined(match largest {
+                Some(b) => format!("too large here (largest {})", Bytes(b)),
+                None => message, // e.g. a time limit longer than it allows
+            }),
+            StatusCode::UNAUTHORIZED if !self.trusts(addr) => PeerError::Declined(format!(
+                "it asks for a token, which goes only to workers you name or that a keyed pool \
+                 (--cluster-key) vouches for: {message}"
+            )),
+            StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNAUTHORIZED => PeerError::Fatal(message),
+            status => PeerError::Declined(format!("{status}: {message}")),
+        }
+    }
+
     /// Uploads `job`'s module to `addr` for a submission sent at `sent`
     /// that found it missing — unless an upload finished since then: the
     /// many jobs of a batch that all found it missing share one upload.
-    async fn upload_once(&self, addr: &str, job: &Job, sent: Instant) -> Result<(), PeerError> {
+    pub(super) async fn upload_once(&self, addr: &str, job: &Job, sent: Instant) -> Result<(), PeerError> {
         let last = self
             .uploaded
             .lock()
@@ -333,6 +345,14 @@ impl Pool {
     }
 }
 
+/// Waits `backoff` with up to half of it again as jitter, then doubles it
+/// (up to 250 ms): every worker declined, try again soon.
+pub(super) async fn backoff_wait(backoff: &mut Duration) {
+    let jitter = Duration::from_micros(rand::random_range(0..=backoff.as_micros() as u64 / 2));
+    tokio::time::sleep(*backoff + jitter).await;
+    *backoff = (*backoff * 2).min(Duration::from_millis(250));
+}
+
 /// An HTTP client for talking to workers: our protocol version and, if
 /// given, the tenant's token on every request.
 pub fn http_client(token: Option<&str>) -> anyhow::Result<reqwest::Client> {
@@ -353,7 +373,7 @@ pub fn http_client(token: Option<&str>) -> anyhow::Result<reqwest::Client> {
 
 impl PeerError {
     /// A failed HTTP exchange: unreachable if nothing was sent, else lost.
-    pub(super) fn from_reqwest(e: &reqwest::Error) -> PeerError {
+    pub(crate) fn from_reqwest(e: &reqwest::Error) -> PeerError {
         if e.is_connect() {
             PeerError::Unreachable(e.to_string())
         } else {

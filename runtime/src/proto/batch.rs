@@ -18,16 +18,13 @@
 use serde::{Deserialize, Serialize};
 
 use super::JobResult;
+pub use super::frame::{FrameReader, MAX_FRAME, encode_frame};
 
 /// The path of the batch endpoint.
 pub const BATCH_PATH: &str = "/v1/jobs/batch";
 
 /// The most jobs one batch may carry.
 pub const MAX_BATCH_JOBS: usize = 4096;
-
-/// The largest frame a reader accepts: a result with both output streams
-/// at their largest allowed size fits many times over.
-pub const MAX_FRAME: usize = 1 << 30;
 
 /// One job's answer within a batch.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -54,51 +51,10 @@ pub enum BatchAnswer {
     },
 }
 
-/// `item` as one frame: length, then postcard.
-pub fn encode_frame(item: &BatchItem) -> Result<Vec<u8>, postcard::Error> {
-    let body = postcard::to_allocvec(item)?;
-    let mut frame = Vec::with_capacity(4 + body.len());
-    frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    frame.extend_from_slice(&body);
-    Ok(frame)
-}
-
-/// Splits a byte stream, arriving in pieces of any size, into frames.
-#[derive(Default)]
-pub struct FrameReader {
-    buf: Vec<u8>,
-    start: usize,
-}
-
-impl FrameReader {
-    /// Adds bytes as they arrive.
-    pub fn push(&mut self, bytes: &[u8]) {
-        if self.start > 0 && self.start >= self.buf.len() / 2 {
-            self.buf.drain(..self.start);
-            self.start = 0;
-        }
-        self.buf.extend_from_slice(bytes);
-    }
-
-    /// The next complete frame, `Ok(None)` if it has not all arrived yet,
-    /// or an error for bytes that are not frames (the stream is then
-    /// unusable).
+impl super::frame::FrameReader {
+    /// The next complete batch frame; see [`FrameReader::next_frame`](super::frame::FrameReader::next_frame).
     pub fn next_item(&mut self) -> Result<Option<BatchItem>, String> {
-        let rest = &self.buf[self.start..];
-        let Some(len) = rest.get(..4) else { return Ok(None) };
-        let len = u32::from_le_bytes(len.try_into().expect("four bytes")) as usize;
-        if len > MAX_FRAME {
-            return Err(format!("a batch frame of {len} bytes is larger than the limit of {MAX_FRAME}"));
-        }
-        let Some(body) = rest.get(4..4 + len) else { return Ok(None) };
-        let item = postcard::from_bytes(body).map_err(|e| format!("unreadable batch frame: {e}"))?;
-        self.start += 4 + len;
-        Ok(Some(item))
-    }
-
-    /// Bytes received that do not yet make a whole frame.
-    pub fn pending(&self) -> usize {
-        self.buf.len() - self.start
+        self.next_frame()
     }
 }
 

@@ -8,6 +8,8 @@
 //! `std::time::Duration` (serde would print `{"secs":..,"nanos":..}`).
 
 pub mod batch;
+pub mod frame;
+pub mod stream;
 
 use std::fmt;
 use std::path::PathBuf;

@@ -25,6 +25,7 @@ pub mod files;
 pub mod engine;
 pub mod limiter;
 pub mod outcome;
+pub mod stdin;
 pub mod stdio;
 pub mod validate;
 
@@ -45,6 +46,7 @@ use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 pub use cache::{CacheStats, CompiledModule, ModuleCache};
 pub use cancel::{Cancel, CancelOnDrop};
 pub use engine::TimeLimitMechanism;
+pub use stdin::{StdinFeed, StdinSender};
 pub use stdio::{OutputBudget, OutputChunk};
 
 use crate::proto::{CacheSource, CancelCause, JobResult, JobSpec, Outcome, StdStream};
@@ -154,6 +156,9 @@ pub struct RunHooks {
     /// Host memory the job's buffered output is charged to (a worker's
     /// ledger); none: output is bounded by its caps only.
     pub output_budget: Option<Arc<dyn OutputBudget>>,
+    /// Stdin as it arrives, after the spec's `stdin`; none: the spec's
+    /// `stdin` is all of it.
+    pub stdin: Option<StdinFeed>,
 }
 
 /// What a job's store holds.
@@ -295,7 +300,7 @@ impl Sandbox {
                 return result;
             }
         };
-        let wasi = match build_wasi(spec, &stdout, &stderr, scratch.as_ref().map(|d| d.path())) {
+        let wasi = match build_wasi(spec, hooks.stdin.as_ref(), &stdout, &stderr, scratch.as_ref().map(|d| d.path())) {
             Ok(w) => w,
             Err(reason) => {
                 result.outcome = Outcome::Rejected { reason };
@@ -441,6 +446,7 @@ impl Sandbox {
 /// granted directories, and nothing else (no host env, no network).
 fn build_wasi(
     spec: &JobSpec,
+    stdin: Option<&StdinFeed>,
     stdout: &OutputCapture,
     stderr: &OutputCapture,
     scratch: Option<&std::path::Path>,
@@ -449,7 +455,10 @@ fn build_wasi(
     b.arg(&spec.program_name);
     b.args(&spec.args);
     b.envs(&spec.env);
-    b.stdin(MemoryInputPipe::new(spec.stdin.clone()));
+    match stdin.and_then(|feed| feed.reader(spec.stdin.clone())) {
+        Some(reader) => b.stdin(wasmtime_wasi::cli::AsyncStdinStream::new(reader)),
+        None => b.stdin(MemoryInputPipe::new(spec.stdin.clone())),
+    };
     b.stdout(stdout.clone());
     b.stderr(stderr.clone());
     if let Some(scratch) = scratch

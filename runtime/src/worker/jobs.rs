@@ -28,7 +28,8 @@ use super::state::Worker;
 use super::table::{JobState, JobTable};
 use super::tenants::Tenant;
 use crate::proto::{CancelCause, JobResult, JobSpec, MAX_INPUT_BYTES, ModuleHash, Outcome};
-use crate::sandbox::{Cancel, RunHooks};
+use crate::sandbox::{Cancel, OutputChunk, RunHooks, StdinFeed};
+use tokio::sync::mpsc::UnboundedSender;
 use crate::units::Bytes as Size;
 
 /// Why a job was not run.
@@ -76,6 +77,17 @@ impl Drop for Forget<'_> {
     }
 }
 
+/// A job's stdin and output as they flow, for a streamed job
+/// (`POST /v1/jobs/stream`); the default: stdin all in the spec, output
+/// all in the result.
+#[derive(Default)]
+pub struct Streams {
+    /// Receives the output as the job writes it.
+    pub tee: Option<UnboundedSender<OutputChunk>>,
+    /// Stdin after the spec's, as it arrives.
+    pub stdin: Option<StdinFeed>,
+}
+
 /// Runs an attached job: checked, queued, run, charged. `on_id` hears its
 /// id as soon as it is queued. Dropping the future cancels the job (its
 /// client went away).
@@ -83,6 +95,7 @@ pub async fn run_attached(
     w: &Arc<Worker>,
     tenant: &Arc<Tenant>,
     spec: JobSpec,
+    streams: Streams,
     on_id: impl FnOnce(&str),
 ) -> Result<JobResult, Refused> {
     let (queued, _pin) = admit(w, tenant, &spec)?;
@@ -94,7 +107,7 @@ pub async fn run_attached(
     // The output's hold is given back as this returns: the bytes are then
     // the response's, sent at once.
     let hold = Arc::new(w.admission.ledger().hold());
-    let result = run_queued(w, tenant, &id, queued, spec, cancel, &hold).await;
+    let result = run_queued(w, tenant, &id, queued, spec, cancel, &hold, streams).await;
     abandoned.disarm();
     result
 }
@@ -122,7 +135,7 @@ pub fn submit_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, spec: JobSpec) -> 
         // Held (and counted against the worker's memory) until the result
         // is discarded.
         let hold = Arc::new(w.admission.ledger().hold());
-        let result = run_queued(&w, &tenant, &id2, queued, spec, cancel, &hold).await.unwrap_or_else(|refused| {
+        let result = run_queued(&w, &tenant, &id2, queued, spec, cancel, &hold, Streams::default()).await.unwrap_or_else(|refused| {
             // Refused after it was queued: it waited past the hold bound and
             // the host can never hold it.
             let mut r = JobResult::never_ran(memreq, Outcome::Rejected { reason: refused.to_string() });
@@ -217,6 +230,7 @@ async fn run_queued(
     spec: JobSpec,
     cancel: Cancel,
     hold: &Arc<Hold>,
+    streams: Streams,
 ) -> Result<JobResult, Refused> {
     let ticket = tokio::select! {
         biased;
@@ -237,7 +251,8 @@ async fn run_queued(
     let job = tokio::spawn(async move {
         let held = Instant::now();
         let hooks = RunHooks {
-            tee: None,
+            tee: streams.tee,
+            stdin: streams.stdin,
             memory_meter: Some(ticket.reservation().meter()),
             cancel: Some(cancel),
             output_budget: Some(hold.clone()),

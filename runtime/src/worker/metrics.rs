@@ -297,6 +297,7 @@ mod tests {
             queued: &[("alice".into(), 2)],
             cache: CacheStats { compiles: 1, memory_hits: 5, ..CacheStats::default() },
             module_bytes: 0,
+            output_bytes: 0,
             gossip: [3, 2, 1, 100, 200, 0, 0],
             peers: &[Liveness::Alive, Liveness::Dead],
             warnings: &[("refused_for_memory", 1)],

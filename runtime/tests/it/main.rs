@@ -14,6 +14,7 @@ mod lifecycle;
 mod outcomes;
 mod pool;
 mod soak;
+mod streams;
 mod support;
 mod tenants;
 mod wire;

@@ -48,7 +48,7 @@ pub async fn post_batch(
         .map(|(index, spec)| {
             let (w, tenant) = (w.clone(), tenant.clone());
             async move {
-                let answer = match jobs::run_attached(&w, &tenant, spec, |_| {}).await {
+                let answer = match jobs::run_attached(&w, &tenant, spec, jobs::Streams::default(), |_| {}).await {
                     Ok(result) => BatchAnswer::Done(result),
                     Err(refused) => batch_refusal(refused),
                 };

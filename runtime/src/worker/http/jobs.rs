@@ -60,7 +60,7 @@ pub async fn post_job(
         };
     }
     let mut job_id = String::new();
-    match jobs::run_attached(&w, &tenant, spec, |id| job_id = id.to_string()).await {
+    match jobs::run_attached(&w, &tenant, spec, jobs::Streams::default(), |id| job_id = id.to_string()).await {
         Ok(result) => with_id(postcard(&result), &job_id),
         Err(refused) => refused.into_response(),
     }

@@ -5,6 +5,7 @@
 //! * [`modules`] — `PUT /v1/modules/{sha256}`;
 //! * [`jobs`] — `POST /v1/jobs`, `GET /v1/jobs[/{id}]`, `DELETE /v1/jobs/{id}`;
 //! * [`batch`] — `POST /v1/jobs/batch`;
+//! * [`stream`] — `POST /v1/jobs/stream` (stdin and output flowing);
 //! * [`pool`] — `POST /v1/gossip`, `GET /v1/peers`, `GET /metrics`, `GET /`.
 //!
 //! [`serve`] accepts connections within limits (a header timeout, a
@@ -20,6 +21,7 @@ pub mod modules;
 pub mod pool;
 pub mod response;
 pub mod serve;
+pub mod stream;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -315,6 +317,7 @@ fn router(worker: Arc<Worker>) -> Router {
         .route("/v1/modules/{hash}", put(modules::put_module))
         .route("/v1/jobs", post(jobs::post_job))
         .route(crate::proto::batch::BATCH_PATH, post(batch::post_batch))
+        .route(crate::proto::stream::STREAM_PATH, post(stream::post_stream))
         .route_layer(axum::middleware::from_fn_with_state(worker.clone(), extract::tenant_first));
     Router::new()
         .merge(uploads)

@@ -1,0 +1,179 @@
+//! One job on the pool with its stdin and output streamed
+//! (`POST /v1/jobs/stream`, format in [`crate::proto::stream`]): what
+//! `peerwasm run --peers` uses, so that a remote job starts before its
+//! input has ended, shows its output as it writes it, and can hold a
+//! conversation on stdin and stdout.
+//!
+//! Placement is the same as for any job ([`Pool::candidates_now`]). What
+//! differs is when a job can go elsewhere: only until a worker has
+//! accepted it. Stdin is sent only after the worker's `200`, so a refusal
+//! (module unknown, too large, busy) loses none of it; once stdin flows,
+//! a job lost with its worker cannot be run again and is reported lost.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use reqwest::StatusCode;
+use tokio::sync::mpsc;
+
+use super::job::Job;
+use super::pool::{Pool, PeerError, backoff_wait};
+use super::target::SubmitError;
+use crate::proto::frame::{FrameReader, encode_frame};
+use crate::proto::stream::{STREAM_PATH, StreamEvent};
+use crate::proto::{CancelCause, JobResult, JobSpec, LARGEST_JOB_HEADER, Outcome, POSTCARD, StdStream};
+use crate::sandbox::StdinFeed;
+
+/// Receives a streamed job's output as it arrives.
+pub type OnOutput<'a> = &'a mut (dyn FnMut(StdStream, &[u8]) + Send);
+
+/// A stdin receiver, taken from its [`StdinFeed`].
+type StdinRx = mpsc::Receiver<std::io::Result<Bytes>>;
+
+impl Pool {
+    /// Runs one job with its stdin (`spec.stdin`, then `stdin` as it
+    /// arrives) and output streamed; `on_output` hears the output as the
+    /// job writes it, and the result carries all of it too.
+    pub async fn run_streaming(
+        &self,
+        job: &Job,
+        mut spec: JobSpec,
+        stdin: Option<StdinFeed>,
+        on_output: OnOutput<'_>,
+    ) -> Result<JobResult, SubmitError> {
+        if !spec.dirs.is_empty() {
+            return Err(SubmitError::Fatal(
+                "--dir cannot be used with a remote worker yet: its files would not come back; \
+                 run without --peers to use the embedded worker"
+                    .into(),
+            ));
+        }
+        let mut first = std::mem::take(&mut spec.stdin);
+        let head = Bytes::from(encode_frame(&spec).map_err(|e| SubmitError::Fatal(e.to_string()))?);
+        let mut stdin = stdin.and_then(|feed| feed.take());
+        let mut backoff = Duration::from_millis(10);
+        let mut no_peer_since = None;
+        loop {
+            let mut declined = Vec::new();
+            for (addr, _slots) in self.candidates_now(&spec, &mut no_peer_since).await? {
+                self.add_load(&addr, 1);
+                let answer = self.stream_to(&addr, job, &head, &mut first, &mut stdin, on_output).await;
+                self.add_load(&addr, -1);
+                match answer {
+                    Ok(JobResult { outcome: Outcome::Cancelled { cause: CancelCause::Shutdown }, .. }) => {
+                        return Err(SubmitError::Lost { peer: addr, reason: "the worker shut down".into() });
+                    }
+                    Ok(result) => return Ok(result),
+                    Err(PeerError::Declined(why)) => declined.push(format!("{addr}: {why}")),
+                    Err(PeerError::Unreachable(why)) => {
+                        tracing::debug!(peer = %addr, "unreachable: {why}");
+                        self.avoid(&addr);
+                    }
+                    Err(PeerError::Lost(why)) => {
+                        self.avoid(&addr);
+                        return Err(SubmitError::Lost { peer: addr, reason: why });
+                    }
+                    Err(PeerError::Fatal(why)) => return Err(SubmitError::Fatal(format!("{addr}: {why}"))),
+                }
+            }
+            tracing::trace!("every worker declined ({}); waiting {backoff:?}", declined.join("; "));
+            backoff_wait(&mut backoff).await;
+        }
+    }
+
+    /// One worker: the head, then (once it answers 200) stdin, while its
+    /// events are read. A 404 uploads the module and asks once more.
+    async fn stream_to(
+        &self,
+        addr: &str,
+        job: &Job,
+        head: &Bytes,
+        first: &mut Vec<u8>,
+        stdin: &mut Option<StdinRx>,
+        on_output: OnOutput<'_>,
+    ) -> Result<JobResult, PeerError> {
+        for attempt in 0..2 {
+            let sent = Instant::now();
+            let (body, body_rx) = mpsc::channel::<Bytes>(16);
+            body.try_send(head.clone()).expect("an empty channel has room");
+            let stream = futures::stream::unfold(body_rx, |mut rx| async move {
+                rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx))
+            });
+            let mut resp = self
+                .client_for(addr)
+                .post(format!("http://{addr}{STREAM_PATH}"))
+                .header(reqwest::header::CONTENT_TYPE, POSTCARD)
+                .body(reqwest::Body::wrap_stream(stream))
+                .send()
+                .await
+                .map_err(|e| PeerError::from_reqwest(&e))?;
+            let status = resp.status();
+            if status != StatusCode::OK {
+                let largest = resp.headers().get(LARGEST_JOB_HEADER).and_then(|v| v.to_str().ok()?.parse().ok());
+                let message = resp.text().await.unwrap_or_default().trim().to_string();
+                if status == StatusCode::NOT_FOUND && attempt == 0 {
+                    self.upload_once(addr, job, sent).await?;
+                    continue;
+                }
+                return Err(self.refusal(addr, status, message, largest));
+            }
+            // Accepted: from here on stdin is spent on this worker.
+            let _pump = AbortOnDrop(tokio::spawn(pump(std::mem::take(first), stdin.take(), body)));
+            let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+            let mut frames = FrameReader::default();
+            while let Some(chunk) = resp.chunk().await.map_err(|e| PeerError::from_reqwest(&e))? {
+                frames.push(&chunk);
+                while let Some(event) = frames.next_frame::<StreamEvent>().map_err(PeerError::Lost)? {
+                    match event {
+                        StreamEvent::Output { stream, bytes } => {
+                            on_output(stream, &bytes);
+                            match stream {
+                                StdStream::Stdout => stdout.extend_from_slice(&bytes),
+                                StdStream::Stderr => stderr.extend_from_slice(&bytes),
+                            }
+                        }
+                        StreamEvent::Done(mut result) => {
+                            result.stdout = stdout;
+                            result.stderr = stderr;
+                            return Ok(result);
+                        }
+                    }
+                }
+            }
+            return Err(PeerError::Lost("the worker's answer ended before the job did".into()));
+        }
+        Err(PeerError::Declined("the module was uploaded but the worker still did not know it".into()))
+    }
+}
+
+/// Sends `first`, then what arrives on `stdin`, as the request body; ends
+/// the body (the job's end of input) when stdin ends or fails locally.
+async fn pump(first: Vec<u8>, stdin: Option<StdinRx>, body: mpsc::Sender<Bytes>) {
+    if !first.is_empty() && body.send(Bytes::from(first)).await.is_err() {
+        return;
+    }
+    let Some(mut stdin) = stdin else { return };
+    loop {
+        tokio::select! {
+            chunk = stdin.recv() => match chunk {
+                Some(Ok(bytes)) => {
+                    if body.send(bytes).await.is_err() {
+                        return;
+                    }
+                }
+                _ => return,
+            },
+            () = body.closed() => return,
+        }
+    }
+}
+
+/// Aborts the task when dropped: the stdin pump lives as long as its job's
+/// answer is read.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -1,0 +1,192 @@
+//! `POST /v1/jobs/stream`: one job whose stdin flows in and whose output
+//! flows out while it runs (the format is in [`crate::proto::stream`]).
+//!
+//! The job goes through exactly the path of `POST /v1/jobs`
+//! ([`jobs::run_attached`]: checks, admission, fair share, accounting);
+//! what differs is only where its stdin comes from and where its output
+//! goes as it is written. Three pieces run at once:
+//! * the handler reads the head (the spec), admits the job and answers
+//!   `200` — or the refusal, before any stdin was sent;
+//! * a feeder moves the rest of the request body into the job's stdin,
+//!   counting it against the input limit;
+//! * the job's task forwards its output as frames and ends with its
+//!   result. If the client hangs up, the answer is dropped: the task sees
+//!   it and drops the job, which cancels it.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use tokio::sync::{mpsc, oneshot};
+
+use super::extract::{BODY_TIMEOUT, Caller};
+use super::response::text;
+use crate::proto::frame::{FrameReader, encode_frame};
+use crate::proto::stream::{MAX_HEAD, StreamEvent};
+use crate::proto::{CancelCause, JOB_ID_HEADER, JobResult, JobSpec, MAX_INPUT_BYTES, Outcome, POSTCARD};
+use crate::sandbox::{Cancel, StdinFeed, StdinSender};
+use crate::units::Bytes as Size;
+use crate::worker::jobs::{self, Refused, Streams};
+use crate::worker::state::Worker;
+
+/// Event frames the answer holds before the job's task waits for the
+/// client to read.
+const EVENTS_IN_FLIGHT: usize = 64;
+
+type DataStream = axum::body::BodyDataStream;
+
+pub async fn post_stream(State(w): State<Arc<Worker>>, Caller(tenant): Caller, req: Request) -> Response {
+    let mut body = req.into_body().into_data_stream();
+    let (spec, rest) = match tokio::time::timeout(BODY_TIMEOUT, read_head(&mut body)).await {
+        Ok(Ok(head)) => head,
+        Ok(Err(refusal)) => return refusal,
+        Err(_) => {
+            let why = format!("the job's spec did not arrive within {}", humantime::format_duration(BODY_TIMEOUT));
+            return text(StatusCode::REQUEST_TIMEOUT, why);
+        }
+    };
+    let memreq = spec.limits.memory_bytes;
+    let (stdin, feed) = StdinFeed::channel();
+    let (tee, mut output) = mpsc::unbounded_channel();
+    let (events, answer) = mpsc::channel::<Bytes>(EVENTS_IN_FLIGHT);
+    let (admitted_tx, admitted) = oneshot::channel::<String>();
+    let (refused_tx, refused) = oneshot::channel::<Refused>();
+    let peer = w.addr.clone();
+    // Raised by the feeder when the request breaks off: hyper may not drop
+    // an idle answer until it next writes to the dead connection.
+    let gone = Cancel::new();
+    let client_gone = gone.clone();
+    tokio::spawn(async move {
+        let queued = std::sync::atomic::AtomicBool::new(false);
+        let run = jobs::run_attached(&w, &tenant, spec, Streams { tee: Some(tee), stdin: Some(feed) }, |id| {
+            queued.store(true, std::sync::atomic::Ordering::Relaxed);
+            let _ = admitted_tx.send(id.to_string());
+        });
+        tokio::pin!(run);
+        let result = loop {
+            tokio::select! {
+                biased;
+                Some((stream, bytes)) = output.recv() => {
+                    if !send(&events, &StreamEvent::Output { stream, bytes: bytes.to_vec() }).await {
+                        return; // the client went: dropping `run` cancels the job
+                    }
+                }
+                ended = &mut run => break ended,
+                () = events.closed() => return,
+                _ = client_gone.cancelled() => return,
+            }
+        };
+        let mut result = match result {
+            Ok(result) => result,
+            Err(refusal) => match queued.load(std::sync::atomic::Ordering::Relaxed) {
+                // Refused before it was queued: answered as a status.
+                false => {
+                    let _ = refused_tx.send(refusal);
+                    return;
+                }
+                // Refused after waiting in the queue: the answer has begun.
+                true => {
+                    let mut r = JobResult::never_ran(memreq, Outcome::Rejected { reason: refusal.to_string() });
+                    r.peer = peer;
+                    r
+                }
+            },
+        };
+        while let Ok((stream, bytes)) = output.try_recv() {
+            if !send(&events, &StreamEvent::Output { stream, bytes: bytes.to_vec() }).await {
+                return;
+            }
+        }
+        result.stdout.clear();
+        result.stderr.clear();
+        send(&events, &StreamEvent::Done(result)).await;
+    });
+    let id = match admitted.await {
+        Ok(id) => id,
+        Err(_) => {
+            return match refused.await {
+                Ok(refusal) => refusal.into_response(),
+                Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "the job's task ended without an answer"),
+            };
+        }
+    };
+    tokio::spawn(feed_stdin(body, rest, stdin, gone));
+    let frames = futures::stream::unfold(answer, |mut rx| async move {
+        rx.recv().await.map(|frame| (Ok::<_, Infallible>(frame), rx))
+    });
+    let mut resp = ([(header::CONTENT_TYPE, POSTCARD)], Body::from_stream(frames)).into_response();
+    if let Ok(v) = header::HeaderValue::from_str(&id) {
+        resp.headers_mut().insert(JOB_ID_HEADER, v);
+    }
+    resp
+}
+
+/// Reads the head frame (the job's spec); returns it and the bytes after it.
+async fn read_head(body: &mut DataStream) -> Result<(JobSpec, Vec<u8>), Response> {
+    let mut reader = FrameReader::default();
+    loop {
+        match reader.next_frame_within::<JobSpec>(MAX_HEAD) {
+            Ok(Some(spec)) => return Ok((spec, reader.take_rest())),
+            Ok(None) => {}
+            Err(e) => return Err(text(StatusCode::BAD_REQUEST, format!("bad job spec: {e}"))),
+        }
+        match body.next().await {
+            Some(Ok(bytes)) => reader.push(&bytes),
+            Some(Err(e)) => return Err(text(StatusCode::BAD_REQUEST, format!("cannot read the job's spec: {e}"))),
+            None => return Err(text(StatusCode::BAD_REQUEST, "the request ended before the job's spec did")),
+        }
+    }
+}
+
+/// Moves the rest of the request body into the job's stdin, within the
+/// input limit; stops when the job no longer reads it. If the request
+/// breaks off, the client is gone: `gone` is raised, which cancels the job.
+async fn feed_stdin(mut body: DataStream, rest: Vec<u8>, stdin: StdinSender, gone: Cancel) {
+    let mut sent = 0u64;
+    let mut next = (!rest.is_empty()).then(|| Ok(Bytes::from(rest)));
+    loop {
+        let chunk = match next.take() {
+            Some(chunk) => chunk,
+            None => tokio::select! {
+                chunk = body.next() => match chunk {
+                    Some(chunk) => chunk,
+                    None => return, // the end of stdin
+                },
+                () = stdin.closed() => return, // the job has ended
+            },
+        };
+        let bytes = match chunk {
+            Ok(bytes) => bytes,
+            Err(_) => {
+                // The job must not take the break for the end of its input.
+                gone.cancel(CancelCause::ClientGone);
+                return;
+            }
+        };
+        sent += bytes.len() as u64;
+        if sent > MAX_INPUT_BYTES {
+            let why = format!("stdin is larger than the worker's input limit of {}", Size(MAX_INPUT_BYTES));
+            let _ = stdin.send(Err(std::io::Error::other(why))).await;
+            return;
+        }
+        if stdin.send(Ok(bytes)).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Sends one event; false if the client has gone.
+async fn send(events: &mpsc::Sender<Bytes>, event: &StreamEvent) -> bool {
+    let frame = match encode_frame(event) {
+        Ok(frame) => frame,
+        Err(e) => {
+            tracing::error!("cannot encode a stream event: {e}");
+            return false;
+        }
+    };
+    events.send(Bytes::from(frame)).await.is_ok()
+}
