@@ -51,6 +51,42 @@ fn pool_client(pool: &super::PoolArgs, what: &str) -> anyhow::Result<(reqwest::C
 }
 
 #[derive(clap::Args, Debug)]
+pub struct LogsArgs {
+    #[command(flatten)]
+    pool: super::PoolArgs,
+    /// Follow: print the output as the job writes it until it ends, then
+    /// exit with its exit code.
+    #[arg(short, long)]
+    follow: bool,
+    /// The job's id (as `run --detach` printed it, or `peerwasm jobs` lists it).
+    #[arg(value_name = "ID")]
+    id: String,
+}
+
+/// `peerwasm logs [-f] ID`: a detached job's output so far, or all of it
+/// as it comes (like `kubectl logs -f`, `tail -f` on a Slurm job's output).
+pub fn logs(args: LogsArgs) -> anyhow::Result<ExitCode> {
+    let (http, runtime) = pool_client(&args.pool, "logs")?;
+    runtime.block_on(async {
+        let view = crate::client::fetch_peers(&http, &args.pool.peers).await?;
+        let mut print = |stream, bytes: &[u8]| super::run::print_output(stream, bytes);
+        match crate::client::detach::follow(&http, &view, &args.pool.peers, &args.id, args.follow, &mut print).await? {
+            None => {
+                eprintln!("peerwasm: {}: no such detached job of yours on any live worker", args.id);
+                Ok(ExitCode::from(1))
+            }
+            Some((_, Some(outcome))) if args.follow => {
+                if !matches!(outcome, crate::proto::Outcome::Exited { .. }) {
+                    eprintln!("peerwasm: {outcome}");
+                }
+                Ok(ExitCode::from((outcome.exit_code() & 0xff) as u8))
+            }
+            Some(_) => Ok(ExitCode::SUCCESS),
+        }
+    })
+}
+
+#[derive(clap::Args, Debug)]
 pub struct CancelArgs {
     #[command(flatten)]
     pool: super::PoolArgs,

@@ -39,6 +39,8 @@ enum Command {
     Jobs(jobs::JobsArgs),
     /// Cancel jobs on the pool by id.
     Cancel(jobs::CancelArgs),
+    /// Print a detached job's output (-f: follow it until it ends).
+    Logs(jobs::LogsArgs),
     /// Lend this machine to a pool: serve jobs over HTTP and gossip.
     Worker(worker::WorkerArgs),
     /// List the pool's workers.
@@ -175,6 +177,7 @@ where
         Command::Map(args) => map::run(args),
         Command::Jobs(args) => jobs::list_jobs(args),
         Command::Cancel(args) => jobs::cancel_jobs(args),
+        Command::Logs(args) => jobs::logs(args),
         Command::Worker(args) => worker::run(args),
         Command::Peers(args) => peers::run(args),
         Command::Status(args) => status::run(args),

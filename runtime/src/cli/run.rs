@@ -44,6 +44,12 @@ pub struct RunArgs {
     /// Print one JSON result object on stdout instead of the job's output.
     #[arg(long)]
     json: bool,
+    /// Submit to the pool and return at once, printing the job's id: the
+    /// worker keeps its result until `peerwasm cancel ID` discards it;
+    /// `peerwasm logs -f ID` follows its output. Stdin is read to its end
+    /// first.
+    #[arg(long, conflicts_with_all = ["json", "stats"])]
+    detach: bool,
     #[command(flatten)]
     pool: super::PoolArgs,
     #[command(flatten)]
@@ -61,6 +67,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .context("no job module given")?;
     let env = parse_env(&args.env)?;
     let dirs = parse_dirs(&args.dirs)?;
+    if args.detach {
+        return detach(&args, module_path, job_args, env);
+    }
     let stdin = stream_stdin();
 
     let mut job = Job::from_file(module_path)?;
@@ -108,6 +117,36 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from((result.outcome.exit_code() & 0xff) as u8))
 }
 
+/// `run --detach`: submits, prints the id, returns.
+fn detach(args: &RunArgs, module_path: &str, job_args: &[String], env: Vec<(String, String)>) -> anyhow::Result<ExitCode> {
+    let Some(crate::client::Target::Pool(pool)) = args.pool.target()? else {
+        bail!("--detach needs a pool (--peers or PEERWASM_PEERS): a job of the embedded worker ends with its command");
+    };
+    if !args.dirs.is_empty() {
+        bail!("--dir cannot be used with a remote worker yet");
+    }
+    let mut job = Job::from_file(module_path)?;
+    job.args = job_args.to_vec();
+    job.env = env;
+    job.limits.timeout_ms = args.timeout.map(|d| d.as_millis().max(1) as u64);
+    let stdin = if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        Vec::new()
+    } else {
+        let mut buf = Vec::new();
+        std::io::stdin().lock().take(MAX_STDIN_BYTES + 1).read_to_end(&mut buf).context("cannot read stdin")?;
+        if buf.len() as u64 > MAX_STDIN_BYTES {
+            bail!("stdin is larger than {}; give the job a file with --dir instead", Bytes(MAX_STDIN_BYTES));
+        }
+        buf
+    };
+    let spec = job.spec(stdin, args.mem.unwrap_or(DEFAULT_MEMORY));
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let (worker, id) = runtime.block_on(pool.submit_detached(&job, &spec))?;
+    println!("{id}");
+    eprintln!("peerwasm: detached on {worker}: follow it with `peerwasm logs -f {id}`, discard its result with `peerwasm cancel {id}`");
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Runs on the embedded worker, streaming the job's output if `stream`.
 /// Ctrl-C cancels the job (outcome `cancelled`, exit code 130).
 async fn run_embedded(runner: &JobRunner, spec: JobSpec, stdin: StdinFeed, stream: bool) -> JobResult {
@@ -139,7 +178,7 @@ async fn run_streaming(runner: &JobRunner, spec: JobSpec, hooks: RunHooks) -> Jo
 
 /// The job's output, on ours as it comes. A closed stdout (`| head`) must
 /// not stop the job's stderr, so errors are ignored.
-fn print_output(stream: StdStream, bytes: &[u8]) {
+pub(super) fn print_output(stream: StdStream, bytes: &[u8]) {
     fn write_all_flush(mut w: impl Write, bytes: &[u8]) -> std::io::Result<()> {
         w.write_all(bytes)?;
         w.flush()
@@ -152,7 +191,7 @@ fn print_output(stream: StdStream, bytes: &[u8]) {
 
 /// One clear line on stderr for every ending that is not the job's own exit;
 /// the warnings; and the figures with `--stats`.
-fn report(result: &JobResult, default_mem: bool, stats: bool) {
+pub(super) fn report(result: &JobResult, default_mem: bool, stats: bool) {
     match &result.outcome {
         Outcome::Exited { .. } => {}
         Outcome::MemoryLimitExceeded { .. } if default_mem => {

@@ -22,7 +22,7 @@ pub struct PoolJob {
 
 /// The workers of `view` that are not dead and may be sent the token
 /// (`super::trusted`); the others are named in the second list.
-fn askable<'v>(view: &'v [PeerView], seeds: &[String]) -> (Vec<&'v String>, Vec<String>) {
+pub(super) fn askable<'v>(view: &'v [PeerView], seeds: &[String]) -> (Vec<&'v String>, Vec<String>) {
     let mut ask = Vec::new();
     let mut skipped = Vec::new();
     for p in view.iter().filter(|p| p.liveness != Liveness::Dead) {

@@ -13,7 +13,9 @@
 //! * [`map`] — many inputs, results in order, with retries and progress;
 //! * [`status`] — the pool summed up on one screen;
 //! * [`jobs`] — a tenant's jobs across the pool: listing and cancelling
-//!   them by id.
+//!   them by id;
+//! * [`detach`] — submitting a job and walking away; following its output
+//!   (`logs -f`).
 //!
 //! `peerwasm run` and `peerwasm map` are thin shells over these; a program
 //! can do the same:
@@ -32,6 +34,7 @@
 //! ```
 
 mod batcher;
+pub mod detach;
 pub mod estimate;
 pub mod job;
 pub mod jobs;

@@ -298,6 +298,19 @@ pub enum CacheSource {
     None,
 }
 
+/// What `GET /v1/jobs/{id}/output` answers: a detached job's output past
+/// what the caller has seen, and its outcome once it has ended (`peerwasm
+/// logs -f` asks again until then).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobOutput {
+    /// Stdout from the offset asked for.
+    pub stdout: Vec<u8>,
+    /// Stderr from the offset asked for.
+    pub stderr: Vec<u8>,
+    /// How the job ended; `None` while it is queued or running.
+    pub ended: Option<Outcome>,
+}
+
 /// What a worker sends back for one job.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct JobResult {

@@ -47,13 +47,12 @@ pub use cache::{CacheStats, CompiledModule, ModuleCache};
 pub use cancel::{Cancel, CancelOnDrop};
 pub use engine::TimeLimitMechanism;
 pub use stdin::{StdinFeed, StdinSender};
-pub use stdio::{OutputBudget, OutputChunk};
+pub use stdio::{OutputBudget, OutputCapture, OutputChunk};
 
 use crate::proto::{CacheSource, CancelCause, JobResult, JobSpec, Outcome, StdStream};
 use crate::units::Bytes;
 use limiter::MemoryLimiter;
 use outcome::Phase;
-use stdio::OutputCapture;
 
 /// Where a job's scratch directory appears in the guest.
 pub const SCRATCH_GUEST_PATH: &str = "/tmp";
@@ -159,7 +158,14 @@ pub struct RunHooks {
     /// Stdin as it arrives, after the spec's `stdin`; none: the spec's
     /// `stdin` is all of it.
     pub stdin: Option<StdinFeed>,
+    /// Filled with the job's stdout and stderr captures once it starts, so
+    /// that its output can be read while it runs (`peerwasm logs -f`).
+    pub captures: Option<LiveOutput>,
 }
+
+/// Where a running job's output captures are published; see
+/// [`RunHooks::captures`].
+pub type LiveOutput = Arc<std::sync::Mutex<Option<[OutputCapture; 2]>>>;
 
 /// What a job's store holds.
 pub struct JobState {
@@ -292,6 +298,9 @@ impl Sandbox {
             .with_budget(hooks.output_budget.clone());
         let stderr = OutputCapture::new(StdStream::Stderr, cap(limits.stderr_bytes), hooks.tee)
             .with_budget(hooks.output_budget);
+        if let Some(live) = &hooks.captures {
+            *live.lock().unwrap_or_else(|e| e.into_inner()) = Some([stdout.clone(), stderr.clone()]);
+        }
         // Dropped (and so deleted) when the job is done.
         let scratch = match prepared.opens_files.then(|| self.scratch_dir()).transpose() {
             Ok(d) => d,

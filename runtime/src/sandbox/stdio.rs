@@ -113,6 +113,14 @@ impl OutputCapture {
         self.lock().cap as u64
     }
 
+    /// A copy of the bytes captured from `offset` on, at most `max`: what a
+    /// follower of a running job's output has not seen yet.
+    pub fn read_from(&self, offset: u64, max: usize) -> Vec<u8> {
+        let st = self.lock();
+        let start = usize::try_from(offset).unwrap_or(usize::MAX).min(st.buf.len());
+        st.buf[start..].iter().take(max).copied().collect()
+    }
+
     /// Takes the captured bytes.
     pub fn take(&self) -> Vec<u8> {
         std::mem::take(&mut self.lock().buf)

@@ -28,7 +28,7 @@ use super::state::Worker;
 use super::table::{JobState, JobTable};
 use super::tenants::Tenant;
 use crate::proto::{CancelCause, JobResult, JobSpec, MAX_INPUT_BYTES, ModuleHash, Outcome};
-use crate::sandbox::{Cancel, OutputChunk, RunHooks, StdinFeed};
+use crate::sandbox::{Cancel, LiveOutput, OutputChunk, RunHooks, StdinFeed};
 use tokio::sync::mpsc::UnboundedSender;
 use crate::units::Bytes as Size;
 
@@ -86,6 +86,8 @@ pub struct Streams {
     pub tee: Option<UnboundedSender<OutputChunk>>,
     /// Stdin after the spec's, as it arrives.
     pub stdin: Option<StdinFeed>,
+    /// Where the job's output can be read while it runs.
+    pub captures: Option<LiveOutput>,
 }
 
 /// Runs an attached job: checked, queued, run, charged. `on_id` hears its
@@ -130,12 +132,14 @@ pub fn submit_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, spec: JobSpec) -> 
     let cancel = Cancel::new();
     let memreq = spec.limits.memory_bytes;
     let id = w.jobs.insert(&tenant.name, memreq, cancel.clone());
+    let live = LiveOutput::default();
+    w.jobs.set_live(&id, live.clone());
     let (w, tenant, id2) = (w.clone(), tenant.clone(), id.clone());
     tokio::spawn(async move {
         // Held (and counted against the worker's memory) until the result
         // is discarded.
         let hold = Arc::new(w.admission.ledger().hold());
-        let result = run_queued(&w, &tenant, &id2, queued, spec, cancel, &hold, Streams::default()).await.unwrap_or_else(|refused| {
+        let result = run_queued(&w, &tenant, &id2, queued, spec, cancel, &hold, Streams { captures: Some(live), ..Streams::default() }).await.unwrap_or_else(|refused| {
             // Refused after it was queued: it waited past the hold bound and
             // the host can never hold it.
             let mut r = JobResult::never_ran(memreq, Outcome::Rejected { reason: refused.to_string() });
@@ -253,6 +257,7 @@ async fn run_queued(
         let hooks = RunHooks {
             tee: streams.tee,
             stdin: streams.stdin,
+            captures: streams.captures,
             memory_meter: Some(ticket.reservation().meter()),
             cancel: Some(cancel),
             output_budget: Some(hold.clone()),

@@ -12,7 +12,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::ledger::Hold;
-use crate::proto::{CancelCause, JobResult, JobStatus, Outcome};
+use crate::proto::{CancelCause, JobOutput, JobResult, JobStatus, Outcome};
+use crate::sandbox::LiveOutput;
 use crate::sandbox::Cancel;
 
 /// Where a job is in its life.
@@ -30,6 +31,8 @@ struct Entry {
     /// A finished job's result bytes, counted against the worker's memory
     /// until the entry goes.
     hold: Option<Arc<Hold>>,
+    /// A detached job's output while it runs.
+    live: Option<LiveOutput>,
 }
 
 /// What became of a cancel request.
@@ -67,7 +70,7 @@ impl JobTable {
 
     pub(crate) fn insert(&self, tenant: &str, memory_bytes: u64, cancel: Cancel) -> String {
         let id = hex::encode(rand::random::<[u8; 16]>());
-        self.lock().insert(id.clone(), Entry { tenant: tenant.into(), memory_bytes, state: JobState::Queued, cancel, hold: None });
+        self.lock().insert(id.clone(), Entry { tenant: tenant.into(), memory_bytes, state: JobState::Queued, cancel, hold: None, live: None });
         id
     }
 
@@ -77,11 +80,49 @@ impl JobTable {
         }
     }
 
+    /// Where a detached job's output can be read while it runs.
+    pub(crate) fn set_live(&self, id: &str, live: LiveOutput) {
+        if let Some(e) = self.lock().get_mut(id) {
+            e.live = Some(live);
+        }
+    }
+
+    /// `tenant`'s detached job's output from `from` (bytes of stdout and
+    /// of stderr already seen) on, at most `max` bytes of each, and its
+    /// outcome once it has ended; `None` if there is no such job of theirs.
+    pub fn output(&self, tenant: &str, id: &str, from: [u64; 2], max: usize) -> Option<JobOutput> {
+        let jobs = self.lock();
+        let e = jobs.get(id).filter(|e| e.tenant == tenant)?;
+        let slice = |bytes: &[u8], from: u64| {
+            let start = usize::try_from(from).unwrap_or(usize::MAX).min(bytes.len());
+            bytes[start..][..max.min(bytes.len() - start)].to_vec()
+        };
+        Some(match &e.state {
+            JobState::Done(r) => JobOutput {
+                stdout: slice(&r.stdout, from[0]),
+                stderr: slice(&r.stderr, from[1]),
+                ended: Some(r.outcome.clone()),
+            },
+            _ => {
+                let live = e.live.as_ref().and_then(|l| l.lock().unwrap_or_else(|p| p.into_inner()).clone());
+                match live {
+                    Some([out, err]) => JobOutput {
+                        stdout: out.read_from(from[0], max),
+                        stderr: err.read_from(from[1], max),
+                        ended: None,
+                    },
+                    None => JobOutput::default(),
+                }
+            }
+        })
+    }
+
     /// A detached job is done: its result waits here, its bytes held.
     pub(crate) fn set_done(&self, id: &str, result: JobResult, hold: Arc<Hold>) {
         if let Some(e) = self.lock().get_mut(id) {
             e.state = JobState::Done(Box::new(result));
             e.hold = Some(hold);
+            e.live = None;
         }
     }
 

@@ -180,3 +180,48 @@ async fn the_pool_streams_stdin_and_output_for_library_callers() {
     assert_eq!(String::from_utf8_lossy(&r.stdout), expected);
     assert_eq!(String::from_utf8_lossy(&heard), expected);
 }
+
+/// `run --detach` returns at once with an id; `logs -f ID` from anywhere
+/// shows the output as the job writes it and exits with its code; the
+/// result stays until discarded, so `logs ID` later shows all of it.
+#[test]
+fn a_detached_jobs_output_can_be_followed_and_read_again() {
+    let w = worker();
+    let bin = env!("CARGO_BIN_EXE_peerwasm");
+    let ticks = peerwasm_testkit::guest_wasm("ticks");
+    let started = Instant::now();
+    let out = Command::new(bin)
+        .args(["run", "--peers", &w.addr, "--detach"])
+        .arg(&ticks)
+        .args(["3", "700"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let id = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    assert_eq!(id.len(), 32, "{id}");
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let mut follow = Command::new(bin)
+        .args(["logs", "-f", "--peers", &w.addr, &id])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ticks_seen = lines(follow.stdout.take().unwrap());
+    let seen: Vec<(Instant, String)> = (0..3).map(|_| ticks_seen.recv_timeout(Duration::from_secs(30)).unwrap()).collect();
+    let texts: Vec<&str> = seen.iter().map(|(_, l)| l.as_str()).collect();
+    assert_eq!(texts, ["tick 1", "tick 2", "tick 3"]);
+    let gap = seen[2].0 - seen[1].0;
+    println!("logs -f: ticks written 700 ms apart arrived {gap:?} apart");
+    assert!(gap > Duration::from_millis(400), "the output came all at once ({gap:?} apart)");
+    assert!(wait_exit(&mut follow, Duration::from_secs(10)).success());
+    // Read again after it ended: the same bytes, kept until discarded.
+    let again = Command::new(bin).args(["logs", "--peers", &w.addr, &id]).output().unwrap();
+    assert!(again.status.success());
+    assert_eq!(String::from_utf8_lossy(&again.stdout), "tick 1\ntick 2\ntick 3\n");
+    let discard = Command::new(bin).args(["cancel", "--peers", &w.addr, &id]).output().unwrap();
+    assert!(discard.status.success(), "{discard:?}");
+    let gone = Command::new(bin).args(["logs", "--peers", &w.addr, &id]).output().unwrap();
+    assert_eq!(gone.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&gone.stderr).contains("no such detached job"), "{gone:?}");
+}

@@ -16,6 +16,10 @@
 //!   `running` or `done`); 409 if it is being cancelled already; 404 if it
 //!   is not the caller's.
 //! * `GET /v1/jobs` — the caller's own jobs here (JSON).
+//! * `GET /v1/jobs/{id}/output?stdout=N&stderr=M` — a detached job's output
+//!   past the first N bytes of stdout and M of stderr (at most
+//!   [`OUTPUT_PAGE`] of each), while it runs and after; its outcome once it
+//!   has ended (postcard `JobOutput`). What `peerwasm logs -f` polls.
 //!
 //! Job ids are 128 random bits *and* checked against the tenant: another
 //! tenant's id answers 404, exactly as an id that does not exist.
@@ -63,6 +67,29 @@ pub async fn post_job(
     match jobs::run_attached(&w, &tenant, spec, jobs::Streams::default(), |id| job_id = id.to_string()).await {
         Ok(result) => with_id(postcard(&result), &job_id),
         Err(refused) => refused.into_response(),
+    }
+}
+
+/// The most output of each stream one `GET /v1/jobs/{id}/output` returns.
+pub const OUTPUT_PAGE: usize = 4 << 20;
+
+#[derive(serde::Deserialize)]
+pub struct OutputParams {
+    #[serde(default)]
+    stdout: u64,
+    #[serde(default)]
+    stderr: u64,
+}
+
+pub async fn get_output(
+    State(w): State<Arc<Worker>>,
+    Caller(tenant): Caller,
+    Path(id): Path<String>,
+    Query(from): Query<OutputParams>,
+) -> Response {
+    match w.jobs.output(&tenant.name, &id, [from.stdout, from.stderr], OUTPUT_PAGE) {
+        Some(output) => postcard(&output),
+        None => text(StatusCode::NOT_FOUND, "no such job"),
     }
 }
 

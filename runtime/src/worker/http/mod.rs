@@ -3,7 +3,7 @@
 //!
 //! Endpoints (bodies in postcard unless noted), one file per group:
 //! * [`modules`] — `PUT /v1/modules/{sha256}`;
-//! * [`jobs`] — `POST /v1/jobs`, `GET /v1/jobs[/{id}]`, `DELETE /v1/jobs/{id}`;
+//! * [`jobs`] — `POST /v1/jobs`, `GET /v1/jobs[/{id}[/output]]`, `DELETE /v1/jobs/{id}`;
 //! * [`batch`] — `POST /v1/jobs/batch`;
 //! * [`stream`] — `POST /v1/jobs/stream` (stdin and output flowing);
 //! * [`pool`] — `POST /v1/gossip`, `GET /v1/peers`, `GET /metrics`, `GET /`.
@@ -324,6 +324,7 @@ fn router(worker: Arc<Worker>) -> Router {
         .route("/", get(pool::status_page))
         .route("/v1/jobs", get(jobs::list_jobs))
         .route("/v1/jobs/{id}", get(jobs::get_job).delete(jobs::delete_job))
+        .route("/v1/jobs/{id}/output", get(jobs::get_output))
         .route("/v1/gossip", post(pool::post_gossip))
         .route("/v1/peers", get(pool::get_peers))
         .route("/metrics", get(pool::get_metrics))

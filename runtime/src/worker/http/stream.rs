@@ -62,7 +62,7 @@ pub async fn post_stream(State(w): State<Arc<Worker>>, Caller(tenant): Caller, r
     let client_gone = gone.clone();
     tokio::spawn(async move {
         let queued = std::sync::atomic::AtomicBool::new(false);
-        let run = jobs::run_attached(&w, &tenant, spec, Streams { tee: Some(tee), stdin: Some(feed) }, |id| {
+        let run = jobs::run_attached(&w, &tenant, spec, Streams { tee: Some(tee), stdin: Some(feed), captures: None }, |id| {
             queued.store(true, std::sync::atomic::Ordering::Relaxed);
             let _ = admitted_tx.send(id.to_string());
         });

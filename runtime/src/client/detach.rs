@@ -1,0 +1,112 @@
+//! Detached jobs: submit one and walk away (`peerwasm run --detach`), then
+//! follow its output from anywhere (`peerwasm logs -f ID`).
+//!
+//! The worker keeps a detached job's result until its owner discards it
+//! (`peerwasm cancel ID`), so following it again, or after a lost answer,
+//! gives the same bytes. Its output is read by offset
+//! (`GET /v1/jobs/{id}/output`), polled every [`FOLLOW_INTERVAL`] while it
+//! runs.
+
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+
+use super::job::Job;
+use super::pool::{PeerError, Pool, backoff_wait};
+use super::target::SubmitError;
+use crate::proto::{JOB_ID_HEADER, JobOutput, JobSpec, Outcome, POSTCARD, PeerView, StdStream};
+
+/// How often a follower asks for more output.
+pub const FOLLOW_INTERVAL: Duration = Duration::from_millis(100);
+
+impl Pool {
+    /// Submits a detached job: placed as any job, then the worker answers
+    /// at once with its id. Returns the worker and the id.
+    pub async fn submit_detached(&self, job: &Job, spec: &JobSpec) -> Result<(String, String), SubmitError> {
+        let body = bytes::Bytes::from(postcard::to_allocvec(spec).map_err(|e| SubmitError::Fatal(e.to_string()))?);
+        let mut backoff = Duration::from_millis(10);
+        let mut no_peer_since = None;
+        loop {
+            for (addr, _) in self.candidates_now(spec, &mut no_peer_since).await? {
+                match self.detach_to(&addr, job, body.clone()).await {
+                    Ok(id) => return Ok((addr, id)),
+                    Err(PeerError::Fatal(why)) => return Err(SubmitError::Fatal(format!("{addr}: {why}"))),
+                    Err(PeerError::Declined(why) | PeerError::Unreachable(why) | PeerError::Lost(why)) => {
+                        tracing::debug!(peer = %addr, "detached job not taken: {why}");
+                    }
+                }
+            }
+            backoff_wait(&mut backoff).await;
+        }
+    }
+
+    async fn detach_to(&self, addr: &str, job: &Job, body: bytes::Bytes) -> Result<String, PeerError> {
+        for attempt in 0..2 {
+            let sent = Instant::now();
+            let resp = self
+                .client_for(addr)
+                .post(format!("http://{addr}/v1/jobs?detach=true"))
+                .header(reqwest::header::CONTENT_TYPE, POSTCARD)
+                .body(body.clone())
+                .send()
+                .await
+                .map_err(|e| PeerError::from_reqwest(&e))?;
+            let status = resp.status();
+            if status == StatusCode::ACCEPTED {
+                let id = resp.headers().get(JOB_ID_HEADER).and_then(|v| v.to_str().ok()).map(String::from);
+                return id.ok_or_else(|| PeerError::Lost("the worker took the job but sent no id".into()));
+            }
+            let largest = resp.headers().get(crate::proto::LARGEST_JOB_HEADER).and_then(|v| v.to_str().ok()?.parse().ok());
+            let message = resp.text().await.unwrap_or_default().trim().to_string();
+            if status == StatusCode::NOT_FOUND && attempt == 0 {
+                self.upload_once(addr, job, sent).await?;
+                continue;
+            }
+            return Err(self.refusal(addr, status, message, largest));
+        }
+        Err(PeerError::Declined("the module was uploaded but the worker still did not know it".into()))
+    }
+}
+
+/// Prints (through `on_output`) job `id`'s output, wherever in `view` it is,
+/// and with `follow` goes on until the job ends. Returns the worker and the
+/// outcome if the job has ended; `Ok(None)` if no worker knows the id.
+pub async fn follow(
+    http: &reqwest::Client,
+    view: &[PeerView],
+    seeds: &[String],
+    id: &str,
+    follow: bool,
+    on_output: &mut (dyn FnMut(StdStream, &[u8]) + Send),
+) -> anyhow::Result<Option<(String, Option<Outcome>)>> {
+    for worker in super::jobs::askable(view, seeds).0 {
+        let mut seen = [0u64; 2];
+        loop {
+            let url = format!("http://{worker}/v1/jobs/{id}/output?stdout={}&stderr={}", seen[0], seen[1]);
+            let resp = http.get(url).send().await.map_err(|e| anyhow::anyhow!("{worker}: {e}"))?;
+            match resp.status() {
+                StatusCode::OK => {}
+                StatusCode::NOT_FOUND if seen == [0, 0] => break, // not this worker's
+                s => anyhow::bail!("{worker}: {s} {}", resp.text().await.unwrap_or_default().trim()),
+            }
+            let out: JobOutput = postcard::from_bytes(&resp.bytes().await?)
+                .map_err(|e| anyhow::anyhow!("{worker} sent output we cannot read: {e}"))?;
+            for (i, (stream, bytes)) in [(StdStream::Stdout, &out.stdout), (StdStream::Stderr, &out.stderr)].into_iter().enumerate() {
+                if !bytes.is_empty() {
+                    on_output(stream, bytes);
+                    seen[i] += bytes.len() as u64;
+                }
+            }
+            let more = !out.stdout.is_empty() || !out.stderr.is_empty();
+            match out.ended {
+                // Ended, and all of its output read (a page may hold less).
+                Some(outcome) if !more => return Ok(Some((worker.clone(), Some(outcome)))),
+                Some(_) => continue,
+                None if !follow => return Ok(Some((worker.clone(), None))),
+                None if more => continue,
+                None => tokio::time::sleep(FOLLOW_INTERVAL).await,
+            }
+        }
+    }
+    Ok(None)
+}
