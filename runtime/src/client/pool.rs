@@ -162,28 +162,47 @@ impl Pool {
                 self.add_load(&addr, 1);
                 let outcome = self.submit_to(&addr, slots, job, body.clone()).await;
                 self.add_load(&addr, -1);
-                match outcome {
-                    // A worker that shut down under the job did not run it
-                    // to its end: that is a lost job, to run elsewhere.
-                    Ok(JobResult { outcome: Outcome::Cancelled { cause: CancelCause::Shutdown }, .. }) => {
-                        return Err(SubmitError::Lost { peer: addr, reason: "the worker shut down".into() });
-                    }
-                    Ok(result) => return Ok(result),
-                    Err(PeerError::Declined(why)) => declined.push(format!("{addr}: {why}")),
-                    Err(PeerError::Unreachable(why)) => {
-                        tracing::debug!(peer = %addr, "unreachable: {why}");
-                        self.avoid(&addr);
-                    }
-                    Err(PeerError::Lost(why)) => {
-                        self.avoid(&addr);
-                        return Err(SubmitError::Lost { peer: addr, reason: why });
-                    }
-                    Err(PeerError::Fatal(why)) => return Err(SubmitError::Fatal(format!("{addr}: {why}"))),
+                if let Some(result) = self.settle(&addr, outcome, &mut declined)? {
+                    return Ok(result);
                 }
             }
             placed.set(None);
             tracing::trace!("every worker declined ({}); waiting {backoff:?}", declined.join("; "));
             backoff_wait(&mut backoff).await;
+        }
+    }
+
+    /// What one worker's answer means for a job being placed: its result
+    /// (`Some`), try the next worker (`None`; a refusal is noted in
+    /// `declined`, an unreachable worker avoided for a while), or give up
+    /// (`Err`: lost with its worker, or a request no worker would take).
+    pub(super) fn settle(
+        &self,
+        addr: &str,
+        answer: Result<JobResult, PeerError>,
+        declined: &mut Vec<String>,
+    ) -> Result<Option<JobResult>, SubmitError> {
+        match answer {
+            // A worker that shut down under the job did not run it to its
+            // end: that is a lost job, to run elsewhere.
+            Ok(JobResult { outcome: Outcome::Cancelled { cause: CancelCause::Shutdown }, .. }) => {
+                Err(SubmitError::Lost { peer: addr.into(), reason: "the worker shut down".into() })
+            }
+            Ok(result) => Ok(Some(result)),
+            Err(PeerError::Declined(why)) => {
+                declined.push(format!("{addr}: {why}"));
+                Ok(None)
+            }
+            Err(PeerError::Unreachable(why)) => {
+                tracing::debug!(peer = %addr, "unreachable: {why}");
+                self.avoid(addr);
+                Ok(None)
+            }
+            Err(PeerError::Lost(why)) => {
+                self.avoid(addr);
+                Err(SubmitError::Lost { peer: addr.into(), reason: why })
+            }
+            Err(PeerError::Fatal(why)) => Err(SubmitError::Fatal(format!("{addr}: {why}"))),
         }
     }
 

@@ -21,7 +21,7 @@ use super::pool::{Pool, PeerError, backoff_wait};
 use super::target::SubmitError;
 use crate::proto::frame::{FrameReader, encode_frame};
 use crate::proto::stream::{STREAM_PATH, StreamEvent};
-use crate::proto::{CancelCause, JobResult, JobSpec, LARGEST_JOB_HEADER, Outcome, POSTCARD, StdStream};
+use crate::proto::{JobResult, JobSpec, LARGEST_JOB_HEADER, POSTCARD, StdStream};
 use crate::sandbox::StdinFeed;
 
 /// Receives a streamed job's output as it arrives.
@@ -59,21 +59,8 @@ impl Pool {
                 self.add_load(&addr, 1);
                 let answer = self.stream_to(&addr, job, &head, &mut first, &mut stdin, on_output).await;
                 self.add_load(&addr, -1);
-                match answer {
-                    Ok(JobResult { outcome: Outcome::Cancelled { cause: CancelCause::Shutdown }, .. }) => {
-                        return Err(SubmitError::Lost { peer: addr, reason: "the worker shut down".into() });
-                    }
-                    Ok(result) => return Ok(result),
-                    Err(PeerError::Declined(why)) => declined.push(format!("{addr}: {why}")),
-                    Err(PeerError::Unreachable(why)) => {
-                        tracing::debug!(peer = %addr, "unreachable: {why}");
-                        self.avoid(&addr);
-                    }
-                    Err(PeerError::Lost(why)) => {
-                        self.avoid(&addr);
-                        return Err(SubmitError::Lost { peer: addr, reason: why });
-                    }
-                    Err(PeerError::Fatal(why)) => return Err(SubmitError::Fatal(format!("{addr}: {why}"))),
+                if let Some(result) = self.settle(&addr, answer, &mut declined)? {
+                    return Ok(result);
                 }
             }
             tracing::trace!("every worker declined ({}); waiting {backoff:?}", declined.join("; "));
