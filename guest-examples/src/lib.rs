@@ -10,6 +10,8 @@
 //! | `sleep` | ms on stdin | sleeps that long (wall time) |
 //! | `spin` | ms on stdin | burns that much CPU |
 //! | `files` | — | copies each file of `/in` to `/out`, upper-cased |
+//! | `interactive` | lines on stdin | answers each line as it comes (`echo: LINE`), then counts them |
+//! | `ticks` | args COUNT MS | prints `tick i`, sleeping MS between ticks |
 //! | `hostile-loop` | — | loops forever |
 //! | `hostile-grow` | — | allocates memory without end |
 //! | `hostile-recurse` | — | recurses without end |
