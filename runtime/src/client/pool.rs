@@ -144,13 +144,7 @@ impl Pool {
     /// Runs one job on the pool; `placed` is set to the worker while the
     /// job is on it (so a caller can tell which worker lost it).
     pub async fn run(&self, job: &Job, spec: &JobSpec, placed: &Placed) -> Result<JobResult, SubmitError> {
-        if !spec.dirs.is_empty() {
-            return Err(SubmitError::Fatal(
-                "--dir cannot be used with a remote worker yet: its files would not come back; \
-                 run without --peers to use the embedded worker"
-                    .into(),
-            ));
-        }
+        no_remote_dirs(spec)?;
         let body: bytes::Bytes = postcard::to_allocvec(spec).map_err(|e| SubmitError::Fatal(e.to_string()))?.into();
         let mut backoff = Duration::from_millis(10);
         let mut no_peer_since: Option<Instant> = None;
@@ -362,6 +356,18 @@ impl Pool {
             s => Err(PeerError::Declined(format!("module upload refused: {s}"))),
         }
     }
+}
+
+/// Refuses host directories for a remote job: they are not shipped yet.
+pub(super) fn no_remote_dirs(spec: &JobSpec) -> Result<(), SubmitError> {
+    if spec.dirs.is_empty() {
+        return Ok(());
+    }
+    Err(SubmitError::Fatal(
+        "--dir cannot be used with a remote worker yet: its files would not come back; \
+         run without --peers to use the embedded worker"
+            .into(),
+    ))
 }
 
 /// Waits `backoff` with up to half of it again as jitter, then doubles it

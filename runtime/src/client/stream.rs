@@ -41,13 +41,7 @@ impl Pool {
         stdin: Option<StdinFeed>,
         on_output: OnOutput<'_>,
     ) -> Result<JobResult, SubmitError> {
-        if !spec.dirs.is_empty() {
-            return Err(SubmitError::Fatal(
-                "--dir cannot be used with a remote worker yet: its files would not come back; \
-                 run without --peers to use the embedded worker"
-                    .into(),
-            ));
-        }
+        super::pool::no_remote_dirs(&spec)?;
         let mut first = std::mem::take(&mut spec.stdin);
         let head = Bytes::from(encode_frame(&spec).map_err(|e| SubmitError::Fatal(e.to_string()))?);
         let mut stdin = stdin.and_then(|feed| feed.take());
