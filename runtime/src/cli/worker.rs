@@ -132,6 +132,15 @@ pub struct WorkerArgs {
     /// limit".
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = MAX_OUTPUT_FLAG)]
     max_output: u64,
+    /// Bytes of files shipped with jobs (`run --dir` on a pool) kept here by
+    /// content hash, shared by all jobs; the least recently used go first.
+    /// They count against --scratch-total too.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "10GiB")]
+    file_store: u64,
+    /// The most bytes of files one job sends back from its writable
+    /// directories; past it the job ends "files back too large".
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "64MiB")]
+    max_files_back: u64,
 }
 
 /// `--max-output`'s default as people write it: [`crate::worker::http::DEFAULT_MAX_OUTPUT`].
@@ -212,6 +221,8 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         advertise: args.advertise,
         drain_grace: args.drain_grace,
         max_results: args.max_results,
+        file_store_bytes: args.file_store,
+        max_files_back: args.max_files_back,
         serve: crate::worker::http::serve::ServeLimits {
             max_connections: args.max_connections.max(1),
             header_timeout: args.header_timeout,
@@ -301,5 +312,7 @@ mod tests {
         assert_eq!(crate::units::parse_duration("10s"), Ok(crate::worker::http::serve::DEFAULT_HEADER_TIMEOUT));
         assert_eq!(crate::units::parse_size("256MiB"), Ok(crate::worker::http::DEFAULT_MAX_RESULTS));
         assert_eq!(crate::units::parse_size("1GiB"), Ok(crate::worker::http::DEFAULT_SCRATCH), "--scratch");
+        assert_eq!(crate::units::parse_size("10GiB"), Ok(crate::worker::filestore::DEFAULT_FILE_STORE), "--file-store");
+        assert_eq!(crate::units::parse_size("64MiB"), Ok(crate::worker::trees::DEFAULT_MAX_FILES_BACK), "--max-files-back");
     }
 }

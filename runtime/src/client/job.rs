@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use super::estimate::DeclaredMemory;
-use crate::proto::{JobLimits, JobSpec, ModuleHash};
+use crate::proto::{DirGrant, JobLimits, JobSpec, ModuleHash};
 
 /// A job module ready to submit any number of times.
 ///
@@ -33,6 +33,9 @@ pub struct Job {
     pub env: Vec<(String, String)>,
     /// Limits; `memory_bytes` is replaced by each run's request.
     pub limits: JobLimits,
+    /// Host directories granted to every run (`--dir`): mounted as they
+    /// are on the embedded worker, shipped by content hash to a pool.
+    pub dirs: Vec<DirGrant>,
 }
 
 impl Job {
@@ -47,6 +50,7 @@ impl Job {
             args: Vec::new(),
             env: Vec::new(),
             limits: JobLimits::default(),
+            dirs: Vec::new(),
         }
     }
 
@@ -82,7 +86,8 @@ impl Job {
             args: self.args.clone(),
             env: self.env.clone(),
             stdin,
-            dirs: Vec::new(),
+            dirs: self.dirs.clone(),
+            trees: Vec::new(),
             limits: JobLimits { memory_bytes: memreq, ..self.limits.clone() },
         }
     }

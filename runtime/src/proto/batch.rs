@@ -76,6 +76,7 @@ mod tests {
                 cache: CacheSource::Memory,
                 peer: "w".into(),
                 warnings: Vec::new(),
+                files: Vec::new(),
             })
         } else {
             BatchAnswer::Refused { status: 503, message: "busy".into(), largest_job: None }

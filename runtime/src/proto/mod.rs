@@ -10,6 +10,7 @@
 pub mod batch;
 pub mod frame;
 pub mod stream;
+pub mod tree;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -65,8 +66,12 @@ pub struct JobSpec {
     pub env: Vec<(String, String)>,
     /// The job's standard input.
     pub stdin: Vec<u8>,
-    /// Host directories granted to the job (embedded worker only).
+    /// Host directories granted to the job (embedded worker only: a
+    /// remote worker refuses them; the client ships them as `trees`).
     pub dirs: Vec<DirGrant>,
+    /// Directory trees shipped to the worker by content hash, mounted for
+    /// the job (see [`tree`]).
+    pub trees: Vec<tree::TreeGrant>,
     /// What the job may use.
     pub limits: JobLimits,
 }
@@ -81,6 +86,7 @@ impl JobSpec {
             env: Vec::new(),
             stdin: Vec::new(),
             dirs: Vec::new(),
+            trees: Vec::new(),
             limits: JobLimits::default(),
         }
     }
@@ -187,6 +193,14 @@ pub enum Outcome {
     /// (every byte held counts against the worker's memory), though the job
     /// was within its output cap. `held`: the bytes it kept.
     OutputMemoryExhausted { stream: StdStream, held: u64 },
+    /// The files the job created or changed in its writable trees are more
+    /// than the worker sends back (its `--max-files-back`); none came back.
+    FilesBackTooLarge {
+        /// What they came to, in bytes.
+        size: u64,
+        /// The cap, in bytes.
+        limit: u64,
+    },
 }
 
 /// Who or what cancelled a job.
@@ -226,7 +240,7 @@ impl Outcome {
             Outcome::Cancelled { .. } => 130,
             Outcome::TimeLimitExceeded { .. } => 124,
             Outcome::MemoryLimitExceeded { .. } | Outcome::OutputMemoryExhausted { .. } => 137,
-            Outcome::Trapped { .. } | Outcome::OutputLimitExceeded { .. } => 134,
+            Outcome::Trapped { .. } | Outcome::OutputLimitExceeded { .. } | Outcome::FilesBackTooLarge { .. } => 134,
             Outcome::InvalidModule { .. } | Outcome::Rejected { .. } => 2,
         }
     }
@@ -279,6 +293,13 @@ impl fmt::Display for Outcome {
                 "the worker had no free memory to hold more of the job's {stream} (it held {}): \
                  write less to {stream}, or run it where more memory is free",
                 Bytes(*held)
+            ),
+            Outcome::FilesBackTooLarge { size, limit } => write!(
+                f,
+                "the files the job wrote come to {}, more than the {} a worker sends back (its --max-files-back): \
+                 none were returned; write less, or raise the worker's --max-files-back",
+                Bytes(*size),
+                Bytes(*limit)
             ),
         }
     }
@@ -336,6 +357,9 @@ pub struct JobResult {
     pub peer: String,
     /// Things the submitter should know (e.g. peak close to the limit).
     pub warnings: Vec<String>,
+    /// Files the job created or changed in its writable trees, to be
+    /// written into the host directories they came from.
+    pub files: Vec<tree::FileBack>,
 }
 
 impl JobResult {
@@ -354,6 +378,7 @@ impl JobResult {
             cache: CacheSource::None,
             peer: "embedded".into(),
             warnings: Vec::new(),
+            files: Vec::new(),
         }
     }
 }
@@ -563,7 +588,7 @@ pub const PROTOCOL_HEADER: &str = "peerwasm-protocol";
 
 /// The protocol version of this build: bumped when a message's encoding
 /// changes incompatibly (postcard has no field tags to fall back on).
-pub const PROTOCOL_VERSION: &str = "2";
+pub const PROTOCOL_VERSION: &str = "3";
 
 /// The most a job's input (its stdin) may be, in bytes.
 pub const MAX_INPUT_BYTES: u64 = 64 << 20;
@@ -605,6 +630,7 @@ mod tests {
             Outcome::Trapped { trap: "unreachable".into(), message: "m".into(), backtrace: vec!["f".into()] },
             Outcome::InvalidModule { reason: "r".into() },
             Outcome::Rejected { reason: "r".into() },
+            Outcome::FilesBackTooLarge { size: 2, limit: 1 },
         ] {
             let result = JobResult {
                 outcome,
@@ -617,6 +643,7 @@ mod tests {
                 cache: CacheSource::Disk,
                 peer: "p".into(),
                 warnings: vec!["w".into()],
+                files: vec![tree::FileBack { tree: 0, path: "a/b".into(), size: 2, contents: vec![0, 255] }],
             };
             let bytes = postcard::to_allocvec(&result).unwrap();
             assert_eq!(postcard::from_bytes::<JobResult>(&bytes).unwrap(), result);

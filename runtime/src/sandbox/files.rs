@@ -52,7 +52,7 @@ impl ScratchPool {
     }
 
     /// Takes `bytes` if they fit.
-    fn take(&self, bytes: u64) -> bool {
+    pub fn take(&self, bytes: u64) -> bool {
         use std::sync::atomic::Ordering;
         self.in_use
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {

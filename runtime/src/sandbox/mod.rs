@@ -211,6 +211,12 @@ impl Sandbox {
         &self.config
     }
 
+    /// The worker's disk total shared by running jobs (`scratch_total_bytes`),
+    /// for whatever else the worker keeps on disk for jobs.
+    pub fn scratch_pool(&self) -> Option<Arc<files::ScratchPool>> {
+        self.scratch.clone()
+    }
+
     /// The module cache's counters.
     pub fn cache_stats(&self) -> CacheStats {
         self.cache.stats()
@@ -274,6 +280,7 @@ impl Sandbox {
             cache,
             peer: "embedded".into(),
             warnings: Vec::new(),
+            files: Vec::new(),
         };
         if limits.memory_bytes > self.config.max_job_memory {
             result.outcome = Outcome::Rejected {

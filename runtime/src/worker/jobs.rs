@@ -23,7 +23,9 @@ use std::time::{Duration, Instant};
 use super::admission::{Queued, Refusal};
 use super::fairshare::JobUsage;
 use super::ledger::Hold;
+use super::filestore::TreePins;
 use super::runner::ModulePin;
+use super::trees::{self, Mounted};
 use super::state::Worker;
 use super::table::{JobState, JobTable};
 use super::tenants::Tenant;
@@ -41,6 +43,9 @@ pub enum Refused {
     InputTooLarge(String),
     /// The worker does not have the module: upload it, then ask again.
     UnknownModule(ModuleHash),
+    /// The worker lacks a tree of the job, or files of one: send the
+    /// tree, then ask again.
+    MissingFiles(String),
     /// It asks for more memory than this worker could ever give.
     TooLarge { message: String, largest: u64 },
     /// It asks for a longer time limit than this worker allows.
@@ -58,6 +63,7 @@ impl std::fmt::Display for Refused {
             | Refused::InputTooLarge(m)
             | Refused::TooLong(m)
             | Refused::Busy(m)
+            | Refused::MissingFiles(m)
             | Refused::Internal(m) => f.write_str(m),
             Refused::TooLarge { message, .. } => f.write_str(message),
             Refused::UnknownModule(hash) => write!(f, "module {hash} unknown: upload it first"),
@@ -100,7 +106,7 @@ pub async fn run_attached(
     streams: Streams,
     on_id: impl FnOnce(&str),
 ) -> Result<JobResult, Refused> {
-    let (queued, _pin) = admit(w, tenant, &spec)?;
+    let (queued, pins) = admit(w, tenant, &spec)?;
     let cancel = Cancel::new();
     let id = w.jobs.insert(&tenant.name, spec.limits.memory_bytes, cancel.clone());
     let _forget = Forget { table: &w.jobs, id: id.clone() };
@@ -109,7 +115,7 @@ pub async fn run_attached(
     // The output's hold is given back as this returns: the bytes are then
     // the response's, sent at once.
     let hold = Arc::new(w.admission.ledger().hold());
-    let result = run_queued(w, tenant, &id, queued, spec, cancel, &hold, streams).await;
+    let result = run_queued(w, tenant, &id, queued, spec, pins, cancel, &hold, streams).await;
     abandoned.disarm();
     result
 }
@@ -128,7 +134,7 @@ pub fn submit_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, spec: JobSpec) -> 
             Size(w.max_results)
         )));
     }
-    let (queued, pin) = admit(w, tenant, &spec)?;
+    let (queued, pins) = admit(w, tenant, &spec)?;
     let cancel = Cancel::new();
     let memreq = spec.limits.memory_bytes;
     let id = w.jobs.insert(&tenant.name, memreq, cancel.clone());
@@ -139,26 +145,37 @@ pub fn submit_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, spec: JobSpec) -> 
         // Held (and counted against the worker's memory) until the result
         // is discarded.
         let hold = Arc::new(w.admission.ledger().hold());
-        let result = run_queued(&w, &tenant, &id2, queued, spec, cancel, &hold, Streams { captures: Some(live), ..Streams::default() }).await.unwrap_or_else(|refused| {
+        let streams = Streams { captures: Some(live), ..Streams::default() };
+        let result = run_queued(&w, &tenant, &id2, queued, spec, pins, cancel, &hold, streams).await.unwrap_or_else(|refused| {
             // Refused after it was queued: it waited past the hold bound and
             // the host can never hold it.
             let mut r = JobResult::never_ran(memreq, Outcome::Rejected { reason: refused.to_string() });
             r.peer = w.addr.clone();
             r
         });
-        drop(pin);
         w.jobs.set_done(&id2, result, hold);
     });
     Ok(id)
 }
 
+/// What a job keeps from being dropped while it waits and runs: its
+/// module's bytes and its trees' files.
+pub struct Pins {
+    _module: ModulePin,
+    trees: Option<TreePins>,
+}
+
 /// The checks made before a job is queued, then its place in the queue,
-/// with its module pinned until the job is done.
-fn admit(w: &Worker, tenant: &Arc<Tenant>, spec: &JobSpec) -> Result<(Queued, ModulePin), Refused> {
+/// with its module and its trees' files pinned until the job is done.
+fn admit(w: &Worker, tenant: &Arc<Tenant>, spec: &JobSpec) -> Result<(Queued, Pins), Refused> {
     check(w, tenant, spec)?;
-    let pin = w.runner.pin_module(&spec.module);
+    let trees = match spec.trees.is_empty() {
+        true => None,
+        false => Some(w.files.pin_trees(&tenant.name, &spec.trees).map_err(Refused::MissingFiles)?),
+    };
+    let pins = Pins { _module: w.runner.pin_module(&spec.module), trees };
     let queued = w.admission.enqueue(tenant, spec.limits.memory_bytes, spec.stdin.len() as u64).map_err(|r| refusal(w, r))?;
-    Ok((queued, pin))
+    Ok((queued, pins))
 }
 
 /// What is checked before a job is admitted: its input within the limit, no
@@ -174,8 +191,9 @@ fn check(w: &Worker, tenant: &Tenant, spec: &JobSpec) -> Result<(), Refused> {
         )));
     }
     if !spec.dirs.is_empty() {
-        return Err(Refused::Invalid("a remote worker cannot grant host directories".into()));
+        return Err(Refused::Invalid("a remote worker cannot grant host directories: ship them as trees".into()));
     }
+    check_guest_paths(spec)?;
     let max_time = w.runner.sandbox().config().max_job_time;
     if let (Some(asked), Some(max)) = (spec.limits.timeout_ms, max_time)
         && Duration::from_millis(asked) > max
@@ -195,6 +213,24 @@ fn check(w: &Worker, tenant: &Tenant, spec: &JobSpec) -> Result<(), Refused> {
         || (w.tenants.is_multi() && !w.uploaders.has_shown(&spec.module, &tenant.name))
     {
         return Err(Refused::UnknownModule(spec.module));
+    }
+    Ok(())
+}
+
+/// Trees must be mounted at distinct, non-empty guest paths, none of them
+/// the scratch directory's.
+fn check_guest_paths(spec: &JobSpec) -> Result<(), Refused> {
+    let mut seen = std::collections::HashSet::new();
+    for t in &spec.trees {
+        if t.guest.is_empty() || t.guest.contains('\0') {
+            return Err(Refused::Invalid("a tree's guest path is empty or has a NUL".into()));
+        }
+        if t.guest == crate::sandbox::SCRATCH_GUEST_PATH {
+            return Err(Refused::Invalid(format!("{} is the job's scratch directory; mount the tree elsewhere", t.guest)));
+        }
+        if !seen.insert(t.guest.as_str()) {
+            return Err(Refused::Invalid(format!("two trees are mounted at {}", t.guest)));
+        }
     }
     Ok(())
 }
@@ -231,7 +267,8 @@ async fn run_queued(
     tenant: &Arc<Tenant>,
     id: &str,
     queued: Queued,
-    spec: JobSpec,
+    mut spec: JobSpec,
+    pins: Pins,
     cancel: Cancel,
     hold: &Arc<Hold>,
     streams: Streams,
@@ -262,8 +299,21 @@ async fn run_queued(
             cancel: Some(cancel),
             output_budget: Some(hold.clone()),
         };
-        let mut result = w2.runner.run_with(spec, hooks).await;
-        hold.shrink_to((result.stdout.len() + result.stderr.len()) as u64);
+        let memreq = spec.limits.memory_bytes;
+        let mut result = match mount_trees(&w2, &pins, &spec).await {
+            Ok(mounted) => {
+                spec.dirs.extend(mounted.as_ref().map(|m| m.grants.clone()).unwrap_or_default());
+                let mut result = w2.runner.run_with(spec, hooks).await;
+                if let Some(mounted) = mounted {
+                    send_files_back(&w2, mounted, &hold, &mut result).await;
+                }
+                result
+            }
+            Err(reason) => JobResult::never_ran(memreq, Outcome::Rejected { reason }),
+        };
+        drop(pins);
+        let files: usize = result.files.iter().map(|f| f.contents.len()).sum();
+        hold.shrink_to((result.stdout.len() + result.stderr.len() + files) as u64);
         w2.admission.account(&ticket.tenant().name, &JobUsage {
             cpu: Duration::from_micros(result.cpu_time_us),
             held: held.elapsed(),
@@ -280,4 +330,39 @@ async fn run_queued(
         result
     });
     job.await.map_err(|e| Refused::Internal(format!("the job's task failed: {e}")))
+}
+
+/// Lays out the job's trees, if it has any, on a blocking thread (their
+/// files stay pinned by `pins` until the job is done).
+async fn mount_trees(w: &Arc<Worker>, pins: &Pins, spec: &JobSpec) -> Result<Option<Mounted>, String> {
+    let Some(tree_pins) = &pins.trees else { return Ok(None) };
+    let sandbox = w.runner.sandbox();
+    let (root, disk) = (sandbox.config().scratch_root.clone(), sandbox.scratch_pool());
+    let (store, manifests, trees) = (w.files.clone(), tree_pins.manifests.clone(), spec.trees.clone());
+    tokio::task::spawn_blocking(move || trees::mount(&store, &manifests, &trees, root.as_deref(), disk).map(Some))
+        .await
+        .map_err(|e| format!("laying out the job's trees failed: {e}"))?
+}
+
+/// Reads back what the job wrote into its writable trees (held against
+/// the worker's memory with its output), into its result.
+async fn send_files_back(w: &Arc<Worker>, mounted: Mounted, hold: &Arc<Hold>, result: &mut JobResult) {
+    let max = w.max_files_back;
+    // Held before reading; shrunk to what the result keeps.
+    hold.try_grow(max, true);
+    let back = tokio::task::spawn_blocking(move || mounted.files_back(max)).await;
+    match back {
+        Ok(Ok((files, warnings))) => {
+            result.files = files;
+            result.warnings.extend(warnings);
+        }
+        Ok(Err(outcome)) => {
+            if result.outcome.is_success() {
+                result.outcome = outcome;
+            } else {
+                result.warnings.push(format!("{outcome}"));
+            }
+        }
+        Err(e) => result.warnings.push(format!("reading back the job's files failed: {e}")),
+    }
 }

@@ -164,6 +164,7 @@ impl Metrics {
             Outcome::Rejected { .. } => "rejected",
             Outcome::Cancelled { .. } => "cancelled",
             Outcome::OutputMemoryExhausted { .. } => "output_memory_exhausted",
+            Outcome::FilesBackTooLarge { .. } => "files_back_too_large",
         };
         self.count_job(tenant, outcome);
         self.wall.observe(result.wall_time_us as f64 / 1e6);
@@ -289,6 +290,7 @@ mod tests {
             cache: crate::proto::CacheSource::Memory,
             peer: "x".into(),
             warnings: Vec::new(),
+            files: Vec::new(),
         };
         m.job_ended("alice", &result);
         m.refused("never_fits");

@@ -6,6 +6,10 @@
 //! * [`modules`] — module bytes held for compiling, within a byte budget;
 //! * [`http`] — `peerwasm worker`'s HTTP edge: the router and `start`,
 //!   extractors (tenant, capped bodies), one file per endpoint group;
+//! * [`filestore`] — files of shipped trees by sha256, on disk, within a
+//!   byte budget shared with jobs' scratch;
+//! * [`trees`] — a job's shipped trees laid out for it, and the files it
+//!   wrote read back;
 //! * [`jobs`] — a job's life: checks, admission, the run, charging,
 //!   cancelling;
 //! * [`table`] — the jobs a worker holds, by id, with their cancel handles;
@@ -29,6 +33,7 @@
 pub mod admission;
 pub mod cgroup;
 pub mod fairshare;
+pub mod filestore;
 pub mod http;
 pub mod jobs;
 pub mod ledger;
@@ -38,6 +43,7 @@ pub mod runner;
 pub mod state;
 pub mod table;
 pub mod tenants;
+pub mod trees;
 pub mod warnings;
 
 pub use http::{RunningWorker, WorkerConfig, start};

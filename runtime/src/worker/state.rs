@@ -71,6 +71,10 @@ pub struct Worker {
     pub(crate) uploaders: Uploaders,
     /// Bytes of detached results one tenant may hold (`--max-results`).
     pub(crate) max_results: u64,
+    /// Files of shipped trees (`--file-store`).
+    pub(crate) files: Arc<super::filestore::FileStore>,
+    /// The most bytes of files a job sends back (`--max-files-back`).
+    pub(crate) max_files_back: u64,
     pub(crate) draining: AtomicBool,
     /// Connections closed because `--max-connections` were open.
     pub(crate) connections_refused: Arc<AtomicU64>,

@@ -3,6 +3,7 @@
 //!
 //! Endpoints (bodies in postcard unless noted), one file per group:
 //! * [`modules`] — `PUT /v1/modules/{sha256}`;
+//! * [`files`] — `PUT /v1/trees/{sha256}`, `PUT /v1/files/{sha256}` (shipped trees);
 //! * [`jobs`] — `POST /v1/jobs`, `GET /v1/jobs[/{id}[/output]]`, `DELETE /v1/jobs/{id}`;
 //! * [`batch`] — `POST /v1/jobs/batch`;
 //! * [`stream`] — `POST /v1/jobs/stream` (stdin and output flowing);
@@ -16,6 +17,7 @@
 
 pub mod batch;
 pub mod extract;
+pub mod files;
 pub mod jobs;
 pub mod modules;
 pub mod pool;
@@ -119,6 +121,13 @@ pub struct WorkerConfig {
     /// Connections served at once and the time to send headers
     /// (`--max-connections`, `--header-timeout`). Default: `ServeLimits::default()`.
     pub serve: serve::ServeLimits,
+    /// Bytes of shipped trees' files kept on disk (`--file-store`); they
+    /// also count against the sandbox's `scratch_total_bytes`. Default:
+    /// [`DEFAULT_FILE_STORE`](crate::worker::filestore::DEFAULT_FILE_STORE).
+    pub file_store_bytes: u64,
+    /// The most bytes of files one job sends back (`--max-files-back`).
+    /// Default: [`DEFAULT_MAX_FILES_BACK`](crate::worker::trees::DEFAULT_MAX_FILES_BACK).
+    pub max_files_back: u64,
 }
 
 impl WorkerConfig {
@@ -148,6 +157,8 @@ impl WorkerConfig {
             drain_grace: DEFAULT_DRAIN_GRACE,
             serve: serve::ServeLimits::default(),
             max_results: DEFAULT_MAX_RESULTS,
+            file_store_bytes: crate::worker::filestore::DEFAULT_FILE_STORE,
+            max_files_back: crate::worker::trees::DEFAULT_MAX_FILES_BACK,
         }
     }
 }
@@ -234,6 +245,12 @@ pub async fn start(
     };
     let node = GossipNode::new(NodeId::new(addr.clone(), generation), Advert::default(), gossip_config)
         .with_check(Advert::check);
+    let files = Arc::new(super::filestore::FileStore::new(
+        config.runner.sandbox.scratch_root.as_deref(),
+        config.file_store_bytes,
+        runner.sandbox().scratch_pool(),
+        config.tenants.is_multi(),
+    )?);
     let worker = Arc::new(Worker {
         addr: addr.clone(),
         runner,
@@ -249,6 +266,8 @@ pub async fn start(
         modules_received: AtomicU64::new(0),
         uploaders: Default::default(),
         max_results: config.max_results,
+        files,
+        max_files_back: config.max_files_back,
         draining: AtomicBool::new(false),
         connections_refused: Default::default(),
         metrics: Metrics::new(),
@@ -315,6 +334,8 @@ fn router(worker: Arc<Worker>) -> Router {
     // Requests with a tenant's body: the tenant first, then the body.
     let uploads = Router::new()
         .route("/v1/modules/{hash}", put(modules::put_module))
+        .route("/v1/trees/{hash}", put(files::put_tree))
+        .route("/v1/files/{hash}", put(files::put_file))
         .route("/v1/jobs", post(jobs::post_job))
         .route(crate::proto::batch::BATCH_PATH, post(batch::post_batch))
         .route(crate::proto::stream::STREAM_PATH, post(stream::post_stream))

@@ -37,6 +37,7 @@ fn status(r: &Refused) -> StatusCode {
         Refused::Invalid(_) => StatusCode::BAD_REQUEST,
         Refused::InputTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
         Refused::UnknownModule(_) => StatusCode::NOT_FOUND,
+        Refused::MissingFiles(_) => StatusCode::FAILED_DEPENDENCY,
         Refused::TooLarge { .. } | Refused::TooLong(_) => StatusCode::UNPROCESSABLE_ENTITY,
         Refused::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
         Refused::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -51,7 +52,7 @@ fn largest(r: &Refused) -> Option<u64> {
 }
 
 impl IntoResponse for Refused {
-    /// 400, 404 (upload the module), 413, 422 (with header
+    /// 400, 404 (upload the module), 424 (send the job's trees), 413, 422 (with header
     /// `peerwasm-largest-job` when memory is why), 503 (with `Retry-After`).
     fn into_response(self) -> Response {
         let status = status(&self);

@@ -1,0 +1,418 @@
+//! The files of shipped trees (`proto::tree`), kept on disk by sha256 and
+//! shared by every job and tenant, within a byte budget.
+//!
+//! Why a store and not a directory per job: a map's inputs, and the maps
+//! after it, use the same data. Kept by hash, a file crosses the network
+//! once per worker however many jobs mount it, and the least recently used
+//! files go when the budget (`--file-store`) is reached. Every byte kept
+//! also counts against the worker's disk total (`--scratch-total`, shared
+//! with what running jobs write), so files and jobs' scratch never fill the
+//! disk together.
+//!
+//! A file that a queued or running job needs is *pinned* ([`TreePins`]):
+//! no upload can push it out before the job is done. A file is written to
+//! a temporary name while its bytes arrive and hashed on the way; only
+//! bytes whose sha256 is their name are kept.
+//!
+//! With `--tenants`, a tenant may mount only files and manifests it has
+//! shown the worker (uploaded), as for modules (`state::Uploaders`): a hash
+//! that leaks does not give another tenant the data.
+
+use std::collections::{HashMap, HashSet};
+use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use lru::LruCache;
+
+use crate::proto::tree::{FileHash, Manifest, TreeGrant};
+use crate::proto::ModuleHash;
+use crate::sandbox::files::ScratchPool;
+use crate::units::Bytes;
+
+/// Bytes of files a worker keeps unless `--file-store` says otherwise.
+pub const DEFAULT_FILE_STORE: u64 = 10 << 30;
+
+/// Manifests a worker remembers (the least recently used are sent again).
+pub const MANIFESTS_REMEMBERED: usize = 4096;
+
+/// Why a file or a tree was not taken.
+#[derive(Debug, PartialEq, Eq)]
+pub enum StoreError {
+    /// The request is wrong (bad bytes, a bad manifest): 400.
+    Invalid(String),
+    /// Larger than this worker ever keeps: 413.
+    TooLarge(String),
+    /// No room now (the disk total is taken by pinned files and jobs): 507.
+    Full(String),
+    /// Writing failed on this host: 500.
+    Io(String),
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::Invalid(m) | StoreError::TooLarge(m) | StoreError::Full(m) | StoreError::Io(m) => f.write_str(m),
+        }
+    }
+}
+
+/// Files by hash, on disk; see the module docs.
+pub struct FileStore {
+    /// Holds the files; removed with the store.
+    dir: tempfile::TempDir,
+    budget: u64,
+    disk: Option<Arc<ScratchPool>>,
+    /// Whether tenants must show what they mount.
+    multi_tenant: bool,
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    /// Kept files and their sizes, most recently used first.
+    files: LruCache<FileHash, u64>,
+    held: u64,
+    pins: HashMap<FileHash, u32>,
+    manifests: LruCache<ModuleHash, Arc<Manifest>>,
+    /// Tenants that uploaded each file or manifest (multi-tenant only).
+    shown: HashMap<ModuleHash, HashSet<String>>,
+    /// Files received, and their bytes (`/metrics`, tests).
+    received: (u64, u64),
+}
+
+impl FileStore {
+    /// An empty store in a new directory under `root` (the system's
+    /// temporary directory if `None`), keeping at most `budget` bytes and
+    /// charging them to `disk`.
+    pub fn new(root: Option<&Path>, budget: u64, disk: Option<Arc<ScratchPool>>, multi_tenant: bool) -> anyhow::Result<FileStore> {
+        let b = tempfile::Builder::new().prefix("peerwasm-files-").to_owned();
+        let dir = match root {
+            Some(root) => b.tempdir_in(root),
+            None => b.tempdir(),
+        }
+        .map_err(|e| anyhow::anyhow!("cannot make the file store's directory: {e}"))?;
+        Ok(FileStore {
+            dir,
+            budget,
+            disk,
+            multi_tenant,
+            inner: Mutex::new(Inner {
+                files: LruCache::unbounded(),
+                held: 0,
+                pins: HashMap::new(),
+                manifests: LruCache::new(NonZeroUsize::new(MANIFESTS_REMEMBERED).expect("non-zero")),
+                shown: HashMap::new(),
+                received: (0, 0),
+            }),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The most one tree (or file) may be here.
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    /// Where a kept file is.
+    pub fn path_of(&self, hash: &FileHash) -> PathBuf {
+        self.dir.path().join(hash.to_hex())
+    }
+
+    /// Bytes kept now.
+    pub fn held(&self) -> u64 {
+        self.lock().held
+    }
+
+    /// Files received so far, and their bytes.
+    pub fn received(&self) -> (u64, u64) {
+        self.lock().received
+    }
+
+    fn may_use(&self, inner: &Inner, hash: &ModuleHash, tenant: &str) -> bool {
+        !self.multi_tenant || inner.shown.get(hash).is_some_and(|t| t.contains(tenant))
+    }
+
+    fn record_shown(&self, inner: &mut Inner, hash: ModuleHash, tenant: &str) {
+        if self.multi_tenant {
+            inner.shown.entry(hash).or_default().insert(tenant.to_string());
+        }
+    }
+
+    /// Takes a manifest from `tenant` (already checked against its hash
+    /// by the caller) and returns the files of it this tenant must still
+    /// send.
+    pub fn put_manifest(&self, tenant: &str, hash: ModuleHash, manifest: Manifest) -> Result<Vec<FileHash>, StoreError> {
+        manifest.check(self.budget).map_err(|e| {
+            if e.contains("accepts trees of at most") { StoreError::TooLarge(e) } else { StoreError::Invalid(e) }
+        })?;
+        let mut inner = self.lock();
+        let mut missing: Vec<FileHash> = manifest
+            .files()
+            .filter(|(_, h, _)| !(inner.files.contains(h) && self.may_use(&inner, h, tenant)))
+            .map(|(_, h, _)| h)
+            .collect();
+        missing.sort_unstable();
+        missing.dedup();
+        inner.manifests.put(hash, Arc::new(manifest));
+        self.record_shown(&mut inner, hash, tenant);
+        Ok(missing)
+    }
+
+    /// Whether `tenant` already may use the file (then its upload can be
+    /// skipped).
+    pub fn has_file(&self, tenant: &str, hash: &FileHash) -> bool {
+        let inner = self.lock();
+        inner.files.contains(hash) && self.may_use(&inner, hash, tenant)
+    }
+
+    /// Starts receiving a file whose bytes should hash to `hash`.
+    pub fn receive(self: &Arc<Self>, hash: FileHash) -> Result<Incoming, StoreError> {
+        let tmp = tempfile::Builder::new()
+            .prefix(".incoming-")
+            .tempfile_in(self.dir.path())
+            .map_err(|e| StoreError::Io(format!("cannot make a file in the store: {e}")))?;
+        Ok(Incoming { store: self.clone(), hash, file: Some(tmp), len: 0, hasher: Default::default(), charged: 0 })
+    }
+
+    /// Takes `bytes` of the disk total, evicting unpinned files if need be.
+    fn charge(&self, bytes: u64) -> bool {
+        let Some(disk) = &self.disk else { return true };
+        loop {
+            if disk.take(bytes) {
+                return true;
+            }
+            let mut inner = self.lock();
+            if !self.evict_one(&mut inner, None) {
+                return false;
+            }
+        }
+    }
+
+    fn uncharge(&self, bytes: u64) {
+        if let Some(disk) = &self.disk {
+            disk.give_back(bytes);
+        }
+    }
+
+    /// Removes the least recently used unpinned file other than `keep`;
+    /// false if there is none.
+    fn evict_one(&self, inner: &mut Inner, keep: Option<&FileHash>) -> bool {
+        let victim = inner
+            .files
+            .iter()
+            .rev()
+            .map(|(h, _)| *h)
+            .find(|h| Some(h) != keep && !inner.pins.contains_key(h));
+        let Some(victim) = victim else { return false };
+        if let Some(size) = inner.files.pop(&victim) {
+            inner.held -= size;
+            inner.shown.remove(&victim);
+            let _ = std::fs::remove_file(self.path_of(&victim));
+            self.uncharge(size);
+        }
+        true
+    }
+
+    /// Pins every file of `trees` for a job of `tenant`, or says what is
+    /// missing (the client is to send the tree again).
+    pub fn pin_trees(self: &Arc<Self>, tenant: &str, trees: &[TreeGrant]) -> Result<TreePins, String> {
+        let mut inner = self.lock();
+        let mut manifests = Vec::with_capacity(trees.len());
+        for grant in trees {
+            let Some(m) = inner.manifests.get(&grant.manifest).cloned() else {
+                return Err(format!("tree {} unknown here: send it first", &grant.manifest.to_hex()[..12]));
+            };
+            if !self.may_use(&inner, &grant.manifest, tenant) {
+                return Err(format!("tree {} not sent by you: send it first", &grant.manifest.to_hex()[..12]));
+            }
+            if let Some((path, _, _)) = m.files().find(|(_, h, _)| !(inner.files.contains(h) && self.may_use(&inner, h, tenant))) {
+                return Err(format!("file {path:?} of tree {} is not here: send it", &grant.manifest.to_hex()[..12]));
+            }
+            manifests.push(m);
+        }
+        let mut pinned = Vec::new();
+        for m in &manifests {
+            for (_, h, _) in m.files() {
+                inner.files.promote(&h);
+                *inner.pins.entry(h).or_insert(0) += 1;
+                pinned.push(h);
+            }
+        }
+        Ok(TreePins { store: self.clone(), pinned, manifests })
+    }
+}
+
+/// The files of a job's trees, kept until the job is done.
+pub struct TreePins {
+    store: Arc<FileStore>,
+    pinned: Vec<FileHash>,
+    /// The job's trees' manifests, in the order of its `trees`.
+    pub manifests: Vec<Arc<Manifest>>,
+}
+
+impl Drop for TreePins {
+    fn drop(&mut self) {
+        let mut inner = self.store.lock();
+        for h in &self.pinned {
+            if let Some(n) = inner.pins.get_mut(h) {
+                *n -= 1;
+                if *n == 0 {
+                    inner.pins.remove(h);
+                }
+            }
+        }
+        let store = &self.store;
+        while inner.held > store.budget && store.evict_one(&mut inner, None) {}
+    }
+}
+
+/// A file arriving: written, hashed and charged as its bytes come.
+pub struct Incoming {
+    store: Arc<FileStore>,
+    hash: FileHash,
+    file: Option<tempfile::NamedTempFile>,
+    len: u64,
+    hasher: sha2::Sha256,
+    charged: u64,
+}
+
+impl Incoming {
+    /// Writes the next bytes. Blocking: call from a blocking thread or with
+    /// small chunks.
+    pub fn write(&mut self, chunk: &[u8]) -> Result<(), StoreError> {
+        use sha2::Digest;
+        use std::io::Write;
+        let len = self.len + chunk.len() as u64;
+        if len > self.store.budget {
+            return Err(StoreError::TooLarge(format!(
+                "the file is larger than the {} this worker keeps (its --file-store)",
+                Bytes(self.store.budget)
+            )));
+        }
+        if !self.store.charge(chunk.len() as u64) {
+            return Err(StoreError::Full(format!(
+                "this worker's disk total is taken (by files jobs need now, and what they write): try another worker"
+            )));
+        }
+        self.charged += chunk.len() as u64;
+        self.hasher.update(chunk);
+        let file = self.file.as_mut().expect("written until finished");
+        file.write_all(chunk).map_err(|e| StoreError::Io(format!("cannot write to the file store: {e}")))?;
+        self.len = len;
+        Ok(())
+    }
+
+    /// Keeps the file if its bytes hash to its name; `tenant` has then
+    /// shown it.
+    pub fn finish(mut self, tenant: &str) -> Result<(), StoreError> {
+        use sha2::Digest;
+        let got = ModuleHash(std::mem::take(&mut self.hasher).finalize().into());
+        if got != self.hash {
+            return Err(StoreError::Invalid("the bytes do not match the sha256 in the URL (did the file change while it was sent?)".into()));
+        }
+        let file = self.file.take().expect("finished once");
+        let store = &self.store;
+        let mut inner = store.lock();
+        store.record_shown(&mut inner, self.hash, tenant);
+        inner.received.0 += 1;
+        inner.received.1 += self.len;
+        if inner.files.contains(&self.hash) {
+            return Ok(()); // sent twice at once: keep one (this one's charge goes with `self`)
+        }
+        let path = store.path_of(&self.hash);
+        file.persist(&path).map_err(|e| StoreError::Io(format!("cannot keep the file: {e}")))?;
+        let _ = std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o444));
+        inner.files.put(self.hash, self.len);
+        inner.held += self.len;
+        self.charged = 0; // now the store's, given back when it is evicted
+        let hash = self.hash;
+        while inner.held > store.budget && store.evict_one(&mut inner, Some(&hash)) {}
+        Ok(())
+    }
+}
+
+impl Drop for Incoming {
+    /// An upload that failed or was not kept gives back its charge (its
+    /// temporary file removes itself).
+    fn drop(&mut self) {
+        self.store.uncharge(self.charged);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::tree::{EntryKind, TreeEntry};
+
+    fn put(store: &Arc<FileStore>, tenant: &str, bytes: &[u8]) -> Result<FileHash, StoreError> {
+        let hash = FileHash::of(bytes);
+        let mut incoming = store.receive(hash)?;
+        incoming.write(bytes)?;
+        incoming.finish(tenant)?;
+        Ok(hash)
+    }
+
+    fn tree_of(files: &[&[u8]]) -> (ModuleHash, Manifest) {
+        let entries = files
+            .iter()
+            .enumerate()
+            .map(|(i, b)| TreeEntry { path: format!("f{i}"), kind: EntryKind::File { hash: FileHash::of(b), size: b.len() as u64 } })
+            .collect();
+        let m = Manifest { entries };
+        (m.hash(), m)
+    }
+
+    #[test]
+    fn files_are_kept_by_hash_and_the_least_recently_used_go_unless_pinned() {
+        let disk = Arc::new(ScratchPool::new(10_000));
+        let store = Arc::new(FileStore::new(None, 3000, Some(disk.clone()), false).unwrap());
+        let (a, b, c) = (vec![1u8; 1000], vec![2u8; 1000], vec![3u8; 1000]);
+        let (tree, manifest) = tree_of(&[&a]);
+        assert_eq!(store.put_manifest("t", tree, manifest).unwrap(), vec![FileHash::of(&a)]);
+        put(&store, "t", &a).unwrap();
+        let grant = TreeGrant { manifest: tree, guest: "/d".into(), read_only: true };
+        let pins = store.pin_trees("t", std::slice::from_ref(&grant)).unwrap();
+        put(&store, "t", &b).unwrap();
+        put(&store, "t", &c).unwrap();
+        put(&store, "t", &[4u8; 1000]).unwrap(); // over budget: b goes, a is pinned
+        assert!(store.has_file("t", &FileHash::of(&a)) && !store.has_file("t", &FileHash::of(&b)));
+        assert_eq!((store.held(), disk.in_use()), (3000, 3000));
+        assert_eq!(std::fs::read(store.path_of(&FileHash::of(&a))).unwrap(), a);
+        drop(pins);
+        put(&store, "t", &[5u8; 1000]).unwrap();
+        assert!(!store.has_file("t", &FileHash::of(&a)), "unpinned, the least recently used goes");
+        assert!(store.pin_trees("t", &[grant]).unwrap_err().contains("is not here"));
+    }
+
+    #[test]
+    fn bytes_that_do_not_match_their_name_are_not_kept_and_their_disk_is_given_back() {
+        let disk = Arc::new(ScratchPool::new(10_000));
+        let store = Arc::new(FileStore::new(None, 5000, Some(disk.clone()), false).unwrap());
+        let mut incoming = store.receive(FileHash::of(b"what was promised")).unwrap();
+        incoming.write(b"something else").unwrap();
+        assert!(matches!(incoming.finish("t"), Err(StoreError::Invalid(_))));
+        assert_eq!((store.held(), disk.in_use()), (0, 0));
+        let mut big = store.receive(FileHash::of(b"x")).unwrap();
+        assert!(matches!(big.write(&[0u8; 6000]), Err(StoreError::TooLarge(_))));
+    }
+
+    #[test]
+    fn with_tenants_a_file_is_usable_only_by_those_who_sent_it() {
+        let store = Arc::new(FileStore::new(None, 5000, None, true).unwrap());
+        let data = b"alice's data";
+        let (tree, manifest) = tree_of(&[data]);
+        store.put_manifest("alice", tree, manifest.clone()).unwrap();
+        put(&store, "alice", data).unwrap();
+        let grant = TreeGrant { manifest: tree, guest: "/d".into(), read_only: true };
+        assert!(store.pin_trees("alice", std::slice::from_ref(&grant)).is_ok());
+        assert!(store.pin_trees("bob", std::slice::from_ref(&grant)).unwrap_err().contains("not sent by you"));
+        // Bob knows the hashes; he must still send the bytes.
+        assert_eq!(store.put_manifest("bob", tree, manifest).unwrap(), vec![FileHash::of(data)]);
+        assert!(store.pin_trees("bob", std::slice::from_ref(&grant)).unwrap_err().contains("is not here"));
+        put(&store, "bob", data).unwrap();
+        assert!(store.pin_trees("bob", &[grant]).is_ok());
+    }
+}

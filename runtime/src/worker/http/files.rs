@@ -1,0 +1,128 @@
+//! `PUT /v1/trees/{sha256}` and `PUT /v1/files/{sha256}`: shipped trees
+//! (`proto::tree`) arriving at the worker's file store
+//! (`worker::filestore`).
+//!
+//! A manifest is a small postcard body, checked in full (paths, order,
+//! size) before anything is kept; the answer is the postcard list of the
+//! files this tenant must still send. A file's body is streamed to disk as
+//! it arrives — never held in memory whole — hashed on the way, and kept
+//! only if its sha256 is its name. A body that stalls for
+//! [`IDLE_TIMEOUT`] is dropped.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use http_body_util::BodyExt;
+
+use super::extract::{BodyKind, Caller, Postcard};
+use super::response::{postcard, text};
+use crate::proto::ModuleHash;
+use crate::proto::tree::{MAX_MANIFEST_BYTES, Manifest};
+use crate::worker::filestore::StoreError;
+use crate::worker::state::Worker;
+
+/// How long a file's body may go without a byte before it is dropped.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Bytes gathered before they are written.
+const WRITE_CHUNK: usize = 1 << 20;
+
+/// A tree's manifest.
+pub struct ManifestBody;
+
+impl BodyKind for ManifestBody {
+    const WHAT: &'static str = "tree manifest";
+    fn limit(_w: &Worker) -> usize {
+        MAX_MANIFEST_BYTES
+    }
+}
+
+fn parse_hash(hex: &str) -> Result<ModuleHash, Response> {
+    ModuleHash::from_hex(hex).ok_or_else(|| text(StatusCode::BAD_REQUEST, "the name must be a sha256 in hex"))
+}
+
+fn store_error(e: StoreError) -> Response {
+    let status = match e {
+        StoreError::Invalid(_) => StatusCode::BAD_REQUEST,
+        StoreError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+        StoreError::Full(_) => StatusCode::INSUFFICIENT_STORAGE,
+        StoreError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    text(status, e.to_string())
+}
+
+pub async fn put_tree(
+    State(w): State<Arc<Worker>>,
+    Caller(tenant): Caller,
+    Path(hash): Path<String>,
+    Postcard(manifest, _): Postcard<Manifest, ManifestBody>,
+) -> Response {
+    let hash = match parse_hash(&hash) {
+        Ok(h) => h,
+        Err(r) => return r,
+    };
+    if manifest.hash() != hash {
+        return text(StatusCode::BAD_REQUEST, "the manifest does not match the sha256 in the URL");
+    }
+    match w.files.put_manifest(&tenant.name, hash, manifest) {
+        Ok(missing) => postcard(&missing),
+        Err(e) => {
+            w.metrics.refused("bad_tree");
+            store_error(e)
+        }
+    }
+}
+
+pub async fn put_file(
+    State(w): State<Arc<Worker>>,
+    Caller(tenant): Caller,
+    Path(hash): Path<String>,
+    req: Request,
+) -> Response {
+    let hash = match parse_hash(&hash) {
+        Ok(h) => h,
+        Err(r) => return r,
+    };
+    if w.files.has_file(&tenant.name, &hash) {
+        return StatusCode::OK.into_response();
+    }
+    let mut incoming = match w.files.receive(hash) {
+        Ok(i) => i,
+        Err(e) => return store_error(e),
+    };
+    let mut body = req.into_body();
+    let mut pending: Vec<u8> = Vec::with_capacity(WRITE_CHUNK);
+    loop {
+        let frame = match tokio::time::timeout(IDLE_TIMEOUT, body.frame()).await {
+            Err(_) => return text(StatusCode::REQUEST_TIMEOUT, "the file stopped arriving"),
+            Ok(None) => None,
+            Ok(Some(Err(e))) => return text(StatusCode::BAD_REQUEST, format!("cannot read the file: {e}")),
+            Ok(Some(Ok(frame))) => Some(frame),
+        };
+        let end = frame.is_none();
+        if let Some(data) = frame.and_then(|f| f.into_data().ok()) {
+            pending.extend_from_slice(&data);
+        }
+        if pending.len() >= WRITE_CHUNK || (end && !pending.is_empty()) {
+            // Written on a blocking thread, a chunk at a time.
+            let chunk = std::mem::replace(&mut pending, Vec::with_capacity(WRITE_CHUNK));
+            incoming = match tokio::task::spawn_blocking(move || incoming.write(&chunk).map(|()| incoming)).await {
+                Ok(Ok(i)) => i,
+                Ok(Err(e)) => return store_error(e),
+                Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, format!("writing the file failed: {e}")),
+            };
+        }
+        if end {
+            break;
+        }
+    }
+    let tenant_name = tenant.name.clone();
+    match tokio::task::spawn_blocking(move || incoming.finish(&tenant_name)).await {
+        Ok(Ok(())) => StatusCode::CREATED.into_response(),
+        Ok(Err(e)) => store_error(e),
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("keeping the file failed: {e}")),
+    }
+}

@@ -1,0 +1,175 @@
+//! A job's shipped trees on the worker: laid out from the file store
+//! before the job runs, granted to it as directories, and what it wrote
+//! into the writable ones read back when it ends.
+//!
+//! A read-only tree is made of hard links to the store's files (no bytes
+//! copied, however large; the guest's read-only grant and the files' mode
+//! keep it from changing them). A writable tree is a copy, charged to the
+//! worker's disk total while the job runs: the guest may change it freely
+//! without touching what other jobs mount.
+//!
+//! What comes back is every regular file of a writable tree that is new
+//! or whose bytes changed, up to a cap (`--max-files-back`); past it the
+//! job ends [`Outcome::FilesBackTooLarge`] and nothing comes back, rather
+//! than a silent half. Deleted files, symbolic links and empty directories
+//! do not come back.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use crate::proto::tree::{FileBack, Manifest, TreeGrant};
+use crate::proto::{DirGrant, Outcome};
+use crate::sandbox::files::ScratchPool;
+use crate::units::Bytes;
+
+use super::filestore::FileStore;
+
+/// The most bytes of files a job sends back unless `--max-files-back` says
+/// otherwise.
+pub const DEFAULT_MAX_FILES_BACK: u64 = 64 << 20;
+
+/// A job's trees, laid out; removed (and their disk given back) on drop.
+pub struct Mounted {
+    dir: Option<tempfile::TempDir>,
+    /// The directories to grant the job, in the order of its trees.
+    pub grants: Vec<DirGrant>,
+    writable: Vec<Writable>,
+    disk: Option<Arc<ScratchPool>>,
+    charged: u64,
+}
+
+/// A writable tree and what each file was when the job started.
+struct Writable {
+    index: u32,
+    root: PathBuf,
+    before: HashMap<String, (u64, Option<SystemTime>)>,
+}
+
+/// Lays out `trees`, whose `manifests` these are and whose files `store`
+/// holds (pinned by the caller), in a new directory under `root`. Blocking. `Err` is why the job cannot run.
+pub fn mount(
+    store: &FileStore,
+    manifests: &[Arc<Manifest>],
+    trees: &[TreeGrant],
+    root: Option<&Path>,
+    disk: Option<Arc<ScratchPool>>,
+) -> Result<Mounted, String> {
+    let b = tempfile::Builder::new().prefix("peerwasm-trees-").to_owned();
+    let dir = match root {
+        Some(r) => b.tempdir_in(r),
+        None => b.tempdir(),
+    }
+    .map_err(|e| format!("cannot make a directory for the job's trees: {e}"))?;
+    let mut mounted = Mounted { dir: None, grants: Vec::new(), writable: Vec::new(), disk, charged: 0 };
+    for (i, (grant, manifest)) in trees.iter().zip(manifests).enumerate() {
+        let tree_root = dir.path().join(i.to_string());
+        std::fs::create_dir(&tree_root).map_err(|e| format!("cannot lay out the job's tree: {e}"))?;
+        let mut before = HashMap::new();
+        for entry in &manifest.entries {
+            let dest = tree_root.join(&entry.path); // checked: relative, no `..`
+            let made = match entry.kind {
+                crate::proto::tree::EntryKind::Dir => std::fs::create_dir_all(&dest),
+                crate::proto::tree::EntryKind::File { hash, size } => {
+                    if let Some(parent) = dest.parent() {
+                        std::fs::create_dir_all(parent).map_err(|e| format!("cannot lay out the job's tree: {e}"))?;
+                    }
+                    let src = store.path_of(&hash);
+                    if grant.read_only {
+                        std::fs::hard_link(&src, &dest).or_else(|_| std::fs::copy(&src, &dest).map(|_| ()))
+                    } else {
+                        if !mounted.charge(size) {
+                            return Err(format!(
+                                "this worker has no disk free for a writable copy of the {} tree at {}: \
+                                 grant it read-only (:ro) to share the worker's copy",
+                                Bytes(manifest.total_bytes()),
+                                grant.guest
+                            ));
+                        }
+                        let copied = std::fs::copy(&src, &dest).map(|_| ());
+                        let _ = std::fs::set_permissions(&dest, std::os::unix::fs::PermissionsExt::from_mode(0o644));
+                        if copied.is_ok() {
+                            before.insert(entry.path.clone(), stamp(&dest));
+                        }
+                        copied
+                    }
+                }
+            };
+            made.map_err(|e| format!("cannot lay out {:?} of the job's tree: {e}", entry.path))?;
+        }
+        if !grant.read_only {
+            mounted.writable.push(Writable { index: i as u32, root: tree_root.clone(), before });
+        }
+        mounted.grants.push(DirGrant { host: tree_root, guest: grant.guest.clone(), read_only: grant.read_only });
+    }
+    mounted.dir = Some(dir);
+    Ok(mounted)
+}
+
+/// A file's size and modification time.
+fn stamp(path: &Path) -> (u64, Option<SystemTime>) {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) => (m.len(), m.modified().ok()),
+        Err(_) => (u64::MAX, None),
+    }
+}
+
+impl Mounted {
+    fn charge(&mut self, bytes: u64) -> bool {
+        match &self.disk {
+            Some(disk) if !disk.take(bytes) => false,
+            _ => {
+                self.charged += bytes;
+                true
+            }
+        }
+    }
+
+    /// The files the job created or changed in its writable trees, with
+    /// warnings about what could not come back; `Err` if they are more
+    /// than `max` bytes. Blocking.
+    pub fn files_back(&self, max: u64) -> Result<(Vec<FileBack>, Vec<String>), Outcome> {
+        let mut changed: Vec<(u32, String, PathBuf, u64)> = Vec::new();
+        let mut warnings = Vec::new();
+        for tree in &self.writable {
+            for entry in walkdir::WalkDir::new(&tree.root).follow_links(false).into_iter().filter_map(Result::ok) {
+                if !entry.file_type().is_file() {
+                    continue;
+                }
+                let Ok(rel) = entry.path().strip_prefix(&tree.root) else { continue };
+                let Some(rel) = rel.to_str().map(str::to_string) else {
+                    warnings.push(format!("{} has a name that is not UTF-8; it was not sent back", rel.display()));
+                    continue;
+                };
+                let now = stamp(entry.path());
+                if tree.before.get(&rel) == Some(&now) {
+                    continue; // as it was laid out
+                }
+                changed.push((tree.index, rel, entry.path().to_path_buf(), now.0));
+            }
+        }
+        let size: u64 = changed.iter().map(|c| c.3).sum();
+        if size > max {
+            return Err(Outcome::FilesBackTooLarge { size, limit: max });
+        }
+        let mut files = Vec::with_capacity(changed.len());
+        for (tree, path, on_disk, _) in changed {
+            match std::fs::read(&on_disk) {
+                Ok(contents) => files.push(FileBack { tree, path, size: contents.len() as u64, contents }),
+                Err(e) => warnings.push(format!("{path}: cannot read it back: {e}")),
+            }
+        }
+        Ok((files, warnings))
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        // The tree goes before its disk is given back.
+        drop(self.dir.take());
+        if let Some(disk) = &self.disk {
+            disk.give_back(self.charged);
+        }
+    }
+}
