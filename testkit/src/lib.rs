@@ -68,3 +68,37 @@ fn build(target: Option<&str>) -> PathBuf {
     );
     target_dir
 }
+
+/// The version of ripgrep the tests and benchmarks build for wasm32-wasip1.
+pub const RIPGREP_VERSION: &str = "15.2.0";
+
+/// ripgrep (`rg.wasm`), a real program not written here, built from its
+/// crates.io release for wasm32-wasip1 on first use (`cargo install
+/// --locked` into `target/tools`; about a minute, once).
+pub fn ripgrep_wasm() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let root = workspace_root().join("target").join("tools");
+            let wasm = root.join("bin").join("rg.wasm");
+            let stamp = root.join(format!("ripgrep-{RIPGREP_VERSION}"));
+            if wasm.exists() && stamp.exists() {
+                return wasm;
+            }
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let status = Command::new(cargo)
+                .args(["install", "--quiet", "--locked", "--force", "ripgrep", "--version", RIPGREP_VERSION])
+                .args(["--target", "wasm32-wasip1", "--root"])
+                .arg(&root)
+                .arg("--target-dir")
+                .arg(workspace_root().join("target").join("tools-build"))
+                .env_remove("RUSTFLAGS")
+                .env_remove("CARGO_ENCODED_RUSTFLAGS")
+                .status()
+                .expect("running cargo install ripgrep");
+            assert!(status.success(), "building ripgrep {RIPGREP_VERSION} for wasm32-wasip1 failed (is crates.io reachable?)");
+            std::fs::write(&stamp, b"").expect("writing the ripgrep stamp");
+            wasm
+        })
+        .clone()
+}

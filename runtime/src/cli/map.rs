@@ -50,6 +50,15 @@ pub struct MapArgs {
     /// this process's value).
     #[arg(long = "env", value_name = "NAME[=VAL]")]
     env: Vec<String>,
+    /// Grant every job a host directory, as `peerwasm run --dir`
+    /// (HOST[::GUEST][:ro]). On a pool it is shipped by content hash: once
+    /// per worker, however many inputs use it.
+    #[arg(long = "dir", value_name = "HOST[::GUEST][:ro]")]
+    dirs: Vec<String>,
+    /// Write the files each job creates or changes in its writable --dir
+    /// into OUT_DIR/<index>/ instead of into the --dir itself (on a pool).
+    #[arg(long, value_name = "OUT_DIR")]
+    out_dir: Option<PathBuf>,
     /// No progress bar or lines (the summary is still printed).
     #[arg(long)]
     no_progress: bool,
@@ -68,11 +77,12 @@ pub struct MapArgs {
 pub fn run(args: MapArgs) -> anyhow::Result<ExitCode> {
     let mut job = Job::from_file(&args.module)?;
     job.env = super::run::parse_env(&args.env)?;
+    job.dirs = super::run::parse_dirs(&args.dirs)?;
     job.limits.timeout_ms = args.timeout.map(|d| d.as_millis().max(1) as u64);
     let inputs = read_inputs(&args.inputs)?;
     let total = inputs.len() as u64;
 
-    let target = match args.pool.target()? {
+    let target = match args.pool.target(args.sandbox.cache_root())? {
         Some(pool) => pool,
         None => Target::Embedded(Arc::new(JobRunner::new(RunnerConfig { sandbox: args.sandbox.sandbox_config() })?)),
     };
@@ -83,6 +93,7 @@ pub fn run(args: MapArgs) -> anyhow::Result<ExitCode> {
         max_in_flight: args.max_in_flight,
         keep_going: args.keep_going,
         estimates: args.sandbox.cache_root().map(|root| EstimateStore::new(root.join("estimates"))),
+        out_dir: args.out_dir.clone(),
         ..MapConfig::default()
     };
     let out: Box<dyn Write + Send> = match &args.output {

@@ -62,12 +62,18 @@ pub struct PoolArgs {
 }
 
 impl PoolArgs {
-    /// The pool, or `None` for the embedded worker.
-    fn target(&self) -> anyhow::Result<Option<crate::client::Target>> {
+    /// The pool, or `None` for the embedded worker; shipped directories'
+    /// file hashes are kept under `cache_root`.
+    fn target(&self, cache_root: Option<PathBuf>) -> anyhow::Result<Option<crate::client::Target>> {
         if self.peers.is_empty() {
             return Ok(None);
         }
-        crate::client::Target::pool_as(self.peers.clone(), self.token.clone()).map(Some)
+        let config = crate::client::PoolConfig {
+            token: self.token.clone(),
+            hash_cache: cache_root,
+            ..crate::client::PoolConfig::new(self.peers.clone())
+        };
+        Ok(Some(crate::client::Target::Pool(std::sync::Arc::new(crate::client::Pool::new(config)?))))
     }
 }
 

@@ -35,8 +35,11 @@ pub struct RunArgs {
     #[arg(long = "env", value_name = "NAME[=VAL]")]
     env: Vec<String>,
     /// Grant the job a host directory, seen by the job at GUEST (default:
-    /// the same path), read-write, like `wasmtime run --dir`.
-    #[arg(long = "dir", value_name = "HOST[::GUEST]")]
+    /// the same path), read-write like `wasmtime run --dir`, or read-only
+    /// with `:ro`. With --peers it is shipped to the worker by content hash
+    /// (only files the worker lacks are sent), and what the job creates or
+    /// changes in it is written back here when it ends.
+    #[arg(long = "dir", value_name = "HOST[::GUEST][:ro]")]
     dirs: Vec<String>,
     /// Print peak memory, wall and CPU time to stderr when the job ends.
     #[arg(long, conflicts_with = "json")]
@@ -66,21 +69,21 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .split_first()
         .context("no job module given")?;
     let env = parse_env(&args.env)?;
-    let dirs = parse_dirs(&args.dirs)?;
     if args.detach {
         return detach(&args, module_path, job_args, env);
     }
+    let dirs = parse_dirs(&args.dirs)?;
     let stdin = stream_stdin();
 
     let mut job = Job::from_file(module_path)?;
     job.args = job_args.to_vec();
     job.env = env;
     job.limits.timeout_ms = args.timeout.map(|d| d.as_millis().max(1) as u64);
-    let mut spec = job.spec(Vec::new(), args.mem.unwrap_or(DEFAULT_MEMORY));
-    spec.dirs = dirs;
+    job.dirs = dirs;
+    let spec = job.spec(Vec::new(), args.mem.unwrap_or(DEFAULT_MEMORY));
 
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let result = if let Some(target) = args.pool.target()? {
+    let mut result = if let Some(target) = args.pool.target(args.sandbox.cache_root())? {
         let crate::client::Target::Pool(pool) = target else { unreachable!("--peers gives a pool") };
         // Ctrl-C drops the request: the worker sees its client go and
         // cancels the job.
@@ -106,6 +109,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         runner.add_module_hashed(job.hash(), job.bytes().clone());
         runtime.block_on(run_embedded(&runner, spec, stdin, !args.json))
     };
+    // A remote job's files, into the directories they came from.
+    if let Err(e) = crate::client::tree::write_back(&job.dirs, &mut result.files, None) {
+        eprintln!("peerwasm: cannot write back the files the job made: {e:#}");
+        report(&result, args.mem.is_none(), args.stats);
+        return Ok(ExitCode::from(super::EXIT_USAGE));
+    }
 
     if args.json {
         let mut out = std::io::stdout().lock();
@@ -119,13 +128,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
 /// `run --detach`: submits, prints the id, returns.
 fn detach(args: &RunArgs, module_path: &str, job_args: &[String], env: Vec<(String, String)>) -> anyhow::Result<ExitCode> {
-    let Some(crate::client::Target::Pool(pool)) = args.pool.target()? else {
+    let Some(crate::client::Target::Pool(pool)) = args.pool.target(args.sandbox.cache_root())? else {
         bail!("--detach needs a pool (--peers or PEERWASM_PEERS): a job of the embedded worker ends with its command");
     };
-    if !args.dirs.is_empty() {
-        bail!("--dir cannot be used with a remote worker yet");
-    }
     let mut job = Job::from_file(module_path)?;
+    job.dirs = parse_dirs(&args.dirs)?;
     job.args = job_args.to_vec();
     job.env = env;
     job.limits.timeout_ms = args.timeout.map(|d| d.as_millis().max(1) as u64);
@@ -275,22 +282,45 @@ pub(super) fn parse_env(items: &[String]) -> anyhow::Result<Vec<(String, String)
         .collect()
 }
 
-fn parse_dirs(items: &[String]) -> anyhow::Result<Vec<DirGrant>> {
+/// `--dir HOST[::GUEST][:ro]`, each an existing directory.
+pub(super) fn parse_dirs(items: &[String]) -> anyhow::Result<Vec<DirGrant>> {
     items
         .iter()
         .map(|item| {
-            let (host, guest) = match item.split_once("::") {
+            let (spec, read_only) = match item.strip_suffix(":ro") {
+                Some(rest) => (rest, true),
+                None => (item.as_str(), false),
+            };
+            let (host, guest) = match spec.split_once("::") {
                 Some((h, g)) => (h, g),
-                None => (item.as_str(), item.as_str()),
+                None => (spec, spec),
             };
             if host.is_empty() || guest.is_empty() {
-                bail!("--dir {item:?}: expected HOST or HOST::GUEST");
+                bail!("--dir {item:?}: expected HOST, HOST::GUEST, or either with :ro");
             }
             let host = PathBuf::from(host);
             if !Path::new(&host).is_dir() {
                 bail!("--dir {item}: {} is not a directory", host.display());
             }
-            Ok(DirGrant { host, guest: guest.to_string(), read_only: false })
+            Ok(DirGrant { host, guest: guest.to_string(), read_only })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dirs_parse_with_and_without_guest_paths_and_ro() {
+        let here = std::env::temp_dir();
+        let h = here.display();
+        let d = parse_dirs(&[format!("{h}"), format!("{h}::/data"), format!("{h}::/in:ro"), format!("{h}:ro")]).unwrap();
+        assert_eq!((d[0].guest.as_str(), d[0].read_only), (h.to_string().as_str(), false));
+        assert_eq!((d[1].guest.as_str(), d[1].read_only), ("/data", false));
+        assert_eq!((d[2].guest.as_str(), d[2].read_only), ("/in", true));
+        assert_eq!((d[3].guest.as_str(), d[3].read_only), (h.to_string().as_str(), true));
+        assert!(parse_dirs(&["::/x".into()]).is_err());
+        assert!(parse_dirs(&["/no/such/dir::/x".into()]).unwrap_err().to_string().contains("not a directory"));
+    }
 }

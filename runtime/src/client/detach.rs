@@ -13,6 +13,7 @@ use reqwest::StatusCode;
 
 use super::job::Job;
 use super::pool::{PeerError, Pool, backoff_wait};
+use super::ship::{PROVIDE_ATTEMPTS, ShippedTree};
 use super::target::SubmitError;
 use crate::proto::{JOB_ID_HEADER, JobOutput, JobSpec, Outcome, POSTCARD, PeerView, StdStream};
 
@@ -22,13 +23,23 @@ pub const FOLLOW_INTERVAL: Duration = Duration::from_millis(100);
 impl Pool {
     /// Submits a detached job: placed as any job, then the worker answers
     /// at once with its id. Returns the worker and the id.
+    /// Its directories must be read-only (`:ro`): nobody waits to write
+    /// what it changes back.
     pub async fn submit_detached(&self, job: &Job, spec: &JobSpec) -> Result<(String, String), SubmitError> {
-        let body = bytes::Bytes::from(postcard::to_allocvec(spec).map_err(|e| SubmitError::Fatal(e.to_string()))?);
+        if let Some(d) = spec.dirs.iter().find(|d| !d.read_only) {
+            return Err(SubmitError::Fatal(format!(
+                "--dir {}: a detached job's directories must be read-only (add :ro): nobody would be there to \
+                 write back what it changes",
+                d.host.display()
+            )));
+        }
+        let shipped = self.ship(spec).await?;
+        let body = bytes::Bytes::from(postcard::to_allocvec(shipped.spec()).map_err(|e| SubmitError::Fatal(e.to_string()))?);
         let mut backoff = Duration::from_millis(10);
         let mut no_peer_since = None;
         loop {
             for (addr, _) in self.candidates_now(spec, &mut no_peer_since).await? {
-                match self.detach_to(&addr, job, body.clone()).await {
+                match self.detach_to(&addr, job, &shipped.trees, body.clone()).await {
                     Ok(id) => return Ok((addr, id)),
                     Err(PeerError::Fatal(why)) => return Err(SubmitError::Fatal(format!("{addr}: {why}"))),
                     Err(PeerError::Declined(why) | PeerError::Unreachable(why) | PeerError::Lost(why)) => {
@@ -40,8 +51,14 @@ impl Pool {
         }
     }
 
-    async fn detach_to(&self, addr: &str, job: &Job, body: bytes::Bytes) -> Result<String, PeerError> {
-        for attempt in 0..2 {
+    async fn detach_to(
+        &self,
+        addr: &str,
+        job: &Job,
+        trees: &[std::sync::Arc<ShippedTree>],
+        body: bytes::Bytes,
+    ) -> Result<String, PeerError> {
+        for attempt in 0..PROVIDE_ATTEMPTS {
             let sent = Instant::now();
             let resp = self
                 .client_for(addr)
@@ -58,13 +75,12 @@ impl Pool {
             }
             let largest = resp.headers().get(crate::proto::LARGEST_JOB_HEADER).and_then(|v| v.to_str().ok()?.parse().ok());
             let message = resp.text().await.unwrap_or_default().trim().to_string();
-            if status == StatusCode::NOT_FOUND && attempt == 0 {
-                self.upload_once(addr, job, sent).await?;
+            if attempt + 1 < PROVIDE_ATTEMPTS && self.provide(addr, status, job, trees, sent).await? {
                 continue;
             }
             return Err(self.refusal(addr, status, message, largest));
         }
-        Err(PeerError::Declined("the module was uploaded but the worker still did not know it".into()))
+        unreachable!("the last attempt returns")
     }
 }
 

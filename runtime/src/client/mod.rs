@@ -5,6 +5,10 @@
 //! * [`placement`] — best fit over the gossip view;
 //! * [`pool`] — one job on the pool: upload the module where missing, try
 //!   candidates in order, wait when all are busy;
+//! * [`tree`] — host directories hashed into manifests, files coming back
+//!   written into them;
+//! * `ship` — shipping a job's directories to a worker: the trees and the
+//!   files it lacks, once per worker;
 //! * [`stream`] — one job with stdin and output flowing while it runs
 //!   (`run --peers`);
 //! * `batcher` — the jobs bound for one worker, sent together while it is
@@ -41,9 +45,11 @@ pub mod jobs;
 pub mod map;
 pub mod placement;
 pub mod pool;
+mod ship;
 pub mod status;
 pub mod stream;
 pub mod target;
+pub mod tree;
 
 pub use job::Job;
 pub use map::{MapConfig, MapItem, MapObserver, MapSummary, map};

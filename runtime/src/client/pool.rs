@@ -23,6 +23,7 @@ use reqwest::StatusCode;
 use super::batcher::Batchers;
 use super::job::Job;
 use super::placement;
+use super::ship::{PROVIDE_ATTEMPTS, ShippedTree};
 use super::target::{Placed, SubmitError};
 use crate::gossip::Liveness;
 use crate::proto::batch::BatchAnswer;
@@ -43,6 +44,10 @@ pub struct PoolConfig {
     pub avoid_for: Duration,
     /// The tenant's token, sent as `Authorization: Bearer`. Default: none.
     pub token: Option<String>,
+    /// Where the hashes of shipped directories' files are kept between
+    /// runs (`client::tree`); none: every file is hashed on every run.
+    /// Default: none.
+    pub hash_cache: Option<std::path::PathBuf>,
 }
 
 impl PoolConfig {
@@ -54,13 +59,14 @@ impl PoolConfig {
             no_peer_patience: Duration::from_secs(30),
             avoid_for: Duration::from_secs(2),
             token: None,
+            hash_cache: None,
         }
     }
 }
 
 /// A pool of workers, as seen from a client. Cheap to share (`Arc`).
 pub struct Pool {
-    config: PoolConfig,
+    pub(super) config: PoolConfig,
     /// With the tenant's token, for trusted workers.
     http: reqwest::Client,
     /// Without it, for the others.
@@ -68,8 +74,10 @@ pub struct Pool {
     /// Whether the last view came from a pool whose gossip is keyed.
     keyed: std::sync::atomic::AtomicBool,
     view: tokio::sync::Mutex<View>,
-    /// When we last uploaded each module to each worker.
+    /// When we last uploaded each module (or tree) to each worker.
     uploaded: Mutex<HashMap<(String, ModuleHash), Arc<tokio::sync::Mutex<Option<Instant>>>>>,
+    /// Host directories hashed for shipping, each once per pool.
+    pub(super) shipped: super::ship::ShippedTrees,
     /// Jobs of ours on each worker now (placement spreads by it).
     load: Mutex<HashMap<String, u32>>,
     /// Workers that refused a connection, until when to skip them.
@@ -108,6 +116,7 @@ impl Pool {
             keyed: std::sync::atomic::AtomicBool::new(false),
             view: tokio::sync::Mutex::new(View::default()),
             uploaded: Mutex::new(HashMap::new()),
+            shipped: Default::default(),
             load: Mutex::new(HashMap::new()),
             avoid: Mutex::new(HashMap::new()),
             batchers: Batchers::new(),
@@ -144,8 +153,9 @@ impl Pool {
     /// Runs one job on the pool; `placed` is set to the worker while the
     /// job is on it (so a caller can tell which worker lost it).
     pub async fn run(&self, job: &Job, spec: &JobSpec, placed: &Placed) -> Result<JobResult, SubmitError> {
-        no_remote_dirs(spec)?;
-        let body: bytes::Bytes = postcard::to_allocvec(spec).map_err(|e| SubmitError::Fatal(e.to_string()))?.into();
+        let shipped = self.ship(spec).await?;
+        let body: bytes::Bytes =
+            postcard::to_allocvec(shipped.spec()).map_err(|e| SubmitError::Fatal(e.to_string()))?.into();
         let mut backoff = Duration::from_millis(10);
         let mut no_peer_since: Option<Instant> = None;
         loop {
@@ -154,7 +164,7 @@ impl Pool {
             for (addr, slots) in candidates {
                 placed.set(Some(&addr));
                 self.add_load(&addr, 1);
-                let outcome = self.submit_to(&addr, slots, job, body.clone()).await;
+                let outcome = self.submit_to(&addr, slots, job, &shipped.trees, body.clone()).await;
                 self.add_load(&addr, -1);
                 if let Some(result) = self.settle(&addr, outcome, &mut declined)? {
                     return Ok(result);
@@ -272,30 +282,33 @@ impl Pool {
         self.avoid.lock().unwrap_or_else(|e| e.into_inner()).insert(addr.to_string(), until);
     }
 
-    /// Submits to one worker. The job goes first, without the module: a
-    /// worker that already has it (from another client, an earlier run, or
-    /// its disk cache) runs it at once. A worker that answers "module
-    /// unknown" gets the module and the job again.
+    /// Submits to one worker. The job goes first, without the module or
+    /// its trees: a worker that already has them (from another client, an
+    /// earlier run, or its disk cache) runs it at once. A worker that
+    /// answers "module unknown" (404) or "files missing" (424) gets them
+    /// and the job again ([`provide`](Self::provide)).
     async fn submit_to(
         &self,
         addr: &str,
         slots: u32,
         job: &Job,
+        trees: &[Arc<ShippedTree>],
         body: bytes::Bytes,
     ) -> Result<JobResult, PeerError> {
-        for attempt in 0..2 {
+        for attempt in 0..PROVIDE_ATTEMPTS {
             let sent = Instant::now();
             let http = self.client_for(addr);
             let (status, message, largest) = match self.batchers.submit(addr, slots, body.clone(), http).await? {
                 BatchAnswer::Done(result) => return Ok(result),
                 BatchAnswer::Refused { status, message, largest_job } => (status, message, largest_job),
             };
-            match StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR) {
-                StatusCode::NOT_FOUND if attempt == 0 => self.upload_once(addr, job, sent).await?,
-                status => return Err(self.refusal(addr, status, message, largest)),
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            if attempt + 1 < PROVIDE_ATTEMPTS && self.provide(addr, status, job, trees, sent).await? {
+                continue;
             }
+            return Err(self.refusal(addr, status, message, largest));
         }
-        Err(PeerError::Declined("the module was uploaded but the worker still did not know it".into()))
+        unreachable!("the last attempt returns")
     }
 
     /// What a worker's refusal of a job means for its placement: 422 and
@@ -316,24 +329,37 @@ impl Pool {
         }
     }
 
-    /// Uploads `job`'s module to `addr` for a submission sent at `sent`
-    /// that found it missing — unless an upload finished since then: the
-    /// many jobs of a batch that all found it missing share one upload.
-    pub(super) async fn upload_once(&self, addr: &str, job: &Job, sent: Instant) -> Result<(), PeerError> {
+    /// Runs `send` (an upload of what `key` names to `addr`) for a
+    /// submission sent at `sent` that found it missing — unless such an
+    /// upload finished since then: the many jobs of a batch that all found
+    /// it missing share one upload.
+    pub(super) async fn once(
+        &self,
+        addr: &str,
+        key: ModuleHash,
+        sent: Instant,
+        send: impl std::future::Future<Output = Result<(), PeerError>>,
+    ) -> Result<(), PeerError> {
         let last = self
             .uploaded
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .entry((addr.to_string(), job.hash()))
+            .entry((addr.to_string(), key))
             .or_default()
             .clone();
         let mut last = last.lock().await;
         if last.is_some_and(|at| at > sent) {
             return Ok(());
         }
-        self.upload(addr, job).await?;
+        send.await?;
         *last = Some(Instant::now());
         Ok(())
+    }
+
+    /// Uploads `job`'s module to `addr` once for the submissions sent
+    /// since `sent` (see [`once`](Self::once)).
+    pub(super) async fn upload_once(&self, addr: &str, job: &Job, sent: Instant) -> Result<(), PeerError> {
+        self.once(addr, job.hash(), sent, self.upload(addr, job)).await
     }
 
     async fn upload(&self, addr: &str, job: &Job) -> Result<(), PeerError> {
@@ -356,18 +382,6 @@ impl Pool {
             s => Err(PeerError::Declined(format!("module upload refused: {s}"))),
         }
     }
-}
-
-/// Refuses host directories for a remote job: they are not shipped yet.
-pub(super) fn no_remote_dirs(spec: &JobSpec) -> Result<(), SubmitError> {
-    if spec.dirs.is_empty() {
-        return Ok(());
-    }
-    Err(SubmitError::Fatal(
-        "--dir cannot be used with a remote worker yet: its files would not come back; \
-         run without --peers to use the embedded worker"
-            .into(),
-    ))
 }
 
 /// Waits `backoff` with up to half of it again as jitter, then doubles it

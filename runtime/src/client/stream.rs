@@ -10,6 +10,7 @@
 //! (module unknown, too large, busy) loses none of it; once stdin flows,
 //! a job lost with its worker cannot be run again and is reported lost.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -18,6 +19,7 @@ use tokio::sync::mpsc;
 
 use super::job::Job;
 use super::pool::{Pool, PeerError, backoff_wait};
+use super::ship::{PROVIDE_ATTEMPTS, ShippedTree};
 use super::target::SubmitError;
 use crate::proto::frame::{FrameReader, encode_frame};
 use crate::proto::stream::{STREAM_PATH, StreamEvent};
@@ -41,9 +43,9 @@ impl Pool {
         stdin: Option<StdinFeed>,
         on_output: OnOutput<'_>,
     ) -> Result<JobResult, SubmitError> {
-        super::pool::no_remote_dirs(&spec)?;
         let mut first = std::mem::take(&mut spec.stdin);
-        let head = Bytes::from(encode_frame(&spec).map_err(|e| SubmitError::Fatal(e.to_string()))?);
+        let shipped = self.ship(&spec).await?;
+        let head = Bytes::from(encode_frame(shipped.spec()).map_err(|e| SubmitError::Fatal(e.to_string()))?);
         let mut stdin = stdin.and_then(|feed| feed.take());
         let mut backoff = Duration::from_millis(10);
         let mut no_peer_since = None;
@@ -51,7 +53,7 @@ impl Pool {
             let mut declined = Vec::new();
             for (addr, _slots) in self.candidates_now(&spec, &mut no_peer_since).await? {
                 self.add_load(&addr, 1);
-                let answer = self.stream_to(&addr, job, &head, &mut first, &mut stdin, on_output).await;
+                let answer = self.stream_to(&addr, job, &shipped.trees, &head, &mut first, &mut stdin, on_output).await;
                 self.add_load(&addr, -1);
                 if let Some(result) = self.settle(&addr, answer, &mut declined)? {
                     return Ok(result);
@@ -63,17 +65,20 @@ impl Pool {
     }
 
     /// One worker: the head, then (once it answers 200) stdin, while its
-    /// events are read. A 404 uploads the module and asks once more.
+    /// events are read. A 404 or 424 sends what the worker lacks and asks
+    /// again ([`Pool::provide`]).
+    #[allow(clippy::too_many_arguments)]
     async fn stream_to(
         &self,
         addr: &str,
         job: &Job,
+        trees: &[Arc<ShippedTree>],
         head: &Bytes,
         first: &mut Vec<u8>,
         stdin: &mut Option<StdinRx>,
         on_output: OnOutput<'_>,
     ) -> Result<JobResult, PeerError> {
-        for attempt in 0..2 {
+        for attempt in 0..PROVIDE_ATTEMPTS {
             let sent = Instant::now();
             let (body, body_rx) = mpsc::channel::<Bytes>(16);
             body.try_send(head.clone()).expect("an empty channel has room");
@@ -92,8 +97,7 @@ impl Pool {
             if status != StatusCode::OK {
                 let largest = resp.headers().get(LARGEST_JOB_HEADER).and_then(|v| v.to_str().ok()?.parse().ok());
                 let message = resp.text().await.unwrap_or_default().trim().to_string();
-                if status == StatusCode::NOT_FOUND && attempt == 0 {
-                    self.upload_once(addr, job, sent).await?;
+                if attempt + 1 < PROVIDE_ATTEMPTS && self.provide(addr, status, job, trees, sent).await? {
                     continue;
                 }
                 return Err(self.refusal(addr, status, message, largest));
@@ -123,7 +127,7 @@ impl Pool {
             }
             return Err(PeerError::Lost("the worker's answer ended before the job did".into()));
         }
-        Err(PeerError::Declined("the module was uploaded but the worker still did not know it".into()))
+        unreachable!("the last attempt returns")
     }
 }
 

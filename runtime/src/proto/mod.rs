@@ -93,7 +93,7 @@ impl JobSpec {
 }
 
 /// A host directory mapped into the guest, like `wasmtime run --dir HOST::GUEST`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct DirGrant {
     /// The directory on the worker's host.
     pub host: PathBuf,

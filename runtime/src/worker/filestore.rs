@@ -58,6 +58,7 @@ impl std::fmt::Display for StoreError {
 }
 
 /// Files by hash, on disk; see the module docs.
+#[derive(Debug)]
 pub struct FileStore {
     /// Holds the files; removed with the store.
     dir: tempfile::TempDir,
@@ -68,6 +69,7 @@ pub struct FileStore {
     inner: Mutex<Inner>,
 }
 
+#[derive(Debug)]
 struct Inner {
     /// Kept files and their sizes, most recently used first.
     files: LruCache<FileHash, u64>,
@@ -246,6 +248,7 @@ impl FileStore {
 }
 
 /// The files of a job's trees, kept until the job is done.
+#[derive(Debug)]
 pub struct TreePins {
     store: Arc<FileStore>,
     pinned: Vec<FileHash>,

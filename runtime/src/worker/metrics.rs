@@ -54,6 +54,8 @@ pub struct Scrape<'a> {
     pub warnings: &'a [(&'static str, u64)],
     /// Connections closed at `--max-connections`.
     pub connections_refused: u64,
+    /// The file store: files received, their bytes, and bytes kept now.
+    pub files: [u64; 3],
 }
 
 /// The worker's metrics.
@@ -80,6 +82,8 @@ pub struct Metrics {
     tenant_usage: Family<Labels, FloatGauge>,
     warnings: Family<Labels, Counter>,
     connections_refused: Counter,
+    files_received: Family<Labels, Counter>,
+    file_store: Gauge,
     /// Serialises scrapes: syncing counters is read-then-add.
     scrape: Mutex<()>,
 }
@@ -119,6 +123,8 @@ impl Metrics {
             tenant_usage: Family::default(),
             warnings: Family::default(),
             connections_refused: Counter::default(),
+            files_received: Family::default(),
+            file_store: Gauge::default(),
             registry: Registry::default(),
             scrape: Mutex::new(()),
         };
@@ -143,6 +149,8 @@ impl Metrics {
         r.register("tenant_usage_slot_seconds", "Decayed slot-seconds fair share ranks by, by tenant", m.tenant_usage.clone());
         r.register("warnings", "Operator warnings raised, by kind", m.warnings.clone());
         r.register("connections_refused", "Connections closed because --max-connections were open", m.connections_refused.clone());
+        r.register("files_received", "Files of shipped trees received (PUT /v1/files), in files and bytes", m.files_received.clone());
+        r.register("file_store_bytes", "Bytes of shipped trees' files kept on disk (--file-store)", m.file_store.clone());
         Metrics { registry: r, ..m }
     }
 
@@ -247,6 +255,10 @@ impl Metrics {
             self.tenant_usage.get_or_create(&l).set(t.slot_seconds);
         }
         sync(&self.connections_refused, s.connections_refused);
+        let [files, file_bytes, store_held] = s.files;
+        sync(&self.files_received.get_or_create(&label("unit", "files")), files);
+        sync(&self.files_received.get_or_create(&label("unit", "bytes")), file_bytes);
+        self.file_store.set(i64::try_from(store_held).unwrap_or(i64::MAX));
         for (kind, n) in s.warnings {
             sync(&self.warnings.get_or_create(&label("kind", *kind)), *n);
         }
@@ -299,6 +311,7 @@ mod tests {
             queued: &[("alice".into(), 2)],
             cache: CacheStats { compiles: 1, memory_hits: 5, ..CacheStats::default() },
             module_bytes: 0,
+            files: [0; 3],
             output_bytes: 0,
             gossip: [3, 2, 1, 100, 200, 0, 0],
             peers: &[Liveness::Alive, Liveness::Dead],

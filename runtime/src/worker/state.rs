@@ -178,6 +178,10 @@ impl Worker {
             peers: &peers,
             warnings: &warnings,
             connections_refused: self.connections_refused.load(Ordering::Relaxed),
+            files: {
+                let (n, bytes) = self.files.received();
+                [n, bytes, self.files.held()]
+            },
         })
     }
 

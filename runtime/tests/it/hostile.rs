@@ -144,6 +144,7 @@ fn outcome_label(r: &Result<JobResult, SubmitError>) -> String {
             Outcome::Rejected { .. } => "rejected".into(),
             Outcome::OutputMemoryExhausted { .. } => "output memory".into(),
             Outcome::Cancelled { .. } => "cancelled".into(),
+            Outcome::FilesBackTooLarge { .. } => "files back too large".into(),
         },
         Err(SubmitError::Fatal(_)) => "refused".into(),
         Err(SubmitError::Lost { .. }) => "lost".into(),

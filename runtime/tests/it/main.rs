@@ -8,6 +8,7 @@ mod cluster;
 mod map;
 mod observe;
 mod faults;
+mod files;
 mod hardening;
 mod hostile;
 mod lifecycle;

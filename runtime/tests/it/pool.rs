@@ -266,17 +266,3 @@ async fn bad_bytes_get_a_4xx_and_the_worker_goes_on() {
     let res: peerwasm::proto::JobResult = postcard::from_bytes(&r.bytes().await.unwrap()).unwrap();
     assert_eq!(res.outcome, Outcome::Exited { code: 0 });
 }
-
-#[test]
-fn dir_with_a_remote_worker_is_refused_clearly() {
-    let a = Worker::start("1GiB", 1, None);
-    let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_peerwasm"))
-        .args(["run", "--peers", &a.addr, "--dir"])
-        .arg(dir.path())
-        .arg(peerwasm_testkit::guest_wasm("files"))
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--dir cannot be used with a remote worker"));
-}

@@ -77,6 +77,12 @@ pub struct MapConfig {
     /// Cancelling this stops the map (see the module docs); the summary
     /// then says it was interrupted. Default: none.
     pub interrupt: Option<CancellationToken>,
+    /// Where files that jobs create or change in their writable
+    /// directories go, each input's under `out_dir/<index>/`; `None`: into
+    /// the directories themselves, as jobs finish. On a pool only (the
+    /// embedded worker's jobs write straight into their directories).
+    /// Default: none.
+    pub out_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for MapConfig {
@@ -92,6 +98,7 @@ impl Default for MapConfig {
             reorder_window: 10_000,
             estimates: None,
             interrupt: None,
+            out_dir: None,
         }
     }
 }
@@ -207,6 +214,11 @@ struct MapRun<'a> {
 
 impl<'a> MapRun<'a> {
     async fn start(target: &'a Target, job: &Job, config: &'a MapConfig) -> anyhow::Result<MapRun<'a>> {
+        if config.out_dir.is_some() && matches!(target, Target::Embedded(_)) {
+            anyhow::bail!(
+                "--out-dir needs a pool (--peers): on the embedded worker, jobs write straight into their --dir"
+            );
+        }
         let capacity = target.capacity().await?;
         if capacity.workers == 0 || capacity.slots == 0 {
             anyhow::bail!("no live worker in the pool");
@@ -425,8 +437,15 @@ impl<'a> MapRun<'a> {
         self.complete(index, result, observer)
     }
 
-    fn complete(&mut self, index: usize, result: JobResult, observer: &mut (dyn MapObserver + Send)) -> anyhow::Result<()> {
+    fn complete(&mut self, index: usize, mut result: JobResult, observer: &mut (dyn MapObserver + Send)) -> anyhow::Result<()> {
         let Some(p) = self.pending.remove(&index) else { return Ok(()) };
+        if !result.files.is_empty() {
+            // Small (a worker sends back at most --max-files-back), so
+            // written here, as each job ends.
+            let out = self.config.out_dir.as_ref().map(|o| o.join(index.to_string()));
+            super::tree::write_back(&self.job.dirs, &mut result.files, out.as_deref())
+                .map_err(|e| anyhow::anyhow!("input {index}: cannot write the files it made: {e:#}"))?;
+        }
         let s = &mut self.summary;
         s.jobs += 1;
         s.cpu_time += Duration::from_micros(result.cpu_time_us);

@@ -37,6 +37,9 @@ struct ItemLine<'a> {
     attempts: u32,
     #[serde(skip_serializing_if = "<[String]>::is_empty")]
     warnings: &'a [String],
+    /// Files it made, as written (`--dir`, `--out-dir`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    files: Vec<&'a str>,
 }
 
 impl MapItem {
@@ -64,6 +67,7 @@ impl MapItem {
             peer: &r.peer,
             attempts: self.attempts,
             warnings: &r.warnings,
+            files: r.files.iter().map(|f| f.path.as_str()).collect(),
         };
         serde_json::to_value(line).expect("plain data serializes")
     }
