@@ -14,6 +14,8 @@
 //!   wasm vs native with each time-limit mechanism;
 //! * [`cache`] — compile vs memory hit vs disk hit of a multi-MB module;
 //! * [`gossip`] — the gossip core simulated at 1,000 and 10,000 nodes;
+//! * [`files`] — a map's shared data shipped as `--dir` (once per worker)
+//!   vs inlined in every input;
 //! * [`footprint`] — worker RSS idle, with jobs running, after many jobs;
 //! * [`fairness`] — the smartshare seed's experiment, fair share on and off;
 //! * [`procs`] — real `peerwasm` processes (workers, commands);
@@ -23,6 +25,7 @@ mod cache;
 mod compute;
 mod dispatch;
 mod fairness;
+mod files;
 mod footprint;
 mod gossip;
 mod latency;
@@ -62,6 +65,10 @@ pub struct Sizes {
     pub footprint_sleep_ms: u64,
     /// The fairness experiment's unit of work.
     pub fairness_unit_ms: u64,
+    /// MiB of shared data in the files benchmark.
+    pub files_data_mib: usize,
+    /// Inputs of its maps.
+    pub files_inputs: usize,
 }
 
 impl Sizes {
@@ -80,6 +87,8 @@ impl Sizes {
             footprint_jobs: 10_000,
             footprint_sleep_ms: 1500,
             fairness_unit_ms: 100,
+            files_data_mib: 16,
+            files_inputs: 100,
         }
     }
 
@@ -98,6 +107,8 @@ impl Sizes {
             footprint_jobs: 200,
             footprint_sleep_ms: 300,
             fairness_unit_ms: 5,
+            files_data_mib: 1,
+            files_inputs: 10,
         }
     }
 }
@@ -119,7 +130,7 @@ fn main() -> ExitCode {
 }
 
 /// The benchmarks, in the order of issue 8; names select a subset.
-const NAMES: [&str; 8] = ["dispatch", "latency", "compute", "trivial", "cache", "gossip", "footprint", "fairness"];
+const NAMES: [&str; 9] = ["dispatch", "latency", "compute", "trivial", "cache", "gossip", "footprint", "fairness", "files"];
 
 fn benchmarks(args: &[String]) -> anyhow::Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
@@ -154,6 +165,9 @@ fn benchmarks(args: &[String]) -> anyhow::Result<()> {
     }
     if wanted("fairness") {
         fairness::fairness(&sizes, &mut summary)?;
+    }
+    if wanted("files") {
+        files::files(&sizes, &mut summary)?;
     }
     summary.print();
     Ok(())

@@ -21,6 +21,7 @@ fn the_quick_suite_runs_every_benchmark_and_prints_the_summary() {
         "## Gossip",
         "## Footprint",
         "## Fairness",
+        "## Files",
         "## Summary",
     ] {
         assert!(stdout.contains(heading), "no {heading:?} in:\n{stdout}");
