@@ -282,6 +282,14 @@ impl Sandbox {
             warnings: Vec::new(),
             files: Vec::new(),
         };
+        if !spec.trees.is_empty() {
+            // Shipped trees are laid out by a worker (`worker::trees`) into
+            // `dirs`; a sandbox alone has no file store to find them in.
+            result.outcome = Outcome::Rejected {
+                reason: "the job names shipped trees, which only a remote worker lays out: grant host directories (`dirs`) here".into(),
+            };
+            return result;
+        }
         if limits.memory_bytes > self.config.max_job_memory {
             result.outcome = Outcome::Rejected {
                 reason: format!(

@@ -302,7 +302,9 @@ async fn run_queued(
         let memreq = spec.limits.memory_bytes;
         let mut result = match mount_trees(&w2, &pins, &spec).await {
             Ok(mounted) => {
+                // Laid out: the sandbox sees them as directories.
                 spec.dirs.extend(mounted.as_ref().map(|m| m.grants.clone()).unwrap_or_default());
+                spec.trees.clear();
                 let mut result = w2.runner.run_with(spec, hooks).await;
                 if let Some(mounted) = mounted {
                     send_files_back(&w2, mounted, &hold, &mut result).await;
