@@ -42,7 +42,7 @@ pub fn list_jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The HTTP client with the tenant's token, and a runtime to use it on.
-fn pool_client(pool: &super::PoolArgs, what: &str) -> anyhow::Result<(reqwest::Client, tokio::runtime::Runtime)> {
+pub(super) fn pool_client(pool: &super::PoolArgs, what: &str) -> anyhow::Result<(reqwest::Client, tokio::runtime::Runtime)> {
     if pool.peers.is_empty() {
         anyhow::bail!("{what} needs the pool: give --peers or PEERWASM_PEERS (a job of the embedded worker ends with its command)");
     }
@@ -90,7 +90,8 @@ pub fn logs(args: LogsArgs) -> anyhow::Result<ExitCode> {
 pub struct CancelArgs {
     #[command(flatten)]
     pool: super::PoolArgs,
-    /// The ids of the jobs to cancel (as `peerwasm jobs` lists them).
+    /// The ids of the jobs to cancel (as `peerwasm jobs` lists them), or of
+    /// submissions (`s-...`, as `map --detach` printed them).
     #[arg(value_name = "ID", required = true)]
     ids: Vec<String>,
 }
@@ -101,9 +102,13 @@ pub fn cancel_jobs(args: CancelArgs) -> anyhow::Result<ExitCode> {
         let view = crate::client::fetch_peers(&http, &args.pool.peers).await?;
         let mut missing = 0;
         for id in &args.ids {
-            match cancel(&http, &view, &args.pool.peers, id).await? {
+            let report = match crate::proto::submission::is_submission_id(id) {
+                true => crate::client::submit::cancel(&http, &view, &args.pool.peers, id).await?,
+                false => cancel(&http, &view, &args.pool.peers, id).await?,
+            };
+            match report {
                 CancelReport::Cancelled { worker, was } if was == "done" => {
-                    println!("{id}: had ended on {worker}; its result was discarded")
+                    println!("{id}: had ended on {worker}; its results were discarded")
                 }
                 CancelReport::Cancelled { worker, was } => println!("{id}: cancelled on {worker} (it was {was})"),
                 CancelReport::AlreadyEnded { worker, message } => println!("{id}: on {worker}: {message}"),

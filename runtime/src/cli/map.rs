@@ -59,6 +59,20 @@ pub struct MapArgs {
     /// into OUT_DIR/<index>/ instead of into the --dir itself (on a pool).
     #[arg(long, value_name = "OUT_DIR")]
     out_dir: Option<PathBuf>,
+    /// Hand the whole map to a worker of the pool (its owner: the first of
+    /// --peers that takes it, or --owner) and exit at once, printing the
+    /// submission id. The owner runs it, keeps its results through
+    /// restarts, and hands them to `peerwasm results ID` from anywhere.
+    #[arg(long, conflicts_with_all = ["output", "out_dir", "resume"])]
+    detach: bool,
+    /// The worker to own a detached map.
+    #[arg(long, value_name = "ADDR", requires = "detach")]
+    owner: Option<String>,
+    /// Go on with a map whose client stopped (Ctrl-C, a crash, a closed
+    /// laptop): run only the inputs that the results file (-o) has no line
+    /// for, and append theirs.
+    #[arg(long, requires = "output")]
+    resume: bool,
     /// No progress bar or lines (the summary is still printed).
     #[arg(long)]
     no_progress: bool,
@@ -79,14 +93,34 @@ pub fn run(args: MapArgs) -> anyhow::Result<ExitCode> {
     job.env = super::run::parse_env(&args.env)?;
     job.dirs = super::run::parse_dirs(&args.dirs)?;
     job.limits.timeout_ms = args.timeout.map(|d| d.as_millis().max(1) as u64);
-    let inputs = read_inputs(&args.inputs)?;
+    let mut inputs = read_inputs(&args.inputs)?;
     let total = inputs.len() as u64;
 
     let target = match args.pool.target(args.sandbox.cache_root())? {
         Some(pool) => pool,
+        None if args.detach => {
+            anyhow::bail!("--detach hands the map to a worker of a pool: give --peers (or PEERWASM_PEERS)")
+        }
         None => Target::Embedded(Arc::new(JobRunner::new(RunnerConfig { sandbox: args.sandbox.sandbox_config() })?)),
     };
+    if let (true, Target::Pool(pool)) = (args.detach, &target) {
+        return detach(pool, &job, inputs, &args);
+    }
+    // With --resume, the inputs the results file already answers are skipped.
+    let first_index = match (&args.output, args.resume) {
+        (Some(out), true) => results_written(out, total)?,
+        _ => 0,
+    };
+    if first_index as u64 == total {
+        eprintln!("peerwasm map: {} already has all {total} results", args.output.as_ref().map_or(String::new(), |o| o.display().to_string()));
+        return Ok(ExitCode::SUCCESS);
+    }
+    inputs.drain(..first_index);
+    if first_index > 0 {
+        eprintln!("peerwasm map: resuming at input {first_index}: {} of {total} to run", inputs.len());
+    }
     let config = MapConfig {
+        first_index,
         mem: args.mem,
         min_mem: args.min_mem.unwrap_or(0),
         retries: args.retries,
@@ -96,13 +130,20 @@ pub fn run(args: MapArgs) -> anyhow::Result<ExitCode> {
         out_dir: args.out_dir.clone(),
         ..MapConfig::default()
     };
-    let out: Box<dyn Write + Send> = match &args.output {
-        Some(path) => Box::new(std::io::BufWriter::new(
-            std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
-        )),
-        None => Box::new(std::io::BufWriter::new(std::io::stdout())),
+    let (out, to_file): (Box<dyn Write + Send>, bool) = match &args.output {
+        Some(path) => {
+            let mut open = std::fs::OpenOptions::new();
+            if args.resume { open.append(true) } else { open.write(true).create(true).truncate(true) };
+            let file = open.open(path).with_context(|| format!("cannot open {}", path.display()))?;
+            (Box::new(std::io::BufWriter::new(file)), true)
+        }
+        None => (Box::new(std::io::BufWriter::new(std::io::stdout())), false),
     };
-    let mut printer = MapPrinter::new(out, Some(total), !args.no_progress);
+    let mut printer = MapPrinter::new(out, Some(total - first_index as u64), !args.no_progress);
+    if to_file {
+        // Each line is on disk as its result comes: `--resume` goes on from there.
+        printer = printer.flushing_each();
+    }
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     // Ctrl-C: stop, write the results that are in, cancel what is under way.
@@ -126,12 +167,68 @@ pub fn run(args: MapArgs) -> anyhow::Result<ExitCode> {
     }
     if summary.interrupted {
         eprintln!(
-            "peerwasm map: interrupted: {} of {total} results written; the jobs under way were cancelled",
-            summary.jobs
+            "peerwasm map: interrupted: {} of {total} results written; the jobs under way were cancelled{}",
+            first_index as u64 + summary.jobs,
+            if to_file { " (--resume goes on from there)" } else { "" }
         );
         return Ok(ExitCode::from(super::EXIT_INTERRUPTED));
     }
     Ok(if summary.failed > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}
+
+/// `peerwasm map --detach`: the map goes to its owner; the id to stdout.
+fn detach(pool: &crate::client::Pool, job: &Job, inputs: Vec<Vec<u8>>, args: &MapArgs) -> anyhow::Result<ExitCode> {
+    let config = crate::proto::submission::SubmitConfig {
+        mem: args.mem,
+        min_mem: args.min_mem.unwrap_or(0),
+        retries: args.retries,
+        max_in_flight: args.max_in_flight.map(|n| n as u64),
+        keep_going: args.keep_going,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let n = inputs.len();
+    let info = runtime.block_on(pool.submit_map(job, inputs, config, args.owner.as_deref()))?;
+    println!("{}", info.id);
+    eprintln!(
+        "peerwasm map: {n} inputs submitted to {}; `peerwasm results {}` writes their results as they come",
+        info.owner, info.id
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// How many results the results file of a stopped map holds: its complete
+/// lines, which must be inputs 0, 1, 2... in order. A last line cut off
+/// by a crash is removed.
+fn results_written(path: &PathBuf, total: u64) -> anyhow::Result<usize> {
+    let text = match std::fs::read(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    let complete = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let mut lines = 0usize;
+    for line in text[..complete].split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+        let index = serde_json::from_slice::<serde_json::Value>(line).ok().and_then(|v| v.get("index")?.as_u64());
+        if index != Some(lines as u64) {
+            anyhow::bail!(
+                "{} is not the results of this map in order (line {} is not input {lines}'s): --resume needs the file a map wrote",
+                path.display(),
+                lines + 1
+            );
+        }
+        lines += 1;
+    }
+    if lines as u64 > total {
+        anyhow::bail!("{} has {lines} results but the inputs are only {total}", path.display());
+    }
+    if complete < text.len() {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .and_then(|f| f.set_len(complete as u64))
+            .with_context(|| format!("cannot cut the partial last line of {}", path.display()))?;
+    }
+    Ok(lines)
 }
 
 /// The lines of `path` (or stdin for `-`), each with its newline, as a job

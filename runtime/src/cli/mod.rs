@@ -7,6 +7,7 @@ mod peers;
 mod progress;
 mod run;
 mod status;
+mod submissions;
 mod worker;
 
 use std::path::PathBuf;
@@ -37,8 +38,14 @@ enum Command {
     Map(map::MapArgs),
     /// List your jobs on the pool: queued, running, results waiting.
     Jobs(jobs::JobsArgs),
-    /// Cancel jobs on the pool by id.
+    /// Cancel jobs or submissions on the pool by id.
     Cancel(jobs::CancelArgs),
+    /// Write a detached map's results in input order, as they come.
+    Results(submissions::ResultsArgs),
+    /// List your submissions (detached maps) with their progress.
+    Submissions(submissions::SubmissionsArgs),
+    /// The jobs the pool ran: tenant, outcome, peak, CPU, wall, worker.
+    History(submissions::HistoryArgs),
     /// Print a detached job's output (-f: follow it until it ends).
     Logs(jobs::LogsArgs),
     /// Lend this machine to a pool: serve jobs over HTTP and gossip.
@@ -184,6 +191,9 @@ where
         Command::Jobs(args) => jobs::list_jobs(args),
         Command::Cancel(args) => jobs::cancel_jobs(args),
         Command::Logs(args) => jobs::logs(args),
+        Command::Results(args) => submissions::results(args),
+        Command::Submissions(args) => submissions::submissions(args),
+        Command::History(args) => submissions::history(args),
         Command::Worker(args) => worker::run(args),
         Command::Peers(args) => peers::run(args),
         Command::Status(args) => status::run(args),

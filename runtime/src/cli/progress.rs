@@ -23,6 +23,7 @@ pub struct MapPrinter {
     bar: Option<ProgressBar>,
     last_plain: Instant,
     last_flush: Instant,
+    flush_each: bool,
     retries_shown: u32,
 }
 
@@ -44,8 +45,16 @@ impl MapPrinter {
             bar,
             last_plain: Instant::now(),
             last_flush: Instant::now(),
+            flush_each: false,
             retries_shown: 0,
         }
+    }
+
+    /// Flushes each result as it is written (a results file that a
+    /// crashed map can be resumed from), not every 200 ms.
+    pub fn flushing_each(mut self) -> MapPrinter {
+        self.flush_each = true;
+        self
     }
 
     /// Flushes the results and clears the bar.
@@ -87,7 +96,7 @@ impl MapObserver for MapPrinter {
     fn result(&mut self, item: MapItem) -> anyhow::Result<()> {
         serde_json::to_writer(&mut self.out, &item.to_json())?;
         self.out.write_all(b"\n")?;
-        if self.last_flush.elapsed() >= FLUSH_EVERY {
+        if self.flush_each || self.last_flush.elapsed() >= FLUSH_EVERY {
             self.out.flush()?;
             self.last_flush = Instant::now();
         }

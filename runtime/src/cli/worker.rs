@@ -34,6 +34,16 @@ pub struct WorkerArgs {
     /// ~/.cache/peerwasm].
     #[arg(long, value_name = "DIR", env = "PEERWASM_CACHE_DIR")]
     cache_dir: Option<PathBuf>,
+    /// Where the worker keeps what must outlive it — the submissions it
+    /// owns (`map --detach`) and its job history — in a SQLite database
+    /// [default: ~/.local/share/peerwasm/worker-PORT; with port 0 a
+    /// temporary dir, removed when the worker stops].
+    #[arg(long, value_name = "DIR", env = "PEERWASM_STATE_DIR")]
+    state_dir: Option<PathBuf>,
+    /// Days the records of finished jobs (`peerwasm history`) and finished
+    /// submissions are kept.
+    #[arg(long, value_name = "DAYS", default_value_t = crate::worker::history::DEFAULT_HISTORY_DAYS)]
+    history_days: u32,
     /// How long compiling one module may take; past it the job is rejected
     /// naming this limit, and so are later jobs of that module.
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "60s")]
@@ -223,6 +233,8 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         max_results: args.max_results,
         file_store_bytes: args.file_store,
         max_files_back: args.max_files_back,
+        state_dir: args.state_dir.or_else(|| default_state_dir(args.listen.port())),
+        history_keep: Duration::from_secs(u64::from(args.history_days) * 24 * 3600),
         serve: crate::worker::http::serve::ServeLimits {
             max_connections: args.max_connections.max(1),
             header_timeout: args.header_timeout,
@@ -241,6 +253,12 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         let _ = writeln!(std::io::stderr(), "peerwasm worker stopped");
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// `~/.local/share/peerwasm/worker-PORT` (`$XDG_DATA_HOME`); none for
+/// port 0, whose worker cannot be found again after a restart anyway.
+fn default_state_dir(port: u16) -> Option<PathBuf> {
+    (port != 0).then(|| dirs::data_dir().map(|d| d.join("peerwasm").join(format!("worker-{port}")))).flatten()
 }
 
 /// Bytes free for unprivileged users on the filesystem of `dir` (0 if it

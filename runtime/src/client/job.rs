@@ -89,6 +89,7 @@ impl Job {
             dirs: self.dirs.clone(),
             trees: Vec::new(),
             limits: JobLimits { memory_bytes: memreq, ..self.limits.clone() },
+            tag: None,
         }
     }
 }

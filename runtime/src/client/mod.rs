@@ -19,7 +19,9 @@
 //! * [`jobs`] — a tenant's jobs across the pool: listing and cancelling
 //!   them by id;
 //! * [`detach`] — submitting a job and walking away; following its output
-//!   (`logs -f`).
+//!   (`logs -f`);
+//! * [`submit`] — handing a whole map to a worker that owns it durably
+//!   (`map --detach`), and its results, list, cancel and the pool's history.
 //!
 //! `peerwasm run` and `peerwasm map` are thin shells over these; a program
 //! can do the same:
@@ -48,6 +50,7 @@ pub mod pool;
 mod ship;
 pub mod status;
 pub mod stream;
+pub mod submit;
 pub mod target;
 pub mod tree;
 

@@ -10,6 +10,7 @@
 pub mod batch;
 pub mod frame;
 pub mod stream;
+pub mod submission;
 pub mod tree;
 
 use std::fmt;
@@ -74,6 +75,8 @@ pub struct JobSpec {
     pub trees: Vec<tree::TreeGrant>,
     /// What the job may use.
     pub limits: JobLimits,
+    /// Which input and attempt of a map this is, for the worker's history.
+    pub tag: Option<submission::JobTag>,
 }
 
 impl JobSpec {
@@ -88,6 +91,7 @@ impl JobSpec {
             dirs: Vec::new(),
             trees: Vec::new(),
             limits: JobLimits::default(),
+            tag: None,
         }
     }
 }
@@ -248,6 +252,22 @@ impl Outcome {
     /// Whether the job ran to an exit of its own with code 0.
     pub fn is_success(&self) -> bool {
         matches!(self, Outcome::Exited { code: 0 })
+    }
+
+    /// The outcome's name as in JSON: `exited`, `memory_limit_exceeded`...
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Outcome::Exited { .. } => "exited",
+            Outcome::MemoryLimitExceeded { .. } => "memory_limit_exceeded",
+            Outcome::TimeLimitExceeded { .. } => "time_limit_exceeded",
+            Outcome::OutputLimitExceeded { .. } => "output_limit_exceeded",
+            Outcome::Trapped { .. } => "trapped",
+            Outcome::InvalidModule { .. } => "invalid_module",
+            Outcome::Rejected { .. } => "rejected",
+            Outcome::Cancelled { .. } => "cancelled",
+            Outcome::OutputMemoryExhausted { .. } => "output_memory_exhausted",
+            Outcome::FilesBackTooLarge { .. } => "files_back_too_large",
+        }
     }
 }
 
@@ -588,7 +608,7 @@ pub const PROTOCOL_HEADER: &str = "peerwasm-protocol";
 
 /// The protocol version of this build: bumped when a message's encoding
 /// changes incompatibly (postcard has no field tags to fall back on).
-pub const PROTOCOL_VERSION: &str = "3";
+pub const PROTOCOL_VERSION: &str = "4";
 
 /// The most a job's input (its stdin) may be, in bytes.
 pub const MAX_INPUT_BYTES: u64 = 64 << 20;

@@ -289,6 +289,7 @@ async fn run_queued(
     // request waiting for it goes away, the job is cancelled, and its slot
     // and reservation are given back once it has actually stopped.
     let (w2, hold) = (w.clone(), hold.clone());
+    let (module, tag) = (spec.module, spec.tag.take());
     let job = tokio::spawn(async move {
         let held = Instant::now();
         let hooks = RunHooks {
@@ -324,6 +325,7 @@ async fn run_queued(
             peak_bytes: result.peak_memory_bytes,
         });
         w2.metrics.job_ended(&ticket.tenant().name, &result);
+        w2.history.record(&ticket.tenant().name, &module, tag.as_ref(), &result, ticket.reservation().bytes(), &w2.addr);
         // Fair share is charged as the ticket goes, before its slot is
         // handed to the next job (`Ticket::drop`).
         drop(ticket);

@@ -22,6 +22,12 @@
 //! * [`tenants`] — who may submit (`--tenants`), with weights and limits;
 //! * [`state`] — what a running worker holds and derives (its advert,
 //!   metrics, the pool's usage), shared by the HTTP edge and gossip;
+//! * [`statedb`] — the state database (SQLite, WAL) in `--state-dir`:
+//!   what outlives the process, committed in groups by one writer thread;
+//! * [`submissions`] — maps this worker owns for clients that went away
+//!   (`map --detach`), run by the client's own map engine, resumed after a
+//!   restart;
+//! * [`history`] — a record of every job this worker ran (`peerwasm history`);
 //! * [`warnings`] — warnings to the operator, logged, counted and shown;
 //! * [`metrics`] — `GET /metrics` in Prometheus' text format.
 //!
@@ -34,6 +40,7 @@ pub mod admission;
 pub mod cgroup;
 pub mod fairshare;
 pub mod filestore;
+pub mod history;
 pub mod http;
 pub mod jobs;
 pub mod ledger;
@@ -41,6 +48,8 @@ pub mod metrics;
 pub mod modules;
 pub mod runner;
 pub mod state;
+pub mod statedb;
+pub mod submissions;
 pub mod table;
 pub mod tenants;
 pub mod trees;

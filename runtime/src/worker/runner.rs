@@ -85,6 +85,12 @@ impl JobRunner {
         self.lock_modules().contains(hash) || self.sandbox.has_compiled(hash)
     }
 
+    /// The module's bytes, if this runner holds them (after a restart it
+    /// may hold only the compiled form).
+    pub fn module_bytes(&self, hash: &ModuleHash) -> Option<Arc<[u8]>> {
+        self.lock_modules().get(hash)
+    }
+
     /// Runs one job when a slot is free and returns how it ended. Output is
     /// also sent to `tee` as the job writes it, if given. Never panics
     /// because of the job: even a panic inside wasmtime comes back as an

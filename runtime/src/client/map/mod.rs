@@ -83,6 +83,16 @@ pub struct MapConfig {
     /// embedded worker's jobs write straight into their directories).
     /// Default: none.
     pub out_dir: Option<std::path::PathBuf>,
+    /// The index of the first input: a resumed map numbers its inputs (in
+    /// results, and in the tags its jobs carry) from where it left off.
+    /// Default: 0.
+    pub first_index: usize,
+    /// The submission this map runs for, named in every job's tag (and so
+    /// in the history of the workers that run them). Default: none.
+    pub submission: Option<String>,
+    /// Start from this estimate instead of the saved one (a resumed map
+    /// starts from the peaks of the results it already has). Default: none.
+    pub start_estimate: Option<super::estimate::SavedEstimate>,
 }
 
 impl Default for MapConfig {
@@ -99,6 +109,9 @@ impl Default for MapConfig {
             estimates: None,
             interrupt: None,
             out_dir: None,
+            first_index: 0,
+            submission: None,
+            start_estimate: None,
         }
     }
 }
@@ -232,7 +245,7 @@ impl<'a> MapRun<'a> {
                 Bytes(capacity.largest_job)
             );
         }
-        let saved = config.estimates.as_ref().and_then(|s| s.load(&job.hash()));
+        let saved = config.start_estimate.clone().or_else(|| config.estimates.as_ref().and_then(|s| s.load(&job.hash())));
         let estimator = MemoryEstimator::new(
             job.declared_memory(),
             saved.as_ref(),
@@ -258,7 +271,7 @@ impl<'a> MapRun<'a> {
             next_attempt: 0,
             active: 0,
             ready: BTreeMap::new(),
-            next_emit: 0,
+            next_emit: config.first_index,
             slowest_round_trip: None,
             wall_sum_us: 0,
             total: None,
@@ -274,7 +287,7 @@ impl<'a> MapRun<'a> {
     ) -> anyhow::Result<()> {
         let (lo, hi) = inputs.size_hint();
         self.total = (Some(lo) == hi).then_some(lo as u64);
-        let mut next_index = 0usize;
+        let mut next_index = self.config.first_index;
         let mut exhausted = false;
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -360,7 +373,12 @@ impl<'a> MapRun<'a> {
         let Some(p) = self.pending.get_mut(&index) else { return };
         p.attempts += 1;
         p.live += 1;
-        let spec = self.job.spec(p.stdin.clone(), memreq);
+        let mut spec = self.job.spec(p.stdin.clone(), memreq);
+        spec.tag = Some(crate::proto::submission::JobTag {
+            submission: self.config.submission.clone().unwrap_or_default(),
+            index: index as u64,
+            attempt: p.attempts,
+        });
         let id = self.next_attempt;
         self.next_attempt += 1;
         let placed = Arc::new(Placed::default());

@@ -58,6 +58,10 @@ pub const DISCARD_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Caller(pub Arc<Tenant>);
 
 /// The bearer token of a request, if any.
+pub fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
+    token(headers)
+}
+
 fn token(headers: &axum::http::HeaderMap) -> Option<&str> {
     headers
         .get(header::AUTHORIZATION)
@@ -159,6 +163,7 @@ macro_rules! body_kind {
 
 body_kind!(JobBody, "job request", |_w| JOB_BODY);
 body_kind!(BatchBody, "batch request", |_w| BATCH_BODY);
+body_kind!(SubmissionBody, "submission", |_w| crate::proto::submission::MAX_SUBMISSION_BYTES as usize);
 body_kind!(GossipBody, "gossip message", |_w| GOSSIP_BODY);
 body_kind!(ModuleBody, "module", |w| usize::try_from(w.runner.sandbox().config().max_module_bytes).unwrap_or(usize::MAX));
 

@@ -7,6 +7,8 @@
 //! * [`jobs`] — `POST /v1/jobs`, `GET /v1/jobs[/{id}[/output]]`, `DELETE /v1/jobs/{id}`;
 //! * [`batch`] — `POST /v1/jobs/batch`;
 //! * [`stream`] — `POST /v1/jobs/stream` (stdin and output flowing);
+//! * [`submissions`] — `/v1/submissions[/{id}[/results]]` (durable maps
+//!   this worker owns), `GET /v1/history`;
 //! * [`pool`] — `POST /v1/gossip`, `GET /v1/peers`, `GET /metrics`, `GET /`.
 //!
 //! [`serve`] accepts connections within limits (a header timeout, a
@@ -24,6 +26,7 @@ pub mod pool;
 pub mod response;
 pub mod serve;
 pub mod stream;
+pub mod submissions;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -128,6 +131,13 @@ pub struct WorkerConfig {
     /// The most bytes of files one job sends back (`--max-files-back`).
     /// Default: [`DEFAULT_MAX_FILES_BACK`](crate::worker::trees::DEFAULT_MAX_FILES_BACK).
     pub max_files_back: u64,
+    /// Where the worker keeps what outlives it (`--state-dir`): submissions
+    /// it owns and its job history, in a SQLite database. `None`: a
+    /// temporary dir, removed when the worker stops. Default: `None`.
+    pub state_dir: Option<std::path::PathBuf>,
+    /// How long finished jobs' records (and finished submissions) are kept
+    /// (`--history-days`). Default: [`DEFAULT_HISTORY_DAYS`](crate::worker::history::DEFAULT_HISTORY_DAYS) days.
+    pub history_keep: Duration,
 }
 
 impl WorkerConfig {
@@ -159,6 +169,8 @@ impl WorkerConfig {
             max_results: DEFAULT_MAX_RESULTS,
             file_store_bytes: crate::worker::filestore::DEFAULT_FILE_STORE,
             max_files_back: crate::worker::trees::DEFAULT_MAX_FILES_BACK,
+            state_dir: None,
+            history_keep: Duration::from_secs(u64::from(crate::worker::history::DEFAULT_HISTORY_DAYS) * 24 * 3600),
         }
     }
 }
@@ -196,6 +208,8 @@ impl RunningWorker {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         self.gossip.abort();
+        // What is queued for the state database is committed before exit.
+        self.worker.db.close();
         result??;
         Ok(())
     }
@@ -251,6 +265,10 @@ pub async fn start(
         runner.sandbox().scratch_pool(),
         config.tenants.is_multi(),
     )?);
+    let db = Arc::new(match &config.state_dir {
+        Some(dir) => super::statedb::StateDb::open(dir)?,
+        None => super::statedb::StateDb::temporary(config.runner.sandbox.scratch_root.as_deref())?,
+    });
     let worker = Arc::new(Worker {
         addr: addr.clone(),
         runner,
@@ -272,6 +290,9 @@ pub async fn start(
         connections_refused: Default::default(),
         metrics: Metrics::new(),
         warnings: Warnings::default(),
+        submissions: super::submissions::Submissions::new(db.clone()),
+        history: super::history::History::new(db.clone(), config.history_keep),
+        db,
     });
     worker.check_sizing();
     worker.check_host_memory();
@@ -308,6 +329,11 @@ pub async fn start(
     let (interval, grace) = (config.gossip_interval, config.drain_grace);
     let drain = async move {
         shutdown.await;
+        // Maps this worker owns stop here and resume when it is back.
+        let owned = draining.submissions.stop_all();
+        if owned > 0 {
+            tracing::info!(submissions = owned, "stopped the maps of owned submissions: they resume on restart");
+        }
         tracing::info!(grace = %humantime::format_duration(grace), "shutting down: finishing running jobs, leaving the pool");
         draining.draining.store(true, Ordering::Relaxed);
         let queued = draining.jobs.cancel_all(CancelCause::Shutdown, true);
@@ -326,7 +352,26 @@ pub async fn start(
     };
     let refused = worker.connections_refused.clone();
     let serve = tokio::spawn(serve::serve(listener, app, config.serve.clone(), refused, drain));
+    tokio::spawn(keep_state(worker.clone()));
     Ok(RunningWorker { addr: bound, advertised: addr, serve, gossip, worker, grace })
+}
+
+/// Resumes the submissions this worker owns, then forgets old history and
+/// finished submissions every hour.
+async fn keep_state(w: Arc<Worker>) {
+    match super::submissions::Submissions::resume_all(&w).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(submissions = n, state_dir = %w.db.dir().display(), "resumed owned submissions"),
+        Err(e) => tracing::error!("cannot resume the owned submissions: {e:#}"),
+    }
+    let mut hourly = tokio::time::interval(Duration::from_secs(3600));
+    loop {
+        hourly.tick().await;
+        w.history.expire();
+        if let Err(e) = w.submissions.expire(w.history.keep()).await {
+            tracing::warn!("cannot forget old submissions: {e:#}");
+        }
+    }
 }
 
 /// Every route, behind the protocol check.
@@ -339,6 +384,7 @@ fn router(worker: Arc<Worker>) -> Router {
         .route("/v1/jobs", post(jobs::post_job))
         .route(crate::proto::batch::BATCH_PATH, post(batch::post_batch))
         .route(crate::proto::stream::STREAM_PATH, post(stream::post_stream))
+        .route("/v1/submissions", post(submissions::post_submission))
         .route_layer(axum::middleware::from_fn_with_state(worker.clone(), extract::tenant_first));
     Router::new()
         .merge(uploads)
@@ -346,6 +392,10 @@ fn router(worker: Arc<Worker>) -> Router {
         .route("/v1/jobs", get(jobs::list_jobs))
         .route("/v1/jobs/{id}", get(jobs::get_job).delete(jobs::delete_job))
         .route("/v1/jobs/{id}/output", get(jobs::get_output))
+        .route("/v1/submissions", get(submissions::list_submissions))
+        .route("/v1/submissions/{id}", get(submissions::get_submission).delete(submissions::delete_submission))
+        .route("/v1/submissions/{id}/results", get(submissions::get_results))
+        .route("/v1/history", get(submissions::get_history))
         .route("/v1/gossip", post(pool::post_gossip))
         .route("/v1/peers", get(pool::get_peers))
         .route("/metrics", get(pool::get_metrics))

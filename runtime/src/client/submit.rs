@@ -1,0 +1,218 @@
+//! Durable submissions, the client's side: hand a whole map to a worker
+//! (its owner) and walk away (`map --detach`), then from any client with
+//! the same token read its results (`results`), list (`submissions`),
+//! cancel it (`cancel`), and read the pool's job history (`history`).
+//!
+//! A submission id does not say which worker owns it (as with job ids, each
+//! live worker is asked until one knows it); `peerwasm submissions` shows
+//! the owner.
+
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+
+use super::job::Job;
+use super::jobs::{CancelReport, askable};
+use super::pool::{PeerError, Pool};
+use crate::proto::submission::{HistoryRecord, ResultsPage, SubmissionInfo, SubmissionSpec, SubmitConfig};
+use crate::proto::{POSTCARD, PeerView};
+
+impl Pool {
+    /// Hands `job` over `inputs` to an owner — `owner`, else the first of
+    /// the seeds that takes it — and returns the submission as stored
+    /// there. The module is uploaded first if the owner lacks it.
+    pub async fn submit_map(
+        &self,
+        job: &Job,
+        inputs: Vec<Vec<u8>>,
+        config: SubmitConfig,
+        owner: Option<&str>,
+    ) -> anyhow::Result<SubmissionInfo> {
+        if !job.dirs.is_empty() {
+            anyhow::bail!("--detach cannot take --dir yet: run the map attached to ship directories");
+        }
+        let spec = SubmissionSpec {
+            job: job.spec(Vec::new(), 0),
+            inputs: inputs.into_iter().map(serde_bytes::ByteBuf::from).collect(),
+            config,
+        };
+        let body = bytes::Bytes::from(postcard::to_allocvec(&spec)?);
+        let owners: Vec<String> = match owner {
+            Some(o) => vec![o.to_string()],
+            None => self.config.seeds.clone(),
+        };
+        let mut errors = Vec::new();
+        for addr in &owners {
+            match self.submit_to_owner(addr, job, body.clone()).await {
+                Ok(info) => return Ok(info),
+                Err(PeerError::Fatal(why)) => anyhow::bail!("{addr}: {why}"),
+                Err(PeerError::Declined(why) | PeerError::Unreachable(why) | PeerError::Lost(why)) => {
+                    errors.push(format!("{addr}: {why}"))
+                }
+            }
+        }
+        anyhow::bail!("no worker took the submission ({})", errors.join("; "))
+    }
+
+    async fn submit_to_owner(&self, addr: &str, job: &Job, body: bytes::Bytes) -> Result<SubmissionInfo, PeerError> {
+        for attempt in 0..2 {
+            let sent = Instant::now();
+            let resp = self
+                .client_for(addr)
+                .post(format!("http://{addr}/v1/submissions"))
+                .header(reqwest::header::CONTENT_TYPE, POSTCARD)
+                .body(body.clone())
+                .send()
+                .await
+                .map_err(|e| PeerError::from_reqwest(&e))?;
+            let status = resp.status();
+            let text = resp.text().await.unwrap_or_default();
+            if status == StatusCode::CREATED {
+                return serde_json::from_str(&text)
+                    .map_err(|e| PeerError::Lost(format!("the owner stored the submission but its answer is unreadable: {e}")));
+            }
+            if status == StatusCode::NOT_FOUND && attempt == 0 {
+                self.upload_once(addr, job, sent).await?;
+                continue;
+            }
+            return Err(self.refusal(addr, status, text.trim().to_string(), None));
+        }
+        unreachable!("the second attempt returns")
+    }
+}
+
+/// Finds submission `id` on the workers of `view` (those that may be sent
+/// the token): its owner and how it is now. `None` if no live worker knows
+/// it (or it is another tenant's).
+pub async fn find(
+    http: &reqwest::Client,
+    view: &[PeerView],
+    seeds: &[String],
+    id: &str,
+) -> anyhow::Result<Option<SubmissionInfo>> {
+    let (ask, mut errors) = askable(view, seeds);
+    let mut answered = 0;
+    for worker in ask {
+        match http.get(format!("http://{worker}/v1/submissions/{id}")).send().await {
+            Ok(r) if r.status().is_success() => {
+                let body = r.bytes().await?;
+                let info = serde_json::from_slice(&body)
+                    .map_err(|e| anyhow::anyhow!("{worker} sent a submission we cannot read: {e}"))?;
+                return Ok(Some(info));
+            }
+            Ok(r) if r.status() == StatusCode::NOT_FOUND => answered += 1,
+            Ok(r) => anyhow::bail!("{worker}: {} {}", r.status(), r.text().await.unwrap_or_default().trim()),
+            Err(e) => errors.push(format!("{worker}: {e}")),
+        }
+    }
+    if answered == 0 {
+        anyhow::bail!("no worker answered ({})", errors.join("; "));
+    }
+    Ok(None)
+}
+
+/// Results of submission `id` on `owner` from input `from` on, waiting up
+/// to `wait` for the next one.
+pub async fn results_page(
+    http: &reqwest::Client,
+    owner: &str,
+    id: &str,
+    from: u64,
+    wait: Duration,
+) -> anyhow::Result<Option<ResultsPage>> {
+    let url = format!("http://{owner}/v1/submissions/{id}/results?from={from}&wait_ms={}", wait.as_millis());
+    let resp = http.get(url).timeout(wait + Duration::from_secs(30)).send().await?;
+    match resp.status() {
+        StatusCode::OK => {
+            let bytes = resp.bytes().await?;
+            Ok(Some(postcard::from_bytes(&bytes).map_err(|e| anyhow::anyhow!("{owner} sent results we cannot read: {e}"))?))
+        }
+        StatusCode::NOT_FOUND => Ok(None),
+        s => anyhow::bail!("{owner}: {s} {}", resp.text().await.unwrap_or_default().trim()),
+    }
+}
+
+/// The caller's submissions on every askable worker of `view`; workers not
+/// asked or not answering are named in the second list.
+pub async fn list(
+    http: &reqwest::Client,
+    view: &[PeerView],
+    seeds: &[String],
+) -> anyhow::Result<(Vec<SubmissionInfo>, Vec<String>)> {
+    gather(http, view, seeds, "/v1/submissions").await
+}
+
+/// The job history of every askable worker of `view` since `since_ms`
+/// (only `tenant`'s when given, which needs an operator's token for
+/// another tenant), oldest first.
+pub async fn history(
+    http: &reqwest::Client,
+    view: &[PeerView],
+    seeds: &[String],
+    since_ms: u64,
+    tenant: Option<&str>,
+) -> anyhow::Result<(Vec<HistoryRecord>, Vec<String>)> {
+    let mut path = format!("/v1/history?since_ms={since_ms}");
+    if let Some(t) = tenant {
+        path.push_str(&format!("&tenant={}", url_escape(t)));
+    }
+    let (mut rows, silent): (Vec<HistoryRecord>, _) = gather(http, view, seeds, &path).await?;
+    rows.sort_by(|a, b| (a.ended_ms, &a.peer).cmp(&(b.ended_ms, &b.peer)));
+    Ok((rows, silent))
+}
+
+fn url_escape(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            b => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// GETs `path` (a JSON list) from every askable worker and concatenates.
+async fn gather<T: serde::de::DeserializeOwned>(
+    http: &reqwest::Client,
+    view: &[PeerView],
+    seeds: &[String],
+    path: &str,
+) -> anyhow::Result<(Vec<T>, Vec<String>)> {
+    let (ask, mut silent) = askable(view, seeds);
+    let mut all = Vec::new();
+    for worker in ask {
+        match http.get(format!("http://{worker}{path}")).send().await {
+            Ok(r) if r.status().is_success() => {
+                let body = r.bytes().await.map_err(|e| anyhow::anyhow!("{worker}: {e}"))?;
+                let mut some: Vec<T> = serde_json::from_slice(&body)
+                    .map_err(|e| anyhow::anyhow!("{worker} sent a list we cannot read: {e}"))?;
+                all.append(&mut some);
+            }
+            Ok(r) if matches!(r.status(), StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) => {
+                anyhow::bail!("{worker}: {}", r.text().await.unwrap_or_default().trim())
+            }
+            Ok(r) => silent.push(format!("{worker}: {}", r.status())),
+            Err(e) => silent.push(format!("{worker}: {e}")),
+        }
+    }
+    Ok((all, silent))
+}
+
+/// Cancels submission `id` wherever it is: its map stops and its jobs
+/// under way are cancelled; a finished one is discarded.
+pub async fn cancel(http: &reqwest::Client, view: &[PeerView], seeds: &[String], id: &str) -> anyhow::Result<CancelReport> {
+    let Some(info) = find(http, view, seeds, id).await? else { return Ok(CancelReport::NotFound) };
+    let resp = http.delete(format!("http://{}/v1/submissions/{id}", info.owner)).send().await?;
+    let status = resp.status();
+    let body = resp.text().await.unwrap_or_default();
+    match status {
+        StatusCode::OK => {
+            let was = serde_json::from_str::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v.get("was")?.as_str().map(String::from))
+                .unwrap_or_default();
+            Ok(CancelReport::Cancelled { worker: info.owner, was })
+        }
+        StatusCode::NOT_FOUND => Ok(CancelReport::NotFound),
+        s => anyhow::bail!("{} refused: {s} {}", info.owner, body.trim()),
+    }
+}

@@ -1,0 +1,126 @@
+//! The submission endpoints (see `proto::submission` for the wire types):
+//!
+//! * `POST /v1/submissions` — a postcard `SubmissionSpec`; `201` with the
+//!   id once it is committed; 404 when this worker lacks the module (upload
+//!   it, then submit again), 400, 413, 503 (too many running);
+//! * `GET /v1/submissions[/{id}]` — JSON `SubmissionInfo`s, the caller's own;
+//! * `GET /v1/submissions/{id}/results?from=N&wait_ms=T` — postcard
+//!   `ResultsPage`;
+//! * `DELETE /v1/submissions/{id}` — JSON `{"id", "was"}`: `running`
+//!   (cancelled) or `done` (discarded);
+//! * `GET /v1/history?since_ms=&tenant=` — JSON `HistoryRecord`s: the
+//!   caller's own, or with an operator's token anyone's (`tenant` filters).
+//!
+//! Another tenant's submission answers 404, exactly as one that does not
+//! exist.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use super::extract::{Caller, Postcard, SubmissionBody, bearer};
+use super::jobs::CancelAnswer;
+use super::response::{json, postcard, text};
+use crate::proto::submission::{SUBMISSION_ID_HEADER, SubmissionSpec};
+use crate::worker::state::Worker;
+use crate::worker::submissions::Submissions;
+
+fn failed(e: anyhow::Error) -> Response {
+    text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}"))
+}
+
+pub async fn post_submission(
+    State(w): State<Arc<Worker>>,
+    Caller(tenant): Caller,
+    headers: HeaderMap,
+    Postcard(spec, _): Postcard<SubmissionSpec, SubmissionBody>,
+) -> Response {
+    if w.draining.load(std::sync::atomic::Ordering::Relaxed) {
+        return text(StatusCode::SERVICE_UNAVAILABLE, "this worker is shutting down");
+    }
+    match Submissions::create(&w, &tenant, bearer(&headers).map(String::from), spec).await {
+        Ok(info) => {
+            let mut resp = (StatusCode::CREATED, json(&info)).into_response();
+            if let Ok(v) = HeaderValue::from_str(&info.id) {
+                resp.headers_mut().insert(SUBMISSION_ID_HEADER, v);
+            }
+            resp
+        }
+        Err(refused) => refused.into_response(),
+    }
+}
+
+pub async fn list_submissions(State(w): State<Arc<Worker>>, Caller(tenant): Caller) -> Response {
+    match w.submissions.list(&w.addr, tenant.name.clone()).await {
+        Ok(list) => json(&list),
+        Err(e) => failed(e),
+    }
+}
+
+pub async fn get_submission(State(w): State<Arc<Worker>>, Caller(tenant): Caller, Path(id): Path<String>) -> Response {
+    match w.submissions.info(&w.addr, Some(tenant.name.clone()), &id).await {
+        Ok(Some(info)) => json(&info),
+        Ok(None) => text(StatusCode::NOT_FOUND, "no such submission"),
+        Err(e) => failed(e),
+    }
+}
+
+#[derive(serde::Deserialize)]
+pub struct ResultsParams {
+    #[serde(default)]
+    from: u64,
+    #[serde(default)]
+    wait_ms: u64,
+}
+
+pub async fn get_results(
+    State(w): State<Arc<Worker>>,
+    Caller(tenant): Caller,
+    Path(id): Path<String>,
+    Query(p): Query<ResultsParams>,
+) -> Response {
+    let wait = Duration::from_millis(p.wait_ms);
+    match w.submissions.results(&w.addr, tenant.name.clone(), &id, p.from, wait).await {
+        Ok(Some(page)) => postcard(&page),
+        Ok(None) => text(StatusCode::NOT_FOUND, "no such submission"),
+        Err(e) => failed(e),
+    }
+}
+
+pub async fn delete_submission(State(w): State<Arc<Worker>>, Caller(tenant): Caller, Path(id): Path<String>) -> Response {
+    match w.submissions.cancel(tenant.name.clone(), &id).await {
+        Ok(Some(was)) => json(&CancelAnswer { id, was: was.into() }),
+        Ok(None) => text(StatusCode::NOT_FOUND, "no such submission"),
+        Err(e) => failed(e),
+    }
+}
+
+#[derive(serde::Deserialize)]
+pub struct HistoryParams {
+    #[serde(default)]
+    since_ms: u64,
+    tenant: Option<String>,
+}
+
+pub async fn get_history(State(w): State<Arc<Worker>>, Caller(caller): Caller, Query(p): Query<HistoryParams>) -> Response {
+    let tenant = match (caller.operator, p.tenant) {
+        (true, wanted) => wanted,
+        (false, Some(wanted)) if wanted != caller.name => {
+            return text(StatusCode::FORBIDDEN, "only an operator's token sees other tenants' history");
+        }
+        (false, _) => Some(caller.name.clone()),
+    };
+    // Without --tenants everyone is the one tenant: its history is all.
+    let tenant = if w.tenants.is_multi() { tenant } else { None };
+    match w.history.query(p.since_ms, tenant).await {
+        Ok(rows) => {
+            let mut resp = json(&rows);
+            resp.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            resp
+        }
+        Err(e) => failed(e),
+    }
+}

@@ -1,0 +1,433 @@
+//! The worker's durable state: one SQLite database (WAL) in `--state-dir`,
+//! holding what must outlive the process — submissions (their job, inputs
+//! and results, `submissions.rs`) and the history of the jobs this worker
+//! ran (`history.rs`). Module bytes of submissions sit beside it, one file
+//! per hash under `modules/`.
+//!
+//! Why SQLite: transactions make "the inputs are stored" and "the result
+//! is stored" single facts that survive `kill -9` at any moment, WAL lets
+//! readers (`peerwasm results`) read while the map writes, and a bundled
+//! build needs nothing on the host.
+//!
+//! All writes go through one writer thread, which commits everything that
+//! queued up while the previous commit was being synced (group commit): a
+//! map that finishes thousands of jobs a second pays for one `fsync` per
+//! group, not per result. Each write runs in a savepoint of its own, so
+//! one failing write does not take the others of its group with it.
+//! `synchronous = FULL`: a committed transaction survives a power cut too.
+//!
+//! Opening refuses, with a message that says what to do and deleting
+//! nothing: a directory that holds other things and no `state.db`; a file
+//! that is not SQLite, or is damaged (truncated); a SQLite database of
+//! another program; one written by a newer peerwasm; a state dir another
+//! worker has open (a lock file, `flock`).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, mpsc};
+
+use anyhow::{Context, bail};
+use rusqlite::Connection;
+use tokio::sync::{oneshot, watch};
+
+/// Marks a SQLite file as ours (`PRAGMA application_id`): "pwsm".
+pub const APPLICATION_ID: i32 = 0x7077_736d;
+
+/// The schema this build reads and writes (`PRAGMA user_version`).
+pub const SCHEMA_VERSION: i32 = 1;
+
+/// The database's file name in the state dir.
+pub const DB_FILE: &str = "state.db";
+
+/// The most writes committed in one transaction.
+const MAX_GROUP: usize = 4096;
+
+const SCHEMA: &str = "
+CREATE TABLE submissions (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    token TEXT,
+    module TEXT NOT NULL,
+    job BLOB NOT NULL,
+    config BLOB NOT NULL,
+    total INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    message TEXT,
+    created_ms INTEGER NOT NULL,
+    ended_ms INTEGER
+);
+CREATE TABLE inputs (
+    submission TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (submission, idx)
+) WITHOUT ROWID;
+CREATE TABLE results (
+    submission TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    ok INTEGER NOT NULL,
+    peak INTEGER NOT NULL,
+    item BLOB NOT NULL,
+    PRIMARY KEY (submission, idx)
+) WITHOUT ROWID;
+CREATE TABLE history (
+    ended_ms INTEGER NOT NULL,
+    tenant TEXT NOT NULL,
+    module TEXT NOT NULL,
+    submission TEXT,
+    idx INTEGER,
+    attempt INTEGER,
+    outcome TEXT NOT NULL,
+    exit_code INTEGER NOT NULL,
+    peak INTEGER NOT NULL,
+    reserved INTEGER NOT NULL,
+    cpu_us INTEGER NOT NULL,
+    wall_us INTEGER NOT NULL,
+    peer TEXT NOT NULL
+);
+CREATE INDEX history_by_end ON history (ended_ms);
+";
+
+type WriteFn = Box<dyn FnOnce(&Connection) -> rusqlite::Result<()> + Send>;
+
+struct Write {
+    f: WriteFn,
+    done: Option<oneshot::Sender<Result<(), String>>>,
+}
+
+/// The open state database: one writer thread, one reading connection.
+pub struct StateDb {
+    dir: PathBuf,
+    writes: Mutex<Option<mpsc::Sender<Write>>>,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    reader: Arc<Mutex<Connection>>,
+    committed: watch::Receiver<u64>,
+    /// Held for as long as the database is open: another worker on the
+    /// same dir is refused.
+    _lock: File,
+    /// A state dir made for this run only (no `--state-dir`, port 0).
+    _temp: Option<tempfile::TempDir>,
+}
+
+impl StateDb {
+    /// Opens (or creates) the state database in `dir`; see the module docs
+    /// for what is refused.
+    pub fn open(dir: &Path) -> anyhow::Result<StateDb> {
+        StateDb::open_inner(dir, None)
+    }
+
+    /// A state database in a new temporary directory, removed when it is
+    /// dropped: for a worker whose state need not outlive it.
+    pub fn temporary(parent: Option<&Path>) -> anyhow::Result<StateDb> {
+        let temp = match parent {
+            Some(p) => tempfile::Builder::new().prefix("peerwasm-state-").tempdir_in(p),
+            None => tempfile::Builder::new().prefix("peerwasm-state-").tempdir(),
+        }
+        .context("cannot make a temporary state dir")?;
+        let path = temp.path().to_path_buf();
+        StateDb::open_inner(&path, Some(temp))
+    }
+
+    fn open_inner(dir: &Path, temp: Option<tempfile::TempDir>) -> anyhow::Result<StateDb> {
+        let db_path = dir.join(DB_FILE);
+        prepare_dir(dir, &db_path)?;
+        let lock = lock_dir(dir)?;
+        let conn = open_checked(&db_path)?;
+        let reader = Connection::open_with_flags(&db_path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .with_context(|| format!("cannot open {} for reading", db_path.display()))?;
+        let (tx, rx) = mpsc::channel();
+        let (committed_tx, committed) = watch::channel(0);
+        let writer = std::thread::Builder::new()
+            .name("peerwasm-statedb".into())
+            .spawn(move || write_loop(conn, rx, committed_tx))
+            .context("cannot start the state database's writer")?;
+        Ok(StateDb {
+            dir: dir.to_path_buf(),
+            writes: Mutex::new(Some(tx)),
+            writer: Mutex::new(Some(writer)),
+            reader: Arc::new(Mutex::new(reader)),
+            committed,
+            _lock: lock,
+            _temp: temp,
+        })
+    }
+
+    /// The state dir.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn send(&self, write: Write) -> bool {
+        let writes = self.writes.lock().unwrap_or_else(|e| e.into_inner());
+        writes.as_ref().is_some_and(|tx| tx.send(write).is_ok())
+    }
+
+    /// Runs `f` in a transaction and returns once it is committed (synced).
+    pub async fn write(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<()> + Send + 'static) -> anyhow::Result<()> {
+        let (done, wait) = oneshot::channel();
+        if !self.send(Write { f: Box::new(f), done: Some(done) }) {
+            bail!("the state database is closed");
+        }
+        match wait.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => bail!("the state database refused a write: {e}"),
+            Err(_) => bail!("the state database's writer stopped"),
+        }
+    }
+
+    /// Queues `f` to be committed with the next group, without waiting.
+    /// Writes are committed in the order they are queued; a failure is
+    /// logged.
+    pub fn write_later(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<()> + Send + 'static) {
+        if !self.send(Write { f: Box::new(f), done: None }) {
+            tracing::warn!("a write to the closed state database was dropped");
+        }
+    }
+
+    /// Returns once everything queued before it is committed.
+    pub async fn sync(&self) -> anyhow::Result<()> {
+        self.write(|_| Ok(())).await
+    }
+
+    /// Runs `f` on the reading connection, on a blocking thread. It sees
+    /// what was committed when it starts.
+    pub async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> anyhow::Result<T> {
+        let reader = self.reader.clone();
+        tokio::task::spawn_blocking(move || {
+            let conn = reader.lock().unwrap_or_else(|e| e.into_inner());
+            f(&conn)
+        })
+        .await
+        .context("a state database read failed")?
+        .context("reading the state database")
+    }
+
+    /// Changes (to a count of commits) each time a group is committed.
+    pub fn committed(&self) -> watch::Receiver<u64> {
+        self.committed.clone()
+    }
+
+    /// Commits what is queued, then stops the writer. Later writes are
+    /// dropped (and logged).
+    pub fn close(&self) {
+        self.writes.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(handle) = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+impl Drop for StateDb {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Creates `dir` (only the owner may enter it: the database holds tenants'
+/// tokens), or checks that an existing one is a state dir.
+fn prepare_dir(dir: &Path, db_path: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("cannot create the state dir {}", dir.display()))?;
+        return Ok(());
+    }
+    if !dir.is_dir() {
+        bail!("--state-dir {} is not a directory", dir.display());
+    }
+    if !db_path.exists() {
+        let ours = ["lock", "modules", "estimates"];
+        let foreign: Vec<String> = std::fs::read_dir(dir)
+            .with_context(|| format!("cannot read the state dir {}", dir.display()))?
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|name| !ours.contains(&name.as_str()))
+            .collect();
+        if !foreign.is_empty() {
+            bail!(
+                "--state-dir {} is not a peerwasm state dir: it holds other files ({}) and no {DB_FILE}. \
+                 Give an empty or new directory; nothing was changed",
+                dir.display(),
+                foreign.iter().take(3).cloned().collect::<Vec<_>>().join(", ")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Takes the state dir's lock, or says who has it.
+fn lock_dir(dir: &Path) -> anyhow::Result<File> {
+    use std::os::fd::AsRawFd;
+    let path = dir.join("lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    // SAFETY: flock(2) on a descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        bail!(
+            "the state dir {} is in use by another peerwasm worker: give each worker its own --state-dir",
+            dir.display()
+        );
+    }
+    Ok(file)
+}
+
+/// Opens the database read-write, checks it is ours and whole, and creates
+/// the schema in a new one.
+fn open_checked(db_path: &Path) -> anyhow::Result<Connection> {
+    let shown = db_path.display();
+    let keep = "nothing was deleted: move it away (or give another --state-dir) to start afresh";
+    if let Ok(meta) = std::fs::metadata(db_path)
+        && meta.len() > 0
+    {
+        let mut header = [0u8; 16];
+        let read = std::io::Read::read(&mut File::open(db_path)?, &mut header)?;
+        if read < 16 || &header != b"SQLite format 3\0" {
+            bail!("{shown} is not a SQLite database (a damaged or foreign file); {keep}");
+        }
+    }
+    let conn = Connection::open(db_path).with_context(|| format!("cannot open {shown}"))?;
+    let broken = |e: rusqlite::Error| anyhow::anyhow!("{shown} cannot be read ({e}): it is damaged; {keep}");
+    let app: i32 = conn.pragma_query_value(None, "application_id", |r| r.get(0)).map_err(broken)?;
+    let version: i32 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(broken)?;
+    let tables: i64 = conn
+        .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
+        .map_err(broken)?;
+    if app != APPLICATION_ID && (app != 0 || tables > 0) {
+        bail!("{shown} is a SQLite database of another program (application_id {app:#x}), not peerwasm's; {keep}");
+    }
+    if app == APPLICATION_ID && version > SCHEMA_VERSION {
+        bail!("{shown} was written by a newer peerwasm (schema {version}; this one reads {SCHEMA_VERSION}); {keep}");
+    }
+    let check: Vec<String> = {
+        let mut stmt = conn.prepare("PRAGMA quick_check").map_err(broken)?;
+        stmt.query_map([], |r| r.get(0)).map_err(broken)?.collect::<Result<_, _>>().map_err(broken)?
+    };
+    if check.first().map(String::as_str) != Some("ok") {
+        bail!("{shown} is damaged ({}); {keep}", check.into_iter().take(3).collect::<Vec<_>>().join("; "));
+    }
+    conn.pragma_update(None, "journal_mode", "WAL").map_err(broken)?;
+    conn.pragma_update(None, "synchronous", "FULL").map_err(broken)?;
+    if app == 0 {
+        conn.execute_batch(&format!(
+            "BEGIN; {SCHEMA} PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+        ))
+        .with_context(|| format!("cannot create the schema in {shown}"))?;
+    }
+    Ok(conn)
+}
+
+/// The writer thread: group commits until every sender is gone.
+fn write_loop(mut conn: Connection, rx: mpsc::Receiver<Write>, committed: watch::Sender<u64>) {
+    while let Ok(first) = rx.recv() {
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match rx.try_recv() {
+                Ok(w) => group.push(w),
+                Err(_) => break,
+            }
+        }
+        let mut outcomes = Vec::with_capacity(group.len());
+        let committed_ok = (|| -> rusqlite::Result<()> {
+            let mut tx = conn.transaction()?;
+            for w in group {
+                let sp = tx.savepoint()?;
+                let r = (w.f)(&sp);
+                if r.is_ok() {
+                    sp.commit()?;
+                } // else dropped: rolled back
+                outcomes.push((w.done, r.map_err(|e| e.to_string())));
+            }
+            tx.commit()
+        })();
+        if let Err(e) = &committed_ok {
+            tracing::error!("the state database could not commit: {e}");
+        }
+        for (done, r) in outcomes {
+            let r = match &committed_ok {
+                Ok(()) => r,
+                Err(e) => Err(format!("commit failed: {e}")),
+            };
+            if let Err(e) = &r
+                && done.is_none()
+            {
+                tracing::warn!("a write to the state database failed: {e}");
+            }
+            if let Some(done) = done {
+                let _ = done.send(r);
+            }
+        }
+        committed.send_modify(|n| *n += 1);
+    }
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn writes_are_committed_and_survive_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state");
+        {
+            let db = StateDb::open(&path).unwrap();
+            for i in 0..100 {
+                db.write_later(move |c| {
+                    c.execute("INSERT INTO inputs (submission, idx, data) VALUES ('s', ?1, x'00')", [i]).map(drop)
+                });
+            }
+            db.sync().await.unwrap();
+            let n: i64 = db.read(|c| c.query_row("SELECT count(*) FROM inputs", [], |r| r.get(0))).await.unwrap();
+            assert_eq!(n, 100);
+            // A failing write does not take the others of its group along.
+            let bad = db.write(|c| c.execute("INSERT INTO nowhere VALUES (1)", []).map(drop)).await;
+            assert!(bad.is_err());
+            db.write(|c| c.execute("INSERT INTO inputs VALUES ('s', 100, x'00')", []).map(drop)).await.unwrap();
+            // A second worker on the same dir is refused while it is open.
+            let e = StateDb::open(&path).err().expect("locked").to_string();
+            assert!(e.contains("in use by another peerwasm worker"), "{e}");
+        }
+        let db = StateDb::open(&path).unwrap();
+        let n: i64 = db.read(|c| c.query_row("SELECT count(*) FROM inputs", [], |r| r.get(0))).await.unwrap();
+        assert_eq!(n, 101);
+    }
+
+    #[test]
+    fn foreign_and_damaged_state_is_refused_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        // A directory with other things in it.
+        let home = dir.path().join("home");
+        std::fs::create_dir(&home).unwrap();
+        std::fs::write(home.join("thesis.tex"), "x").unwrap();
+        let e = StateDb::open(&home).err().unwrap().to_string();
+        assert!(e.contains("not a peerwasm state dir") && e.contains("thesis.tex"), "{e}");
+        assert!(!home.join(DB_FILE).exists());
+        // Not SQLite at all.
+        let junk = dir.path().join("junk");
+        std::fs::create_dir(&junk).unwrap();
+        std::fs::write(junk.join(DB_FILE), b"hello, world, this is not a database").unwrap();
+        let e = StateDb::open(&junk).err().unwrap().to_string();
+        assert!(e.contains("not a SQLite database") && e.contains("nothing was deleted"), "{e}");
+        // Another program's database.
+        let other = dir.path().join("other");
+        std::fs::create_dir(&other).unwrap();
+        Connection::open(other.join(DB_FILE)).unwrap().execute_batch("CREATE TABLE t (x)").unwrap();
+        let e = StateDb::open(&other).err().unwrap().to_string();
+        assert!(e.contains("another program"), "{e}");
+        assert!(other.join(DB_FILE).exists());
+    }
+}

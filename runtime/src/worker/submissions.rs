@@ -1,0 +1,516 @@
+//! Durable submissions: a whole map handed to this worker, its *owner*,
+//! which runs it on the pool while the client that submitted it is gone
+//! (`peerwasm map --detach`), like a Slurm `sbatch` or an HTCondor schedd's
+//! queue.
+//!
+//! The owner runs the very map the client runs (`client::map`): placement
+//! over the pool as seen from here, learned memory estimates, retries,
+//! lost-worker detection — submitting as the tenant who submitted, with
+//! that tenant's token (kept in the state database, which only the
+//! worker's user can read), so fair share charges the right tenant.
+//!
+//! What is durable, and when:
+//! * the submission (job, inputs, token) is committed before its id is
+//!   answered — an id a client holds always names a stored submission;
+//! * each result is queued to the database as the map hands it over, in
+//!   input order, and committed with the next group. After `kill -9` the
+//!   committed results are a prefix of the inputs; on restart the map
+//!   resumes at the first input without one, starting from the peaks
+//!   already seen. A result is never stored twice, and readers only see
+//!   committed ones, so nobody sees a result that is then lost.
+//!
+//! Cancelling (`DELETE`) drops the map, which cancels its jobs under way
+//! on every worker (their connections close); a second cancel discards the
+//! submission and its results.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rusqlite::{OptionalExtension, params};
+
+use super::jobs::Refused;
+use super::state::Worker;
+use super::statedb::{StateDb, now_ms};
+use super::tenants::Tenant;
+use crate::client::estimate::{DEFAULT_MARGIN, MemoryEstimator};
+use crate::client::{Job, MapConfig, MapItem, MapObserver, MapSummary, Pool, PoolConfig, Target};
+use crate::proto::submission::{
+    MAX_SUBMISSION_INPUTS, ResultsPage, SUBMISSION_PREFIX, SubmissionInfo, SubmissionSpec, SubmissionState,
+    SubmitConfig, SubmittedResult,
+};
+use crate::proto::{JobSpec, MAX_INPUT_BYTES, ModuleHash};
+
+/// Submissions one tenant may have running on one owner.
+pub const MAX_RUNNING_PER_TENANT: i64 = 64;
+
+/// The most bytes of results one page carries (at least one result).
+pub const RESULTS_PAGE_BYTES: usize = 16 << 20;
+
+/// The longest a results request waits for the next result.
+pub const MAX_WAIT: Duration = Duration::from_secs(30);
+
+/// The submissions this worker owns.
+pub struct Submissions {
+    db: Arc<StateDb>,
+    modules: PathBuf,
+    /// The maps running now, by submission id.
+    running: Mutex<HashMap<String, tokio::task::AbortHandle>>,
+}
+
+/// A stored submission, as its map needs it.
+struct Stored {
+    id: String,
+    tenant: String,
+    token: Option<String>,
+    job: JobSpec,
+    config: SubmitConfig,
+}
+
+impl Submissions {
+    /// The submissions stored in `db`; their modules under `db`'s dir.
+    pub fn new(db: Arc<StateDb>) -> Submissions {
+        let modules = db.dir().join("modules");
+        Submissions { db, modules, running: Mutex::new(HashMap::new()) }
+    }
+
+    fn running(&self) -> std::sync::MutexGuard<'_, HashMap<String, tokio::task::AbortHandle>> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn module_path(&self, hash: &ModuleHash) -> PathBuf {
+        self.modules.join(format!("{}.wasm", hash.to_hex()))
+    }
+
+    /// Checks and stores a submission, then starts its map. Answers once
+    /// it is committed.
+    pub async fn create(
+        w: &Arc<Worker>,
+        tenant: &Tenant,
+        token: Option<String>,
+        spec: SubmissionSpec,
+    ) -> Result<SubmissionInfo, Refused> {
+        let this = &w.submissions;
+        let job = &spec.job;
+        if spec.inputs.is_empty() {
+            return Err(Refused::Invalid("a submission needs at least one input".into()));
+        }
+        if spec.inputs.len() as u64 > MAX_SUBMISSION_INPUTS {
+            return Err(Refused::Invalid(format!("a submission may have at most {MAX_SUBMISSION_INPUTS} inputs")));
+        }
+        if let Some(i) = spec.inputs.iter().position(|i| i.len() as u64 > MAX_INPUT_BYTES) {
+            return Err(Refused::InputTooLarge(format!("input {i} is over the {} a job's input may be", crate::units::Bytes(MAX_INPUT_BYTES))));
+        }
+        if !job.dirs.is_empty() || !job.trees.is_empty() {
+            return Err(Refused::Invalid(
+                "a detached map cannot take directories yet: run it attached (without --detach) to use --dir".into(),
+            ));
+        }
+        let shown = !w.tenants.is_multi() || w.uploaders.has_shown(&job.module, &tenant.name);
+        let Some(bytes) = w.runner.module_bytes(&job.module).filter(|_| shown) else {
+            return Err(Refused::UnknownModule(job.module));
+        };
+        let running: i64 = this
+            .db
+            .read({
+                let tenant = tenant.name.clone();
+                move |c| {
+                    c.query_row("SELECT count(*) FROM submissions WHERE tenant = ?1 AND state = 'running'", [tenant], |r| {
+                        r.get(0)
+                    })
+                }
+            })
+            .await
+            .map_err(|e| Refused::Internal(format!("{e:#}")))?;
+        if running >= MAX_RUNNING_PER_TENANT {
+            return Err(Refused::Busy(format!(
+                "you have {running} submissions running on this worker, the most it takes: wait for one to end or cancel one"
+            )));
+        }
+        // The module first, then the row that names it.
+        let path = this.module_path(&job.module);
+        tokio::task::spawn_blocking(move || write_durably(&path, &bytes))
+            .await
+            .map_err(|e| Refused::Internal(e.to_string()))?
+            .map_err(|e| Refused::Internal(format!("cannot store the module: {e}")))?;
+        let id = format!("{SUBMISSION_PREFIX}{}", hex::encode(rand::random::<[u8; 16]>()));
+        let stored = Stored {
+            id: id.clone(),
+            tenant: tenant.name.clone(),
+            token,
+            job: JobSpec { stdin: Vec::new(), tag: None, ..spec.job },
+            config: spec.config,
+        };
+        let row = (
+            stored.id.clone(),
+            stored.tenant.clone(),
+            stored.token.clone(),
+            stored.job.module.to_hex(),
+            postcard::to_allocvec(&stored.job).map_err(|e| Refused::Internal(e.to_string()))?,
+            postcard::to_allocvec(&stored.config).map_err(|e| Refused::Internal(e.to_string()))?,
+            spec.inputs.len() as i64,
+            now_ms() as i64,
+        );
+        let inputs = spec.inputs;
+        this.db
+            .write(move |c| {
+                let (id, tenant, token, module, job, config, total, created) = row;
+                c.execute(
+                    "INSERT INTO submissions (id, tenant, token, module, job, config, total, state, created_ms) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running', ?8)",
+                    params![id, tenant, token, module, job, config, total, created],
+                )?;
+                let mut insert = c.prepare_cached("INSERT INTO inputs (submission, idx, data) VALUES (?1, ?2, ?3)")?;
+                for (i, data) in inputs.iter().enumerate() {
+                    insert.execute(params![id, i as i64, data.as_slice()])?;
+                }
+                Ok(())
+            })
+            .await
+            .map_err(|e| Refused::Internal(format!("{e:#}")))?;
+        tracing::info!(submission = %id, tenant = %tenant.name, "submission stored; its map starts");
+        Submissions::start(w, stored);
+        this.info(&w.addr, Some(tenant.name.clone()), &id)
+            .await
+            .map_err(|e| Refused::Internal(format!("{e:#}")))?
+            .ok_or_else(|| Refused::Internal("the submission vanished".into()))
+    }
+
+    /// Starts the maps of every stored submission still running: after a
+    /// restart, each goes on from its first input without a result.
+    pub async fn resume_all(w: &Arc<Worker>) -> anyhow::Result<usize> {
+        let stored = w
+            .submissions
+            .db
+            .read(|c| {
+                let mut stmt =
+                    c.prepare("SELECT id, tenant, token, job, config FROM submissions WHERE state = 'running'")?;
+                let rows = stmt.query_map([], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get(1)?, r.get(2)?, r.get::<_, Vec<u8>>(3)?, r.get::<_, Vec<u8>>(4)?))
+                })?;
+                rows.collect::<Result<Vec<_>, _>>()
+            })
+            .await?;
+        let n = stored.len();
+        for (id, tenant, token, job, config) in stored {
+            let (Ok(job), Ok(config)) = (postcard::from_bytes(&job), postcard::from_bytes(&config)) else {
+                tracing::error!(submission = %id, "a stored submission cannot be read by this peerwasm: left as it is");
+                continue;
+            };
+            tracing::info!(submission = %id, "resuming a submission");
+            Submissions::start(w, Stored { id, tenant, token, job, config });
+        }
+        Ok(n)
+    }
+
+    fn start(w: &Arc<Worker>, stored: Stored) {
+        let id = stored.id.clone();
+        let w2 = w.clone();
+        // Held while the map is being registered, so that the task cannot
+        // finish (and unregister) before it is registered.
+        let mut running = w.submissions.running();
+        let task = tokio::spawn(async move {
+            let summary = run_map(&w2, &stored).await;
+            w2.submissions.finish(&stored.id, summary).await;
+        });
+        running.insert(id, task.abort_handle());
+    }
+
+    /// Records how a map ended; its inputs are no longer needed.
+    async fn finish(&self, id: &str, summary: anyhow::Result<MapSummary>) {
+        let (state, message) = match summary {
+            Ok(s) => match s.stopped {
+                Some(stopped) => (SubmissionState::Stopped, Some(stopped.message)),
+                None => (SubmissionState::Done, None),
+            },
+            Err(e) => (SubmissionState::Failed, Some(format!("{e:#}"))),
+        };
+        tracing::info!(submission = %id, state = state.as_str(), "submission ended");
+        let id2 = id.to_string();
+        let ended = self
+            .db
+            .write(move |c| {
+                let n = c.execute(
+                    "UPDATE submissions SET state = ?1, message = ?2, ended_ms = ?3 WHERE id = ?4 AND state = 'running'",
+                    params![state.as_str(), message, now_ms() as i64, id2],
+                )?;
+                if n > 0 {
+                    c.execute("DELETE FROM inputs WHERE submission = ?1", [&id2])?;
+                }
+                Ok(())
+            })
+            .await;
+        if let Err(e) = ended {
+            tracing::error!(submission = %id, "cannot record the end of a submission: {e:#}");
+        }
+        self.running().remove(id);
+    }
+
+    /// One submission of `tenant` (any tenant's with `None`).
+    pub async fn info(&self, owner: &str, tenant: Option<String>, id: &str) -> anyhow::Result<Option<SubmissionInfo>> {
+        let (owner, id) = (owner.to_string(), id.to_string());
+        self.db
+            .read(move |c| {
+                c.query_row(&format!("{INFO_SELECT} WHERE s.id = ?1 AND (?2 IS NULL OR s.tenant = ?2)"), params![id, tenant], |r| {
+                    info_row(r, &owner)
+                })
+                .optional()
+            })
+            .await
+    }
+
+    /// `tenant`'s submissions, newest first.
+    pub async fn list(&self, owner: &str, tenant: String) -> anyhow::Result<Vec<SubmissionInfo>> {
+        let owner = owner.to_string();
+        self.db
+            .read(move |c| {
+                let mut stmt = c.prepare(&format!("{INFO_SELECT} WHERE s.tenant = ?1 ORDER BY s.created_ms DESC"))?;
+                let rows = stmt.query_map([tenant], |r| info_row(r, &owner))?;
+                rows.collect()
+            })
+            .await
+    }
+
+    /// Results of `tenant`'s submission `id` from input `from` on; waits up
+    /// to `wait` for one while there is none yet and the map runs.
+    pub async fn results(
+        &self,
+        owner: &str,
+        tenant: String,
+        id: &str,
+        from: u64,
+        wait: Duration,
+    ) -> anyhow::Result<Option<ResultsPage>> {
+        let deadline = tokio::time::Instant::now() + wait.min(MAX_WAIT);
+        let mut committed = self.db.committed();
+        loop {
+            committed.borrow_and_update();
+            let Some(info) = self.info(owner, Some(tenant.clone()), id).await? else { return Ok(None) };
+            let id2 = id.to_string();
+            let items = self
+                .db
+                .read(move |c| {
+                    let mut stmt = c.prepare_cached(
+                        "SELECT item FROM results WHERE submission = ?1 AND idx >= ?2 ORDER BY idx LIMIT 100000",
+                    )?;
+                    let mut rows = stmt.query(params![id2, from as i64])?;
+                    let (mut items, mut bytes) = (Vec::new(), 0usize);
+                    while let Some(row) = rows.next()? {
+                        let blob: Vec<u8> = row.get(0)?;
+                        if !items.is_empty() && bytes + blob.len() > RESULTS_PAGE_BYTES {
+                            break;
+                        }
+                        bytes += blob.len();
+                        items.push(blob);
+                    }
+                    Ok(items)
+                })
+                .await?;
+            let items = items
+                .iter()
+                .map(|b| postcard::from_bytes::<SubmittedResult>(b))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| anyhow::anyhow!("a stored result cannot be read: {e}"))?;
+            if !items.is_empty() || info.state.is_final() || tokio::time::Instant::now() >= deadline {
+                return Ok(Some(ResultsPage { info, items }));
+            }
+            let _ = tokio::time::timeout_at(deadline, committed.changed()).await;
+        }
+    }
+
+    /// Cancels `tenant`'s running submission `id` (`Some("running")`), or
+    /// discards a finished one and its results (`Some("done")`).
+    pub async fn cancel(&self, tenant: String, id: &str) -> anyhow::Result<Option<&'static str>> {
+        let id2 = id.to_string();
+        let cancelled = self
+            .db
+            .read({
+                let (id, tenant) = (id2.clone(), tenant.clone());
+                move |c| {
+                    c.query_row("SELECT state FROM submissions WHERE id = ?1 AND tenant = ?2", params![id, tenant], |r| {
+                        r.get::<_, String>(0)
+                    })
+                    .optional()
+                }
+            })
+            .await?;
+        let Some(state) = cancelled else { return Ok(None) };
+        if state == SubmissionState::Running.as_str() {
+            if let Some(task) = self.running().remove(id) {
+                // Dropping the map cancels its jobs under way.
+                task.abort();
+            }
+            self.db
+                .write(move |c| {
+                    c.execute(
+                        "UPDATE submissions SET state = 'cancelled', message = 'cancelled by its tenant', ended_ms = ?1 \
+                         WHERE id = ?2 AND state = 'running'",
+                        params![now_ms() as i64, id2],
+                    )?;
+                    c.execute("DELETE FROM inputs WHERE submission = ?1", [&id2]).map(drop)
+                })
+                .await?;
+            tracing::info!(submission = %id, "submission cancelled by its tenant");
+            return Ok(Some("running"));
+        }
+        self.db
+            .write(move |c| {
+                for table in ["results", "inputs"] {
+                    c.execute(&format!("DELETE FROM {table} WHERE submission = ?1"), [&id2])?;
+                }
+                c.execute("DELETE FROM submissions WHERE id = ?1", [&id2]).map(drop)
+            })
+            .await?;
+        Ok(Some("done"))
+    }
+
+    /// Stops every running map without changing its state (the worker is
+    /// shutting down; they resume when it is back). Their jobs under way
+    /// are cancelled.
+    pub fn stop_all(&self) -> usize {
+        let running: Vec<_> = self.running().drain().collect();
+        for (_, task) in &running {
+            task.abort();
+        }
+        running.len()
+    }
+
+    /// Forgets finished submissions older than `keep`, and the stored
+    /// modules no submission names any more.
+    pub async fn expire(&self, keep: Duration) -> anyhow::Result<()> {
+        let before = now_ms().saturating_sub(keep.as_millis() as u64) as i64;
+        self.db
+            .write(move |c| {
+                let old = "SELECT id FROM submissions WHERE state != 'running' AND ended_ms < ?1";
+                for table in ["results", "inputs"] {
+                    c.execute(&format!("DELETE FROM {table} WHERE submission IN ({old})"), [before])?;
+                }
+                c.execute("DELETE FROM submissions WHERE state != 'running' AND ended_ms < ?1", [before]).map(drop)
+            })
+            .await?;
+        let named: Vec<String> = self
+            .db
+            .read(|c| {
+                let mut stmt = c.prepare("SELECT DISTINCT module FROM submissions")?;
+                let rows = stmt.query_map([], |r| r.get(0))?;
+                rows.collect()
+            })
+            .await?;
+        if let Ok(entries) = std::fs::read_dir(&self.modules) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.strip_suffix(".wasm").is_some_and(|h| !named.iter().any(|n| n == h)) {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+const INFO_SELECT: &str = "SELECT s.id, s.tenant, s.module, s.total, s.state, s.message, s.created_ms, s.ended_ms, \
+    (SELECT count(*) FROM results r WHERE r.submission = s.id), \
+    (SELECT count(*) FROM results r WHERE r.submission = s.id AND r.ok = 0) FROM submissions s";
+
+fn info_row(r: &rusqlite::Row<'_>, owner: &str) -> rusqlite::Result<SubmissionInfo> {
+    let state: String = r.get(4)?;
+    Ok(SubmissionInfo {
+        id: r.get(0)?,
+        owner: owner.to_string(),
+        tenant: r.get(1)?,
+        module: r.get(2)?,
+        total: r.get::<_, i64>(3)? as u64,
+        state: SubmissionState::parse(&state).unwrap_or(SubmissionState::Failed),
+        message: r.get(5)?,
+        created_ms: r.get::<_, i64>(6)? as u64,
+        ended_ms: r.get::<_, Option<i64>>(7)?.map(|v| v as u64),
+        done: r.get::<_, i64>(8)? as u64,
+        failed: r.get::<_, i64>(9)? as u64,
+    })
+}
+
+/// Runs a stored submission's map on the pool from its first input
+/// without a result.
+async fn run_map(w: &Arc<Worker>, s: &Stored) -> anyhow::Result<MapSummary> {
+    let this = &w.submissions;
+    let path = this.module_path(&s.job.module);
+    let bytes = tokio::fs::read(&path)
+        .await
+        .map_err(|e| anyhow::anyhow!("the submission's module {} is gone: {e}", path.display()))?;
+    let mut job = Job::new(bytes);
+    job.program_name = s.job.program_name.clone();
+    job.args = s.job.args.clone();
+    job.env = s.job.env.clone();
+    job.limits = s.job.limits.clone();
+    let id = s.id.clone();
+    let (done, peak, inputs) = this
+        .db
+        .read(move |c| {
+            let (done, peak): (i64, Option<i64>) = c.query_row(
+                "SELECT count(*), max(peak) FROM results WHERE submission = ?1",
+                [&id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?;
+            let mut stmt = c.prepare("SELECT data FROM inputs WHERE submission = ?1 AND idx >= ?2 ORDER BY idx")?;
+            let inputs = stmt.query_map(params![id, done], |r| r.get::<_, Vec<u8>>(0))?.collect::<Result<Vec<_>, _>>()?;
+            Ok((done as usize, peak.map(|p| p as u64), inputs))
+        })
+        .await?;
+    let start_estimate = peak.and_then(|peak| {
+        let mut e = MemoryEstimator::new(job.declared_memory(), None, s.config.min_mem, u64::MAX, DEFAULT_MARGIN);
+        e.observe(peak);
+        e.to_saved()
+    });
+    let pool = Pool::new(PoolConfig { token: s.token.clone(), ..PoolConfig::new(vec![w.addr.clone()]) })?;
+    let config = MapConfig {
+        mem: s.config.mem,
+        min_mem: s.config.min_mem,
+        retries: s.config.retries,
+        max_in_flight: s.config.max_in_flight.map(|n| n as usize),
+        keep_going: s.config.keep_going,
+        first_index: done,
+        submission: Some(s.id.clone()),
+        start_estimate,
+        ..MapConfig::default()
+    };
+    let mut sink = Sink { db: this.db.clone(), id: s.id.clone() };
+    crate::client::map(&Target::Pool(Arc::new(pool)), &job, inputs, &config, &mut sink).await
+}
+
+/// Hands each result, in input order, to the database.
+struct Sink {
+    db: Arc<StateDb>,
+    id: String,
+}
+
+impl MapObserver for Sink {
+    fn result(&mut self, item: MapItem) -> anyhow::Result<()> {
+        let (ok, peak) = (item.succeeded(), item.result.peak_memory_bytes as i64);
+        let index = item.index as i64;
+        let stored = SubmittedResult { index: item.index as u64, attempts: item.attempts, result: item.result };
+        let blob = postcard::to_allocvec(&stored)?;
+        let id = self.id.clone();
+        self.db.write_later(move |c| {
+            c.prepare_cached("INSERT INTO results (submission, idx, ok, peak, item) VALUES (?1, ?2, ?3, ?4, ?5)")?
+                .execute(params![id, index, ok, peak, blob])
+                .map(drop)
+        });
+        Ok(())
+    }
+}
+
+/// Writes `bytes` to `path` so that it is there after a crash: a temporary
+/// file, synced, renamed, and the directory synced. Nothing if it exists.
+fn write_durably(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    if path.exists() {
+        return Ok(());
+    }
+    let dir = path.parent().expect("a module path has a parent");
+    std::fs::create_dir_all(dir)?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    std::io::Write::write_all(&mut tmp, bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    std::fs::File::open(dir)?.sync_all()
+}
