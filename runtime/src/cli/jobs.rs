@@ -22,7 +22,8 @@ pub fn list_jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
     let (http, runtime) = pool_client(&args.pool, "jobs")?;
     runtime.block_on(async {
         let view = crate::client::fetch_peers(&http, &args.pool.peers).await?;
-        let (mut jobs, silent) = list(&http, &view, &args.pool.peers).await?;
+        let seeds = args.pool.askable(&view);
+        let (mut jobs, silent) = list(&http, &view, &seeds).await?;
         jobs.sort_by(|a, b| (&a.worker, &a.status.id).cmp(&(&b.worker, &b.status.id)));
         if args.json {
             println!("{}", serde_json::to_string_pretty(&jobs)?);
@@ -69,8 +70,9 @@ pub fn logs(args: LogsArgs) -> anyhow::Result<ExitCode> {
     let (http, runtime) = pool_client(&args.pool, "logs")?;
     runtime.block_on(async {
         let view = crate::client::fetch_peers(&http, &args.pool.peers).await?;
+        let seeds = args.pool.askable(&view);
         let mut print = |stream, bytes: &[u8]| super::run::print_output(stream, bytes);
-        match crate::client::detach::follow(&http, &view, &args.pool.peers, &args.id, args.follow, &mut print).await? {
+        match crate::client::detach::follow(&http, &view, &seeds, &args.id, args.follow, &mut print).await? {
             None => {
                 eprintln!("peerwasm: {}: no such detached job of yours on any live worker", args.id);
                 Ok(ExitCode::from(1))
@@ -100,11 +102,12 @@ pub fn cancel_jobs(args: CancelArgs) -> anyhow::Result<ExitCode> {
     let (http, runtime) = pool_client(&args.pool, "cancel")?;
     runtime.block_on(async {
         let view = crate::client::fetch_peers(&http, &args.pool.peers).await?;
+        let seeds = args.pool.askable(&view);
         let mut missing = 0;
         for id in &args.ids {
             let report = match crate::proto::submission::is_submission_id(id) {
-                true => crate::client::submit::cancel(&http, &view, &args.pool.peers, id).await?,
-                false => cancel(&http, &view, &args.pool.peers, id).await?,
+                true => crate::client::submit::cancel(&http, &view, &seeds, id).await?,
+                false => cancel(&http, &view, &seeds, id).await?,
             };
             match report {
                 CancelReport::Cancelled { worker, was } if was == "done" => {

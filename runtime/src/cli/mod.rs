@@ -69,6 +69,17 @@ pub struct PoolArgs {
 }
 
 impl PoolArgs {
+    /// The workers a command that looks for the caller's jobs may ask:
+    /// with a token, those it may be sent to (the named ones, or all of a
+    /// keyed pool: see `client::trusted`); without one, there is nothing to
+    /// leak, so every worker of the view.
+    fn askable(&self, view: &[crate::proto::PeerView]) -> Vec<String> {
+        match self.token {
+            Some(_) => self.peers.clone(),
+            None => self.peers.iter().cloned().chain(view.iter().map(|p| p.advert.addr.clone())).collect(),
+        }
+    }
+
     /// The pool, or `None` for the embedded worker; shipped directories'
     /// file hashes are kept under `cache_root`.
     fn target(&self, cache_root: Option<PathBuf>) -> anyhow::Result<Option<crate::client::Target>> {

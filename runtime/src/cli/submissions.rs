@@ -49,7 +49,8 @@ pub fn results(args: ResultsArgs) -> anyhow::Result<ExitCode> {
     };
     runtime.block_on(async {
         let view = crate::client::fetch_peers(&http, &args.pool.peers).await?;
-        let Some(info) = submit::find(&http, &view, &args.pool.peers, &args.id).await? else {
+        let seeds = args.pool.askable(&view);
+        let Some(info) = submit::find(&http, &view, &seeds, &args.id).await? else {
             eprintln!("peerwasm: {}: no such submission of yours on any live worker", args.id);
             return Ok(ExitCode::from(1));
         };
@@ -101,7 +102,8 @@ pub fn submissions(args: SubmissionsArgs) -> anyhow::Result<ExitCode> {
     let (http, runtime) = pool_client(&args.pool, "submissions")?;
     runtime.block_on(async {
         let view = crate::client::fetch_peers(&http, &args.pool.peers).await?;
-        let (mut list, silent) = submit::list(&http, &view, &args.pool.peers).await?;
+        let seeds = args.pool.askable(&view);
+        let (mut list, silent) = submit::list(&http, &view, &seeds).await?;
         list.sort_by(|a, b| b.created_ms.cmp(&a.created_ms));
         if args.json {
             println!("{}", serde_json::to_string_pretty(&list)?);
@@ -150,8 +152,9 @@ pub fn history(args: HistoryArgs) -> anyhow::Result<ExitCode> {
     let (http, runtime) = pool_client(&args.pool, "history")?;
     runtime.block_on(async {
         let view = crate::client::fetch_peers(&http, &args.pool.peers).await?;
+        let seeds = args.pool.askable(&view);
         let since = crate::worker::statedb::now_ms().saturating_sub(args.since.as_millis() as u64);
-        let (rows, silent) = submit::history(&http, &view, &args.pool.peers, since, args.tenant.as_deref()).await?;
+        let (rows, silent) = submit::history(&http, &view, &seeds, since, args.tenant.as_deref()).await?;
         if args.json {
             println!("{}", serde_json::to_string_pretty(&rows)?);
         } else {

@@ -368,6 +368,11 @@ fn write_loop(mut conn: Connection, rx: mpsc::Receiver<Write>, committed: watch:
         }
         committed.send_modify(|n| *n += 1);
     }
+    // Closed cleanly: fold the log into the database file, so that the
+    // state dir holds one self-contained file until the next start.
+    if let Err(e) = conn.pragma_update(None, "wal_checkpoint", "TRUNCATE") {
+        tracing::warn!("cannot checkpoint the state database: {e}");
+    }
 }
 
 /// Milliseconds since the Unix epoch, now.

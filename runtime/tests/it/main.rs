@@ -16,6 +16,7 @@ mod outcomes;
 mod pool;
 mod soak;
 mod streams;
+mod submissions;
 mod support;
 mod tenants;
 mod wire;

@@ -29,7 +29,9 @@ pub async fn put_module(
         return text(StatusCode::BAD_REQUEST, "the bytes do not match the sha256 in the URL");
     }
     w.uploaders.record(hash, &tenant.name);
-    if w.runner.has_module(&hash) {
+    // Compiled is enough for jobs, but the bytes are kept when sent: a
+    // submission this worker owns stores them to hand on to other workers.
+    if w.runner.module_bytes(&hash).is_some() {
         return StatusCode::OK.into_response();
     }
     w.runner.add_module_hashed(hash, body.to_vec());

@@ -1,0 +1,335 @@
+//! Durable submissions against real worker processes: a detached map whose
+//! owner is killed -9 (twice) and restarted gives every result once and in
+//! order; its client exits at once; results from another client; cancel
+//! stops its jobs on every worker; an attached map resumes from its results
+//! file after its client is killed; a damaged state database is refused,
+//! and kept; every worker keeps a history of what it ran.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::support::{WorkerProcess, spawn_worker};
+
+fn peerwasm() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_peerwasm"))
+}
+
+fn wasm(name: &str) -> String {
+    peerwasm_testkit::guest_wasm(name).to_string_lossy().into_owned()
+}
+
+/// A free loopback port (bound, then released for the worker to take).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A worker on a fixed address with its own state dir, so that it can be
+/// killed and started again as the same worker.
+struct Owner {
+    addr: String,
+    state: PathBuf,
+    cache: PathBuf,
+    join: Option<String>,
+    child: Option<Child>,
+}
+
+impl Owner {
+    fn new(root: &Path, join: Option<&str>) -> Owner {
+        Owner {
+            addr: format!("127.0.0.1:{}", free_port()),
+            state: root.join("state"),
+            cache: root.join("cache"),
+            join: join.map(String::from),
+            child: None,
+        }
+    }
+
+    fn command(&self) -> Command {
+        let mut cmd = peerwasm();
+        cmd.args(["worker", "--listen", &self.addr, "--memory", "1GiB", "--reserve", "0", "--slots", "2"])
+            .args(["--gossip-interval", "100ms", "--drain-grace", "1s"])
+            .arg("--state-dir")
+            .arg(&self.state)
+            .arg("--cache-dir")
+            .arg(&self.cache)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        if let Some(j) = &self.join {
+            cmd.args(["--join", j]);
+        }
+        cmd
+    }
+
+    fn start(&mut self) {
+        let (child, addr) = spawn_worker(&mut self.command());
+        assert_eq!(addr, self.addr);
+        self.child = Some(child);
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn terminate(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn run(args: &[&str]) -> Output {
+    peerwasm().args(args).output().expect("running peerwasm")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// `peerwasm map --detach`, which must exit at once and print only the id.
+fn detach(peers: &str, module: &str, inputs: &Path, extra: &[&str]) -> String {
+    let start = Instant::now();
+    let mut args = vec!["map", "--detach", "--peers", peers];
+    args.extend(extra);
+    args.extend([module, inputs.to_str().unwrap()]);
+    let out = run(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(start.elapsed() < Duration::from_secs(10), "map --detach took {:?}", start.elapsed());
+    let id = stdout(&out).trim().to_string();
+    assert!(id.starts_with("s-") && !id.contains('\n'), "stdout is only the id: {id:?}");
+    id
+}
+
+/// How many primes are below each `n` of `ns`, from one sieve.
+fn primes_below(ns: &[usize]) -> Vec<u64> {
+    let top = ns.iter().copied().max().unwrap_or(2).max(2);
+    let mut sieve = vec![true; top];
+    sieve[0] = false;
+    sieve[1] = false;
+    let mut i = 2;
+    while i * i < top {
+        if sieve[i] {
+            (i * i..top).step_by(i).for_each(|j| sieve[j] = false);
+        }
+        i += 1;
+    }
+    let mut below = vec![0u64; top + 1];
+    for k in 0..top {
+        below[k + 1] = below[k] + u64::from(sieve[k]);
+    }
+    ns.iter().map(|&n| below[n]).collect()
+}
+
+/// Checks a results file: exactly `ns.len()` lines, inputs 0.. in order,
+/// each with the right count of primes.
+fn check_primes_results(text: &str, ns: &[usize]) {
+    let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
+    assert_eq!(lines.len(), ns.len(), "one result per input");
+    for (i, (line, expected)) in lines.iter().zip(primes_below(ns)).enumerate() {
+        assert_eq!(line["index"], i as u64, "in input order");
+        assert_eq!(line["stdout"]["count"], expected, "input {i} ({}) has its own answer", ns[i]);
+    }
+}
+
+fn submission_state(peers: &str, id: &str) -> serde_json::Value {
+    let out = run(&["submissions", "--json", "--peers", peers]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let list: Vec<serde_json::Value> = serde_json::from_str(&stdout(&out)).unwrap();
+    list.into_iter().find(|s| s["id"] == id).unwrap_or_else(|| panic!("{id} not listed"))
+}
+
+#[test]
+fn a_detached_map_survives_its_owner_killed_twice() {
+    let root = tempfile::tempdir().unwrap();
+    let helper = WorkerProcess::start("1GiB", 2, None);
+    let mut owner = Owner::new(root.path(), Some(&helper.addr));
+    owner.start();
+    let ns: Vec<usize> = (0..1000).map(|i| 2_000_000 + 7 * i).collect();
+    let inputs = root.path().join("in.jsonl");
+    std::fs::write(&inputs, ns.iter().map(|n| format!("{{\"n\": {n}}}\n")).collect::<String>()).unwrap();
+    let id = detach(&owner.addr, &wasm("primes"), &inputs, &[]);
+
+    // Killed -9 twice at moments that vary from run to run, restarted on
+    // the same state dir each time.
+    let mut kills = 0;
+    for _ in 0..2 {
+        let wait = Duration::from_millis(300 + rand::random::<u64>() % 1200);
+        std::thread::sleep(wait);
+        let before = submission_state(&helper.addr, &id);
+        if before["state"] != "running" {
+            break; // it finished before we got to it; the rest still holds
+        }
+        owner.kill();
+        kills += 1;
+        owner.start();
+    }
+    let out = run(&["results", "--peers", &helper.addr, &id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    check_primes_results(&stdout(&out), &ns);
+    let info = submission_state(&owner.addr, &id);
+    assert_eq!(info["state"], "done");
+    assert_eq!(info["done"], 1000);
+    eprintln!("owner killed {kills} times");
+    assert!(kills >= 1, "the map ended before the owner could be killed once: make the jobs longer");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn results_from_another_client_and_cancel_stops_jobs_everywhere() {
+    use crate::pool::{alive, wait_for};
+    let root = tempfile::tempdir().unwrap();
+    let a = WorkerProcess::start("1GiB", 2, None);
+    let b = WorkerProcess::start("1GiB", 2, Some(&a.addr));
+    wait_for(&a.addr, Duration::from_secs(10), |v| alive(v) == 2).await;
+    // Two quick jobs, then long sleepers: more than the pool's four slots.
+    let inputs = root.path().join("in.jsonl");
+    let lines: Vec<&str> = ["1", "1"].into_iter().chain(std::iter::repeat_n("30000", 10)).collect();
+    std::fs::write(&inputs, lines.join("\n") + "\n").unwrap();
+    // As many under way as there are slots: the quick ones never queue.
+    let id = detach(&a.addr, &wasm("sleep"), &inputs, &["--mem", "64MiB", "--max-in-flight", "4"]);
+
+    // Another client (another process, through the other worker) gets the
+    // results that are in while the map runs.
+    let start = Instant::now();
+    let got = loop {
+        let out = run(&["results", "--no-wait", "--peers", &b.addr, &id]);
+        assert_eq!(out.status.code(), Some(75), "still running: {}", stderr(&out));
+        let got: Vec<serde_json::Value> = stdout(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        if got.len() == 2 {
+            break got;
+        }
+        assert!(got.len() < 2 && start.elapsed() < Duration::from_secs(20), "{got:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    for (i, line) in got.iter().enumerate() {
+        assert_eq!(line["index"], i);
+        assert_eq!(line["stdout"], "slept 1 ms\n");
+    }
+    let both_busy = |v: &[peerwasm::proto::PeerView]| v.iter().all(|p| p.advert.slots_busy > 0);
+    wait_for(&a.addr, Duration::from_secs(20), |v| v.len() == 2 && both_busy(v)).await;
+
+    let out = run(&["cancel", "--peers", &b.addr, &id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("cancelled"), "{}", stdout(&out));
+    // Its jobs stop on both workers: every slot is free again.
+    for w in [&a, &b] {
+        wait_for(&w.addr, Duration::from_secs(10), |v| v.iter().find(|p| p.advert.addr == w.addr).is_some_and(|p| p.advert.slots_busy == 0)).await;
+    }
+    assert_eq!(submission_state(&b.addr, &id)["state"], "cancelled");
+    let out = run(&["results", "--peers", &a.addr, &id]);
+    assert_eq!(out.status.code(), Some(1), "a cancelled map's results end early: {}", stderr(&out));
+    assert!(stderr(&out).contains("cancelled"), "{}", stderr(&out));
+    assert_eq!(stdout(&out).lines().count(), 2);
+
+    // Every job the pool ran is in its worker's history, with its input.
+    let start = Instant::now();
+    loop {
+        let out = run(&["history", "--json", "--peers", &a.addr]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let rows: Vec<serde_json::Value> = serde_json::from_str(&stdout(&out)).unwrap();
+        let ours: Vec<_> = rows.iter().filter(|r| r["submission"] == id.as_str()).collect();
+        let exited = |i: u64| ours.iter().any(|r| r["outcome"] == "exited" && r["index"] == i && r["attempt"] == 1);
+        let cancelled: std::collections::HashSet<_> =
+            ours.iter().filter(|r| r["outcome"] == "cancelled").map(|r| r["peer"].as_str().unwrap()).collect();
+        if exited(0) && exited(1) && cancelled.len() == 2 {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "history lacks the map's jobs: {ours:#?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // A second cancel discards it.
+    let out = run(&["cancel", "--peers", &a.addr, &id]);
+    assert!(stdout(&out).contains("discarded"), "{}", stdout(&out));
+    let out = run(&["results", "--peers", &a.addr, &id]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("no such submission"), "{}", stderr(&out));
+}
+
+#[test]
+fn an_attached_map_resumes_from_its_results_file() {
+    let root = tempfile::tempdir().unwrap();
+    let w = WorkerProcess::start("1GiB", 2, None);
+    let ns: Vec<usize> = (0..300).map(|i| 200_000 + 13 * i).collect();
+    let inputs = root.path().join("in.jsonl");
+    std::fs::write(&inputs, ns.iter().map(|n| format!("{{\"n\": {n}}}\n")).collect::<String>()).unwrap();
+    let out_file = root.path().join("out.jsonl");
+    let (inputs_s, out_s) = (inputs.to_str().unwrap(), out_file.to_str().unwrap());
+    let mut client = peerwasm()
+        .args(["map", "--no-progress", "--max-in-flight", "2", "--peers", &w.addr, "-o", out_s, &wasm("primes"), inputs_s])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while std::fs::read_to_string(&out_file).map_or(0, |t| t.lines().count()) < 20 {
+        assert!(start.elapsed() < Duration::from_secs(30), "no results written");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    client.kill().unwrap(); // SIGKILL: no chance to tidy up
+    client.wait().unwrap();
+    let written = std::fs::read_to_string(&out_file).unwrap().lines().count();
+    assert!(written < ns.len(), "the map finished before it was killed");
+
+    let out = run(&["map", "--resume", "--no-progress", "--peers", &w.addr, "-o", out_s, &wasm("primes"), inputs_s]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("resuming at input"), "{}", stderr(&out));
+    check_primes_results(&std::fs::read_to_string(&out_file).unwrap(), &ns);
+    // Nothing left to do: it says so and runs nothing.
+    let out = run(&["map", "--resume", "--peers", &w.addr, "-o", out_s, &wasm("primes"), inputs_s]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("already has all 300 results"), "{}", stderr(&out));
+    // A file that is not this map's results is refused, untouched.
+    std::fs::write(&out_file, "{\"index\": 5}\n").unwrap();
+    let out = run(&["map", "--resume", "--peers", &w.addr, "-o", out_s, &wasm("primes"), inputs_s]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("not the results of this map in order"), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(&out_file).unwrap(), "{\"index\": 5}\n");
+}
+
+#[test]
+fn a_damaged_state_database_is_refused_and_kept() {
+    let root = tempfile::tempdir().unwrap();
+    let mut owner = Owner::new(root.path(), None);
+    owner.start();
+    let inputs = root.path().join("in.jsonl");
+    std::fs::write(&inputs, (0..200).map(|i| format!("{{\"n\": {}}}\n", 1000 + i)).collect::<String>()).unwrap();
+    let id = detach(&owner.addr, &wasm("primes"), &inputs, &[]);
+    let out = run(&["results", "--peers", &owner.addr, &id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    owner.terminate(); // a clean stop: everything is in state.db
+    let db = owner.state.join("state.db");
+    let size = std::fs::metadata(&db).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&db).unwrap().set_len(size / 2).unwrap();
+
+    let mut again = owner.command().stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = again.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > Duration::from_secs(20) {
+            let _ = again.kill();
+            panic!("a worker on a damaged state dir started");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(2), "refused at start");
+    let mut err = String::new();
+    std::io::Read::read_to_string(again.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(err.contains("state.db") && err.contains("damaged") && err.contains("nothing was deleted"), "{err}");
+    assert_eq!(std::fs::metadata(&db).unwrap().len(), size / 2, "the file is kept as it was");
+}
