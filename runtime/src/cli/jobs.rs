@@ -111,7 +111,8 @@ pub fn cancel_jobs(args: CancelArgs) -> anyhow::Result<ExitCode> {
             };
             match report {
                 CancelReport::Cancelled { worker, was } if was == "done" => {
-                    println!("{id}: had ended on {worker}; its results were discarded")
+                    let what = if crate::proto::submission::is_submission_id(id) { "results were" } else { "result was" };
+                    println!("{id}: had ended on {worker}; its {what} discarded")
                 }
                 CancelReport::Cancelled { worker, was } => println!("{id}: cancelled on {worker} (it was {was})"),
                 CancelReport::AlreadyEnded { worker, message } => println!("{id}: on {worker}: {message}"),

@@ -32,6 +32,12 @@ pub struct ResultsArgs {
     id: String,
 }
 
+/// Prints `text` on stdout; a reader that went away (`| head`) ends the
+/// output, not the program.
+fn say(text: &str) {
+    let _ = writeln!(std::io::stdout().lock(), "{text}");
+}
+
 /// How long one results request waits for the next result.
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -106,7 +112,7 @@ pub fn submissions(args: SubmissionsArgs) -> anyhow::Result<ExitCode> {
         let (mut list, silent) = submit::list(&http, &view, &seeds).await?;
         list.sort_by(|a, b| b.created_ms.cmp(&a.created_ms));
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&list)?);
+            say(&serde_json::to_string_pretty(&list)?);
         } else {
             let now = crate::worker::statedb::now_ms();
             let mut rows = vec![["ID", "OWNER", "STATE", "DONE", "FAILED", "MODULE", "SUBMITTED"].map(String::from)];
@@ -122,7 +128,7 @@ pub fn submissions(args: SubmissionsArgs) -> anyhow::Result<ExitCode> {
                     format!("{} ago", humantime::format_duration(age)),
                 ]);
             }
-            println!("{}", crate::client::render_table(&rows));
+            say(&crate::client::render_table(&rows));
         }
         for s in silent {
             eprintln!("peerwasm: not listed: {s}");
@@ -156,7 +162,7 @@ pub fn history(args: HistoryArgs) -> anyhow::Result<ExitCode> {
         let since = crate::worker::statedb::now_ms().saturating_sub(args.since.as_millis() as u64);
         let (rows, silent) = submit::history(&http, &view, &seeds, since, args.tenant.as_deref()).await?;
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&rows)?);
+            say(&serde_json::to_string_pretty(&rows)?);
         } else {
             let mut table = vec![
                 ["ENDED", "TENANT", "MODULE", "INPUT", "TRY", "OUTCOME", "EXIT", "PEAK", "RESERVED", "CPU", "WALL", "PEER"]
@@ -184,7 +190,7 @@ pub fn history(args: HistoryArgs) -> anyhow::Result<ExitCode> {
                     r.peer.clone(),
                 ]);
             }
-            println!("{}", crate::client::render_table(&table));
+            say(&crate::client::render_table(&table));
         }
         for s in silent {
             eprintln!("peerwasm: not included: {s}");

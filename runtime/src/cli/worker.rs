@@ -36,8 +36,8 @@ pub struct WorkerArgs {
     cache_dir: Option<PathBuf>,
     /// Where the worker keeps what must outlive it — the submissions it
     /// owns (`map --detach`) and its job history — in a SQLite database
-    /// [default: ~/.local/share/peerwasm/worker-PORT; with port 0 a
-    /// temporary dir, removed when the worker stops].
+    /// [default: ~/.local/share/peerwasm/worker-ADDR-PORT, after --listen;
+    /// with port 0 a temporary dir, removed when the worker stops].
     #[arg(long, value_name = "DIR", env = "PEERWASM_STATE_DIR")]
     state_dir: Option<PathBuf>,
     /// Days the records of finished jobs (`peerwasm history`) and finished
@@ -228,12 +228,12 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         insecure_gossip: args.insecure_gossip,
         max_queued: args.max_queued,
         max_queued_bytes: args.max_queued_bytes,
-        advertise: args.advertise,
+        advertise: args.advertise.clone(),
         drain_grace: args.drain_grace,
         max_results: args.max_results,
         file_store_bytes: args.file_store,
         max_files_back: args.max_files_back,
-        state_dir: args.state_dir.or_else(|| default_state_dir(args.listen.port())),
+        state_dir: args.state_dir.or_else(|| default_state_dir(args.listen, args.advertise.as_deref())),
         history_keep: Duration::from_secs(u64::from(args.history_days) * 24 * 3600),
         serve: crate::worker::http::serve::ServeLimits {
             max_connections: args.max_connections.max(1),
@@ -255,10 +255,14 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// `~/.local/share/peerwasm/worker-PORT` (`$XDG_DATA_HOME`); none for
-/// port 0, whose worker cannot be found again after a restart anyway.
-fn default_state_dir(port: u16) -> Option<PathBuf> {
-    (port != 0).then(|| dirs::data_dir().map(|d| d.join("peerwasm").join(format!("worker-{port}")))).flatten()
+/// `~/.local/share/peerwasm/worker-ADDR` (`$XDG_DATA_HOME`), ADDR being
+/// the address the worker advertises, else the one it listens on: workers
+/// of one host on different addresses or ports keep apart. None for port
+/// 0, whose worker cannot be found again after a restart anyway.
+fn default_state_dir(listen: SocketAddr, advertise: Option<&str>) -> Option<PathBuf> {
+    let addr = advertise.map_or_else(|| listen.to_string(), String::from);
+    let name = format!("worker-{addr}").replace(['/', '[', ']'], "_").replace(':', "-");
+    (listen.port() != 0).then(|| dirs::data_dir().map(|d| d.join("peerwasm").join(name))).flatten()
 }
 
 /// Bytes free for unprivileged users on the filesystem of `dir` (0 if it

@@ -116,8 +116,9 @@ impl StateDb {
         StateDb::open_inner(dir, None)
     }
 
-    /// A state database in a new temporary directory, removed when it is
-    /// dropped: for a worker whose state need not outlive it.
+    /// A state database in a new temporary directory (under `parent`, else
+    /// the system's), removed when it is dropped: for a worker whose state
+    /// need not outlive it.
     pub fn temporary(parent: Option<&Path>) -> anyhow::Result<StateDb> {
         let temp = match parent {
             Some(p) => tempfile::Builder::new().prefix("peerwasm-state-").tempdir_in(p),

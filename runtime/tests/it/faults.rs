@@ -135,6 +135,8 @@ impl Worker {
             .arg(pool_key())
             .arg("--cache-dir")
             .arg(cache)
+            .arg("--state-dir")
+            .arg(cache.join(format!("state-{listen}")))
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
         if let Some(seed) = join {

@@ -267,7 +267,7 @@ pub async fn start(
     )?);
     let db = Arc::new(match &config.state_dir {
         Some(dir) => super::statedb::StateDb::open(dir)?,
-        None => super::statedb::StateDb::temporary(config.runner.sandbox.scratch_root.as_deref())?,
+        None => super::statedb::StateDb::temporary(None)?,
     });
     let worker = Arc::new(Worker {
         addr: addr.clone(),
