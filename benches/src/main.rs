@@ -16,6 +16,8 @@
 //! * [`gossip`] — the gossip core simulated at 1,000 and 10,000 nodes;
 //! * [`files`] — a map's shared data shipped as `--dir` (once per worker)
 //!   vs inlined in every input;
+//! * [`submit`] — a map attached vs detached (`map --detach`), and the
+//!   state database's commit cost per result;
 //! * [`footprint`] — worker RSS idle, with jobs running, after many jobs;
 //! * [`fairness`] — the smartshare seed's experiment, fair share on and off;
 //! * [`procs`] — real `peerwasm` processes (workers, commands);
@@ -30,6 +32,7 @@ mod footprint;
 mod gossip;
 mod latency;
 mod procs;
+mod submit;
 mod summary;
 
 use std::process::ExitCode;
@@ -69,6 +72,10 @@ pub struct Sizes {
     pub files_data_mib: usize,
     /// Inputs of its maps.
     pub files_inputs: usize,
+    /// Inputs of the submit benchmark's maps.
+    pub submit_inputs: usize,
+    /// Results stored by its database figure.
+    pub submit_commits: usize,
 }
 
 impl Sizes {
@@ -89,6 +96,8 @@ impl Sizes {
             fairness_unit_ms: 100,
             files_data_mib: 16,
             files_inputs: 100,
+            submit_inputs: 5_000,
+            submit_commits: 20_000,
         }
     }
 
@@ -109,6 +118,8 @@ impl Sizes {
             fairness_unit_ms: 5,
             files_data_mib: 1,
             files_inputs: 10,
+            submit_inputs: 100,
+            submit_commits: 200,
         }
     }
 }
@@ -130,7 +141,8 @@ fn main() -> ExitCode {
 }
 
 /// The benchmarks, in the order of issue 8; names select a subset.
-const NAMES: [&str; 9] = ["dispatch", "latency", "compute", "trivial", "cache", "gossip", "footprint", "fairness", "files"];
+const NAMES: [&str; 10] =
+    ["dispatch", "latency", "compute", "trivial", "cache", "gossip", "footprint", "fairness", "files", "submit"];
 
 fn benchmarks(args: &[String]) -> anyhow::Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
@@ -168,6 +180,9 @@ fn benchmarks(args: &[String]) -> anyhow::Result<()> {
     }
     if wanted("files") {
         files::files(&sizes, &mut summary)?;
+    }
+    if wanted("submit") {
+        submit::submit(&sizes, &mut summary)?;
     }
     summary.print();
     Ok(())

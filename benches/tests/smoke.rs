@@ -22,6 +22,7 @@ fn the_quick_suite_runs_every_benchmark_and_prints_the_summary() {
         "## Footprint",
         "## Fairness",
         "## Files",
+        "## Submit",
         "## Summary",
     ] {
         assert!(stdout.contains(heading), "no {heading:?} in:\n{stdout}");
