@@ -120,10 +120,11 @@ pub async fn run_attached(
     result
 }
 
-/// Starts a detached job and returns its id; the result waits in the job
-/// table until taken. Refusals that are known at once (the queue is full,
-/// it can never fit) are returned now, so the client can go elsewhere.
-pub fn submit_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, spec: JobSpec) -> Result<String, Refused> {
+/// Starts a detached job and returns its id, once the job is committed to
+/// the state database (`detached.rs`); the result waits in the job table
+/// until taken. Refusals that are known at once (the queue is full, it can
+/// never fit) are returned now, so the client can go elsewhere.
+pub async fn submit_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, spec: JobSpec) -> Result<String, Refused> {
     let held = w.jobs.held_bytes(&tenant.name);
     if held >= w.max_results {
         w.metrics.refused("results_held");
@@ -135,12 +136,27 @@ pub fn submit_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, spec: JobSpec) -> 
         )));
     }
     let (queued, pins) = admit(w, tenant, &spec)?;
+    let id = JobTable::new_id();
+    // While this commits, the job keeps its place in the queue.
+    super::detached::keep(w, &id, tenant, &spec).await?;
+    spawn_detached(w, tenant, spec, queued, pins, &id);
+    Ok(id)
+}
+
+/// Queues a kept detached job again under its id (after a restart).
+pub(crate) fn start_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, spec: JobSpec, id: &str) -> Result<(), Refused> {
+    let (queued, pins) = admit(w, tenant, &spec)?;
+    spawn_detached(w, tenant, spec, queued, pins, id);
+    Ok(())
+}
+
+fn spawn_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, spec: JobSpec, queued: Queued, pins: Pins, id: &str) {
     let cancel = Cancel::new();
     let memreq = spec.limits.memory_bytes;
-    let id = w.jobs.insert(&tenant.name, memreq, cancel.clone());
+    w.jobs.insert_with_id(id, &tenant.name, memreq, cancel.clone());
     let live = LiveOutput::default();
-    w.jobs.set_live(&id, live.clone());
-    let (w, tenant, id2) = (w.clone(), tenant.clone(), id.clone());
+    w.jobs.set_live(id, live.clone());
+    let (w, tenant, id2) = (w.clone(), tenant.clone(), id.to_string());
     tokio::spawn(async move {
         // Held (and counted against the worker's memory) until the result
         // is discarded.
@@ -153,9 +169,13 @@ pub fn submit_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, spec: JobSpec) -> 
             r.peer = w.addr.clone();
             r
         });
+        // Ended by this worker's shutdown, it runs again when the worker
+        // is back; any other end is its result.
+        if !matches!(result.outcome, Outcome::Cancelled { cause: CancelCause::Shutdown }) {
+            super::detached::ended(&w, &id2, &result);
+        }
         w.jobs.set_done(&id2, result, hold);
     });
-    Ok(id)
 }
 
 /// What a job keeps from being dropped while it waits and runs: its

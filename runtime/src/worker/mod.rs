@@ -27,6 +27,8 @@
 //! * [`submissions`] — maps this worker owns for clients that went away
 //!   (`map --detach`), run by the client's own map engine, resumed after a
 //!   restart;
+//! * [`detached`] — detached jobs kept in the state database, served or run
+//!   again after a restart;
 //! * [`history`] — a record of every job this worker ran (`peerwasm history`);
 //! * [`warnings`] — warnings to the operator, logged, counted and shown;
 //! * [`metrics`] — `GET /metrics` in Prometheus' text format.
@@ -38,6 +40,7 @@
 
 pub mod admission;
 pub mod cgroup;
+pub mod detached;
 pub mod fairshare;
 pub mod filestore;
 pub mod history;

@@ -86,6 +86,14 @@ CREATE TABLE history (
     peer TEXT NOT NULL
 );
 CREATE INDEX history_by_end ON history (ended_ms);
+CREATE TABLE detached (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    module TEXT NOT NULL,
+    spec BLOB NOT NULL,
+    result BLOB,
+    created_ms INTEGER NOT NULL
+);
 ";
 
 type WriteFn = Box<dyn FnOnce(&Connection) -> rusqlite::Result<()> + Send>;
@@ -156,6 +164,28 @@ impl StateDb {
     /// The state dir.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Where a kept module's bytes are.
+    pub fn module_path(&self, hash: &crate::proto::ModuleHash) -> PathBuf {
+        self.dir.join("modules").join(format!("{}.wasm", hash.to_hex()))
+    }
+
+    /// Keeps a module's bytes so that they are there after a crash: a
+    /// temporary file, synced, renamed, and its directory synced. Nothing
+    /// if it is kept already. Blocking.
+    pub fn keep_module(&self, hash: &crate::proto::ModuleHash, bytes: &[u8]) -> std::io::Result<()> {
+        let path = self.module_path(hash);
+        if path.exists() {
+            return Ok(());
+        }
+        let dir = path.parent().expect("a module path has a parent");
+        std::fs::create_dir_all(dir)?;
+        let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+        std::io::Write::write_all(&mut tmp, bytes)?;
+        tmp.as_file().sync_all()?;
+        tmp.persist(&path).map_err(|e| e.error)?;
+        File::open(dir)?.sync_all()
     }
 
     fn send(&self, write: Write) -> bool {

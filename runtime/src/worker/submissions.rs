@@ -24,7 +24,6 @@
 //! submission and its results.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -40,7 +39,7 @@ use crate::proto::submission::{
     MAX_SUBMISSION_INPUTS, ResultsPage, SUBMISSION_PREFIX, SubmissionInfo, SubmissionSpec, SubmissionState,
     SubmitConfig, SubmittedResult,
 };
-use crate::proto::{JobSpec, MAX_INPUT_BYTES, ModuleHash};
+use crate::proto::{JobSpec, MAX_INPUT_BYTES};
 
 /// Submissions one tenant may have running on one owner.
 pub const MAX_RUNNING_PER_TENANT: i64 = 64;
@@ -54,7 +53,6 @@ pub const MAX_WAIT: Duration = Duration::from_secs(30);
 /// The submissions this worker owns.
 pub struct Submissions {
     db: Arc<StateDb>,
-    modules: PathBuf,
     /// The maps running now, by submission id.
     running: Mutex<HashMap<String, tokio::task::AbortHandle>>,
 }
@@ -71,16 +69,11 @@ struct Stored {
 impl Submissions {
     /// The submissions stored in `db`; their modules under `db`'s dir.
     pub fn new(db: Arc<StateDb>) -> Submissions {
-        let modules = db.dir().join("modules");
-        Submissions { db, modules, running: Mutex::new(HashMap::new()) }
+        Submissions { db, running: Mutex::new(HashMap::new()) }
     }
 
     fn running(&self) -> std::sync::MutexGuard<'_, HashMap<String, tokio::task::AbortHandle>> {
         self.running.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn module_path(&self, hash: &ModuleHash) -> PathBuf {
-        self.modules.join(format!("{}.wasm", hash.to_hex()))
     }
 
     /// Checks and stores a submission, then starts its map. Answers once
@@ -129,8 +122,8 @@ impl Submissions {
             )));
         }
         // The module first, then the row that names it.
-        let path = this.module_path(&job.module);
-        tokio::task::spawn_blocking(move || write_durably(&path, &bytes))
+        let (db, hash) = (this.db.clone(), job.module);
+        tokio::task::spawn_blocking(move || db.keep_module(&hash, &bytes))
             .await
             .map_err(|e| Refused::Internal(e.to_string()))?
             .map_err(|e| Refused::Internal(format!("cannot store the module: {e}")))?;
@@ -392,12 +385,12 @@ impl Submissions {
         let named: Vec<String> = self
             .db
             .read(|c| {
-                let mut stmt = c.prepare("SELECT DISTINCT module FROM submissions")?;
+                let mut stmt = c.prepare("SELECT module FROM submissions UNION SELECT module FROM detached")?;
                 let rows = stmt.query_map([], |r| r.get(0))?;
                 rows.collect()
             })
             .await?;
-        if let Ok(entries) = std::fs::read_dir(&self.modules) {
+        if let Ok(entries) = std::fs::read_dir(self.db.dir().join("modules")) {
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
                 if name.strip_suffix(".wasm").is_some_and(|h| !named.iter().any(|n| n == h)) {
@@ -434,7 +427,7 @@ fn info_row(r: &rusqlite::Row<'_>, owner: &str) -> rusqlite::Result<SubmissionIn
 /// without a result.
 async fn run_map(w: &Arc<Worker>, s: &Stored) -> anyhow::Result<MapSummary> {
     let this = &w.submissions;
-    let path = this.module_path(&s.job.module);
+    let path = this.db.module_path(&s.job.module);
     let bytes = tokio::fs::read(&path)
         .await
         .map_err(|e| anyhow::anyhow!("the submission's module {} is gone: {e}", path.display()))?;
@@ -498,19 +491,4 @@ impl MapObserver for Sink {
         });
         Ok(())
     }
-}
-
-/// Writes `bytes` to `path` so that it is there after a crash: a temporary
-/// file, synced, renamed, and the directory synced. Nothing if it exists.
-fn write_durably(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    if path.exists() {
-        return Ok(());
-    }
-    let dir = path.parent().expect("a module path has a parent");
-    std::fs::create_dir_all(dir)?;
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    std::io::Write::write_all(&mut tmp, bytes)?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    std::fs::File::open(dir)?.sync_all()
 }

@@ -68,10 +68,33 @@ impl JobTable {
         self.jobs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// A new job id: 128 random bits in hex.
+    pub(crate) fn new_id() -> String {
+        hex::encode(rand::random::<[u8; 16]>())
+    }
+
     pub(crate) fn insert(&self, tenant: &str, memory_bytes: u64, cancel: Cancel) -> String {
-        let id = hex::encode(rand::random::<[u8; 16]>());
-        self.lock().insert(id.clone(), Entry { tenant: tenant.into(), memory_bytes, state: JobState::Queued, cancel, hold: None, live: None });
+        let id = JobTable::new_id();
+        self.insert_with_id(&id, tenant, memory_bytes, cancel);
         id
+    }
+
+    /// A queued job under a given id (a detached job kept across a restart).
+    pub(crate) fn insert_with_id(&self, id: &str, tenant: &str, memory_bytes: u64, cancel: Cancel) {
+        self.lock().insert(id.into(), Entry { tenant: tenant.into(), memory_bytes, state: JobState::Queued, cancel, hold: None, live: None });
+    }
+
+    /// A detached job that ended before the worker restarted.
+    pub(crate) fn insert_done(&self, id: &str, tenant: &str, result: JobResult, hold: Arc<Hold>) {
+        let entry = Entry {
+            tenant: tenant.into(),
+            memory_bytes: result.memory_limit_bytes,
+            state: JobState::Done(Box::new(result)),
+            cancel: Cancel::new(),
+            hold: Some(hold),
+            live: None,
+        };
+        self.lock().insert(id.into(), entry);
     }
 
     pub(crate) fn set(&self, id: &str, state: JobState) {

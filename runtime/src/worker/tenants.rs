@@ -177,6 +177,15 @@ impl Tenants {
         }
     }
 
+    /// The tenant named `name`, if there is one (a job kept across a
+    /// restart names its tenant).
+    pub fn by_name(&self, name: &str) -> Option<Arc<Tenant>> {
+        match self {
+            Tenants::Single(t) => (t.name == name).then(|| t.clone()),
+            Tenants::Multi(by_hash) => by_hash.values().find(|t| t.name == name).cloned(),
+        }
+    }
+
     /// The tenant a bearer token belongs to.
     pub fn authenticate(&self, token: Option<&str>) -> Result<Arc<Tenant>, AuthError> {
         match self {

@@ -333,3 +333,44 @@ fn a_damaged_state_database_is_refused_and_kept() {
     assert!(err.contains("state.db") && err.contains("damaged") && err.contains("nothing was deleted"), "{err}");
     assert_eq!(std::fs::metadata(&db).unwrap().len(), size / 2, "the file is kept as it was");
 }
+
+#[test]
+fn detached_jobs_outlive_their_worker() {
+    let root = tempfile::tempdir().unwrap();
+    let mut owner = Owner::new(root.path(), None);
+    owner.start();
+    let detach_run = |ms: &str| -> String {
+        let mut child = peerwasm()
+            .args(["run", "--detach", "--mem", "64MiB", "--peers", &owner.addr, &wasm("sleep")])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), ms.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        stdout(&out).trim().to_string()
+    };
+    let quick = detach_run("1");
+    let slow = detach_run("3000");
+    let discarded = detach_run("1");
+    let out = run(&["logs", "-f", "--peers", &owner.addr, &discarded]); // to its end
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = run(&["cancel", "--peers", &owner.addr, &discarded]);
+    assert!(stdout(&out).contains("discarded"), "{}", stdout(&out));
+    // Killed while the slow one sleeps; started again on the same state.
+    let out = run(&["jobs", "--json", "--peers", &owner.addr]);
+    let jobs: Vec<serde_json::Value> = serde_json::from_str(&stdout(&out)).unwrap();
+    assert!(jobs.iter().any(|j| j["id"] == slow.as_str() && j["state"] == "running"), "{jobs:?}");
+    owner.kill();
+    owner.start();
+    let out = run(&["logs", "--peers", &owner.addr, &quick]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "slept 1 ms\n", "a finished job's result is kept");
+    let out = run(&["logs", "-f", "--peers", &owner.addr, &slow]);
+    assert_eq!(out.status.code(), Some(0), "the unfinished job runs again, to its end: {}", stderr(&out));
+    assert_eq!(stdout(&out), "slept 3000 ms\n");
+    let out = run(&["logs", "--peers", &owner.addr, &discarded]);
+    assert_eq!(out.status.code(), Some(1), "a discarded result stays discarded");
+}

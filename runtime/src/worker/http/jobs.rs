@@ -58,7 +58,7 @@ pub async fn post_job(
     Postcard(spec, _): Postcard<JobSpec, JobBody>,
 ) -> Response {
     if params.detach {
-        return match jobs::submit_detached(&w, &tenant, spec) {
+        return match jobs::submit_detached(&w, &tenant, spec).await {
             Ok(id) => with_id((StatusCode::ACCEPTED, id.clone()).into_response(), &id),
             Err(refused) => refused.into_response(),
         };
@@ -118,7 +118,10 @@ pub async fn delete_job(State(w): State<Arc<Worker>>, Caller(tenant): Caller, Pa
     match w.jobs.cancel(&tenant.name, &id) {
         Cancelled::NotFound => text(StatusCode::NOT_FOUND, "no such job"),
         Cancelled::AlreadyEnded(outcome) => text(StatusCode::CONFLICT, format!("the job had already ended: {outcome}")),
-        Cancelled::Discarded(_) => json(&CancelAnswer { id, was: "done".into() }),
+        Cancelled::Discarded(_) => {
+            crate::worker::detached::discarded(&w, &id);
+            json(&CancelAnswer { id, was: "done".into() })
+        }
         Cancelled::Was(was) => {
             tracing::info!(tenant = %tenant.name, job = %id, was, "job cancelled by its owner");
             json(&CancelAnswer { id, was: was.into() })

@@ -356,9 +356,15 @@ pub async fn start(
     Ok(RunningWorker { addr: bound, advertised: addr, serve, gossip, worker, grace })
 }
 
-/// Resumes the submissions this worker owns, then forgets old history and
+/// Restores kept detached jobs and resumes the submissions this worker
+/// owns, then forgets old history and
 /// finished submissions every hour.
 async fn keep_state(w: Arc<Worker>) {
+    match super::detached::restore(&w).await {
+        Ok((0, 0)) => {}
+        Ok((results, rerun)) => tracing::info!(results, rerun, "restored kept detached jobs"),
+        Err(e) => tracing::error!("cannot restore the kept detached jobs: {e:#}"),
+    }
     match super::submissions::Submissions::resume_all(&w).await {
         Ok(0) => {}
         Ok(n) => tracing::info!(submissions = n, state_dir = %w.db.dir().display(), "resumed owned submissions"),
