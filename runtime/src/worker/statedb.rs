@@ -236,6 +236,12 @@ impl StateDb {
         .context("reading the state database")
     }
 
+    /// [`read`](Self::read) on the calling thread, which it blocks.
+    pub fn read_blocking<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> anyhow::Result<T> {
+        let conn = self.reader.lock().unwrap_or_else(|e| e.into_inner());
+        f(&conn).context("reading the state database")
+    }
+
     /// Changes (to a count of commits) each time a group is committed.
     pub fn committed(&self) -> watch::Receiver<u64> {
         self.committed.clone()

@@ -437,19 +437,19 @@ async fn run_map(w: &Arc<Worker>, s: &Stored) -> anyhow::Result<MapSummary> {
     job.env = s.job.env.clone();
     job.limits = s.job.limits.clone();
     let id = s.id.clone();
-    let (done, peak, inputs) = this
+    let (done, total, peak) = this
         .db
         .read(move |c| {
-            let (done, peak): (i64, Option<i64>) = c.query_row(
-                "SELECT count(*), max(peak) FROM results WHERE submission = ?1",
+            c.query_row(
+                "SELECT (SELECT count(*) FROM results WHERE submission = ?1), \
+                 (SELECT total FROM submissions WHERE id = ?1), \
+                 (SELECT max(peak) FROM results WHERE submission = ?1)",
                 [&id],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )?;
-            let mut stmt = c.prepare("SELECT data FROM inputs WHERE submission = ?1 AND idx >= ?2 ORDER BY idx")?;
-            let inputs = stmt.query_map(params![id, done], |r| r.get::<_, Vec<u8>>(0))?.collect::<Result<Vec<_>, _>>()?;
-            Ok((done as usize, peak.map(|p| p as u64), inputs))
+                |r| Ok((r.get::<_, i64>(0)? as usize, r.get::<_, i64>(1)? as usize, r.get::<_, Option<i64>>(2)?.map(|p| p as u64))),
+            )
         })
         .await?;
+    let inputs = InputPages { db: this.db.clone(), id: s.id.clone(), next: done, end: total, page: Default::default() };
     let start_estimate = peak.and_then(|peak| {
         let mut e = MemoryEstimator::new(job.declared_memory(), None, s.config.min_mem, u64::MAX, DEFAULT_MARGIN);
         e.observe(peak);
@@ -465,10 +465,65 @@ async fn run_map(w: &Arc<Worker>, s: &Stored) -> anyhow::Result<MapSummary> {
         first_index: done,
         submission: Some(s.id.clone()),
         start_estimate,
+        // Inputs are read from the database as they go out; this bounds
+        // how many the owner holds in memory for one map.
+        reorder_window: OWNED_REORDER_WINDOW,
         ..MapConfig::default()
     };
     let mut sink = Sink { db: this.db.clone(), id: s.id.clone() };
     crate::client::map(&Target::Pool(Arc::new(pool)), &job, inputs, &config, &mut sink).await
+}
+
+/// How far ahead of its next result an owned map may run (the client's
+/// own map allows 10,000): the inputs under way are held in memory.
+pub const OWNED_REORDER_WINDOW: usize = 1024;
+
+/// Inputs read from the database a page at a time, as the map takes them.
+struct InputPages {
+    db: Arc<StateDb>,
+    id: String,
+    next: usize,
+    end: usize,
+    page: std::collections::VecDeque<Vec<u8>>,
+}
+
+impl Iterator for InputPages {
+    type Item = Vec<u8>;
+
+    fn next(&mut self) -> Option<Vec<u8>> {
+        if self.page.is_empty() && self.next < self.end {
+            let (db, id, from) = (self.db.clone(), self.id.clone(), self.next as i64);
+            // A short read on the reading connection; the map's loop is
+            // async, so it is made a blocking section of its thread.
+            let read = || {
+                db.read_blocking(|c| {
+                    let mut stmt = c.prepare_cached(
+                        "SELECT data FROM inputs WHERE submission = ?1 AND idx >= ?2 ORDER BY idx LIMIT 256",
+                    )?;
+                    stmt.query_map(params![id, from], |r| r.get::<_, Vec<u8>>(0))?.collect::<Result<Vec<_>, _>>()
+                })
+            };
+            let multi_thread = tokio::runtime::Handle::try_current()
+                .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+            let page = if multi_thread { tokio::task::block_in_place(read) } else { read() };
+            match page {
+                Ok(rows) if !rows.is_empty() => self.page.extend(rows),
+                Ok(_) => self.end = self.next, // the inputs are gone (cancelled meanwhile)
+                Err(e) => {
+                    tracing::error!(submission = %self.id, "cannot read the inputs: {e:#}");
+                    self.end = self.next;
+                }
+            }
+        }
+        let input = self.page.pop_front()?;
+        self.next += 1;
+        Some(input)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self.end - self.next;
+        (left, Some(left))
+    }
 }
 
 /// Hands each result, in input order, to the database.

@@ -374,3 +374,50 @@ fn detached_jobs_outlive_their_worker() {
     let out = run(&["logs", "--peers", &owner.addr, &discarded]);
     assert_eq!(out.status.code(), Some(1), "a discarded result stays discarded");
 }
+
+#[test]
+fn a_submission_is_its_tenants_alone() {
+    use crate::tenants::{ALICE, BOB, CAROL, tenants_file};
+    let root = tempfile::tempdir().unwrap();
+    let tenants = tenants_file(1, 1);
+    let w = crate::tenants::worker(2, &tenants, None, &[]);
+    let inputs = root.path().join("in.jsonl");
+    std::fs::write(&inputs, (0..20).map(|i| format!("{{\"n\": {}}}\n", 100 + i)).collect::<String>()).unwrap();
+    let as_ = |token: &str, args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--peers", &w.addr, "--token", token]);
+        run(&all)
+    };
+    let out = as_(ALICE, &["map", "--detach", &wasm("primes"), inputs.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = stdout(&out).trim().to_string();
+
+    // Bob cannot read, list or cancel it: to him it does not exist.
+    let out = as_(BOB, &["results", &id]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("no such submission"), "{}", stderr(&out));
+    let out = as_(BOB, &["cancel", &id]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let out = as_(BOB, &["submissions", "--json"]);
+    assert_eq!(stdout(&out).trim(), "[]");
+    let out = as_(ALICE, &["results", &id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).lines().count(), 20);
+
+    // The jobs ran as alice (her token went with them), and the history
+    // shows each tenant its own jobs; an operator sees anyone's.
+    let history = |token: &str, extra: &[&str]| -> Output {
+        let mut args = vec!["history", "--json"];
+        args.extend(extra);
+        as_(token, &args)
+    };
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&stdout(&history(ALICE, &[]))).unwrap();
+    assert_eq!(rows.iter().filter(|r| r["submission"] == id.as_str()).count(), 20, "{rows:?}");
+    assert!(rows.iter().all(|r| r["tenant"] == "alice"));
+    assert_eq!(stdout(&history(BOB, &[])).trim(), "[]");
+    let out = history(BOB, &["--tenant", "alice"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("operator"), "{}", stderr(&out));
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&stdout(&history(CAROL, &["--tenant", "alice"]))).unwrap();
+    assert_eq!(rows.len(), 20);
+}

@@ -335,8 +335,10 @@ impl<'a> MapRun<'a> {
                 _ = tick.tick() => self.check_lost(observer).await,
             }
         }
-        if let Some(total) = self.total.filter(|_| self.stop.is_none()) {
-            debug_assert_eq!(self.summary.jobs, total);
+        if let Some(total) = self.total.filter(|_| self.stop.is_none())
+            && self.summary.jobs != total
+        {
+            tracing::warn!(results = self.summary.jobs, promised = total, "the inputs ended before their count");
         }
         Ok(())
     }
