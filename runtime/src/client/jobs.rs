@@ -68,6 +68,14 @@ pub async fn list(
     }
     Ok((jobs, silent))
 }
+/// The `was` of a cancel's JSON answer (`{"id", "was"}`).
+pub(super) fn was(body: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("was")?.as_str().map(String::from))
+        .unwrap_or_default()
+}
+
 /// What became of one id.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CancelReport {
@@ -98,13 +106,7 @@ pub async fn cancel(http: &reqwest::Client, view: &[PeerView], seeds: &[String],
         let status = resp.status();
         let body = resp.text().await.unwrap_or_default();
         match status {
-            StatusCode::OK => {
-                let was = serde_json::from_str::<serde_json::Value>(&body)
-                    .ok()
-                    .and_then(|v| v.get("was")?.as_str().map(String::from))
-                    .unwrap_or_default();
-                return Ok(CancelReport::Cancelled { worker: worker.clone(), was });
-            }
+            StatusCode::OK => return Ok(CancelReport::Cancelled { worker: worker.clone(), was: was(&body) }),
             StatusCode::CONFLICT => {
                 return Ok(CancelReport::AlreadyEnded { worker: worker.clone(), message: body.trim().to_string() });
             }

@@ -205,13 +205,7 @@ pub async fn cancel(http: &reqwest::Client, view: &[PeerView], seeds: &[String],
     let status = resp.status();
     let body = resp.text().await.unwrap_or_default();
     match status {
-        StatusCode::OK => {
-            let was = serde_json::from_str::<serde_json::Value>(&body)
-                .ok()
-                .and_then(|v| v.get("was")?.as_str().map(String::from))
-                .unwrap_or_default();
-            Ok(CancelReport::Cancelled { worker: info.owner, was })
-        }
+        StatusCode::OK => Ok(CancelReport::Cancelled { worker: info.owner, was: super::jobs::was(&body) }),
         StatusCode::NOT_FOUND => Ok(CancelReport::NotFound),
         s => anyhow::bail!("{} refused: {s} {}", info.owner, body.trim()),
     }

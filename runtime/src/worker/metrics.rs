@@ -161,18 +161,10 @@ impl Metrics {
 
     /// A job of `tenant` ended with `result`.
     pub fn job_ended(&self, tenant: &str, result: &JobResult) {
-        let outcome = match result.outcome {
+        let outcome = match &result.outcome {
             Outcome::Exited { code: 0 } => "exited_ok",
             Outcome::Exited { .. } => "exited_error",
-            Outcome::MemoryLimitExceeded { .. } => "memory_limit_exceeded",
-            Outcome::TimeLimitExceeded { .. } => "time_limit_exceeded",
-            Outcome::OutputLimitExceeded { .. } => "output_limit_exceeded",
-            Outcome::Trapped { .. } => "trapped",
-            Outcome::InvalidModule { .. } => "invalid_module",
-            Outcome::Rejected { .. } => "rejected",
-            Outcome::Cancelled { .. } => "cancelled",
-            Outcome::OutputMemoryExhausted { .. } => "output_memory_exhausted",
-            Outcome::FilesBackTooLarge { .. } => "files_back_too_large",
+            other => other.kind(),
         };
         self.count_job(tenant, outcome);
         self.wall.observe(result.wall_time_us as f64 / 1e6);
