@@ -102,3 +102,51 @@ pub fn ripgrep_wasm() -> PathBuf {
         })
         .clone()
 }
+
+/// The command that builds C guests: `$PEERWASM_WASI_CC`, else `clang`.
+pub fn wasi_cc() -> std::ffi::OsString {
+    std::env::var_os("PEERWASM_WASI_CC").unwrap_or_else(|| "clang".into())
+}
+
+/// The C guest example `guest-examples/c/NAME.c` built for wasm32-wasi
+/// (`NAME-c.wasm` under `target/guests/c`), with the C SDK
+/// (`sdk/c/peerwasm.h`), rebuilt when the source or the header is newer.
+/// Needs clang, lld and wasi-libc (Debian: `clang lld wasi-libc
+/// libclang-rt-dev-wasm32`; `.ci/run` installs them).
+pub fn guest_c_wasm(name: &str) -> PathBuf {
+    // One build at a time in this process; other processes are kept apart
+    // by the temporary name below.
+    static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
+    let root = workspace_root();
+    let source = root.join("guest-examples").join("c").join(format!("{name}.c"));
+    let header = root.join("sdk").join("c").join("peerwasm.h");
+    let out_dir = guest_target_dir().join("c");
+    let wasm = out_dir.join(format!("{name}-c.wasm"));
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let fresh = modified(&wasm).is_some_and(|built| [&source, &header].iter().all(|s| modified(s).is_some_and(|m| m <= built)));
+    if fresh {
+        return wasm;
+    }
+    std::fs::create_dir_all(&out_dir).expect("creating target/guests/c");
+    // Built under a temporary name, then renamed: concurrent tests never
+    // see half a module.
+    let partial = out_dir.join(format!("{name}-c.wasm.{}", std::process::id()));
+    let status = Command::new(wasi_cc())
+        .args(["--target=wasm32-wasi", "-O2", "-Wall", "-Werror", "-I"])
+        .arg(header.parent().unwrap())
+        .arg("-o")
+        .arg(&partial)
+        .arg(&source)
+        .status()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run {:?} to build the C guests ({e}): install clang, lld, wasi-libc and \
+                 libclang-rt-dev-wasm32 (Debian), or set PEERWASM_WASI_CC",
+                wasi_cc()
+            )
+        });
+    assert!(status.success(), "building {} for wasm32-wasi failed", source.display());
+    std::fs::rename(&partial, &wasm).expect("moving the built C guest into place");
+    wasm
+}

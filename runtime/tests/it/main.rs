@@ -11,6 +11,7 @@ mod faults;
 mod files;
 mod hardening;
 mod hostile;
+mod languages;
 mod lifecycle;
 mod outcomes;
 mod pool;
