@@ -1,0 +1,64 @@
+from os import PathLike
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+
+_Size = Union[int, str]
+_Seconds = Union[int, float, str]
+_Path = Union[str, PathLike[str]]
+
+class Result:
+    """How a job ended."""
+
+    exit_code: int
+    """The job's exit code (124 time limit, 137 memory, 134 trap, 130 cancelled)."""
+    outcome: str
+    """`exited`, `memory_limit_exceeded`, `time_limit_exceeded`, `trapped`, ..."""
+    message: str
+    """The outcome in words."""
+    stdout: bytes
+    output: Any
+    """stdout parsed as JSON when it parses, else None."""
+    stderr: str
+    peak_memory_bytes: int
+    """The most linear memory the job held, exactly."""
+    memory_limit_bytes: int
+    wall_s: float
+    cpu_s: float
+    peer: str
+    """`embedded` or the address of the worker that ran it."""
+    attempts: int
+    index: Optional[int]
+    """The input's position in a map; None for run."""
+    ok: bool
+    """Whether it exited with code 0."""
+
+class JobError(Exception):
+    """A job that did not succeed."""
+
+    result: Result
+
+def run(
+    module: _Path,
+    stdin: Union[bytes, str, None] = None,
+    args: Sequence[str] = (),
+    env: Optional[Mapping[str, str]] = None,
+    mem: Optional[_Size] = None,
+    timeout: Optional[_Seconds] = None,
+    peers: Optional[Sequence[str]] = None,
+    token: Optional[str] = None,
+) -> Result:
+    """Runs one job; raises JobError if it did not succeed."""
+
+def map(
+    module: _Path,
+    inputs: Iterable[Any],
+    mem: Optional[_Size] = None,
+    timeout: Optional[_Seconds] = None,
+    peers: Optional[Sequence[str]] = None,
+    token: Optional[str] = None,
+    progress: bool = False,
+    keep_going: bool = False,
+    retries: int = 0,
+) -> list[Result]:
+    """Runs the job once per input (bytes as they are, anything else as JSON);
+    the Results in input order. Raises JobError for the first failed job
+    unless keep_going."""

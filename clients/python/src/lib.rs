@@ -1,0 +1,351 @@
+//! peerwasm from Python: `run` and `map` over peerwasm's own client
+//! (`peerwasm::client`), so Python gets placement, learned memory
+//! estimates, retries, batching and ordered results from the one
+//! implementation — and the embedded worker when no peers are given.
+//!
+//! Jobs run with the GIL released; Ctrl-C (SIGINT) raises
+//! `KeyboardInterrupt` within 100 ms, and dropping the run cancels its jobs
+//! (on a pool, their workers cancel them as the connections close).
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use peerwasm::client::map::{MapObserver, Progress};
+use peerwasm::client::{Job, MapConfig, MapItem, Pool, PoolConfig, Target};
+use peerwasm::proto::JobResult;
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyString};
+
+create_exception!(
+    _peerwasm,
+    JobError,
+    PyException,
+    "A job that did not succeed (exit code not 0, a limit hit, cancelled...); its `Result` is `.result`."
+);
+
+/// The memory limit of `run` when `mem` is not given (as `peerwasm run`).
+const DEFAULT_MEMORY: u64 = 1 << 30;
+
+/// How a job ended.
+#[pyclass(frozen, get_all, module = "peerwasm")]
+pub struct Result {
+    /// The job's exit code (124 time limit, 137 memory, 134 trap, 130
+    /// cancelled, 2 not the job's doing), as `peerwasm run` exits.
+    exit_code: i32,
+    /// How it ended: `exited`, `memory_limit_exceeded`, `time_limit_exceeded`, ...
+    outcome: String,
+    /// The outcome in words.
+    message: String,
+    /// Its standard output.
+    stdout: Py<PyBytes>,
+    /// Its standard output parsed as JSON, when it parses; else None.
+    output: Py<PyAny>,
+    /// Its standard error, decoded (invalid UTF-8 replaced).
+    stderr: String,
+    /// The most linear memory it held, exactly, in bytes.
+    peak_memory_bytes: u64,
+    /// The memory limit it ran under, in bytes.
+    memory_limit_bytes: u64,
+    /// Wall time, in seconds.
+    wall_s: f64,
+    /// CPU time, in seconds.
+    cpu_s: f64,
+    /// Who ran it: `embedded` or a worker's address.
+    peer: String,
+    /// How many times it was submitted (map: retries and lost workers).
+    attempts: u32,
+    /// Its input's position in a map; None for `run`.
+    index: Option<usize>,
+}
+
+#[pymethods]
+impl Result {
+    fn __repr__(&self) -> String {
+        format!(
+            "Result(exit_code={}, outcome={:?}, peak_memory_bytes={}, wall_s={:.4}, peer={:?})",
+            self.exit_code, self.outcome, self.peak_memory_bytes, self.wall_s, self.peer
+        )
+    }
+
+    /// Whether the job exited with code 0.
+    #[getter]
+    fn ok(&self) -> bool {
+        self.outcome == "exited" && self.exit_code == 0
+    }
+}
+
+fn to_result(py: Python<'_>, r: JobResult, attempts: u32, index: Option<usize>) -> PyResult<Result> {
+    let json = py.import("json")?;
+    let output = match std::str::from_utf8(&r.stdout) {
+        Ok(text) if !text.trim().is_empty() => json.call_method1("loads", (text,)).map(|v| v.unbind()).unwrap_or_else(|_| py.None()),
+        _ => py.None(),
+    };
+    Ok(Result {
+        exit_code: r.outcome.exit_code(),
+        outcome: r.outcome.kind().into(),
+        message: r.outcome.to_string(),
+        stdout: PyBytes::new(py, &r.stdout).unbind(),
+        output,
+        stderr: String::from_utf8_lossy(&r.stderr).into_owned(),
+        peak_memory_bytes: r.peak_memory_bytes,
+        memory_limit_bytes: r.memory_limit_bytes,
+        wall_s: r.wall_time_us as f64 / 1e6,
+        cpu_s: r.cpu_time_us as f64 / 1e6,
+        peer: r.peer,
+        attempts,
+        index,
+    })
+}
+
+/// A `JobError` carrying `result`.
+fn job_error(py: Python<'_>, result: Result) -> PyResult<PyErr> {
+    let message = format!("{}{}", result.message, stderr_tail(&result.stderr));
+    let err = JobError::new_err(message);
+    err.value(py).setattr("result", Py::new(py, result)?)?;
+    Ok(err)
+}
+
+fn stderr_tail(stderr: &str) -> String {
+    match stderr.trim().lines().last() {
+        Some(line) => format!(": {line}"),
+        None => String::new(),
+    }
+}
+
+/// The runtime every call runs on, and the embedded worker (one per
+/// process, so compiled modules and threads are reused between calls).
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a tokio runtime"))
+}
+
+fn embedded() -> PyResult<Target> {
+    static EMBEDDED: OnceLock<Target> = OnceLock::new();
+    if let Some(t) = EMBEDDED.get() {
+        return Ok(t.clone());
+    }
+    let mut sandbox = peerwasm::sandbox::SandboxConfig::default();
+    sandbox.cache_dir = dirs_cache().map(|d| d.join("modules"));
+    let runner = peerwasm::worker::JobRunner::new(peerwasm::worker::RunnerConfig { sandbox })
+        .map_err(|e| PyRuntimeError::new_err(format!("cannot start the embedded worker: {e:#}")))?;
+    Ok(EMBEDDED.get_or_init(|| Target::Embedded(Arc::new(runner))).clone())
+}
+
+/// `$PEERWASM_CACHE_DIR`, else `$XDG_CACHE_HOME/peerwasm` or `~/.cache/peerwasm`.
+fn dirs_cache() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("PEERWASM_CACHE_DIR") {
+        return Some(d.into());
+    }
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .map(|d| d.join("peerwasm"))
+}
+
+fn target(peers: Option<Vec<String>>, token: Option<String>) -> PyResult<Target> {
+    let peers = peers.or_else(|| {
+        std::env::var("PEERWASM_PEERS").ok().map(|p| p.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect())
+    });
+    match peers {
+        Some(p) if !p.is_empty() => {
+            let token = token.or_else(|| std::env::var("PEERWASM_TOKEN").ok());
+            let pool = Pool::new(PoolConfig { token, hash_cache: dirs_cache(), ..PoolConfig::new(p) })
+                .map_err(|e| PyValueError::new_err(format!("{e:#}")))?;
+            Ok(Target::Pool(Arc::new(pool)))
+        }
+        _ => embedded(),
+    }
+}
+
+/// Bytes as they are; a str as UTF-8.
+fn to_bytes(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        return Ok(b.as_bytes().to_vec());
+    }
+    if obj.cast::<PyString>().is_ok() {
+        return Ok(obj.extract::<String>()?.into_bytes());
+    }
+    Err(PyValueError::new_err("stdin must be bytes or str"))
+}
+
+/// A size: an int of bytes, or a string such as "64MiB".
+fn to_size(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
+    let Some(obj) = obj else { return Ok(None) };
+    if let Ok(n) = obj.extract::<u64>() {
+        return Ok(Some(n));
+    }
+    let s: String = obj.extract().map_err(|_| PyValueError::new_err("mem must be a number of bytes or a size such as \"64MiB\""))?;
+    peerwasm::units::parse_size(&s).map(Some).map_err(PyValueError::new_err)
+}
+
+/// A duration: seconds (int or float), or a string such as "30s".
+fn to_timeout(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
+    let Some(obj) = obj else { return Ok(None) };
+    if let Ok(secs) = obj.extract::<f64>() {
+        if !(secs > 0.0 && secs.is_finite()) {
+            return Err(PyValueError::new_err("timeout must be above 0 seconds"));
+        }
+        return Ok(Some((secs * 1e3).ceil() as u64));
+    }
+    let s: String = obj.extract().map_err(|_| PyValueError::new_err("timeout must be seconds or a duration such as \"30s\""))?;
+    let d = peerwasm::units::parse_duration(&s).map_err(PyValueError::new_err)?;
+    Ok(Some(d.as_millis().max(1) as u64))
+}
+
+fn job(module: PathBuf, args: Vec<String>, env: Option<&Bound<'_, PyDict>>, timeout_ms: Option<u64>) -> PyResult<Job> {
+    let mut job = Job::from_file(&module).map_err(|e| PyValueError::new_err(format!("{e:#}")))?;
+    job.args = args;
+    if let Some(env) = env {
+        for (k, v) in env.iter() {
+            job.env.push((k.extract()?, v.extract()?));
+        }
+    }
+    job.limits.timeout_ms = timeout_ms;
+    Ok(job)
+}
+
+/// Runs `fut` on the runtime with the GIL released; checks for Ctrl-C
+/// every 100 ms, and on one drops `fut` (cancelling what it runs) and
+/// raises `KeyboardInterrupt`.
+fn block_on<T: Send>(py: Python<'_>, fut: impl std::future::Future<Output = T> + Send) -> PyResult<T> {
+    py.detach(|| {
+        runtime().block_on(async {
+            tokio::pin!(fut);
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                tokio::select! {
+                    out = &mut fut => return Ok(out),
+                    _ = tick.tick() => Python::attach(|py| py.check_signals())?,
+                }
+            }
+        })
+    })
+}
+
+/// Runs one job and returns its Result; raises JobError if it did not
+/// succeed.
+///
+/// `module`: the .wasm file. `stdin`: bytes or str. `args`: the job's
+/// arguments. `env`: its whole environment (a dict). `mem`: its memory
+/// limit, bytes or "64MiB" (default 1 GiB). `timeout`: seconds or "30s".
+/// `peers`: workers of a pool (default `$PEERWASM_PEERS`, else the
+/// embedded worker in this process). `token`: the tenant token (default
+/// `$PEERWASM_TOKEN`).
+#[pyfunction]
+#[pyo3(signature = (module, stdin=None, args=Vec::new(), env=None, mem=None, timeout=None, peers=None, token=None))]
+#[allow(clippy::too_many_arguments)]
+fn run(
+    py: Python<'_>,
+    module: PathBuf,
+    stdin: Option<&Bound<'_, PyAny>>,
+    args: Vec<String>,
+    env: Option<&Bound<'_, PyDict>>,
+    mem: Option<&Bound<'_, PyAny>>,
+    timeout: Option<&Bound<'_, PyAny>>,
+    peers: Option<Vec<String>>,
+    token: Option<String>,
+) -> PyResult<Result> {
+    let stdin = stdin.map(to_bytes).transpose()?.unwrap_or_default();
+    let job = job(module, args, env, to_timeout(timeout)?)?;
+    let mem = to_size(mem)?.unwrap_or(DEFAULT_MEMORY);
+    let target = target(peers, token)?;
+    let spec = job.spec(stdin, mem);
+    let result = block_on(py, async { target.run(&job, spec).await })?
+        .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+    let result = to_result(py, result, 1, None)?;
+    if result.ok() { Ok(result) } else { Err(job_error(py, result)?) }
+}
+
+/// Prints a line of progress on stderr every second.
+struct Printer {
+    show: bool,
+    last: std::time::Instant,
+    items: Vec<MapItem>,
+}
+
+impl MapObserver for Printer {
+    fn result(&mut self, item: MapItem) -> anyhow::Result<()> {
+        self.items.push(item);
+        Ok(())
+    }
+
+    fn progress(&mut self, p: &Progress) {
+        if self.show && self.last.elapsed() >= Duration::from_secs(1) {
+            let total = p.total.map_or(String::new(), |t| format!("/{t}"));
+            eprintln!("peerwasm.map: {}{total} done · {} failed · {} retried", p.done, p.failed, p.retried);
+            self.last = std::time::Instant::now();
+        }
+    }
+}
+
+/// Runs `module` once per input and returns the Results in input order;
+/// raises JobError (carrying the first failed job's Result) if a job did
+/// not succeed, unless `keep_going`.
+///
+/// Each input is the job's stdin: bytes as they are, anything else as its
+/// JSON and a newline (what `peerwasm map` gives each line). Without `mem`,
+/// memory is learned from the jobs' exact peaks (smartmem). `retries`:
+/// runs of a failed job. `progress`: a line on stderr every second.
+#[pyfunction]
+#[pyo3(signature = (module, inputs, mem=None, timeout=None, peers=None, token=None, progress=false, keep_going=false, retries=0))]
+#[allow(clippy::too_many_arguments)]
+fn map(
+    py: Python<'_>,
+    module: PathBuf,
+    inputs: &Bound<'_, PyAny>,
+    mem: Option<&Bound<'_, PyAny>>,
+    timeout: Option<&Bound<'_, PyAny>>,
+    peers: Option<Vec<String>>,
+    token: Option<String>,
+    progress: bool,
+    keep_going: bool,
+    retries: u32,
+) -> PyResult<Vec<Result>> {
+    let json = py.import("json")?;
+    let mut stdins = Vec::new();
+    for input in inputs.try_iter()? {
+        let input = input?;
+        if let Ok(b) = input.cast::<PyBytes>() {
+            stdins.push(b.as_bytes().to_vec());
+        } else {
+            let text: String = json.call_method1("dumps", (&input,))?.extract()?;
+            stdins.push(format!("{text}\n").into_bytes());
+        }
+    }
+    let job = job(module, Vec::new(), None, to_timeout(timeout)?)?;
+    let config = MapConfig { mem: to_size(mem)?, keep_going, retries, ..MapConfig::default() };
+    let target = target(peers, token)?;
+    let mut printer = Printer { show: progress, last: std::time::Instant::now(), items: Vec::new() };
+    let summary = block_on(py, async { peerwasm::client::map(&target, &job, stdins, &config, &mut printer).await })?
+        .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))?;
+    let mut results = Vec::with_capacity(printer.items.len());
+    let mut first_failure = None;
+    for item in printer.items {
+        let failed = !item.succeeded();
+        let r = to_result(py, item.result, item.attempts, Some(item.index))?;
+        if failed && first_failure.is_none() && !keep_going {
+            first_failure = Some(r);
+            continue;
+        }
+        results.push(r);
+    }
+    if let Some(r) = first_failure {
+        return Err(job_error(py, r)?);
+    }
+    if summary.stopped.is_some() {
+        return Err(PyRuntimeError::new_err("the map stopped without a failed result"));
+    }
+    Ok(results)
+}
+
+#[pymodule]
+fn _peerwasm(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(run, m)?)?;
+    m.add_function(wrap_pyfunction!(map, m)?)?;
+    m.add_class::<Result>()?;
+    m.add("JobError", m.py().get_type::<JobError>())?;
+    Ok(())
+}
