@@ -98,6 +98,11 @@ pub struct WorkerArgs {
     /// some.
     #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "256MiB")]
     max_results: u64,
+    /// Bytes of detached maps (inputs and results) one tenant may keep in
+    /// this worker's state database; past it, its next `map --detach` here
+    /// is refused until it discards finished ones (`peerwasm cancel ID`).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "4GiB")]
+    max_stored: u64,
     /// Connections served at once; more are closed as they arrive.
     #[arg(long, value_name = "N", default_value_t = crate::worker::http::serve::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
@@ -231,6 +236,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         advertise: args.advertise.clone(),
         drain_grace: args.drain_grace,
         max_results: args.max_results,
+        max_stored: args.max_stored,
         file_store_bytes: args.file_store,
         max_files_back: args.max_files_back,
         state_dir: args.state_dir.or_else(|| default_state_dir(args.listen, args.advertise.as_deref())),

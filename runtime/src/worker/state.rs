@@ -71,6 +71,8 @@ pub struct Worker {
     pub(crate) uploaders: Uploaders,
     /// Bytes of detached results one tenant may hold (`--max-results`).
     pub(crate) max_results: u64,
+    /// Bytes of submissions one tenant may keep (`--max-stored`).
+    pub(crate) max_stored: u64,
     /// Files of shipped trees (`--file-store`).
     pub(crate) files: Arc<super::filestore::FileStore>,
     /// The most bytes of files a job sends back (`--max-files-back`).

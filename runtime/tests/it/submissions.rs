@@ -421,3 +421,24 @@ fn a_submission_is_its_tenants_alone() {
     let rows: Vec<serde_json::Value> = serde_json::from_str(&stdout(&history(CAROL, &["--tenant", "alice"]))).unwrap();
     assert_eq!(rows.len(), 20);
 }
+
+#[test]
+fn what_a_tenant_keeps_in_the_state_database_is_bounded() {
+    let root = tempfile::tempdir().unwrap();
+    let w = WorkerProcess::start_with("1GiB", 2, None, &["--max-stored", "4KiB"]);
+    let inputs = root.path().join("in.jsonl");
+    std::fs::write(&inputs, (0..100).map(|i| format!("{{\"n\": {}}}\n", 100 + i)).collect::<String>()).unwrap();
+    let first = detach(&w.addr, &wasm("primes"), &inputs, &[]);
+    let out = run(&["results", "--peers", &w.addr, &first]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Its inputs are gone once it ended, but 100 results are kept: another
+    // 1.3 KB of inputs would go past 4 KiB.
+    let args = ["map", "--detach", "--peers", &w.addr, &wasm("primes"), inputs.to_str().unwrap()];
+    let out = run(&args);
+    assert_eq!(out.status.code(), Some(2), "refused: {}", stdout(&out));
+    assert!(stderr(&out).contains("--max-stored") && stderr(&out).contains("peerwasm cancel"), "{}", stderr(&out));
+    // Discarding the finished one makes room.
+    run(&["cancel", "--peers", &w.addr, &first]);
+    let out = run(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+}

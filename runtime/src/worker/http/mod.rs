@@ -61,6 +61,10 @@ pub const DEFAULT_MAX_OUTPUT: u64 = 64 << 20;
 /// `--max-results` says otherwise.
 pub const DEFAULT_MAX_RESULTS: u64 = 256 << 20;
 
+/// Bytes of submissions one tenant may keep in a worker's state database
+/// unless `--max-stored` says otherwise.
+pub const DEFAULT_MAX_STORED: u64 = 4 << 30;
+
 /// Bytes one job may write to files on a worker unless `--scratch` says
 /// otherwise.
 pub const DEFAULT_SCRATCH: u64 = 1 << 30;
@@ -121,6 +125,9 @@ pub struct WorkerConfig {
     /// (`--max-results`); past it its new detached jobs are refused until
     /// it discards some. Default: [`DEFAULT_MAX_RESULTS`].
     pub max_results: u64,
+    /// Bytes of submissions (inputs and results) one tenant may keep in
+    /// the state database (`--max-stored`). Default: [`DEFAULT_MAX_STORED`].
+    pub max_stored: u64,
     /// Connections served at once and the time to send headers
     /// (`--max-connections`, `--header-timeout`). Default: `ServeLimits::default()`.
     pub serve: serve::ServeLimits,
@@ -167,6 +174,7 @@ impl WorkerConfig {
             drain_grace: DEFAULT_DRAIN_GRACE,
             serve: serve::ServeLimits::default(),
             max_results: DEFAULT_MAX_RESULTS,
+            max_stored: DEFAULT_MAX_STORED,
             file_store_bytes: crate::worker::filestore::DEFAULT_FILE_STORE,
             max_files_back: crate::worker::trees::DEFAULT_MAX_FILES_BACK,
             state_dir: None,
@@ -284,6 +292,7 @@ pub async fn start(
         modules_received: AtomicU64::new(0),
         uploaders: Default::default(),
         max_results: config.max_results,
+        max_stored: config.max_stored,
         files,
         max_files_back: config.max_files_back,
         draining: AtomicBool::new(false),
