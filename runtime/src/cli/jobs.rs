@@ -88,6 +88,10 @@ pub fn logs(args: LogsArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// What a submission id no live worker knows is told.
+pub(super) const NO_SUCH_SUBMISSION: &str = "no such submission of yours on any live worker (a submission lives on \
+     the worker that owns it: if that worker is down, it is back when the worker is)";
+
 #[derive(clap::Args, Debug)]
 pub struct CancelArgs {
     #[command(flatten)]
@@ -118,7 +122,10 @@ pub fn cancel_jobs(args: CancelArgs) -> anyhow::Result<ExitCode> {
                 CancelReport::AlreadyEnded { worker, message } => println!("{id}: on {worker}: {message}"),
                 CancelReport::NotFound => {
                     missing += 1;
-                    eprintln!("peerwasm: {id}: no such job of yours on any live worker");
+                    match crate::proto::submission::is_submission_id(id) {
+                        true => eprintln!("peerwasm: {id}: {NO_SUCH_SUBMISSION}"),
+                        false => eprintln!("peerwasm: {id}: no such job of yours on any live worker"),
+                    }
                 }
             }
         }

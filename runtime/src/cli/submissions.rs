@@ -57,7 +57,7 @@ pub fn results(args: ResultsArgs) -> anyhow::Result<ExitCode> {
         let view = crate::client::fetch_peers(&http, &args.pool.peers).await?;
         let seeds = args.pool.askable(&view);
         let Some(info) = submit::find(&http, &view, &seeds, &args.id).await? else {
-            eprintln!("peerwasm: {}: no such submission of yours on any live worker", args.id);
+            eprintln!("peerwasm: {}: {}", args.id, super::jobs::NO_SUCH_SUBMISSION);
             return Ok(ExitCode::from(1));
         };
         let mut printer = MapPrinter::new(out, Some(info.total), false).flushing_each();
