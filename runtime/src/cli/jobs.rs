@@ -26,14 +26,14 @@ pub fn list_jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
         let (mut jobs, silent) = list(&http, &view, &seeds).await?;
         jobs.sort_by(|a, b| (&a.worker, &a.status.id).cmp(&(&b.worker, &b.status.id)));
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&jobs)?);
+            super::say(&serde_json::to_string_pretty(&jobs)?);
         } else {
             let mut rows = vec![["ID", "WORKER", "STATE", "MEMORY"].map(String::from)];
             for j in &jobs {
                 let s = &j.status;
                 rows.push([s.id.clone(), j.worker.clone(), s.state.clone(), Bytes(s.memory_bytes).to_string()]);
             }
-            println!("{}", crate::client::render_table(&rows));
+            super::say(&crate::client::render_table(&rows));
         }
         for s in silent {
             eprintln!("peerwasm: not listed: {s}");
@@ -116,10 +116,10 @@ pub fn cancel_jobs(args: CancelArgs) -> anyhow::Result<ExitCode> {
             match report {
                 CancelReport::Cancelled { worker, was } if was == "done" => {
                     let what = if crate::proto::submission::is_submission_id(id) { "results were" } else { "result was" };
-                    println!("{id}: had ended on {worker}; its {what} discarded")
+                    super::say(&format!("{id}: had ended on {worker}; its {what} discarded"))
                 }
-                CancelReport::Cancelled { worker, was } => println!("{id}: cancelled on {worker} (it was {was})"),
-                CancelReport::AlreadyEnded { worker, message } => println!("{id}: on {worker}: {message}"),
+                CancelReport::Cancelled { worker, was } => super::say(&format!("{id}: cancelled on {worker} (it was {was})")),
+                CancelReport::AlreadyEnded { worker, message } => super::say(&format!("{id}: on {worker}: {message}")),
                 CancelReport::NotFound => {
                     missing += 1;
                     match crate::proto::submission::is_submission_id(id) {

@@ -188,7 +188,7 @@ fn detach(pool: &crate::client::Pool, job: &Job, inputs: Vec<Vec<u8>>, args: &Ma
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let n = inputs.len();
     let info = runtime.block_on(pool.submit_map(job, inputs, config, args.owner.as_deref()))?;
-    println!("{}", info.id);
+    super::say(&info.id);
     eprintln!(
         "peerwasm map: {n} inputs submitted to {}; `peerwasm results {}` writes their results as they come",
         info.owner, info.id

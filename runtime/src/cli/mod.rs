@@ -125,12 +125,19 @@ impl ViewArgs {
     /// Prints `value` as JSON with `--json`, else `text`.
     fn print(&self, value: &impl serde::Serialize, text: impl std::fmt::Display) -> anyhow::Result<ExitCode> {
         if self.json {
-            println!("{}", serde_json::to_string_pretty(value)?);
+            say(&serde_json::to_string_pretty(value)?);
         } else {
-            println!("{text}");
+            say(&text.to_string());
         }
         Ok(ExitCode::SUCCESS)
     }
+}
+
+/// Prints `text` and a newline on stdout. A reader that went away (`|
+/// head`) ends the output quietly, where `println!` would panic.
+pub(crate) fn say(text: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout().lock(), "{text}");
 }
 
 /// Options every job-submitting command shares.

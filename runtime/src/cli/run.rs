@@ -149,7 +149,7 @@ fn detach(args: &RunArgs, module_path: &str, job_args: &[String], env: Vec<(Stri
     let spec = job.spec(stdin, args.mem.unwrap_or(DEFAULT_MEMORY));
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let (worker, id) = runtime.block_on(pool.submit_detached(&job, &spec))?;
-    println!("{id}");
+    super::say(&id);
     eprintln!("peerwasm: detached on {worker}: follow it with `peerwasm logs -f {id}`, discard its result with `peerwasm cancel {id}`");
     Ok(ExitCode::SUCCESS)
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::Context;
 
 use super::jobs::pool_client;
+use super::say;
 use super::progress::MapPrinter;
 use crate::client::map::{MapItem, MapObserver};
 use crate::client::submit;
@@ -30,12 +31,6 @@ pub struct ResultsArgs {
     /// The submission's id, as `map --detach` printed it.
     #[arg(value_name = "ID")]
     id: String,
-}
-
-/// Prints `text` on stdout; a reader that went away (`| head`) ends the
-/// output, not the program.
-fn say(text: &str) {
-    let _ = writeln!(std::io::stdout().lock(), "{text}");
 }
 
 /// How long one results request waits for the next result.

@@ -442,3 +442,15 @@ fn what_a_tenant_keeps_in_the_state_database_is_bounded() {
     let out = run(&args);
     assert!(out.status.success(), "{}", stderr(&out));
 }
+
+#[test]
+fn listing_commands_end_quietly_when_their_reader_goes_away() {
+    let w = WorkerProcess::start("1GiB", 1, None);
+    for args in [["peers", "--peers"], ["history", "--peers"], ["submissions", "--peers"], ["jobs", "--peers"]] {
+        let mut child = peerwasm().args(args).arg(&w.addr).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        drop(child.stdout.take()); // `| head -0`: the reader is gone before anything is written
+        let out = child.wait_with_output().unwrap();
+        assert!(!stderr(&out).contains("panicked"), "{args:?}: {}", stderr(&out));
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+    }
+}
