@@ -71,8 +71,8 @@ impl Pool {
                 return serde_json::from_str(&text)
                     .map_err(|e| PeerError::Lost(format!("the owner stored the submission but its answer is unreadable: {e}")));
             }
-            if status == StatusCode::NOT_FOUND && attempt == 0 {
-                self.upload_once(addr, job, sent).await?;
+            // 404: the owner lacks the module; it gets it, and the submission again.
+            if attempt == 0 && self.provide(addr, status, job, &[], sent).await? {
                 continue;
             }
             return Err(self.refusal(addr, status, text.trim().to_string(), None));
