@@ -89,7 +89,7 @@ pub struct MapArgs {
 }
 
 pub fn run(args: MapArgs) -> anyhow::Result<ExitCode> {
-    let mut job = Job::from_file(&args.module)?;
+    let mut job = Job::from_file_cached(&args.module, args.sandbox.cache_root().as_deref())?;
     job.env = super::run::parse_env(&args.env)?;
     job.dirs = super::run::parse_dirs(&args.dirs)?;
     job.limits.timeout_ms = args.timeout.map(|d| d.as_millis().max(1) as u64);

@@ -75,7 +75,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let dirs = parse_dirs(&args.dirs)?;
     let stdin = stream_stdin();
 
-    let mut job = Job::from_file(module_path)?;
+    let mut job = Job::from_file_cached(module_path, args.sandbox.cache_root().as_deref())?;
     job.args = job_args.to_vec();
     job.env = env;
     job.limits.timeout_ms = args.timeout.map(|d| d.as_millis().max(1) as u64);
@@ -131,7 +131,7 @@ fn detach(args: &RunArgs, module_path: &str, job_args: &[String], env: Vec<(Stri
     let Some(crate::client::Target::Pool(pool)) = args.pool.target(args.sandbox.cache_root())? else {
         bail!("--detach needs a pool (--peers or PEERWASM_PEERS): a job of the embedded worker ends with its command");
     };
-    let mut job = Job::from_file(module_path)?;
+    let mut job = Job::from_file_cached(module_path, args.sandbox.cache_root().as_deref())?;
     job.dirs = parse_dirs(&args.dirs)?;
     job.args = job_args.to_vec();
     job.env = env;

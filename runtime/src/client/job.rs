@@ -42,8 +42,14 @@ impl Job {
     /// A job of these module bytes, named `job.wasm`, with default limits.
     pub fn new(bytes: impl Into<Arc<[u8]>>) -> Job {
         let bytes = bytes.into();
+        let hash = ModuleHash::of(&bytes);
+        Job::hashed(bytes, hash)
+    }
+
+    /// [`new`](Self::new) for bytes whose sha256 is known to be `hash`.
+    fn hashed(bytes: Arc<[u8]>, hash: ModuleHash) -> Job {
         Job {
-            hash: ModuleHash::of(&bytes),
+            hash,
             declared: DeclaredMemory::of(&bytes),
             bytes,
             program_name: "job.wasm".into(),
@@ -59,6 +65,38 @@ impl Job {
         let path = path.as_ref();
         let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
         let mut job = Job::new(bytes);
+        job.program_name = path.display().to_string();
+        Ok(job)
+    }
+
+    /// [`from_file`](Self::from_file), with the module's sha256 kept under
+    /// `cache` (in `module-hashes/`) by the file's path, size, modification
+    /// time and inode: an unchanged module is read but not hashed again.
+    /// Without `cache`, the same as `from_file`.
+    pub fn from_file_cached(path: impl AsRef<Path>, cache: Option<&Path>) -> anyhow::Result<Job> {
+        let path = path.as_ref();
+        let Some(cache) = cache else { return Job::from_file(path) };
+        let file = std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let stamp = super::tree::FileStamp::of(&file.metadata()?);
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut &file, &mut bytes).with_context(|| format!("cannot read {}", path.display()))?;
+        let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+        let kept = cache.join("module-hashes").join(ModuleHash::of(absolute.as_os_str().as_encoded_bytes()).to_hex());
+        let known = std::fs::read(&kept).ok().and_then(|b| postcard::from_bytes::<(super::tree::FileStamp, ModuleHash)>(&b).ok());
+        let hash = match known {
+            Some((s, hash)) if s == stamp => hash,
+            _ => {
+                let hash = ModuleHash::of(&bytes);
+                // A hash that cannot be kept only costs hashing next time.
+                let _ = std::fs::create_dir_all(kept.parent().expect("has a parent")).and_then(|()| {
+                    let mut tmp = tempfile::NamedTempFile::new_in(kept.parent().expect("has a parent"))?;
+                    std::io::Write::write_all(&mut tmp, &postcard::to_allocvec(&(stamp, hash)).unwrap_or_default())?;
+                    tmp.persist(&kept).map(drop).map_err(|e| e.error)
+                });
+                hash
+            }
+        };
+        let mut job = Job::hashed(bytes.into(), hash);
         job.program_name = path.display().to_string();
         Ok(job)
     }
@@ -91,5 +129,31 @@ impl Job {
             limits: JobLimits { memory_bytes: memreq, ..self.limits.clone() },
             tag: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_hash_is_used_only_while_the_file_is_unchanged() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("cache");
+        let path = dir.path().join("m.wasm");
+        std::fs::write(&path, b"\0asm\x01\0\0\0").unwrap();
+        let first = Job::from_file_cached(&path, Some(&cache)).unwrap();
+        assert_eq!(first.hash(), ModuleHash::of(first.bytes()));
+        assert_eq!(std::fs::read_dir(cache.join("module-hashes")).unwrap().count(), 1, "the hash is kept");
+        // Kept: a planted wrong hash for the same stamp is believed (what makes it fast)...
+        let kept = std::fs::read_dir(cache.join("module-hashes")).unwrap().next().unwrap().unwrap().path();
+        let (stamp, _): (super::super::tree::FileStamp, ModuleHash) = postcard::from_bytes(&std::fs::read(&kept).unwrap()).unwrap();
+        std::fs::write(&kept, postcard::to_allocvec(&(stamp, ModuleHash([7; 32]))).unwrap()).unwrap();
+        assert_eq!(Job::from_file_cached(&path, Some(&cache)).unwrap().hash(), ModuleHash([7; 32]));
+        // ...and a changed file is hashed again.
+        std::fs::write(&path, b"\0asm\x01\0\0\0\0").unwrap();
+        let changed = Job::from_file_cached(&path, Some(&cache)).unwrap();
+        assert_eq!(changed.hash(), ModuleHash::of(changed.bytes()));
+        assert_ne!(changed.hash(), first.hash());
     }
 }

@@ -53,12 +53,31 @@ pub struct ScanStats {
     pub hashed: usize,
 }
 
-/// A file's hash as last computed, and what it was computed for.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-struct Known {
+/// What a file's kept hash was computed for: if its size, modification
+/// time (to the nanosecond) and inode are still these, it is taken as
+/// unchanged (the trade `make` and cargo make).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct FileStamp {
     size: u64,
     mtime_ns: i128,
     inode: u64,
+}
+
+impl FileStamp {
+    /// The stamp of a file with this metadata.
+    pub(crate) fn of(meta: &std::fs::Metadata) -> FileStamp {
+        FileStamp {
+            size: meta.len(),
+            mtime_ns: meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128,
+            inode: meta.ino(),
+        }
+    }
+}
+
+/// A file's hash as last computed, and what it was computed for.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Known {
+    stamp: FileStamp,
     hash: FileHash,
 }
 
@@ -100,20 +119,15 @@ pub fn scan(dir: &DirGrant, cache: Option<&Path>) -> anyhow::Result<ShippedTree>
             EntryKind::Dir
         } else if entry.file_type().is_file() {
             let meta = entry.metadata()?;
-            let stamp = Known {
-                size: meta.len(),
-                mtime_ns: meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128,
-                inode: meta.ino(),
-                hash: ModuleHash([0; 32]),
-            };
+            let stamp = FileStamp::of(&meta);
             let hash = match known.remove(&rel) {
-                Some(k) if (k.size, k.mtime_ns, k.inode) == (stamp.size, stamp.mtime_ns, stamp.inode) => k.hash,
+                Some(k) if k.stamp == stamp => k.hash,
                 _ => {
                     stats.hashed += 1;
                     hash_file(entry.path())?
                 }
             };
-            now_known.insert(rel.clone(), Known { hash, ..stamp });
+            now_known.insert(rel.clone(), Known { stamp, hash });
             stats.files += 1;
             stats.bytes += meta.len();
             sources.entry(hash).or_insert_with(|| entry.path().to_path_buf());
