@@ -146,8 +146,9 @@ pub struct SandboxArgs {
     /// Jobs run at once on the embedded worker [default: number of cores].
     #[arg(long, value_name = "N")]
     slots: Option<usize>,
-    /// Where compiled modules (under modules/) and learned memory
-    /// estimates (under estimates/) are kept [default: the user's cache
+    /// Where compiled modules (under modules/), learned memory estimates
+    /// (under estimates/) and the hashes of modules and shipped files
+    /// (module-hashes/, file-hashes/) are kept [default: the user's cache
     /// dir, e.g. ~/.cache/peerwasm].
     #[arg(long, value_name = "DIR", env = "PEERWASM_CACHE_DIR")]
     cache_dir: Option<PathBuf>,
