@@ -7,15 +7,15 @@
 //! (`GET /v1/jobs/{id}/output`), polled every [`FOLLOW_INTERVAL`] while it
 //! runs.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use reqwest::StatusCode;
 
 use super::job::Job;
 use super::pool::{PeerError, Pool, backoff_wait};
-use super::ship::{PROVIDE_ATTEMPTS, ShippedTree};
+use super::ship::ShippedTree;
 use super::target::SubmitError;
-use crate::proto::{JOB_ID_HEADER, JobOutput, JobSpec, Outcome, POSTCARD, PeerView, StdStream};
+use crate::proto::{JOB_ID_HEADER, JobOutput, JobSpec, Outcome, PeerView, StdStream};
 
 /// How often a follower asks for more output.
 pub const FOLLOW_INTERVAL: Duration = Duration::from_millis(100);
@@ -58,29 +58,9 @@ impl Pool {
         trees: &[std::sync::Arc<ShippedTree>],
         body: bytes::Bytes,
     ) -> Result<String, PeerError> {
-        for attempt in 0..PROVIDE_ATTEMPTS {
-            let sent = Instant::now();
-            let resp = self
-                .client_for(addr)
-                .post(format!("http://{addr}/v1/jobs?detach=true"))
-                .header(reqwest::header::CONTENT_TYPE, POSTCARD)
-                .body(body.clone())
-                .send()
-                .await
-                .map_err(|e| PeerError::from_reqwest(&e))?;
-            let status = resp.status();
-            if status == StatusCode::ACCEPTED {
-                let id = resp.headers().get(JOB_ID_HEADER).and_then(|v| v.to_str().ok()).map(String::from);
-                return id.ok_or_else(|| PeerError::Lost("the worker took the job but sent no id".into()));
-            }
-            let largest = resp.headers().get(crate::proto::LARGEST_JOB_HEADER).and_then(|v| v.to_str().ok()?.parse().ok());
-            let message = resp.text().await.unwrap_or_default().trim().to_string();
-            if attempt + 1 < PROVIDE_ATTEMPTS && self.provide(addr, status, job, trees, sent).await? {
-                continue;
-            }
-            return Err(self.refusal(addr, status, message, largest));
-        }
-        unreachable!("the last attempt returns")
+        let resp = self.post_providing(addr, "/v1/jobs?detach=true", StatusCode::ACCEPTED, job, trees, body).await?;
+        let id = resp.headers().get(JOB_ID_HEADER).and_then(|v| v.to_str().ok()).map(String::from);
+        id.ok_or_else(|| PeerError::Lost("the worker took the job but sent no id".into()))
     }
 }
 

@@ -45,6 +45,43 @@ impl Shipped<'_> {
 }
 
 impl Pool {
+    /// POSTs `body` (postcard) to `path` on `addr`; a worker that answers it
+    /// lacks the module (404) or files of `trees` (424) is given them
+    /// ([`provide`](Self::provide)) and asked again. Returns the response
+    /// once it has status `accepted`, else the refusal.
+    pub(super) async fn post_providing(
+        &self,
+        addr: &str,
+        path: &str,
+        accepted: StatusCode,
+        job: &Job,
+        trees: &[Arc<ShippedTree>],
+        body: bytes::Bytes,
+    ) -> Result<reqwest::Response, PeerError> {
+        for attempt in 0..PROVIDE_ATTEMPTS {
+            let sent = Instant::now();
+            let resp = self
+                .client_for(addr)
+                .post(format!("http://{addr}{path}"))
+                .header(reqwest::header::CONTENT_TYPE, POSTCARD)
+                .body(body.clone())
+                .send()
+                .await
+                .map_err(|e| PeerError::from_reqwest(&e))?;
+            let status = resp.status();
+            if status == accepted {
+                return Ok(resp);
+            }
+            let largest = resp.headers().get(crate::proto::LARGEST_JOB_HEADER).and_then(|v| v.to_str().ok()?.parse().ok());
+            let message = resp.text().await.unwrap_or_default().trim().to_string();
+            if attempt + 1 < PROVIDE_ATTEMPTS && self.provide(addr, status, job, trees, sent).await? {
+                continue;
+            }
+            return Err(self.refusal(addr, status, message, largest));
+        }
+        unreachable!("the last attempt returns")
+    }
+
     /// `spec` with its host directories (`dirs`) replaced by trees, hashed
     /// on first use (on a blocking thread) and then shared by every job of
     /// this pool handle that grants the same directory.

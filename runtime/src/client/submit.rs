@@ -7,7 +7,7 @@
 //! live worker is asked until one knows it); `peerwasm submissions` shows
 //! the owner.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use reqwest::StatusCode;
 
@@ -15,7 +15,7 @@ use super::job::Job;
 use super::jobs::{CancelReport, askable};
 use super::pool::{PeerError, Pool};
 use crate::proto::submission::{HistoryRecord, ResultsPage, SubmissionInfo, SubmissionSpec, SubmitConfig};
-use crate::proto::{POSTCARD, PeerView};
+use crate::proto::PeerView;
 
 impl Pool {
     /// Hands `job` over `inputs` to an owner — `owner`, else the first of
@@ -55,29 +55,10 @@ impl Pool {
     }
 
     async fn submit_to_owner(&self, addr: &str, job: &Job, body: bytes::Bytes) -> Result<SubmissionInfo, PeerError> {
-        for attempt in 0..2 {
-            let sent = Instant::now();
-            let resp = self
-                .client_for(addr)
-                .post(format!("http://{addr}/v1/submissions"))
-                .header(reqwest::header::CONTENT_TYPE, POSTCARD)
-                .body(body.clone())
-                .send()
-                .await
-                .map_err(|e| PeerError::from_reqwest(&e))?;
-            let status = resp.status();
-            let text = resp.text().await.unwrap_or_default();
-            if status == StatusCode::CREATED {
-                return serde_json::from_str(&text)
-                    .map_err(|e| PeerError::Lost(format!("the owner stored the submission but its answer is unreadable: {e}")));
-            }
-            // 404: the owner lacks the module; it gets it, and the submission again.
-            if attempt == 0 && self.provide(addr, status, job, &[], sent).await? {
-                continue;
-            }
-            return Err(self.refusal(addr, status, text.trim().to_string(), None));
-        }
-        unreachable!("the second attempt returns")
+        let resp = self.post_providing(addr, "/v1/submissions", StatusCode::CREATED, job, &[], body).await?;
+        let text = resp.text().await.map_err(|e| PeerError::from_reqwest(&e))?;
+        serde_json::from_str(&text)
+            .map_err(|e| PeerError::Lost(format!("the owner stored the submission but its answer is unreadable: {e}")))
     }
 }
 
