@@ -1,5 +1,6 @@
 //! Test and benchmark support: builds the guest examples for wasm32-wasip1
-//! (and natively) on first use, so `cargo test` needs no manual step.
+//! (and wasm32-wasip2, and natively) on first use, so `cargo test` needs no
+//! manual step.
 //!
 //! The guests are built by a nested `cargo build` into their own target
 //! directory (`target/guests`), so it never waits on the lock of the build
@@ -25,6 +26,15 @@ pub fn guest_target_dir() -> PathBuf {
 pub fn guest_wasm(name: &str) -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     let dir = BUILT.get_or_init(|| build(Some("wasm32-wasip1")).join("wasm32-wasip1").join("release"));
+    existing(dir.join(format!("{name}.wasm")))
+}
+
+/// The path of guest example `name` built for wasm32-wasip2 (release): a
+/// `wasi:cli/command` component. Built on first use, as
+/// [`guest_wasm`]'s are.
+pub fn guest_component_wasm(name: &str) -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let dir = BUILT.get_or_init(|| build(Some("wasm32-wasip2")).join("wasm32-wasip2").join("release"));
     existing(dir.join(format!("{name}.wasm")))
 }
 
@@ -64,7 +74,10 @@ fn build(target: Option<&str>) -> PathBuf {
     assert!(
         status.success(),
         "building the guest examples failed{}",
-        if target.is_some() { " (is the target installed? `rustup target add wasm32-wasip1`)" } else { "" }
+        match target {
+            Some(t) => format!(" (is the target installed? `rustup target add {t}`)"),
+            None => String::new(),
+        }
     );
     target_dir
 }

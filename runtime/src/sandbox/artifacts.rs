@@ -2,7 +2,8 @@
 //! bounded in size.
 //!
 //! An artifact is native code that wasmtime maps and runs, so only files
-//! this cache wrote itself are ever given to `Module::deserialize`. Each
+//! this cache wrote itself are ever deserialized (as a module or a
+//! component, whichever the artifact says it is). Each
 //! carries an HMAC-SHA256, under a secret made for this cache directory
 //! (`secret.key`, mode 0600), over the module's hash and the artifact: a
 //! file planted in the directory, altered, or renamed to another module's
@@ -24,7 +25,9 @@ use std::time::SystemTime;
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
-use wasmtime::{Engine, Module};
+use wasmtime::Engine;
+
+use super::cache::Code;
 
 use crate::proto::ModuleHash;
 
@@ -103,7 +106,7 @@ impl ArtifactStore {
 
     /// The compiled module for `hash`: `Ok(None)` if there is no artifact,
     /// `Err` if there was one that could not be used (it is removed).
-    pub fn load(&self, engine: &Engine, hash: &ModuleHash) -> Result<Option<Module>, Rejected> {
+    pub fn load(&self, engine: &Engine, hash: &ModuleHash) -> Result<Option<Code>, Rejected> {
         let path = self.path(hash);
         let file = match fs::read(&path) {
             Ok(f) => f,
@@ -122,7 +125,7 @@ impl ArtifactStore {
         // directory is keyed on it); wasmtime also checks the engine
         // configuration recorded in the artifact. Artifacts never come from
         // peers.
-        match unsafe { Module::deserialize(engine, artifact) } {
+        match unsafe { Code::deserialize(engine, artifact) } {
             Ok(module) => {
                 // A load is a use: keep it from being evicted first.
                 if let Ok(f) = fs::File::options().write(true).open(&path) {
@@ -139,7 +142,7 @@ impl ArtifactStore {
 
     /// Writes `module`'s artifact for `hash` (then evicts down to the
     /// budget). Returns the artifacts evicted.
-    pub fn store(&self, hash: &ModuleHash, module: &Module) -> anyhow::Result<usize> {
+    pub fn store(&self, hash: &ModuleHash, module: &Code) -> anyhow::Result<usize> {
         let artifact = module.serialize().map_err(|e| anyhow::anyhow!("{e}"))?;
         let tag = self.mac(hash, &artifact).finalize().into_bytes();
         // Write then rename, so a reader never sees half a file.

@@ -13,9 +13,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use lru::LruCache;
-use wasmtime::{Engine, InstancePre, Module};
+use wasmtime::component::Component;
+use wasmtime::{Engine, InstancePre, Module, Precompiled};
 
 use super::artifacts::ArtifactStore;
+use super::component::CommandPre;
 use super::{JobState, SandboxConfig};
 use super::validate;
 use crate::proto::{CacheSource, ModuleHash, Outcome};
@@ -24,21 +26,77 @@ use crate::proto::{CacheSource, ModuleHash, Outcome};
 pub struct CompiledModule {
     /// The sha256 of the module's bytes.
     pub hash: ModuleHash,
-    /// The compiled module.
-    pub module: Module,
+    /// The compiled code: a core module or a component.
+    pub code: Code,
     /// Imports resolved against the sandbox's linker, once per module;
     /// `Err` names what is wrong (an import we do not provide, no `_start`).
     pub(crate) prepared: OnceLock<Result<Prepared, String>>,
 }
 
-/// A module made ready to instantiate.
-#[derive(Clone)]
-pub(crate) struct Prepared {
-    pub pre: InstancePre<JobState>,
-    /// Whether it can open files at all (imports `path_open`). A module that
-    /// cannot needs no scratch directory, which saves two filesystem
-    /// round trips per job.
-    pub opens_files: bool,
+/// What a module's bytes compile to. Both kinds are cached, serialized to
+/// disk and run under the same limits; they differ in how WASI is linked.
+pub enum Code {
+    /// A core wasm module: a WASI preview 1 command (`wasm32-wasip1`).
+    Module(Module),
+    /// A component: a `wasi:cli/command` (`wasm32-wasip2`).
+    Component(Component),
+}
+
+impl Code {
+    /// Compiles `bytes`, as a component if they are one.
+    fn compile(engine: &Engine, bytes: &[u8]) -> wasmtime::Result<Code> {
+        if wasmparser::Parser::is_component(bytes) {
+            Component::new(engine, bytes).map(Code::Component)
+        } else {
+            Module::new(engine, bytes).map(Code::Module)
+        }
+    }
+
+    /// The artifact to keep on disk.
+    pub(crate) fn serialize(&self) -> wasmtime::Result<Vec<u8>> {
+        match self {
+            Code::Module(m) => m.serialize(),
+            Code::Component(c) => c.serialize(),
+        }
+    }
+
+    /// Loads an artifact written by [`Code::serialize`].
+    ///
+    /// # Safety
+    ///
+    /// As `Module::deserialize`: `artifact` must come from `serialize` with
+    /// a compatible engine (the artifact store authenticates it).
+    pub(crate) unsafe fn deserialize(engine: &Engine, artifact: &[u8]) -> wasmtime::Result<Code> {
+        // SAFETY: passed on to the caller (see above).
+        unsafe {
+            match Engine::detect_precompiled(artifact) {
+                Some(Precompiled::Component) => Component::deserialize(engine, artifact).map(Code::Component),
+                _ => Module::deserialize(engine, artifact).map(Code::Module),
+            }
+        }
+    }
+
+    /// "module" or "component", for messages.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Code::Module(_) => "module",
+            Code::Component(_) => "component",
+        }
+    }
+}
+
+/// Code made ready to instantiate.
+pub(crate) enum Prepared {
+    /// A core module.
+    Module {
+        pre: InstancePre<JobState>,
+        /// Whether it can open files at all (imports `path_open`). A module
+        /// that cannot needs no scratch directory, which saves two
+        /// filesystem round trips per job.
+        opens_files: bool,
+    },
+    /// A `wasi:cli/command` component.
+    Component { pre: CommandPre },
 }
 
 /// Counters a test or `/metrics` can read.
@@ -175,12 +233,12 @@ impl ModuleCache {
             (None, Some(bytes)) => (self.compile(hash, bytes)?, CacheSource::Compiled),
             (None, None) => return Ok(None),
         };
-        let compiled = Arc::new(CompiledModule { hash: *hash, module, prepared: OnceLock::new() });
+        let compiled = Arc::new(CompiledModule { hash: *hash, code: module, prepared: OnceLock::new() });
         lock(&self.memory).put(*hash, compiled.clone());
         Ok(Some((compiled, source)))
     }
 
-    fn compile(&self, hash: &ModuleHash, bytes: &[u8]) -> Result<Module, Outcome> {
+    fn compile(&self, hash: &ModuleHash, bytes: &[u8]) -> Result<Code, Outcome> {
         if ModuleHash::of(bytes) != *hash {
             return Err(Outcome::Rejected { reason: format!("module bytes do not match their hash {hash}") });
         }
@@ -198,7 +256,7 @@ impl ModuleCache {
         }
         self.compiles.fetch_add(1, Ordering::Relaxed);
         let module = match self.max_compile_time {
-            None => compile_apart(|| Module::new(&self.engine, bytes)),
+            None => compile_apart(|| Code::compile(&self.engine, bytes)),
             Some(limit) => {
                 // wasmtime cannot stop a compile: past the limit the job is
                 // refused and the module with it, and the compile runs to
@@ -208,7 +266,7 @@ impl ModuleCache {
                 std::thread::Builder::new()
                     .name("peerwasm-compile".into())
                     .spawn(move || {
-                        let _ = tx.send(compile_apart(|| Module::new(&engine, &owned)));
+                        let _ = tx.send(compile_apart(|| Code::compile(&engine, &owned)));
                     })
                     .map_err(|e| Outcome::Rejected { reason: format!("cannot start compiling: {e}") })?;
                 match rx.recv_timeout(limit) {
@@ -233,7 +291,7 @@ impl ModuleCache {
         Ok(module)
     }
 
-    fn load_from_disk(&self, hash: &ModuleHash) -> Option<Module> {
+    fn load_from_disk(&self, hash: &ModuleHash) -> Option<Code> {
         match self.disk.as_ref()?.load(&self.engine, hash) {
             Ok(Some(module)) => {
                 self.disk_hits.fetch_add(1, Ordering::Relaxed);

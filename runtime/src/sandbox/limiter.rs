@@ -61,12 +61,22 @@ pub struct MemoryLimiter {
     refused: Option<u64>,
     /// Where the current total is published for others (the host ledger).
     meter: Option<Arc<AtomicU64>>,
+    /// Instances the store may hold: 1 for a core module, a component's
+    /// inner core instances for a component.
+    instances: usize,
 }
 
 impl MemoryLimiter {
     /// A limiter for a job that may hold `limit` bytes of linear memory.
     pub fn new(limit: u64) -> MemoryLimiter {
-        MemoryLimiter { limit, total: 0, pending: 0, refused: None, meter: None }
+        MemoryLimiter { limit, total: 0, pending: 0, refused: None, meter: None, instances: 1 }
+    }
+
+    /// Lets the store hold `n` instances (a component's core instances)
+    /// rather than one.
+    pub fn allowing_instances(mut self, n: usize) -> MemoryLimiter {
+        self.instances = n;
+        self
     }
 
     /// Also publishes the job's current total into `meter` as it changes.
@@ -145,7 +155,7 @@ impl ResourceLimiter for MemoryLimiter {
     }
 
     fn instances(&self) -> usize {
-        1
+        self.instances
     }
 
     fn tables(&self) -> usize {

@@ -4,6 +4,7 @@
 //! Layout:
 //! * [`engine`] — the shared `Engine` (instance allocator, time-limit mechanism);
 //! * [`cache`] — sha256 → compiled module, in memory and on disk;
+//! * [`component`] — WASI preview 2 components (`wasi:cli/command`);
 //! * [`artifacts`] — the disk half: authenticated, bounded artifacts;
 //! * [`validate`] — cheap checks on module bytes, for clear messages;
 //! * [`limiter`] — the per-job memory limit and peak;
@@ -21,6 +22,7 @@
 pub mod artifacts;
 pub mod cache;
 pub mod cancel;
+pub mod component;
 pub mod files;
 pub mod engine;
 pub mod limiter;
@@ -43,7 +45,7 @@ use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::p2::pipe::MemoryInputPipe;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
-pub use cache::{CacheStats, CompiledModule, ModuleCache};
+pub use cache::{CacheStats, Code, CompiledModule, ModuleCache};
 pub use cancel::{Cancel, CancelOnDrop};
 pub use engine::TimeLimitMechanism;
 pub use stdin::{StdinFeed, StdinSender};
@@ -51,6 +53,7 @@ pub use stdio::{OutputBudget, OutputCapture, OutputChunk};
 
 use crate::proto::{CacheSource, CancelCause, JobResult, JobSpec, Outcome, StdStream};
 use crate::units::Bytes;
+use cache::Prepared;
 use limiter::MemoryLimiter;
 use outcome::Phase;
 
@@ -167,9 +170,10 @@ pub struct RunHooks {
 /// [`RunHooks::captures`].
 pub type LiveOutput = Arc<std::sync::Mutex<Option<[OutputCapture; 2]>>>;
 
-/// What a job's store holds.
-pub struct JobState {
-    wasi: WasiP1Ctx,
+/// What a job's store holds: its WASI (preview 1 for a core module,
+/// [`component::ComponentWasi`] for a component) and its bounds.
+pub struct JobState<W = WasiP1Ctx> {
+    wasi: W,
     limiter: MemoryLimiter,
     files: files::FileUse,
 }
@@ -181,6 +185,7 @@ pub struct Sandbox {
     scratch: Option<Arc<files::ScratchPool>>,
     engine: Engine,
     linker: Linker<JobState>,
+    components: wasmtime::component::Linker<component::ComponentState>,
     cache: ModuleCache,
     config: SandboxConfig,
 }
@@ -196,9 +201,10 @@ impl Sandbox {
         wasmtime_wasi::p1::add_to_linker_async(&mut linker, |s: &mut JobState| &mut s.wasi)
             .and_then(|()| files::add_to_linker(&mut linker))
             .map_err(|e| anyhow::anyhow!("cannot link WASI: {e}"))?;
+        let components = component::linker(&engine)?;
         let cache = ModuleCache::new(engine.clone(), &config)?;
         let scratch = config.scratch_total_bytes.map(|total| Arc::new(files::ScratchPool::new(total)));
-        Ok(Sandbox { scratch, engine, linker, cache, config })
+        Ok(Sandbox { scratch, engine, linker, components, cache, config })
     }
 
     /// The shared engine.
@@ -301,7 +307,7 @@ impl Sandbox {
             return result;
         }
         let prepared = match module.prepared.get_or_init(|| self.prepare(module)) {
-            Ok(p) => p.clone(),
+            Ok(p) => p,
             Err(reason) => {
                 result.outcome = Outcome::InvalidModule { reason: reason.clone() };
                 return result;
@@ -316,92 +322,36 @@ impl Sandbox {
         if let Some(live) = &hooks.captures {
             *live.lock().unwrap_or_else(|e| e.into_inner()) = Some([stdout.clone(), stderr.clone()]);
         }
-        // Dropped (and so deleted) when the job is done.
-        let scratch = match prepared.opens_files.then(|| self.scratch_dir()).transpose() {
-            Ok(d) => d,
-            Err(e) => {
-                result.outcome = Outcome::Rejected { reason: format!("cannot make a scratch directory: {e}") };
-                return result;
-            }
+        let io = JobIo { stdin: hooks.stdin.as_ref(), stdout: &stdout, stderr: &stderr };
+        let (deadline, worker_limit) = self.deadline(limits.timeout_ms);
+        let bounds = Bounds {
+            limiter: MemoryLimiter::new(limits.memory_bytes).with_meter(hooks.memory_meter),
+            deadline,
+            cancel: hooks.cancel.unwrap_or_default(),
         };
-        let wasi = match build_wasi(spec, hooks.stdin.as_ref(), &stdout, &stderr, scratch.as_ref().map(|d| d.path())) {
-            Ok(w) => w,
+        let ran = match prepared {
+            Prepared::Module { pre, opens_files } => self.run_module(pre, *opens_files, spec, io, bounds).await,
+            Prepared::Component { pre } => self.run_component(pre, spec, io, bounds).await,
+        };
+        let ran = match ran {
+            Ok(ran) => ran,
             Err(reason) => {
                 result.outcome = Outcome::Rejected { reason };
                 return result;
             }
         };
-
-        let mut store = Store::new(
-            &self.engine,
-            JobState {
-                wasi,
-                limiter: MemoryLimiter::new(limits.memory_bytes).with_meter(hooks.memory_meter),
-                files: files::FileUse::new(
-                    self.config.max_open_files,
-                    self.config.max_scratch_bytes.unwrap_or(u64::MAX),
-                    self.scratch.clone(),
-                ),
-            },
-        );
-        store.limiter(|s| &mut s.limiter);
-        match self.config.time_limit {
-            TimeLimitMechanism::Epoch => {
-                store.set_epoch_deadline(1);
-                store.epoch_deadline_async_yield_and_update(1);
-            }
-            TimeLimitMechanism::Fuel => {
-                // Both only fail when fuel is not configured, which it is.
-                let _ = store.set_fuel(u64::MAX);
-                let _ = store.fuel_async_yield_interval(Some(engine::FUEL_YIELD_INTERVAL));
-            }
-            TimeLimitMechanism::Off => {}
-        }
-
-        let (deadline, worker_limit) = self.deadline(limits.timeout_ms);
-        let cancel = hooks.cancel.unwrap_or_default();
-        let cpu_nanos = AtomicU64::new(0);
-        let started = Instant::now();
-        let ended: Result<Result<(), (Phase, wasmtime::Error)>, Stopped> = {
-            let call = async {
-                let instance = prepared
-                    .pre
-                    .instantiate_async(&mut store)
-                    .await
-                    .map_err(|e| (Phase::Instantiate, e))?;
-                let start = instance
-                    .get_typed_func::<(), ()>(&mut store, "_start")
-                    .map_err(|e| (Phase::Instantiate, e))?;
-                start.call_async(&mut store, ()).await.map_err(|e| (Phase::Run, e))
-            };
-            let call = CpuTimed { inner: Box::pin(call), nanos: &cpu_nanos };
-            let timed = async {
-                match deadline {
-                    Some(d) => tokio::time::timeout(d, call).await.map_err(|_| Stopped::Elapsed),
-                    None => Ok(call.await),
-                }
-            };
-            tokio::select! {
-                biased;
-                cause = cancel.cancelled() => Err(Stopped::Cancelled(cause)),
-                ended = timed => ended,
-            }
-        };
-        result.wall_time_us = started.elapsed().as_micros() as u64;
-        result.cpu_time_us = cpu_nanos.load(Ordering::Relaxed) / 1000;
-
-        let limiter = &store.data().limiter;
-        result.peak_memory_bytes = limiter.peak();
-        result.outcome = match ended {
+        result.wall_time_us = ran.wall_time_us;
+        result.cpu_time_us = ran.cpu_time_us;
+        result.peak_memory_bytes = ran.limiter.peak();
+        result.outcome = match ran.ended {
             Err(Stopped::Elapsed) => Outcome::TimeLimitExceeded {
                 limit_ms: deadline.map_or(0, |d| d.as_millis() as u64),
                 worker_limit,
             },
             Err(Stopped::Cancelled(cause)) => Outcome::Cancelled { cause },
             Ok(Ok(())) => Outcome::Exited { code: 0 },
-            Ok(Err((phase, err))) => outcome::classify(&err, phase, limiter, [&stdout, &stderr]),
+            Ok(Err((phase, err))) => outcome::classify(&err, phase, &ran.limiter, [&stdout, &stderr]),
         };
-        drop(store);
         result.stdout = stdout.take();
         result.stderr = stderr.take();
         if result.peak_memory_bytes as f64 > PEAK_WARNING_SHARE * limits.memory_bytes as f64
@@ -417,6 +367,91 @@ impl Sandbox {
         result
     }
 
+    /// Runs a core module's `_start` in a fresh store. `Err` is why the
+    /// job could not start (its scratch directory, a granted directory).
+    async fn run_module(
+        &self,
+        pre: &wasmtime::InstancePre<JobState>,
+        opens_files: bool,
+        spec: &JobSpec,
+        io: JobIo<'_>,
+        bounds: Bounds,
+    ) -> Result<Ran, String> {
+        // Dropped (and so deleted) when the job is done.
+        let scratch = opens_files
+            .then(|| self.scratch_dir())
+            .transpose()
+            .map_err(|e| format!("cannot make a scratch directory: {e}"))?;
+        let wasi = build_wasi(spec, io, scratch.as_ref().map(|d| d.path()))?.build_p1();
+        let mut store = self.store(wasi, bounds.limiter);
+        let call = async {
+            let instance = pre.instantiate_async(&mut store).await.map_err(|e| (Phase::Instantiate, e))?;
+            let start = instance
+                .get_typed_func::<(), ()>(&mut store, "_start")
+                .map_err(|e| (Phase::Instantiate, e))?;
+            start.call_async(&mut store, ()).await.map_err(|e| (Phase::Run, e))
+        };
+        let (ended, wall_time_us, cpu_time_us) = drive(call, bounds.deadline, &bounds.cancel).await;
+        Ok(Ran { ended, wall_time_us, cpu_time_us, limiter: store.into_data().limiter })
+    }
+
+    /// Runs a component's `wasi:cli/run` in a fresh store: no scratch
+    /// directory, read-only granted directories only (see [`component`]).
+    async fn run_component(
+        &self,
+        pre: &component::CommandPre,
+        spec: &JobSpec,
+        io: JobIo<'_>,
+        bounds: Bounds,
+    ) -> Result<Ran, String> {
+        if let Some(d) = spec.dirs.iter().find(|d| !d.read_only) {
+            return Err(format!(
+                "a component gets read-only directories only, and {} is writable: grant it read-only (`:ro`) \
+                 or build the job for wasm32-wasip1",
+                d.guest
+            ));
+        }
+        let wasi = component::ComponentWasi::new(build_wasi(spec, io, None)?.build());
+        let limiter = bounds.limiter.allowing_instances(engine::COMPONENT_CORE_INSTANCES as usize);
+        let mut store = self.store(wasi, limiter);
+        let call = async {
+            let command = pre.instantiate_async(&mut store).await.map_err(|e| (Phase::Instantiate, e))?;
+            match command.wasi_cli_run().call_run(&mut store).await {
+                Ok(Ok(())) => Ok(()),
+                // `run` returned its error: what a failing `main` exits with.
+                Ok(Err(())) => Err((Phase::Run, wasmtime_wasi::I32Exit(1).into())),
+                Err(e) => Err((Phase::Run, e)),
+            }
+        };
+        let (ended, wall_time_us, cpu_time_us) = drive(call, bounds.deadline, &bounds.cancel).await;
+        Ok(Ran { ended, wall_time_us, cpu_time_us, limiter: store.into_data().limiter })
+    }
+
+    /// A job's store: its WASI, its memory limiter, its file bounds and the
+    /// time-limit mechanism armed.
+    fn store<W: 'static>(&self, wasi: W, limiter: MemoryLimiter) -> Store<JobState<W>> {
+        let files = files::FileUse::new(
+            self.config.max_open_files,
+            self.config.max_scratch_bytes.unwrap_or(u64::MAX),
+            self.scratch.clone(),
+        );
+        let mut store = Store::new(&self.engine, JobState { wasi, limiter, files });
+        store.limiter(|s| &mut s.limiter);
+        match self.config.time_limit {
+            TimeLimitMechanism::Epoch => {
+                store.set_epoch_deadline(1);
+                store.epoch_deadline_async_yield_and_update(1);
+            }
+            TimeLimitMechanism::Fuel => {
+                // Both only fail when fuel is not configured, which it is.
+                let _ = store.set_fuel(u64::MAX);
+                let _ = store.fuel_async_yield_interval(Some(engine::FUEL_YIELD_INTERVAL));
+            }
+            TimeLimitMechanism::Off => {}
+        }
+        store
+    }
+
     /// The wall-time limit a job asking for `timeout_ms` runs under, and
     /// whether it is the sandbox's own (`max_job_time`) rather than the
     /// job's: the smaller of the two wins.
@@ -430,8 +465,13 @@ impl Sandbox {
     }
 
     /// Resolves the module's imports against our linker, once per module.
-    fn prepare(&self, module: &CompiledModule) -> Result<cache::Prepared, String> {
-        let m = &module.module;
+    fn prepare(&self, module: &CompiledModule) -> Result<Prepared, String> {
+        let m = match &module.code {
+            Code::Module(m) => m,
+            Code::Component(c) => {
+                return component::prepare(&self.engine, &self.components, c).map(|pre| Prepared::Component { pre });
+            }
+        };
         match m.get_export("_start") {
             Some(wasmtime::ExternType::Func(_)) => {}
             _ => {
@@ -454,7 +494,7 @@ impl Sandbox {
             .instantiate_pre(m)
             .map_err(|e| format!("its imports cannot be satisfied: {}", cache::one_line(&e)))?;
         let opens_files = m.imports().any(|i| i.name() == "path_open");
-        Ok(cache::Prepared { pre, opens_files })
+        Ok(Prepared::Module { pre, opens_files })
     }
 
     fn scratch_dir(&self) -> std::io::Result<tempfile::TempDir> {
@@ -468,23 +508,17 @@ impl Sandbox {
 
 /// The WASI context of one job: its args, env, stdio, scratch directory and
 /// granted directories, and nothing else (no host env, no network).
-fn build_wasi(
-    spec: &JobSpec,
-    stdin: Option<&StdinFeed>,
-    stdout: &OutputCapture,
-    stderr: &OutputCapture,
-    scratch: Option<&std::path::Path>,
-) -> Result<WasiP1Ctx, String> {
+fn build_wasi(spec: &JobSpec, io: JobIo<'_>, scratch: Option<&std::path::Path>) -> Result<WasiCtxBuilder, String> {
     let mut b = WasiCtxBuilder::new();
     b.arg(&spec.program_name);
     b.args(&spec.args);
     b.envs(&spec.env);
-    match stdin.and_then(|feed| feed.reader(spec.stdin.clone())) {
+    match io.stdin.and_then(|feed| feed.reader(spec.stdin.clone())) {
         Some(reader) => b.stdin(wasmtime_wasi::cli::AsyncStdinStream::new(reader)),
         None => b.stdin(MemoryInputPipe::new(spec.stdin.clone())),
     };
-    b.stdout(stdout.clone());
-    b.stderr(stderr.clone());
+    b.stdout(io.stdout.clone());
+    b.stderr(io.stderr.clone());
     if let Some(scratch) = scratch
         && !spec.dirs.iter().any(|d| d.guest == SCRATCH_GUEST_PATH)
     {
@@ -496,7 +530,55 @@ fn build_wasi(
         b.preopened_dir(&d.host, &d.guest, perms)
             .map_err(|e| format!("cannot open directory {} for the job: {e}", d.host.display()))?;
     }
-    Ok(b.build_p1())
+    Ok(b)
+}
+
+/// A job's stdio, shared by both kinds of code.
+#[derive(Clone, Copy)]
+struct JobIo<'a> {
+    stdin: Option<&'a StdinFeed>,
+    stdout: &'a OutputCapture,
+    stderr: &'a OutputCapture,
+}
+
+/// What bounds a job while it runs, besides its output caps.
+struct Bounds {
+    limiter: MemoryLimiter,
+    deadline: Option<Duration>,
+    cancel: Cancel,
+}
+
+/// How a job's call ended, and what it used.
+struct Ran {
+    ended: Result<Result<(), (Phase, wasmtime::Error)>, Stopped>,
+    wall_time_us: u64,
+    cpu_time_us: u64,
+    limiter: MemoryLimiter,
+}
+
+/// Runs a job's `call` (instantiate and run) until it ends, its deadline
+/// passes or it is cancelled, counting its wall and CPU time.
+async fn drive<F>(call: F, deadline: Option<Duration>, cancel: &Cancel) -> (Result<F::Output, Stopped>, u64, u64)
+where
+    F: Future,
+{
+    let cpu_nanos = AtomicU64::new(0);
+    let started = Instant::now();
+    let ended = {
+        let call = CpuTimed { inner: Box::pin(call), nanos: &cpu_nanos };
+        let timed = async {
+            match deadline {
+                Some(d) => tokio::time::timeout(d, call).await.map_err(|_| Stopped::Elapsed),
+                None => Ok(call.await),
+            }
+        };
+        tokio::select! {
+            biased;
+            cause = cancel.cancelled() => Err(Stopped::Cancelled(cause)),
+            ended = timed => ended,
+        }
+    };
+    (ended, started.elapsed().as_micros() as u64, cpu_nanos.load(Ordering::Relaxed) / 1000)
 }
 
 /// Why a job's call stopped before it returned.

@@ -16,9 +16,11 @@ use crate::support::{MIB, WorkerProcess};
 
 const WASI: &str = "wasi_snapshot_preview1";
 
-/// A case's module: a built guest, WAT text, or raw bytes.
+/// A case's module: a built guest (a core module, or a wasip2 component),
+/// WAT text, or raw bytes.
 enum Module {
     Guest(&'static str),
+    Component(&'static str),
     Wat(String),
     Bytes(Vec<u8>),
 }
@@ -108,7 +110,20 @@ fn corpus() -> Vec<Case> {
             Module::Wat(r#"(module (import "env" "launch_missiles" (func)) (func (export "_start")))"#.into()),
         ),
         case("no _start", Module::Wat(r#"(module (func (export "main")))"#.into())),
-        case("a component, not a core module", Module::Bytes(b"\0asm\x0d\0\x01\0".to_vec())),
+        case("an empty component (a header, no wasi:cli/run)", Module::Bytes(b"\0asm\x0d\0\x01\0".to_vec())),
+        case(
+            "a component importing an interface we do not provide",
+            Module::Wat(r#"(component (import "example:launch/missiles" (instance (export "fire" (func)))))"#.into()),
+        ),
+        case(
+            "a component importing a WASI interface we do not implement",
+            Module::Wat(r#"(component (import "wasi:http/outgoing-handler@0.2.0" (instance (export "fire" (func)))))"#.into()),
+        ),
+        case("a component that wants the network (wasi:sockets)", Module::Component("net")),
+        case("a component computing forever", Module::Component("hostile-loop")),
+        case("a component growing its memory without end", Module::Component("hostile-grow")),
+        case("a component recursing without end", Module::Component("hostile-recurse")),
+        case("a component flooding stdout", Module::Component("hostile-flood")),
         case("random bytes", Module::Bytes(random)),
         case("a truncated module", Module::Bytes(hello[..hello.len() / 2].to_vec())),
         case("descriptor bomb: open files without end", Module::Guest("hostile-files")),
@@ -186,6 +201,7 @@ async fn every_hostile_case_gets_its_documented_outcome_and_the_worker_keeps_ser
     for c in &cases {
         let bytes = match &c.module {
             Module::Guest(name) => peerwasm_testkit::guest_wasm_bytes(name),
+            Module::Component(name) => std::fs::read(peerwasm_testkit::guest_component_wasm(name)).unwrap(),
             Module::Wat(text) => wat::parse_str(text).unwrap(),
             Module::Bytes(b) => b.clone(),
         };

@@ -1,9 +1,15 @@
-//! Jobs in other languages: the C guest (`guest-examples/c/primes.c`, with
-//! the C SDK `sdk/c/peerwasm.h`) gives the Rust guest's answers, errors and
-//! exit codes, and runs under the same exact memory limit.
+//! Jobs in other languages and forms: the C guest (`guest-examples/c/primes.c`,
+//! with the C SDK `sdk/c/peerwasm.h`) gives the Rust guest's answers, errors
+//! and exit codes, and runs under the same exact memory limit; so do the
+//! guests built for wasm32-wasip2 (WASI preview 2 components), embedded and
+//! on a pool of real worker processes.
+
+use std::collections::BTreeSet;
 
 use peerwasm::client::{Job, MapConfig, MapItem, Target, map};
-use peerwasm::proto::Outcome;
+use peerwasm::proto::{CacheSource, Outcome};
+
+use crate::support::{MIB, WorkerProcess};
 
 fn primes_job(path: std::path::PathBuf) -> Job {
     Job::from_file(path).unwrap()
@@ -72,4 +78,133 @@ async fn the_c_guest_runs_under_an_exact_memory_limit() {
         other => panic!("expected the memory limit, got {other}"),
     }
     assert_eq!(oom.outcome.exit_code(), 137);
+}
+
+/// The primes inputs both kinds of guest are compared on.
+const PRIMES_INPUTS: [&str; 9] = [
+    r#"{"n": 0}"#,
+    r#"{"n": 10}"#,
+    r#"{"n": 100}"#,
+    "{\"n\": 1000003}\n",
+    r#"{"n": 20000000}"#,
+    r#"{"n": 5000000000}"#,
+    "not json",
+    r#"{"m": 3}"#,
+    "",
+];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wasip2_component_gives_the_core_modules_answers() {
+    let component = primes_job(peerwasm_testkit::guest_component_wasm("primes"));
+    let module = primes_job(peerwasm_testkit::guest_wasm("primes"));
+    assert!(component.bytes().starts_with(b"\0asm\x0d\0\x01\0"), "built as a component");
+    let target = Target::embedded(2).unwrap();
+    let from_component = answers(&target, &component, &PRIMES_INPUTS).await;
+    let from_module = answers(&target, &module, &PRIMES_INPUTS).await;
+    for (i, ((c_code, c_out, c_err), (m_code, m_out, m_err))) in from_component.iter().zip(&from_module).enumerate() {
+        assert_eq!((c_out, c_err), (m_out, m_err), "the same output for input {:?}", PRIMES_INPUTS[i]);
+        // wasi:cli/exit 0.2 carries success or failure only: a failing
+        // component exits 1 whatever code its `main` gave.
+        assert_eq!(*c_code, (*m_code != 0) as i32, "input {:?}: {c_err}", PRIMES_INPUTS[i]);
+    }
+    assert_eq!(from_component[2], (0, "{\"count\":25}\n".to_string(), String::new()));
+    assert_eq!(from_module[6].0, 2, "bad input: exit 2 from the core module");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_component_runs_under_an_exact_memory_limit_with_its_peak_reported() {
+    let component = primes_job(peerwasm_testkit::guest_component_wasm("primes"));
+    let module = primes_job(peerwasm_testkit::guest_wasm("primes"));
+    let target = Target::embedded(1).unwrap();
+    let input = br#"{"n": 100000000}"#.to_vec();
+    let c = target.run(&component, component.spec(input.clone(), 256 << 20)).await.unwrap();
+    let m = target.run(&module, module.spec(input.clone(), 256 << 20)).await.unwrap();
+    assert_eq!(c.stdout, b"{\"count\":5761455}\n");
+    assert_eq!(c.stdout, m.stdout);
+    // The same program and allocator: the component's peak (all its
+    // memories summed) is the module's, give or take its adapter's pages.
+    assert!(
+        c.peak_memory_bytes.abs_diff(m.peak_memory_bytes) <= MIB && c.peak_memory_bytes > 40 * MIB,
+        "component peak {} vs module peak {}",
+        c.peak_memory_bytes,
+        m.peak_memory_bytes
+    );
+    let oom = target.run(&component, component.spec(input, 32 << 20)).await.unwrap();
+    match oom.outcome {
+        Outcome::MemoryLimitExceeded { limit, peak, requested } => {
+            assert_eq!(limit, 32 << 20);
+            assert!(peak <= limit && requested > limit, "{peak} {requested}");
+        }
+        other => panic!("expected the memory limit, got {other}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_component_reads_granted_directories_and_is_refused_writable_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    std::fs::write(dir.path().join("sub/a.txt"), b"12345").unwrap();
+    let target = Target::embedded(1).unwrap();
+    let mut ls = Job::from_file(peerwasm_testkit::guest_component_wasm("ls")).unwrap();
+    ls.dirs.push(peerwasm::proto::DirGrant { host: dir.path().into(), guest: "/data".into(), read_only: true });
+    let listed = target.run(&ls, ls.spec(b"/data\n".to_vec(), 64 << 20)).await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&listed.stdout), "/data/sub/a.txt 5\n", "{}", listed.outcome);
+    // Writable directories (and scratch) are not given to components yet:
+    // refused, saying so, rather than run with writes nothing bounds.
+    ls.dirs[0].read_only = false;
+    let refused = target.run(&ls, ls.spec(b"/data\n".to_vec(), 64 << 20)).await.unwrap();
+    assert!(
+        matches!(&refused.outcome, Outcome::Rejected { reason } if reason.contains("read-only") && reason.contains("/data")),
+        "{}",
+        refused.outcome
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn components_run_on_a_pool_with_limits_cache_and_learned_estimates() {
+    let a = WorkerProcess::start("2GiB", 2, None);
+    let b = WorkerProcess::start("2GiB", 2, Some(&a.addr));
+    let target = Target::pool(vec![a.addr.clone(), b.addr.clone()]).unwrap();
+    // memhog N touches N MiB: peaks of 5-24 MiB, reported by the workers.
+    let memhog = Job::from_file(peerwasm_testkit::guest_component_wasm("memhog")).unwrap();
+    let mibs: Vec<u64> = (0..40u64).map(|i| 5 + (i * 7) % 20).collect();
+    let mut items: Vec<MapItem> = Vec::new();
+    let config = MapConfig { max_in_flight: Some(4), ..MapConfig::default() };
+    map(&target, &memhog, mibs.iter().map(|m| format!("{m}\n").into_bytes()), &config, &mut items).await.unwrap();
+    assert_eq!(items.len(), mibs.len());
+    let mut peers = BTreeSet::new();
+    let mut compiled = 0;
+    for (item, mib) in items.iter().zip(&mibs) {
+        let r = &item.result;
+        assert_eq!(r.stdout, format!("{mib}\n").into_bytes(), "input {}: {}", item.index, r.outcome);
+        assert!(
+            r.peak_memory_bytes >= mib * MIB && r.peak_memory_bytes <= (mib + 3) * MIB,
+            "input {}: {mib} MiB touched, peak {}",
+            item.index,
+            r.peak_memory_bytes
+        );
+        peers.insert(r.peer.clone());
+        compiled += (r.cache == CacheSource::Compiled) as u32;
+    }
+    assert!(peers.iter().all(|p| *p == a.addr || *p == b.addr), "{peers:?}");
+    assert!(compiled <= 2, "compiled once per worker, then cached: {compiled}");
+    // The later jobs asked for what the peaks taught, not the 1 GiB default.
+    let last = &items.last().unwrap().result;
+    assert!(last.memory_limit_bytes < 64 * MIB, "learned: {}", last.memory_limit_bytes);
+
+    // Limits hold remotely too: compute and sleep are timed out, memory is capped.
+    let run = |name: &str, stdin: &str, mem: u64, timeout_ms: Option<u64>| {
+        let mut job = Job::from_file(peerwasm_testkit::guest_component_wasm(name)).unwrap();
+        job.limits.timeout_ms = timeout_ms;
+        let spec = job.spec(stdin.as_bytes().to_vec(), mem);
+        let target = &target;
+        async move { target.run(&job, spec).await.unwrap() }
+    };
+    for name in ["spin", "sleep"] {
+        let r = run(name, "60000", 64 * MIB, Some(500)).await;
+        assert!(matches!(r.outcome, Outcome::TimeLimitExceeded { limit_ms: 500, .. }), "{name}: {}", r.outcome);
+        assert!(r.wall_time_us < 5_000_000, "{name}: {} us", r.wall_time_us);
+    }
+    let r = run("memhog", "100", 32 * MIB, None).await;
+    assert!(matches!(r.outcome, Outcome::MemoryLimitExceeded { limit, .. } if limit == 32 * MIB), "{}", r.outcome);
 }

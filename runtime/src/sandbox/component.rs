@@ -1,0 +1,108 @@
+//! WASI preview 2 components: a `wasi:cli/command` (what Rust's
+//! `wasm32-wasip2` target builds) runs as a job beside core modules.
+//!
+//! Everything that bounds a job lives at the store and so holds for a
+//! component as it is: the memory limiter sums *all* of a component's
+//! memories (its inner core modules each may have one), fuel or epochs make
+//! it yield, the async timeout and cancel end it, and its stdio goes through
+//! the same capped [`OutputCapture`](super::OutputCapture). What differs is
+//! WASI, which is linked as preview 2 interfaces here rather than preview 1
+//! functions:
+//!
+//! * **Granted**: `wasi:cli` (args, env, exit, stdio, terminals),
+//!   `wasi:clocks`, `wasi:random`, `wasi:io` and `wasi:filesystem`.
+//! * **Refused at load**, naming the import: `wasi:sockets` (a job has no
+//!   network, as under preview 1) and anything else we do not implement
+//!   (`wasi:http`, a custom interface).
+//! * **Files**: a component gets only *read-only* directories and no
+//!   scratch `/tmp`. The descriptor and disk bounds of [`super::files`]
+//!   shadow preview 1 entry points; preview 2's filesystem is a set of
+//!   resource methods that this first version does not shadow, so nothing
+//!   a component could write to is given to it. Open descriptors are
+//!   bounded by the handle table ([`MAX_HANDLES`]).
+//! * **Exit codes**: `wasi:cli/exit` 0.2 carries only success or failure,
+//!   so a component that exits with any non-zero code ends with exit 1
+//!   (unless it uses `exit-with-code`, which is linked).
+
+use wasmtime::Engine;
+use wasmtime::component::{Component, Linker, ResourceTable};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use super::JobState;
+use super::cache::one_line;
+
+/// A component's prepared instance: imports resolved, `wasi:cli/run` found.
+pub(crate) type CommandPre = wasmtime_wasi::p2::bindings::CommandPre<ComponentState>;
+
+/// What a component job's store holds.
+pub(crate) type ComponentState = JobState<ComponentWasi>;
+
+/// The most handles (streams, pollables, open descriptors...) a component
+/// may hold at once. wasmtime-wasi's own default is a million, each a host
+/// allocation (and an open descriptor a host file descriptor): a component
+/// that subscribes or opens in a loop would hold the host's memory or
+/// descriptors. A Rust command holds a handful.
+pub const MAX_HANDLES: usize = 1024;
+
+/// Interface prefixes a component may not import even though wasmtime-wasi
+/// implements them: a job gets no network.
+const REFUSED_INTERFACES: &[&str] = &["wasi:sockets/"];
+
+/// A component's WASI: the context and the table of its handles.
+pub struct ComponentWasi {
+    ctx: WasiCtx,
+    table: ResourceTable,
+}
+
+impl ComponentWasi {
+    /// WASI for one job, its handles bounded by [`MAX_HANDLES`].
+    pub(crate) fn new(ctx: WasiCtx) -> ComponentWasi {
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(MAX_HANDLES);
+        ComponentWasi { ctx, table }
+    }
+}
+
+impl WasiView for ComponentState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi.ctx, table: &mut self.wasi.table }
+    }
+}
+
+/// The linker every component job is resolved against: wasmtime-wasi's
+/// preview 2 interfaces, async (so sleeping jobs can be timed out).
+pub(crate) fn linker(engine: &Engine) -> anyhow::Result<Linker<ComponentState>> {
+    let mut linker = Linker::new(engine);
+    wasmtime_wasi::p2::add_to_linker_async(&mut linker)
+        .map_err(|e| anyhow::anyhow!("cannot link WASI preview 2: {e}"))?;
+    Ok(linker)
+}
+
+/// Resolves `component`'s imports and finds its `wasi:cli/run` export, or
+/// says what is wrong, naming the import or export.
+pub(crate) fn prepare(
+    engine: &Engine,
+    linker: &Linker<ComponentState>,
+    component: &Component,
+) -> Result<CommandPre, String> {
+    let ty = component.component_type();
+    for (name, _) in ty.imports(engine) {
+        if REFUSED_INTERFACES.iter().any(|p| name.starts_with(p)) {
+            return Err(format!("it imports `{name}`, which peerwasm does not grant (jobs have no network)"));
+        }
+        if !name.starts_with("wasi:") {
+            return Err(format!("it imports `{name}`, which peerwasm does not provide (only WASI)"));
+        }
+    }
+    // A WASI interface we do not implement (`wasi:http`...): the linker's
+    // message names it.
+    let pre = linker
+        .instantiate_pre(component)
+        .map_err(|e| format!("its imports cannot be satisfied: {}", one_line(&e)))?;
+    CommandPre::new(pre).map_err(|e| {
+        format!(
+            "it is not a `wasi:cli/command` component (a Rust `fn main` built with --target wasm32-wasip2): {}",
+            one_line(&e)
+        )
+    })
+}
