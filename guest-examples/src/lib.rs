@@ -1,6 +1,7 @@
 //! Small jobs for peerwasm's tests and benchmarks. Each binary in `src/bin`
-//! builds for wasm32-wasip1 and natively; the kernels live here so that a
-//! benchmark can also call them in-process as a native baseline.
+//! builds for wasm32-wasip1 (a core module), wasm32-wasip2 (a component) and
+//! natively; the kernels live here so that a benchmark can also call them
+//! in-process as a native baseline.
 //!
 //! | binary | input | does |
 //! |---|---|---|
@@ -12,6 +13,7 @@
 //! | `files` | — | copies each file of `/in` to `/out`, upper-cased |
 //! | `interactive` | lines on stdin | answers each line as it comes (`echo: LINE`), then counts them |
 //! | `ticks` | args COUNT MS | prints `tick i`, sleeping MS between ticks |
+//! | `net` | `HOST:PORT` on stdin | tries a TCP connection (a job has no network: it fails, or, as a component, is refused) |
 //! | `hostile-loop` | — | loops forever |
 //! | `hostile-grow` | — | allocates memory without end |
 //! | `hostile-recurse` | — | recurses without end |

@@ -3,8 +3,11 @@
 //! A job reads one input and writes one output. With this crate the input is
 //! JSON on stdin, deserialized into your input type; your function's `Ok`
 //! value is written to stdout as JSON; an `Err` is printed on stderr and the
-//! job exits with code 1. The same crate builds for `wasm32-wasip1` (what
-//! peerwasm runs) and natively, so a job can be tested like any Rust code.
+//! job exits with code 1. The same crate builds for `wasm32-wasip1` (a core
+//! module), `wasm32-wasip2` (a component; peerwasm runs either) and
+//! natively, so a job can be tested like any Rust code. As a component, any
+//! non-zero exit is reported as 1: WASI preview 2's exit carries only
+//! success or failure.
 //!
 //! # Example
 //!
