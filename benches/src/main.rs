@@ -18,11 +18,14 @@
 //!   vs inlined in every input;
 //! * [`submit`] — a map attached vs detached (`map --detach`), and the
 //!   state database's commit cost per result;
+//! * [`anchors`] — the wasmtime CLI, Ray and Dask, measured in the same
+//!   run (installed into a benchmark venv; not with `--quick`);
 //! * [`footprint`] — worker RSS idle, with jobs running, after many jobs;
 //! * [`fairness`] — the smartshare seed's experiment, fair share on and off;
 //! * [`procs`] — real `peerwasm` processes (workers, commands);
 //! * [`summary`] — the closing table.
 
+mod anchors;
 mod cache;
 mod compute;
 mod dispatch;
@@ -141,8 +144,9 @@ fn main() -> ExitCode {
 }
 
 /// The benchmarks, in the order of issue 8; names select a subset.
-const NAMES: [&str; 10] =
-    ["dispatch", "latency", "compute", "trivial", "cache", "gossip", "footprint", "fairness", "files", "submit"];
+const NAMES: [&str; 11] = [
+    "dispatch", "latency", "compute", "trivial", "cache", "gossip", "footprint", "fairness", "files", "submit", "anchors",
+];
 
 fn benchmarks(args: &[String]) -> anyhow::Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
@@ -183,6 +187,9 @@ fn benchmarks(args: &[String]) -> anyhow::Result<()> {
     }
     if wanted("submit") {
         submit::submit(&sizes, &mut summary)?;
+    }
+    if wanted("anchors") {
+        anchors::anchors(&sizes, &mut summary)?;
     }
     summary.print();
     Ok(())

@@ -11,8 +11,9 @@ pub struct Row {
     pub goal: Option<String>,
     /// Whether the goal was met, if there is one.
     pub met: Option<bool>,
-    /// What users would pick instead, and its published figure.
-    pub anchor: Option<&'static str>,
+    /// What users would pick instead, and its figure (published, or
+    /// measured in the same run).
+    pub anchor: Option<String>,
 }
 
 /// The rows gathered so far.
@@ -24,7 +25,12 @@ pub struct Summary {
 impl Summary {
     /// Adds a figure without a goal.
     pub fn figure(&mut self, what: impl Into<String>, ours: impl Into<String>, anchor: Option<&'static str>) {
-        self.rows.push(Row { what: what.into(), ours: ours.into(), goal: None, met: None, anchor });
+        self.rows.push(Row { what: what.into(), ours: ours.into(), goal: None, met: None, anchor: anchor.map(Into::into) });
+    }
+
+    /// Adds a figure beside an anchor measured in the same run.
+    pub fn measured_anchor(&mut self, what: impl Into<String>, ours: impl Into<String>, anchor: String) {
+        self.rows.push(Row { what: what.into(), ours: ours.into(), goal: None, met: None, anchor: Some(anchor) });
     }
 
     /// Adds a figure against a goal.
@@ -36,7 +42,13 @@ impl Summary {
         met: bool,
         anchor: Option<&'static str>,
     ) {
-        self.rows.push(Row { what: what.into(), ours: ours.into(), goal: Some(goal.into()), met: Some(met), anchor });
+        self.rows.push(Row {
+            what: what.into(),
+            ours: ours.into(),
+            goal: Some(goal.into()),
+            met: Some(met),
+            anchor: anchor.map(Into::into),
+        });
     }
 
     /// Prints the table (markdown).
@@ -54,7 +66,7 @@ impl Summary {
                 (Some(g), None) => g.clone(),
                 (None, _) => String::new(),
             };
-            println!("| {} | {} | {} | {} |", r.what, r.ours, goal, r.anchor.unwrap_or(""));
+            println!("| {} | {} | {} | {} |", r.what, r.ours, goal, r.anchor.as_deref().unwrap_or(""));
         }
     }
 }

@@ -106,7 +106,7 @@ impl ArtifactStore {
 
     /// The compiled module for `hash`: `Ok(None)` if there is no artifact,
     /// `Err` if there was one that could not be used (it is removed).
-    pub fn load(&self, engine: &Engine, hash: &ModuleHash) -> Result<Option<Code>, Rejected> {
+    pub fn load(&self, engines: &(Engine, Engine), hash: &ModuleHash) -> Result<Option<Code>, Rejected> {
         let path = self.path(hash);
         let file = match fs::read(&path) {
             Ok(f) => f,
@@ -125,7 +125,7 @@ impl ArtifactStore {
         // directory is keyed on it); wasmtime also checks the engine
         // configuration recorded in the artifact. Artifacts never come from
         // peers.
-        match unsafe { Code::deserialize(engine, artifact) } {
+        match unsafe { Code::deserialize(engines, artifact) } {
             Ok(module) => {
                 // A load is a use: keep it from being evicted first.
                 if let Ok(f) = fs::File::options().write(true).open(&path) {

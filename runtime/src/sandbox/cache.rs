@@ -43,12 +43,12 @@ pub enum Code {
 }
 
 impl Code {
-    /// Compiles `bytes`, as a component if they are one.
-    fn compile(engine: &Engine, bytes: &[u8]) -> wasmtime::Result<Code> {
+    /// Compiles `bytes`, as a component (on `engines.1`) if they are one.
+    fn compile(engines: &(Engine, Engine), bytes: &[u8]) -> wasmtime::Result<Code> {
         if wasmparser::Parser::is_component(bytes) {
-            Component::new(engine, bytes).map(Code::Component)
+            Component::new(&engines.1, bytes).map(Code::Component)
         } else {
-            Module::new(engine, bytes).map(Code::Module)
+            Module::new(&engines.0, bytes).map(Code::Module)
         }
     }
 
@@ -66,12 +66,12 @@ impl Code {
     ///
     /// As `Module::deserialize`: `artifact` must come from `serialize` with
     /// a compatible engine (the artifact store authenticates it).
-    pub(crate) unsafe fn deserialize(engine: &Engine, artifact: &[u8]) -> wasmtime::Result<Code> {
+    pub(crate) unsafe fn deserialize(engines: &(Engine, Engine), artifact: &[u8]) -> wasmtime::Result<Code> {
         // SAFETY: passed on to the caller (see above).
         unsafe {
             match Engine::detect_precompiled(artifact) {
-                Some(Precompiled::Component) => Component::deserialize(engine, artifact).map(Code::Component),
-                _ => Module::deserialize(engine, artifact).map(Code::Module),
+                Some(Precompiled::Component) => Component::deserialize(&engines.1, artifact).map(Code::Component),
+                _ => Module::deserialize(&engines.0, artifact).map(Code::Module),
             }
         }
     }
@@ -117,7 +117,8 @@ pub struct CacheStats {
 
 /// Where compiled modules are kept.
 pub struct ModuleCache {
-    engine: Engine,
+    /// The engines code is compiled for: core modules', components'.
+    engines: (Engine, Engine),
     memory: Mutex<LruCache<ModuleHash, Arc<CompiledModule>>>,
     disk: Option<ArtifactStore>,
     /// One lock per module being loaded or compiled (removed when done).
@@ -137,7 +138,7 @@ impl ModuleCache {
     /// A cache as `config` says: `cache_entries` compiled modules in
     /// memory, artifacts under `cache_dir` (at most `cache_max_bytes`) if
     /// given, compiles bounded by `max_compile_time`.
-    pub fn new(engine: Engine, config: &SandboxConfig) -> anyhow::Result<Self> {
+    pub fn new(engine: Engine, component_engine: Engine, config: &SandboxConfig) -> anyhow::Result<Self> {
         let disk = config
             .cache_dir
             .as_deref()
@@ -145,7 +146,7 @@ impl ModuleCache {
             .transpose()?;
         let entries = NonZeroUsize::new(config.cache_entries.max(1)).expect("max(1) is non-zero");
         Ok(ModuleCache {
-            engine,
+            engines: (engine, component_engine),
             memory: Mutex::new(LruCache::new(entries)),
             disk,
             loading: Mutex::new(HashMap::new()),
@@ -256,17 +257,17 @@ impl ModuleCache {
         }
         self.compiles.fetch_add(1, Ordering::Relaxed);
         let module = match self.max_compile_time {
-            None => compile_apart(|| Code::compile(&self.engine, bytes)),
+            None => compile_apart(|| Code::compile(&self.engines, bytes)),
             Some(limit) => {
                 // wasmtime cannot stop a compile: past the limit the job is
                 // refused and the module with it, and the compile runs to
                 // its end on its own thread, its result dropped.
                 let (tx, rx) = std::sync::mpsc::channel();
-                let (engine, owned) = (self.engine.clone(), bytes.to_vec());
+                let (engines, owned) = (self.engines.clone(), bytes.to_vec());
                 std::thread::Builder::new()
                     .name("peerwasm-compile".into())
                     .spawn(move || {
-                        let _ = tx.send(compile_apart(|| Code::compile(&engine, &owned)));
+                        let _ = tx.send(compile_apart(|| Code::compile(&engines, &owned)));
                     })
                     .map_err(|e| Outcome::Rejected { reason: format!("cannot start compiling: {e}") })?;
                 match rx.recv_timeout(limit) {
@@ -292,7 +293,7 @@ impl ModuleCache {
     }
 
     fn load_from_disk(&self, hash: &ModuleHash) -> Option<Code> {
-        match self.disk.as_ref()?.load(&self.engine, hash) {
+        match self.disk.as_ref()?.load(&self.engines, hash) {
             Ok(Some(module)) => {
                 self.disk_hits.fetch_add(1, Ordering::Relaxed);
                 Some(module)

@@ -44,6 +44,9 @@ pub(crate) type ComponentState = JobState<ComponentWasi>;
 /// descriptors. A Rust command holds a handful.
 pub const MAX_HANDLES: usize = 1024;
 
+/// The most core instances a component may hold (a Rust command has four).
+pub const MAX_CORE_INSTANCES: usize = 16;
+
 /// Interface prefixes a component may not import even though wasmtime-wasi
 /// implements them: a job gets no network.
 const REFUSED_INTERFACES: &[&str] = &["wasi:sockets/"];

@@ -185,6 +185,8 @@ pub struct Sandbox {
     scratch: Option<Arc<files::ScratchPool>>,
     engine: Engine,
     linker: Linker<JobState>,
+    /// Components run on an engine of their own (on-demand allocation).
+    component_engine: Engine,
     components: wasmtime::component::Linker<component::ComponentState>,
     cache: ModuleCache,
     config: SandboxConfig,
@@ -194,17 +196,19 @@ impl Sandbox {
     /// Creates the engine (and its epoch ticker), the WASI linker and the cache.
     pub fn new(config: SandboxConfig) -> anyhow::Result<Sandbox> {
         let engine = engine::build(&config)?;
+        let component_engine = engine::build_for_components(&config)?;
         if config.time_limit == TimeLimitMechanism::Epoch {
             engine::start_epoch_ticker(&engine);
+            engine::start_epoch_ticker(&component_engine);
         }
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p1::add_to_linker_async(&mut linker, |s: &mut JobState| &mut s.wasi)
             .and_then(|()| files::add_to_linker(&mut linker))
             .map_err(|e| anyhow::anyhow!("cannot link WASI: {e}"))?;
-        let components = component::linker(&engine)?;
-        let cache = ModuleCache::new(engine.clone(), &config)?;
+        let components = component::linker(&component_engine)?;
+        let cache = ModuleCache::new(engine.clone(), component_engine.clone(), &config)?;
         let scratch = config.scratch_total_bytes.map(|total| Arc::new(files::ScratchPool::new(total)));
-        Ok(Sandbox { scratch, engine, linker, components, cache, config })
+        Ok(Sandbox { scratch, engine, linker, component_engine, components, cache, config })
     }
 
     /// The shared engine.
@@ -383,7 +387,7 @@ impl Sandbox {
             .transpose()
             .map_err(|e| format!("cannot make a scratch directory: {e}"))?;
         let wasi = build_wasi(spec, io, scratch.as_ref().map(|d| d.path()))?.build_p1();
-        let mut store = self.store(wasi, bounds.limiter);
+        let mut store = self.store(&self.engine, wasi, bounds.limiter);
         let call = async {
             let instance = pre.instantiate_async(&mut store).await.map_err(|e| (Phase::Instantiate, e))?;
             let start = instance
@@ -412,8 +416,8 @@ impl Sandbox {
             ));
         }
         let wasi = component::ComponentWasi::new(build_wasi(spec, io, None)?.build());
-        let limiter = bounds.limiter.allowing_instances(engine::COMPONENT_CORE_INSTANCES as usize);
-        let mut store = self.store(wasi, limiter);
+        let limiter = bounds.limiter.allowing_instances(component::MAX_CORE_INSTANCES);
+        let mut store = self.store(&self.component_engine, wasi, limiter);
         let call = async {
             let command = pre.instantiate_async(&mut store).await.map_err(|e| (Phase::Instantiate, e))?;
             match command.wasi_cli_run().call_run(&mut store).await {
@@ -429,13 +433,13 @@ impl Sandbox {
 
     /// A job's store: its WASI, its memory limiter, its file bounds and the
     /// time-limit mechanism armed.
-    fn store<W: 'static>(&self, wasi: W, limiter: MemoryLimiter) -> Store<JobState<W>> {
+    fn store<W: 'static>(&self, engine: &Engine, wasi: W, limiter: MemoryLimiter) -> Store<JobState<W>> {
         let files = files::FileUse::new(
             self.config.max_open_files,
             self.config.max_scratch_bytes.unwrap_or(u64::MAX),
             self.scratch.clone(),
         );
-        let mut store = Store::new(&self.engine, JobState { wasi, limiter, files });
+        let mut store = Store::new(engine, JobState { wasi, limiter, files });
         store.limiter(|s| &mut s.limiter);
         match self.config.time_limit {
             TimeLimitMechanism::Epoch => {
@@ -469,7 +473,8 @@ impl Sandbox {
         let m = match &module.code {
             Code::Module(m) => m,
             Code::Component(c) => {
-                return component::prepare(&self.engine, &self.components, c).map(|pre| Prepared::Component { pre });
+                return component::prepare(&self.component_engine, &self.components, c)
+                    .map(|pre| Prepared::Component { pre });
             }
         };
         match m.get_export("_start") {
