@@ -54,10 +54,12 @@ pub fn ended(w: &Worker, id: &str, result: &JobResult) {
     w.db.write_later(move |c| c.execute("UPDATE detached SET result = ?1 WHERE id = ?2", params![blob, id]).map(drop));
 }
 
-/// Forgets a detached job whose result was discarded.
-pub fn discarded(w: &Worker, id: &str) {
+/// Forgets a detached job whose result was discarded, returning once that
+/// is committed: the owner is told "discarded" only when a restart cannot
+/// bring the job back.
+pub async fn discarded(w: &Worker, id: &str) -> anyhow::Result<()> {
     let id = id.to_string();
-    w.db.write_later(move |c| c.execute("DELETE FROM detached WHERE id = ?1", [id]).map(drop));
+    w.db.write(move |c| c.execute("DELETE FROM detached WHERE id = ?1", [id]).map(drop)).await
 }
 
 /// Puts the detached jobs of the state database back: results into the

@@ -65,8 +65,10 @@ impl History {
     }
 
     /// Records that ended at or after `since_ms`, oldest first; only
-    /// `tenant`'s when given.
+    /// `tenant`'s when given. Every job that ended before the call is in it:
+    /// records still queued are committed first.
     pub async fn query(&self, since_ms: u64, tenant: Option<String>) -> anyhow::Result<Vec<HistoryRecord>> {
+        self.db.sync().await?;
         self.db
             .read(move |c| {
                 let mut stmt = c.prepare_cached(

@@ -119,7 +119,10 @@ pub async fn delete_job(State(w): State<Arc<Worker>>, Caller(tenant): Caller, Pa
         Cancelled::NotFound => text(StatusCode::NOT_FOUND, "no such job"),
         Cancelled::AlreadyEnded(outcome) => text(StatusCode::CONFLICT, format!("the job had already ended: {outcome}")),
         Cancelled::Discarded(_) => {
-            crate::worker::detached::discarded(&w, &id);
+            if let Err(e) = crate::worker::detached::discarded(&w, &id).await {
+                tracing::error!(job = %id, "cannot forget a discarded result: {e:#}");
+                return text(StatusCode::INTERNAL_SERVER_ERROR, format!("the result was discarded here but not in the state database: {e:#}"));
+            }
             json(&CancelAnswer { id, was: "done".into() })
         }
         Cancelled::Was(was) => {
