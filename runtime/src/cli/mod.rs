@@ -169,6 +169,22 @@ impl SandboxArgs {
         c
     }
 
+    /// The sandbox of a command that runs one job in a process of its own
+    /// (`run`, `cli::run::run_embedded`): one slot, allocated on demand (a
+    /// pool of instances pays off over many jobs, not one), per-job scratch
+    /// directories under `scratch`, and no time-limit instrumentation in
+    /// the job's code: the process is the job's slot, and a job computing
+    /// past its deadline or a Ctrl-C ends with it.
+    fn one_job_config(&self, scratch: &std::path::Path) -> crate::sandbox::SandboxConfig {
+        crate::sandbox::SandboxConfig {
+            slots: 1,
+            pooling: false,
+            time_limit: crate::sandbox::TimeLimitMechanism::Off,
+            scratch_root: Some(scratch.to_path_buf()),
+            ..self.sandbox_config()
+        }
+    }
+
     /// `--cache-dir`, else `$XDG_CACHE_HOME/peerwasm` or `~/.cache/peerwasm`.
     fn cache_root(&self) -> Option<PathBuf> {
         self.cache_dir.clone().or_else(default_cache_root)

@@ -164,6 +164,10 @@ pub struct RunHooks {
     /// Filled with the job's stdout and stderr captures once it starts, so
     /// that its output can be read while it runs (`peerwasm logs -f`).
     pub captures: Option<LiveOutput>,
+    /// Notified (`notify_one`, so the news waits for a late listener) the
+    /// moment the job starts: its module is loaded and its wall-time limit
+    /// runs from now on. For a caller that keeps a watch of its own.
+    pub started: Option<Arc<tokio::sync::Notify>>,
 }
 
 /// Where a running job's output captures are published; see
@@ -325,6 +329,9 @@ impl Sandbox {
             .with_budget(hooks.output_budget);
         if let Some(live) = &hooks.captures {
             *live.lock().unwrap_or_else(|e| e.into_inner()) = Some([stdout.clone(), stderr.clone()]);
+        }
+        if let Some(started) = &hooks.started {
+            started.notify_one();
         }
         let io = JobIo { stdin: hooks.stdin.as_ref(), stdout: &stdout, stderr: &stderr };
         let (deadline, worker_limit) = self.deadline(limits.timeout_ms);

@@ -319,6 +319,7 @@ async fn run_queued(
             memory_meter: Some(ticket.reservation().meter()),
             cancel: Some(cancel),
             output_budget: Some(hold.clone()),
+            started: None,
         };
         let memreq = spec.limits.memory_bytes;
         let mut result = match mount_trees(&w2, &pins, &spec).await {

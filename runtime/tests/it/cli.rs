@@ -14,8 +14,14 @@ fn cache_dir() -> &'static std::path::Path {
 }
 
 fn peerwasm(args: &[&str], stdin: &[u8]) -> Output {
+    peerwasm_with_tmp(args, stdin, &std::env::temp_dir())
+}
+
+/// [`peerwasm`] with `TMPDIR` set to `tmp`.
+fn peerwasm_with_tmp(args: &[&str], stdin: &[u8], tmp: &std::path::Path) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_peerwasm"))
         .args(args)
+        .env("TMPDIR", tmp)
         .env("PEERWASM_CACHE_DIR", cache_dir())
         .env("GREETING", "from the host") // must not reach the job
         .stdin(Stdio::piped())
@@ -76,6 +82,28 @@ fn exit_codes_follow_the_conventions() {
     let trap = run_guest(&[], "hostile-recurse", &[], "");
     assert_eq!(trap.status.code(), Some(134));
     assert!(text(&trap.stderr).contains("job trapped"), "{}", text(&trap.stderr));
+}
+
+/// The embedded `run` owns its process, so a job's code runs there without
+/// time-limit checks: a job computing past its deadline ends with the
+/// process, reported as the sandbox reports one (124, the limit, its peak
+/// and CPU time), and its scratch directory goes with it.
+#[test]
+fn a_computing_job_past_its_deadline_ends_with_the_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wasm = guest_wasm("hostile-loop");
+    let started = std::time::Instant::now();
+    let out = peerwasm_with_tmp(&["run", "--json", "--timeout", "500ms", wasm.to_str().unwrap()], b"", tmp.path());
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(124), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(v["outcome"]["time_limit_exceeded"]["limit_ms"], 500, "{v}");
+    assert!(v["peak_memory_bytes"].as_u64().unwrap() > 1 << 20, "{v}");
+    assert!(v["wall_time_us"].as_u64().unwrap() >= 500_000, "{v}");
+    assert!(v["cpu_time_us"].as_u64().unwrap() >= 300_000, "the loop computed: {v}");
+    assert!(took < std::time::Duration::from_secs(5), "ended {took:?} after starting");
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "the command's scratch is removed: {left:?}");
 }
 
 #[test]
