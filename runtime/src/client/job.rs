@@ -9,6 +9,28 @@ use anyhow::Context;
 use super::estimate::DeclaredMemory;
 use crate::proto::{DirGrant, JobLimits, JobSpec, ModuleHash};
 
+/// The module file at `path`, read straight into the buffer jobs share
+/// (a module of 20 MB is neither copied nor written twice on its way to
+/// the engine), and its metadata as it was when opened.
+fn read_module(path: &Path) -> anyhow::Result<(Arc<[u8]>, std::fs::Metadata)> {
+    let read = || -> std::io::Result<_> {
+        let mut file = std::fs::File::open(path)?;
+        let metadata = file.metadata()?;
+        if !metadata.is_file() {
+            // A pipe (`run <(curl ...)`) has no length to read to.
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut file, &mut bytes)?;
+            return Ok((bytes.into(), metadata));
+        }
+        let len = usize::try_from(metadata.len()).map_err(std::io::Error::other)?;
+        // SAFETY: all zeros is a valid `u8`.
+        let mut bytes = unsafe { Arc::<[u8]>::new_zeroed_slice(len).assume_init() };
+        std::io::Read::read_exact(&mut file, Arc::get_mut(&mut bytes).expect("not shared yet"))?;
+        Ok((bytes, metadata))
+    };
+    read().with_context(|| format!("cannot read {}", path.display()))
+}
+
 /// A job module ready to submit any number of times.
 ///
 /// ```no_run
@@ -63,7 +85,7 @@ impl Job {
     /// Reads the module at `path`; the guest's `argv[0]` is the path.
     pub fn from_file(path: impl AsRef<Path>) -> anyhow::Result<Job> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let (bytes, _) = read_module(path)?;
         let mut job = Job::new(bytes);
         job.program_name = path.display().to_string();
         Ok(job)
@@ -76,10 +98,14 @@ impl Job {
     pub fn from_file_cached(path: impl AsRef<Path>, cache: Option<&Path>) -> anyhow::Result<Job> {
         let path = path.as_ref();
         let Some(cache) = cache else { return Job::from_file(path) };
-        let file = std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
-        let stamp = super::tree::FileStamp::of(&file.metadata()?);
-        let mut bytes = Vec::new();
-        std::io::Read::read_to_end(&mut &file, &mut bytes).with_context(|| format!("cannot read {}", path.display()))?;
+        let (bytes, metadata) = read_module(path)?;
+        if !metadata.is_file() {
+            // A pipe's stamp says nothing about what comes through it next.
+            let mut job = Job::new(bytes);
+            job.program_name = path.display().to_string();
+            return Ok(job);
+        }
+        let stamp = super::tree::FileStamp::of(&metadata);
         let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
         let kept = cache.join("module-hashes").join(ModuleHash::of(absolute.as_os_str().as_encoded_bytes()).to_hex());
         let known = std::fs::read(&kept).ok().and_then(|b| postcard::from_bytes::<(super::tree::FileStamp, ModuleHash)>(&b).ok());
@@ -96,7 +122,7 @@ impl Job {
                 hash
             }
         };
-        let mut job = Job::hashed(bytes.into(), hash);
+        let mut job = Job::hashed(bytes, hash);
         job.program_name = path.display().to_string();
         Ok(job)
     }

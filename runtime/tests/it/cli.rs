@@ -106,6 +106,28 @@ fn a_computing_job_past_its_deadline_ends_with_the_process() {
     assert!(left.is_empty(), "the command's scratch is removed: {left:?}");
 }
 
+/// A module can come through a pipe (`peerwasm run <(curl ...)`): read to
+/// its end, and never taken for what came through the same path before.
+#[test]
+fn a_module_through_a_pipe_runs_and_is_not_remembered_by_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("job.wasm");
+    let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    for (guest, stdin, expected) in [("hello", "", "hi\nhello\n"), ("primes", r#"{"n": 100}"#, "{\"count\":25}\n")] {
+        let bytes = std::fs::read(guest_wasm(guest)).unwrap();
+        let writer = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || std::fs::write(fifo, bytes).unwrap())
+        };
+        let out = peerwasm(&["run", "--env", "GREETING=hello", fifo.to_str().unwrap(), "hi"], stdin.as_bytes());
+        writer.join().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        assert_eq!(text(&out.stdout), expected);
+    }
+}
+
 #[test]
 fn bad_input_gets_one_clear_line_and_exit_2() {
     let dir = tempfile::tempdir().unwrap();
