@@ -161,7 +161,8 @@ pub fn compute(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
             None,
         );
         summary.goal(
-            format!("{}: cost of the time limit (fuel)", kernel.guest),
+            // `peerwasm run` has none: see the anchors' time-limited row.
+            format!("{}: cost of the time limit on a worker (fuel)", kernel.guest),
             format!("{:+.1}%", (fuel_cost - 1.0) * 100.0),
             "≤ 5%",
             fuel_cost <= 1.05,
