@@ -235,27 +235,19 @@ async fn ctrl_c_on_run_and_map_cancels_what_they_have_in_flight() {
         idle_within(&w.addr, Duration::from_secs(1)).await;
     }
 
-    // `run` on the embedded worker.
-    let run = spawn(&["run", "--no-disk-cache", &wasm("sleep")], "600000\n");
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let start = Instant::now();
-    interrupt(&run);
-    let (code, stderr) = exit_within(run, Duration::from_secs(2));
-    assert_eq!(code, Some(130), "{stderr}");
-    assert!(stderr.contains("job cancelled by an interrupt (Ctrl-C)"), "{stderr}");
-    println!("embedded run: exited {:?} after Ctrl-C", start.elapsed());
-
-    // ... and a computing one, whose code has no time-limit checks on the
-    // embedded worker: it ends with the process.
-    let run = spawn(&["run", "--no-disk-cache", "--stats", &wasm("hostile-loop")], "");
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let start = Instant::now();
-    interrupt(&run);
-    let (code, stderr) = exit_within(run, Duration::from_secs(2));
-    assert_eq!(code, Some(130), "{stderr}");
-    assert!(stderr.contains("job cancelled by an interrupt (Ctrl-C)"), "{stderr}");
-    assert!(stderr.contains("peerwasm: exit 130 · peak memory 1.1 MiB"), "{stderr}");
-    println!("embedded run of a computing job: exited {:?} after Ctrl-C", start.elapsed());
+    // `run` on the embedded worker: a sleeping job, and a computing one,
+    // whose code has no time-limit checks there (it ends with the process).
+    for (guest, stdin) in [("sleep", "600000\n"), ("hostile-loop", "")] {
+        let run = spawn(&["run", "--no-disk-cache", "--stats", &wasm(guest)], stdin);
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let start = Instant::now();
+        interrupt(&run);
+        let (code, stderr) = exit_within(run, Duration::from_secs(2));
+        assert_eq!(code, Some(130), "{guest}: {stderr}");
+        assert!(stderr.contains("job cancelled by an interrupt (Ctrl-C)"), "{guest}: {stderr}");
+        assert!(stderr.contains("peerwasm: exit 130 · peak memory 1.1 MiB"), "{guest}: {stderr}");
+        println!("embedded run of {guest}: exited {:?} after Ctrl-C", start.elapsed());
+    }
 }
 
 /// A program that drops a map (or a single run) in the middle: the process
