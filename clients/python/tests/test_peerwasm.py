@@ -88,8 +88,12 @@ def test_the_gil_is_released_while_jobs_run():
 
 
 def test_ctrl_c_cancels_a_job():
+    # As a terminal's Ctrl-C: a job started in the background of a script
+    # (as CI may start us) inherits SIGINT ignored, and Python then never
+    # raises KeyboardInterrupt; take the default back first.
     code = (
-        "import peerwasm, sys\n"
+        "import peerwasm, signal, sys\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "try:\n"
         f"    peerwasm.run({str(SLEEP)!r}, stdin='60000', mem='64MiB')\n"
         "except KeyboardInterrupt:\n"
