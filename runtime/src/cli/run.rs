@@ -235,6 +235,8 @@ async fn run_embedded(runner: &JobRunner, spec: JobSpec, stdin: StdinFeed, strea
     let cpu_before = process_cpu_us();
     let job = runner.run_with(spec, hooks);
     let interrupt = tokio::signal::ctrl_c();
+    // Armed (reset) once there is something to watch for; until then it
+    // is not polled (`if watch.is_some()`).
     let watchdog = tokio::time::sleep(Duration::MAX / 4);
     tokio::pin!(job, interrupt, watchdog);
     let (mut since, mut watch, mut interrupted) = (None::<Instant>, None::<Watch>, false);
@@ -307,12 +309,7 @@ fn cache_source(stats: &crate::sandbox::CacheStats) -> CacheSource {
 /// CPU time of this whole process, in µs: the job's, when it is the only
 /// one, plus what running it costs.
 fn process_cpu_us() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid timespec to write to; the clock id is a constant.
-    if unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) } != 0 {
-        return 0;
-    }
-    ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000
+    crate::sandbox::cpu_clock_nanos(libc::CLOCK_PROCESS_CPUTIME_ID) / 1000
 }
 
 /// The job's output, on ours as it comes. A closed stdout (`| head`) must

@@ -66,9 +66,15 @@ impl<F: Future> Future for CpuTimed<'_, F> {
 
 /// CPU time of the calling thread, in nanoseconds.
 fn thread_cpu_nanos() -> u64 {
+    cpu_clock_nanos(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+/// A CPU-time clock (`CLOCK_THREAD_CPUTIME_ID`, `CLOCK_PROCESS_CPUTIME_ID`),
+/// in nanoseconds; 0 if it cannot be read.
+pub(crate) fn cpu_clock_nanos(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid timespec to write to; the clock id is a constant.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    // SAFETY: `ts` is a valid timespec to write to.
+    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
     if rc != 0 {
         return 0;
     }

@@ -54,6 +54,7 @@ use crate::proto::{CacheSource, JobResult, JobSpec, Outcome, StdStream};
 use crate::units::Bytes;
 use cache::Prepared;
 use drive::{Stopped, drive};
+pub(crate) use drive::cpu_clock_nanos;
 use limiter::MemoryLimiter;
 use outcome::Phase;
 
