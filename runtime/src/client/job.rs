@@ -86,9 +86,7 @@ impl Job {
     pub fn from_file(path: impl AsRef<Path>) -> anyhow::Result<Job> {
         let path = path.as_ref();
         let (bytes, _) = read_module(path)?;
-        let mut job = Job::new(bytes);
-        job.program_name = path.display().to_string();
-        Ok(job)
+        Ok(Job::new(bytes).named_after(path))
     }
 
     /// [`from_file`](Self::from_file), with the module's sha256 kept under
@@ -101,9 +99,7 @@ impl Job {
         let (bytes, metadata) = read_module(path)?;
         if !metadata.is_file() {
             // A pipe's stamp says nothing about what comes through it next.
-            let mut job = Job::new(bytes);
-            job.program_name = path.display().to_string();
-            return Ok(job);
+            return Ok(Job::new(bytes).named_after(path));
         }
         let stamp = super::tree::FileStamp::of(&metadata);
         let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
@@ -122,9 +118,13 @@ impl Job {
                 hash
             }
         };
-        let mut job = Job::hashed(bytes, hash);
-        job.program_name = path.display().to_string();
-        Ok(job)
+        Ok(Job::hashed(bytes, hash).named_after(path))
+    }
+
+    /// The guest's `argv[0]` becomes the module's path, as the user gave it.
+    fn named_after(mut self, path: &Path) -> Job {
+        self.program_name = path.display().to_string();
+        self
     }
 
     /// The module's bytes.
