@@ -46,6 +46,7 @@ pub fn cache(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
             cache_dir: Some(dir.path().join("inproc")),
             ..SandboxConfig::default()
         },
+        ..RunnerConfig::default()
     };
     let timed_job = |runner: &JobRunner, expect: CacheSource| -> anyhow::Result<f64> {
         let hash = runner.add_module(bytes.clone());

@@ -14,6 +14,7 @@ use crate::{Sizes, cores, median, ms};
 pub fn runner(pooling: bool, time_limit: TimeLimitMechanism) -> anyhow::Result<JobRunner> {
     JobRunner::new(RunnerConfig {
         sandbox: SandboxConfig { slots: cores(), pooling, time_limit, ..SandboxConfig::default() },
+        ..RunnerConfig::default()
     })
 }
 

@@ -101,7 +101,7 @@ pub fn run(args: MapArgs) -> anyhow::Result<ExitCode> {
         None if args.detach => {
             anyhow::bail!("--detach hands the map to a worker of a pool: give --peers (or PEERWASM_PEERS)")
         }
-        None => Target::Embedded(Arc::new(JobRunner::new(RunnerConfig { sandbox: args.sandbox.sandbox_config() })?)),
+        None => Target::Embedded(Arc::new(JobRunner::new(RunnerConfig { sandbox: args.sandbox.sandbox_config(), ..RunnerConfig::default() })?)),
     };
     if let (true, Target::Pool(pool)) = (args.detach, &target) {
         return detach(pool, &job, inputs, &args);

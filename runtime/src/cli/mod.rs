@@ -54,6 +54,10 @@ enum Command {
     Peers(peers::PeersArgs),
     /// The pool on one screen: workers, slots, memory, per-tenant usage.
     Status(status::StatusArgs),
+    /// A worker's slot process (started by `peerwasm worker`, not by hand):
+    /// runs jobs sent on stdin, answers on stdout.
+    #[command(hide = true)]
+    Slot,
 }
 
 /// Where `run` and `map` send jobs, and as whom.
@@ -196,6 +200,19 @@ fn default_cache_root() -> Option<PathBuf> {
     dirs::cache_dir().map(|d| d.join("peerwasm"))
 }
 
+/// The arguments between this process's executable and the command line
+/// [`main_from`] was given; see [`slot_program`].
+static INVOKED_WITH: std::sync::OnceLock<Vec<std::ffi::OsString>> = std::sync::OnceLock::new();
+
+/// How this process starts a slot process of its own: the same executable,
+/// as `peerwasm slot`.
+fn slot_program() -> anyhow::Result<crate::worker::slotproc::SlotProgram> {
+    let exe = std::env::current_exe().map_err(|e| anyhow::anyhow!("cannot find this program to start slot processes: {e}"))?;
+    let mut args = INVOKED_WITH.get().cloned().unwrap_or_default();
+    args.push("slot".into());
+    Ok(crate::worker::slotproc::SlotProgram { exe, args })
+}
+
 /// Parses the command line, runs the command, and returns the exit code.
 pub fn main() -> ExitCode {
     main_from(std::env::args_os())
@@ -209,6 +226,10 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+    // What comes between our executable and these arguments (for the
+    // benchmarks' binary, `peerwasm`): a slot process is started the same way.
+    let _ = INVOKED_WITH.set(std::env::args_os().skip(1).take(std::env::args_os().count().saturating_sub(args.len())).collect());
     let cli = Cli::parse_from(args);
     // A worker is a service: tell its operator what it does. The other
     // commands speak only when something is wrong.
@@ -232,6 +253,7 @@ where
         Command::Worker(args) => worker::run(args),
         Command::Peers(args) => peers::run(args),
         Command::Status(args) => status::run(args),
+        Command::Slot => crate::worker::slotproc::child::serve().map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

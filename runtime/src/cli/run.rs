@@ -5,19 +5,16 @@
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
-
-use tokio::sync::Notify;
 
 use super::SandboxArgs;
 use crate::client::Job;
 use crate::proto::{CacheSource, CancelCause, DirGrant, JobResult, JobSpec, Outcome, StdStream};
-use crate::sandbox::{Cancel, LiveOutput, RunHooks, StdinFeed};
+use crate::sandbox::StdinFeed;
 use crate::units::{Bytes, parse_duration, parse_size};
+use crate::worker::alone::{Alone, AloneJob, Event, run_alone};
 use crate::worker::{JobRunner, RunnerConfig};
 
 /// The most stdin `run` reads and hands to the job.
@@ -112,11 +109,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         // Per-job scratch directories go under one of this command's own,
         // so that it can remove them when it ends the process.
         let scratch = tempfile::Builder::new().prefix("peerwasm-run-").tempdir()?;
-        let runner = JobRunner::new(RunnerConfig { sandbox: args.sandbox.one_job_config(scratch.path()) })?;
+        let runner = JobRunner::new(RunnerConfig { sandbox: args.sandbox.one_job_config(scratch.path()), ..RunnerConfig::default() })?;
         runner.add_module_hashed(job.hash(), job.bytes().clone());
         match runtime.block_on(run_embedded(&runner, spec, stdin, !args.json)) {
-            Embedded::Ended(result) => result,
-            Embedded::Overran(result) => {
+            Alone::Ended(result) => result,
+            Alone::Overran(result) => {
                 // The job is still computing on its slot thread, which
                 // nothing can stop but the end of the process.
                 finish(&result, &args)?;
@@ -182,134 +179,33 @@ fn detach(args: &RunArgs, module_path: &str, job_args: &[String], env: Vec<(Stri
     Ok(ExitCode::SUCCESS)
 }
 
-/// How long past a job's deadline, or a Ctrl-C, the embedded `run` waits
-/// for the sandbox to end the job before ending the process instead. A job
-/// asleep in a host call ends well within it; a computing one does not.
-pub const OVERRUN_GRACE: Duration = Duration::from_millis(25);
-
-/// How a job on the embedded worker ended.
-enum Embedded {
-    /// The sandbox ended it and reported.
-    Ended(JobResult),
-    /// It was still computing past its deadline or a Ctrl-C: the result is
-    /// this command's own account, and the process must end, taking the
-    /// job with it.
-    Overran(JobResult),
-}
-
-/// Why the embedded `run` would end a job that does not stop by itself.
-#[derive(Clone, Copy)]
-enum Watch {
-    Deadline(Duration),
-    Interrupted,
-}
-
 /// Runs one job on the embedded worker, its output forwarded to ours as it
 /// is written if `stream`.
 ///
-/// This command's process is the job's slot, so its code runs without
-/// time-limit instrumentation (no fuel, no epochs: as fast as under
-/// `wasmtime run`, see docs/time-limits.md). A job asleep in a host call
-/// ends at its deadline or on Ctrl-C inside the sandbox, as on a worker;
-/// a job computing past either is ended with the process once
-/// [`OVERRUN_GRACE`] has passed too, reported as the sandbox would have:
-/// time limit (exit 124) or cancelled (130), its peak memory and output
-/// so far.
-async fn run_embedded(runner: &JobRunner, spec: JobSpec, stdin: StdinFeed, stream: bool) -> Embedded {
-    let timeout = spec.limits.timeout_ms.map(Duration::from_millis);
-    let memory_limit = spec.limits.memory_bytes;
-    let cancel = Cancel::new();
-    let started = Arc::new(Notify::new());
-    let memory = Arc::new(AtomicU64::new(0));
-    let captures = LiveOutput::default();
-    let (tee, mut output) = tokio::sync::mpsc::unbounded_channel::<crate::sandbox::OutputChunk>();
-    let hooks = RunHooks {
-        cancel: Some(cancel.clone()),
+/// This command's process is the job's slot (`worker::alone`), so its code
+/// runs without time-limit instrumentation (no fuel, no epochs: as fast as
+/// under `wasmtime run`, see docs/time-limits.md). A job asleep in a host
+/// call ends at its deadline or on Ctrl-C inside the sandbox, as on a
+/// worker; a job computing past either is ended with the process once
+/// [`OVERRUN_GRACE`](crate::worker::alone::OVERRUN_GRACE) has passed too,
+/// reported as the sandbox would have: time limit (exit 124) or cancelled
+/// (130), its peak memory and output so far.
+async fn run_embedded(runner: &JobRunner, spec: JobSpec, stdin: StdinFeed, stream: bool) -> Alone {
+    let job = AloneJob {
+        spec,
         stdin: Some(stdin),
-        tee: stream.then_some(tee),
-        started: Some(started.clone()),
-        memory_meter: Some(memory.clone()),
-        captures: Some(captures.clone()),
-        ..RunHooks::default()
+        stream,
+        forward_only: false,
+        memory: Default::default(),
+        captures: Default::default(),
     };
-    let cpu_before = process_cpu_us();
-    let job = runner.run_with(spec, hooks);
-    let interrupt = tokio::signal::ctrl_c();
-    // Armed (reset) once there is something to watch for; until then it
-    // is not polled (`if watch.is_some()`).
-    let watchdog = tokio::time::sleep(Duration::MAX / 4);
-    tokio::pin!(job, interrupt, watchdog);
-    let (mut since, mut watch, mut interrupted) = (None::<Instant>, None::<Watch>, false);
-    let forward = |chunk: Option<crate::sandbox::OutputChunk>| {
-        if let Some((stream, bytes)) = chunk {
+    let interrupt = async { tokio::signal::ctrl_c().await.ok().map(|()| CancelCause::Interrupted) };
+    run_alone(runner, job, interrupt, |event| {
+        if let Event::Output((stream, bytes)) = event {
             print_output(stream, &bytes);
         }
-    };
-    loop {
-        tokio::select! {
-            biased;
-            result = &mut job => {
-                while let Ok(chunk) = output.try_recv() {
-                    forward(Some(chunk));
-                }
-                return Embedded::Ended(result);
-            }
-            chunk = output.recv(), if stream => forward(chunk),
-            () = started.notified(), if since.is_none() => {
-                since = Some(Instant::now());
-                if let (Some(t), None) = (timeout, watch) {
-                    watchdog.as_mut().reset(tokio::time::Instant::now() + t + OVERRUN_GRACE);
-                    watch = Some(Watch::Deadline(t));
-                }
-            }
-            signal = &mut interrupt, if !interrupted => {
-                interrupted = true;
-                if signal.is_err() {
-                    continue; // no Ctrl-C handler: nothing to watch for
-                }
-                cancel.cancel(CancelCause::Interrupted);
-                watchdog.as_mut().reset(tokio::time::Instant::now() + OVERRUN_GRACE);
-                watch = Some(Watch::Interrupted);
-            }
-            () = &mut watchdog, if watch.is_some() => {
-                while let Ok(chunk) = output.try_recv() {
-                    forward(Some(chunk));
-                }
-                let outcome = match watch {
-                    Some(Watch::Deadline(t)) => Outcome::TimeLimitExceeded { limit_ms: t.as_millis() as u64, worker_limit: false },
-                    _ => Outcome::Cancelled { cause: CancelCause::Interrupted },
-                };
-                let mut result = JobResult::never_ran(memory_limit, outcome);
-                result.peak_memory_bytes = memory.load(Ordering::Relaxed);
-                result.wall_time_us = since.map_or(0, |s| s.elapsed().as_micros() as u64);
-                result.cpu_time_us = process_cpu_us().saturating_sub(cpu_before);
-                result.cache = cache_source(&runner.sandbox().cache_stats());
-                if let Some([out, err]) = captures.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
-                    (result.stdout, result.stderr) = (out.take(), err.take());
-                }
-                return Embedded::Overran(result);
-            }
-        }
-    }
-}
-
-/// Where the one job of this process found its module.
-fn cache_source(stats: &crate::sandbox::CacheStats) -> CacheSource {
-    if stats.compiles > 0 {
-        CacheSource::Compiled
-    } else if stats.disk_hits > 0 {
-        CacheSource::Disk
-    } else if stats.memory_hits > 0 {
-        CacheSource::Memory
-    } else {
-        CacheSource::None
-    }
-}
-
-/// CPU time of this whole process, in µs: the job's, when it is the only
-/// one, plus what running it costs.
-fn process_cpu_us() -> u64 {
-    crate::sandbox::cpu_clock_nanos(libc::CLOCK_PROCESS_CPUTIME_ID) / 1000
+    })
+    .await
 }
 
 /// The job's output, on ours as it comes. A closed stdout (`| head`) must

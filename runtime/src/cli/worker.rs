@@ -23,6 +23,13 @@ pub struct WorkerArgs {
     /// Jobs run at once [default: number of cores].
     #[arg(long, value_name = "N")]
     slots: Option<usize>,
+    /// Which jobs run in a slot process — a child that runs the job's code
+    /// with no time-limit checks and is killed at its deadline: `auto`
+    /// (jobs of modules whose last job computed 20 ms or more), `always`,
+    /// or `never` (all in this process, with fuel: up to 40% slower
+    /// compute). See docs/time-limits.md.
+    #[arg(long, value_name = "WHEN", default_value = "auto")]
+    slot_processes: crate::worker::slotproc::SlotPolicy,
     /// The most memory jobs may hold here, e.g. 8GiB [default: physical
     /// memory less --reserve, or the cgroup's limit if lower].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
@@ -219,7 +226,13 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     let config = WorkerConfig {
         listen: args.listen,
         join: args.join,
-        runner: RunnerConfig { sandbox },
+        runner: RunnerConfig {
+            sandbox,
+            slot_processes: match args.slot_processes {
+                crate::worker::slotproc::SlotPolicy::Never => None,
+                policy => Some(crate::worker::slotproc::SlotProcessConfig { program: super::slot_program()?, policy }),
+            },
+        },
         ledger: LedgerConfig { memory: args.memory, reserve: args.reserve },
         gossip_interval: args.gossip_interval,
         tenants: match &args.tenants {

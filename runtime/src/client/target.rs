@@ -66,7 +66,7 @@ impl Target {
     /// An embedded worker with `slots` slots and an in-memory module cache.
     pub fn embedded(slots: usize) -> anyhow::Result<Target> {
         let sandbox = SandboxConfig { slots, ..SandboxConfig::default() };
-        Ok(Target::Embedded(Arc::new(JobRunner::new(RunnerConfig { sandbox })?)))
+        Ok(Target::Embedded(Arc::new(JobRunner::new(RunnerConfig { sandbox, ..RunnerConfig::default() })?)))
     }
 
     /// A pool reached through `seeds` (`host:port`), with default settings.

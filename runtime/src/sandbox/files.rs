@@ -42,23 +42,43 @@ pub const INODE_BYTES: u64 = 4096;
 #[derive(Debug)]
 pub struct ScratchPool {
     in_use: std::sync::atomic::AtomicU64,
-    total: u64,
+    total: std::sync::atomic::AtomicU64,
 }
 
 impl ScratchPool {
     /// A pool of `total` bytes.
     pub fn new(total: u64) -> ScratchPool {
-        ScratchPool { in_use: std::sync::atomic::AtomicU64::new(0), total }
+        ScratchPool { in_use: std::sync::atomic::AtomicU64::new(0), total: std::sync::atomic::AtomicU64::new(total) }
     }
 
     /// Takes `bytes` if they fit.
     pub fn take(&self, bytes: u64) -> bool {
         use std::sync::atomic::Ordering;
+        let total = self.total.load(Ordering::Relaxed);
         self.in_use
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
-                used.checked_add(bytes).filter(|&after| after <= self.total)
+                used.checked_add(bytes).filter(|&after| after <= total)
             })
             .is_ok()
+    }
+
+    /// Takes as much of `bytes` as is free; returns how much it took. What
+    /// a job run in a slot process is given up front (its process cannot
+    /// share this pool's counter).
+    pub fn take_up_to(&self, bytes: u64) -> u64 {
+        use std::sync::atomic::Ordering;
+        let total = self.total.load(Ordering::Relaxed);
+        let mut took = 0;
+        let _ = self.in_use.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+            took = total.saturating_sub(used).min(bytes);
+            Some(used + took)
+        });
+        took
+    }
+
+    /// Sets the total (a slot process: to what its parent gave the job).
+    pub fn set_total(&self, total: u64) {
+        self.total.store(total, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Gives back what a job that ended had taken.

@@ -169,6 +169,9 @@ pub struct RunHooks {
     /// moment the job starts: its module is loaded and its wall-time limit
     /// runs from now on. For a caller that keeps a watch of its own.
     pub started: Option<Arc<tokio::sync::Notify>>,
+    /// Output goes to `tee` only and is not kept in the result: a slot
+    /// process's parent keeps it (`worker::slotproc`). Default: false.
+    pub forward_only: bool,
 }
 
 /// Where a running job's output captures are published; see
@@ -323,11 +326,10 @@ impl Sandbox {
             }
         };
 
-        let cap = |asked: u64| self.config.max_output_bytes.map_or(asked, |max| asked.min(max));
-        let stdout = OutputCapture::new(StdStream::Stdout, cap(limits.stdout_bytes), hooks.tee.clone())
-            .with_budget(hooks.output_budget.clone());
-        let stderr = OutputCapture::new(StdStream::Stderr, cap(limits.stderr_bytes), hooks.tee)
-            .with_budget(hooks.output_budget);
+        let [mut stdout, mut stderr] = self.output_captures(spec, hooks.tee, hooks.output_budget);
+        if hooks.forward_only {
+            (stdout, stderr) = (stdout.forward_only(), stderr.forward_only());
+        }
         if let Some(live) = &hooks.captures {
             *live.lock().unwrap_or_else(|e| e.into_inner()) = Some([stdout.clone(), stderr.clone()]);
         }
@@ -462,6 +464,21 @@ impl Sandbox {
             TimeLimitMechanism::Off => {}
         }
         store
+    }
+
+    /// A job's stdout and stderr captures: the caps it asked for, within
+    /// the sandbox's `max_output_bytes`.
+    pub fn output_captures(
+        &self,
+        spec: &JobSpec,
+        tee: Option<UnboundedSender<OutputChunk>>,
+        budget: Option<Arc<dyn OutputBudget>>,
+    ) -> [OutputCapture; 2] {
+        let cap = |asked: u64| self.config.max_output_bytes.map_or(asked, |max| asked.min(max));
+        [
+            OutputCapture::new(StdStream::Stdout, cap(spec.limits.stdout_bytes), tee.clone()).with_budget(budget.clone()),
+            OutputCapture::new(StdStream::Stderr, cap(spec.limits.stderr_bytes), tee).with_budget(budget),
+        ]
     }
 
     /// The wall-time limit a job asking for `timeout_ms` runs under, and

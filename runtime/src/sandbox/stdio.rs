@@ -53,6 +53,10 @@ pub struct OutputCapture {
 
 struct CaptureState {
     buf: Vec<u8>,
+    /// Bytes accepted so far: `buf.len()`, unless the bytes are not kept.
+    len: usize,
+    /// Whether accepted bytes are kept in `buf` (else they are only teed).
+    keep: bool,
     cap: usize,
     overflowed: bool,
     tee: Option<UnboundedSender<OutputChunk>>,
@@ -71,6 +75,8 @@ impl OutputCapture {
             stream,
             state: Arc::new(Mutex::new(CaptureState {
                 buf: Vec::new(),
+                len: 0,
+                keep: true,
                 cap,
                 overflowed: false,
                 tee,
@@ -87,15 +93,38 @@ impl OutputCapture {
         self
     }
 
+    /// Sends what is written to the tee only, keeping none of it (but
+    /// still counting it against the cap): for a slot process, whose parent
+    /// keeps the output (`worker::slotproc`).
+    pub fn forward_only(self) -> Self {
+        self.lock().keep = false;
+        self
+    }
+
+    /// Makes the next write fail as if the budget had no room: the parent
+    /// of a slot process found none for what the job wrote.
+    pub fn starve(&self) {
+        let mut st = self.lock();
+        st.starved = true;
+        st.overflowed = true;
+    }
+
+    /// Takes `bytes` the job wrote elsewhere (in a slot process) as if it
+    /// had written them here: kept, teed, charged; `false` once they do
+    /// not fit (the cap, or the budget: see [`starved`](Self::starved)).
+    pub fn accept(&self, bytes: &[u8]) -> bool {
+        !self.push(bytes).1
+    }
+
     /// Whether a write failed because the budget had no room for it (rather
     /// than the cap).
     pub fn starved(&self) -> bool {
         self.lock().starved
     }
 
-    /// The bytes buffered so far.
+    /// The bytes written so far (buffered, unless [`forward_only`](Self::forward_only)).
     pub fn len(&self) -> u64 {
-        self.lock().buf.len() as u64
+        self.lock().len as u64
     }
 
     /// Which stream this captures.
@@ -135,9 +164,12 @@ impl OutputCapture {
     /// Appends what fits; returns how much was taken and whether the cap was hit.
     fn push(&self, bytes: &[u8]) -> (usize, bool) {
         let mut st = self.lock();
-        let room = st.cap - st.buf.len();
+        if st.overflowed {
+            return (0, true);
+        }
+        let room = st.cap - st.len;
         let mut n = bytes.len().min(room);
-        let wanted = (st.buf.len() + n) as u64;
+        let wanted = (st.len + n) as u64;
         if wanted > st.charged
             && let Some(budget) = st.budget.clone()
         {
@@ -145,11 +177,14 @@ impl OutputCapture {
             if budget.try_take(step, st.charged + step <= OUTPUT_ALLOWANCE) {
                 st.charged += step;
             } else {
-                n = (st.charged as usize).saturating_sub(st.buf.len()).min(n);
+                n = (st.charged as usize).saturating_sub(st.len).min(n);
                 st.starved = true;
             }
         }
-        st.buf.extend_from_slice(&bytes[..n]);
+        st.len += n;
+        if st.keep {
+            st.buf.extend_from_slice(&bytes[..n]);
+        }
         if let Some(tee) = &st.tee
             && n > 0
         {
@@ -170,7 +205,7 @@ impl OutputCapture {
 
     fn limit_exceeded(&self) -> LimitExceeded {
         let st = self.lock();
-        let limit = if st.starved { st.buf.len() as u64 } else { st.cap as u64 };
+        let limit = if st.starved { st.len as u64 } else { st.cap as u64 };
         LimitExceeded::Output { stream: self.stream, limit }
     }
 }
@@ -212,7 +247,7 @@ impl OutputStream for OutputCapture {
         // Never report 0: that means "not ready, wait", and a full capture
         // never becomes ready. Offering one more byte lets the next write
         // find the cap and end the job with a clear error.
-        Ok((st.cap - st.buf.len()).max(1))
+        Ok((st.cap - st.len).max(1))
     }
 }
 

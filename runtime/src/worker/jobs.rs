@@ -320,6 +320,7 @@ async fn run_queued(
             cancel: Some(cancel),
             output_budget: Some(hold.clone()),
             started: None,
+            forward_only: false,
         };
         let memreq = spec.limits.memory_bytes;
         let mut result = match mount_trees(&w2, &pins, &spec).await {

@@ -3,6 +3,10 @@
 //!
 //! * [`runner`] — [`JobRunner`]: the sandbox with N slots on its own threads.
 //!   The embedded worker is a `JobRunner` inside the client's process;
+//! * [`slotproc`] — slot processes: children that run jobs with no
+//!   time-limit instrumentation, killed at their deadline (`peerwasm slot`);
+//! * [`alone`] — a process that is one job's slot (`run`, a slot process):
+//!   ending a job that computes past its deadline by ending the process;
 //! * [`modules`] — module bytes held for compiling, within a byte budget;
 //! * [`http`] — `peerwasm worker`'s HTTP edge: the router and `start`,
 //!   extractors (tenant, capped bodies), one file per endpoint group;
@@ -39,6 +43,7 @@
 //! import nothing of HTTP.
 
 pub mod admission;
+pub mod alone;
 pub mod cgroup;
 pub mod detached;
 pub mod fairshare;
@@ -50,6 +55,7 @@ pub mod ledger;
 pub mod metrics;
 pub mod modules;
 pub mod runner;
+pub mod slotproc;
 pub mod state;
 pub mod statedb;
 pub mod submissions;

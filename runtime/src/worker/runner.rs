@@ -5,14 +5,23 @@
 //! job computing between two yields then never delays request handling.
 //! Compiling a module happens on a blocking thread, once per module (the
 //! sandbox's cache sees to that).
+//!
+//! With slot processes configured ([`RunnerConfig::slot_processes`]), a job
+//! may instead run in a child process with no time-limit instrumentation
+//! (`worker::slotproc`); the runner decides which, per job, by its policy
+//! and what it learned of the module's last job.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+
+use std::time::Duration;
 
 use tokio::sync::Semaphore;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::proto::{CacheSource, CancelCause, JobResult, JobSpec, ModuleHash, Outcome};
 use super::modules::ModuleBytes;
+use super::slotproc::{LONG_JOB_CPU, SlotPolicy, SlotProcessConfig, SlotProcesses};
 use crate::sandbox::{Cancel, OutputChunk, RunHooks, Sandbox, SandboxConfig};
 
 /// How a runner is set up.
@@ -20,7 +29,14 @@ use crate::sandbox::{Cancel, OutputChunk, RunHooks, Sandbox, SandboxConfig};
 pub struct RunnerConfig {
     /// The sandbox; its `slots` is also the number of jobs run at once.
     pub sandbox: SandboxConfig,
+    /// Child processes that run jobs without time-limit instrumentation,
+    /// and which jobs go to them. Default: none (every job in-process:
+    /// a library caller has no `peerwasm slot` program to start).
+    pub slot_processes: Option<SlotProcessConfig>,
 }
+
+/// Modules the runner remembers the last job's CPU of, at most.
+const LEARNED_MODULES: usize = 4096;
 
 /// Runs jobs in N slots; see the module docs.
 pub struct JobRunner {
@@ -28,6 +44,11 @@ pub struct JobRunner {
     slots: Arc<Semaphore>,
     /// Module bytes by hash, for compiling on a cache miss.
     modules: Arc<Mutex<ModuleBytes>>,
+    /// Slot processes and the policy that sends jobs to them.
+    children: Option<(Arc<SlotProcesses>, SlotPolicy)>,
+    /// Modules whose last job computed at least `LONG_JOB_CPU` (true) or
+    /// less (false).
+    long: Arc<Mutex<HashMap<ModuleHash, bool>>>,
     /// `Some` until drop; dropped in the background so that dropping a
     /// runner inside another runtime does not panic.
     runtime: Option<tokio::runtime::Runtime>,
@@ -39,6 +60,10 @@ impl JobRunner {
         let slots = config.sandbox.slots.max(1);
         let modules = ModuleBytes::new(config.sandbox.module_bytes_held);
         let sandbox = Arc::new(Sandbox::new(config.sandbox)?);
+        let children = config
+            .slot_processes
+            .filter(|c| c.policy != SlotPolicy::Never)
+            .map(|c| (Arc::new(SlotProcesses::new(c.program, &sandbox)), c.policy));
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(slots)
             .thread_name("peerwasm-slot")
@@ -48,6 +73,8 @@ impl JobRunner {
             sandbox,
             slots: Arc::new(Semaphore::new(slots)),
             modules: Arc::new(Mutex::new(modules)),
+            children,
+            long: Arc::default(),
             runtime: Some(runtime),
         })
     }
@@ -55,6 +82,11 @@ impl JobRunner {
     /// The sandbox the jobs run in.
     pub fn sandbox(&self) -> &Sandbox {
         &self.sandbox
+    }
+
+    /// Jobs run in slot processes so far (0 without them).
+    pub fn slot_process_jobs(&self) -> u64 {
+        self.children.as_ref().map_or(0, |(c, _)| c.jobs())
     }
 
     /// How many jobs run at once.
@@ -110,6 +142,16 @@ impl JobRunner {
         let limit = spec.limits.memory_bytes;
         let sandbox = self.sandbox.clone();
         let slots = self.slots.clone();
+        let long = self.long.clone();
+        let hash = spec.module;
+        let child = self.children.as_ref().and_then(|(children, policy)| {
+            let go = match policy {
+                SlotPolicy::Always => true,
+                SlotPolicy::Auto => self.lock_long().get(&hash).copied().unwrap_or(false),
+                SlotPolicy::Never => false,
+            };
+            go.then(|| children.clone())
+        });
         let cancel = hooks.cancel.get_or_insert_with(Cancel::new).clone();
         let abandoned = cancel.on_drop(CancelCause::ClientGone);
         let task = async move {
@@ -122,6 +164,9 @@ impl JobRunner {
             let Ok(_permit) = permit else {
                 return host_failure(limit, "the runner is shutting down");
             };
+            if let Some(children) = child {
+                return children.run(&sandbox, spec, bytes, hooks).await;
+            }
             let (module, source) = match sandbox.cached(&spec.module) {
                 Some(m) => (m, CacheSource::Memory),
                 None => {
@@ -160,6 +205,13 @@ impl JobRunner {
             Err(e) => host_failure(limit, &format!("the job's task failed: {e}")),
         };
         abandoned.disarm();
+        if self.children.is_some() && result.wall_time_us > 0 {
+            let mut long = long.lock().unwrap_or_else(|e| e.into_inner());
+            if long.len() >= LEARNED_MODULES && !long.contains_key(&hash) {
+                long.clear();
+            }
+            long.insert(hash, Duration::from_micros(result.cpu_time_us) >= LONG_JOB_CPU);
+        }
         result
     }
 
@@ -178,6 +230,10 @@ impl JobRunner {
     /// [`run`](Self::run) for callers outside any async runtime.
     pub fn run_blocking(&self, spec: JobSpec) -> JobResult {
         self.runtime.as_ref().expect("runtime lives until drop").block_on(self.run(spec, None))
+    }
+
+    fn lock_long(&self) -> std::sync::MutexGuard<'_, HashMap<ModuleHash, bool>> {
+        self.long.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn lock_modules(&self) -> std::sync::MutexGuard<'_, ModuleBytes> {
@@ -205,7 +261,8 @@ impl Drop for JobRunner {
     }
 }
 
-fn host_failure(memory_limit_bytes: u64, message: &str) -> JobResult {
+/// The result of a job that a failure of the host, not the job, ended.
+pub(crate) fn host_failure(memory_limit_bytes: u64, message: &str) -> JobResult {
     JobResult::never_ran(memory_limit_bytes, Outcome::Trapped {
         trap: "host error".into(),
         message: message.into(),

@@ -17,7 +17,7 @@ pub fn shared() -> &'static JobRunner {
 }
 
 pub fn runner(sandbox: SandboxConfig) -> JobRunner {
-    JobRunner::new(RunnerConfig { sandbox }).expect("creating a runner")
+    JobRunner::new(RunnerConfig { sandbox, ..RunnerConfig::default() }).expect("creating a runner")
 }
 
 /// A spec for guest example `name` with `stdin`, registered with `runner`.

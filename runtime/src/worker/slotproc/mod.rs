@@ -1,0 +1,414 @@
+//! Slot processes: jobs whose code runs with no time-limit instrumentation,
+//! each in a child process of the worker that is killed with it.
+//!
+//! Why: a worker's slots share its process with other tenants' jobs and
+//! its HTTP service, so in-process compute must carry fuel to be stoppable
+//! (+42% on a tight loop, docs/time-limits.md). A child process can run the
+//! job's code unchecked, as `wasmtime run` does, and still be stopped: it
+//! ends itself once its job computes past its deadline or a cancel
+//! ([`super::alone`]), and the worker kills it (SIGKILL) if it does not
+//! answer within [`BACKSTOP_GRACE`] more. It also keeps a crash of the
+//! engine away from the worker.
+//!
+//! What the job reports while it runs crosses the child's stdout
+//! ([`wire`]): its output (kept here, in captures charged to the worker's
+//! ledger as in-process output is; the child keeps none), its memory (the
+//! ledger's meter), its start. Its stdin, a cancel and "no memory left for
+//! output" go the other way. Disk scratch is taken from the worker's total
+//! up front, up to the per-job bound, and given back when the job ends.
+//!
+//! Children are reused: one waits idle per slot, with its engine and the
+//! modules it compiled (artifacts are shared on disk with the worker's
+//! cache). Which jobs go to a child is the runner's choice
+//! ([`SlotPolicy`]): a hand-off costs ~100 µs, so only jobs of modules
+//! learned to compute long ([`LONG_JOB_CPU`]) go by default.
+
+pub mod child;
+pub mod wire;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, ChildStdin, ChildStdout};
+
+use crate::proto::frame::{FrameReader, encode_frame};
+use crate::proto::{CancelCause, JobResult, JobSpec, Outcome, StdStream};
+use super::runner::host_failure;
+use crate::sandbox::{OutputCapture, RunHooks, Sandbox, files::ScratchPool};
+use wire::{FromSlot, STDIN_CREDIT, SlotSetup, ToSlot};
+
+/// How long past a job's deadline (and the child's own grace), or a
+/// cancel, the worker waits for its slot process to answer before killing
+/// it.
+pub const BACKSTOP_GRACE: Duration = Duration::from_secs(2);
+
+/// A module whose last job took at least this much CPU runs its next jobs
+/// in a slot process under [`SlotPolicy::Auto`]: the hand-off is then well
+/// under 5% of the job, and fuel would have cost up to 40%.
+pub const LONG_JOB_CPU: Duration = Duration::from_millis(20);
+
+/// The program a slot process runs: this binary, with the arguments that
+/// make it `peerwasm slot`.
+#[derive(Clone, Debug)]
+pub struct SlotProgram {
+    /// The executable.
+    pub exe: PathBuf,
+    /// Its arguments (for `peerwasm`: `["slot"]`).
+    pub args: Vec<std::ffi::OsString>,
+}
+
+/// Which jobs run in slot processes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SlotPolicy {
+    /// None: every job runs in the worker's process, with fuel.
+    Never,
+    /// Jobs of modules whose last job computed at least [`LONG_JOB_CPU`];
+    /// the rest in-process. The default.
+    #[default]
+    Auto,
+    /// Every job.
+    Always,
+}
+
+impl std::str::FromStr for SlotPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "never" | "off" => Ok(SlotPolicy::Never),
+            "auto" => Ok(SlotPolicy::Auto),
+            "always" => Ok(SlotPolicy::Always),
+            _ => Err(format!("expected auto, always or never, not {s:?}")),
+        }
+    }
+}
+
+/// How a runner uses slot processes.
+#[derive(Clone, Debug)]
+pub struct SlotProcessConfig {
+    /// What a child runs.
+    pub program: SlotProgram,
+    /// Which jobs go to a child. Default: [`SlotPolicy::Auto`].
+    pub policy: SlotPolicy,
+}
+
+/// A worker's slot processes: idle children, and how to make more.
+pub struct SlotProcesses {
+    program: SlotProgram,
+    /// The worker's sandbox settings, for the children's.
+    setup: SlotSetup,
+    /// Where each child gets a scratch directory of its own.
+    scratch_root: PathBuf,
+    /// The worker's disk total, of which each job is given a share.
+    scratch: Option<Arc<ScratchPool>>,
+    idle: Mutex<Vec<SlotChild>>,
+    max_idle: usize,
+    /// Jobs run in a child so far.
+    jobs: AtomicU64,
+}
+
+/// One child, between jobs.
+struct SlotChild {
+    process: Child,
+    to: ChildStdin,
+    from: ChildStdout,
+    frames: FrameReader,
+    /// The child's scratch root: removed when the child is dropped.
+    _scratch: tempfile::TempDir,
+}
+
+impl SlotProcesses {
+    /// Slot processes for a runner over `sandbox`, keeping up to `slots`
+    /// idle children.
+    pub fn new(program: SlotProgram, sandbox: &Sandbox) -> SlotProcesses {
+        let config = sandbox.config();
+        SlotProcesses {
+            program,
+            setup: SlotSetup::from_worker(config, None),
+            scratch_root: config.scratch_root.clone().unwrap_or_else(std::env::temp_dir),
+            scratch: sandbox.scratch_pool(),
+            idle: Mutex::new(Vec::new()),
+            max_idle: config.slots.max(1),
+            jobs: AtomicU64::new(0),
+        }
+    }
+
+    /// Jobs run in slot processes so far.
+    pub fn jobs(&self) -> u64 {
+        self.jobs.load(Ordering::Relaxed)
+    }
+
+    /// Runs `spec` in a slot process (an idle one, or a new one), with the
+    /// module's `bytes` if the child has not got it compiled. `deadline` is
+    /// the job's wall-time limit in the worker's sandbox. Every way it can
+    /// end, the child's too, is a result.
+    pub async fn run(
+        &self,
+        sandbox: &Sandbox,
+        spec: JobSpec,
+        bytes: Option<Arc<[u8]>>,
+        hooks: RunHooks,
+    ) -> JobResult {
+        self.jobs.fetch_add(1, Ordering::Relaxed);
+        let limit = spec.limits.memory_bytes;
+        let (deadline, worker_limit) = sandbox.deadline(spec.limits.timeout_ms);
+        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut child = match idle {
+            Some(c) => c,
+            None => match self.spawn().await {
+                Ok(c) => c,
+                Err(e) => return host_failure(limit, &format!("cannot start a slot process: {e:#}")),
+            },
+        };
+        let scratch = self.scratch.as_ref().map(|pool| {
+            let took = pool.take_up_to(self.setup.max_scratch_bytes.unwrap_or(u64::MAX));
+            ScratchShare { pool: pool.clone(), bytes: took }
+        });
+        let [stdout, stderr] = sandbox.output_captures(&spec, hooks.tee.clone(), hooks.output_budget.clone());
+        if let Some(live) = &hooks.captures {
+            *live.lock().unwrap_or_else(|e| e.into_inner()) = Some([stdout.clone(), stderr.clone()]);
+        }
+        let run = ToSlot::Run { spec, scratch_bytes: scratch.as_ref().map(|s| s.bytes) };
+        let job = Talk {
+            child: &mut child,
+            stdout: &stdout,
+            stderr: &stderr,
+            hooks: &hooks,
+            deadline,
+            worker_limit,
+            limit,
+            bytes,
+        };
+        let (mut result, reusable) = job.run(run).await;
+        drop(scratch);
+        result.stdout = stdout.take();
+        result.stderr = stderr.take();
+        for capture in [&stdout, &stderr] {
+            if capture.starved() {
+                result.outcome = Outcome::OutputMemoryExhausted { stream: capture.stream(), held: capture.len() };
+            }
+        }
+        if reusable {
+            let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+            if idle.len() < self.max_idle {
+                idle.push(child);
+            }
+        }
+        result
+    }
+
+    /// Starts a child and sends it its setup.
+    async fn spawn(&self) -> anyhow::Result<SlotChild> {
+        let scratch = tempfile::Builder::new().prefix("peerwasm-slot-").tempdir_in(&self.scratch_root)?;
+        let mut command = tokio::process::Command::new(&self.program.exe);
+        command
+            .args(&self.program.args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        // SAFETY: prctl is async-signal-safe; it only asks the kernel to
+        // kill the child if the worker dies (even by SIGKILL), so no slot
+        // process outlives its worker.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut process = command.spawn().map_err(|e| anyhow::anyhow!("{}: {e}", self.program.exe.display()))?;
+        let (Some(to), Some(from)) = (process.stdin.take(), process.stdout.take()) else {
+            anyhow::bail!("the slot process has no pipes");
+        };
+        let mut child = SlotChild { process, to, from, frames: FrameReader::default(), _scratch: scratch };
+        let setup = SlotSetup { scratch_root: Some(child._scratch.path().to_path_buf()), ..self.setup.clone() };
+        child.send(&ToSlot::Setup(setup)).await?;
+        Ok(child)
+    }
+}
+
+impl SlotChild {
+    async fn send(&mut self, msg: &ToSlot) -> anyhow::Result<()> {
+        let frame = encode_frame(msg)?;
+        self.to.write_all(&frame).await?;
+        self.to.flush().await?;
+        Ok(())
+    }
+
+    /// The next frame; `None` once the child closed its stdout (it ended).
+    async fn next(&mut self) -> Option<FromSlot> {
+        let mut buf = [0u8; 64 << 10];
+        loop {
+            match self.frames.next_frame::<FromSlot>() {
+                Ok(Some(msg)) => return Some(msg),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::error!("slot process {:?}: {e}", self.process.id());
+                    return None;
+                }
+            }
+            match self.from.read(&mut buf).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => self.frames.push(&buf[..n]),
+            }
+        }
+    }
+
+    /// Kills the child (if it still runs) and says how it ended.
+    async fn end(&mut self) -> String {
+        let _ = self.process.start_kill();
+        match self.process.wait().await {
+            Ok(status) => status.to_string(),
+            Err(e) => format!("unknown ({e})"),
+        }
+    }
+}
+
+/// Disk scratch taken from the worker's total for one job.
+struct ScratchShare {
+    pool: Arc<ScratchPool>,
+    bytes: u64,
+}
+
+impl Drop for ScratchShare {
+    fn drop(&mut self) {
+        self.pool.give_back(self.bytes);
+    }
+}
+
+/// One job's conversation with its child.
+struct Talk<'a> {
+    child: &'a mut SlotChild,
+    stdout: &'a OutputCapture,
+    stderr: &'a OutputCapture,
+    hooks: &'a RunHooks,
+    deadline: Option<Duration>,
+    worker_limit: bool,
+    limit: u64,
+    bytes: Option<Arc<[u8]>>,
+}
+
+impl Talk<'_> {
+    /// Runs the job; returns its result and whether the child may serve
+    /// another (it answered, and was never told to cancel).
+    async fn run(mut self, run: ToSlot) -> (JobResult, bool) {
+        if let Err(e) = self.child.send(&run).await {
+            let status = self.child.end().await;
+            return (host_failure(self.limit, &format!("the slot process did not take the job ({e}); it ended: {status}")), false);
+        }
+        let cancel = self.hooks.cancel.clone().unwrap_or_default();
+        let mut stdin = self.hooks.stdin.as_ref().and_then(|feed| feed.take());
+        let mut credit = STDIN_CREDIT;
+        let mut starved = [false; 2];
+        let mut peak = 0u64;
+        let (mut started, mut cancelled) = (None::<tokio::time::Instant>, None::<CancelCause>);
+        let backstop = tokio::time::sleep(Duration::MAX / 4);
+        tokio::pin!(backstop);
+        let mut armed = false;
+        loop {
+            let mut failed_send = None;
+            tokio::select! {
+                biased;
+                msg = self.child.next() => match msg {
+                    Some(FromSlot::Done { result, overran }) => {
+                        if overran {
+                            self.child.end().await;
+                        }
+                        let mut result = result;
+                        if let (Some(cause), Outcome::Cancelled { .. }) = (cancelled, &result.outcome) {
+                            result.outcome = Outcome::Cancelled { cause };
+                        }
+                        return (result, !overran && cancelled.is_none());
+                    }
+                    Some(FromSlot::NeedModule) => {
+                        let bytes = self.bytes.take().map(|b| b.to_vec());
+                        if let Err(e) = self.child.send(&ToSlot::Module(bytes)).await {
+                            failed_send = Some(e);
+                        }
+                    }
+                    Some(FromSlot::Started) => {
+                        started = Some(tokio::time::Instant::now());
+                        if let Some(notify) = &self.hooks.started {
+                            notify.notify_one();
+                        }
+                        if let (Some(d), false) = (self.deadline, armed) {
+                            backstop.as_mut().reset(tokio::time::Instant::now() + d + super::alone::OVERRUN_GRACE + BACKSTOP_GRACE);
+                            armed = true;
+                        }
+                    }
+                    Some(FromSlot::Memory(bytes)) => {
+                        peak = peak.max(bytes);
+                        if let Some(meter) = &self.hooks.memory_meter {
+                            meter.store(bytes, Ordering::Relaxed);
+                        }
+                    }
+                    Some(FromSlot::Output(stream, bytes)) => {
+                        let i = usize::from(stream == StdStream::Stderr);
+                        let capture = [self.stdout, self.stderr][i];
+                        if !capture.accept(&bytes) && capture.starved() && !starved[i] {
+                            starved[i] = true;
+                            if let Err(e) = self.child.send(&ToSlot::Starved(stream)).await {
+                                failed_send = Some(e);
+                            }
+                        }
+                    }
+                    Some(FromSlot::StdinTaken) => credit += 1,
+                    None => {
+                        let status = self.child.end().await;
+                        let mut result = host_failure(self.limit, &format!("the job's slot process ended without a result: {status}"));
+                        result.peak_memory_bytes = peak;
+                        return (result, false);
+                    }
+                },
+                cause = cancel.cancelled(), if cancelled.is_none() => {
+                    cancelled = Some(cause);
+                    if let Err(e) = self.child.send(&ToSlot::Cancel(cause)).await {
+                        failed_send = Some(e);
+                    }
+                    backstop.as_mut().reset(tokio::time::Instant::now() + super::alone::OVERRUN_GRACE + BACKSTOP_GRACE);
+                    armed = true;
+                }
+                item = async { stdin.as_mut().expect("polled only with stdin").recv().await }, if stdin.is_some() && credit > 0 => {
+                    let msg = match item {
+                        Some(Ok(bytes)) => ToSlot::Stdin(bytes.to_vec()),
+                        Some(Err(e)) => ToSlot::StdinFailed(e.to_string()),
+                        None => ToSlot::StdinEnd,
+                    };
+                    if !matches!(msg, ToSlot::Stdin(_)) {
+                        stdin = None;
+                    }
+                    credit -= 1;
+                    if let Err(e) = self.child.send(&msg).await {
+                        failed_send = Some(e);
+                    }
+                }
+                () = &mut backstop, if armed => {
+                    let status = self.child.end().await;
+                    tracing::warn!("a slot process did not end its job in time and was killed ({status})");
+                    let outcome = match cancelled {
+                        Some(cause) => Outcome::Cancelled { cause },
+                        None => Outcome::TimeLimitExceeded {
+                            limit_ms: self.deadline.map_or(0, |d| d.as_millis() as u64),
+                            worker_limit: self.worker_limit,
+                        },
+                    };
+                    let mut result = JobResult::never_ran(self.limit, outcome);
+                    result.peak_memory_bytes = peak;
+                    result.wall_time_us = started.map_or(0, |s| s.elapsed().as_micros() as u64);
+                    return (result, false);
+                }
+            }
+            if let Some(e) = failed_send {
+                // The child is gone or going: its frames, if any are left,
+                // say how; the next read finds the end.
+                tracing::debug!("writing to a slot process failed: {e}");
+            }
+        }
+    }
+}
