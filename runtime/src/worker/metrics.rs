@@ -56,6 +56,8 @@ pub struct Scrape<'a> {
     pub connections_refused: u64,
     /// The file store: files received, their bytes, and bytes kept now.
     pub files: [u64; 3],
+    /// Jobs whose code ran in a slot process (`worker::slotproc`).
+    pub slot_process_jobs: u64,
 }
 
 /// The worker's metrics.
@@ -84,6 +86,7 @@ pub struct Metrics {
     connections_refused: Counter,
     files_received: Family<Labels, Counter>,
     file_store: Gauge,
+    slot_process_jobs: Counter,
     /// Serialises scrapes: syncing counters is read-then-add.
     scrape: Mutex<()>,
 }
@@ -125,6 +128,7 @@ impl Metrics {
             connections_refused: Counter::default(),
             files_received: Family::default(),
             file_store: Gauge::default(),
+            slot_process_jobs: Counter::default(),
             registry: Registry::default(),
             scrape: Mutex::new(()),
         };
@@ -150,6 +154,7 @@ impl Metrics {
         r.register("warnings", "Operator warnings raised, by kind", m.warnings.clone());
         r.register("connections_refused", "Connections closed because --max-connections were open", m.connections_refused.clone());
         r.register("files_received", "Files of shipped trees received (PUT /v1/files), in files and bytes", m.files_received.clone());
+        r.register("slot_process_jobs", "Jobs whose code ran in a slot process, without fuel (--slot-processes)", m.slot_process_jobs.clone());
         r.register("file_store_bytes", "Bytes of shipped trees' files kept on disk (--file-store)", m.file_store.clone());
         Metrics { registry: r, ..m }
     }
@@ -232,6 +237,7 @@ impl Metrics {
         ] {
             sync(&self.gossip.get_or_create(&label("event", event)), n);
         }
+        sync(&self.slot_process_jobs, s.slot_process_jobs);
         sync(&self.gossip_bytes.get_or_create(&label("direction", "sent")), sent);
         sync(&self.gossip_bytes.get_or_create(&label("direction", "received")), received);
         for (name, state) in [("alive", Liveness::Alive), ("suspect", Liveness::Suspect), ("dead", Liveness::Dead)] {
@@ -304,6 +310,7 @@ mod tests {
             cache: CacheStats { compiles: 1, memory_hits: 5, ..CacheStats::default() },
             module_bytes: 0,
             files: [0; 3],
+            slot_process_jobs: 2,
             output_bytes: 0,
             gossip: [3, 2, 1, 100, 200, 0, 0],
             peers: &[Liveness::Alive, Liveness::Dead],
@@ -315,6 +322,7 @@ mod tests {
             "peerwasm_jobs_total{outcome=\"exited_ok\",tenant=\"alice\"} 1",
             "peerwasm_refused_jobs_total{reason=\"never_fits\"} 1",
             "peerwasm_connections_refused_total 7",
+            "peerwasm_slot_process_jobs_total 2",
             "peerwasm_slots{state=\"total\"} 4",
             "peerwasm_queue_length{tenant=\"alice\"} 2",
             "peerwasm_module_cache_events_total{event=\"memory_hit\"} 5",

@@ -150,7 +150,9 @@ impl JobRunner {
                 SlotPolicy::Auto => self.lock_long().get(&hash).copied().unwrap_or(false),
                 SlotPolicy::Never => false,
             };
-            go.then(|| children.clone())
+            // Without the bytes (a restarted worker that kept only the
+            // compiled form), only this process's cache can run it.
+            (go && bytes.is_some()).then(|| children.clone())
         });
         let cancel = hooks.cancel.get_or_insert_with(Cancel::new).clone();
         let abandoned = cancel.on_drop(CancelCause::ClientGone);

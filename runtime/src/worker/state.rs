@@ -190,6 +190,7 @@ impl Worker {
                 let (n, bytes) = self.files.received();
                 [n, bytes, self.files.held()]
             },
+            slot_process_jobs: self.runner.slot_process_jobs(),
         })
     }
 

@@ -16,16 +16,16 @@ use crate::pool::{alive, wait_for};
 use crate::support::{MIB, WorkerProcess};
 use crate::tenants::{ALICE, BOB, me, post, sleep_job, tenants_file, upload, worker};
 
-fn peerwasm() -> Command {
+pub(crate) fn peerwasm() -> Command {
     Command::new(env!("CARGO_BIN_EXE_peerwasm"))
 }
 
-fn wasm(name: &str) -> String {
+pub(crate) fn wasm(name: &str) -> String {
     peerwasm_testkit::guest_wasm(name).to_string_lossy().into_owned()
 }
 
 /// Starts `peerwasm ARGS` with `stdin` written to it and closed.
-fn spawn(args: &[&str], stdin: &str) -> Child {
+pub(crate) fn spawn(args: &[&str], stdin: &str) -> Child {
     let mut child = peerwasm()
         .args(args)
         .stdin(Stdio::piped())
@@ -38,7 +38,7 @@ fn spawn(args: &[&str], stdin: &str) -> Child {
 }
 
 /// Waits for `child` to exit, at most `limit`; its exit code and stderr.
-fn exit_within(mut child: Child, limit: Duration) -> (Option<i32>, String) {
+pub(crate) fn exit_within(mut child: Child, limit: Duration) -> (Option<i32>, String) {
     let start = Instant::now();
     loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -61,7 +61,7 @@ fn interrupt(child: &Child) {
 
 /// Waits until the worker runs and queues nothing and holds no memory;
 /// returns how long that took, failing past `limit`.
-async fn idle_within(addr: &str, limit: Duration) -> Duration {
+pub(crate) async fn idle_within(addr: &str, limit: Duration) -> Duration {
     let start = Instant::now();
     loop {
         let a = me(addr).await;
@@ -73,7 +73,7 @@ async fn idle_within(addr: &str, limit: Duration) -> Duration {
     }
 }
 
-async fn busy(addr: &str, slots: u32) {
+pub(crate) async fn busy(addr: &str, slots: u32) {
     wait_for(addr, Duration::from_secs(20), |v| {
         v.iter().find(|p| p.advert.addr == addr).is_some_and(|p| p.advert.slots_busy == slots)
     })

@@ -15,6 +15,7 @@ mod languages;
 mod lifecycle;
 mod outcomes;
 mod pool;
+mod slots;
 mod soak;
 mod streams;
 mod submissions;

@@ -12,7 +12,7 @@ use crate::support::{MIB, WorkerProcess};
 
 /// `peerwasm run` with stdin and stdout piped to us; `peers`: the remote
 /// worker, or none for the embedded one.
-fn run(peers: Option<&str>, guest: &str, args: &[&str]) -> Child {
+pub(crate) fn run(peers: Option<&str>, guest: &str, args: &[&str]) -> Child {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_peerwasm"));
     cmd.arg("run");
     if let Some(p) = peers {
@@ -23,7 +23,7 @@ fn run(peers: Option<&str>, guest: &str, args: &[&str]) -> Child {
 }
 
 /// Lines of a child's stdout as they come, with when each came.
-fn lines(out: ChildStdout) -> mpsc::Receiver<(Instant, String)> {
+pub(crate) fn lines(out: ChildStdout) -> mpsc::Receiver<(Instant, String)> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(out).lines().map_while(Result::ok) {
@@ -35,7 +35,7 @@ fn lines(out: ChildStdout) -> mpsc::Receiver<(Instant, String)> {
     rx
 }
 
-fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
+pub(crate) fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
     let start = Instant::now();
     loop {
         if let Some(status) = child.try_wait().unwrap() {

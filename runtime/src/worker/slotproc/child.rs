@@ -47,6 +47,7 @@ enum Request {
     Run {
         spec: crate::proto::JobSpec,
         scratch_bytes: Option<u64>,
+        streamed_stdin: bool,
         stdin: mpsc::UnboundedReceiver<Option<std::io::Result<bytes::Bytes>>>,
         captures: LiveOutput,
         cancel: oneshot::Receiver<CancelCause>,
@@ -79,8 +80,10 @@ async fn serve_async() -> anyhow::Result<()> {
         let _ = out.send(Out::Frame(m));
     };
     loop {
-        let (spec, scratch_bytes, stdin_rx, captures, cancel_rx) = match requests_rx.recv().await {
-            Some(Request::Run { spec, scratch_bytes, stdin, captures, cancel }) => (spec, scratch_bytes, stdin, captures, cancel),
+        let (spec, scratch_bytes, streamed_stdin, stdin_rx, captures, cancel_rx) = match requests_rx.recv().await {
+            Some(Request::Run { spec, scratch_bytes, streamed_stdin, stdin, captures, cancel }) => {
+                (spec, scratch_bytes, streamed_stdin, stdin, captures, cancel)
+            }
             Some(_) => bail!("a slot process expects a job"),
             None => break, // the parent is gone
         };
@@ -97,11 +100,14 @@ async fn serve_async() -> anyhow::Result<()> {
             pool.set_total(scratch_bytes.unwrap_or(u64::MAX));
         }
 
+        // Streamed stdin is fed as it comes; otherwise the job reads
+        // `spec.stdin`, as in the worker's process.
         let (feed_tx, feed) = StdinFeed::channel();
         let forwarder = tokio::spawn(forward_stdin(stdin_rx, feed_tx, out.clone()));
+        let feed = streamed_stdin.then_some(feed);
         let memory = Arc::new(AtomicU64::new(0));
         let meter = tokio::spawn(report_memory(memory.clone(), out.clone()));
-        let job = AloneJob { spec, stdin: Some(feed), stream: true, forward_only: true, memory, captures };
+        let job = AloneJob { spec, stdin: feed, stream: true, forward_only: true, memory, captures };
         let interrupt = async move { cancel_rx.await.ok() };
         let ended = run_alone(&runner, job, interrupt, |event| match event {
             Event::Started => send(FromSlot::Started),
@@ -162,12 +168,12 @@ async fn read_frames(requests: mpsc::UnboundedSender<Request>) {
                         let _ = cancel.send(cause);
                     }
                 }
-                ToSlot::Run { spec, scratch_bytes } => {
+                ToSlot::Run { spec, scratch_bytes, streamed_stdin } => {
                     let (stdin_tx, stdin) = mpsc::unbounded_channel();
                     let (cancel_tx, cancel) = oneshot::channel();
                     let captures = LiveOutput::default();
                     cur = Current { stdin: Some(stdin_tx), captures: Some(captures.clone()), cancel: Some(cancel_tx) };
-                    if requests.send(Request::Run { spec, scratch_bytes, stdin, captures, cancel }).is_err() {
+                    if requests.send(Request::Run { spec, scratch_bytes, streamed_stdin, stdin, captures, cancel }).is_err() {
                         return;
                     }
                 }

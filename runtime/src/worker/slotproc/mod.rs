@@ -156,7 +156,14 @@ impl SlotProcesses {
         self.jobs.fetch_add(1, Ordering::Relaxed);
         let limit = spec.limits.memory_bytes;
         let (deadline, worker_limit) = sandbox.deadline(spec.limits.timeout_ms);
-        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        // An idle child that ended meanwhile (killed from outside, say)
+        // is dropped, not handed the job.
+        let idle = loop {
+            let Some(mut c) = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop() else { break None };
+            if matches!(c.process.try_wait(), Ok(None)) {
+                break Some(c);
+            }
+        };
         let mut child = match idle {
             Some(c) => c,
             None => match self.spawn().await {
@@ -172,7 +179,11 @@ impl SlotProcesses {
         if let Some(live) = &hooks.captures {
             *live.lock().unwrap_or_else(|e| e.into_inner()) = Some([stdout.clone(), stderr.clone()]);
         }
-        let run = ToSlot::Run { spec, scratch_bytes: scratch.as_ref().map(|s| s.bytes) };
+        let run = ToSlot::Run {
+            spec,
+            scratch_bytes: scratch.as_ref().map(|s| s.bytes),
+            streamed_stdin: hooks.stdin.is_some(),
+        };
         let job = Talk {
             child: &mut child,
             stdout: &stdout,

@@ -25,8 +25,10 @@ pub enum ToSlot {
     /// First, once: how the child's sandbox is set up.
     Setup(SlotSetup),
     /// Run this job; its files may take `scratch_bytes` on disk (what the
-    /// parent took from the worker's total for it; `None`: no total).
-    Run { spec: JobSpec, scratch_bytes: Option<u64> },
+    /// parent took from the worker's total for it; `None`: no total). With
+    /// `streamed_stdin`, its stdin comes in `Stdin` frames; without, it is
+    /// `spec.stdin`.
+    Run { spec: JobSpec, scratch_bytes: Option<u64>, streamed_stdin: bool },
     /// The module's bytes, answering `NeedModule` (`None`: the worker has
     /// none, only a compiled form the child cannot use).
     Module(#[serde(with = "serde_bytes")] Option<Vec<u8>>),
