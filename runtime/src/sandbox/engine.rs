@@ -49,7 +49,7 @@ pub const TABLE_KEEP_RESIDENT: usize = 1 << 20;
 /// Builds the engine for `config`: the one core modules run on.
 pub fn build(config: &SandboxConfig) -> anyhow::Result<Engine> {
     let mut c = Config::new();
-    c.wasm_backtrace_max_frames(std::num::NonZeroUsize::new(16));
+    c.wasm_backtrace_max_frames(std::num::NonZeroUsize::new(super::outcome::BACKTRACE_FRAMES));
     match config.time_limit {
         TimeLimitMechanism::Epoch => {
             c.epoch_interruption(true);

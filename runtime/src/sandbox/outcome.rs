@@ -56,7 +56,16 @@ pub fn classify(
         };
     }
     if let Some(trap) = err.downcast_ref::<Trap>() {
-        return Outcome::Trapped { trap: trap_name(trap), message: trap.to_string(), backtrace };
+        let mut message = trap.to_string();
+        if *trap == Trap::MemoryOutOfBounds
+            && let Some(function) = recursing(err)
+        {
+            message.push_str(&format!(
+                "; most likely a stack overflow: the stack in the job's linear memory ran out, \
+                 and all of the {BACKTRACE_FRAMES} innermost calls are to {function}"
+            ));
+        }
+        return Outcome::Trapped { trap: trap_name(trap), message, backtrace };
     }
     match phase {
         // Not a trap and not a limit: the module asks for something this
@@ -93,6 +102,27 @@ fn trap_name(trap: &Trap) -> String {
         other => return other.to_string(),
     }
     .into()
+}
+
+/// Frames of a trap's backtrace that wasmtime captures (engine.rs).
+pub const BACKTRACE_FRAMES: usize = 16;
+
+/// The function a trap's whole backtrace is made of, if it is full: a job
+/// that recursed until its stack ran out. Which stack runs out first
+/// depends on frame sizes: the engine's (a `stack overflow` trap) or, for
+/// a Rust or C guest, the stack the guest keeps in its own linear memory,
+/// whose pointer then wraps below address 0 (an out-of-bounds access).
+/// Code with no fuel has smaller native frames, so the second is common.
+fn recursing(err: &wasmtime::Error) -> Option<String> {
+    let frames = err.downcast_ref::<WasmBacktrace>()?.frames();
+    let first = frames.first()?;
+    if frames.len() < BACKTRACE_FRAMES || frames.iter().any(|f| f.func_index() != first.func_index()) {
+        return None;
+    }
+    Some(match first.func_name() {
+        Some(n) => format!("{:#}", rustc_demangle::demangle(n)),
+        None => format!("<wasm function {}>", first.func_index()),
+    })
 }
 
 /// Up to eight frames, innermost first: `name` or `<wasm function N>`.

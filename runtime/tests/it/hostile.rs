@@ -191,7 +191,20 @@ fn documented() -> BTreeMap<String, (String, String, String)> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn every_hostile_case_gets_its_documented_outcome_and_the_worker_keeps_serving() {
-    let mut worker = WorkerProcess::start_with("1GiB", 2, None, &["--scratch", "64MiB"]);
+    corpus_on(&[]).await;
+}
+
+/// The same corpus with every job's code run in a slot process (no fuel;
+/// ended from outside): the same outcomes, and the worker goes on.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_hostile_case_gets_its_documented_outcome_in_a_slot_process_too() {
+    corpus_on(&["--slot-processes", "always"]).await;
+}
+
+async fn corpus_on(extra: &[&str]) {
+    let mut args = vec!["--scratch", "64MiB"];
+    args.extend_from_slice(extra);
+    let mut worker = WorkerProcess::start_with("1GiB", 2, None, &args);
     let target = Target::pool(vec![worker.addr.clone()]).unwrap();
     let hello = Job::new(peerwasm_testkit::guest_wasm_bytes("hello"));
     let docs = documented();
