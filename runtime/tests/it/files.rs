@@ -41,13 +41,15 @@ fn received_bytes(addr: &str) -> u64 {
 #[test]
 fn a_remote_job_reads_a_shipped_dir_and_its_files_come_back_as_embedded() {
     let w = WorkerProcess::start("1GiB", 1, None);
+    // And one whose jobs run in slot processes.
+    let ws = WorkerProcess::start_with("1GiB", 1, None, &["--slot-processes", "always"]);
     let cache = tempfile::tempdir().unwrap();
     let input = tempfile::tempdir().unwrap();
     std::fs::write(input.path().join("a.txt"), "alpha\n").unwrap();
     std::fs::write(input.path().join("b.txt"), "beta\n").unwrap();
     let module = peerwasm_testkit::guest_wasm("files");
     let mut outs = Vec::new();
-    for peers in [None, Some(w.addr.as_str())] {
+    for peers in [None, Some(w.addr.as_str()), Some(ws.addr.as_str())] {
         let out_dir = tempfile::tempdir().unwrap();
         std::fs::write(out_dir.path().join("untouched"), "kept").unwrap();
         let flags = [
@@ -64,7 +66,9 @@ fn a_remote_job_reads_a_shipped_dir_and_its_files_come_back_as_embedded() {
         assert_eq!(std::fs::read_to_string(out_dir.path().join("untouched")).unwrap(), "kept");
         outs.push(out_dir);
     }
-    assert_eq!(received_bytes(&w.addr), 6 + 5 + 4, "a.txt, b.txt and `untouched` were sent");
+    for addr in [&w.addr, &ws.addr] {
+        assert_eq!(received_bytes(addr), 6 + 5 + 4, "a.txt, b.txt and `untouched` were sent");
+    }
 }
 
 /// ripgrep, built for wasm32-wasip1 from its crates.io release, searches
