@@ -162,8 +162,13 @@ async fn a_component_reads_granted_directories_and_is_refused_writable_ones() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn components_run_on_a_pool_with_limits_cache_and_learned_estimates() {
-    let a = WorkerProcess::start("2GiB", 2, None);
-    let b = WorkerProcess::start("2GiB", 2, Some(&a.addr));
+    // In-process slots only: a job that computes 20 ms or more would send
+    // the module's next job to a slot process, which compiles its own
+    // (fuel-free) artifact — a second, correct compile this count would
+    // see on a slow machine (slots.rs tests those).
+    let never = ["--slot-processes", "never"];
+    let a = WorkerProcess::start_with("2GiB", 2, None, &never);
+    let b = WorkerProcess::start_with("2GiB", 2, Some(&a.addr), &never);
     let target = Target::pool(vec![a.addr.clone(), b.addr.clone()]).unwrap();
     // memhog N touches N MiB: peaks of 5-24 MiB, reported by the workers.
     let memhog = Job::from_file(peerwasm_testkit::guest_component_wasm("memhog")).unwrap();
