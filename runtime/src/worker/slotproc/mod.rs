@@ -112,11 +112,18 @@ pub struct SlotProcesses {
 }
 
 /// One child, between jobs.
+/// How much of a child's stdout is read at once.
+const READ_CHUNK: usize = 64 << 10;
+
 struct SlotChild {
     process: Child,
     to: ChildStdin,
     from: ChildStdout,
     frames: FrameReader,
+    /// What `next` reads into: on the heap, so that the futures of a job
+    /// (and of every in-process job, which share the runner's task type)
+    /// stay small enough to move cheaply.
+    buf: Box<[u8]>,
     /// The child's scratch root: removed when the child is dropped.
     _scratch: tempfile::TempDir,
 }
@@ -237,7 +244,7 @@ impl SlotProcesses {
         let (Some(to), Some(from)) = (process.stdin.take(), process.stdout.take()) else {
             anyhow::bail!("the slot process has no pipes");
         };
-        let mut child = SlotChild { process, to, from, frames: FrameReader::default(), _scratch: scratch };
+        let mut child = SlotChild { process, to, from, frames: FrameReader::default(), buf: vec![0; READ_CHUNK].into(), _scratch: scratch };
         let setup = SlotSetup { scratch_root: Some(child._scratch.path().to_path_buf()), ..self.setup.clone() };
         child.send(&ToSlot::Setup(setup)).await?;
         Ok(child)
@@ -254,7 +261,6 @@ impl SlotChild {
 
     /// The next frame; `None` once the child closed its stdout (it ended).
     async fn next(&mut self) -> Option<FromSlot> {
-        let mut buf = [0u8; 64 << 10];
         loop {
             match self.frames.next_frame::<FromSlot>() {
                 Ok(Some(msg)) => return Some(msg),
@@ -264,9 +270,9 @@ impl SlotChild {
                     return None;
                 }
             }
-            match self.from.read(&mut buf).await {
+            match self.from.read(&mut self.buf).await {
                 Ok(0) | Err(_) => return None,
-                Ok(n) => self.frames.push(&buf[..n]),
+                Ok(n) => self.frames.push(&self.buf[..n]),
             }
         }
     }
