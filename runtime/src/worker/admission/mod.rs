@@ -18,6 +18,11 @@
 //! slot limit; among overdue jobs, fair share picks which is held. Waiting
 //! jobs are also re-checked every [`RECHECK`], because host memory frees up
 //! without any job ending.
+//!
+//! The waiting jobs are kept per tenant ([`queue`]), so that a deep queue
+//! costs nothing per job.
+
+mod queue;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -25,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
+use queue::{Place, Queues, Waiter};
 use super::fairshare::{FairShare, JobUsage, PoolSize, Usage};
 use super::ledger::{Ledger, Reservation};
 use super::tenants::Tenant;
@@ -95,27 +101,17 @@ pub struct Admission {
 
 struct State {
     busy: u32,
-    /// Waiting jobs of all tenants, oldest first.
-    queue: Vec<Waiter>,
+    /// Waiting jobs, per tenant.
+    queue: Queues,
     running: HashMap<u64, Running>,
     fair: FairShare,
     next_id: u64,
 }
 
-struct Waiter {
-    id: u64,
-    tenant: Arc<Tenant>,
-    memreq: u64,
-    /// Bytes it holds while it waits (its input).
-    held: u64,
-    since: Instant,
-    tx: oneshot::Sender<Result<Ticket, Refusal>>,
-}
-
 /// What the scheduler does next.
 enum Step {
-    /// Start the waiter at this queue position with this reservation.
-    Start(usize, Reservation),
+    /// Start the waiter at this place with this reservation.
+    Start(Place, Reservation),
     /// Nothing can start now.
     Wait,
 }
@@ -191,7 +187,7 @@ impl Admission {
         let admission = Arc::new(Admission {
             ledger,
             config,
-            state: Mutex::new(State { busy: 0, queue: Vec::new(), running: HashMap::new(), fair, next_id: 0 }),
+            state: Mutex::new(State { busy: 0, queue: Queues::default(), running: HashMap::new(), fair, next_id: 0 }),
         });
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let weak: Weak<Admission> = Arc::downgrade(&admission);
@@ -225,15 +221,7 @@ impl Admission {
 
     /// Jobs waiting, per tenant (tenants with none left out).
     pub fn queued_by_tenant(&self) -> Vec<(String, u32)> {
-        let st = self.lock();
-        let mut out: Vec<(String, u32)> = Vec::new();
-        for w in &st.queue {
-            match out.iter_mut().find(|(t, _)| *t == w.tenant.name) {
-                Some((_, n)) => *n += 1,
-                None => out.push((w.tenant.name.clone(), 1)),
-            }
-        }
-        out
+        self.lock().queue.by_tenant()
     }
 
     /// The slot count.
@@ -283,11 +271,7 @@ impl Admission {
         let (tx, rx) = oneshot::channel();
         let id = {
             let mut st = self.lock();
-            let (waiting, waiting_bytes) = st
-                .queue
-                .iter()
-                .filter(|w| w.tenant.name == tenant.name)
-                .fold((0u32, 0u64), |(n, b), w| (n + 1, b + w.held));
+            let (waiting, waiting_bytes) = st.queue.of_tenant(&tenant.name);
             let full = waiting >= self.config.queue_per_tenant
                 || waiting_bytes.saturating_add(held) > self.config.queue_bytes_per_tenant;
             // A job that can start at once needs no room in the queue; one
@@ -303,7 +287,7 @@ impl Admission {
             id
         };
         self.dispatch();
-        Ok(Queued { admission: self.clone(), id, rx })
+        Ok(Queued { admission: self.clone(), id, rx, queued: true })
     }
 
     /// Starts as many waiting jobs as slots and memory allow, in fair-share
@@ -316,7 +300,7 @@ impl Admission {
             self.refuse_hopeless(&mut st, now);
             while st.busy < self.config.slots && !st.queue.is_empty() {
                 let Step::Start(pos, reservation) = self.pick(&st, now) else { break };
-                let w = st.queue.remove(pos);
+                let w = st.queue.take(pos);
                 tracing::debug!(tenant = %w.tenant.name, queued = st.queue.len(), "starting a job");
                 st.busy += 1;
                 st.next_id += 1;
@@ -341,39 +325,32 @@ impl Admission {
     /// nothing else running: holding memory for them would stop every other
     /// job for nothing.
     fn refuse_hopeless(&self, st: &mut State, now: Instant) {
-        if !st.queue.iter().any(|w| self.overdue(w, now)) {
+        let overdue = |w: &Waiter| self.overdue(w, now);
+        // Each tenant's oldest job is its longest waiting: the usual case
+        // (none overdue) looks at one job per tenant and reads no host memory.
+        if !st.queue.oldest().any(overdue) {
             return;
         }
         let ceiling = self.ledger.ceiling();
-        let mut i = 0;
-        while i < st.queue.len() {
-            if self.overdue(&st.queue[i], now) && st.queue[i].memreq > ceiling {
-                let w = st.queue.remove(i);
-                tracing::info!(tenant = %w.tenant.name, memreq = w.memreq, ceiling, "refusing a job the host cannot hold");
-                let _ = w.tx.send(Err(Refusal::NeverFits { requested: w.memreq, largest: ceiling }));
-            } else {
-                i += 1;
-            }
+        for w in st.queue.take_hopeless(overdue, |w| w.memreq > ceiling) {
+            tracing::info!(tenant = %w.tenant.name, memreq = w.memreq, ceiling, "refusing a job the host cannot hold");
+            let _ = w.tx.send(Err(Refusal::NeverFits { requested: w.memreq, largest: ceiling }));
         }
     }
 
     /// Tenants with waiting jobs that may start one now (below their slot
     /// limit), lowest fair share first (or by their oldest job).
-    fn ranked_tenants<'s>(&self, st: &'s State, now: Instant) -> Vec<&'s Arc<Tenant>> {
-        let mut tenants: Vec<&Arc<Tenant>> = Vec::new();
-        for w in &st.queue {
-            if !tenants.iter().any(|t| t.name == w.tenant.name) {
-                tenants.push(&w.tenant); // in order of their oldest job
-            }
-        }
-        tenants.retain(|t| t.max_slots.is_none_or(|max| st.running_of(&t.name) < max));
-        if self.config.fair_share {
+    /// Each comes with its index in the queues.
+    fn ranked_tenants<'s>(&self, st: &'s State, now: Instant) -> Vec<(usize, &'s Arc<Tenant>)> {
+        let mut tenants: Vec<(usize, &Arc<Tenant>)> = st.queue.tenants().collect();
+        tenants.retain(|(_, t)| t.max_slots.is_none_or(|max| st.running_of(&t.name) < max));
+        if self.config.fair_share && tenants.len() > 1 {
             let running = st.running_usage(now);
             let share = |t: &Tenant| {
                 st.fair.share(&t.name, t.weight, running.get(&t.name).copied().unwrap_or_default(), now)
             };
-            tenants.sort_by(|a, b| share(a).total_cmp(&share(b)));
-            tracing::trace!(shares = ?tenants.iter().map(|t| (t.name.as_str(), share(t))).collect::<Vec<_>>(), "ranked");
+            tenants.sort_by(|(_, a), (_, b)| share(a).total_cmp(&share(b)));
+            tracing::trace!(shares = ?tenants.iter().map(|(_, t)| (t.name.as_str(), share(t))).collect::<Vec<_>>(), "ranked");
         }
         tenants
     }
@@ -381,12 +358,10 @@ impl Admission {
     /// The job to start now, with its reservation.
     fn pick(&self, st: &State, now: Instant) -> Step {
         let tenants = self.ranked_tenants(st, now);
-        fn of<'q>(st: &'q State, t: &'q Tenant) -> impl Iterator<Item = (usize, &'q Waiter)> {
-            st.queue.iter().enumerate().filter(move |(_, w)| w.tenant.name == t.name)
-        }
         // The first overdue job, in fair-share order, has memory held: it
-        // starts if it fits, and others only if they fit beside it.
-        let held = tenants.iter().find_map(|t| of(st, t).find(|(_, w)| self.overdue(w, now)));
+        // starts if it fits, and others only if they fit beside it. (A
+        // tenant's oldest job is the first of its to be overdue.)
+        let held = tenants.iter().find_map(|&(t, _)| st.queue.waiting(t).next().filter(|(_, w)| self.overdue(w, now)));
         let keep = match held {
             Some((i, w)) => match self.ledger.try_reserve(w.memreq) {
                 Some(r) => return Step::Start(i, r),
@@ -394,10 +369,10 @@ impl Admission {
             },
             None => 0,
         };
-        for t in &tenants {
-            for (i, w) in of(st, t) {
+        for &(t, _) in &tenants {
+            for (place, w) in st.queue.waiting(t) {
                 if let Some(r) = self.ledger.try_reserve_beside(w.memreq, keep) {
-                    return Step::Start(i, r);
+                    return Step::Start(place, r);
                 }
             }
         }
@@ -410,6 +385,8 @@ pub struct Queued {
     admission: Arc<Admission>,
     id: u64,
     rx: oneshot::Receiver<Result<Ticket, Refusal>>,
+    /// Whether it may still be in the queue (no answer taken yet).
+    queued: bool,
 }
 
 impl Queued {
@@ -418,13 +395,18 @@ impl Queued {
     pub async fn ticket(mut self) -> Result<Ticket, Refusal> {
         // The sender lives in the queue until it is used, so this is an
         // answer unless the admission itself went away.
-        (&mut self.rx).await.unwrap_or(Err(Refusal::Busy))
+        let answer = (&mut self.rx).await.unwrap_or(Err(Refusal::Busy));
+        // Whoever answered took it out of the queue.
+        self.queued = false;
+        answer
     }
 }
 
 impl Drop for Queued {
     fn drop(&mut self) {
-        self.admission.lock().queue.retain(|w| w.id != self.id);
+        if self.queued {
+            self.admission.lock().queue.remove(self.id);
+        }
     }
 }
 
