@@ -145,7 +145,11 @@ pub fn run(args: MapArgs) -> anyhow::Result<ExitCode> {
         printer = printer.flushing_each();
     }
 
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    // One thread: the client only moves jobs and answers; on one thread no
+    // answer or submission crosses threads (a futex wake-up each), which
+    // cost a trivial job more than everything else the client does for it.
+    // The embedded worker's jobs run on the runner's own threads.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     // Ctrl-C: stop, write the results that are in, cancel what is under way.
     let interrupt = CancellationToken::new();
     let config = MapConfig { interrupt: Some(interrupt.clone()), ..config };

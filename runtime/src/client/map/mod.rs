@@ -386,7 +386,9 @@ impl<'a> MapRun<'a> {
         let placed = Arc::new(Placed::default());
         let (target, job, tx, placed2) = (self.target.clone(), self.job.clone(), self.tx.clone(), placed.clone());
         let task = tokio::spawn(async move {
-            let answer = target.run_tracked(&job, spec, &placed2).await;
+            // Boxed: the submission's future is kilobytes, and a spawn
+            // moves what it is given several times.
+            let answer = Box::pin(target.run_tracked(&job, spec, &placed2)).await;
             let _ = tx.send((id, answer));
         });
         self.attempts.insert(id, Attempt { index, placed, abandoned: false, abort: task.abort_handle() });
