@@ -282,15 +282,39 @@ fn refusal(w: &Worker, r: Refusal) -> Refused {
 }
 
 /// Waits for the job's turn (or its cancellation), then runs it.
+///
+/// All of it happens in one task on the runner's slot threads, which holds
+/// the ticket: when a job ends there, the ticket it gives back starts the
+/// next job on the same thread, with no hand-off between threads (and if
+/// the request waiting for the job goes away, the job is cancelled, and its
+/// slot and reservation are given back once it has actually stopped).
+#[allow(clippy::too_many_arguments)]
 async fn run_queued(
     w: &Arc<Worker>,
     tenant: &Arc<Tenant>,
     id: &str,
     queued: Queued,
-    mut spec: JobSpec,
+    spec: JobSpec,
     pins: Pins,
     cancel: Cancel,
     hold: &Arc<Hold>,
+    streams: Streams,
+) -> Result<JobResult, Refused> {
+    let job = in_turn(w.clone(), tenant.clone(), id.to_string(), queued, spec, pins, cancel, hold.clone(), streams);
+    w.runner.spawn(job).await.map_err(|e| Refused::Internal(format!("the job's task failed: {e}")))?
+}
+
+/// [`run_queued`]'s task.
+#[allow(clippy::too_many_arguments)]
+async fn in_turn(
+    w: Arc<Worker>,
+    tenant: Arc<Tenant>,
+    id: String,
+    queued: Queued,
+    mut spec: JobSpec,
+    pins: Pins,
+    cancel: Cancel,
+    hold: Arc<Hold>,
     streams: Streams,
 ) -> Result<JobResult, Refused> {
     let ticket = tokio::select! {
@@ -302,60 +326,53 @@ async fn run_queued(
             r.peer = w.addr.clone();
             return Ok(r);
         }
-        ticket = queued.ticket() => ticket.map_err(|r| refusal(w, r))?,
+        ticket = queued.ticket() => ticket.map_err(|r| refusal(&w, r))?,
     };
-    w.jobs.set(id, JobState::Running);
-    // The job runs in a task of its own that holds the ticket: if the
-    // request waiting for it goes away, the job is cancelled, and its slot
-    // and reservation are given back once it has actually stopped.
-    let (w2, hold) = (w.clone(), hold.clone());
+    w.jobs.set(&id, JobState::Running);
     let (module, tag) = (spec.module, spec.tag.take());
-    let job = tokio::spawn(async move {
-        let held = Instant::now();
-        let hooks = RunHooks {
-            tee: streams.tee,
-            stdin: streams.stdin,
-            captures: streams.captures,
-            memory_meter: Some(ticket.reservation().meter()),
-            cancel: Some(cancel),
-            output_budget: Some(hold.clone()),
-            started: None,
-            forward_only: false,
-        };
-        let memreq = spec.limits.memory_bytes;
-        let mut result = match mount_trees(&w2, &pins, &spec).await {
-            Ok(mounted) => {
-                // Laid out: the sandbox sees them as directories.
-                spec.dirs.extend(mounted.as_ref().map(|m| m.grants.clone()).unwrap_or_default());
-                spec.trees.clear();
-                let mut result = w2.runner.run_with(spec, hooks).await;
-                if let Some(mounted) = mounted {
-                    send_files_back(&w2, mounted, &hold, &mut result).await;
-                }
-                result
+    let held = Instant::now();
+    let hooks = RunHooks {
+        tee: streams.tee,
+        stdin: streams.stdin,
+        captures: streams.captures,
+        memory_meter: Some(ticket.reservation().meter()),
+        cancel: Some(cancel),
+        output_budget: Some(hold.clone()),
+        started: None,
+        forward_only: false,
+    };
+    let memreq = spec.limits.memory_bytes;
+    let mut result = match mount_trees(&w, &pins, &spec).await {
+        Ok(mounted) => {
+            // Laid out: the sandbox sees them as directories.
+            spec.dirs.extend(mounted.as_ref().map(|m| m.grants.clone()).unwrap_or_default());
+            spec.trees.clear();
+            let mut result = w.runner.run_with(spec, hooks).await;
+            if let Some(mounted) = mounted {
+                send_files_back(&w, mounted, &hold, &mut result).await;
             }
-            Err(reason) => JobResult::never_ran(memreq, Outcome::Rejected { reason }),
-        };
-        drop(pins);
-        let files: usize = result.files.iter().map(|f| f.contents.len()).sum();
-        hold.shrink_to((result.stdout.len() + result.stderr.len() + files) as u64);
-        w2.admission.account(&ticket.tenant().name, &JobUsage {
-            cpu: Duration::from_micros(result.cpu_time_us),
-            held: held.elapsed(),
-            wall: Duration::from_micros(result.wall_time_us),
-            reserved_bytes: ticket.reservation().bytes(),
-            peak_bytes: result.peak_memory_bytes,
-        });
-        w2.metrics.job_ended(&ticket.tenant().name, &result);
-        w2.history.record(&ticket.tenant().name, &module, tag.as_ref(), &result, ticket.reservation().bytes(), &w2.addr);
-        // Fair share is charged as the ticket goes, before its slot is
-        // handed to the next job (`Ticket::drop`).
-        drop(ticket);
-        w2.jobs_run.fetch_add(1, Ordering::Relaxed);
-        result.peer = w2.addr.clone();
-        result
+            result
+        }
+        Err(reason) => JobResult::never_ran(memreq, Outcome::Rejected { reason }),
+    };
+    drop(pins);
+    let files: usize = result.files.iter().map(|f| f.contents.len()).sum();
+    hold.shrink_to((result.stdout.len() + result.stderr.len() + files) as u64);
+    w.admission.account(&ticket.tenant().name, &JobUsage {
+        cpu: Duration::from_micros(result.cpu_time_us),
+        held: held.elapsed(),
+        wall: Duration::from_micros(result.wall_time_us),
+        reserved_bytes: ticket.reservation().bytes(),
+        peak_bytes: result.peak_memory_bytes,
     });
-    job.await.map_err(|e| Refused::Internal(format!("the job's task failed: {e}")))
+    w.metrics.job_ended(&ticket.tenant().name, &result);
+    w.history.record(&ticket.tenant().name, &module, tag.as_ref(), &result, ticket.reservation().bytes(), &w.addr);
+    // Fair share is charged as the ticket goes, before its slot is
+    // handed to the next job (`Ticket::drop`).
+    drop(ticket);
+    w.jobs_run.fetch_add(1, Ordering::Relaxed);
+    result.peer = w.addr.clone();
+    Ok(result)
 }
 
 /// Lays out the job's trees, if it has any, on a blocking thread (their

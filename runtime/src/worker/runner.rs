@@ -217,6 +217,19 @@ impl JobRunner {
         result
     }
 
+    /// Runs `task` on the slot threads, where [`run_with`](Self::run_with)
+    /// runs jobs. A worker runs each job's whole life there (its wait for
+    /// a turn, its run, its accounting), so that a job ending hands its slot
+    /// to the next on the same thread: no wake-up of another thread between
+    /// two jobs.
+    pub fn spawn<F>(&self, task: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.runtime.as_ref().expect("runtime lives until drop").spawn(task)
+    }
+
     /// Keeps `hash`'s bytes from being dropped for other uploads until the
     /// returned pin is dropped: what a queued job holds until it starts.
     pub fn pin_module(&self, hash: &ModuleHash) -> ModulePin {
