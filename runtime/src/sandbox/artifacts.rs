@@ -186,6 +186,12 @@ impl ArtifactStore {
 /// temporary file and linked into place only if none is there, so workers
 /// that share a cache directory and start together agree on one secret.
 fn secret(path: &Path) -> anyhow::Result<[u8; SECRET_LEN]> {
+    // Read first: every `peerwasm run` opens the cache, and it is made once.
+    match fs::read(path) {
+        Ok(bytes) => return secret_from(path, bytes),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => anyhow::bail!("cannot read the module cache's secret {}: {e}", path.display()),
+    }
     let fresh: [u8; SECRET_LEN] = rand::random();
     let dir = path.parent().unwrap_or(Path::new("."));
     let mut tmp = tempfile::Builder::new()
@@ -199,6 +205,11 @@ fn secret(path: &Path) -> anyhow::Result<[u8; SECRET_LEN]> {
         Err(e) => anyhow::bail!("cannot create the module cache's secret {}: {}", path.display(), e.error),
     }
     let bytes = fs::read(path).map_err(|e| anyhow::anyhow!("cannot read the module cache's secret {}: {e}", path.display()))?;
+    secret_from(path, bytes)
+}
+
+/// The secret read from `path`, if it has the right length.
+fn secret_from(path: &Path, bytes: Vec<u8>) -> anyhow::Result<[u8; SECRET_LEN]> {
     bytes.try_into().map_err(|_| {
         anyhow::anyhow!(
             "the module cache's secret {} is damaged: remove it (cached modules are then compiled again)",

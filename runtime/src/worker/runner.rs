@@ -2,7 +2,11 @@
 //!
 //! Jobs run on a Tokio runtime of their own with one thread per slot, apart
 //! from whatever runtime the caller uses (the CLI's, or an HTTP server's): a
-//! job computing between two yields then never delays request handling.
+//! job computing between two yields then never delays request handling. A
+//! worker puts each job's whole life on these threads ([`JobRunner::spawn`]):
+//! a job that ends there starts the next one on the same thread, where a
+//! hand-off to and from the HTTP threads cost a trivial job more than its
+//! run.
 //! Compiling a module happens on a blocking thread, once per module (the
 //! sandbox's cache sees to that).
 //!
