@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use peerwasm::proto::{CacheSource, JobSpec};
 use peerwasm::sandbox::SandboxConfig;
-use peerwasm::worker::{JobRunner, RunnerConfig};
+use peerwasm::runner::{JobRunner, RunnerConfig};
 
 use crate::procs::{Worker, peerwasm, timed};
 use crate::summary::Summary;

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use peerwasm::proto::{JobSpec, Outcome};
 use peerwasm::sandbox::{SandboxConfig, TimeLimitMechanism};
-use peerwasm::worker::slotproc::{SlotPolicy, SlotProcessConfig, SlotProgram};
-use peerwasm::worker::{JobRunner, RunnerConfig};
+use peerwasm::runner::slotproc::{SlotPolicy, SlotProcessConfig, SlotProgram};
+use peerwasm::runner::{JobRunner, RunnerConfig};
 
 use crate::summary::Summary;
 use crate::{Sizes, cores, median, ms};

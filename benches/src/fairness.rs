@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use peerwasm::client::{Job, MapConfig, MapItem, Target, map};
 use peerwasm::proto::ModuleHash;
-use peerwasm::worker::RunnerConfig;
+use peerwasm::runner::RunnerConfig;
 use peerwasm::worker::ledger::LedgerConfig;
 use peerwasm::worker::{WorkerConfig, start};
 use peerwasm::worker::tenants::Tenants;

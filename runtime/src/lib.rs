@@ -4,28 +4,36 @@
 //!
 //! # Layout
 //!
-//! The modules follow a job's path from the command line to the sandbox:
+//! The modules follow a job's path from the command line to the sandbox,
+//! and are layered: each uses only the ones listed after it (a test,
+//! `layering`, holds the crate to it).
 //!
-//! * [`cli`] — the `peerwasm` command line (`run`, `map`, `worker`, `peers`);
+//! * [`cli`] — the `peerwasm` command line (`run`, `map`, `worker`, `peers`,
+//!   …): thin shells over the client and the worker;
+//! * [`worker`] — `peerwasm worker`: the host memory ledger, admission,
+//!   fair share, tenants, the state database, the HTTP service. A worker
+//!   that owns a detached map (`map --detach`) runs it with the client's
+//!   own `map`, which is why the worker sits above the client;
 //! * [`client`] — the submitting side: the embedded worker or a pool as one
 //!   [`Target`](client::Target), best-fit placement, learned memory
 //!   estimates, and [`map`](client::map()) with retries and ordered results;
-//! * [`proto`] — wire types: [`JobSpec`](proto::JobSpec) in,
-//!   [`JobResult`](proto::JobResult) and [`Outcome`](proto::Outcome) out;
-//! * [`worker`] — [`JobRunner`](worker::JobRunner): N slots running jobs on
-//!   this machine (the embedded worker), and `peerwasm worker`: the host
-//!   memory ledger, admission and the HTTP service;
-//! * [`gossip`] — membership and capacity adverts: a pure state machine
-//!   and its thin HTTP transport;
+//! * [`runner`] — [`JobRunner`](runner::JobRunner): N slots running jobs on
+//!   this machine, in-process or in slot processes; the embedded worker is
+//!   one inside the client's process, and every worker runs its jobs on one;
 //! * [`sandbox`] — wasmtime: the engine, module cache, memory limiter,
 //!   captured stdio and outcome classification;
-//! * [`units`] — sizes and durations as people write and read them.
+//! * [`gossip`] — membership and capacity adverts: a pure state machine,
+//!   its thin HTTP transport, and the pool as a worker sees it
+//!   ([`PeerView`](gossip::PeerView));
+//! * [`proto`] — wire types: [`JobSpec`](proto::JobSpec) in,
+//!   [`JobResult`](proto::JobResult) and [`Outcome`](proto::Outcome) out;
+//! * [`units`] — sizes, durations and tables as people write and read them.
 //!
 //! # Example
 //!
 //! ```no_run
 //! use peerwasm::proto::JobSpec;
-//! use peerwasm::worker::{JobRunner, RunnerConfig};
+//! use peerwasm::runner::{JobRunner, RunnerConfig};
 //!
 //! let runner = JobRunner::new(RunnerConfig::default())?;
 //! let hash = runner.add_module(std::fs::read("hello.wasm")?);
@@ -40,6 +48,46 @@ pub mod cli;
 pub mod client;
 pub mod gossip;
 pub mod proto;
+pub mod runner;
 pub mod sandbox;
 pub mod units;
 pub mod worker;
+
+#[cfg(test)]
+mod layering {
+    //! The house is layered: a module uses only the modules below it.
+
+    /// Bottom up: each may use only those before it.
+    const LAYERS: [&str; 8] = ["units", "proto", "gossip", "sandbox", "runner", "client", "worker", "cli"];
+
+    #[test]
+    fn each_module_uses_only_the_layers_below_it() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut upward = Vec::new();
+        for (level, layer) in LAYERS.iter().enumerate() {
+            let file = src.join(format!("{layer}.rs"));
+            let files: Vec<std::path::PathBuf> = if file.exists() {
+                vec![file]
+            } else {
+                walkdir::WalkDir::new(src.join(layer))
+                    .into_iter()
+                    .map(|e| e.expect("reading src").into_path())
+                    .filter(|p| p.extension().is_some_and(|e| e == "rs"))
+                    .collect()
+            };
+            assert!(!files.is_empty(), "no source for layer {layer}");
+            for path in files {
+                let text = std::fs::read_to_string(&path).unwrap();
+                // Code only: doc links may point anywhere.
+                for line in text.lines().filter(|l| !l.trim_start().starts_with("//")) {
+                    for name in &LAYERS[level + 1..] {
+                        if line.contains(&format!("crate::{name}::")) || line.contains(&format!("crate::{name}{{")) {
+                            upward.push(format!("{} ({layer}) uses {name}: {}", path.display(), line.trim()));
+                        }
+                    }
+                }
+            }
+        }
+        assert!(upward.is_empty(), "imports against the layering:\n{}", upward.join("\n"));
+    }
+}

@@ -1,5 +1,5 @@
 //! Sizes and durations as people write them (`512MiB`, `1.5G`, `30s`) and as
-//! people read them (`64 MiB`).
+//! people read them (`64 MiB`), and rows of them as a table.
 
 use std::fmt;
 use std::time::Duration;
@@ -70,6 +70,20 @@ impl fmt::Display for Bytes {
         }
         write!(f, "{} B", self.0)
     }
+}
+
+/// Rows of cells as left-aligned columns two spaces apart.
+pub fn render_table<R: AsRef<[String]>>(rows: &[R]) -> String {
+    let columns = rows.first().map_or(0, |r| r.as_ref().len());
+    let widths: Vec<usize> =
+        (0..columns).map(|c| rows.iter().map(|r| r.as_ref()[c].chars().count()).max().unwrap_or(0)).collect();
+    rows.iter()
+        .map(|r| {
+            let cells = r.as_ref().iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}"));
+            cells.collect::<Vec<_>>().join("  ").trim_end().to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 #[cfg(test)]

@@ -129,7 +129,7 @@ fn embedded() -> PyResult<Target> {
     }
     let mut sandbox = peerwasm::sandbox::SandboxConfig::default();
     sandbox.cache_dir = dirs_cache().map(|d| d.join("modules"));
-    let runner = peerwasm::worker::JobRunner::new(peerwasm::worker::RunnerConfig { sandbox, ..Default::default() })
+    let runner = peerwasm::runner::JobRunner::new(peerwasm::runner::RunnerConfig { sandbox, ..Default::default() })
         .map_err(|e| PyRuntimeError::new_err(format!("cannot start the embedded worker: {e:#}")))?;
     Ok(EMBEDDED.get_or_init(|| Target::Embedded(Arc::new(runner))).clone())
 }

@@ -33,7 +33,7 @@ pub fn list_jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
                 let s = &j.status;
                 rows.push([s.id.clone(), j.worker.clone(), s.state.clone(), Bytes(s.memory_bytes).to_string()]);
             }
-            super::say(&crate::client::render_table(&rows));
+            super::say(&crate::units::render_table(&rows));
         }
         for s in silent {
             eprintln!("peerwasm: not listed: {s}");

@@ -17,7 +17,7 @@ use super::progress::MapPrinter;
 use crate::client::estimate::EstimateStore;
 use crate::client::{Job, MapConfig, Target, map};
 use crate::units::{parse_duration, parse_size};
-use crate::worker::{JobRunner, RunnerConfig};
+use crate::runner::{JobRunner, RunnerConfig};
 
 #[derive(clap::Args, Debug)]
 pub struct MapArgs {

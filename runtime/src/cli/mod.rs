@@ -77,7 +77,7 @@ impl PoolArgs {
     /// with a token, those it may be sent to (the named ones, or all of a
     /// keyed pool: see `client::trusted`); without one, there is nothing to
     /// leak, so every worker of the view.
-    fn askable(&self, view: &[crate::proto::PeerView]) -> Vec<String> {
+    fn askable(&self, view: &[crate::gossip::PeerView]) -> Vec<String> {
         match self.token {
             Some(_) => self.peers.clone(),
             None => self.peers.iter().cloned().chain(view.iter().map(|p| p.advert.addr.clone())).collect(),
@@ -116,7 +116,7 @@ pub struct ViewArgs {
 
 impl ViewArgs {
     /// Fetches the pool view from the first worker that answers.
-    fn fetch(&self) -> anyhow::Result<Vec<crate::proto::PeerView>> {
+    fn fetch(&self) -> anyhow::Result<Vec<crate::gossip::PeerView>> {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let http = crate::client::pool::http_client(self.token.as_deref())?;
         runtime.block_on(async {
@@ -206,11 +206,11 @@ static INVOKED_WITH: std::sync::OnceLock<Vec<std::ffi::OsString>> = std::sync::O
 
 /// How this process starts a slot process of its own: the same executable,
 /// as `peerwasm slot`.
-fn slot_program() -> anyhow::Result<crate::worker::slotproc::SlotProgram> {
+fn slot_program() -> anyhow::Result<crate::runner::slotproc::SlotProgram> {
     let exe = std::env::current_exe().map_err(|e| anyhow::anyhow!("cannot find this program to start slot processes: {e}"))?;
     let mut args = INVOKED_WITH.get().cloned().unwrap_or_default();
     args.push("slot".into());
-    Ok(crate::worker::slotproc::SlotProgram { exe, args })
+    Ok(crate::runner::slotproc::SlotProgram { exe, args })
 }
 
 /// Parses the command line, runs the command, and returns the exit code.
@@ -253,7 +253,7 @@ where
         Command::Worker(args) => worker::run(args),
         Command::Peers(args) => peers::run(args),
         Command::Status(args) => status::run(args),
-        Command::Slot => crate::worker::slotproc::child::serve().map(|()| ExitCode::SUCCESS),
+        Command::Slot => crate::runner::slotproc::child::serve().map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

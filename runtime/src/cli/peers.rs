@@ -13,5 +13,5 @@ pub struct PeersArgs {
 
 pub fn run(args: PeersArgs) -> anyhow::Result<ExitCode> {
     let view = args.view.fetch()?;
-    args.view.print(&view, crate::client::peers_table(&view))
+    args.view.print(&view, crate::gossip::peers_table(&view))
 }

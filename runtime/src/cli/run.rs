@@ -14,8 +14,8 @@ use crate::client::Job;
 use crate::proto::{CacheSource, CancelCause, DirGrant, JobResult, JobSpec, Outcome, StdStream};
 use crate::sandbox::StdinFeed;
 use crate::units::{Bytes, parse_duration, parse_size};
-use crate::worker::alone::{Alone, AloneJob, Event, run_alone};
-use crate::worker::{JobRunner, RunnerConfig};
+use crate::runner::alone::{Alone, AloneJob, Event, run_alone};
+use crate::runner::{JobRunner, RunnerConfig};
 
 /// The most stdin `run` reads and hands to the job.
 pub const MAX_STDIN_BYTES: u64 = 256 << 20;
@@ -187,7 +187,7 @@ fn detach(args: &RunArgs, module_path: &str, job_args: &[String], env: Vec<(Stri
 /// under `wasmtime run`, see docs/time-limits.md). A job asleep in a host
 /// call ends at its deadline or on Ctrl-C inside the sandbox, as on a
 /// worker; a job computing past either is ended with the process once
-/// [`OVERRUN_GRACE`](crate::worker::alone::OVERRUN_GRACE) has passed too,
+/// [`OVERRUN_GRACE`](crate::runner::alone::OVERRUN_GRACE) has passed too,
 /// reported as the sandbox would have: time limit (exit 124) or cancelled
 /// (130), its peak memory and output so far.
 async fn run_embedded(runner: &JobRunner, spec: JobSpec, stdin: StdinFeed, stream: bool) -> Alone {

@@ -123,7 +123,7 @@ pub fn submissions(args: SubmissionsArgs) -> anyhow::Result<ExitCode> {
                     format!("{} ago", humantime::format_duration(age)),
                 ]);
             }
-            say(&crate::client::render_table(&rows));
+            say(&crate::units::render_table(&rows));
         }
         for s in silent {
             eprintln!("peerwasm: not listed: {s}");
@@ -185,7 +185,7 @@ pub fn history(args: HistoryArgs) -> anyhow::Result<ExitCode> {
                     r.peer.clone(),
                 ]);
             }
-            say(&crate::client::render_table(&table));
+            say(&crate::units::render_table(&table));
         }
         for s in silent {
             eprintln!("peerwasm: not included: {s}");

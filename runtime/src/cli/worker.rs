@@ -9,7 +9,8 @@ use std::time::Duration;
 use crate::units::{parse_duration, parse_size};
 use crate::worker::ledger::LedgerConfig;
 use crate::worker::http::DEFAULT_MAX_JOB_TIME;
-use crate::worker::{RunnerConfig, WorkerConfig, start};
+use crate::runner::RunnerConfig;
+use crate::worker::{WorkerConfig, start};
 use crate::worker::tenants::Tenants;
 
 #[derive(clap::Args, Debug)]
@@ -29,7 +30,7 @@ pub struct WorkerArgs {
     /// or `never` (all in this process, with fuel: up to 40% slower
     /// compute). See docs/time-limits.md.
     #[arg(long, value_name = "WHEN", default_value = "auto")]
-    slot_processes: crate::worker::slotproc::SlotPolicy,
+    slot_processes: crate::runner::slotproc::SlotPolicy,
     /// The most memory jobs may hold here, e.g. 8GiB [default: physical
     /// memory less --reserve, or the cgroup's limit if lower].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
@@ -229,8 +230,8 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         runner: RunnerConfig {
             sandbox,
             slot_processes: match args.slot_processes {
-                crate::worker::slotproc::SlotPolicy::Never => None,
-                policy => Some(crate::worker::slotproc::SlotProcessConfig { program: super::slot_program()?, policy }),
+                crate::runner::slotproc::SlotPolicy::Never => None,
+                policy => Some(crate::runner::slotproc::SlotProcessConfig { program: super::slot_program()?, policy }),
             },
         },
         ledger: LedgerConfig { memory: args.memory, reserve: args.reserve },

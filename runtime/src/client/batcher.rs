@@ -17,7 +17,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use tokio::sync::{mpsc, oneshot};
 
-use super::pool::PeerError;
+use super::errors::PeerError;
 use crate::proto::batch::{BATCH_PATH, BatchAnswer, FrameReader, MAX_BATCH_JOBS};
 use crate::proto::{LARGEST_JOB_HEADER, POSTCARD};
 

@@ -12,10 +12,11 @@ use std::time::Duration;
 use reqwest::StatusCode;
 
 use super::job::Job;
-use super::pool::{PeerError, Pool, backoff_wait};
+use super::errors::{PeerError, SubmitError};
+use super::pool::{Pool, backoff_wait};
 use super::ship::ShippedTree;
-use super::target::SubmitError;
-use crate::proto::{JOB_ID_HEADER, JobOutput, JobSpec, Outcome, PeerView, StdStream};
+use crate::gossip::PeerView;
+use crate::proto::{JOB_ID_HEADER, JobOutput, JobSpec, Outcome, StdStream};
 
 /// How often a follower asks for more output.
 pub const FOLLOW_INTERVAL: Duration = Duration::from_millis(100);

@@ -9,7 +9,7 @@
 //! declared memory maximum.
 //!
 //! The estimate is a *request*, not a promise: a job that outgrows it is
-//! retried with a larger limit by `map` (see [`super::map`]).
+//! retried with a larger limit by `map` (see [`map`](mod@super::map)).
 
 use std::path::{Path, PathBuf};
 

@@ -8,7 +8,8 @@
 use reqwest::StatusCode;
 
 use crate::gossip::Liveness;
-use crate::proto::{JobStatus, PeerView};
+use crate::gossip::PeerView;
+use crate::proto::JobStatus;
 
 /// One of the caller's jobs, and where it is.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]

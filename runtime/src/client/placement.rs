@@ -5,7 +5,7 @@
 //! the next candidate.
 
 use crate::gossip::Liveness;
-use crate::proto::PeerView;
+use crate::gossip::PeerView;
 use crate::units::Bytes;
 
 /// Why no peer can take a job.

@@ -1,8 +1,8 @@
 //! [`Pool`]: the client's handle on a pool of workers — the pool view
-//! (refreshed from any worker that answers), module uploads (once per
-//! worker), and submitting one job: best fit first, the next candidate when a
-//! worker refuses, waiting when every worker is busy. Jobs travel to a
-//! worker in batches (`batcher.rs`).
+//! (refreshed from any worker that answers), the candidates for a job (best
+//! fit, least loaded by us first), module uploads (once per worker) and how
+//! a worker's refusal reads. Sending one job to the pool is `send.rs`;
+//! shipping its directories `ship.rs`.
 //!
 //! A worker that cannot be reached is avoided for a moment; a worker that
 //! breaks a connection with a job on it has lost that job, which is reported
@@ -21,13 +21,13 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 
 use super::batcher::Batchers;
+use super::errors::{PeerError, SubmitError};
 use super::job::Job;
 use super::placement;
-use super::ship::{PROVIDE_ATTEMPTS, ShippedTree};
-use super::target::{Placed, SubmitError};
+use super::tree::ShippedTrees;
 use crate::gossip::Liveness;
-use crate::proto::batch::BatchAnswer;
-use crate::proto::{CancelCause, JobResult, JobSpec, ModuleHash, Outcome, PROTOCOL_HEADER, PROTOCOL_VERSION, PeerView};
+use crate::gossip::PeerView;
+use crate::proto::{JobSpec, ModuleHash, PROTOCOL_HEADER, PROTOCOL_VERSION};
 use crate::units::Bytes;
 
 /// How a [`Pool`] behaves.
@@ -77,32 +77,19 @@ pub struct Pool {
     /// When we last uploaded each module (or tree) to each worker.
     uploaded: Mutex<HashMap<(String, ModuleHash), Arc<tokio::sync::Mutex<Option<Instant>>>>>,
     /// Host directories hashed for shipping, each once per pool.
-    pub(super) shipped: super::ship::ShippedTrees,
+    pub(super) shipped: ShippedTrees,
     /// Jobs of ours on each worker now (placement spreads by it).
     load: Mutex<HashMap<String, u32>>,
     /// Workers that refused a connection, until when to skip them.
     avoid: Mutex<HashMap<String, Instant>>,
     /// Jobs on their way to each worker, sent in batches.
-    batchers: Batchers,
+    pub(super) batchers: Batchers,
 }
 
 #[derive(Default)]
 struct View {
     peers: Vec<PeerView>,
     fetched: Option<Instant>,
-}
-
-/// Why one worker did not give a result.
-#[derive(Clone, Debug)]
-pub(crate) enum PeerError {
-    /// Refused or too small: try the next one.
-    Declined(String),
-    /// Could not connect: nothing was sent.
-    Unreachable(String),
-    /// The connection broke after the job was sent.
-    Lost(String),
-    /// The request itself is wrong: no worker will take it.
-    Fatal(String),
 }
 
 impl Pool {
@@ -139,75 +126,15 @@ impl Pool {
         }
         // Named workers are asked with the token, others only if trusted.
         let (named, others): (Vec<String>, Vec<String>) = ask.into_iter().partition(|a| self.config.seeds.contains(a));
-        let peers = match super::fetch_peers(&self.http, &named).await {
+        let peers = match super::peers::fetch_peers(&self.http, &named).await {
             Ok(p) => p,
             Err(e) if others.is_empty() => return Err(e),
-            Err(_) => super::fetch_peers(self.client_for(&others[0]), &others).await?,
+            Err(_) => super::peers::fetch_peers(self.client_for(&others[0]), &others).await?,
         };
-        self.keyed.store(super::keyed(&peers), std::sync::atomic::Ordering::Relaxed);
+        self.keyed.store(crate::gossip::keyed(&peers), std::sync::atomic::Ordering::Relaxed);
         view.peers = peers.clone();
         view.fetched = Some(Instant::now());
         Ok(peers)
-    }
-
-    /// Runs one job on the pool; `placed` is set to the worker while the
-    /// job is on it (so a caller can tell which worker lost it).
-    pub async fn run(&self, job: &Job, spec: &JobSpec, placed: &Placed) -> Result<JobResult, SubmitError> {
-        let shipped = self.ship(spec).await?;
-        let body: bytes::Bytes =
-            postcard::to_allocvec(shipped.spec()).map_err(|e| SubmitError::Fatal(e.to_string()))?.into();
-        let mut backoff = Duration::from_millis(10);
-        let mut no_peer_since: Option<Instant> = None;
-        loop {
-            let candidates = self.candidates_now(spec, &mut no_peer_since).await?;
-            let mut declined = Vec::new();
-            for (addr, slots) in candidates {
-                placed.set(Some(&addr));
-                self.add_load(&addr, 1);
-                let outcome = self.submit_to(&addr, slots, job, &shipped.trees, body.clone()).await;
-                self.add_load(&addr, -1);
-                if let Some(result) = self.settle(&addr, outcome, &mut declined)? {
-                    return Ok(result);
-                }
-            }
-            placed.set(None);
-            tracing::trace!("every worker declined ({}); waiting {backoff:?}", declined.join("; "));
-            backoff_wait(&mut backoff).await;
-        }
-    }
-
-    /// What one worker's answer means for a job being placed: its result
-    /// (`Some`), try the next worker (`None`; a refusal is noted in
-    /// `declined`, an unreachable worker avoided for a while), or give up
-    /// (`Err`: lost with its worker, or a request no worker would take).
-    pub(super) fn settle(
-        &self,
-        addr: &str,
-        answer: Result<JobResult, PeerError>,
-        declined: &mut Vec<String>,
-    ) -> Result<Option<JobResult>, SubmitError> {
-        match answer {
-            // A worker that shut down under the job did not run it to its
-            // end: that is a lost job, to run elsewhere.
-            Ok(JobResult { outcome: Outcome::Cancelled { cause: CancelCause::Shutdown }, .. }) => {
-                Err(SubmitError::Lost { peer: addr.into(), reason: "the worker shut down".into() })
-            }
-            Ok(result) => Ok(Some(result)),
-            Err(PeerError::Declined(why)) => {
-                declined.push(format!("{addr}: {why}"));
-                Ok(None)
-            }
-            Err(PeerError::Unreachable(why)) => {
-                tracing::debug!(peer = %addr, "unreachable: {why}");
-                self.avoid(addr);
-                Ok(None)
-            }
-            Err(PeerError::Lost(why)) => {
-                self.avoid(addr);
-                Err(SubmitError::Lost { peer: addr.into(), reason: why })
-            }
-            Err(PeerError::Fatal(why)) => Err(SubmitError::Fatal(format!("{addr}: {why}"))),
-        }
     }
 
     /// The workers to try for `spec` now, best first, each with its slots;
@@ -280,35 +207,6 @@ impl Pool {
     pub(super) fn avoid(&self, addr: &str) {
         let until = Instant::now() + self.config.avoid_for;
         self.avoid.lock().unwrap_or_else(|e| e.into_inner()).insert(addr.to_string(), until);
-    }
-
-    /// Submits to one worker. The job goes first, without the module or
-    /// its trees: a worker that already has them (from another client, an
-    /// earlier run, or its disk cache) runs it at once. A worker that
-    /// answers "module unknown" (404) or "files missing" (424) gets them
-    /// and the job again ([`provide`](Self::provide)).
-    async fn submit_to(
-        &self,
-        addr: &str,
-        slots: u32,
-        job: &Job,
-        trees: &[Arc<ShippedTree>],
-        body: bytes::Bytes,
-    ) -> Result<JobResult, PeerError> {
-        for attempt in 0..PROVIDE_ATTEMPTS {
-            let sent = Instant::now();
-            let http = self.client_for(addr);
-            let (status, message, largest) = match self.batchers.submit(addr, slots, body.clone(), http).await? {
-                BatchAnswer::Done(result) => return Ok(result),
-                BatchAnswer::Refused { status, message, largest_job } => (status, message, largest_job),
-            };
-            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            if attempt + 1 < PROVIDE_ATTEMPTS && self.provide(addr, status, job, trees, sent).await? {
-                continue;
-            }
-            return Err(self.refusal(addr, status, message, largest));
-        }
-        unreachable!("the last attempt returns")
     }
 
     /// What a worker's refusal of a job means for its placement: 422 and
@@ -408,18 +306,4 @@ pub fn http_client(token: Option<&str>) -> anyhow::Result<reqwest::Client> {
         .tcp_nodelay(true)
         .default_headers(headers)
         .build()?)
-}
-
-impl PeerError {
-    /// A failed HTTP exchange: unreachable if nothing was sent, else lost.
-    pub(crate) fn from_reqwest(e: &reqwest::Error) -> PeerError {
-        if e.is_connect() {
-            PeerError::Unreachable(e.to_string())
-        } else {
-            PeerError::Lost(format!(
-                "{e} ({})",
-                std::error::Error::source(e).map(|s| s.to_string()).unwrap_or_default()
-            ))
-        }
-    }
 }

@@ -10,25 +10,21 @@
 //! running on data that is neither the old nor the new.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use reqwest::StatusCode;
 
 use super::job::Job;
-use super::pool::{PeerError, Pool};
-use super::target::SubmitError;
+use super::errors::{PeerError, SubmitError};
+use super::pool::Pool;
 pub use super::tree::ShippedTree;
 use crate::proto::tree::{FILES_PATH, FileHash, MISSING_STATUS, TREES_PATH};
-use crate::proto::{DirGrant, JobSpec, POSTCARD};
+use crate::proto::{JobSpec, POSTCARD};
 
 /// Tries of one job on one worker: as sent, after its module, after its
 /// trees.
 pub(super) const PROVIDE_ATTEMPTS: usize = 3;
-
-/// Host directories hashed for shipping, each once.
-pub(crate) type ShippedTrees = Mutex<HashMap<DirGrant, Arc<tokio::sync::OnceCell<Arc<ShippedTree>>>>>;
 
 /// A job as it goes to a pool: its directories as trees.
 pub(super) struct Shipped<'a> {

@@ -8,7 +8,8 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::gossip::Liveness;
-use crate::proto::{PeerView, TenantAccount};
+use crate::gossip::PeerView;
+use crate::proto::TenantAccount;
 use crate::units::Bytes;
 
 /// A summary of the pool.
@@ -110,6 +111,6 @@ impl fmt::Display for PoolStatus {
                 format!("{:.1}", t.usage_slot_seconds),
             ]);
         }
-        write!(f, "{}", super::render_table(&rows))
+        write!(f, "{}", crate::units::render_table(&rows))
     }
 }

@@ -4,7 +4,7 @@
 //! input has ended, shows its output as it writes it, and can hold a
 //! conversation on stdin and stdout.
 //!
-//! Placement is the same as for any job ([`Pool::candidates_now`]). What
+//! Placement is the same as for any job (`Pool::candidates_now`). What
 //! differs is when a job can go elsewhere: only until a worker has
 //! accepted it. Stdin is sent only after the worker's `200`, so a refusal
 //! (module unknown, too large, busy) loses none of it; once stdin flows,
@@ -18,9 +18,9 @@ use reqwest::StatusCode;
 use tokio::sync::mpsc;
 
 use super::job::Job;
-use super::pool::{Pool, PeerError, backoff_wait};
+use super::errors::{PeerError, SubmitError};
+use super::pool::{Pool, backoff_wait};
 use super::ship::{PROVIDE_ATTEMPTS, ShippedTree};
-use super::target::SubmitError;
 use crate::proto::frame::{FrameReader, encode_frame};
 use crate::proto::stream::{STREAM_PATH, StreamEvent};
 use crate::proto::{JobResult, JobSpec, LARGEST_JOB_HEADER, POSTCARD, StdStream};

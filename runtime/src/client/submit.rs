@@ -13,9 +13,10 @@ use reqwest::StatusCode;
 
 use super::job::Job;
 use super::jobs::{CancelReport, askable};
-use super::pool::{PeerError, Pool};
+use super::errors::PeerError;
+use super::pool::Pool;
 use crate::proto::submission::{HistoryRecord, ResultsPage, SubmissionInfo, SubmissionSpec, SubmitConfig};
-use crate::proto::PeerView;
+use crate::gossip::PeerView;
 
 impl Pool {
     /// Hands `job` over `inputs` to an owner — `owner`, else the first of

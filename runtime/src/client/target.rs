@@ -1,57 +1,16 @@
 //! [`Target`]: where jobs go — the embedded worker in this process, or a
 //! pool of workers over HTTP. `run` and `map` are written once against it.
 
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::Arc;
 
+use super::errors::SubmitError;
 use super::job::Job;
 use super::pool::{Pool, PoolConfig};
+use super::submitter::{Capacity, Placed, Submitter};
+use crate::gossip::Liveness;
 use crate::proto::{JobResult, JobSpec};
+use crate::runner::{JobRunner, RunnerConfig};
 use crate::sandbox::SandboxConfig;
-use crate::worker::{JobRunner, RunnerConfig};
-
-/// Why a submission produced no result.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum SubmitError {
-    /// The job was on `peer` when the connection broke (or the peer was
-    /// declared dead): it may or may not have run; submit it again.
-    #[error("lost with worker {peer}: {reason}")]
-    Lost { peer: String, reason: String },
-    /// No worker will ever run it as asked (too large for the pool, a bad
-    /// request, no live worker for a long time).
-    #[error("{0}")]
-    Fatal(String),
-}
-
-/// Where a submitted job is now: the worker it was sent to and since when,
-/// or nothing while it waits for a worker with room (or runs embedded).
-#[derive(Debug, Default)]
-pub struct Placed(Mutex<Option<(String, Instant)>>);
-
-impl Placed {
-    /// Records that the job was just sent to `addr` (or to nobody).
-    pub fn set(&self, addr: Option<&str>) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = addr.map(|a| (a.to_string(), Instant::now()));
-    }
-
-    /// The worker and the time it was sent there.
-    pub fn get(&self) -> Option<(String, Instant)> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-}
-
-/// How much a target can take.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Capacity {
-    /// Jobs that run at once (Σ slots of live workers).
-    pub slots: u32,
-    /// The largest job any worker could hold, in bytes.
-    pub largest_job: u64,
-    /// The largest job that at least half the workers could hold.
-    pub typical_job: u64,
-    /// Live workers (1 for the embedded worker).
-    pub workers: u32,
-}
 
 /// Where jobs run.
 #[derive(Clone)]
@@ -90,7 +49,7 @@ impl Target {
                 let view = pool.view().await?;
                 let live: Vec<_> = view
                     .iter()
-                    .filter(|p| p.liveness == crate::gossip::Liveness::Alive && !p.advert.draining)
+                    .filter(|p| p.liveness == Liveness::Alive && !p.advert.draining)
                     .collect();
                 let mut caps: Vec<u64> = live.iter().map(|p| p.advert.capacity_bytes).collect();
                 caps.sort_unstable();
@@ -125,6 +84,29 @@ impl Target {
                 Ok(runner.run(spec, None).await)
             }
             Target::Pool(pool) => pool.run(job, &spec, placed).await,
+        }
+    }
+}
+
+/// The real target of `map`.
+impl Submitter for Target {
+    fn in_process(&self) -> bool {
+        matches!(self, Target::Embedded(_))
+    }
+
+    async fn capacity(&self) -> anyhow::Result<Capacity> {
+        Target::capacity(self).await
+    }
+
+    async fn submit(&self, job: &Job, spec: JobSpec, placed: &Placed) -> Result<JobResult, SubmitError> {
+        self.run_tracked(job, spec, placed).await
+    }
+
+    async fn dead_workers(&self) -> Vec<String> {
+        let Target::Pool(pool) = self else { return Vec::new() };
+        match pool.view().await {
+            Ok(view) => view.iter().filter(|p| p.liveness == Liveness::Dead).map(|p| p.advert.addr.clone()).collect(),
+            Err(_) => Vec::new(),
         }
     }
 }

@@ -25,6 +25,10 @@ use serde::{Deserialize, Serialize};
 use crate::proto::tree::{EntryKind, FileBack, FileHash, Manifest, TreeEntry, TreeGrant, check_path};
 use crate::proto::{DirGrant, ModuleHash};
 
+/// Host directories hashed for shipping, each once per pool handle.
+pub(crate) type ShippedTrees =
+    std::sync::Mutex<std::collections::HashMap<DirGrant, std::sync::Arc<tokio::sync::OnceCell<std::sync::Arc<ShippedTree>>>>>;
+
 /// A host directory ready to ship: its manifest, and where each file's
 /// bytes are.
 #[derive(Debug)]

@@ -18,6 +18,8 @@
 //! * [`auth`] — the HMAC envelope under a cluster key (forged and replayed
 //!   messages are dropped);
 //! * [`transport`] — the thin HTTP shell (`POST /v1/gossip`);
+//! * [`view`] — [`PeerView`]: one peer as a worker sees it (`GET /v1/peers`),
+//!   and the pool drawn as a table;
 //! * [`simulation`] — many nodes in one process, for tests and benchmarks.
 //!
 //! Why our own and not chitchat, foca or memberlist: docs/gossip.md.
@@ -28,10 +30,12 @@ pub mod messages;
 pub mod node;
 pub mod state;
 pub mod transport;
+pub mod view;
 
 pub use failure::{FailureDetectorConfig, Liveness};
 pub use messages::{Ack, Syn, SynAck};
 pub use node::{GossipConfig, GossipNode};
 pub use state::{NodeId, NodeState};
+pub use view::{PeerView, keyed, peers_table};
 
 pub mod simulation;

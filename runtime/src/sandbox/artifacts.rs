@@ -27,7 +27,7 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use wasmtime::Engine;
 
-use super::cache::Code;
+use super::code::Code;
 
 use crate::proto::ModuleHash;
 
@@ -135,7 +135,7 @@ impl ArtifactStore {
             }
             Err(e) => {
                 let _ = fs::remove_file(&path);
-                Err(Rejected::Incompatible(super::cache::one_line(&e)))
+                Err(Rejected::Incompatible(super::code::one_line(&e)))
             }
         }
     }

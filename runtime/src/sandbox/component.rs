@@ -29,7 +29,7 @@ use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::JobState;
-use super::cache::one_line;
+use super::code::one_line;
 
 /// A component's prepared instance: imports resolved, `wasi:cli/run` found.
 pub(crate) type CommandPre = wasmtime_wasi::p2::bindings::CommandPre<ComponentState>;

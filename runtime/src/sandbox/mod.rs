@@ -3,6 +3,7 @@
 //!
 //! Layout:
 //! * [`engine`] — the shared `Engine` (instance allocator, time-limit mechanism);
+//! * [`code`] — what bytes compile to: a core module or a component;
 //! * [`cache`] — sha256 → compiled module, in memory and on disk;
 //! * [`component`] — WASI preview 2 components (`wasi:cli/command`);
 //! * [`artifacts`] — the disk half: authenticated, bounded artifacts;
@@ -23,6 +24,7 @@
 pub mod artifacts;
 pub mod cache;
 pub mod cancel;
+pub mod code;
 pub mod component;
 mod drive;
 pub mod files;
@@ -44,7 +46,8 @@ use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::p2::pipe::MemoryInputPipe;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
-pub use cache::{CacheStats, Code, CompiledModule, ModuleCache};
+pub use cache::{CacheStats, CompiledModule, ModuleCache};
+pub use code::Code;
 pub use cancel::{Cancel, CancelOnDrop};
 pub use engine::TimeLimitMechanism;
 pub use stdin::{StdinFeed, StdinSender};
@@ -87,7 +90,7 @@ pub struct SandboxConfig {
     /// Compiled modules kept in memory. Default: 64.
     pub cache_entries: usize,
     /// Module bytes a runner keeps for compiling on a cache miss, in bytes;
-    /// the least recently used go first (`worker::modules`). Default: 1 GiB.
+    /// the least recently used go first (`runner::modules`). Default: 1 GiB.
     pub module_bytes_held: u64,
     /// Where compiled artifacts are kept on disk; `None` keeps them in
     /// memory only. Default: none.
@@ -170,7 +173,7 @@ pub struct RunHooks {
     /// runs from now on. For a caller that keeps a watch of its own.
     pub started: Option<Arc<tokio::sync::Notify>>,
     /// Output goes to `tee` only and is not kept in the result: a slot
-    /// process's parent keeps it (`worker::slotproc`). Default: false.
+    /// process's parent keeps it (`runner::slotproc`). Default: false.
     pub forward_only: bool,
 }
 
@@ -522,7 +525,7 @@ impl Sandbox {
         let pre = self
             .linker
             .instantiate_pre(m)
-            .map_err(|e| format!("its imports cannot be satisfied: {}", cache::one_line(&e)))?;
+            .map_err(|e| format!("its imports cannot be satisfied: {}", code::one_line(&e)))?;
         let opens_files = m.imports().any(|i| i.name() == "path_open");
         Ok(Prepared::Module { pre, opens_files })
     }

@@ -8,7 +8,7 @@
 use wasmtime::{Trap, WasmBacktrace};
 use wasmtime_wasi::I32Exit;
 
-use super::cache::one_line;
+use super::code::one_line;
 use super::limiter::{LimitExceeded, MemoryLimiter};
 use super::stdio::OutputCapture;
 use crate::proto::Outcome;

@@ -95,7 +95,7 @@ impl OutputCapture {
 
     /// Sends what is written to the tee only, keeping none of it (but
     /// still counting it against the cap): for a slot process, whose parent
-    /// keeps the output (`worker::slotproc`).
+    /// keeps the output (`runner::slotproc`).
     pub fn forward_only(self) -> Self {
         self.lock().keep = false;
         self

@@ -24,52 +24,16 @@ use super::admission::{Queued, Refusal};
 use super::fairshare::JobUsage;
 use super::ledger::Hold;
 use super::filestore::TreePins;
-use super::runner::ModulePin;
+use crate::runner::ModulePin;
 use super::trees::{self, Mounted};
+use super::refused::Refused;
 use super::state::Worker;
 use super::table::{JobState, JobTable};
 use super::tenants::Tenant;
-use crate::proto::{CancelCause, JobResult, JobSpec, MAX_INPUT_BYTES, ModuleHash, Outcome};
+use crate::proto::{CancelCause, JobResult, JobSpec, MAX_INPUT_BYTES, Outcome};
 use crate::sandbox::{Cancel, LiveOutput, OutputChunk, RunHooks, StdinFeed};
 use tokio::sync::mpsc::UnboundedSender;
 use crate::units::Bytes as Size;
-
-/// Why a job was not run.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Refused {
-    /// The request is wrong: no worker would take it as it is.
-    Invalid(String),
-    /// Its input is over the limit.
-    InputTooLarge(String),
-    /// The worker does not have the module: upload it, then ask again.
-    UnknownModule(ModuleHash),
-    /// The worker lacks a tree of the job, or files of one: send the
-    /// tree, then ask again.
-    MissingFiles(String),
-    /// It asks for more memory than this worker could ever give.
-    TooLarge { message: String, largest: u64 },
-    /// It asks for a longer time limit than this worker allows.
-    TooLong(String),
-    /// Not now: the tenant's queue is full or the worker is shutting down.
-    Busy(String),
-    /// The worker failed (a bug): not the request's fault.
-    Internal(String),
-}
-
-impl std::fmt::Display for Refused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Refused::Invalid(m)
-            | Refused::InputTooLarge(m)
-            | Refused::TooLong(m)
-            | Refused::Busy(m)
-            | Refused::MissingFiles(m)
-            | Refused::Internal(m) => f.write_str(m),
-            Refused::TooLarge { message, .. } => f.write_str(message),
-            Refused::UnknownModule(hash) => write!(f, "module {hash} unknown: upload it first"),
-        }
-    }
-}
 
 /// Removes an attached job's entry when its request ends, however it ends.
 struct Forget<'a> {

@@ -1,13 +1,7 @@
-//! The worker side: what runs jobs on a machine, in the order a job meets
-//! it.
+//! `peerwasm worker`: a machine lent to the pool, in the order a job meets
+//! it. The jobs themselves run on a [`JobRunner`](crate::runner::JobRunner)
+//! (the layer below, shared with the embedded worker).
 //!
-//! * [`runner`] — [`JobRunner`]: the sandbox with N slots on its own threads.
-//!   The embedded worker is a `JobRunner` inside the client's process;
-//! * [`slotproc`] — slot processes: children that run jobs with no
-//!   time-limit instrumentation, killed at their deadline (`peerwasm slot`);
-//! * [`alone`] — a process that is one job's slot (`run`, a slot process):
-//!   ending a job that computes past its deadline by ending the process;
-//! * [`modules`] — module bytes held for compiling, within a byte budget;
 //! * [`http`] — `peerwasm worker`'s HTTP edge: the router and `start`,
 //!   extractors (tenant, capped bodies), one file per endpoint group;
 //! * [`filestore`] — files of shipped trees by sha256, on disk, within a
@@ -28,22 +22,25 @@
 //!   metrics, the pool's usage), shared by the HTTP edge and gossip;
 //! * [`statedb`] — the state database (SQLite, WAL) in `--state-dir`:
 //!   what outlives the process, committed in groups by one writer thread;
+//! * [`refused`] — why a job was not run: the one error of the job path;
 //! * [`submissions`] — maps this worker owns for clients that went away
-//!   (`map --detach`), run by the client's own map engine, resumed after a
-//!   restart;
-//! * [`detached`] — detached jobs kept in the state database, served or run
-//!   again after a restart;
+//!   (`map --detach`): the store, and [`submissions::run`] running each with
+//!   the client's own map engine, resumed after a restart;
+//! * [`detached`] — detached jobs kept in the state database;
+//! * [`restore`] — what a worker puts back at start: detached jobs served
+//!   or run again;
 //! * [`history`] — a record of every job this worker ran (`peerwasm history`);
 //! * [`warnings`] — warnings to the operator, logged, counted and shown;
 //! * [`metrics`] — `GET /metrics` in Prometheus' text format.
 //!
-//! Arrows point one way: `http` uses `jobs`, `table` and `state`; `jobs`
-//! uses `state`, `table`, admission and the runner; `state` uses `table`,
-//! admission and the runner; admission, the ledger, fair share and tenants
-//! import nothing of HTTP.
+//! Arrows point one way (no file imports one that imports it back):
+//! `http` uses `jobs`, `table` and `state`; `restore` and
+//! `submissions::run` use `jobs` and `state`; `jobs` uses `state`, `table`,
+//! `detached`, admission and the runner; `state` uses `table`,
+//! admission, the `submissions` store and the runner; admission, the
+//! ledger, fair share and tenants import nothing of HTTP.
 
 pub mod admission;
-pub mod alone;
 pub mod cgroup;
 pub mod detached;
 pub mod fairshare;
@@ -52,10 +49,9 @@ pub mod history;
 pub mod http;
 pub mod jobs;
 pub mod ledger;
+pub mod refused;
+pub mod restore;
 pub mod metrics;
-pub mod modules;
-pub mod runner;
-pub mod slotproc;
 pub mod state;
 pub mod statedb;
 pub mod submissions;
@@ -65,4 +61,3 @@ pub mod trees;
 pub mod warnings;
 
 pub use http::{RunningWorker, WorkerConfig, start};
-pub use runner::{JobRunner, RunnerConfig};

@@ -16,12 +16,13 @@ use super::admission::Admission;
 use super::fairshare::{PoolSize, Usage};
 use super::table::JobTable;
 use super::metrics::Metrics;
-use super::runner::JobRunner;
+use crate::runner::JobRunner;
 use super::tenants::{Sees, Tenants};
 use super::warnings::{WarningKind, Warnings};
 use crate::gossip::transport::SharedNode;
 use crate::gossip::{GossipNode, Liveness};
-use crate::proto::{Advert, ModuleHash, PeerView};
+use crate::gossip::PeerView;
+use crate::proto::{Advert, ModuleHash};
 use crate::units::Bytes as Size;
 
 /// Which tenants have shown a module's bytes (uploaded it), so that with

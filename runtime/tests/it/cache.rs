@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use peerwasm::proto::{CacheSource, JobSpec, Outcome};
 use peerwasm::sandbox::SandboxConfig;
-use peerwasm::worker::JobRunner;
+use peerwasm::runner::JobRunner;
 
 use crate::support::*;
 

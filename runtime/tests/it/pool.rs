@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 
 use peerwasm::client::{Job, SubmitError, Target};
 use peerwasm::gossip::Liveness;
-use peerwasm::proto::{JobResult, JobSpec, ModuleHash, Outcome, PeerView};
+use peerwasm::gossip::PeerView;
+use peerwasm::proto::{JobResult, JobSpec, ModuleHash, Outcome};
 
 use crate::support::{MIB, WorkerProcess as Worker};
 

@@ -219,7 +219,7 @@ async fn results_from_another_client_and_cancel_stops_jobs_everywhere() {
         assert_eq!(line["index"], i);
         assert_eq!(line["stdout"], "slept 1 ms\n");
     }
-    let both_busy = |v: &[peerwasm::proto::PeerView]| v.iter().all(|p| p.advert.slots_busy > 0);
+    let both_busy = |v: &[peerwasm::gossip::PeerView]| v.iter().all(|p| p.advert.slots_busy > 0);
     wait_for(&a.addr, Duration::from_secs(20), |v| v.len() == 2 && both_busy(v)).await;
 
     let out = run(&["cancel", "--peers", &b.addr, &id]);

@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 
 use peerwasm::proto::{JobResult, JobSpec};
 use peerwasm::sandbox::SandboxConfig;
-use peerwasm::worker::{JobRunner, RunnerConfig};
+use peerwasm::runner::{JobRunner, RunnerConfig};
 
 pub const MIB: u64 = 1 << 20;
 

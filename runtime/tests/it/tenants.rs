@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use peerwasm::client::{Job, MapConfig, MapItem, MapObserver, Target, map};
-use peerwasm::proto::{JobResult, JobSpec, Outcome, PeerView};
+use peerwasm::gossip::PeerView;
+use peerwasm::proto::{JobResult, JobSpec, Outcome};
 use reqwest::StatusCode;
 
 use crate::pool::{alive, wait_for};

@@ -34,17 +34,18 @@ mod report;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use report::{MapItem, MapSummary, Progress, Stopped};
 
 use super::estimate::{DEFAULT_MARGIN, EstimateStore, MemoryEstimator};
 use super::job::Job;
-use super::target::{Placed, SubmitError, Target};
-use crate::gossip::Liveness;
+use super::errors::SubmitError;
+use super::submitter::{Placed, Submitter};
 use crate::proto::{JobResult, Outcome};
 use crate::units::Bytes;
 
@@ -139,8 +140,8 @@ impl MapObserver for Vec<MapItem> {
 /// whole map; a map stopped by a failing job returns `Ok` with
 /// [`MapSummary::stopped`] set. Errors are for what no input can get past
 /// (no worker, a job too large for any, the observer failing).
-pub async fn map<I>(
-    target: &Target,
+pub async fn map<T: Submitter, I>(
+    target: &T,
     job: &Job,
     inputs: I,
     config: &MapConfig,
@@ -164,7 +165,7 @@ where
 /// ends the submissions it still has under way: each one's task is
 /// aborted, which drops its wait for an answer, and the client hangs up on
 /// the worker, which cancels the job.
-impl Drop for MapRun<'_> {
+impl<T: Submitter> Drop for MapRun<'_, T> {
     fn drop(&mut self) {
         for a in self.attempts.values() {
             a.abort.abort();
@@ -200,8 +201,8 @@ pub const PIPELINE_DEPTH: Duration = Duration::from_millis(20);
 /// The most submissions kept under way per slot by default.
 pub const MAX_IN_FLIGHT_PER_SLOT: usize = 128;
 
-struct MapRun<'a> {
-    target: &'a Target,
+struct MapRun<'a, T: Submitter> {
+    target: &'a T,
     job: Arc<Job>,
     config: &'a MapConfig,
     estimator: MemoryEstimator,
@@ -225,9 +226,9 @@ struct MapRun<'a> {
     summary: MapSummary,
 }
 
-impl<'a> MapRun<'a> {
-    async fn start(target: &'a Target, job: &Job, config: &'a MapConfig) -> anyhow::Result<MapRun<'a>> {
-        if config.out_dir.is_some() && matches!(target, Target::Embedded(_)) {
+impl<'a, T: Submitter> MapRun<'a, T> {
+    async fn start(target: &'a T, job: &Job, config: &'a MapConfig) -> anyhow::Result<MapRun<'a, T>> {
+        if config.out_dir.is_some() && target.in_process() {
             anyhow::bail!(
                 "--out-dir needs a pool (--peers): on the embedded worker, jobs write straight into their --dir"
             );
@@ -388,7 +389,7 @@ impl<'a> MapRun<'a> {
         let task = tokio::spawn(async move {
             // Boxed: the submission's future is kilobytes, and a spawn
             // moves what it is given several times.
-            let answer = Box::pin(target.run_tracked(&job, spec, &placed2)).await;
+            let answer = Box::pin(target.submit(&job, spec, &placed2)).await;
             let _ = tx.send((id, answer));
         });
         self.attempts.insert(id, Attempt { index, placed, abandoned: false, abort: task.abort_handle() });
@@ -512,17 +513,10 @@ impl<'a> MapRun<'a> {
     /// Gives up on submissions whose worker the pool calls dead, or that
     /// are far slower than any answer so far; their inputs go out again.
     async fn check_lost(&mut self, observer: &mut (dyn MapObserver + Send)) {
-        let dead: Vec<String> = match self.target {
-            Target::Embedded(_) => return,
-            Target::Pool(pool) => match pool.view().await {
-                Ok(view) => view
-                    .iter()
-                    .filter(|p| p.liveness == Liveness::Dead)
-                    .map(|p| p.advert.addr.clone())
-                    .collect(),
-                Err(_) => Vec::new(),
-            },
-        };
+        if self.attempts.is_empty() {
+            return;
+        }
+        let dead = self.target.dead_workers().await;
         let deadline = self.slowest_round_trip.map(|rt| 3 * rt + self.config.lost_slack);
         let mut lost = Vec::new();
         for (id, a) in &self.attempts {

@@ -19,7 +19,7 @@
 //! jobs are also re-checked every [`RECHECK`], because host memory frees up
 //! without any job ending.
 //!
-//! The waiting jobs are kept per tenant ([`queue`]), so that a deep queue
+//! The waiting jobs are kept per tenant (`queue.rs`), so that a deep queue
 //! costs nothing per job.
 
 mod queue;

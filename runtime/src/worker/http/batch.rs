@@ -23,7 +23,8 @@ use super::extract::{BatchBody, Caller, Postcard};
 use super::response::{batch_refusal, text};
 use crate::proto::batch::{BatchAnswer, BatchItem, MAX_BATCH_JOBS, encode_frame};
 use crate::proto::{JobSpec, POSTCARD};
-use crate::worker::jobs::{self, Refused};
+use crate::worker::jobs;
+use crate::worker::refused::Refused;
 use crate::worker::state::Worker;
 
 pub async fn post_batch(

@@ -40,7 +40,7 @@ use super::admission::{Admission, AdmissionConfig};
 use super::table::JobTable;
 use super::ledger::{Ledger, LedgerConfig};
 use super::metrics::Metrics;
-use super::runner::{JobRunner, RunnerConfig};
+use crate::runner::{JobRunner, RunnerConfig};
 use super::state::Worker;
 use super::tenants::Tenants;
 use super::warnings::Warnings;
@@ -369,12 +369,12 @@ pub async fn start(
 /// owns, then forgets old history and
 /// finished submissions every hour.
 async fn keep_state(w: Arc<Worker>) {
-    match super::detached::restore(&w).await {
+    match super::restore::detached_jobs(&w).await {
         Ok((0, 0)) => {}
         Ok((results, rerun)) => tracing::info!(results, rerun, "restored kept detached jobs"),
         Err(e) => tracing::error!("cannot restore the kept detached jobs: {e:#}"),
     }
-    match super::submissions::Submissions::resume_all(&w).await {
+    match super::submissions::run::resume_all(&w).await {
         Ok(0) => {}
         Ok(n) => tracing::info!(submissions = n, state_dir = %w.db.dir().display(), "resumed owned submissions"),
         Err(e) => tracing::error!("cannot resume the owned submissions: {e:#}"),

@@ -53,7 +53,7 @@ pub async fn status_page(State(w): State<Arc<Worker>>, Viewer(sees): Viewer, hea
     if accepts(&headers, "text/html") {
         return ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], STATUS_PAGE).into_response();
     }
-    text(StatusCode::OK, crate::client::peers_table(&w.peer_views(&sees)))
+    text(StatusCode::OK, crate::gossip::peers_table(&w.peer_views(&sees)))
 }
 
 /// The status page: plain HTML, CSS and JS that polls `GET /v1/peers`.

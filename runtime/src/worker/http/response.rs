@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::proto::batch::BatchAnswer;
 use crate::proto::{LARGEST_JOB_HEADER, POSTCARD};
-use crate::worker::jobs::Refused;
+use crate::worker::refused::Refused;
 
 /// A plain-text message with `status`.
 pub fn text(status: StatusCode, message: impl Into<String>) -> Response {

@@ -30,7 +30,8 @@ use crate::proto::stream::{MAX_HEAD, StreamEvent};
 use crate::proto::{CancelCause, JOB_ID_HEADER, JobResult, JobSpec, MAX_INPUT_BYTES, Outcome, POSTCARD};
 use crate::sandbox::{Cancel, StdinFeed, StdinSender};
 use crate::units::Bytes as Size;
-use crate::worker::jobs::{self, Refused, Streams};
+use crate::worker::jobs::{self, Streams};
+use crate::worker::refused::Refused;
 use crate::worker::state::Worker;
 
 /// Event frames the answer holds before the job's task waits for the

@@ -26,7 +26,6 @@ use super::jobs::CancelAnswer;
 use super::response::{json, postcard, text};
 use crate::proto::submission::{SUBMISSION_ID_HEADER, SubmissionSpec};
 use crate::worker::state::Worker;
-use crate::worker::submissions::Submissions;
 
 fn failed(e: anyhow::Error) -> Response {
     text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}"))
@@ -41,7 +40,7 @@ pub async fn post_submission(
     if w.draining.load(std::sync::atomic::Ordering::Relaxed) {
         return text(StatusCode::SERVICE_UNAVAILABLE, "this worker is shutting down");
     }
-    match Submissions::create(&w, &tenant, bearer(&headers).map(String::from), spec).await {
+    match crate::worker::submissions::run::create(&w, &tenant, bearer(&headers).map(String::from), spec).await {
         Ok(info) => {
             let mut resp = (StatusCode::CREATED, json(&info)).into_response();
             if let Ok(v) = HeaderValue::from_str(&info.id) {

@@ -1,4 +1,15 @@
-//! [`JobRunner`]: runs jobs in a fixed number of slots on this machine.
+//! [`JobRunner`]: runs jobs in a fixed number of slots on this machine —
+//! the layer between the sandbox and its two users: the embedded worker
+//! (a runner inside `run`'s or `map`'s process, through
+//! [`Target`](crate::client::Target)) and `peerwasm worker`.
+//!
+//! * this file — the runner: slots, the module store, which jobs go to a
+//!   slot process;
+//! * [`modules`] — module bytes held for compiling, within a byte budget;
+//! * [`slotproc`] — slot processes: children that run jobs with no
+//!   time-limit instrumentation, killed at their deadline (`peerwasm slot`);
+//! * [`alone`] — a process that is one job's slot (`run`, a slot process):
+//!   ending a job that computes past its deadline by ending the process.
 //!
 //! Jobs run on a Tokio runtime of their own with one thread per slot, apart
 //! from whatever runtime the caller uses (the CLI's, or an HTTP server's): a
@@ -12,7 +23,7 @@
 //!
 //! With slot processes configured ([`RunnerConfig::slot_processes`]), a job
 //! may instead run in a child process with no time-limit instrumentation
-//! (`worker::slotproc`); the runner decides which, per job, by its policy
+//! ([`slotproc`]); the runner decides which, per job, by its policy
 //! and what it learned of the module's last job.
 
 use std::collections::HashMap;
@@ -23,9 +34,13 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::sync::mpsc::UnboundedSender;
 
+pub mod alone;
+pub mod modules;
+pub mod slotproc;
+
 use crate::proto::{CacheSource, CancelCause, JobResult, JobSpec, ModuleHash, Outcome};
-use super::modules::ModuleBytes;
-use super::slotproc::{LONG_JOB_CPU, SlotPolicy, SlotProcessConfig, SlotProcesses};
+use modules::ModuleBytes;
+use slotproc::{LONG_JOB_CPU, SlotPolicy, SlotProcessConfig, SlotProcesses};
 use crate::sandbox::{Cancel, OutputChunk, RunHooks, Sandbox, SandboxConfig};
 
 /// How a runner is set up.

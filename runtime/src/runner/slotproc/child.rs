@@ -1,6 +1,6 @@
 //! The child's side: `peerwasm slot`, a process that runs a worker's jobs
 //! one at a time with no time-limit instrumentation, and ends itself when
-//! one of them computes past its deadline or a cancel ([`super::super::alone`]).
+//! one of them computes past its deadline or a cancel ([`crate::runner::alone`]).
 //!
 //! It reads [`ToSlot`] frames on stdin and writes [`FromSlot`] frames on
 //! stdout, nothing else (its logs go to stderr). Its parent going away
@@ -18,8 +18,8 @@ use super::wire::{FromSlot, ToSlot};
 use crate::proto::frame::{FrameReader, encode_frame};
 use crate::proto::{CancelCause, StdStream};
 use crate::sandbox::{LiveOutput, StdinFeed, StdinSender};
-use crate::worker::alone::{Alone, AloneJob, Event, run_alone};
-use crate::worker::{JobRunner, RunnerConfig};
+use crate::runner::alone::{Alone, AloneJob, Event, run_alone};
+use crate::runner::{JobRunner, RunnerConfig};
 
 /// How often a running job's memory is reported when it changed.
 const MEMORY_REPORT_INTERVAL: Duration = Duration::from_millis(10);

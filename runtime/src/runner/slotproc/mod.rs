@@ -37,7 +37,7 @@ use tokio::process::{Child, ChildStdin, ChildStdout};
 
 use crate::proto::frame::{FrameReader, encode_frame};
 use crate::proto::{CancelCause, JobResult, JobSpec, Outcome, StdStream};
-use super::runner::host_failure;
+use super::host_failure;
 use crate::sandbox::{OutputCapture, RunHooks, Sandbox, files::ScratchPool};
 use wire::{FromSlot, STDIN_CREDIT, SlotSetup, ToSlot};
 

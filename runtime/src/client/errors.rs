@@ -1,0 +1,43 @@
+//! Why a submission or one worker gave no result: [`SubmitError`] is what a
+//! caller of the pool sees, `PeerError` what one worker's exchange ended in
+//! (the pool turns it into the next candidate, a wait, or a `SubmitError`).
+
+/// Why a submission produced no result.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    /// The job was on `peer` when the connection broke (or the peer was
+    /// declared dead): it may or may not have run; submit it again.
+    #[error("lost with worker {peer}: {reason}")]
+    Lost { peer: String, reason: String },
+    /// No worker will ever run it as asked (too large for the pool, a bad
+    /// request, no live worker for a long time).
+    #[error("{0}")]
+    Fatal(String),
+}
+
+/// Why one worker did not give a result.
+#[derive(Clone, Debug)]
+pub(crate) enum PeerError {
+    /// Refused or too small: try the next one.
+    Declined(String),
+    /// Could not connect: nothing was sent.
+    Unreachable(String),
+    /// The connection broke after the job was sent.
+    Lost(String),
+    /// The request itself is wrong: no worker will take it.
+    Fatal(String),
+}
+
+impl PeerError {
+    /// A failed HTTP exchange: unreachable if nothing was sent, else lost.
+    pub(crate) fn from_reqwest(e: &reqwest::Error) -> PeerError {
+        if e.is_connect() {
+            PeerError::Unreachable(e.to_string())
+        } else {
+            PeerError::Lost(format!(
+                "{e} ({})",
+                std::error::Error::source(e).map(|s| s.to_string()).unwrap_or_default()
+            ))
+        }
+    }
+}

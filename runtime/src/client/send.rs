@@ -1,0 +1,108 @@
+//! Sending one job to the pool: its directories shipped as trees, the
+//! candidates tried best first (each through its worker's batcher), the
+//! module or files a worker lacks provided and the job sent again, and a
+//! wait with backoff when every worker declines.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+
+use super::errors::{PeerError, SubmitError};
+use super::job::Job;
+use super::pool::{Pool, backoff_wait};
+use super::ship::{PROVIDE_ATTEMPTS, ShippedTree};
+use super::submitter::Placed;
+use crate::proto::batch::BatchAnswer;
+use crate::proto::{CancelCause, JobResult, JobSpec, Outcome};
+
+impl Pool {
+    /// Runs one job on the pool; `placed` is set to the worker while the
+    /// job is on it (so a caller can tell which worker lost it).
+    pub async fn run(&self, job: &Job, spec: &JobSpec, placed: &Placed) -> Result<JobResult, SubmitError> {
+        let shipped = self.ship(spec).await?;
+        let body: bytes::Bytes =
+            postcard::to_allocvec(shipped.spec()).map_err(|e| SubmitError::Fatal(e.to_string()))?.into();
+        let mut backoff = Duration::from_millis(10);
+        let mut no_peer_since: Option<Instant> = None;
+        loop {
+            let candidates = self.candidates_now(spec, &mut no_peer_since).await?;
+            let mut declined = Vec::new();
+            for (addr, slots) in candidates {
+                placed.set(Some(&addr));
+                self.add_load(&addr, 1);
+                let outcome = self.submit_to(&addr, slots, job, &shipped.trees, body.clone()).await;
+                self.add_load(&addr, -1);
+                if let Some(result) = self.settle(&addr, outcome, &mut declined)? {
+                    return Ok(result);
+                }
+            }
+            placed.set(None);
+            tracing::trace!("every worker declined ({}); waiting {backoff:?}", declined.join("; "));
+            backoff_wait(&mut backoff).await;
+        }
+    }
+
+    /// What one worker's answer means for a job being placed: its result
+    /// (`Some`), try the next worker (`None`; a refusal is noted in
+    /// `declined`, an unreachable worker avoided for a while), or give up
+    /// (`Err`: lost with its worker, or a request no worker would take).
+    pub(super) fn settle(
+        &self,
+        addr: &str,
+        answer: Result<JobResult, PeerError>,
+        declined: &mut Vec<String>,
+    ) -> Result<Option<JobResult>, SubmitError> {
+        match answer {
+            // A worker that shut down under the job did not run it to its
+            // end: that is a lost job, to run elsewhere.
+            Ok(JobResult { outcome: Outcome::Cancelled { cause: CancelCause::Shutdown }, .. }) => {
+                Err(SubmitError::Lost { peer: addr.into(), reason: "the worker shut down".into() })
+            }
+            Ok(result) => Ok(Some(result)),
+            Err(PeerError::Declined(why)) => {
+                declined.push(format!("{addr}: {why}"));
+                Ok(None)
+            }
+            Err(PeerError::Unreachable(why)) => {
+                tracing::debug!(peer = %addr, "unreachable: {why}");
+                self.avoid(addr);
+                Ok(None)
+            }
+            Err(PeerError::Lost(why)) => {
+                self.avoid(addr);
+                Err(SubmitError::Lost { peer: addr.into(), reason: why })
+            }
+            Err(PeerError::Fatal(why)) => Err(SubmitError::Fatal(format!("{addr}: {why}"))),
+        }
+    }
+
+    /// Submits to one worker. The job goes first, without the module or
+    /// its trees: a worker that already has them (from another client, an
+    /// earlier run, or its disk cache) runs it at once. A worker that
+    /// answers "module unknown" (404) or "files missing" (424) gets them
+    /// and the job again ([`provide`](Self::provide)).
+    async fn submit_to(
+        &self,
+        addr: &str,
+        slots: u32,
+        job: &Job,
+        trees: &[Arc<ShippedTree>],
+        body: bytes::Bytes,
+    ) -> Result<JobResult, PeerError> {
+        for attempt in 0..PROVIDE_ATTEMPTS {
+            let sent = Instant::now();
+            let http = self.client_for(addr);
+            let (status, message, largest) = match self.batchers.submit(addr, slots, body.clone(), http).await? {
+                BatchAnswer::Done(result) => return Ok(result),
+                BatchAnswer::Refused { status, message, largest_job } => (status, message, largest_job),
+            };
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            if attempt + 1 < PROVIDE_ATTEMPTS && self.provide(addr, status, job, trees, sent).await? {
+                continue;
+            }
+            return Err(self.refusal(addr, status, message, largest));
+        }
+        unreachable!("the last attempt returns")
+    }
+}

@@ -1,0 +1,294 @@
+//! Running the maps this worker owns: a submission checked, stored and
+//! started ([`create`]), every running one started again after a restart
+//! ([`resume_all`]), and each one's map — the client's own `map` over the
+//! pool as seen from here — reading its inputs from the state database a
+//! page at a time and handing its results back to it in input order.
+
+use std::sync::Arc;
+
+use rusqlite::params;
+
+use super::{MAX_RUNNING_PER_TENANT, Stored};
+use crate::client::estimate::{DEFAULT_MARGIN, MemoryEstimator};
+use crate::client::{Job, MapConfig, MapItem, MapObserver, MapSummary, Pool, PoolConfig, Target};
+use crate::proto::submission::{MAX_SUBMISSION_INPUTS, SUBMISSION_PREFIX, SubmissionInfo, SubmissionSpec, SubmittedResult};
+use crate::proto::{JobSpec, MAX_INPUT_BYTES};
+use crate::worker::refused::Refused;
+use crate::worker::state::Worker;
+use crate::worker::statedb::{StateDb, now_ms};
+use crate::worker::tenants::Tenant;
+
+/// Checks and stores a submission, then starts its map. Answers once
+/// it is committed.
+pub async fn create(
+    w: &Arc<Worker>,
+    tenant: &Tenant,
+    token: Option<String>,
+    spec: SubmissionSpec,
+) -> Result<SubmissionInfo, Refused> {
+    let this = &w.submissions;
+    let job = &spec.job;
+    if spec.inputs.is_empty() {
+        return Err(Refused::Invalid("a submission needs at least one input".into()));
+    }
+    if spec.inputs.len() as u64 > MAX_SUBMISSION_INPUTS {
+        return Err(Refused::Invalid(format!("a submission may have at most {MAX_SUBMISSION_INPUTS} inputs")));
+    }
+    if let Some(i) = spec.inputs.iter().position(|i| i.len() as u64 > MAX_INPUT_BYTES) {
+        return Err(Refused::InputTooLarge(format!("input {i} is over the {} a job's input may be", crate::units::Bytes(MAX_INPUT_BYTES))));
+    }
+    if !job.dirs.is_empty() || !job.trees.is_empty() {
+        return Err(Refused::Invalid(
+            "a detached map cannot take directories yet: run it attached (without --detach) to use --dir".into(),
+        ));
+    }
+    let shown = !w.tenants.is_multi() || w.uploaders.has_shown(&job.module, &tenant.name);
+    let Some(bytes) = w.runner.module_bytes(&job.module).filter(|_| shown) else {
+        return Err(Refused::UnknownModule(job.module));
+    };
+    let (running, stored): (i64, i64) = this
+        .db
+        .read({
+            let tenant = tenant.name.clone();
+            move |c| {
+                c.query_row(
+                    "SELECT (SELECT count(*) FROM submissions WHERE tenant = ?1 AND state = 'running'), \
+                     (SELECT coalesce(sum(length(data)), 0) FROM inputs WHERE submission IN \
+                        (SELECT id FROM submissions WHERE tenant = ?1)) + \
+                     (SELECT coalesce(sum(length(item)), 0) FROM results WHERE submission IN \
+                        (SELECT id FROM submissions WHERE tenant = ?1))",
+                    [tenant],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+            }
+        })
+        .await
+        .map_err(|e| Refused::Internal(format!("{e:#}")))?;
+    let adding: u64 = spec.inputs.iter().map(|i| i.len() as u64).sum();
+    if stored as u64 + adding > w.max_stored {
+        return Err(Refused::Busy(format!(
+            "your submissions on this worker keep {} and this one adds {}, past its --max-stored of {}: \
+             discard finished ones (peerwasm cancel ID)",
+            crate::units::Bytes(stored as u64),
+            crate::units::Bytes(adding),
+            crate::units::Bytes(w.max_stored)
+        )));
+    }
+    if running >= MAX_RUNNING_PER_TENANT {
+        return Err(Refused::Busy(format!(
+            "you have {running} submissions running on this worker, the most it takes: wait for one to end or cancel one"
+        )));
+    }
+    // The module first, then the row that names it.
+    let (db, hash) = (this.db.clone(), job.module);
+    tokio::task::spawn_blocking(move || db.keep_module(&hash, &bytes))
+        .await
+        .map_err(|e| Refused::Internal(e.to_string()))?
+        .map_err(|e| Refused::Internal(format!("cannot store the module: {e}")))?;
+    let id = format!("{SUBMISSION_PREFIX}{}", hex::encode(rand::random::<[u8; 16]>()));
+    let stored = Stored {
+        id: id.clone(),
+        tenant: tenant.name.clone(),
+        token,
+        job: JobSpec { stdin: Vec::new(), tag: None, ..spec.job },
+        config: spec.config,
+    };
+    let row = (
+        stored.id.clone(),
+        stored.tenant.clone(),
+        stored.token.clone(),
+        stored.job.module.to_hex(),
+        postcard::to_allocvec(&stored.job).map_err(|e| Refused::Internal(e.to_string()))?,
+        postcard::to_allocvec(&stored.config).map_err(|e| Refused::Internal(e.to_string()))?,
+        spec.inputs.len() as i64,
+        now_ms() as i64,
+    );
+    let inputs = spec.inputs;
+    this.db
+        .write(move |c| {
+            let (id, tenant, token, module, job, config, total, created) = row;
+            c.execute(
+                "INSERT INTO submissions (id, tenant, token, module, job, config, total, state, created_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running', ?8)",
+                params![id, tenant, token, module, job, config, total, created],
+            )?;
+            let mut insert = c.prepare_cached("INSERT INTO inputs (submission, idx, data) VALUES (?1, ?2, ?3)")?;
+            for (i, data) in inputs.iter().enumerate() {
+                insert.execute(params![id, i as i64, data.as_slice()])?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| Refused::Internal(format!("{e:#}")))?;
+    tracing::info!(submission = %id, tenant = %tenant.name, "submission stored; its map starts");
+    start(w, stored);
+    this.info(&w.addr, Some(tenant.name.clone()), &id)
+        .await
+        .map_err(|e| Refused::Internal(format!("{e:#}")))?
+        .ok_or_else(|| Refused::Internal("the submission vanished".into()))
+}
+
+/// Starts the maps of every stored submission still running: after a
+/// restart, each goes on from its first input without a result.
+pub async fn resume_all(w: &Arc<Worker>) -> anyhow::Result<usize> {
+    let stored = w
+        .submissions
+        .db
+        .read(|c| {
+            let mut stmt =
+                c.prepare("SELECT id, tenant, token, job, config FROM submissions WHERE state = 'running'")?;
+            let rows = stmt.query_map([], |r| {
+                Ok((r.get::<_, String>(0)?, r.get(1)?, r.get(2)?, r.get::<_, Vec<u8>>(3)?, r.get::<_, Vec<u8>>(4)?))
+            })?;
+            rows.collect::<Result<Vec<_>, _>>()
+        })
+        .await?;
+    let n = stored.len();
+    for (id, tenant, token, job, config) in stored {
+        let (Ok(job), Ok(config)) = (postcard::from_bytes(&job), postcard::from_bytes(&config)) else {
+            tracing::error!(submission = %id, "a stored submission cannot be read by this peerwasm: left as it is");
+            continue;
+        };
+        tracing::info!(submission = %id, "resuming a submission");
+        start(w, Stored { id, tenant, token, job, config });
+    }
+    Ok(n)
+}
+
+fn start(w: &Arc<Worker>, stored: Stored) {
+    let id = stored.id.clone();
+    let w2 = w.clone();
+    // Held while the map is being registered, so that the task cannot
+    // finish (and unregister) before it is registered.
+    let mut running = w.submissions.running();
+    let task = tokio::spawn(async move {
+        let summary = run_map(&w2, &stored).await;
+        w2.submissions.finish(&stored.id, summary).await;
+    });
+    running.insert(id, task.abort_handle());
+}
+
+/// Runs a stored submission's map on the pool from its first input
+/// without a result.
+async fn run_map(w: &Arc<Worker>, s: &Stored) -> anyhow::Result<MapSummary> {
+    let this = &w.submissions;
+    let path = this.db.module_path(&s.job.module);
+    let bytes = tokio::fs::read(&path)
+        .await
+        .map_err(|e| anyhow::anyhow!("the submission's module {} is gone: {e}", path.display()))?;
+    let mut job = Job::new(bytes);
+    job.program_name = s.job.program_name.clone();
+    job.args = s.job.args.clone();
+    job.env = s.job.env.clone();
+    job.limits = s.job.limits.clone();
+    let id = s.id.clone();
+    let (done, total, peak) = this
+        .db
+        .read(move |c| {
+            c.query_row(
+                "SELECT (SELECT count(*) FROM results WHERE submission = ?1), \
+                 (SELECT total FROM submissions WHERE id = ?1), \
+                 (SELECT max(peak) FROM results WHERE submission = ?1)",
+                [&id],
+                |r| Ok((r.get::<_, i64>(0)? as usize, r.get::<_, i64>(1)? as usize, r.get::<_, Option<i64>>(2)?.map(|p| p as u64))),
+            )
+        })
+        .await?;
+    let inputs = InputPages { db: this.db.clone(), id: s.id.clone(), next: done, end: total, page: Default::default() };
+    let start_estimate = peak.and_then(|peak| {
+        let mut e = MemoryEstimator::new(job.declared_memory(), None, s.config.min_mem, u64::MAX, DEFAULT_MARGIN);
+        e.observe(peak);
+        e.to_saved()
+    });
+    let pool = Pool::new(PoolConfig { token: s.token.clone(), ..PoolConfig::new(vec![w.addr.clone()]) })?;
+    let config = MapConfig {
+        mem: s.config.mem,
+        min_mem: s.config.min_mem,
+        retries: s.config.retries,
+        max_in_flight: s.config.max_in_flight.map(|n| n as usize),
+        keep_going: s.config.keep_going,
+        first_index: done,
+        submission: Some(s.id.clone()),
+        start_estimate,
+        // Inputs are read from the database as they go out; this bounds
+        // how many the owner holds in memory for one map.
+        reorder_window: OWNED_REORDER_WINDOW,
+        ..MapConfig::default()
+    };
+    let mut sink = Sink { db: this.db.clone(), id: s.id.clone() };
+    crate::client::map(&Target::Pool(Arc::new(pool)), &job, inputs, &config, &mut sink).await
+}
+
+/// How far ahead of its next result an owned map may run (the client's
+/// own map allows 10,000): the inputs under way are held in memory.
+pub const OWNED_REORDER_WINDOW: usize = 1024;
+
+/// Inputs read from the database a page at a time, as the map takes them.
+struct InputPages {
+    db: Arc<StateDb>,
+    id: String,
+    next: usize,
+    end: usize,
+    page: std::collections::VecDeque<Vec<u8>>,
+}
+
+impl Iterator for InputPages {
+    type Item = Vec<u8>;
+
+    fn next(&mut self) -> Option<Vec<u8>> {
+        if self.page.is_empty() && self.next < self.end {
+            let (db, id, from) = (self.db.clone(), self.id.clone(), self.next as i64);
+            // A short read on the reading connection; the map's loop is
+            // async, so it is made a blocking section of its thread.
+            let read = || {
+                db.read_blocking(|c| {
+                    let mut stmt = c.prepare_cached(
+                        "SELECT data FROM inputs WHERE submission = ?1 AND idx >= ?2 ORDER BY idx LIMIT 256",
+                    )?;
+                    stmt.query_map(params![id, from], |r| r.get::<_, Vec<u8>>(0))?.collect::<Result<Vec<_>, _>>()
+                })
+            };
+            let multi_thread = tokio::runtime::Handle::try_current()
+                .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+            let page = if multi_thread { tokio::task::block_in_place(read) } else { read() };
+            match page {
+                Ok(rows) if !rows.is_empty() => self.page.extend(rows),
+                Ok(_) => self.end = self.next, // the inputs are gone (cancelled meanwhile)
+                Err(e) => {
+                    tracing::error!(submission = %self.id, "cannot read the inputs: {e:#}");
+                    self.end = self.next;
+                }
+            }
+        }
+        let input = self.page.pop_front()?;
+        self.next += 1;
+        Some(input)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self.end - self.next;
+        (left, Some(left))
+    }
+}
+
+/// Hands each result, in input order, to the database.
+struct Sink {
+    db: Arc<StateDb>,
+    id: String,
+}
+
+impl MapObserver for Sink {
+    fn result(&mut self, item: MapItem) -> anyhow::Result<()> {
+        let (ok, peak) = (item.succeeded(), item.result.peak_memory_bytes as i64);
+        let index = item.index as i64;
+        let stored = SubmittedResult { index: item.index as u64, attempts: item.attempts, result: item.result };
+        let blob = postcard::to_allocvec(&stored)?;
+        let id = self.id.clone();
+        self.db.write_later(move |c| {
+            c.prepare_cached("INSERT INTO results (submission, idx, ok, peak, item) VALUES (?1, ?2, ?3, ?4, ?5)")?
+                .execute(params![id, index, ok, peak, blob])
+                .map(drop)
+        });
+        Ok(())
+    }
+}
