@@ -12,7 +12,9 @@
 //! read here, so the arithmetic is tested deterministically.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::proto::{TenantAccount, TenantUsage};
 

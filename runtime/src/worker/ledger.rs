@@ -31,6 +31,95 @@ use sysinfo::System;
 /// How often the host's available memory is re-read.
 pub const HOST_REFRESH: Duration = Duration::from_secs(1);
 
+/// Where the ledger reads the host's memory: the machine itself
+/// ([`SystemMemory`]), or a fake in tests, so that the ledger's and
+/// admission's rules do not depend on the machine they run on.
+pub trait HostMemory: Send + Sync {
+    /// The machine's physical memory, in bytes.
+    fn physical(&self) -> u64;
+    /// The memory limit of the cgroup this process runs in (a Slurm job's
+    /// allocation), if any.
+    fn cgroup_limit(&self) -> Option<u64>;
+    /// Memory the host has available now, in bytes. Called on every
+    /// reservation: an implementation that reads the OS caches.
+    fn available(&self) -> u64;
+}
+
+/// The machine's memory, as the OS reports it (sysinfo) and the cgroups
+/// limit it (our reader knows v1 and v2 and every ancestor's limit;
+/// sysinfo's reads the process's own v2 cgroup: the smaller wins).
+/// Available memory is re-read at most once per [`HOST_REFRESH`].
+pub struct SystemMemory {
+    physical: u64,
+    cgroup: Option<u64>,
+    now: Mutex<(System, Instant, u64)>,
+}
+
+impl SystemMemory {
+    /// Reads the machine's memory once.
+    pub fn new() -> anyhow::Result<SystemMemory> {
+        let mut system = System::new().map_err(|e| anyhow::anyhow!("cannot read the host's memory: {e:?}"))?;
+        system.refresh_memory();
+        let cgroup = [super::cgroup::memory_limit(), system.cgroup_limits().map(|c| c.total_memory).filter(|&t| t > 0)]
+            .into_iter()
+            .flatten()
+            .min();
+        let (physical, available) = (system.total_memory(), system.available_memory());
+        Ok(SystemMemory { physical, cgroup, now: Mutex::new((system, Instant::now(), available)) })
+    }
+}
+
+impl HostMemory for SystemMemory {
+    fn physical(&self) -> u64 {
+        self.physical
+    }
+
+    fn cgroup_limit(&self) -> Option<u64> {
+        self.cgroup
+    }
+
+    fn available(&self) -> u64 {
+        let mut now = self.now.lock().unwrap_or_else(|e| e.into_inner());
+        let (system, read_at, available) = &mut *now;
+        if read_at.elapsed() >= HOST_REFRESH {
+            system.refresh_memory();
+            *available = system.available_memory();
+            *read_at = Instant::now();
+        }
+        *available
+    }
+}
+
+/// A host whose memory a test sets.
+#[cfg(test)]
+pub(crate) struct FakeMemory {
+    pub physical: u64,
+    pub available: AtomicU64,
+}
+
+#[cfg(test)]
+impl FakeMemory {
+    /// A host of `physical` bytes with `available` of them free.
+    pub fn new(physical: u64, available: u64) -> Arc<FakeMemory> {
+        Arc::new(FakeMemory { physical, available: AtomicU64::new(available) })
+    }
+}
+
+#[cfg(test)]
+impl HostMemory for Arc<FakeMemory> {
+    fn physical(&self) -> u64 {
+        self.physical
+    }
+
+    fn cgroup_limit(&self) -> Option<u64> {
+        None
+    }
+
+    fn available(&self) -> u64 {
+        self.available.load(Ordering::Relaxed)
+    }
+}
+
 /// How the ledger is sized. Defaults in `Default`.
 #[derive(Clone, Debug)]
 pub struct LedgerConfig {
@@ -76,7 +165,7 @@ pub struct Ledger {
     sizing: Sizing,
     reserve: u64,
     state: Mutex<State>,
-    host: Mutex<HostMemory>,
+    host: Box<dyn HostMemory>,
 }
 
 struct State {
@@ -87,12 +176,6 @@ struct State {
     /// Each running job's reservation and the meter of its actual use.
     jobs: Vec<(u64, u64, Arc<AtomicU64>)>,
     next_id: u64,
-}
-
-struct HostMemory {
-    system: System,
-    read_at: Instant,
-    available: u64,
 }
 
 /// Memory held for one job; given back when dropped.
@@ -178,28 +261,24 @@ impl Ledger {
     /// A ledger sized from `config`, the cgroup this process runs in (a
     /// Slurm job's, say) and the machine's physical memory.
     pub fn new(config: &LedgerConfig) -> anyhow::Result<Arc<Ledger>> {
-        let mut system = System::new().map_err(|e| anyhow::anyhow!("cannot read the host's memory: {e:?}"))?;
-        system.refresh_memory();
-        let physical = system.total_memory();
-        // Our own reader knows cgroup v1 and v2 and every ancestor's limit;
-        // sysinfo's reads the process's own v2 cgroup. The smaller wins.
-        let cgroup = [super::cgroup::memory_limit(), system.cgroup_limits().map(|c| c.total_memory).filter(|&t| t > 0)]
-            .into_iter()
-            .flatten()
-            .min();
+        Ok(Ledger::with_host(config, Box::new(SystemMemory::new()?)))
+    }
+
+    /// A ledger over `host`'s memory (a fake one in tests).
+    pub fn with_host(config: &LedgerConfig, host: Box<dyn HostMemory>) -> Arc<Ledger> {
+        let (physical, cgroup) = (host.physical(), host.cgroup_limit());
         let capacity = [config.memory, cgroup, Some(physical.saturating_sub(config.reserve))]
             .into_iter()
             .flatten()
             .min()
             .unwrap_or(0);
-        let available = system.available_memory();
-        Ok(Arc::new(Ledger {
+        Arc::new(Ledger {
             capacity,
             sizing: Sizing { requested: config.memory, cgroup, physical },
             reserve: config.reserve,
             state: Mutex::new(State { reserved: 0, held: 0, high_water: 0, jobs: Vec::new(), next_id: 0 }),
-            host: Mutex::new(HostMemory { system, read_at: Instant::now(), available }),
-        }))
+            host,
+        })
     }
 
     /// The most jobs may ever hold here: the largest job this worker can take.
@@ -223,13 +302,7 @@ impl Ledger {
 
     /// Host memory available now (re-read at most once per [`HOST_REFRESH`]).
     fn host_available(&self) -> u64 {
-        let mut h = self.host.lock().unwrap_or_else(|e| e.into_inner());
-        if h.read_at.elapsed() >= HOST_REFRESH {
-            h.system.refresh_memory();
-            h.available = h.system.available_memory();
-            h.read_at = Instant::now();
-        }
-        h.available
+        self.host.available()
     }
 
     fn offer_locked(&self, st: &State, host_available: u64) -> u64 {
@@ -309,10 +382,18 @@ mod tests {
     use super::*;
 
     const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+
+    /// A ledger of `memory` (and `reserve`) on a host of `physical` bytes
+    /// with `available` free.
+    fn ledger(memory: Option<u64>, reserve: u64, physical: u64, available: u64) -> (Arc<Ledger>, Arc<FakeMemory>) {
+        let host = FakeMemory::new(physical, available);
+        (Ledger::with_host(&LedgerConfig { memory, reserve }, Box::new(host.clone())), host)
+    }
 
     #[test]
     fn reservations_never_exceed_capacity_and_are_given_back() {
-        let ledger = Ledger::new(&LedgerConfig { memory: Some(100 * MIB), reserve: 0 }).unwrap();
+        let (ledger, _) = ledger(Some(100 * MIB), 0, 8 * GIB, 8 * GIB);
         assert_eq!(ledger.capacity(), 100 * MIB);
         let a = ledger.try_reserve(60 * MIB).expect("fits");
         assert!(ledger.try_reserve(50 * MIB).is_none(), "60 + 50 > 100");
@@ -328,23 +409,57 @@ mod tests {
 
     #[test]
     fn untouched_reservations_count_against_host_memory() {
-        // Capacity far above what the host has: the host term decides.
-        let ledger = Ledger::new(&LedgerConfig { memory: Some(u64::MAX / 2), reserve: 0 }).unwrap();
-        let host = ledger.snapshot().host_available;
-        let half = host / 2;
-        let r = ledger.try_reserve(half).expect("half the host fits");
+        // Capacity above what the host has free: the host term decides.
+        let (ledger, host) = ledger(None, 0, 8 * GIB, 4 * GIB);
+        assert_eq!(ledger.capacity(), 8 * GIB);
+        assert_eq!(ledger.offer(), 4 * GIB);
+        let r = ledger.try_reserve(2 * GIB).expect("half the free memory fits");
         // The job has touched nothing yet: the whole reservation is taken.
-        assert!(ledger.offer() <= host - half);
-        r.meter().store(half, Ordering::Relaxed);
-        // Once it holds its memory, the OS's own figure will show it; the
-        // ledger no longer double-counts it.
-        let snap = ledger.snapshot();
-        assert_eq!(snap.used, half);
+        assert_eq!(ledger.offer(), 2 * GIB);
+        // Once it holds its memory, the OS's own figure shows it; the
+        // ledger does not count it twice.
+        r.meter().store(2 * GIB, Ordering::Relaxed);
+        host.available.store(2 * GIB, Ordering::Relaxed);
+        assert_eq!(ledger.offer(), 2 * GIB);
+        assert_eq!(ledger.snapshot().used, 2 * GIB);
+        // The host's other users take memory: the offer shrinks with it,
+        // and so does the largest job that could ever start.
+        host.available.store(GIB, Ordering::Relaxed);
+        assert_eq!(ledger.offer(), GIB);
+        assert_eq!(ledger.ceiling(), 3 * GIB, "free + what our job holds");
+        assert!(ledger.try_reserve(GIB + MIB).is_none());
+    }
+
+    #[test]
+    fn the_reserve_is_always_left_to_the_host() {
+        let (ledger, _) = ledger(None, GIB, 8 * GIB, 3 * GIB);
+        assert_eq!(ledger.capacity(), 7 * GIB, "physical less the reserve");
+        assert_eq!(ledger.offer(), 2 * GIB, "free less the reserve");
+        assert_eq!(ledger.ceiling(), 2 * GIB);
+        assert_eq!(in_a_cgroup().capacity(), 3 * GIB, "the cgroup's limit is below --memory and physical");
+    }
+
+    /// A ledger (`--memory 10G --reserve 1G`) in a cgroup of 3 GiB on a
+    /// 64 GiB machine.
+    fn in_a_cgroup() -> Arc<Ledger> {
+        struct InCgroup;
+        impl HostMemory for InCgroup {
+            fn physical(&self) -> u64 {
+                64 * GIB
+            }
+            fn cgroup_limit(&self) -> Option<u64> {
+                Some(3 * GIB)
+            }
+            fn available(&self) -> u64 {
+                32 * GIB
+            }
+        }
+        Ledger::with_host(&LedgerConfig { memory: Some(10 * GIB), reserve: GIB }, Box::new(InCgroup))
     }
 
     #[test]
     fn holds_come_out_of_capacity_beside_reservations() {
-        let ledger = Ledger::new(&LedgerConfig { memory: Some(100 * MIB), reserve: 0 }).unwrap();
+        let (ledger, _) = ledger(Some(100 * MIB), 0, 8 * GIB, 8 * GIB);
         let r = ledger.try_reserve(60 * MIB).unwrap();
         let hold = ledger.hold();
         assert!(hold.try_grow(30 * MIB, false));
@@ -363,10 +478,11 @@ mod tests {
     }
 
     #[test]
-    fn capacity_is_capped_by_physical_memory_less_the_reserve() {
+    fn on_this_machine_capacity_is_capped_by_physical_memory_less_the_reserve() {
         let ledger = Ledger::new(&LedgerConfig { memory: None, reserve: 1 << 30 }).unwrap();
         let mut s = System::new().unwrap();
         s.refresh_memory();
         assert!(ledger.capacity() <= s.total_memory() - (1 << 30));
+        assert!(ledger.snapshot().host_available > 0, "the machine's free memory is read");
     }
 }

@@ -31,6 +31,8 @@
 //!   connection waiting for it closes) or in the embedded worker.
 
 mod report;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;

@@ -26,7 +26,9 @@ mod queue;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tokio::sync::oneshot;
 
@@ -412,17 +414,23 @@ impl Drop for Queued {
 
 #[cfg(test)]
 mod tests {
-    use super::super::ledger::LedgerConfig;
+    use super::super::ledger::{FakeMemory, LedgerConfig};
     use super::*;
 
     const MIB: u64 = 1 << 20;
 
+    /// A ledger of 100 MiB on a host with plenty free: memory is the
+    /// ledger's, never the machine's.
+    fn ledger() -> Arc<Ledger> {
+        Ledger::with_host(&LedgerConfig { memory: Some(100 * MIB), reserve: 0 }, Box::new(FakeMemory::new(8 << 30, 8 << 30)))
+    }
+
     fn admission(slots: u32, queue: u32) -> Arc<Admission> {
-        let ledger = Ledger::new(&LedgerConfig { memory: Some(100 * MIB), reserve: 0 }).unwrap();
+        let ledger = ledger();
         Admission::new(ledger, AdmissionConfig { queue_per_tenant: queue, ..AdmissionConfig::new(slots) })
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn slots_memory_queue_and_refusals() {
         let adm = admission(2, 1);
         let t = Arc::new(Tenant::new("t"));
@@ -454,9 +462,9 @@ mod tests {
         assert_eq!(adm.counts(), (0, 0));
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_large_job_that_waited_too_long_has_memory_held_for_it() {
-        let ledger = Ledger::new(&LedgerConfig { memory: Some(100 * MIB), reserve: 0 }).unwrap();
+        let ledger = ledger();
         let config = AdmissionConfig { hold_after: Duration::from_millis(100), ..AdmissionConfig::new(3) };
         let adm = Admission::new(ledger, config);
         let t = Arc::new(Tenant::new("t"));
@@ -478,9 +486,9 @@ mod tests {
         small.await.unwrap().unwrap();
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn queue_limits_hold_when_memory_is_the_bottleneck_and_count_bytes() {
-        let ledger = Ledger::new(&LedgerConfig { memory: Some(100 * MIB), reserve: 0 }).unwrap();
+        let ledger = ledger();
         let config = AdmissionConfig { queue_per_tenant: 2, queue_bytes_per_tenant: 10 * MIB, ..AdmissionConfig::new(8) };
         let adm = Admission::new(ledger, config);
         let t = Arc::new(Tenant::new("t"));
@@ -498,9 +506,9 @@ mod tests {
         let _a = adm.enqueue(&t, 10 * MIB, 20 * MIB).expect("starts at once");
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_hold_respects_slot_limits_and_lets_jobs_fit_beside_it() {
-        let ledger = Ledger::new(&LedgerConfig { memory: Some(100 * MIB), reserve: 0 }).unwrap();
+        let ledger = ledger();
         let config = AdmissionConfig { hold_after: Duration::from_millis(50), ..AdmissionConfig::new(4) };
         let adm = Admission::new(ledger, config);
         let capped = Arc::new(Tenant { max_slots: Some(1), ..Tenant::new("capped") });
@@ -530,27 +538,28 @@ mod tests {
         small.await.unwrap().unwrap();
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn an_overdue_job_the_host_can_never_hold_is_refused() {
-        // Capacity above what the host has: the ceiling is the host's.
-        // Capacity is then physical memory, which the host never has all free.
-        let ledger = Ledger::new(&LedgerConfig { memory: Some(u64::MAX / 4), reserve: 0 }).unwrap();
+        // An 8 GiB host with 2 GiB free: capacity is 8 GiB, but no job
+        // over 2 GiB can start until the host's other users free memory.
+        let host = FakeMemory::new(8 << 30, 2 << 30);
+        let ledger = Ledger::with_host(&LedgerConfig { memory: None, reserve: 0 }, Box::new(host));
         let (capacity, ceiling) = (ledger.capacity(), ledger.ceiling());
-        assert!(ceiling < capacity, "the host has all its memory free");
+        assert_eq!((capacity, ceiling), (8 << 30, 2 << 30));
         let config = AdmissionConfig { hold_after: Duration::from_millis(50), ..AdmissionConfig::new(2) };
         let adm = Admission::new(ledger, config);
         let t = Arc::new(Tenant::new("t"));
         let hopeless = adm.enqueue(&t, capacity, 0).expect("no larger than the capacity: queued");
         let refused = tokio::time::timeout(Duration::from_secs(2), hopeless.ticket()).await.unwrap();
         match refused {
-            Err(Refusal::NeverFits { largest, .. }) => assert!(largest <= ceiling + (64 << 20)),
+            Err(Refusal::NeverFits { largest, .. }) => assert_eq!(largest, ceiling),
             Err(e) => panic!("refused for the wrong reason: {e:?}"),
             Ok(_) => panic!("admitted a job larger than the host"),
         }
         drop(adm.admit(&t, 10 * MIB).await.unwrap());
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn the_tenant_with_less_usage_goes_first_and_limits_hold() {
         let adm = admission(1, 4);
         let heavy = Arc::new(Tenant::new("heavy"));

@@ -13,7 +13,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use tokio::sync::oneshot;
 
