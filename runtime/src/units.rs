@@ -72,6 +72,51 @@ impl fmt::Display for Bytes {
     }
 }
 
+/// A size as a flag takes it (parsed by [`parse_size`]) and `--help`
+/// shows it (as [`Bytes`]), so that a flag's default is the library's
+/// constant: `#[arg(default_value_t = Size(DEFAULT_…))]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Size(pub u64);
+
+impl std::str::FromStr for Size {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Size, String> {
+        parse_size(s).map(Size)
+    }
+}
+
+impl fmt::Display for Size {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Exact, and as people type it (`1GiB`, `1536MiB`): it is parsed back.
+        for (name, size) in [("TiB", 1u64 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
+            if self.0 >= size && self.0 % size == 0 {
+                return write!(f, "{}{name}", self.0 / size);
+            }
+        }
+        write!(f, "{}", self.0)
+    }
+}
+
+/// A duration as a flag takes it ([`parse_duration`]) and `--help` shows
+/// it (`10m`, `30s`); see [`Size`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span(pub Duration);
+
+impl std::str::FromStr for Span {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Span, String> {
+        parse_duration(s).map(Span)
+    }
+}
+
+impl fmt::Display for Span {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", humantime::format_duration(self.0))
+    }
+}
+
 /// Rows of cells as left-aligned columns two spaces apart.
 pub fn render_table<R: AsRef<[String]>>(rows: &[R]) -> String {
     let columns = rows.first().map_or(0, |r| r.as_ref().len());
@@ -101,6 +146,20 @@ mod tests {
         assert!(parse_size("lots").is_err());
         assert!(parse_size("5 parsecs").is_err());
         assert!(parse_size("MiB").is_err());
+    }
+
+    #[test]
+    fn flag_values_show_as_they_parse() {
+        for size in [1 << 30, 4 << 30, 64 << 20, 256 << 20, 10 << 30, 1536 << 20, 12345] {
+            let shown = Size(size).to_string();
+            assert_eq!(shown.parse::<Size>(), Ok(Size(size)), "{shown}");
+        }
+        assert_eq!(Size(1 << 30).to_string(), "1GiB");
+        for secs in [1, 10, 30, 60, 600, 24 * 3600] {
+            let shown = Span(Duration::from_secs(secs)).to_string();
+            assert_eq!(shown.parse::<Span>(), Ok(Span(Duration::from_secs(secs))), "{shown}");
+        }
+        assert_eq!(Span(Duration::from_secs(600)).to_string(), "10m");
     }
 
     #[test]

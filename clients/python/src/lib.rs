@@ -27,7 +27,7 @@ create_exception!(
 );
 
 /// The memory limit of `run` when `mem` is not given (as `peerwasm run`).
-const DEFAULT_MEMORY: u64 = 1 << 30;
+const DEFAULT_MEMORY: u64 = peerwasm::proto::DEFAULT_JOB_MEMORY;
 
 /// How a job ended.
 #[pyclass(frozen, get_all, module = "peerwasm")]

@@ -20,8 +20,6 @@ use crate::runner::{JobRunner, RunnerConfig};
 /// The most stdin `run` reads and hands to the job.
 pub const MAX_STDIN_BYTES: u64 = 256 << 20;
 
-/// The memory limit when `--mem` is not given.
-pub const DEFAULT_MEMORY: u64 = 1 << 30;
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
@@ -81,7 +79,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     job.env = env;
     job.limits.timeout_ms = args.timeout.map(|d| d.as_millis().max(1) as u64);
     job.dirs = dirs;
-    let spec = job.spec(Vec::new(), args.mem.unwrap_or(DEFAULT_MEMORY));
+    let spec = job.spec(Vec::new(), args.mem.unwrap_or(crate::proto::DEFAULT_JOB_MEMORY));
 
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let mut result = if let Some(target) = args.pool.target(args.sandbox.cache_root())? {
@@ -171,7 +169,7 @@ fn detach(args: &RunArgs, module_path: &str, job_args: &[String], env: Vec<(Stri
         }
         buf
     };
-    let spec = job.spec(stdin, args.mem.unwrap_or(DEFAULT_MEMORY));
+    let spec = job.spec(stdin, args.mem.unwrap_or(crate::proto::DEFAULT_JOB_MEMORY));
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let (worker, id) = runtime.block_on(pool.submit_detached(&job, &spec))?;
     super::say(&id);

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use crate::units::{parse_duration, parse_size};
+use crate::units::{Size, Span, parse_duration, parse_size};
 use crate::worker::ledger::LedgerConfig;
 use crate::worker::http::DEFAULT_MAX_JOB_TIME;
 use crate::runner::RunnerConfig;
@@ -36,8 +36,8 @@ pub struct WorkerArgs {
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     memory: Option<u64>,
     /// Memory always left to the host and its users.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "1GiB")]
-    reserve: u64,
+    #[arg(long, value_name = "SIZE", default_value_t = Size(crate::worker::ledger::DEFAULT_RESERVE))]
+    reserve: Size,
     /// Where compiled modules are cached, under modules/ [default:
     /// ~/.cache/peerwasm].
     #[arg(long, value_name = "DIR", env = "PEERWASM_CACHE_DIR")]
@@ -54,15 +54,15 @@ pub struct WorkerArgs {
     history_days: u32,
     /// How long compiling one module may take; past it the job is rejected
     /// naming this limit, and so are later jobs of that module.
-    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "60s")]
-    max_compile_time: Duration,
+    #[arg(long, value_name = "DUR", default_value_t = Span(crate::worker::http::DEFAULT_MAX_COMPILE_TIME))]
+    max_compile_time: Span,
     /// The most disk the compiled-module cache may take; the least recently
     /// used modules are removed first (and compiled again when needed).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "4GiB")]
-    cache_max: u64,
+    #[arg(long, value_name = "SIZE", default_value_t = Size(crate::sandbox::DEFAULT_CACHE_MAX))]
+    cache_max: Size,
     /// Time between gossip rounds.
-    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "1s")]
-    gossip_interval: Duration,
+    #[arg(long, value_name = "DUR", default_value_t = Span(crate::worker::http::DEFAULT_GOSSIP_INTERVAL))]
+    gossip_interval: Span,
     /// Tenants who may submit, with their token hashes, weights and limits
     /// (TOML; see the README). Without it, anyone who reaches the worker
     /// may submit, as one tenant.
@@ -82,12 +82,12 @@ pub struct WorkerArgs {
     #[arg(long, conflicts_with = "cluster_key")]
     insecure_gossip: bool,
     /// Half-life of tenants' usage in fair share.
-    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10m")]
-    usage_half_life: Duration,
+    #[arg(long, value_name = "DUR", default_value_t = Span(crate::worker::fairshare::DEFAULT_HALF_LIFE))]
+    usage_half_life: Span,
     /// Module bytes kept in memory for compiling, at most; the least
     /// recently used are dropped (a client uploads a dropped module again).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "1GiB")]
-    module_memory: u64,
+    #[arg(long, value_name = "SIZE", default_value_t = Size(crate::sandbox::DEFAULT_MODULE_BYTES_HELD))]
+    module_memory: Size,
     /// The address peers and clients reach this worker at, host:port (a
     /// name is fine), when it is not the --listen address: e.g. with
     /// --listen 0.0.0.0:7070 on a cluster node, --advertise node042:7070.
@@ -99,25 +99,25 @@ pub struct WorkerArgs {
     max_queued: Option<u32>,
     /// Bytes of input one tenant's waiting jobs may hold here; more are
     /// refused (503) and the client tries another worker.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "1GiB")]
-    max_queued_bytes: u64,
+    #[arg(long, value_name = "SIZE", default_value_t = Size(crate::worker::admission::QUEUE_BYTES_PER_TENANT))]
+    max_queued_bytes: Size,
     /// Bytes of finished detached jobs' output one tenant may hold here;
     /// past it its new detached jobs are refused (503) until it discards
     /// some.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "256MiB")]
-    max_results: u64,
+    #[arg(long, value_name = "SIZE", default_value_t = Size(crate::worker::http::DEFAULT_MAX_RESULTS))]
+    max_results: Size,
     /// Bytes of detached maps (inputs and results) one tenant may keep in
     /// this worker's state database; past it, its next `map --detach` here
     /// is refused until it discards finished ones (`peerwasm cancel ID`).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "4GiB")]
-    max_stored: u64,
+    #[arg(long, value_name = "SIZE", default_value_t = Size(crate::worker::http::DEFAULT_MAX_STORED))]
+    max_stored: Size,
     /// Connections served at once; more are closed as they arrive.
     #[arg(long, value_name = "N", default_value_t = crate::worker::http::serve::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
     /// Time a client has to send a request's headers before its connection
     /// is closed (slow clients cannot hold connections open).
-    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10s")]
-    header_timeout: Duration,
+    #[arg(long, value_name = "DUR", default_value_t = Span(crate::worker::http::serve::DEFAULT_HEADER_TIMEOUT))]
+    header_timeout: Span,
     /// The longest any job may run here, e.g. 2h, or `none`: a job that
     /// asks for no limit gets this one, and a job asking for more is
     /// refused, naming it (like a cluster partition's MaxTime).
@@ -127,20 +127,20 @@ pub struct WorkerArgs {
     /// On shutdown (SIGTERM, Ctrl-C), how long running jobs may go on
     /// before they are cancelled; queued jobs are cancelled at once, so
     /// their clients send them elsewhere.
-    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "30s")]
-    drain_grace: Duration,
+    #[arg(long, value_name = "DUR", default_value_t = Span(crate::worker::http::DEFAULT_DRAIN_GRACE))]
+    drain_grace: Span,
     /// A job that has waited this long gets memory held for it, so large
     /// jobs are not starved by a stream of small ones.
-    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "30s")]
-    hold_after: Duration,
+    #[arg(long, value_name = "DUR", default_value_t = Span(crate::worker::admission::DEFAULT_HOLD_AFTER))]
+    hold_after: Span,
     /// Files and directories one job may hold open; past it, opening gives
     /// the job EMFILE (the worker's own descriptors are never at risk).
     #[arg(long, value_name = "N", default_value_t = crate::sandbox::files::DEFAULT_MAX_OPEN_FILES)]
     max_open_files: u32,
     /// Bytes one job may write to files (its scratch directory /tmp); past
     /// it, writing gives the job ENOSPC.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "1GiB")]
-    scratch: u64,
+    #[arg(long, value_name = "SIZE", default_value_t = Size(crate::worker::http::DEFAULT_SCRATCH))]
+    scratch: Size,
     /// Where jobs' scratch directories are made [default: the system's
     /// temporary directory].
     #[arg(long, value_name = "DIR")]
@@ -153,21 +153,18 @@ pub struct WorkerArgs {
     /// The most stdout, and the most stderr, a job's output is buffered to
     /// here, whatever the job asks; past it the job ends with "output
     /// limit".
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = MAX_OUTPUT_FLAG)]
-    max_output: u64,
+    #[arg(long, value_name = "SIZE", default_value_t = Size(crate::worker::http::DEFAULT_MAX_OUTPUT))]
+    max_output: Size,
     /// Bytes of files shipped with jobs (`run --dir` on a pool) kept here by
     /// content hash, shared by all jobs; the least recently used go first.
     /// They count against --scratch-total too.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "10GiB")]
-    file_store: u64,
+    #[arg(long, value_name = "SIZE", default_value_t = Size(crate::worker::filestore::DEFAULT_FILE_STORE))]
+    file_store: Size,
     /// The most bytes of files one job sends back from its writable
     /// directories; past it the job ends "files back too large".
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "64MiB")]
-    max_files_back: u64,
+    #[arg(long, value_name = "SIZE", default_value_t = Size(crate::worker::trees::DEFAULT_MAX_FILES_BACK))]
+    max_files_back: Size,
 }
-
-/// `--max-output`'s default as people write it: [`crate::worker::http::DEFAULT_MAX_OUTPUT`].
-const MAX_OUTPUT_FLAG: &str = "64MiB";
 
 /// `--max-job-time`: a duration, or no limit.
 #[derive(Clone, Copy, Debug)]
@@ -212,17 +209,17 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     if let Some(n) = args.slots {
         sandbox.slots = n.max(1);
     }
-    sandbox.module_bytes_held = args.module_memory;
+    sandbox.module_bytes_held = args.module_memory.0;
     sandbox.cache_dir = args.cache_dir.or_else(super::default_cache_root).map(|root| root.join("modules"));
     sandbox.max_job_time = args.max_job_time.0;
     sandbox.max_open_files = args.max_open_files.max(1);
-    sandbox.cache_max_bytes = args.cache_max;
-    sandbox.max_scratch_bytes = Some(args.scratch);
+    sandbox.cache_max_bytes = args.cache_max.0;
+    sandbox.max_scratch_bytes = Some(args.scratch.0);
     let scratch_root = args.scratch_dir.clone().unwrap_or_else(std::env::temp_dir);
     sandbox.scratch_total_bytes = Some(args.scratch_total.unwrap_or_else(|| free_space(&scratch_root) / 10 * 9));
     sandbox.scratch_root = args.scratch_dir;
-    sandbox.max_compile_time = Some(args.max_compile_time);
-    sandbox.max_output_bytes = Some(args.max_output);
+    sandbox.max_compile_time = Some(args.max_compile_time.0);
+    sandbox.max_output_bytes = Some(args.max_output.0);
     raise_descriptor_limit(args.slots.unwrap_or(sandbox.slots), args.max_open_files);
     let config = WorkerConfig {
         listen: args.listen,
@@ -234,30 +231,30 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
                 policy => Some(crate::runner::slotproc::SlotProcessConfig { program: super::slot_program()?, policy }),
             },
         },
-        ledger: LedgerConfig { memory: args.memory, reserve: args.reserve },
-        gossip_interval: args.gossip_interval,
+        ledger: LedgerConfig { memory: args.memory, reserve: args.reserve.0 },
+        gossip_interval: args.gossip_interval.0,
         tenants: match &args.tenants {
             Some(path) => Tenants::load(path)?,
             None => Tenants::single(),
         },
         fair_share: args.fair_share,
-        usage_half_life: args.usage_half_life,
-        hold_after: args.hold_after,
+        usage_half_life: args.usage_half_life.0,
+        hold_after: args.hold_after.0,
         cluster_key: args.cluster_key,
         insecure_gossip: args.insecure_gossip,
         max_queued: args.max_queued,
-        max_queued_bytes: args.max_queued_bytes,
+        max_queued_bytes: args.max_queued_bytes.0,
         advertise: args.advertise.clone(),
-        drain_grace: args.drain_grace,
-        max_results: args.max_results,
-        max_stored: args.max_stored,
-        file_store_bytes: args.file_store,
-        max_files_back: args.max_files_back,
+        drain_grace: args.drain_grace.0,
+        max_results: args.max_results.0,
+        max_stored: args.max_stored.0,
+        file_store_bytes: args.file_store.0,
+        max_files_back: args.max_files_back.0,
         state_dir: args.state_dir.or_else(|| default_state_dir(args.listen, args.advertise.as_deref())),
         history_keep: Duration::from_secs(u64::from(args.history_days) * 24 * 3600),
         serve: crate::worker::http::serve::ServeLimits {
             max_connections: args.max_connections.max(1),
-            header_timeout: args.header_timeout,
+            header_timeout: args.header_timeout.0,
         },
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -346,15 +343,44 @@ async fn shutdown_signal() {
 
 #[cfg(test)]
 mod tests {
+    /// `peerwasm worker` with no flags is the library's documented
+    /// defaults: every default is written once, as a constant, and read
+    /// by both.
     #[test]
     fn flag_defaults_are_the_library_defaults() {
-        assert_eq!(crate::units::parse_size(super::MAX_OUTPUT_FLAG), Ok(crate::worker::http::DEFAULT_MAX_OUTPUT));
-        assert_eq!(crate::units::parse_size("4GiB"), Ok(crate::sandbox::DEFAULT_CACHE_MAX), "--cache-max");
-        assert_eq!(crate::units::parse_size("1GiB"), Ok(crate::worker::admission::QUEUE_BYTES_PER_TENANT));
-        assert_eq!(crate::units::parse_duration("10s"), Ok(crate::worker::http::serve::DEFAULT_HEADER_TIMEOUT));
-        assert_eq!(crate::units::parse_size("256MiB"), Ok(crate::worker::http::DEFAULT_MAX_RESULTS));
-        assert_eq!(crate::units::parse_size("1GiB"), Ok(crate::worker::http::DEFAULT_SCRATCH), "--scratch");
-        assert_eq!(crate::units::parse_size("10GiB"), Ok(crate::worker::filestore::DEFAULT_FILE_STORE), "--file-store");
-        assert_eq!(crate::units::parse_size("64MiB"), Ok(crate::worker::trees::DEFAULT_MAX_FILES_BACK), "--max-files-back");
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            worker: super::WorkerArgs,
+        }
+        let a = <Cli as clap::Parser>::parse_from(["peerwasm-worker"]).worker;
+        let lib = crate::worker::WorkerConfig::new("127.0.0.1:0".parse().unwrap());
+        let sandbox = &lib.runner.sandbox;
+        assert_eq!(a.reserve.0, lib.ledger.reserve);
+        assert_eq!(a.memory, lib.ledger.memory);
+        assert_eq!(a.gossip_interval.0, lib.gossip_interval);
+        assert_eq!(a.usage_half_life.0, lib.usage_half_life);
+        assert_eq!(a.hold_after.0, lib.hold_after);
+        assert_eq!(a.fair_share, lib.fair_share);
+        assert_eq!(a.max_queued_bytes.0, lib.max_queued_bytes);
+        assert_eq!(a.max_queued, lib.max_queued);
+        assert_eq!(a.drain_grace.0, lib.drain_grace);
+        assert_eq!(a.max_results.0, lib.max_results);
+        assert_eq!(a.max_stored.0, lib.max_stored);
+        assert_eq!(a.file_store.0, lib.file_store_bytes);
+        assert_eq!(a.max_files_back.0, lib.max_files_back);
+        assert_eq!(a.header_timeout.0, lib.serve.header_timeout);
+        assert_eq!(a.max_connections, lib.serve.max_connections);
+        assert_eq!(std::time::Duration::from_secs(u64::from(a.history_days) * 24 * 3600), lib.history_keep);
+        assert_eq!(a.module_memory.0, sandbox.module_bytes_held);
+        assert_eq!(a.cache_max.0, sandbox.cache_max_bytes);
+        assert_eq!(Some(a.scratch.0), sandbox.max_scratch_bytes);
+        assert_eq!(Some(a.max_output.0), sandbox.max_output_bytes);
+        assert_eq!(Some(a.max_compile_time.0), sandbox.max_compile_time);
+        assert_eq!(a.max_job_time.0, sandbox.max_job_time);
+        assert_eq!(a.max_open_files, sandbox.max_open_files);
+        let admission = crate::worker::admission::AdmissionConfig::new(1);
+        assert_eq!((admission.half_life, admission.hold_after), (lib.usage_half_life, lib.hold_after));
+        assert_eq!(admission.queue_bytes_per_tenant, lib.max_queued_bytes);
     }
 }

@@ -21,7 +21,7 @@ use crate::proto::ModuleHash;
 pub const WASM_PAGE: u64 = 64 * 1024;
 
 /// The request before anything is known: 1 GiB, as `peerwasm run`.
-pub const DEFAULT_MEMREQ: u64 = 1 << 30;
+pub const DEFAULT_MEMREQ: u64 = crate::proto::DEFAULT_JOB_MEMORY;
 
 /// Default margin over the largest peak seen.
 pub const DEFAULT_MARGIN: f64 = 1.25;

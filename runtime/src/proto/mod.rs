@@ -112,11 +112,15 @@ pub struct DirGrant {
     pub read_only: bool,
 }
 
+/// The memory limit of a job that names none, in bytes: 1 GiB (`run`
+/// without `--mem`, a library [`JobSpec`], `map`'s first estimate).
+pub const DEFAULT_JOB_MEMORY: u64 = 1 << 30;
+
 /// Per-job limits. Every field is enforced by the sandbox.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobLimits {
     /// Linear memory, summed over all memories of the job, in bytes.
-    /// Default: 1 GiB.
+    /// Default: [`DEFAULT_JOB_MEMORY`].
     pub memory_bytes: u64,
     /// Wall-clock time; `None` means no limit. Default: none.
     pub timeout_ms: Option<u64>,
@@ -129,7 +133,7 @@ pub struct JobLimits {
 impl Default for JobLimits {
     fn default() -> Self {
         JobLimits {
-            memory_bytes: 1 << 30,
+            memory_bytes: DEFAULT_JOB_MEMORY,
             timeout_ms: None,
             stdout_bytes: 64 << 20,
             stderr_bytes: 16 << 20,

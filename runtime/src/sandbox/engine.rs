@@ -10,7 +10,7 @@ use super::SandboxConfig;
 /// How a job that computes without end is made to give the thread back, so
 /// its wall-time limit can end it. A job blocked in a host call (sleeping)
 /// is ended by the async timeout in either case.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum TimeLimitMechanism {
     /// Epoch interruption: a ticker thread bumps the engine's epoch every
     /// [`EPOCH_TICK`]; compiled code checks it at loop heads and calls.

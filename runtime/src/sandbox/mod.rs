@@ -64,6 +64,9 @@ use outcome::Phase;
 /// Where a job's scratch directory appears in the guest.
 pub const SCRATCH_GUEST_PATH: &str = "/tmp";
 
+/// Module bytes a runner keeps for compiling by default (`--module-memory`).
+pub const DEFAULT_MODULE_BYTES_HELD: u64 = 1 << 30;
+
 /// The most bytes of compiled artifacts a disk cache keeps by default.
 pub const DEFAULT_CACHE_MAX: u64 = 4 << 30;
 
@@ -71,7 +74,8 @@ pub const DEFAULT_CACHE_MAX: u64 = 4 << 30;
 pub const PEAK_WARNING_SHARE: f64 = 0.9;
 
 /// How the sandbox is set up. Every field has a default (see `Default`).
-#[derive(Clone, Debug)]
+/// Serializable: a worker sends it to its slot processes.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct SandboxConfig {
     /// How many jobs run at once; sizes the pooling allocator.
     /// Default: the number of cores.
@@ -90,7 +94,8 @@ pub struct SandboxConfig {
     /// Compiled modules kept in memory. Default: 64.
     pub cache_entries: usize,
     /// Module bytes a runner keeps for compiling on a cache miss, in bytes;
-    /// the least recently used go first (`runner::modules`). Default: 1 GiB.
+    /// the least recently used go first (`runner::modules`). Default:
+    /// [`DEFAULT_MODULE_BYTES_HELD`].
     pub module_bytes_held: u64,
     /// Where compiled artifacts are kept on disk; `None` keeps them in
     /// memory only. Default: none.
@@ -136,7 +141,7 @@ impl Default for SandboxConfig {
             max_module_bytes: 64 << 20,
             max_job_memory: 4 << 30,
             cache_entries: 64,
-            module_bytes_held: 1 << 30,
+            module_bytes_held: DEFAULT_MODULE_BYTES_HELD,
             cache_dir: None,
             cache_max_bytes: DEFAULT_CACHE_MAX,
             max_compile_time: None,

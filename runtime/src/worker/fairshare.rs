@@ -18,6 +18,10 @@ use tokio::time::Instant;
 
 use crate::proto::{TenantAccount, TenantUsage};
 
+
+/// How long tenants' usage takes to halve by default (`--usage-half-life`).
+pub const DEFAULT_HALF_LIFE: Duration = Duration::from_secs(600);
+
 /// Decayed usage of one tenant.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Usage {

@@ -120,18 +120,22 @@ impl HostMemory for Arc<FakeMemory> {
     }
 }
 
+/// Memory always left to the host and its users by default (`--reserve`).
+pub const DEFAULT_RESERVE: u64 = 1 << 30;
+
 /// How the ledger is sized. Defaults in `Default`.
 #[derive(Clone, Debug)]
 pub struct LedgerConfig {
     /// The most jobs may hold (`--memory`); `None`: no limit of our own.
     pub memory: Option<u64>,
-    /// Memory always left to the host (`--reserve`). Default: 1 GiB.
+    /// Memory always left to the host (`--reserve`). Default:
+    /// [`DEFAULT_RESERVE`].
     pub reserve: u64,
 }
 
 impl Default for LedgerConfig {
     fn default() -> Self {
-        LedgerConfig { memory: None, reserve: 1 << 30 }
+        LedgerConfig { memory: None, reserve: DEFAULT_RESERVE }
     }
 }
 
@@ -479,7 +483,7 @@ mod tests {
 
     #[test]
     fn on_this_machine_capacity_is_capped_by_physical_memory_less_the_reserve() {
-        let ledger = Ledger::new(&LedgerConfig { memory: None, reserve: 1 << 30 }).unwrap();
+        let ledger = Ledger::new(&LedgerConfig { memory: None, reserve: DEFAULT_RESERVE }).unwrap();
         let mut s = System::new().unwrap();
         s.refresh_memory();
         assert!(ledger.capacity() <= s.total_memory() - (1 << 30));

@@ -41,7 +41,7 @@ struct Current {
 
 /// What the reader passes to the main loop.
 enum Request {
-    Setup(super::wire::SlotSetup),
+    Setup(crate::sandbox::SandboxConfig),
     /// A job, with its ends of what the reader routes to it: made when its
     /// `Run` is read, so that nothing sent after it reaches another job.
     Run {
@@ -73,7 +73,7 @@ async fn serve_async() -> anyhow::Result<()> {
         Some(_) => bail!("a slot process expects its setup first"),
         None => return Ok(()),
     };
-    let config = setup.sandbox_config();
+    let config = setup;
     let runner = JobRunner::new(RunnerConfig { sandbox: config, ..RunnerConfig::default() })
         .context("cannot set up the slot's sandbox")?;
     let send = |m: FromSlot| {

@@ -38,8 +38,8 @@ use tokio::process::{Child, ChildStdin, ChildStdout};
 use crate::proto::frame::{FrameReader, encode_frame};
 use crate::proto::{CancelCause, JobResult, JobSpec, Outcome, StdStream};
 use super::host_failure;
-use crate::sandbox::{OutputCapture, RunHooks, Sandbox, files::ScratchPool};
-use wire::{FromSlot, STDIN_CREDIT, SlotSetup, ToSlot};
+use crate::sandbox::{SandboxConfig, OutputCapture, RunHooks, Sandbox, files::ScratchPool};
+use wire::{FromSlot, STDIN_CREDIT, ToSlot};
 
 /// How long past a job's deadline (and the child's own grace), or a
 /// cancel, the worker waits for its slot process to answer before killing
@@ -100,7 +100,7 @@ pub struct SlotProcessConfig {
 pub struct SlotProcesses {
     program: SlotProgram,
     /// The worker's sandbox settings, for the children's.
-    setup: SlotSetup,
+    setup: SandboxConfig,
     /// Where each child gets a scratch directory of its own.
     scratch_root: PathBuf,
     /// The worker's disk total, of which each job is given a share.
@@ -135,7 +135,7 @@ impl SlotProcesses {
         let config = sandbox.config();
         SlotProcesses {
             program,
-            setup: SlotSetup::from_worker(config, None),
+            setup: wire::child_sandbox(config, None),
             scratch_root: config.scratch_root.clone().unwrap_or_else(std::env::temp_dir),
             scratch: sandbox.scratch_pool(),
             idle: Mutex::new(Vec::new()),
@@ -245,7 +245,7 @@ impl SlotProcesses {
             anyhow::bail!("the slot process has no pipes");
         };
         let mut child = SlotChild { process, to, from, frames: FrameReader::default(), buf: vec![0; READ_CHUNK].into(), _scratch: scratch };
-        let setup = SlotSetup { scratch_root: Some(child._scratch.path().to_path_buf()), ..self.setup.clone() };
+        let setup = SandboxConfig { scratch_root: Some(child._scratch.path().to_path_buf()), ..self.setup.clone() };
         child.send(&ToSlot::Setup(setup)).await?;
         Ok(child)
     }

@@ -9,7 +9,6 @@
 //! behind input the child has no room for.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -23,7 +22,7 @@ pub const STDIN_CREDIT: usize = crate::sandbox::stdin::STDIN_CHANNEL_DEPTH;
 #[derive(Debug, Serialize, Deserialize)]
 pub enum ToSlot {
     /// First, once: how the child's sandbox is set up.
-    Setup(SlotSetup),
+    Setup(SandboxConfig),
     /// Run this job; its files may take `scratch_bytes` on disk (what the
     /// parent took from the worker's total for it; `None`: no total). With
     /// `streamed_stdin`, its stdin comes in `Stdin` frames; without, it is
@@ -63,63 +62,20 @@ pub enum FromSlot {
     Done { result: JobResult, overran: bool },
 }
 
-/// The sandbox settings a slot process takes from its worker.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct SlotSetup {
-    pub max_module_bytes: u64,
-    pub max_job_memory: u64,
-    pub cache_entries: usize,
-    pub cache_dir: Option<PathBuf>,
-    pub cache_max_bytes: u64,
-    pub max_compile_time: Option<Duration>,
-    /// The child's own directory, under the worker's scratch root: the
-    /// worker removes it whatever way the child ends.
-    pub scratch_root: Option<PathBuf>,
-    pub max_job_time: Option<Duration>,
-    pub max_open_files: u32,
-    pub max_scratch_bytes: Option<u64>,
-    pub max_output_bytes: Option<u64>,
-}
-
-impl SlotSetup {
-    /// The worker's settings, for a child whose scratch directories go
-    /// under `scratch_root`.
-    pub fn from_worker(c: &SandboxConfig, scratch_root: Option<PathBuf>) -> SlotSetup {
-        SlotSetup {
-            max_module_bytes: c.max_module_bytes,
-            max_job_memory: c.max_job_memory,
-            cache_entries: c.cache_entries,
-            cache_dir: c.cache_dir.clone(),
-            cache_max_bytes: c.cache_max_bytes,
-            max_compile_time: c.max_compile_time,
-            scratch_root,
-            max_job_time: c.max_job_time,
-            max_open_files: c.max_open_files,
-            max_scratch_bytes: c.max_scratch_bytes,
-            max_output_bytes: c.max_output_bytes,
-        }
-    }
-
-    /// The child's sandbox: one slot, no time-limit instrumentation (the
-    /// process is the slot), and a scratch total set per job.
-    pub fn sandbox_config(&self) -> SandboxConfig {
-        SandboxConfig {
-            slots: 1,
-            pooling: true,
-            time_limit: TimeLimitMechanism::Off,
-            max_module_bytes: self.max_module_bytes,
-            max_job_memory: self.max_job_memory,
-            cache_entries: self.cache_entries,
-            module_bytes_held: self.max_module_bytes,
-            cache_dir: self.cache_dir.clone(),
-            cache_max_bytes: self.cache_max_bytes,
-            max_compile_time: self.max_compile_time,
-            scratch_root: self.scratch_root.clone(),
-            max_job_time: self.max_job_time,
-            max_open_files: self.max_open_files,
-            max_scratch_bytes: self.max_scratch_bytes,
-            scratch_total_bytes: Some(u64::MAX),
-            max_output_bytes: self.max_output_bytes,
-        }
+/// The sandbox a slot process runs its worker's jobs in: the worker's
+/// own settings, with one slot, no time-limit instrumentation (the process
+/// is the slot), its scratch directories under `scratch_root` (the child's
+/// own directory, which the worker removes whatever way the child ends),
+/// and no scratch total of its own (the worker takes each job's share from
+/// its total and sends it with the job).
+pub fn child_sandbox(worker: &SandboxConfig, scratch_root: Option<PathBuf>) -> SandboxConfig {
+    SandboxConfig {
+        slots: 1,
+        pooling: true,
+        time_limit: TimeLimitMechanism::Off,
+        module_bytes_held: worker.max_module_bytes,
+        scratch_root,
+        scratch_total_bytes: Some(u64::MAX),
+        ..worker.clone()
     }
 }

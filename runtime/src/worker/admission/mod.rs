@@ -52,6 +52,10 @@ pub const QUEUE_PER_SLOT: u32 = 256;
 /// many jobs with large inputs is memory the worker holds for nothing yet.
 pub const QUEUE_BYTES_PER_TENANT: u64 = 1 << 30;
 
+/// A job that has waited this long gets memory held for it, by default
+/// (`--hold-after`).
+pub const DEFAULT_HOLD_AFTER: Duration = Duration::from_secs(30);
+
 /// How admission behaves.
 #[derive(Clone, Debug)]
 pub struct AdmissionConfig {
@@ -65,9 +69,11 @@ pub struct AdmissionConfig {
     /// Rank tenants by fair share (`true`, the default) or serve jobs in
     /// arrival order (`false`).
     pub fair_share: bool,
-    /// Usage halves every this long. Default: 10 minutes.
+    /// Usage halves every this long. Default:
+    /// [`DEFAULT_HALF_LIFE`](super::fairshare::DEFAULT_HALF_LIFE).
     pub half_life: Duration,
-    /// A job waiting longer than this gets memory held for it. Default: 30 s.
+    /// A job waiting longer than this gets memory held for it. Default:
+    /// [`DEFAULT_HOLD_AFTER`].
     pub hold_after: Duration,
 }
 
@@ -79,8 +85,8 @@ impl AdmissionConfig {
             queue_per_tenant: QUEUE_PER_SLOT * slots,
             queue_bytes_per_tenant: QUEUE_BYTES_PER_TENANT,
             fair_share: true,
-            half_life: Duration::from_secs(600),
-            hold_after: Duration::from_secs(30),
+            half_life: super::fairshare::DEFAULT_HALF_LIFE,
+            hold_after: DEFAULT_HOLD_AFTER,
         }
     }
 }

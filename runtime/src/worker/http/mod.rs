@@ -78,6 +78,9 @@ pub const DEFAULT_MAX_COMPILE_TIME: Duration = Duration::from_secs(60);
 /// is 30 s too).
 pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(30);
 
+/// Time between gossip rounds by default (`--gossip-interval`).
+pub const DEFAULT_GOSSIP_INTERVAL: Duration = Duration::from_secs(1);
+
 /// How a worker is set up.
 #[derive(Clone, Debug)]
 pub struct WorkerConfig {
@@ -90,16 +93,18 @@ pub struct WorkerConfig {
     pub runner: RunnerConfig,
     /// Memory sizing.
     pub ledger: LedgerConfig,
-    /// Time between gossip rounds. Default: 1 s.
+    /// Time between gossip rounds. Default: [`DEFAULT_GOSSIP_INTERVAL`].
     pub gossip_interval: Duration,
     /// Who may submit. Default: one tenant, no tokens.
     pub tenants: Tenants,
     /// Fair share on or off (`AdmissionConfig::fair_share`). Default: on.
     pub fair_share: bool,
-    /// Half-life of tenants' usage. Default: 10 minutes.
+    /// Half-life of tenants' usage. Default:
+    /// [`DEFAULT_HALF_LIFE`](crate::worker::fairshare::DEFAULT_HALF_LIFE).
     pub usage_half_life: Duration,
     /// A job waiting longer than this gets memory held for it
-    /// (`AdmissionConfig::hold_after`). Default: 30 s.
+    /// (`AdmissionConfig::hold_after`). Default:
+    /// [`DEFAULT_HOLD_AFTER`](crate::worker::admission::DEFAULT_HOLD_AFTER).
     pub hold_after: Duration,
     /// The key gossip is authenticated with (`--cluster-key`). Default:
     /// none, which [`start`] allows only on a loopback address unless
@@ -161,11 +166,11 @@ impl WorkerConfig {
             join: Vec::new(),
             runner,
             ledger: LedgerConfig::default(),
-            gossip_interval: Duration::from_secs(1),
+            gossip_interval: DEFAULT_GOSSIP_INTERVAL,
             tenants: Tenants::single(),
             fair_share: true,
-            usage_half_life: Duration::from_secs(600),
-            hold_after: AdmissionConfig::new(1).hold_after,
+            usage_half_life: crate::worker::fairshare::DEFAULT_HALF_LIFE,
+            hold_after: crate::worker::admission::DEFAULT_HOLD_AFTER,
             cluster_key: None,
             insecure_gossip: false,
             advertise: None,
