@@ -163,3 +163,18 @@ pub fn guest_c_wasm(name: &str) -> PathBuf {
     std::fs::rename(&partial, &wasm).expect("moving the built C guest into place");
     wasm
 }
+
+/// A valid WASI command of `n` small functions (a compile-time bomb within
+/// the module size cap: 20,000 make about 6 MB).
+pub fn big_module(n: usize) -> Vec<u8> {
+    let mut wat = String::from("(module\n");
+    for i in 0..n {
+        let mut body = String::new();
+        for k in 0..24 {
+            body.push_str(&format!(" local.get 0 i32.const {} i32.mul i32.const {k} i32.xor local.set 0", i * 31 + k));
+        }
+        wat.push_str(&format!("(func (param i32) (result i32){body} local.get 0)\n"));
+    }
+    wat.push_str("(func (export \"_start\")))\n");
+    wat::parse_str(&wat).unwrap()
+}

@@ -178,7 +178,7 @@ async fn the_disk_cache_keeps_to_its_budget_dropping_the_least_recently_used() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_large_compile_holds_up_no_other_module() {
     let r = std::sync::Arc::new(runner(SandboxConfig { slots: 2, ..SandboxConfig::default() }));
-    let big = JobSpec::new(r.add_module(crate::hostile::big_module(20_000)));
+    let big = JobSpec::new(r.add_module(peerwasm_testkit::big_module(20_000)));
     let started = std::time::Instant::now();
     let big_run = tokio::spawn({
         let r = r.clone();

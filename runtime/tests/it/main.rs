@@ -1,24 +1,9 @@
-//! Integration tests of the `peerwasm` crate: one test binary (each links
-//! wasmtime), with one module per area.
+//! In-process integration tests of the `peerwasm` crate: jobs run on a
+//! `JobRunner` in this process (outcomes, the module cache). One test
+//! binary (each links wasmtime), one module per area. The tests across
+//! processes and machines — real workers over HTTP, the command line,
+//! faults, tenants, clusters — are the workspace's `tests/` crate.
 
-mod batch;
 mod cache;
-mod cli;
-mod cluster;
-mod map;
-mod observe;
-mod faults;
-mod files;
-mod hardening;
-mod hostile;
-mod languages;
-mod lifecycle;
 mod outcomes;
-mod pool;
-mod slots;
-mod soak;
-mod streams;
-mod submissions;
 mod support;
-mod tenants;
-mod wire;

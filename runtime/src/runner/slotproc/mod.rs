@@ -164,13 +164,15 @@ impl SlotProcesses {
         let limit = spec.limits.memory_bytes;
         let (deadline, worker_limit) = sandbox.deadline(spec.limits.timeout_ms);
         // An idle child that ended meanwhile (killed from outside, say)
-        // is dropped, not handed the job.
+        // is dropped, not handed the job; one that ends before the job
+        // starts in it is replaced by a fresh one (below).
         let idle = loop {
             let Some(mut c) = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop() else { break None };
             if matches!(c.process.try_wait(), Ok(None)) {
                 break Some(c);
             }
         };
+        let mut reused = idle.is_some();
         let mut child = match idle {
             Some(c) => c,
             None => match self.spawn().await {
@@ -191,17 +193,40 @@ impl SlotProcesses {
             scratch_bytes: scratch.as_ref().map(|s| s.bytes),
             streamed_stdin: hooks.stdin.is_some(),
         };
-        let job = Talk {
-            child: &mut child,
-            stdout: &stdout,
-            stderr: &stderr,
-            hooks: &hooks,
-            deadline,
-            worker_limit,
-            limit,
-            bytes,
+        // Encoded once: sent again as it is if a reused child dies first.
+        let run = match encode_frame(&run) {
+            Ok(frame) => frame,
+            Err(e) => return host_failure(limit, &format!("cannot encode the job for its slot process: {e}")),
         };
-        let (mut result, reusable) = job.run(run).await;
+        let mut stdin = hooks.stdin.as_ref().and_then(|feed| feed.take());
+        let (mut result, reusable) = loop {
+            let job = Talk {
+                child: &mut child,
+                stdout: &stdout,
+                stderr: &stderr,
+                hooks: &hooks,
+                deadline,
+                worker_limit,
+                limit,
+                bytes: bytes.clone(),
+            };
+            match job.run(&run, stdin).await {
+                // An idle child that died before the job started in it
+                // (between our check and the job, or killed then): the
+                // job has not begun and nothing of its stdin was sent, so
+                // a fresh child runs it.
+                (_, Ended::Unstarted(back)) if reused => {
+                    tracing::debug!("an idle slot process ended before its job started; starting another");
+                    stdin = back;
+                    reused = false;
+                    child = match self.spawn().await {
+                        Ok(c) => c,
+                        Err(e) => break (host_failure(limit, &format!("cannot start a slot process: {e:#}")), false),
+                    };
+                }
+                (result, ended) => break (result, matches!(ended, Ended::Reusable)),
+            }
+        };
         drop(scratch);
         result.stdout = stdout.take();
         result.stderr = stderr.take();
@@ -253,8 +278,11 @@ impl SlotProcesses {
 
 impl SlotChild {
     async fn send(&mut self, msg: &ToSlot) -> anyhow::Result<()> {
-        let frame = encode_frame(msg)?;
-        self.to.write_all(&frame).await?;
+        self.send_frame(&encode_frame(msg)?).await
+    }
+
+    async fn send_frame(&mut self, frame: &[u8]) -> anyhow::Result<()> {
+        self.to.write_all(frame).await?;
         self.to.flush().await?;
         Ok(())
     }
@@ -299,6 +327,19 @@ impl Drop for ScratchShare {
     }
 }
 
+type StdinReceiver = tokio::sync::mpsc::Receiver<std::io::Result<bytes::Bytes>>;
+
+/// How a job's conversation with its child ended, for the child.
+enum Ended {
+    /// It answered and may serve another job.
+    Reusable,
+    /// It may not (it was cancelled, overran or died under the job).
+    Spent,
+    /// It died before the job started in it and before any of the job's
+    /// stdin was sent (which is handed back): the job may run elsewhere.
+    Unstarted(Option<StdinReceiver>),
+}
+
 /// One job's conversation with its child.
 struct Talk<'a> {
     child: &'a mut SlotChild,
@@ -312,15 +353,16 @@ struct Talk<'a> {
 }
 
 impl Talk<'_> {
-    /// Runs the job; returns its result and whether the child may serve
-    /// another (it answered, and was never told to cancel).
-    async fn run(mut self, run: ToSlot) -> (JobResult, bool) {
-        if let Err(e) = self.child.send(&run).await {
+    /// Runs the job (`run`, an encoded `ToSlot::Run`) with its streamed
+    /// `stdin`; returns its result and what is left of the child.
+    async fn run(mut self, run: &[u8], mut stdin: Option<StdinReceiver>) -> (JobResult, Ended) {
+        if let Err(e) = self.child.send_frame(run).await {
             let status = self.child.end().await;
-            return (host_failure(self.limit, &format!("the slot process did not take the job ({e}); it ended: {status}")), false);
+            let result = host_failure(self.limit, &format!("the slot process did not take the job ({e}); it ended: {status}"));
+            return (result, Ended::Unstarted(stdin));
         }
         let cancel = self.hooks.cancel.clone().unwrap_or_default();
-        let mut stdin = self.hooks.stdin.as_ref().and_then(|feed| feed.take());
+        let mut fed = false;
         let mut credit = STDIN_CREDIT;
         let mut starved = [false; 2];
         let mut peak = 0u64;
@@ -341,7 +383,8 @@ impl Talk<'_> {
                         if let (Some(cause), Outcome::Cancelled { .. }) = (cancelled, &result.outcome) {
                             result.outcome = Outcome::Cancelled { cause };
                         }
-                        return (result, !overran && cancelled.is_none());
+                        let reusable = !overran && cancelled.is_none();
+                        return (result, if reusable { Ended::Reusable } else { Ended::Spent });
                     }
                     Some(FromSlot::NeedModule) => {
                         let bytes = self.bytes.take().map(|b| b.to_vec());
@@ -380,7 +423,10 @@ impl Talk<'_> {
                         let status = self.child.end().await;
                         let mut result = host_failure(self.limit, &format!("the job's slot process ended without a result: {status}"));
                         result.peak_memory_bytes = peak;
-                        return (result, false);
+                        if started.is_none() && !fed && cancelled.is_none() {
+                            return (result, Ended::Unstarted(stdin));
+                        }
+                        return (result, Ended::Spent);
                     }
                 },
                 cause = cancel.cancelled(), if cancelled.is_none() => {
@@ -401,6 +447,7 @@ impl Talk<'_> {
                         stdin = None;
                     }
                     credit -= 1;
+                    fed = true;
                     if let Err(e) = self.child.send(&msg).await {
                         failed_send = Some(e);
                     }
@@ -418,7 +465,7 @@ impl Talk<'_> {
                     let mut result = JobResult::never_ran(self.limit, outcome);
                     result.peak_memory_bytes = peak;
                     result.wall_time_us = started.map_or(0, |s| s.elapsed().as_micros() as u64);
-                    return (result, false);
+                    return (result, Ended::Spent);
                 }
             }
             if let Some(e) = failed_send {

@@ -135,7 +135,7 @@ async fn forged_adverts_are_dropped_and_counted() {
 #[test]
 fn a_worker_reachable_from_other_machines_needs_a_cluster_key() {
     use std::process::{Command, Stdio};
-    let peerwasm = env!("CARGO_BIN_EXE_peerwasm");
+    let peerwasm = crate::support::PEERWASM;
     let out = Command::new(peerwasm).args(["worker", "--listen", "0.0.0.0:0", "--reserve", "0"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -155,7 +155,7 @@ async fn a_compile_past_the_limit_is_refused_naming_it_and_others_run_meanwhile(
     let w = worker(2, &tenants, None, &["--max-compile-time", "1s"]);
     let alice = Target::pool_as(vec![w.addr.clone()], Some(ALICE.into())).unwrap();
     // About 2.5 s to compile here: within the size cap, past the limit.
-    let bomb = Job::new(crate::hostile::big_module(20_000));
+    let bomb = Job::new(peerwasm_testkit::big_module(20_000));
     let started = Instant::now();
     let compiling = tokio::spawn({
         let (alice, bomb) = (alice.clone(), bomb.clone());
@@ -421,7 +421,7 @@ async fn detached_results_held_are_bounded_per_tenant_until_discarded() {
     assert_eq!(detach(BOB).await.status(), StatusCode::ACCEPTED);
     assert_eq!(post(&w.addr, &loud, Some(ALICE), false).await.status(), StatusCode::OK);
     // Discarding frees her room.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_peerwasm"))
+    let out = std::process::Command::new(crate::support::PEERWASM)
         .args(["cancel", "--peers", &w.addr, "--token", ALICE, &id])
         .output()
         .unwrap();
@@ -578,7 +578,7 @@ async fn buffered_output_and_held_results_count_against_the_workers_memory() {
     assert_eq!(r.outcome.exit_code(), 137);
     assert_eq!(me(&w.addr).await.largest_fit_bytes, 156 * MIB, "bob's output was given back");
     // Discarding alice's result gives its memory back.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_peerwasm"))
+    let out = std::process::Command::new(crate::support::PEERWASM)
         .args(["cancel", "--peers", &w.addr, "--token", ALICE, &id])
         .output()
         .unwrap();

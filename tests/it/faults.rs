@@ -119,7 +119,7 @@ impl Worker {
     /// Starts a worker with 1 slot listening on `listen`, caching under
     /// `cache`, inside namespace `ns` if given.
     fn start(ns: Option<&str>, listen: &str, cache: &Path, join: Option<&str>) -> Worker {
-        let peerwasm = env!("CARGO_BIN_EXE_peerwasm");
+        let peerwasm = crate::support::PEERWASM;
         let mut cmd = match ns {
             // `ip netns exec` execs the program: the child is the worker.
             Some(ns) => {

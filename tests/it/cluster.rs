@@ -56,7 +56,7 @@ async fn the_sbatch_recipe_starts_one_worker_per_node_joined_into_one_pool() {
         .env("SLURM_JOB_NODELIST", nodes.join(","))
         .env("SLURM_JOB_NUM_NODES", "3")
         .env("SLURM_CPUS_PER_TASK", "2")
-        .env("PEERWASM", env!("CARGO_BIN_EXE_peerwasm"))
+        .env("PEERWASM", crate::support::PEERWASM)
         .env("PEERWASM_PORT", "7070")
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(shims.path().join("job.err")).unwrap())
@@ -166,7 +166,7 @@ async fn a_worker_in_a_memory_cgroup_lends_no_more_than_its_limit() {
         "echo $$ > {}/cgroup.procs && exec {} worker --listen 127.0.0.1:0 --memory 1GiB --reserve 0 --slots 2 \
          --gossip-interval 100ms --cache-dir {}",
         group.0.display(),
-        env!("CARGO_BIN_EXE_peerwasm"),
+        crate::support::PEERWASM,
         cache.path().display()
     );
     let (mut worker, addr) = crate::support::spawn_worker(

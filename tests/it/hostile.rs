@@ -97,7 +97,7 @@ fn corpus() -> Vec<Case> {
             ),
         ),
         case("module over the size cap (64 MiB + 1)", Module::Bytes(oversized)),
-        case("20,000 functions (6 MB; compile-time bomb within the cap)", Module::Bytes(big_module(20_000))),
+        case("20,000 functions (6 MB; compile-time bomb within the cap)", Module::Bytes(peerwasm_testkit::big_module(20_000))),
         case("stdout flood", Module::Guest("hostile-flood")),
         case("stderr flood", flood(2)),
         case("escape from /tmp: .., absolute paths, planted symlinks", Module::Guest("hostile-escape")),
@@ -129,21 +129,6 @@ fn corpus() -> Vec<Case> {
         case("descriptor bomb: open files without end", Module::Guest("hostile-files")),
         case("disk filler: a tree 64 deep, then writes without end", Module::Guest("hostile-disk")),
     ]
-}
-
-/// A valid WASI command of `n` small functions (the same shape as the cache
-/// benchmark's).
-pub(crate) fn big_module(n: usize) -> Vec<u8> {
-    let mut wat = String::from("(module\n");
-    for i in 0..n {
-        let mut body = String::new();
-        for k in 0..24 {
-            body.push_str(&format!(" local.get 0 i32.const {} i32.mul i32.const {k} i32.xor local.set 0", i * 31 + k));
-        }
-        wat.push_str(&format!("(func (param i32) (result i32){body} local.get 0)\n"));
-    }
-    wat.push_str("(func (export \"_start\")))\n");
-    wat::parse_str(&wat).unwrap()
 }
 
 /// The outcome as the corpus table names it.

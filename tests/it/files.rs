@@ -12,12 +12,12 @@ use peerwasm::proto::{JobSpec, ModuleHash, Outcome};
 use crate::support::WorkerProcess;
 
 fn peerwasm(args: &[&str], cache: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_peerwasm")).args(args).arg("--cache-dir").arg(cache).output().unwrap()
+    Command::new(crate::support::PEERWASM).args(args).arg("--cache-dir").arg(cache).output().unwrap()
 }
 
 /// `peerwasm run [--peers P] ARGS... MODULE JOB_ARGS...`.
 fn run(peers: Option<&str>, flags: &[String], module: &Path, job_args: &[&str], cache: &Path) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_peerwasm"));
+    let mut cmd = Command::new(crate::support::PEERWASM);
     cmd.arg("run").arg("--cache-dir").arg(cache);
     if let Some(p) = peers {
         cmd.args(["--peers", p]);

@@ -13,7 +13,7 @@ use crate::support::{MIB, WorkerProcess};
 /// `peerwasm run` with stdin and stdout piped to us; `peers`: the remote
 /// worker, or none for the embedded one.
 pub(crate) fn run(peers: Option<&str>, guest: &str, args: &[&str]) -> Child {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_peerwasm"));
+    let mut cmd = Command::new(crate::support::PEERWASM);
     cmd.arg("run");
     if let Some(p) = peers {
         cmd.args(["--peers", p]);
@@ -187,7 +187,7 @@ async fn the_pool_streams_stdin_and_output_for_library_callers() {
 #[test]
 fn a_detached_jobs_output_can_be_followed_and_read_again() {
     let w = worker();
-    let bin = env!("CARGO_BIN_EXE_peerwasm");
+    let bin = crate::support::PEERWASM;
     let ticks = peerwasm_testkit::guest_wasm("ticks");
     let started = Instant::now();
     let out = Command::new(bin)

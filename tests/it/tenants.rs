@@ -155,7 +155,7 @@ async fn tokens_are_required_and_job_ids_are_private() {
     // The command line: a clear error for a bad token, a result for a good one.
     let wasm = peerwasm_testkit::guest_wasm("hello");
     let run = |token: &str| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_peerwasm"))
+        std::process::Command::new(crate::support::PEERWASM)
             .args(["run", "--mem", "16MiB", "--peers", &w.addr, "--token", token, wasm.to_str().unwrap(), "hi"])
             .output()
             .unwrap()
@@ -168,7 +168,7 @@ async fn tokens_are_required_and_job_ids_are_private() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "hi\n");
 
     // And `peerwasm status` sums the accounts per tenant.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_peerwasm"))
+    let out = std::process::Command::new(crate::support::PEERWASM)
         .args(["status", "--json", "--peers", &w.addr, "--token", CAROL])
         .output()
         .unwrap();

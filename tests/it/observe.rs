@@ -55,7 +55,7 @@ pub(crate) fn get(m: &HashMap<String, f64>, series: &str) -> f64 {
 }
 
 fn status(addr: &str) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_peerwasm")).args(["status", "--peers", addr]).output().unwrap();
+    let out = Command::new(crate::support::PEERWASM).args(["status", "--peers", addr]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }

@@ -19,7 +19,7 @@ fn peerwasm(args: &[&str], stdin: &[u8]) -> Output {
 
 /// [`peerwasm`] with `TMPDIR` set to `tmp`.
 fn peerwasm_with_tmp(args: &[&str], stdin: &[u8], tmp: &std::path::Path) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_peerwasm"))
+    let mut child = Command::new(crate::support::PEERWASM)
         .args(args)
         .env("TMPDIR", tmp)
         .env("PEERWASM_CACHE_DIR", cache_dir())
@@ -198,7 +198,7 @@ async fn a_worker_whose_stdout_is_closed_keeps_serving() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let addr = format!("127.0.0.1:{port}");
     let cache = tempfile::tempdir().unwrap();
-    let mut worker = Command::new(env!("CARGO_BIN_EXE_peerwasm"))
+    let mut worker = Command::new(crate::support::PEERWASM)
         .args(["worker", "--listen", &addr, "--memory", "1GiB", "--reserve", "0", "--slots", "1"])
         .arg("--cache-dir")
         .arg(cache.path())

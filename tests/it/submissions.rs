@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use crate::support::{WorkerProcess, spawn_worker};
 
 fn peerwasm() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_peerwasm"))
+    Command::new(crate::support::PEERWASM)
 }
 
 fn wasm(name: &str) -> String {

@@ -112,7 +112,7 @@ async fn best_fit_places_jobs_and_refuses_what_no_one_can_hold() {
     // Through the command line: refused at once, naming the largest.
     let wasm = peerwasm_testkit::guest_wasm("hello");
     let started = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_peerwasm"))
+    let out = Command::new(crate::support::PEERWASM)
         .args(["run", "--mem", "8GiB", "--peers", &a.addr, wasm.to_str().unwrap()])
         .output()
         .unwrap();
@@ -122,7 +122,7 @@ async fn best_fit_places_jobs_and_refuses_what_no_one_can_hold() {
     assert!(started.elapsed() < Duration::from_secs(5));
 
     // And a remote run behaves like an embedded one: output and exit code.
-    let out = Command::new(env!("CARGO_BIN_EXE_peerwasm"))
+    let out = Command::new(crate::support::PEERWASM)
         .args(["run", "--mem", "16MiB", "--peers", &a.addr, peerwasm_testkit::guest_wasm("memhog").to_str().unwrap()])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

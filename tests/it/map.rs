@@ -40,7 +40,7 @@ impl MapProcess {
         let input_path = dir.path().join("inputs.jsonl");
         let out_path = dir.path().join("out.jsonl");
         std::fs::write(&input_path, inputs).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_peerwasm"))
+        let child = Command::new(crate::support::PEERWASM)
             .arg("map")
             .args(args)
             .arg("-o")
@@ -270,7 +270,7 @@ fn a_failing_input_stops_the_map_naming_it_unless_keep_going() {
 #[test]
 fn map_reads_inputs_from_stdin_and_writes_to_stdout() {
     let cache = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_peerwasm"))
+    let mut child = Command::new(crate::support::PEERWASM)
         .args(["map", "--mem", "64MiB"])
         .arg(peerwasm_testkit::guest_wasm("primes"))
         .arg("-")

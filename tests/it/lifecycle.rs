@@ -17,7 +17,7 @@ use crate::support::{MIB, WorkerProcess};
 use crate::tenants::{ALICE, BOB, me, post, sleep_job, tenants_file, upload, worker};
 
 pub(crate) fn peerwasm() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_peerwasm"))
+    Command::new(crate::support::PEERWASM)
 }
 
 pub(crate) fn wasm(name: &str) -> String {

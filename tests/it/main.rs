@@ -1,0 +1,26 @@
+//! Cross-process integration tests: real `peerwasm worker` processes (and
+//! in-process workers over real HTTP), the `peerwasm` command line,
+//! pools, batches, maps over a pool, tenants, files and streams, the life
+//! of a job, durable submissions, hostile guests and requests, faults,
+//! soak, clusters and what a worker shows. One test binary (each links
+//! wasmtime), one module per area.
+
+mod batch;
+mod cli;
+mod cluster;
+mod faults;
+mod files;
+mod hardening;
+mod hostile;
+mod languages;
+mod lifecycle;
+mod map;
+mod observe;
+mod pool;
+mod slots;
+mod soak;
+mod streams;
+mod submissions;
+mod support;
+mod tenants;
+mod wire;
