@@ -11,7 +11,8 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use reqwest::StatusCode;
@@ -70,7 +71,7 @@ impl Batchers {
     ) -> Result<BatchAnswer, PeerError> {
         let (reply, answer) = oneshot::channel();
         {
-            let mut lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+            let mut lanes = self.lanes.lock();
             let lane = lanes.entry(addr.to_string()).or_insert_with(|| open(addr, http));
             lane.slots.store(slots.max(1) as usize, Ordering::Relaxed);
             if let Err(mpsc::error::SendError(w)) = lane.queue.send(Waiting { spec, reply }) {
@@ -135,7 +136,7 @@ async fn send(http: reqwest::Client, url: String, batch: Vec<Waiting>, outstandi
     }
     let count = batch.len();
     let waiting: Mutex<Vec<Option<oneshot::Sender<_>>>> = Mutex::new(batch.into_iter().map(|w| Some(w.reply)).collect());
-    let lock = || waiting.lock().unwrap_or_else(|e| e.into_inner());
+    let lock = || waiting.lock();
     let mut answer = |index: usize, a: Result<BatchAnswer, PeerError>| {
         if let Some(reply) = lock().get_mut(index).and_then(Option::take) {
             outstanding.fetch_sub(1, Ordering::Relaxed);

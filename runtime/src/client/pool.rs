@@ -15,7 +15,8 @@
 //! and collect the tokens of clients placing jobs there.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
@@ -172,9 +173,9 @@ impl Pool {
     /// a map would go to the one best-fitting worker and queue there. Each
     /// with its slots.
     fn order_by_load(&self, candidates: Vec<String>, view: &[PeerView]) -> Vec<(String, u32)> {
-        let load = self.load.lock().unwrap_or_else(|e| e.into_inner());
+        let load = self.load.lock();
         let now = Instant::now();
-        let avoid = self.avoid.lock().unwrap_or_else(|e| e.into_inner());
+        let avoid = self.avoid.lock();
         let mut out: Vec<(u32, String, u32)> = candidates
             .into_iter()
             .filter(|a| avoid.get(a).is_none_or(|until| *until <= now))
@@ -199,14 +200,14 @@ impl Pool {
     }
 
     pub(super) fn add_load(&self, addr: &str, delta: i32) {
-        let mut load = self.load.lock().unwrap_or_else(|e| e.into_inner());
+        let mut load = self.load.lock();
         let n = load.entry(addr.to_string()).or_insert(0);
         *n = n.saturating_add_signed(delta);
     }
 
     pub(super) fn avoid(&self, addr: &str) {
         let until = Instant::now() + self.config.avoid_for;
-        self.avoid.lock().unwrap_or_else(|e| e.into_inner()).insert(addr.to_string(), until);
+        self.avoid.lock().insert(addr.to_string(), until);
     }
 
     /// What a worker's refusal of a job means for its placement: 422 and
@@ -241,7 +242,6 @@ impl Pool {
         let last = self
             .uploaded
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
             .entry((addr.to_string(), key))
             .or_default()
             .clone();

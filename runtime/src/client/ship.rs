@@ -87,7 +87,7 @@ impl Pool {
         }
         let mut trees = Vec::with_capacity(spec.dirs.len());
         for dir in &spec.dirs {
-            let cell = self.shipped.lock().unwrap_or_else(|e| e.into_inner()).entry(dir.clone()).or_default().clone();
+            let cell = self.shipped.lock().entry(dir.clone()).or_default().clone();
             let tree = cell
                 .get_or_try_init(|| async {
                     let (dir, cache) = (dir.clone(), self.hash_cache().map(|p| p.to_path_buf()));

@@ -4,7 +4,7 @@
 //! well as against the real [`Target`](super::Target).
 
 use std::future::Future;
-use std::sync::Mutex;
+use parking_lot::Mutex;
 
 use tokio::time::Instant;
 
@@ -41,12 +41,12 @@ pub struct Placed(Mutex<Option<(String, Instant)>>);
 impl Placed {
     /// Records that the job was just sent to `addr` (or to nobody).
     pub fn set(&self, addr: Option<&str>) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = addr.map(|a| (a.to_string(), Instant::now()));
+        *self.0.lock() = addr.map(|a| (a.to_string(), Instant::now()));
     }
 
     /// The worker and the time it was sent there.
     pub fn get(&self) -> Option<(String, Instant)> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.0.lock().clone()
     }
 }
 

@@ -27,7 +27,7 @@ use crate::proto::{DirGrant, ModuleHash};
 
 /// Host directories hashed for shipping, each once per pool handle.
 pub(crate) type ShippedTrees =
-    std::sync::Mutex<std::collections::HashMap<DirGrant, std::sync::Arc<tokio::sync::OnceCell<std::sync::Arc<ShippedTree>>>>>;
+    parking_lot::Mutex<std::collections::HashMap<DirGrant, std::sync::Arc<tokio::sync::OnceCell<std::sync::Arc<ShippedTree>>>>>;
 
 /// A host directory ready to ship: its manifest, and where each file's
 /// bytes are.

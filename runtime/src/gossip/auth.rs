@@ -12,7 +12,7 @@
 //! tested without waiting.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use parking_lot::Mutex;
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -103,7 +103,7 @@ impl ClusterKey {
         if sent.abs_diff(now_ms) > WINDOW_MS {
             return Err(Refused::Replayed);
         }
-        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = self.seen.lock();
         seen.retain(|_, at| at.abs_diff(now_ms) <= WINDOW_MS);
         if seen.insert(nonce, sent).is_some() {
             return Err(Refused::Replayed);

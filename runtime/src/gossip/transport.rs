@@ -2,7 +2,8 @@
 //! `POST /v1/gossip` (Syn → SynAck, then Ack), bodies in postcard.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use rand::SeedableRng;
@@ -109,8 +110,8 @@ impl<R: Clone> SharedNode<R> {
         self.started.elapsed().as_millis() as u64
     }
 
-    pub fn lock(&self) -> std::sync::MutexGuard<'_, GossipNode<R>> {
-        self.node.lock().unwrap_or_else(|e| e.into_inner())
+    pub fn lock(&self) -> parking_lot::MutexGuard<'_, GossipNode<R>> {
+        self.node.lock()
     }
 
     /// Handles a request body; returns the response body (empty for an Ack).

@@ -144,7 +144,7 @@ pub async fn run_alone(
                 result.wall_time_us = since.map_or(0, |s| s.elapsed().as_micros() as u64);
                 result.cpu_time_us = process_cpu_us().saturating_sub(cpu_before);
                 result.cache = cache_source(&cache_before, &runner.sandbox().cache_stats());
-                if let Some([out, err]) = captures.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                if let Some([out, err]) = captures.lock().as_ref() {
                     (result.stdout, result.stderr) = (out.take(), err.take());
                 }
                 return Alone::Overran(result);

@@ -27,7 +27,8 @@
 //! and what it learned of the module's last job.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use parking_lot::Mutex;
 
 use std::time::Duration;
 
@@ -227,7 +228,7 @@ impl JobRunner {
         };
         abandoned.disarm();
         if self.children.is_some() && result.wall_time_us > 0 {
-            let mut long = long.lock().unwrap_or_else(|e| e.into_inner());
+            let mut long = long.lock();
             if long.len() >= LEARNED_MODULES && !long.contains_key(&hash) {
                 long.clear();
             }
@@ -266,12 +267,12 @@ impl JobRunner {
         self.runtime.as_ref().expect("runtime lives until drop").block_on(self.run(spec, None))
     }
 
-    fn lock_long(&self) -> std::sync::MutexGuard<'_, HashMap<ModuleHash, bool>> {
-        self.long.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock_long(&self) -> parking_lot::MutexGuard<'_, HashMap<ModuleHash, bool>> {
+        self.long.lock()
     }
 
-    fn lock_modules(&self) -> std::sync::MutexGuard<'_, ModuleBytes> {
-        self.modules.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock_modules(&self) -> parking_lot::MutexGuard<'_, ModuleBytes> {
+        self.modules.lock()
     }
 }
 
@@ -283,7 +284,7 @@ pub struct ModulePin {
 
 impl Drop for ModulePin {
     fn drop(&mut self) {
-        self.modules.lock().unwrap_or_else(|e| e.into_inner()).unpin(&self.hash);
+        self.modules.lock().unpin(&self.hash);
     }
 }
 

@@ -184,7 +184,7 @@ pub struct RunHooks {
 
 /// Where a running job's output captures are published; see
 /// [`RunHooks::captures`].
-pub type LiveOutput = Arc<std::sync::Mutex<Option<[OutputCapture; 2]>>>;
+pub type LiveOutput = Arc<parking_lot::Mutex<Option<[OutputCapture; 2]>>>;
 
 /// What a job's store holds: its WASI (preview 1 for a core module,
 /// [`component::ComponentWasi`] for a component) and its bounds.
@@ -295,43 +295,10 @@ impl Sandbox {
         hooks: RunHooks,
     ) -> JobResult {
         let limits = &spec.limits;
-        let mut result = JobResult {
-            outcome: Outcome::Exited { code: 0 },
-            stdout: Vec::new(),
-            stderr: Vec::new(),
-            peak_memory_bytes: 0,
-            memory_limit_bytes: limits.memory_bytes,
-            wall_time_us: 0,
-            cpu_time_us: 0,
-            cache,
-            peer: "embedded".into(),
-            warnings: Vec::new(),
-            files: Vec::new(),
-        };
-        if !spec.trees.is_empty() {
-            // Shipped trees are laid out by a worker (`worker::trees`) into
-            // `dirs`; a sandbox alone has no file store to find them in.
-            result.outcome = Outcome::Rejected {
-                reason: "the job names shipped trees, which only a remote worker lays out: grant host directories (`dirs`) here".into(),
-            };
-            return result;
-        }
-        if limits.memory_bytes > self.config.max_job_memory {
-            result.outcome = Outcome::Rejected {
-                reason: format!(
-                    "a memory limit of {} is more than the {} a job may have here",
-                    Bytes(limits.memory_bytes),
-                    Bytes(self.config.max_job_memory)
-                ),
-            };
-            return result;
-        }
-        let prepared = match module.prepared.get_or_init(|| self.prepare(module)) {
-            Ok(p) => p,
-            Err(reason) => {
-                result.outcome = Outcome::InvalidModule { reason: reason.clone() };
-                return result;
-            }
+        let mut result = JobResult { cache, ..JobResult::never_ran(limits.memory_bytes, Outcome::Exited { code: 0 }) };
+        let prepared = match self.ready_to_run(module, spec) {
+            Ok(prepared) => prepared,
+            Err(outcome) => return JobResult { outcome, ..result },
         };
 
         let [mut stdout, mut stderr] = self.output_captures(spec, hooks.tee, hooks.output_budget);
@@ -339,7 +306,7 @@ impl Sandbox {
             (stdout, stderr) = (stdout.forward_only(), stderr.forward_only());
         }
         if let Some(live) = &hooks.captures {
-            *live.lock().unwrap_or_else(|e| e.into_inner()) = Some([stdout.clone(), stderr.clone()]);
+            *live.lock() = Some([stdout.clone(), stderr.clone()]);
         }
         if let Some(started) = &hooks.started {
             started.notify_one();
@@ -357,10 +324,7 @@ impl Sandbox {
         };
         let ran = match ran {
             Ok(ran) => ran,
-            Err(reason) => {
-                result.outcome = Outcome::Rejected { reason };
-                return result;
-            }
+            Err(reason) => return JobResult { outcome: Outcome::Rejected { reason }, ..result },
         };
         result.wall_time_us = ran.wall_time_us;
         result.cpu_time_us = ran.cpu_time_us;
@@ -387,6 +351,33 @@ impl Sandbox {
             ));
         }
         result
+    }
+
+    /// What must hold before a job may start: no shipped trees (only a
+    /// worker lays them out), a memory limit this sandbox allows, and a
+    /// module whose imports resolve. `Err` is how the job ends instead.
+    fn ready_to_run<'m>(&self, module: &'m CompiledModule, spec: &JobSpec) -> Result<&'m Prepared, Outcome> {
+        if !spec.trees.is_empty() {
+            // Shipped trees are laid out by a worker (`worker::trees`) into
+            // `dirs`; a sandbox alone has no file store to find them in.
+            return Err(Outcome::Rejected {
+                reason: "the job names shipped trees, which only a remote worker lays out: grant host directories (`dirs`) here".into(),
+            });
+        }
+        if spec.limits.memory_bytes > self.config.max_job_memory {
+            return Err(Outcome::Rejected {
+                reason: format!(
+                    "a memory limit of {} is more than the {} a job may have here",
+                    Bytes(spec.limits.memory_bytes),
+                    Bytes(self.config.max_job_memory)
+                ),
+            });
+        }
+        module
+            .prepared
+            .get_or_init(|| self.prepare(module))
+            .as_ref()
+            .map_err(|reason| Outcome::InvalidModule { reason: reason.clone() })
     }
 
     /// Runs a core module's `_start` in a fresh store. `Err` is why the

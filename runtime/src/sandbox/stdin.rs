@@ -11,7 +11,8 @@
 
 use std::io;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use parking_lot::Mutex;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -39,7 +40,7 @@ impl StdinFeed {
     /// The receiving end, for whoever forwards it (a client sending it to a
     /// worker). `None` if it was taken already.
     pub fn take(&self) -> Option<mpsc::Receiver<io::Result<Bytes>>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+        self.0.lock().take()
     }
 
     /// The reader for the job: `first` (the spec's stdin), then the feed.

@@ -14,7 +14,8 @@
 //! [`Outcome::OutputMemoryExhausted`](crate::proto::Outcome::OutputMemoryExhausted).
 
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use parking_lot::Mutex;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -155,10 +156,10 @@ impl OutputCapture {
         std::mem::take(&mut self.lock().buf)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, CaptureState> {
+    fn lock(&self) -> parking_lot::MutexGuard<'_, CaptureState> {
         // A poisoned lock only means another thread panicked mid-push; the
         // buffer is still a valid Vec.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock()
     }
 
     /// Appends what fits; returns how much was taken and whether the cap was hit.
@@ -292,11 +293,11 @@ mod tests {
     }
 
     /// A budget with `room` bytes; counts what it was asked for.
-    struct Room(std::sync::Mutex<u64>);
+    struct Room(parking_lot::Mutex<u64>);
 
     impl OutputBudget for Room {
         fn try_take(&self, bytes: u64, force: bool) -> bool {
-            let mut room = self.0.lock().unwrap();
+            let mut room = self.0.lock();
             if force {
                 return true;
             }
@@ -310,7 +311,7 @@ mod tests {
 
     #[test]
     fn output_past_the_allowance_needs_room_in_the_budget() {
-        let room = Arc::new(Room(std::sync::Mutex::new(BUDGET_STEP)));
+        let room = Arc::new(Room(parking_lot::Mutex::new(BUDGET_STEP)));
         let mut c = OutputCapture::new(StdStream::Stdout, 64 << 20, None).with_budget(Some(room.clone()));
         let chunk = Bytes::from(vec![b'x'; 64 << 10]);
         let fits = (OUTPUT_ALLOWANCE + BUDGET_STEP) / (64 << 10);
@@ -321,7 +322,7 @@ mod tests {
         assert!(matches!(c.write(chunk), Err(StreamError::Trap(_))));
         assert!(c.starved() && c.overflowed());
         assert_eq!(c.len(), OUTPUT_ALLOWANCE + BUDGET_STEP, "it keeps exactly what was charged");
-        assert_eq!(*room.0.lock().unwrap(), 0);
+        assert_eq!(*room.0.lock(), 0);
     }
 
     #[test]

@@ -23,7 +23,8 @@
 //! and is given back when the bytes are sent or discarded.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use sysinfo::System;
@@ -79,7 +80,7 @@ impl HostMemory for SystemMemory {
     }
 
     fn available(&self) -> u64 {
-        let mut now = self.now.lock().unwrap_or_else(|e| e.into_inner());
+        let mut now = self.now.lock();
         let (system, read_at, available) = &mut *now;
         if read_at.elapsed() >= HOST_REFRESH {
             system.refresh_memory();
@@ -300,8 +301,8 @@ impl Ledger {
         self.reserve
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, State> {
+        self.state.lock()
     }
 
     /// Host memory available now (re-read at most once per [`HOST_REFRESH`]).

@@ -6,7 +6,7 @@
 //! the module cache, gossip, tenants' accounts, warnings) is read when
 //! scraped, so nothing is counted twice.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::text::encode;
@@ -43,21 +43,44 @@ pub struct Scrape<'a> {
     pub module_bytes: u64,
     /// Bytes held for jobs' output and detached results (`ledger::Hold`).
     pub output_bytes: u64,
-    /// Gossip counters: rounds, exchanges ok and failed, bytes sent and
-    /// received, rejected (undecodable messages; invalid records, or new
-    /// nodes past the view's bound) and forged (bad MAC, replayed)
-    /// messages.
-    pub gossip: [u64; 7],
+    /// Gossip's counters.
+    pub gossip: GossipCounts,
     /// Peers by how this worker sees them.
     pub peers: &'a [Liveness],
     /// Warnings raised, by kind label.
     pub warnings: &'a [(&'static str, u64)],
     /// Connections closed at `--max-connections`.
     pub connections_refused: u64,
-    /// The file store: files received, their bytes, and bytes kept now.
-    pub files: [u64; 3],
+    /// The file store's counters.
+    pub files: FileStoreCounts,
     /// Jobs whose code ran in a slot process (`worker::slotproc`).
     pub slot_process_jobs: u64,
+}
+
+/// Gossip's counters, as a scrape reads them.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GossipCounts {
+    pub rounds: u64,
+    pub exchanges_ok: u64,
+    pub exchanges_failed: u64,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    /// Undecodable messages; invalid records, or new nodes past the
+    /// view's bound.
+    pub rejected: u64,
+    /// Bad MAC, or replayed.
+    pub forged: u64,
+}
+
+/// The file store's counters, as a scrape reads them.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FileStoreCounts {
+    /// Files received (`PUT /v1/files`).
+    pub received: u64,
+    /// Their bytes.
+    pub received_bytes: u64,
+    /// Bytes kept on disk now.
+    pub held: u64,
 }
 
 /// The worker's metrics.
@@ -196,7 +219,7 @@ impl Metrics {
 
     /// The text exposition, after reading the live figures.
     pub fn render(&self, s: &Scrape<'_>) -> String {
-        let _one_at_a_time = self.scrape.lock().unwrap_or_else(|e| e.into_inner());
+        let _one_at_a_time = self.scrape.lock();
         let a = s.advert;
         let set = |f: &Family<Labels, Gauge>, k: &str, v: &str, n: u64| {
             f.get_or_create(&label(k, v)).set(i64::try_from(n).unwrap_or(i64::MAX));
@@ -227,19 +250,19 @@ impl Metrics {
         ] {
             sync(&self.cache.get_or_create(&label("event", event)), n);
         }
-        let [rounds, ok, failed, sent, received, rejected, forged] = s.gossip;
+        let g = s.gossip;
         for (event, n) in [
-            ("round", rounds),
-            ("exchange_ok", ok),
-            ("exchange_failed", failed),
-            ("rejected", rejected),
-            ("forged", forged),
+            ("round", g.rounds),
+            ("exchange_ok", g.exchanges_ok),
+            ("exchange_failed", g.exchanges_failed),
+            ("rejected", g.rejected),
+            ("forged", g.forged),
         ] {
             sync(&self.gossip.get_or_create(&label("event", event)), n);
         }
         sync(&self.slot_process_jobs, s.slot_process_jobs);
-        sync(&self.gossip_bytes.get_or_create(&label("direction", "sent")), sent);
-        sync(&self.gossip_bytes.get_or_create(&label("direction", "received")), received);
+        sync(&self.gossip_bytes.get_or_create(&label("direction", "sent")), g.bytes_sent);
+        sync(&self.gossip_bytes.get_or_create(&label("direction", "received")), g.bytes_received);
         for (name, state) in [("alive", Liveness::Alive), ("suspect", Liveness::Suspect), ("dead", Liveness::Dead)] {
             set(&self.peers, "liveness", name, s.peers.iter().filter(|l| **l == state).count() as u64);
         }
@@ -253,10 +276,9 @@ impl Metrics {
             self.tenant_usage.get_or_create(&l).set(t.slot_seconds);
         }
         sync(&self.connections_refused, s.connections_refused);
-        let [files, file_bytes, store_held] = s.files;
-        sync(&self.files_received.get_or_create(&label("unit", "files")), files);
-        sync(&self.files_received.get_or_create(&label("unit", "bytes")), file_bytes);
-        self.file_store.set(i64::try_from(store_held).unwrap_or(i64::MAX));
+        sync(&self.files_received.get_or_create(&label("unit", "files")), s.files.received);
+        sync(&self.files_received.get_or_create(&label("unit", "bytes")), s.files.received_bytes);
+        self.file_store.set(i64::try_from(s.files.held).unwrap_or(i64::MAX));
         for (kind, n) in s.warnings {
             sync(&self.warnings.get_or_create(&label("kind", *kind)), *n);
         }
@@ -309,10 +331,17 @@ mod tests {
             queued: &[("alice".into(), 2)],
             cache: CacheStats { compiles: 1, memory_hits: 5, ..CacheStats::default() },
             module_bytes: 0,
-            files: [0; 3],
+            files: FileStoreCounts::default(),
             slot_process_jobs: 2,
             output_bytes: 0,
-            gossip: [3, 2, 1, 100, 200, 0, 0],
+            gossip: GossipCounts {
+                rounds: 3,
+                exchanges_ok: 2,
+                exchanges_failed: 1,
+                bytes_sent: 100,
+                bytes_received: 200,
+                ..GossipCounts::default()
+            },
             peers: &[Liveness::Alive, Liveness::Dead],
             warnings: &[("refused_for_memory", 1)],
             connections_refused: 7,

@@ -7,7 +7,8 @@
 
 use std::collections::HashSet;
 use std::num::NonZeroUsize;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use parking_lot::Mutex;
 
 use lru::LruCache;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -42,8 +43,8 @@ impl Default for Uploaders {
 }
 
 impl Uploaders {
-    fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<ModuleHash, HashSet<String>>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, LruCache<ModuleHash, HashSet<String>>> {
+        self.0.lock()
     }
 
     /// `tenant` showed it has `module`'s bytes.
@@ -175,21 +176,21 @@ impl Worker {
             cache: self.runner.sandbox().cache_stats(),
             module_bytes: self.runner.module_bytes_held(),
             output_bytes: self.admission.ledger().snapshot().held,
-            gossip: [
-                load(&g.rounds),
-                load(&g.exchanges_ok),
-                load(&g.exchanges_failed),
-                load(&g.bytes_sent),
-                load(&g.bytes_received),
-                load(&g.rejected) + dropped,
-                load(&g.forged),
-            ],
+            gossip: super::metrics::GossipCounts {
+                rounds: load(&g.rounds),
+                exchanges_ok: load(&g.exchanges_ok),
+                exchanges_failed: load(&g.exchanges_failed),
+                bytes_sent: load(&g.bytes_sent),
+                bytes_received: load(&g.bytes_received),
+                rejected: load(&g.rejected) + dropped,
+                forged: load(&g.forged),
+            },
             peers: &peers,
             warnings: &warnings,
             connections_refused: self.connections_refused.load(Ordering::Relaxed),
             files: {
-                let (n, bytes) = self.files.received();
-                [n, bytes, self.files.held()]
+                let (received, received_bytes) = self.files.received();
+                super::metrics::FileStoreCounts { received, received_bytes, held: self.files.held() }
             },
             slot_process_jobs: self.runner.slot_process_jobs(),
         })

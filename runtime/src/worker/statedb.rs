@@ -26,7 +26,8 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, mpsc};
+use parking_lot::Mutex;
 
 use anyhow::{Context, bail};
 use rusqlite::Connection;
@@ -200,7 +201,7 @@ impl StateDb {
     }
 
     fn send(&self, write: Write) -> bool {
-        let writes = self.writes.lock().unwrap_or_else(|e| e.into_inner());
+        let writes = self.writes.lock();
         writes.as_ref().is_some_and(|tx| tx.send(write).is_ok())
     }
 
@@ -240,7 +241,7 @@ impl StateDb {
     ) -> anyhow::Result<T> {
         let reader = self.reader.clone();
         tokio::task::spawn_blocking(move || {
-            let conn = reader.lock().unwrap_or_else(|e| e.into_inner());
+            let conn = reader.lock();
             f(&conn)
         })
         .await
@@ -250,7 +251,7 @@ impl StateDb {
 
     /// [`read`](Self::read) on the calling thread, which it blocks.
     pub fn read_blocking<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> anyhow::Result<T> {
-        let conn = self.reader.lock().unwrap_or_else(|e| e.into_inner());
+        let conn = self.reader.lock();
         f(&conn).context("reading the state database")
     }
 
@@ -262,9 +263,9 @@ impl StateDb {
     /// Commits what is queued, then stops the writer. Later writes are
     /// dropped (and logged).
     pub fn close(&self) {
-        self.writes.lock().unwrap_or_else(|e| e.into_inner()).take();
+        self.writes.lock().take();
         self.writer_thread.unpark();
-        if let Some(handle) = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(handle) = self.writer.lock().take() {
             let _ = handle.join();
         }
     }

@@ -9,7 +9,8 @@
 //! detached jobs past `--max-results`).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use parking_lot::Mutex;
 
 use super::ledger::Hold;
 use crate::proto::{CancelCause, JobOutput, JobResult, JobStatus, Outcome};
@@ -64,8 +65,8 @@ pub struct JobTable {
 }
 
 impl JobTable {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
-        self.jobs.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, HashMap<String, Entry>> {
+        self.jobs.lock()
     }
 
     /// A new job id: 128 random bits in hex.
@@ -127,7 +128,7 @@ impl JobTable {
                 ended: Some(r.outcome.clone()),
             },
             _ => {
-                let live = e.live.as_ref().and_then(|l| l.lock().unwrap_or_else(|p| p.into_inner()).clone());
+                let live = e.live.as_ref().and_then(|l| l.lock().clone());
                 match live {
                     Some([out, err]) => JobOutput {
                         stdout: out.read_from(from[0], max),

@@ -5,7 +5,7 @@
 //! advert (and `peerwasm status`, and the status page) can show it.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 /// How long a passing warning stays on show.
@@ -53,8 +53,8 @@ pub struct Warnings {
 }
 
 impl Warnings {
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, State> {
+        self.state.lock()
     }
 
     /// Something happened: log, count and show it for [`SHOWN_FOR`].

@@ -158,7 +158,7 @@ async fn read_frames(requests: mpsc::UnboundedSender<Request>) {
                 ToSlot::StdinEnd => send_stdin(&cur, None),
                 ToSlot::Starved(stream) => {
                     if let Some(live) = &cur.captures
-                        && let Some(captures) = live.lock().unwrap_or_else(|e| e.into_inner()).as_ref()
+                        && let Some(captures) = live.lock().as_ref()
                     {
                         captures[usize::from(stream == StdStream::Stderr)].starve();
                     }

@@ -29,7 +29,8 @@ pub mod wire;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -167,7 +168,7 @@ impl SlotProcesses {
         // is dropped, not handed the job; one that ends before the job
         // starts in it is replaced by a fresh one (below).
         let idle = loop {
-            let Some(mut c) = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop() else { break None };
+            let Some(mut c) = self.idle.lock().pop() else { break None };
             if matches!(c.process.try_wait(), Ok(None)) {
                 break Some(c);
             }
@@ -186,7 +187,7 @@ impl SlotProcesses {
         });
         let [stdout, stderr] = sandbox.output_captures(&spec, hooks.tee.clone(), hooks.output_budget.clone());
         if let Some(live) = &hooks.captures {
-            *live.lock().unwrap_or_else(|e| e.into_inner()) = Some([stdout.clone(), stderr.clone()]);
+            *live.lock() = Some([stdout.clone(), stderr.clone()]);
         }
         let run = ToSlot::Run {
             spec,
@@ -236,7 +237,7 @@ impl SlotProcesses {
             }
         }
         if reusable {
-            let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+            let mut idle = self.idle.lock();
             if idle.len() < self.max_idle {
                 idle.push(child);
             }

@@ -25,7 +25,8 @@
 mod queue;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -212,8 +213,8 @@ impl Admission {
         admission
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, State> {
+        self.state.lock()
     }
 
     /// The ledger.
@@ -579,7 +580,7 @@ mod tests {
             let (adm, t, order) = (adm.clone(), t.clone(), order.clone());
             waiters.push(tokio::spawn(async move {
                 let ticket = adm.admit(&t, 10 * MIB).await.unwrap();
-                order.lock().unwrap().push(t.name.clone());
+                order.lock().push(t.name.clone());
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 drop(ticket);
             }));
@@ -590,7 +591,7 @@ mod tests {
             w.await.unwrap();
         }
         // Light (no usage) runs both its jobs before heavy's queued ones.
-        assert_eq!(*order.lock().unwrap(), ["light", "light", "heavy", "heavy"]);
+        assert_eq!(*order.lock(), ["light", "light", "heavy", "heavy"]);
         let report = adm.tenant_report();
         assert_eq!(report.iter().map(|r| r.tenant.as_str()).collect::<Vec<_>>(), ["heavy", "light"]);
         assert!(report[0].slot_seconds > report[1].slot_seconds);

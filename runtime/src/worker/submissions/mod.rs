@@ -27,7 +27,8 @@
 //! submission and its results.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use rusqlite::{OptionalExtension, params};
@@ -73,8 +74,8 @@ impl Submissions {
         Submissions { db, running: Mutex::new(HashMap::new()) }
     }
 
-    fn running(&self) -> std::sync::MutexGuard<'_, HashMap<String, tokio::task::AbortHandle>> {
-        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    fn running(&self) -> parking_lot::MutexGuard<'_, HashMap<String, tokio::task::AbortHandle>> {
+        self.running.lock()
     }
 
     /// Records how a map ended; its inputs are no longer needed.
