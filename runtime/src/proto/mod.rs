@@ -70,7 +70,9 @@ pub struct JobSpec {
     pub args: Vec<String>,
     /// The job's whole environment; nothing of the host's leaks in.
     pub env: Vec<(String, String)>,
-    /// The job's standard input.
+    /// The job's standard input. (Bytes, not a sequence: the same postcard
+    /// encoding, copied whole instead of byte by byte.)
+    #[serde(with = "serde_bytes")]
     pub stdin: Vec<u8>,
     /// Host directories granted to the job (embedded worker only: a
     /// remote worker refuses them; the client ships them as `trees`).
@@ -354,8 +356,10 @@ pub enum CacheSource {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct JobOutput {
     /// Stdout from the offset asked for.
+    #[serde(with = "serde_bytes")]
     pub stdout: Vec<u8>,
     /// Stderr from the offset asked for.
+    #[serde(with = "serde_bytes")]
     pub stderr: Vec<u8>,
     /// How the job ended; `None` while it is queued or running.
     pub ended: Option<Outcome>,
@@ -471,6 +475,28 @@ pub struct JobStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Byte fields are postcard bytes, which encode exactly as the byte
+    /// sequences peers of this protocol version send: nothing changes on
+    /// the wire.
+    #[test]
+    fn byte_fields_encode_as_byte_sequences_did() {
+        #[derive(Serialize)]
+        struct AsSequence<'a> {
+            stdout: &'a [u8],
+            stderr: Vec<u8>,
+            ended: Option<Outcome>,
+        }
+        let out = JobOutput { stdout: (0..=255).collect(), stderr: b"err".to_vec(), ended: None };
+        let seq = AsSequence { stdout: &out.stdout, stderr: out.stderr.clone(), ended: None };
+        let (bytes, seq_bytes) = (postcard::to_allocvec(&out).unwrap(), postcard::to_allocvec(&seq).unwrap());
+        assert_eq!(bytes, seq_bytes);
+        assert_eq!(postcard::from_bytes::<JobOutput>(&seq_bytes).unwrap(), out);
+        let spec = JobSpec { stdin: vec![7; 100_000], ..JobSpec::new(ModuleHash([1; 32])) };
+        assert_eq!(postcard::from_bytes::<JobSpec>(&postcard::to_allocvec(&spec).unwrap()).unwrap(), spec);
+        let json = serde_json::to_string(&spec).unwrap();
+        assert_eq!(serde_json::from_str::<JobSpec>(&json).unwrap(), spec, "JSON still reads");
+    }
 
     #[test]
     fn results_round_trip_through_postcard() {

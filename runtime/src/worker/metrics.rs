@@ -4,15 +4,16 @@
 //! Job outcomes, refusals and the job histograms are recorded as jobs end;
 //! everything that already has a counter or a gauge elsewhere (the ledger,
 //! the module cache, gossip, tenants' accounts, warnings) is read when
-//! scraped, so nothing is counted twice.
+//! scraped and encoded as it is, by a collector (`Live`): nothing is
+//! counted twice or kept in step by hand.
 
-use parking_lot::Mutex;
-use std::sync::atomic::AtomicU64;
-
-use prometheus_client::encoding::text::encode;
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -24,8 +25,6 @@ use crate::sandbox::CacheStats;
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 type Labels = Vec<(String, String)>;
-type FloatCounter = Counter<f64, AtomicU64>;
-type FloatGauge = Gauge<f64, AtomicU64>;
 
 fn label(key: &str, value: impl Into<String>) -> Labels {
     vec![(key.to_string(), value.into())]
@@ -83,7 +82,8 @@ pub struct FileStoreCounts {
     pub held: u64,
 }
 
-/// The worker's metrics.
+/// The worker's metrics: what is recorded as jobs end lives here; the
+/// rest is read from where it is kept when scraped ([`Live`]).
 pub struct Metrics {
     registry: Registry,
     jobs: Family<Labels, Counter>,
@@ -92,26 +92,6 @@ pub struct Metrics {
     cpu: Histogram,
     peak: Histogram,
     batch: Histogram,
-    slots: Family<Labels, Gauge>,
-    memory: Family<Labels, Gauge>,
-    queue: Family<Labels, Gauge>,
-    cache: Family<Labels, Counter>,
-    gossip: Family<Labels, Counter>,
-    gossip_bytes: Family<Labels, Counter>,
-    peers: Family<Labels, Gauge>,
-    tenant_jobs: Family<Labels, Counter>,
-    tenant_cpu: Family<Labels, FloatCounter>,
-    tenant_slot: Family<Labels, FloatCounter>,
-    tenant_reserved: Family<Labels, FloatCounter>,
-    tenant_used: Family<Labels, FloatCounter>,
-    tenant_usage: Family<Labels, FloatGauge>,
-    warnings: Family<Labels, Counter>,
-    connections_refused: Counter,
-    files_received: Family<Labels, Counter>,
-    file_store: Gauge,
-    slot_process_jobs: Counter,
-    /// Serialises scrapes: syncing counters is read-then-add.
-    scrape: Mutex<()>,
 }
 
 impl Default for Metrics {
@@ -121,7 +101,7 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// All metrics, registered under `peerwasm_`.
+    /// The job metrics, registered under `peerwasm_`.
     pub fn new() -> Metrics {
         let mut r = Registry::with_prefix("peerwasm");
         let m = Metrics {
@@ -134,26 +114,7 @@ impl Metrics {
             peak: Histogram::new(exponential_buckets(65536.0, 4.0, 10)),
             // 1 … 4096 jobs.
             batch: Histogram::new(exponential_buckets(1.0, 2.0, 13)),
-            slots: Family::default(),
-            memory: Family::default(),
-            queue: Family::default(),
-            cache: Family::default(),
-            gossip: Family::default(),
-            gossip_bytes: Family::default(),
-            peers: Family::default(),
-            tenant_jobs: Family::default(),
-            tenant_cpu: Family::default(),
-            tenant_slot: Family::default(),
-            tenant_reserved: Family::default(),
-            tenant_used: Family::default(),
-            tenant_usage: Family::default(),
-            warnings: Family::default(),
-            connections_refused: Counter::default(),
-            files_received: Family::default(),
-            file_store: Gauge::default(),
-            slot_process_jobs: Counter::default(),
             registry: Registry::default(),
-            scrape: Mutex::new(()),
         };
         r.register("jobs", "Jobs that ended, by outcome and tenant", m.jobs.clone());
         r.register("refused_jobs", "Jobs refused before running, by reason", m.refused.clone());
@@ -161,24 +122,6 @@ impl Metrics {
         r.register("job_cpu_seconds", "CPU time of jobs", m.cpu.clone());
         r.register("job_peak_memory_bytes", "Peak linear memory of jobs", m.peak.clone());
         r.register("batch_jobs", "Jobs per POST /v1/jobs/batch request", m.batch.clone());
-        r.register("slots", "Slots, by state (busy, total)", m.slots.clone());
-        r.register("memory_bytes", "Memory: capacity, reserved, used by jobs, host available, largest job that fits now, module bytes held, output and results held", m.memory.clone());
-        r.register("queue_length", "Jobs waiting, by tenant", m.queue.clone());
-        r.register("module_cache_events", "Module cache: compiles, memory hits, disk hits, rejected disk artifacts (planted, altered, incompatible), evicted disk artifacts", m.cache.clone());
-        r.register("gossip_events", "Gossip: rounds, exchanges ok and failed, rejected and forged messages", m.gossip.clone());
-        r.register("gossip_bytes", "Gossip bytes, by direction", m.gossip_bytes.clone());
-        r.register("peers", "Peers in this worker's view, by liveness", m.peers.clone());
-        r.register("tenant_jobs", "Jobs run, by tenant", m.tenant_jobs.clone());
-        r.register("tenant_cpu_seconds", "CPU-seconds, by tenant", m.tenant_cpu.clone());
-        r.register("tenant_slot_seconds", "Slot-seconds held, by tenant", m.tenant_slot.clone());
-        r.register("tenant_reserved_gib_seconds", "Reserved GiB-seconds, by tenant", m.tenant_reserved.clone());
-        r.register("tenant_used_gib_seconds", "Used (peak) GiB-seconds, by tenant", m.tenant_used.clone());
-        r.register("tenant_usage_slot_seconds", "Decayed slot-seconds fair share ranks by, by tenant", m.tenant_usage.clone());
-        r.register("warnings", "Operator warnings raised, by kind", m.warnings.clone());
-        r.register("connections_refused", "Connections closed because --max-connections were open", m.connections_refused.clone());
-        r.register("files_received", "Files of shipped trees received (PUT /v1/files), in files and bytes", m.files_received.clone());
-        r.register("slot_process_jobs", "Jobs whose code ran in a slot process, without fuel (--slot-processes)", m.slot_process_jobs.clone());
-        r.register("file_store_bytes", "Bytes of shipped trees' files kept on disk (--file-store)", m.file_store.clone());
         Metrics { registry: r, ..m }
     }
 
@@ -217,89 +160,145 @@ impl Metrics {
         self.refused.get_or_create(&label("reason", reason)).inc();
     }
 
-    /// The text exposition, after reading the live figures.
-    pub fn render(&self, s: &Scrape<'_>) -> String {
-        let _one_at_a_time = self.scrape.lock();
-        let a = s.advert;
-        let set = |f: &Family<Labels, Gauge>, k: &str, v: &str, n: u64| {
-            f.get_or_create(&label(k, v)).set(i64::try_from(n).unwrap_or(i64::MAX));
-        };
-        set(&self.slots, "state", "busy", a.slots_busy as u64);
-        set(&self.slots, "state", "total", a.slots_total as u64);
-        for (kind, n) in [
-            ("capacity", a.capacity_bytes),
-            ("reserved", a.reserved_bytes),
-            ("used", a.used_bytes),
-            ("host_available", a.host_available_bytes),
-            ("largest_fit", a.largest_fit_bytes),
-            ("module_bytes", s.module_bytes),
-            ("output_held", s.output_bytes),
-        ] {
-            set(&self.memory, "kind", kind, n);
-        }
-        self.queue.clear();
-        for (tenant, n) in s.queued {
-            set(&self.queue, "tenant", tenant, *n as u64);
-        }
-        for (event, n) in [
-            ("compile", s.cache.compiles),
-            ("memory_hit", s.cache.memory_hits),
-            ("disk_hit", s.cache.disk_hits),
-            ("disk_reject", s.cache.disk_rejects),
-            ("disk_evict", s.cache.disk_evictions),
-        ] {
-            sync(&self.cache.get_or_create(&label("event", event)), n);
-        }
-        let g = s.gossip;
-        for (event, n) in [
-            ("round", g.rounds),
-            ("exchange_ok", g.exchanges_ok),
-            ("exchange_failed", g.exchanges_failed),
-            ("rejected", g.rejected),
-            ("forged", g.forged),
-        ] {
-            sync(&self.gossip.get_or_create(&label("event", event)), n);
-        }
-        sync(&self.slot_process_jobs, s.slot_process_jobs);
-        sync(&self.gossip_bytes.get_or_create(&label("direction", "sent")), g.bytes_sent);
-        sync(&self.gossip_bytes.get_or_create(&label("direction", "received")), g.bytes_received);
-        for (name, state) in [("alive", Liveness::Alive), ("suspect", Liveness::Suspect), ("dead", Liveness::Dead)] {
-            set(&self.peers, "liveness", name, s.peers.iter().filter(|l| **l == state).count() as u64);
-        }
-        for t in &a.tenants {
-            let l = label("tenant", t.tenant.clone());
-            sync(&self.tenant_jobs.get_or_create(&l), t.account.jobs);
-            sync_f(&self.tenant_cpu.get_or_create(&l), t.account.cpu_seconds);
-            sync_f(&self.tenant_slot.get_or_create(&l), t.account.slot_seconds);
-            sync_f(&self.tenant_reserved.get_or_create(&l), t.account.reserved_gib_seconds);
-            sync_f(&self.tenant_used.get_or_create(&l), t.account.used_gib_seconds);
-            self.tenant_usage.get_or_create(&l).set(t.slot_seconds);
-        }
-        sync(&self.connections_refused, s.connections_refused);
-        sync(&self.files_received.get_or_create(&label("unit", "files")), s.files.received);
-        sync(&self.files_received.get_or_create(&label("unit", "bytes")), s.files.received_bytes);
-        self.file_store.set(i64::try_from(s.files.held).unwrap_or(i64::MAX));
-        for (kind, n) in s.warnings {
-            sync(&self.warnings.get_or_create(&label("kind", *kind)), *n);
-        }
+    /// The text exposition: the job metrics, then the live figures of
+    /// `scrape` as they are now.
+    pub fn render(&self, scrape: &Scrape<'_>) -> String {
+        let mut live = Registry::with_prefix("peerwasm");
+        live.register_collector(Box::new(Live::of(scrape)));
         let mut out = String::new();
-        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        encode_registry(&mut out, &self.registry)
+            .and_then(|()| encode_registry(&mut out, &live))
+            .and_then(|()| encode_eof(&mut out))
+            .expect("writing to a String cannot fail");
         out
     }
 }
 
-/// Brings a counter up to a monotonic value kept elsewhere.
-fn sync(c: &Counter, value: u64) {
-    let current = c.get();
-    if value > current {
-        c.inc_by(value - current);
+/// A value of a live family.
+#[derive(Debug, Clone, Copy)]
+enum Value {
+    Count(u64),
+    CountF(f64),
+    Level(u64),
+    LevelF(f64),
+}
+
+/// One family read at a scrape: name, help and its values by label set.
+#[derive(Debug)]
+struct LiveFamily {
+    name: &'static str,
+    help: &'static str,
+    values: Vec<(Labels, Value)>,
+}
+
+/// What a scrape reads from the rest of the worker — the ledger, the
+/// module cache, gossip, tenants' accounts, warnings — encoded as they are
+/// (a `prometheus-client` collector), so nothing is counted twice and
+/// nothing needs keeping in step.
+#[derive(Debug)]
+struct Live(Vec<LiveFamily>);
+
+impl Live {
+    fn of(s: &Scrape<'_>) -> Live {
+        let a = s.advert;
+        let by = |key: &str, values: Vec<(&str, Value)>| -> Vec<(Labels, Value)> {
+            values.into_iter().map(|(v, n)| (label(key, v), n)).collect()
+        };
+        let family = |name, help, values| LiveFamily { name, help, values };
+        let (count, level) = (Value::Count, Value::Level);
+        let g = s.gossip;
+        let per_tenant = |f: &dyn Fn(&crate::proto::TenantUsage) -> Value| {
+            a.tenants.iter().map(|t| (label("tenant", t.tenant.clone()), f(t))).collect::<Vec<_>>()
+        };
+        let single = |n: Value| vec![(Labels::new(), n)];
+        Live(vec![
+            family("slots", "Slots, by state (busy, total)", by("state", vec![
+                ("busy", level(a.slots_busy as u64)),
+                ("total", level(a.slots_total as u64)),
+            ])),
+            family("memory_bytes", "Memory: capacity, reserved, used by jobs, host available, largest job that fits now, module bytes held, output and results held", by("kind", vec![
+                ("capacity", level(a.capacity_bytes)),
+                ("reserved", level(a.reserved_bytes)),
+                ("used", level(a.used_bytes)),
+                ("host_available", level(a.host_available_bytes)),
+                ("largest_fit", level(a.largest_fit_bytes)),
+                ("module_bytes", level(s.module_bytes)),
+                ("output_held", level(s.output_bytes)),
+            ])),
+            family("queue_length", "Jobs waiting, by tenant", s.queued.iter().map(|(t, n)| (label("tenant", t.clone()), level(u64::from(*n)))).collect()),
+            family("module_cache_events", "Module cache: compiles, memory hits, disk hits, rejected disk artifacts (planted, altered, incompatible), evicted disk artifacts", by("event", vec![
+                ("compile", count(s.cache.compiles)),
+                ("memory_hit", count(s.cache.memory_hits)),
+                ("disk_hit", count(s.cache.disk_hits)),
+                ("disk_reject", count(s.cache.disk_rejects)),
+                ("disk_evict", count(s.cache.disk_evictions)),
+            ])),
+            family("gossip_events", "Gossip: rounds, exchanges ok and failed, rejected and forged messages", by("event", vec![
+                ("round", count(g.rounds)),
+                ("exchange_ok", count(g.exchanges_ok)),
+                ("exchange_failed", count(g.exchanges_failed)),
+                ("rejected", count(g.rejected)),
+                ("forged", count(g.forged)),
+            ])),
+            family("gossip_bytes", "Gossip bytes, by direction", by("direction", vec![
+                ("sent", count(g.bytes_sent)),
+                ("received", count(g.bytes_received)),
+            ])),
+            family("peers", "Peers in this worker's view, by liveness", by("liveness", [("alive", Liveness::Alive), ("suspect", Liveness::Suspect), ("dead", Liveness::Dead)]
+                .into_iter()
+                .map(|(name, state)| (name, level(s.peers.iter().filter(|l| **l == state).count() as u64)))
+                .collect())),
+            family("tenant_jobs", "Jobs run, by tenant", per_tenant(&|t| count(t.account.jobs))),
+            family("tenant_cpu_seconds", "CPU-seconds, by tenant", per_tenant(&|t| Value::CountF(t.account.cpu_seconds))),
+            family("tenant_slot_seconds", "Slot-seconds held, by tenant", per_tenant(&|t| Value::CountF(t.account.slot_seconds))),
+            family("tenant_reserved_gib_seconds", "Reserved GiB-seconds, by tenant", per_tenant(&|t| Value::CountF(t.account.reserved_gib_seconds))),
+            family("tenant_used_gib_seconds", "Used (peak) GiB-seconds, by tenant", per_tenant(&|t| Value::CountF(t.account.used_gib_seconds))),
+            family("tenant_usage_slot_seconds", "Decayed slot-seconds fair share ranks by, by tenant", per_tenant(&|t| Value::LevelF(t.slot_seconds))),
+            family("warnings", "Operator warnings raised, by kind", s.warnings.iter().map(|(kind, n)| (label("kind", *kind), count(*n))).collect()),
+            family("connections_refused", "Connections closed because --max-connections were open", single(count(s.connections_refused))),
+            family("files_received", "Files of shipped trees received (PUT /v1/files), in files and bytes", by("unit", vec![
+                ("files", count(s.files.received)),
+                ("bytes", count(s.files.received_bytes)),
+            ])),
+            family("slot_process_jobs", "Jobs whose code ran in a slot process, without fuel (--slot-processes)", single(count(s.slot_process_jobs))),
+            family("file_store_bytes", "Bytes of shipped trees' files kept on disk (--file-store)", single(level(s.files.held))),
+        ])
     }
 }
 
-fn sync_f(c: &FloatCounter, value: f64) {
-    let current = c.get();
-    if value > current {
-        c.inc_by(value - current);
+impl Collector for Live {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for f in &self.0 {
+            let Some((_, first)) = f.values.first() else { continue };
+            let kind = match first {
+                Value::Count(_) | Value::CountF(_) => MetricType::Counter,
+                Value::Level(_) | Value::LevelF(_) => MetricType::Gauge,
+            };
+            // As `Registry::register` writes help: ending in a full stop.
+            let help = format!("{}.", f.help);
+            let mut family = encoder.encode_descriptor(f.name, &help, None, kind)?;
+            if let [(labels, value)] = f.values.as_slice()
+                && labels.is_empty()
+            {
+                value.encode(family)?;
+                continue;
+            }
+            for (labels, value) in &f.values {
+                value.encode(family.encode_family(labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Value {
+    fn encode(self, sample: prometheus_client::encoding::MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+        match self {
+            Value::Count(n) => ConstCounter::new(n).encode(sample),
+            Value::CountF(x) => ConstCounter::new(x).encode(sample),
+            Value::Level(n) => ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX)).encode(sample),
+            Value::LevelF(x) => ConstGauge::new(x).encode(sample),
+        }
     }
 }
 
