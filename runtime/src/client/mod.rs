@@ -32,8 +32,8 @@
 //! * [`submit`] — handing a whole map to a worker that owns it durably
 //!   (`map --detach`), and its results, list, cancel and the pool's history.
 //!
-//! Within the client, files use only those listed after them, except that
-//! `send`, `ship`, `stream` and `detach` add methods to [`Pool`].
+//! No file here imports one that imports it back; `send`, `ship`, `stream`
+//! and `detach` add methods to [`Pool`] from their own files.
 //!
 //! `peerwasm run` and `peerwasm map` are thin shells over these; a program
 //! can do the same:
