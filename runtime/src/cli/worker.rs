@@ -97,8 +97,9 @@ pub struct WorkerArgs {
     /// the client tries another worker [default: 256 per slot].
     #[arg(long, value_name = "N")]
     max_queued: Option<u32>,
-    /// Bytes of input one tenant's waiting jobs may hold here; more are
-    /// refused (503) and the client tries another worker.
+    /// Bytes one tenant's waiting jobs may hold here, counted as sent (args,
+    /// env, stdin and all); more are refused (503) and the client tries
+    /// another worker.
     #[arg(long, value_name = "SIZE", default_value_t = Size(crate::worker::admission::QUEUE_BYTES_PER_TENANT))]
     max_queued_bytes: Size,
     /// Bytes of finished detached jobs' output one tenant may hold here;
@@ -114,6 +115,15 @@ pub struct WorkerArgs {
     /// Connections served at once; more are closed as they arrive.
     #[arg(long, value_name = "N", default_value_t = crate::worker::http::serve::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
+    /// Connections one address may hold at once, so that one client cannot
+    /// take them all [default: a quarter of --max-connections].
+    #[arg(long, value_name = "N")]
+    max_connections_per_address: Option<usize>,
+    /// Bytes one tenant's requests may make this worker hold at once
+    /// (bodies being read, jobs waiting for their answer, tree manifests);
+    /// past it, its requests get 503 and its client retries.
+    #[arg(long, value_name = "SIZE", default_value_t = Size(crate::worker::budget::DEFAULT_MAX_REQUEST_BYTES))]
+    max_request_bytes: Size,
     /// Time a client has to send a request's headers before its connection
     /// is closed (slow clients cannot hold connections open).
     #[arg(long, value_name = "DUR", default_value_t = Span(crate::worker::http::serve::DEFAULT_HEADER_TIMEOUT))]
@@ -248,12 +258,14 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         drain_grace: args.drain_grace.0,
         max_results: args.max_results.0,
         max_stored: args.max_stored.0,
+        max_request_bytes: args.max_request_bytes.0,
         file_store_bytes: args.file_store.0,
         max_files_back: args.max_files_back.0,
         state_dir: args.state_dir.or_else(|| default_state_dir(args.listen, args.advertise.as_deref())),
         history_keep: Duration::from_secs(u64::from(args.history_days) * 24 * 3600),
         serve: crate::worker::http::serve::ServeLimits {
             max_connections: args.max_connections.max(1),
+            max_connections_per_address: args.max_connections_per_address,
             header_timeout: args.header_timeout.0,
         },
     };

@@ -34,7 +34,7 @@ pub mod view;
 
 pub use failure::{FailureDetectorConfig, Liveness};
 pub use messages::{Ack, Syn, SynAck};
-pub use node::{GossipConfig, GossipNode};
+pub use node::{GossipConfig, GossipNode, MAX_MESSAGE_BYTES};
 pub use state::{NodeId, NodeState};
 pub use view::{PeerView, keyed, peers_table};
 

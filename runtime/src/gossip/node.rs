@@ -27,6 +27,12 @@ pub struct GossipConfig {
     /// Most node states sent in one message; the stalest go first.
     /// Default: 256.
     pub max_delta: usize,
+    /// Most bytes of node states in one message (postcard); the states
+    /// that do not fit go in later rounds, as with `max_delta`. With the
+    /// digest's bound (`max_nodes` ids) it bounds a whole message below
+    /// [`MAX_MESSAGE_BYTES`], which is what a receiver reads before it has
+    /// checked who sent it. Default: [`MAX_DELTA_BYTES`].
+    pub max_delta_bytes: usize,
     /// Chance per round of also contacting a peer believed dead, so a node
     /// that was only cut off rejoins. Default: 0.1.
     pub dead_probe_probability: f64,
@@ -54,11 +60,21 @@ pub type RecordCheck<R> = fn(&R) -> Result<(), String>;
 /// The longest node address accepted, in bytes.
 pub const MAX_ADDR_LEN: usize = 256;
 
+/// The default bound on the node states of one message, in bytes.
+pub const MAX_DELTA_BYTES: usize = 1 << 20;
+
+/// The largest gossip message a node sends, in bytes: a digest of at most
+/// 4,096 ids of at most [`MAX_ADDR_LEN`] bytes (1.1 MiB), node states of
+/// at most [`MAX_DELTA_BYTES`], and the MAC's envelope — rounded up. A
+/// receiver reads no more than this of a body before its MAC is checked.
+pub const MAX_MESSAGE_BYTES: usize = 3 << 20;
+
 impl Default for GossipConfig {
     fn default() -> Self {
         GossipConfig {
             fanout: 3,
             max_delta: 256,
+            max_delta_bytes: MAX_DELTA_BYTES,
             dead_probe_probability: 0.1,
             seed_probability: 0.1,
             seeds: Vec::new(),
@@ -204,14 +220,20 @@ impl<R: Clone> GossipNode<R> {
     }
 
     /// Answers a round opener.
-    pub fn handle_syn(&mut self, syn: Syn) -> SynAck<R> {
-        SynAck { delta: self.state.delta_for(&syn.digest, self.config.max_delta), digest: self.state.digest() }
+    pub fn handle_syn(&mut self, syn: Syn) -> SynAck<R>
+    where
+        R: serde::Serialize,
+    {
+        SynAck { delta: self.state.delta_for(&syn.digest, self.config.max_delta, self.config.max_delta_bytes), digest: self.state.digest() }
     }
 
     /// Takes the answer; returns what the peer lacks.
-    pub fn handle_syn_ack(&mut self, ack: SynAck<R>, now_ms: u64) -> Ack<R> {
+    pub fn handle_syn_ack(&mut self, ack: SynAck<R>, now_ms: u64) -> Ack<R>
+    where
+        R: serde::Serialize,
+    {
         self.apply(ack.delta, now_ms);
-        Ack { delta: self.state.delta_for(&ack.digest, self.config.max_delta) }
+        Ack { delta: self.state.delta_for(&ack.digest, self.config.max_delta, self.config.max_delta_bytes) }
     }
 
     /// Takes the last message of a round.

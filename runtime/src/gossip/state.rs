@@ -91,9 +91,13 @@ impl<R: Clone> ClusterState<R> {
     }
 
     /// The states the holder of `theirs` lacks or has older, stalest first
-    /// (most versions behind), at most `max` of them. A node whose older
-    /// generation the other side holds is sent too.
-    pub fn delta_for(&self, theirs: &Digest, max: usize) -> Vec<(NodeId, NodeState<R>)> {
+    /// (most versions behind), at most `max` of them and `max_bytes` of
+    /// their encoding. A node whose older generation the other side holds
+    /// is sent too.
+    pub fn delta_for(&self, theirs: &Digest, max: usize, max_bytes: usize) -> Vec<(NodeId, NodeState<R>)>
+    where
+        R: serde::Serialize,
+    {
         let mut out: Vec<(u64, &NodeId, &NodeState<R>)> = self
             .nodes
             .iter()
@@ -104,7 +108,20 @@ impl<R: Clone> ClusterState<R> {
             })
             .collect();
         out.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
-        out.into_iter().take(max).map(|(_, id, s)| (id.clone(), s.clone())).collect()
+        let mut bytes = 0usize;
+        out.into_iter()
+            .take(max)
+            .take_while(|(_, id, s)| {
+                let size = postcard::serialize_with_flavor::<_, postcard::ser_flavors::Size, usize>(
+                    &(*id, *s),
+                    postcard::ser_flavors::Size::default(),
+                )
+                .unwrap_or(usize::MAX);
+                bytes = bytes.saturating_add(size);
+                bytes <= max_bytes
+            })
+            .map(|(_, id, s)| (id.clone(), s.clone()))
+            .collect()
     }
 
     /// Takes what is newer in `delta`; returns the ids that changed. A
@@ -158,10 +175,25 @@ mod tests {
         s.set(NodeId::new("b", 1), st(9));
         s.set(NodeId::new("c", 1), st(2));
         let theirs: Digest = [(NodeId::new("a", 1), 5), (NodeId::new("b", 1), 1)].into();
-        let d = s.delta_for(&theirs, 10);
+        let d = s.delta_for(&theirs, 10, usize::MAX);
         let ids: Vec<_> = d.iter().map(|(id, _)| id.addr.as_str()).collect();
         assert_eq!(ids, ["b", "c"]);
-        assert_eq!(s.delta_for(&theirs, 1).len(), 1);
+        assert_eq!(s.delta_for(&theirs, 1, usize::MAX).len(), 1);
+    }
+
+    #[test]
+    fn delta_stays_within_its_byte_bound() {
+        let mut s = ClusterState::default();
+        for i in 0..100 {
+            s.set(NodeId::new(format!("node-{i:03}"), 1), st(i + 1));
+        }
+        let one = postcard::to_allocvec(&(NodeId::new("node-000", 1), st(1))).unwrap().len();
+        let d = s.delta_for(&Digest::default(), 256, 10 * one + one / 2);
+        assert_eq!(d.len(), 10, "ten states of {one} bytes fit");
+        let encoded = postcard::to_allocvec(&d).unwrap().len();
+        assert!(encoded <= 10 * one + 8, "{encoded} bytes");
+        // The stalest still go first.
+        assert_eq!(d[0].0.addr, "node-099");
     }
 
     #[test]

@@ -208,5 +208,23 @@ async fn post(http: &reqwest::Client, url: &str, body: Vec<u8>) -> Result<Vec<u8
     if !resp.status().is_success() {
         return Err(format!("{}", resp.status()));
     }
-    resp.bytes().await.map(|b| b.to_vec()).map_err(|e| e.to_string())
+    read_capped(resp, super::node::MAX_MESSAGE_BYTES).await
+}
+
+/// A reply's body, read no further than `cap` bytes: a reply is read
+/// before its MAC is checked, so a peer (or whoever answers at its
+/// address) must not make this node hold more than a message can be.
+async fn read_capped(mut resp: reqwest::Response, cap: usize) -> Result<Vec<u8>, String> {
+    let too_large = || format!("the reply is larger than a gossip message can be ({cap} bytes)");
+    if resp.content_length().is_some_and(|n| n > cap as u64) {
+        return Err(too_large());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| e.to_string())? {
+        if body.len() + chunk.len() > cap {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }

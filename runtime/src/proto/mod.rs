@@ -87,6 +87,14 @@ pub struct JobSpec {
 }
 
 impl JobSpec {
+    /// Its size as encoded on the wire: what a worker holds while the job
+    /// waits (args, env, stdin, tag and all), and what
+    /// `--max-queued-bytes` counts.
+    pub fn encoded_len(&self) -> u64 {
+        postcard::serialize_with_flavor::<_, postcard::ser_flavors::Size, usize>(self, postcard::ser_flavors::Size::default())
+            .map_or(u64::MAX, |n| n as u64)
+    }
+
     /// A job of `module` with no arguments, no input and default limits.
     pub fn new(module: ModuleHash) -> JobSpec {
         JobSpec {

@@ -43,6 +43,10 @@ pub const MAX_TREE_ENTRIES: usize = 100_000;
 /// The longest path in a manifest, in bytes.
 pub const MAX_PATH_BYTES: usize = 4096;
 
+/// The most parts a path in a tree may have. Real trees are a few dozen
+/// deep at most.
+pub const MAX_PATH_DEPTH: usize = 256;
+
 /// The most an encoded manifest may be, in bytes.
 pub const MAX_MANIFEST_BYTES: usize = 32 << 20;
 
@@ -147,14 +151,17 @@ impl Manifest {
             }
         }
         // A file that is also a directory ("a" a file, "a/b" listed too).
-        let files: std::collections::HashSet<&str> = self.files().map(|(p, _, _)| p).collect();
-        for e in &self.entries {
-            let mut parent = e.path.as_str();
-            while let Some((up, _)) = parent.rsplit_once('/') {
-                if files.contains(up) {
-                    return Err(format!("{up:?} is listed as a file and as the directory of {:?}", e.path));
-                }
-                parent = up;
+        // Paths are sorted, so those under "a/" are one run: a binary
+        // search per file finds its start (no walk over every ancestor of
+        // every entry, which is quadratic in a path's depth).
+        let mut probe = String::new();
+        for (path, _, _) in self.files() {
+            probe.clear();
+            probe.push_str(path);
+            probe.push('/');
+            let at = self.entries.partition_point(|e| e.path.as_str() < probe.as_str());
+            if let Some(e) = self.entries.get(at).filter(|e| e.path.starts_with(probe.as_str())) {
+                return Err(format!("{path:?} is listed as a file and as the directory of {:?}", e.path));
             }
         }
         let total = self.total_bytes();
@@ -171,7 +178,8 @@ impl Manifest {
 
 /// Whether `path` may name an entry of a tree: non-empty, relative,
 /// `/`-separated parts that are neither empty, `.` nor `..`, no NUL, at
-/// most [`MAX_PATH_BYTES`]. Nothing named so can leave the tree's root.
+/// most [`MAX_PATH_BYTES`] in at most [`MAX_PATH_DEPTH`] parts. Nothing
+/// named so can leave the tree's root.
 pub fn check_path(path: &str) -> Result<(), String> {
     if path.is_empty() {
         return Err("an empty path".into());
@@ -185,7 +193,10 @@ pub fn check_path(path: &str) -> Result<(), String> {
     if path.contains('\0') || path.contains('\\') {
         return Err(format!("{path:?} has a NUL or a backslash"));
     }
-    for part in path.split('/') {
+    for (depth, part) in path.split('/').enumerate() {
+        if depth >= MAX_PATH_DEPTH {
+            return Err(format!("a path {MAX_PATH_DEPTH} directories deep or more (real trees are far shallower)"));
+        }
         match part {
             "" => return Err(format!("{path:?} has an empty part")),
             "." | ".." => return Err(format!("{path:?} has a {part:?} part; nothing may leave the tree")),
@@ -226,6 +237,23 @@ mod tests {
         assert!(file_as_dir.check(10).unwrap_err().contains("as a file and as the directory"));
         let traversal = Manifest { entries: vec![file("../../etc/cron.d/x", 1)] };
         assert!(traversal.check(10).is_err());
+    }
+
+    #[test]
+    fn a_deep_manifest_is_checked_quickly_and_too_deep_refused() {
+        // 2,000 files, each 255 parts deep under its own top directory:
+        // walking every ancestor of every entry took seconds.
+        let deep = |i: usize| format!("{i:04}/{}", vec!["d"; 254].join("/"));
+        let entries = (0..2000).map(|i| file(&deep(i), 1)).collect();
+        let m = Manifest { entries };
+        let t = std::time::Instant::now();
+        assert_eq!(m.check(u64::MAX), Ok(()));
+        assert!(t.elapsed() < std::time::Duration::from_millis(500), "{:?}", t.elapsed());
+        let too_deep = vec!["d"; MAX_PATH_DEPTH + 1].join("/");
+        assert!(check_path(&too_deep).unwrap_err().contains("deep"));
+        // A file under a file, many levels down, is still found.
+        let m = Manifest { entries: vec![file("a", 1), file("a-b", 1), file(&format!("a/{}", deep(1)), 1)] };
+        assert!(m.check(10).unwrap_err().contains("as a file and as the directory"));
     }
 
     #[test]

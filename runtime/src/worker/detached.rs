@@ -50,8 +50,13 @@ pub async fn keep(w: &Arc<Worker>, id: &str, tenant: &Tenant, spec: &JobSpec) ->
 /// Records a detached job's result (committed with the next group).
 pub fn ended(w: &Worker, id: &str, result: &JobResult) {
     let Ok(blob) = postcard::to_allocvec(result) else { return };
+    ended_encoded(w, id, bytes::Bytes::from(blob));
+}
+
+/// [`ended`], the result already encoded (shared with the job table).
+pub fn ended_encoded(w: &Worker, id: &str, blob: bytes::Bytes) {
     let id = id.to_string();
-    w.db.write_later(move |c| c.execute("UPDATE detached SET result = ?1 WHERE id = ?2", params![blob, id]).map(drop));
+    w.db.write_later(move |c| c.execute("UPDATE detached SET result = ?1 WHERE id = ?2", params![&blob[..], id]).map(drop));
 }
 
 /// Forgets a detached job whose result was discarded, returning once that

@@ -19,7 +19,6 @@
 //! that leaks does not give another tenant the data.
 
 use std::collections::{HashMap, HashSet};
-use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use parking_lot::Mutex;
@@ -34,8 +33,6 @@ use crate::units::Bytes;
 /// Bytes of files a worker keeps unless `--file-store` says otherwise.
 pub const DEFAULT_FILE_STORE: u64 = 10 << 30;
 
-/// Manifests a worker remembers (the least recently used are sent again).
-pub const MANIFESTS_REMEMBERED: usize = 4096;
 
 /// Why a file or a tree was not taken.
 #[derive(Debug, PartialEq, Eq)]
@@ -76,7 +73,8 @@ struct Inner {
     files: LruCache<FileHash, u64>,
     held: u64,
     pins: HashMap<FileHash, u32>,
-    manifests: LruCache<ModuleHash, Arc<Manifest>>,
+    /// Within a byte budget per tenant (`worker::manifests`).
+    manifests: super::manifests::Manifests,
     /// Tenants that uploaded each file or manifest (multi-tenant only).
     shown: HashMap<ModuleHash, HashSet<String>>,
     /// Files received, and their bytes (`/metrics`, tests).
@@ -103,7 +101,7 @@ impl FileStore {
                 files: LruCache::unbounded(),
                 held: 0,
                 pins: HashMap::new(),
-                manifests: LruCache::new(NonZeroUsize::new(MANIFESTS_REMEMBERED).expect("non-zero")),
+                manifests: Default::default(),
                 shown: HashMap::new(),
                 received: (0, 0),
             }),
@@ -146,7 +144,8 @@ impl FileStore {
 
     /// Takes a manifest from `tenant` (already checked against its hash
     /// by the caller) and returns the files of it this tenant must still
-    /// send.
+    /// send. Checking a large manifest takes milliseconds: call it on a
+    /// blocking thread.
     pub fn put_manifest(&self, tenant: &str, hash: ModuleHash, manifest: Manifest) -> Result<Vec<FileHash>, StoreError> {
         manifest.check(self.budget).map_err(|e| {
             if e.contains("accepts trees of at most") { StoreError::TooLarge(e) } else { StoreError::Invalid(e) }
@@ -159,7 +158,7 @@ impl FileStore {
             .collect();
         missing.sort_unstable();
         missing.dedup();
-        inner.manifests.put(hash, Arc::new(manifest));
+        inner.manifests.put(hash, manifest, tenant).map_err(StoreError::TooLarge)?;
         self.record_shown(&mut inner, hash, tenant);
         Ok(missing)
     }
@@ -225,7 +224,7 @@ impl FileStore {
         let mut inner = self.lock();
         let mut manifests = Vec::with_capacity(trees.len());
         for grant in trees {
-            let Some(m) = inner.manifests.get(&grant.manifest).cloned() else {
+            let Some(m) = inner.manifests.get(&grant.manifest) else {
                 return Err(format!("tree {} unknown here: send it first", &grant.manifest.to_hex()[..12]));
             };
             if !self.may_use(&inner, &grant.manifest, tenant) {

@@ -58,6 +58,13 @@ pub struct Streams {
     pub stdin: Option<StdinFeed>,
     /// Where the job's output can be read while it runs.
     pub captures: Option<LiveOutput>,
+    /// What the job's output is charged to, when the caller sends it on
+    /// (a stream): the caller gives the bytes back as they are sent, so
+    /// output not read yet stays charged after the job ends. `None`: a
+    /// hold of the job's own, shrunk to its result when it ends.
+    pub hold: Option<Arc<Hold>>,
+    /// Keep none of the output in the result: it all goes to `tee`.
+    pub forward_only: bool,
 }
 
 /// Runs an attached job: checked, queued, run, charged. `on_id` hears its
@@ -77,8 +84,8 @@ pub async fn run_attached(
     on_id(&id);
     let abandoned = cancel.on_drop(CancelCause::ClientGone);
     // The output's hold is given back as this returns: the bytes are then
-    // the response's, sent at once.
-    let hold = Arc::new(w.admission.ledger().hold());
+    // the response's, sent at once (a stream's caller brings its own).
+    let hold = streams.hold.clone().unwrap_or_else(|| Arc::new(w.admission.ledger().hold()));
     let result = run_queued(w, tenant, &id, queued, spec, pins, cancel, &hold, streams).await;
     abandoned.disarm();
     result
@@ -135,10 +142,14 @@ fn spawn_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, spec: JobSpec, queued: 
         });
         // Ended by this worker's shutdown, it runs again when the worker
         // is back; any other end is its result.
-        if !matches!(result.outcome, Outcome::Cancelled { cause: CancelCause::Shutdown }) {
-            super::detached::ended(&w, &id2, &result);
+        // Encoded once: the state database and every reader share the bytes.
+        let done = super::table::Finished::of(&result);
+        drop(result);
+        hold.shrink_to(done.encoded.len() as u64);
+        if !matches!(done.outcome, Outcome::Cancelled { cause: CancelCause::Shutdown }) {
+            super::detached::ended_encoded(&w, &id2, done.encoded.clone());
         }
-        w.jobs.set_done(&id2, result, hold);
+        w.jobs.set_done(&id2, done, hold);
     });
 }
 
@@ -158,7 +169,7 @@ fn admit(w: &Worker, tenant: &Arc<Tenant>, spec: &JobSpec) -> Result<(Queued, Pi
         false => Some(w.files.pin_trees(&tenant.name, &spec.trees).map_err(Refused::MissingFiles)?),
     };
     let pins = Pins { _module: w.runner.pin_module(&spec.module), trees };
-    let queued = w.admission.enqueue(tenant, spec.limits.memory_bytes, spec.stdin.len() as u64).map_err(|r| refusal(w, r))?;
+    let queued = w.admission.enqueue(tenant, spec.limits.memory_bytes, spec.encoded_len()).map_err(|r| refusal(w, r))?;
     Ok((queued, pins))
 }
 
@@ -294,6 +305,7 @@ async fn in_turn(
     };
     w.jobs.set(&id, JobState::Running);
     let (module, tag) = (spec.module, spec.tag.take());
+    let streams_forwarded = streams.forward_only;
     let held = Instant::now();
     let hooks = RunHooks {
         tee: streams.tee,
@@ -303,7 +315,7 @@ async fn in_turn(
         cancel: Some(cancel),
         output_budget: Some(hold.clone()),
         started: None,
-        forward_only: false,
+        forward_only: streams.forward_only,
     };
     let memreq = spec.limits.memory_bytes;
     let mut result = match mount_trees(&w, &pins, &spec).await {
@@ -321,7 +333,9 @@ async fn in_turn(
     };
     drop(pins);
     let files: usize = result.files.iter().map(|f| f.contents.len()).sum();
-    hold.shrink_to((result.stdout.len() + result.stderr.len() + files) as u64);
+    if !streams_forwarded {
+        hold.shrink_to((result.stdout.len() + result.stderr.len() + files) as u64);
+    }
     w.admission.account(&ticket.tenant().name, &JobUsage {
         cpu: Duration::from_micros(result.cpu_time_us),
         held: held.elapsed(),

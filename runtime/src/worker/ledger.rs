@@ -236,6 +236,16 @@ impl Hold {
         self.bytes.store(keep, Ordering::Relaxed);
     }
 
+    /// Gives back `bytes` of what is held (at most all of it): the part
+    /// of a streamed job's output that has been sent.
+    pub fn release(&self, bytes: u64) {
+        let mut st = self.ledger.lock();
+        let now = self.bytes.load(Ordering::Relaxed);
+        let n = bytes.min(now);
+        st.held -= n;
+        self.bytes.store(now - n, Ordering::Relaxed);
+    }
+
     /// The bytes held.
     pub fn bytes(&self) -> u64 {
         self.bytes.load(Ordering::Relaxed)

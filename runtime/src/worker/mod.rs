@@ -6,8 +6,12 @@
 //!   extractors (tenant, capped bodies), one file per endpoint group;
 //! * [`filestore`] — files of shipped trees by sha256, on disk, within a
 //!   byte budget shared with jobs' scratch;
+//! * [`manifests`] — shipped trees' manifests, within a byte budget per
+//!   tenant;
 //! * [`trees`] — a job's shipped trees laid out for it, and the files it
 //!   wrote read back;
+//! * [`budget`] — what requests make the worker hold (bodies, waiting
+//!   specs, manifests), charged to who sent them and to the ledger;
 //! * [`jobs`] — a job's life: checks, admission, the run, charging,
 //!   cancelling;
 //! * [`table`] — the jobs a worker holds, by id, with their cancel handles;
@@ -41,6 +45,7 @@
 //! ledger, fair share and tenants import nothing of HTTP.
 
 pub mod admission;
+pub mod budget;
 pub mod cgroup;
 pub mod detached;
 pub mod fairshare;
@@ -49,6 +54,7 @@ pub mod history;
 pub mod http;
 pub mod jobs;
 pub mod ledger;
+pub mod manifests;
 pub mod refused;
 pub mod restore;
 pub mod metrics;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::detached;
 use super::state::Worker;
+use super::table::Finished;
 use crate::proto::{JobResult, JobSpec, Outcome};
 
 /// Puts the detached jobs of the state database back: results into the
@@ -48,9 +49,7 @@ pub async fn detached_jobs(w: &Arc<Worker>) -> anyhow::Result<(usize, usize)> {
             None => None,
         };
         if let Some(result) = result {
-            let hold = Arc::new(w.admission.ledger().hold());
-            hold.try_grow((result.stdout.len() + result.stderr.len()) as u64, true);
-            w.jobs.insert_done(&id, &tenant.name, result, hold);
+            put_done(w, &id, &tenant.name, &result);
             results += 1;
             continue;
         }
@@ -59,7 +58,7 @@ pub async fn detached_jobs(w: &Arc<Worker>) -> anyhow::Result<(usize, usize)> {
                 Ok(bytes) => w.runner.add_module_hashed(spec.module, bytes),
                 Err(e) => {
                     let r = never_ran(format!("its module was not kept across the worker's restart: {e}"));
-                    w.jobs.insert_done(&id, &tenant.name, r, Arc::new(w.admission.ledger().hold()));
+                    put_done(w, &id, &tenant.name, &r);
                     continue;
                 }
             }
@@ -68,9 +67,17 @@ pub async fn detached_jobs(w: &Arc<Worker>) -> anyhow::Result<(usize, usize)> {
             Ok(_) => rerun += 1,
             Err(refused) => {
                 let r = never_ran(format!("not run again after the worker's restart: {refused}"));
-                w.jobs.insert_done(&id, &tenant.name, r, Arc::new(w.admission.ledger().hold()));
+                put_done(w, &id, &tenant.name, &r);
             }
         }
     }
     Ok((results, rerun))
+}
+
+/// Puts a kept result into the job table, its bytes held.
+fn put_done(w: &Worker, id: &str, tenant: &str, result: &JobResult) {
+    let done = Finished::of(result);
+    let hold = Arc::new(w.admission.ledger().hold());
+    hold.try_grow(done.encoded.len() as u64, true);
+    w.jobs.insert_done(id, tenant, result.memory_limit_bytes, done, hold);
 }

@@ -75,6 +75,8 @@ pub struct Worker {
     pub(crate) max_results: u64,
     /// Bytes of submissions one tenant may keep (`--max-stored`).
     pub(crate) max_stored: u64,
+    /// What requests make the worker hold, charged to who sent them.
+    pub(crate) budgets: Arc<super::budget::RequestBudgets>,
     /// Files of shipped trees (`--file-store`).
     pub(crate) files: Arc<super::filestore::FileStore>,
     /// The most bytes of files a job sends back (`--max-files-back`).
@@ -93,6 +95,23 @@ pub struct Worker {
 }
 
 impl Worker {
+    /// This worker's advert as it gossips it: without a cluster key, with
+    /// `--tenants`, tenants go by pseudonyms (`Tenants::pseudonyms`), since
+    /// anyone who reaches the port may ask for it.
+    pub(crate) fn gossip_advert(&self) -> Advert {
+        let mut advert = self.advert();
+        if !self.gossip.is_keyed()
+            && let Some(pseudonyms) = self.tenants.pseudonyms()
+        {
+            for t in &mut advert.tenants {
+                if let Some(p) = pseudonyms.get(&t.tenant) {
+                    t.tenant = p.clone();
+                }
+            }
+        }
+        advert
+    }
+
     /// This worker's advert, fresh.
     pub(crate) fn advert(&self) -> Advert {
         let snap = self.admission.ledger().snapshot();
@@ -200,6 +219,7 @@ impl Worker {
     /// tenants are ranked by what they use across the pool.
     pub(crate) fn learn_pool_usage(&self, node: &GossipNode<Advert>) {
         let now = self.gossip.now_ms();
+        let names = self.tenants.names();
         let mut remote: std::collections::HashMap<String, Usage> = Default::default();
         let mut pool = PoolSize { slots: 0.0, capacity_gib: 0.0 };
         for (id, s) in node.state().iter() {
@@ -212,7 +232,8 @@ impl Worker {
                 continue;
             }
             for t in &s.record.tenants {
-                let u = remote.entry(t.tenant.clone()).or_default();
+                let name = names.get(&t.tenant).unwrap_or(&t.tenant);
+                let u = remote.entry(name.clone()).or_default();
                 u.slot_seconds += t.slot_seconds;
                 u.gib_seconds += t.gib_seconds;
             }
@@ -239,7 +260,13 @@ impl Worker {
         for v in views.iter_mut().filter(|v| v.advert.addr == self.addr) {
             v.advert = self.advert();
         }
+        let names = self.tenants.names();
         for v in &mut views {
+            for t in &mut v.advert.tenants {
+                if let Some(name) = names.get(&t.tenant) {
+                    t.tenant = name.clone();
+                }
+            }
             v.advert.tenants.retain(|t| sees.may_see(&t.tenant));
         }
         views

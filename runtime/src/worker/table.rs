@@ -7,10 +7,18 @@
 //! and reading again gives the same result. What a tenant holds so is
 //! bounded in bytes ([`JobTable::held_bytes`]; the worker refuses new
 //! detached jobs past `--max-results`).
+//!
+//! A finished result is kept once, *encoded* ([`Finished`]): every read
+//! of it is answered with the same reference-counted bytes, never a copy
+//! per reader, so forty clients fetching a 60 MiB result at once cost the
+//! worker 60 MiB, not 2.4 GiB; pages of its output are read from those
+//! bytes in place.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use parking_lot::Mutex;
+
+use bytes::Bytes;
 
 use super::ledger::Hold;
 use crate::proto::{CancelCause, JobOutput, JobResult, JobStatus, Outcome};
@@ -21,7 +29,44 @@ use crate::sandbox::Cancel;
 pub(crate) enum JobState {
     Queued,
     Running,
-    Done(Box<JobResult>),
+    Done(Finished),
+}
+
+/// A finished detached job's result: its postcard encoding, as served.
+#[derive(Clone)]
+pub struct Finished {
+    /// How it ended.
+    pub outcome: Outcome,
+    /// The whole `JobResult`, encoded once.
+    pub encoded: Bytes,
+}
+
+impl Finished {
+    /// Encodes `result` (once: every reader shares these bytes).
+    pub fn of(result: &JobResult) -> Finished {
+        let encoded = postcard::to_allocvec(result).unwrap_or_else(|e| {
+            let reason = format!("the result could not be encoded: {e}");
+            let mut r = JobResult::never_ran(result.memory_limit_bytes, Outcome::Rejected { reason });
+            r.peer = result.peer.clone();
+            postcard::to_allocvec(&r).expect("a refusal encodes")
+        });
+        Finished { outcome: result.outcome.clone(), encoded: Bytes::from(encoded) }
+    }
+
+    /// Its stdout and stderr, read in place.
+    fn streams(&self) -> Option<(&[u8], &[u8])> {
+        /// The first fields of an encoded `JobResult`, borrowed.
+        #[derive(serde::Deserialize)]
+        struct Head<'a> {
+            #[allow(dead_code)]
+            outcome: Outcome,
+            #[serde(borrow, with = "serde_bytes")]
+            stdout: &'a [u8],
+            #[serde(borrow, with = "serde_bytes")]
+            stderr: &'a [u8],
+        }
+        postcard::from_bytes::<Head>(&self.encoded).ok().map(|h| (h.stdout, h.stderr))
+    }
 }
 
 struct Entry {
@@ -49,11 +94,12 @@ pub enum Cancelled {
     Discarded(Outcome),
 }
 
-/// A detached job's result, as `GET /v1/jobs/{id}` finds it.
+/// A detached job's result, as `GET /v1/jobs/{id}` finds it: done, its
+/// encoded `JobResult`, shared.
 pub enum Lookup {
     NotFound,
     NotDone,
-    Done(Box<JobResult>),
+    Done(Bytes),
 }
 
 /// The jobs a worker holds, by id: 128 random bits, and checked against
@@ -62,6 +108,30 @@ pub enum Lookup {
 #[derive(Default)]
 pub struct JobTable {
     jobs: Mutex<HashMap<String, Entry>>,
+    /// Results being sent now, per tenant.
+    readers: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+/// Results of one tenant sent at once, at most: each reader shares the
+/// result's bytes, but holds a connection and the kernel's buffers.
+pub const READS_PER_TENANT: usize = 8;
+
+/// One result being sent; the tenant's count goes down when dropped.
+pub struct ReadPermit {
+    readers: Arc<Mutex<HashMap<String, usize>>>,
+    tenant: String,
+}
+
+impl Drop for ReadPermit {
+    fn drop(&mut self) {
+        let mut r = self.readers.lock();
+        if let Some(n) = r.get_mut(&self.tenant) {
+            *n -= 1;
+            if *n == 0 {
+                r.remove(&self.tenant);
+            }
+        }
+    }
 }
 
 impl JobTable {
@@ -86,11 +156,11 @@ impl JobTable {
     }
 
     /// A detached job that ended before the worker restarted.
-    pub(crate) fn insert_done(&self, id: &str, tenant: &str, result: JobResult, hold: Arc<Hold>) {
+    pub(crate) fn insert_done(&self, id: &str, tenant: &str, memory_bytes: u64, done: Finished, hold: Arc<Hold>) {
         let entry = Entry {
             tenant: tenant.into(),
-            memory_bytes: result.memory_limit_bytes,
-            state: JobState::Done(Box::new(result)),
+            memory_bytes,
+            state: JobState::Done(done),
             cancel: Cancel::new(),
             hold: Some(hold),
             live: None,
@@ -122,11 +192,10 @@ impl JobTable {
             bytes[start..][..max.min(bytes.len() - start)].to_vec()
         };
         Some(match &e.state {
-            JobState::Done(r) => JobOutput {
-                stdout: slice(&r.stdout, from[0]),
-                stderr: slice(&r.stderr, from[1]),
-                ended: Some(r.outcome.clone()),
-            },
+            JobState::Done(done) => {
+                let (stdout, stderr) = done.streams().unwrap_or_default();
+                JobOutput { stdout: slice(stdout, from[0]), stderr: slice(stderr, from[1]), ended: Some(done.outcome.clone()) }
+            }
             _ => {
                 let live = e.live.as_ref().and_then(|l| l.lock().clone());
                 match live {
@@ -142,9 +211,9 @@ impl JobTable {
     }
 
     /// A detached job is done: its result waits here, its bytes held.
-    pub(crate) fn set_done(&self, id: &str, result: JobResult, hold: Arc<Hold>) {
+    pub(crate) fn set_done(&self, id: &str, done: Finished, hold: Arc<Hold>) {
         if let Some(e) = self.lock().get_mut(id) {
-            e.state = JobState::Done(Box::new(result));
+            e.state = JobState::Done(done);
             e.hold = Some(hold);
             e.live = None;
         }
@@ -160,8 +229,20 @@ impl JobTable {
         match self.lock().get(id).filter(|e| e.tenant == tenant).map(|e| &e.state) {
             None => Lookup::NotFound,
             Some(JobState::Queued | JobState::Running) => Lookup::NotDone,
-            Some(JobState::Done(result)) => Lookup::Done(result.clone()),
+            Some(JobState::Done(done)) => Lookup::Done(done.encoded.clone()),
         }
+    }
+
+    /// A permit to send one of `tenant`'s results, or `None` when
+    /// [`READS_PER_TENANT`] are being sent already.
+    pub fn read_permit(&self, tenant: &str) -> Option<ReadPermit> {
+        let mut r = self.readers.lock();
+        let n = r.entry(tenant.to_string()).or_insert(0);
+        if *n >= READS_PER_TENANT {
+            return None;
+        }
+        *n += 1;
+        Some(ReadPermit { readers: self.readers.clone(), tenant: tenant.to_string() })
     }
 
     /// Bytes of output `tenant`'s finished detached jobs hold here.
@@ -170,7 +251,7 @@ impl JobTable {
             .values()
             .filter(|e| e.tenant == tenant)
             .map(|e| match &e.state {
-                JobState::Done(r) => (r.stdout.len() + r.stderr.len()) as u64,
+                JobState::Done(done) => done.encoded.len() as u64,
                 _ => 0,
             })
             .sum()
@@ -193,8 +274,8 @@ impl JobTable {
     pub fn cancel(&self, tenant: &str, id: &str) -> Cancelled {
         let mut jobs = self.lock();
         let Some(e) = jobs.get(id).filter(|e| e.tenant == tenant) else { return Cancelled::NotFound };
-        if let JobState::Done(result) = &e.state {
-            let outcome = result.outcome.clone();
+        if let JobState::Done(done) = &e.state {
+            let outcome = done.outcome.clone();
             jobs.remove(id);
             return Cancelled::Discarded(outcome);
         }

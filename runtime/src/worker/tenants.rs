@@ -73,6 +73,15 @@ struct Entry {
     operator: bool,
 }
 
+fn pseudonym(token_hash: &[u8; 32], name: &str) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(b"peerwasm tenant pseudonym\0");
+    h.update(token_hash);
+    h.update(name.as_bytes());
+    format!("~{}", hex::encode(&h.finalize()[..8]))
+}
+
 /// The tenants of a worker.
 #[derive(Clone, Debug)]
 pub enum Tenants {
@@ -117,6 +126,22 @@ impl Tenants {
     /// One tenant, `default`.
     pub fn single() -> Tenants {
         Tenants::Single(Arc::new(Tenant::new(DEFAULT_TENANT)))
+    }
+
+    /// What tenants are called in gossip that is not authenticated (a
+    /// worker without `--cluster-key`), by name: with `--tenants`, a
+    /// pseudonym only workers holding the same tenants file can tell
+    /// (sha256 of the token's hash and the name), so whoever posts a Syn
+    /// learns no tenant's name; workers map them back with
+    /// [`names`](Self::names). `None` with one tenant: nothing to hide.
+    pub fn pseudonyms(&self) -> Option<HashMap<String, String>> {
+        let Tenants::Multi(by_hash) = self else { return None };
+        Some(by_hash.iter().map(|(hash, t)| (t.name.clone(), pseudonym(hash, &t.name))).collect())
+    }
+
+    /// The names behind [`pseudonyms`](Self::pseudonyms), by pseudonym.
+    pub fn names(&self) -> HashMap<String, String> {
+        self.pseudonyms().unwrap_or_default().into_iter().map(|(name, p)| (p, name)).collect()
     }
 
     /// Reads a tenants file.
@@ -209,6 +234,23 @@ mod tests {
     fn sha(token: &str) -> String {
         use sha2::Digest;
         hex::encode(sha2::Sha256::digest(token.as_bytes()))
+    }
+
+    #[test]
+    fn pseudonyms_hide_names_and_map_back() {
+        let text = format!(
+            "[[tenant]]\nname = \"alice\"\ntoken_sha256 = \"{}\"\n\n[[tenant]]\nname = \"bob\"\ntoken_sha256 = \"{}\"\n",
+            sha("a"),
+            sha("b")
+        );
+        let t = Tenants::parse(&text).unwrap();
+        let p = t.pseudonyms().unwrap();
+        assert!(!p["alice"].contains("alice") && p["alice"] != p["bob"], "{p:?}");
+        assert_eq!(t.names()[&p["bob"]], "bob");
+        // Another file with the same names but other tokens: other pseudonyms.
+        let other = Tenants::parse(&text.replace(&sha("a"), &sha("z"))).unwrap();
+        assert_ne!(other.pseudonyms().unwrap()["alice"], p["alice"]);
+        assert!(Tenants::single().pseudonyms().is_none());
     }
 
     #[test]

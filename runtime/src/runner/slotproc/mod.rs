@@ -185,7 +185,10 @@ impl SlotProcesses {
             let took = pool.take_up_to(self.setup.max_scratch_bytes.unwrap_or(u64::MAX));
             ScratchShare { pool: pool.clone(), bytes: took }
         });
-        let [stdout, stderr] = sandbox.output_captures(&spec, hooks.tee.clone(), hooks.output_budget.clone());
+        let [mut stdout, mut stderr] = sandbox.output_captures(&spec, hooks.tee.clone(), hooks.output_budget.clone());
+        if hooks.forward_only {
+            (stdout, stderr) = (stdout.forward_only(), stderr.forward_only());
+        }
         if let Some(live) = &hooks.captures {
             *live.lock() = Some([stdout.clone(), stderr.clone()]);
         }

@@ -49,7 +49,7 @@ pub const RECHECK: Duration = Duration::from_millis(250);
 /// memory.
 pub const QUEUE_PER_SLOT: u32 = 256;
 
-/// Bytes of input one tenant's waiting jobs may hold by default: a queue of
+/// Bytes of specs one tenant's waiting jobs may hold by default: a queue of
 /// many jobs with large inputs is memory the worker holds for nothing yet.
 pub const QUEUE_BYTES_PER_TENANT: u64 = 1 << 30;
 
@@ -64,7 +64,8 @@ pub struct AdmissionConfig {
     pub slots: u32,
     /// Jobs one tenant may have waiting. Default: [`QUEUE_PER_SLOT`] × slots.
     pub queue_per_tenant: u32,
-    /// Bytes one tenant's waiting jobs may hold (their inputs). Default:
+    /// Bytes one tenant's waiting jobs may hold (their specs as encoded:
+    /// args, env, stdin, tag). Default:
     /// [`QUEUE_BYTES_PER_TENANT`].
     pub queue_bytes_per_tenant: u64,
     /// Rank tenants by fair share (`true`, the default) or serve jobs in
@@ -268,7 +269,7 @@ impl Admission {
     }
 
     /// Queues a job of `memreq` bytes for `tenant`, holding `held` bytes
-    /// (its input) while it waits — or refuses it at once when it could
+    /// (its spec) while it waits — or refuses it at once when it could
     /// never fit, or it cannot start now and its tenant's queue is full (in
     /// jobs or in bytes). The job's place is given up when the returned
     /// [`Queued`] is dropped.

@@ -30,7 +30,7 @@ use crate::worker::state::Worker;
 pub async fn post_batch(
     State(w): State<Arc<Worker>>,
     Caller(tenant): Caller,
-    Postcard(specs, _): Postcard<Vec<JobSpec>, BatchBody>,
+    Postcard(specs, charge, _): Postcard<Vec<JobSpec>, BatchBody>,
 ) -> Response {
     if specs.len() > MAX_BATCH_JOBS {
         return text(
@@ -57,7 +57,10 @@ pub async fn post_batch(
             }
         })
         .collect();
-    let frames = answers.map(|item| {
+    // The request's bytes (its jobs' specs) stay charged to the tenant
+    // until the last answer has gone.
+    let frames = answers.map(move |item| {
+        let _charged = &charge;
         let frame = encode_frame(&item).unwrap_or_else(|e| {
             let answer = batch_refusal(Refused::Internal(format!("cannot encode the result: {e}")));
             encode_frame(&BatchItem { index: item.index, answer }).expect("a refusal encodes")

@@ -9,7 +9,11 @@
 //! the 401). Each kind of body has its own cap (a
 //! gossip message is kilobytes, a module megabytes, a batch of jobs with
 //! their inputs more); a body over its cap is answered `413` naming it, and
-//! nothing of it is decoded.
+//! nothing of it is decoded. Every byte of a body is charged before it is
+//! held, to the tenant or (unauthenticated) to the address that sent it
+//! and to the worker's memory (`worker::budget`), and a body must keep a
+//! [`Pace`], so neither a large nor a trickled body holds what it has not
+//! paid for.
 
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -24,6 +28,8 @@ use axum::response::Response;
 use serde::de::DeserializeOwned;
 
 use super::response::text;
+use super::serve::Remote;
+use crate::worker::budget::{Charge, Payer, Refusal};
 use crate::proto::{MAX_INPUT_BYTES, PROTOCOL_HEADER, PROTOCOL_VERSION};
 use crate::units::Bytes as Size;
 use crate::worker::state::Worker;
@@ -35,9 +41,9 @@ pub const JOB_BODY: usize = MAX_INPUT_BYTES as usize + (1 << 20);
 /// The most a `POST /v1/jobs/batch` body may be.
 pub const BATCH_BODY: usize = 256 << 20;
 
-/// The most a `POST /v1/gossip` body may be. A message carries at most 256
-/// node states of well under a kilobyte each.
-pub const GOSSIP_BODY: usize = 16 << 20;
+/// The most a `POST /v1/gossip` body may be: the largest message a node
+/// sends ([`MAX_MESSAGE_BYTES`](crate::gossip::MAX_MESSAGE_BYTES)).
+pub const GOSSIP_BODY: usize = crate::gossip::MAX_MESSAGE_BYTES;
 
 /// Bytes of an unauthenticated request's body read (and dropped, never
 /// held) before it is answered 401, so that a client still sending it
@@ -45,8 +51,7 @@ pub const GOSSIP_BODY: usize = 16 << 20;
 /// connection is closed.
 pub const DISCARD_UNAUTHENTICATED: usize = 8 << 20;
 
-/// How long a request's body may take to arrive: 64 MiB at ~0.5 MB/s.
-/// A client that trickles a body holds a connection no longer than this.
+/// How long the head of a streamed job (its spec) may take to arrive.
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// How long an unauthenticated body is read (and dropped) before its 401.
@@ -140,10 +145,40 @@ async fn discard(body: axum::body::Body, max: usize) {
     }
 }
 
-/// A kind of request body: what it is called in messages, and its cap.
+/// How fast a body must arrive: after `grace`, at least `min_rate` bytes
+/// a second on average since the request began. A client that trickles a
+/// body (a byte a second) is cut off soon after the grace, whatever the
+/// body's size, instead of holding its connection for minutes; an honest
+/// slow link is far above the rate.
+#[derive(Clone, Copy, Debug)]
+pub struct Pace {
+    /// Time before any byte need have come.
+    pub grace: Duration,
+    /// The slowest average rate accepted after it, in bytes a second.
+    pub min_rate: u64,
+}
+
+impl Pace {
+    /// When the body must have gone past `received` bytes.
+    pub fn deadline(&self, start: tokio::time::Instant, received: u64) -> tokio::time::Instant {
+        start + self.grace + Duration::from_secs_f64(received as f64 / self.min_rate.max(1) as f64)
+    }
+}
+
+/// The pace of a tenant's bodies: 10 s, then 32 KiB/s.
+pub const TENANT_PACE: Pace = Pace { grace: Duration::from_secs(10), min_rate: 32 << 10 };
+
+/// The pace of an unauthenticated body (gossip): a peer sends a whole
+/// message at once, and gives up on its answer after 5 s.
+pub const STRANGER_PACE: Pace = Pace { grace: Duration::from_secs(5), min_rate: 256 << 10 };
+
+/// A kind of request body: what it is called in messages, its cap, and
+/// how fast it must arrive.
 pub trait BodyKind {
     /// What the body is, for messages ("job request").
     const WHAT: &'static str;
+    /// How fast it must arrive.
+    const PACE: Pace = TENANT_PACE;
     /// The most it may be, in bytes.
     fn limit(w: &Worker) -> usize;
 }
@@ -164,51 +199,123 @@ macro_rules! body_kind {
 body_kind!(JobBody, "job request", |_w| JOB_BODY);
 body_kind!(BatchBody, "batch request", |_w| BATCH_BODY);
 body_kind!(SubmissionBody, "submission", |_w| crate::proto::submission::MAX_SUBMISSION_BYTES as usize);
-body_kind!(GossipBody, "gossip message", |_w| GOSSIP_BODY);
 body_kind!(ModuleBody, "module", |w| usize::try_from(w.runner.sandbox().config().max_module_bytes).unwrap_or(usize::MAX));
 
-/// A whole request body of kind `K`, read up to its cap.
-pub struct Body<K>(pub Bytes, pub PhantomData<K>);
+/// A gossip message: read before its MAC is checked, so no larger than a
+/// message can be, charged to the sender's address, and quick.
+pub struct GossipBody;
+
+impl BodyKind for GossipBody {
+    const WHAT: &'static str = "gossip message";
+    const PACE: Pace = STRANGER_PACE;
+    fn limit(_w: &Worker) -> usize {
+        GOSSIP_BODY
+    }
+}
+
+/// Who pays for a request's bytes: the tenant [`tenant_first`] found, else
+/// the address the request came from.
+pub fn payer(parts: &axum::http::Extensions) -> Payer {
+    match (parts.get::<Caller>(), parts.get::<Remote>()) {
+        (Some(Caller(tenant)), _) => Payer::Tenant(tenant.name.clone()),
+        (None, Some(Remote(ip))) => Payer::Address(*ip),
+        (None, None) => Payer::Address(std::net::Ipv4Addr::UNSPECIFIED.into()),
+    }
+}
+
+/// A 503 for a charge that did not fit, counted.
+pub fn over_budget(w: &Worker, e: Refusal) -> Response {
+    w.metrics.refused("request_bytes");
+    let mut resp = text(StatusCode::SERVICE_UNAVAILABLE, e.to_string());
+    resp.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(1));
+    resp
+}
+
+/// Reads `body` whole, at most `limit` bytes at the pace `pace`, every
+/// byte charged to `charge` before it is held (the buffer's capacity, not
+/// only its length). A declared length over the limit is refused before
+/// anything is held: the body is read and dropped up to
+/// [`DISCARD_UNAUTHENTICATED`] so the client sees the 413.
+pub async fn read_charged(
+    w: &Worker,
+    body: axum::body::Body,
+    what: &str,
+    limit: usize,
+    pace: Pace,
+    charge: &mut Charge,
+) -> Result<Bytes, Response> {
+    use http_body_util::BodyExt;
+    let too_large = || text(StatusCode::PAYLOAD_TOO_LARGE, format!("a {what} may be at most {}", Size(limit as u64)));
+    let declared = axum::body::HttpBody::size_hint(&body).exact();
+    if declared.is_some_and(|n| n > limit as u64) {
+        let _ = tokio::time::timeout(DISCARD_TIMEOUT, discard(body, DISCARD_UNAUTHENTICATED.min(limit))).await;
+        return Err(too_large());
+    }
+    let mut buf: Vec<u8> = Vec::new();
+    if let Some(n) = declared {
+        charge.grow(n).map_err(|e| over_budget(w, e))?;
+        buf.reserve_exact(n as usize);
+    }
+    let start = tokio::time::Instant::now();
+    let mut body = body;
+    loop {
+        let deadline = pace.deadline(start, buf.len() as u64);
+        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+            Err(_) => {
+                let why = format!(
+                    "the {what} arrived too slowly ({} in {:.0?}; at least {}/s is expected)",
+                    Size(buf.len() as u64),
+                    start.elapsed(),
+                    Size(pace.min_rate)
+                );
+                return Err(text(StatusCode::REQUEST_TIMEOUT, why));
+            }
+            Ok(None) => break,
+            Ok(Some(Err(e))) => return Err(text(StatusCode::BAD_REQUEST, format!("cannot read the {what}: {e}"))),
+            Ok(Some(Ok(frame))) => frame,
+        };
+        let Ok(data) = frame.into_data() else { continue };
+        let need = buf.len() + data.len();
+        if need > limit {
+            return Err(too_large());
+        }
+        if need > buf.capacity() {
+            // Grown as a Vec would (doubling), and charged before.
+            let cap = need.max(buf.capacity() * 2).min(limit);
+            charge.grow((cap as u64).saturating_sub(charge.bytes())).map_err(|e| over_budget(w, e))?;
+            buf.reserve_exact(cap - buf.len());
+        }
+        buf.extend_from_slice(&data);
+    }
+    Ok(Bytes::from(buf))
+}
+
+/// A whole request body of kind `K`, read up to its cap and charged to
+/// who sent it ([`payer`]) until this is dropped.
+pub struct Body<K>(pub Bytes, pub Charge, pub PhantomData<K>);
 
 impl<K: BodyKind> FromRequest<Arc<Worker>> for Body<K> {
     type Rejection = Response;
 
     async fn from_request(req: Request, w: &Arc<Worker>) -> Result<Body<K>, Response> {
-        let limit = K::limit(w);
-        // Read up to the cap, then refuse: a client that declared more is
-        // still sending, and reading to the cap lets it see the 413.
-        let read = tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(req.into_body(), limit)).await;
-        let Ok(read) = read else {
-            return Err(text(
-                StatusCode::REQUEST_TIMEOUT,
-                format!("the {} did not arrive within {}", K::WHAT, humantime::format_duration(BODY_TIMEOUT)),
-            ));
-        };
-        match read {
-            Ok(bytes) => Ok(Body(bytes, PhantomData)),
-            Err(e) => {
-                let e = e.into_inner();
-                if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
-                    Err(text(StatusCode::PAYLOAD_TOO_LARGE, format!("a {} may be at most {}", K::WHAT, Size(limit as u64))))
-                } else {
-                    Err(text(StatusCode::BAD_REQUEST, format!("cannot read the {}: {e}", K::WHAT)))
-                }
-            }
-        }
+        let mut charge = w.budgets.charge(payer(req.extensions()));
+        let bytes = read_charged(w, req.into_body(), K::WHAT, K::limit(w), K::PACE, &mut charge).await?;
+        Ok(Body(bytes, charge, PhantomData))
     }
 }
 
 /// A postcard-encoded request body of kind `K`, decoded defensively: bad
-/// bytes get a 400 naming what could not be read.
-pub struct Postcard<T, K>(pub T, pub PhantomData<K>);
+/// bytes get a 400 naming what could not be read. The body's charge stays
+/// with what was decoded from it, which holds as much.
+pub struct Postcard<T, K>(pub T, pub Charge, pub PhantomData<K>);
 
 impl<T: DeserializeOwned, K: BodyKind> FromRequest<Arc<Worker>> for Postcard<T, K> {
     type Rejection = Response;
 
     async fn from_request(req: Request, w: &Arc<Worker>) -> Result<Postcard<T, K>, Response> {
-        let Body(bytes, _) = Body::<K>::from_request(req, w).await?;
+        let Body(bytes, charge, _) = Body::<K>::from_request(req, w).await?;
         postcard::from_bytes(&bytes)
-            .map(|v| Postcard(v, PhantomData))
+            .map(|v| Postcard(v, charge, PhantomData))
             .map_err(|e| text(StatusCode::BAD_REQUEST, format!("bad {}: {e}", K::WHAT)))
     }
 }

@@ -10,7 +10,8 @@
 //!   (bad bytes), 413 (too large).
 //! * `GET /v1/jobs/{id}` — a detached job's result (200, postcard; kept
 //!   until discarded, so a lost answer can be asked for again), or 202
-//!   while it waits or runs.
+//!   while it waits or runs; every reader is sent the same stored bytes,
+//!   and a tenant has at most `READS_PER_TENANT` sent at once (503 past).
 //! * `DELETE /v1/jobs/{id}` — cancels a queued or running job, or discards
 //!   a finished one's result (200, JSON `{"id", "was"}`: `queued`,
 //!   `running` or `done`); 409 if it is being cancelled already; 404 if it
@@ -33,9 +34,9 @@ use axum::response::{IntoResponse, Response};
 
 use super::extract::{Caller, JobBody, Postcard};
 use super::response::{json, postcard, text};
-use crate::proto::{JOB_ID_HEADER, JobSpec};
+use crate::proto::{JOB_ID_HEADER, JobSpec, POSTCARD};
 use crate::worker::jobs;
-use crate::worker::table::{Cancelled, Lookup};
+use crate::worker::table::{Cancelled, Lookup, READS_PER_TENANT};
 use crate::worker::state::Worker;
 
 #[derive(serde::Deserialize)]
@@ -55,7 +56,7 @@ pub async fn post_job(
     State(w): State<Arc<Worker>>,
     Query(params): Query<PostParams>,
     Caller(tenant): Caller,
-    Postcard(spec, _): Postcard<JobSpec, JobBody>,
+    Postcard(spec, _charge, _): Postcard<JobSpec, JobBody>,
 ) -> Response {
     if params.detach {
         return match jobs::submit_detached(&w, &tenant, spec).await {
@@ -101,7 +102,24 @@ pub async fn get_job(State(w): State<Arc<Worker>>, Caller(tenant): Caller, Path(
             resp.headers_mut().insert(header::RETRY_AFTER, 1.into());
             resp
         }
-        Lookup::Done(result) => postcard(&*result),
+        Lookup::Done(encoded) => {
+            let Some(permit) = w.jobs.read_permit(&tenant.name) else {
+                let mut resp = text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("{READS_PER_TENANT} of your results are being sent already: read those first"),
+                );
+                resp.headers_mut().insert(header::RETRY_AFTER, 1.into());
+                return resp;
+            };
+            // The shared bytes themselves, no copy. The connection asks for
+            // the body's end once it has room again, that is once most of
+            // the bytes are written: the permit goes then.
+            let body = futures::stream::unfold((Some(encoded), Some(permit)), |(bytes, permit)| async move {
+                let bytes = bytes?;
+                Some((Ok::<_, std::convert::Infallible>(bytes), (None, permit)))
+            });
+            ([(header::CONTENT_TYPE, POSTCARD)], axum::body::Body::from_stream(body)).into_response()
+        }
     }
 }
 

@@ -120,7 +120,7 @@ pub struct WorkerConfig {
     /// Jobs one tenant may have waiting here (`--max-queued`); more are
     /// refused with 503. `None`: `admission::QUEUE_PER_SLOT` × slots.
     pub max_queued: Option<u32>,
-    /// Bytes of input one tenant's waiting jobs may hold here
+    /// Bytes of specs (args, env, stdin, tag) one tenant's waiting jobs may hold here
     /// (`--max-queued-bytes`). Default: `admission::QUEUE_BYTES_PER_TENANT`.
     pub max_queued_bytes: u64,
     /// On shutdown, how long running jobs may go on before they are
@@ -133,6 +133,10 @@ pub struct WorkerConfig {
     /// Bytes of submissions (inputs and results) one tenant may keep in
     /// the state database (`--max-stored`). Default: [`DEFAULT_MAX_STORED`].
     pub max_stored: u64,
+    /// Bytes one tenant's requests may make the worker hold at once
+    /// (`--max-request-bytes`; `worker::budget`). Default:
+    /// [`DEFAULT_MAX_REQUEST_BYTES`](crate::worker::budget::DEFAULT_MAX_REQUEST_BYTES).
+    pub max_request_bytes: u64,
     /// Connections served at once and the time to send headers
     /// (`--max-connections`, `--header-timeout`). Default: `ServeLimits::default()`.
     pub serve: serve::ServeLimits,
@@ -180,6 +184,7 @@ impl WorkerConfig {
             serve: serve::ServeLimits::default(),
             max_results: DEFAULT_MAX_RESULTS,
             max_stored: DEFAULT_MAX_STORED,
+            max_request_bytes: crate::worker::budget::DEFAULT_MAX_REQUEST_BYTES,
             file_store_bytes: crate::worker::filestore::DEFAULT_FILE_STORE,
             max_files_back: crate::worker::trees::DEFAULT_MAX_FILES_BACK,
             state_dir: None,
@@ -249,6 +254,7 @@ pub async fn start(
     let slots = config.runner.sandbox.slots.max(1);
     let runner = JobRunner::new(config.runner.clone())?;
     let ledger = Ledger::new(&config.ledger)?;
+    let budgets = super::budget::RequestBudgets::new(ledger.clone(), config.max_request_bytes);
     let defaults = AdmissionConfig::new(slots as u32);
     let admission = Admission::new(ledger, AdmissionConfig {
         fair_share: config.fair_share,
@@ -298,6 +304,7 @@ pub async fn start(
         uploaders: Default::default(),
         max_results: config.max_results,
         max_stored: config.max_stored,
+        budgets,
         files,
         max_files_back: config.max_files_back,
         draining: AtomicBool::new(false),
@@ -310,7 +317,7 @@ pub async fn start(
     });
     worker.check_sizing();
     worker.check_host_memory();
-    let advert = worker.advert();
+    let advert = worker.gossip_advert();
     worker.gossip.lock().set_record(advert);
     let max_job_time = config.runner.sandbox.max_job_time.map(|d| humantime::format_duration(d).to_string());
     tracing::info!(%addr, slots, capacity = %Size(worker.admission.ledger().capacity()),
@@ -331,7 +338,7 @@ pub async fn start(
     let gossip = tokio::spawn(run_rounds(worker.gossip.clone(), http, config.gossip_interval, move |node| {
         refresher.learn_pool_usage(node);
         refresher.check_host_memory();
-        node.set_record(refresher.advert())
+        node.set_record(refresher.gossip_advert())
     }));
 
     let app = router(worker.clone());

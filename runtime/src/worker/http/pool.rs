@@ -16,7 +16,7 @@ use crate::proto::POSTCARD;
 use crate::worker::state::Worker;
 use crate::worker::tenants::Sees;
 
-pub async fn post_gossip(State(w): State<Arc<Worker>>, Body(body, _): Body<GossipBody>) -> Response {
+pub async fn post_gossip(State(w): State<Arc<Worker>>, Body(body, _charge, _): Body<GossipBody>) -> Response {
     use crate::gossip::transport::GossipError;
     match w.gossip.handle(&body) {
         Ok(reply) => ([(header::CONTENT_TYPE, POSTCARD)], reply).into_response(),

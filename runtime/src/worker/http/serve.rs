@@ -4,13 +4,23 @@
 //! client that opens connections and sends nothing (or headers a byte a
 //! minute: slowloris) could hold every descriptor of the worker. Here each
 //! connection is served by hyper with a header read timeout, at most
-//! `max_connections` are served at once (more are closed as they arrive,
-//! and counted), and on shutdown the listener closes while the connections
+//! `max_connections` are served at once and at most
+//! `max_connections_per_address` from one address (more are closed as they
+//! arrive, and counted), so one client cannot take every connection from
+//! the others; and on shutdown the listener closes while the connections
 //! in flight finish (idle keep-alive ones are closed at once).
+//!
+//! Each request carries its connection's address ([`Remote`]): a caller
+//! who has not authenticated is charged by it (`worker::budget`).
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use parking_lot::Mutex;
+use tower_layer::Layer;
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -22,6 +32,10 @@ use tokio::sync::Semaphore;
 /// Connections served at once unless `--max-connections` says otherwise.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 
+/// The share of `--max-connections` one address may hold unless
+/// `--max-connections-per-address` says otherwise: a quarter.
+pub const DEFAULT_PER_ADDRESS_SHARE: usize = 4;
+
 /// How long a client has to send a request's headers unless
 /// `--header-timeout` says otherwise.
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -31,13 +45,67 @@ pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct ServeLimits {
     /// Connections served at once. Default: [`DEFAULT_MAX_CONNECTIONS`].
     pub max_connections: usize,
+    /// Connections served at once from one address. Default:
+    /// `max_connections` / [`DEFAULT_PER_ADDRESS_SHARE`] (see
+    /// [`per_address`](Self::per_address)).
+    pub max_connections_per_address: Option<usize>,
     /// Time to send a request's headers. Default: [`DEFAULT_HEADER_TIMEOUT`].
     pub header_timeout: Duration,
 }
 
+impl ServeLimits {
+    /// Connections one address may hold at once.
+    pub fn per_address(&self) -> usize {
+        self.max_connections_per_address
+            .unwrap_or(self.max_connections / DEFAULT_PER_ADDRESS_SHARE)
+            .clamp(1, self.max_connections.max(1))
+    }
+}
+
 impl Default for ServeLimits {
     fn default() -> Self {
-        ServeLimits { max_connections: DEFAULT_MAX_CONNECTIONS, header_timeout: DEFAULT_HEADER_TIMEOUT }
+        ServeLimits {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_address: None,
+            header_timeout: DEFAULT_HEADER_TIMEOUT,
+        }
+    }
+}
+
+/// The address a request's connection comes from (a request extension).
+#[derive(Clone, Copy, Debug)]
+pub struct Remote(pub IpAddr);
+
+/// Connections open per address; a slot is given back when its guard drops.
+#[derive(Default)]
+struct PerAddress(Mutex<HashMap<IpAddr, usize>>);
+
+struct AddressSlot {
+    table: Arc<PerAddress>,
+    ip: IpAddr,
+}
+
+impl PerAddress {
+    fn take(self: &Arc<Self>, ip: IpAddr, max: usize) -> Option<AddressSlot> {
+        let mut open = self.0.lock();
+        let n = open.entry(ip).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(AddressSlot { table: self.clone(), ip })
+    }
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        let mut open = self.table.0.lock();
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
     }
 }
 
@@ -52,12 +120,14 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let graceful = GracefulShutdown::new();
     let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let per_address = Arc::new(PerAddress::default());
+    let address_max = limits.per_address();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        let tcp = tokio::select! {
+        let (tcp, peer) = tokio::select! {
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
-                Ok((tcp, _)) => tcp,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // Out of descriptors, say: wait rather than spin.
                     tracing::warn!("cannot accept a connection: {e}");
@@ -71,6 +141,11 @@ pub async fn serve(
             tracing::debug!("connection refused: {} connections already", limits.max_connections);
             continue; // dropping it closes it
         };
+        let Some(slot) = per_address.take(peer.ip(), address_max) else {
+            refused.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(peer = %peer.ip(), "connection refused: {address_max} connections from this address already");
+            continue;
+        };
         // TCP_NODELAY: a response goes out in several writes (head, then
         // body frames); with Nagle's algorithm each small write after the
         // first waits for the client's delayed ACK, 40 ms on Linux.
@@ -79,13 +154,14 @@ pub async fn serve(
         }
         let mut http1 = hyper::server::conn::http1::Builder::new();
         http1.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
-        let conn = http1.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(app.clone()));
+        let service = axum::Extension(Remote(peer.ip())).layer(app.clone());
+        let conn = http1.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(service));
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!("connection ended: {e}");
             }
-            drop(permit);
+            drop((permit, slot));
         });
     }
     drop(listener);

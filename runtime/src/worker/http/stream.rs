@@ -12,6 +12,12 @@
 //! * the job's task forwards its output as frames and ends with its
 //!   result. If the client hangs up, the answer is dropped: the task sees
 //!   it and drops the job, which cancels it.
+//!
+//! The output is kept nowhere but on its way to the client, and every
+//! byte of it is charged to the worker's memory (a `Hold`) from the
+//! moment the job writes it until the connection takes it: a client that
+//! does not read keeps its output charged, never free, and once the job
+//! has ended it has [`UNREAD_GRACE`] to take the rest before it is dropped.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -38,6 +44,10 @@ use crate::worker::state::Worker;
 /// client to read.
 const EVENTS_IN_FLIGHT: usize = 64;
 
+/// How long a client that does not read has to take the rest of a job's
+/// output once the job has ended; then the answer is dropped.
+pub const UNREAD_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+
 type DataStream = axum::body::BodyDataStream;
 
 pub async fn post_stream(State(w): State<Arc<Worker>>, Caller(tenant): Caller, req: Request) -> Response {
@@ -52,8 +62,12 @@ pub async fn post_stream(State(w): State<Arc<Worker>>, Caller(tenant): Caller, r
     };
     let memreq = spec.limits.memory_bytes;
     let (stdin, feed) = StdinFeed::channel();
+    // Unbounded in items, bounded in bytes: each is charged to `hold` as
+    // the job writes it (within its output cap) and given back as sent.
     let (tee, mut output) = mpsc::unbounded_channel();
-    let (events, answer) = mpsc::channel::<Bytes>(EVENTS_IN_FLIGHT);
+    let (events, answer) = mpsc::channel::<(Bytes, u64)>(EVENTS_IN_FLIGHT);
+    let hold = Arc::new(w.admission.ledger().hold());
+    let sent = hold.clone();
     let (admitted_tx, admitted) = oneshot::channel::<String>();
     let (refused_tx, refused) = oneshot::channel::<Refused>();
     let peer = w.addr.clone();
@@ -63,7 +77,8 @@ pub async fn post_stream(State(w): State<Arc<Worker>>, Caller(tenant): Caller, r
     let client_gone = gone.clone();
     tokio::spawn(async move {
         let queued = std::sync::atomic::AtomicBool::new(false);
-        let run = jobs::run_attached(&w, &tenant, spec, Streams { tee: Some(tee), stdin: Some(feed), captures: None }, |id| {
+        let streams = Streams { tee: Some(tee), stdin: Some(feed), captures: None, hold: Some(hold), forward_only: true };
+        let run = jobs::run_attached(&w, &tenant, spec, streams, |id| {
             queued.store(true, std::sync::atomic::Ordering::Relaxed);
             let _ = admitted_tx.send(id.to_string());
         });
@@ -72,7 +87,7 @@ pub async fn post_stream(State(w): State<Arc<Worker>>, Caller(tenant): Caller, r
             tokio::select! {
                 biased;
                 Some((stream, bytes)) = output.recv() => {
-                    if !send(&events, &StreamEvent::Output { stream, bytes: bytes.to_vec() }).await {
+                    if !send_output(&events, stream, &bytes).await {
                         return; // the client went: dropping `run` cancels the job
                     }
                 }
@@ -97,14 +112,21 @@ pub async fn post_stream(State(w): State<Arc<Worker>>, Caller(tenant): Caller, r
                 }
             },
         };
-        while let Ok((stream, bytes)) = output.try_recv() {
-            if !send(&events, &StreamEvent::Output { stream, bytes: bytes.to_vec() }).await {
-                return;
+        // The job has ended: the rest of its output, if the client takes
+        // it in time.
+        let rest = async {
+            while let Ok((stream, bytes)) = output.try_recv() {
+                if !send_output(&events, stream, &bytes).await {
+                    return;
+                }
             }
+            result.stdout.clear();
+            result.stderr.clear();
+            send(&events, &StreamEvent::Done(result), 0).await;
+        };
+        if tokio::time::timeout(UNREAD_GRACE, rest).await.is_err() {
+            tracing::debug!("a streamed job's client did not read its output: dropped");
         }
-        result.stdout.clear();
-        result.stderr.clear();
-        send(&events, &StreamEvent::Done(result)).await;
     });
     let id = match admitted.await {
         Ok(id) => id,
@@ -116,8 +138,14 @@ pub async fn post_stream(State(w): State<Arc<Worker>>, Caller(tenant): Caller, r
         }
     };
     tokio::spawn(feed_stdin(body, rest, stdin, gone));
-    let frames = futures::stream::unfold(answer, |mut rx| async move {
-        rx.recv().await.map(|frame| (Ok::<_, Infallible>(frame), rx))
+    // Output is given back to the ledger as the connection takes it.
+    let frames = futures::stream::unfold(answer, move |mut rx| {
+        let sent = sent.clone();
+        async move {
+            let (frame, output) = rx.recv().await?;
+            sent.release(output);
+            Some((Ok::<_, Infallible>(frame), rx))
+        }
     });
     let mut resp = ([(header::CONTENT_TYPE, POSTCARD)], Body::from_stream(frames)).into_response();
     if let Ok(v) = header::HeaderValue::from_str(&id) {
@@ -180,8 +208,14 @@ async fn feed_stdin(mut body: DataStream, rest: Vec<u8>, stdin: StdinSender, gon
     }
 }
 
-/// Sends one event; false if the client has gone.
-async fn send(events: &mpsc::Sender<Bytes>, event: &StreamEvent) -> bool {
+/// Sends a chunk of output; false if the client has gone.
+async fn send_output(events: &mpsc::Sender<(Bytes, u64)>, stream: crate::proto::StdStream, bytes: &[u8]) -> bool {
+    send(events, &StreamEvent::Output { stream, bytes: bytes.to_vec() }, bytes.len() as u64).await
+}
+
+/// Sends one event carrying `output` bytes of the job's output; false if
+/// the client has gone.
+async fn send(events: &mpsc::Sender<(Bytes, u64)>, event: &StreamEvent, output: u64) -> bool {
     let frame = match encode_frame(event) {
         Ok(frame) => frame,
         Err(e) => {
@@ -189,5 +223,5 @@ async fn send(events: &mpsc::Sender<Bytes>, event: &StreamEvent) -> bool {
             return false;
         }
     };
-    events.send(Bytes::from(frame)).await.is_ok()
+    events.send((Bytes::from(frame), output)).await.is_ok()
 }

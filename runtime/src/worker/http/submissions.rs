@@ -35,7 +35,7 @@ pub async fn post_submission(
     State(w): State<Arc<Worker>>,
     Caller(tenant): Caller,
     headers: HeaderMap,
-    Postcard(spec, _): Postcard<SubmissionSpec, SubmissionBody>,
+    Postcard(spec, _charge, _): Postcard<SubmissionSpec, SubmissionBody>,
 ) -> Response {
     if w.draining.load(std::sync::atomic::Ordering::Relaxed) {
         return text(StatusCode::SERVICE_UNAVAILABLE, "this worker is shutting down");
