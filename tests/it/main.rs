@@ -2,10 +2,12 @@
 //! in-process workers over real HTTP), the `peerwasm` command line,
 //! pools, batches, maps over a pool, tenants, files and streams, the life
 //! of a job, durable submissions, hostile guests and requests, faults,
-//! soak, clusters and what a worker shows. One test binary (each links
+//! soak, clusters, what a worker shows, and the budgets of what requests
+//! make it hold. One test binary (each links
 //! wasmtime), one module per area.
 
 mod batch;
+mod budgets;
 mod cli;
 mod cluster;
 mod faults;

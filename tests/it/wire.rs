@@ -188,11 +188,11 @@ async fn each_request_kind_has_its_own_limit_and_says_so() {
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
     assert!(msg.contains("inputs may be at most 64 MiB"), "{msg}");
 
-    // A gossip message is small; 16 MiB + 1 is not one.
+    // A gossip message is small; 3 MiB + 1 is not one.
     let (status, msg) =
-        text(http().post(format!("{base}/v1/gossip")).body(vec![0u8; (16 << 20) + 1]).send().await.unwrap()).await;
+        text(http().post(format!("{base}/v1/gossip")).body(vec![0u8; (3 << 20) + 1]).send().await.unwrap()).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
-    assert!(msg.contains("a gossip message may be at most 16 MiB"), "{msg}");
+    assert!(msg.contains("a gossip message may be at most 3 MiB"), "{msg}");
 
     // Another protocol version is refused, naming both.
     let (status, msg) = text(

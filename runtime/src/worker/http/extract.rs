@@ -234,8 +234,8 @@ pub fn over_budget(w: &Worker, e: Refusal) -> Response {
 /// Reads `body` whole, at most `limit` bytes at the pace `pace`, every
 /// byte charged to `charge` before it is held (the buffer's capacity, not
 /// only its length). A declared length over the limit is refused before
-/// anything is held: the body is read and dropped up to
-/// [`DISCARD_UNAUTHENTICATED`] so the client sees the 413.
+/// anything is held: the body is read and dropped up to the limit so the
+/// client sees the 413.
 pub async fn read_charged(
     w: &Worker,
     body: axum::body::Body,
@@ -247,8 +247,10 @@ pub async fn read_charged(
     use http_body_util::BodyExt;
     let too_large = || text(StatusCode::PAYLOAD_TOO_LARGE, format!("a {what} may be at most {}", Size(limit as u64)));
     let declared = axum::body::HttpBody::size_hint(&body).exact();
+    let start = tokio::time::Instant::now();
     if declared.is_some_and(|n| n > limit as u64) {
-        let _ = tokio::time::timeout(DISCARD_TIMEOUT, discard(body, DISCARD_UNAUTHENTICATED.min(limit))).await;
+        // Read and dropped (never held), up to the cap, at the pace.
+        let _ = tokio::time::timeout_at(pace.deadline(start, limit as u64), discard(body, limit)).await;
         return Err(too_large());
     }
     let mut buf: Vec<u8> = Vec::new();
@@ -256,7 +258,6 @@ pub async fn read_charged(
         charge.grow(n).map_err(|e| over_budget(w, e))?;
         buf.reserve_exact(n as usize);
     }
-    let start = tokio::time::Instant::now();
     let mut body = body;
     loop {
         let deadline = pace.deadline(start, buf.len() as u64);

@@ -7,7 +7,9 @@
 //! files this tenant must still send. A file's body is streamed to disk as
 //! it arrives — never held in memory whole — hashed on the way, and kept
 //! only if its sha256 is its name. A body that stalls for
-//! [`IDLE_TIMEOUT`] is dropped.
+//! [`IDLE_TIMEOUT`], or falls behind the tenant's pace
+//! ([`TENANT_PACE`](super::extract::TENANT_PACE)), is dropped; the
+//! buffer it is gathered in is charged to the tenant.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -97,17 +99,25 @@ pub async fn put_file(
         Ok(i) => i,
         Err(e) => return store_error(e),
     };
+    let mut charge = w.budgets.charge(super::extract::payer(req.extensions()));
+    if let Err(e) = charge.grow(WRITE_CHUNK as u64) {
+        return super::extract::over_budget(&w, e);
+    }
     let mut body = req.into_body();
     let mut pending: Vec<u8> = Vec::with_capacity(WRITE_CHUNK);
+    let (start, pace) = (tokio::time::Instant::now(), super::extract::TENANT_PACE);
+    let mut received = 0u64;
     loop {
-        let frame = match tokio::time::timeout(IDLE_TIMEOUT, body.frame()).await {
-            Err(_) => return text(StatusCode::REQUEST_TIMEOUT, "the file stopped arriving"),
+        let deadline = pace.deadline(start, received).min(tokio::time::Instant::now() + IDLE_TIMEOUT);
+        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+            Err(_) => return text(StatusCode::REQUEST_TIMEOUT, "the file stopped arriving, or arrived too slowly"),
             Ok(None) => None,
             Ok(Some(Err(e))) => return text(StatusCode::BAD_REQUEST, format!("cannot read the file: {e}")),
             Ok(Some(Ok(frame))) => Some(frame),
         };
         let end = frame.is_none();
         if let Some(data) = frame.and_then(|f| f.into_data().ok()) {
+            received += data.len() as u64;
             pending.extend_from_slice(&data);
         }
         if pending.len() >= WRITE_CHUNK || (end && !pending.is_empty()) {
