@@ -232,7 +232,11 @@ async fn queued_jobs_keep_their_module_and_queues_hold_bounded_bytes() {
 async fn slow_and_idle_connections_cannot_hold_the_worker() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpStream;
-    let w = WorkerProcess::start_with("1GiB", 1, None, &["--max-connections", "16", "--header-timeout", "1s"]);
+    // All from one address: the total cap is tested here, the share per
+    // address in budgets.rs.
+    let w = WorkerProcess::start_with("1GiB", 1, None, &[
+        "--max-connections", "16", "--max-connections-per-address", "16", "--header-timeout", "1s",
+    ]);
     let closed_within = |mut s: TcpStream, limit: Duration| async move {
         let mut buf = [0u8; 256];
         match tokio::time::timeout(limit, s.read(&mut buf)).await {
