@@ -375,3 +375,32 @@ async fn uploads_and_keyless_gossip_say_nothing_of_other_tenants() {
         assert!(!named.iter().any(|t| t == name), "a keyless Syn named {name}: {named:?}");
     }
 }
+
+/// A job request's charge ends when its jobs are queued: a job asking for
+/// all of `--memory` starts on an idle worker, sent alone or in a batch
+/// (before, each waited forever for the bytes of its own request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_asking_for_all_the_worker_offers_is_not_held_back_by_its_own_request() {
+    use peerwasm::client::{MapConfig, MapItem, map};
+    let w = WorkerProcess::start("256MiB", 1, None);
+    let hello = Job::new(peerwasm_testkit::guest_wasm_bytes("hello"));
+    let target = Target::pool(vec![w.addr.clone()]).unwrap();
+    let alone = tokio::time::timeout(Duration::from_secs(20), target.run(&hello, hello.spec(Vec::new(), 256 * MIB)))
+        .await
+        .expect("a job of all of --memory, sent alone, did not start");
+    assert!(alone.unwrap().outcome.is_success());
+    // `map`'s first request, knowing nothing, is all the pool can hold.
+    let mut items: Vec<MapItem> = Vec::new();
+    let n = 20;
+    let summary = tokio::time::timeout(
+        Duration::from_secs(30),
+        map(&target, &hello, (0..n).map(|_| Vec::new()), &MapConfig::default(), &mut items),
+    )
+    .await
+    .expect("a batch of jobs of all of --memory did not start")
+    .unwrap();
+    assert_eq!(summary.jobs, n as u64);
+    assert!(items.iter().all(MapItem::succeeded));
+    let all = items.iter().filter(|i| i.result.memory_limit_bytes == 256 * MIB).count();
+    assert!(all >= 1, "the first jobs asked for all of --memory");
+}

@@ -120,7 +120,7 @@ pub struct WorkerArgs {
     #[arg(long, value_name = "N")]
     max_connections_per_address: Option<usize>,
     /// Bytes one tenant's requests may make this worker hold at once
-    /// (bodies being read, jobs waiting for their answer, tree manifests);
+    /// (bodies being read and decoded, tree manifests);
     /// past it, its requests get 503 and its client retries.
     #[arg(long, value_name = "SIZE", default_value_t = Size(crate::worker::budget::DEFAULT_MAX_REQUEST_BYTES))]
     max_request_bytes: Size,

@@ -1,6 +1,9 @@
-//! Bytes the worker holds *for requests* — bodies being read, decoded
-//! specs waiting for their answer, manifests — charged before they are
-//! held, to the one who caused them and to the worker's memory.
+//! Bytes the worker holds *for requests* — bodies being read and decoded,
+//! manifests — charged before they are held, to the one who caused them
+//! and to the worker's memory. (A job request's charge ends when its jobs
+//! are queued: their specs are then the queue's, bounded per tenant by
+//! `--max-queued-bytes`, and a job must never wait for memory its own
+//! request holds.)
 //!
 //! The sandbox charges a job's linear memory to the byte; this module does
 //! the same for what surrounds jobs. Every [`Charge`] is counted twice:

@@ -43,24 +43,30 @@ pub async fn post_batch(
         return Refused::Busy("this worker is shutting down".into()).into_response();
     }
     w.metrics.batch_received(specs.len());
-    let answers: FuturesUnordered<_> = specs
-        .into_iter()
-        .enumerate()
-        .map(|(index, spec)| {
-            let (w, tenant) = (w.clone(), tenant.clone());
-            async move {
-                let answer = match jobs::run_attached(&w, &tenant, spec, jobs::Streams::default(), |_| {}).await {
-                    Ok(result) => BatchAnswer::Done(result),
-                    Err(refused) => batch_refusal(refused),
-                };
-                BatchItem { index: index as u32, answer }
-            }
-        })
-        .collect();
-    // The request's bytes (its jobs' specs) stay charged to the tenant
-    // until the last answer has gone.
-    let frames = answers.map(move |item| {
-        let _charged = &charge;
+    // The request's charge covers its bytes until its jobs are queued: then
+    // their specs are the queue's (bounded by `--max-queued-bytes`), and a
+    // job must never wait for memory its own request holds. So the charge
+    // is given back as the answer is first polled, before any job is
+    // admitted.
+    let answers = futures::stream::once(async move {
+        drop(charge);
+        specs
+            .into_iter()
+            .enumerate()
+            .map(|(index, spec)| {
+                let (w, tenant) = (w.clone(), tenant.clone());
+                async move {
+                    let answer = match jobs::run_attached(&w, &tenant, spec, jobs::Streams::default(), |_| {}).await {
+                        Ok(result) => BatchAnswer::Done(result),
+                        Err(refused) => batch_refusal(refused),
+                    };
+                    BatchItem { index: index as u32, answer }
+                }
+            })
+            .collect::<FuturesUnordered<_>>()
+    })
+    .flatten();
+    let frames = answers.map(|item| {
         let frame = encode_frame(&item).unwrap_or_else(|e| {
             let answer = batch_refusal(Refused::Internal(format!("cannot encode the result: {e}")));
             encode_frame(&BatchItem { index: item.index, answer }).expect("a refusal encodes")

@@ -56,8 +56,12 @@ pub async fn post_job(
     State(w): State<Arc<Worker>>,
     Query(params): Query<PostParams>,
     Caller(tenant): Caller,
-    Postcard(spec, _charge, _): Postcard<JobSpec, JobBody>,
+    Postcard(spec, charge, _): Postcard<JobSpec, JobBody>,
 ) -> Response {
+    // The body's charge ends as its job is queued: the spec is then the
+    // queue's (`--max-queued-bytes`), and a job asking for all the worker
+    // offers must not wait for the memory its own request holds.
+    drop(charge);
     if params.detach {
         return match jobs::submit_detached(&w, &tenant, spec).await {
             Ok(id) => with_id((StatusCode::ACCEPTED, id.clone()).into_response(), &id),
