@@ -93,6 +93,24 @@ fn run(args: &[&str]) -> Output {
     peerwasm().args(args).output().expect("running peerwasm")
 }
 
+/// [`run`], killed (and the test failed) if it takes longer than `limit`.
+fn run_within(limit: Duration, args: &[&str]) -> Output {
+    let child = peerwasm().args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("running peerwasm");
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.expect("waiting for peerwasm"),
+        Err(_) => {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("peerwasm {} took more than {limit:?}", args.join(" "));
+        }
+    }
+}
+
 fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
@@ -453,4 +471,118 @@ fn listing_commands_end_quietly_when_their_reader_goes_away() {
         assert!(!stderr(&out).contains("panicked"), "{args:?}: {}", stderr(&out));
         assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
     }
+}
+
+/// A tmpfs of `size` mounted at `dir` (a test runs as root, as CI does),
+/// unmounted when dropped: a disk that can be filled and freed.
+struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    fn mount(dir: &Path, size: &str) -> SmallDisk {
+        std::fs::create_dir_all(dir).unwrap();
+        let out = Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"]).arg(dir).output().unwrap();
+        assert!(out.status.success(), "this test mounts a small tmpfs (it needs root, as CI has): {}", stderr(&out));
+        SmallDisk(dir.to_path_buf())
+    }
+
+    /// Writes a file until the disk is full; its path.
+    fn fill(&self) -> PathBuf {
+        let path = self.0.join("filler");
+        let mut f = std::fs::File::create(&path).unwrap();
+        let chunk = vec![7u8; 64 << 10];
+        while std::io::Write::write_all(&mut f, &chunk).is_ok() {}
+        let _ = f.sync_all();
+        path
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// The owner's state dir fills up for a few seconds while a detached map
+/// runs: results are never said to be there when they are not, the map
+/// pauses and goes on when the disk has room, and in the end every input
+/// has exactly one result, in order. (Before, the submission ended `done`
+/// with a hole in its results, and `results` exited 0 without them.)
+#[test]
+fn a_full_state_disk_pauses_a_detached_map_and_loses_no_result() {
+    let root = tempfile::tempdir().unwrap();
+    let disk = SmallDisk::mount(&root.path().join("disk"), "8m");
+    let mut owner = Owner::new(&root.path().join("disk"), None);
+    owner.cache = root.path().join("cache");
+    let log = root.path().join("worker.log");
+    let (child, _) = spawn_worker(owner.command().stderr(std::fs::File::create(&log).unwrap()));
+    owner.child = Some(child);
+    let n = 60;
+    let inputs = root.path().join("in.txt");
+    std::fs::write(&inputs, "120\n".repeat(n)).unwrap();
+    let id = detach(&owner.addr, &wasm("sleep"), &inputs, &["--mem", "16MiB"]);
+    let results_now = || -> (Option<i32>, Vec<u64>) {
+        let out = run_within(Duration::from_secs(20), &["results", "--no-wait", "--peers", &owner.addr, &id]);
+        let indices = stdout(&out)
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["index"].as_u64().unwrap())
+            .collect();
+        (out.status.code(), indices)
+    };
+    let start = Instant::now();
+    while results_now().1.len() < 6 {
+        assert!(start.elapsed() < Duration::from_secs(30), "the map did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let filler = disk.fill();
+    let full = Instant::now();
+    let mut seen_while_full = Vec::new();
+    while full.elapsed() < Duration::from_secs(4) {
+        // An honest state at every moment: still running, and the results
+        // there are a prefix of the inputs, each once.
+        let (code, indices) = results_now();
+        assert_eq!(code, Some(75), "while the disk is full the map still runs (75), it is not over: {indices:?}");
+        assert_eq!(indices, (0..indices.len() as u64).collect::<Vec<_>>(), "results are a prefix, each once");
+        seen_while_full.push(indices.len());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::fs::remove_file(&filler).unwrap();
+    let out = run_within(Duration::from_secs(60), &["results", "--peers", &owner.addr, &id]);
+    let said = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    let indices: Vec<u64> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(indices, (0..n as u64).collect::<Vec<_>>(), "every input's result once, in order");
+    assert!(said.contains(&format!("{n} results, 0 failed")), "{said}");
+    // The disk really was full under the map: it said so, and waited.
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(logged.contains("could not be stored") && logged.contains("the map goes on"), "{logged}");
+    assert!(seen_while_full.last() < Some(&n), "the map waited while the disk was full: {seen_while_full:?}");
+}
+
+/// `results` checks that every input from 0 to N-1 has its result: a
+/// finished submission whose stored results have a hole (made here by
+/// hand in its state database) is named, with the gap, and exits 1.
+#[test]
+fn results_names_inputs_without_a_result_and_fails() {
+    let root = tempfile::tempdir().unwrap();
+    let mut owner = Owner::new(root.path(), None);
+    owner.start();
+    let inputs = root.path().join("in.jsonl");
+    std::fs::write(&inputs, (0..40).map(|i| format!("{{\"n\": {}}}\n", 100 + i)).collect::<String>()).unwrap();
+    let id = detach(&owner.addr, &wasm("primes"), &inputs, &["--mem", "16MiB"]);
+    let out = run_within(Duration::from_secs(60), &["results", "--peers", &owner.addr, &id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    owner.terminate();
+    let db = rusqlite::Connection::open(owner.state.join("state.db")).unwrap();
+    let gone = db.execute("DELETE FROM results WHERE idx IN (5, 6, 7, 39) AND submission = ?1", [&id]).unwrap();
+    assert_eq!(gone, 4);
+    drop(db);
+    owner.start();
+    let out = run_within(Duration::from_secs(60), &["results", "--peers", &owner.addr, &id]);
+    let said = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("no result for inputs 5\u{2013}7, 39"), "{said}");
+    assert_eq!(stdout(&out).lines().count(), 36, "the results there are still written");
 }

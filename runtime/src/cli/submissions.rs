@@ -56,37 +56,85 @@ pub fn results(args: ResultsArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(1));
         };
         let mut printer = MapPrinter::new(out, Some(info.total), false).flushing_each();
-        let (mut next, mut failed) = (0u64, 0u64);
+        let (mut next, mut failed, mut written) = (0u64, 0u64, 0u64);
+        let mut gaps = Gaps::default();
         let info = loop {
             let wait = if args.no_wait { Duration::ZERO } else { WAIT };
             let page = submit::results_page(&http, &info.owner, &args.id, next, wait)
                 .await
                 .with_context(|| format!("reading the results from its owner {}", info.owner))?
                 .ok_or_else(|| anyhow::anyhow!("{}: the submission was discarded", args.id))?;
+            let got = page.items.len();
             for item in page.items {
+                if item.index < next {
+                    continue; // never twice
+                }
+                gaps.missing(next, item.index);
                 next = item.index + 1;
                 let item = MapItem { index: item.index as usize, result: item.result, attempts: item.attempts };
                 failed += u64::from(!item.succeeded());
+                written += 1;
                 printer.result(item)?;
             }
-            let caught_up = next >= page.info.done;
-            if caught_up && (page.info.state.is_final() || args.no_wait) {
+            let state = page.info.state;
+            if (state.is_final() && got == 0) || (args.no_wait && (got == 0 || next >= page.info.total)) {
                 break page.info;
             }
         };
         printer.finish().context("cannot write the results")?;
+        // Every input from 0 to N-1 has its line, or the gaps are named.
+        if info.state.is_final() {
+            gaps.missing(next, info.total);
+        }
         let said = match info.state {
-            SubmissionState::Running => format!("{next} of {} results so far; it still runs", info.total),
-            SubmissionState::Done => format!("{next} results, {failed} failed"),
-            st => format!("{next} of {} results; the map {}: {}", info.total, st.as_str(), info.message.as_deref().unwrap_or("")),
+            SubmissionState::Running => format!("{written} of {} results so far; it still runs", info.total),
+            SubmissionState::Done if gaps.is_empty() => format!("{written} results, {failed} failed"),
+            st => format!("{written} of {} results; the map {}: {}", info.total, st.as_str(), info.message.as_deref().unwrap_or("")),
         };
         eprintln!("peerwasm results: {said}");
+        if !gaps.is_empty() {
+            eprintln!("peerwasm results: no result for inputs {gaps} (counted from 0)");
+        }
         Ok(match info.state {
             SubmissionState::Running => ExitCode::from(75),
-            SubmissionState::Done if failed == 0 => ExitCode::SUCCESS,
+            SubmissionState::Done if failed == 0 && gaps.is_empty() => ExitCode::SUCCESS,
             _ => ExitCode::from(1),
         })
     })
+}
+
+/// The inputs a results stream skipped, as ranges.
+#[derive(Default)]
+struct Gaps(Vec<std::ops::Range<u64>>);
+
+impl Gaps {
+    /// Notes that inputs `from..to` had no result (nothing if empty).
+    fn missing(&mut self, from: u64, to: u64) {
+        if from < to {
+            self.0.push(from..to);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl std::fmt::Display for Gaps {
+    /// `14–30, 42` (at most ten ranges, then how many more).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, r) in self.0.iter().take(10).enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            match r.end - r.start {
+                1 => write!(f, "{sep}{}", r.start)?,
+                _ => write!(f, "{sep}{}\u{2013}{}", r.start, r.end - 1)?,
+            }
+        }
+        if self.0.len() > 10 {
+            write!(f, " and {} more ranges", self.0.len() - 10)?;
+        }
+        Ok(())
+    }
 }
 
 #[derive(clap::Args, Debug)]

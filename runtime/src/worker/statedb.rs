@@ -109,7 +109,14 @@ type WriteFn = Box<dyn FnOnce(&Connection) -> rusqlite::Result<()> + Send>;
 struct Write {
     f: WriteFn,
     done: Option<oneshot::Sender<Result<(), String>>>,
+    /// Someone waits for it now: commit without waiting for company.
+    urgent: bool,
 }
+
+/// Whether a write queued by [`StateDb::write_soon`] was committed: `Ok`,
+/// or why not (the write or its group's commit failed, e.g. the disk is
+/// full). A dropped sender means the database was closed first.
+pub type Committed = oneshot::Receiver<Result<(), String>>;
 
 /// The open state database: one writer thread, one reading connection.
 pub struct StateDb {
@@ -208,7 +215,7 @@ impl StateDb {
     /// Runs `f` in a transaction and returns once it is committed (synced).
     pub async fn write(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<()> + Send + 'static) -> anyhow::Result<()> {
         let (done, wait) = oneshot::channel();
-        if !self.send(Write { f: Box::new(f), done: Some(done) }) {
+        if !self.send(Write { f: Box::new(f), done: Some(done), urgent: true }) {
             bail!("the state database is closed");
         }
         self.writer_thread.unpark();
@@ -223,9 +230,19 @@ impl StateDb {
     /// Writes are committed in the order they are queued; a failure is
     /// logged.
     pub fn write_later(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<()> + Send + 'static) {
-        if !self.send(Write { f: Box::new(f), done: None }) {
+        if !self.send(Write { f: Box::new(f), done: None, urgent: false }) {
             tracing::warn!("a write to the closed state database was dropped");
         }
+    }
+
+    /// Like [`write_later`](Self::write_later) (committed with the next
+    /// group, which waits for company), but the caller learns whether it
+    /// was committed: for writes that must not be lost in silence.
+    pub fn write_soon(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<()> + Send + 'static) -> Committed {
+        let (done, committed) = oneshot::channel();
+        // A closed database drops `done`: the receiver says so.
+        self.send(Write { f: Box::new(f), done: Some(done), urgent: false });
+        committed
     }
 
     /// Returns once everything queued before it is committed.
@@ -422,7 +439,8 @@ fn write_loop(mut conn: Connection, rx: mpsc::Receiver<Write>, committed: watch:
 
 /// The writes to commit together, starting with `first`: all that are
 /// queued, up to [`MAX_GROUP`]. While none of them has a caller waiting
-/// (only [`StateDb::write_later`]s: history rows, results), the group waits
+/// (only [`StateDb::write_later`]s and [`StateDb::write_soon`]s: history
+/// rows, results), the group waits
 /// up to [`LAZY_COMMIT_DELAY`] for company, so a worker ending thousands of
 /// jobs a second commits (and syncs) a few times a second, not after every
 /// few jobs: that `fsync` and its thread's wake-ups took a third of a
@@ -431,13 +449,13 @@ fn write_loop(mut conn: Connection, rx: mpsc::Receiver<Write>, committed: watch:
 /// switch per job); [`StateDb::write`] and `close` unpark it.
 fn gather(first: Write, rx: &mpsc::Receiver<Write>) -> Vec<Write> {
     let until = std::time::Instant::now() + LAZY_COMMIT_DELAY;
-    let mut waited_for = first.done.is_some();
+    let mut waited_for = first.urgent;
     let mut group = vec![first];
     loop {
         loop {
             match rx.try_recv() {
                 Ok(w) => {
-                    waited_for |= w.done.is_some();
+                    waited_for |= w.urgent;
                     group.push(w);
                     if group.len() >= MAX_GROUP {
                         return group;

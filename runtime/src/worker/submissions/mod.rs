@@ -13,11 +13,13 @@
 //! * the submission (job, inputs, token) is committed before its id is
 //!   answered — an id a client holds always names a stored submission;
 //! * each result is queued to the database as the map hands it over, in
-//!   input order, and committed with the next group. After `kill -9` the
-//!   committed results are a prefix of the inputs; on restart the map
-//!   resumes at the first input without one, starting from the peaks
-//!   already seen. A result is never stored twice, and readers only see
-//!   committed ones, so nobody sees a result that is then lost.
+//!   input order, and committed with the next group. A result whose commit
+//!   fails (a full disk) is written again while the map waits, so the map
+//!   pauses and goes on, and is never `done` with a hole (`finish` checks).
+//!   After `kill -9` the map resumes at the first input without a result,
+//!   starting from the peaks already seen. A result is never stored twice,
+//!   and readers only see committed ones, in order, up to the first input
+//!   still without one, so nobody sees a result that is then lost.
 //!
 //! This file is the store: the submissions, their results and their
 //! cancelling; [`run`] starts and runs their maps.
@@ -78,8 +80,20 @@ impl Submissions {
         self.running.lock()
     }
 
-    /// Records how a map ended; its inputs are no longer needed.
+    /// Whether submission `id`'s map runs here now (not cancelled, not
+    /// stopped with the worker).
+    pub fn is_running(&self, id: &str) -> bool {
+        self.running().contains_key(id)
+    }
+
+    /// Records how a map ended; its inputs are no longer needed. A map
+    /// that was cancelled or stopped with the worker records nothing (who
+    /// stopped it did). `done` only when every input has its result
+    /// stored; the record is written again until it is kept.
     async fn finish(&self, id: &str, summary: anyhow::Result<MapSummary>) {
+        if !self.is_running(id) {
+            return;
+        }
         let (state, message) = match summary {
             Ok(s) => match s.stopped {
                 Some(stopped) => (SubmissionState::Stopped, Some(stopped.message)),
@@ -87,23 +101,50 @@ impl Submissions {
             },
             Err(e) => (SubmissionState::Failed, Some(format!("{e:#}"))),
         };
-        tracing::info!(submission = %id, state = state.as_str(), "submission ended");
-        let id2 = id.to_string();
-        let ended = self
-            .db
-            .write(move |c| {
-                let n = c.execute(
-                    "UPDATE submissions SET state = ?1, message = ?2, ended_ms = ?3 WHERE id = ?4 AND state = 'running'",
-                    params![state.as_str(), message, now_ms() as i64, id2],
-                )?;
-                if n > 0 {
-                    c.execute("DELETE FROM inputs WHERE submission = ?1", [&id2])?;
+        let mut wait = Duration::from_millis(50);
+        loop {
+            let id2 = id.to_string();
+            let message = message.clone();
+            let ended = self
+                .db
+                .write(move |c| {
+                    let (stored, total): (i64, i64) = c.query_row(
+                        "SELECT (SELECT count(*) FROM results WHERE submission = ?1), \
+                         (SELECT total FROM submissions WHERE id = ?1)",
+                        [&id2],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )?;
+                    // Never `done` with a hole.
+                    let (state, message) = match state {
+                        SubmissionState::Done if stored < total => (
+                            SubmissionState::Failed,
+                            Some(format!("only {stored} of {total} results were stored")),
+                        ),
+                        _ => (state, message),
+                    };
+                    let n = c.execute(
+                        "UPDATE submissions SET state = ?1, message = ?2, ended_ms = ?3 WHERE id = ?4 AND state = 'running'",
+                        params![state.as_str(), message, now_ms() as i64, id2],
+                    )?;
+                    if n > 0 {
+                        tracing::info!(submission = %id2, state = state.as_str(), "submission ended");
+                        c.execute("DELETE FROM inputs WHERE submission = ?1", [&id2])?;
+                    }
+                    Ok(())
+                })
+                .await;
+            match ended {
+                Ok(()) => break,
+                Err(e) if self.is_running(id) => {
+                    tracing::error!(submission = %id, "cannot record the end of a submission (tried again): {e:#}");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(2));
                 }
-                Ok(())
-            })
-            .await;
-        if let Err(e) = ended {
-            tracing::error!(submission = %id, "cannot record the end of a submission: {e:#}");
+                Err(e) => {
+                    tracing::error!(submission = %id, "cannot record the end of a submission: {e:#}");
+                    break;
+                }
+            }
         }
         self.running().remove(id);
     }
@@ -149,16 +190,22 @@ impl Submissions {
             committed.borrow_and_update();
             let Some(info) = self.info(owner, Some(tenant.clone()), id).await? else { return Ok(None) };
             let id2 = id.to_string();
+            // While the map runs, only up to the first input still without
+            // a result: a reader never skips one that is yet to come.
+            let contiguous = !info.state.is_final();
             let items = self
                 .db
                 .read(move |c| {
                     let mut stmt = c.prepare_cached(
-                        "SELECT item FROM results WHERE submission = ?1 AND idx >= ?2 ORDER BY idx LIMIT 100000",
+                        "SELECT idx, item FROM results WHERE submission = ?1 AND idx >= ?2 ORDER BY idx LIMIT 100000",
                     )?;
                     let mut rows = stmt.query(params![id2, from as i64])?;
                     let (mut items, mut bytes) = (Vec::new(), 0usize);
                     while let Some(row) = rows.next()? {
-                        let blob: Vec<u8> = row.get(0)?;
+                        let (idx, blob): (i64, Vec<u8>) = (row.get(0)?, row.get(1)?);
+                        if contiguous && idx as u64 != from + items.len() as u64 {
+                            break;
+                        }
                         if !items.is_empty() && bytes + blob.len() > RESULTS_PAGE_BYTES {
                             break;
                         }

@@ -4,9 +4,12 @@
 //! pool as seen from here — reading its inputs from the state database a
 //! page at a time and handing its results back to it in input order.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 
 use rusqlite::params;
+use tokio::sync::oneshot;
 
 use super::{MAX_RUNNING_PER_TENANT, Stored};
 use crate::client::estimate::{DEFAULT_MARGIN, MemoryEstimator};
@@ -15,7 +18,7 @@ use crate::proto::submission::{MAX_SUBMISSION_INPUTS, SUBMISSION_PREFIX, Submiss
 use crate::proto::{JobSpec, MAX_INPUT_BYTES};
 use crate::worker::refused::Refused;
 use crate::worker::state::Worker;
-use crate::worker::statedb::{StateDb, now_ms};
+use crate::worker::statedb::{Committed, StateDb, now_ms};
 use crate::worker::tenants::Tenant;
 
 /// Checks and stores a submission, then starts its map. Answers once
@@ -186,15 +189,22 @@ async fn run_map(w: &Arc<Worker>, s: &Stored) -> anyhow::Result<MapSummary> {
         .db
         .read(move |c| {
             c.query_row(
-                "SELECT (SELECT count(*) FROM results WHERE submission = ?1), \
-                 (SELECT total FROM submissions WHERE id = ?1), \
-                 (SELECT max(peak) FROM results WHERE submission = ?1)",
+                &format!("SELECT ({FIRST_WITHOUT_RESULT}), (SELECT total FROM submissions WHERE id = ?1), \
+                 (SELECT max(peak) FROM results WHERE submission = ?1)"),
                 [&id],
                 |r| Ok((r.get::<_, i64>(0)? as usize, r.get::<_, i64>(1)? as usize, r.get::<_, Option<i64>>(2)?.map(|p| p as u64))),
             )
         })
         .await?;
-    let inputs = InputPages { db: this.db.clone(), id: s.id.clone(), next: done, end: total, page: Default::default() };
+    let unreadable = Arc::new(parking_lot::Mutex::new(None));
+    let inputs = InputPages {
+        db: this.db.clone(),
+        id: s.id.clone(),
+        next: done,
+        end: total,
+        page: Default::default(),
+        unreadable: unreadable.clone(),
+    };
     let start_estimate = peak.and_then(|peak| {
         let mut e = MemoryEstimator::new(job.declared_memory(), None, s.config.min_mem, u64::MAX, DEFAULT_MARGIN);
         e.observe(peak);
@@ -215,9 +225,23 @@ async fn run_map(w: &Arc<Worker>, s: &Stored) -> anyhow::Result<MapSummary> {
         reorder_window: OWNED_REORDER_WINDOW,
         ..MapConfig::default()
     };
-    let mut sink = Sink { db: this.db.clone(), id: s.id.clone() };
-    crate::client::map(&Target::Pool(Arc::new(pool)), &job, inputs, &config, &mut sink).await
+    let mut sink = Sink::new(w, &s.id);
+    let summary = crate::client::map(&Target::Pool(Arc::new(pool)), &job, inputs, &config, &mut sink).await;
+    // Every result handed over is kept before the map may be said to end.
+    sink.flush()?;
+    if let Some(why) = unreadable.lock().take() {
+        anyhow::bail!("the submission's inputs could not be read from the state database: {why}");
+    }
+    summary
 }
+
+/// The first input of submission `?1` without a stored result. Results are
+/// stored in input order, but a crash while one could not be stored may
+/// leave later ones in: the map goes on from the first gap.
+const FIRST_WITHOUT_RESULT: &str = "SELECT CASE WHEN NOT EXISTS \
+    (SELECT 1 FROM results WHERE submission = ?1 AND idx = 0) THEN 0 \
+    ELSE (SELECT min(r.idx) + 1 FROM results r WHERE r.submission = ?1 AND NOT EXISTS \
+      (SELECT 1 FROM results n WHERE n.submission = ?1 AND n.idx = r.idx + 1)) END";
 
 /// How far ahead of its next result an owned map may run (the client's
 /// own map allows 10,000): the inputs under way are held in memory.
@@ -229,7 +253,10 @@ struct InputPages {
     id: String,
     next: usize,
     end: usize,
-    page: std::collections::VecDeque<Vec<u8>>,
+    page: VecDeque<Vec<u8>>,
+    /// Why the inputs could not be read, if they could not: the map then
+    /// ends early, and must not be said to be done.
+    unreadable: Arc<parking_lot::Mutex<Option<String>>>,
 }
 
 impl Iterator for InputPages {
@@ -248,14 +275,13 @@ impl Iterator for InputPages {
                     stmt.query_map(params![id, from], |r| r.get::<_, Vec<u8>>(0))?.collect::<Result<Vec<_>, _>>()
                 })
             };
-            let multi_thread = tokio::runtime::Handle::try_current()
-                .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-            let page = if multi_thread { tokio::task::block_in_place(read) } else { read() };
+            let page = blocking(read);
             match page {
                 Ok(rows) if !rows.is_empty() => self.page.extend(rows),
                 Ok(_) => self.end = self.next, // the inputs are gone (cancelled meanwhile)
                 Err(e) => {
                     tracing::error!(submission = %self.id, "cannot read the inputs: {e:#}");
+                    *self.unreadable.lock() = Some(format!("{e:#}"));
                     self.end = self.next;
                 }
             }
@@ -271,10 +297,123 @@ impl Iterator for InputPages {
     }
 }
 
-/// Hands each result, in input order, to the database.
+/// Hands each result, in input order, to the database — and never lets
+/// one go uncommitted in silence. Each is queued to be committed with the
+/// next group ([`StateDb::write_soon`]); as the map goes on, the outcomes
+/// that are in are checked, in order. A result whose commit failed (the
+/// state dir's disk is full, say) is written again, and the map *waits*
+/// there — no further results are taken — until it is kept or the
+/// submission is stopped: the map pauses while the disk is full and goes
+/// on when it has room, with nothing lost and nothing stored twice.
 struct Sink {
-    db: Arc<StateDb>,
+    w: Arc<Worker>,
     id: String,
+    /// Results queued, oldest first, until their commit is known.
+    pending: VecDeque<Pending>,
+    /// Whether the map is paused now (said once per pause in the log).
+    paused: bool,
+}
+
+/// One result, as it is stored.
+struct Row {
+    index: i64,
+    ok: bool,
+    peak: i64,
+    blob: Arc<Vec<u8>>,
+}
+
+/// A result queued to the database, until its commit is known.
+struct Pending {
+    row: Row,
+    committed: Committed,
+}
+
+/// The longest a paused map waits between two tries to store a result.
+const STORE_RETRY_MAX: Duration = Duration::from_secs(2);
+
+impl Sink {
+    fn new(w: &Arc<Worker>, id: &str) -> Sink {
+        Sink { w: w.clone(), id: id.to_string(), pending: VecDeque::new(), paused: false }
+    }
+
+    /// Queues the write of a result; `OR IGNORE`: after a restart the map
+    /// runs again from the first input without a result, and a result
+    /// already stored is the one kept.
+    fn queue(&self, row: &Row) -> Committed {
+        let (id, index, ok, peak, blob) = (self.id.clone(), row.index, row.ok, row.peak, row.blob.clone());
+        self.w.submissions.db.write_soon(move |c| {
+            c.prepare_cached("INSERT OR IGNORE INTO results (submission, idx, ok, peak, item) VALUES (?1, ?2, ?3, ?4, ?5)")?
+                .execute(params![id, index, ok, peak, blob.as_slice()])
+                .map(drop)
+        })
+    }
+
+    /// Takes the outcomes that are in, oldest first; a failed one is
+    /// written again until it is kept (blocking: the map waits).
+    fn settle_ready(&mut self) -> anyhow::Result<()> {
+        while let Some(front) = self.pending.front_mut() {
+            let outcome = match front.committed.try_recv() {
+                Ok(outcome) => outcome,
+                Err(oneshot::error::TryRecvError::Empty) => return Ok(()),
+                Err(oneshot::error::TryRecvError::Closed) => Err(CLOSED.into()),
+            };
+            let p = self.pending.pop_front().expect("the front is there");
+            if let Err(why) = outcome {
+                blocking(|| self.keep(&p.row, &why))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for every queued result to be kept: the map has ended.
+    fn flush(&mut self) -> anyhow::Result<()> {
+        while let Some(Pending { row, committed }) = self.pending.pop_front() {
+            let outcome = blocking(|| futures::executor::block_on(committed)).unwrap_or_else(|_| Err(CLOSED.into()));
+            if let Err(why) = outcome {
+                blocking(|| self.keep(&row, &why))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `row` again, and again, until it is committed; gives up only
+    /// when the submission no longer runs (cancelled, the worker stopping)
+    /// or the database is closed. Blocking.
+    fn keep(&mut self, row: &Row, first_error: &str) -> anyhow::Result<()> {
+        if !self.paused {
+            tracing::error!(
+                submission = %self.id, input = row.index,
+                "a result could not be stored ({first_error}); the map waits until the state dir has room"
+            );
+            self.paused = true;
+        }
+        let mut wait = Duration::from_millis(50);
+        loop {
+            if !self.w.submissions.is_running(&self.id) {
+                anyhow::bail!("the submission stopped while its results could not be stored ({first_error})");
+            }
+            std::thread::sleep(wait);
+            wait = (wait * 2).min(STORE_RETRY_MAX);
+            match futures::executor::block_on(self.queue(row)) {
+                Ok(Ok(())) => break,
+                Ok(Err(_)) => continue,
+                Err(_) => anyhow::bail!(CLOSED),
+            }
+        }
+        tracing::info!(submission = %self.id, input = row.index, "results are stored again; the map goes on");
+        self.paused = false;
+        Ok(())
+    }
+}
+
+const CLOSED: &str = "the state database was closed";
+
+/// Runs `f`, which blocks, from the map's task: as a blocking section of
+/// its thread where the runtime allows it.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    let multi_thread = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if multi_thread { tokio::task::block_in_place(f) } else { f() }
 }
 
 impl MapObserver for Sink {
@@ -282,13 +421,9 @@ impl MapObserver for Sink {
         let (ok, peak) = (item.succeeded(), item.result.peak_memory_bytes as i64);
         let index = item.index as i64;
         let stored = SubmittedResult { index: item.index as u64, attempts: item.attempts, result: item.result };
-        let blob = postcard::to_allocvec(&stored)?;
-        let id = self.id.clone();
-        self.db.write_later(move |c| {
-            c.prepare_cached("INSERT INTO results (submission, idx, ok, peak, item) VALUES (?1, ?2, ?3, ?4, ?5)")?
-                .execute(params![id, index, ok, peak, blob])
-                .map(drop)
-        });
-        Ok(())
+        let row = Row { index, ok, peak, blob: Arc::new(postcard::to_allocvec(&stored)?) };
+        let committed = self.queue(&row);
+        self.pending.push_back(Pending { row, committed });
+        self.settle_ready()
     }
 }
