@@ -159,6 +159,12 @@ impl StateDb {
         let db_path = dir.join(DB_FILE);
         prepare_dir(dir, &db_path)?;
         let lock = lock_dir(dir)?;
+        // SQLite gives its -wal and -shm files the database's mode: made
+        // 0600 first, all three are the worker user's alone.
+        for suffix in ["", "-wal", "-shm"] {
+            private_file(&dir.join(format!("{DB_FILE}{suffix}")), false)?;
+        }
+        private_file(&db_path, true)?;
         let conn = open_checked(&db_path)?;
         let reader = Connection::open_with_flags(&db_path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
             .with_context(|| format!("cannot open {} for reading", db_path.display()))?;
@@ -199,7 +205,7 @@ impl StateDb {
             return Ok(());
         }
         let dir = path.parent().expect("a module path has a parent");
-        std::fs::create_dir_all(dir)?;
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700).create(dir)?;
         let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
         std::io::Write::write_all(&mut tmp, bytes)?;
         tmp.as_file().sync_all()?;
@@ -295,9 +301,10 @@ impl Drop for StateDb {
 }
 
 /// Creates `dir` (only the owner may enter it: the database holds tenants'
-/// tokens), or checks that an existing one is a state dir.
+/// tokens), or checks that an existing one is a state dir, ours, and makes
+/// it private (0700) if it was not.
 fn prepare_dir(dir: &Path, db_path: &Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     if !dir.exists() {
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -326,13 +333,50 @@ fn prepare_dir(dir: &Path, db_path: &Path) -> anyhow::Result<()> {
             );
         }
     }
+    let meta = std::fs::metadata(dir).with_context(|| format!("cannot read the state dir {}", dir.display()))?;
+    // SAFETY: geteuid(2) cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me {
+        bail!(
+            "the state dir {} belongs to another user (uid {}, this worker runs as {me}): it holds tenants' \
+             tokens, so it must be this user's alone. Give a directory of this user's; nothing was changed",
+            dir.display(),
+            meta.uid()
+        );
+    }
+    if meta.mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("cannot make the state dir {} private (0700)", dir.display()))?;
+        tracing::info!(dir = %dir.display(), "the state dir was open to others ({:o}): made it 0700", meta.mode() & 0o777);
+    }
     Ok(())
+}
+
+/// Makes `path` (a file of the state dir) readable by its owner alone, if
+/// it exists; creates it so if `create`.
+fn private_file(path: &Path, create: bool) -> anyhow::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    if create && !path.exists() {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
+    }
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.permissions().mode() & 0o077 != 0 => std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("cannot make {} private (0600)", path.display())),
+        _ => Ok(()),
+    }
 }
 
 /// Takes the state dir's lock, or says who has it.
 fn lock_dir(dir: &Path) -> anyhow::Result<File> {
     use std::os::fd::AsRawFd;
     let path = dir.join("lock");
+    private_file(&path, true)?;
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -536,6 +580,44 @@ mod tests {
             db.write_later(insert(52));
         } // dropped: closed, the last lazy write committed on the way out
         assert_eq!(count(&StateDb::open(&path).unwrap()), 53);
+    }
+
+    /// Tenants' tokens rest in the state database: the dir is made 0700
+    /// and every file in it 0600, whatever they were; a dir of another
+    /// user is refused.
+    #[tokio::test]
+    async fn state_at_rest_is_the_workers_user_alone() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("state");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o777;
+        {
+            let db = StateDb::open(&dir).unwrap();
+            db.write(|c| c.execute("INSERT INTO inputs VALUES ('s', 0, x'00')", []).map(drop)).await.unwrap();
+            db.keep_module(&crate::proto::ModuleHash::of(b"\0asm"), b"\0asm").unwrap();
+            assert_eq!(mode(&dir), 0o700);
+            for f in ["state.db", "state.db-wal", "state.db-shm", "lock"] {
+                assert_eq!(mode(&dir.join(f)), 0o600, "{f}");
+            }
+            assert_eq!(mode(&dir.join("modules")), 0o700);
+        }
+        // Opened up by someone after the fact: private again at the next start.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(dir.join("state.db"), std::fs::Permissions::from_mode(0o644)).unwrap();
+        drop(StateDb::open(&dir).unwrap());
+        assert_eq!((mode(&dir), mode(&dir.join("state.db"))), (0o700, 0o600));
+        // Another user's dir (the tests run as root, as CI does: chown works).
+        if unsafe { libc::geteuid() } == 0 {
+            let theirs = root.path().join("theirs");
+            std::fs::create_dir(&theirs).unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+            let e = StateDb::open(&theirs).err().unwrap().to_string();
+            assert!(e.contains("belongs to another user") && e.contains("65534"), "{e}");
+            assert_eq!(std::fs::metadata(&theirs).unwrap().uid(), 65534, "left as it was");
+            assert!(!theirs.join(DB_FILE).exists());
+        }
     }
 
     #[test]
