@@ -31,6 +31,8 @@ struct Owner {
     state: PathBuf,
     cache: PathBuf,
     join: Option<String>,
+    /// More flags for `peerwasm worker`.
+    extra: Vec<String>,
     child: Option<Child>,
 }
 
@@ -41,6 +43,7 @@ impl Owner {
             state: root.join("state"),
             cache: root.join("cache"),
             join: join.map(String::from),
+            extra: Vec::new(),
             child: None,
         }
     }
@@ -58,6 +61,7 @@ impl Owner {
         if let Some(j) = &self.join {
             cmd.args(["--join", j]);
         }
+        cmd.args(&self.extra);
         cmd
     }
 
@@ -585,4 +589,45 @@ fn results_names_inputs_without_a_result_and_fails() {
     assert_eq!(out.status.code(), Some(1), "{said}");
     assert!(said.contains("no result for inputs 5\u{2013}7, 39"), "{said}");
     assert_eq!(stdout(&out).lines().count(), 36, "the results there are still written");
+}
+
+/// With `--tenants`, who uploaded which module outlives the worker: a
+/// tenant's unfinished detached job and detached map run again after the
+/// worker restarts (before, the job was rejected: "module unknown").
+#[test]
+fn a_tenants_detached_job_and_map_go_on_after_a_restart() {
+    use crate::tenants::{ALICE, tenants_file};
+    let root = tempfile::tempdir().unwrap();
+    let tenants = tenants_file(1, 1);
+    let mut owner = Owner::new(root.path(), None);
+    owner.extra = vec!["--tenants".into(), tenants.path().to_string_lossy().into_owned()];
+    owner.start();
+    let as_alice = |args: &[&str]| -> Output {
+        let mut all = args.to_vec();
+        all.extend(["--token", ALICE]);
+        run_within(Duration::from_secs(60), &all)
+    };
+    let mut child = peerwasm()
+        .args(["run", "--detach", "--mem", "64MiB", "--token", ALICE, "--peers", &owner.addr, &wasm("sleep")])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), b"2000").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let job = stdout(&out).trim().to_string();
+    let inputs = root.path().join("in.txt");
+    std::fs::write(&inputs, "300\n".repeat(12)).unwrap();
+    let map = detach(&owner.addr, &wasm("sleep"), &inputs, &["--mem", "16MiB", "--token", ALICE]);
+    std::thread::sleep(Duration::from_millis(300));
+    owner.kill();
+    owner.start();
+    let out = as_alice(&["logs", "-f", "--peers", &owner.addr, &job]);
+    assert_eq!(out.status.code(), Some(0), "alice's job runs again, to its end: {}", stderr(&out));
+    assert_eq!(stdout(&out), "slept 2000 ms\n");
+    let out = as_alice(&["results", "--peers", &owner.addr, &map]);
+    assert_eq!(out.status.code(), Some(0), "alice's map goes on: {}", stderr(&out));
+    assert_eq!(stdout(&out).lines().count(), 12);
 }

@@ -10,6 +10,8 @@
 //!   tenant;
 //! * [`trees`] — a job's shipped trees laid out for it, and the files it
 //!   wrote read back;
+//! * [`uploaders`] — which tenants showed which module, kept across
+//!   restarts;
 //! * [`budget`] — what requests make the worker hold (bodies, waiting
 //!   specs, manifests), charged to who sent them and to the ledger;
 //! * [`jobs`] — a job's life: checks, admission, the run, charging,
@@ -64,6 +66,7 @@ pub mod submissions;
 pub mod table;
 pub mod tenants;
 pub mod trees;
+pub mod uploaders;
 pub mod warnings;
 
 pub use http::{RunningWorker, WorkerConfig, start};

@@ -5,12 +5,8 @@
 //! edge (`http/`) and the job lifecycle (`jobs`) share it; it knows nothing
 //! of HTTP.
 
-use std::collections::HashSet;
-use std::num::NonZeroUsize;
 use std::sync::Arc;
-use parking_lot::Mutex;
 
-use lru::LruCache;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::admission::Admission;
@@ -23,40 +19,8 @@ use super::warnings::{WarningKind, Warnings};
 use crate::gossip::transport::SharedNode;
 use crate::gossip::{GossipNode, Liveness};
 use crate::gossip::PeerView;
-use crate::proto::{Advert, ModuleHash};
+use crate::proto::Advert;
 use crate::units::Bytes as Size;
-
-/// Which tenants have shown a module's bytes (uploaded it), so that with
-/// `--tenants` a module hash is runnable only by them: a hash that leaks
-/// (a log, a shared script) must not let another tenant run a private
-/// module without having it. Bounded: the least recently used modules'
-/// entries go first, and their tenants upload again (a 404 asks them to).
-pub struct Uploaders(Mutex<LruCache<ModuleHash, HashSet<String>>>);
-
-/// Modules whose uploaders a worker remembers.
-pub const UPLOADERS_REMEMBERED: usize = 65_536;
-
-impl Default for Uploaders {
-    fn default() -> Self {
-        Uploaders(Mutex::new(LruCache::new(NonZeroUsize::new(UPLOADERS_REMEMBERED).expect("non-zero"))))
-    }
-}
-
-impl Uploaders {
-    fn lock(&self) -> parking_lot::MutexGuard<'_, LruCache<ModuleHash, HashSet<String>>> {
-        self.0.lock()
-    }
-
-    /// `tenant` showed it has `module`'s bytes.
-    pub fn record(&self, module: ModuleHash, tenant: &str) {
-        self.lock().get_or_insert_mut(module, HashSet::new).insert(tenant.to_string());
-    }
-
-    /// Whether `tenant` has shown it has `module`.
-    pub fn has_shown(&self, module: &ModuleHash, tenant: &str) -> bool {
-        self.lock().get(module).is_some_and(|t| t.contains(tenant))
-    }
-}
 
 /// What a running worker holds, shared by every request and by gossip.
 pub struct Worker {
@@ -70,7 +34,7 @@ pub struct Worker {
     pub(crate) jobs_run: AtomicU64,
     pub(crate) modules_received: AtomicU64,
     /// Which tenants proved they have each module (by uploading it).
-    pub(crate) uploaders: Uploaders,
+    pub(crate) uploaders: super::uploaders::Uploaders,
     /// Bytes of detached results one tenant may hold (`--max-results`).
     pub(crate) max_results: u64,
     /// Bytes of submissions one tenant may keep (`--max-stored`).

@@ -36,8 +36,25 @@ use tokio::sync::{oneshot, watch};
 /// Marks a SQLite file as ours (`PRAGMA application_id`): "pwsm".
 pub const APPLICATION_ID: i32 = 0x7077_736d;
 
-/// The schema this build reads and writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i32 = 1;
+/// The schema this build reads and writes (`PRAGMA user_version`): the
+/// first, then each of [`MIGRATIONS`].
+pub const SCHEMA_VERSION: i32 = 1 + MIGRATIONS.len() as i32;
+
+/// Each brings the schema from version `i + 1` to `i + 2`; a database of an
+/// older peerwasm is brought up to date when opened.
+const MIGRATIONS: [&str; 1] = [
+    // 2: who showed which module (`uploaders.rs`), so that every tenant's
+    // jobs run again after a restart; when a detached job ended, so that
+    // finished ones expire (`--keep-results`).
+    "CREATE TABLE uploaders (
+        module TEXT NOT NULL,
+        tenant TEXT NOT NULL,
+        shown_ms INTEGER NOT NULL,
+        PRIMARY KEY (module, tenant)
+    ) WITHOUT ROWID;
+    ALTER TABLE detached ADD COLUMN ended_ms INTEGER;
+    UPDATE detached SET ended_ms = created_ms WHERE result IS NOT NULL;",
+];
 
 /// The database's file name in the state dir.
 pub const DB_FILE: &str = "state.db";
@@ -429,11 +446,13 @@ fn open_checked(db_path: &Path) -> anyhow::Result<Connection> {
     }
     conn.pragma_update(None, "journal_mode", "WAL").map_err(broken)?;
     conn.pragma_update(None, "synchronous", "FULL").map_err(broken)?;
-    if app == 0 {
+    let (from, create) = if app == 0 { (1, SCHEMA) } else { (version.max(1), "") };
+    if app == 0 || from < SCHEMA_VERSION {
+        let steps = MIGRATIONS[(from - 1) as usize..].join("\n");
         conn.execute_batch(&format!(
-            "BEGIN; {SCHEMA} PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+            "BEGIN; {create} {steps} PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
         ))
-        .with_context(|| format!("cannot create the schema in {shown}"))?;
+        .with_context(|| format!("cannot bring the schema of {shown} up to version {SCHEMA_VERSION}"))?;
     }
     Ok(conn)
 }
@@ -618,6 +637,30 @@ mod tests {
             assert_eq!(std::fs::metadata(&theirs).unwrap().uid(), 65534, "left as it was");
             assert!(!theirs.join(DB_FILE).exists());
         }
+    }
+
+    /// A state dir of the first schema is brought up to date when opened,
+    /// keeping what it holds.
+    #[test]
+    fn an_older_schema_is_migrated_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let c = Connection::open(dir.path().join(DB_FILE)).unwrap();
+            c.execute_batch(&format!("{SCHEMA} PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 1;")).unwrap();
+            c.execute("INSERT INTO detached VALUES ('j-1', 'alice', 'ab', x'00', x'01', 42)", []).unwrap();
+        }
+        let db = StateDb::open(dir.path()).unwrap();
+        let (version, ended, uploaders): (i32, i64, i64) = db
+            .read_blocking(|c| {
+                c.query_row(
+                    "SELECT (SELECT user_version FROM pragma_user_version), (SELECT ended_ms FROM detached), \
+                     (SELECT count(*) FROM uploaders)",
+                    [],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                )
+            })
+            .unwrap();
+        assert_eq!((version, ended, uploaders), (SCHEMA_VERSION, 42, 0));
     }
 
     #[test]

@@ -301,7 +301,7 @@ pub async fn start(
         host_id: sysinfo::System::host_name().unwrap_or_else(|_| "unknown".into()),
         jobs_run: AtomicU64::new(0),
         modules_received: AtomicU64::new(0),
-        uploaders: Default::default(),
+        uploaders: super::uploaders::Uploaders::load(db.clone())?,
         max_results: config.max_results,
         max_stored: config.max_stored,
         budgets,
@@ -395,6 +395,7 @@ async fn keep_state(w: Arc<Worker>) {
     loop {
         hourly.tick().await;
         w.history.expire();
+        w.uploaders.expire();
         if let Err(e) = w.submissions.expire(w.history.keep()).await {
             tracing::warn!("cannot forget old submissions: {e:#}");
         }

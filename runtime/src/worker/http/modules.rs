@@ -33,8 +33,7 @@ pub async fn put_module(
     // The answer, and the count gossiped, say whether *this tenant* had
     // shown the module before, never whether another had: that would be
     // an oracle on other tenants' modules.
-    let first = !w.uploaders.has_shown(&hash, &tenant.name);
-    w.uploaders.record(hash, &tenant.name);
+    let first = w.uploaders.record(hash, &tenant.name);
     // Compiled is enough for jobs, but the bytes are kept when sent: a
     // submission this worker owns stores them to hand on to other workers.
     if w.runner.module_bytes(&hash).is_none() {
