@@ -447,14 +447,14 @@ fn a_submission_is_its_tenants_alone() {
 #[test]
 fn what_a_tenant_keeps_in_the_state_database_is_bounded() {
     let root = tempfile::tempdir().unwrap();
-    let w = WorkerProcess::start_with("1GiB", 2, None, &["--max-stored", "4KiB"]);
+    let w = WorkerProcess::start_with("1GiB", 2, None, &["--max-stored", "48KiB"]);
     let inputs = root.path().join("in.jsonl");
     std::fs::write(&inputs, (0..100).map(|i| format!("{{\"n\": {}}}\n", 100 + i)).collect::<String>()).unwrap();
     let first = detach(&w.addr, &wasm("primes"), &inputs, &[]);
     let out = run(&["results", "--peers", &w.addr, &first]);
     assert!(out.status.success(), "{}", stderr(&out));
-    // Its inputs are gone once it ended, but 100 results are kept: another
-    // 1.3 KB of inputs would go past 4 KiB.
+    // Its inputs are gone once it ended, but 100 results are kept (each
+    // row also counted 256 bytes): another 100 inputs would go past 48 KiB.
     let args = ["map", "--detach", "--peers", &w.addr, &wasm("primes"), inputs.to_str().unwrap()];
     let out = run(&args);
     assert_eq!(out.status.code(), Some(2), "refused: {}", stdout(&out));
@@ -630,4 +630,80 @@ fn a_tenants_detached_job_and_map_go_on_after_a_restart() {
     let out = as_alice(&["results", "--peers", &owner.addr, &map]);
     assert_eq!(out.status.code(), Some(0), "alice's map goes on: {}", stderr(&out));
     assert_eq!(stdout(&out).lines().count(), 12);
+}
+
+/// What detached jobs put in the state database is bounded per tenant and
+/// expires: a tag is a submission id or refused; detached jobs count
+/// against `--max-stored` (their specs, input and all, while they wait);
+/// once run, only the spec without its input is kept; results go after
+/// `--keep-results`; and the worker itself refuses detached jobs with
+/// writable trees. (Before: 50 MiB tags were stored, detached jobs were
+/// not counted, kept their input and stayed forever.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detached_jobs_are_bounded_in_the_state_database_and_expire() {
+    use crate::tenants::{post, upload};
+    use peerwasm::client::Job;
+    use peerwasm::proto::submission::JobTag;
+    use peerwasm::proto::tree::TreeGrant;
+    let root = tempfile::tempdir().unwrap();
+    let state = root.path().join("state");
+    let w = WorkerProcess::start_with(
+        "1GiB",
+        1,
+        None,
+        &["--max-stored", "64KiB", "--keep-results", "3s", "--state-dir", state.to_str().unwrap()],
+    );
+    let (sleep, hello) = (
+        Job::new(peerwasm_testkit::guest_wasm_bytes("sleep")),
+        Job::new(peerwasm_testkit::guest_wasm_bytes("hello")),
+    );
+    upload(&w.addr, &sleep, None).await;
+    upload(&w.addr, &hello, None).await;
+    // A tag is an id, not a store.
+    let mut tagged = hello.spec(Vec::new(), 16 << 20);
+    tagged.tag = Some(JobTag { submission: "x".repeat(1 << 20), index: 0, attempt: 1 });
+    let resp = post(&w.addr, &tagged, None, false).await;
+    assert_eq!(resp.status(), 400);
+    assert!(resp.text().await.unwrap().contains("tag"));
+    // A writable tree on a detached job: refused by the worker itself.
+    let mut writable = hello.spec(Vec::new(), 16 << 20);
+    writable.trees = vec![TreeGrant { manifest: hello.hash(), guest: "/out".into(), read_only: false }];
+    let resp = post(&w.addr, &writable, None, true).await;
+    assert_eq!(resp.status(), 400);
+    assert!(resp.text().await.unwrap().contains("read-only"));
+    // The one slot is taken; detached jobs with 16 KiB inputs wait, and
+    // count: the fourth goes past 64 KiB.
+    let resp = post(&w.addr, &sleep.spec(b"1500".to_vec(), 16 << 20), None, true).await;
+    assert_eq!(resp.status(), 202);
+    let mut ids = Vec::new();
+    let refused = loop {
+        let resp = post(&w.addr, &hello.spec(vec![b'x'; 16 << 10], 16 << 20), None, true).await;
+        if resp.status() != 202 {
+            break resp;
+        }
+        ids.push(resp.text().await.unwrap());
+        assert!(ids.len() < 4, "64 KiB of --max-stored took {} jobs of 16 KiB", ids.len());
+    };
+    assert_eq!(refused.status(), 503);
+    assert!(refused.text().await.unwrap().contains("--max-stored"));
+    assert_eq!(ids.len(), 3);
+    // Once they have run, their inputs are no longer kept...
+    let db = rusqlite::Connection::open_with_flags(state.join("state.db"), rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+    let kept = |sql: &str| -> i64 { db.query_row(sql, [], |r| r.get(0)).unwrap() };
+    let start = Instant::now();
+    while kept("SELECT count(*) FROM detached WHERE result IS NOT NULL") < 4 {
+        assert!(start.elapsed() < Duration::from_secs(20), "the detached jobs did not end");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(kept("SELECT max(length(spec)) FROM detached") < 1024, "a run job's input is not kept");
+    let resp = post(&w.addr, &hello.spec(vec![b'x'; 16 << 10], 16 << 20), None, true).await;
+    assert_eq!(resp.status(), 202, "room again");
+    // ...and after --keep-results, neither are they.
+    let start = Instant::now();
+    while kept("SELECT count(*) FROM detached") > 0 {
+        assert!(start.elapsed() < Duration::from_secs(20), "finished detached jobs did not expire");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let out = run_within(Duration::from_secs(20), &["logs", "--peers", &w.addr, &ids[0]]);
+    assert_eq!(out.status.code(), Some(1), "an expired result is gone: {}", stderr(&out));
 }

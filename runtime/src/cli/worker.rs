@@ -48,10 +48,14 @@ pub struct WorkerArgs {
     /// with port 0 a temporary dir, removed when the worker stops].
     #[arg(long, value_name = "DIR", env = "PEERWASM_STATE_DIR")]
     state_dir: Option<PathBuf>,
-    /// Days the records of finished jobs (`peerwasm history`) and finished
-    /// submissions are kept.
+    /// Days the records of finished jobs (`peerwasm history`) are kept.
     #[arg(long, value_name = "DAYS", default_value_t = crate::worker::history::DEFAULT_HISTORY_DAYS)]
     history_days: u32,
+    /// How long the results of finished detached jobs and maps (`run
+    /// --detach`, `map --detach`) are kept after they ended, unless
+    /// discarded first (`peerwasm cancel ID`), e.g. 7days, 12h.
+    #[arg(long, value_name = "DUR", default_value_t = Span(crate::worker::http::DEFAULT_KEEP_RESULTS))]
+    keep_results: Span,
     /// How long compiling one module may take; past it the job is rejected
     /// naming this limit, and so are later jobs of that module.
     #[arg(long, value_name = "DUR", default_value_t = Span(crate::worker::http::DEFAULT_MAX_COMPILE_TIME))]
@@ -263,6 +267,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         max_files_back: args.max_files_back.0,
         state_dir: args.state_dir.or_else(|| default_state_dir(args.listen, args.advertise.as_deref())),
         history_keep: Duration::from_secs(u64::from(args.history_days) * 24 * 3600),
+        keep_results: args.keep_results.0,
         serve: crate::worker::http::serve::ServeLimits {
             max_connections: args.max_connections.max(1),
             max_connections_per_address: args.max_connections_per_address,
@@ -384,6 +389,7 @@ mod tests {
         assert_eq!(a.header_timeout.0, lib.serve.header_timeout);
         assert_eq!(a.max_connections, lib.serve.max_connections);
         assert_eq!(std::time::Duration::from_secs(u64::from(a.history_days) * 24 * 3600), lib.history_keep);
+        assert_eq!(a.keep_results.0, lib.keep_results);
         assert_eq!(a.module_memory.0, sandbox.module_bytes_held);
         assert_eq!(a.cache_max.0, sandbox.cache_max_bytes);
         assert_eq!(Some(a.scratch.0), sandbox.max_scratch_bytes);

@@ -37,6 +37,13 @@ pub fn is_submission_id(id: &str) -> bool {
     id.starts_with(SUBMISSION_PREFIX)
 }
 
+/// Whether `id` is a submission id as an owner issues them: the prefix and
+/// 32 hex digits (so a job's tag, kept in every worker's history, is
+/// never more than an id).
+pub fn is_issued_submission_id(id: &str) -> bool {
+    id.strip_prefix(SUBMISSION_PREFIX).is_some_and(|h| h.len() == 32 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
 /// Identifies one attempt of one input of a map, so that the worker
 /// running it can say so in its history.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

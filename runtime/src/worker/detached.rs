@@ -1,7 +1,8 @@
 //! Detached jobs (`run --detach`) kept in the state database, so that they
 //! outlive the worker: the job (its spec, its module's bytes) is committed
-//! before its id is answered; its result when it ends; the row goes when
-//! its owner discards the result (`peerwasm cancel ID`).
+//! before its id is answered; its result when it ends (and then the spec
+//! without its input); the row goes when its owner discards the result
+//! (`peerwasm cancel ID`) or `--keep-results` after the job ended.
 //!
 //! After a restart, finished results are served again (`logs ID`, `GET
 //! /v1/jobs/{id}`) and jobs that had not finished run again from the
@@ -16,7 +17,7 @@ use super::refused::Refused;
 use super::state::Worker;
 use super::statedb::now_ms;
 use super::tenants::Tenant;
-use crate::proto::{JobResult, JobSpec};
+use crate::proto::JobSpec;
 
 /// Commits a detached job before its id is answered.
 pub async fn keep(w: &Arc<Worker>, id: &str, tenant: &Tenant, spec: &JobSpec) -> Result<(), Refused> {
@@ -47,16 +48,41 @@ pub async fn keep(w: &Arc<Worker>, id: &str, tenant: &Tenant, spec: &JobSpec) ->
     .map_err(|e| internal(format!("{e:#}")))
 }
 
-/// Records a detached job's result (committed with the next group).
-pub fn ended(w: &Worker, id: &str, result: &JobResult) {
-    let Ok(blob) = postcard::to_allocvec(result) else { return };
-    ended_encoded(w, id, bytes::Bytes::from(blob));
+/// Records a detached job's result, `encoded` (committed with the next
+/// group), and when it ended; `spec`, the job's spec without its input,
+/// replaces the kept one (the input is not needed once the job has run).
+pub fn ended(w: &Worker, id: &str, encoded: bytes::Bytes, spec: Option<Vec<u8>>) {
+    let id = id.to_string();
+    w.db.write_later(move |c| {
+        c.execute(
+            "UPDATE detached SET result = ?1, spec = coalesce(?2, spec), ended_ms = ?3 WHERE id = ?4",
+            params![&encoded[..], spec, now_ms() as i64, id],
+        )
+        .map(drop)
+    });
 }
 
-/// [`ended`], the result already encoded (shared with the job table).
-pub fn ended_encoded(w: &Worker, id: &str, blob: bytes::Bytes) {
-    let id = id.to_string();
-    w.db.write_later(move |c| c.execute("UPDATE detached SET result = ?1 WHERE id = ?2", params![&blob[..], id]).map(drop));
+/// Forgets the detached jobs that ended longer than `keep` ago (the
+/// worker's `--keep-results`), in the state database and in the job
+/// table; returns how many.
+pub async fn expire(w: &Worker, keep: std::time::Duration) -> anyhow::Result<usize> {
+    let before = now_ms().saturating_sub(keep.as_millis() as u64) as i64;
+    let ids: Vec<String> = w
+        .db
+        .read(move |c| {
+            let mut stmt = c.prepare("SELECT id FROM detached WHERE ended_ms < ?1")?;
+            let rows = stmt.query_map([before], |r| r.get(0))?;
+            rows.collect()
+        })
+        .await?;
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    w.db.write(move |c| c.execute("DELETE FROM detached WHERE ended_ms < ?1", [before]).map(drop)).await?;
+    for id in &ids {
+        w.jobs.forget_done(id);
+    }
+    Ok(ids.len())
 }
 
 /// Forgets a detached job whose result was discarded, returning once that

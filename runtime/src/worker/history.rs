@@ -1,7 +1,7 @@
 //! The history of the jobs this worker ran, like Slurm's `sacct`: one row
 //! per finished job in the state database (tenant, module, the map input
 //! and attempt it was, outcome, exact peak, reservation, CPU, wall), kept
-//! for `--history-days`. `peerwasm history` asks every worker of the pool
+//! for `--history-days`, at most [`ROWS_PER_TENANT`] of one tenant. `peerwasm history` asks every worker of the pool
 //! and merges their answers.
 //!
 //! Rows are queued to the database's writer as jobs end and committed with
@@ -18,6 +18,10 @@ use crate::proto::{JobResult, ModuleHash};
 
 /// How long history is kept unless `--history-days` says otherwise.
 pub const DEFAULT_HISTORY_DAYS: u32 = 30;
+
+/// The most records kept of one tenant: past it, its oldest are forgotten
+/// (each is about 200 bytes, so at most ~200 MB a tenant).
+pub const ROWS_PER_TENANT: u32 = 1_000_000;
 
 /// The most records one `GET /v1/history` returns.
 pub const MAX_HISTORY_ROWS: u32 = 100_000;
@@ -98,9 +102,45 @@ impl History {
             .await
     }
 
-    /// Forgets records older than the keep time.
+    /// Forgets records older than the keep time, and each tenant's past
+    /// its newest [`ROWS_PER_TENANT`].
     pub fn expire(&self) {
+        self.expire_keeping(ROWS_PER_TENANT);
+    }
+
+    fn expire_keeping(&self, rows_per_tenant: u32) {
         let before = now_ms().saturating_sub(self.keep.as_millis() as u64) as i64;
-        self.db.write_later(move |c| c.execute("DELETE FROM history WHERE ended_ms < ?1", [before]).map(drop));
+        self.db.write_later(move |c| {
+            c.execute("DELETE FROM history WHERE ended_ms < ?1", [before])?;
+            c.execute(
+                "DELETE FROM history WHERE rowid IN (SELECT rowid FROM (SELECT rowid, row_number() OVER \
+                 (PARTITION BY tenant ORDER BY ended_ms DESC, rowid DESC) AS newer FROM history) WHERE newer > ?1)",
+                [rows_per_tenant],
+            )
+            .map(drop)
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn each_tenant_keeps_its_newest_rows_within_the_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Arc::new(StateDb::open(dir.path()).unwrap());
+        let history = History::new(db.clone(), Duration::from_secs(3600));
+        let module = ModuleHash::of(b"m");
+        let mut result = JobResult::never_ran(1, crate::proto::Outcome::Rejected { reason: String::new() });
+        for i in 0..30u64 {
+            result.cpu_time_us = i;
+            history.record(if i % 3 == 0 { "bob" } else { "alice" }, &module, None, &result, 1, "w");
+        }
+        history.expire_keeping(5);
+        let rows = history.query(0, None).await.unwrap();
+        let cpu = |t: &str| rows.iter().filter(|r| r.tenant == t).map(|r| r.cpu_time_us).collect::<Vec<_>>();
+        assert_eq!(cpu("alice"), vec![23, 25, 26, 28, 29]);
+        assert_eq!(cpu("bob").len(), 5);
     }
 }

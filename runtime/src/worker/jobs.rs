@@ -106,6 +106,13 @@ pub async fn submit_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, spec: JobSpe
             Size(w.max_results)
         )));
     }
+    if spec.trees.iter().any(|t| !t.read_only) {
+        // Its files back would be kept, unbounded, with its result.
+        return Err(Refused::Invalid(
+            "a detached job's directories must be read-only (:ro): nobody would be there to take the files it writes".into(),
+        ));
+    }
+    super::stored::check(w, &tenant.name, spec.encoded_len() + super::stored::ROW_BYTES, "detached job").await?;
     let (queued, pins) = admit(w, tenant, &spec)?;
     let id = JobTable::new_id();
     // While this commits, the job keeps its place in the queue.
@@ -121,7 +128,11 @@ pub(crate) fn start_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, spec: JobSpe
     Ok(())
 }
 
-fn spawn_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, spec: JobSpec, queued: Queued, pins: Pins, id: &str) {
+fn spawn_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, mut spec: JobSpec, queued: Queued, pins: Pins, id: &str) {
+    // What is kept of the spec once the job has run: all but its input.
+    let stdin = std::mem::take(&mut spec.stdin);
+    let ran = postcard::to_allocvec(&spec).ok();
+    spec.stdin = stdin;
     let cancel = Cancel::new();
     let memreq = spec.limits.memory_bytes;
     w.jobs.insert_with_id(id, &tenant.name, memreq, cancel.clone());
@@ -147,7 +158,7 @@ fn spawn_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, spec: JobSpec, queued: 
         drop(result);
         hold.shrink_to(done.encoded.len() as u64);
         if !matches!(done.outcome, Outcome::Cancelled { cause: CancelCause::Shutdown }) {
-            super::detached::ended_encoded(&w, &id2, done.encoded.clone());
+            super::detached::ended(&w, &id2, done.encoded.clone(), ran);
         }
         w.jobs.set_done(&id2, done, hold);
     });
@@ -189,6 +200,14 @@ fn check(w: &Worker, tenant: &Tenant, spec: &JobSpec) -> Result<(), Refused> {
         return Err(Refused::Invalid("a remote worker cannot grant host directories: ship them as trees".into()));
     }
     check_guest_paths(spec)?;
+    if let Some(tag) = &spec.tag
+        && !tag.submission.is_empty()
+        && !crate::proto::submission::is_issued_submission_id(&tag.submission)
+    {
+        return Err(Refused::Invalid(
+            "a job's tag names a submission by the id its owner issued (s- and 32 hex digits), or none".into(),
+        ));
+    }
     let max_time = w.runner.sandbox().config().max_job_time;
     if let (Some(asked), Some(max)) = (spec.limits.timeout_ms, max_time)
         && Duration::from_millis(asked) > max

@@ -28,6 +28,8 @@
 //!   metrics, the pool's usage), shared by the HTTP edge and gossip;
 //! * [`statedb`] — the state database (SQLite, WAL) in `--state-dir`:
 //!   what outlives the process, committed in groups by one writer thread;
+//! * [`stored`] — what each tenant keeps in the state database
+//!   (`--max-stored`);
 //! * [`refused`] — why a job was not run: the one error of the job path;
 //! * [`submissions`] — maps this worker owns for clients that went away
 //!   (`map --detach`): the store, and [`submissions::run`] running each with
@@ -62,6 +64,7 @@ pub mod restore;
 pub mod metrics;
 pub mod state;
 pub mod statedb;
+pub mod stored;
 pub mod submissions;
 pub mod table;
 pub mod tenants;

@@ -11,73 +11,96 @@ use crate::proto::{JobResult, JobSpec, Outcome};
 
 /// Puts the detached jobs of the state database back: results into the
 /// job table, unfinished jobs into their queues. Returns how many of each.
+/// Read a page at a time, so a large state database is not all in memory
+/// at once.
 pub async fn detached_jobs(w: &Arc<Worker>) -> anyhow::Result<(usize, usize)> {
-    type Row = (String, String, Vec<u8>, Option<Vec<u8>>);
-    let rows: Vec<Row> = w
-        .db
-        .read(|c| {
-            let mut stmt = c.prepare("SELECT id, tenant, spec, result FROM detached ORDER BY created_ms")?;
-            let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
-            rows.collect()
-        })
-        .await?;
-    let (mut results, mut rerun) = (0, 0);
-    for (id, tenant_name, spec, result) in rows {
-        let Some(tenant) = w.tenants.by_name(&tenant_name) else {
-            tracing::warn!(job = %id, tenant = %tenant_name, "a kept detached job's tenant is gone: left in the state database");
-            continue;
-        };
-        let Ok(spec) = postcard::from_bytes::<JobSpec>(&spec) else {
-            tracing::error!(job = %id, "a kept detached job cannot be read by this peerwasm: left as it is");
-            continue;
-        };
-        let memreq = spec.limits.memory_bytes;
-        let never_ran = |reason: String| {
-            let mut r = JobResult::never_ran(memreq, Outcome::Rejected { reason });
-            r.peer = w.addr.clone();
-            detached::ended(w, &id, &r);
-            r
-        };
-        let result = match result.map(|b| postcard::from_bytes::<JobResult>(&b)) {
-            Some(Ok(r)) => Some(r),
-            Some(Err(e)) => Some(never_ran(format!("its kept result cannot be read: {e}"))),
-            None if !spec.trees.is_empty() => Some(never_ran(
-                "the worker restarted before the job ended, and shipped directories are not kept across a restart: \
-                 submit it again"
-                    .into(),
-            )),
-            None => None,
-        };
-        if let Some(result) = result {
-            put_done(w, &id, &tenant.name, &result);
-            results += 1;
-            continue;
-        }
-        if !w.runner.has_module(&spec.module) {
-            match std::fs::read(w.db.module_path(&spec.module)) {
-                Ok(bytes) => w.runner.add_module_hashed(spec.module, bytes),
-                Err(e) => {
-                    let r = never_ran(format!("its module was not kept across the worker's restart: {e}"));
-                    put_done(w, &id, &tenant.name, &r);
-                    continue;
-                }
-            }
-        }
-        match super::jobs::start_detached(w, &tenant, spec, &id) {
-            Ok(_) => rerun += 1,
-            Err(refused) => {
-                let r = never_ran(format!("not run again after the worker's restart: {refused}"));
-                put_done(w, &id, &tenant.name, &r);
+    type Row = (i64, String, String, Vec<u8>, Option<Vec<u8>>);
+    let (mut results, mut rerun, mut after) = (0, 0, 0i64);
+    loop {
+        let rows: Vec<Row> = w
+            .db
+            .read(move |c| {
+                let mut stmt = c.prepare_cached(
+                    "SELECT rowid, id, tenant, spec, result FROM detached WHERE rowid > ?1 ORDER BY rowid LIMIT ?2",
+                )?;
+                let rows = stmt.query_map([after, PAGE], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))?;
+                rows.collect()
+            })
+            .await?;
+        let Some(last) = rows.last() else { break };
+        after = last.0;
+        for (_, id, tenant, spec, result) in rows {
+            match restore_one(w, &id, &tenant, &spec, result.as_deref()) {
+                Some(true) => results += 1,
+                Some(false) => rerun += 1,
+                None => {}
             }
         }
     }
     Ok((results, rerun))
 }
 
+/// Rows of the state database read at once at start.
+const PAGE: i64 = 256;
+
+/// Puts one kept detached job back: `Some(true)` its result (kept, or why
+/// it cannot run again), `Some(false)` queued to run again, `None` left in
+/// the database as it is.
+fn restore_one(w: &Arc<Worker>, id: &str, tenant_name: &str, spec: &[u8], result: Option<&[u8]>) -> Option<bool> {
+    let Some(tenant) = w.tenants.by_name(tenant_name) else {
+        tracing::warn!(job = %id, tenant = %tenant_name, "a kept detached job's tenant is gone: left in the state database");
+        return None;
+    };
+    let Ok(spec) = postcard::from_bytes::<JobSpec>(spec) else {
+        tracing::error!(job = %id, "a kept detached job cannot be read by this peerwasm: left as it is");
+        return None;
+    };
+    let memreq = spec.limits.memory_bytes;
+    // A result that says why the job cannot run again, kept as its result.
+    let never_ran = |reason: String| {
+        let mut r = JobResult::never_ran(memreq, Outcome::Rejected { reason });
+        r.peer = w.addr.clone();
+        let done = Finished::of(&r);
+        detached::ended(w, id, done.encoded.clone(), None);
+        done
+    };
+    let done = match result.map(|b| postcard::from_bytes::<JobResult>(b)) {
+        Some(Ok(r)) => Some(Finished::of(&r)),
+        Some(Err(e)) => Some(never_ran(format!("its kept result cannot be read: {e}"))),
+        None if !spec.trees.is_empty() => Some(never_ran(
+            "the worker restarted before the job ended, and shipped directories are not kept across a restart: \
+             submit it again"
+                .into(),
+        )),
+        None => None,
+    };
+    if let Some(done) = done {
+        put_done(w, id, &tenant.name, memreq, done);
+        return Some(true);
+    }
+    if !w.runner.has_module(&spec.module) {
+        match std::fs::read(w.db.module_path(&spec.module)) {
+            Ok(bytes) => w.runner.add_module_hashed(spec.module, bytes),
+            Err(e) => {
+                let done = never_ran(format!("its module was not kept across the worker's restart: {e}"));
+                put_done(w, id, &tenant.name, memreq, done);
+                return Some(true);
+            }
+        }
+    }
+    match super::jobs::start_detached(w, &tenant, spec, id) {
+        Ok(()) => Some(false),
+        Err(refused) => {
+            let done = never_ran(format!("not run again after the worker's restart: {refused}"));
+            put_done(w, id, &tenant.name, memreq, done);
+            Some(true)
+        }
+    }
+}
+
 /// Puts a kept result into the job table, its bytes held.
-fn put_done(w: &Worker, id: &str, tenant: &str, result: &JobResult) {
-    let done = Finished::of(result);
+fn put_done(w: &Worker, id: &str, tenant: &str, memory_bytes: u64, done: Finished) {
     let hold = Arc::new(w.admission.ledger().hold());
     hold.try_grow(done.encoded.len() as u64, true);
-    w.jobs.insert_done(id, tenant, result.memory_limit_bytes, done, hold);
+    w.jobs.insert_done(id, tenant, memory_bytes, done, hold);
 }

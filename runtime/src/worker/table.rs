@@ -223,6 +223,15 @@ impl JobTable {
         self.lock().remove(id);
     }
 
+    /// Forgets job `id` if it is done (its result expired); its bytes are
+    /// given back as the entry goes.
+    pub(crate) fn forget_done(&self, id: &str) {
+        let mut jobs = self.lock();
+        if jobs.get(id).is_some_and(|e| matches!(e.state, JobState::Done(_))) {
+            jobs.remove(id);
+        }
+    }
+
     /// `tenant`'s detached job's result, if it is done; it stays until
     /// discarded.
     pub fn result(&self, tenant: &str, id: &str) -> Lookup {

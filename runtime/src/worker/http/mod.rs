@@ -65,6 +65,10 @@ pub const DEFAULT_MAX_RESULTS: u64 = 256 << 20;
 /// unless `--max-stored` says otherwise.
 pub const DEFAULT_MAX_STORED: u64 = 4 << 30;
 
+/// How long finished detached jobs and submissions are kept unless
+/// `--keep-results` says otherwise: a week, long enough for a weekend.
+pub const DEFAULT_KEEP_RESULTS: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// Bytes one job may write to files on a worker unless `--scratch` says
 /// otherwise.
 pub const DEFAULT_SCRATCH: u64 = 1 << 30;
@@ -151,9 +155,13 @@ pub struct WorkerConfig {
     /// it owns and its job history, in a SQLite database. `None`: a
     /// temporary dir, removed when the worker stops. Default: `None`.
     pub state_dir: Option<std::path::PathBuf>,
-    /// How long finished jobs' records (and finished submissions) are kept
-    /// (`--history-days`). Default: [`DEFAULT_HISTORY_DAYS`](crate::worker::history::DEFAULT_HISTORY_DAYS) days.
+    /// How long finished jobs' records are kept (`--history-days`).
+    /// Default: [`DEFAULT_HISTORY_DAYS`](crate::worker::history::DEFAULT_HISTORY_DAYS) days.
     pub history_keep: Duration,
+    /// How long finished detached jobs and submissions (their results) are
+    /// kept after they ended unless discarded first (`--keep-results`).
+    /// Default: [`DEFAULT_KEEP_RESULTS`].
+    pub keep_results: Duration,
 }
 
 impl WorkerConfig {
@@ -189,6 +197,7 @@ impl WorkerConfig {
             max_files_back: crate::worker::trees::DEFAULT_MAX_FILES_BACK,
             state_dir: None,
             history_keep: Duration::from_secs(u64::from(crate::worker::history::DEFAULT_HISTORY_DAYS) * 24 * 3600),
+            keep_results: DEFAULT_KEEP_RESULTS,
         }
     }
 }
@@ -373,14 +382,28 @@ pub async fn start(
     };
     let refused = worker.connections_refused.clone();
     let serve = tokio::spawn(serve::serve(listener, app, config.serve.clone(), refused, drain));
-    tokio::spawn(keep_state(worker.clone()));
+    tokio::spawn(keep_state(worker.clone(), config.keep_results));
     Ok(RunningWorker { addr: bound, advertised: addr, serve, gossip, worker, grace })
 }
 
-/// Restores kept detached jobs and resumes the submissions this worker
-/// owns, then forgets old history and
-/// finished submissions every hour.
-async fn keep_state(w: Arc<Worker>) {
+/// Forgets what has expired, restores kept detached jobs and resumes the
+/// submissions this worker owns; then, every [`EXPIRE_EVERY`], forgets old
+/// history and finished detached jobs and submissions older than
+/// `keep_results`.
+async fn keep_state(w: Arc<Worker>, keep_results: Duration) {
+    let expire = |w: Arc<Worker>| async move {
+        w.history.expire();
+        w.uploaders.expire();
+        match super::detached::expire(&w, keep_results).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(jobs = n, "forgot detached jobs that ended past --keep-results"),
+            Err(e) => tracing::warn!("cannot forget old detached jobs: {e:#}"),
+        }
+        if let Err(e) = w.submissions.expire(keep_results).await {
+            tracing::warn!("cannot forget old submissions: {e:#}");
+        }
+    };
+    expire(w.clone()).await;
     match super::restore::detached_jobs(&w).await {
         Ok((0, 0)) => {}
         Ok((results, rerun)) => tracing::info!(results, rerun, "restored kept detached jobs"),
@@ -391,16 +414,17 @@ async fn keep_state(w: Arc<Worker>) {
         Ok(n) => tracing::info!(submissions = n, state_dir = %w.db.dir().display(), "resumed owned submissions"),
         Err(e) => tracing::error!("cannot resume the owned submissions: {e:#}"),
     }
-    let mut hourly = tokio::time::interval(Duration::from_secs(3600));
+    let mut every = tokio::time::interval(EXPIRE_EVERY.min(keep_results.max(Duration::from_secs(1))));
+    every.tick().await; // the first tick is now: expired above
     loop {
-        hourly.tick().await;
-        w.history.expire();
-        w.uploaders.expire();
-        if let Err(e) = w.submissions.expire(w.history.keep()).await {
-            tracing::warn!("cannot forget old submissions: {e:#}");
-        }
+        every.tick().await;
+        expire(w.clone()).await;
     }
 }
+
+/// How often what expired is forgotten (or more often, with a shorter
+/// `--keep-results`).
+pub const EXPIRE_EVERY: Duration = Duration::from_secs(3600);
 
 /// Every route, behind the protocol check.
 fn router(worker: Arc<Worker>) -> Router {

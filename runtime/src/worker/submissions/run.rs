@@ -17,6 +17,7 @@ use crate::client::{Job, MapConfig, MapItem, MapObserver, MapSummary, Pool, Pool
 use crate::proto::submission::{MAX_SUBMISSION_INPUTS, SUBMISSION_PREFIX, SubmissionInfo, SubmissionSpec, SubmittedResult};
 use crate::proto::{JobSpec, MAX_INPUT_BYTES};
 use crate::worker::refused::Refused;
+use crate::worker::stored::ROW_BYTES;
 use crate::worker::state::Worker;
 use crate::worker::statedb::{Committed, StateDb, now_ms};
 use crate::worker::tenants::Tenant;
@@ -49,34 +50,17 @@ pub async fn create(
     let Some(bytes) = w.runner.module_bytes(&job.module).filter(|_| shown) else {
         return Err(Refused::UnknownModule(job.module));
     };
-    let (running, stored): (i64, i64) = this
+    let running: i64 = this
         .db
         .read({
             let tenant = tenant.name.clone();
-            move |c| {
-                c.query_row(
-                    "SELECT (SELECT count(*) FROM submissions WHERE tenant = ?1 AND state = 'running'), \
-                     (SELECT coalesce(sum(length(data)), 0) FROM inputs WHERE submission IN \
-                        (SELECT id FROM submissions WHERE tenant = ?1)) + \
-                     (SELECT coalesce(sum(length(item)), 0) FROM results WHERE submission IN \
-                        (SELECT id FROM submissions WHERE tenant = ?1))",
-                    [tenant],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-            }
+            move |c| c.query_row("SELECT count(*) FROM submissions WHERE tenant = ?1 AND state = 'running'", [tenant], |r| r.get(0))
         })
         .await
         .map_err(|e| Refused::Internal(format!("{e:#}")))?;
-    let adding: u64 = spec.inputs.iter().map(|i| i.len() as u64).sum();
-    if stored as u64 + adding > w.max_stored {
-        return Err(Refused::Busy(format!(
-            "your submissions on this worker keep {} and this one adds {}, past its --max-stored of {}: \
-             discard finished ones (peerwasm cancel ID)",
-            crate::units::Bytes(stored as u64),
-            crate::units::Bytes(adding),
-            crate::units::Bytes(w.max_stored)
-        )));
-    }
+    let rows = spec.inputs.len() as u64 + 1;
+    let adding = spec.inputs.iter().map(|i| i.len() as u64).sum::<u64>() + job.encoded_len() + rows * ROW_BYTES;
+    crate::worker::stored::check(w, &tenant.name, adding, "submission").await?;
     if running >= MAX_RUNNING_PER_TENANT {
         return Err(Refused::Busy(format!(
             "you have {running} submissions running on this worker, the most it takes: wait for one to end or cancel one"
