@@ -290,3 +290,55 @@ async fn received_bytes_async(http: &reqwest::Client, addr: &str) -> u64 {
         .and_then(|l| l.rsplit(' ').next())
         .map_or(0, |v| v.parse::<f64>().unwrap() as u64)
 }
+
+/// A writable tree is copied for its job and charged by what the copies
+/// take — the stored files' real sizes, which must be what the manifest
+/// says. (Before: one stored 4 MiB file listed under 64 names, each
+/// declared 0 bytes, was copied 64 times, uncharged.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_writable_tree_is_charged_by_its_files_real_size_not_by_its_manifests_word() {
+    let scratch = tempfile::tempdir().unwrap();
+    let w = WorkerProcess::start_with(
+        "1GiB",
+        1,
+        None,
+        &["--scratch-total", "64MiB", "--scratch-dir", scratch.path().to_str().unwrap()],
+    );
+    let http = reqwest::Client::new();
+    let data = vec![9u8; 4 << 20];
+    let hash = FileHash::of(&data);
+    let lying = Manifest {
+        entries: (0..64).map(|i| TreeEntry { path: format!("f{i:02}"), kind: EntryKind::File { hash, size: 0 } }).collect(),
+    };
+    let put = http.put(format!("http://{}/v1/trees/{}", w.addr, lying.hash().to_hex())).body(lying.encode()).send().await.unwrap();
+    assert!(put.status().is_success(), "{}", put.status());
+    let put = http.put(format!("http://{}/v1/files/{}", w.addr, hash.to_hex())).body(data).send().await.unwrap();
+    assert!(put.status().is_success(), "{}", put.status());
+    let bytes = peerwasm_testkit::guest_wasm_bytes("ls");
+    let mut spec = JobSpec::new(ModuleHash::of(&bytes));
+    http.put(format!("http://{}/v1/modules/{}", w.addr, spec.module.to_hex())).body(bytes).send().await.unwrap();
+    spec.limits.memory_bytes = 64 << 20;
+    spec.stdin = b"/d\n".to_vec();
+    spec.trees = vec![TreeGrant { manifest: lying.hash(), guest: "/d".into(), read_only: false }];
+    let resp = http.post(format!("http://{}/v1/jobs", w.addr)).body(postcard::to_allocvec(&spec).unwrap()).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let res: peerwasm::proto::JobResult = postcard::from_bytes(&resp.bytes().await.unwrap()).unwrap();
+    let why = res.outcome.to_string();
+    assert!(why.contains("says \"f00\" has 0 bytes, but the file it names has 4194304"), "{why}");
+    // Nothing of it is left on the disk.
+    let copies: u64 = walk_bytes(scratch.path());
+    assert!(copies <= 5 << 20, "{copies} bytes under the scratch dir: only the stored file should be");
+}
+
+/// Bytes of the regular files under `dir`.
+fn walk_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| match e.file_type().unwrap() {
+            t if t.is_dir() => walk_bytes(&e.path()),
+            t if t.is_file() => e.metadata().unwrap().len(),
+            _ => 0,
+        })
+        .sum()
+}

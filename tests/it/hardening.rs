@@ -382,6 +382,48 @@ async fn a_disk_filler_gets_enospc_at_its_bound_and_leaves_nothing_behind() {
     assert!(bob.run(&files, files.spec(Vec::new(), 32 * MIB)).await.unwrap().outcome.is_success());
 }
 
+/// Disk is charged by what a call makes the disk hold, whatever the
+/// descriptor's number: a scratch file renumbered onto stdout is still a
+/// file; symlinks and hard links are names that take disk. In-process and
+/// in slot processes alike. (Before: 512 MiB written to descriptor 1 under
+/// `--scratch 16MiB`, and 20,000 symlinks with 4000-byte targets, 78 MiB,
+/// under `--scratch 1MiB`.)
+#[tokio::test(flavor = "multi_thread")]
+async fn side_doors_to_the_disk_are_charged_by_what_they_make_it_hold() {
+    let names = Job::new(peerwasm_testkit::guest_wasm_bytes("hostile-names"));
+    for isolation in ["never", "always"] {
+        let scratch = tempfile::tempdir().unwrap();
+        let w = WorkerProcess::start_with(
+            "1GiB",
+            2,
+            None,
+            &["--scratch", "16MiB", "--scratch-dir", scratch.path().to_str().unwrap(), "--slot-processes", isolation],
+        );
+        let target = Target::pool(vec![w.addr.clone()]).unwrap();
+        let run = |mode: &str| {
+            let mut spec = names.spec(Vec::new(), 32 * MIB);
+            spec.args = vec![mode.to_string()];
+            let (target, names) = (target.clone(), names.clone());
+            async move { target.run(&names, spec).await.unwrap() }
+        };
+        let r = run("renumber").await;
+        let said = String::from_utf8_lossy(&r.stderr).into_owned();
+        assert!(said.contains("No space left on device"), "{isolation}: {said}");
+        let mib: u64 = said.strip_prefix("wrote ").and_then(|s| s.split(' ').next()).unwrap().parse().unwrap();
+        assert!(mib <= 16, "{isolation}: {said}");
+        assert!(r.stdout.is_empty(), "what went to the file is not output");
+        for mode in ["symlinks", "links"] {
+            let r = run(mode).await;
+            let said = String::from_utf8_lossy(&r.stderr).into_owned();
+            // 16 MiB of a block and an inode per symlink (a block per hard
+            // link) is under 4,000 names: refused with ENOSPC (51).
+            assert!(said.ends_with("then: errno 51\n"), "{isolation}: {said}");
+            let made: u64 = said.split(' ').nth(1).unwrap().parse().unwrap();
+            assert!(made < 4200, "{isolation}: {said}");
+        }
+    }
+}
+
 /// Finished detached jobs' output is memory the worker holds for their
 /// owner until it discards it: bounded per tenant.
 #[tokio::test(flavor = "multi_thread")]

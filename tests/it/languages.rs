@@ -160,6 +160,35 @@ async fn a_component_reads_granted_directories_and_is_refused_writable_ones() {
     );
 }
 
+/// A component's open descriptors are bounded by the worker's
+/// `--max-open-files` (plus a few handles for its streams), as a module's
+/// are. (Before: up to 1,024 each, whatever the flag said.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_component_holds_no_more_descriptors_than_max_open_files() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.txt"), b"x").unwrap();
+    let w = WorkerProcess::start_with("1GiB", 1, None, &["--max-open-files", "64"]);
+    let target = Target::pool(vec![w.addr.clone()]).unwrap();
+    let mut bomb = Job::from_file(peerwasm_testkit::guest_component_wasm("hostile-files")).unwrap();
+    bomb.dirs.push(peerwasm::proto::DirGrant { host: dir.path().into(), guest: "/data".into(), read_only: true });
+    let mut spec = bomb.spec(Vec::new(), 64 << 20);
+    spec.args = vec!["/data/a.txt".into()];
+    let r = target.run(&bomb, spec).await.unwrap();
+    // At the bound its handle table is full: the job ends (a trap naming
+    // the table), having counted on stderr how many it held.
+    let counted = String::from_utf8_lossy(&r.stderr).into_owned();
+    let opened: u32 = counted.lines().filter_map(|l| l.trim().parse().ok()).max().unwrap_or(0);
+    assert!(
+        (32..=64 + peerwasm::sandbox::component::HANDLE_SLACK).contains(&opened),
+        "{opened} opened under --max-open-files 64: {}",
+        r.outcome
+    );
+    assert!(r.outcome.to_string().contains("resource table"), "{}", r.outcome);
+    // The worker goes on.
+    let hello = Job::new(peerwasm_testkit::guest_wasm_bytes("hello"));
+    assert!(target.run(&hello, hello.spec(Vec::new(), 16 << 20)).await.unwrap().outcome.is_success());
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn components_run_on_a_pool_with_limits_cache_and_learned_estimates() {
     // In-process slots only: a job that computes 20 ms or more would send

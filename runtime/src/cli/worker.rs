@@ -332,12 +332,14 @@ fn raise_descriptor_limit(slots: usize, per_job: u32) {
             }
         }
     }
-    let needed = slots as u64 * per_job as u64 + 1024;
-    if (lim.rlim_cur as u64) < needed {
+    // A component may hold a few handles more than a module (its streams).
+    let per_job = per_job as u64 + u64::from(crate::sandbox::component::HANDLE_SLACK);
+    let needed = slots as u64 * per_job + 1024;
+    if lim.rlim_cur < needed {
         tracing::warn!(
             limit = lim.rlim_cur,
             needed,
-            "the descriptor limit (ulimit -n) is below slots x --max-open-files + 1024: jobs at their bound could starve the worker"
+            "the descriptor limit (ulimit -n) is below slots x (--max-open-files + 32) + 1024: jobs at their bound could starve the worker"
         );
     }
 }

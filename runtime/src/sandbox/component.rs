@@ -19,7 +19,10 @@
 //!   shadow preview 1 entry points; preview 2's filesystem is a set of
 //!   resource methods that this first version does not shadow, so nothing
 //!   a component could write to is given to it. Open descriptors are
-//!   bounded by the handle table ([`MAX_HANDLES`]).
+//!   bounded by the handle table: the job's `--max-open-files` plus
+//!   [`HANDLE_SLACK`] for its streams and pollables, so a component holds
+//!   no more host descriptors than a module (and the worker's start-up
+//!   check of its descriptor limit counts the slack).
 //! * **Exit codes**: `wasi:cli/exit` 0.2 carries only success or failure,
 //!   so a component that exits with any non-zero code ends with exit 1
 //!   (unless it uses `exit-with-code`, which is linked).
@@ -37,12 +40,13 @@ pub(crate) type CommandPre = wasmtime_wasi::p2::bindings::CommandPre<ComponentSt
 /// What a component job's store holds.
 pub(crate) type ComponentState = JobState<ComponentWasi>;
 
-/// The most handles (streams, pollables, open descriptors...) a component
-/// may hold at once. wasmtime-wasi's own default is a million, each a host
-/// allocation (and an open descriptor a host file descriptor): a component
-/// that subscribes or opens in a loop would hold the host's memory or
-/// descriptors. A Rust command holds a handful.
-pub const MAX_HANDLES: usize = 1024;
+/// Handles (streams, pollables, preopens...) a component may hold beyond
+/// its open descriptors' bound. wasmtime-wasi's own default for the whole
+/// table is a million, each a host allocation (and an open descriptor a
+/// host file descriptor): a component that subscribes or opens in a loop
+/// would hold the host's memory or descriptors. A Rust command holds a
+/// handful.
+pub const HANDLE_SLACK: u32 = 32;
 
 /// The most core instances a component may hold (a Rust command has four).
 pub const MAX_CORE_INSTANCES: usize = 16;
@@ -58,10 +62,11 @@ pub struct ComponentWasi {
 }
 
 impl ComponentWasi {
-    /// WASI for one job, its handles bounded by [`MAX_HANDLES`].
-    pub(crate) fn new(ctx: WasiCtx) -> ComponentWasi {
+    /// WASI for one job, its handles bounded by `max_open_files` plus
+    /// [`HANDLE_SLACK`].
+    pub(crate) fn new(ctx: WasiCtx, max_open_files: u32) -> ComponentWasi {
         let mut table = ResourceTable::new();
-        table.set_max_capacity(MAX_HANDLES);
+        table.set_max_capacity(max_open_files.saturating_add(HANDLE_SLACK) as usize);
         ComponentWasi { ctx, table }
     }
 }

@@ -13,14 +13,24 @@
 //!   at its bound gets `EMFILE`, as a process at its `RLIMIT_NOFILE` would.
 //!   Descriptors the sandbox opens for the job (stdio, preopened
 //!   directories) are not counted;
-//! * `fd_write` and `fd_pwrite` to files (not stdio), `path_create_directory`
-//!   and creating `path_open`s: a job past its disk bound gets `ENOSPC`.
-//!   What is counted is bytes *written* (overwriting counts again) plus
-//!   [`INODE_BYTES`] per file or directory created — an upper bound on what
-//!   the job holds, so the bound is never exceeded. The same count is also
-//!   added to a [`ScratchPool`] shared by every running job, so together
-//!   they stay within the worker's total too (a job's share is given back
-//!   when it ends and its scratch directory is removed).
+//! * writes (`fd_write`, `fd_pwrite`) to anything but the job's own stdio,
+//!   and every call that creates a name: a job past its disk bound gets
+//!   `ENOSPC`. What is counted is what the call can make the disk hold, an
+//!   upper bound: the bytes written (overwriting counts again); for each
+//!   file, directory or symlink created (`path_open` with `creat`,
+//!   `path_create_directory`, `path_symlink`) one block and one inode
+//!   ([`NEW_INODE_BYTES`]: so a file's blocks, rounded up, are always
+//!   covered, and a symlink's target too); for each name added to a
+//!   directory (`path_link`, `path_rename`) one block ([`BLOCK_BYTES`]: the
+//!   directory may grow by one). The same count is also added to a
+//!   [`ScratchPool`] shared by every running job, so together they stay
+//!   within the worker's total too (a job's share is given back when it
+//!   ends and its scratch directory is removed).
+//!
+//! Whether a write lands on disk is decided by what the descriptor *is*,
+//! never by its number: descriptors 0–2 are the job's stdio (captured in
+//! memory, within their own caps) only until the job closes one or
+//! renumbers something onto it ([`FileUse::stdio`]).
 
 use wasmtime::{AsContextMut, Caller, Extern, Linker};
 use wasmtime_wasi::p1::types::Errno;
@@ -35,8 +45,12 @@ const MODULE: &str = "wasi_snapshot_preview1";
 /// (`--max-open-files`).
 pub const DEFAULT_MAX_OPEN_FILES: u32 = 256;
 
-/// What creating a file or a directory counts against the disk bound.
-pub const INODE_BYTES: u64 = 4096;
+/// One block of the disk, as counted.
+pub const BLOCK_BYTES: u64 = 4096;
+
+/// What creating a file, a directory or a symlink counts against the disk
+/// bound: one block and one inode.
+pub const NEW_INODE_BYTES: u64 = BLOCK_BYTES + 512;
 
 /// Bytes every running job has written, against the worker's total.
 #[derive(Debug)]
@@ -107,12 +121,35 @@ pub struct FileUse {
     pub max_written: u64,
     /// The worker's total, shared with the other running jobs.
     pub pool: Option<std::sync::Arc<ScratchPool>>,
+    /// The descriptors that are still the job's stdio (0, 1, 2 at start):
+    /// writes to them are not on disk. Closing one, or renumbering onto
+    /// it, takes it out; renumbering one moves it.
+    pub stdio: Vec<i32>,
 }
 
 impl FileUse {
     /// Nothing used yet, under these bounds.
     pub fn new(max_open: u32, max_written: u64, pool: Option<std::sync::Arc<ScratchPool>>) -> FileUse {
-        FileUse { open: 0, max_open, written: 0, max_written, pool }
+        FileUse { open: 0, max_open, written: 0, max_written, pool, stdio: vec![0, 1, 2] }
+    }
+
+    /// Whether writes to `fd` land on disk: anything but the job's stdio.
+    fn on_disk(&self, fd: i32) -> bool {
+        !self.stdio.contains(&fd)
+    }
+
+    /// `fd` was closed.
+    fn closed(&mut self, fd: i32) {
+        self.stdio.retain(|&s| s != fd);
+    }
+
+    /// `from` was renumbered onto `to` (closing what `to` was).
+    fn renumbered(&mut self, from: i32, to: i32) {
+        let was_stdio = self.stdio.contains(&from);
+        self.stdio.retain(|&s| s != from && s != to);
+        if was_stdio {
+            self.stdio.push(to);
+        }
     }
 
     /// Counts `bytes` about to be written, if they fit the job's bound and
@@ -201,7 +238,7 @@ pub fn add_to_linker(linker: &mut Linker<JobState>) -> wasmtime::Result<()> {
                 if caller.data().files.open >= caller.data().files.max_open {
                     return Ok(Errno::Mfile as i32);
                 }
-                let creates = if oflags & O_CREAT != 0 { INODE_BYTES } else { 0 };
+                let creates = if oflags & O_CREAT != 0 { NEW_INODE_BYTES } else { 0 };
                 if !caller.data_mut().files.take(creates) {
                     return Ok(Errno::Nospc as i32);
                 }
@@ -222,6 +259,9 @@ pub fn add_to_linker(linker: &mut Linker<JobState>) -> wasmtime::Result<()> {
     linker.func_wrap_async(MODULE, "fd_close", |mut caller: Caller<'_, JobState>, (fd,): (i32,)| {
         Box::new(async move {
             let errno = delegate!(&mut caller, fd_close(fd))?;
+            if errno == Errno::Success as i32 {
+                caller.data_mut().files.closed(fd);
+            }
             closed(&mut caller, errno);
             Ok(errno)
         })
@@ -230,25 +270,50 @@ pub fn add_to_linker(linker: &mut Linker<JobState>) -> wasmtime::Result<()> {
         Box::new(async move {
             // Renumbering onto `to` closes what `to` was.
             let errno = delegate!(&mut caller, fd_renumber(from, to))?;
+            if errno == Errno::Success as i32 {
+                caller.data_mut().files.renumbered(from, to);
+            }
             closed(&mut caller, errno);
             Ok(errno)
         })
     })?;
-    linker.func_wrap_async(
-        MODULE,
-        "path_create_directory",
-        |mut caller: Caller<'_, JobState>, (fd, path, path_len): (i32, i32, i32)| {
-            Box::new(async move {
-                if !caller.data_mut().files.take(INODE_BYTES) {
-                    return Ok(Errno::Nospc as i32);
-                }
-                let errno = delegate!(&mut caller, path_create_directory(fd, path, path_len))?;
-                let made = if errno == Errno::Success as i32 { INODE_BYTES } else { 0 };
-                caller.data_mut().files.settle(INODE_BYTES, made);
-                Ok(errno)
-            })
-        },
-    )?;
+    // Calls that create a name: each takes its charge first, and gives it
+    // back if the call failed.
+    macro_rules! counted_name {
+        ($name:literal, $func:ident, $charge:expr, ($($arg:ident: $ty:ty),*)) => {
+            linker.func_wrap_async(MODULE, $name, |mut caller: Caller<'_, JobState>, ($($arg,)*): ($($ty,)*)| {
+                Box::new(async move {
+                    let charge: u64 = $charge;
+                    if !caller.data_mut().files.take(charge) {
+                        return Ok(Errno::Nospc as i32);
+                    }
+                    let errno = delegate!(&mut caller, $func($($arg),*))?;
+                    let kept = if errno == Errno::Success as i32 { charge } else { 0 };
+                    caller.data_mut().files.settle(charge, kept);
+                    Ok(errno)
+                })
+            })?;
+        };
+    }
+    counted_name!("path_create_directory", path_create_directory, NEW_INODE_BYTES, (fd: i32, path: i32, path_len: i32));
+    counted_name!(
+        "path_symlink",
+        path_symlink,
+        NEW_INODE_BYTES,
+        (old_path: i32, old_path_len: i32, fd: i32, new_path: i32, new_path_len: i32)
+    );
+    counted_name!(
+        "path_link",
+        path_link,
+        BLOCK_BYTES,
+        (old_fd: i32, old_flags: i32, old_path: i32, old_path_len: i32, new_fd: i32, new_path: i32, new_path_len: i32)
+    );
+    counted_name!(
+        "path_rename",
+        path_rename,
+        BLOCK_BYTES,
+        (fd: i32, old_path: i32, old_path_len: i32, new_fd: i32, new_path: i32, new_path_len: i32)
+    );
     // A write to a file first takes what it asks for from the job's (and
     // the worker's) bound, then keeps what it wrote.
     macro_rules! counted_write {
@@ -258,7 +323,7 @@ pub fn add_to_linker(linker: &mut Linker<JobState>) -> wasmtime::Result<()> {
                 $name,
                 |mut caller: Caller<'_, JobState>, (fd, iovs, iovs_len, $($arg,)* written): (i32, i32, i32, $($ty,)* i32)| {
                     Box::new(async move {
-                        let taken = if is_file(fd) { asked(&mut caller, iovs, iovs_len) } else { 0 };
+                        let taken = if caller.data().files.on_disk(fd) { asked(&mut caller, iovs, iovs_len) } else { 0 };
                         if !caller.data_mut().files.take(taken) {
                             return Ok(Errno::Nospc as i32);
                         }
@@ -276,12 +341,6 @@ pub fn add_to_linker(linker: &mut Linker<JobState>) -> wasmtime::Result<()> {
     Ok(())
 }
 
-/// Whether writes to `fd` land on disk: not stdin, stdout or stderr (their
-/// output is captured in memory, within its own caps).
-fn is_file(fd: i32) -> bool {
-    fd > 2
-}
-
 /// After a write that took `taken` bytes: keeps what it wrote (the count
 /// the guest's memory holds at `written`), gives back the rest.
 fn settle(caller: &mut Caller<'_, JobState>, errno: i32, taken: u64, written: i32) {
@@ -292,16 +351,18 @@ fn settle(caller: &mut Caller<'_, JobState>, errno: i32, taken: u64, written: i3
     caller.data_mut().files.settle(taken, n);
 }
 
-/// The bytes a write of the iovecs at `iovs` asks for (all of them: an
-/// upper bound). Bad pointers count nothing; the write itself then fails.
+/// The bytes a write of the iovecs at `iovs` asks for: all of them, every
+/// iovec counted however many there are (an upper bound: wasmtime-wasi
+/// writes the first that is not empty). Iovecs past the guest's memory
+/// count nothing; the write itself then fails.
 fn asked(caller: &mut Caller<'_, JobState>, iovs: i32, iovs_len: i32) -> u64 {
     let Some(Extern::Memory(m)) = caller.get_export("memory") else { return 0 };
     let data = m.data(&*caller);
-    let (base, n) = (iovs as u32 as usize, (iovs_len as u32).min(1024) as usize);
+    let (base, n) = (iovs as u32 as usize, iovs_len as u32 as usize);
     (0..n)
-        .filter_map(|i| data.get(base + 8 * i + 4..base + 8 * i + 8))
+        .map_while(|i| data.get(base + 8 * i + 4..base + 8 * i + 8))
         .map(|len| u32::from_le_bytes(len.try_into().expect("four bytes")) as u64)
-        .sum()
+        .fold(0u64, u64::saturating_add)
 }
 
 /// The little-endian u32 the guest's memory holds at `at` (0 if out of

@@ -424,7 +424,7 @@ impl Sandbox {
                 d.guest
             ));
         }
-        let wasi = component::ComponentWasi::new(build_wasi(spec, io, None)?.build());
+        let wasi = component::ComponentWasi::new(build_wasi(spec, io, None)?.build(), self.config.max_open_files);
         let limiter = bounds.limiter.allowing_instances(component::MAX_CORE_INSTANCES);
         let mut store = self.store(&self.component_engine, wasi, limiter);
         let call = async {

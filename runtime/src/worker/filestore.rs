@@ -4,10 +4,12 @@
 //! Why a store and not a directory per job: a map's inputs, and the maps
 //! after it, use the same data. Kept by hash, a file crosses the network
 //! once per worker however many jobs mount it, and the least recently used
-//! files go when the budget (`--file-store`) is reached. Every byte kept
-//! also counts against the worker's disk total (`--scratch-total`, shared
-//! with what running jobs write), so files and jobs' scratch never fill the
-//! disk together.
+//! files go when the budget (`--file-store`) is reached. What a file takes
+//! on disk — its bytes plus a block and an inode ([`NEW_INODE_BYTES`]), so
+//! twenty thousand 4-byte files count as the 90 MB they hold, not 80 KB —
+//! counts against the budget and the worker's disk total
+//! (`--scratch-total`, shared with what running jobs write), so files and
+//! jobs' scratch never fill the disk together.
 //!
 //! A file that a queued or running job needs is *pinned* ([`TreePins`]):
 //! no upload can push it out before the job is done. A file is written to
@@ -15,7 +17,7 @@
 //! bytes whose sha256 is their name are kept.
 //!
 //! With `--tenants`, a tenant may mount only files and manifests it has
-//! shown the worker (uploaded), as for modules (`state::Uploaders`): a hash
+//! shown the worker (uploaded), as for modules (`worker::uploaders`): a hash
 //! that leaks does not give another tenant the data.
 
 use std::collections::{HashMap, HashSet};
@@ -27,7 +29,7 @@ use lru::LruCache;
 
 use crate::proto::tree::{FileHash, Manifest, TreeGrant};
 use crate::proto::ModuleHash;
-use crate::sandbox::files::ScratchPool;
+use crate::sandbox::files::{NEW_INODE_BYTES, ScratchPool};
 use crate::units::Bytes;
 
 /// Bytes of files a worker keeps unless `--file-store` says otherwise.
@@ -69,7 +71,7 @@ pub struct FileStore {
 
 #[derive(Debug)]
 struct Inner {
-    /// Kept files and their sizes, most recently used first.
+    /// Kept files and what each takes on disk, most recently used first.
     files: LruCache<FileHash, u64>,
     held: u64,
     pins: HashMap<FileHash, u32>,
@@ -176,7 +178,12 @@ impl FileStore {
             .prefix(".incoming-")
             .tempfile_in(self.dir.path())
             .map_err(|e| StoreError::Io(format!("cannot make a file in the store: {e}")))?;
-        Ok(Incoming { store: self.clone(), hash, file: Some(tmp), len: 0, hasher: Default::default(), charged: 0 })
+        // A file holds a block and an inode however small it is: charged
+        // before a byte arrives, and counted with it while it is kept.
+        if !self.charge(NEW_INODE_BYTES) {
+            return Err(full());
+        }
+        Ok(Incoming { store: self.clone(), hash, file: Some(tmp), len: 0, hasher: Default::default(), charged: NEW_INODE_BYTES })
     }
 
     /// Takes `bytes` of the disk total, evicting unpinned files if need be.
@@ -272,6 +279,10 @@ impl Drop for TreePins {
     }
 }
 
+fn full() -> StoreError {
+    StoreError::Full("this worker's disk total is taken (by files jobs need now, and what they write): try another worker".into())
+}
+
 /// A file arriving: written, hashed and charged as its bytes come.
 pub struct Incoming {
     store: Arc<FileStore>,
@@ -289,16 +300,14 @@ impl Incoming {
         use sha2::Digest;
         use std::io::Write;
         let len = self.len + chunk.len() as u64;
-        if len > self.store.budget {
+        if len.saturating_add(NEW_INODE_BYTES) > self.store.budget {
             return Err(StoreError::TooLarge(format!(
                 "the file is larger than the {} this worker keeps (its --file-store)",
                 Bytes(self.store.budget)
             )));
         }
         if !self.store.charge(chunk.len() as u64) {
-            return Err(StoreError::Full(format!(
-                "this worker's disk total is taken (by files jobs need now, and what they write): try another worker"
-            )));
+            return Err(full());
         }
         self.charged += chunk.len() as u64;
         self.hasher.update(chunk);
@@ -328,8 +337,9 @@ impl Incoming {
         let path = store.path_of(&self.hash);
         file.persist(&path).map_err(|e| StoreError::Io(format!("cannot keep the file: {e}")))?;
         let _ = std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o444));
-        inner.files.put(self.hash, self.len);
-        inner.held += self.len;
+        let cost = self.len + NEW_INODE_BYTES;
+        inner.files.put(self.hash, cost);
+        inner.held += cost;
         self.charged = 0; // now the store's, given back when it is evicted
         let hash = self.hash;
         while inner.held > store.budget && store.evict_one(&mut inner, Some(&hash)) {}
@@ -370,8 +380,10 @@ mod tests {
 
     #[test]
     fn files_are_kept_by_hash_and_the_least_recently_used_go_unless_pinned() {
-        let disk = Arc::new(ScratchPool::new(10_000));
-        let store = Arc::new(FileStore::new(None, 3000, Some(disk.clone()), false).unwrap());
+        // Each file takes its 1000 bytes and a block and an inode.
+        let cost = 1000 + NEW_INODE_BYTES;
+        let disk = Arc::new(ScratchPool::new(10 * cost));
+        let store = Arc::new(FileStore::new(None, 3 * cost, Some(disk.clone()), false).unwrap());
         let (a, b, c) = (vec![1u8; 1000], vec![2u8; 1000], vec![3u8; 1000]);
         let (tree, manifest) = tree_of(&[&a]);
         assert_eq!(store.put_manifest("t", tree, manifest).unwrap(), vec![FileHash::of(&a)]);
@@ -382,7 +394,7 @@ mod tests {
         put(&store, "t", &c).unwrap();
         put(&store, "t", &[4u8; 1000]).unwrap(); // over budget: b goes, a is pinned
         assert!(store.has_file("t", &FileHash::of(&a)) && !store.has_file("t", &FileHash::of(&b)));
-        assert_eq!((store.held(), disk.in_use()), (3000, 3000));
+        assert_eq!((store.held(), disk.in_use()), (3 * cost, 3 * cost));
         assert_eq!(std::fs::read(store.path_of(&FileHash::of(&a))).unwrap(), a);
         drop(pins);
         put(&store, "t", &[5u8; 1000]).unwrap();

@@ -5,8 +5,10 @@
 //! A read-only tree is made of hard links to the store's files (no bytes
 //! copied, however large; the guest's read-only grant and the files' mode
 //! keep it from changing them). A writable tree is a copy, charged to the
-//! worker's disk total while the job runs: the guest may change it freely
-//! without touching what other jobs mount.
+//! worker's disk total while the job runs — by each stored file's real
+//! size (which must be what the manifest says), plus a block and an inode
+//! per file and directory: the guest may change it freely without
+//! touching what other jobs mount.
 //!
 //! What comes back is every regular file of a writable tree that is new
 //! or whose bytes changed, up to a cap (`--max-files-back`); past it the
@@ -21,7 +23,7 @@ use std::time::SystemTime;
 
 use crate::proto::tree::{FileBack, Manifest, TreeGrant};
 use crate::proto::{DirGrant, Outcome};
-use crate::sandbox::files::ScratchPool;
+use crate::sandbox::files::{NEW_INODE_BYTES, ScratchPool};
 use crate::units::Bytes;
 
 use super::filestore::FileStore;
@@ -69,28 +71,51 @@ pub fn mount(
         let mut before = HashMap::new();
         for entry in &manifest.entries {
             let dest = tree_root.join(&entry.path); // checked: relative, no `..`
+            let no_room = || {
+                format!(
+                    "this worker has no disk free for a writable copy of the {} tree at {}: \
+                     grant it read-only (:ro) to share the worker's copy",
+                    Bytes(manifest.total_bytes()),
+                    grant.guest
+                )
+            };
             let made = match entry.kind {
-                crate::proto::tree::EntryKind::Dir => std::fs::create_dir_all(&dest),
+                crate::proto::tree::EntryKind::Dir => {
+                    if !grant.read_only && !mounted.charge(NEW_INODE_BYTES) {
+                        return Err(no_room());
+                    }
+                    std::fs::create_dir_all(&dest)
+                }
                 crate::proto::tree::EntryKind::File { hash, size } => {
                     if let Some(parent) = dest.parent() {
                         std::fs::create_dir_all(parent).map_err(|e| format!("cannot lay out the job's tree: {e}"))?;
                     }
                     let src = store.path_of(&hash);
-                    if grant.read_only {
-                        std::fs::hard_link(&src, &dest).or_else(|_| std::fs::copy(&src, &dest).map(|_| ()))
+                    // What a copy takes is the stored file's real size,
+                    // never what the manifest claims; the two must agree.
+                    let real = std::fs::metadata(&src)
+                        .map_err(|e| format!("cannot lay out {:?} of the job's tree: {e}", entry.path))?
+                        .len();
+                    if real != size {
+                        return Err(format!(
+                            "the tree's manifest says {:?} has {size} bytes, but the file it names has {real}",
+                            entry.path
+                        ));
+                    }
+                    if grant.read_only && std::fs::hard_link(&src, &dest).is_ok() {
+                        Ok(())
                     } else {
-                        if !mounted.charge(size) {
-                            return Err(format!(
-                                "this worker has no disk free for a writable copy of the {} tree at {}: \
-                                 grant it read-only (:ro) to share the worker's copy",
-                                Bytes(manifest.total_bytes()),
-                                grant.guest
-                            ));
+                        // A copy: a writable tree's, or a read-only one's
+                        // where the store is on another filesystem.
+                        if !mounted.charge(real.saturating_add(NEW_INODE_BYTES)) {
+                            return Err(no_room());
                         }
                         let copied = std::fs::copy(&src, &dest).map(|_| ());
-                        let _ = std::fs::set_permissions(&dest, std::os::unix::fs::PermissionsExt::from_mode(0o644));
-                        if copied.is_ok() {
-                            before.insert(entry.path.clone(), stamp(&dest));
+                        if !grant.read_only {
+                            let _ = std::fs::set_permissions(&dest, std::os::unix::fs::PermissionsExt::from_mode(0o644));
+                            if copied.is_ok() {
+                                before.insert(entry.path.clone(), stamp(&dest));
+                            }
                         }
                         copied
                     }
