@@ -39,6 +39,12 @@ impl WorkerProcess {
         if !extra.contains(&"--reserve") {
             cmd.args(["--reserve", "0"]);
         }
+        // Each test's worker is a host of its own unless the test shares a
+        // host ledger on purpose: tests running at once must not see each
+        // other's reservations.
+        if !extra.contains(&"--host-ledger") {
+            cmd.arg("--host-ledger").arg(cache.path().join("host-ledger"));
+        }
         cmd
             .args(["--slots", &slots.to_string(), "--gossip-interval", "100ms"])
             .arg("--cache-dir")

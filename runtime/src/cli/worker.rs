@@ -56,6 +56,13 @@ pub struct WorkerArgs {
     /// discarded first (`peerwasm cancel ID`), e.g. 7days, 12h.
     #[arg(long, value_name = "DUR", default_value_t = Span(crate::worker::http::DEFAULT_KEEP_RESULTS))]
     keep_results: Span,
+    /// The file this worker shares with the other peerwasm workers of this
+    /// machine, so that together they never lend more memory than it has;
+    /// `none` to decide alone. Workers of different users share one only
+    /// if given a path they may all write (a lab's group directory)
+    /// [default: /dev/shm/peerwasm-ledger-UID].
+    #[arg(long, value_name = "PATH|none", env = "PEERWASM_HOST_LEDGER")]
+    host_ledger: Option<PathBuf>,
     /// How long compiling one module may take; past it the job is rejected
     /// naming this limit, and so are later jobs of that module.
     #[arg(long, value_name = "DUR", default_value_t = Span(crate::worker::http::DEFAULT_MAX_COMPILE_TIME))]
@@ -268,6 +275,11 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         state_dir: args.state_dir.or_else(|| default_state_dir(args.listen, args.advertise.as_deref())),
         history_keep: Duration::from_secs(u64::from(args.history_days) * 24 * 3600),
         keep_results: args.keep_results.0,
+        host_ledger: match args.host_ledger {
+            Some(p) if p.as_os_str() == "none" => None,
+            Some(p) => Some(p),
+            None => Some(crate::worker::hostledger::default_path()),
+        },
         serve: crate::worker::http::serve::ServeLimits {
             max_connections: args.max_connections.max(1),
             max_connections_per_address: args.max_connections_per_address,
@@ -392,6 +404,7 @@ mod tests {
         assert_eq!(a.max_connections, lib.serve.max_connections);
         assert_eq!(std::time::Duration::from_secs(u64::from(a.history_days) * 24 * 3600), lib.history_keep);
         assert_eq!(a.keep_results.0, lib.keep_results);
+        assert_eq!(Some(crate::worker::hostledger::default_path()), lib.host_ledger);
         assert_eq!(a.module_memory.0, sandbox.module_bytes_held);
         assert_eq!(a.cache_max.0, sandbox.cache_max_bytes);
         assert_eq!(Some(a.scratch.0), sandbox.max_scratch_bytes);

@@ -22,13 +22,25 @@ const UNLIMITED: u64 = 1 << 60;
 
 /// The memory limit of this process's cgroup, if any.
 pub fn memory_limit() -> Option<u64> {
+    binding_limit().map(|(limit, _)| limit)
+}
+
+/// The memory limit of this process's cgroup and the cgroup directory it
+/// is set on (the memory domain this process shares with every other
+/// process under it), if any.
+pub fn binding_limit() -> Option<(u64, PathBuf)> {
     let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    memory_limit_in(Path::new("/sys/fs/cgroup"), &own)
+    binding_limit_in(Path::new("/sys/fs/cgroup"), &own)
 }
 
 /// The smallest memory limit along the cgroup paths named by `own` (the
 /// text of `/proc/self/cgroup`) under the cgroup filesystem mounted at `root`.
 pub fn memory_limit_in(root: &Path, own: &str) -> Option<u64> {
+    binding_limit_in(root, own).map(|(limit, _)| limit)
+}
+
+/// [`memory_limit_in`], with the directory the smallest limit is set on.
+pub fn binding_limit_in(root: &Path, own: &str) -> Option<(u64, PathBuf)> {
     let mut limits = Vec::new();
     for line in own.lines() {
         let mut parts = line.splitn(3, ':');
@@ -45,11 +57,12 @@ pub fn memory_limit_in(root: &Path, own: &str) -> Option<u64> {
             limits.extend(along(&root.join("memory"), path, "memory.limit_in_bytes"));
         }
     }
-    limits.into_iter().min()
+    limits.into_iter().min_by_key(|(limit, _)| *limit)
 }
 
-/// Limits in `file` at every level of `path` under `base`, the base included.
-fn along(base: &Path, path: &str, file: &str) -> Vec<u64> {
+/// Limits in `file` at every level of `path` under `base`, the base
+/// included, each with its directory.
+fn along(base: &Path, path: &str, file: &str) -> Vec<(u64, PathBuf)> {
     let mut dirs: Vec<PathBuf> = Vec::new();
     let mut dir = base.to_path_buf();
     dirs.push(dir.clone());
@@ -57,7 +70,7 @@ fn along(base: &Path, path: &str, file: &str) -> Vec<u64> {
         dir.push(part);
         dirs.push(dir.clone());
     }
-    dirs.iter().filter_map(|d| read_limit(&d.join(file))).collect()
+    dirs.into_iter().filter_map(|d| read_limit(&d.join(file)).map(|l| (l, d))).collect()
 }
 
 /// One limit file: a number of bytes, or `max` / a huge number for none.

@@ -21,6 +21,11 @@
 //! tenant that parks gigabytes of output shrinks what the worker offers
 //! instead of pushing the host past it. A hold grows as the output does
 //! and is given back when the bytes are sent or discarded.
+//!
+//! Other workers on the same machine are in view too, through the host's
+//! shared ledger (`hostledger.rs`): their untouched reservations come out
+//! of what the host has available, and all workers of one memory domain
+//! (a cgroup, or the host) together take no more than its limit.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -28,6 +33,8 @@ use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use sysinfo::System;
+
+pub use super::hostledger::Others;
 
 /// How often the host's available memory is re-read.
 pub const HOST_REFRESH: Duration = Duration::from_secs(1);
@@ -171,6 +178,22 @@ pub struct Ledger {
     reserve: u64,
     state: Mutex<State>,
     host: Box<dyn HostMemory>,
+    /// The host's ledger shared with the other workers of the machine, once
+    /// joined ([`Ledger::join_host`]).
+    shared: std::sync::OnceLock<Shared>,
+}
+
+/// This worker's part in the host's ledger (`hostledger.rs`).
+struct Shared {
+    host: super::hostledger::HostLedger,
+    /// This worker's address, in its record.
+    addr: String,
+    /// The most every worker of the domain may take together: the
+    /// cgroup's limit, or physical memory less `--reserve`.
+    domain_limit: u64,
+    /// The others as last read, for offers made without reading the file
+    /// (adverts, metrics); a reservation always reads it afresh.
+    last: Mutex<Others>,
 }
 
 struct State {
@@ -266,9 +289,13 @@ impl Drop for Hold {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        let mut st = self.ledger.lock();
-        st.jobs.retain(|(id, _, _)| *id != self.id);
-        st.reserved -= self.bytes;
+        {
+            let mut st = self.ledger.lock();
+            st.jobs.retain(|(id, _, _)| *id != self.id);
+            st.reserved -= self.bytes;
+        }
+        // The other workers of the host see the memory free at once.
+        self.ledger.publish();
     }
 }
 
@@ -293,7 +320,50 @@ impl Ledger {
             reserve: config.reserve,
             state: Mutex::new(State { reserved: 0, held: 0, high_water: 0, jobs: Vec::new(), next_id: 0 }),
             host,
+            shared: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Joins the host's ledger, shared with the other workers of this
+    /// machine (see `hostledger.rs`): from now on a reservation is decided
+    /// with theirs in view. `addr` names this worker in its record.
+    pub fn join_host(&self, host: super::hostledger::HostLedger, addr: &str) {
+        let cgroup = self.sizing.cgroup.unwrap_or(u64::MAX);
+        let domain_limit = cgroup.min(self.sizing.physical.saturating_sub(self.reserve));
+        let shared = Shared { host, addr: addr.to_string(), domain_limit, last: Mutex::new(Others::default()) };
+        if self.shared.set(shared).is_ok() {
+            self.publish();
+        }
+    }
+
+    /// The other workers of the host, as last read (none without a host
+    /// ledger).
+    pub fn others(&self) -> Others {
+        self.shared.get().map(|s| *s.last.lock()).unwrap_or_default()
+    }
+
+    /// Writes this worker's figures to the host's ledger and reads the
+    /// others'. Called after each reservation ends and periodically (its
+    /// jobs touch their memory as they run).
+    pub fn publish(&self) {
+        let Some(shared) = self.shared.get() else { return };
+        let done = shared.host.transact(&shared.addr, |others| {
+            *shared.last.lock() = others;
+            ((), Some(self.published(&self.lock())))
+        });
+        if let Err(e) = done {
+            tracing::warn!(path = %shared.host.path().display(), "cannot update the host's ledger: {e}");
+        }
+    }
+
+    /// What this worker's record says: taken (reserved and held) and
+    /// untouched.
+    fn published(&self, st: &State) -> (u64, u64) {
+        (st.reserved + st.held, Self::untouched(st))
+    }
+
+    fn untouched(st: &State) -> u64 {
+        st.jobs.iter().map(|(_, res, used)| res.saturating_sub(used.load(Ordering::Relaxed))).sum()
     }
 
     /// The most jobs may ever hold here: the largest job this worker can take.
@@ -320,21 +390,26 @@ impl Ledger {
         self.host.available()
     }
 
-    fn offer_locked(&self, st: &State, host_available: u64) -> u64 {
-        let untouched: u64 = st
-            .jobs
-            .iter()
-            .map(|(_, res, used)| res.saturating_sub(used.load(Ordering::Relaxed)))
-            .sum();
+    /// The offer, with `others` (the host's other workers) in view:
+    /// their untouched reservations come out of what the host has
+    /// available, and what all workers of this domain take stays within
+    /// its limit.
+    fn offer_locked(&self, st: &State, host_available: u64, others: Others) -> u64 {
+        let untouched = Self::untouched(st).saturating_add(others.untouched);
         let by_capacity = self.capacity.saturating_sub(st.reserved).saturating_sub(st.held);
         let by_host = host_available.saturating_sub(untouched).saturating_sub(self.reserve);
-        by_capacity.min(by_host)
+        let by_domain = match self.shared.get() {
+            Some(s) => s.domain_limit.saturating_sub(st.reserved + st.held).saturating_sub(others.taken_in_domain),
+            None => u64::MAX,
+        };
+        by_capacity.min(by_host).min(by_domain)
     }
 
-    /// The largest job that would be admitted now.
+    /// The largest job that would be admitted now (the host's other
+    /// workers as last read).
     pub fn offer(&self) -> u64 {
         let available = self.host_available();
-        self.offer_locked(&self.lock(), available)
+        self.offer_locked(&self.lock(), available, self.others())
     }
 
     /// The largest job this worker could start once every running job has
@@ -362,8 +437,30 @@ impl Ledger {
     /// them (memory held for a job that has waited too long).
     pub fn try_reserve_beside(self: &Arc<Self>, bytes: u64, keep: u64) -> Option<Reservation> {
         let available = self.host_available();
-        let mut st = self.lock();
-        if bytes.saturating_add(keep) > self.offer_locked(&st, available) {
+        let Some(shared) = self.shared.get() else {
+            return self.reserve_locked(&mut self.lock(), bytes, keep, available, Others::default());
+        };
+        // Decided under the host ledger's lock, the others read afresh,
+        // and this worker's record written in the same breath: two
+        // workers cannot both take the last of the host.
+        let decided = shared.host.transact(&shared.addr, |others| {
+            *shared.last.lock() = others;
+            let mut st = self.lock();
+            let r = self.reserve_locked(&mut st, bytes, keep, available, others);
+            let update = r.as_ref().map(|_| self.published(&st));
+            (r, update)
+        });
+        match decided {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(path = %shared.host.path().display(), "cannot read the host's ledger ({e}): deciding alone");
+                self.reserve_locked(&mut self.lock(), bytes, keep, available, self.others())
+            }
+        }
+    }
+
+    fn reserve_locked(self: &Arc<Self>, st: &mut State, bytes: u64, keep: u64, available: u64, others: Others) -> Option<Reservation> {
+        if bytes.saturating_add(keep) > self.offer_locked(st, available, others) {
             return None;
         }
         st.reserved += bytes;
@@ -387,7 +484,7 @@ impl Ledger {
             reserved_high_water: st.high_water,
             used: st.jobs.iter().map(|(_, _, u)| u.load(Ordering::Relaxed)).sum(),
             host_available: available,
-            offer: self.offer_locked(&st, available),
+            offer: self.offer_locked(&st, available, self.others()),
         }
     }
 }
@@ -404,6 +501,34 @@ mod tests {
     fn ledger(memory: Option<u64>, reserve: u64, physical: u64, available: u64) -> (Arc<Ledger>, Arc<FakeMemory>) {
         let host = FakeMemory::new(physical, available);
         (Ledger::with_host(&LedgerConfig { memory, reserve }, Box::new(host.clone())), host)
+    }
+
+    /// Two workers of one host, each lending 2900 MiB of a 3 GiB host:
+    /// with the host's ledger shared, the second cannot take a 2 GiB job
+    /// while the first holds one, sees the memory again the moment it is
+    /// given back, and says so in its offer meanwhile.
+    #[test]
+    fn workers_sharing_the_host_ledger_never_over_commit_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger");
+        let worker = |name: &str| {
+            let (l, _) = ledger(Some(2900 * MIB), 0, 3 * GIB, 3 * GIB);
+            l.join_host(crate::worker::hostledger::HostLedger::open(&path, "host".into()).unwrap(), name);
+            l
+        };
+        let (a, b) = (worker("a"), worker("b"));
+        let first = a.try_reserve(2 * GIB).expect("the host is free");
+        assert!(b.try_reserve(2 * GIB).is_none(), "2 + 2 GiB on a 3 GiB host");
+        b.publish();
+        assert_eq!(b.offer(), GIB, "b offers what the host has left");
+        let small = b.try_reserve(GIB).expect("1 GiB fits beside");
+        drop(small);
+        drop(first);
+        assert!(b.try_reserve(2 * GIB).is_some(), "given back, seen at once");
+        // Decided alone (no shared ledger), both would have taken 2 GiB.
+        let (c, _) = ledger(Some(2900 * MIB), 0, 3 * GIB, 3 * GIB);
+        let (d, _) = ledger(Some(2900 * MIB), 0, 3 * GIB, 3 * GIB);
+        assert!(c.try_reserve(2 * GIB).is_some() && d.try_reserve(2 * GIB).is_some());
     }
 
     #[test]

@@ -19,6 +19,8 @@
 //! * [`table`] — the jobs a worker holds, by id, with their cancel handles;
 //! * [`admission`] — slots, memory and per-tenant queues;
 //! * [`ledger`] — the host memory ledger (smartmem, exact);
+//! * [`hostledger`] — the record every worker of one machine shares, so
+//!   that together they never over-commit it;
 //! * [`cgroup`] — the memory limit of the cgroup the worker runs in (a
 //!   Slurm job's allocation), which the ledger never exceeds;
 //! * [`fairshare`] — decayed dominant-resource usage (smartshare) and
@@ -55,6 +57,7 @@ pub mod detached;
 pub mod fairshare;
 pub mod filestore;
 pub mod history;
+pub mod hostledger;
 pub mod http;
 pub mod jobs;
 pub mod ledger;

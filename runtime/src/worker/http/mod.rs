@@ -162,6 +162,11 @@ pub struct WorkerConfig {
     /// kept after they ended unless discarded first (`--keep-results`).
     /// Default: [`DEFAULT_KEEP_RESULTS`].
     pub keep_results: Duration,
+    /// The file this worker shares with the other workers of its machine
+    /// so that together they never over-commit it (`--host-ledger`;
+    /// `worker::hostledger`). `None`: this worker decides alone. Default:
+    /// [`hostledger::default_path`](crate::worker::hostledger::default_path).
+    pub host_ledger: Option<std::path::PathBuf>,
 }
 
 impl WorkerConfig {
@@ -198,6 +203,7 @@ impl WorkerConfig {
             state_dir: None,
             history_keep: Duration::from_secs(u64::from(crate::worker::history::DEFAULT_HISTORY_DAYS) * 24 * 3600),
             keep_results: DEFAULT_KEEP_RESULTS,
+            host_ledger: Some(crate::worker::hostledger::default_path()),
         }
     }
 }
@@ -263,6 +269,9 @@ pub async fn start(
     let slots = config.runner.sandbox.slots.max(1);
     let runner = JobRunner::new(config.runner.clone())?;
     let ledger = Ledger::new(&config.ledger)?;
+    if let Some(path) = &config.host_ledger {
+        join_host_ledger(&ledger, path, &addr);
+    }
     let budgets = super::budget::RequestBudgets::new(ledger.clone(), config.max_request_bytes);
     let defaults = AdmissionConfig::new(slots as u32);
     let admission = Admission::new(ledger, AdmissionConfig {
@@ -381,46 +390,88 @@ pub async fn start(
         tokio::time::sleep(2 * interval).await;
     };
     let refused = worker.connections_refused.clone();
+    restore_state(&worker, config.keep_results).await;
     let serve = tokio::spawn(serve::serve(listener, app, config.serve.clone(), refused, drain));
     tokio::spawn(keep_state(worker.clone(), config.keep_results));
     Ok(RunningWorker { addr: bound, advertised: addr, serve, gossip, worker, grace })
 }
 
-/// Forgets what has expired, restores kept detached jobs and resumes the
-/// submissions this worker owns; then, every [`EXPIRE_EVERY`], forgets old
-/// history and finished detached jobs and submissions older than
-/// `keep_results`.
-async fn keep_state(w: Arc<Worker>, keep_results: Duration) {
-    let expire = |w: Arc<Worker>| async move {
-        w.history.expire();
-        w.uploaders.expire();
-        match super::detached::expire(&w, keep_results).await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(jobs = n, "forgot detached jobs that ended past --keep-results"),
-            Err(e) => tracing::warn!("cannot forget old detached jobs: {e:#}"),
-        }
-        if let Err(e) = w.submissions.expire(keep_results).await {
-            tracing::warn!("cannot forget old submissions: {e:#}");
-        }
-    };
-    expire(w.clone()).await;
-    match super::restore::detached_jobs(&w).await {
+/// What expired is forgotten, then kept detached jobs are put back: before
+/// the worker answers anyone, so a job it kept is never "no such job" just
+/// after a restart.
+async fn restore_state(w: &Arc<Worker>, keep_results: Duration) {
+    expire_state(w, keep_results).await;
+    match super::restore::detached_jobs(w).await {
         Ok((0, 0)) => {}
         Ok((results, rerun)) => tracing::info!(results, rerun, "restored kept detached jobs"),
         Err(e) => tracing::error!("cannot restore the kept detached jobs: {e:#}"),
     }
+}
+
+/// Forgets old history, and finished detached jobs and submissions older
+/// than `keep_results`.
+async fn expire_state(w: &Arc<Worker>, keep_results: Duration) {
+    w.history.expire();
+    w.uploaders.expire();
+    match super::detached::expire(w, keep_results).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(jobs = n, "forgot detached jobs that ended past --keep-results"),
+        Err(e) => tracing::warn!("cannot forget old detached jobs: {e:#}"),
+    }
+    if let Err(e) = w.submissions.expire(keep_results).await {
+        tracing::warn!("cannot forget old submissions: {e:#}");
+    }
+}
+
+/// Resumes the submissions this worker owns (they submit to it, so it
+/// serves first); then, every [`EXPIRE_EVERY`], forgets what expired.
+async fn keep_state(w: Arc<Worker>, keep_results: Duration) {
     match super::submissions::run::resume_all(&w).await {
         Ok(0) => {}
         Ok(n) => tracing::info!(submissions = n, state_dir = %w.db.dir().display(), "resumed owned submissions"),
         Err(e) => tracing::error!("cannot resume the owned submissions: {e:#}"),
     }
     let mut every = tokio::time::interval(EXPIRE_EVERY.min(keep_results.max(Duration::from_secs(1))));
-    every.tick().await; // the first tick is now: expired above
+    every.tick().await; // the first tick is now: expired at start
     loop {
         every.tick().await;
-        expire(w.clone()).await;
+        expire_state(&w, keep_results).await;
     }
 }
+
+/// Joins the host's ledger at `path` (see `worker::hostledger`), or says
+/// loudly why it cannot and goes on deciding alone. Its figures are
+/// published every [`HOST_LEDGER_REFRESH`] (its jobs touch their memory as
+/// they run) and at once when a reservation ends.
+fn join_host_ledger(ledger: &Arc<Ledger>, path: &std::path::Path, addr: &str) {
+    let domain = match super::cgroup::binding_limit() {
+        Some((_, dir)) => format!("cgroup:{}", dir.display()),
+        None => "host".to_string(),
+    };
+    match super::hostledger::HostLedger::open(path, domain) {
+        Ok(host) => {
+            tracing::info!(path = %path.display(), domain = host.domain(), "sharing the host's memory ledger with its other workers");
+            ledger.join_host(host, addr);
+            let ledger = Arc::downgrade(ledger);
+            tokio::spawn(async move {
+                let mut every = tokio::time::interval(HOST_LEDGER_REFRESH);
+                loop {
+                    every.tick().await;
+                    let Some(ledger) = ledger.upgrade() else { return };
+                    tokio::task::block_in_place(|| ledger.publish());
+                }
+            });
+        }
+        Err(e) => tracing::error!(
+            path = %path.display(),
+            "cannot open the host's memory ledger ({e}): this worker decides alone, and with other workers on this \
+             machine the host can be over-committed. Give --host-ledger a path it may write"
+        ),
+    }
+}
+
+/// How often a worker refreshes its record in the host's ledger.
+pub const HOST_LEDGER_REFRESH: Duration = Duration::from_millis(250);
 
 /// How often what expired is forgotten (or more often, with a shorter
 /// `--keep-results`).
