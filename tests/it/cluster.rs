@@ -134,7 +134,9 @@ impl Cgroup {
             .into_iter()
             .find(|p| p.join("cgroup.procs").exists())
             .ok_or("the memory controller is not mounted at /sys/fs/cgroup/memory")?;
-        let dir = parent.join(format!("peerwasm-test-{}", std::process::id()));
+        static MADE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = parent.join(format!("peerwasm-test-{}-{n}", std::process::id()));
         std::fs::create_dir(&dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
         let group = Cgroup(dir);
         std::fs::write(group.0.join("memory.limit_in_bytes"), limit.to_string()).map_err(|e| e.to_string())?;
@@ -194,4 +196,71 @@ async fn a_worker_in_a_memory_cgroup_lends_no_more_than_its_limit() {
     assert!(r.outcome.is_success(), "{}", r.outcome);
     let _ = worker.kill();
     let _ = worker.wait();
+}
+
+/// Two, then three, workers in one 3 GiB memory cgroup (two Slurm
+/// allocations on one node; two users' shares of one workstation), each
+/// told it may lend 2900 MiB, each sent a job of 2 GiB that touches 1.5
+/// GiB at the same moment: with the host's ledger (one file the workers
+/// share) the jobs take turns — every one succeeds, none is OOM-killed, and
+/// the workers' reservations together never exceed the cgroup's limit.
+/// (Before, and with `--host-ledger none`: each accepted its job at once,
+/// 4 GiB reserved together in 3 GiB, and the kernel could kill one.)
+#[tokio::test(flavor = "multi_thread")]
+async fn workers_in_one_cgroup_never_over_commit_it_together() {
+    const LIMIT: u64 = 3 << 30;
+    for n in [2, 3] {
+        let group = match Cgroup::new(LIMIT) {
+            Ok(g) => g,
+            Err(why) => panic!("this test makes a memory cgroup (as root, as CI runs): {why}"),
+        };
+        let shared = tempfile::tempdir().unwrap();
+        let ledger = shared.path().join("host-ledger");
+        let mut workers = Vec::new();
+        for _ in 0..n {
+            let cache = tempfile::tempdir().unwrap();
+            let script = format!(
+                "echo $$ > {}/cgroup.procs && exec {} worker --listen 127.0.0.1:0 --memory 2900MiB --reserve 0 \
+                 --slots 1 --gossip-interval 100ms --cache-dir {} --host-ledger {}",
+                group.0.display(),
+                crate::support::PEERWASM,
+                cache.path().display(),
+                ledger.display()
+            );
+            let (child, addr) = crate::support::spawn_worker(
+                Command::new("sh").args(["-c", &script]).stdout(Stdio::piped()).stderr(Stdio::null()),
+            );
+            workers.push((child, addr, cache));
+        }
+        let memhog = Job::new(peerwasm_testkit::guest_wasm_bytes("memhog"));
+        let jobs: Vec<_> = workers
+            .iter()
+            .map(|(_, addr, _)| {
+                let (target, memhog) = (Target::pool(vec![addr.clone()]).unwrap(), memhog.clone());
+                tokio::spawn(async move { target.run(&memhog, memhog.spec(b"1536".to_vec(), 2 << 30)).await })
+            })
+            .collect();
+        // While they run: what the workers have reserved, together.
+        let mut most = 0f64;
+        while !jobs.iter().all(|j| j.is_finished()) {
+            let mut sum = 0.0;
+            for (_, addr, _) in &workers {
+                sum += crate::observe::get(&crate::observe::scrape(addr).await, "peerwasm_memory_bytes{kind=\"reserved\"}");
+            }
+            most = most.max(sum);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for job in jobs {
+            let r = job.await.unwrap().unwrap();
+            assert!(r.outcome.is_success(), "{n} workers: a job ended {}", r.outcome);
+            assert_eq!(r.stdout, b"1536\n");
+        }
+        assert!(most > 0.0, "the reservations were seen");
+        assert!(most <= LIMIT as f64, "{n} workers reserved {most} bytes together in a cgroup of {LIMIT}");
+        println!("{n} workers in one 3 GiB cgroup: at most {:.2} GiB reserved together", most / (1u64 << 30) as f64);
+        for (mut child, _, _) in workers {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
