@@ -33,6 +33,7 @@ mod fairness;
 mod files;
 mod footprint;
 mod gossip;
+mod hostledger;
 mod latency;
 mod procs;
 mod submit;
@@ -79,6 +80,8 @@ pub struct Sizes {
     pub submit_inputs: usize,
     /// Results stored by its database figure.
     pub submit_commits: usize,
+    /// Reservations made by the host ledger's figure.
+    pub ledger_cycles: usize,
 }
 
 impl Sizes {
@@ -101,6 +104,7 @@ impl Sizes {
             files_inputs: 100,
             submit_inputs: 5_000,
             submit_commits: 20_000,
+            ledger_cycles: 20_000,
         }
     }
 
@@ -123,6 +127,7 @@ impl Sizes {
             files_inputs: 10,
             submit_inputs: 100,
             submit_commits: 200,
+            ledger_cycles: 500,
         }
     }
 }
@@ -144,8 +149,9 @@ fn main() -> ExitCode {
 }
 
 /// The benchmarks, in the order of issue 8; names select a subset.
-const NAMES: [&str; 11] = [
-    "dispatch", "latency", "compute", "trivial", "cache", "gossip", "footprint", "fairness", "files", "submit", "anchors",
+const NAMES: [&str; 12] = [
+    "dispatch", "latency", "compute", "trivial", "cache", "gossip", "footprint", "fairness", "files", "submit", "hostledger",
+    "anchors",
 ];
 
 fn benchmarks(args: &[String]) -> anyhow::Result<()> {
@@ -187,6 +193,9 @@ fn benchmarks(args: &[String]) -> anyhow::Result<()> {
     }
     if wanted("submit") {
         submit::submit(&sizes, &mut summary)?;
+    }
+    if wanted("hostledger") {
+        hostledger::hostledger(&sizes, &mut summary)?;
     }
     if wanted("anchors") {
         anchors::anchors(&sizes, &mut summary)?;
