@@ -264,3 +264,59 @@ async fn workers_in_one_cgroup_never_over_commit_it_together() {
         }
     }
 }
+
+/// A worker of the host's ledger killed with `-9` gives its share back:
+/// the other worker of the cgroup, whose job waited for that memory,
+/// starts it within 2 s.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_workers_share_of_the_host_is_freed_within_two_seconds() {
+    const LIMIT: u64 = 3 << 30;
+    let group = Cgroup::new(LIMIT).unwrap_or_else(|why| panic!("this test makes a memory cgroup (as root, as CI runs): {why}"));
+    let shared = tempfile::tempdir().unwrap();
+    let ledger = shared.path().join("host-ledger");
+    let start = |cache: &Path| {
+        let script = format!(
+            "echo $$ > {}/cgroup.procs && exec {} worker --listen 127.0.0.1:0 --memory 2900MiB --reserve 0 \
+             --slots 1 --gossip-interval 100ms --cache-dir {} --host-ledger {}",
+            group.0.display(),
+            crate::support::PEERWASM,
+            cache.display(),
+            ledger.display()
+        );
+        crate::support::spawn_worker(Command::new("sh").args(["-c", &script]).stdout(Stdio::piped()).stderr(Stdio::null()))
+    };
+    let (a_cache, b_cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (mut a, a_addr) = start(a_cache.path());
+    let (mut b, b_addr) = start(b_cache.path());
+    // A holds 2 GiB for a job that sleeps a minute.
+    let sleep = Job::new(peerwasm_testkit::guest_wasm_bytes("sleep"));
+    let on_a = Target::pool(vec![a_addr.clone()]).unwrap();
+    let holding = tokio::spawn(async move { on_a.run(&sleep, sleep.spec(b"60000".to_vec(), 2 << 30)).await });
+    let reserved = |addr: String| async move {
+        crate::observe::get(&crate::observe::scrape(&addr).await, "peerwasm_memory_bytes{kind=\"reserved\"}")
+    };
+    let t = std::time::Instant::now();
+    while reserved(a_addr.clone()).await == 0.0 {
+        assert!(t.elapsed() < Duration::from_secs(20), "a's job did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // B's 2 GiB job waits: the cgroup has 1 GiB left.
+    let memhog = Job::new(peerwasm_testkit::guest_wasm_bytes("memhog"));
+    let on_b = Target::pool(vec![b_addr.clone()]).unwrap();
+    let waiting = tokio::spawn(async move { on_b.run(&memhog, memhog.spec(b"1536".to_vec(), 2 << 30)).await });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(reserved(b_addr.clone()).await, 0.0, "b's job must wait while a holds 2 GiB of the 3");
+    a.kill().unwrap();
+    let killed = std::time::Instant::now();
+    let _ = a.wait();
+    while reserved(b_addr.clone()).await == 0.0 && !waiting.is_finished() {
+        assert!(killed.elapsed() < Duration::from_secs(2), "a's share was not freed within 2 s of kill -9");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("a killed worker's share freed for another in {:?}", killed.elapsed());
+    let r = waiting.await.unwrap().unwrap();
+    assert!(r.outcome.is_success(), "{}", r.outcome);
+    assert!(holding.await.unwrap().is_err(), "a's client learns its worker is gone");
+    let _ = b.kill();
+    let _ = b.wait();
+}
