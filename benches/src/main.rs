@@ -36,6 +36,7 @@ mod gossip;
 mod hostledger;
 mod latency;
 mod procs;
+mod smartmem;
 mod submit;
 mod summary;
 
@@ -82,6 +83,8 @@ pub struct Sizes {
     pub submit_commits: usize,
     /// Reservations made by the host ledger's figure.
     pub ledger_cycles: usize,
+    /// Inputs of the smartmem-against-an-oracle map.
+    pub smartmem_inputs: usize,
 }
 
 impl Sizes {
@@ -105,6 +108,7 @@ impl Sizes {
             submit_inputs: 5_000,
             submit_commits: 20_000,
             ledger_cycles: 20_000,
+            smartmem_inputs: 500,
         }
     }
 
@@ -128,6 +132,7 @@ impl Sizes {
             submit_inputs: 100,
             submit_commits: 200,
             ledger_cycles: 500,
+            smartmem_inputs: 50,
         }
     }
 }
@@ -149,9 +154,9 @@ fn main() -> ExitCode {
 }
 
 /// The benchmarks, in the order of issue 8; names select a subset.
-const NAMES: [&str; 12] = [
+const NAMES: [&str; 13] = [
     "dispatch", "latency", "compute", "trivial", "cache", "gossip", "footprint", "fairness", "files", "submit", "hostledger",
-    "anchors",
+    "smartmem", "anchors",
 ];
 
 fn benchmarks(args: &[String]) -> anyhow::Result<()> {
@@ -196,6 +201,9 @@ fn benchmarks(args: &[String]) -> anyhow::Result<()> {
     }
     if wanted("hostledger") {
         hostledger::hostledger(&sizes, &mut summary)?;
+    }
+    if wanted("smartmem") {
+        smartmem::smartmem(&sizes, &mut summary)?;
     }
     if wanted("anchors") {
         anchors::anchors(&sizes, &mut summary)?;

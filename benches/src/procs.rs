@@ -44,8 +44,14 @@ impl Worker {
     /// Starts a worker with `slots` slots and 4 GiB, its module cache under
     /// `cache`, joining `join` if given.
     pub fn start(slots: usize, cache: &Path, join: Option<&str>) -> anyhow::Result<Worker> {
+        Worker::start_with("4GiB", slots, cache, join, &[])
+    }
+
+    /// [`start`](Self::start) lending `memory`, with more worker flags.
+    pub fn start_with(memory: &str, slots: usize, cache: &Path, join: Option<&str>, extra: &[&str]) -> anyhow::Result<Worker> {
         let mut cmd = peerwasm();
-        cmd.args(["worker", "--listen", "127.0.0.1:0", "--memory", "4GiB", "--reserve", "0"])
+        cmd.args(["worker", "--listen", "127.0.0.1:0", "--memory", memory, "--reserve", "0"])
+            .args(extra)
             .args(["--slots", &slots.to_string(), "--gossip-interval", "200ms"])
             .arg("--cache-dir")
             .arg(cache)
