@@ -266,8 +266,9 @@ async fn workers_in_one_cgroup_never_over_commit_it_together() {
 }
 
 /// A worker of the host's ledger killed with `-9` gives its share back:
-/// the other worker of the cgroup, whose job waited for that memory,
-/// starts it within 2 s.
+/// the other worker of the cgroup, whose job waited for that memory (and
+/// whose advert meanwhile offered only what was left), starts it within
+/// 2 s.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_workers_share_of_the_host_is_freed_within_two_seconds() {
     const LIMIT: u64 = 3 << 30;
@@ -306,6 +307,10 @@ async fn a_killed_workers_share_of_the_host_is_freed_within_two_seconds() {
     let waiting = tokio::spawn(async move { on_b.run(&memhog, memhog.spec(b"1536".to_vec(), 2 << 30)).await });
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert_eq!(reserved(b_addr.clone()).await, 0.0, "b's job must wait while a holds 2 GiB of the 3");
+    // And b's advert says so: what it can take now is what the cgroup has
+    // left beside a's share, not its own 2900 MiB.
+    let fit = crate::tenants::me(&b_addr).await.largest_fit_bytes;
+    assert!(fit <= 1 << 30, "b advertises {fit} bytes free while a holds 2 GiB of the cgroup's 3");
     a.kill().unwrap();
     let killed = std::time::Instant::now();
     let _ = a.wait();
