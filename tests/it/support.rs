@@ -84,3 +84,11 @@ impl Drop for WorkerProcess {
     }
 }
 
+
+/// Whether the tests run as root: what makes network namespaces, memory
+/// cgroups and small filesystems possible (CI runs as root; tests that need
+/// them say they were skipped otherwise).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid(2) cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
