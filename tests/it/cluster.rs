@@ -346,3 +346,63 @@ async fn a_killed_workers_share_of_the_host_is_freed_within_two_seconds() {
     let _ = b.kill();
     let _ = b.wait();
 }
+
+/// The same on a bare host: workers lending all of the machine less 1 GiB,
+/// each sent at once a job reserving 4 GiB (the most a job may have; it
+/// sleeps, so nothing is touched) — two more of them than the host could
+/// hold: with the host's ledger, no more run at once than the host holds.
+/// (With `--host-ledger none` every one runs at once.)
+#[tokio::test(flavor = "multi_thread")]
+async fn workers_on_one_bare_host_never_over_commit_it_together() {
+    const JOB: u64 = 4 << 30;
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let field = |name: &str| -> u64 {
+        let line = meminfo.lines().find(|l| l.starts_with(name)).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+    };
+    let host = field("MemTotal:").saturating_sub(1 << 30);
+    let fits = (field("MemAvailable:").saturating_sub(1 << 30) / JOB).min(host / JOB);
+    let n = fits as usize + 2;
+    let shared = tempfile::tempdir().unwrap();
+    let ledger = shared.path().join("host-ledger");
+    let flags = ["--reserve", "1GiB", "--host-ledger", ledger.to_str().unwrap()];
+    let memory = format!("{}MiB", host >> 20);
+    let workers: Vec<_> = (0..n).map(|_| crate::support::WorkerProcess::start_with(&memory, 1, None, &flags)).collect();
+    let sleep = Job::new(peerwasm_testkit::guest_wasm_bytes("sleep"));
+    let jobs: Vec<_> = workers
+        .iter()
+        .map(|w| {
+            let (target, sleep) = (Target::pool(vec![w.addr.clone()]).unwrap(), sleep.clone());
+            tokio::spawn(async move { target.run(&sleep, sleep.spec(b"600".to_vec(), JOB)).await })
+        })
+        .collect();
+    for job in jobs {
+        let r = job.await.unwrap().unwrap();
+        assert!(r.outcome.is_success(), "{}", r.outcome);
+    }
+    // When each ran, by its worker's own record; then the most at once.
+    let mut edges: Vec<(u64, i32)> = Vec::new();
+    for w in &workers {
+        let out = Command::new(crate::support::PEERWASM).args(["history", "--json", "--peers", &w.addr]).output().unwrap();
+        let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+        for row in rows.iter().filter(|r| r["peer"] == w.addr.as_str()) {
+            let (ended_us, wall_us) = (row["ended_ms"].as_u64().unwrap() * 1000, row["wall_time_us"].as_u64().unwrap());
+            // Shrunk by 20 ms each end: a handover within the records'
+            // millisecond is not an overlap.
+            edges.extend([(ended_us - wall_us + 20_000, 1), (ended_us.saturating_sub(20_000), -1)]);
+        }
+    }
+    assert_eq!(edges.len(), 2 * n, "each worker ran its job");
+    edges.sort();
+    let (mut now, mut most) = (0, 0);
+    for (_, step) in edges {
+        now += step;
+        most = most.max(now);
+    }
+    assert!(
+        most as u64 * JOB <= host,
+        "{most} jobs of 4 GiB ran at once on a host of {} MiB ({n} workers sharing its ledger)",
+        host >> 20
+    );
+    println!("{n} workers, jobs of 4 GiB on a host of {} MiB: at most {most} at once", host >> 20);
+}
