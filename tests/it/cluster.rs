@@ -198,6 +198,38 @@ async fn a_worker_in_a_memory_cgroup_lends_no_more_than_its_limit() {
     let _ = worker.wait();
 }
 
+impl Cgroup {
+    /// Starts a worker lending 2900 MiB inside this cgroup (it is there
+    /// before it starts, as under Slurm), sharing the host ledger at
+    /// `ledger`, its module cache under `cache`; its process and address.
+    fn worker(&self, cache: &Path, ledger: &Path) -> (std::process::Child, String) {
+        let script = format!(
+            "echo $$ > {}/cgroup.procs && exec {} worker --listen 127.0.0.1:0 --memory 2900MiB --reserve 0 \
+             --slots 1 --gossip-interval 100ms --cache-dir {} --host-ledger {}",
+            self.0.display(),
+            crate::support::PEERWASM,
+            cache.display(),
+            ledger.display()
+        );
+        crate::support::spawn_worker(Command::new("sh").args(["-c", &script]).stdout(Stdio::piped()).stderr(Stdio::null()))
+    }
+}
+
+/// When each job a worker ran was running, by the worker's own history
+/// (the host's clock): `[ended − wall, ended]` in µs.
+fn ran_on(addr: &str) -> Vec<(u64, u64)> {
+    let out = Command::new(crate::support::PEERWASM).args(["history", "--json", "--peers", addr]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    rows.iter()
+        .filter(|r| r["peer"] == addr)
+        .map(|r| {
+            let (ended_us, wall_us) = (r["ended_ms"].as_u64().unwrap() * 1000, r["wall_time_us"].as_u64().unwrap());
+            (ended_us - wall_us, ended_us)
+        })
+        .collect()
+}
+
 /// Two, then three, workers in one 3 GiB memory cgroup (two Slurm
 /// allocations on one node; two users' shares of one workstation), each
 /// told it may lend 2900 MiB, each sent a job of 2 GiB that touches 1.5
@@ -220,17 +252,7 @@ async fn workers_in_one_cgroup_never_over_commit_it_together() {
         let mut workers = Vec::new();
         for _ in 0..n {
             let cache = tempfile::tempdir().unwrap();
-            let script = format!(
-                "echo $$ > {}/cgroup.procs && exec {} worker --listen 127.0.0.1:0 --memory 2900MiB --reserve 0 \
-                 --slots 1 --gossip-interval 100ms --cache-dir {} --host-ledger {}",
-                group.0.display(),
-                crate::support::PEERWASM,
-                cache.path().display(),
-                ledger.display()
-            );
-            let (child, addr) = crate::support::spawn_worker(
-                Command::new("sh").args(["-c", &script]).stdout(Stdio::piped()).stderr(Stdio::null()),
-            );
+            let (child, addr) = group.worker(cache.path(), &ledger);
             workers.push((child, addr, cache));
         }
         let memhog = Job::new(peerwasm_testkit::guest_wasm_bytes("memhog"));
@@ -257,16 +279,7 @@ async fn workers_in_one_cgroup_never_over_commit_it_together() {
         }
         // When each job ran, by its worker's own record (the host's clock):
         // [ended − wall, ended].
-        let mut ran: Vec<(u64, u64)> = Vec::new();
-        for (_, addr, _) in &workers {
-            let out = Command::new(crate::support::PEERWASM).args(["history", "--json", "--peers", addr]).output().unwrap();
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-            let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
-            for row in rows.iter().filter(|r| r["peer"] == addr.as_str()) {
-                let (ended_us, wall_us) = (row["ended_ms"].as_u64().unwrap() * 1000, row["wall_time_us"].as_u64().unwrap());
-                ran.push((ended_us - wall_us, ended_us));
-            }
-        }
+        let ran: Vec<(u64, u64)> = workers.iter().flat_map(|(_, addr, _)| ran_on(addr)).collect();
         assert_eq!(ran.len(), n, "each worker ran its job: {ran:?}");
         // Two 2 GiB jobs never ran at once in 3 GiB: they took turns.
         for (i, a) in ran.iter().enumerate() {
@@ -296,17 +309,7 @@ async fn a_killed_workers_share_of_the_host_is_freed_within_two_seconds() {
     let group = Cgroup::new(LIMIT).unwrap_or_else(|why| panic!("cannot make a memory cgroup as root: {why}"));
     let shared = tempfile::tempdir().unwrap();
     let ledger = shared.path().join("host-ledger");
-    let start = |cache: &Path| {
-        let script = format!(
-            "echo $$ > {}/cgroup.procs && exec {} worker --listen 127.0.0.1:0 --memory 2900MiB --reserve 0 \
-             --slots 1 --gossip-interval 100ms --cache-dir {} --host-ledger {}",
-            group.0.display(),
-            crate::support::PEERWASM,
-            cache.display(),
-            ledger.display()
-        );
-        crate::support::spawn_worker(Command::new("sh").args(["-c", &script]).stdout(Stdio::piped()).stderr(Stdio::null()))
-    };
+    let start = |cache: &Path| group.worker(cache, &ledger);
     let (a_cache, b_cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (mut a, a_addr) = start(a_cache.path());
     let (mut b, b_addr) = start(b_cache.path());
@@ -382,15 +385,10 @@ async fn workers_on_one_bare_host_never_over_commit_it_together() {
     }
     // When each ran, by its worker's own record; then the most at once.
     let mut edges: Vec<(u64, i32)> = Vec::new();
-    for w in &workers {
-        let out = Command::new(crate::support::PEERWASM).args(["history", "--json", "--peers", &w.addr]).output().unwrap();
-        let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
-        for row in rows.iter().filter(|r| r["peer"] == w.addr.as_str()) {
-            let (ended_us, wall_us) = (row["ended_ms"].as_u64().unwrap() * 1000, row["wall_time_us"].as_u64().unwrap());
-            // Shrunk by 20 ms each end: a handover within the records'
-            // millisecond is not an overlap.
-            edges.extend([(ended_us - wall_us + 20_000, 1), (ended_us.saturating_sub(20_000), -1)]);
-        }
+    for (start, end) in workers.iter().flat_map(|w| ran_on(&w.addr)) {
+        // Shrunk by 20 ms each end: a handover within the records'
+        // millisecond is not an overlap.
+        edges.extend([(start + 20_000, 1), (end.saturating_sub(20_000), -1)]);
     }
     assert_eq!(edges.len(), 2 * n, "each worker ran its job");
     edges.sort();
