@@ -181,6 +181,10 @@ pub struct Ledger {
     /// The host's ledger shared with the other workers of the machine, once
     /// joined ([`Ledger::join_host`]).
     shared: std::sync::OnceLock<Shared>,
+    /// Woken whenever memory is given back (a reservation ends, a hold
+    /// shrinks), so that jobs waiting for it start at once rather than at
+    /// admission's next periodic re-check.
+    freed: tokio::sync::Notify,
 }
 
 /// This worker's part in the host's ledger (`hostledger.rs`).
@@ -257,6 +261,10 @@ impl Hold {
         let keep = bytes.min(now);
         st.held -= now - keep;
         self.bytes.store(keep, Ordering::Relaxed);
+        drop(st);
+        if keep < now {
+            self.ledger.gave_back();
+        }
     }
 
     /// Gives back `bytes` of what is held (at most all of it): the part
@@ -267,6 +275,10 @@ impl Hold {
         let n = bytes.min(now);
         st.held -= n;
         self.bytes.store(now - n, Ordering::Relaxed);
+        drop(st);
+        if n > 0 {
+            self.ledger.gave_back();
+        }
     }
 
     /// The bytes held.
@@ -283,7 +295,11 @@ impl crate::sandbox::OutputBudget for Hold {
 
 impl Drop for Hold {
     fn drop(&mut self) {
-        self.ledger.lock().held -= *self.bytes.get_mut();
+        let bytes = *self.bytes.get_mut();
+        if bytes > 0 {
+            self.ledger.lock().held -= bytes;
+            self.ledger.gave_back();
+        }
     }
 }
 
@@ -296,6 +312,7 @@ impl Drop for Reservation {
         }
         // The other workers of the host see the memory free at once.
         self.ledger.publish();
+        self.ledger.gave_back();
     }
 }
 
@@ -321,6 +338,7 @@ impl Ledger {
             state: Mutex::new(State { reserved: 0, held: 0, high_water: 0, jobs: Vec::new(), next_id: 0 }),
             host,
             shared: std::sync::OnceLock::new(),
+            freed: tokio::sync::Notify::new(),
         })
     }
 
@@ -334,6 +352,18 @@ impl Ledger {
         if self.shared.set(shared).is_ok() {
             self.publish();
         }
+    }
+
+    /// Resolves once memory has been given back since the last call (or
+    /// is given back from now on): admission waits on it beside its
+    /// periodic re-check.
+    pub async fn freed(&self) {
+        self.freed.notified().await
+    }
+
+    fn gave_back(&self) {
+        // One stored permit at most: a burst of frees wakes the waiter once.
+        self.freed.notify_one();
     }
 
     /// The other workers of the host, as last read (none without a host

@@ -201,9 +201,16 @@ impl Admission {
         });
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let weak: Weak<Admission> = Arc::downgrade(&admission);
+            let ledger = admission.ledger.clone();
             rt.spawn(async move {
                 loop {
-                    tokio::time::sleep(RECHECK).await;
+                    // Memory given back (a job ended, its output was sent)
+                    // starts a waiting job at once; the timer covers what
+                    // changes outside this worker (the host, other workers).
+                    tokio::select! {
+                        () = tokio::time::sleep(RECHECK) => {}
+                        () = ledger.freed() => {}
+                    }
                     let Some(a) = weak.upgrade() else { return };
                     if !a.lock().queue.is_empty() {
                         a.dispatch();
@@ -468,6 +475,34 @@ mod tests {
         waiting.await.unwrap().unwrap();
         other_waiting.await.unwrap().unwrap();
         assert_eq!(adm.counts(), (0, 0));
+    }
+
+    /// A job's output is held a little longer than its slot (until its
+    /// answer is sent): the job waiting for that memory starts when the
+    /// hold is given back, not at the next periodic re-check. (It waited
+    /// the full [`RECHECK`] once: a map whose first requests each took a
+    /// whole worker ran them four a second.)
+    #[tokio::test(start_paused = true)]
+    async fn memory_given_back_outside_a_ticket_starts_a_waiting_job_at_once() {
+        let adm = admission(2, 4);
+        let t = Arc::new(Tenant::new("t"));
+        let running = adm.admit(&t, 100 * MIB).await.unwrap();
+        let output = adm.ledger().hold();
+        assert!(output.try_grow(MIB, false) || output.try_grow(MIB, true));
+        let (adm2, t2) = (adm.clone(), t.clone());
+        let waiting = tokio::spawn(async move { adm2.admit(&t2, 100 * MIB).await.map(|_| Instant::now()) });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        drop(running);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(!waiting.is_finished(), "1 MiB of output is still held: 100 MiB does not fit");
+        let given_back = Instant::now();
+        drop(output);
+        let started = waiting.await.unwrap().unwrap();
+        assert!(
+            started.duration_since(given_back) < RECHECK / 10,
+            "started {:?} after the memory was given back",
+            started.duration_since(given_back)
+        );
     }
 
     #[tokio::test(start_paused = true)]
