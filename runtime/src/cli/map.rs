@@ -77,10 +77,12 @@ pub struct MapArgs {
     #[arg(long)]
     no_progress: bool,
     #[command(flatten)]
+    entry: super::EntryArgs,
+    #[command(flatten)]
     pool: super::PoolArgs,
     #[command(flatten)]
     sandbox: SandboxArgs,
-    /// The job module.
+    /// The job module (with --python: the Python script).
     #[arg(value_name = "JOB.wasm")]
     module: PathBuf,
     /// One input per line, given to one job as its stdin; '-' reads stdin.
@@ -89,9 +91,10 @@ pub struct MapArgs {
 }
 
 pub fn run(args: MapArgs) -> anyhow::Result<ExitCode> {
-    let mut job = Job::from_file_cached(&args.module, args.sandbox.cache_root().as_deref())?;
+    let module = args.module.to_string_lossy();
+    let (mut job, _script) = args.entry.job(&module, &[], args.sandbox.cache_root())?;
     job.env = super::run::parse_env(&args.env)?;
-    job.dirs = super::run::parse_dirs(&args.dirs)?;
+    job.dirs.extend(super::run::parse_dirs(&args.dirs)?);
     job.limits.timeout_ms = args.timeout.map(|d| d.as_millis().max(1) as u64);
     let mut inputs = read_inputs(&args.inputs)?;
     let total = inputs.len() as u64;

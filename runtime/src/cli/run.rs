@@ -53,11 +53,14 @@ pub struct RunArgs {
     #[arg(long, conflicts_with_all = ["json", "stats"])]
     detach: bool,
     #[command(flatten)]
+    entry: super::EntryArgs,
+    #[command(flatten)]
     pool: super::PoolArgs,
     #[command(flatten)]
     sandbox: SandboxArgs,
     /// The job module, then its arguments, passed verbatim (also those
-    /// that start with '-').
+    /// that start with '-'). With --python: the script (or '-' for one
+    /// on stdin), then its arguments.
     #[arg(value_name = "JOB.wasm [ARGS]...", required = true, trailing_var_arg = true)]
     module_and_args: Vec<String>,
 }
@@ -71,14 +74,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if args.detach {
         return detach(&args, module_path, job_args, env);
     }
-    let dirs = parse_dirs(&args.dirs)?;
+    let (job, _script) = job_of(&args, module_path, job_args, env)?;
     let stdin = stream_stdin();
-
-    let mut job = Job::from_file_cached(module_path, args.sandbox.cache_root().as_deref())?;
-    job.args = job_args.to_vec();
-    job.env = env;
-    job.limits.timeout_ms = args.timeout.map(|d| d.as_millis().max(1) as u64);
-    job.dirs = dirs;
     let spec = job.spec(Vec::new(), args.mem.unwrap_or(crate::proto::DEFAULT_JOB_MEMORY));
 
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -154,11 +151,7 @@ fn detach(args: &RunArgs, module_path: &str, job_args: &[String], env: Vec<(Stri
     let Some(crate::client::Target::Pool(pool)) = args.pool.target(args.sandbox.cache_root())? else {
         bail!("--detach needs a pool (--peers or PEERWASM_PEERS): a job of the embedded worker ends with its command");
     };
-    let mut job = Job::from_file_cached(module_path, args.sandbox.cache_root().as_deref())?;
-    job.dirs = parse_dirs(&args.dirs)?;
-    job.args = job_args.to_vec();
-    job.env = env;
-    job.limits.timeout_ms = args.timeout.map(|d| d.as_millis().max(1) as u64);
+    let (job, _script) = job_of(args, module_path, job_args, env)?;
     let stdin = if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
         Vec::new()
     } else {
@@ -175,6 +168,23 @@ fn detach(args: &RunArgs, module_path: &str, job_args: &[String], env: Vec<(Stri
     super::say(&id);
     eprintln!("peerwasm: detached on {worker}: follow it with `peerwasm logs -f {id}`, discard its result with `peerwasm cancel {id}`");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The job the command line describes: the module with its arguments, or
+/// with `--python` the Python runtime running the script; then `--dir`,
+/// `--env`, `--timeout` and `--invoke`. The second value holds the
+/// script's copy for as long as the job may run.
+fn job_of(
+    args: &RunArgs,
+    module_path: &str,
+    job_args: &[String],
+    env: Vec<(String, String)>,
+) -> anyhow::Result<(Job, Option<tempfile::TempDir>)> {
+    let (mut job, script) = args.entry.job(module_path, job_args, args.sandbox.cache_root())?;
+    job.dirs.extend(parse_dirs(&args.dirs)?);
+    job.env = env;
+    job.limits.timeout_ms = args.timeout.map(|d| d.as_millis().max(1) as u64);
+    Ok((job, script))
 }
 
 /// Runs one job on the embedded worker, its output forwarded to ours as it

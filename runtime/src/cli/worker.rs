@@ -99,6 +99,11 @@ pub struct WorkerArgs {
     /// recently used are dropped (a client uploads a dropped module again).
     #[arg(long, value_name = "SIZE", default_value_t = Size(crate::sandbox::DEFAULT_MODULE_BYTES_HELD))]
     module_memory: Size,
+    /// The largest module this worker accepts (an upload, or a job's
+    /// module); larger ones are refused, naming this limit. Compiling a
+    /// module takes about 20 times its size in memory for a while.
+    #[arg(long, value_name = "SIZE", default_value_t = Size(crate::sandbox::DEFAULT_MAX_MODULE_BYTES))]
+    max_module_size: Size,
     /// The address peers and clients reach this worker at, host:port (a
     /// name is fine), when it is not the --listen address: e.g. with
     /// --listen 0.0.0.0:7070 on a cluster node, --advertise node042:7070.
@@ -231,6 +236,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         sandbox.slots = n.max(1);
     }
     sandbox.module_bytes_held = args.module_memory.0;
+    sandbox.max_module_bytes = args.max_module_size.0;
     sandbox.cache_dir = args.cache_dir.or_else(super::default_cache_root).map(|root| root.join("modules"));
     sandbox.max_job_time = args.max_job_time.0;
     sandbox.max_open_files = args.max_open_files.max(1);
@@ -406,6 +412,7 @@ mod tests {
         assert_eq!(a.keep_results.0, lib.keep_results);
         assert_eq!(Some(crate::worker::hostledger::default_path()), lib.host_ledger);
         assert_eq!(a.module_memory.0, sandbox.module_bytes_held);
+        assert_eq!(a.max_module_size.0, sandbox.max_module_bytes);
         assert_eq!(a.cache_max.0, sandbox.cache_max_bytes);
         assert_eq!(Some(a.scratch.0), sandbox.max_scratch_bytes);
         assert_eq!(Some(a.max_output.0), sandbox.max_output_bytes);

@@ -58,6 +58,9 @@ pub struct Job {
     /// Host directories granted to every run (`--dir`): mounted as they
     /// are on the embedded worker, shipped by content hash to a pool.
     pub dirs: Vec<DirGrant>,
+    /// The export to call instead of `_start` (`--invoke`); see
+    /// [`JobSpec::invoke`].
+    pub invoke: Option<String>,
 }
 
 impl Job {
@@ -79,6 +82,7 @@ impl Job {
             env: Vec::new(),
             limits: JobLimits::default(),
             dirs: Vec::new(),
+            invoke: None,
         }
     }
 
@@ -154,6 +158,7 @@ impl Job {
             trees: Vec::new(),
             limits: JobLimits { memory_bytes: memreq, ..self.limits.clone() },
             tag: None,
+            invoke: self.invoke.clone(),
         }
     }
 }

@@ -23,6 +23,8 @@
 //! * [`stream`] — one job with stdin and output flowing while it runs
 //!   (`run --peers`);
 //! * [`estimate`] — learned memory requests (smartmem), saved per module;
+//! * [`python`] — Python scripts as jobs: CPython for WASI found here and
+//!   mounted with its stdlib (`run --python`);
 //! * [`map`](mod@map) — many inputs, results in order, with retries and progress;
 //! * [`status`] — the pool summed up on one screen;
 //! * [`jobs`] — a tenant's jobs across the pool: listing and cancelling
@@ -61,6 +63,7 @@ pub mod map;
 pub mod peers;
 pub mod placement;
 pub mod pool;
+pub mod python;
 mod send;
 mod ship;
 pub mod status;

@@ -84,6 +84,14 @@ pub struct JobSpec {
     pub limits: JobLimits,
     /// Which input and attempt of a map this is, for the worker's history.
     pub tag: Option<submission::JobTag>,
+    /// The exported function to call instead of `_start` (`--invoke`, as
+    /// `wasmtime run` has), for a *reactor* such as CPython's `python.wasm`:
+    /// `_initialize` is called first if exported, then this function with
+    /// no arguments (the job's `args` are its WASI argv as always); an
+    /// `i32` it returns is the job's exit code. Default: none (`_start`).
+    /// Last in the struct, so that a spec stored by protocol 4 decodes
+    /// (see [`JobSpec::from_stored`]).
+    pub invoke: Option<String>,
 }
 
 impl JobSpec {
@@ -93,6 +101,18 @@ impl JobSpec {
     pub fn encoded_len(&self) -> u64 {
         postcard::serialize_with_flavor::<_, postcard::ser_flavors::Size, usize>(self, postcard::ser_flavors::Size::default())
             .map_or(u64::MAX, |n| n as u64)
+    }
+
+    /// Decodes a spec kept in a state database, including one a worker of
+    /// protocol 4 wrote (before [`JobSpec::invoke`]: the same bytes less
+    /// the trailing `None`), so detached jobs and submissions survive the
+    /// upgrade.
+    pub fn from_stored(bytes: &[u8]) -> Result<JobSpec, postcard::Error> {
+        postcard::from_bytes(bytes).or_else(|e| {
+            let mut older = bytes.to_vec();
+            older.push(0); // `invoke: None`
+            postcard::from_bytes(&older).map_err(|_| e)
+        })
     }
 
     /// A job of `module` with no arguments, no input and default limits.
@@ -107,6 +127,7 @@ impl JobSpec {
             trees: Vec::new(),
             limits: JobLimits::default(),
             tag: None,
+            invoke: None,
         }
     }
 }
@@ -453,7 +474,7 @@ pub const PROTOCOL_HEADER: &str = "peerwasm-protocol";
 
 /// The protocol version of this build: bumped when a message's encoding
 /// changes incompatibly (postcard has no field tags to fall back on).
-pub const PROTOCOL_VERSION: &str = "4";
+pub const PROTOCOL_VERSION: &str = "5";
 
 /// The most a job's input (its stdin) may be, in bytes.
 pub const MAX_INPUT_BYTES: u64 = 64 << 20;
@@ -504,6 +525,41 @@ mod tests {
         assert_eq!(postcard::from_bytes::<JobSpec>(&postcard::to_allocvec(&spec).unwrap()).unwrap(), spec);
         let json = serde_json::to_string(&spec).unwrap();
         assert_eq!(serde_json::from_str::<JobSpec>(&json).unwrap(), spec, "JSON still reads");
+    }
+
+    /// A spec a worker of protocol 4 stored (no `invoke`) still decodes
+    /// from its database, with no entry; a spec of today round-trips.
+    #[test]
+    fn specs_stored_by_protocol_4_still_decode() {
+        #[derive(Serialize)]
+        struct SpecV4<'a> {
+            module: ModuleHash,
+            program_name: &'a str,
+            args: Vec<String>,
+            env: Vec<(String, String)>,
+            #[serde(with = "serde_bytes")]
+            stdin: Vec<u8>,
+            dirs: Vec<DirGrant>,
+            trees: Vec<tree::TreeGrant>,
+            limits: JobLimits,
+            tag: Option<submission::JobTag>,
+        }
+        let old = SpecV4 {
+            module: ModuleHash([3; 32]),
+            program_name: "p.wasm",
+            args: vec!["a".into()],
+            env: vec![("K".into(), "V".into())],
+            stdin: b"in".to_vec(),
+            dirs: Vec::new(),
+            trees: Vec::new(),
+            limits: JobLimits::default(),
+            tag: Some(submission::JobTag { submission: "s".into(), index: 4, attempt: 1 }),
+        };
+        let spec = JobSpec::from_stored(&postcard::to_allocvec(&old).unwrap()).unwrap();
+        assert_eq!((spec.args.as_slice(), spec.invoke.as_deref(), spec.tag.as_ref().map(|t| t.index)), (&["a".to_string()][..], None, Some(4)));
+        let now = JobSpec { invoke: Some("run".into()), ..spec };
+        assert_eq!(JobSpec::from_stored(&postcard::to_allocvec(&now).unwrap()).unwrap(), now);
+        assert!(JobSpec::from_stored(b"\x01").is_err(), "junk is still refused");
     }
 
     #[test]

@@ -41,7 +41,7 @@ pub mod slotproc;
 
 use crate::proto::{CacheSource, CancelCause, JobResult, JobSpec, ModuleHash, Outcome};
 use modules::ModuleBytes;
-use slotproc::{LONG_JOB_CPU, SlotPolicy, SlotProcessConfig, SlotProcesses};
+use slotproc::{LARGE_MODULE_BYTES, LONG_JOB_CPU, SlotPolicy, SlotProcessConfig, SlotProcesses};
 use crate::sandbox::{Cancel, OutputChunk, RunHooks, Sandbox, SandboxConfig};
 
 /// How a runner is set up.
@@ -167,7 +167,10 @@ impl JobRunner {
         let child = self.children.as_ref().and_then(|(children, policy)| {
             let go = match policy {
                 SlotPolicy::Always => true,
-                SlotPolicy::Auto => self.lock_long().get(&hash).copied().unwrap_or(false),
+                SlotPolicy::Auto => {
+                    bytes.as_ref().is_some_and(|b| b.len() >= LARGE_MODULE_BYTES)
+                        || self.lock_long().get(&hash).copied().unwrap_or(false)
+                }
                 SlotPolicy::Never => false,
             };
             // Without the bytes (a restarted worker that kept only the

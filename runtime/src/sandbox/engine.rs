@@ -46,10 +46,30 @@ pub const MEMORY_KEEP_RESIDENT: usize = 0;
 /// and wholly used, so memset wins.
 pub const TABLE_KEEP_RESIDENT: usize = 1 << 20;
 
+/// The most native stack a job's wasm may use: 8 MiB, as a native
+/// program's main thread gets on Linux. (wasmtime's default, 512 KiB,
+/// traps CPython's `repr` of a list nested 500 deep, where 8 MiB raises a
+/// clean `RecursionError`.) Touched only as deep as the job recurses.
+pub const MAX_WASM_STACK: usize = 8 << 20;
+
+/// Each job's fiber stack: its wasm stack and 2 MiB for the host calls
+/// made from it (wasmtime needs the difference, and its default is 2 MiB).
+pub const ASYNC_STACK: usize = MAX_WASM_STACK + (2 << 20);
+
+/// Elements a pooled table may hold: CPython's function table has 47,157.
+pub const TABLE_ELEMENTS: usize = 1 << 16;
+
+/// Bytes of a pooled instance's own state (its VM context): CPython's is
+/// 1.5 MiB (the default of 1 MiB refuses it).
+pub const MAX_CORE_INSTANCE_SIZE: usize = 2 << 20;
+
 /// Builds the engine for `config`: the one core modules run on.
 pub fn build(config: &SandboxConfig) -> anyhow::Result<Engine> {
     let mut c = Config::new();
     c.wasm_backtrace_max_frames(std::num::NonZeroUsize::new(super::outcome::BACKTRACE_FRAMES));
+    c.wasm_exceptions(true);
+    c.max_wasm_stack(MAX_WASM_STACK);
+    c.async_stack_size(ASYNC_STACK);
     match config.time_limit {
         TimeLimitMechanism::Epoch => {
             c.epoch_interruption(true);
@@ -67,9 +87,14 @@ pub fn build(config: &SandboxConfig) -> anyhow::Result<Engine> {
         let slots = u32::try_from(config.slots.max(1) + 2).unwrap_or(u32::MAX);
         let mut pool = PoolingAllocationConfig::default();
         pool.total_core_instances(slots);
-        pool.total_memories(slots);
+        // A job that uses exceptions (or GC types) has a GC heap beside its
+        // linear memory, and the pool keeps that heap in a memory slot.
+        pool.total_memories(slots.saturating_mul(2));
+        pool.total_gc_heaps(slots);
         pool.total_tables(slots);
         pool.total_stacks(slots);
+        pool.table_elements(TABLE_ELEMENTS);
+        pool.max_core_instance_size(MAX_CORE_INSTANCE_SIZE);
         // Components run on their own engine ([`build_for_components`]).
         pool.total_component_instances(0);
         pool.linear_memory_keep_resident(MEMORY_KEEP_RESIDENT);

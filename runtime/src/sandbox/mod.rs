@@ -4,6 +4,7 @@
 //! Layout:
 //! * [`engine`] — the shared `Engine` (instance allocator, time-limit mechanism);
 //! * [`code`] — what bytes compile to: a core module or a component;
+//! * [`entry`] — where a job starts (`_start`, or a reactor's `--invoke`) and `host::call`;
 //! * [`cache`] — sha256 → compiled module, in memory and on disk;
 //! * [`component`] — WASI preview 2 components (`wasi:cli/command`);
 //! * [`artifacts`] — the disk half: authenticated, bounded artifacts;
@@ -27,6 +28,7 @@ pub mod cancel;
 pub mod code;
 pub mod component;
 mod drive;
+pub mod entry;
 pub mod files;
 pub mod engine;
 pub mod limiter;
@@ -67,6 +69,10 @@ pub const SCRATCH_GUEST_PATH: &str = "/tmp";
 /// Module bytes a runner keeps for compiling by default (`--module-memory`).
 pub const DEFAULT_MODULE_BYTES_HELD: u64 = 1 << 30;
 
+/// The largest module accepted by default (`--max-module-size`): room for
+/// CPython with numpy, scipy and pandas compiled in (`python.wasm`, 95 MiB).
+pub const DEFAULT_MAX_MODULE_BYTES: u64 = 128 << 20;
+
 /// The most bytes of compiled artifacts a disk cache keeps by default.
 pub const DEFAULT_CACHE_MAX: u64 = 4 << 30;
 
@@ -86,7 +92,7 @@ pub struct SandboxConfig {
     /// How compute is made interruptible. Default: fuel.
     pub time_limit: TimeLimitMechanism,
     /// The largest module accepted, in bytes; larger ones are rejected.
-    /// Default: 64 MiB.
+    /// Default: [`DEFAULT_MAX_MODULE_BYTES`].
     pub max_module_bytes: u64,
     /// The largest memory limit a job may ask for, in bytes. Default: 4 GiB
     /// (all a wasm32 memory can address).
@@ -138,7 +144,7 @@ impl Default for SandboxConfig {
             slots: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             pooling: true,
             time_limit: TimeLimitMechanism::default(),
-            max_module_bytes: 64 << 20,
+            max_module_bytes: DEFAULT_MAX_MODULE_BYTES,
             max_job_memory: 4 << 30,
             cache_entries: 64,
             module_bytes_held: DEFAULT_MODULE_BYTES_HELD,
@@ -220,6 +226,7 @@ impl Sandbox {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p1::add_to_linker_async(&mut linker, |s: &mut JobState| &mut s.wasi)
             .and_then(|()| files::add_to_linker(&mut linker))
+            .and_then(|()| entry::add_host_stub(&mut linker))
             .map_err(|e| anyhow::anyhow!("cannot link WASI: {e}"))?;
         let components = component::linker(&component_engine)?;
         let cache = ModuleCache::new(engine.clone(), component_engine.clone(), &config)?;
@@ -373,14 +380,24 @@ impl Sandbox {
                 ),
             });
         }
-        module
+        let prepared = module
             .prepared
             .get_or_init(|| self.prepare(module))
             .as_ref()
-            .map_err(|reason| Outcome::InvalidModule { reason: reason.clone() })
+            .map_err(|reason| Outcome::InvalidModule { reason: reason.clone() })?;
+        // Per job, not per module: one module may be invoked by several names.
+        match &module.code {
+            Code::Module(m) => entry::check(m, spec.invoke.as_deref()),
+            Code::Component(_) if spec.invoke.is_some() => Err(
+                "--invoke names an export of a core module; a component runs its `wasi:cli/run`".to_string(),
+            ),
+            Code::Component(_) => Ok(()),
+        }
+        .map_err(|reason| Outcome::InvalidModule { reason })?;
+        Ok(prepared)
     }
 
-    /// Runs a core module's `_start` in a fresh store. `Err` is why the
+    /// Runs a core module's entry (`_start`, or `--invoke`) in a fresh store. `Err` is why the
     /// job could not start (its scratch directory, a granted directory).
     async fn run_module(
         &self,
@@ -399,10 +416,7 @@ impl Sandbox {
         let mut store = self.store(&self.engine, wasi, bounds.limiter);
         let call = async {
             let instance = pre.instantiate_async(&mut store).await.map_err(|e| (Phase::Instantiate, e))?;
-            let start = instance
-                .get_typed_func::<(), ()>(&mut store, "_start")
-                .map_err(|e| (Phase::Instantiate, e))?;
-            start.call_async(&mut store, ()).await.map_err(|e| (Phase::Run, e))
+            entry::call(&mut store, &instance, spec.invoke.as_deref()).await.map_err(|e| (Phase::Run, e))
         };
         let (ended, wall_time_us, cpu_time_us) = drive(call, bounds.deadline, &bounds.cancel).await;
         Ok(Ran { ended, wall_time_us, cpu_time_us, limiter: store.into_data().limiter })
@@ -501,18 +515,10 @@ impl Sandbox {
                     .map(|pre| Prepared::Component { pre });
             }
         };
-        match m.get_export("_start") {
-            Some(wasmtime::ExternType::Func(_)) => {}
-            _ => {
-                return Err("it has no `_start` function: peerwasm runs WASI command modules \
-                            (a Rust `fn main` built with --target wasm32-wasip1)"
-                    .into());
-            }
-        }
         for import in m.imports() {
-            if import.module() != "wasi_snapshot_preview1" {
+            if !entry::is_provided(import.module(), import.name()) {
                 return Err(format!(
-                    "it imports `{}::{}`, which peerwasm does not provide (only wasi_snapshot_preview1)",
+                    "it imports `{}::{}`, which peerwasm does not provide (only wasi_snapshot_preview1 and host::call)",
                     import.module(),
                     import.name()
                 ));

@@ -51,7 +51,7 @@ fn restore_one(w: &Arc<Worker>, id: &str, tenant_name: &str, spec: &[u8], result
         tracing::warn!(job = %id, tenant = %tenant_name, "a kept detached job's tenant is gone: left in the state database");
         return None;
     };
-    let Ok(spec) = postcard::from_bytes::<JobSpec>(spec) else {
+    let Ok(spec) = JobSpec::from_stored(spec) else {
         tracing::error!(job = %id, "a kept detached job cannot be read by this peerwasm: left as it is");
         return None;
     };

@@ -5,5 +5,6 @@
 //! faults, tenants, clusters — are the workspace's `tests/` crate.
 
 mod cache;
+mod entries;
 mod outcomes;
 mod support;

@@ -52,6 +52,13 @@ pub const BACKSTOP_GRACE: Duration = Duration::from_secs(2);
 /// under 5% of the job, and fuel would have cost up to 40%.
 pub const LONG_JOB_CPU: Duration = Duration::from_millis(20);
 
+/// A module at least this large runs every job in a slot process under
+/// [`SlotPolicy::Auto`], its first included: it is compiled once, for the
+/// slot processes' engine (CPython's 95 MiB takes ~45 s to compile, and
+/// ~60 s with fuel, whose code is 37–45% slower on numpy), and a hand-off
+/// is nothing beside its start-up.
+pub const LARGE_MODULE_BYTES: usize = 16 << 20;
+
 /// The program a slot process runs: this binary, with the arguments that
 /// make it `peerwasm slot`.
 #[derive(Clone, Debug)]
@@ -67,8 +74,9 @@ pub struct SlotProgram {
 pub enum SlotPolicy {
     /// None: every job runs in the worker's process, with fuel.
     Never,
-    /// Jobs of modules whose last job computed at least [`LONG_JOB_CPU`];
-    /// the rest in-process. The default.
+    /// Jobs of modules whose last job computed at least [`LONG_JOB_CPU`],
+    /// and of modules of [`LARGE_MODULE_BYTES`] or more; the rest
+    /// in-process. The default.
     #[default]
     Auto,
     /// Every job.

