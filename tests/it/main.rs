@@ -19,6 +19,7 @@ mod lifecycle;
 mod map;
 mod observe;
 mod pool;
+mod python;
 mod slots;
 mod soak;
 mod streams;

@@ -26,7 +26,8 @@ pub struct WorkerProcess {
 }
 
 impl WorkerProcess {
-    /// Starts `peerwasm worker` on a free loopback port, with its own cache.
+    /// Starts `peerwasm worker` on a free loopback port, with its own cache
+    /// (unless `extra` names one).
     pub fn start(memory: &str, slots: u32, join: Option<&str>) -> WorkerProcess {
         WorkerProcess::start_with(memory, slots, join, &[])
     }
@@ -45,10 +46,11 @@ impl WorkerProcess {
         if !extra.contains(&"--host-ledger") {
             cmd.arg("--host-ledger").arg(cache.path().join("host-ledger"));
         }
+        if !extra.contains(&"--cache-dir") {
+            cmd.arg("--cache-dir").arg(cache.path());
+        }
         cmd
             .args(["--slots", &slots.to_string(), "--gossip-interval", "100ms"])
-            .arg("--cache-dir")
-            .arg(cache.path())
             .stdout(Stdio::piped())
             .args(extra)
             .stderr(Stdio::null());

