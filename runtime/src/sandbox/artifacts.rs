@@ -1,25 +1,41 @@
 //! The disk half of the module cache: compiled artifacts, authenticated and
-//! bounded in size.
+//! bounded in size, loaded by mapping them.
 //!
 //! An artifact is native code that wasmtime maps and runs, so only files
-//! this cache wrote itself are ever deserialized (as a module or a
-//! component, whichever the artifact says it is). Each
-//! carries an HMAC-SHA256, under a secret made for this cache directory
-//! (`secret.key`, mode 0600), over the module's hash and the artifact: a
-//! file planted in the directory, altered, or renamed to another module's
-//! name fails the check, is removed without being deserialized, and is
-//! counted. wasmtime itself then refuses an artifact of an incompatible
-//! engine; artifacts live under a directory named after the engine's
-//! compatibility hash, so two builds never fight over one file.
+//! this cache wrote itself are ever loaded (as a module or a component,
+//! whichever the artifact was). Each `<module sha256>.cwasm` is wasmtime's
+//! artifact as it is, so that it can be *mapped* rather than read and
+//! copied: CPython's 247 MB artifact starts in milliseconds and costs only
+//! the pages its jobs touch, where reading it cost 0.5 s and 600 MB per
+//! start. Beside it, `<sha256>.mac` holds two HMAC-SHA256 tags under a
+//! secret made for this cache directory (`secret.key`, mode 0600):
+//!
+//! * over the module's hash, the artifact's kind and its **contents** — the
+//!   full check, which reads the whole file;
+//! * over the module's hash, the kind and the file's **identity** (device,
+//!   inode, size and ctime) — the quick check, which reads nothing. A write
+//!   to the file, a file planted or copied in its place, or a rename all
+//!   change its inode or ctime, and nobody but root can set a ctime back.
+//!
+//! A load whose quick check fails falls back to the full check (a
+//! directory restored from a backup keeps its artifacts) and, if that
+//! passes, stamps the file anew; a file that fails both is removed without
+//! being loaded, and counted. The mapping is of the very file that was
+//! checked (its open descriptor). wasmtime itself then refuses an artifact
+//! of an incompatible engine; artifacts live under a directory named after
+//! the engine's compatibility hash, so two builds never fight over one file.
 //!
 //! The directory is kept under a byte budget: after each write, the least
-//! recently used artifacts (by modification time, which a load refreshes)
-//! are removed until the rest fit.
+//! recently used artifacts (by the modification time of their `.mac`,
+//! which a load refreshes: the artifact's own would change its ctime) are
+//! removed until the rest fit. A removed or replaced artifact that is still
+//! mapped stays valid: files are only ever replaced by renaming a new one
+//! into place, never written over.
 
 use std::fs;
 use std::hash::{Hash, Hasher};
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -31,8 +47,11 @@ use super::code::Code;
 
 use crate::proto::ModuleHash;
 
-/// The first bytes of every artifact file; bump on any format change.
-const ARTIFACT_MAGIC: &[u8; 8] = b"PWASMA2\n";
+/// The first bytes of every `.mac` file; bump on any format change.
+const MAC_MAGIC: &[u8; 8] = b"PWASMA3\n";
+
+/// Bytes of a `.mac` file: magic, kind, content tag, identity tag.
+const MAC_FILE_LEN: usize = 8 + 1 + 32 + 32;
 
 /// Bytes of the per-cache secret.
 const SECRET_LEN: usize = 32;
@@ -53,6 +72,25 @@ impl std::fmt::Display for Rejected {
             Rejected::Incompatible(why) => write!(f, "incompatible: {why}"),
         }
     }
+}
+
+/// What an artifact holds: wasmtime loads the two kinds by different calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Module = 1,
+    Component = 2,
+}
+
+/// A `.mac` file, read.
+struct Tags {
+    kind: Kind,
+    content: [u8; 32],
+    identity: [u8; 32],
+}
+
+/// The identity of an open file: what any change of its bytes changes.
+fn identity(meta: &fs::Metadata) -> [i64; 5] {
+    [meta.dev() as i64, meta.ino() as i64, meta.size() as i64, meta.ctime(), meta.ctime_nsec()]
 }
 
 /// Compiled artifacts on disk; see the module docs.
@@ -82,33 +120,54 @@ impl ArtifactStore {
         self.dir.join(format!("{}.cwasm", hash.to_hex()))
     }
 
-    /// Whether a usable artifact of `hash` is here: it exists and this
-    /// cache wrote it (an old-format or planted file is not one, so the
-    /// client is asked for the module instead of the job failing later).
-    pub fn has(&self, hash: &ModuleHash) -> bool {
-        fs::read(self.path(hash)).is_ok_and(|file| self.authentic(hash, &file).is_some())
+    fn mac_path(&self, hash: &ModuleHash) -> PathBuf {
+        self.dir.join(format!("{}.mac", hash.to_hex()))
     }
 
-    /// The artifact inside `file`, if this cache wrote it for `hash`.
-    fn authentic<'f>(&self, hash: &ModuleHash, file: &'f [u8]) -> Option<&'f [u8]> {
-        let rest = file.strip_prefix(ARTIFACT_MAGIC.as_slice())?;
-        let (tag, artifact) = rest.split_at_checked(32)?;
-        self.mac(hash, artifact).verify_slice(tag).ok()?;
-        Some(artifact)
-    }
-
-    fn mac(&self, hash: &ModuleHash, artifact: &[u8]) -> Hmac<Sha256> {
+    fn mac(&self, what: &[u8], hash: &ModuleHash, kind: Kind) -> Hmac<Sha256> {
         let mut mac = Hmac::<Sha256>::new_from_slice(&self.secret).expect("HMAC takes keys of any length");
+        mac.update(what);
         mac.update(&hash.0);
-        mac.update(artifact);
+        mac.update(&[kind as u8]);
         mac
     }
 
-    /// The compiled module for `hash`: `Ok(None)` if there is no artifact,
-    /// `Err` if there was one that could not be used (it is removed).
-    pub fn load(&self, engines: &(Engine, Engine), hash: &ModuleHash) -> Result<Option<Code>, Rejected> {
+    fn identity_tag(&self, hash: &ModuleHash, kind: Kind, meta: &fs::Metadata) -> [u8; 32] {
+        let mut mac = self.mac(b"identity", hash, kind);
+        for n in identity(meta) {
+            mac.update(&n.to_le_bytes());
+        }
+        mac.finalize().into_bytes().into()
+    }
+
+    fn read_tags(&self, hash: &ModuleHash) -> Option<Tags> {
+        let bytes = fs::read(self.mac_path(hash)).ok()?;
+        let rest = bytes.strip_prefix(MAC_MAGIC.as_slice()).filter(|_| bytes.len() == MAC_FILE_LEN)?;
+        let kind = match rest[0] {
+            1 => Kind::Module,
+            2 => Kind::Component,
+            _ => return None,
+        };
+        Some(Tags { kind, content: rest[1..33].try_into().ok()?, identity: rest[33..65].try_into().ok()? })
+    }
+
+    fn write_tags(&self, hash: &ModuleHash, tags: &Tags) -> std::io::Result<()> {
+        let mut tmp = tempfile::NamedTempFile::new_in(&self.dir)?;
+        tmp.write_all(MAC_MAGIC)?;
+        tmp.write_all(&[tags.kind as u8])?;
+        tmp.write_all(&tags.content)?;
+        tmp.write_all(&tags.identity)?;
+        tmp.persist(self.mac_path(hash))?;
+        Ok(())
+    }
+
+    /// The artifact of `hash`, opened and checked: `Ok(None)` if there is
+    /// none, `Err` if there is one this cache did not write as it is now
+    /// (both of its files are then removed if `remove`: a load removes and
+    /// counts it; a mere look leaves that to the load).
+    fn open_checked(&self, hash: &ModuleHash, remove: bool) -> Result<Option<(fs::File, Kind)>, Rejected> {
         let path = self.path(hash);
-        let file = match fs::read(&path) {
+        let mut file = match fs::File::open(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => {
@@ -116,25 +175,64 @@ impl ArtifactStore {
                 return Ok(None);
             }
         };
-        let Some(artifact) = self.authentic(hash, &file) else {
-            let _ = fs::remove_file(&path);
-            return Err(Rejected::Unauthenticated);
-        };
-        // SAFETY: the MAC proves this cache wrote these bytes for this
-        // module, with an engine of the same compatibility hash (the
-        // directory is keyed on it); wasmtime also checks the engine
-        // configuration recorded in the artifact. Artifacts never come from
-        // peers.
-        match unsafe { Code::deserialize(engines, artifact) } {
+        let checked = (|| {
+            let tags = self.read_tags(hash)?;
+            let meta = file.metadata().ok()?;
+            if self.identity_tag(hash, tags.kind, &meta) == tags.identity {
+                return Some(tags.kind);
+            }
+            // The quick check failed: read it all.
+            let mut contents = Vec::new();
+            file.read_to_end(&mut contents).ok()?;
+            let mut mac = self.mac(b"content", hash, tags.kind);
+            mac.update(&contents);
+            mac.verify_slice(&tags.content).ok()?;
+            let identity = self.identity_tag(hash, tags.kind, &meta);
+            let _ = self.write_tags(hash, &Tags { identity, ..tags });
+            Some(tags.kind)
+        })();
+        match checked {
+            Some(kind) => Ok(Some((file, kind))),
+            None => {
+                if remove {
+                    let _ = fs::remove_file(&path);
+                    let _ = fs::remove_file(self.mac_path(hash));
+                }
+                Err(Rejected::Unauthenticated)
+            }
+        }
+    }
+
+    /// Whether a usable artifact of `hash` is here: it exists and this
+    /// cache wrote it (an old-format or planted file is not one, so the
+    /// client is asked for the module instead of the job failing later).
+    pub fn has(&self, hash: &ModuleHash) -> bool {
+        matches!(self.open_checked(hash, false), Ok(Some(_)))
+    }
+
+    /// The compiled module for `hash`, mapped from its file: `Ok(None)` if
+    /// there is no artifact, `Err` if there was one that could not be used
+    /// (it is removed).
+    pub fn load(&self, engines: &(Engine, Engine), hash: &ModuleHash) -> Result<Option<Code>, Rejected> {
+        let Some((file, kind)) = self.open_checked(hash, true)? else { return Ok(None) };
+        // SAFETY: the MAC proves this cache wrote this very file (the one
+        // open here) for this module, with an engine of the same
+        // compatibility hash (the directory is keyed on it); wasmtime also
+        // checks the engine configuration recorded in the artifact.
+        // Artifacts never come from peers, and are never written over in
+        // place (see the module docs), so the mapping stays as checked.
+        let loaded = unsafe { Code::map(engines, file, kind == Kind::Component) };
+        match loaded {
             Ok(module) => {
                 // A load is a use: keep it from being evicted first.
-                if let Ok(f) = fs::File::options().write(true).open(&path) {
+                if let Ok(f) = fs::File::options().write(true).open(self.mac_path(hash)) {
                     let _ = f.set_modified(SystemTime::now());
                 }
                 Ok(Some(module))
             }
             Err(e) => {
-                let _ = fs::remove_file(&path);
+                let _ = fs::remove_file(self.path(hash));
+                let _ = fs::remove_file(self.mac_path(hash));
                 Err(Rejected::Incompatible(super::code::one_line(&e)))
             }
         }
@@ -144,13 +242,20 @@ impl ArtifactStore {
     /// budget). Returns the artifacts evicted.
     pub fn store(&self, hash: &ModuleHash, module: &Code) -> anyhow::Result<usize> {
         let artifact = module.serialize().map_err(|e| anyhow::anyhow!("{e}"))?;
-        let tag = self.mac(hash, &artifact).finalize().into_bytes();
-        // Write then rename, so a reader never sees half a file.
+        let kind = match module {
+            Code::Module(_) => Kind::Module,
+            Code::Component(_) => Kind::Component,
+        };
+        let mut content = self.mac(b"content", hash, kind);
+        content.update(&artifact);
+        // Write then rename, so a reader never sees half a file; the
+        // identity is taken after the rename (which sets the ctime).
         let mut tmp = tempfile::NamedTempFile::new_in(&self.dir)?;
-        tmp.write_all(ARTIFACT_MAGIC)?;
-        tmp.write_all(&tag)?;
         tmp.write_all(&artifact)?;
-        tmp.persist(self.path(hash))?;
+        tmp.as_file().sync_data()?;
+        let file = tmp.persist(self.path(hash))?;
+        let identity = self.identity_tag(hash, kind, &file.metadata()?);
+        self.write_tags(hash, &Tags { kind, content: content.finalize().into_bytes().into(), identity })?;
         Ok(self.evict())
     }
 
@@ -163,7 +268,8 @@ impl ArtifactStore {
             .filter(|e| e.path().extension().is_some_and(|x| x == "cwasm"))
             .filter_map(|e| {
                 let meta = e.metadata().ok()?;
-                Some((meta.modified().ok()?, meta.len(), e.path()))
+                let used = fs::metadata(e.path().with_extension("mac")).and_then(|m| m.modified()).unwrap_or(SystemTime::UNIX_EPOCH);
+                Some((used, meta.len() + MAC_FILE_LEN as u64, e.path()))
             })
             .collect();
         let mut total: u64 = files.iter().map(|(_, len, _)| len).sum();
@@ -174,6 +280,7 @@ impl ArtifactStore {
                 break;
             }
             if fs::remove_file(&path).is_ok() {
+                let _ = fs::remove_file(path.with_extension("mac"));
                 total -= len;
                 evicted += 1;
             }

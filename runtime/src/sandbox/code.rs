@@ -3,7 +3,7 @@
 //! ([`super::cache`]) and the artifact store ([`super::artifacts`]).
 
 use wasmtime::component::Component;
-use wasmtime::{Engine, Module, Precompiled};
+use wasmtime::{Engine, Module};
 
 /// What a module's bytes compile to. Both kinds are cached, serialized to
 /// disk and run under the same limits; they differ in how WASI is linked.
@@ -32,19 +32,26 @@ impl Code {
         }
     }
 
-    /// Loads an artifact written by [`Code::serialize`].
+    /// Maps an artifact written by [`Code::serialize`] from `file`: a
+    /// component's if `component`, else a module's. The pages are the
+    /// file's until a job touches them (nothing is read or copied up front).
     ///
     /// # Safety
     ///
-    /// As `Module::deserialize`: `artifact` must come from `serialize` with
-    /// a compatible engine (the artifact store authenticates it).
-    pub(crate) unsafe fn deserialize(engines: &(Engine, Engine), artifact: &[u8]) -> wasmtime::Result<Code> {
+    /// As `Module::deserialize_open_file`: `file` must hold what `serialize`
+    /// wrote with a compatible engine (the artifact store authenticates it)
+    /// and must not change while the code is in use.
+    pub(crate) unsafe fn map(engines: &(Engine, Engine), file: std::fs::File, component: bool) -> wasmtime::Result<Code> {
         // SAFETY: passed on to the caller (see above).
         unsafe {
-            match Engine::detect_precompiled(artifact) {
-                Some(Precompiled::Component) => Component::deserialize(&engines.1, artifact).map(Code::Component),
-                _ => Module::deserialize(&engines.0, artifact).map(Code::Module),
+            if !component {
+                return Module::deserialize_open_file(&engines.0, file).map(Code::Module);
             }
+            // No `deserialize_open_file` for components: the path of the
+            // open descriptor names the same file.
+            use std::os::fd::AsRawFd;
+            let fd = format!("/proc/self/fd/{}", file.as_raw_fd());
+            Component::deserialize_file(&engines.1, &fd).map(Code::Component)
         }
     }
 

@@ -18,8 +18,12 @@ fn with_disk(dir: &Path) -> JobRunner {
 fn artifacts(dir: &Path) -> Vec<PathBuf> {
     let mut found = Vec::new();
     for engine_dir in std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()) {
+        // The artifacts themselves (each has a `.mac` beside it).
         for f in std::fs::read_dir(engine_dir).unwrap() {
-            found.push(f.unwrap().path());
+            let path = f.unwrap().path();
+            if path.extension().is_some_and(|x| x == "cwasm") {
+                found.push(path);
+            }
         }
     }
     found.sort();
@@ -73,6 +77,35 @@ async fn a_restarted_runner_loads_from_disk() {
     assert_eq!((stats.compiles, stats.disk_hits), (0, 1));
 }
 
+/// Artifacts are mapped after a quick check of the file's identity; a
+/// cache dir copied elsewhere (new inodes: a backup restored) still loads,
+/// after one full check of each file's contents, which stamps it anew.
+#[tokio::test]
+async fn a_copied_cache_dir_loads_after_a_full_check_and_is_stamped_anew() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let r = with_disk(dir.path());
+        r.run(guest_job(&r, "primes", r#"{"n": 100}"#), None).await;
+    }
+    let copy = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new("cp").arg("-a").arg(format!("{}/.", dir.path().display())).arg(copy.path()).status().unwrap();
+    assert!(status.success());
+    let [artifact] = artifacts(copy.path()).try_into().unwrap();
+    let mac = artifact.with_extension("mac");
+    let stamp_before = std::fs::read(&mac).unwrap();
+    let r = with_disk(copy.path());
+    let res = r.run(guest_job(&r, "primes", r#"{"n": 100}"#), None).await;
+    assert_eq!((res.outcome.clone(), res.cache), (Outcome::Exited { code: 0 }, CacheSource::Disk));
+    assert_eq!(stdout(&res), "{\"count\":25}\n");
+    assert_ne!(std::fs::read(&mac).unwrap(), stamp_before, "the copy's identity was stamped");
+    assert_eq!(r.sandbox().cache_stats().disk_rejects, 0);
+    // An artifact without its tags is not one.
+    std::fs::remove_file(&mac).unwrap();
+    let r = with_disk(copy.path());
+    assert_eq!(r.run(guest_job(&r, "primes", r#"{"n": 100}"#), None).await.cache, CacheSource::Compiled);
+    assert_eq!(r.sandbox().cache_stats().disk_rejects, 1);
+}
+
 #[tokio::test]
 async fn a_corrupt_artifact_is_recompiled() {
     let dir = tempfile::tempdir().unwrap();
@@ -108,7 +141,7 @@ async fn a_foreign_artifact_is_recompiled() {
     // A file planted by someone who can write the directory but does not
     // have the cache's secret: a plausible header, a checksum, anything.
     let [artifact] = artifacts(dir.path()).try_into().unwrap();
-    let mut fake = b"PWASMA2\n".to_vec();
+    let mut fake = b"\x7fELF\x02\x01\x01".to_vec();
     let payload = b"not a wasmtime artifact at all".to_vec();
     use sha2::Digest;
     fake.extend_from_slice(&sha2::Sha256::digest(&payload));
