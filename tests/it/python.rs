@@ -7,12 +7,11 @@
 //! compile (about 45 s and 2 GB for this 95 MiB module) is paid once per
 //! engine, not per test or per run.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::Duration;
 
-use crate::support::{PEERWASM, WorkerProcess};
+use crate::support::{PEERWASM, WorkerProcess, output_within};
 
 /// Compiled artifacts shared by these tests and kept between runs.
 fn python_cache() -> PathBuf {
@@ -24,25 +23,9 @@ fn python_cache() -> PathBuf {
 /// `peerwasm ARGS` with the Python runtime and the shared cache, `stdin`
 /// fed; killed (and the test failed) past `limit`.
 fn peerwasm(args: &[&str], stdin: &[u8], limit: Duration) -> Output {
-    let mut child = Command::new(PEERWASM)
-        .args(args)
-        .env("PEERWASM_PYTHON", peerwasm_testkit::python_runtime())
-        .env("PEERWASM_CACHE_DIR", python_cache())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting peerwasm");
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    let pid = child.id();
-    let watchdog = std::thread::spawn(move || {
-        std::thread::sleep(limit);
-        // SAFETY: kill(2) of our own child, which may have ended already.
-        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-    });
-    let out = child.wait_with_output().unwrap();
-    assert!(!watchdog.is_finished(), "peerwasm {args:?} ran past {limit:?}");
-    out
+    let mut cmd = Command::new(PEERWASM);
+    cmd.args(args).env("PEERWASM_PYTHON", peerwasm_testkit::python_runtime()).env("PEERWASM_CACHE_DIR", python_cache());
+    output_within(&mut cmd, stdin, limit)
 }
 
 /// Long enough for a first compile on a loaded 2-core machine.

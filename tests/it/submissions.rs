@@ -99,20 +99,7 @@ fn run(args: &[&str]) -> Output {
 
 /// [`run`], killed (and the test failed) if it takes longer than `limit`.
 fn run_within(limit: Duration, args: &[&str]) -> Output {
-    let child = peerwasm().args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("running peerwasm");
-    let pid = child.id() as i32;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(out) => out.expect("waiting for peerwasm"),
-        Err(_) => {
-            // SAFETY: kill(2) on our own child's pid.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            panic!("peerwasm {} took more than {limit:?}", args.join(" "));
-        }
-    }
+    crate::support::output_within(peerwasm().args(args), b"", limit)
 }
 
 fn stdout(out: &Output) -> String {

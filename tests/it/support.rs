@@ -1,7 +1,8 @@
 //! Shared helpers: `peerwasm` worker processes on free ports.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
 
 pub const MIB: u64 = 1 << 20;
 
@@ -93,4 +94,29 @@ impl Drop for WorkerProcess {
 pub fn is_root() -> bool {
     // SAFETY: geteuid(2) cannot fail.
     unsafe { libc::geteuid() == 0 }
+}
+
+/// Runs `cmd` with `stdin` fed and its output collected; kills it and fails
+/// the test if it is still running after `limit` (a hang fails the test
+/// rather than timing out the whole suite).
+pub fn output_within(cmd: &mut Command, stdin: &[u8], limit: Duration) -> Output {
+    let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("starting the command");
+    let pid = child.id() as i32;
+    let mut input = child.stdin.take().expect("stdin piped");
+    let stdin = stdin.to_vec();
+    // Fed from a thread: a command that does not read its stdin must not
+    // block us.
+    std::thread::spawn(move || std::io::Write::write_all(&mut input, &stdin));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.expect("waiting for the command"),
+        Err(_) => {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("{cmd:?} took more than {limit:?}");
+        }
+    }
 }
