@@ -308,6 +308,10 @@ async fn a_draining_worker_sends_queued_jobs_away_and_cancels_running_ones_after
     let mut w = WorkerProcess::start_with("1GiB", 1, None, &["--drain-grace", "1s"]);
     let sleep = sleep_job();
     assert!(upload(&w.addr, &sleep, None).await.is_success());
+    // Compiled first: a job that holds its slot but is still compiling has
+    // not started, and a drain sends it away as a queued one (under load,
+    // the compile took long enough for that to happen here).
+    assert!(post(&w.addr, &sleep.spec(b"1".to_vec(), 32 * MIB), None, false).await.status().is_success());
     let running = tokio::spawn({
         let (addr, spec) = (w.addr.clone(), sleep.spec(b"600000".to_vec(), 32 * MIB));
         async move { post(&addr, &spec, None, false).await }

@@ -250,10 +250,13 @@ fn run(
 ) -> PyResult<Result> {
     let stdin = stdin.map(to_bytes).transpose()?.unwrap_or_default();
     let job = job(module, args, env, to_timeout(timeout)?)?;
-    let mem = to_size(mem)?.unwrap_or(DEFAULT_MEMORY);
-    let target = target(peers, token)?;
-    let spec = job.spec(stdin, mem);
-    let result = block_on(py, async { target.run(&job, spec).await })?
+    run_job(py, &job, stdin, to_size(mem)?, target(peers, token)?)
+}
+
+/// Runs `job` once with `stdin`; the Result, or JobError.
+fn run_job(py: Python<'_>, job: &Job, stdin: Vec<u8>, mem: Option<u64>, target: Target) -> PyResult<Result> {
+    let spec = job.spec(stdin, mem.unwrap_or(DEFAULT_MEMORY));
+    let result = block_on(py, async { target.run(job, spec).await })?
         .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
     let result = to_result(py, result, 1, None)?;
     if result.ok() { Ok(result) } else { Err(job_error(py, result)?) }
@@ -317,9 +320,15 @@ fn map(
     }
     let job = job(module, Vec::new(), None, to_timeout(timeout)?)?;
     let config = MapConfig { mem: to_size(mem)?, keep_going, retries, ..MapConfig::default() };
-    let target = target(peers, token)?;
+    map_job(py, &job, stdins, &config, target(peers, token)?, progress)
+}
+
+/// Runs `job` once per input; the Results in input order, or JobError
+/// for the first failed one (unless `config.keep_going`).
+fn map_job(py: Python<'_>, job: &Job, stdins: Vec<Vec<u8>>, config: &MapConfig, target: Target, progress: bool) -> PyResult<Vec<Result>> {
+    let keep_going = config.keep_going;
     let mut printer = Printer { show: progress, last: std::time::Instant::now(), items: Vec::new() };
-    let summary = block_on(py, async { peerwasm::client::map(&target, &job, stdins, &config, &mut printer).await })?
+    let summary = block_on(py, async { peerwasm::client::map(&target, job, stdins, config, &mut printer).await })?
         .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))?;
     let mut results = Vec::with_capacity(printer.items.len());
     let mut first_failure = None;
@@ -341,10 +350,69 @@ fn map(
     Ok(results)
 }
 
+/// A job that runs the Python program `source` on the CPython for WASI in
+/// `runtime` (a directory holding `python.wasm` and `python-stdlib.zip`),
+/// and the directory that holds its copy of the program while it runs.
+fn python_job(runtime: PathBuf, source: &str, timeout_ms: Option<u64>) -> PyResult<(Job, Option<tempfile::TempDir>)> {
+    let err = |e: anyhow::Error| PyValueError::new_err(format!("{e:#}"));
+    let rt = peerwasm::client::python::PythonRuntime::in_dir(&runtime).map_err(err)?;
+    let dir = tempfile::Builder::new().prefix("peerwasm-fn-").tempdir().map_err(|e| err(e.into()))?;
+    let script = dir.path().join("job.py");
+    std::fs::write(&script, source).map_err(|e| err(e.into()))?;
+    let cache = dirs_cache().unwrap_or_else(|| std::env::temp_dir().join("peerwasm-cache"));
+    let pj = peerwasm::client::python::python_job(&rt, &script.to_string_lossy(), &[], &cache).map_err(err)?;
+    let mut job = pj.job;
+    job.limits.timeout_ms = timeout_ms;
+    Ok((job, pj.script_dir))
+}
+
+/// `run` of a Python program: the driver `peerwasm.run(fn, ...)` writes.
+#[pyfunction]
+#[pyo3(signature = (runtime, source, stdin, mem=None, timeout=None, peers=None, token=None))]
+#[allow(clippy::too_many_arguments)]
+fn _run_python(
+    py: Python<'_>,
+    runtime: PathBuf,
+    source: &str,
+    stdin: Vec<u8>,
+    mem: Option<&Bound<'_, PyAny>>,
+    timeout: Option<&Bound<'_, PyAny>>,
+    peers: Option<Vec<String>>,
+    token: Option<String>,
+) -> PyResult<Result> {
+    let (job, _script) = python_job(runtime, source, to_timeout(timeout)?)?;
+    run_job(py, &job, stdin, to_size(mem)?, target(peers, token)?)
+}
+
+/// `map` of a Python program over pickled inputs: the driver
+/// `peerwasm.map(fn, ...)` writes.
+#[pyfunction]
+#[pyo3(signature = (runtime, source, inputs, mem=None, timeout=None, peers=None, token=None, progress=false, keep_going=false, retries=0))]
+#[allow(clippy::too_many_arguments)]
+fn _map_python(
+    py: Python<'_>,
+    runtime: PathBuf,
+    source: &str,
+    inputs: Vec<Vec<u8>>,
+    mem: Option<&Bound<'_, PyAny>>,
+    timeout: Option<&Bound<'_, PyAny>>,
+    peers: Option<Vec<String>>,
+    token: Option<String>,
+    progress: bool,
+    keep_going: bool,
+    retries: u32,
+) -> PyResult<Vec<Result>> {
+    let (job, _script) = python_job(runtime, source, to_timeout(timeout)?)?;
+    let config = MapConfig { mem: to_size(mem)?, keep_going, retries, ..MapConfig::default() };
+    map_job(py, &job, inputs, &config, target(peers, token)?, progress)
+}
+
 #[pymodule]
 fn _peerwasm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run, m)?)?;
     m.add_function(wrap_pyfunction!(map, m)?)?;
+    m.add_function(wrap_pyfunction!(_run_python, m)?)?;
+    m.add_function(wrap_pyfunction!(_map_python, m)?)?;
     m.add_class::<Result>()?;
     m.add("JobError", m.py().get_type::<JobError>())?;
     Ok(())

@@ -111,6 +111,9 @@ def _worker(join=None):
             "--slots", "2", "--gossip-interval", "100ms"]
     if join:
         args += ["--join", join]
+    if os.environ.get("PEERWASM_CACHE_DIR"):
+        # The compiled code run-tests keeps (CPython's takes 45 s to compile).
+        args += ["--cache-dir", os.path.join(os.environ["PEERWASM_CACHE_DIR"], "worker"), "--max-compile-time", "10m"]
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = p.stdout.readline()
     assert line.startswith("peerwasm worker listening on "), line

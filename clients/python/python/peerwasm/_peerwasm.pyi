@@ -62,3 +62,30 @@ def map(
     """Runs the job once per input (bytes as they are, anything else as JSON);
     the Results in input order. Raises JobError for the first failed job
     unless keep_going."""
+
+def _run_python(
+    runtime: _Path,
+    source: str,
+    stdin: bytes,
+    mem: Optional[_Size] = None,
+    timeout: Optional[_Seconds] = None,
+    peers: Optional[Sequence[str]] = None,
+    token: Optional[str] = None,
+) -> Result:
+    """Runs the Python program `source` once on the CPython for WASI in
+    `runtime` (used by `peerwasm.run(fn, ...)`)."""
+
+def _map_python(
+    runtime: _Path,
+    source: str,
+    inputs: Sequence[bytes],
+    mem: Optional[_Size] = None,
+    timeout: Optional[_Seconds] = None,
+    peers: Optional[Sequence[str]] = None,
+    token: Optional[str] = None,
+    progress: bool = False,
+    keep_going: bool = False,
+    retries: int = 0,
+) -> list[Result]:
+    """Runs the Python program `source` once per input (used by
+    `peerwasm.map(fn, ...)`)."""

