@@ -404,3 +404,49 @@ async fn a_job_asking_for_all_the_worker_offers_is_not_held_back_by_its_own_requ
     let all = items.iter().filter(|i| i.result.memory_limit_bytes == 256 * MIB).count();
     assert!(all >= 1, "the first jobs asked for all of --memory");
 }
+
+/// Compiling a module takes host memory outside any job's limit (~24× the
+/// module: 2 GB for CPython's 95 MiB). While a job's module compiles, that
+/// memory is charged to the ledger, so the worker offers that much less
+/// (and admits nothing into it); once the module is loaded it is given back,
+/// and a module already compiled is not charged again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compile_is_charged_to_the_ledger_until_its_module_is_loaded() {
+    use crate::pool::view;
+    let w = WorkerProcess::start_with("1GiB", 2, None, &["--slot-processes", "never"]);
+    let big = Job::new(peerwasm_testkit::big_module(20_000));
+    let charge = big.bytes().len() as u64 * peerwasm::worker::jobs::COMPILE_BYTES_PER_MODULE_BYTE;
+    assert!(charge > 100 * MIB, "a compile worth seeing: {} MiB", charge / MIB);
+    let target = Target::pool(vec![w.addr.clone()]).unwrap();
+    let offer = |v: Vec<peerwasm::gossip::PeerView>| v[0].advert.largest_fit_bytes;
+    assert_eq!(offer(view(&w.addr).await), 1024 * MIB, "an idle worker offers all of --memory");
+    let run = tokio::spawn({
+        let (target, big) = (target.clone(), big.clone());
+        async move { target.run(&big, big.spec(Vec::new(), 16 * MIB)).await }
+    });
+    let mut lowest = u64::MAX;
+    while !run.is_finished() {
+        lowest = lowest.min(offer(view(&w.addr).await));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(run.await.unwrap().unwrap().outcome.is_success());
+    assert!(
+        lowest <= 1024 * MIB - 16 * MIB - charge,
+        "while compiling the worker offered {} MiB (the compile: {} MiB)",
+        lowest / MIB,
+        charge / MIB
+    );
+    // Given back once loaded; compiled now, the next job charges nothing.
+    crate::pool::wait_for(&w.addr, Duration::from_secs(5), |v| v[0].advert.largest_fit_bytes == 1024 * MIB).await;
+    let again = tokio::spawn({
+        let (target, big) = (target.clone(), big.clone());
+        async move { target.run(&big, big.spec(Vec::new(), 16 * MIB)).await }
+    });
+    let mut lowest = u64::MAX;
+    while !again.is_finished() {
+        lowest = lowest.min(offer(view(&w.addr).await));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(again.await.unwrap().unwrap().outcome.is_success());
+    assert!(lowest >= 1024 * MIB - 16 * MIB, "a compiled module was charged again: offer {} MiB", lowest / MIB);
+}

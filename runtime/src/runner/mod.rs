@@ -67,7 +67,7 @@ pub struct JobRunner {
     /// Slot processes and the policy that sends jobs to them.
     children: Option<(Arc<SlotProcesses>, SlotPolicy)>,
     /// Modules whose last job computed at least `LONG_JOB_CPU` (true) or
-    /// less (false).
+    /// less (false): also which modules have run here at all.
     long: Arc<Mutex<HashMap<ModuleHash, bool>>>,
     /// `Some` until drop; dropped in the background so that dropping a
     /// runner inside another runtime does not panic.
@@ -135,6 +135,13 @@ impl JobRunner {
     /// gone but the artifact is not, and nothing needs uploading again).
     pub fn has_module(&self, hash: &ModuleHash) -> bool {
         self.lock_modules().contains(hash) || self.sandbox.has_compiled(hash)
+    }
+
+    /// Whether this module's code is ready to run without compiling: a job
+    /// of it has run here (in this process or a slot process), or its
+    /// compiled form is in this process's memory or disk cache.
+    pub fn is_compiled(&self, hash: &ModuleHash) -> bool {
+        self.lock_long().contains_key(hash) || self.sandbox.has_compiled(hash)
     }
 
     /// The module's bytes, if this runner holds them (after a restart it
@@ -230,7 +237,7 @@ impl JobRunner {
             Err(e) => host_failure(limit, &format!("the job's task failed: {e}")),
         };
         abandoned.disarm();
-        if self.children.is_some() && result.wall_time_us > 0 {
+        if result.wall_time_us > 0 {
             let mut long = long.lock();
             if long.len() >= LEARNED_MODULES && !long.contains_key(&hash) {
                 long.clear();
