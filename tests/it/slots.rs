@@ -295,3 +295,42 @@ async fn auto_runs_only_modules_that_compute_long_in_slot_processes() {
     assert_eq!(get(&m, "peerwasm_slot_process_jobs_total"), 1.0, "only the second primes job: {answers:?}");
     println!("primes 10^7: {} µs CPU with fuel, {} µs in a slot process", answers[2].1, answers[3].1);
 }
+
+/// `--precompile`: the module is compiled as the worker starts, for the
+/// engine its jobs will run on — this process's (`never`), or the slot
+/// processes' (`always`; under `auto`, modules of 16 MiB or more) — so the
+/// first job loads it rather than compiling (without it: `Compiled`).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_precompiled_module_starts_its_first_job_without_compiling() {
+    use peerwasm::proto::CacheSource;
+    let primes = peerwasm_testkit::guest_wasm("primes");
+    let hash = peerwasm::proto::ModuleHash::of(&std::fs::read(&primes).unwrap()).to_hex();
+    for policy in ["never", "always"] {
+        let cache = tempfile::tempdir().unwrap();
+        let w = WorkerProcess::start_with("1GiB", 1, None, &[
+            "--slot-processes",
+            policy,
+            "--cache-dir",
+            cache.path().to_str().unwrap(),
+            "--precompile",
+            primes.to_str().unwrap(),
+        ]);
+        // Done when its artifact (and the tags beside it) is on disk.
+        let start = Instant::now();
+        let compiled = || {
+            std::fs::read_dir(cache.path().join("modules")).into_iter().flatten().flatten().any(|engine| {
+                engine.path().join(format!("{hash}.mac")).exists()
+            })
+        };
+        while !compiled() {
+            assert!(start.elapsed() < Duration::from_secs(60), "{policy}: not precompiled after a minute");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let target = Target::pool(vec![w.addr.clone()]).unwrap();
+        let job = Job::from_file(&primes).unwrap();
+        let r = target.run(&job, job.spec(br#"{"n": 100}"#.to_vec(), 64 * MIB)).await.unwrap();
+        assert_eq!(String::from_utf8_lossy(&r.stdout), "{\"count\":25}\n", "{policy}");
+        // From memory or disk (a slot process: disk), never compiled.
+        assert_ne!(r.cache, CacheSource::Compiled, "{policy}: the first job compiled its module");
+    }
+}

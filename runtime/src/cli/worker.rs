@@ -104,6 +104,11 @@ pub struct WorkerArgs {
     /// module takes about 20 times its size in memory for a while.
     #[arg(long, value_name = "SIZE", default_value_t = Size(crate::sandbox::DEFAULT_MAX_MODULE_BYTES))]
     max_module_size: Size,
+    /// Compile this module as the worker starts, in the background, for
+    /// the engine its jobs will run on (repeatable): its first job then
+    /// starts at once, e.g. `--precompile python.wasm` (~45 s of compile).
+    #[arg(long, value_name = "FILE.wasm")]
+    precompile: Vec<PathBuf>,
     /// The address peers and clients reach this worker at, host:port (a
     /// name is fine), when it is not the --listen address: e.g. with
     /// --listen 0.0.0.0:7070 on a cluster node, --advertise node042:7070.
@@ -286,6 +291,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
             Some(p) => Some(p),
             None => Some(crate::worker::hostledger::default_path()),
         },
+        precompile: args.precompile,
         serve: crate::worker::http::serve::ServeLimits {
             max_connections: args.max_connections.max(1),
             max_connections_per_address: args.max_connections_per_address,

@@ -137,6 +137,30 @@ impl JobRunner {
         self.lock_modules().contains(hash) || self.sandbox.has_compiled(hash)
     }
 
+    /// Compiles `bytes` ahead of its jobs (`peerwasm worker --precompile`),
+    /// for the engine they will run on: the slot processes' for a module
+    /// that goes to them (every module under `always`; one of
+    /// [`LARGE_MODULE_BYTES`] or more under `auto`), else this process's.
+    /// Keeps the bytes for its jobs as [`add_module`](Self::add_module)
+    /// does. Blocks for the compile (CPython: ~45 s): call it from a
+    /// blocking thread. Returns the module's hash, whether its jobs run in
+    /// slot processes, and where its code came from (a module compiled
+    /// before comes from the disk cache).
+    pub fn precompile(&self, bytes: Arc<[u8]>) -> Result<(ModuleHash, bool, CacheSource), String> {
+        let hash = ModuleHash::of(&bytes);
+        self.add_module_hashed(hash, bytes.clone());
+        let children = self.children.as_ref().filter(|(_, policy)| match policy {
+            SlotPolicy::Always => true,
+            SlotPolicy::Auto => bytes.len() >= LARGE_MODULE_BYTES,
+            SlotPolicy::Never => false,
+        });
+        let source = match children {
+            Some((children, _)) => children.precompile(&hash, &bytes)?,
+            None => self.sandbox.load(&hash, &bytes).map(|(_, source)| source).map_err(|o| o.to_string())?,
+        };
+        Ok((hash, children.is_some(), source))
+    }
+
     /// Whether this module's code is ready to run without compiling: a job
     /// of it has run here (in this process or a slot process), or its
     /// compiled form is in this process's memory or disk cache.

@@ -37,7 +37,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
 use crate::proto::frame::{FrameReader, encode_frame};
-use crate::proto::{CancelCause, JobResult, JobSpec, Outcome, StdStream};
+use crate::proto::{CacheSource, CancelCause, JobResult, JobSpec, ModuleHash, Outcome, StdStream};
 use super::host_failure;
 use crate::sandbox::{SandboxConfig, OutputCapture, RunHooks, Sandbox, files::ScratchPool};
 use wire::{FromSlot, STDIN_CREDIT, ToSlot};
@@ -151,6 +151,17 @@ impl SlotProcesses {
             max_idle: config.slots.max(1),
             jobs: AtomicU64::new(0),
         }
+    }
+
+    /// Compiles `bytes` (whose sha256 is `hash`) for the slot processes'
+    /// engine, here, into the disk cache they share with this process, so
+    /// that their first job of it loads instead of compiling. Blocks: call
+    /// it from a blocking thread. With no time limit on the compile: the
+    /// operator asked for it.
+    pub fn precompile(&self, hash: &ModuleHash, bytes: &[u8]) -> Result<CacheSource, String> {
+        let config = SandboxConfig { max_compile_time: None, ..self.setup.clone() };
+        let sandbox = Sandbox::new(config).map_err(|e| format!("{e:#}"))?;
+        sandbox.load(hash, bytes).map(|(_, source)| source).map_err(|outcome| outcome.to_string())
     }
 
     /// Jobs run in slot processes so far.

@@ -167,6 +167,11 @@ pub struct WorkerConfig {
     /// `worker::hostledger`). `None`: this worker decides alone. Default:
     /// [`hostledger::default_path`](crate::worker::hostledger::default_path).
     pub host_ledger: Option<std::path::PathBuf>,
+    /// Modules compiled as the worker starts (`--precompile`), in the
+    /// background, for the engine their jobs will run on, so that the
+    /// first job of each starts at once (CPython's takes ~45 s to
+    /// compile). Default: none.
+    pub precompile: Vec<std::path::PathBuf>,
 }
 
 impl WorkerConfig {
@@ -204,6 +209,7 @@ impl WorkerConfig {
             history_keep: Duration::from_secs(u64::from(crate::worker::history::DEFAULT_HISTORY_DAYS) * 24 * 3600),
             keep_results: DEFAULT_KEEP_RESULTS,
             host_ledger: Some(crate::worker::hostledger::default_path()),
+            precompile: Vec::new(),
         }
     }
 }
@@ -249,6 +255,32 @@ impl RunningWorker {
 }
 
 /// Binds, starts gossip and serves until `shutdown` resolves.
+/// Compiles `paths` one after another (`--precompile`), saying how each
+/// went: a module that cannot be read or compiled is named, and the worker
+/// goes on without it.
+fn precompile(w: &Worker, paths: &[std::path::PathBuf]) {
+    for path in paths {
+        let started = std::time::Instant::now();
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(path = %path.display(), "--precompile: cannot read the module: {e}");
+                continue;
+            }
+        };
+        match w.runner.precompile(bytes.into()) {
+            Ok((hash, in_children, source)) => tracing::info!(
+                path = %path.display(),
+                module = %hash,
+                for_engine = if in_children { "slot processes" } else { "this process" },
+                took = %humantime::format_duration(std::time::Duration::from_millis(started.elapsed().as_millis() as u64)),
+                "precompiled ({source:?})"
+            ),
+            Err(why) => tracing::error!(path = %path.display(), "--precompile: the module does not compile: {why}"),
+        }
+    }
+}
+
 pub async fn start(
     config: WorkerConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -393,6 +425,10 @@ pub async fn start(
     restore_state(&worker, config.keep_results).await;
     let serve = tokio::spawn(serve::serve(listener, app, config.serve.clone(), refused, drain));
     tokio::spawn(keep_state(worker.clone(), config.keep_results));
+    if !config.precompile.is_empty() {
+        let (w, paths) = (worker.clone(), config.precompile.clone());
+        tokio::task::spawn_blocking(move || precompile(&w, &paths));
+    }
     Ok(RunningWorker { addr: bound, advertised: addr, serve, gossip, worker, grace })
 }
 
