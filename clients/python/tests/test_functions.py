@@ -61,6 +61,9 @@ def test_the_memory_limit_holds_and_what_cannot_be_sent_is_refused():
         peerwasm.map(inner, [1])
 
 
-def test_a_function_runs_on_a_pool(pool):  # noqa: F811
-    out = peerwasm.map(fns.square, list(range(6)), peers=pool)
-    assert out == [0, 1, 4, 9, 16, 25]
+def test_a_function_is_mapped_over_a_pool_with_numpy_arrays(pool):  # noqa: F811
+    arrays = [np.full((4, 4), i, dtype=np.float64) for i in range(50)]
+    out = peerwasm.map(fns.describe, arrays, peers=pool)
+    assert [o["mean"] for o in out] == [float(i) for i in range(50)]
+    for i, o in enumerate(out):
+        np.testing.assert_array_equal(o["doubled"], arrays[i] * 2)
