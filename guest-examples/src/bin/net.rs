@@ -1,7 +1,7 @@
 //! Tries to open a TCP connection to the address on stdin (default
 //! 127.0.0.1:9) and says what happened. A job has no network: built for
 //! wasm32-wasip1 the connect fails inside the job; built for wasm32-wasip2
-//! the component imports `wasi:sockets` and is refused before it runs.
+//! the component imports `wasi:sockets`, which refuses every socket.
 fn main() {
     let mut addr = String::new();
     let _ = std::io::Read::read_to_string(&mut std::io::stdin(), &mut addr);

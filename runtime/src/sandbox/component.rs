@@ -11,9 +11,13 @@
 //!
 //! * **Granted**: `wasi:cli` (args, env, exit, stdio, terminals),
 //!   `wasi:clocks`, `wasi:random`, `wasi:io` and `wasi:filesystem`.
-//! * **Refused at load**, naming the import: `wasi:sockets` (a job has no
-//!   network, as under preview 1) and anything else we do not implement
-//!   (`wasi:http`, a custom interface).
+//! * **Linked, denying everything**: `wasi:sockets`. A job has no network
+//!   (as under preview 1), but toolchains import the interface whether a
+//!   program uses it or not (componentize-py's CPython does): such a
+//!   component runs, and a socket it tries to make, or a name it tries to
+//!   look up, is refused with `access-denied` before any host socket exists.
+//! * **Refused at load**, naming the import: anything else we do not
+//!   implement (`wasi:http`, a custom interface).
 //! * **Files**: a component gets only *read-only* directories and no
 //!   scratch `/tmp`. The descriptor and disk bounds of [`super::files`]
 //!   shadow preview 1 entry points; preview 2's filesystem is a set of
@@ -50,10 +54,6 @@ pub const HANDLE_SLACK: u32 = 32;
 
 /// The most core instances a component may hold (a Rust command has four).
 pub const MAX_CORE_INSTANCES: usize = 16;
-
-/// Interface prefixes a component may not import even though wasmtime-wasi
-/// implements them: a job gets no network.
-const REFUSED_INTERFACES: &[&str] = &["wasi:sockets/"];
 
 /// A component's WASI: the context and the table of its handles.
 pub struct ComponentWasi {
@@ -95,9 +95,6 @@ pub(crate) fn prepare(
 ) -> Result<CommandPre, String> {
     let ty = component.component_type();
     for (name, _) in ty.imports(engine) {
-        if REFUSED_INTERFACES.iter().any(|p| name.starts_with(p)) {
-            return Err(format!("it imports `{name}`, which peerwasm does not grant (jobs have no network)"));
-        }
         if !name.starts_with("wasi:") {
             return Err(format!("it imports `{name}`, which peerwasm does not provide (only WASI)"));
         }

@@ -545,6 +545,9 @@ impl Sandbox {
 /// granted directories, and nothing else (no host env, no network).
 fn build_wasi(spec: &JobSpec, io: JobIo<'_>, scratch: Option<&std::path::Path>) -> Result<WasiCtxBuilder, String> {
     let mut b = WasiCtxBuilder::new();
+    // No network: a component's `wasi:sockets` calls are refused before a
+    // host socket is made (preview 1 has no way to make one).
+    b.allow_tcp(false).allow_udp(false).allow_ip_name_lookup(false);
     b.arg(&spec.program_name);
     b.args(&spec.args);
     b.envs(&spec.env);
