@@ -90,37 +90,67 @@ fn a_python_script_with_numpy_runs_embedded_with_its_args_exit_code_and_memory_l
     assert!(err.contains("Traceback") && err.contains("ValueError: bad input 17"), "{err}");
 }
 
-#[test]
-fn python_runs_on_a_pool_and_map_learns_its_memory() {
-    let cache = python_cache().join("worker");
-    let worker = WorkerProcess::start_with(
-        "4GiB",
-        2,
-        None,
-        &["--cache-dir", cache.to_str().unwrap(), "--max-compile-time", "10m"],
-    );
-    let dir = tempfile::tempdir().unwrap();
-    let np = script(dir.path(), "np.py", NUMPY);
-    let first = peerwasm(&["run", "--stats", "--peers", &worker.addr, "--python", &np, "4"], b"", FIRST_RUN);
-    assert_eq!(first.status.code(), Some(4), "{}", text(&first.stderr));
-    assert_eq!(text(&first.stdout), "66 1 ['4']\n");
-    // The second run finds the module compiled and the stdlib stored.
-    let again = peerwasm(&["run", "--stats", "--peers", &worker.addr, "--python", &np, "0"], b"", Duration::from_secs(60));
-    assert_eq!(again.status.code(), Some(0), "{}", text(&again.stderr));
-    let stats = text(&again.stderr);
-    assert!(stats.contains("cached in memory") || stats.contains("disk cache"), "{stats}");
+/// numpy, scipy and pandas together, with a checked answer.
+const SCIENCE: &str = "import sys, json\n\
+import numpy as np\n\
+import pandas as pd\n\
+from scipy import stats\n\
+n = int(sys.stdin.read() or 100)\n\
+df = pd.DataFrame({'x': np.arange(1, n + 1)})\n\
+df['y'] = df.x ** 2\n\
+r = stats.spearmanr(df.x, df.y).statistic\n\
+print(json.dumps({'n': len(df), 'sum': int(df.y.sum()), 'rho': round(float(r), 6)}))\n";
 
+/// The bytes of shipped files a worker received (`PUT /v1/files`).
+fn files_received(addr: &str) -> u64 {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let metrics = runtime.block_on(crate::observe::scrape(addr));
+    metrics.get("peerwasm_files_received_total{unit=\"bytes\"}").copied().unwrap_or(0.0) as u64
+}
+
+#[test]
+fn python_runs_on_a_two_worker_pool_its_stdlib_sent_once_per_worker_and_map_learns_its_memory() {
+    // One cache for both workers: the module is compiled once (by the
+    // first worker's first job) and loaded by the other.
+    let cache = python_cache().join("worker");
+    let extra = ["--cache-dir", cache.to_str().unwrap(), "--max-compile-time", "10m"];
+    let a = WorkerProcess::start_with("4GiB", 2, None, &extra);
+    let dir = tempfile::tempdir().unwrap();
+    let science = script(dir.path(), "science.py", SCIENCE);
+    let first = peerwasm(&["run", "--json", "--peers", &a.addr, "--python", &science], b"100", FIRST_RUN);
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    let result: serde_json::Value = serde_json::from_slice(&first.stdout).unwrap();
+    assert_eq!(result["stdout"], "{\"n\": 100, \"sum\": 338350, \"rho\": 1.0}\n", "{result}");
+    let peak = result["peak_memory_bytes"].as_u64().unwrap();
+    assert!(peak >= 40 << 20 && peak % 65536 == 0 && peak < result["memory_limit_bytes"].as_u64().unwrap(), "{result}");
+    let stdlib = std::fs::metadata(peerwasm_testkit::python_runtime().join("python-stdlib.zip")).unwrap().len();
+    let sent = files_received(&a.addr);
+    assert!(sent >= stdlib, "the stdlib ({stdlib} bytes) reached the worker: {sent}");
+
+    // The second run, and a map across both workers: the stdlib is sent
+    // to the second worker once, never again to the first.
+    let b = WorkerProcess::start_with("4GiB", 2, Some(&a.addr), &extra);
+    let again = peerwasm(&["run", "--stats", "--peers", &a.addr, "--python", &science], b"10", Duration::from_secs(120));
+    assert_eq!(again.status.code(), Some(0), "{}", text(&again.stderr));
     let square = script(dir.path(), "square.py", "import sys, json\nn = int(sys.stdin.read())\nprint(json.dumps({'sq': n * n}))\n");
     let inputs = dir.path().join("in.txt");
-    std::fs::write(&inputs, "1\n2\n3\n4\n").unwrap();
+    std::fs::write(&inputs, (1..=40).map(|i| format!("{i}\n")).collect::<String>()).unwrap();
+    let peers = format!("{},{}", a.addr, b.addr);
     let out = peerwasm(
-        &["map", "--no-progress", "--peers", &worker.addr, "--python", &square, inputs.to_str().unwrap()],
+        &["map", "--no-progress", "--peers", &peers, "--python", &square, inputs.to_str().unwrap()],
         b"",
-        Duration::from_secs(120),
+        FIRST_RUN,
     );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let answers: Vec<serde_json::Value> =
         text(&out.stdout).lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["stdout"]["sq"].clone()).collect();
-    assert_eq!(answers, [1, 4, 9, 16]);
-    assert!(text(&out.stderr).contains("memreq learned"), "{}", text(&out.stderr));
+    assert_eq!(answers, (1..=40).map(|i| i * i).collect::<Vec<_>>());
+    let summary = text(&out.stderr);
+    assert!(summary.contains("memreq learned"), "{summary}");
+    assert!(summary.contains(&a.addr) && summary.contains(&b.addr), "both workers ran jobs: {summary}");
+    // Beside the stdlib, only the scripts (each new one once) travel.
+    let to_a = files_received(&a.addr);
+    assert!(to_a < sent + 4096, "the first worker was sent the stdlib again: {to_a} bytes after {sent}");
+    let to_b = files_received(&b.addr);
+    assert!(to_b >= stdlib && to_b < stdlib + 4096, "the second worker got the stdlib once: {to_b} bytes");
 }
