@@ -205,7 +205,7 @@ impl ModuleCache {
             return Err(slow(limit));
         }
         self.compiles.fetch_add(1, Ordering::Relaxed);
-        let module = match self.max_compile_time {
+        let module = match self.max_compile_time.map(|limit| compile_limit(limit, bytes.len())) {
             None => compile_apart(|| Code::compile(&self.engines, bytes)),
             Some(limit) => {
                 // wasmtime cannot stop a compile: past the limit the job is
@@ -257,6 +257,22 @@ impl ModuleCache {
     }
 }
 
+/// Module bytes a compile-time limit covers as it is; a larger module gets
+/// [`COMPILE_TIME_PER_MIB_ABOVE`] more per MiB beyond it.
+pub const COMPILE_LIMIT_COVERS: usize = 16 << 20;
+
+/// See [`COMPILE_LIMIT_COVERS`]: CPython's 95 MiB compiles in ~45 s on an
+/// idle 2-core machine and gets 60 s + 40 s, so that a loaded worker does
+/// not refuse it for good; a compile bomb packs its functions into a
+/// small module, which gets the limit as it is.
+pub const COMPILE_TIME_PER_MIB_ABOVE: Duration = Duration::from_millis(500);
+
+/// The compile-time limit of a module of `len` bytes under `limit`.
+fn compile_limit(limit: Duration, len: usize) -> Duration {
+    let above = len.saturating_sub(COMPILE_LIMIT_COVERS) >> 20;
+    limit + COMPILE_TIME_PER_MIB_ABOVE * above as u32
+}
+
 /// Runs `compile` on a thread pool of its own. wasmtime compiles a module's
 /// functions in parallel on rayon's current pool; on the one global pool,
 /// a small module's functions would queue behind every function of a large
@@ -272,4 +288,18 @@ fn compile_apart<T: Send>(compile: impl FnOnce() -> T + Send) -> T {
 
 fn lock<T>(m: &Mutex<T>) -> parking_lot::MutexGuard<'_, T> {
     m.lock()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_compile_limit_grows_only_for_modules_past_16_mib() {
+        let limit = Duration::from_secs(60);
+        assert_eq!(compile_limit(limit, 6 << 20), limit, "a compile bomb of 6 MB gets the limit as it is");
+        assert_eq!(compile_limit(limit, 16 << 20), limit);
+        assert_eq!(compile_limit(limit, 96 << 20), Duration::from_secs(100), "CPython's size: 60 s + 80 × 0.5 s");
+        assert_eq!(compile_limit(Duration::from_secs(1), 1 << 20), Duration::from_secs(1));
+    }
 }
