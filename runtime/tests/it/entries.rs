@@ -125,3 +125,30 @@ async fn the_wasm_stack_is_8_mib_deep_and_overflowing_it_still_traps() {
     });
     assert_eq!(plain.run(wat_job(&plain, &recursion(60_000)), None).await.outcome, Outcome::Exited { code: 0 });
 }
+
+/// A GC heap (what exceptions, and GC types, allocate in) grows through
+/// the same limiter as linear memory: an array of 400 MB under a 64 MiB
+/// limit ends the job at its memory limit, and a small one runs, its heap
+/// counted in the job's peak.
+#[tokio::test]
+async fn a_gc_heap_counts_against_the_memory_limit() {
+    let r = shared();
+    let array = |len: u32| {
+        format!(
+            r#"(module
+            (type $a (array (mut i32)))
+            (global $keep (mut (ref null $a)) (ref.null $a))
+            (func (export "_start") (global.set $keep (array.new $a (i32.const 7) (i32.const {len})))))"#
+        )
+    };
+    let mut big = wat_job(r, &array(100_000_000));
+    big.limits.memory_bytes = 64 << 20;
+    let res = r.run(big, None).await;
+    assert!(matches!(res.outcome, Outcome::MemoryLimitExceeded { .. }), "{:?}", res.outcome);
+    assert_eq!(res.outcome.exit_code(), 137);
+    let mut small = wat_job(r, &array(1_000_000));
+    small.limits.memory_bytes = 64 << 20;
+    let res = r.run(small, None).await;
+    assert_eq!(res.outcome, Outcome::Exited { code: 0 }, "{:?}", res.outcome);
+    assert!(res.peak_memory_bytes >= 4_000_000, "the 4 MB array is in the peak: {}", res.peak_memory_bytes);
+}
