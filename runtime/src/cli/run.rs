@@ -105,7 +105,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         // so that it can remove them when it ends the process.
         let scratch = tempfile::Builder::new().prefix("peerwasm-run-").tempdir()?;
         let runner = JobRunner::new(RunnerConfig { sandbox: args.sandbox.one_job_config(scratch.path()), ..RunnerConfig::default() })?;
-        runner.add_module_hashed(job.hash(), job.bytes().clone());
+        // Compiled code in the cache (checked, not read): the module's
+        // bytes are not needed, and not read.
+        if !runner.has_module(&job.hash()) {
+            runner.add_module_hashed(job.hash(), job.bytes().clone());
+        }
         match runtime.block_on(run_embedded(&runner, spec, stdin, !args.json)) {
             Alone::Ended(result) => result,
             Alone::Overran(result) => {
