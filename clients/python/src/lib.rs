@@ -353,17 +353,13 @@ fn map_job(py: Python<'_>, job: &Job, stdins: Vec<Vec<u8>>, config: &MapConfig, 
 /// A job that runs the Python program `source` on the CPython for WASI in
 /// `runtime` (a directory holding `python.wasm` and `python-stdlib.zip`),
 /// and the directory that holds its copy of the program while it runs.
-fn python_job(runtime: PathBuf, source: &str, timeout_ms: Option<u64>) -> PyResult<(Job, Option<tempfile::TempDir>)> {
+fn python_job(runtime: PathBuf, source: &str, timeout_ms: Option<u64>) -> PyResult<peerwasm::client::python::PythonJob> {
     let err = |e: anyhow::Error| PyValueError::new_err(format!("{e:#}"));
     let rt = peerwasm::client::python::PythonRuntime::in_dir(&runtime).map_err(err)?;
-    let dir = tempfile::Builder::new().prefix("peerwasm-fn-").tempdir().map_err(|e| err(e.into()))?;
-    let script = dir.path().join("job.py");
-    std::fs::write(&script, source).map_err(|e| err(e.into()))?;
     let cache = dirs_cache().unwrap_or_else(|| std::env::temp_dir().join("peerwasm-cache"));
-    let pj = peerwasm::client::python::python_job(&rt, &script.to_string_lossy(), &[], &cache).map_err(err)?;
-    let mut job = pj.job;
-    job.limits.timeout_ms = timeout_ms;
-    Ok((job, pj.script_dir))
+    let mut pj = peerwasm::client::python::python_source_job(&rt, "job.py", source.as_bytes(), &cache).map_err(err)?;
+    pj.job.limits.timeout_ms = timeout_ms;
+    Ok(pj)
 }
 
 /// `run` of a Python program: the driver `peerwasm.run(fn, ...)` writes.
@@ -380,8 +376,8 @@ fn _run_python(
     peers: Option<Vec<String>>,
     token: Option<String>,
 ) -> PyResult<Result> {
-    let (job, _script) = python_job(runtime, source, to_timeout(timeout)?)?;
-    run_job(py, &job, stdin, to_size(mem)?, target(peers, token)?)
+    let pj = python_job(runtime, source, to_timeout(timeout)?)?;
+    run_job(py, &pj.job, stdin, to_size(mem)?, target(peers, token)?)
 }
 
 /// `map` of a Python program over pickled inputs: the driver
@@ -402,9 +398,9 @@ fn _map_python(
     keep_going: bool,
     retries: u32,
 ) -> PyResult<Vec<Result>> {
-    let (job, _script) = python_job(runtime, source, to_timeout(timeout)?)?;
+    let pj = python_job(runtime, source, to_timeout(timeout)?)?;
     let config = MapConfig { mem: to_size(mem)?, keep_going, retries, ..MapConfig::default() };
-    map_job(py, &job, inputs, &config, target(peers, token)?, progress)
+    map_job(py, &pj.job, inputs, &config, target(peers, token)?, progress)
 }
 
 #[pymodule]

@@ -131,13 +131,31 @@ pub fn python_job(runtime: &PythonRuntime, script: &str, args: &[String], cache:
     } else {
         let path = Path::new(script);
         let name = path.file_name().with_context(|| format!("{script} names no file"))?;
-        let copy = tempfile::Builder::new().prefix("peerwasm-script-").tempdir()?;
-        std::fs::copy(path, copy.path().join(name)).with_context(|| format!("cannot read the script {script}"))?;
-        job.dirs.push(DirGrant { host: copy.path().to_path_buf(), guest: SCRIPT_GUEST_DIR.into(), read_only: true });
-        (Some(copy), format!("{SCRIPT_GUEST_DIR}/{}", name.to_string_lossy()))
+        let source = std::fs::read(path).with_context(|| format!("cannot read the script {script}"))?;
+        let (dir, guest) = mount_script(&mut job, &name.to_string_lossy(), &source)?;
+        (Some(dir), guest)
     };
     job.args = std::iter::once(first).chain(args.iter().cloned()).collect();
     Ok(PythonJob { job, script_dir })
+}
+
+/// [`python_job`] for a program given as its source (the Python client's
+/// `map(fn, ...)`), named `name` in the guest, with no arguments.
+pub fn python_source_job(runtime: &PythonRuntime, name: &str, source: &[u8], cache: &Path) -> anyhow::Result<PythonJob> {
+    let PythonJob { mut job, .. } = python_job(runtime, "-", &[], cache)?;
+    let (dir, guest) = mount_script(&mut job, name, source)?;
+    job.args = vec![guest];
+    Ok(PythonJob { job, script_dir: Some(dir) })
+}
+
+/// Writes `source` as `name` into a directory of its own, mounted read-only
+/// at [`SCRIPT_GUEST_DIR`] (only the script, not the folder it came from,
+/// is mounted and shipped); the directory and the script's guest path.
+fn mount_script(job: &mut Job, name: &str, source: &[u8]) -> anyhow::Result<(tempfile::TempDir, String)> {
+    let dir = tempfile::Builder::new().prefix("peerwasm-script-").tempdir()?;
+    std::fs::write(dir.path().join(name), source).with_context(|| format!("cannot write the script {name}"))?;
+    job.dirs.push(DirGrant { host: dir.path().to_path_buf(), guest: SCRIPT_GUEST_DIR.into(), read_only: true });
+    Ok((dir, format!("{SCRIPT_GUEST_DIR}/{name}")))
 }
 
 #[cfg(test)]
@@ -166,6 +184,9 @@ mod tests {
         assert_eq!(guests, [("/usr/local/lib", true), ("/script", true)]);
         let copied = pj.job.dirs[1].host.join("analysis.py");
         assert_eq!(std::fs::read_to_string(copied).unwrap(), "print(1)", "only the script is mounted");
+        let from_source = python_source_job(&rt, "job.py", b"print(2)", cache.path()).unwrap();
+        assert_eq!(from_source.job.args, ["/script/job.py"]);
+        assert_eq!(std::fs::read(from_source.job.dirs[1].host.join("job.py")).unwrap(), b"print(2)");
         let stdin = python_job(&rt, "-", &[], cache.path()).unwrap();
         assert_eq!((stdin.job.args.as_slice(), stdin.job.dirs.len()), (&["-".to_string()][..], 1));
     }

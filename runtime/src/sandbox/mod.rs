@@ -420,9 +420,7 @@ impl Sandbox {
             .then(|| self.scratch_dir())
             .transpose()
             .map_err(|e| format!("cannot make a scratch directory: {e}"))?;
-        let wasi = build_wasi(spec, io, scratch.as_ref().map(|d| d.path()))?
-            .allow_blocking_current_thread(self.config.file_io_on_job_thread)
-            .build_p1();
+        let wasi = self.build_wasi(spec, io, scratch.as_ref().map(|d| d.path()))?.build_p1();
         let mut store = self.store(&self.engine, wasi, bounds.limiter);
         let call = async {
             let instance = pre.instantiate_async(&mut store).await.map_err(|e| (Phase::Instantiate, e))?;
@@ -448,7 +446,7 @@ impl Sandbox {
                 d.guest
             ));
         }
-        let wasi = build_wasi(spec, io, None)?.allow_blocking_current_thread(self.config.file_io_on_job_thread).build();
+        let wasi = self.build_wasi(spec, io, None)?.build();
         let wasi = component::ComponentWasi::new(wasi, self.config.max_open_files);
         let limiter = bounds.limiter.allowing_instances(component::MAX_CORE_INSTANCES);
         let mut store = self.store(&self.component_engine, wasi, limiter);
@@ -543,6 +541,37 @@ impl Sandbox {
         Ok(Prepared::Module { pre, opens_files })
     }
 
+    /// The WASI context of one job: its args, env, stdio, scratch directory and
+    /// granted directories, and nothing else (no host env, no network).
+    fn build_wasi(&self, spec: &JobSpec, io: JobIo<'_>, scratch: Option<&std::path::Path>) -> Result<WasiCtxBuilder, String> {
+        let mut b = WasiCtxBuilder::new();
+        // No network: a component's `wasi:sockets` calls are refused before a
+        // host socket is made (preview 1 has no way to make one).
+        b.allow_tcp(false).allow_udp(false).allow_ip_name_lookup(false);
+        b.allow_blocking_current_thread(self.config.file_io_on_job_thread);
+        b.arg(&spec.program_name);
+        b.args(&spec.args);
+        b.envs(&spec.env);
+        match io.stdin.and_then(|feed| feed.reader(spec.stdin.clone())) {
+            Some(reader) => b.stdin(wasmtime_wasi::cli::AsyncStdinStream::new(reader)),
+            None => b.stdin(MemoryInputPipe::new(spec.stdin.clone())),
+        };
+        b.stdout(io.stdout.clone());
+        b.stderr(io.stderr.clone());
+        if let Some(scratch) = scratch
+            && !spec.dirs.iter().any(|d| d.guest == SCRATCH_GUEST_PATH)
+        {
+            b.preopened_dir(scratch, SCRATCH_GUEST_PATH, FsPerms::ReadWrite)
+                .map_err(|e| format!("cannot open the scratch directory: {e}"))?;
+        }
+        for d in &spec.dirs {
+            let perms = if d.read_only { FsPerms::ReadOnly } else { FsPerms::ReadWrite };
+            b.preopened_dir(&d.host, &d.guest, perms)
+                .map_err(|e| format!("cannot open directory {} for the job: {e}", d.host.display()))?;
+        }
+        Ok(b)
+    }
+
     fn scratch_dir(&self) -> std::io::Result<tempfile::TempDir> {
         let b = tempfile::Builder::new().prefix("peerwasm-job-").to_owned();
         match &self.config.scratch_root {
@@ -552,35 +581,6 @@ impl Sandbox {
     }
 }
 
-/// The WASI context of one job: its args, env, stdio, scratch directory and
-/// granted directories, and nothing else (no host env, no network).
-fn build_wasi(spec: &JobSpec, io: JobIo<'_>, scratch: Option<&std::path::Path>) -> Result<WasiCtxBuilder, String> {
-    let mut b = WasiCtxBuilder::new();
-    // No network: a component's `wasi:sockets` calls are refused before a
-    // host socket is made (preview 1 has no way to make one).
-    b.allow_tcp(false).allow_udp(false).allow_ip_name_lookup(false);
-    b.arg(&spec.program_name);
-    b.args(&spec.args);
-    b.envs(&spec.env);
-    match io.stdin.and_then(|feed| feed.reader(spec.stdin.clone())) {
-        Some(reader) => b.stdin(wasmtime_wasi::cli::AsyncStdinStream::new(reader)),
-        None => b.stdin(MemoryInputPipe::new(spec.stdin.clone())),
-    };
-    b.stdout(io.stdout.clone());
-    b.stderr(io.stderr.clone());
-    if let Some(scratch) = scratch
-        && !spec.dirs.iter().any(|d| d.guest == SCRATCH_GUEST_PATH)
-    {
-        b.preopened_dir(scratch, SCRATCH_GUEST_PATH, FsPerms::ReadWrite)
-            .map_err(|e| format!("cannot open the scratch directory: {e}"))?;
-    }
-    for d in &spec.dirs {
-        let perms = if d.read_only { FsPerms::ReadOnly } else { FsPerms::ReadWrite };
-        b.preopened_dir(&d.host, &d.guest, perms)
-            .map_err(|e| format!("cannot open directory {} for the job: {e}", d.host.display()))?;
-    }
-    Ok(b)
-}
 
 /// A job's stdio, shared by both kinds of code.
 #[derive(Clone, Copy)]
