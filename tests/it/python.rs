@@ -154,3 +154,31 @@ fn python_runs_on_a_two_worker_pool_its_stdlib_sent_once_per_worker_and_map_lear
     let to_b = files_received(&b.addr);
     assert!(to_b >= stdlib && to_b < stdlib + 4096, "the second worker got the stdlib once: {to_b} bytes");
 }
+
+/// A Python component built by componentize-py: it imports `wasi:sockets`
+/// (every componentize-py build does, used or not), runs, and a socket it
+/// opens is refused with an error the program can catch.
+const SOCKETS: &str = r#"import socket
+from wit_world import exports
+
+class Run(exports.Run):
+    def run(self) -> None:
+        print('componentize-py', sum(range(10)))
+        try:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.connect(('127.0.0.1', 9))
+            print('connected')
+        except OSError as e:
+            print('refused:', type(e).__name__)
+"#;
+
+#[test]
+fn a_componentize_py_component_runs_and_its_sockets_are_refused() {
+    let wasm = peerwasm_testkit::componentize_py(SOCKETS);
+    let cache = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(PEERWASM);
+    cmd.args(["run", "--stats"]).arg(&wasm).env("PEERWASM_CACHE_DIR", cache.path());
+    let out = output_within(&mut cmd, b"", Duration::from_secs(120));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "componentize-py 45\nrefused: PermissionError\n", "{}", text(&out.stderr));
+}

@@ -33,7 +33,7 @@ pub fn round_to_pages(bytes: u64) -> u64 {
 
 /// What a module says about its own memory, read from its memory section
 /// without compiling it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeclaredMemory {
     /// Σ initial sizes of the memories it defines, in bytes: no limit below
     /// this can even instantiate it.

@@ -41,15 +41,13 @@ enum Bytes {
     InFile { path: std::path::PathBuf, read: Arc<std::sync::OnceLock<Arc<[u8]>>> },
 }
 
-/// Bytes of a module read to find its declared memory without reading it
-/// all: the memory section comes before any code.
-const HEADER_BYTES: u64 = 4 << 20;
-
-/// The first [`HEADER_BYTES`] of the file at `path`.
-fn read_header(path: &Path) -> std::io::Result<Vec<u8>> {
-    let mut header = Vec::new();
-    std::io::Read::read_to_end(&mut std::io::Read::take(std::fs::File::open(path)?, HEADER_BYTES), &mut header)?;
-    Ok(header)
+/// What `module-hashes/` keeps about a module file: enough to use it
+/// without reading it while its stamp is unchanged.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct KnownModule {
+    stamp: super::tree::FileStamp,
+    hash: ModuleHash,
+    declared: DeclaredMemory,
 }
 
 /// A job module ready to submit any number of times.
@@ -120,22 +118,22 @@ impl Job {
 
     /// [`from_file`](Self::from_file), with the module's sha256 kept under
     /// `cache` (in `module-hashes/`) by the file's path, size, modification
-    /// time and inode: an unchanged module is read but not hashed again.
+    /// time and inode, with its declared memory: an unchanged module is not
+    /// read again until its bytes are needed (a compile or an upload).
     /// Without `cache`, the same as `from_file`.
     pub fn from_file_cached(path: impl AsRef<Path>, cache: Option<&Path>) -> anyhow::Result<Job> {
         let path = path.as_ref();
         let Some(cache) = cache else { return Job::from_file(path) };
         let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
         let kept = cache.join("module-hashes").join(ModuleHash::of(absolute.as_os_str().as_encoded_bytes()).to_hex());
-        let known = std::fs::read(&kept).ok().and_then(|b| postcard::from_bytes::<(super::tree::FileStamp, ModuleHash)>(&b).ok());
+        let known = std::fs::read(&kept).ok().and_then(|b| postcard::from_bytes::<KnownModule>(&b).ok());
         // Known by its stamp: the bytes are read only if they are needed.
-        if let (Some((stamp, hash)), Ok(metadata)) = (known, std::fs::metadata(path))
+        if let (Some(known), Ok(metadata)) = (&known, std::fs::metadata(path))
             && metadata.is_file()
-            && super::tree::FileStamp::of(&metadata) == stamp
+            && super::tree::FileStamp::of(&metadata) == known.stamp
         {
-            let header = read_header(path).with_context(|| format!("cannot read {}", path.display()))?;
             let bytes = Bytes::InFile { path: path.to_path_buf(), read: Arc::default() };
-            return Ok(Job { declared: DeclaredMemory::of(&header), ..Job::of(bytes, hash) }.named_after(path));
+            return Ok(Job { declared: known.declared, ..Job::of(bytes, known.hash) }.named_after(path));
         }
         let (bytes, metadata) = read_module(path)?;
         if !metadata.is_file() {
@@ -144,19 +142,18 @@ impl Job {
         }
         let stamp = super::tree::FileStamp::of(&metadata);
         let hash = match known {
-            Some((s, hash)) if s == stamp => hash,
-            _ => {
-                let hash = ModuleHash::of(&bytes);
-                // A hash that cannot be kept only costs hashing next time.
-                let _ = std::fs::create_dir_all(kept.parent().expect("has a parent")).and_then(|()| {
-                    let mut tmp = tempfile::NamedTempFile::new_in(kept.parent().expect("has a parent"))?;
-                    std::io::Write::write_all(&mut tmp, &postcard::to_allocvec(&(stamp, hash)).unwrap_or_default())?;
-                    tmp.persist(&kept).map(drop).map_err(|e| e.error)
-                });
-                hash
-            }
+            Some(known) if known.stamp == stamp => known.hash,
+            _ => ModuleHash::of(&bytes),
         };
-        Ok(Job::hashed(bytes, hash).named_after(path))
+        let job = Job::hashed(bytes, hash).named_after(path);
+        let record = KnownModule { stamp, hash, declared: job.declared };
+        // A record that cannot be kept only costs reading and hashing next time.
+        let _ = std::fs::create_dir_all(kept.parent().expect("has a parent")).and_then(|()| {
+            let mut tmp = tempfile::NamedTempFile::new_in(kept.parent().expect("has a parent"))?;
+            std::io::Write::write_all(&mut tmp, &postcard::to_allocvec(&record).unwrap_or_default())?;
+            tmp.persist(&kept).map(drop).map_err(|e| e.error)
+        });
+        Ok(job)
     }
 
     /// The guest's `argv[0]` becomes the module's path, as the user gave it.
@@ -231,9 +228,13 @@ mod tests {
         assert_eq!(std::fs::read_dir(cache.join("module-hashes")).unwrap().count(), 1, "the hash is kept");
         // Kept: a planted wrong hash for the same stamp is believed (what makes it fast)...
         let kept = std::fs::read_dir(cache.join("module-hashes")).unwrap().next().unwrap().unwrap().path();
-        let (stamp, _): (super::super::tree::FileStamp, ModuleHash) = postcard::from_bytes(&std::fs::read(&kept).unwrap()).unwrap();
-        std::fs::write(&kept, postcard::to_allocvec(&(stamp, ModuleHash([7; 32]))).unwrap()).unwrap();
+        let record: KnownModule = postcard::from_bytes(&std::fs::read(&kept).unwrap()).unwrap();
+        let planted = KnownModule { hash: ModuleHash([7; 32]), ..record };
+        std::fs::write(&kept, postcard::to_allocvec(&planted).unwrap()).unwrap();
         assert_eq!(Job::from_file_cached(&path, Some(&cache)).unwrap().hash(), ModuleHash([7; 32]));
+        // A record in the earlier format (stamp, hash) is not misread: the file is hashed again.
+        std::fs::write(&kept, postcard::to_allocvec(&(planted.stamp, planted.hash)).unwrap()).unwrap();
+        assert_eq!(Job::from_file_cached(&path, Some(&cache)).unwrap().hash(), first.hash());
         // ...and a changed file is hashed again.
         std::fs::write(&path, b"\0asm\x01\0\0\0\0").unwrap();
         let changed = Job::from_file_cached(&path, Some(&cache)).unwrap();
@@ -253,7 +254,7 @@ mod tests {
         let again = Job::from_file_cached(&path, Some(&cache)).unwrap();
         assert!(!again.bytes_read(), "known by its stamp: not read");
         assert_eq!(again.hash(), first.hash());
-        assert_eq!(again.declared_memory(), first.declared_memory(), "declared memory from the header alone");
+        assert_eq!(again.declared_memory(), first.declared_memory(), "declared memory from the kept record");
         assert_eq!(again.declared_memory().maximum_bytes, Some(9 * 65536));
         assert_eq!(&again.bytes()[..], &wasm[..], "read when asked for");
         assert!(again.bytes_read());
