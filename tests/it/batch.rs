@@ -5,7 +5,8 @@
 use std::time::{Duration, Instant};
 
 use peerwasm::client::Job;
-use peerwasm::proto::batch::{BATCH_PATH, BatchAnswer, BatchItem, FrameReader, MAX_BATCH_JOBS};
+use peerwasm::proto::batch::{BatchAnswer, BatchItem, FrameReader, MAX_BATCH_JOBS};
+use peerwasm::proto::routes::BATCH;
 use peerwasm::proto::{JobSpec, ModuleHash, Outcome};
 use reqwest::StatusCode;
 
@@ -29,7 +30,7 @@ fn sleep_spec(job: &Job, ms: u64) -> JobSpec {
 async fn batch(addr: &str, specs: &[JobSpec]) -> (StatusCode, Vec<(BatchItem, Duration)>) {
     let start = Instant::now();
     let body = postcard::to_allocvec(specs).unwrap();
-    let mut resp = http().post(format!("http://{addr}{BATCH_PATH}")).body(body).send().await.unwrap();
+    let mut resp = http().post(format!("http://{addr}{BATCH}")).body(body).send().await.unwrap();
     let status = resp.status();
     let mut reader = FrameReader::default();
     let mut items = Vec::new();
@@ -89,7 +90,7 @@ async fn a_batch_answers_each_job_as_it_ends_and_refuses_jobs_one_by_one() {
 #[tokio::test]
 async fn bad_batches_are_refused_whole_and_the_worker_stays_up() {
     let w = WorkerProcess::start("1GiB", 1, None);
-    let url = format!("http://{}{BATCH_PATH}", w.addr);
+    let url = format!("http://{}{BATCH}", w.addr);
     // Garbage, a truncated batch, and one job too many.
     let garbage = http().post(&url).body(vec![0xff; 100]).send().await.unwrap();
     assert_eq!(garbage.status(), StatusCode::BAD_REQUEST);
@@ -119,7 +120,7 @@ async fn a_client_that_hangs_up_mid_batch_frees_the_queue() {
     // 20 jobs of 300 ms on one slot: 6 s if they all ran.
     let specs: Vec<JobSpec> = (0..20).map(|_| sleep_spec(&sleep, 300)).collect();
     let body = postcard::to_allocvec(&specs).unwrap();
-    let resp = http().post(format!("http://{}{BATCH_PATH}", w.addr)).body(body).send().await.unwrap();
+    let resp = http().post(format!("http://{}{BATCH}", w.addr)).body(body).send().await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     tokio::time::sleep(Duration::from_millis(100)).await;
     drop(resp); // hang up with one job running and 19 queued

@@ -12,7 +12,8 @@ use peerwasm::client::Job;
 use peerwasm::gossip::auth::ClusterKey;
 use peerwasm::gossip::transport::{GossipRequest, SharedNode};
 use peerwasm::gossip::{GossipConfig, GossipNode, NodeId};
-use peerwasm::proto::batch::{BATCH_PATH, BatchAnswer, BatchItem, FrameReader, encode_frame};
+use peerwasm::proto::batch::{BatchAnswer, BatchItem, FrameReader, encode_frame};
+use peerwasm::proto::routes::BATCH;
 use peerwasm::proto::{Advert, JobResult, JobSpec, MAX_INPUT_BYTES, ModuleHash, PROTOCOL_HEADER};
 use peerwasm::worker::tenants::Tenants;
 use proptest::prelude::*;
@@ -125,7 +126,7 @@ async fn a_worker_answers_bad_bytes_on_every_endpoint_with_a_4xx_and_keeps_servi
     let base = format!("http://{}", w.addr);
     let valid = [
         ("/v1/jobs", postcard::to_allocvec(&spec()).unwrap()),
-        (BATCH_PATH, postcard::to_allocvec(&vec![spec(), spec()]).unwrap()),
+        (BATCH, postcard::to_allocvec(&vec![spec(), spec()]).unwrap()),
         ("/v1/gossip", valid_syn()),
     ];
     let mut statuses = std::collections::BTreeMap::<(String, u16), u32>::new();
@@ -141,7 +142,7 @@ async fn a_worker_answers_bad_bytes_on_every_endpoint_with_a_4xx_and_keeps_servi
                 let status = resp.status();
                 *statuses.entry((path.to_string(), status.as_u16())).or_default() += 1;
                 assert!(status.is_client_error() || status.is_success(), "{path}: {status}");
-                if status.is_success() && *path == BATCH_PATH {
+                if status.is_success() && *path == BATCH {
                     // Decoded as a batch after all: every frame reads back.
                     let bytes = resp.bytes().await.unwrap();
                     let mut frames = FrameReader::default();
@@ -209,7 +210,7 @@ async fn each_request_kind_has_its_own_limit_and_says_so() {
     assert!(http().put(url).body(sleep.bytes().to_vec()).send().await.unwrap().status().is_success());
     let specs: Vec<JobSpec> = (0..10).map(|_| sleep.spec(b"300\n".to_vec(), 16 * MIB)).collect();
     let mut resp =
-        http().post(format!("{base}{BATCH_PATH}")).body(postcard::to_allocvec(&specs).unwrap()).send().await.unwrap();
+        http().post(format!("{base}{BATCH}")).body(postcard::to_allocvec(&specs).unwrap()).send().await.unwrap();
     let mut frames = FrameReader::default();
     let mut answers = Vec::new();
     while let Some(chunk) = resp.chunk().await.unwrap() {

@@ -19,7 +19,8 @@ use reqwest::StatusCode;
 use tokio::sync::{mpsc, oneshot};
 
 use super::errors::PeerError;
-use crate::proto::batch::{BATCH_PATH, BatchAnswer, FrameReader, MAX_BATCH_JOBS};
+use crate::proto::batch::{BatchAnswer, FrameReader, MAX_BATCH_JOBS};
+use crate::proto::routes;
 use crate::proto::{LARGEST_JOB_HEADER, POSTCARD};
 
 /// How long a batch may wait for company while the worker is busy.
@@ -89,7 +90,7 @@ impl Batchers {
 fn open(addr: &str, http: &reqwest::Client) -> Lane {
     let (queue, rx) = mpsc::unbounded_channel();
     let lane = Lane { queue, outstanding: Arc::new(AtomicUsize::new(0)), slots: Arc::new(AtomicUsize::new(1)) };
-    let url = format!("http://{addr}{BATCH_PATH}");
+    let url = routes::url(addr, routes::BATCH);
     tokio::spawn(gather(http.clone(), url, rx, lane.outstanding.clone(), lane.slots.clone()));
     lane
 }

@@ -16,7 +16,7 @@ use super::errors::{PeerError, SubmitError};
 use super::pool::{Pool, backoff_wait};
 use super::ship::ShippedTree;
 use crate::gossip::PeerView;
-use crate::proto::{JOB_ID_HEADER, JobOutput, JobSpec, Outcome, StdStream};
+use crate::proto::{JOB_ID_HEADER, JobOutput, JobSpec, Outcome, StdStream, routes};
 
 /// How often a follower asks for more output.
 pub const FOLLOW_INTERVAL: Duration = Duration::from_millis(100);
@@ -59,7 +59,7 @@ impl Pool {
         trees: &[std::sync::Arc<ShippedTree>],
         body: bytes::Bytes,
     ) -> Result<String, PeerError> {
-        let resp = self.post_providing(addr, "/v1/jobs?detach=true", StatusCode::ACCEPTED, job, trees, body).await?;
+        let resp = self.post_providing(addr, &format!("{}?detach=true", routes::JOBS), StatusCode::ACCEPTED, job, trees, body).await?;
         let id = resp.headers().get(JOB_ID_HEADER).and_then(|v| v.to_str().ok()).map(String::from);
         id.ok_or_else(|| PeerError::Lost("the worker took the job but sent no id".into()))
     }
@@ -79,7 +79,7 @@ pub async fn follow(
     for worker in super::jobs::askable(view, seeds).0 {
         let mut seen = [0u64; 2];
         loop {
-            let url = format!("http://{worker}/v1/jobs/{id}/output?stdout={}&stderr={}", seen[0], seen[1]);
+            let url = routes::url(worker, &format!("{}?stdout={}&stderr={}", routes::path(routes::JOB_OUTPUT, id), seen[0], seen[1]));
             let resp = http.get(url).send().await.map_err(|e| anyhow::anyhow!("{worker}: {e}"))?;
             match resp.status() {
                 StatusCode::OK => {}

@@ -9,7 +9,7 @@ use reqwest::StatusCode;
 
 use crate::gossip::Liveness;
 use crate::gossip::PeerView;
-use crate::proto::JobStatus;
+use crate::proto::{JobStatus, routes};
 
 /// One of the caller's jobs, and where it is.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -48,7 +48,7 @@ pub async fn list(
     let mut jobs = Vec::new();
     let (ask, mut silent) = askable(view, seeds);
     for worker in ask {
-        let resp = match http.get(format!("http://{worker}/v1/jobs")).send().await {
+        let resp = match http.get(routes::url(worker, routes::JOBS)).send().await {
             Ok(r) if r.status().is_success() => r,
             Ok(r) if r.status() == StatusCode::UNAUTHORIZED => {
                 anyhow::bail!("{worker}: {}", r.text().await.unwrap_or_default().trim())
@@ -96,7 +96,7 @@ pub async fn cancel(http: &reqwest::Client, view: &[PeerView], seeds: &[String],
     let mut answered = 0;
     let (ask, mut errors) = askable(view, seeds);
     for worker in ask {
-        let resp = match http.delete(format!("http://{worker}/v1/jobs/{id}")).send().await {
+        let resp = match http.delete(routes::url(worker, &routes::path(routes::JOB, id))).send().await {
             Ok(r) => r,
             Err(e) => {
                 errors.push(format!("{worker}: {e}"));

@@ -9,7 +9,7 @@ pub async fn fetch_peers(http: &reqwest::Client, peers: &[String]) -> anyhow::Re
     let mut errors = Vec::new();
     for addr in peers {
         let resp = http
-            .get(format!("http://{addr}/v1/peers"))
+            .get(crate::proto::routes::url(addr, crate::proto::routes::PEERS))
             .header(reqwest::header::ACCEPT, POSTCARD)
             .send()
             .await;

@@ -28,7 +28,7 @@ use super::placement;
 use super::tree::ShippedTrees;
 use crate::gossip::Liveness;
 use crate::gossip::PeerView;
-use crate::proto::{JobSpec, ModuleHash, PROTOCOL_HEADER, PROTOCOL_VERSION};
+use crate::proto::{JobSpec, ModuleHash, PROTOCOL_HEADER, PROTOCOL_VERSION, routes};
 use crate::units::Bytes;
 
 /// How a [`Pool`] behaves.
@@ -263,7 +263,7 @@ impl Pool {
     async fn upload(&self, addr: &str, job: &Job) -> Result<(), PeerError> {
         let resp = self
             .client_for(addr)
-            .put(format!("http://{addr}/v1/modules/{}", job.hash().to_hex()))
+            .put(routes::url(addr, &routes::path(routes::MODULE, &job.hash().to_hex())))
             .header(reqwest::header::CONTENT_TYPE, "application/wasm")
             .body(bytes::Bytes::copy_from_slice(job.bytes()))
             .send()

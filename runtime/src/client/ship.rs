@@ -19,7 +19,8 @@ use super::job::Job;
 use super::errors::{PeerError, SubmitError};
 use super::pool::Pool;
 pub use super::tree::ShippedTree;
-use crate::proto::tree::{FILES_PATH, FileHash, MISSING_STATUS, TREES_PATH};
+use crate::proto::routes;
+use crate::proto::tree::{FileHash, MISSING_STATUS};
 use crate::proto::{JobSpec, POSTCARD};
 
 /// Tries of one job on one worker: as sent, after its module, after its
@@ -58,7 +59,7 @@ impl Pool {
             let sent = Instant::now();
             let resp = self
                 .client_for(addr)
-                .post(format!("http://{addr}{path}"))
+                .post(routes::url(addr, path))
                 .header(reqwest::header::CONTENT_TYPE, POSTCARD)
                 .body(body.clone())
                 .send()
@@ -134,7 +135,7 @@ impl Pool {
     async fn send_tree(&self, addr: &str, tree: &ShippedTree) -> Result<(), PeerError> {
         let resp = self
             .client_for(addr)
-            .put(format!("http://{addr}{TREES_PATH}/{}", tree.grant.manifest.to_hex()))
+            .put(routes::url(addr, &routes::path(routes::TREE, &tree.grant.manifest.to_hex())))
             .header(reqwest::header::CONTENT_TYPE, POSTCARD)
             .body(tree.encoded.clone())
             .send()
@@ -156,7 +157,7 @@ impl Pool {
                 .map_err(|e| PeerError::Fatal(format!("cannot read {}: {e}", path.display())))?;
             let resp = self
                 .client_for(addr)
-                .put(format!("http://{addr}{FILES_PATH}/{}", hash.to_hex()))
+                .put(routes::url(addr, &routes::path(routes::FILE, &hash.to_hex())))
                 .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
                 .body(reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(file)))
                 .send()

@@ -22,7 +22,8 @@ use super::errors::{PeerError, SubmitError};
 use super::pool::{Pool, backoff_wait};
 use super::ship::{PROVIDE_ATTEMPTS, ShippedTree};
 use crate::proto::frame::{FrameReader, encode_frame};
-use crate::proto::stream::{STREAM_PATH, StreamEvent};
+use crate::proto::routes;
+use crate::proto::stream::StreamEvent;
 use crate::proto::{JobResult, JobSpec, LARGEST_JOB_HEADER, POSTCARD, StdStream};
 use crate::sandbox::StdinFeed;
 
@@ -87,7 +88,7 @@ impl Pool {
             });
             let mut resp = self
                 .client_for(addr)
-                .post(format!("http://{addr}{STREAM_PATH}"))
+                .post(routes::url(addr, routes::STREAM))
                 .header(reqwest::header::CONTENT_TYPE, POSTCARD)
                 .body(reqwest::Body::wrap_stream(stream))
                 .send()

@@ -17,6 +17,7 @@ use super::errors::PeerError;
 use super::pool::Pool;
 use crate::proto::submission::{HistoryRecord, ResultsPage, SubmissionInfo, SubmissionSpec, SubmitConfig};
 use crate::gossip::PeerView;
+use crate::proto::routes;
 
 impl Pool {
     /// Hands `job` over `inputs` to an owner — `owner`, else the first of
@@ -56,7 +57,7 @@ impl Pool {
     }
 
     async fn submit_to_owner(&self, addr: &str, job: &Job, body: bytes::Bytes) -> Result<SubmissionInfo, PeerError> {
-        let resp = self.post_providing(addr, "/v1/submissions", StatusCode::CREATED, job, &[], body).await?;
+        let resp = self.post_providing(addr, routes::SUBMISSIONS, StatusCode::CREATED, job, &[], body).await?;
         let text = resp.text().await.map_err(|e| PeerError::from_reqwest(&e))?;
         serde_json::from_str(&text)
             .map_err(|e| PeerError::Lost(format!("the owner stored the submission but its answer is unreadable: {e}")))
@@ -75,7 +76,7 @@ pub async fn find(
     let (ask, mut errors) = askable(view, seeds);
     let mut answered = 0;
     for worker in ask {
-        match http.get(format!("http://{worker}/v1/submissions/{id}")).send().await {
+        match http.get(routes::url(worker, &routes::path(routes::SUBMISSION, id))).send().await {
             Ok(r) if r.status().is_success() => {
                 let body = r.bytes().await?;
                 let info = serde_json::from_slice(&body)
@@ -102,7 +103,7 @@ pub async fn results_page(
     from: u64,
     wait: Duration,
 ) -> anyhow::Result<Option<ResultsPage>> {
-    let url = format!("http://{owner}/v1/submissions/{id}/results?from={from}&wait_ms={}", wait.as_millis());
+    let url = routes::url(owner, &format!("{}?from={from}&wait_ms={}", routes::path(routes::SUBMISSION_RESULTS, id), wait.as_millis()));
     let resp = http.get(url).timeout(wait + Duration::from_secs(30)).send().await?;
     match resp.status() {
         StatusCode::OK => {
@@ -121,7 +122,7 @@ pub async fn list(
     view: &[PeerView],
     seeds: &[String],
 ) -> anyhow::Result<(Vec<SubmissionInfo>, Vec<String>)> {
-    gather(http, view, seeds, "/v1/submissions").await
+    gather(http, view, seeds, routes::SUBMISSIONS).await
 }
 
 /// The job history of every askable worker of `view` since `since_ms`
@@ -134,7 +135,7 @@ pub async fn history(
     since_ms: u64,
     tenant: Option<&str>,
 ) -> anyhow::Result<(Vec<HistoryRecord>, Vec<String>)> {
-    let mut path = format!("/v1/history?since_ms={since_ms}");
+    let mut path = format!("{}?since_ms={since_ms}", routes::HISTORY);
     if let Some(t) = tenant {
         path.push_str(&format!("&tenant={}", url_escape(t)));
     }
@@ -162,7 +163,7 @@ async fn gather<T: serde::de::DeserializeOwned>(
     let (ask, mut silent) = askable(view, seeds);
     let mut all = Vec::new();
     for worker in ask {
-        match http.get(format!("http://{worker}{path}")).send().await {
+        match http.get(routes::url(worker, path)).send().await {
             Ok(r) if r.status().is_success() => {
                 let body = r.bytes().await.map_err(|e| anyhow::anyhow!("{worker}: {e}"))?;
                 let mut some: Vec<T> = serde_json::from_slice(&body)
@@ -183,7 +184,7 @@ async fn gather<T: serde::de::DeserializeOwned>(
 /// under way are cancelled; a finished one is discarded.
 pub async fn cancel(http: &reqwest::Client, view: &[PeerView], seeds: &[String], id: &str) -> anyhow::Result<CancelReport> {
     let Some(info) = find(http, view, seeds, id).await? else { return Ok(CancelReport::NotFound) };
-    let resp = http.delete(format!("http://{}/v1/submissions/{id}", info.owner)).send().await?;
+    let resp = http.delete(routes::url(&info.owner, &routes::path(routes::SUBMISSION, id))).send().await?;
     let status = resp.status();
     let body = resp.text().await.unwrap_or_default();
     match status {

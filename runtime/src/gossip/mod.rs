@@ -17,7 +17,10 @@
 //!   in one process (see the tests) and carried over any transport;
 //! * [`auth`] — the HMAC envelope under a cluster key (forged and replayed
 //!   messages are dropped);
-//! * [`transport`] — the thin HTTP shell (`POST /v1/gossip`);
+//! * [`transport`] — the shell: a node shared by the request handler and
+//!   the round loop, sealed messages, one round over a
+//!   [`GossipTransport`](transport::GossipTransport) (HTTP: `POST /v1/gossip`);
+//! * [`memory`] — the same rounds carried in memory, for tests;
 //! * [`view`] — [`PeerView`]: one peer as a worker sees it (`GET /v1/peers`),
 //!   and the pool drawn as a table;
 //! * [`simulation`] — many nodes in one process, for tests and benchmarks.
@@ -26,6 +29,7 @@
 
 pub mod auth;
 pub mod failure;
+pub mod memory;
 pub mod messages;
 pub mod node;
 pub mod state;

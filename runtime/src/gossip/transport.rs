@@ -1,10 +1,16 @@
-//! The HTTP shell around the gossip core: one round is two requests to
-//! `POST /v1/gossip` (Syn → SynAck, then Ack), bodies in postcard.
+//! The shell around the gossip core: a node shared between the request
+//! handler and the round loop ([`SharedNode`]), its messages sealed under
+//! the cluster key, and rounds carried by a [`GossipTransport`] — HTTP
+//! between workers ([`HttpTransport`]: two requests to `POST /v1/gossip`,
+//! Syn → SynAck, then Ack, bodies in postcard), memory in tests
+//! ([`super::memory`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use parking_lot::Mutex;
 use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
 
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -50,11 +56,65 @@ impl GossipStats {
     }
 }
 
-/// A node shared between the HTTP handler and the round loop, with the
+/// What time it is for a node, in milliseconds since it started: the
+/// gossip clock (heartbeats, liveness, forgetting the dead).
+#[derive(Debug)]
+pub enum GossipClock {
+    /// Real time since the node started.
+    Real(Instant),
+    /// Time a test sets ([`GossipClock::advance`]): liveness without waiting.
+    Manual(AtomicU64),
+}
+
+impl GossipClock {
+    /// Milliseconds since the start.
+    pub fn now_ms(&self) -> u64 {
+        match self {
+            GossipClock::Real(started) => started.elapsed().as_millis() as u64,
+            GossipClock::Manual(now) => now.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Moves a manual clock forward by `ms` (a real clock moves by itself).
+    pub fn advance(&self, ms: u64) {
+        if let GossipClock::Manual(now) = self {
+            now.fetch_add(ms, Ordering::Relaxed);
+        }
+    }
+}
+
+/// How one node's gossip reaches another: a request body to the node at
+/// an address, its reply body back (empty for an Ack). Bodies are sealed
+/// already; a transport only carries them.
+pub trait GossipTransport: Send + Sync {
+    /// Sends `body` to the node at `addr` and returns its reply, at most
+    /// [`MAX_MESSAGE_BYTES`](super::node::MAX_MESSAGE_BYTES) long.
+    fn post<'a>(&'a self, addr: &'a str, body: Vec<u8>) -> BoxFuture<'a, Result<Vec<u8>, String>>;
+}
+
+/// Gossip between worker processes: `POST /v1/gossip`.
+pub struct HttpTransport {
+    http: reqwest::Client,
+}
+
+impl HttpTransport {
+    /// Gossip sent with `http` (its timeouts bound a round's exchanges).
+    pub fn new(http: reqwest::Client) -> HttpTransport {
+        HttpTransport { http }
+    }
+}
+
+impl GossipTransport for HttpTransport {
+    fn post<'a>(&'a self, addr: &'a str, body: Vec<u8>) -> BoxFuture<'a, Result<Vec<u8>, String>> {
+        Box::pin(post(&self.http, crate::proto::routes::url(addr, crate::proto::routes::GOSSIP), body))
+    }
+}
+
+/// A node shared between the request handler and the round loop, with the
 /// clock it is driven by.
 pub struct SharedNode<R> {
     pub node: Mutex<GossipNode<R>>,
-    started: Instant,
+    clock: GossipClock,
     /// Traffic counters.
     pub stats: GossipStats,
     /// The cluster key every message is sealed with, if any.
@@ -75,7 +135,17 @@ pub enum GossipError {
 impl<R: Clone> SharedNode<R> {
     /// A node whose messages are sealed with `key`, if given.
     pub fn new(node: GossipNode<R>, key: Option<ClusterKey>) -> Arc<SharedNode<R>> {
-        Arc::new(SharedNode { node: Mutex::new(node), started: Instant::now(), stats: GossipStats::default(), key })
+        SharedNode::with_clock(node, key, GossipClock::Real(Instant::now()))
+    }
+
+    /// [`new`](Self::new), driven by `clock`.
+    pub fn with_clock(node: GossipNode<R>, key: Option<ClusterKey>, clock: GossipClock) -> Arc<SharedNode<R>> {
+        Arc::new(SharedNode { node: Mutex::new(node), clock, stats: GossipStats::default(), key })
+    }
+
+    /// The clock the node is driven by.
+    pub fn clock(&self) -> &GossipClock {
+        &self.clock
     }
 
     /// Seals an outgoing body (as is without a key).
@@ -107,9 +177,10 @@ impl<R: Clone> SharedNode<R> {
 
     /// Milliseconds since this node started: the gossip clock.
     pub fn now_ms(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64
+        self.clock.now_ms()
     }
 
+    /// The node itself, locked.
     pub fn lock(&self) -> parking_lot::MutexGuard<'_, GossipNode<R>> {
         self.node.lock()
     }
@@ -143,7 +214,7 @@ impl<R: Clone> SharedNode<R> {
 /// each round `refresh` may publish a new record.
 pub async fn run_rounds<R>(
     shared: Arc<SharedNode<R>>,
-    http: reqwest::Client,
+    transport: Arc<dyn GossipTransport>,
     interval: Duration,
     mut refresh: impl FnMut(&mut GossipNode<R>) + Send,
 ) where
@@ -154,29 +225,40 @@ pub async fn run_rounds<R>(
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        GossipStats::add(&shared.stats.rounds, 1);
-        let (targets, syn) = {
-            let mut node = shared.lock();
-            refresh(&mut node);
-            node.tick();
-            node.forget_dead(shared.now_ms());
-            (node.choose_peers(&mut rng, shared.now_ms()), node.syn())
-        };
-        // Exchanges with the round's peers run concurrently; a slow or
-        // dead peer costs at most the request timeout.
-        let exchanges = targets.into_iter().map(|addr| exchange(&shared, &http, addr, syn.clone()));
-        futures::future::join_all(exchanges).await;
+        round(&shared, transport.as_ref(), &mut rng, &mut refresh).await;
     }
 }
 
-async fn exchange<R>(shared: &SharedNode<R>, http: &reqwest::Client, addr: String, syn: Syn)
+/// One gossip round: `refresh` the record, beat the heartbeat, forget the
+/// long dead, then exchange with the peers chosen (concurrently: a slow or
+/// dead peer costs at most the transport's timeout).
+pub async fn round<R>(
+    shared: &SharedNode<R>,
+    transport: &dyn GossipTransport,
+    rng: &mut SmallRng,
+    refresh: &mut (impl FnMut(&mut GossipNode<R>) + Send),
+) where
+    R: Clone + Serialize + DeserializeOwned,
+{
+    GossipStats::add(&shared.stats.rounds, 1);
+    let (targets, syn) = {
+        let mut node = shared.lock();
+        refresh(&mut node);
+        node.tick();
+        node.forget_dead(shared.now_ms());
+        (node.choose_peers(rng, shared.now_ms()), node.syn())
+    };
+    let exchanges = targets.into_iter().map(|addr| exchange(shared, transport, addr, syn.clone()));
+    futures::future::join_all(exchanges).await;
+}
+
+async fn exchange<R>(shared: &SharedNode<R>, transport: &dyn GossipTransport, addr: String, syn: Syn)
 where
     R: Clone + Serialize + DeserializeOwned,
 {
-    let url = format!("http://{addr}/v1/gossip");
     let result: Result<(), String> = async {
         let body = postcard::to_allocvec(&GossipRequest::<R>::Syn(syn)).map_err(|e| e.to_string())?;
-        let reply = post(http, &url, shared.seal(body)).await?;
+        let reply = transport.post(&addr, shared.seal(body)).await?;
         let reply = shared.open(&reply).map_err(|e| e.to_string())?;
         let syn_ack: SynAck<R> = postcard::from_bytes(reply).map_err(|e| {
             GossipStats::add(&shared.stats.rejected, 1);
@@ -184,7 +266,7 @@ where
         })?;
         let ack = shared.lock().handle_syn_ack(syn_ack, shared.now_ms());
         let body = postcard::to_allocvec(&GossipRequest::Ack(ack)).map_err(|e| e.to_string())?;
-        post(http, &url, shared.seal(body)).await?;
+        transport.post(&addr, shared.seal(body)).await?;
         Ok(())
     }
     .await;
@@ -197,7 +279,7 @@ where
     }
 }
 
-async fn post(http: &reqwest::Client, url: &str, body: Vec<u8>) -> Result<Vec<u8>, String> {
+async fn post(http: &reqwest::Client, url: String, body: Vec<u8>) -> Result<Vec<u8>, String> {
     let resp = http
         .post(url)
         .header(reqwest::header::CONTENT_TYPE, POSTCARD)

@@ -20,9 +20,6 @@ use serde::{Deserialize, Serialize};
 use super::JobResult;
 pub use super::frame::{FrameReader, MAX_FRAME, encode_frame};
 
-/// The path of the batch endpoint.
-pub const BATCH_PATH: &str = "/v1/jobs/batch";
-
 /// The most jobs one batch may carry.
 pub const MAX_BATCH_JOBS: usize = 4096;
 

@@ -12,6 +12,7 @@
 mod advert;
 pub mod batch;
 pub mod frame;
+pub mod routes;
 pub mod stream;
 pub mod submission;
 pub mod tree;

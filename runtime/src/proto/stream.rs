@@ -27,9 +27,6 @@ use serde::{Deserialize, Serialize};
 
 use super::{JobResult, StdStream};
 
-/// The path of the streaming endpoint.
-pub const STREAM_PATH: &str = "/v1/jobs/stream";
-
 /// The largest head frame (the job's spec) a worker reads.
 pub const MAX_HEAD: usize = 1 << 20;
 

@@ -26,12 +26,6 @@ use crate::units::Bytes;
 /// The sha256 of a file's bytes (the same kind of name a module goes by).
 pub type FileHash = ModuleHash;
 
-/// `PUT` a manifest here (`{}` is its sha256 in hex).
-pub const TREES_PATH: &str = "/v1/trees";
-
-/// `PUT` a file's bytes here (`/{sha256}`).
-pub const FILES_PATH: &str = "/v1/files";
-
 /// The status a worker answers a job whose tree (or some file of it) it
 /// lacks: `424 Failed Dependency` — send the tree, then the job again.
 /// (`404` means the module.)

@@ -44,7 +44,7 @@ use crate::runner::{JobRunner, RunnerConfig};
 use super::state::Worker;
 use super::tenants::Tenants;
 use super::warnings::Warnings;
-use crate::gossip::transport::{SharedNode, run_rounds};
+use crate::gossip::transport::{HttpTransport, SharedNode, run_rounds};
 use crate::gossip::{GossipConfig, GossipNode, NodeId};
 use crate::proto::{Advert, CancelCause, PROTOCOL_HEADER, PROTOCOL_VERSION};
 use crate::units::Bytes as Size;
@@ -385,7 +385,8 @@ pub async fn start(
         .default_headers(protocol)
         .build()?;
     let refresher = worker.clone();
-    let gossip = tokio::spawn(run_rounds(worker.gossip.clone(), http, config.gossip_interval, move |node| {
+    let transport = Arc::new(HttpTransport::new(http));
+    let gossip = tokio::spawn(run_rounds(worker.gossip.clone(), transport, config.gossip_interval, move |node| {
         refresher.learn_pool_usage(node);
         refresher.check_host_memory();
         node.set_record(refresher.gossip_advert())
@@ -515,29 +516,30 @@ pub const EXPIRE_EVERY: Duration = Duration::from_secs(3600);
 
 /// Every route, behind the protocol check.
 fn router(worker: Arc<Worker>) -> Router {
+    use crate::proto::routes;
     // Requests with a tenant's body: the tenant first, then the body.
     let uploads = Router::new()
-        .route("/v1/modules/{hash}", put(modules::put_module))
-        .route("/v1/trees/{hash}", put(files::put_tree))
-        .route("/v1/files/{hash}", put(files::put_file))
-        .route("/v1/jobs", post(jobs::post_job))
-        .route(crate::proto::batch::BATCH_PATH, post(batch::post_batch))
-        .route(crate::proto::stream::STREAM_PATH, post(stream::post_stream))
-        .route("/v1/submissions", post(submissions::post_submission))
+        .route(routes::MODULE, put(modules::put_module))
+        .route(routes::TREE, put(files::put_tree))
+        .route(routes::FILE, put(files::put_file))
+        .route(routes::JOBS, post(jobs::post_job))
+        .route(routes::BATCH, post(batch::post_batch))
+        .route(routes::STREAM, post(stream::post_stream))
+        .route(routes::SUBMISSIONS, post(submissions::post_submission))
         .route_layer(axum::middleware::from_fn_with_state(worker.clone(), extract::tenant_first));
     Router::new()
         .merge(uploads)
-        .route("/", get(pool::status_page))
-        .route("/v1/jobs", get(jobs::list_jobs))
-        .route("/v1/jobs/{id}", get(jobs::get_job).delete(jobs::delete_job))
-        .route("/v1/jobs/{id}/output", get(jobs::get_output))
-        .route("/v1/submissions", get(submissions::list_submissions))
-        .route("/v1/submissions/{id}", get(submissions::get_submission).delete(submissions::delete_submission))
-        .route("/v1/submissions/{id}/results", get(submissions::get_results))
-        .route("/v1/history", get(submissions::get_history))
-        .route("/v1/gossip", post(pool::post_gossip))
-        .route("/v1/peers", get(pool::get_peers))
-        .route("/metrics", get(pool::get_metrics))
+        .route(routes::STATUS_PAGE, get(pool::status_page))
+        .route(routes::JOBS, get(jobs::list_jobs))
+        .route(routes::JOB, get(jobs::get_job).delete(jobs::delete_job))
+        .route(routes::JOB_OUTPUT, get(jobs::get_output))
+        .route(routes::SUBMISSIONS, get(submissions::list_submissions))
+        .route(routes::SUBMISSION, get(submissions::get_submission).delete(submissions::delete_submission))
+        .route(routes::SUBMISSION_RESULTS, get(submissions::get_results))
+        .route(routes::HISTORY, get(submissions::get_history))
+        .route(routes::GOSSIP, post(pool::post_gossip))
+        .route(routes::PEERS, get(pool::get_peers))
+        .route(routes::METRICS, get(pool::get_metrics))
         .layer(axum::middleware::from_fn(extract::protocol))
         .with_state(worker)
 }
