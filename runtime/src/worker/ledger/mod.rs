@@ -25,108 +25,19 @@
 //! Other workers on the same machine are in view too, through the host's
 //! shared ledger (`hostledger.rs`): their untouched reservations come out
 //! of what the host has available, and all workers of one memory domain
-//! (a cgroup, or the host) together take no more than its limit.
+//! (a cgroup, or the host) together take no more than its limit. What the
+//! host has is read in `host.rs`.
+
+mod host;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use parking_lot::Mutex;
-use std::time::{Duration, Instant};
-
-use sysinfo::System;
 
 pub use super::hostledger::Others;
-
-/// How often the host's available memory is re-read.
-pub const HOST_REFRESH: Duration = Duration::from_secs(1);
-
-/// Where the ledger reads the host's memory: the machine itself
-/// ([`SystemMemory`]), or a fake in tests, so that the ledger's and
-/// admission's rules do not depend on the machine they run on.
-pub trait HostMemory: Send + Sync {
-    /// The machine's physical memory, in bytes.
-    fn physical(&self) -> u64;
-    /// The memory limit of the cgroup this process runs in (a Slurm job's
-    /// allocation), if any.
-    fn cgroup_limit(&self) -> Option<u64>;
-    /// Memory the host has available now, in bytes. Called on every
-    /// reservation: an implementation that reads the OS caches.
-    fn available(&self) -> u64;
-}
-
-/// The machine's memory, as the OS reports it (sysinfo) and the cgroups
-/// limit it (our reader knows v1 and v2 and every ancestor's limit;
-/// sysinfo's reads the process's own v2 cgroup: the smaller wins).
-/// Available memory is re-read at most once per [`HOST_REFRESH`].
-pub struct SystemMemory {
-    physical: u64,
-    cgroup: Option<u64>,
-    now: Mutex<(System, Instant, u64)>,
-}
-
-impl SystemMemory {
-    /// Reads the machine's memory once.
-    pub fn new() -> anyhow::Result<SystemMemory> {
-        let mut system = System::new().map_err(|e| anyhow::anyhow!("cannot read the host's memory: {e:?}"))?;
-        system.refresh_memory();
-        let cgroup = [super::cgroup::memory_limit(), system.cgroup_limits().map(|c| c.total_memory).filter(|&t| t > 0)]
-            .into_iter()
-            .flatten()
-            .min();
-        let (physical, available) = (system.total_memory(), system.available_memory());
-        Ok(SystemMemory { physical, cgroup, now: Mutex::new((system, Instant::now(), available)) })
-    }
-}
-
-impl HostMemory for SystemMemory {
-    fn physical(&self) -> u64 {
-        self.physical
-    }
-
-    fn cgroup_limit(&self) -> Option<u64> {
-        self.cgroup
-    }
-
-    fn available(&self) -> u64 {
-        let mut now = self.now.lock();
-        let (system, read_at, available) = &mut *now;
-        if read_at.elapsed() >= HOST_REFRESH {
-            system.refresh_memory();
-            *available = system.available_memory();
-            *read_at = Instant::now();
-        }
-        *available
-    }
-}
-
-/// A host whose memory a test sets.
 #[cfg(test)]
-pub(crate) struct FakeMemory {
-    pub physical: u64,
-    pub available: AtomicU64,
-}
-
-#[cfg(test)]
-impl FakeMemory {
-    /// A host of `physical` bytes with `available` of them free.
-    pub fn new(physical: u64, available: u64) -> Arc<FakeMemory> {
-        Arc::new(FakeMemory { physical, available: AtomicU64::new(available) })
-    }
-}
-
-#[cfg(test)]
-impl HostMemory for Arc<FakeMemory> {
-    fn physical(&self) -> u64 {
-        self.physical
-    }
-
-    fn cgroup_limit(&self) -> Option<u64> {
-        None
-    }
-
-    fn available(&self) -> u64 {
-        self.available.load(Ordering::Relaxed)
-    }
-}
+pub(crate) use host::FakeMemory;
+pub use host::{HOST_REFRESH, HostMemory, SystemMemory};
 
 /// Memory always left to the host and its users by default (`--reserve`).
 pub const DEFAULT_RESERVE: u64 = 1 << 30;
@@ -650,7 +561,7 @@ mod tests {
     #[test]
     fn on_this_machine_capacity_is_capped_by_physical_memory_less_the_reserve() {
         let ledger = Ledger::new(&LedgerConfig { memory: None, reserve: DEFAULT_RESERVE }).unwrap();
-        let mut s = System::new().unwrap();
+        let mut s = sysinfo::System::new().unwrap();
         s.refresh_memory();
         assert!(ledger.capacity() <= s.total_memory() - (1 << 30));
         assert!(ledger.snapshot().host_available > 0, "the machine's free memory is read");
