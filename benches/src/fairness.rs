@@ -9,7 +9,7 @@ use peerwasm::client::{Job, MapConfig, MapItem, Target, map};
 use peerwasm::proto::ModuleHash;
 use peerwasm::runner::RunnerConfig;
 use peerwasm::worker::ledger::LedgerConfig;
-use peerwasm::worker::{WorkerConfig, start};
+use peerwasm::server::{WorkerConfig, start};
 use peerwasm::worker::tenants::Tenants;
 
 const MIB: u64 = 1 << 20;

@@ -9,14 +9,17 @@
 //! `layering`, holds the crate to it).
 //!
 //! * [`cli`] — the `peerwasm` command line (`run`, `map`, `worker`, `peers`,
-//!   …): thin shells over the client and the worker;
-//! * [`worker`] — `peerwasm worker`: the host memory ledger, admission,
-//!   fair share, tenants, the state database, the HTTP service. A worker
-//!   that owns a detached map (`map --detach`) runs it with the client's
-//!   own `map`, which is why the worker sits above the client;
+//!   …): thin shells over the client and the server;
+//! * [`server`] — `peerwasm worker` assembled and served: its configuration
+//!   and defaults, `start`, the HTTP router and one file per endpoint group;
+//! * [`owner`] — maps a worker owns for clients that went away (`map
+//!   --detach`): stored, run with the client's own `map`, resumed after a
+//!   restart; the one room that uses both the worker and the client;
 //! * [`client`] — the submitting side: the embedded worker or a pool as one
 //!   [`Target`](client::Target), best-fit placement, learned memory
 //!   estimates, and [`map`](client::map()) with retries and ordered results;
+//! * [`worker`] — the worker's core: the host memory ledger, admission,
+//!   fair share, tenants, a job's life, the state database;
 //! * [`runner`] — [`JobRunner`](runner::JobRunner): N slots running jobs on
 //!   this machine, in-process or in slot processes; the embedded worker is
 //!   one inside the client's process, and every worker runs its jobs on one;
@@ -47,9 +50,11 @@
 pub mod cli;
 pub mod client;
 pub mod gossip;
+pub mod owner;
 pub mod proto;
 pub mod runner;
 pub mod sandbox;
+pub mod server;
 pub mod units;
 pub mod worker;
 
@@ -58,7 +63,7 @@ mod layering {
     //! The house is layered: a module uses only the modules below it.
 
     /// Bottom up: each may use only those before it.
-    const LAYERS: [&str; 8] = ["units", "proto", "gossip", "sandbox", "runner", "client", "worker", "cli"];
+    const LAYERS: [&str; 10] = ["units", "proto", "gossip", "sandbox", "runner", "worker", "client", "owner", "server", "cli"];
 
     #[test]
     fn each_module_uses_only_the_layers_below_it() {

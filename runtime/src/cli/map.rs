@@ -133,20 +133,8 @@ pub fn run(args: MapArgs) -> anyhow::Result<ExitCode> {
         out_dir: args.out_dir.clone(),
         ..MapConfig::default()
     };
-    let (out, to_file): (Box<dyn Write + Send>, bool) = match &args.output {
-        Some(path) => {
-            let mut open = std::fs::OpenOptions::new();
-            if args.resume { open.append(true) } else { open.write(true).create(true).truncate(true) };
-            let file = open.open(path).with_context(|| format!("cannot open {}", path.display()))?;
-            (Box::new(std::io::BufWriter::new(file)), true)
-        }
-        None => (Box::new(std::io::BufWriter::new(std::io::stdout())), false),
-    };
-    let mut printer = MapPrinter::new(out, Some(total - first_index as u64), !args.no_progress);
-    if to_file {
-        // Each line is on disk as its result comes: `--resume` goes on from there.
-        printer = printer.flushing_each();
-    }
+    let to_file = args.output.is_some();
+    let mut printer = printer(&args, total - first_index as u64)?;
 
     // One thread: the client only moves jobs and answers; on one thread no
     // answer or submission crosses threads (a futex wake-up each), which
@@ -167,7 +155,29 @@ pub fn run(args: MapArgs) -> anyhow::Result<ExitCode> {
         summary
     });
     printer.finish().context("cannot write the results")?;
-    let summary = summary?;
+    report(&summary?, first_index as u64, total, to_file)
+}
+
+/// Where the results go (`-o FILE`, appended to with `--resume`, else
+/// stdout), with the progress bar unless `--no-progress`.
+fn printer(args: &MapArgs, to_run: u64) -> anyhow::Result<MapPrinter> {
+    let out: Box<dyn Write + Send> = match &args.output {
+        Some(path) => {
+            let mut open = std::fs::OpenOptions::new();
+            if args.resume { open.append(true) } else { open.write(true).create(true).truncate(true) };
+            let file = open.open(path).with_context(|| format!("cannot open {}", path.display()))?;
+            Box::new(std::io::BufWriter::new(file))
+        }
+        None => Box::new(std::io::BufWriter::new(std::io::stdout())),
+    };
+    let printer = MapPrinter::new(out, Some(to_run), !args.no_progress);
+    // Each line is on disk as its result comes: `--resume` goes on from there.
+    Ok(if args.output.is_some() { printer.flushing_each() } else { printer })
+}
+
+/// The map's summary on stderr, and the exit code it makes: 0, 1 when a
+/// job failed, [`EXIT_INTERRUPTED`](super::EXIT_INTERRUPTED) on Ctrl-C.
+fn report(summary: &crate::client::MapSummary, first_index: u64, total: u64, to_file: bool) -> anyhow::Result<ExitCode> {
     eprintln!("peerwasm map: {}", summary.to_string().replace('\n', "\npeerwasm map: "));
     if let Some(stopped) = &summary.stopped {
         eprintln!("peerwasm map: stopped: {} (--keep-going runs the other inputs)", stopped.message);
@@ -175,7 +185,7 @@ pub fn run(args: MapArgs) -> anyhow::Result<ExitCode> {
     if summary.interrupted {
         eprintln!(
             "peerwasm map: interrupted: {} of {total} results written; the jobs under way were cancelled{}",
-            first_index as u64 + summary.jobs,
+            first_index + summary.jobs,
             if to_file { " (--resume goes on from there)" } else { "" }
         );
         return Ok(ExitCode::from(super::EXIT_INTERRUPTED));

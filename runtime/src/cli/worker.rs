@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use crate::units::{Size, Span, parse_duration, parse_size};
 use crate::worker::ledger::LedgerConfig;
-use crate::worker::http::DEFAULT_MAX_JOB_TIME;
+use crate::server::DEFAULT_MAX_JOB_TIME;
 use crate::runner::RunnerConfig;
-use crate::worker::{WorkerConfig, start};
+use crate::server::{WorkerConfig, start};
 use crate::worker::tenants::Tenants;
 
 #[derive(clap::Args, Debug)]
@@ -54,7 +54,7 @@ pub struct WorkerArgs {
     /// How long the results of finished detached jobs and maps (`run
     /// --detach`, `map --detach`) are kept after they ended, unless
     /// discarded first (`peerwasm cancel ID`), e.g. 7days, 12h.
-    #[arg(long, value_name = "DUR", default_value_t = Span(crate::worker::http::DEFAULT_KEEP_RESULTS))]
+    #[arg(long, value_name = "DUR", default_value_t = Span(crate::server::DEFAULT_KEEP_RESULTS))]
     keep_results: Span,
     /// The file this worker shares with the other peerwasm workers of this
     /// machine, so that together they never lend more memory than it has;
@@ -67,14 +67,14 @@ pub struct WorkerArgs {
     /// naming this limit, and so are later jobs of that module. A module
     /// over 16 MiB gets 0.5 s more per MiB beyond that (CPython's 95 MiB:
     /// 100 s by default; it compiles in ~45 s).
-    #[arg(long, value_name = "DUR", default_value_t = Span(crate::worker::http::DEFAULT_MAX_COMPILE_TIME))]
+    #[arg(long, value_name = "DUR", default_value_t = Span(crate::server::DEFAULT_MAX_COMPILE_TIME))]
     max_compile_time: Span,
     /// The most disk the compiled-module cache may take; the least recently
     /// used modules are removed first (and compiled again when needed).
     #[arg(long, value_name = "SIZE", default_value_t = Size(crate::sandbox::DEFAULT_CACHE_MAX))]
     cache_max: Size,
     /// Time between gossip rounds.
-    #[arg(long, value_name = "DUR", default_value_t = Span(crate::worker::http::DEFAULT_GOSSIP_INTERVAL))]
+    #[arg(long, value_name = "DUR", default_value_t = Span(crate::server::DEFAULT_GOSSIP_INTERVAL))]
     gossip_interval: Span,
     /// Tenants who may submit, with their token hashes, weights and limits
     /// (TOML; see the README). Without it, anyone who reaches the worker
@@ -128,15 +128,15 @@ pub struct WorkerArgs {
     /// Bytes of finished detached jobs' output one tenant may hold here;
     /// past it its new detached jobs are refused (503) until it discards
     /// some.
-    #[arg(long, value_name = "SIZE", default_value_t = Size(crate::worker::http::DEFAULT_MAX_RESULTS))]
+    #[arg(long, value_name = "SIZE", default_value_t = Size(crate::server::DEFAULT_MAX_RESULTS))]
     max_results: Size,
     /// Bytes of detached maps (inputs and results) one tenant may keep in
     /// this worker's state database; past it, its next `map --detach` here
     /// is refused until it discards finished ones (`peerwasm cancel ID`).
-    #[arg(long, value_name = "SIZE", default_value_t = Size(crate::worker::http::DEFAULT_MAX_STORED))]
+    #[arg(long, value_name = "SIZE", default_value_t = Size(crate::server::DEFAULT_MAX_STORED))]
     max_stored: Size,
     /// Connections served at once; more are closed as they arrive.
-    #[arg(long, value_name = "N", default_value_t = crate::worker::http::serve::DEFAULT_MAX_CONNECTIONS)]
+    #[arg(long, value_name = "N", default_value_t = crate::server::serve::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
     /// Connections one address may hold at once, so that one client cannot
     /// take them all [default: a quarter of --max-connections].
@@ -149,7 +149,7 @@ pub struct WorkerArgs {
     max_request_bytes: Size,
     /// Time a client has to send a request's headers before its connection
     /// is closed (slow clients cannot hold connections open).
-    #[arg(long, value_name = "DUR", default_value_t = Span(crate::worker::http::serve::DEFAULT_HEADER_TIMEOUT))]
+    #[arg(long, value_name = "DUR", default_value_t = Span(crate::server::serve::DEFAULT_HEADER_TIMEOUT))]
     header_timeout: Span,
     /// The longest any job may run here, e.g. 2h, or `none`: a job that
     /// asks for no limit gets this one, and a job asking for more is
@@ -160,7 +160,7 @@ pub struct WorkerArgs {
     /// On shutdown (SIGTERM, Ctrl-C), how long running jobs may go on
     /// before they are cancelled; queued jobs are cancelled at once, so
     /// their clients send them elsewhere.
-    #[arg(long, value_name = "DUR", default_value_t = Span(crate::worker::http::DEFAULT_DRAIN_GRACE))]
+    #[arg(long, value_name = "DUR", default_value_t = Span(crate::server::DEFAULT_DRAIN_GRACE))]
     drain_grace: Span,
     /// A job that has waited this long gets memory held for it, so large
     /// jobs are not starved by a stream of small ones.
@@ -172,7 +172,7 @@ pub struct WorkerArgs {
     max_open_files: u32,
     /// Bytes one job may write to files (its scratch directory /tmp); past
     /// it, writing gives the job ENOSPC.
-    #[arg(long, value_name = "SIZE", default_value_t = Size(crate::worker::http::DEFAULT_SCRATCH))]
+    #[arg(long, value_name = "SIZE", default_value_t = Size(crate::server::DEFAULT_SCRATCH))]
     scratch: Size,
     /// Where jobs' scratch directories are made [default: the system's
     /// temporary directory].
@@ -186,7 +186,7 @@ pub struct WorkerArgs {
     /// The most stdout, and the most stderr, a job's output is buffered to
     /// here, whatever the job asks; past it the job ends with "output
     /// limit".
-    #[arg(long, value_name = "SIZE", default_value_t = Size(crate::worker::http::DEFAULT_MAX_OUTPUT))]
+    #[arg(long, value_name = "SIZE", default_value_t = Size(crate::server::DEFAULT_MAX_OUTPUT))]
     max_output: Size,
     /// Bytes of files shipped with jobs (`run --dir` on a pool) kept here by
     /// content hash, shared by all jobs; the least recently used go first.
@@ -294,7 +294,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
             None => Some(crate::worker::hostledger::default_path()),
         },
         precompile: args.precompile,
-        serve: crate::worker::http::serve::ServeLimits {
+        serve: crate::server::serve::ServeLimits {
             max_connections: args.max_connections.max(1),
             max_connections_per_address: args.max_connections_per_address,
             header_timeout: args.header_timeout.0,
@@ -399,7 +399,7 @@ mod tests {
             worker: super::WorkerArgs,
         }
         let a = <Cli as clap::Parser>::parse_from(["peerwasm-worker"]).worker;
-        let lib = crate::worker::WorkerConfig::new("127.0.0.1:0".parse().unwrap());
+        let lib = crate::server::WorkerConfig::new("127.0.0.1:0".parse().unwrap());
         let sandbox = &lib.runner.sandbox;
         assert_eq!(a.reserve.0, lib.ledger.reserve);
         assert_eq!(a.memory, lib.ledger.memory);

@@ -195,19 +195,7 @@ impl JobRunner {
         let slots = self.slots.clone();
         let long = self.long.clone();
         let hash = spec.module;
-        let child = self.children.as_ref().and_then(|(children, policy)| {
-            let go = match policy {
-                SlotPolicy::Always => true,
-                SlotPolicy::Auto => {
-                    bytes.as_ref().is_some_and(|b| b.len() >= LARGE_MODULE_BYTES)
-                        || self.lock_long().get(&hash).copied().unwrap_or(false)
-                }
-                SlotPolicy::Never => false,
-            };
-            // Without the bytes (a restarted worker that kept only the
-            // compiled form), only this process's cache can run it.
-            (go && bytes.is_some()).then(|| children.clone())
-        });
+        let child = self.slot_processes_for(&hash, bytes.as_deref());
         let cancel = hooks.cancel.get_or_insert_with(Cancel::new).clone();
         let abandoned = cancel.on_drop(CancelCause::ClientGone);
         let task = async move {
@@ -223,37 +211,10 @@ impl JobRunner {
             if let Some(children) = child {
                 return children.run(&sandbox, spec, bytes, hooks).await;
             }
-            let (module, source) = match sandbox.cached(&spec.module) {
-                Some(m) => (m, CacheSource::Memory),
-                None => {
-                    let loader = sandbox.clone();
-                    let hash = spec.module;
-                    // Without the bytes, the disk cache may still have it
-                    // (a restarted worker); with them, compile if need be.
-                    let loaded = tokio::task::spawn_blocking(move || match bytes {
-                        Some(bytes) => loader.load(&hash, &bytes).map(Some),
-                        None => Ok(loader.load_cached(&hash)),
-                    });
-                    // A cancelled job stops waiting; the compile finishes
-                    // on its blocking thread and lands in the cache.
-                    let loaded = tokio::select! {
-                        biased;
-                        cause = cancel.cancelled() => return JobResult::never_ran(limit, Outcome::Cancelled { cause }),
-                        loaded = loaded => loaded,
-                    };
-                    match loaded {
-                        Ok(Ok(Some(loaded))) => loaded,
-                        Ok(Ok(None)) => {
-                            return JobResult::never_ran(limit, Outcome::Rejected {
-                                reason: format!("module {} is unknown here", spec.module),
-                            });
-                        }
-                        Ok(Err(outcome)) => return JobResult::never_ran(limit, outcome),
-                        Err(e) => return host_failure(limit, &format!("compiling the module failed: {e}")),
-                    }
-                }
-            };
-            sandbox.run(&module, &spec, source, hooks).await
+            match load(&sandbox, spec.module, bytes, &cancel, limit).await {
+                Ok((module, source)) => sandbox.run(&module, &spec, source, hooks).await,
+                Err(ended) => ended,
+            }
         };
         let handle = self.runtime.as_ref().expect("runtime lives until drop").spawn(task);
         let result = match handle.await {
@@ -269,6 +230,22 @@ impl JobRunner {
             long.insert(hash, Duration::from_micros(result.cpu_time_us) >= LONG_JOB_CPU);
         }
         result
+    }
+
+    /// The slot processes a job of module `hash` runs in, if it goes to
+    /// them: always, never, or (auto) a large module or one whose jobs
+    /// were long. Without the bytes (a restarted worker that kept only the
+    /// compiled form), only this process's cache can run it.
+    fn slot_processes_for(&self, hash: &ModuleHash, bytes: Option<&[u8]>) -> Option<Arc<SlotProcesses>> {
+        let (children, policy) = self.children.as_ref()?;
+        let go = match policy {
+            SlotPolicy::Always => true,
+            SlotPolicy::Auto => {
+                bytes.is_some_and(|b| b.len() >= LARGE_MODULE_BYTES) || self.lock_long().get(hash).copied().unwrap_or(false)
+            }
+            SlotPolicy::Never => false,
+        };
+        (go && bytes.is_some()).then(|| children.clone())
     }
 
     /// Runs `task` on the slot threads, where [`run_with`](Self::run_with)
@@ -327,6 +304,41 @@ impl Drop for JobRunner {
         if let Some(rt) = self.runtime.take() {
             rt.shutdown_background();
         }
+    }
+}
+
+/// Module `hash`'s compiled code, from the memory cache, else the disk
+/// cache or a compile of `bytes` on a blocking thread (without the bytes —
+/// a restarted worker — the disk cache may still have it). `Err` is how
+/// the job ended without running. A cancelled job stops waiting; the
+/// compile finishes on its blocking thread and lands in the cache.
+async fn load(
+    sandbox: &Arc<Sandbox>,
+    hash: ModuleHash,
+    bytes: Option<Arc<[u8]>>,
+    cancel: &Cancel,
+    limit: u64,
+) -> Result<(Arc<crate::sandbox::CompiledModule>, CacheSource), JobResult> {
+    if let Some(module) = sandbox.cached(&hash) {
+        return Ok((module, CacheSource::Memory));
+    }
+    let loader = sandbox.clone();
+    let loaded = tokio::task::spawn_blocking(move || match bytes {
+        Some(bytes) => loader.load(&hash, &bytes).map(Some),
+        None => Ok(loader.load_cached(&hash)),
+    });
+    let loaded = tokio::select! {
+        biased;
+        cause = cancel.cancelled() => return Err(JobResult::never_ran(limit, Outcome::Cancelled { cause })),
+        loaded = loaded => loaded,
+    };
+    match loaded {
+        Ok(Ok(Some(loaded))) => Ok(loaded),
+        Ok(Ok(None)) => {
+            Err(JobResult::never_ran(limit, Outcome::Rejected { reason: format!("module {hash} is unknown here") }))
+        }
+        Ok(Err(outcome)) => Err(JobResult::never_ran(limit, outcome)),
+        Err(e) => Err(host_failure(limit, &format!("compiling the module failed: {e}"))),
     }
 }
 

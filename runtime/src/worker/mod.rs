@@ -1,9 +1,10 @@
-//! `peerwasm worker`: a machine lent to the pool, in the order a job meets
+//! The worker's core: a machine lent to the pool, in the order a job meets
 //! it. The jobs themselves run on a [`JobRunner`](crate::runner::JobRunner)
-//! (the layer below, shared with the embedded worker).
+//! (the layer below, shared with the embedded worker). Its HTTP edge and
+//! its assembly (`start`, `WorkerConfig`) are [`crate::server`]'s, the maps
+//! it owns for clients that went away [`crate::owner`]'s: both sit above
+//! this core, which imports neither them nor the client.
 //!
-//! * [`http`] — `peerwasm worker`'s HTTP edge: the router and `start`,
-//!   extractors (tenant, capped bodies), one file per endpoint group;
 //! * [`filestore`] — files of shipped trees by sha256, on disk, within a
 //!   byte budget shared with jobs' scratch;
 //! * [`manifests`] — shipped trees' manifests, within a byte budget per
@@ -33,9 +34,6 @@
 //! * [`stored`] — what each tenant keeps in the state database
 //!   (`--max-stored`);
 //! * [`refused`] — why a job was not run: the one error of the job path;
-//! * [`submissions`] — maps this worker owns for clients that went away
-//!   (`map --detach`): the store, and [`submissions::run`] running each with
-//!   the client's own map engine, resumed after a restart;
 //! * [`detached`] — detached jobs kept in the state database;
 //! * [`restore`] — what a worker puts back at start: detached jobs served
 //!   or run again;
@@ -44,11 +42,10 @@
 //! * [`metrics`] — `GET /metrics` in Prometheus' text format.
 //!
 //! Arrows point one way (no file imports one that imports it back):
-//! `http` uses `jobs`, `table` and `state`; `restore` and
-//! `submissions::run` use `jobs` and `state`; `jobs` uses `state`, `table`,
-//! `detached`, admission and the runner; `state` uses `table`,
-//! admission, the `submissions` store and the runner; admission, the
-//! ledger, fair share and tenants import nothing of HTTP.
+//! `restore` uses `jobs` and `state`; `jobs` uses `state`, `table`,
+//! `detached`, admission and the runner; `state` uses `table`, admission
+//! and the runner; admission, the ledger, fair share and tenants import
+//! nothing of HTTP.
 
 pub mod admission;
 pub mod budget;
@@ -58,7 +55,6 @@ pub mod fairshare;
 pub mod filestore;
 pub mod history;
 pub mod hostledger;
-pub mod http;
 pub mod jobs;
 pub mod ledger;
 pub mod manifests;
@@ -68,11 +64,8 @@ pub mod metrics;
 pub mod state;
 pub mod statedb;
 pub mod stored;
-pub mod submissions;
 pub mod table;
 pub mod tenants;
 pub mod trees;
 pub mod uploaders;
 pub mod warnings;
-
-pub use http::{RunningWorker, WorkerConfig, start};

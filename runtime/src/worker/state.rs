@@ -50,11 +50,10 @@ pub struct Worker {
     pub(crate) connections_refused: Arc<AtomicU64>,
     pub(crate) metrics: Metrics,
     pub(crate) warnings: Warnings,
-    /// Submissions this worker owns (`--state-dir`).
-    pub(crate) submissions: super::submissions::Submissions,
     /// The jobs it ran.
     pub(crate) history: super::history::History,
-    /// The state database both are kept in.
+    /// The state database (`--state-dir`): history, detached jobs, and
+    /// the submissions its owner keeps (`crate::owner`).
     pub(crate) db: Arc<super::statedb::StateDb>,
 }
 

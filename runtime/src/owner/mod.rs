@@ -21,7 +21,10 @@
 //!   and readers only see committed ones, in order, up to the first input
 //!   still without one, so nobody sees a result that is then lost.
 //!
-//! This file is the store: the submissions, their results and their
+//! This room sits above both the worker and the client: an [`Owner`] is
+//! a worker's store of submissions with the worker they run on, and it
+//! runs them with the client's `map`; the worker's core knows nothing of
+//! it. This file is the store: the submissions, their results and their
 //! cancelling; [`run`] starts and runs their maps.
 //!
 //! Cancelling (`DELETE`) drops the map, which cancels its jobs under way
@@ -38,6 +41,7 @@ use rusqlite::{OptionalExtension, params};
 pub mod run;
 
 use crate::client::MapSummary;
+use crate::worker::state::Worker;
 use crate::worker::statedb::{StateDb, now_ms};
 use crate::proto::submission::{
     ResultsPage, SubmissionInfo, SubmissionState,
@@ -53,6 +57,22 @@ pub const RESULTS_PAGE_BYTES: usize = 16 << 20;
 
 /// The longest a results request waits for the next result.
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
+
+/// A worker as the owner of submissions: its store, and the worker whose
+/// tenants, modules and pool the maps use.
+pub struct Owner {
+    /// The worker the maps run from.
+    pub worker: Arc<Worker>,
+    /// The submissions it owns.
+    pub submissions: Submissions,
+}
+
+impl Owner {
+    /// The owner of the submissions stored in `worker`'s state database.
+    pub fn new(worker: Arc<Worker>) -> Arc<Owner> {
+        Arc::new(Owner { submissions: Submissions::new(worker.db.clone()), worker })
+    }
+}
 
 /// The submissions this worker owns.
 pub struct Submissions {

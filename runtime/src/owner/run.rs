@@ -11,41 +11,27 @@ use std::time::Duration;
 use rusqlite::params;
 use tokio::sync::oneshot;
 
-use super::{MAX_RUNNING_PER_TENANT, Stored};
+use super::{MAX_RUNNING_PER_TENANT, Owner, Stored};
 use crate::client::estimate::{DEFAULT_MARGIN, MemoryEstimator};
 use crate::client::{Job, MapConfig, MapItem, MapObserver, MapSummary, Pool, PoolConfig, Target};
 use crate::proto::submission::{MAX_SUBMISSION_INPUTS, SUBMISSION_PREFIX, SubmissionInfo, SubmissionSpec, SubmittedResult};
 use crate::proto::{JobSpec, MAX_INPUT_BYTES};
 use crate::worker::refused::Refused;
 use crate::worker::stored::ROW_BYTES;
-use crate::worker::state::Worker;
 use crate::worker::statedb::{Committed, StateDb, now_ms};
 use crate::worker::tenants::Tenant;
 
 /// Checks and stores a submission, then starts its map. Answers once
 /// it is committed.
 pub async fn create(
-    w: &Arc<Worker>,
+    o: &Arc<Owner>,
     tenant: &Tenant,
     token: Option<String>,
     spec: SubmissionSpec,
 ) -> Result<SubmissionInfo, Refused> {
-    let this = &w.submissions;
+    let (w, this) = (&o.worker, &o.submissions);
     let job = &spec.job;
-    if spec.inputs.is_empty() {
-        return Err(Refused::Invalid("a submission needs at least one input".into()));
-    }
-    if spec.inputs.len() as u64 > MAX_SUBMISSION_INPUTS {
-        return Err(Refused::Invalid(format!("a submission may have at most {MAX_SUBMISSION_INPUTS} inputs")));
-    }
-    if let Some(i) = spec.inputs.iter().position(|i| i.len() as u64 > MAX_INPUT_BYTES) {
-        return Err(Refused::InputTooLarge(format!("input {i} is over the {} a job's input may be", crate::units::Bytes(MAX_INPUT_BYTES))));
-    }
-    if !job.dirs.is_empty() || !job.trees.is_empty() {
-        return Err(Refused::Invalid(
-            "a detached map cannot take directories yet: run it attached (without --detach) to use --dir".into(),
-        ));
-    }
+    check_spec(&spec)?;
     let shown = !w.tenants.is_multi() || w.uploaders.has_shown(&job.module, &tenant.name);
     let Some(bytes) = w.runner.module_bytes(&job.module).filter(|_| shown) else {
         return Err(Refused::UnknownModule(job.module));
@@ -108,17 +94,37 @@ pub async fn create(
         .await
         .map_err(|e| Refused::Internal(format!("{e:#}")))?;
     tracing::info!(submission = %id, tenant = %tenant.name, "submission stored; its map starts");
-    start(w, stored);
+    start(o, stored);
     this.info(&w.addr, Some(tenant.name.clone()), &id)
         .await
         .map_err(|e| Refused::Internal(format!("{e:#}")))?
         .ok_or_else(|| Refused::Internal("the submission vanished".into()))
 }
 
+/// What a submission must be, whoever sends it: some inputs, none too
+/// large, no directories.
+fn check_spec(spec: &SubmissionSpec) -> Result<(), Refused> {
+    if spec.inputs.is_empty() {
+        return Err(Refused::Invalid("a submission needs at least one input".into()));
+    }
+    if spec.inputs.len() as u64 > MAX_SUBMISSION_INPUTS {
+        return Err(Refused::Invalid(format!("a submission may have at most {MAX_SUBMISSION_INPUTS} inputs")));
+    }
+    if let Some(i) = spec.inputs.iter().position(|i| i.len() as u64 > MAX_INPUT_BYTES) {
+        return Err(Refused::InputTooLarge(format!("input {i} is over the {} a job's input may be", crate::units::Bytes(MAX_INPUT_BYTES))));
+    }
+    if !spec.job.dirs.is_empty() || !spec.job.trees.is_empty() {
+        return Err(Refused::Invalid(
+            "a detached map cannot take directories yet: run it attached (without --detach) to use --dir".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Starts the maps of every stored submission still running: after a
 /// restart, each goes on from its first input without a result.
-pub async fn resume_all(w: &Arc<Worker>) -> anyhow::Result<usize> {
-    let stored = w
+pub async fn resume_all(o: &Arc<Owner>) -> anyhow::Result<usize> {
+    let stored = o
         .submissions
         .db
         .read(|c| {
@@ -137,28 +143,28 @@ pub async fn resume_all(w: &Arc<Worker>) -> anyhow::Result<usize> {
             continue;
         };
         tracing::info!(submission = %id, "resuming a submission");
-        start(w, Stored { id, tenant, token, job, config });
+        start(o, Stored { id, tenant, token, job, config });
     }
     Ok(n)
 }
 
-fn start(w: &Arc<Worker>, stored: Stored) {
+fn start(o: &Arc<Owner>, stored: Stored) {
     let id = stored.id.clone();
-    let w2 = w.clone();
+    let o2 = o.clone();
     // Held while the map is being registered, so that the task cannot
     // finish (and unregister) before it is registered.
-    let mut running = w.submissions.running();
+    let mut running = o.submissions.running();
     let task = tokio::spawn(async move {
-        let summary = run_map(&w2, &stored).await;
-        w2.submissions.finish(&stored.id, summary).await;
+        let summary = run_map(&o2, &stored).await;
+        o2.submissions.finish(&stored.id, summary).await;
     });
     running.insert(id, task.abort_handle());
 }
 
 /// Runs a stored submission's map on the pool from its first input
 /// without a result.
-async fn run_map(w: &Arc<Worker>, s: &Stored) -> anyhow::Result<MapSummary> {
-    let this = &w.submissions;
+async fn run_map(o: &Arc<Owner>, s: &Stored) -> anyhow::Result<MapSummary> {
+    let (w, this) = (&o.worker, &o.submissions);
     let path = this.db.module_path(&s.job.module);
     let bytes = tokio::fs::read(&path)
         .await
@@ -209,7 +215,7 @@ async fn run_map(w: &Arc<Worker>, s: &Stored) -> anyhow::Result<MapSummary> {
         reorder_window: OWNED_REORDER_WINDOW,
         ..MapConfig::default()
     };
-    let mut sink = Sink::new(w, &s.id);
+    let mut sink = Sink::new(o, &s.id);
     let summary = crate::client::map(&Target::Pool(Arc::new(pool)), &job, inputs, &config, &mut sink).await;
     // Every result handed over is kept before the map may be said to end.
     sink.flush()?;
@@ -290,7 +296,7 @@ impl Iterator for InputPages {
 /// submission is stopped: the map pauses while the disk is full and goes
 /// on when it has room, with nothing lost and nothing stored twice.
 struct Sink {
-    w: Arc<Worker>,
+    o: Arc<Owner>,
     id: String,
     /// Results queued, oldest first, until their commit is known.
     pending: VecDeque<Pending>,
@@ -316,8 +322,8 @@ struct Pending {
 const STORE_RETRY_MAX: Duration = Duration::from_secs(2);
 
 impl Sink {
-    fn new(w: &Arc<Worker>, id: &str) -> Sink {
-        Sink { w: w.clone(), id: id.to_string(), pending: VecDeque::new(), paused: false }
+    fn new(o: &Arc<Owner>, id: &str) -> Sink {
+        Sink { o: o.clone(), id: id.to_string(), pending: VecDeque::new(), paused: false }
     }
 
     /// Queues the write of a result; `OR IGNORE`: after a restart the map
@@ -325,7 +331,7 @@ impl Sink {
     /// already stored is the one kept.
     fn queue(&self, row: &Row) -> Committed {
         let (id, index, ok, peak, blob) = (self.id.clone(), row.index, row.ok, row.peak, row.blob.clone());
-        self.w.submissions.db.write_soon(move |c| {
+        self.o.submissions.db.write_soon(move |c| {
             c.prepare_cached("INSERT OR IGNORE INTO results (submission, idx, ok, peak, item) VALUES (?1, ?2, ?3, ?4, ?5)")?
                 .execute(params![id, index, ok, peak, blob.as_slice()])
                 .map(drop)
@@ -373,7 +379,7 @@ impl Sink {
         }
         let mut wait = Duration::from_millis(50);
         loop {
-            if !self.w.submissions.is_running(&self.id) {
+            if !self.o.submissions.is_running(&self.id) {
                 anyhow::bail!("the submission stopped while its results could not be stored ({first_error})");
             }
             std::thread::sleep(wait);

@@ -17,6 +17,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::Extension;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -25,6 +26,7 @@ use super::extract::{Caller, Postcard, SubmissionBody, bearer};
 use super::jobs::CancelAnswer;
 use super::response::{json, postcard, text};
 use crate::proto::submission::{SUBMISSION_ID_HEADER, SubmissionSpec};
+use crate::owner::Owner;
 use crate::worker::state::Worker;
 
 fn failed(e: anyhow::Error) -> Response {
@@ -33,6 +35,7 @@ fn failed(e: anyhow::Error) -> Response {
 
 pub async fn post_submission(
     State(w): State<Arc<Worker>>,
+    Extension(o): Extension<Arc<Owner>>,
     Caller(tenant): Caller,
     headers: HeaderMap,
     Postcard(spec, _charge, _): Postcard<SubmissionSpec, SubmissionBody>,
@@ -40,7 +43,7 @@ pub async fn post_submission(
     if w.draining.load(std::sync::atomic::Ordering::Relaxed) {
         return text(StatusCode::SERVICE_UNAVAILABLE, "this worker is shutting down");
     }
-    match crate::worker::submissions::run::create(&w, &tenant, bearer(&headers).map(String::from), spec).await {
+    match crate::owner::run::create(&o, &tenant, bearer(&headers).map(String::from), spec).await {
         Ok(info) => {
             let mut resp = (StatusCode::CREATED, json(&info)).into_response();
             if let Ok(v) = HeaderValue::from_str(&info.id) {
@@ -52,15 +55,20 @@ pub async fn post_submission(
     }
 }
 
-pub async fn list_submissions(State(w): State<Arc<Worker>>, Caller(tenant): Caller) -> Response {
-    match w.submissions.list(&w.addr, tenant.name.clone()).await {
+pub async fn list_submissions(State(w): State<Arc<Worker>>, Extension(o): Extension<Arc<Owner>>, Caller(tenant): Caller) -> Response {
+    match o.submissions.list(&w.addr, tenant.name.clone()).await {
         Ok(list) => json(&list),
         Err(e) => failed(e),
     }
 }
 
-pub async fn get_submission(State(w): State<Arc<Worker>>, Caller(tenant): Caller, Path(id): Path<String>) -> Response {
-    match w.submissions.info(&w.addr, Some(tenant.name.clone()), &id).await {
+pub async fn get_submission(
+    State(w): State<Arc<Worker>>,
+    Extension(o): Extension<Arc<Owner>>,
+    Caller(tenant): Caller,
+    Path(id): Path<String>,
+) -> Response {
+    match o.submissions.info(&w.addr, Some(tenant.name.clone()), &id).await {
         Ok(Some(info)) => json(&info),
         Ok(None) => text(StatusCode::NOT_FOUND, "no such submission"),
         Err(e) => failed(e),
@@ -77,20 +85,21 @@ pub struct ResultsParams {
 
 pub async fn get_results(
     State(w): State<Arc<Worker>>,
+    Extension(o): Extension<Arc<Owner>>,
     Caller(tenant): Caller,
     Path(id): Path<String>,
     Query(p): Query<ResultsParams>,
 ) -> Response {
     let wait = Duration::from_millis(p.wait_ms);
-    match w.submissions.results(&w.addr, tenant.name.clone(), &id, p.from, wait).await {
+    match o.submissions.results(&w.addr, tenant.name.clone(), &id, p.from, wait).await {
         Ok(Some(page)) => postcard(&page),
         Ok(None) => text(StatusCode::NOT_FOUND, "no such submission"),
         Err(e) => failed(e),
     }
 }
 
-pub async fn delete_submission(State(w): State<Arc<Worker>>, Caller(tenant): Caller, Path(id): Path<String>) -> Response {
-    match w.submissions.cancel(tenant.name.clone(), &id).await {
+pub async fn delete_submission(Extension(o): Extension<Arc<Owner>>, Caller(tenant): Caller, Path(id): Path<String>) -> Response {
+    match o.submissions.cancel(tenant.name.clone(), &id).await {
         Ok(Some(was)) => json(&CancelAnswer { id, was: was.into() }),
         Ok(None) => text(StatusCode::NOT_FOUND, "no such submission"),
         Err(e) => failed(e),

@@ -1,4 +1,6 @@
-//! `peerwasm worker` over HTTP: the router, and [`start`], which binds,
+//! `peerwasm worker` assembled and served: its configuration and defaults
+//! ([`WorkerConfig`]), the router, and [`start`], which builds the worker and
+//! its owner, binds,
 //! gossips and serves until shut down.
 //!
 //! Endpoints (bodies in postcard unless noted), one file per group:
@@ -10,6 +12,9 @@
 //! * [`submissions`] — `/v1/submissions[/{id}[/results]]` (durable maps
 //!   this worker owns), `GET /v1/history`;
 //! * [`pool`] — `POST /v1/gossip`, `GET /v1/peers`, `GET /metrics`, `GET /`.
+//!
+//! `start.rs` assembles and starts a worker; this file holds its
+//! configuration, its defaults and the router.
 //!
 //! [`serve`] accepts connections within limits (a header timeout, a
 //! connection cap), [`extract`] holds what every request passes through
@@ -28,26 +33,23 @@ pub mod serve;
 pub mod stream;
 pub mod submissions;
 
+mod start;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::Router;
 use axum::routing::{get, post, put};
 
-use super::admission::{Admission, AdmissionConfig};
-use super::table::JobTable;
-use super::ledger::{Ledger, LedgerConfig};
-use super::metrics::Metrics;
-use crate::runner::{JobRunner, RunnerConfig};
-use super::state::Worker;
-use super::tenants::Tenants;
-use super::warnings::Warnings;
-use crate::gossip::transport::{HttpTransport, SharedNode, run_rounds};
-use crate::gossip::{GossipConfig, GossipNode, NodeId};
-use crate::proto::{Advert, CancelCause, PROTOCOL_HEADER, PROTOCOL_VERSION};
-use crate::units::Bytes as Size;
+use crate::owner::Owner;
+use crate::proto::CancelCause;
+use crate::runner::RunnerConfig;
+use crate::worker::ledger::LedgerConfig;
+use crate::worker::state::Worker;
+use crate::worker::tenants::Tenants;
+
+pub use start::start;
 
 /// The longest a job may run on a worker unless `--max-job-time` says
 /// otherwise, like a cluster partition's time limit.
@@ -197,7 +199,7 @@ impl WorkerConfig {
             insecure_gossip: false,
             advertise: None,
             max_queued: None,
-            max_queued_bytes: super::admission::QUEUE_BYTES_PER_TENANT,
+            max_queued_bytes: crate::worker::admission::QUEUE_BYTES_PER_TENANT,
             drain_grace: DEFAULT_DRAIN_GRACE,
             serve: serve::ServeLimits::default(),
             max_results: DEFAULT_MAX_RESULTS,
@@ -254,259 +256,6 @@ impl RunningWorker {
     }
 }
 
-/// Binds, starts gossip and serves until `shutdown` resolves.
-/// Compiles `paths` one after another (`--precompile`), saying how each
-/// went: a module that cannot be read or compiled is named, and the worker
-/// goes on without it.
-fn precompile(w: &Worker, paths: &[std::path::PathBuf]) {
-    for path in paths {
-        let started = std::time::Instant::now();
-        let bytes = match std::fs::read(path) {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::error!(path = %path.display(), "--precompile: cannot read the module: {e}");
-                continue;
-            }
-        };
-        match w.runner.precompile(bytes.into()) {
-            Ok((hash, in_children, source)) => tracing::info!(
-                path = %path.display(),
-                module = %hash,
-                for_engine = if in_children { "slot processes" } else { "this process" },
-                took = %humantime::format_duration(std::time::Duration::from_millis(started.elapsed().as_millis() as u64)),
-                "precompiled ({source:?})"
-            ),
-            Err(why) => tracing::error!(path = %path.display(), "--precompile: the module does not compile: {why}"),
-        }
-    }
-}
-
-pub async fn start(
-    config: WorkerConfig,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<RunningWorker> {
-    if !config.listen.ip().is_loopback() && config.cluster_key.is_none() && !config.insecure_gossip {
-        anyhow::bail!(
-            "--listen {} can be reached from other machines, and gossip without a key can be forged by anyone \
-             who reaches it: give every worker of the pool --cluster-key FILE (a shared secret of 16+ bytes, \
-             e.g. `head -c 32 /dev/urandom > pool.key`), or --insecure-gossip to run without",
-            config.listen
-        );
-    }
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
-    let bound = listener.local_addr()?;
-    let addr = config.advertise.clone().unwrap_or_else(|| bound.to_string());
-    let slots = config.runner.sandbox.slots.max(1);
-    let runner = JobRunner::new(config.runner.clone())?;
-    let ledger = Ledger::new(&config.ledger)?;
-    if let Some(path) = &config.host_ledger {
-        join_host_ledger(&ledger, path, &addr);
-    }
-    let budgets = super::budget::RequestBudgets::new(ledger.clone(), config.max_request_bytes);
-    let defaults = AdmissionConfig::new(slots as u32);
-    let admission = Admission::new(ledger, AdmissionConfig {
-        fair_share: config.fair_share,
-        half_life: config.usage_half_life,
-        hold_after: config.hold_after,
-        queue_per_tenant: config.max_queued.unwrap_or(defaults.queue_per_tenant),
-        queue_bytes_per_tenant: config.max_queued_bytes,
-        ..defaults
-    });
-    let generation = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0);
-    let gossip_config = GossipConfig {
-        seeds: config.join.clone(),
-        failure: crate::gossip::FailureDetectorConfig {
-            initial_interval_ms: config.gossip_interval.as_millis() as u64,
-            ..Default::default()
-        },
-        ..GossipConfig::default()
-    };
-    let node = GossipNode::new(NodeId::new(addr.clone(), generation), Advert::default(), gossip_config)
-        .with_check(Advert::check);
-    let files = Arc::new(super::filestore::FileStore::new(
-        config.runner.sandbox.scratch_root.as_deref(),
-        config.file_store_bytes,
-        runner.sandbox().scratch_pool(),
-        config.tenants.is_multi(),
-    )?);
-    let db = Arc::new(match &config.state_dir {
-        Some(dir) => super::statedb::StateDb::open(dir)?,
-        None => super::statedb::StateDb::temporary(None)?,
-    });
-    let worker = Arc::new(Worker {
-        addr: addr.clone(),
-        runner,
-        admission,
-        tenants: config.tenants.clone(),
-        jobs: JobTable::default(),
-        gossip: SharedNode::new(node, match &config.cluster_key {
-            Some(path) => Some(crate::gossip::auth::ClusterKey::load(path)?),
-            None => None,
-        }),
-        host_id: sysinfo::System::host_name().unwrap_or_else(|_| "unknown".into()),
-        jobs_run: AtomicU64::new(0),
-        modules_received: AtomicU64::new(0),
-        uploaders: super::uploaders::Uploaders::load(db.clone())?,
-        max_results: config.max_results,
-        max_stored: config.max_stored,
-        budgets,
-        files,
-        max_files_back: config.max_files_back,
-        draining: AtomicBool::new(false),
-        connections_refused: Default::default(),
-        metrics: Metrics::new(),
-        warnings: Warnings::default(),
-        submissions: super::submissions::Submissions::new(db.clone()),
-        history: super::history::History::new(db.clone(), config.history_keep),
-        db,
-    });
-    worker.check_sizing();
-    worker.check_host_memory();
-    let advert = worker.gossip_advert();
-    worker.gossip.lock().set_record(advert);
-    let max_job_time = config.runner.sandbox.max_job_time.map(|d| humantime::format_duration(d).to_string());
-    tracing::info!(%addr, slots, capacity = %Size(worker.admission.ledger().capacity()),
-        max_job_time = max_job_time.as_deref().unwrap_or("none"), "worker started");
-    match &config.tenants {
-        Tenants::Single(_) => tracing::info!("single-tenant mode: no --tenants file, jobs need no token"),
-        Tenants::Multi(t) => tracing::info!(tenants = t.len(), fair_share = config.fair_share, "multi-tenant mode"),
-    }
-
-    let mut protocol = reqwest::header::HeaderMap::new();
-    protocol.insert(PROTOCOL_HEADER, reqwest::header::HeaderValue::from_static(PROTOCOL_VERSION));
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .tcp_nodelay(true)
-        .default_headers(protocol)
-        .build()?;
-    let refresher = worker.clone();
-    let transport = Arc::new(HttpTransport::new(http));
-    let gossip = tokio::spawn(run_rounds(worker.gossip.clone(), transport, config.gossip_interval, move |node| {
-        refresher.learn_pool_usage(node);
-        refresher.check_host_memory();
-        node.set_record(refresher.gossip_advert())
-    }));
-
-    let app = router(worker.clone());
-    // On shutdown: advertise `draining` for two gossip rounds (new jobs get
-    // 503 meanwhile, queued ones are cancelled so their clients go
-    // elsewhere), then stop accepting; requests in flight — running jobs —
-    // finish before `serve` returns, or are cancelled after the grace.
-    let draining = worker.clone();
-    let (interval, grace) = (config.gossip_interval, config.drain_grace);
-    let drain = async move {
-        shutdown.await;
-        // Maps this worker owns stop here and resume when it is back.
-        let owned = draining.submissions.stop_all();
-        if owned > 0 {
-            tracing::info!(submissions = owned, "stopped the maps of owned submissions: they resume on restart");
-        }
-        tracing::info!(grace = %humantime::format_duration(grace), "shutting down: finishing running jobs, leaving the pool");
-        draining.draining.store(true, Ordering::Relaxed);
-        let queued = draining.jobs.cancel_all(CancelCause::Shutdown, true);
-        if queued > 0 {
-            tracing::info!(queued, "cancelled queued jobs: their clients send them elsewhere");
-        }
-        let reaper = draining.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(grace).await;
-            let n = reaper.jobs.cancel_all(CancelCause::Shutdown, false);
-            if n > 0 {
-                tracing::warn!(jobs = n, "drain grace over: cancelled the jobs still running");
-            }
-        });
-        tokio::time::sleep(2 * interval).await;
-    };
-    let refused = worker.connections_refused.clone();
-    restore_state(&worker, config.keep_results).await;
-    let serve = tokio::spawn(serve::serve(listener, app, config.serve.clone(), refused, drain));
-    tokio::spawn(keep_state(worker.clone(), config.keep_results));
-    if !config.precompile.is_empty() {
-        let (w, paths) = (worker.clone(), config.precompile.clone());
-        tokio::task::spawn_blocking(move || precompile(&w, &paths));
-    }
-    Ok(RunningWorker { addr: bound, advertised: addr, serve, gossip, worker, grace })
-}
-
-/// What expired is forgotten, then kept detached jobs are put back: before
-/// the worker answers anyone, so a job it kept is never "no such job" just
-/// after a restart.
-async fn restore_state(w: &Arc<Worker>, keep_results: Duration) {
-    expire_state(w, keep_results).await;
-    match super::restore::detached_jobs(w).await {
-        Ok((0, 0)) => {}
-        Ok((results, rerun)) => tracing::info!(results, rerun, "restored kept detached jobs"),
-        Err(e) => tracing::error!("cannot restore the kept detached jobs: {e:#}"),
-    }
-}
-
-/// Forgets old history, and finished detached jobs and submissions older
-/// than `keep_results`.
-async fn expire_state(w: &Arc<Worker>, keep_results: Duration) {
-    w.history.expire();
-    w.uploaders.expire();
-    match super::detached::expire(w, keep_results).await {
-        Ok(0) => {}
-        Ok(n) => tracing::info!(jobs = n, "forgot detached jobs that ended past --keep-results"),
-        Err(e) => tracing::warn!("cannot forget old detached jobs: {e:#}"),
-    }
-    if let Err(e) = w.submissions.expire(keep_results).await {
-        tracing::warn!("cannot forget old submissions: {e:#}");
-    }
-}
-
-/// Resumes the submissions this worker owns (they submit to it, so it
-/// serves first); then, every [`EXPIRE_EVERY`], forgets what expired.
-async fn keep_state(w: Arc<Worker>, keep_results: Duration) {
-    match super::submissions::run::resume_all(&w).await {
-        Ok(0) => {}
-        Ok(n) => tracing::info!(submissions = n, state_dir = %w.db.dir().display(), "resumed owned submissions"),
-        Err(e) => tracing::error!("cannot resume the owned submissions: {e:#}"),
-    }
-    let mut every = tokio::time::interval(EXPIRE_EVERY.min(keep_results.max(Duration::from_secs(1))));
-    every.tick().await; // the first tick is now: expired at start
-    loop {
-        every.tick().await;
-        expire_state(&w, keep_results).await;
-    }
-}
-
-/// Joins the host's ledger at `path` (see `worker::hostledger`), or says
-/// loudly why it cannot and goes on deciding alone. Its figures are
-/// published every [`HOST_LEDGER_REFRESH`] (its jobs touch their memory as
-/// they run) and at once when a reservation ends.
-fn join_host_ledger(ledger: &Arc<Ledger>, path: &std::path::Path, addr: &str) {
-    let domain = match super::cgroup::binding_limit() {
-        Some((_, dir)) => format!("cgroup:{}", dir.display()),
-        None => "host".to_string(),
-    };
-    match super::hostledger::HostLedger::open(path, domain) {
-        Ok(host) => {
-            tracing::info!(path = %path.display(), domain = host.domain(), "sharing the host's memory ledger with its other workers");
-            ledger.join_host(host, addr);
-            let ledger = Arc::downgrade(ledger);
-            tokio::spawn(async move {
-                let mut every = tokio::time::interval(HOST_LEDGER_REFRESH);
-                loop {
-                    every.tick().await;
-                    let Some(ledger) = ledger.upgrade() else { return };
-                    tokio::task::block_in_place(|| ledger.publish());
-                }
-            });
-        }
-        Err(e) => tracing::error!(
-            path = %path.display(),
-            "cannot open the host's memory ledger ({e}): this worker decides alone, and with other workers on this \
-             machine the host can be over-committed. Give --host-ledger a path it may write"
-        ),
-    }
-}
-
 /// How often a worker refreshes its record in the host's ledger.
 pub const HOST_LEDGER_REFRESH: Duration = Duration::from_millis(250);
 
@@ -514,8 +263,9 @@ pub const HOST_LEDGER_REFRESH: Duration = Duration::from_millis(250);
 /// `--keep-results`).
 pub const EXPIRE_EVERY: Duration = Duration::from_secs(3600);
 
-/// Every route, behind the protocol check.
-fn router(worker: Arc<Worker>) -> Router {
+/// Every route, behind the protocol check. The submission endpoints get
+/// the worker's [`Owner`] as an extension.
+fn router(worker: Arc<Worker>, owner: Arc<Owner>) -> Router {
     use crate::proto::routes;
     // Requests with a tenant's body: the tenant first, then the body.
     let uploads = Router::new()
@@ -540,6 +290,7 @@ fn router(worker: Arc<Worker>) -> Router {
         .route(routes::GOSSIP, post(pool::post_gossip))
         .route(routes::PEERS, get(pool::get_peers))
         .route(routes::METRICS, get(pool::get_metrics))
+        .layer(axum::Extension(owner))
         .layer(axum::middleware::from_fn(extract::protocol))
         .with_state(worker)
 }

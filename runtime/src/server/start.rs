@@ -1,0 +1,308 @@
+//! How a worker is started: its core built from a [`WorkerConfig`], its
+//! owner beside it, gossip started, what it kept put back, and the drain
+//! that shutting down begins.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use super::{EXPIRE_EVERY, HOST_LEDGER_REFRESH, RunningWorker, WorkerConfig, router, serve};
+use crate::gossip::transport::{HttpTransport, SharedNode, run_rounds};
+use crate::gossip::{GossipConfig, GossipNode, NodeId};
+use crate::owner::Owner;
+use crate::proto::{Advert, CancelCause, PROTOCOL_HEADER, PROTOCOL_VERSION};
+use crate::runner::JobRunner;
+use crate::units::Bytes as Size;
+use crate::worker::admission::{Admission, AdmissionConfig};
+use crate::worker::ledger::Ledger;
+use crate::worker::metrics::Metrics;
+use crate::worker::state::Worker;
+use crate::worker::table::JobTable;
+use crate::worker::tenants::Tenants;
+use crate::worker::warnings::Warnings;
+
+/// Builds a worker from `config`, binds, starts gossip and serves until
+/// `shutdown` resolves (then drains: see [`RunningWorker::wait`]).
+pub async fn start(
+    config: WorkerConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<RunningWorker> {
+    refuse_unkeyed_gossip_off_loopback(&config)?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
+    let bound = listener.local_addr()?;
+    let addr = config.advertise.clone().unwrap_or_else(|| bound.to_string());
+    let worker = build_worker(&config, &addr)?;
+    let owner = crate::owner::Owner::new(worker.clone());
+    worker.check_sizing();
+    worker.check_host_memory();
+    let advert = worker.gossip_advert();
+    worker.gossip.lock().set_record(advert);
+    log_start(&config, &worker);
+    let gossip = spawn_gossip(&worker, config.gossip_interval)?;
+    let app = router(worker.clone(), owner.clone());
+    let drain = drain(worker.clone(), owner.clone(), shutdown, config.gossip_interval, config.drain_grace);
+    let refused = worker.connections_refused.clone();
+    restore_state(&owner, config.keep_results).await;
+    let serve = tokio::spawn(serve::serve(listener, app, config.serve.clone(), refused, drain));
+    tokio::spawn(keep_state(owner.clone(), config.keep_results));
+    if !config.precompile.is_empty() {
+        let (w, paths) = (worker.clone(), config.precompile.clone());
+        tokio::task::spawn_blocking(move || precompile(&w, &paths));
+    }
+    Ok(RunningWorker { addr: bound, advertised: addr, serve, gossip, worker, grace: config.drain_grace })
+}
+
+/// A worker reachable from other machines must authenticate its gossip, or
+/// be told not to (`--insecure-gossip`).
+fn refuse_unkeyed_gossip_off_loopback(config: &WorkerConfig) -> anyhow::Result<()> {
+    if !config.listen.ip().is_loopback() && config.cluster_key.is_none() && !config.insecure_gossip {
+        anyhow::bail!(
+            "--listen {} can be reached from other machines, and gossip without a key can be forged by anyone \
+             who reaches it: give every worker of the pool --cluster-key FILE (a shared secret of 16+ bytes, \
+             e.g. `head -c 32 /dev/urandom > pool.key`), or --insecure-gossip to run without",
+            config.listen
+        );
+    }
+    Ok(())
+}
+
+/// The worker's core as `config` describes it, known to others as `addr`:
+/// its runner, ledger (joined to the host's), admission, gossip node, file
+/// store and state database.
+fn build_worker(config: &WorkerConfig, addr: &str) -> anyhow::Result<Arc<Worker>> {
+    let slots = config.runner.sandbox.slots.max(1);
+    let runner = JobRunner::new(config.runner.clone())?;
+    let ledger = Ledger::new(&config.ledger)?;
+    if let Some(path) = &config.host_ledger {
+        join_host_ledger(&ledger, path, addr);
+    }
+    let budgets = crate::worker::budget::RequestBudgets::new(ledger.clone(), config.max_request_bytes);
+    let defaults = AdmissionConfig::new(slots as u32);
+    let admission = Admission::new(ledger, AdmissionConfig {
+        fair_share: config.fair_share,
+        half_life: config.usage_half_life,
+        hold_after: config.hold_after,
+        queue_per_tenant: config.max_queued.unwrap_or(defaults.queue_per_tenant),
+        queue_bytes_per_tenant: config.max_queued_bytes,
+        ..defaults
+    });
+    let files = Arc::new(crate::worker::filestore::FileStore::new(
+        config.runner.sandbox.scratch_root.as_deref(),
+        config.file_store_bytes,
+        runner.sandbox().scratch_pool(),
+        config.tenants.is_multi(),
+    )?);
+    let db = Arc::new(match &config.state_dir {
+        Some(dir) => crate::worker::statedb::StateDb::open(dir)?,
+        None => crate::worker::statedb::StateDb::temporary(None)?,
+    });
+    let key = config.cluster_key.as_deref().map(crate::gossip::auth::ClusterKey::load).transpose()?;
+    Ok(Arc::new(Worker {
+        addr: addr.to_string(),
+        runner,
+        admission,
+        tenants: config.tenants.clone(),
+        jobs: JobTable::default(),
+        gossip: SharedNode::new(gossip_node(config, addr), key),
+        host_id: sysinfo::System::host_name().unwrap_or_else(|_| "unknown".into()),
+        jobs_run: AtomicU64::new(0),
+        modules_received: AtomicU64::new(0),
+        uploaders: crate::worker::uploaders::Uploaders::load(db.clone())?,
+        max_results: config.max_results,
+        max_stored: config.max_stored,
+        budgets,
+        files,
+        max_files_back: config.max_files_back,
+        draining: AtomicBool::new(false),
+        connections_refused: Default::default(),
+        metrics: Metrics::new(),
+        warnings: Warnings::default(),
+        history: crate::worker::history::History::new(db.clone(), config.history_keep),
+        db,
+    }))
+}
+
+/// This worker's gossip node: a new generation (the start time), seeded
+/// with `--join`, its failure detector tuned to the gossip interval.
+fn gossip_node(config: &WorkerConfig, addr: &str) -> GossipNode<Advert> {
+    let generation = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let gossip_config = GossipConfig {
+        seeds: config.join.clone(),
+        failure: crate::gossip::FailureDetectorConfig {
+            initial_interval_ms: config.gossip_interval.as_millis() as u64,
+            ..Default::default()
+        },
+        ..GossipConfig::default()
+    };
+    GossipNode::new(NodeId::new(addr, generation), Advert::default(), gossip_config).with_check(Advert::check)
+}
+
+fn log_start(config: &WorkerConfig, worker: &Worker) {
+    let max_job_time = config.runner.sandbox.max_job_time.map(|d| humantime::format_duration(d).to_string());
+    tracing::info!(addr = %worker.addr, slots = config.runner.sandbox.slots.max(1),
+        capacity = %Size(worker.admission.ledger().capacity()),
+        max_job_time = max_job_time.as_deref().unwrap_or("none"), "worker started");
+    match &config.tenants {
+        Tenants::Single(_) => tracing::info!("single-tenant mode: no --tenants file, jobs need no token"),
+        Tenants::Multi(t) => tracing::info!(tenants = t.len(), fair_share = config.fair_share, "multi-tenant mode"),
+    }
+}
+
+/// Gossip rounds every `interval` over HTTP, each publishing the worker's
+/// advert afresh (and reading the pool's usage and the host's memory).
+fn spawn_gossip(worker: &Arc<Worker>, interval: Duration) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let mut protocol = reqwest::header::HeaderMap::new();
+    protocol.insert(PROTOCOL_HEADER, reqwest::header::HeaderValue::from_static(PROTOCOL_VERSION));
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .default_headers(protocol)
+        .build()?;
+    let refresher = worker.clone();
+    let transport = Arc::new(HttpTransport::new(http));
+    Ok(tokio::spawn(run_rounds(worker.gossip.clone(), transport, interval, move |node| {
+        refresher.learn_pool_usage(node);
+        refresher.check_host_memory();
+        node.set_record(refresher.gossip_advert())
+    })))
+}
+
+/// What happens on shutdown: the maps this worker owns stop (they resume
+/// when it is back); it advertises `draining` for two gossip rounds (new
+/// jobs get 503 meanwhile, queued ones are cancelled so their clients go
+/// elsewhere), then stops accepting; requests in flight — running jobs —
+/// finish before `serve` returns, or are cancelled after the grace.
+async fn drain(
+    worker: Arc<Worker>,
+    owner: Arc<Owner>,
+    shutdown: impl std::future::Future<Output = ()>,
+    interval: Duration,
+    grace: Duration,
+) {
+    shutdown.await;
+    let owned = owner.submissions.stop_all();
+    if owned > 0 {
+        tracing::info!(submissions = owned, "stopped the maps of owned submissions: they resume on restart");
+    }
+    tracing::info!(grace = %humantime::format_duration(grace), "shutting down: finishing running jobs, leaving the pool");
+    worker.draining.store(true, Ordering::Relaxed);
+    let queued = worker.jobs.cancel_all(CancelCause::Shutdown, true);
+    if queued > 0 {
+        tracing::info!(queued, "cancelled queued jobs: their clients send them elsewhere");
+    }
+    let reaper = worker.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(grace).await;
+        let n = reaper.jobs.cancel_all(CancelCause::Shutdown, false);
+        if n > 0 {
+            tracing::warn!(jobs = n, "drain grace over: cancelled the jobs still running");
+        }
+    });
+    tokio::time::sleep(2 * interval).await;
+}
+
+/// Compiles `paths` one after another (`--precompile`), saying how each
+/// went: a module that cannot be read or compiled is named, and the worker
+/// goes on without it.
+fn precompile(w: &Worker, paths: &[std::path::PathBuf]) {
+    for path in paths {
+        let started = std::time::Instant::now();
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(path = %path.display(), "--precompile: cannot read the module: {e}");
+                continue;
+            }
+        };
+        match w.runner.precompile(bytes.into()) {
+            Ok((hash, in_children, source)) => tracing::info!(
+                path = %path.display(),
+                module = %hash,
+                for_engine = if in_children { "slot processes" } else { "this process" },
+                took = %humantime::format_duration(std::time::Duration::from_millis(started.elapsed().as_millis() as u64)),
+                "precompiled ({source:?})"
+            ),
+            Err(why) => tracing::error!(path = %path.display(), "--precompile: the module does not compile: {why}"),
+        }
+    }
+}
+
+/// What expired is forgotten, then kept detached jobs are put back: before
+/// the worker answers anyone, so a job it kept is never "no such job" just
+/// after a restart.
+async fn restore_state(o: &Arc<Owner>, keep_results: Duration) {
+    expire_state(o, keep_results).await;
+    match crate::worker::restore::detached_jobs(&o.worker).await {
+        Ok((0, 0)) => {}
+        Ok((results, rerun)) => tracing::info!(results, rerun, "restored kept detached jobs"),
+        Err(e) => tracing::error!("cannot restore the kept detached jobs: {e:#}"),
+    }
+}
+
+/// Forgets old history, and finished detached jobs and submissions older
+/// than `keep_results`.
+async fn expire_state(o: &Arc<Owner>, keep_results: Duration) {
+    let w = &o.worker;
+    w.history.expire();
+    w.uploaders.expire();
+    match crate::worker::detached::expire(w, keep_results).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(jobs = n, "forgot detached jobs that ended past --keep-results"),
+        Err(e) => tracing::warn!("cannot forget old detached jobs: {e:#}"),
+    }
+    if let Err(e) = o.submissions.expire(keep_results).await {
+        tracing::warn!("cannot forget old submissions: {e:#}");
+    }
+}
+
+/// Resumes the submissions this worker owns (they submit to it, so it
+/// serves first); then, every [`EXPIRE_EVERY`], forgets what expired.
+async fn keep_state(o: Arc<Owner>, keep_results: Duration) {
+    match crate::owner::run::resume_all(&o).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(submissions = n, state_dir = %o.worker.db.dir().display(), "resumed owned submissions"),
+        Err(e) => tracing::error!("cannot resume the owned submissions: {e:#}"),
+    }
+    let mut every = tokio::time::interval(EXPIRE_EVERY.min(keep_results.max(Duration::from_secs(1))));
+    every.tick().await; // the first tick is now: expired at start
+    loop {
+        every.tick().await;
+        expire_state(&o, keep_results).await;
+    }
+}
+
+/// Joins the host's ledger at `path` (see `worker::hostledger`), or says
+/// loudly why it cannot and goes on deciding alone. Its figures are
+/// published every [`HOST_LEDGER_REFRESH`] (its jobs touch their memory as
+/// they run) and at once when a reservation ends.
+fn join_host_ledger(ledger: &Arc<Ledger>, path: &std::path::Path, addr: &str) {
+    let domain = match crate::worker::cgroup::binding_limit() {
+        Some((_, dir)) => format!("cgroup:{}", dir.display()),
+        None => "host".to_string(),
+    };
+    match crate::worker::hostledger::HostLedger::open(path, domain) {
+        Ok(host) => {
+            tracing::info!(path = %path.display(), domain = host.domain(), "sharing the host's memory ledger with its other workers");
+            ledger.join_host(host, addr);
+            let ledger = Arc::downgrade(ledger);
+            tokio::spawn(async move {
+                let mut every = tokio::time::interval(HOST_LEDGER_REFRESH);
+                loop {
+                    every.tick().await;
+                    let Some(ledger) = ledger.upgrade() else { return };
+                    tokio::task::block_in_place(|| ledger.publish());
+                }
+            });
+        }
+        Err(e) => tracing::error!(
+            path = %path.display(),
+            "cannot open the host's memory ledger ({e}): this worker decides alone, and with other workers on this \
+             machine the host can be over-committed. Give --host-ledger a path it may write"
+        ),
+    }
+}
