@@ -57,4 +57,4 @@ pub async fn status_page(State(w): State<Arc<Worker>>, Viewer(sees): Viewer, hea
 }
 
 /// The status page: plain HTML, CSS and JS that polls `GET /v1/peers`.
-const STATUS_PAGE: &str = include_str!("../status.html");
+const STATUS_PAGE: &str = include_str!("status.html");
