@@ -86,7 +86,8 @@ pub async fn run_attached(
     // The output's hold is given back as this returns: the bytes are then
     // the response's, sent at once (a stream's caller brings its own).
     let hold = streams.hold.clone().unwrap_or_else(|| Arc::new(w.admission.ledger().hold()));
-    let result = run_queued(w, tenant, &id, queued, spec, pins, cancel, &hold, streams).await;
+    let turn = Turn { w: w.clone(), tenant: tenant.clone(), id: id.clone(), queued, spec, pins, cancel, hold, streams };
+    let result = run_queued(turn).await;
     abandoned.disarm();
     result
 }
@@ -144,7 +145,8 @@ fn spawn_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, mut spec: JobSpec, queu
         // is discarded.
         let hold = Arc::new(w.admission.ledger().hold());
         let streams = Streams { captures: Some(live), ..Streams::default() };
-        let result = run_queued(&w, &tenant, &id2, queued, spec, pins, cancel, &hold, streams).await.unwrap_or_else(|refused| {
+        let turn = Turn { w: w.clone(), tenant, id: id2.clone(), queued, spec, pins, cancel, hold: hold.clone(), streams };
+        let result = run_queued(turn).await.unwrap_or_else(|refused| {
             // Refused after it was queued: it waited past the hold bound and
             // the host can never hold it.
             let mut r = JobResult::never_ran(memreq, Outcome::Rejected { reason: refused.to_string() });
@@ -282,35 +284,33 @@ fn refusal(w: &Worker, r: Refusal) -> Refused {
 /// next job on the same thread, with no hand-off between threads (and if
 /// the request waiting for the job goes away, the job is cancelled, and its
 /// slot and reservation are given back once it has actually stopped).
-#[allow(clippy::too_many_arguments)]
-async fn run_queued(
-    w: &Arc<Worker>,
-    tenant: &Arc<Tenant>,
-    id: &str,
-    queued: Queued,
-    spec: JobSpec,
-    pins: Pins,
-    cancel: Cancel,
-    hold: &Arc<Hold>,
-    streams: Streams,
-) -> Result<JobResult, Refused> {
-    let job = in_turn(w.clone(), tenant.clone(), id.to_string(), queued, spec, pins, cancel, hold.clone(), streams);
-    w.runner.spawn(job).await.map_err(|e| Refused::Internal(format!("the job's task failed: {e}")))?
+async fn run_queued(turn: Turn) -> Result<JobResult, Refused> {
+    let w = turn.w.clone();
+    w.runner.spawn(in_turn(turn)).await.map_err(|e| Refused::Internal(format!("the job's task failed: {e}")))?
 }
 
-/// [`run_queued`]'s task.
-#[allow(clippy::too_many_arguments)]
-async fn in_turn(
+/// A job in the queue, with everything it runs with: what
+/// [`run_queued`] hands to the runner's slot threads.
+struct Turn {
     w: Arc<Worker>,
     tenant: Arc<Tenant>,
+    /// Its id in the job table.
     id: String,
+    /// Its place in admission's queue.
     queued: Queued,
-    mut spec: JobSpec,
+    spec: JobSpec,
+    /// The files of its trees, kept until it is done.
     pins: Pins,
     cancel: Cancel,
+    /// What its output is charged to.
     hold: Arc<Hold>,
     streams: Streams,
-) -> Result<JobResult, Refused> {
+}
+
+/// [`run_queued`]'s task: waits for the job's ticket, runs it within the
+/// reservation the ticket holds, then charges it.
+async fn in_turn(turn: Turn) -> Result<JobResult, Refused> {
+    let Turn { w, tenant, id, queued, mut spec, pins, cancel, hold, streams } = turn;
     let ticket = tokio::select! {
         biased;
         cause = cancel.cancelled() => {
@@ -323,6 +323,9 @@ async fn in_turn(
         ticket = queued.ticket() => ticket.map_err(|r| refusal(&w, r))?,
     };
     w.jobs.set(&id, JobState::Running);
+    // The sandbox enforces what the ticket reserved: one number, from
+    // admission to the limiter.
+    spec.limits.memory_bytes = ticket.reservation().bytes();
     let (module, tag) = (spec.module, spec.tag.take());
     let streams_forwarded = streams.forward_only;
     let held = Instant::now();
