@@ -90,19 +90,22 @@ impl Batchers {
 fn open(addr: &str, http: &reqwest::Client) -> Lane {
     let (queue, rx) = mpsc::unbounded_channel();
     let lane = Lane { queue, outstanding: Arc::new(AtomicUsize::new(0)), slots: Arc::new(AtomicUsize::new(1)) };
-    let url = routes::url(addr, routes::BATCH);
-    tokio::spawn(gather(http.clone(), url, rx, lane.outstanding.clone(), lane.slots.clone()));
+    let (http, url, outstanding) = (http.clone(), routes::url(addr, routes::BATCH), lane.outstanding.clone());
+    let dispatch = move |batch| {
+        tokio::spawn(send(http.clone(), url.clone(), batch, outstanding.clone()));
+    };
+    tokio::spawn(gather(rx, lane.outstanding.clone(), lane.slots.clone(), dispatch));
     lane
 }
 
-/// The lane's task: takes jobs as they come, forms batches, sends each in a
-/// task of its own (several batches may be under way at once).
+/// The lane's task: takes jobs as they come, forms batches, and hands
+/// each to `dispatch` (which sends it in a task of its own: several
+/// batches may be under way at once), counting its jobs as outstanding.
 async fn gather(
-    http: reqwest::Client,
-    url: String,
     mut rx: mpsc::UnboundedReceiver<Waiting>,
     outstanding: Arc<AtomicUsize>,
     slots: Arc<AtomicUsize>,
+    mut dispatch: impl FnMut(Vec<Waiting>),
 ) {
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
@@ -122,19 +125,13 @@ async fn gather(
             }
         }
         outstanding.fetch_add(batch.len(), Ordering::Relaxed);
-        tokio::spawn(send(http.clone(), url.clone(), batch, outstanding.clone()));
+        dispatch(batch);
     }
 }
 
 /// Sends one batch and hands each answer to its job as its frame arrives.
 async fn send(http: reqwest::Client, url: String, batch: Vec<Waiting>, outstanding: Arc<AtomicUsize>) {
-    // A postcard Vec<JobSpec> is its length (a varint, as postcard writes
-    // any integer), then the elements, already encoded.
-    let mut body = Vec::with_capacity(5 + batch.iter().map(|w| w.spec.len()).sum::<usize>());
-    body.extend(postcard::to_allocvec(&batch.len()).expect("a length encodes"));
-    for w in &batch {
-        body.extend_from_slice(&w.spec);
-    }
+    let body = batch_body(batch.iter().map(|w| &w.spec[..]));
     let count = batch.len();
     let waiting: Mutex<Vec<Option<oneshot::Sender<_>>>> = Mutex::new(batch.into_iter().map(|w| Some(w.reply)).collect());
     let lock = || waiting.lock();
@@ -170,6 +167,18 @@ async fn send(http: reqwest::Client, url: String, batch: Vec<Waiting>, outstandi
     }
 }
 
+/// The body of a batch: a postcard `Vec<JobSpec>` made of specs already
+/// encoded — its length (a varint, as postcard writes any integer), then
+/// the elements as they are.
+fn batch_body<'a>(specs: impl ExactSizeIterator<Item = &'a [u8]> + Clone) -> Vec<u8> {
+    let mut body = Vec::with_capacity(5 + specs.clone().map(<[u8]>::len).sum::<usize>());
+    body.extend(postcard::to_allocvec(&specs.len()).expect("a length encodes"));
+    for spec in specs {
+        body.extend_from_slice(spec);
+    }
+    body
+}
+
 /// The HTTP exchange of one batch; calls `answer` for each job answered.
 async fn exchange(
     http: &reqwest::Client,
@@ -203,4 +212,75 @@ async fn exchange(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    //! The batching rule on tokio's paused clock, with a fake dispatch.
+
+    use super::*;
+    use crate::proto::{JobSpec, ModuleHash};
+
+    fn waiting(n: u8) -> (Waiting, oneshot::Receiver<Result<BatchAnswer, PeerError>>) {
+        let (reply, rx) = oneshot::channel();
+        (Waiting { spec: bytes::Bytes::from(vec![n]), reply }, rx)
+    }
+
+    /// A lane whose batches are recorded (their jobs' first bytes, and
+    /// when) instead of sent; `outstanding` jobs already on the worker.
+    fn lane(slots: usize, outstanding: usize) -> (mpsc::UnboundedSender<Waiting>, Arc<Mutex<Vec<(Vec<u8>, tokio::time::Instant)>>>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let record = sent.clone();
+        let dispatch = move |batch: Vec<Waiting>| {
+            record.lock().push((batch.iter().map(|w| w.spec[0]).collect(), tokio::time::Instant::now()));
+        };
+        tokio::spawn(gather(rx, Arc::new(AtomicUsize::new(outstanding)), Arc::new(AtomicUsize::new(slots)), dispatch));
+        (tx, sent)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_job_for_a_worker_with_room_goes_at_once_with_whatever_already_waits() {
+        let (tx, sent) = lane(2, 0);
+        let start = tokio::time::Instant::now();
+        let (a, _ra) = waiting(1);
+        tx.send(a).unwrap();
+        tokio::task::yield_now().await;
+        let (b, _rb) = waiting(2);
+        let (c, _rc) = waiting(3);
+        tx.send(b).unwrap();
+        tx.send(c).unwrap();
+        tokio::task::yield_now().await;
+        let sent = sent.lock().clone();
+        assert_eq!(sent.iter().map(|(jobs, _)| jobs.clone()).collect::<Vec<_>>(), [vec![1], vec![2, 3]]);
+        assert!(sent.iter().all(|(_, at)| *at == start), "no lingering while the worker has room");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_worker_gets_the_jobs_of_one_linger_in_one_batch() {
+        // Two jobs per slot already there: a new one would queue anyway.
+        let (tx, sent) = lane(1, 2);
+        let start = tokio::time::Instant::now();
+        let (a, _ra) = waiting(1);
+        tx.send(a).unwrap();
+        tokio::time::sleep(LINGER / 2).await;
+        let (b, _rb) = waiting(2);
+        tx.send(b).unwrap();
+        tokio::time::sleep(LINGER).await;
+        let (c, _rc) = waiting(3);
+        tx.send(c).unwrap();
+        tokio::time::sleep(2 * LINGER).await;
+        let sent = sent.lock().clone();
+        assert_eq!(sent.iter().map(|(jobs, _)| jobs.clone()).collect::<Vec<_>>(), [vec![1, 2], vec![3]]);
+        assert_eq!(sent[0].1 - start, LINGER, "the first batch waited exactly its linger");
+    }
+
+    #[test]
+    fn a_batch_body_is_the_postcard_list_of_its_specs() {
+        let specs: Vec<JobSpec> = (0..3u8).map(|i| JobSpec { args: vec![i.to_string()], ..JobSpec::new(ModuleHash([i; 32])) }).collect();
+        let encoded: Vec<Vec<u8>> = specs.iter().map(|s| postcard::to_allocvec(s).unwrap()).collect();
+        let body = batch_body(encoded.iter().map(Vec::as_slice));
+        assert_eq!(body, postcard::to_allocvec(&specs).unwrap());
+        assert_eq!(postcard::from_bytes::<Vec<JobSpec>>(&body).unwrap(), specs);
+    }
 }

@@ -172,7 +172,7 @@ impl Pool {
     /// worth of our jobs after those that do not: without this every job of
     /// a map would go to the one best-fitting worker and queue there. Each
     /// with its slots.
-    fn order_by_load(&self, candidates: Vec<String>, view: &[PeerView]) -> Vec<(String, u32)> {
+    pub(super) fn order_by_load(&self, candidates: Vec<String>, view: &[PeerView]) -> Vec<(String, u32)> {
         let load = self.load.lock();
         let now = Instant::now();
         let avoid = self.avoid.lock();
@@ -306,4 +306,94 @@ pub fn http_client(token: Option<&str>) -> anyhow::Result<reqwest::Client> {
         .tcp_nodelay(true)
         .default_headers(headers)
         .build()?)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The pool's policy without a worker: whom it trusts with the token,
+    //! how it orders candidates, what a refusal means, and that many jobs
+    //! finding a module missing share one upload.
+
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+    use crate::gossip::NodeId;
+    use crate::proto::Advert;
+
+    fn pool(seeds: &[&str]) -> Pool {
+        Pool::new(PoolConfig { token: Some("t0k3n".into()), ..PoolConfig::new(seeds.iter().map(|s| s.to_string()).collect()) })
+            .unwrap()
+    }
+
+    fn peer(addr: &str, slots: u32) -> PeerView {
+        PeerView {
+            id: NodeId::new(addr, 1),
+            advert: Advert { addr: addr.into(), slots_total: slots, ..Advert::default() },
+            liveness: Liveness::Alive,
+            last_heard_ms: 0,
+        }
+    }
+
+    #[test]
+    fn the_token_goes_to_named_workers_and_to_others_only_in_a_keyed_pool() {
+        let p = pool(&["a:1"]);
+        assert!(p.trusts("a:1"));
+        assert!(!p.trusts("b:2"), "an address only gossip told us of");
+        p.keyed.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(p.trusts("b:2"), "every live worker vouches with the cluster key");
+    }
+
+    #[test]
+    fn candidates_holding_a_slots_worth_of_our_jobs_go_last_and_avoided_ones_not_at_all() {
+        let p = pool(&["a:1"]);
+        let view = [peer("a:1", 2), peer("b:2", 1), peer("c:3", 4)];
+        let best_fit = vec!["a:1".to_string(), "b:2".to_string(), "c:3".to_string()];
+        // a:1 has both its slots' worth of our jobs; b:2 and c:3 none.
+        p.add_load("a:1", 2);
+        let order: Vec<String> = p.order_by_load(best_fit.clone(), &view).into_iter().map(|(a, _)| a).collect();
+        assert_eq!(order, ["b:2", "c:3", "a:1"], "best fit kept among equals, loaded last");
+        p.add_load("a:1", -2);
+        p.avoid("b:2");
+        let order: Vec<(String, u32)> = p.order_by_load(best_fit, &view);
+        assert_eq!(order, [("a:1".to_string(), 2), ("c:3".to_string(), 4)], "b:2 refused a connection: skipped");
+    }
+
+    #[test]
+    fn a_refusal_sends_the_job_on_or_ends_it() {
+        let p = pool(&["a:1"]);
+        let declined = |e: PeerError| matches!(e, PeerError::Declined(_));
+        let fatal = |e: PeerError| matches!(e, PeerError::Fatal(_));
+        let too_large = p.refusal("a:1", StatusCode::UNPROCESSABLE_ENTITY, String::new(), Some(64 << 20));
+        assert!(matches!(&too_large, PeerError::Declined(m) if m.contains("64 MiB")), "{too_large:?}");
+        assert!(declined(p.refusal("a:1", StatusCode::SERVICE_UNAVAILABLE, "busy".into(), None)));
+        assert!(fatal(p.refusal("a:1", StatusCode::BAD_REQUEST, "bad spec".into(), None)), "no worker takes a bad request");
+        assert!(fatal(p.refusal("a:1", StatusCode::UNAUTHORIZED, "bad token".into(), None)), "our token, refused by one we named");
+        let withheld = p.refusal("b:2", StatusCode::UNAUTHORIZED, "a token, please".into(), None);
+        assert!(matches!(&withheld, PeerError::Declined(m) if m.contains("goes only to workers you name")), "{withheld:?}");
+    }
+
+    #[tokio::test]
+    async fn jobs_that_found_a_module_missing_together_share_one_upload() {
+        let p = Arc::new(pool(&["a:1"]));
+        let uploads = Arc::new(AtomicU32::new(0));
+        let key = ModuleHash([1; 32]);
+        let sent = Instant::now();
+        let upload = |uploads: Arc<AtomicU32>| async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            uploads.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        };
+        // Eight jobs sent at `sent` all find it missing at once.
+        let all = (0..8).map(|_| {
+            let (p, uploads) = (p.clone(), uploads.clone());
+            async move { p.once("a:1", key, sent, upload(uploads)).await.unwrap() }
+        });
+        futures::future::join_all(all).await;
+        assert_eq!(uploads.load(Ordering::SeqCst), 1);
+        // A job sent after that upload that still finds it missing (the
+        // worker lost it) uploads again; so does another worker.
+        p.once("a:1", key, Instant::now(), upload(uploads.clone())).await.unwrap();
+        p.once("b:2", key, sent, upload(uploads.clone())).await.unwrap();
+        assert_eq!(uploads.load(Ordering::SeqCst), 3);
+    }
 }

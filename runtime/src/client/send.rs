@@ -106,3 +106,53 @@ impl Pool {
         unreachable!("the last attempt returns")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! What one worker's answer means for a job being placed.
+
+    use super::*;
+    use crate::client::pool::PoolConfig;
+
+    fn result(outcome: Outcome) -> JobResult {
+        JobResult::never_ran(1 << 20, outcome)
+    }
+
+    fn avoided(pool: &Pool, addr: &str) -> bool {
+        let view = [crate::gossip::PeerView {
+            id: crate::gossip::NodeId::new(addr, 1),
+            advert: crate::proto::Advert { addr: addr.into(), slots_total: 1, ..Default::default() },
+            liveness: crate::gossip::Liveness::Alive,
+            last_heard_ms: 0,
+        }];
+        pool.order_by_load(vec![addr.to_string()], &view).is_empty()
+    }
+
+    #[test]
+    fn a_result_is_kept_a_refusal_moves_on_and_a_broken_worker_is_avoided() {
+        let pool = Pool::new(PoolConfig::new(vec!["a:1".into()])).unwrap();
+        let mut declined = Vec::new();
+        let ok = pool.settle("a:1", Ok(result(Outcome::Exited { code: 0 })), &mut declined).unwrap();
+        assert!(ok.is_some(), "a result is the answer");
+        let next = pool.settle("a:1", Err(PeerError::Declined("too large here".into())), &mut declined).unwrap();
+        assert!(next.is_none() && declined == ["a:1: too large here"], "{declined:?}");
+        assert!(!avoided(&pool, "a:1"), "a refusal is not a fault");
+
+        assert!(pool.settle("b:2", Err(PeerError::Unreachable("refused".into())), &mut declined).unwrap().is_none());
+        assert!(avoided(&pool, "b:2"), "an unreachable worker is skipped for a while");
+    }
+
+    #[test]
+    fn a_job_lost_or_ended_by_a_shutdown_is_run_again_and_a_bad_request_is_fatal() {
+        let pool = Pool::new(PoolConfig::new(vec!["a:1".into()])).unwrap();
+        let mut declined = Vec::new();
+        let shutdown = result(Outcome::Cancelled { cause: CancelCause::Shutdown });
+        assert!(matches!(pool.settle("a:1", Ok(shutdown), &mut declined), Err(SubmitError::Lost { .. })));
+        let lost = pool.settle("c:3", Err(PeerError::Lost("connection reset".into())), &mut declined);
+        assert!(matches!(lost, Err(SubmitError::Lost { peer, .. }) if peer == "c:3"));
+        assert!(avoided(&pool, "c:3"));
+        let fatal = pool.settle("a:1", Err(PeerError::Fatal("bad spec".into())), &mut declined);
+        assert_eq!(fatal.unwrap_err(), SubmitError::Fatal("a:1: bad spec".into()));
+        assert!(declined.is_empty());
+    }
+}
