@@ -20,6 +20,8 @@
 //!   estimates, and [`map`](client::map()) with retries and ordered results;
 //! * [`worker`] — the worker's core: the host memory ledger, admission,
 //!   fair share, tenants, a job's life, the state database;
+//! * [`slot`] — a process that is one job's slot (`peerwasm run`, a slot
+//!   process's child side): a job computing past its deadline ends with it;
 //! * [`runner`] — [`JobRunner`](runner::JobRunner): N slots running jobs on
 //!   this machine, in-process or in slot processes; the embedded worker is
 //!   one inside the client's process, and every worker runs its jobs on one;
@@ -55,6 +57,7 @@ pub mod proto;
 pub mod runner;
 pub mod sandbox;
 pub mod server;
+pub mod slot;
 pub mod units;
 pub mod worker;
 
@@ -63,7 +66,7 @@ mod layering {
     //! The house is layered: a module uses only the modules below it.
 
     /// Bottom up: each may use only those before it.
-    const LAYERS: [&str; 10] = ["units", "proto", "gossip", "sandbox", "runner", "worker", "client", "owner", "server", "cli"];
+    const LAYERS: [&str; 11] = ["units", "proto", "gossip", "sandbox", "runner", "slot", "worker", "client", "owner", "server", "cli"];
 
     #[test]
     fn each_module_uses_only_the_layers_below_it() {

@@ -294,7 +294,7 @@ where
         Command::Worker(args) => worker::run(args),
         Command::Peers(args) => peers::run(args),
         Command::Status(args) => status::run(args),
-        Command::Slot => crate::runner::slotproc::child::serve().map(|()| ExitCode::SUCCESS),
+        Command::Slot => crate::slot::child::serve().map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

@@ -14,7 +14,7 @@ use crate::client::Job;
 use crate::proto::{CacheSource, CancelCause, DirGrant, JobResult, JobSpec, Outcome, StdStream};
 use crate::sandbox::StdinFeed;
 use crate::units::{Bytes, parse_duration, parse_size};
-use crate::runner::alone::{Alone, AloneJob, Event, run_alone};
+use crate::slot::{Alone, AloneJob, Event, run_alone};
 use crate::runner::{JobRunner, RunnerConfig};
 
 /// The most stdin `run` reads and hands to the job.
@@ -199,7 +199,7 @@ fn job_of(
 /// under `wasmtime run`, see docs/time-limits.md). A job asleep in a host
 /// call ends at its deadline or on Ctrl-C inside the sandbox, as on a
 /// worker; a job computing past either is ended with the process once
-/// [`OVERRUN_GRACE`](crate::runner::alone::OVERRUN_GRACE) has passed too,
+/// [`OVERRUN_GRACE`](crate::slot::OVERRUN_GRACE) has passed too,
 /// reported as the sandbox would have: time limit (exit 124) or cancelled
 /// (130), its peak memory and output so far.
 async fn run_embedded(runner: &JobRunner, spec: JobSpec, stdin: StdinFeed, stream: bool) -> Alone {

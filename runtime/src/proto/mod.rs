@@ -426,6 +426,16 @@ pub struct JobResult {
 }
 
 impl JobResult {
+    /// The result of a job that a failure of the host, not the job, ended
+    /// (a task that failed, a slot process that died), saying what failed.
+    pub fn host_failure(memory_limit_bytes: u64, message: &str) -> JobResult {
+        JobResult::never_ran(memory_limit_bytes, Outcome::Trapped {
+            trap: "host error".into(),
+            message: message.into(),
+            backtrace: Vec::new(),
+        })
+    }
+
     /// The result of a job that ended as `outcome` without running (refused,
     /// cancelled in its queue, its module unknown), under a memory limit of
     /// `memory_limit_bytes`.

@@ -6,10 +6,9 @@
 //! * this file — the runner: slots, the module store, which jobs go to a
 //!   slot process;
 //! * [`modules`] — module bytes held for compiling, within a byte budget;
-//! * [`slotproc`] — slot processes: children that run jobs with no
-//!   time-limit instrumentation, killed at their deadline (`peerwasm slot`);
-//! * [`alone`] — a process that is one job's slot (`run`, a slot process):
-//!   ending a job that computes past its deadline by ending the process.
+//! * [`slotproc`] — slot processes as the worker sees them: children that
+//!   run jobs with no time-limit instrumentation, killed at their deadline
+//!   (`peerwasm slot`; the child's side is [`crate::slot`], a floor above).
 //!
 //! Jobs run on a Tokio runtime of their own with one thread per slot, apart
 //! from whatever runtime the caller uses (the CLI's, or an HTTP server's): a
@@ -35,7 +34,6 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::sync::mpsc::UnboundedSender;
 
-pub mod alone;
 pub mod modules;
 pub mod slotproc;
 
@@ -206,7 +204,7 @@ impl JobRunner {
                 permit = slots.acquire_owned() => permit,
             };
             let Ok(_permit) = permit else {
-                return host_failure(limit, "the runner is shutting down");
+                return JobResult::host_failure(limit, "the runner is shutting down");
             };
             if let Some(children) = child {
                 return children.run(&sandbox, spec, bytes, hooks).await;
@@ -219,7 +217,7 @@ impl JobRunner {
         let handle = self.runtime.as_ref().expect("runtime lives until drop").spawn(task);
         let result = match handle.await {
             Ok(result) => result,
-            Err(e) => host_failure(limit, &format!("the job's task failed: {e}")),
+            Err(e) => JobResult::host_failure(limit, &format!("the job's task failed: {e}")),
         };
         abandoned.disarm();
         if result.wall_time_us > 0 {
@@ -338,15 +336,7 @@ async fn load(
             Err(JobResult::never_ran(limit, Outcome::Rejected { reason: format!("module {hash} is unknown here") }))
         }
         Ok(Err(outcome)) => Err(JobResult::never_ran(limit, outcome)),
-        Err(e) => Err(host_failure(limit, &format!("compiling the module failed: {e}"))),
+        Err(e) => Err(JobResult::host_failure(limit, &format!("compiling the module failed: {e}"))),
     }
 }
 
-/// The result of a job that a failure of the host, not the job, ended.
-pub(crate) fn host_failure(memory_limit_bytes: u64, message: &str) -> JobResult {
-    JobResult::never_ran(memory_limit_bytes, Outcome::Trapped {
-        trap: "host error".into(),
-        message: message.into(),
-        backtrace: Vec::new(),
-    })
-}

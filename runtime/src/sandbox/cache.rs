@@ -19,7 +19,8 @@ use wasmtime::{Engine, InstancePre};
 use super::artifacts::ArtifactStore;
 use super::code::{Code, one_line};
 use super::component::CommandPre;
-use super::{JobState, SandboxConfig};
+use super::JobState;
+use super::config::SandboxConfig;
 use super::validate;
 use crate::proto::{CacheSource, ModuleHash, Outcome};
 

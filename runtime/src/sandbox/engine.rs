@@ -5,26 +5,7 @@ use std::time::Duration;
 
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-use super::SandboxConfig;
-
-/// How a job that computes without end is made to give the thread back, so
-/// its wall-time limit can end it. A job blocked in a host call (sleeping)
-/// is ended by the async timeout in either case.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-pub enum TimeLimitMechanism {
-    /// Epoch interruption: a ticker thread bumps the engine's epoch every
-    /// [`EPOCH_TICK`]; compiled code checks it at loop heads and calls.
-    Epoch,
-    /// Fuel metering: compiled code counts instructions and yields every
-    /// [`FUEL_YIELD_INTERVAL`] units. The default: it measured as cheap as
-    /// or cheaper than epochs on our guests (docs/time-limits.md), and the
-    /// count is deterministic.
-    #[default]
-    Fuel,
-    /// Neither: a computing job cannot be interrupted. Only for measuring
-    /// what the mechanism costs; `timeout_ms` is not enforced on compute.
-    Off,
-}
+use super::config::{SandboxConfig, TimeLimitMechanism};
 
 /// How often the epoch ticker bumps the epoch: the granularity of time
 /// limits under [`TimeLimitMechanism::Epoch`].

@@ -6,7 +6,7 @@
 //! (+42% on a tight loop, docs/time-limits.md). A child process can run the
 //! job's code unchecked, as `wasmtime run` does, and still be stopped: it
 //! ends itself once its job computes past its deadline or a cancel
-//! ([`super::alone`]), and the worker kills it (SIGKILL) if it does not
+//! ([`crate::slot`]), and the worker kills it (SIGKILL) if it does not
 //! answer within [`BACKSTOP_GRACE`] more. It also keeps a crash of the
 //! engine away from the worker.
 //!
@@ -23,7 +23,6 @@
 //! ([`SlotPolicy`]): a hand-off costs ~100 µs, so only jobs of modules
 //! learned to compute long ([`LONG_JOB_CPU`]) go by default.
 
-pub mod child;
 pub mod wire;
 
 use std::path::PathBuf;
@@ -38,7 +37,6 @@ use tokio::process::{Child, ChildStdin, ChildStdout};
 
 use crate::proto::frame::{FrameReader, encode_frame};
 use crate::proto::{CacheSource, CancelCause, JobResult, JobSpec, ModuleHash, Outcome, StdStream};
-use super::host_failure;
 use crate::sandbox::{SandboxConfig, OutputCapture, RunHooks, Sandbox, files::ScratchPool};
 use wire::{FromSlot, STDIN_CREDIT, ToSlot};
 
@@ -197,7 +195,7 @@ impl SlotProcesses {
             Some(c) => c,
             None => match self.spawn().await {
                 Ok(c) => c,
-                Err(e) => return host_failure(limit, &format!("cannot start a slot process: {e:#}")),
+                Err(e) => return JobResult::host_failure(limit, &format!("cannot start a slot process: {e:#}")),
             },
         };
         let scratch = self.scratch.as_ref().map(|pool| {
@@ -219,7 +217,7 @@ impl SlotProcesses {
         // Encoded once: sent again as it is if a reused child dies first.
         let run = match encode_frame(&run) {
             Ok(frame) => frame,
-            Err(e) => return host_failure(limit, &format!("cannot encode the job for its slot process: {e}")),
+            Err(e) => return JobResult::host_failure(limit, &format!("cannot encode the job for its slot process: {e}")),
         };
         let mut stdin = hooks.stdin.as_ref().and_then(|feed| feed.take());
         let (mut result, reusable) = loop {
@@ -244,7 +242,7 @@ impl SlotProcesses {
                     reused = false;
                     child = match self.spawn().await {
                         Ok(c) => c,
-                        Err(e) => break (host_failure(limit, &format!("cannot start a slot process: {e:#}")), false),
+                        Err(e) => break (JobResult::host_failure(limit, &format!("cannot start a slot process: {e:#}")), false),
                     };
                 }
                 (result, ended) => break (result, matches!(ended, Ended::Reusable)),
@@ -381,7 +379,7 @@ impl Talk<'_> {
     async fn run(mut self, run: &[u8], mut stdin: Option<StdinReceiver>) -> (JobResult, Ended) {
         if let Err(e) = self.child.send_frame(run).await {
             let status = self.child.end().await;
-            let result = host_failure(self.limit, &format!("the slot process did not take the job ({e}); it ended: {status}"));
+            let result = JobResult::host_failure(self.limit, &format!("the slot process did not take the job ({e}); it ended: {status}"));
             return (result, Ended::Unstarted(stdin));
         }
         let cancel = self.hooks.cancel.clone().unwrap_or_default();
@@ -421,7 +419,7 @@ impl Talk<'_> {
                             notify.notify_one();
                         }
                         if let (Some(d), false) = (self.deadline, armed) {
-                            backstop.as_mut().reset(tokio::time::Instant::now() + d + super::alone::OVERRUN_GRACE + BACKSTOP_GRACE);
+                            backstop.as_mut().reset(tokio::time::Instant::now() + d + wire::OVERRUN_GRACE + BACKSTOP_GRACE);
                             armed = true;
                         }
                     }
@@ -444,7 +442,7 @@ impl Talk<'_> {
                     Some(FromSlot::StdinTaken) => credit += 1,
                     None => {
                         let status = self.child.end().await;
-                        let mut result = host_failure(self.limit, &format!("the job's slot process ended without a result: {status}"));
+                        let mut result = JobResult::host_failure(self.limit, &format!("the job's slot process ended without a result: {status}"));
                         result.peak_memory_bytes = peak;
                         if started.is_none() && !fed && cancelled.is_none() {
                             return (result, Ended::Unstarted(stdin));
@@ -457,7 +455,7 @@ impl Talk<'_> {
                     if let Err(e) = self.child.send(&ToSlot::Cancel(cause)).await {
                         failed_send = Some(e);
                     }
-                    backstop.as_mut().reset(tokio::time::Instant::now() + super::alone::OVERRUN_GRACE + BACKSTOP_GRACE);
+                    backstop.as_mut().reset(tokio::time::Instant::now() + wire::OVERRUN_GRACE + BACKSTOP_GRACE);
                     armed = true;
                 }
                 item = async { stdin.as_mut().expect("polled only with stdin").recv().await }, if stdin.is_some() && credit > 0 => {

@@ -18,6 +18,12 @@ use crate::sandbox::{SandboxConfig, TimeLimitMechanism};
 /// Stdin chunks the parent sends ahead of the job's reading.
 pub const STDIN_CREDIT: usize = crate::sandbox::stdin::STDIN_CHANNEL_DEPTH;
 
+/// How long past a job's deadline, or an interrupt, the slot (the child,
+/// `crate::slot`) waits for the sandbox to end the job before ending the
+/// process instead; the parent's backstop counts it in. A job asleep in a
+/// host call ends well within it; a computing one does not.
+pub const OVERRUN_GRACE: std::time::Duration = std::time::Duration::from_millis(25);
+
 /// Parent to child.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum ToSlot {

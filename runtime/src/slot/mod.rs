@@ -1,11 +1,13 @@
-//! A process that is one job's slot: it runs the job's code with no
+//! A process that is one job's slot (`slot` means "this process is the
+//! job's slot"): it runs the job's code with no
 //! time-limit instrumentation, and when the job computes past its deadline
 //! or an interrupt, reports what the sandbox would have and lets its caller
 //! end the process, the job with it.
 //!
 //! Two processes are such a slot: `peerwasm run` on the embedded worker
 //! (the interrupt is Ctrl-C) and a worker's slot process
-//! ([`super::slotproc`]; the interrupt is its parent's cancel). Compute with
+//! ([`child`], started by [`crate::runner::slotproc`]; the interrupt is its
+//! parent's cancel). Compute with
 //! no fuel and no epochs never gives its thread back, so nothing inside the
 //! process can stop it: a job asleep in a host call still ends at its
 //! deadline or on an interrupt inside the sandbox, but a job still
@@ -21,14 +23,12 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use super::JobRunner;
+pub mod child;
+
+pub use crate::runner::slotproc::wire::OVERRUN_GRACE;
+use crate::runner::JobRunner;
 use crate::proto::{CacheSource, CancelCause, JobResult, JobSpec, Outcome};
 use crate::sandbox::{Cancel, CacheStats, LiveOutput, OutputChunk, RunHooks, StdinFeed};
-
-/// How long past a job's deadline, or an interrupt, the slot waits for the
-/// sandbox to end the job before ending the process instead. A job asleep
-/// in a host call ends well within it; a computing one does not.
-pub const OVERRUN_GRACE: Duration = Duration::from_millis(25);
 
 /// How a job run alone ended.
 pub enum Alone {

@@ -1,6 +1,6 @@
 //! The child's side: `peerwasm slot`, a process that runs a worker's jobs
 //! one at a time with no time-limit instrumentation, and ends itself when
-//! one of them computes past its deadline or a cancel ([`crate::runner::alone`]).
+//! one of them computes past its deadline or a cancel ([`crate::slot`]).
 //!
 //! It reads [`ToSlot`] frames on stdin and writes [`FromSlot`] frames on
 //! stdout, nothing else (its logs go to stderr). Its parent going away
@@ -14,11 +14,11 @@ use anyhow::{Context, bail};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 
-use super::wire::{FromSlot, ToSlot};
+use crate::runner::slotproc::wire::{FromSlot, ToSlot};
 use crate::proto::frame::{FrameReader, encode_frame};
 use crate::proto::{CancelCause, StdStream};
 use crate::sandbox::{LiveOutput, StdinFeed, StdinSender};
-use crate::runner::alone::{Alone, AloneJob, Event, run_alone};
+use super::{Alone, AloneJob, Event, run_alone};
 use crate::runner::{JobRunner, RunnerConfig};
 
 /// How often a running job's memory is reported when it changed.
