@@ -20,7 +20,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::ModuleHash;
+use super::hash::ModuleHash;
 use crate::units::Bytes;
 
 /// The sha256 of a file's bytes (the same kind of name a module goes by).

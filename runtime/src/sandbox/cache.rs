@@ -19,7 +19,7 @@ use wasmtime::{Engine, InstancePre};
 use super::artifacts::ArtifactStore;
 use super::code::{Code, one_line};
 use super::component::CommandPre;
-use super::JobState;
+use super::job_state::JobState;
 use super::config::SandboxConfig;
 use super::validate;
 use crate::proto::{CacheSource, ModuleHash, Outcome};

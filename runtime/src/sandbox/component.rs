@@ -35,7 +35,7 @@ use wasmtime::Engine;
 use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use super::JobState;
+use super::job_state::JobState;
 use super::code::one_line;
 
 /// A component's prepared instance: imports resolved, `wasi:cli/run` found.

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use super::Cancel;
+use super::cancel::Cancel;
 use crate::proto::CancelCause;
 
 /// Runs a job's `call` (instantiate and run) until it ends, its deadline

@@ -30,9 +30,11 @@ pub mod cancel;
 pub mod code;
 pub mod component;
 mod config;
+mod disk;
 mod drive;
 pub mod entry;
 pub mod files;
+mod job_state;
 pub mod engine;
 pub mod limiter;
 pub mod outcome;
@@ -46,12 +48,12 @@ use std::time::Duration;
 
 use tokio::sync::mpsc::UnboundedSender;
 use wasmtime::{Engine, Linker, Store};
-use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::p2::pipe::MemoryInputPipe;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
 pub use cache::{CacheStats, CompiledModule, ModuleCache};
 pub use code::Code;
+pub use job_state::JobState;
 pub use cancel::{Cancel, CancelOnDrop};
 pub use config::{DEFAULT_CACHE_MAX, DEFAULT_MAX_MODULE_BYTES, DEFAULT_MODULE_BYTES_HELD, SandboxConfig, TimeLimitMechanism};
 pub use stdin::{StdinFeed, StdinSender};
@@ -101,14 +103,6 @@ pub struct RunHooks {
 /// Where a running job's output captures are published; see
 /// [`RunHooks::captures`].
 pub type LiveOutput = Arc<parking_lot::Mutex<Option<[OutputCapture; 2]>>>;
-
-/// What a job's store holds: its WASI (preview 1 for a core module,
-/// [`component::ComponentWasi`] for a component) and its bounds.
-pub struct JobState<W = WasiP1Ctx> {
-    wasi: W,
-    limiter: MemoryLimiter,
-    files: files::FileUse,
-}
 
 /// One engine, one linker and one module cache, shared by every job of a
 /// process.
