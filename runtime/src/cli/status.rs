@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use super::ViewArgs;
+use super::args::ViewArgs;
 use crate::client::status::PoolStatus;
 
 #[derive(clap::Args, Debug)]

@@ -244,7 +244,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     }
     sandbox.module_bytes_held = args.module_memory.0;
     sandbox.max_module_bytes = args.max_module_size.0;
-    sandbox.cache_dir = args.cache_dir.or_else(super::default_cache_root).map(|root| root.join("modules"));
+    sandbox.cache_dir = args.cache_dir.or_else(super::args::default_cache_root).map(|root| root.join("modules"));
     sandbox.max_job_time = args.max_job_time.0;
     sandbox.max_open_files = args.max_open_files.max(1);
     sandbox.cache_max_bytes = args.cache_max.0;
@@ -262,7 +262,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
             sandbox,
             slot_processes: match args.slot_processes {
                 crate::runner::slotproc::SlotPolicy::Never => None,
-                policy => Some(crate::runner::slotproc::SlotProcessConfig { program: super::slot_program()?, policy }),
+                policy => Some(crate::runner::slotproc::SlotProcessConfig { program: super::args::slot_program()?, policy }),
             },
         },
         ledger: LedgerConfig { memory: args.memory, reserve: args.reserve.0 },

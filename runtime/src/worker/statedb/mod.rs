@@ -39,10 +39,8 @@ use tokio::sync::{oneshot, watch};
 #[cfg(test)]
 use open::SCHEMA;
 use open::{lock_dir, open_checked, prepare_dir, private_file};
-pub use open::{APPLICATION_ID, SCHEMA_VERSION};
+pub use open::{APPLICATION_ID, DB_FILE, SCHEMA_VERSION};
 
-/// The database's file name in the state dir.
-pub const DB_FILE: &str = "state.db";
 
 /// The most writes committed in one transaction.
 const MAX_GROUP: usize = 4096;

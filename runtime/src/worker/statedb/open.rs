@@ -10,7 +10,8 @@ use std::path::Path;
 use anyhow::{Context, bail};
 use rusqlite::Connection;
 
-use super::DB_FILE;
+/// The database's file name in the state dir.
+pub const DB_FILE: &str = "state.db";
 
 /// Marks a SQLite file as ours (`PRAGMA application_id`): "pwsm".
 pub const APPLICATION_ID: i32 = 0x7077_736d;
