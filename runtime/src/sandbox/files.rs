@@ -71,6 +71,9 @@ macro_rules! delegate {
 
 /// Shadows the calls named in the module docs in `linker` (which already
 /// has wasmtime-wasi's p1 functions) with the counting versions.
+///
+/// Long for a reason: it is the table of shadowed calls, one registration
+/// each, read best side by side with the module docs' list.
 pub fn add_to_linker(linker: &mut Linker<JobState>) -> wasmtime::Result<()> {
     linker.allow_shadowing(true);
     linker.func_wrap_async(

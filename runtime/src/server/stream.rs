@@ -34,11 +34,13 @@ use super::response::text;
 use crate::proto::frame::{FrameReader, encode_frame};
 use crate::proto::stream::{MAX_HEAD, StreamEvent};
 use crate::proto::{CancelCause, JOB_ID_HEADER, JobResult, JobSpec, MAX_INPUT_BYTES, Outcome, POSTCARD};
-use crate::sandbox::{Cancel, StdinFeed, StdinSender};
+use crate::sandbox::{Cancel, OutputChunk, StdinFeed, StdinSender};
 use crate::units::Bytes as Size;
 use crate::worker::jobs::{self, Streams};
+use crate::worker::ledger::Hold;
 use crate::worker::refused::Refused;
 use crate::worker::state::Worker;
+use crate::worker::tenants::Tenant;
 
 /// Event frames the answer holds before the job's task waits for the
 /// client to read.
@@ -50,6 +52,8 @@ pub const UNREAD_GRACE: std::time::Duration = std::time::Duration::from_secs(30)
 
 type DataStream = axum::body::BodyDataStream;
 
+/// `POST /v1/jobs/stream` (see the module docs): the head, then the job
+/// runs in a task of its own while this answers with its events.
 pub async fn post_stream(State(w): State<Arc<Worker>>, Caller(tenant): Caller, req: Request) -> Response {
     let mut body = req.into_body().into_data_stream();
     let (spec, rest) = match tokio::time::timeout(BODY_TIMEOUT, read_head(&mut body)).await {
@@ -60,22 +64,68 @@ pub async fn post_stream(State(w): State<Arc<Worker>>, Caller(tenant): Caller, r
             return text(StatusCode::REQUEST_TIMEOUT, why);
         }
     };
-    let memreq = spec.limits.memory_bytes;
     let (stdin, feed) = StdinFeed::channel();
     // Unbounded in items, bounded in bytes: each is charged to `hold` as
     // the job writes it (within its output cap) and given back as sent.
-    let (tee, mut output) = mpsc::unbounded_channel();
+    let (tee, output) = mpsc::unbounded_channel();
     let (events, answer) = mpsc::channel::<(Bytes, u64)>(EVENTS_IN_FLIGHT);
     let hold = Arc::new(w.admission.ledger().hold());
     let sent = hold.clone();
     let (admitted_tx, admitted) = oneshot::channel::<String>();
     let (refused_tx, refused) = oneshot::channel::<Refused>();
-    let peer = w.addr.clone();
     // Raised by the feeder when the request breaks off: hyper may not drop
     // an idle answer until it next writes to the dead connection.
     let gone = Cancel::new();
     let client_gone = gone.clone();
-    tokio::spawn(async move {
+    tokio::spawn(Attached { w, tenant, spec, tee, feed, hold, output, events, admitted_tx, refused_tx, client_gone }.run());
+    let id = match admitted.await {
+        Ok(id) => id,
+        Err(_) => {
+            return match refused.await {
+                Ok(refusal) => refusal.into_response(),
+                Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "the job's task ended without an answer"),
+            };
+        }
+    };
+    tokio::spawn(feed_stdin(body, rest, stdin, gone));
+    // Output is given back to the ledger as the connection takes it.
+    let frames = futures::stream::unfold(answer, move |mut rx| {
+        let sent = sent.clone();
+        async move {
+            let (frame, output) = rx.recv().await?;
+            sent.release(output);
+            Some((Ok::<_, Infallible>(frame), rx))
+        }
+    });
+    let mut resp = ([(header::CONTENT_TYPE, POSTCARD)], Body::from_stream(frames)).into_response();
+    if let Ok(v) = header::HeaderValue::from_str(&id) {
+        resp.headers_mut().insert(JOB_ID_HEADER, v);
+    }
+    resp
+}
+
+/// A streamed job's own task: it runs the job, forwards its output as
+/// events while it runs, then the rest and its result, and says when the
+/// job was queued (`admitted_tx`, the answer begins) or refused before
+/// that (`refused_tx`, the answer is a status).
+struct Attached {
+    w: Arc<Worker>,
+    tenant: Arc<Tenant>,
+    spec: JobSpec,
+    tee: mpsc::UnboundedSender<OutputChunk>,
+    feed: StdinFeed,
+    hold: Arc<Hold>,
+    output: mpsc::UnboundedReceiver<OutputChunk>,
+    events: mpsc::Sender<(Bytes, u64)>,
+    admitted_tx: oneshot::Sender<String>,
+    refused_tx: oneshot::Sender<Refused>,
+    client_gone: Cancel,
+}
+
+impl Attached {
+    async fn run(self) {
+        let Attached { w, tenant, spec, tee, feed, hold, mut output, events, admitted_tx, refused_tx, client_gone } = self;
+        let (memreq, peer) = (spec.limits.memory_bytes, w.addr.clone());
         let queued = std::sync::atomic::AtomicBool::new(false);
         let streams = Streams { tee: Some(tee), stdin: Some(feed), captures: None, hold: Some(hold), forward_only: true };
         let run = jobs::run_attached(&w, &tenant, spec, streams, |id| {
@@ -127,31 +177,7 @@ pub async fn post_stream(State(w): State<Arc<Worker>>, Caller(tenant): Caller, r
         if tokio::time::timeout(UNREAD_GRACE, rest).await.is_err() {
             tracing::debug!("a streamed job's client did not read its output: dropped");
         }
-    });
-    let id = match admitted.await {
-        Ok(id) => id,
-        Err(_) => {
-            return match refused.await {
-                Ok(refusal) => refusal.into_response(),
-                Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "the job's task ended without an answer"),
-            };
-        }
-    };
-    tokio::spawn(feed_stdin(body, rest, stdin, gone));
-    // Output is given back to the ledger as the connection takes it.
-    let frames = futures::stream::unfold(answer, move |mut rx| {
-        let sent = sent.clone();
-        async move {
-            let (frame, output) = rx.recv().await?;
-            sent.release(output);
-            Some((Ok::<_, Infallible>(frame), rx))
-        }
-    });
-    let mut resp = ([(header::CONTENT_TYPE, POSTCARD)], Body::from_stream(frames)).into_response();
-    if let Ok(v) = header::HeaderValue::from_str(&id) {
-        resp.headers_mut().insert(JOB_ID_HEADER, v);
     }
-    resp
 }
 
 /// Reads the head frame (the job's spec); returns it and the bytes after it.

@@ -181,34 +181,15 @@ impl SlotProcesses {
         self.jobs.fetch_add(1, Ordering::Relaxed);
         let limit = spec.limits.memory_bytes;
         let (deadline, worker_limit) = sandbox.deadline(spec.limits.timeout_ms);
-        // An idle child that ended meanwhile (killed from outside, say)
-        // is dropped, not handed the job; one that ends before the job
-        // starts in it is replaced by a fresh one (below).
-        let idle = loop {
-            let Some(mut c) = self.idle.lock().pop() else { break None };
-            if matches!(c.process.try_wait(), Ok(None)) {
-                break Some(c);
-            }
-        };
-        let mut reused = idle.is_some();
-        let mut child = match idle {
-            Some(c) => c,
-            None => match self.spawn().await {
-                Ok(c) => c,
-                Err(e) => return JobResult::host_failure(limit, &format!("cannot start a slot process: {e:#}")),
-            },
+        let (mut child, mut reused) = match self.idle_or_new().await {
+            Ok(got) => got,
+            Err(e) => return JobResult::host_failure(limit, &format!("cannot start a slot process: {e:#}")),
         };
         let scratch = self.scratch.as_ref().map(|pool| {
             let took = pool.take_up_to(self.setup.max_scratch_bytes.unwrap_or(u64::MAX));
             ScratchShare { pool: pool.clone(), bytes: took }
         });
-        let [mut stdout, mut stderr] = sandbox.output_captures(&spec, hooks.tee.clone(), hooks.output_budget.clone());
-        if hooks.forward_only {
-            (stdout, stderr) = (stdout.forward_only(), stderr.forward_only());
-        }
-        if let Some(live) = &hooks.captures {
-            *live.lock() = Some([stdout.clone(), stderr.clone()]);
-        }
+        let [stdout, stderr] = captures(sandbox, &spec, &hooks);
         let run = ToSlot::Run {
             spec,
             scratch_bytes: scratch.as_ref().map(|s| s.bytes),
@@ -249,13 +230,7 @@ impl SlotProcesses {
             }
         };
         drop(scratch);
-        result.stdout = stdout.take();
-        result.stderr = stderr.take();
-        for capture in [&stdout, &stderr] {
-            if capture.starved() {
-                result.outcome = Outcome::OutputMemoryExhausted { stream: capture.stream(), held: capture.len() };
-            }
-        }
+        with_output(&mut result, [&stdout, &stderr]);
         if reusable {
             let mut idle = self.idle.lock();
             if idle.len() < self.max_idle {
@@ -263,6 +238,23 @@ impl SlotProcesses {
             }
         }
         result
+    }
+
+    /// An idle child (and `true`: reused), else a new one. An idle child
+    /// that ended meanwhile (killed from outside, say) is dropped, not
+    /// handed the job; one that ends before the job starts in it is
+    /// replaced by a fresh one (in [`run`](Self::run)).
+    async fn idle_or_new(&self) -> anyhow::Result<(SlotChild, bool)> {
+        let idle = loop {
+            let Some(mut c) = self.idle.lock().pop() else { break None };
+            if matches!(c.process.try_wait(), Ok(None)) {
+                break Some(c);
+            }
+        };
+        match idle {
+            Some(c) => Ok((c, true)),
+            None => Ok((self.spawn().await?, false)),
+        }
     }
 
     /// Starts a child and sends it its setup.
@@ -294,6 +286,32 @@ impl SlotProcesses {
         let setup = SandboxConfig { scratch_root: Some(child._scratch.path().to_path_buf()), ..self.setup.clone() };
         child.send(&ToSlot::Setup(setup)).await?;
         Ok(child)
+    }
+}
+
+/// Where the job's output is captured in the worker (the child sends it
+/// here as it comes): within the sandbox's caps, forwarded only if the
+/// hooks ask, published for readers while the job runs.
+fn captures(sandbox: &Sandbox, spec: &JobSpec, hooks: &RunHooks) -> [OutputCapture; 2] {
+    let [mut stdout, mut stderr] = sandbox.output_captures(spec, hooks.tee.clone(), hooks.output_budget.clone());
+    if hooks.forward_only {
+        (stdout, stderr) = (stdout.forward_only(), stderr.forward_only());
+    }
+    if let Some(live) = &hooks.captures {
+        *live.lock() = Some([stdout.clone(), stderr.clone()]);
+    }
+    [stdout, stderr]
+}
+
+/// The job's output, as the worker captured it, into its result; a
+/// capture that ran out of the worker's memory ends the job as such.
+fn with_output(result: &mut JobResult, captures: [&OutputCapture; 2]) {
+    result.stdout = captures[0].take();
+    result.stderr = captures[1].take();
+    for capture in captures {
+        if capture.starved() {
+            result.outcome = Outcome::OutputMemoryExhausted { stream: capture.stream(), held: capture.len() };
+        }
     }
 }
 
@@ -376,6 +394,11 @@ struct Talk<'a> {
 impl Talk<'_> {
     /// Runs the job (`run`, an encoded `ToSlot::Run`) with its streamed
     /// `stdin`; returns its result and what is left of the child.
+    ///
+    /// Long for a reason: it is one `select!` over the child's messages,
+    /// the cancel, stdin and the backstop, whose arms share the
+    /// conversation's state (credit, started, cancelled, peak); split
+    /// apart, every arm would take all of it.
     async fn run(mut self, run: &[u8], mut stdin: Option<StdinReceiver>) -> (JobResult, Ended) {
         if let Err(e) = self.child.send_frame(run).await {
             let status = self.child.end().await;
