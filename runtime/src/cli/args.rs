@@ -28,7 +28,7 @@ impl PoolArgs {
     /// with a token, those it may be sent to (the named ones, or all of a
     /// keyed pool: see `client::trusted`); without one, there is nothing to
     /// leak, so every worker of the view.
-    pub(super) fn askable(&self, view: &[crate::gossip::PeerView]) -> Vec<String> {
+    pub(super) fn workers_to_ask(&self, view: &[crate::gossip::PeerView]) -> Vec<String> {
         match self.token {
             Some(_) => self.peers.clone(),
             None => self.peers.iter().cloned().chain(view.iter().map(|p| p.advert.addr.clone())).collect(),

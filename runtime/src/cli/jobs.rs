@@ -22,7 +22,7 @@ pub fn list_jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
     let (http, runtime) = pool_client(&args.pool, "jobs")?;
     runtime.block_on(async {
         let view = crate::client::fetch_peers(&http, &args.pool.peers).await?;
-        let seeds = args.pool.askable(&view);
+        let seeds = args.pool.workers_to_ask(&view);
         let (mut jobs, silent) = list(&http, &view, &seeds).await?;
         jobs.sort_by(|a, b| (&a.worker, &a.status.id).cmp(&(&b.worker, &b.status.id)));
         if args.json {
@@ -70,7 +70,7 @@ pub fn logs(args: LogsArgs) -> anyhow::Result<ExitCode> {
     let (http, runtime) = pool_client(&args.pool, "logs")?;
     runtime.block_on(async {
         let view = crate::client::fetch_peers(&http, &args.pool.peers).await?;
-        let seeds = args.pool.askable(&view);
+        let seeds = args.pool.workers_to_ask(&view);
         let mut print = |stream, bytes: &[u8]| super::run::print_output(stream, bytes);
         match crate::client::detach::follow(&http, &view, &seeds, &args.id, args.follow, &mut print).await? {
             None => {
@@ -106,7 +106,7 @@ pub fn cancel_jobs(args: CancelArgs) -> anyhow::Result<ExitCode> {
     let (http, runtime) = pool_client(&args.pool, "cancel")?;
     runtime.block_on(async {
         let view = crate::client::fetch_peers(&http, &args.pool.peers).await?;
-        let seeds = args.pool.askable(&view);
+        let seeds = args.pool.workers_to_ask(&view);
         let mut missing = 0;
         for id in &args.ids {
             let report = match crate::proto::submission::is_submission_id(id) {

@@ -50,7 +50,7 @@ pub fn results(args: ResultsArgs) -> anyhow::Result<ExitCode> {
     };
     runtime.block_on(async {
         let view = crate::client::fetch_peers(&http, &args.pool.peers).await?;
-        let seeds = args.pool.askable(&view);
+        let seeds = args.pool.workers_to_ask(&view);
         let Some(info) = submit::find(&http, &view, &seeds, &args.id).await? else {
             eprintln!("peerwasm: {}: {}", args.id, super::jobs::NO_SUCH_SUBMISSION);
             return Ok(ExitCode::from(1));
@@ -151,7 +151,7 @@ pub fn submissions(args: SubmissionsArgs) -> anyhow::Result<ExitCode> {
     let (http, runtime) = pool_client(&args.pool, "submissions")?;
     runtime.block_on(async {
         let view = crate::client::fetch_peers(&http, &args.pool.peers).await?;
-        let seeds = args.pool.askable(&view);
+        let seeds = args.pool.workers_to_ask(&view);
         let (mut list, silent) = submit::list(&http, &view, &seeds).await?;
         list.sort_by(|a, b| b.created_ms.cmp(&a.created_ms));
         if args.json {
@@ -201,7 +201,7 @@ pub fn history(args: HistoryArgs) -> anyhow::Result<ExitCode> {
     let (http, runtime) = pool_client(&args.pool, "history")?;
     runtime.block_on(async {
         let view = crate::client::fetch_peers(&http, &args.pool.peers).await?;
-        let seeds = args.pool.askable(&view);
+        let seeds = args.pool.workers_to_ask(&view);
         let since = crate::worker::statedb::now_ms().saturating_sub(args.since.as_millis() as u64);
         let (rows, silent) = submit::history(&http, &view, &seeds, since, args.tenant.as_deref()).await?;
         if args.json {

@@ -76,7 +76,7 @@ pub async fn follow(
     follow: bool,
     on_output: &mut (dyn FnMut(StdStream, &[u8]) + Send),
 ) -> anyhow::Result<Option<(String, Option<Outcome>)>> {
-    for worker in super::jobs::askable(view, seeds).0 {
+    for worker in super::jobs::trusted_workers(view, seeds).0 {
         let mut seen = [0u64; 2];
         loop {
             let url = routes::url(worker, &format!("{}?stdout={}&stderr={}", routes::path(routes::JOB_OUTPUT, id), seen[0], seen[1]));

@@ -23,7 +23,7 @@ pub struct PoolJob {
 
 /// The workers of `view` that are not dead and may be sent the token
 /// (`super::trusted`); the others are named in the second list.
-pub(super) fn askable<'v>(view: &'v [PeerView], seeds: &[String]) -> (Vec<&'v String>, Vec<String>) {
+pub(super) fn trusted_workers<'v>(view: &'v [PeerView], seeds: &[String]) -> (Vec<&'v String>, Vec<String>) {
     let mut ask = Vec::new();
     let mut skipped = Vec::new();
     for p in view.iter().filter(|p| p.liveness != Liveness::Dead) {
@@ -46,7 +46,7 @@ pub async fn list(
     seeds: &[String],
 ) -> anyhow::Result<(Vec<PoolJob>, Vec<String>)> {
     let mut jobs = Vec::new();
-    let (ask, mut silent) = askable(view, seeds);
+    let (ask, mut silent) = trusted_workers(view, seeds);
     for worker in ask {
         let resp = match http.get(routes::url(worker, routes::JOBS)).send().await {
             Ok(r) if r.status().is_success() => r,
@@ -94,7 +94,7 @@ pub enum CancelReport {
 /// token, no worker answering.
 pub async fn cancel(http: &reqwest::Client, view: &[PeerView], seeds: &[String], id: &str) -> anyhow::Result<CancelReport> {
     let mut answered = 0;
-    let (ask, mut errors) = askable(view, seeds);
+    let (ask, mut errors) = trusted_workers(view, seeds);
     for worker in ask {
         let resp = match http.delete(routes::url(worker, &routes::path(routes::JOB, id))).send().await {
             Ok(r) => r,

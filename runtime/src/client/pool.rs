@@ -213,7 +213,7 @@ impl Pool {
     /// What a worker's refusal of a job means for its placement: 422 and
     /// 503 (and a token withheld) send it to the next worker; a request no
     /// worker would take is fatal.
-    pub(super) fn refusal(&self, addr: &str, status: StatusCode, message: String, largest: Option<u64>) -> PeerError {
+    pub(super) fn read_refusal(&self, addr: &str, status: StatusCode, message: String, largest: Option<u64>) -> PeerError {
         match status {
             StatusCode::UNPROCESSABLE_ENTITY => PeerError::Declined(match largest {
                 Some(b) => format!("too large here (largest {})", Bytes(b)),
@@ -363,12 +363,12 @@ mod tests {
         let p = pool(&["a:1"]);
         let declined = |e: PeerError| matches!(e, PeerError::Declined(_));
         let fatal = |e: PeerError| matches!(e, PeerError::Fatal(_));
-        let too_large = p.refusal("a:1", StatusCode::UNPROCESSABLE_ENTITY, String::new(), Some(64 << 20));
+        let too_large = p.read_refusal("a:1", StatusCode::UNPROCESSABLE_ENTITY, String::new(), Some(64 << 20));
         assert!(matches!(&too_large, PeerError::Declined(m) if m.contains("64 MiB")), "{too_large:?}");
-        assert!(declined(p.refusal("a:1", StatusCode::SERVICE_UNAVAILABLE, "busy".into(), None)));
-        assert!(fatal(p.refusal("a:1", StatusCode::BAD_REQUEST, "bad spec".into(), None)), "no worker takes a bad request");
-        assert!(fatal(p.refusal("a:1", StatusCode::UNAUTHORIZED, "bad token".into(), None)), "our token, refused by one we named");
-        let withheld = p.refusal("b:2", StatusCode::UNAUTHORIZED, "a token, please".into(), None);
+        assert!(declined(p.read_refusal("a:1", StatusCode::SERVICE_UNAVAILABLE, "busy".into(), None)));
+        assert!(fatal(p.read_refusal("a:1", StatusCode::BAD_REQUEST, "bad spec".into(), None)), "no worker takes a bad request");
+        assert!(fatal(p.read_refusal("a:1", StatusCode::UNAUTHORIZED, "bad token".into(), None)), "our token, refused by one we named");
+        let withheld = p.read_refusal("b:2", StatusCode::UNAUTHORIZED, "a token, please".into(), None);
         assert!(matches!(&withheld, PeerError::Declined(m) if m.contains("goes only to workers you name")), "{withheld:?}");
     }
 

@@ -101,7 +101,7 @@ impl Pool {
                 if attempt + 1 < PROVIDE_ATTEMPTS && self.provide(addr, status, job, trees, sent).await? {
                     continue;
                 }
-                return Err(self.refusal(addr, status, message, largest));
+                return Err(self.read_refusal(addr, status, message, largest));
             }
             // Accepted: from here on stdin is spent on this worker.
             let _pump = AbortOnDrop(tokio::spawn(pump(std::mem::take(first), stdin.take(), body)));

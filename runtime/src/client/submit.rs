@@ -12,7 +12,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 
 use super::job::Job;
-use super::jobs::{CancelReport, askable};
+use super::jobs::{CancelReport, trusted_workers};
 use super::errors::PeerError;
 use super::pool::Pool;
 use crate::proto::submission::{HistoryRecord, ResultsPage, SubmissionInfo, SubmissionSpec, SubmitConfig};
@@ -73,7 +73,7 @@ pub async fn find(
     seeds: &[String],
     id: &str,
 ) -> anyhow::Result<Option<SubmissionInfo>> {
-    let (ask, mut errors) = askable(view, seeds);
+    let (ask, mut errors) = trusted_workers(view, seeds);
     let mut answered = 0;
     for worker in ask {
         match http.get(routes::url(worker, &routes::path(routes::SUBMISSION, id))).send().await {
@@ -115,7 +115,7 @@ pub async fn results_page(
     }
 }
 
-/// The caller's submissions on every askable worker of `view`; workers not
+/// The caller's submissions on every trusted_workers worker of `view`; workers not
 /// asked or not answering are named in the second list.
 pub async fn list(
     http: &reqwest::Client,
@@ -125,7 +125,7 @@ pub async fn list(
     gather(http, view, seeds, routes::SUBMISSIONS).await
 }
 
-/// The job history of every askable worker of `view` since `since_ms`
+/// The job history of every trusted_workers worker of `view` since `since_ms`
 /// (only `tenant`'s when given, which needs an operator's token for
 /// another tenant), oldest first.
 pub async fn history(
@@ -153,14 +153,14 @@ fn url_escape(s: &str) -> String {
         .collect()
 }
 
-/// GETs `path` (a JSON list) from every askable worker and concatenates.
+/// GETs `path` (a JSON list) from every trusted_workers worker and concatenates.
 async fn gather<T: serde::de::DeserializeOwned>(
     http: &reqwest::Client,
     view: &[PeerView],
     seeds: &[String],
     path: &str,
 ) -> anyhow::Result<(Vec<T>, Vec<String>)> {
-    let (ask, mut silent) = askable(view, seeds);
+    let (ask, mut silent) = trusted_workers(view, seeds);
     let mut all = Vec::new();
     for worker in ask {
         match http.get(routes::url(worker, path)).send().await {

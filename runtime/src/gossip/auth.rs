@@ -27,7 +27,7 @@ const HEADER: usize = 4 + 8 + 16 + 32;
 
 /// Why an envelope was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum Refused {
+pub enum BadEnvelope {
     /// Too short, or not an envelope at all.
     #[error("not an authenticated gossip message")]
     Malformed,
@@ -89,9 +89,9 @@ impl ClusterKey {
     }
 
     /// Checks an envelope received at `now_ms`; returns its payload.
-    pub fn open_at<'a>(&self, wire: &'a [u8], now_ms: u64) -> Result<&'a [u8], Refused> {
+    pub fn open_at<'a>(&self, wire: &'a [u8], now_ms: u64) -> Result<&'a [u8], BadEnvelope> {
         if wire.len() < HEADER || &wire[..4] != MAGIC {
-            return Err(Refused::Malformed);
+            return Err(BadEnvelope::Malformed);
         }
         let sent = u64::from_le_bytes(wire[4..12].try_into().expect("8 bytes"));
         let nonce: [u8; 16] = wire[12..28].try_into().expect("16 bytes");
@@ -99,14 +99,14 @@ impl ClusterKey {
         let mut mac = self.mac();
         mac.update(&wire[..28]);
         mac.update(payload);
-        mac.verify_slice(tag).map_err(|_| Refused::Forged)?;
+        mac.verify_slice(tag).map_err(|_| BadEnvelope::Forged)?;
         if sent.abs_diff(now_ms) > WINDOW_MS {
-            return Err(Refused::Replayed);
+            return Err(BadEnvelope::Replayed);
         }
         let mut seen = self.seen.lock();
         seen.retain(|_, at| at.abs_diff(now_ms) <= WINDOW_MS);
         if seen.insert(nonce, sent).is_some() {
-            return Err(Refused::Replayed);
+            return Err(BadEnvelope::Replayed);
         }
         Ok(payload)
     }
@@ -117,7 +117,7 @@ impl ClusterKey {
     }
 
     /// [`open_at`](Self::open_at) now.
-    pub fn open<'a>(&self, wire: &'a [u8]) -> Result<&'a [u8], Refused> {
+    pub fn open<'a>(&self, wire: &'a [u8]) -> Result<&'a [u8], BadEnvelope> {
         self.open_at(wire, unix_ms())
     }
 }
@@ -137,18 +137,18 @@ mod tests {
         let key = ClusterKey::new(*b"0123456789abcdef-cluster").unwrap();
         let wire = key.seal_at(b"hello", T);
         assert_eq!(key.open_at(&wire, T + 5).unwrap(), b"hello");
-        assert_eq!(key.open_at(&wire, T + 6), Err(Refused::Replayed), "the same message twice");
+        assert_eq!(key.open_at(&wire, T + 6), Err(BadEnvelope::Replayed), "the same message twice");
 
         let other = ClusterKey::new(*b"another key of 16+ bytes").unwrap();
-        assert_eq!(other.open_at(&key.seal_at(b"x", T), T), Err(Refused::Forged));
+        assert_eq!(other.open_at(&key.seal_at(b"x", T), T), Err(BadEnvelope::Forged));
         let mut altered = key.seal_at(b"hello", T);
         *altered.last_mut().unwrap() ^= 1;
-        assert_eq!(key.open_at(&altered, T), Err(Refused::Forged));
+        assert_eq!(key.open_at(&altered, T), Err(BadEnvelope::Forged));
 
         let stale = key.seal_at(b"old", T);
-        assert_eq!(key.open_at(&stale, T + WINDOW_MS + 1), Err(Refused::Replayed));
-        assert_eq!(key.open_at(b"PWG1 too short", T), Err(Refused::Malformed));
-        assert_eq!(key.open_at(&[0u8; 100], T), Err(Refused::Malformed));
+        assert_eq!(key.open_at(&stale, T + WINDOW_MS + 1), Err(BadEnvelope::Replayed));
+        assert_eq!(key.open_at(b"PWG1 too short", T), Err(BadEnvelope::Malformed));
+        assert_eq!(key.open_at(&[0u8; 100], T), Err(BadEnvelope::Malformed));
         assert!(ClusterKey::new(*b"short").is_err());
     }
 }

@@ -17,7 +17,7 @@ use rand::rngs::SmallRng;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::auth::{ClusterKey, Refused};
+use super::auth::{ClusterKey, BadEnvelope};
 use super::messages::{Ack, Syn, SynAck};
 use super::node::GossipNode;
 use crate::proto::POSTCARD;
@@ -129,7 +129,7 @@ pub enum GossipError {
     Malformed(String),
     /// Forged, stale or replayed (under a cluster key).
     #[error("{0}")]
-    Unauthenticated(Refused),
+    Unauthenticated(BadEnvelope),
 }
 
 impl<R: Clone> SharedNode<R> {

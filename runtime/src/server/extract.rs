@@ -29,7 +29,7 @@ use serde::de::DeserializeOwned;
 
 use super::response::text;
 use super::serve::Remote;
-use crate::worker::budget::{Charge, Payer, Refusal};
+use crate::worker::budget::{Charge, Payer, ChargeRefused};
 use crate::proto::{MAX_INPUT_BYTES, PROTOCOL_HEADER, PROTOCOL_VERSION};
 use crate::units::Bytes as Size;
 use crate::worker::state::Worker;
@@ -224,7 +224,7 @@ pub fn payer(parts: &axum::http::Extensions) -> Payer {
 }
 
 /// A 503 for a charge that did not fit, counted.
-pub fn over_budget(w: &Worker, e: Refusal) -> Response {
+pub fn over_budget(w: &Worker, e: ChargeRefused) -> Response {
     w.metrics.refused("request_bytes");
     let mut resp = text(StatusCode::SERVICE_UNAVAILABLE, e.to_string());
     resp.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(1));

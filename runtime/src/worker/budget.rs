@@ -69,7 +69,7 @@ impl std::fmt::Display for Payer {
 
 /// Why a charge was refused: shown to the caller (a 503).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
+pub enum ChargeRefused {
     /// The payer's own budget is used up.
     #[error("this worker holds {held} for your requests already (at most {limit} at once): try again when some have been answered")]
     Payer { held: Size, limit: Size },
@@ -150,7 +150,7 @@ impl Charge {
     }
 
     /// Charges `n` more bytes, or refuses them (charging nothing).
-    pub fn grow(&mut self, n: u64) -> Result<(), Refusal> {
+    pub fn grow(&mut self, n: u64) -> Result<(), ChargeRefused> {
         if n == 0 {
             return Ok(());
         }
@@ -159,11 +159,11 @@ impl Charge {
         let mut st = b.state.lock();
         let held = st.by_payer.get(&self.payer).copied().unwrap_or(0);
         if held.saturating_add(n) > limit {
-            return Err(Refusal::Payer { held: Size(held), limit: Size(limit) });
+            return Err(ChargeRefused::Payer { held: Size(held), limit: Size(limit) });
         }
         let stranger = matches!(self.payer, Payer::Address(_));
         if stranger && st.strangers.saturating_add(n) > UNAUTHENTICATED_TOTAL {
-            return Err(Refusal::Strangers(Size(st.strangers)));
+            return Err(ChargeRefused::Strangers(Size(st.strangers)));
         }
         // The ledger first; past its room, the overdraft.
         let over = if self.hold.try_grow(n, false) {
@@ -171,7 +171,7 @@ impl Charge {
         } else if st.overdraft.saturating_add(n) <= OVERDRAFT {
             n
         } else {
-            return Err(Refusal::Memory);
+            return Err(ChargeRefused::Memory);
         };
         st.overdraft += over;
         if stranger {
@@ -235,7 +235,7 @@ mod tests {
         let mut one = b.charge(alice.clone());
         one.grow(6 * MIB).unwrap();
         let mut two = b.charge(alice.clone());
-        assert!(matches!(two.grow(6 * MIB), Err(Refusal::Payer { .. })));
+        assert!(matches!(two.grow(6 * MIB), Err(ChargeRefused::Payer { .. })));
         assert_eq!(b.held_by(&alice), 6 * MIB, "a refused charge holds nothing");
         // Another tenant is not charged for alice.
         b.charge(Payer::Tenant("bob".into())).grow(10 * MIB).unwrap();
@@ -255,11 +255,11 @@ mod tests {
         for i in 1..=4 {
             let mut c = b.charge(addr(i));
             c.grow(UNAUTHENTICATED_PER_ADDRESS).unwrap();
-            assert!(matches!(c.grow(1), Err(Refusal::Payer { .. })));
+            assert!(matches!(c.grow(1), Err(ChargeRefused::Payer { .. })));
             held.push(c);
         }
         assert_eq!(held.len() as u64 * UNAUTHENTICATED_PER_ADDRESS, UNAUTHENTICATED_TOTAL);
-        assert!(matches!(b.charge(addr(5)).grow(1), Err(Refusal::Strangers(_))));
+        assert!(matches!(b.charge(addr(5)).grow(1), Err(ChargeRefused::Strangers(_))));
         held.pop();
         b.charge(addr(5)).grow(1).unwrap();
     }
@@ -273,7 +273,7 @@ mod tests {
         assert_eq!(b.ledger.offer(), 0, "request bytes come out of what the worker offers");
         let mut over = b.charge(alice.clone());
         over.grow(OVERDRAFT).unwrap();
-        assert_eq!(over.grow(1), Err(Refusal::Memory));
+        assert_eq!(over.grow(1), Err(ChargeRefused::Memory));
         drop(a);
         // The overdraft is given back first; the ledger takes the rest.
         over.grow(MIB).unwrap();

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::admission::{Queued, Refusal};
+use super::admission::{Queued, NotAdmitted};
 use super::fairshare::JobUsage;
 use super::ledger::Hold;
 use super::filestore::TreePins;
@@ -182,7 +182,7 @@ fn admit(w: &Worker, tenant: &Arc<Tenant>, spec: &JobSpec) -> Result<(Queued, Pi
         false => Some(w.files.pin_trees(&tenant.name, &spec.trees).map_err(Refused::MissingFiles)?),
     };
     let pins = Pins { _module: w.runner.pin_module(&spec.module), trees };
-    let queued = w.admission.enqueue(tenant, spec.limits.memory_bytes, spec.encoded_len()).map_err(|r| refusal(w, r))?;
+    let queued = w.admission.enqueue(tenant, spec.limits.memory_bytes, spec.encoded_len()).map_err(|r| not_admitted(w, r))?;
     Ok((queued, pins))
 }
 
@@ -253,9 +253,9 @@ fn check_guest_paths(spec: &JobSpec) -> Result<(), Refused> {
 
 /// An admission refusal as the job's refusal: counted, and a warning for
 /// the operator when someone wants more memory than this worker lends.
-fn refusal(w: &Worker, r: Refusal) -> Refused {
+fn not_admitted(w: &Worker, r: NotAdmitted) -> Refused {
     match r {
-        Refusal::NeverFits { requested, largest } => {
+        NotAdmitted::NeverFits { requested, largest } => {
             w.metrics.refused("never_fits");
             w.warnings.event(
                 super::warnings::WarningKind::RefusedForMemory,
@@ -270,7 +270,7 @@ fn refusal(w: &Worker, r: Refusal) -> Refused {
                 largest,
             }
         }
-        Refusal::Busy => {
+        NotAdmitted::Busy => {
             w.metrics.refused("queue_full");
             Refused::Busy("this worker's queue for your jobs is full".into())
         }
@@ -320,7 +320,7 @@ async fn in_turn(turn: Turn) -> Result<JobResult, Refused> {
             r.peer = w.addr.clone();
             return Ok(r);
         }
-        ticket = queued.ticket() => ticket.map_err(|r| refusal(&w, r))?,
+        ticket = queued.ticket() => ticket.map_err(|r| not_admitted(&w, r))?,
     };
     w.jobs.set(&id, JobState::Running);
     // The sandbox enforces what the ticket reserved: one number, from

@@ -95,7 +95,7 @@ impl AdmissionConfig {
 
 /// Why a job was not admitted.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Refusal {
+pub enum NotAdmitted {
     /// It asks for more than this worker could ever give this tenant.
     NeverFits { requested: u64, largest: u64 },
     /// The tenant's queue is full; try elsewhere or later.
@@ -271,7 +271,7 @@ impl Admission {
 
     /// Waits for a slot and `memreq` bytes for `tenant`, or refuses. A
     /// cancelled wait leaves the queue.
-    pub async fn admit(self: &Arc<Self>, tenant: &Arc<Tenant>, memreq: u64) -> Result<Ticket, Refusal> {
+    pub async fn admit(self: &Arc<Self>, tenant: &Arc<Tenant>, memreq: u64) -> Result<Ticket, NotAdmitted> {
         self.enqueue(tenant, memreq, 0)?.ticket().await
     }
 
@@ -280,10 +280,10 @@ impl Admission {
     /// never fit, or it cannot start now and its tenant's queue is full (in
     /// jobs or in bytes). The job's place is given up when the returned
     /// [`Queued`] is dropped.
-    pub fn enqueue(self: &Arc<Self>, tenant: &Arc<Tenant>, memreq: u64, held: u64) -> Result<Queued, Refusal> {
+    pub fn enqueue(self: &Arc<Self>, tenant: &Arc<Tenant>, memreq: u64, held: u64) -> Result<Queued, NotAdmitted> {
         let largest = self.largest_for(tenant);
         if memreq > largest {
-            return Err(Refusal::NeverFits { requested: memreq, largest });
+            return Err(NotAdmitted::NeverFits { requested: memreq, largest });
         }
         let (tx, rx) = oneshot::channel();
         let id = {
@@ -295,7 +295,7 @@ impl Admission {
             // that must wait (for a slot, or for memory) does.
             // (The ledger's offer reads host memory: only asked when full.)
             if full && !(st.busy < self.config.slots && memreq <= self.ledger.offer()) {
-                return Err(Refusal::Busy);
+                return Err(NotAdmitted::Busy);
             }
             st.next_id += 1;
             let id = st.next_id;
@@ -351,7 +351,7 @@ impl Admission {
         let ceiling = self.ledger.ceiling();
         for w in st.queue.take_hopeless(overdue, |w| w.memreq > ceiling) {
             tracing::info!(tenant = %w.tenant.name, memreq = w.memreq, ceiling, "refusing a job the host cannot hold");
-            let _ = w.tx.send(Err(Refusal::NeverFits { requested: w.memreq, largest: ceiling }));
+            let _ = w.tx.send(Err(NotAdmitted::NeverFits { requested: w.memreq, largest: ceiling }));
         }
     }
 
@@ -401,7 +401,7 @@ impl Admission {
 pub struct Queued {
     admission: Arc<Admission>,
     id: u64,
-    rx: oneshot::Receiver<Result<Ticket, Refusal>>,
+    rx: oneshot::Receiver<Result<Ticket, NotAdmitted>>,
     /// Whether it may still be in the queue (no answer taken yet).
     queued: bool,
 }
@@ -409,10 +409,10 @@ pub struct Queued {
 impl Queued {
     /// Waits until the job may start (or is refused after all: it waited
     /// past the hold bound and the host can never hold it).
-    pub async fn ticket(mut self) -> Result<Ticket, Refusal> {
+    pub async fn ticket(mut self) -> Result<Ticket, NotAdmitted> {
         // The sender lives in the queue until it is used, so this is an
         // answer unless the admission itself went away.
-        let answer = (&mut self.rx).await.unwrap_or(Err(Refusal::Busy));
+        let answer = (&mut self.rx).await.unwrap_or(Err(NotAdmitted::Busy));
         // Whoever answered took it out of the queue.
         self.queued = false;
         answer
@@ -451,7 +451,7 @@ mod tests {
         let t = Arc::new(Tenant::new("t"));
         assert_eq!(
             adm.admit(&t, 200 * MIB).await.err(),
-            Some(Refusal::NeverFits { requested: 200 * MIB, largest: 100 * MIB })
+            Some(NotAdmitted::NeverFits { requested: 200 * MIB, largest: 100 * MIB })
         );
         let a = adm.admit(&t, 70 * MIB).await.unwrap();
         // 70 + 50 > 100: waits in the queue.
@@ -463,7 +463,7 @@ mod tests {
         drop(adm.admit(&t, 10 * MIB).await.expect("10 MiB fits beside 70"));
         // Both slots taken, and the tenant's queue (1) is full.
         let b = adm.admit(&t, 10 * MIB).await.unwrap();
-        assert_eq!(adm.admit(&t, 10 * MIB).await.err(), Some(Refusal::Busy));
+        assert_eq!(adm.admit(&t, 10 * MIB).await.err(), Some(NotAdmitted::Busy));
         // Another tenant has a queue of its own.
         let other = Arc::new(Tenant::new("other"));
         let (adm3, o) = (adm.clone(), other.clone());
@@ -539,11 +539,11 @@ mod tests {
         // Seven slots free, but no memory: the queue limit of 2 holds.
         let q1 = adm.enqueue(&t, 50 * MIB, 0).unwrap();
         let q2 = adm.enqueue(&t, 50 * MIB, 0).unwrap();
-        assert_eq!(adm.enqueue(&t, 50 * MIB, 0).err(), Some(Refusal::Busy));
+        assert_eq!(adm.enqueue(&t, 50 * MIB, 0).err(), Some(NotAdmitted::Busy));
         drop((q1, q2));
         // Bytes: 6 + 6 MiB of inputs is over 10 MiB.
         let q = adm.enqueue(&t, 50 * MIB, 6 * MIB).unwrap();
-        assert_eq!(adm.enqueue(&t, 50 * MIB, 6 * MIB).err(), Some(Refusal::Busy));
+        assert_eq!(adm.enqueue(&t, 50 * MIB, 6 * MIB).err(), Some(NotAdmitted::Busy));
         drop((q, big));
         // A job that starts at once needs no room in the queue.
         let _a = adm.enqueue(&t, 10 * MIB, 20 * MIB).expect("starts at once");
@@ -595,7 +595,7 @@ mod tests {
         let hopeless = adm.enqueue(&t, capacity, 0).expect("no larger than the capacity: queued");
         let refused = tokio::time::timeout(Duration::from_secs(2), hopeless.ticket()).await.unwrap();
         match refused {
-            Err(Refusal::NeverFits { largest, .. }) => assert_eq!(largest, ceiling),
+            Err(NotAdmitted::NeverFits { largest, .. }) => assert_eq!(largest, ceiling),
             Err(e) => panic!("refused for the wrong reason: {e:?}"),
             Ok(_) => panic!("admitted a job larger than the host"),
         }

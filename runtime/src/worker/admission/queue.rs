@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use tokio::sync::oneshot;
 
-use super::{Refusal, Ticket};
+use super::{NotAdmitted, Ticket};
 use crate::worker::tenants::Tenant;
 
 /// A job waiting for its ticket.
@@ -32,7 +32,7 @@ pub(super) struct Waiter {
     /// When it was queued.
     pub since: Instant,
     /// Where its ticket (or refusal) goes.
-    pub tx: oneshot::Sender<Result<Ticket, Refusal>>,
+    pub tx: oneshot::Sender<Result<Ticket, NotAdmitted>>,
 }
 
 /// One tenant's waiting jobs, oldest first.
