@@ -32,6 +32,9 @@
 //!   ([`PeerView`](gossip::PeerView));
 //! * [`proto`] — wire types: [`JobSpec`](proto::JobSpec) in,
 //!   [`JobResult`](proto::JobResult) and [`Outcome`](proto::Outcome) out;
+//! * [`net`] — how processes reach each other: plain HTTP or TLS with the
+//!   pool's CA ([`Transport`](net::Transport)), certificates made
+//!   (`peerwasm tls`), and connection failures said in words;
 //! * [`units`] — sizes, durations and tables as people write and read them.
 //!
 //! # Example
@@ -52,6 +55,7 @@
 pub mod cli;
 pub mod client;
 pub mod gossip;
+pub mod net;
 pub mod owner;
 pub mod proto;
 pub mod runner;
@@ -66,7 +70,7 @@ mod layering {
     //! The house is layered: a module uses only the modules below it.
 
     /// Bottom up: each may use only those before it.
-    const LAYERS: [&str; 11] = ["units", "proto", "gossip", "sandbox", "runner", "slot", "worker", "client", "owner", "server", "cli"];
+    const LAYERS: [&str; 12] = ["units", "net", "proto", "gossip", "sandbox", "runner", "slot", "worker", "client", "owner", "server", "cli"];
 
     #[test]
     fn each_module_uses_only_the_layers_below_it() {

@@ -49,6 +49,8 @@ async fn the_sbatch_recipe_starts_one_worker_per_node_joined_into_one_pool() {
     );
     let nodes: Vec<&str> = net.hosts.iter().map(|h| h.ip.as_str()).collect();
     let recipe = peerwasm_testkit::workspace_root().join("contrib/slurm/peerwasm-pool.sbatch");
+    // The recipe makes the allocation's CA and the nodes' certificates here.
+    let tls_dir = shims.path().join("tls");
     let path = format!("{}:{}", shims.path().display(), std::env::var("PATH").unwrap_or_default());
     let mut job = Command::new("bash")
         .arg(&recipe)
@@ -58,6 +60,7 @@ async fn the_sbatch_recipe_starts_one_worker_per_node_joined_into_one_pool() {
         .env("SLURM_CPUS_PER_TASK", "2")
         .env("PEERWASM", crate::support::PEERWASM)
         .env("PEERWASM_PORT", "7070")
+        .env("PEERWASM_TLS_DIR", &tls_dir)
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(shims.path().join("job.err")).unwrap())
         .process_group(0)
@@ -81,20 +84,30 @@ async fn the_sbatch_recipe_starts_one_worker_per_node_joined_into_one_pool() {
     }
     let _scancel = Scancel(job.id() as i32);
 
-    // The workers take a moment to start: wait for the seed to answer.
+    // Every hop is TLS with the allocation's CA: the workers take a moment
+    // to start, so wait for the seed to answer.
+    let ca = tls_dir.join("ca.crt");
     let start = std::time::Instant::now();
-    while reqwest::get(format!("http://{seed}/v1/peers")).await.is_err() {
+    while !ca.exists() {
+        assert!(start.elapsed() < Duration::from_secs(30), "the recipe made no CA");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let http = crate::pool::operator(&peerwasm::net::Transport::tls(&ca).unwrap());
+    let peers_url = http.url(&seed, "/v1/peers");
+    while http.get(&peers_url).send().await.is_err() {
         assert!(start.elapsed() < Duration::from_secs(30), "the seed worker never answered");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let view = wait_for(&seed, Duration::from_secs(30), |v| alive(v) == 3).await;
+    assert!(reqwest::get(format!("http://{seed}/v1/peers")).await.is_err(), "the seed answers plain HTTP too");
+    let view = crate::pool::wait_for_via(&http, &seed, Duration::from_secs(30), |v| alive(v) == 3).await;
     let mut addrs: Vec<String> = view.iter().map(|p| p.advert.addr.clone()).collect();
     addrs.sort();
     assert_eq!(addrs, nodes.iter().map(|n| format!("{n}:7070")).collect::<Vec<_>>(), "one worker per node, by name");
     assert!(view.iter().all(|p| p.advert.slots_total == 2), "--cpus-per-task slots each");
 
     let client = tempfile::tempdir().unwrap();
-    let map = MapProcess::start("sleep", &["--mem", "32MiB", "--peers", &seed], &"30\n".repeat(90), client.path());
+    let ca_arg = ca.to_str().unwrap();
+    let map = MapProcess::start("sleep", &["--mem", "32MiB", "--peers", &seed, "--tls-ca", ca_arg], &"30\n".repeat(90), client.path());
     let (out, lines) = map.finish();
     let log = std::fs::read_to_string(shims.path().join("job.err")).unwrap_or_default();
     assert_eq!(out.status.code(), Some(0), "{}\nthe job's stderr:\n{log}", stderr(&out));
@@ -108,7 +121,7 @@ async fn the_sbatch_recipe_starts_one_worker_per_node_joined_into_one_pool() {
     unsafe { libc::kill(-(job.id() as i32), libc::SIGTERM) };
     tokio::task::spawn_blocking(move || job.wait()).await.unwrap().unwrap();
     let start = std::time::Instant::now();
-    while reqwest::get(format!("http://{seed}/v1/peers")).await.is_ok() {
+    while http.get(&peers_url).send().await.is_ok() {
         assert!(start.elapsed() < Duration::from_secs(20), "the workers outlived the Slurm job");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

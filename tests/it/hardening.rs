@@ -297,7 +297,7 @@ async fn tenants_see_only_their_own_usage_and_operators_see_all() {
     let names_seen_by = |token: Option<&'static str>| {
         let addr = w.addr.clone();
         async move {
-            let http = peerwasm::client::pool::http_client(token).unwrap();
+            let http = peerwasm::client::pool::http_client(token, &peerwasm::net::Transport::plain()).unwrap();
             let view = peerwasm::client::fetch_peers(&http, &[addr]).await.unwrap();
             view[0].advert.tenants.iter().map(|t| t.tenant.clone()).collect::<Vec<_>>()
         }
@@ -306,7 +306,7 @@ async fn tenants_see_only_their_own_usage_and_operators_see_all() {
     assert_eq!(names_seen_by(Some(ALICE)).await, ["alice"]);
     assert_eq!(names_seen_by(Some(BOB)).await, ["bob"]);
     assert_eq!(names_seen_by(Some(CAROL)).await, ["alice", "bob"], "the operator sees all");
-    let bad = peerwasm::client::pool::http_client(Some("guess")).unwrap();
+    let bad = peerwasm::client::pool::http_client(Some("guess"), &peerwasm::net::Transport::plain()).unwrap();
     assert!(peerwasm::client::fetch_peers(&bad, &[w.addr.clone()]).await.is_err(), "a wrong token is refused");
     // The text page and `peerwasm peers` still work for anyone.
     let page = reqwest::get(format!("http://{}/", w.addr)).await.unwrap();
@@ -314,7 +314,7 @@ async fn tenants_see_only_their_own_usage_and_operators_see_all() {
     let metrics = |token: Option<&'static str>| {
         let addr = w.addr.clone();
         async move {
-            let http = peerwasm::client::pool::http_client(token).unwrap();
+            let http = peerwasm::client::pool::http_client(token, &peerwasm::net::Transport::plain()).unwrap();
             http.get(format!("http://{addr}/metrics")).send().await.unwrap()
         }
     };

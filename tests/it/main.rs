@@ -2,8 +2,8 @@
 //! in-process workers over real HTTP), the `peerwasm` command line,
 //! pools, batches, maps over a pool, tenants, files and streams, the life
 //! of a job, durable submissions, hostile guests and requests, faults,
-//! soak, clusters, what a worker shows, and the budgets of what requests
-//! make it hold. One test binary (each links
+//! soak, clusters, what a worker shows, the budgets of what requests
+//! make it hold, and TLS on every hop. One test binary (each links
 //! wasmtime), one module per area.
 
 mod batch;
@@ -26,4 +26,5 @@ mod streams;
 mod submissions;
 mod support;
 mod tenants;
+mod tls;
 mod wire;

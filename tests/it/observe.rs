@@ -42,7 +42,7 @@ fn parse(text: &str) -> HashMap<String, f64> {
 /// `addr`'s metrics, scraped with the operator's token (`tenants::CAROL`):
 /// with `--tenants` they are an operator's to read.
 pub(crate) async fn scrape(addr: &str) -> HashMap<String, f64> {
-    let operator = peerwasm::client::pool::http_client(Some(crate::tenants::CAROL)).unwrap();
+    let operator = peerwasm::client::pool::http_client(Some(crate::tenants::CAROL), &peerwasm::net::Transport::plain()).unwrap();
     let resp = operator.get(format!("http://{addr}/metrics")).send().await.unwrap();
     assert_eq!(resp.status(), 200);
     let content_type = resp.headers()["content-type"].to_str().unwrap().to_string();

@@ -20,15 +20,34 @@ fn http() -> reqwest::Client {
 /// (`tenants::CAROL`), so it shows every tenant's usage on workers with
 /// `--tenants` (a worker without them takes any token).
 pub(crate) async fn view(addr: &str) -> Vec<PeerView> {
-    let operator = peerwasm::client::pool::http_client(Some(crate::tenants::CAROL)).unwrap();
-    peerwasm::client::fetch_peers(&operator, &[addr.to_string()]).await.expect("a pool view")
+    view_via(&operator(&peerwasm::net::Transport::plain()), addr).await
+}
+
+/// The tenants file's operator on `transport` (who sees every tenant's usage).
+pub(crate) fn operator(transport: &peerwasm::net::Transport) -> peerwasm::net::HttpClient {
+    peerwasm::client::pool::http_client(Some(crate::tenants::CAROL), transport).unwrap()
+}
+
+/// `addr`'s view, asked with `http`.
+pub(crate) async fn view_via(http: &peerwasm::net::HttpClient, addr: &str) -> Vec<PeerView> {
+    peerwasm::client::fetch_peers(http, &[addr.to_string()]).await.expect("a pool view")
 }
 
 /// Polls `addr`'s view until `done`, for at most `limit`.
 pub(crate) async fn wait_for(addr: &str, limit: Duration, done: impl Fn(&[PeerView]) -> bool) -> Vec<PeerView> {
+    wait_for_via(&operator(&peerwasm::net::Transport::plain()), addr, limit, done).await
+}
+
+/// [`wait_for`], asking with `http`.
+pub(crate) async fn wait_for_via(
+    http: &peerwasm::net::HttpClient,
+    addr: &str,
+    limit: Duration,
+    done: impl Fn(&[PeerView]) -> bool,
+) -> Vec<PeerView> {
     let start = Instant::now();
     loop {
-        let v = view(addr).await;
+        let v = view_via(http, addr).await;
         if done(&v) {
             return v;
         }

@@ -73,7 +73,7 @@ pub(crate) async fn post(addr: &str, spec: &JobSpec, token: Option<&str>, detach
 
 /// This worker's advert, as the operator sees it (every tenant's usage).
 pub(crate) async fn me(addr: &str) -> peerwasm::proto::Advert {
-    let operator = peerwasm::client::pool::http_client(Some(CAROL)).unwrap();
+    let operator = peerwasm::client::pool::http_client(Some(CAROL), &peerwasm::net::Transport::plain()).unwrap();
     let v: Vec<PeerView> = peerwasm::client::fetch_peers(&operator, &[addr.to_string()]).await.unwrap();
     v.into_iter().find(|p| p.advert.addr == addr).unwrap().advert
 }

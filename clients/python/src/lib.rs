@@ -152,7 +152,10 @@ fn target(peers: Option<Vec<String>>, token: Option<String>) -> PyResult<Target>
     match peers {
         Some(p) if !p.is_empty() => {
             let token = token.or_else(|| std::env::var("PEERWASM_TOKEN").ok());
-            let pool = Pool::new(PoolConfig { token, hash_cache: dirs_cache(), ..PoolConfig::new(p) })
+            // TLS as the command line has it: PEERWASM_TLS_CA names the
+            // pool's CA; PEERWASM_INSECURE_HTTP=1 lets a token go in clear.
+            let transport = peerwasm::net::Transport::from_env().map_err(|e| PyValueError::new_err(format!("{e:#}")))?;
+            let pool = Pool::new(PoolConfig { token, hash_cache: dirs_cache(), transport, ..PoolConfig::new(p) })
                 .map_err(|e| PyValueError::new_err(format!("{e:#}")))?;
             Ok(Target::Pool(Arc::new(pool)))
         }

@@ -106,9 +106,9 @@ def test_ctrl_c_cancels_a_job():
     assert out.strip() == "interrupted"
 
 
-def _worker(join=None):
+def _worker(join=None, extra=()):
     args = [str(PEERWASM), "worker", "--listen", "127.0.0.1:0", "--memory", "1GiB", "--reserve", "0",
-            "--slots", "2", "--gossip-interval", "100ms"]
+            "--slots", "2", "--gossip-interval", "100ms", *extra]
     if join:
         args += ["--join", join]
     if os.environ.get("PEERWASM_CACHE_DIR"):
@@ -150,3 +150,27 @@ def test_map_on_a_two_worker_pool(pool):
     assert {r.peer for r in results} == set(pool), "both workers ran jobs"
     r = peerwasm.run(PRIMES, stdin='{"n": 100}', peers=pool)
     assert r.output == {"count": 25} and r.peer in pool
+
+
+def test_a_pool_over_tls(tmp_path, monkeypatch):
+    """With PEERWASM_TLS_CA the client speaks TLS, trusting that CA alone;
+    without it, it cannot reach a TLS worker, and says why."""
+    if not PEERWASM.exists():
+        pytest.fail(f"no peerwasm binary at {PEERWASM}")
+    tls = tmp_path / "tls"
+    subprocess.run([str(PEERWASM), "tls", "init", str(tls)], check=True, capture_output=True)
+    subprocess.run([str(PEERWASM), "tls", "issue", str(tls), "127.0.0.1"], check=True, capture_output=True)
+    w, addr = _worker(extra=["--tls-cert", str(tls / "127.0.0.1.crt"), "--tls-key", str(tls / "127.0.0.1.key"),
+                             "--tls-ca", str(tls / "ca.crt")])
+    try:
+        monkeypatch.delenv("PEERWASM_TLS_CA", raising=False)
+        with pytest.raises(Exception, match="does this worker serve TLS"):
+            peerwasm.run(PRIMES, stdin='{"n": 100}', peers=[addr])
+        monkeypatch.setenv("PEERWASM_TLS_CA", str(tls / "ca.crt"))
+        r = peerwasm.run(PRIMES, stdin='{"n": 100}', peers=[addr])
+        assert r.output == {"count": 25} and r.peer == addr
+        results = peerwasm.map(PRIMES, [{"n": 10 * (i + 1)} for i in range(8)], peers=[addr], mem="64MiB")
+        assert [r.output["count"] for r in results] == [4, 8, 10, 12, 15, 17, 19, 22]
+    finally:
+        w.kill()
+        w.wait()

@@ -21,6 +21,39 @@ pub struct PoolArgs {
     /// Your tenant token, for workers started with --tenants.
     #[arg(long, env = "PEERWASM_TOKEN", value_name = "TOKEN", hide_env_values = true)]
     pub(super) token: Option<String>,
+    #[command(flatten)]
+    pub(super) tls: TlsArgs,
+}
+
+/// How a client reaches workers: TLS trusting the pool's CA, or plain
+/// HTTP (which carries a token off loopback only when told to).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct TlsArgs {
+    /// The pool CA's certificate (PEM, as `peerwasm tls init` made it):
+    /// talk TLS to the workers, trusting this CA alone.
+    #[arg(long, env = crate::net::transport::TLS_CA_ENV, value_name = "FILE")]
+    pub(super) tls_ca: Option<PathBuf>,
+    /// Send the token over plain HTTP to workers off loopback, where anyone
+    /// on the network between can read it (refused otherwise).
+    #[arg(long, env = crate::net::transport::INSECURE_HTTP_ENV, conflicts_with = "tls_ca")]
+    pub(super) insecure_http: bool,
+}
+
+impl TlsArgs {
+    /// The transport these arguments describe.
+    pub(super) fn transport(&self) -> anyhow::Result<crate::net::Transport> {
+        crate::net::Transport::new(self.tls_ca.as_deref(), self.insecure_http)
+    }
+
+    /// A client for `peers` carrying `token`: refused if the token would
+    /// cross the network in clear to one of them.
+    pub(super) fn client(&self, token: Option<&str>, peers: &[String]) -> anyhow::Result<crate::net::HttpClient> {
+        let transport = self.transport()?;
+        if token.is_some() {
+            transport.check_token_hops(peers)?;
+        }
+        crate::client::pool::http_client(token, &transport)
+    }
 }
 
 impl PoolArgs {
@@ -44,6 +77,7 @@ impl PoolArgs {
         let config = crate::client::PoolConfig {
             token: self.token.clone(),
             hash_cache: cache_root,
+            transport: self.tls.transport()?,
             ..crate::client::PoolConfig::new(self.peers.clone())
         };
         Ok(Some(crate::client::Target::Pool(std::sync::Arc::new(crate::client::Pool::new(config)?))))
@@ -63,13 +97,15 @@ pub struct ViewArgs {
     /// own usage, an operator's everyone's; without one no tenant's shows.
     #[arg(long, env = "PEERWASM_TOKEN", value_name = "TOKEN", hide_env_values = true)]
     pub(super) token: Option<String>,
+    #[command(flatten)]
+    pub(super) tls: TlsArgs,
 }
 
 impl ViewArgs {
     /// Fetches the pool view from the first worker that answers.
     pub(super) fn fetch(&self) -> anyhow::Result<Vec<crate::gossip::PeerView>> {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        let http = crate::client::pool::http_client(self.token.as_deref())?;
+        let http = self.tls.client(self.token.as_deref(), &self.peers)?;
         runtime.block_on(async {
             tokio::time::timeout(std::time::Duration::from_secs(10), crate::client::fetch_peers(&http, &self.peers))
                 .await

@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 
 use crate::client::jobs::{CancelReport, cancel, list};
-use crate::client::pool::http_client;
+use crate::net::HttpClient;
 use crate::units::Bytes;
 
 #[derive(clap::Args, Debug)]
@@ -43,12 +43,12 @@ pub fn list_jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The HTTP client with the tenant's token, and a runtime to use it on.
-pub(super) fn pool_client(pool: &super::args::PoolArgs, what: &str) -> anyhow::Result<(reqwest::Client, tokio::runtime::Runtime)> {
+pub(super) fn pool_client(pool: &super::args::PoolArgs, what: &str) -> anyhow::Result<(HttpClient, tokio::runtime::Runtime)> {
     if pool.peers.is_empty() {
         anyhow::bail!("{what} needs the pool: give --peers or PEERWASM_PEERS (a job of the embedded worker ends with its command)");
     }
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    Ok((http_client(pool.token.as_deref())?, runtime))
+    Ok((pool.tls.client(pool.token.as_deref(), &pool.peers)?, runtime))
 }
 
 #[derive(clap::Args, Debug)]

@@ -10,6 +10,7 @@ mod progress;
 mod run;
 mod status;
 mod submissions;
+mod tls;
 mod worker;
 
 use std::process::ExitCode;
@@ -50,6 +51,9 @@ enum Command {
     Worker(worker::WorkerArgs),
     /// List the pool's workers.
     Peers(peers::PeersArgs),
+    /// Make the pool's TLS certificates: a CA, then one per worker.
+    #[command(subcommand)]
+    Tls(tls::TlsCommand),
     /// The pool on one screen: workers, slots, memory, per-tenant usage.
     Status(status::StatusArgs),
     /// A worker's slot process (started by `peerwasm worker`, not by hand):
@@ -98,6 +102,7 @@ where
         Command::Worker(args) => worker::run(args),
         Command::Peers(args) => peers::run(args),
         Command::Status(args) => status::run(args),
+        Command::Tls(command) => tls::run(command),
         Command::Slot => crate::slot::child::serve().map(|()| ExitCode::SUCCESS),
     };
     match result {

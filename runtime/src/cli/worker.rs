@@ -94,6 +94,22 @@ pub struct WorkerArgs {
     /// other machines (anyone who reaches the port can forge adverts).
     #[arg(long, conflicts_with = "cluster_key")]
     insecure_gossip: bool,
+    /// Serve TLS with this certificate (PEM; `peerwasm tls issue` makes
+    /// one): clients and peers then reach this worker only over TLS.
+    #[arg(long, value_name = "FILE", requires_all = ["tls_key", "tls_ca"])]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM; this user's alone: made 0600
+    /// if it is open to others).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// The pool CA's certificate (PEM): this worker trusts it when it
+    /// talks to its peers (gossip, the jobs of the maps it owns).
+    #[arg(long, value_name = "FILE", env = crate::net::transport::TLS_CA_ENV, requires = "tls_cert")]
+    tls_ca: Option<PathBuf>,
+    /// Serve plain HTTP with --tenants although --listen is reachable from
+    /// other machines: tenants' tokens then cross the network in clear.
+    #[arg(long, conflicts_with = "tls_cert")]
+    insecure_http: bool,
     /// Half-life of tenants' usage in fair share.
     #[arg(long, value_name = "DUR", default_value_t = Span(crate::worker::fairshare::DEFAULT_HALF_LIFE))]
     usage_half_life: Span,
@@ -276,6 +292,11 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         hold_after: args.hold_after.0,
         cluster_key: args.cluster_key,
         insecure_gossip: args.insecure_gossip,
+        tls: match (args.tls_cert, args.tls_key, args.tls_ca) {
+            (Some(cert), Some(key), Some(ca)) => Some(crate::net::tls::WorkerTls { cert, key, ca }),
+            _ => None,
+        },
+        insecure_http: args.insecure_http,
         max_queued: args.max_queued,
         max_queued_bytes: args.max_queued_bytes.0,
         advertise: args.advertise.clone(),

@@ -9,6 +9,7 @@
 //! linger up to [`LINGER`] to gather more. Answers come back one frame per
 //! job, as each ends, so a batch never makes a short job wait for a long one.
 
+use crate::net::HttpClient;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -68,7 +69,7 @@ impl Batchers {
         addr: &str,
         slots: u32,
         spec: bytes::Bytes,
-        http: &reqwest::Client,
+        http: &HttpClient,
     ) -> Result<BatchAnswer, PeerError> {
         let (reply, answer) = oneshot::channel();
         {
@@ -87,10 +88,10 @@ impl Batchers {
 }
 
 /// A lane to `addr`, sending with `http`.
-fn open(addr: &str, http: &reqwest::Client) -> Lane {
+fn open(addr: &str, http: &HttpClient) -> Lane {
     let (queue, rx) = mpsc::unbounded_channel();
     let lane = Lane { queue, outstanding: Arc::new(AtomicUsize::new(0)), slots: Arc::new(AtomicUsize::new(1)) };
-    let (http, url, outstanding) = (http.clone(), routes::url(addr, routes::BATCH), lane.outstanding.clone());
+    let (http, url, outstanding) = (http.clone(), http.url(addr, routes::BATCH), lane.outstanding.clone());
     let dispatch = move |batch| {
         tokio::spawn(send(http.clone(), url.clone(), batch, outstanding.clone()));
     };
@@ -130,7 +131,7 @@ async fn gather(
 }
 
 /// Sends one batch and hands each answer to its job as its frame arrives.
-async fn send(http: reqwest::Client, url: String, batch: Vec<Waiting>, outstanding: Arc<AtomicUsize>) {
+async fn send(http: HttpClient, url: String, batch: Vec<Waiting>, outstanding: Arc<AtomicUsize>) {
     let body = batch_body(batch.iter().map(|w| &w.spec[..]));
     let count = batch.len();
     let waiting: Mutex<Vec<Option<oneshot::Sender<_>>>> = Mutex::new(batch.into_iter().map(|w| Some(w.reply)).collect());
@@ -181,7 +182,7 @@ fn batch_body<'a>(specs: impl ExactSizeIterator<Item = &'a [u8]> + Clone) -> Vec
 
 /// The HTTP exchange of one batch; calls `answer` for each job answered.
 async fn exchange(
-    http: &reqwest::Client,
+    http: &HttpClient,
     url: &str,
     body: Vec<u8>,
     count: usize,

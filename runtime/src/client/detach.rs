@@ -7,6 +7,7 @@
 //! (`GET /v1/jobs/{id}/output`), polled every [`FOLLOW_INTERVAL`] while it
 //! runs.
 
+use crate::net::HttpClient;
 use std::time::Duration;
 
 use reqwest::StatusCode;
@@ -69,17 +70,17 @@ impl Pool {
 /// and with `follow` goes on until the job ends. Returns the worker and the
 /// outcome if the job has ended; `Ok(None)` if no worker knows the id.
 pub async fn follow(
-    http: &reqwest::Client,
+    http: &HttpClient,
     view: &[PeerView],
     seeds: &[String],
     id: &str,
     follow: bool,
     on_output: &mut (dyn FnMut(StdStream, &[u8]) + Send),
 ) -> anyhow::Result<Option<(String, Option<Outcome>)>> {
-    for worker in super::jobs::trusted_workers(view, seeds).0 {
+    for worker in super::jobs::trusted_workers(view, seeds, http).0 {
         let mut seen = [0u64; 2];
         loop {
-            let url = routes::url(worker, &format!("{}?stdout={}&stderr={}", routes::path(routes::JOB_OUTPUT, id), seen[0], seen[1]));
+            let url = http.url(worker, &format!("{}?stdout={}&stderr={}", routes::path(routes::JOB_OUTPUT, id), seen[0], seen[1]));
             let resp = http.get(url).send().await.map_err(|e| anyhow::anyhow!("{worker}: {e}"))?;
             match resp.status() {
                 StatusCode::OK => {}

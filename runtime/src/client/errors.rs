@@ -32,12 +32,9 @@ impl PeerError {
     /// A failed HTTP exchange: unreachable if nothing was sent, else lost.
     pub(crate) fn from_reqwest(e: &reqwest::Error) -> PeerError {
         if e.is_connect() {
-            PeerError::Unreachable(e.to_string())
+            PeerError::Unreachable(crate::net::describe(e))
         } else {
-            PeerError::Lost(format!(
-                "{e} ({})",
-                std::error::Error::source(e).map(|s| s.to_string()).unwrap_or_default()
-            ))
+            PeerError::Lost(crate::net::describe(e))
         }
     }
 }

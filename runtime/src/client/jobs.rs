@@ -5,6 +5,7 @@
 //! worker is asked in turn until one knows it. A worker answers 404 for
 //! another tenant's job exactly as for one that does not exist.
 
+use crate::net::HttpClient;
 use reqwest::StatusCode;
 
 use crate::gossip::Liveness;
@@ -23,14 +24,17 @@ pub struct PoolJob {
 
 /// The workers of `view` that are not dead and may be sent the token
 /// (`super::trusted`); the others are named in the second list.
-pub(super) fn trusted_workers<'v>(view: &'v [PeerView], seeds: &[String]) -> (Vec<&'v String>, Vec<String>) {
+pub(super) fn trusted_workers<'v>(view: &'v [PeerView], seeds: &[String], http: &HttpClient) -> (Vec<&'v String>, Vec<String>) {
     let mut ask = Vec::new();
     let mut skipped = Vec::new();
     for p in view.iter().filter(|p| p.liveness != Liveness::Dead) {
-        if super::trusted(&p.advert.addr, seeds, view) {
-            ask.push(&p.advert.addr);
+        let addr = &p.advert.addr;
+        if !http.may_send_to(addr) {
+            skipped.push(format!("{addr}: not asked, the token would cross the network in clear (give --tls-ca, or --insecure-http)"));
+        } else if super::trusted(addr, seeds, view) {
+            ask.push(addr);
         } else {
-            skipped.push(format!("{}: not named, and the pool's gossip is not keyed", p.advert.addr));
+            skipped.push(format!("{addr}: not named, and the pool's gossip is not keyed"));
         }
     }
     (ask, skipped)
@@ -41,14 +45,14 @@ pub(super) fn trusted_workers<'v>(view: &'v [PeerView], seeds: &[String]) -> (Ve
 /// detached ones whose result waits. Workers not asked or not answering are
 /// named in the second list.
 pub async fn list(
-    http: &reqwest::Client,
+    http: &HttpClient,
     view: &[PeerView],
     seeds: &[String],
 ) -> anyhow::Result<(Vec<PoolJob>, Vec<String>)> {
     let mut jobs = Vec::new();
-    let (ask, mut silent) = trusted_workers(view, seeds);
+    let (ask, mut silent) = trusted_workers(view, seeds, http);
     for worker in ask {
-        let resp = match http.get(routes::url(worker, routes::JOBS)).send().await {
+        let resp = match http.get(http.url(worker, routes::JOBS)).send().await {
             Ok(r) if r.status().is_success() => r,
             Ok(r) if r.status() == StatusCode::UNAUTHORIZED => {
                 anyhow::bail!("{worker}: {}", r.text().await.unwrap_or_default().trim())
@@ -58,7 +62,7 @@ pub async fn list(
                 continue;
             }
             Err(e) => {
-                silent.push(format!("{worker}: {e}"));
+                silent.push(format!("{worker}: {}", crate::net::describe(&e)));
                 continue;
             }
         };
@@ -92,14 +96,14 @@ pub enum CancelReport {
 /// Cancels job `id` wherever in `view` it is (on the workers that may be
 /// sent the token), with `http` (which carries it). `Err` for what is not about the job: a refused
 /// token, no worker answering.
-pub async fn cancel(http: &reqwest::Client, view: &[PeerView], seeds: &[String], id: &str) -> anyhow::Result<CancelReport> {
+pub async fn cancel(http: &HttpClient, view: &[PeerView], seeds: &[String], id: &str) -> anyhow::Result<CancelReport> {
     let mut answered = 0;
-    let (ask, mut errors) = trusted_workers(view, seeds);
+    let (ask, mut errors) = trusted_workers(view, seeds, http);
     for worker in ask {
-        let resp = match http.delete(routes::url(worker, &routes::path(routes::JOB, id))).send().await {
+        let resp = match http.delete(http.url(worker, &routes::path(routes::JOB, id))).send().await {
             Ok(r) => r,
             Err(e) => {
-                errors.push(format!("{worker}: {e}"));
+                errors.push(format!("{worker}: {}", crate::net::describe(&e)));
                 continue;
             }
         };

@@ -5,11 +5,11 @@ use crate::gossip::PeerView;
 use crate::proto::POSTCARD;
 
 /// Fetches the pool view from the first of `peers` that answers.
-pub async fn fetch_peers(http: &reqwest::Client, peers: &[String]) -> anyhow::Result<Vec<PeerView>> {
+pub async fn fetch_peers(http: &crate::net::HttpClient, peers: &[String]) -> anyhow::Result<Vec<PeerView>> {
     let mut errors = Vec::new();
     for addr in peers {
         let resp = http
-            .get(crate::proto::routes::url(addr, crate::proto::routes::PEERS))
+            .get(http.url(addr, crate::proto::routes::PEERS))
             .header(reqwest::header::ACCEPT, POSTCARD)
             .send()
             .await;
@@ -24,7 +24,7 @@ pub async fn fetch_peers(http: &reqwest::Client, peers: &[String]) -> anyhow::Re
                 let why = r.text().await.unwrap_or_default();
                 errors.push(format!("{addr}: {status} {}", why.trim()).trim_end().to_string());
             }
-            Err(e) => errors.push(format!("{addr}: {e}")),
+            Err(e) => errors.push(format!("{addr}: {}", crate::net::describe(&e))),
         }
     }
     anyhow::bail!("no peer answered ({})", errors.join("; "))

@@ -28,6 +28,7 @@ use super::placement;
 use super::tree::ShippedTrees;
 use crate::gossip::Liveness;
 use crate::gossip::PeerView;
+use crate::net::{HttpClient, Transport};
 use crate::proto::{JobSpec, ModuleHash, PROTOCOL_HEADER, PROTOCOL_VERSION, routes};
 use crate::units::Bytes;
 
@@ -49,6 +50,9 @@ pub struct PoolConfig {
     /// runs (`client::tree`); none: every file is hashed on every run.
     /// Default: none.
     pub hash_cache: Option<std::path::PathBuf>,
+    /// Plain HTTP or TLS with the pool's CA; whether the token may go in
+    /// clear off loopback. Default: plain HTTP, token to loopback only.
+    pub transport: Transport,
 }
 
 impl PoolConfig {
@@ -61,6 +65,7 @@ impl PoolConfig {
             avoid_for: Duration::from_secs(2),
             token: None,
             hash_cache: None,
+            transport: Transport::plain(),
         }
     }
 }
@@ -69,9 +74,9 @@ impl PoolConfig {
 pub struct Pool {
     pub(super) config: PoolConfig,
     /// With the tenant's token, for trusted workers.
-    http: reqwest::Client,
+    http: HttpClient,
     /// Without it, for the others.
-    anon: reqwest::Client,
+    anon: HttpClient,
     /// Whether the last view came from a pool whose gossip is keyed.
     keyed: std::sync::atomic::AtomicBool,
     view: tokio::sync::Mutex<View>,
@@ -94,13 +99,17 @@ struct View {
 }
 
 impl Pool {
-    /// A pool reached through `config.seeds`.
+    /// A pool reached through `config.seeds`. `Err` if a token would go
+    /// in clear to a seed off loopback (see [`Transport`]).
     pub fn new(config: PoolConfig) -> anyhow::Result<Pool> {
-        let http = http_client(config.token.as_deref())?;
+        if config.token.is_some() {
+            config.transport.check_token_hops(&config.seeds)?;
+        }
+        let http = http_client(config.token.as_deref(), &config.transport)?;
         Ok(Pool {
+            anon: http_client(None, &config.transport)?,
             config,
             http,
-            anon: http_client(None)?,
             keyed: std::sync::atomic::AtomicBool::new(false),
             view: tokio::sync::Mutex::new(View::default()),
             uploaded: Mutex::new(HashMap::new()),
@@ -189,13 +198,20 @@ impl Pool {
     }
 
     /// Whether `addr` may be sent the tenant's token: the user named it,
-    /// or the pool's gossip is keyed.
+    /// or the pool's gossip is keyed; and it does not cross the network in
+    /// clear (TLS, loopback, or `--insecure-http`).
     pub(super) fn trusts(&self, addr: &str) -> bool {
-        self.config.seeds.iter().any(|s| s == addr) || self.keyed.load(std::sync::atomic::Ordering::Relaxed)
+        self.http.may_send_to(addr)
+            && (self.config.seeds.iter().any(|s| s == addr) || self.keyed.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// The URL of `path` on the worker at `addr`, with the pool's scheme.
+    pub(super) fn url(&self, addr: &str, path: &str) -> String {
+        self.http.url(addr, path)
     }
 
     /// The client for `addr`: with the token if it is trusted.
-    pub(super) fn client_for(&self, addr: &str) -> &reqwest::Client {
+    pub(super) fn client_for(&self, addr: &str) -> &HttpClient {
         if self.trusts(addr) { &self.http } else { &self.anon }
     }
 
@@ -263,7 +279,7 @@ impl Pool {
     async fn upload(&self, addr: &str, job: &Job) -> Result<(), PeerError> {
         let resp = self
             .client_for(addr)
-            .put(routes::url(addr, &routes::path(routes::MODULE, &job.hash().to_hex())))
+            .put(self.url(addr, &routes::path(routes::MODULE, &job.hash().to_hex())))
             .header(reqwest::header::CONTENT_TYPE, "application/wasm")
             .body(bytes::Bytes::copy_from_slice(job.bytes()))
             .send()
@@ -290,22 +306,13 @@ pub(super) async fn backoff_wait(backoff: &mut Duration) {
     *backoff = (*backoff * 2).min(Duration::from_millis(250));
 }
 
-/// An HTTP client for talking to workers: our protocol version and, if
-/// given, the tenant's token on every request.
-pub fn http_client(token: Option<&str>) -> anyhow::Result<reqwest::Client> {
+/// An HTTP client for talking to workers on `transport`: our protocol
+/// version and, if given, the tenant's token on every request.
+pub fn http_client(token: Option<&str>, transport: &Transport) -> anyhow::Result<HttpClient> {
     let mut headers = reqwest::header::HeaderMap::new();
     headers.insert(PROTOCOL_HEADER, reqwest::header::HeaderValue::from_static(PROTOCOL_VERSION));
-    if let Some(token) = token {
-        let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
-            .map_err(|_| anyhow::anyhow!("the token must be printable ASCII"))?;
-        value.set_sensitive(true);
-        headers.insert(reqwest::header::AUTHORIZATION, value);
-    }
-    Ok(reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true)
-        .default_headers(headers)
-        .build()?)
+    let builder = reqwest::Client::builder().connect_timeout(Duration::from_secs(5)).tcp_nodelay(true).default_headers(headers);
+    transport.client(builder, token)
 }
 
 #[cfg(test)]
@@ -320,9 +327,15 @@ mod tests {
     use crate::gossip::NodeId;
     use crate::proto::Advert;
 
+    /// A pool with a token, on plain HTTP that may carry it anywhere
+    /// (`--insecure-http`: these tests are about the other rules).
     fn pool(seeds: &[&str]) -> Pool {
-        Pool::new(PoolConfig { token: Some("t0k3n".into()), ..PoolConfig::new(seeds.iter().map(|s| s.to_string()).collect()) })
-            .unwrap()
+        Pool::new(PoolConfig {
+            token: Some("t0k3n".into()),
+            transport: Transport::new(None, true).unwrap(),
+            ..PoolConfig::new(seeds.iter().map(|s| s.to_string()).collect())
+        })
+        .unwrap()
     }
 
     fn peer(addr: &str, slots: u32) -> PeerView {
@@ -341,6 +354,23 @@ mod tests {
         assert!(!p.trusts("b:2"), "an address only gossip told us of");
         p.keyed.store(true, std::sync::atomic::Ordering::Relaxed);
         assert!(p.trusts("b:2"), "every live worker vouches with the cluster key");
+    }
+
+    #[test]
+    fn over_plain_http_the_token_goes_only_to_loopback() {
+        let config = |seeds: &[&str]| PoolConfig {
+            token: Some("t0k3n".into()),
+            ..PoolConfig::new(seeds.iter().map(|s| s.to_string()).collect())
+        };
+        let err = Pool::new(config(&["127.0.0.1:7070", "10.0.0.9:7070"])).err().expect("a seed off loopback");
+        assert!(err.to_string().contains("in clear to 10.0.0.9:7070"), "{err}");
+        let p = Pool::new(config(&["127.0.0.1:7070"])).unwrap();
+        p.keyed.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(p.trusts("127.0.0.1:7070") && p.trusts("[::1]:7071"));
+        assert!(!p.trusts("10.0.0.9:7070"), "a keyed pool vouches for the worker, not for the network to it");
+        // Without a token there is nothing to leak.
+        let anon = Pool::new(PoolConfig::new(vec!["10.0.0.9:7070".into()])).unwrap();
+        assert!(anon.http.may_send_to("10.0.0.9:7070"));
     }
 
     #[test]

@@ -59,7 +59,7 @@ impl Pool {
             let sent = Instant::now();
             let resp = self
                 .client_for(addr)
-                .post(routes::url(addr, path))
+                .post(self.url(addr, path))
                 .header(reqwest::header::CONTENT_TYPE, POSTCARD)
                 .body(body.clone())
                 .send()
@@ -135,7 +135,7 @@ impl Pool {
     async fn send_tree(&self, addr: &str, tree: &ShippedTree) -> Result<(), PeerError> {
         let resp = self
             .client_for(addr)
-            .put(routes::url(addr, &routes::path(routes::TREE, &tree.grant.manifest.to_hex())))
+            .put(self.url(addr, &routes::path(routes::TREE, &tree.grant.manifest.to_hex())))
             .header(reqwest::header::CONTENT_TYPE, POSTCARD)
             .body(tree.encoded.clone())
             .send()
@@ -157,7 +157,7 @@ impl Pool {
                 .map_err(|e| PeerError::Fatal(format!("cannot read {}: {e}", path.display())))?;
             let resp = self
                 .client_for(addr)
-                .put(routes::url(addr, &routes::path(routes::FILE, &hash.to_hex())))
+                .put(self.url(addr, &routes::path(routes::FILE, &hash.to_hex())))
                 .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
                 .body(reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(file)))
                 .send()

@@ -88,7 +88,7 @@ impl Pool {
             });
             let mut resp = self
                 .client_for(addr)
-                .post(routes::url(addr, routes::STREAM))
+                .post(self.url(addr, routes::STREAM))
                 .header(reqwest::header::CONTENT_TYPE, POSTCARD)
                 .body(reqwest::Body::wrap_stream(stream))
                 .send()

@@ -7,6 +7,7 @@
 //! live worker is asked until one knows it); `peerwasm submissions` shows
 //! the owner.
 
+use crate::net::HttpClient;
 use std::time::Duration;
 
 use reqwest::StatusCode;
@@ -68,15 +69,15 @@ impl Pool {
 /// the token): its owner and how it is now. `None` if no live worker knows
 /// it (or it is another tenant's).
 pub async fn find(
-    http: &reqwest::Client,
+    http: &HttpClient,
     view: &[PeerView],
     seeds: &[String],
     id: &str,
 ) -> anyhow::Result<Option<SubmissionInfo>> {
-    let (ask, mut errors) = trusted_workers(view, seeds);
+    let (ask, mut errors) = trusted_workers(view, seeds, http);
     let mut answered = 0;
     for worker in ask {
-        match http.get(routes::url(worker, &routes::path(routes::SUBMISSION, id))).send().await {
+        match http.get(http.url(worker, &routes::path(routes::SUBMISSION, id))).send().await {
             Ok(r) if r.status().is_success() => {
                 let body = r.bytes().await?;
                 let info = serde_json::from_slice(&body)
@@ -85,7 +86,7 @@ pub async fn find(
             }
             Ok(r) if r.status() == StatusCode::NOT_FOUND => answered += 1,
             Ok(r) => anyhow::bail!("{worker}: {} {}", r.status(), r.text().await.unwrap_or_default().trim()),
-            Err(e) => errors.push(format!("{worker}: {e}")),
+            Err(e) => errors.push(format!("{worker}: {}", crate::net::describe(&e))),
         }
     }
     if answered == 0 {
@@ -97,13 +98,13 @@ pub async fn find(
 /// Results of submission `id` on `owner` from input `from` on, waiting up
 /// to `wait` for the next one.
 pub async fn results_page(
-    http: &reqwest::Client,
+    http: &HttpClient,
     owner: &str,
     id: &str,
     from: u64,
     wait: Duration,
 ) -> anyhow::Result<Option<ResultsPage>> {
-    let url = routes::url(owner, &format!("{}?from={from}&wait_ms={}", routes::path(routes::SUBMISSION_RESULTS, id), wait.as_millis()));
+    let url = http.url(owner, &format!("{}?from={from}&wait_ms={}", routes::path(routes::SUBMISSION_RESULTS, id), wait.as_millis()));
     let resp = http.get(url).timeout(wait + Duration::from_secs(30)).send().await?;
     match resp.status() {
         StatusCode::OK => {
@@ -118,7 +119,7 @@ pub async fn results_page(
 /// The caller's submissions on every trusted_workers worker of `view`; workers not
 /// asked or not answering are named in the second list.
 pub async fn list(
-    http: &reqwest::Client,
+    http: &HttpClient,
     view: &[PeerView],
     seeds: &[String],
 ) -> anyhow::Result<(Vec<SubmissionInfo>, Vec<String>)> {
@@ -129,7 +130,7 @@ pub async fn list(
 /// (only `tenant`'s when given, which needs an operator's token for
 /// another tenant), oldest first.
 pub async fn history(
-    http: &reqwest::Client,
+    http: &HttpClient,
     view: &[PeerView],
     seeds: &[String],
     since_ms: u64,
@@ -155,15 +156,15 @@ fn url_escape(s: &str) -> String {
 
 /// GETs `path` (a JSON list) from every trusted_workers worker and concatenates.
 async fn gather<T: serde::de::DeserializeOwned>(
-    http: &reqwest::Client,
+    http: &HttpClient,
     view: &[PeerView],
     seeds: &[String],
     path: &str,
 ) -> anyhow::Result<(Vec<T>, Vec<String>)> {
-    let (ask, mut silent) = trusted_workers(view, seeds);
+    let (ask, mut silent) = trusted_workers(view, seeds, http);
     let mut all = Vec::new();
     for worker in ask {
-        match http.get(routes::url(worker, path)).send().await {
+        match http.get(http.url(worker, path)).send().await {
             Ok(r) if r.status().is_success() => {
                 let body = r.bytes().await.map_err(|e| anyhow::anyhow!("{worker}: {e}"))?;
                 let mut some: Vec<T> = serde_json::from_slice(&body)
@@ -174,7 +175,7 @@ async fn gather<T: serde::de::DeserializeOwned>(
                 anyhow::bail!("{worker}: {}", r.text().await.unwrap_or_default().trim())
             }
             Ok(r) => silent.push(format!("{worker}: {}", r.status())),
-            Err(e) => silent.push(format!("{worker}: {e}")),
+            Err(e) => silent.push(format!("{worker}: {}", crate::net::describe(&e))),
         }
     }
     Ok((all, silent))
@@ -182,9 +183,9 @@ async fn gather<T: serde::de::DeserializeOwned>(
 
 /// Cancels submission `id` wherever it is: its map stops and its jobs
 /// under way are cancelled; a finished one is discarded.
-pub async fn cancel(http: &reqwest::Client, view: &[PeerView], seeds: &[String], id: &str) -> anyhow::Result<CancelReport> {
+pub async fn cancel(http: &HttpClient, view: &[PeerView], seeds: &[String], id: &str) -> anyhow::Result<CancelReport> {
     let Some(info) = find(http, view, seeds, id).await? else { return Ok(CancelReport::NotFound) };
-    let resp = http.delete(routes::url(&info.owner, &routes::path(routes::SUBMISSION, id))).send().await?;
+    let resp = http.delete(http.url(&info.owner, &routes::path(routes::SUBMISSION, id))).send().await?;
     let status = resp.status();
     let body = resp.text().await.unwrap_or_default();
     match status {

@@ -94,19 +94,20 @@ pub trait GossipTransport: Send + Sync {
 
 /// Gossip between worker processes: `POST /v1/gossip`.
 pub struct HttpTransport {
-    http: reqwest::Client,
+    http: crate::net::HttpClient,
 }
 
 impl HttpTransport {
-    /// Gossip sent with `http` (its timeouts bound a round's exchanges).
-    pub fn new(http: reqwest::Client) -> HttpTransport {
+    /// Gossip sent with `http` (its timeouts bound a round's exchanges; its
+    /// transport says HTTP or TLS).
+    pub fn new(http: crate::net::HttpClient) -> HttpTransport {
         HttpTransport { http }
     }
 }
 
 impl GossipTransport for HttpTransport {
     fn post<'a>(&'a self, addr: &'a str, body: Vec<u8>) -> BoxFuture<'a, Result<Vec<u8>, String>> {
-        Box::pin(post(&self.http, crate::proto::routes::url(addr, crate::proto::routes::GOSSIP), body))
+        Box::pin(post(&self.http, self.http.url(addr, crate::proto::routes::GOSSIP), body))
     }
 }
 
@@ -286,7 +287,7 @@ async fn post(http: &reqwest::Client, url: String, body: Vec<u8>) -> Result<Vec<
         .body(body)
         .send()
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| crate::net::describe(&e))?;
     if !resp.status().is_success() {
         return Err(format!("{}", resp.status()));
     }

@@ -200,7 +200,11 @@ async fn run_map(o: &Arc<Owner>, s: &Stored) -> anyhow::Result<MapSummary> {
         e.observe(peak);
         e.to_saved()
     });
-    let pool = Pool::new(PoolConfig { token: s.token.clone(), ..PoolConfig::new(vec![w.addr.clone()]) })?;
+    let pool = Pool::new(PoolConfig {
+        token: s.token.clone(),
+        transport: w.transport.clone(),
+        ..PoolConfig::new(vec![w.addr.clone()])
+    })?;
     let config = MapConfig {
         mem: s.config.mem,
         min_mem: s.config.min_mem,

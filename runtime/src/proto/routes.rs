@@ -3,14 +3,13 @@
 //! constants, so the two ends cannot drift apart.
 //!
 //! A route with a parameter is written as axum matches it (`{hash}`,
-//! `{id}`); [`path`] fills the parameter in on the client's side. [`url`]
-//! is the one place the scheme is chosen.
+//! `{id}`); [`path`] fills the parameter in on the client's side. The
+//! scheme and host are the transport's (`net::Transport::url`).
 //!
 //! ```
 //! use peerwasm::proto::{ModuleHash, routes};
 //! let hash = ModuleHash::of(b"\0asm\x01\0\0\0");
-//! let url = routes::url("10.0.0.7:7070", &routes::path(routes::MODULE, &hash.to_hex()));
-//! assert_eq!(url, format!("http://10.0.0.7:7070/v1/modules/{hash}"));
+//! assert_eq!(routes::path(routes::MODULE, &hash.to_hex()), format!("/v1/modules/{hash}"));
 //! ```
 
 /// `PUT` a module's bytes under their sha256 (hex).
@@ -77,12 +76,6 @@ pub fn path(route: &str, value: &str) -> String {
     }
 }
 
-/// The URL of `path` (a route, filled in, with any query) on the worker
-/// at `addr` (`host:port`).
-pub fn url(addr: &str, path: &str) -> String {
-    format!("http://{addr}{path}")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,7 +85,6 @@ mod tests {
         assert_eq!(path(JOB_OUTPUT, "j-17"), "/v1/jobs/j-17/output");
         assert_eq!(path(SUBMISSION, "s-2"), "/v1/submissions/s-2");
         assert_eq!(path(JOBS, "ignored"), "/v1/jobs", "a route without a parameter is itself");
-        assert_eq!(url("h:1", &path(MODULE, "ab")), "http://h:1/v1/modules/ab");
     }
 
     #[test]

@@ -120,6 +120,13 @@ pub struct WorkerConfig {
     /// (`--insecure-gossip`): anyone who reaches the port can then forge
     /// adverts. Default: false.
     pub insecure_gossip: bool,
+    /// TLS (`--tls-cert`, `--tls-key`, `--tls-ca`): the worker then serves
+    /// only TLS and talks TLS to its peers. Default: none, plain HTTP.
+    pub tls: Option<crate::net::tls::WorkerTls>,
+    /// Serve plain HTTP with `--tenants` on an address others can reach
+    /// (`--insecure-http`), where tenants' tokens cross the network in
+    /// clear; [`start`] refuses that otherwise. Default: false.
+    pub insecure_http: bool,
     /// The address peers and clients reach this worker at (`--advertise`,
     /// `host:port`; a name is fine). `None`: the address it listens on.
     pub advertise: Option<String>,
@@ -197,6 +204,8 @@ impl WorkerConfig {
             hold_after: crate::worker::admission::DEFAULT_HOLD_AFTER,
             cluster_key: None,
             insecure_gossip: false,
+            tls: None,
+            insecure_http: false,
             advertise: None,
             max_queued: None,
             max_queued_bytes: crate::worker::admission::QUEUE_BYTES_PER_TENANT,

@@ -10,6 +10,12 @@
 //! the others; and on shutdown the listener closes while the connections
 //! in flight finish (idle keep-alive ones are closed at once).
 //!
+//! With TLS, the handshake happens in the connection's own task, within
+//! the header timeout (a client that starts a handshake and stalls holds
+//! a connection no longer than one that sends no headers); a failed
+//! handshake (a client of another pool, a plain-HTTP client) is logged
+//! and closes that connection only.
+//!
 //! Each request carries its connection's address ([`Remote`]): a caller
 //! who has not authenticated is charged by it (`worker::budget`).
 
@@ -109,10 +115,12 @@ impl Drop for AddressSlot {
     }
 }
 
-/// Serves `app` on `listener` until `shutdown` resolves, then finishes the
-/// requests in flight. `refused` counts connections closed at the cap.
+/// Serves `app` on `listener` (over TLS with `tls`) until `shutdown`
+/// resolves, then finishes the requests in flight. `refused` counts
+/// connections closed at the cap.
 pub async fn serve(
     listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
     app: Router,
     limits: ServeLimits,
     refused: Arc<AtomicU64>,
@@ -154,11 +162,25 @@ pub async fn serve(
         }
         let mut http1 = hyper::server::conn::http1::Builder::new();
         http1.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
-        let service = axum::Extension(Remote(peer.ip())).layer(app.clone());
-        let conn = http1.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(service));
-        let conn = graceful.watch(conn);
+        let service = TowerToHyperService::new(axum::Extension(Remote(peer.ip())).layer(app.clone()));
+        let watcher = graceful.watcher();
+        let (acceptor, handshake_timeout) = (tls.clone().map(tokio_rustls::TlsAcceptor::from), limits.header_timeout);
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            let ended = match acceptor {
+                None => watcher.watch(http1.serve_connection(TokioIo::new(tcp), service)).await,
+                Some(acceptor) => match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
+                    Ok(Ok(stream)) => watcher.watch(http1.serve_connection(TokioIo::new(stream), service)).await,
+                    Ok(Err(e)) => {
+                        tracing::debug!(peer = %peer.ip(), "TLS handshake failed: {e}");
+                        Ok(())
+                    }
+                    Err(_) => {
+                        tracing::debug!(peer = %peer.ip(), "TLS handshake not done within the header timeout");
+                        Ok(())
+                    }
+                },
+            };
+            if let Err(e) = ended {
                 tracing::debug!("connection ended: {e}");
             }
             drop((permit, slot));

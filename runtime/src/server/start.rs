@@ -28,12 +28,15 @@ pub async fn start(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<RunningWorker> {
     refuse_unkeyed_gossip_off_loopback(&config)?;
+    refuse_tokens_in_clear_off_loopback(&config)?;
+    let tls = config.tls.as_ref().map(|t| t.server_config()).transpose()?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
     let bound = listener.local_addr()?;
     let addr = config.advertise.clone().unwrap_or_else(|| bound.to_string());
     let worker = build_worker(&config, &addr)?;
+    check_own_certificate(&config, &addr);
     let owner = crate::owner::Owner::new(worker.clone());
     worker.check_sizing();
     worker.check_host_memory();
@@ -45,7 +48,7 @@ pub async fn start(
     let drain = drain(worker.clone(), owner.clone(), shutdown, config.gossip_interval, config.drain_grace);
     let refused = worker.connections_refused.clone();
     restore_state(&owner, config.keep_results).await;
-    let serve = tokio::spawn(serve::serve(listener, app, config.serve.clone(), refused, drain));
+    let serve = tokio::spawn(serve::serve(listener, tls, app, config.serve.clone(), refused, drain));
     tokio::spawn(keep_state(owner.clone(), config.keep_results));
     if !config.precompile.is_empty() {
         let (w, paths) = (worker.clone(), config.precompile.clone());
@@ -66,6 +69,39 @@ fn refuse_unkeyed_gossip_off_loopback(config: &WorkerConfig) -> anyhow::Result<(
         );
     }
     Ok(())
+}
+
+/// A worker reachable from other machines with tenants must serve TLS, or
+/// be told not to (`--insecure-http`): their tokens would cross the
+/// network in clear.
+fn refuse_tokens_in_clear_off_loopback(config: &WorkerConfig) -> anyhow::Result<()> {
+    if !config.listen.ip().is_loopback() && config.tenants.is_multi() && config.tls.is_none() && !config.insecure_http {
+        anyhow::bail!(
+            "--listen {} can be reached from other machines, and with --tenants every job carries a tenant's token: \
+             over plain HTTP anyone on the network between can read it and run jobs as that tenant. Give the worker \
+             a certificate (`peerwasm tls init DIR`, `peerwasm tls issue DIR HOST`, then --tls-cert DIR/HOST.crt \
+             --tls-key DIR/HOST.key --tls-ca DIR/ca.crt), or --insecure-http to run without",
+            config.listen
+        );
+    }
+    Ok(())
+}
+
+/// Says in the log, as the worker starts, if clients trusting its CA would
+/// refuse its certificate at the address it advertises (expired, not for
+/// that host, another CA): every one of them would fail otherwise, each
+/// with its own message.
+fn check_own_certificate(config: &WorkerConfig, addr: &str) {
+    let Some(tls) = &config.tls else { return };
+    let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
+    match crate::net::tls::would_refuse(&tls.cert, &tls.ca, host) {
+        Ok(None) => {}
+        Ok(Some(why)) => tracing::error!(
+            cert = %tls.cert.display(), advertised = addr,
+            "clients will refuse this worker's certificate: {}", crate::net::errors::tls_reason(&why)
+        ),
+        Err(e) => tracing::warn!("cannot check this worker's certificate: {e:#}"),
+    }
 }
 
 /// The worker's core as `config` describes it, known to others as `addr`:
@@ -99,8 +135,13 @@ fn build_worker(config: &WorkerConfig, addr: &str) -> anyhow::Result<Arc<Worker>
         None => crate::worker::statedb::StateDb::temporary(None)?,
     });
     let key = config.cluster_key.as_deref().map(crate::gossip::auth::ClusterKey::load).transpose()?;
+    let transport = match &config.tls {
+        Some(tls) => tls.transport()?,
+        None => crate::net::Transport::new(None, config.insecure_http)?,
+    };
     Ok(Arc::new(Worker {
         addr: addr.to_string(),
+        transport,
         runner,
         admission,
         tenants: config.tenants.clone(),
@@ -158,11 +199,8 @@ fn log_start(config: &WorkerConfig, worker: &Worker) {
 fn spawn_gossip(worker: &Arc<Worker>, interval: Duration) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let mut protocol = reqwest::header::HeaderMap::new();
     protocol.insert(PROTOCOL_HEADER, reqwest::header::HeaderValue::from_static(PROTOCOL_VERSION));
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .tcp_nodelay(true)
-        .default_headers(protocol)
-        .build()?;
+    let builder = reqwest::Client::builder().timeout(Duration::from_secs(5)).tcp_nodelay(true).default_headers(protocol);
+    let http = worker.transport.client(builder, None)?;
     let refresher = worker.clone();
     let transport = Arc::new(HttpTransport::new(http));
     Ok(tokio::spawn(run_rounds(worker.gossip.clone(), transport, interval, move |node| {

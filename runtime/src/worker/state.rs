@@ -25,6 +25,9 @@ use crate::units::Bytes as Size;
 /// What a running worker holds, shared by every request and by gossip.
 pub struct Worker {
     pub(crate) addr: String,
+    /// How this worker reaches its peers (gossip, the jobs of maps it
+    /// owns): TLS with the pool's CA, or plain HTTP.
+    pub(crate) transport: crate::net::Transport,
     pub(crate) runner: JobRunner,
     pub(crate) admission: Arc<Admission>,
     pub(crate) tenants: Tenants,

