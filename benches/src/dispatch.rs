@@ -1,7 +1,7 @@
 //! Dispatch throughput: trivial jobs through `peerwasm map`, the whole
 //! command timed (process start, loading the compiled module, results
 //! written), on (a) the embedded worker, (b) one worker over loopback HTTP,
-//! (c) two workers; against (d) the sandbox alone in-process and (e) one
+//! and (b′) over TLS, (c) two workers; against (d) the sandbox alone in-process and (e) one
 //! native process per input (`xargs -P cores`). Every configuration has as
 //! many slots in all as the machine has cores, so they differ only in how
 //! jobs reach the slots.
@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use crate::procs::{Worker, peerwasm, timed};
+use crate::procs::{Worker, loopback_tls, peerwasm, timed};
 use crate::summary::Summary;
 use crate::{Sizes, cores, median};
 
@@ -27,18 +27,22 @@ pub fn dispatch(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
 
     // A map as a user runs it; fails unless every job succeeded and every
     // result was written.
-    let map = |peers: Option<&str>| -> anyhow::Result<Duration> {
+    let map_over = |peers: Option<&str>, ca: Option<&Path>| -> anyhow::Result<Duration> {
         let mut cmd = peerwasm();
         cmd.arg("map").arg("--cache-dir").arg(&client_cache).arg("-o").arg(&out);
         match peers {
             Some(p) => cmd.args(["--peers", p]),
             None => cmd.args(["--slots", &cores.to_string()]),
         };
+        if let Some(ca) = ca {
+            cmd.arg("--tls-ca").arg(ca);
+        }
         let (_, took) = timed(cmd.arg(&hello).arg(&inputs))?;
         let written = std::fs::read_to_string(&out)?.lines().count();
         anyhow::ensure!(written == jobs, "map wrote {written} results for {jobs} inputs");
         Ok(took)
     };
+    let map = |peers: Option<&str>| map_over(peers, None);
     let rate = |reps: &mut dyn FnMut() -> anyhow::Result<Duration>| -> anyhow::Result<f64> {
         reps()?; // warm: compile into the caches, learn the memory estimate
         let times = (0..sizes.reps).map(|_| reps()).collect::<anyhow::Result<Vec<_>>>()?;
@@ -49,6 +53,12 @@ pub fn dispatch(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     let one = {
         let w = Worker::start(cores, &dir.path().join("w1"), None)?;
         rate(&mut || map(Some(&w.addr)))?
+    };
+    let one_tls = {
+        let (flags, ca) = loopback_tls(dir.path())?;
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let w = Worker::start_with("4GiB", cores, &dir.path().join("w1"), None, &flags)?;
+        rate(&mut || map_over(Some(&w.addr), Some(&ca)))?
     };
     let two = {
         let slots = (cores / 2).max(1);
@@ -65,6 +75,7 @@ pub fn dispatch(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     for (how, r) in [
         ("(a) `map`, embedded worker", embedded),
         ("(b) `map`, one worker over HTTP", one),
+        ("(b′) `map`, one worker over HTTPS (TLS)", one_tls),
         ("(c) `map`, two workers over HTTP", two),
         ("(d) sandbox alone, in-process", in_process),
         ("(e) native process per input, `xargs -P`", native),
@@ -79,6 +90,7 @@ pub fn dispatch(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
         Some("Ray ~8,000 tasks/s pipelined; Slurm ~500 jobs/s; FieldTrip ~10 jobs/s"),
     );
     summary.figure("dispatch, embedded worker", format!("{embedded:.0} jobs/s"), None);
+    summary.figure("dispatch, one worker over TLS", format!("{one_tls:.0} jobs/s ({:.2}× plain HTTP)", one_tls / one), None);
     summary.figure("dispatch, two workers", format!("{two:.0} jobs/s"), None);
     Ok(())
 }

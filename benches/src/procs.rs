@@ -114,3 +114,15 @@ pub fn rss_of(pid: u32) -> anyhow::Result<u64> {
         .ok_or_else(|| anyhow::anyhow!("no VmRSS for {pid}"))?;
     Ok(kib * 1024)
 }
+
+/// A pool CA and a certificate for 127.0.0.1 under `dir`, for the TLS rows:
+/// the worker's flags, and the CA's certificate for clients (`--tls-ca`).
+pub fn loopback_tls(dir: &Path) -> anyhow::Result<(Vec<String>, std::path::PathBuf)> {
+    let tls = dir.join("tls");
+    let ca = peerwasm::net::certs::init(&tls)?;
+    let now = std::time::SystemTime::now();
+    let issued = peerwasm::net::certs::issue(&tls, &["127.0.0.1".into()], None, now, now + peerwasm::net::certs::DEFAULT_VALIDITY)?;
+    let path = |p: &Path| p.to_string_lossy().into_owned();
+    let flags = ["--tls-cert".into(), path(&issued.cert), "--tls-key".into(), path(&issued.key), "--tls-ca".into(), path(&ca)];
+    Ok((flags.to_vec(), ca))
+}
