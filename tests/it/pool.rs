@@ -157,6 +157,26 @@ async fn best_fit_places_jobs_and_refuses_what_no_one_can_hold() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("memory limit of 16 MiB"));
 }
 
+/// A worker lending 8 GiB still runs no job over 4 GiB (all a wasm32
+/// memory addresses): it advertises that, so the client refuses such a job
+/// at once instead of placing it where the sandbox would reject it.
+#[test]
+fn a_job_over_the_most_a_job_may_have_is_refused_before_it_is_placed() {
+    let w = Worker::start("8GiB", 1, None);
+    let wasm = peerwasm_testkit::guest_wasm("hello");
+    let out = Command::new(crate::support::PEERWASM)
+        .args(["run", "--mem", "6GiB", "--peers", &w.addr, wasm.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no peer can hold a job of 6 GiB: the largest the pool can take is 4 GiB"), "{err}");
+    let out = Command::new(crate::support::PEERWASM).args(["peers", "--json", "--peers", &w.addr]).output().unwrap();
+    let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(view[0]["advert"]["max_job_bytes"], 4u64 << 30, "{view}");
+    assert_eq!(view[0]["advert"]["capacity_bytes"], 8u64 << 30);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_module_is_uploaded_once_per_worker() {
     let [a, b, c] = three_workers().await;

@@ -27,9 +27,11 @@ impl std::fmt::Display for NoPlace {
     }
 }
 
-/// The largest job any live peer of the view could ever hold (its capacity).
+/// The largest job any live peer of the view could ever hold (its
+/// capacity, or the most one job may have there if less:
+/// [`Advert::largest_job`](crate::proto::Advert::largest_job)).
 pub fn largest_job(peers: &[PeerView]) -> u64 {
-    live(peers).map(|p| p.advert.capacity_bytes).max().unwrap_or(0)
+    live(peers).map(|p| p.advert.largest_job()).max().unwrap_or(0)
 }
 
 fn live(peers: &[PeerView]) -> impl Iterator<Item = &PeerView> {
@@ -70,14 +72,14 @@ pub fn candidates(peers: &[PeerView], memreq: u64) -> Result<Vec<String>, NoPlac
             Bytes(largest_ever)
         )));
     }
-    let mut fitting: Vec<&PeerView> = live.iter().copied().filter(|p| p.advert.largest_fit_bytes >= memreq).collect();
+    let mut fitting: Vec<&PeerView> = live.iter().copied().filter(|p| p.advert.fits_now(memreq)).collect();
     fitting.sort_by_key(|p| (p.advert.largest_fit_bytes - memreq, p.advert.queue_len, p.advert.addr.clone()));
     // Peers that could hold it but are full now come last, emptiest
     // queue first: they may have room by the time the request arrives.
     let mut busy: Vec<&PeerView> = live
         .iter()
         .copied()
-        .filter(|p| p.advert.largest_fit_bytes < memreq && p.advert.capacity_bytes >= memreq)
+        .filter(|p| !p.advert.fits_now(memreq) && p.advert.could_ever_fit(memreq))
         .collect();
     busy.sort_by_key(|p| (p.advert.queue_len, p.advert.capacity_bytes - memreq));
     Ok(fitting.into_iter().chain(busy).map(|p| p.advert.addr.clone()).collect())
@@ -126,6 +128,27 @@ mod tests {
         assert!(err.contains("largest the pool can take is 16 GiB"), "{err}");
         assert_eq!(candidates(&peers[5..], GIB).unwrap_err(), NoPlace::NoLivePeer);
         assert_eq!(largest_job(&peers), 16 * GIB);
+    }
+
+    #[test]
+    fn the_most_one_job_may_have_bounds_placement_as_the_capacity_does() {
+        // 22 GiB lent, but a wasm32 job addresses at most 4 GiB there.
+        let ceiling = |addr: &str, capacity: u64, fit: u64| PeerView {
+            advert: Advert { max_job_bytes: Some(4 * GIB), ..peer(addr, capacity, fit, 0, Liveness::Alive).advert },
+            ..peer(addr, capacity, fit, 0, Liveness::Alive)
+        };
+        let peers = [ceiling("wide", 22 * GIB, 4 * GIB), ceiling("busy", 22 * GIB, 0)];
+        let err = candidates(&peers, 8 * GIB).unwrap_err();
+        assert_eq!(
+            err,
+            NoPlace::NeverFits("no peer can hold a job of 8 GiB: the largest the pool can take is 4 GiB".into()),
+            "never placed where it would be rejected"
+        );
+        assert_eq!(candidates(&peers, 3 * GIB).unwrap(), ["wide", "busy"]);
+        assert_eq!(largest_job(&peers), 4 * GIB);
+        assert!(peers[0].advert.check().is_ok());
+        let overoffered = Advert { largest_fit_bytes: 5 * GIB, ..peers[0].advert.clone() };
+        assert!(overoffered.check().is_err(), "offers more than a job may have");
     }
 
     #[test]

@@ -51,7 +51,7 @@ impl Target {
                     .iter()
                     .filter(|p| p.liveness == Liveness::Alive && !p.advert.draining)
                     .collect();
-                let mut caps: Vec<u64> = live.iter().map(|p| p.advert.capacity_bytes).collect();
+                let mut caps: Vec<u64> = live.iter().map(|p| p.advert.largest_job()).collect();
                 caps.sort_unstable();
                 Ok(Capacity {
                     slots: live.iter().map(|p| p.advert.slots_total).sum(),

@@ -22,8 +22,13 @@ pub struct Advert {
     pub used_bytes: u64,
     /// Memory the host has available now, as the OS reports it, in bytes.
     pub host_available_bytes: u64,
-    /// The largest job that would be admitted now, in bytes.
+    /// The largest job that would be admitted now, in bytes (≤
+    /// [`largest_job`](Self::largest_job)).
     pub largest_fit_bytes: u64,
+    /// The most memory one job may have here when that is less than the
+    /// capacity: the sandbox's ceiling (4 GiB, all a wasm32 memory
+    /// addresses). `None`: the capacity alone bounds a job.
+    pub max_job_bytes: Option<u64>,
     /// Jobs that may run at once.
     pub slots_total: u32,
     /// Jobs running now.
@@ -54,6 +59,24 @@ pub struct Advert {
 }
 
 impl Advert {
+    /// The largest job this worker could ever hold, in bytes: its capacity,
+    /// or the most one job may have here if that is less. The one answer
+    /// to "could this ever fit here": placement's, and what the worker's
+    /// admission enforces (`worker::admission::Admission::largest_for`).
+    pub fn largest_job(&self) -> u64 {
+        self.capacity_bytes.min(self.max_job_bytes.unwrap_or(u64::MAX))
+    }
+
+    /// Whether a job of `memreq` bytes could ever run here, now or later.
+    pub fn could_ever_fit(&self, memreq: u64) -> bool {
+        memreq <= self.largest_job()
+    }
+
+    /// Whether a job of `memreq` bytes would be admitted now.
+    pub fn fits_now(&self, memreq: u64) -> bool {
+        memreq <= self.largest_fit_bytes
+    }
+
     /// Whether a gossiped advert is one a worker could have sent: bounded
     /// sizes, slot counts that add up, and usage figures that are finite
     /// and not negative. A forged huge or negative usage would otherwise
@@ -74,8 +97,8 @@ impl Advert {
         if self.slots_total > MAX_SLOTS || self.slots_busy > self.slots_total {
             return Err(format!("{} of {} slots busy", self.slots_busy, self.slots_total));
         }
-        if self.reserved_bytes > self.capacity_bytes || self.largest_fit_bytes > self.capacity_bytes {
-            return Err("more reserved or offered than the capacity".into());
+        if self.reserved_bytes > self.capacity_bytes || self.largest_fit_bytes > self.largest_job() {
+            return Err("more reserved or offered than the capacity, or offered more than a job may have".into());
         }
         if self.tenants.len() > MAX_TENANTS || self.warnings.len() > MAX_WARNINGS {
             return Err("too many tenants or warnings".into());

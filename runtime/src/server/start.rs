@@ -122,6 +122,7 @@ fn build_worker(config: &WorkerConfig, addr: &str) -> anyhow::Result<Arc<Worker>
         hold_after: config.hold_after,
         queue_per_tenant: config.max_queued.unwrap_or(defaults.queue_per_tenant),
         queue_bytes_per_tenant: config.max_queued_bytes,
+        max_job_memory: config.runner.sandbox.max_job_memory,
         ..defaults
     });
     let files = Arc::new(crate::worker::filestore::FileStore::new(

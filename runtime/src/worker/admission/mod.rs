@@ -77,6 +77,11 @@ pub struct AdmissionConfig {
     /// A job waiting longer than this gets memory held for it. Default:
     /// [`DEFAULT_HOLD_AFTER`].
     pub hold_after: Duration,
+    /// The most memory one job may have, whatever the capacity: the
+    /// sandbox's ceiling (`SandboxConfig::max_job_memory`), so that a job
+    /// the sandbox would reject is refused here, before it waits or
+    /// reserves. Default: `u64::MAX` (the capacity alone bounds a job).
+    pub max_job_memory: u64,
 }
 
 impl AdmissionConfig {
@@ -89,6 +94,7 @@ impl AdmissionConfig {
             fair_share: true,
             half_life: super::fairshare::DEFAULT_HALF_LIFE,
             hold_after: DEFAULT_HOLD_AFTER,
+            max_job_memory: u64::MAX,
         }
     }
 }
@@ -264,9 +270,17 @@ impl Admission {
         self.lock().fair.account(tenant, job);
     }
 
-    /// The largest job `tenant` may ever run here.
+    /// The largest job this worker could ever run: its capacity, or the
+    /// most one job may have if less (what it advertises as
+    /// `Advert::largest_job`).
+    pub fn largest_job(&self) -> u64 {
+        self.ledger.capacity().min(self.config.max_job_memory)
+    }
+
+    /// The largest job `tenant` may ever run here: [`largest_job`]
+    /// (Self::largest_job), or the tenant's `max_job_memory` if less.
     pub fn largest_for(&self, tenant: &Tenant) -> u64 {
-        self.ledger.capacity().min(tenant.max_job_memory.unwrap_or(u64::MAX))
+        self.largest_job().min(tenant.max_job_memory.unwrap_or(u64::MAX))
     }
 
     /// Waits for a slot and `memreq` bytes for `tenant`, or refuses. A
@@ -443,6 +457,17 @@ mod tests {
     fn admission(slots: u32, queue: u32) -> Arc<Admission> {
         let ledger = ledger();
         Admission::new(ledger, AdmissionConfig { queue_per_tenant: queue, ..AdmissionConfig::new(slots) })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_job_over_the_most_one_job_may_have_is_refused_before_it_waits() {
+        let adm = Admission::new(ledger(), AdmissionConfig { max_job_memory: 40 * MIB, ..AdmissionConfig::new(1) });
+        let t = Arc::new(Tenant::new("t"));
+        assert_eq!(adm.largest_job(), 40 * MIB);
+        assert_eq!(adm.largest_for(&t), 40 * MIB);
+        assert_eq!(adm.admit(&t, 50 * MIB).await.err(), Some(NotAdmitted::NeverFits { requested: 50 * MIB, largest: 40 * MIB }));
+        assert_eq!(adm.counts(), (0, 0), "it neither waits nor runs");
+        assert!(adm.admit(&t, 40 * MIB).await.is_ok());
     }
 
     #[tokio::test(start_paused = true)]
