@@ -87,6 +87,24 @@ pub fn client_config(ca: &Path) -> anyhow::Result<Arc<ClientConfig>> {
     Ok(Arc::new(config))
 }
 
+/// A configuration that trusts nothing, for the clients that speak plain
+/// HTTP: reqwest would otherwise build its default one, loading the
+/// system's root certificates — ~6 ms of every `peerwasm run` — for URLs
+/// it never sees (a plain transport builds only `http://` ones).
+pub fn trusting_nothing() -> Arc<ClientConfig> {
+    static CONFIG: std::sync::OnceLock<Arc<ClientConfig>> = std::sync::OnceLock::new();
+    CONFIG
+        .get_or_init(|| {
+            let config = ClientConfig::builder_with_provider(provider())
+                .with_safe_default_protocol_versions()
+                .expect("ring supports the default protocol versions")
+                .with_root_certificates(RootCertStore::empty())
+                .with_no_client_auth();
+            Arc::new(config)
+        })
+        .clone()
+}
+
 /// A worker's TLS: serves the certificate chain in `cert` with the key in
 /// `key` (whose permissions are checked first: [`check_key_file`]).
 pub fn server_config(cert: &Path, key: &Path) -> anyhow::Result<Arc<ServerConfig>> {

@@ -115,7 +115,7 @@ impl Transport {
         let mut builder = match &self.tls {
             // Only https: a plain URL would be a bug, never a fallback.
             Some((config, _)) => builder.tls_backend_preconfigured((**config).clone()).https_only(true),
-            None => builder,
+            None => builder.tls_backend_preconfigured((*super::tls::trusting_nothing()).clone()),
         };
         if let Some(token) = token {
             let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
