@@ -13,7 +13,7 @@ use reqwest::StatusCode;
 use crate::support::{MIB, WorkerProcess};
 
 fn http() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
+    crate::support::http()
 }
 
 async fn upload(addr: &str, job: &Job) {

@@ -98,7 +98,7 @@ async fn the_sbatch_recipe_starts_one_worker_per_node_joined_into_one_pool() {
         assert!(start.elapsed() < Duration::from_secs(30), "the seed worker never answered");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(reqwest::get(format!("http://{seed}/v1/peers")).await.is_err(), "the seed answers plain HTTP too");
+    assert!(crate::support::http().get(format!("http://{seed}/v1/peers")).send().await.is_err(), "the seed answers plain HTTP too");
     let view = crate::pool::wait_for_via(&http, &seed, Duration::from_secs(30), |v| alive(v) == 3).await;
     let mut addrs: Vec<String> = view.iter().map(|p| p.advert.addr.clone()).collect();
     addrs.sort();

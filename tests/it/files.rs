@@ -32,7 +32,7 @@ fn text(b: &[u8]) -> String {
 /// Bytes of files a worker has received (`/metrics`).
 fn received_bytes(addr: &str) -> u64 {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    rt.block_on(received_bytes_async(&reqwest::Client::new(), addr))
+    rt.block_on(received_bytes_async(&crate::support::http(), addr))
 }
 
 /// A remote job reads a shipped directory and writes into another; the
@@ -221,7 +221,7 @@ fn a_read_only_tree_cannot_be_changed_by_its_job() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trees_that_leave_their_root_or_their_limits_are_refused() {
     let w = WorkerProcess::start_with("1GiB", 1, None, &["--file-store", "1MiB"]);
-    let http = reqwest::Client::new();
+    let http = crate::support::http();
     let put_tree = |m: &Manifest| {
         let (hash, body) = (m.hash(), m.encode());
         http.put(format!("http://{}/v1/trees/{}", w.addr, hash.to_hex())).body(body).send()
@@ -304,7 +304,7 @@ async fn a_writable_tree_is_charged_by_its_files_real_size_not_by_its_manifests_
         None,
         &["--scratch-total", "64MiB", "--scratch-dir", scratch.path().to_str().unwrap()],
     );
-    let http = reqwest::Client::new();
+    let http = crate::support::http();
     let data = vec![9u8; 4 << 20];
     let hash = FileHash::of(&data);
     let lying = Manifest {

@@ -117,7 +117,7 @@ async fn forged_adverts_are_dropped_and_counted() {
         forged("127.0.0.1:4", "dave", 12.5), // a record a worker could send
     ];
     let body = postcard::to_allocvec(&GossipRequest::Ack(Ack { delta })).unwrap();
-    let r = reqwest::Client::new().post(format!("http://{}/v1/gossip", w.addr)).body(body).send().await.unwrap();
+    let r = crate::support::http().post(format!("http://{}/v1/gossip", w.addr)).body(body).send().await.unwrap();
     assert!(r.status().is_success(), "{}", r.status());
     let view = crate::pool::wait_for(&w.addr, Duration::from_secs(5), |_| true).await;
     let addrs: Vec<&str> = view.iter().map(|p| p.advert.addr.as_str()).collect();
@@ -309,7 +309,7 @@ async fn tenants_see_only_their_own_usage_and_operators_see_all() {
     let bad = peerwasm::client::pool::http_client(Some("guess"), &peerwasm::net::Transport::plain()).unwrap();
     assert!(peerwasm::client::fetch_peers(&bad, &[w.addr.clone()]).await.is_err(), "a wrong token is refused");
     // The text page and `peerwasm peers` still work for anyone.
-    let page = reqwest::get(format!("http://{}/", w.addr)).await.unwrap();
+    let page = crate::support::http().get(format!("http://{}/", w.addr)).send().await.unwrap();
     assert!(page.status().is_success());
     let metrics = |token: Option<&'static str>| {
         let addr = w.addr.clone();
@@ -489,7 +489,7 @@ async fn an_oversized_body_without_a_token_is_refused_unread() {
     let before = rss(w.child.id());
     let huge = vec![0u8; 60 << 20]; // under the module limit, so only the token refuses it
     let url = format!("http://{}/v1/modules/{}", w.addr, "ab".repeat(32));
-    let answer = reqwest::Client::new().put(url).body(huge).send().await;
+    let answer = crate::support::http().put(url).body(huge).send().await;
     match answer {
         Ok(r) => assert_eq!(r.status(), reqwest::StatusCode::UNAUTHORIZED),
         Err(e) => println!("oversized body without a token: connection closed ({e})"),

@@ -362,14 +362,21 @@ async fn a_draining_worker_sends_queued_jobs_away_and_cancels_running_ones_after
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_job_the_host_can_never_hold_is_refused_not_held_and_small_jobs_go_on() {
-    // --memory far above the machine: capacity is physical memory, which the
-    // host can never offer whole while anything else runs on it.
-    let w = WorkerProcess::start_with("1TiB", 2, None, &["--hold-after", "500ms"]);
+    // A job no larger than the capacity that the host can never offer:
+    // with --memory far above the machine, capacity is physical memory less
+    // --reserve, and the offer is what the host has available less
+    // --reserve. A reserve that leaves a capacity of 4 GiB + 64 MiB (a job
+    // may have at most 4 GiB) makes a 4 GiB job such a one on any host
+    // using more than 64 MiB.
+    let physical = me(&WorkerProcess::start_with("1TiB", 1, None, &[]).addr).await.capacity_bytes;
+    let reserve = (physical - (4 << 30) - 64 * MIB).to_string();
+    let w = WorkerProcess::start_with("1TiB", 2, None, &["--hold-after", "500ms", "--reserve", &reserve]);
     let advert = me(&w.addr).await;
-    assert!(advert.host_available_bytes < advert.capacity_bytes, "this host has all its memory free: {advert:?}");
+    let job = advert.largest_job().min(4 << 30);
+    assert!(advert.largest_fit_bytes < job, "this host offers all its memory: {advert:?}");
     let sleep = sleep_job();
     assert!(upload(&w.addr, &sleep, None).await.is_success());
-    let r = post(&w.addr, &sleep.spec(b"10".to_vec(), advert.capacity_bytes), None, true).await;
+    let r = post(&w.addr, &sleep.spec(b"10".to_vec(), job), None, true).await;
     assert_eq!(r.status(), StatusCode::ACCEPTED, "queued: it is no larger than the capacity");
     let id = r.text().await.unwrap();
     tokio::time::sleep(Duration::from_millis(1000)).await;

@@ -93,7 +93,7 @@ async fn metrics_parse_and_move_as_jobs_run() {
     assert_eq!(get(&after, "peerwasm_slots{state=\"busy\"}"), 0.0);
 
     // Bad gossip bytes are dropped and counted.
-    let r = reqwest::Client::new().post(format!("http://{}/v1/gossip", w.addr)).body(vec![0xff; 8]).send().await.unwrap();
+    let r = crate::support::http().post(format!("http://{}/v1/gossip", w.addr)).body(vec![0xff; 8]).send().await.unwrap();
     assert_eq!(r.status(), 400);
     let later = scrape(&w.addr).await;
     assert_eq!(get(&later, "peerwasm_gossip_events_total{event=\"rejected\"}"), 1.0);
@@ -107,7 +107,7 @@ async fn a_job_too_large_warns_the_operator() {
     // Placement refuses it before asking the worker (the view says 1 GiB
     // at most), so ask the worker directly, as a stale client would.
     let body = postcard::to_allocvec(&hello.spec(Vec::new(), 2 << 30)).unwrap();
-    let http = reqwest::Client::new();
+    let http = crate::support::http();
     http.put(format!("http://{}/v1/modules/{}", w.addr, hello.hash().to_hex()))
         .body(hello.bytes().to_vec())
         .send()
@@ -193,7 +193,7 @@ async fn the_status_page_shows_the_pool_in_a_real_browser() {
         .await;
 
     // curl-like clients get the text table; browsers get the page.
-    let text = reqwest::get(format!("http://{}/", a.addr)).await.unwrap().text().await.unwrap();
+    let text = crate::support::http().get(format!("http://{}/", a.addr)).send().await.unwrap().text().await.unwrap();
     assert!(text.starts_with("ADDRESS"), "{text}");
 
     let url = format!("http://{}/", a.addr);
@@ -238,7 +238,7 @@ async fn gossip_under_a_cluster_key_drops_forged_and_replayed_messages() {
     assert!(get(&m, "peerwasm_gossip_events_total{event=\"forged\"}") >= 1.0, "the stranger's messages were counted");
 
     // A captured message replayed: refused.
-    let http = reqwest::Client::new();
+    let http = crate::support::http();
     let forged = vec![b'P', b'W', b'G', b'1'].into_iter().chain(std::iter::repeat_n(7u8, 100)).collect::<Vec<u8>>();
     let r = http.post(format!("http://{}/v1/gossip", a.addr)).body(forged).send().await.unwrap();
     assert_eq!(r.status(), 401);

@@ -13,7 +13,7 @@ use crate::support::{MIB, WorkerProcess as Worker};
 const GIB: u64 = 1 << 30;
 
 fn http() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
+    crate::support::http()
 }
 
 /// `addr`'s pool view, asked with the token of the tenants file's operator

@@ -9,6 +9,14 @@ pub const MIB: u64 = 1 << 20;
 /// The `peerwasm` command under test (this package's copy of it).
 pub const PEERWASM: &str = env!("CARGO_BIN_EXE_peerwasm-under-test");
 
+/// A plain HTTP client for poking at a worker directly. peerwasm's reqwest
+/// is built without a TLS crypto provider of its own (peerwasm passes
+/// rustls's `ring` one explicitly), so it is installed first.
+pub fn http() -> reqwest::Client {
+    peerwasm::net::tls::install_provider();
+    reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
+}
+
 /// Spawns `cmd` (a `peerwasm worker` with its stdout piped) and reads the
 /// address it prints.
 pub fn spawn_worker(cmd: &mut Command) -> (Child, String) {

@@ -50,7 +50,7 @@ pub(crate) fn sleep_job() -> Job {
 }
 
 pub(crate) fn http() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
+    crate::support::http()
 }
 
 pub(crate) async fn upload(addr: &str, job: &Job, token: Option<&str>) -> StatusCode {

@@ -104,7 +104,7 @@ proptest! {
 }
 
 fn http() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
+    crate::support::http()
 }
 
 /// Deterministic pseudo-random bytes.

@@ -47,7 +47,9 @@ pub fn provider() -> Arc<CryptoProvider> {
 }
 
 /// Makes [`provider`] the process's default, once (a no-op if some other
-/// library of the process installed one first).
+/// library of the process installed one first). peerwasm's reqwest has no
+/// provider of its own: a program that builds a reqwest client itself,
+/// beside peerwasm's, calls this first.
 pub fn install_provider() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
