@@ -5,21 +5,27 @@
 //! # Layout
 //!
 //! The modules follow a job's path from the command line to the sandbox,
-//! and are layered: each uses only the ones listed after it (a test,
-//! `layering`, holds the crate to it).
+//! and are layered: each uses only the ones listed after it. The floors a
+//! client needs are crate `peerwasm-core` (re-exported here, so
+//! `peerwasm::client` is `peerwasm_core::client`): Cargo holds that line —
+//! nothing in it can reach the worker — and the `layering` tests hold the
+//! rest.
 //!
 //! * [`cli`] — the `peerwasm` command line (`run`, `map`, `worker`, `peers`,
-//!   …): thin shells over the client and the server;
+//!   `tls`, …): thin shells over the client and the server;
 //! * [`server`] — `peerwasm worker` assembled and served: its configuration
 //!   and defaults, `start`, the HTTP router and one file per endpoint group;
 //! * [`owner`] — maps a worker owns for clients that went away (`map
 //!   --detach`): stored, run with the client's own `map`, resumed after a
 //!   restart; the one room that uses both the worker and the client;
+//! * [`worker`] — the worker's core: the host memory ledger, admission,
+//!   fair share, tenants, a job's life, the state database;
+//!
+//! and from `peerwasm-core`:
+//!
 //! * [`client`] — the submitting side: the embedded worker or a pool as one
 //!   [`Target`](client::Target), best-fit placement, learned memory
 //!   estimates, and [`map`](client::map()) with retries and ordered results;
-//! * [`worker`] — the worker's core: the host memory ledger, admission,
-//!   fair share, tenants, a job's life, the state database;
 //! * [`slot`] — a process that is one job's slot (`peerwasm run`, a slot
 //!   process's child side): a job computing past its deadline ends with it;
 //! * [`runner`] — [`JobRunner`](runner::JobRunner): N slots running jobs on
@@ -52,31 +58,41 @@
 //! # Ok::<(), anyhow::Error>(())
 //! ```
 
+pub use peerwasm_core::{client, gossip, net, proto, runner, sandbox, slot, units};
+
 pub mod cli;
-pub mod client;
-pub mod gossip;
-pub mod net;
 pub mod owner;
-pub mod proto;
-pub mod runner;
-pub mod sandbox;
 pub mod server;
-pub mod slot;
-pub mod units;
 pub mod worker;
 
 #[cfg(test)]
 mod layering {
-    //! The house is layered: a module uses only the modules below it.
+    //! The house is layered: a module uses only the modules below it. Both
+    //! crates' sources are read: `peerwasm-core`'s floors (where Cargo
+    //! already forbids a use of this crate's) and this one's.
 
-    /// Bottom up: each may use only those before it.
-    const LAYERS: [&str; 12] = ["units", "net", "proto", "gossip", "sandbox", "runner", "slot", "worker", "client", "owner", "server", "cli"];
+    /// Bottom up: each may use only those before it. The first eight are
+    /// `peerwasm-core`'s.
+    const LAYERS: [&str; 12] = ["units", "net", "proto", "gossip", "sandbox", "runner", "slot", "client", "worker", "owner", "server", "cli"];
+
+    /// Where `layer`'s source is: this crate's `src/`, or `peerwasm-core`'s.
+    fn src_of(layer: &str) -> std::path::PathBuf {
+        let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let own = here.join("src");
+        if own.join(layer).exists() || own.join(format!("{layer}.rs")).exists() { own } else { here.join("../core/src") }
+    }
+
+    /// Both crates' source roots.
+    fn roots() -> [std::path::PathBuf; 2] {
+        let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        [here.join("src"), here.join("../core/src")]
+    }
 
     #[test]
     fn each_module_uses_only_the_layers_below_it() {
-        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         let mut upward = Vec::new();
         for (level, layer) in LAYERS.iter().enumerate() {
+            let src = src_of(layer);
             let file = src.join(format!("{layer}.rs"));
             let files: Vec<std::path::PathBuf> = if file.exists() {
                 vec![file]
@@ -109,9 +125,9 @@ mod layering {
     /// (`NAME::…`). Comments and unit tests do not count.
     #[test]
     fn no_two_files_of_a_room_import_each_other() {
-        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         let mut both_ways = Vec::new();
-        for room in walkdir::WalkDir::new(&src).into_iter().map(|e| e.expect("reading src").into_path()) {
+        let rooms = roots().into_iter().flat_map(|src| walkdir::WalkDir::new(src).into_iter().map(|e| e.expect("reading src").into_path()));
+        for room in rooms {
             if !room.join("mod.rs").exists() {
                 continue;
             }

@@ -7,7 +7,7 @@
 //! scheme and host are the transport's (`net::Transport::url`).
 //!
 //! ```
-//! use peerwasm::proto::{ModuleHash, routes};
+//! use peerwasm_core::proto::{ModuleHash, routes};
 //! let hash = ModuleHash::of(b"\0asm\x01\0\0\0");
 //! assert_eq!(routes::path(routes::MODULE, &hash.to_hex()), format!("/v1/modules/{hash}"));
 //! ```

@@ -42,7 +42,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
-//! use peerwasm::client::{Job, MapConfig, MapItem, Target, map};
+//! use peerwasm_core::client::{Job, MapConfig, MapItem, Target, map};
 //! let job = Job::from_file("primes.wasm")?;
 //! let target = Target::pool(vec!["127.0.0.1:7070".into()])?;
 //! let inputs = (1..=100).map(|n| format!("{{\"n\": {n}}}").into_bytes());

@@ -18,7 +18,7 @@ pub const INSECURE_HTTP_ENV: &str = "PEERWASM_INSECURE_HTTP";
 /// How this process reaches workers. Cheap to clone.
 ///
 /// ```
-/// use peerwasm::net::Transport;
+/// use peerwasm_core::net::Transport;
 /// let plain = Transport::plain();
 /// assert_eq!(plain.url("10.0.0.7:7070", "/v1/peers"), "http://10.0.0.7:7070/v1/peers");
 /// assert!(plain.may_carry_token_to("127.0.0.1:7070"));

@@ -54,7 +54,7 @@ struct KnownModule {
 ///
 /// ```no_run
 /// # async fn demo() -> anyhow::Result<()> {
-/// use peerwasm::client::{Job, Target};
+/// use peerwasm_core::client::{Job, Target};
 /// let job = Job::from_file("primes.wasm")?;
 /// let target = Target::embedded(2)?;
 /// let result = target.run(&job, job.spec(br#"{"n": 100}"#.to_vec(), 64 << 20)).await?;

@@ -1,0 +1,37 @@
+//! The floors of peerwasm that a client needs: the sandbox and the runner
+//! that is the embedded worker, the wire types, the pool as gossip shows
+//! it, TLS, and the client that places jobs on a pool. Crate `peerwasm`
+//! (the worker, its HTTP server, the command line) builds on this one and
+//! re-exports every module, so `peerwasm::client` is this crate's
+//! `client`; the Python client links this crate alone.
+//!
+//! # Layout
+//!
+//! Each module uses only the ones listed after it (the `layering` tests of
+//! crate `peerwasm` read this crate's sources too):
+//!
+//! * [`client`] — the submitting side: the embedded worker or a pool as one
+//!   [`Target`](client::Target), best-fit placement, learned memory
+//!   estimates, and [`map`](client::map()) with retries and ordered results;
+//! * [`slot`] — a process that is one job's slot (`peerwasm run`, a slot
+//!   process's child side): a job computing past its deadline ends with it;
+//! * [`runner`] — [`JobRunner`](runner::JobRunner): N slots running jobs on
+//!   this machine, in-process or in slot processes;
+//! * [`sandbox`] — wasmtime: the engine, module cache, memory limiter,
+//!   captured stdio and outcome classification;
+//! * [`gossip`] — membership and capacity adverts: a pure state machine,
+//!   its thin HTTP transport, and the pool as a worker sees it;
+//! * [`proto`] — wire types: [`JobSpec`](proto::JobSpec) in,
+//!   [`JobResult`](proto::JobResult) and [`Outcome`](proto::Outcome) out;
+//! * [`net`] — plain HTTP or TLS with the pool's CA
+//!   ([`Transport`](net::Transport)), certificates, failures in words;
+//! * [`units`] — sizes, durations and tables as people write and read them.
+
+pub mod client;
+pub mod gossip;
+pub mod net;
+pub mod proto;
+pub mod runner;
+pub mod sandbox;
+pub mod slot;
+pub mod units;
