@@ -19,10 +19,9 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use tokio::sync::{mpsc, oneshot};
 
+use super::api::{ApiError, WorkerApi};
 use super::errors::PeerError;
 use crate::proto::batch::{BatchAnswer, FrameReader, MAX_BATCH_JOBS};
-use crate::proto::routes;
-use crate::proto::{LARGEST_JOB_HEADER, POSTCARD};
 
 /// How long a batch may wait for company while the worker is busy.
 pub const LINGER: Duration = Duration::from_millis(1);
@@ -91,9 +90,9 @@ impl Batchers {
 fn open(addr: &str, http: &HttpClient) -> Lane {
     let (queue, rx) = mpsc::unbounded_channel();
     let lane = Lane { queue, outstanding: Arc::new(AtomicUsize::new(0)), slots: Arc::new(AtomicUsize::new(1)) };
-    let (http, url, outstanding) = (http.clone(), http.url(addr, routes::BATCH), lane.outstanding.clone());
+    let (http, addr, outstanding) = (http.clone(), addr.to_string(), lane.outstanding.clone());
     let dispatch = move |batch| {
-        tokio::spawn(send(http.clone(), url.clone(), batch, outstanding.clone()));
+        tokio::spawn(send(http.clone(), addr.clone(), batch, outstanding.clone()));
     };
     tokio::spawn(gather(rx, lane.outstanding.clone(), lane.slots.clone(), dispatch));
     lane
@@ -131,7 +130,7 @@ async fn gather(
 }
 
 /// Sends one batch and hands each answer to its job as its frame arrives.
-async fn send(http: HttpClient, url: String, batch: Vec<Waiting>, outstanding: Arc<AtomicUsize>) {
+async fn send(http: HttpClient, addr: String, batch: Vec<Waiting>, outstanding: Arc<AtomicUsize>) {
     let body = batch_body(batch.iter().map(|w| &w.spec[..]));
     let count = batch.len();
     let waiting: Mutex<Vec<Option<oneshot::Sender<_>>>> = Mutex::new(batch.into_iter().map(|w| Some(w.reply)).collect());
@@ -155,7 +154,7 @@ async fn send(http: HttpClient, url: String, batch: Vec<Waiting>, outstanding: A
         }
     };
     let ended = tokio::select! {
-        ended = exchange(&http, &url, body, count, &mut answer) => ended,
+        ended = exchange(WorkerApi::new(&http, &addr), body, count, &mut answer) => ended,
         () = abandoned => Err(PeerError::Lost("nobody waits for the batch any more".into())),
     };
     // Whatever was not answered shares the exchange's fate.
@@ -182,29 +181,23 @@ fn batch_body<'a>(specs: impl ExactSizeIterator<Item = &'a [u8]> + Clone) -> Vec
 
 /// The HTTP exchange of one batch; calls `answer` for each job answered.
 async fn exchange(
-    http: &HttpClient,
-    url: &str,
+    api: WorkerApi<'_>,
     body: Vec<u8>,
     count: usize,
     answer: &mut impl FnMut(usize, Result<BatchAnswer, PeerError>),
 ) -> Result<(), PeerError> {
-    let mut resp = http
-        .post(url)
-        .header(reqwest::header::CONTENT_TYPE, POSTCARD)
-        .body(body)
-        .send()
-        .await
-        .map_err(|e| PeerError::from_reqwest(&e))?;
-    if resp.status() != StatusCode::OK {
-        // The whole request was refused: every job gets that refusal.
-        let status = resp.status().as_u16();
-        let largest_job = resp.headers().get(LARGEST_JOB_HEADER).and_then(|v| v.to_str().ok()?.parse().ok());
-        let message = resp.text().await.unwrap_or_default().trim().to_string();
-        for index in 0..count {
-            answer(index, Ok(BatchAnswer::Refused { status, message: message.clone(), largest_job }));
+    let mut resp = match api.post_batch(body.into()).await {
+        Ok(resp) => resp,
+        Err(ApiError::Status { status, message, largest }) => {
+            // The whole request was refused: every job gets that refusal.
+            for index in 0..count {
+                let refused = BatchAnswer::Refused { status: status.as_u16(), message: message.clone(), largest_job: largest };
+                answer(index, Ok(refused));
+            }
+            return Ok(());
         }
-        return Ok(());
-    }
+        Err(e) => return Err(e.into()),
+    };
     let mut reader = FrameReader::default();
     while let Some(chunk) = resp.chunk().await.map_err(|e| PeerError::from_reqwest(&e))? {
         reader.push(&chunk);

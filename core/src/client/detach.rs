@@ -7,6 +7,7 @@
 //! (`GET /v1/jobs/{id}/output`), polled every [`FOLLOW_INTERVAL`] while it
 //! runs.
 
+use super::api::{ApiError, WorkerApi};
 use crate::net::HttpClient;
 use std::time::Duration;
 
@@ -80,15 +81,12 @@ pub async fn follow(
     for worker in super::jobs::trusted_workers(view, seeds, http).0 {
         let mut seen = [0u64; 2];
         loop {
-            let url = http.url(worker, &format!("{}?stdout={}&stderr={}", routes::path(routes::JOB_OUTPUT, id), seen[0], seen[1]));
-            let resp = http.get(url).send().await.map_err(|e| anyhow::anyhow!("{worker}: {e}"))?;
-            match resp.status() {
-                StatusCode::OK => {}
-                StatusCode::NOT_FOUND if seen == [0, 0] => break, // not this worker's
-                s => anyhow::bail!("{worker}: {s} {}", resp.text().await.unwrap_or_default().trim()),
-            }
-            let out: JobOutput = postcard::from_bytes(&resp.bytes().await?)
-                .map_err(|e| anyhow::anyhow!("{worker} sent output we cannot read: {e}"))?;
+            let out = match WorkerApi::new(http, worker).job_output(id, seen).await {
+                Ok(out) => out,
+                Err(ApiError::Status { status: StatusCode::NOT_FOUND, .. }) if seen == [0, 0] => break, // not this worker's
+                Err(e @ ApiError::Unreadable(_)) => anyhow::bail!("{e}"),
+                Err(e) => anyhow::bail!("{worker}: {e}"),
+            };
             for (i, (stream, bytes)) in [(StdStream::Stdout, &out.stdout), (StdStream::Stderr, &out.stderr)].into_iter().enumerate() {
                 if !bytes.is_empty() {
                     on_output(stream, bytes);

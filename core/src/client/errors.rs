@@ -28,6 +28,18 @@ pub(crate) enum PeerError {
     Fatal(String),
 }
 
+impl From<super::api::ApiError> for PeerError {
+    /// An exchange that failed before the worker answered: unreachable if
+    /// nothing was sent, else lost. A refusal (a status) means what its
+    /// route says it means, which the caller decides; here it is lost.
+    fn from(e: super::api::ApiError) -> PeerError {
+        match e {
+            super::api::ApiError::Transport { connect: true, why } => PeerError::Unreachable(why),
+            other => PeerError::Lost(other.to_string()),
+        }
+    }
+}
+
 impl PeerError {
     /// A failed HTTP exchange: unreachable if nothing was sent, else lost.
     pub(crate) fn from_reqwest(e: &reqwest::Error) -> PeerError {

@@ -5,6 +5,7 @@
 //! worker is asked in turn until one knows it. A worker answers 404 for
 //! another tenant's job exactly as for one that does not exist.
 
+use super::api::{ApiError, WorkerApi};
 use crate::net::HttpClient;
 use reqwest::StatusCode;
 
@@ -52,35 +53,14 @@ pub async fn list(
     let mut jobs = Vec::new();
     let (ask, mut silent) = trusted_workers(view, seeds, http);
     for worker in ask {
-        let resp = match http.get(http.url(worker, routes::JOBS)).send().await {
-            Ok(r) if r.status().is_success() => r,
-            Ok(r) if r.status() == StatusCode::UNAUTHORIZED => {
-                anyhow::bail!("{worker}: {}", r.text().await.unwrap_or_default().trim())
-            }
-            Ok(r) => {
-                silent.push(format!("{worker}: {}", r.status()));
-                continue;
-            }
-            Err(e) => {
-                silent.push(format!("{worker}: {}", crate::net::describe(&e)));
-                continue;
-            }
-        };
-        let body = resp.bytes().await.map_err(|e| anyhow::anyhow!("{worker}: {e}"))?;
-        let mine: Vec<JobStatus> =
-            serde_json::from_slice(&body).map_err(|e| anyhow::anyhow!("{worker} sent a list we cannot read: {e}"))?;
-        jobs.extend(mine.into_iter().map(|status| PoolJob { worker: worker.clone(), status }));
+        match WorkerApi::new(http, worker).jobs().await {
+            Ok(mine) => jobs.extend(mine.into_iter().map(|status| PoolJob { worker: worker.clone(), status })),
+            Err(e @ ApiError::Unreadable(_)) => anyhow::bail!("{e}"),
+            Err(e) => silent.push(format!("{worker}: {e}")),
+        }
     }
     Ok((jobs, silent))
 }
-/// The `was` of a cancel's JSON answer (`{"id", "was"}`).
-pub(super) fn was(body: &str) -> String {
-    serde_json::from_str::<serde_json::Value>(body)
-        .ok()
-        .and_then(|v| v.get("was")?.as_str().map(String::from))
-        .unwrap_or_default()
-}
-
 /// What became of one id.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CancelReport {
@@ -100,23 +80,14 @@ pub async fn cancel(http: &HttpClient, view: &[PeerView], seeds: &[String], id: 
     let mut answered = 0;
     let (ask, mut errors) = trusted_workers(view, seeds, http);
     for worker in ask {
-        let resp = match http.delete(http.url(worker, &routes::path(routes::JOB, id))).send().await {
-            Ok(r) => r,
-            Err(e) => {
-                errors.push(format!("{worker}: {}", crate::net::describe(&e)));
-                continue;
+        match WorkerApi::new(http, worker).cancel_job(id).await {
+            Ok(was) => return Ok(CancelReport::Cancelled { worker: worker.clone(), was }),
+            Err(ApiError::Status { status: StatusCode::CONFLICT, message, .. }) => {
+                return Ok(CancelReport::AlreadyEnded { worker: worker.clone(), message });
             }
-        };
-        answered += 1;
-        let status = resp.status();
-        let body = resp.text().await.unwrap_or_default();
-        match status {
-            StatusCode::OK => return Ok(CancelReport::Cancelled { worker: worker.clone(), was: was(&body) }),
-            StatusCode::CONFLICT => {
-                return Ok(CancelReport::AlreadyEnded { worker: worker.clone(), message: body.trim().to_string() });
-            }
-            StatusCode::NOT_FOUND => {}
-            s => anyhow::bail!("{worker} refused: {s} {}", body.trim()),
+            Err(ApiError::Status { status: StatusCode::NOT_FOUND, .. }) => answered += 1,
+            Err(ApiError::Status { status, message, .. }) => anyhow::bail!("{worker} refused: {status} {message}"),
+            Err(e) => errors.push(format!("{worker}: {e}")),
         }
     }
     if answered == 0 {

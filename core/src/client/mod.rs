@@ -10,6 +10,8 @@
 //! * [`placement`] — best fit over the gossip view;
 //! * [`pool`] — [`Pool`]: the view, the candidates for a job, module
 //!   uploads, how a refusal reads;
+//! * [`api`] — [`WorkerApi`](api::WorkerApi): the worker's HTTP API, one
+//!   method per route, typed answers; everything above keeps only policy;
 //! * `send` — one job on the pool: try candidates in order, provide what a
 //!   worker lacks, wait when all are busy;
 //! * `batcher` — the jobs bound for one worker, sent together while it is
@@ -53,6 +55,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod api;
 mod batcher;
 pub mod detach;
 mod errors;

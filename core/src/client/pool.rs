@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 
+use super::api::{ApiError, WorkerApi};
 use super::batcher::Batchers;
 use super::errors::{PeerError, SubmitError};
 use super::job::Job;
@@ -277,23 +278,19 @@ impl Pool {
     }
 
     async fn upload(&self, addr: &str, job: &Job) -> Result<(), PeerError> {
-        let resp = self
-            .client_for(addr)
-            .put(self.url(addr, &routes::path(routes::MODULE, &job.hash().to_hex())))
-            .header(reqwest::header::CONTENT_TYPE, "application/wasm")
-            .body(bytes::Bytes::copy_from_slice(job.bytes()))
-            .send()
-            .await
-            .map_err(|e| PeerError::from_reqwest(&e))?;
-        match resp.status() {
-            s if s.is_success() => Ok(()),
-            StatusCode::UNAUTHORIZED if !self.trusts(addr) => {
+        let api = WorkerApi::new(self.client_for(addr), addr);
+        match api.put_module(&job.hash(), bytes::Bytes::copy_from_slice(job.bytes())).await {
+            Ok(()) => Ok(()),
+            Err(ApiError::Status { status: StatusCode::UNAUTHORIZED, .. }) if !self.trusts(addr) => {
                 Err(PeerError::Declined("it asks for a token, which goes only to trusted workers".into()))
             }
-            s @ (StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNAUTHORIZED) => Err(
-                PeerError::Fatal(format!("module upload refused: {s} {}", resp.text().await.unwrap_or_default().trim())),
-            ),
-            s => Err(PeerError::Declined(format!("module upload refused: {s}"))),
+            Err(ApiError::Status {
+                status: s @ (StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNAUTHORIZED),
+                message,
+                ..
+            }) => Err(PeerError::Fatal(format!("module upload refused: {s} {message}"))),
+            Err(ApiError::Status { status, .. }) => Err(PeerError::Declined(format!("module upload refused: {status}"))),
+            Err(e) => Err(e.into()),
         }
     }
 }

@@ -19,9 +19,9 @@ use super::job::Job;
 use super::errors::{PeerError, SubmitError};
 use super::pool::Pool;
 pub use super::tree::ShippedTree;
-use crate::proto::routes;
-use crate::proto::tree::{FileHash, MISSING_STATUS};
-use crate::proto::{JobSpec, POSTCARD};
+use super::api::{ApiError, WorkerApi};
+use crate::proto::tree::MISSING_STATUS;
+use crate::proto::JobSpec;
 
 /// Tries of one job on one worker: as sent, after its module, after its
 /// trees.
@@ -55,26 +55,19 @@ impl Pool {
         trees: &[Arc<ShippedTree>],
         body: bytes::Bytes,
     ) -> Result<reqwest::Response, PeerError> {
+        let api = WorkerApi::new(self.client_for(addr), addr);
         for attempt in 0..PROVIDE_ATTEMPTS {
             let sent = Instant::now();
-            let resp = self
-                .client_for(addr)
-                .post(self.url(addr, path))
-                .header(reqwest::header::CONTENT_TYPE, POSTCARD)
-                .body(body.clone())
-                .send()
-                .await
-                .map_err(|e| PeerError::from_reqwest(&e))?;
-            let status = resp.status();
-            if status == accepted {
-                return Ok(resp);
+            match api.post_job(path, accepted, body.clone()).await {
+                Ok(resp) => return Ok(resp),
+                Err(ApiError::Status { status, message, largest }) => {
+                    if attempt + 1 < PROVIDE_ATTEMPTS && self.provide(addr, status, job, trees, sent).await? {
+                        continue;
+                    }
+                    return Err(self.read_refusal(addr, status, message, largest));
+                }
+                Err(e) => return Err(e.into()),
             }
-            let largest = resp.headers().get(crate::proto::LARGEST_JOB_HEADER).and_then(|v| v.to_str().ok()?.parse().ok());
-            let message = resp.text().await.unwrap_or_default().trim().to_string();
-            if attempt + 1 < PROVIDE_ATTEMPTS && self.provide(addr, status, job, trees, sent).await? {
-                continue;
-            }
-            return Err(self.read_refusal(addr, status, message, largest));
         }
         unreachable!("the last attempt returns")
     }
@@ -133,21 +126,11 @@ impl Pool {
 
     /// The manifest, then each file the worker says it lacks.
     async fn send_tree(&self, addr: &str, tree: &ShippedTree) -> Result<(), PeerError> {
-        let resp = self
-            .client_for(addr)
-            .put(self.url(addr, &routes::path(routes::TREE, &tree.grant.manifest.to_hex())))
-            .header(reqwest::header::CONTENT_TYPE, POSTCARD)
-            .body(tree.encoded.clone())
-            .send()
+        let api = WorkerApi::new(self.client_for(addr), addr);
+        let missing = api
+            .put_tree(&tree.grant.manifest, tree.encoded.clone())
             .await
-            .map_err(|e| PeerError::from_reqwest(&e))?;
-        let status = resp.status();
-        let body = resp.bytes().await.map_err(|e| PeerError::from_reqwest(&e))?;
-        if !status.is_success() {
-            return Err(upload_refused("the directory", status, &body));
-        }
-        let missing: Vec<FileHash> =
-            postcard::from_bytes(&body).map_err(|e| PeerError::Lost(format!("unreadable answer to a tree: {e}")))?;
+            .map_err(|e| upload_refused("the directory", e))?;
         for hash in missing {
             let Some(path) = tree.sources.get(&hash) else {
                 return Err(PeerError::Fatal(format!("the worker asks for file {hash}, which the tree does not have")));
@@ -155,20 +138,8 @@ impl Pool {
             let file = tokio::fs::File::open(path)
                 .await
                 .map_err(|e| PeerError::Fatal(format!("cannot read {}: {e}", path.display())))?;
-            let resp = self
-                .client_for(addr)
-                .put(self.url(addr, &routes::path(routes::FILE, &hash.to_hex())))
-                .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
-                .body(reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(file)))
-                .send()
-                .await
-                .map_err(|e| PeerError::from_reqwest(&e))?;
-            let status = resp.status();
-            if !status.is_success() {
-                let body = resp.bytes().await.unwrap_or_default();
-                let what = format!("{}", path.display());
-                return Err(upload_refused(&what, status, &body));
-            }
+            let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(file));
+            api.put_file(&hash, body).await.map_err(|e| upload_refused(&path.display().to_string(), e))?;
         }
         Ok(())
     }
@@ -177,13 +148,13 @@ impl Pool {
 /// A refused tree or file upload: the request is wrong (400: a bad tree, a
 /// file changed since it was hashed) — no worker would take it; anything
 /// else (too large here, no room now) — try another worker.
-fn upload_refused(what: &str, status: StatusCode, body: &[u8]) -> PeerError {
-    let message = String::from_utf8_lossy(body).trim().to_string();
-    match status {
-        StatusCode::BAD_REQUEST | StatusCode::UNAUTHORIZED => {
+fn upload_refused(what: &str, refused: ApiError) -> PeerError {
+    match refused {
+        ApiError::Status { status: StatusCode::BAD_REQUEST | StatusCode::UNAUTHORIZED, message, .. } => {
             PeerError::Fatal(format!("{what} was refused: {message}"))
         }
-        _ => PeerError::Declined(format!("{what} was refused: {status} {message}")),
+        ApiError::Status { status, message, .. } => PeerError::Declined(format!("{what} was refused: {status} {message}")),
+        other => other.into(),
     }
 }
 

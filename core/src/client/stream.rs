@@ -17,14 +17,14 @@ use bytes::Bytes;
 use reqwest::StatusCode;
 use tokio::sync::mpsc;
 
+use super::api::{ApiError, WorkerApi};
 use super::job::Job;
 use super::errors::{PeerError, SubmitError};
 use super::pool::{Pool, backoff_wait};
 use super::ship::{PROVIDE_ATTEMPTS, ShippedTree};
 use crate::proto::frame::{FrameReader, encode_frame};
-use crate::proto::routes;
 use crate::proto::stream::StreamEvent;
-use crate::proto::{JobResult, JobSpec, LARGEST_JOB_HEADER, POSTCARD, StdStream};
+use crate::proto::{JobResult, JobSpec, StdStream};
 use crate::sandbox::StdinFeed;
 
 /// Receives a streamed job's output as it arrives.
@@ -86,23 +86,17 @@ impl Pool {
             let stream = futures::stream::unfold(body_rx, |mut rx| async move {
                 rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx))
             });
-            let mut resp = self
-                .client_for(addr)
-                .post(self.url(addr, routes::STREAM))
-                .header(reqwest::header::CONTENT_TYPE, POSTCARD)
-                .body(reqwest::Body::wrap_stream(stream))
-                .send()
-                .await
-                .map_err(|e| PeerError::from_reqwest(&e))?;
-            let status = resp.status();
-            if status != StatusCode::OK {
-                let largest = resp.headers().get(LARGEST_JOB_HEADER).and_then(|v| v.to_str().ok()?.parse().ok());
-                let message = resp.text().await.unwrap_or_default().trim().to_string();
-                if attempt + 1 < PROVIDE_ATTEMPTS && self.provide(addr, status, job, trees, sent).await? {
-                    continue;
+            let api = WorkerApi::new(self.client_for(addr), addr);
+            let mut resp = match api.post_stream(reqwest::Body::wrap_stream(stream)).await {
+                Ok(resp) => resp,
+                Err(ApiError::Status { status, message, largest }) => {
+                    if attempt + 1 < PROVIDE_ATTEMPTS && self.provide(addr, status, job, trees, sent).await? {
+                        continue;
+                    }
+                    return Err(self.read_refusal(addr, status, message, largest));
                 }
-                return Err(self.read_refusal(addr, status, message, largest));
-            }
+                Err(e) => return Err(e.into()),
+            };
             // Accepted: from here on stdin is spent on this worker.
             let _pump = AbortOnDrop(tokio::spawn(pump(std::mem::take(first), stdin.take(), body)));
             let (mut stdout, mut stderr) = (Vec::new(), Vec::new());

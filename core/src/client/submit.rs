@@ -7,6 +7,7 @@
 //! live worker is asked until one knows it); `peerwasm submissions` shows
 //! the owner.
 
+use super::api::{ApiError, WorkerApi};
 use crate::net::HttpClient;
 use std::time::Duration;
 
@@ -77,16 +78,12 @@ pub async fn find(
     let (ask, mut errors) = trusted_workers(view, seeds, http);
     let mut answered = 0;
     for worker in ask {
-        match http.get(http.url(worker, &routes::path(routes::SUBMISSION, id))).send().await {
-            Ok(r) if r.status().is_success() => {
-                let body = r.bytes().await?;
-                let info = serde_json::from_slice(&body)
-                    .map_err(|e| anyhow::anyhow!("{worker} sent a submission we cannot read: {e}"))?;
-                return Ok(Some(info));
-            }
-            Ok(r) if r.status() == StatusCode::NOT_FOUND => answered += 1,
-            Ok(r) => anyhow::bail!("{worker}: {} {}", r.status(), r.text().await.unwrap_or_default().trim()),
-            Err(e) => errors.push(format!("{worker}: {}", crate::net::describe(&e))),
+        match WorkerApi::new(http, worker).submission(id).await {
+            Ok(info) => return Ok(Some(info)),
+            Err(ApiError::Status { status: StatusCode::NOT_FOUND, .. }) => answered += 1,
+            Err(e @ ApiError::Unreadable(_)) => anyhow::bail!("{e}"),
+            Err(ApiError::Status { status, message, .. }) => anyhow::bail!("{worker}: {status} {message}"),
+            Err(e) => errors.push(format!("{worker}: {e}")),
         }
     }
     if answered == 0 {
@@ -104,15 +101,11 @@ pub async fn results_page(
     from: u64,
     wait: Duration,
 ) -> anyhow::Result<Option<ResultsPage>> {
-    let url = http.url(owner, &format!("{}?from={from}&wait_ms={}", routes::path(routes::SUBMISSION_RESULTS, id), wait.as_millis()));
-    let resp = http.get(url).timeout(wait + Duration::from_secs(30)).send().await?;
-    match resp.status() {
-        StatusCode::OK => {
-            let bytes = resp.bytes().await?;
-            Ok(Some(postcard::from_bytes(&bytes).map_err(|e| anyhow::anyhow!("{owner} sent results we cannot read: {e}"))?))
-        }
-        StatusCode::NOT_FOUND => Ok(None),
-        s => anyhow::bail!("{owner}: {s} {}", resp.text().await.unwrap_or_default().trim()),
+    match WorkerApi::new(http, owner).submission_results(id, from, wait).await {
+        Ok(page) => Ok(Some(page)),
+        Err(ApiError::Status { status: StatusCode::NOT_FOUND, .. }) => Ok(None),
+        Err(e @ ApiError::Unreadable(_)) => anyhow::bail!("{e}"),
+        Err(e) => anyhow::bail!("{owner}: {e}"),
     }
 }
 
@@ -123,10 +116,10 @@ pub async fn list(
     view: &[PeerView],
     seeds: &[String],
 ) -> anyhow::Result<(Vec<SubmissionInfo>, Vec<String>)> {
-    gather(http, view, seeds, routes::SUBMISSIONS).await
+    gather(http, view, seeds, |api| async move { api.submissions().await }).await
 }
 
-/// The job history of every trusted_workers worker of `view` since `since_ms`
+/// The job history of every trusted worker of `view` since `since_ms`
 /// (only `tenant`'s when given, which needs an operator's token for
 /// another tenant), oldest first.
 pub async fn history(
@@ -136,46 +129,30 @@ pub async fn history(
     since_ms: u64,
     tenant: Option<&str>,
 ) -> anyhow::Result<(Vec<HistoryRecord>, Vec<String>)> {
-    let mut path = format!("{}?since_ms={since_ms}", routes::HISTORY);
-    if let Some(t) = tenant {
-        path.push_str(&format!("&tenant={}", url_escape(t)));
-    }
-    let (mut rows, silent): (Vec<HistoryRecord>, _) = gather(http, view, seeds, &path).await?;
+    let (mut rows, silent) = gather(http, view, seeds, |api| async move { api.history(since_ms, tenant).await }).await?;
     rows.sort_by(|a, b| (a.ended_ms, &a.peer).cmp(&(b.ended_ms, &b.peer)));
     Ok((rows, silent))
 }
 
-fn url_escape(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-            b => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// GETs `path` (a JSON list) from every trusted_workers worker and concatenates.
-async fn gather<T: serde::de::DeserializeOwned>(
-    http: &HttpClient,
-    view: &[PeerView],
-    seeds: &[String],
-    path: &str,
-) -> anyhow::Result<(Vec<T>, Vec<String>)> {
-    let (ask, mut silent) = trusted_workers(view, seeds, http);
+/// Asks every trusted worker of `view` with `ask` (a list route) and
+/// concatenates; a refused token ends it, other workers not answering are
+/// named in the second list.
+async fn gather<'h, T, F, Fut>(http: &'h HttpClient, view: &[PeerView], seeds: &[String], ask: F) -> anyhow::Result<(Vec<T>, Vec<String>)>
+where
+    F: Fn(WorkerApi<'h>) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<T>, ApiError>>,
+{
+    let (workers, mut silent) = trusted_workers(view, seeds, http);
     let mut all = Vec::new();
-    for worker in ask {
-        match http.get(http.url(worker, path)).send().await {
-            Ok(r) if r.status().is_success() => {
-                let body = r.bytes().await.map_err(|e| anyhow::anyhow!("{worker}: {e}"))?;
-                let mut some: Vec<T> = serde_json::from_slice(&body)
-                    .map_err(|e| anyhow::anyhow!("{worker} sent a list we cannot read: {e}"))?;
-                all.append(&mut some);
+    for worker in workers {
+        match ask(WorkerApi::new(http, worker)).await {
+            Ok(mut some) => all.append(&mut some),
+            Err(ApiError::Status { status: StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN, message, .. }) => {
+                anyhow::bail!("{worker}: {message}")
             }
-            Ok(r) if matches!(r.status(), StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) => {
-                anyhow::bail!("{worker}: {}", r.text().await.unwrap_or_default().trim())
-            }
-            Ok(r) => silent.push(format!("{worker}: {}", r.status())),
-            Err(e) => silent.push(format!("{worker}: {}", crate::net::describe(&e))),
+            Err(e @ ApiError::Unreadable(_)) => anyhow::bail!("{e}"),
+            Err(ApiError::Status { status, .. }) => silent.push(format!("{worker}: {status}")),
+            Err(e) => silent.push(format!("{worker}: {e}")),
         }
     }
     Ok((all, silent))
@@ -185,12 +162,9 @@ async fn gather<T: serde::de::DeserializeOwned>(
 /// under way are cancelled; a finished one is discarded.
 pub async fn cancel(http: &HttpClient, view: &[PeerView], seeds: &[String], id: &str) -> anyhow::Result<CancelReport> {
     let Some(info) = find(http, view, seeds, id).await? else { return Ok(CancelReport::NotFound) };
-    let resp = http.delete(http.url(&info.owner, &routes::path(routes::SUBMISSION, id))).send().await?;
-    let status = resp.status();
-    let body = resp.text().await.unwrap_or_default();
-    match status {
-        StatusCode::OK => Ok(CancelReport::Cancelled { worker: info.owner, was: super::jobs::was(&body) }),
-        StatusCode::NOT_FOUND => Ok(CancelReport::NotFound),
-        s => anyhow::bail!("{} refused: {s} {}", info.owner, body.trim()),
+    match WorkerApi::new(http, &info.owner).cancel_submission(id).await {
+        Ok(was) => Ok(CancelReport::Cancelled { worker: info.owner, was }),
+        Err(ApiError::Status { status: StatusCode::NOT_FOUND, .. }) => Ok(CancelReport::NotFound),
+        Err(e) => anyhow::bail!("{} refused: {e}", info.owner),
     }
 }

@@ -1,0 +1,277 @@
+//! The worker's HTTP API as a client calls it: [`WorkerApi`], one method
+//! per route of [`proto::routes`](crate::proto::routes), each building its
+//! request (path, content type, body encoding) and reading its answer into
+//! the route's type. What an answer *means* — whom to ask next, when to
+//! retry or upload, what a refusal says about placement — stays with the
+//! callers (`Pool`, `jobs`, `submit`, `detach`): policy above, wire here.
+//! The worker's side of each route is `server`'s router, built from the
+//! same route constants.
+//!
+//! A job's own routes (`POST /v1/jobs`, `/batch`, `/stream`) answer with a
+//! body the caller reads as it comes (frames, a result); their methods
+//! return the response once its status is the route's success.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use reqwest::{RequestBuilder, Response, StatusCode};
+
+use crate::gossip::PeerView;
+use crate::net::HttpClient;
+use crate::proto::submission::{HistoryRecord, ResultsPage, SubmissionInfo};
+use crate::proto::tree::FileHash;
+use crate::proto::{JobOutput, JobStatus, LARGEST_JOB_HEADER, ModuleHash, POSTCARD, routes};
+
+/// What went wrong in one exchange with one worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ApiError {
+    /// No answer: the connection failed (`connect`: before anything was
+    /// sent) or broke; said in words (`net::describe`).
+    Transport { connect: bool, why: String },
+    /// The worker answered another status than the route's success, with
+    /// its message and, for a job it could never hold, the largest it
+    /// could.
+    Status { status: StatusCode, message: String, largest: Option<u64> },
+    /// The answer could not be read as the route's type.
+    Unreadable(String),
+}
+
+impl ApiError {
+    fn from_reqwest(e: &reqwest::Error) -> ApiError {
+        ApiError::Transport { connect: e.is_connect(), why: crate::net::describe(e) }
+    }
+
+    /// The status the worker answered, if it answered.
+    pub fn status(&self) -> Option<StatusCode> {
+        match self {
+            ApiError::Status { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ApiError::Transport { why, .. } => f.write_str(why),
+            ApiError::Status { status, message, .. } => write!(f, "{status} {message}"),
+            ApiError::Unreadable(why) => f.write_str(why),
+        }
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+/// One worker's API, through `http` (which carries the token, if any, and
+/// chooses the scheme).
+#[derive(Clone, Copy)]
+pub struct WorkerApi<'a> {
+    http: &'a HttpClient,
+    addr: &'a str,
+}
+
+impl<'a> WorkerApi<'a> {
+    /// The worker at `addr` (`host:port`), reached with `http`.
+    pub fn new(http: &'a HttpClient, addr: &'a str) -> WorkerApi<'a> {
+        WorkerApi { http, addr }
+    }
+
+    /// The worker's address.
+    pub fn addr(&self) -> &'a str {
+        self.addr
+    }
+
+    fn url(&self, path: &str) -> String {
+        self.http.url(self.addr, path)
+    }
+
+    /// Sends `request`; its response if the status is `ok`.
+    async fn expect(request: RequestBuilder, ok: StatusCode) -> Result<Response, ApiError> {
+        let resp = request.send().await.map_err(|e| ApiError::from_reqwest(&e))?;
+        if resp.status() == ok {
+            return Ok(resp);
+        }
+        let status = resp.status();
+        let largest = resp.headers().get(LARGEST_JOB_HEADER).and_then(|v| v.to_str().ok()?.parse().ok());
+        let message = resp.text().await.unwrap_or_default().trim().to_string();
+        Err(ApiError::Status { status, message, largest })
+    }
+
+    async fn body(resp: Response) -> Result<Bytes, ApiError> {
+        resp.bytes().await.map_err(|e| ApiError::from_reqwest(&e))
+    }
+
+    async fn postcard<T: serde::de::DeserializeOwned>(&self, resp: Response, what: &str) -> Result<T, ApiError> {
+        let bytes = Self::body(resp).await?;
+        postcard::from_bytes(&bytes).map_err(|e| ApiError::Unreadable(format!("{} sent {what} we cannot read: {e}", self.addr)))
+    }
+
+    async fn json<T: serde::de::DeserializeOwned>(&self, resp: Response, what: &str) -> Result<T, ApiError> {
+        let bytes = Self::body(resp).await?;
+        serde_json::from_slice(&bytes).map_err(|e| ApiError::Unreadable(format!("{} sent {what} we cannot read: {e}", self.addr)))
+    }
+
+    /// `GET /v1/peers`: the pool as this worker sees it.
+    pub async fn peers(&self) -> Result<Vec<PeerView>, ApiError> {
+        let request = self.http.get(self.url(routes::PEERS)).header(reqwest::header::ACCEPT, POSTCARD);
+        let resp = Self::expect(request, StatusCode::OK).await?;
+        self.postcard(resp, "a pool view").await
+    }
+
+    /// `PUT /v1/modules/{hash}`: a module's bytes.
+    pub async fn put_module(&self, hash: &ModuleHash, bytes: Bytes) -> Result<(), ApiError> {
+        let request = self
+            .http
+            .put(self.url(&routes::path(routes::MODULE, &hash.to_hex())))
+            .header(reqwest::header::CONTENT_TYPE, "application/wasm")
+            .body(bytes);
+        let resp = request.send().await.map_err(|e| ApiError::from_reqwest(&e))?;
+        match resp.status() {
+            s if s.is_success() => Ok(()),
+            status => Err(ApiError::Status { status, message: resp.text().await.unwrap_or_default().trim().to_string(), largest: None }),
+        }
+    }
+
+    /// `PUT /v1/trees/{hash}`: a shipped directory's manifest (as encoded);
+    /// the files the worker lacks.
+    pub async fn put_tree(&self, manifest: &ModuleHash, encoded: Bytes) -> Result<Vec<FileHash>, ApiError> {
+        let request = self
+            .http
+            .put(self.url(&routes::path(routes::TREE, &manifest.to_hex())))
+            .header(reqwest::header::CONTENT_TYPE, POSTCARD)
+            .body(encoded);
+        let resp = Self::expect_success(request).await?;
+        self.postcard(resp, "an answer to a tree").await
+    }
+
+    /// `PUT /v1/files/{hash}`: one file of a shipped directory, streamed.
+    pub async fn put_file(&self, hash: &FileHash, body: reqwest::Body) -> Result<(), ApiError> {
+        let request = self
+            .http
+            .put(self.url(&routes::path(routes::FILE, &hash.to_hex())))
+            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+            .body(body);
+        Self::expect_success(request).await.map(drop)
+    }
+
+    /// Sends `request`; its response if the status is a success (2xx).
+    async fn expect_success(request: RequestBuilder) -> Result<Response, ApiError> {
+        let resp = request.send().await.map_err(|e| ApiError::from_reqwest(&e))?;
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        let status = resp.status();
+        Err(ApiError::Status { status, message: resp.text().await.unwrap_or_default().trim().to_string(), largest: None })
+    }
+
+    /// `POST` of a job-carrying `body` (postcard) to `path` (`/v1/jobs`,
+    /// with `?detach=true`, or `/v1/submissions`); the response when the
+    /// status is `accepted`.
+    pub async fn post_job(&self, path: &str, accepted: StatusCode, body: Bytes) -> Result<Response, ApiError> {
+        let request = self.http.post(self.url(path)).header(reqwest::header::CONTENT_TYPE, POSTCARD).body(body);
+        Self::expect(request, accepted).await
+    }
+
+    /// `POST /v1/jobs/batch`: many jobs; the response streams their
+    /// answers (frames) as they end.
+    pub async fn post_batch(&self, body: Bytes) -> Result<Response, ApiError> {
+        let request = self.http.post(self.url(routes::BATCH)).header(reqwest::header::CONTENT_TYPE, POSTCARD).body(body);
+        Self::expect(request, StatusCode::OK).await
+    }
+
+    /// `POST /v1/jobs/stream`: one job whose stdin is `body` as it comes;
+    /// the response streams its output (frames).
+    pub async fn post_stream(&self, body: reqwest::Body) -> Result<Response, ApiError> {
+        let request = self.http.post(self.url(routes::STREAM)).header(reqwest::header::CONTENT_TYPE, POSTCARD).body(body);
+        Self::expect(request, StatusCode::OK).await
+    }
+
+    /// `GET /v1/jobs`: the caller's jobs here.
+    pub async fn jobs(&self) -> Result<Vec<JobStatus>, ApiError> {
+        let resp = Self::expect(self.http.get(self.url(routes::JOBS)), StatusCode::OK).await?;
+        self.json(resp, "a list").await
+    }
+
+    /// `DELETE /v1/jobs/{id}`: cancels a job; what it was (`queued`,
+    /// `running`, `done`). 409: it had ended; 404: not here.
+    pub async fn cancel_job(&self, id: &str) -> Result<String, ApiError> {
+        let resp = Self::expect(self.http.delete(self.url(&routes::path(routes::JOB, id))), StatusCode::OK).await?;
+        Ok(was(&resp.text().await.unwrap_or_default()))
+    }
+
+    /// `GET /v1/jobs/{id}/output`: a detached job's output past `seen`
+    /// bytes of stdout and stderr, and its outcome once it has ended.
+    pub async fn job_output(&self, id: &str, seen: [u64; 2]) -> Result<JobOutput, ApiError> {
+        let path = format!("{}?stdout={}&stderr={}", routes::path(routes::JOB_OUTPUT, id), seen[0], seen[1]);
+        let resp = Self::expect(self.http.get(self.url(&path)), StatusCode::OK).await?;
+        self.postcard(resp, "output").await
+    }
+
+    /// `GET /v1/submissions/{id}`: a submission's owner and progress.
+    pub async fn submission(&self, id: &str) -> Result<SubmissionInfo, ApiError> {
+        let resp = Self::expect(self.http.get(self.url(&routes::path(routes::SUBMISSION, id))), StatusCode::OK).await?;
+        self.json(resp, "a submission").await
+    }
+
+    /// `GET /v1/submissions/{id}/results`: results from input `from` on,
+    /// the worker waiting up to `wait` for the next one.
+    pub async fn submission_results(&self, id: &str, from: u64, wait: Duration) -> Result<ResultsPage, ApiError> {
+        let path = format!("{}?from={from}&wait_ms={}", routes::path(routes::SUBMISSION_RESULTS, id), wait.as_millis());
+        let request = self.http.get(self.url(&path)).timeout(wait + Duration::from_secs(30));
+        let resp = Self::expect(request, StatusCode::OK).await?;
+        self.postcard(resp, "results").await
+    }
+
+    /// `GET /v1/submissions`: the caller's submissions owned here.
+    pub async fn submissions(&self) -> Result<Vec<SubmissionInfo>, ApiError> {
+        let resp = Self::expect(self.http.get(self.url(routes::SUBMISSIONS)), StatusCode::OK).await?;
+        self.json(resp, "a list").await
+    }
+
+    /// `GET /v1/history`: the jobs this worker ran since `since_ms` (only
+    /// `tenant`'s when given).
+    pub async fn history(&self, since_ms: u64, tenant: Option<&str>) -> Result<Vec<HistoryRecord>, ApiError> {
+        let mut path = format!("{}?since_ms={since_ms}", routes::HISTORY);
+        if let Some(t) = tenant {
+            path.push_str(&format!("&tenant={}", url_escape(t)));
+        }
+        let resp = Self::expect(self.http.get(self.url(&path)), StatusCode::OK).await?;
+        self.json(resp, "a list").await
+    }
+
+    /// `DELETE /v1/submissions/{id}`: cancels (or discards) a submission;
+    /// what it was.
+    pub async fn cancel_submission(&self, id: &str) -> Result<String, ApiError> {
+        let request = self.http.delete(self.url(&routes::path(routes::SUBMISSION, id)));
+        let resp = Self::expect(request, StatusCode::OK).await?;
+        Ok(was(&resp.text().await.unwrap_or_default()))
+    }
+}
+
+/// The `was` of a cancel's JSON answer (`{"id", "was"}`).
+fn was(body: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("was")?.as_str().map(String::from))
+        .unwrap_or_default()
+}
+
+/// `s` as a URL query value.
+fn url_escape(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            b => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_tenant_name_is_escaped_in_a_query_and_a_cancel_answer_is_read() {
+        assert_eq!(super::url_escape("a b&c=d/é"), "a%20b%26c%3Dd%2F%C3%A9");
+        assert_eq!(super::was(r#"{"id":"j-1","was":"running"}"#), "running");
+        assert_eq!(super::was("not json"), "");
+    }
+}
