@@ -16,7 +16,6 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use std::time::Duration;
 
-use reqwest::StatusCode;
 use tokio::sync::{mpsc, oneshot};
 
 use super::api::{ApiError, WorkerApi};

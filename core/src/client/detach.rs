@@ -18,7 +18,7 @@ use super::errors::{PeerError, SubmitError};
 use super::pool::{Pool, backoff_wait};
 use super::ship::ShippedTree;
 use crate::gossip::PeerView;
-use crate::proto::{JOB_ID_HEADER, JobOutput, JobSpec, Outcome, StdStream, routes};
+use crate::proto::{JOB_ID_HEADER, JobSpec, Outcome, StdStream, routes};
 
 /// How often a follower asks for more output.
 pub const FOLLOW_INTERVAL: Duration = Duration::from_millis(100);

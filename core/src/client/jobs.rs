@@ -11,7 +11,7 @@ use reqwest::StatusCode;
 
 use crate::gossip::Liveness;
 use crate::gossip::PeerView;
-use crate::proto::{JobStatus, routes};
+use crate::proto::JobStatus;
 
 /// One of the caller's jobs, and where it is.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]

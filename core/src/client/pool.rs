@@ -30,7 +30,7 @@ use super::tree::ShippedTrees;
 use crate::gossip::Liveness;
 use crate::gossip::PeerView;
 use crate::net::{HttpClient, Transport};
-use crate::proto::{JobSpec, ModuleHash, PROTOCOL_HEADER, PROTOCOL_VERSION, routes};
+use crate::proto::{JobSpec, ModuleHash, PROTOCOL_HEADER, PROTOCOL_VERSION};
 use crate::units::Bytes;
 
 /// How a [`Pool`] behaves.
@@ -204,11 +204,6 @@ impl Pool {
     pub(super) fn trusts(&self, addr: &str) -> bool {
         self.http.may_send_to(addr)
             && (self.config.seeds.iter().any(|s| s == addr) || self.keyed.load(std::sync::atomic::Ordering::Relaxed))
-    }
-
-    /// The URL of `path` on the worker at `addr`, with the pool's scheme.
-    pub(super) fn url(&self, addr: &str, path: &str) -> String {
-        self.http.url(addr, path)
     }
 
     /// The client for `addr`: with the token if it is trusted.

@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use reqwest::StatusCode;
 use tokio::sync::mpsc;
 
 use super::api::{ApiError, WorkerApi};

@@ -137,7 +137,7 @@ pub async fn history(
 /// Asks every trusted worker of `view` with `ask` (a list route) and
 /// concatenates; a refused token ends it, other workers not answering are
 /// named in the second list.
-async fn gather<'h, T, F, Fut>(http: &'h HttpClient, view: &[PeerView], seeds: &[String], ask: F) -> anyhow::Result<(Vec<T>, Vec<String>)>
+async fn gather<'h, T, F, Fut>(http: &'h HttpClient, view: &'h [PeerView], seeds: &[String], ask: F) -> anyhow::Result<(Vec<T>, Vec<String>)>
 where
     F: Fn(WorkerApi<'h>) -> Fut,
     Fut: std::future::Future<Output = Result<Vec<T>, ApiError>>,
