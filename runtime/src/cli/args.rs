@@ -176,8 +176,8 @@ impl EntryArgs {
         cache: Option<PathBuf>,
     ) -> anyhow::Result<(crate::client::Job, Option<tempfile::TempDir>)> {
         if self.python {
-            let runtime = crate::client::python::PythonRuntime::find()?;
             let cache = cache.unwrap_or_else(|| std::env::temp_dir().join("peerwasm-cache"));
+            let runtime = crate::client::python::PythonRuntime::find_cached(Some(&cache))?;
             let pj = crate::client::python::python_job(&runtime, module, args, &cache)?;
             return Ok((pj.job, pj.script_dir));
         }
