@@ -104,7 +104,9 @@ pub struct WorkerArgs {
     tls_key: Option<PathBuf>,
     /// The pool CA's certificate (PEM): this worker trusts it when it
     /// talks to its peers (gossip, the jobs of the maps it owns).
-    #[arg(long, value_name = "FILE", env = crate::net::transport::TLS_CA_ENV, requires = "tls_cert")]
+    /// Without --tls-cert it is not used (a worker without a certificate
+    /// serves plain HTTP), and the worker says so.
+    #[arg(long, value_name = "FILE", env = crate::net::transport::TLS_CA_ENV)]
     tls_ca: Option<PathBuf>,
     /// Serve plain HTTP with --tenants although --listen is reachable from
     /// other machines: tenants' tokens then cross the network in clear.
@@ -294,6 +296,11 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         insecure_gossip: args.insecure_gossip,
         tls: match (args.tls_cert, args.tls_key, args.tls_ca) {
             (Some(cert), Some(key), Some(ca)) => Some(crate::net::tls::WorkerTls { cert, key, ca }),
+            (None, _, Some(ca)) => {
+                // PEERWASM_TLS_CA exported for the clients of this shell.
+                tracing::warn!(ca = %ca.display(), "a pool CA is given but no --tls-cert: this worker serves plain HTTP");
+                None
+            }
             _ => None,
         },
         insecure_http: args.insecure_http,
