@@ -353,3 +353,36 @@ fn a_key_file_open_to_others_is_made_private_and_a_missing_ca_is_named() {
     let out = peerwasm(&["run", "--peers", "127.0.0.1:1", "--tls-ca", "/nonexistent/ca.crt", guest.to_str().unwrap()]);
     assert!(text(&out).contains("/nonexistent/ca.crt"), "{}", text(&out));
 }
+
+/// A stranger who opens connections to a TLS worker and stalls before or
+/// inside the handshake holds each no longer than the header timeout, and
+/// the worker answers others meanwhile.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stalled_handshake_holds_a_connection_no_longer_than_the_header_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let mut flags = pool_tls(dir.path());
+    flags.extend(["--header-timeout".into(), "1s".into()]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let w = WorkerProcess::start_with("1GiB", 1, None, &flags);
+    let mut stalled = Vec::new();
+    for i in 0..6 {
+        let mut s = tokio::net::TcpStream::connect(&w.addr).await.unwrap();
+        if i % 2 == 1 {
+            // The first bytes of a ClientHello record, and no more.
+            s.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01]).await.unwrap();
+        }
+        stalled.push(s);
+    }
+    let opened = std::time::Instant::now();
+    let transport = peerwasm::net::Transport::tls(&dir.path().join("tls/ca.crt")).unwrap();
+    let t = std::time::Instant::now();
+    crate::pool::view_via(&peerwasm::client::pool::http_client(None, &transport).unwrap(), &w.addr).await;
+    assert!(t.elapsed() < Duration::from_secs(1), "the pool view took {:?} beside stalled handshakes", t.elapsed());
+    for mut s in stalled {
+        let mut buf = [0u8; 64];
+        let closed = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf)).await;
+        assert!(matches!(closed, Ok(Ok(0)) | Ok(Err(_))), "a stalled handshake outlived the header timeout: {closed:?}");
+    }
+    assert!(opened.elapsed() >= Duration::from_millis(800), "closed before the timeout: {:?}", opened.elapsed());
+}
