@@ -38,6 +38,7 @@ pub mod modules;
 pub mod slotproc;
 
 use crate::proto::{CacheSource, CancelCause, JobResult, JobSpec, ModuleHash, Outcome};
+use crate::sandbox::RunSpec;
 use modules::ModuleBytes;
 use slotproc::{LARGE_MODULE_BYTES, LONG_JOB_CPU, SlotPolicy, SlotProcessConfig, SlotProcesses};
 use crate::sandbox::{Cancel, OutputChunk, RunHooks, Sandbox, SandboxConfig};
@@ -180,13 +181,25 @@ impl JobRunner {
         self.run_with(spec, RunHooks { tee, ..RunHooks::default() }).await
     }
 
-    /// [`run`](Self::run) with all the hooks.
+    /// [`run`](Self::run) with all the hooks. The job is resolved as the
+    /// embedded worker runs it ([`RunSpec::local`]): one naming shipped
+    /// trees is rejected.
+    pub async fn run_with(&self, spec: JobSpec, hooks: RunHooks) -> JobResult {
+        let limit = spec.limits.memory_bytes;
+        match RunSpec::local(spec) {
+            Ok(spec) => self.run_resolved(spec, hooks).await,
+            Err(reason) => JobResult::never_ran(limit, Outcome::Rejected { reason }),
+        }
+    }
+
+    /// Runs a job already resolved for this machine (a worker's: its trees
+    /// laid out, its limit the reservation) with all the hooks.
     ///
     /// The job is cancelled (cause: its client went away) if this future is
     /// dropped before it ends: nobody would read its result. With
     /// `hooks.cancel`, whoever holds that handle can end it too, while it
     /// waits for a slot, compiles or runs.
-    pub async fn run_with(&self, spec: JobSpec, mut hooks: RunHooks) -> JobResult {
+    pub async fn run_resolved(&self, spec: RunSpec, mut hooks: RunHooks) -> JobResult {
         let bytes = self.lock_modules().get(&spec.module);
         let limit = spec.limits.memory_bytes;
         let sandbox = self.sandbox.clone();

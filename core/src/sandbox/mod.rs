@@ -2,6 +2,8 @@
 //! reports how it ended.
 //!
 //! Layout:
+//! * `spec` — [`RunSpec`]: a job as this machine runs it (the wire
+//!   `JobSpec` resolved: trees laid out, the limit reserved);
 //! * `config` — [`SandboxConfig`]: how the sandbox is set up, and the
 //!   time-limit mechanism;
 //! * [`engine`] — the shared `Engine` (instance allocator, time-limit mechanism);
@@ -38,6 +40,7 @@ mod job_state;
 pub mod engine;
 pub mod limiter;
 pub mod outcome;
+mod spec;
 pub mod stdin;
 pub mod stdio;
 pub mod validate;
@@ -56,10 +59,11 @@ pub use code::Code;
 pub use job_state::JobState;
 pub use cancel::{Cancel, CancelOnDrop};
 pub use config::{DEFAULT_CACHE_MAX, DEFAULT_MAX_MODULE_BYTES, DEFAULT_MODULE_BYTES_HELD, SandboxConfig, TimeLimitMechanism};
+pub use spec::RunSpec;
 pub use stdin::{StdinFeed, StdinSender};
 pub use stdio::{OutputBudget, OutputCapture, OutputChunk};
 
-use crate::proto::{CacheSource, JobResult, JobSpec, Outcome, StdStream};
+use crate::proto::{CacheSource, JobResult, Outcome, StdStream};
 use crate::units::Bytes;
 use cache::Prepared;
 use drive::{Stopped, drive};
@@ -201,7 +205,7 @@ impl Sandbox {
     pub async fn run(
         &self,
         module: &CompiledModule,
-        spec: &JobSpec,
+        spec: &RunSpec,
         cache: CacheSource,
         hooks: RunHooks,
     ) -> JobResult {
@@ -267,14 +271,7 @@ impl Sandbox {
     /// What must hold before a job may start: no shipped trees (only a
     /// worker lays them out), a memory limit this sandbox allows, and a
     /// module whose imports resolve. `Err` is how the job ends instead.
-    fn ready_to_run<'m>(&self, module: &'m CompiledModule, spec: &JobSpec) -> Result<&'m Prepared, Outcome> {
-        if !spec.trees.is_empty() {
-            // Shipped trees are laid out by a worker (`worker::trees`) into
-            // `dirs`; a sandbox alone has no file store to find them in.
-            return Err(Outcome::Rejected {
-                reason: "the job names shipped trees, which only a remote worker lays out: grant host directories (`dirs`) here".into(),
-            });
-        }
+    fn ready_to_run<'m>(&self, module: &'m CompiledModule, spec: &RunSpec) -> Result<&'m Prepared, Outcome> {
         if spec.limits.memory_bytes > self.config.max_job_memory {
             return Err(Outcome::Rejected {
                 reason: format!(
@@ -307,7 +304,7 @@ impl Sandbox {
         &self,
         pre: &wasmtime::InstancePre<JobState>,
         opens_files: bool,
-        spec: &JobSpec,
+        spec: &RunSpec,
         io: JobIo<'_>,
         bounds: Bounds,
     ) -> Result<Ran, String> {
@@ -331,7 +328,7 @@ impl Sandbox {
     async fn run_component(
         &self,
         pre: &component::CommandPre,
-        spec: &JobSpec,
+        spec: &RunSpec,
         io: JobIo<'_>,
         bounds: Bounds,
     ) -> Result<Ran, String> {
@@ -388,7 +385,7 @@ impl Sandbox {
     /// the sandbox's `max_output_bytes`.
     pub fn output_captures(
         &self,
-        spec: &JobSpec,
+        spec: &RunSpec,
         tee: Option<UnboundedSender<OutputChunk>>,
         budget: Option<Arc<dyn OutputBudget>>,
     ) -> [OutputCapture; 2] {
@@ -439,7 +436,7 @@ impl Sandbox {
 
     /// The WASI context of one job: its args, env, stdio, scratch directory and
     /// granted directories, and nothing else (no host env, no network).
-    fn build_wasi(&self, spec: &JobSpec, io: JobIo<'_>, scratch: Option<&std::path::Path>) -> Result<WasiCtxBuilder, String> {
+    fn build_wasi(&self, spec: &RunSpec, io: JobIo<'_>, scratch: Option<&std::path::Path>) -> Result<WasiCtxBuilder, String> {
         let mut b = WasiCtxBuilder::new();
         // No network: a component's `wasi:sockets` calls are refused before a
         // host socket is made (preview 1 has no way to make one).

@@ -45,7 +45,7 @@ enum Request {
     /// A job, with its ends of what the reader routes to it: made when its
     /// `Run` is read, so that nothing sent after it reaches another job.
     Run {
-        spec: crate::proto::JobSpec,
+        spec: crate::sandbox::RunSpec,
         scratch_bytes: Option<u64>,
         streamed_stdin: bool,
         stdin: mpsc::UnboundedReceiver<Option<std::io::Result<bytes::Bytes>>>,

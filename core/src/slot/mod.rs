@@ -27,7 +27,8 @@ pub mod child;
 
 pub use crate::runner::slotproc::wire::OVERRUN_GRACE;
 use crate::runner::JobRunner;
-use crate::proto::{CacheSource, CancelCause, JobResult, JobSpec, Outcome};
+use crate::proto::{CacheSource, CancelCause, JobResult, Outcome};
+use crate::sandbox::RunSpec;
 use crate::sandbox::{Cancel, CacheStats, LiveOutput, OutputChunk, RunHooks, StdinFeed};
 
 /// How a job run alone ended.
@@ -51,7 +52,7 @@ pub enum Event {
 /// A job to run alone, and what is shared with it while it runs.
 pub struct AloneJob {
     /// The job.
-    pub spec: JobSpec,
+    pub spec: RunSpec,
     /// Its stdin as it arrives, after the spec's.
     pub stdin: Option<StdinFeed>,
     /// Whether its output is passed on as [`Event::Output`] as it is written.
@@ -99,7 +100,7 @@ pub async fn run_alone(
     };
     let cpu_before = process_cpu_us();
     let cache_before = runner.sandbox().cache_stats();
-    let job = runner.run_with(spec, hooks);
+    let job = runner.run_resolved(spec, hooks);
     // Armed (reset) once there is something to watch for; until then it
     // is not polled (`if watch.is_some()`).
     let watchdog = tokio::time::sleep(Duration::MAX / 4);

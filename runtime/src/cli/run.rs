@@ -203,6 +203,11 @@ fn job_of(
 /// reported as the sandbox would have: time limit (exit 124) or cancelled
 /// (130), its peak memory and output so far.
 async fn run_embedded(runner: &JobRunner, spec: JobSpec, stdin: StdinFeed, stream: bool) -> Alone {
+    let limit = spec.limits.memory_bytes;
+    let spec = match crate::sandbox::RunSpec::local(spec) {
+        Ok(spec) => spec,
+        Err(reason) => return Alone::Ended(JobResult::never_ran(limit, Outcome::Rejected { reason })),
+    };
     let job = AloneJob {
         spec,
         stdin: Some(stdin),

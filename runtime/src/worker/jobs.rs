@@ -323,9 +323,6 @@ async fn in_turn(turn: Turn) -> Result<JobResult, Refused> {
         ticket = queued.ticket() => ticket.map_err(|r| not_admitted(&w, r))?,
     };
     w.jobs.set(&id, JobState::Running);
-    // The sandbox enforces what the ticket reserved: one number, from
-    // admission to the limiter.
-    spec.limits.memory_bytes = ticket.reservation().bytes();
     let (module, tag) = (spec.module, spec.tag.take());
     let streams_forwarded = streams.forward_only;
     let held = Instant::now();
@@ -340,13 +337,14 @@ async fn in_turn(turn: Turn) -> Result<JobResult, Refused> {
         started: compile.as_ref().map(|c| c.started.clone()),
         forward_only: streams.forward_only,
     };
-    let memreq = spec.limits.memory_bytes;
+    // The sandbox enforces what the ticket reserved: one number, from
+    // admission to the limiter.
+    let memreq = ticket.reservation().bytes();
     let mut result = match mount_trees(&w, &pins, &spec).await {
         Ok(mounted) => {
             // Laid out: the sandbox sees them as directories.
-            spec.dirs.extend(mounted.as_ref().map(|m| m.grants.clone()).unwrap_or_default());
-            spec.trees.clear();
-            let mut result = w.runner.run_with(spec, hooks).await;
+            let grants = mounted.as_ref().map(|m| m.grants.clone()).unwrap_or_default();
+            let mut result = w.runner.run_resolved(crate::sandbox::RunSpec::resolved(spec, grants, memreq), hooks).await;
             if let Some(mounted) = mounted {
                 send_files_back(&w, mounted, &hold, &mut result).await;
             }

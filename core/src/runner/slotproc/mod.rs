@@ -36,7 +36,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
 use crate::proto::frame::{FrameReader, encode_frame};
-use crate::proto::{CacheSource, CancelCause, JobResult, JobSpec, ModuleHash, Outcome, StdStream};
+use crate::proto::{CacheSource, CancelCause, JobResult, ModuleHash, Outcome, StdStream};
+use crate::sandbox::RunSpec;
 use crate::sandbox::{SandboxConfig, OutputCapture, RunHooks, Sandbox, files::ScratchPool};
 use wire::{FromSlot, STDIN_CREDIT, ToSlot};
 
@@ -174,7 +175,7 @@ impl SlotProcesses {
     pub async fn run(
         &self,
         sandbox: &Sandbox,
-        spec: JobSpec,
+        spec: RunSpec,
         bytes: Option<Arc<[u8]>>,
         hooks: RunHooks,
     ) -> JobResult {
@@ -292,7 +293,7 @@ impl SlotProcesses {
 /// Where the job's output is captured in the worker (the child sends it
 /// here as it comes): within the sandbox's caps, forwarded only if the
 /// hooks ask, published for readers while the job runs.
-fn captures(sandbox: &Sandbox, spec: &JobSpec, hooks: &RunHooks) -> [OutputCapture; 2] {
+fn captures(sandbox: &Sandbox, spec: &RunSpec, hooks: &RunHooks) -> [OutputCapture; 2] {
     let [mut stdout, mut stderr] = sandbox.output_captures(spec, hooks.tee.clone(), hooks.output_budget.clone());
     if hooks.forward_only {
         (stdout, stderr) = (stdout.forward_only(), stderr.forward_only());
