@@ -268,9 +268,9 @@ impl Sandbox {
         result
     }
 
-    /// What must hold before a job may start: no shipped trees (only a
-    /// worker lays them out), a memory limit this sandbox allows, and a
-    /// module whose imports resolve. `Err` is how the job ends instead.
+    /// What must hold before a job may start: a memory limit this sandbox
+    /// allows, and a module whose imports resolve (trees cannot be left:
+    /// a [`RunSpec`] has none). `Err` is how the job ends instead.
     fn ready_to_run<'m>(&self, module: &'m CompiledModule, spec: &RunSpec) -> Result<&'m Prepared, Outcome> {
         if spec.limits.memory_bytes > self.config.max_job_memory {
             return Err(Outcome::Rejected {
