@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use peerwasm::client::{Job, MapConfig, MapItem, Target, map};
 use peerwasm::proto::ModuleHash;
 use peerwasm::runner::RunnerConfig;
-use peerwasm::worker::ledger::LedgerConfig;
+use peerwasm::worker::LedgerConfig;
 use peerwasm::server::{WorkerConfig, start};
-use peerwasm::worker::tenants::Tenants;
+use peerwasm::worker::Tenants;
 
 const MIB: u64 = 1 << 20;
 

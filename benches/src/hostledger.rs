@@ -7,8 +7,8 @@
 
 use std::time::Instant;
 
-use peerwasm::worker::hostledger::HostLedger;
-use peerwasm::worker::ledger::{Ledger, LedgerConfig};
+use peerwasm::worker::HostLedger;
+use peerwasm::worker::{Ledger, LedgerConfig};
 
 use crate::Sizes;
 use crate::summary::Summary;

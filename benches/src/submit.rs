@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use peerwasm::proto::submission::SubmittedResult;
 use peerwasm::proto::{JobResult, Outcome};
-use peerwasm::worker::statedb::StateDb;
+use peerwasm::worker::StateDb;
 
 use crate::procs::{Worker, peerwasm, timed};
 use crate::summary::Summary;

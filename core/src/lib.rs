@@ -11,21 +11,34 @@
 //! crate `peerwasm` read this crate's sources too):
 //!
 //! * [`client`] — the submitting side: the embedded worker or a pool as one
-//!   [`Target`](client::Target), best-fit placement, learned memory
-//!   estimates, and [`map`](client::map()) with retries and ordered results;
+//!   [`Target`], best-fit placement, learned memory
+//!   estimates, and [`map`](map()) with retries and ordered results;
 //! * [`slot`] — a process that is one job's slot (`peerwasm run`, a slot
 //!   process's child side): a job computing past its deadline ends with it;
-//! * [`runner`] — [`JobRunner`](runner::JobRunner): N slots running jobs on
+//! * [`runner`] — [`JobRunner`]: N slots running jobs on
 //!   this machine, in-process or in slot processes;
 //! * [`sandbox`] — wasmtime: the engine, module cache, memory limiter,
 //!   captured stdio and outcome classification;
 //! * [`gossip`] — membership and capacity adverts: a pure state machine,
 //!   its thin HTTP transport, and the pool as a worker sees it;
-//! * [`proto`] — wire types: [`JobSpec`](proto::JobSpec) in,
-//!   [`JobResult`](proto::JobResult) and [`Outcome`](proto::Outcome) out;
+//! * [`proto`] — wire types: [`JobSpec`] in,
+//!   [`JobResult`] and [`Outcome`] out;
 //! * [`net`] — plain HTTP or TLS with the pool's CA
-//!   ([`Transport`](net::Transport)), certificates, failures in words;
+//!   ([`Transport`]), certificates, failures in words;
 //! * [`units`] — sizes, durations and tables as people write and read them.
+//!
+//! The types a program that runs jobs uses most are also at the root:
+//! [`Job`], [`Target`], [`map()`], [`JobRunner`], [`JobSpec`],
+//! [`JobResult`], [`Outcome`], [`Transport`], [`WorkerApi`].
+
+// The facade: what a program that runs jobs uses most, at the root. The
+// modules stay public for the worker crate built on this one; their
+// inner rooms are private where nothing outside reaches them.
+pub use client::{Job, MapConfig, MapItem, MapSummary, Pool, PoolConfig, SubmitError, Target, WorkerApi, map};
+pub use net::Transport;
+pub use proto::{JobLimits, JobResult, JobSpec, Outcome};
+pub use runner::{JobRunner, RunnerConfig};
+pub use sandbox::{RunSpec, SandboxConfig};
 
 pub mod client;
 pub mod gossip;

@@ -15,7 +15,7 @@
 //!   `tls`, …): thin shells over the client and the server;
 //! * [`server`] — `peerwasm worker` assembled and served: its configuration
 //!   and defaults, `start`, the HTTP router and one file per endpoint group;
-//! * [`owner`] — maps a worker owns for clients that went away (`map
+//! * `owner` — maps a worker owns for clients that went away (`map
 //!   --detach`): stored, run with the client's own `map`, resumed after a
 //!   restart; the one room that uses both the worker and the client;
 //! * [`worker`] — the worker's core: the host memory ledger, admission,
@@ -24,11 +24,11 @@
 //! and from `peerwasm-core`:
 //!
 //! * [`client`] — the submitting side: the embedded worker or a pool as one
-//!   [`Target`](client::Target), best-fit placement, learned memory
-//!   estimates, and [`map`](client::map()) with retries and ordered results;
+//!   [`Target`], best-fit placement, learned memory
+//!   estimates, and [`map`](map()) with retries and ordered results;
 //! * [`slot`] — a process that is one job's slot (`peerwasm run`, a slot
 //!   process's child side): a job computing past its deadline ends with it;
-//! * [`runner`] — [`JobRunner`](runner::JobRunner): N slots running jobs on
+//! * [`runner`] — [`JobRunner`]: N slots running jobs on
 //!   this machine, in-process or in slot processes; the embedded worker is
 //!   one inside the client's process, and every worker runs its jobs on one;
 //! * [`sandbox`] — wasmtime: the engine, module cache, memory limiter,
@@ -36,10 +36,10 @@
 //! * [`gossip`] — membership and capacity adverts: a pure state machine,
 //!   its thin HTTP transport, and the pool as a worker sees it
 //!   ([`PeerView`](gossip::PeerView));
-//! * [`proto`] — wire types: [`JobSpec`](proto::JobSpec) in,
-//!   [`JobResult`](proto::JobResult) and [`Outcome`](proto::Outcome) out;
+//! * [`proto`] — wire types: [`JobSpec`] in,
+//!   [`JobResult`] and [`Outcome`] out;
 //! * [`net`] — how processes reach each other: plain HTTP or TLS with the
-//!   pool's CA ([`Transport`](net::Transport)), certificates made
+//!   pool's CA ([`Transport`]), certificates made
 //!   (`peerwasm tls`), and connection failures said in words;
 //! * [`units`] — sizes, durations and tables as people write and read them.
 //!
@@ -59,9 +59,15 @@
 //! ```
 
 pub use peerwasm_core::{client, gossip, net, proto, runner, sandbox, slot, units};
+// The facade: `peerwasm-core`'s root, and a worker started from a program.
+pub use peerwasm_core::{
+    Job, JobLimits, JobResult, JobRunner, JobSpec, MapConfig, MapItem, MapSummary, Outcome, Pool, PoolConfig, RunSpec,
+    RunnerConfig, SandboxConfig, SubmitError, Target, Transport, WorkerApi, map,
+};
+pub use server::{RunningWorker, WorkerConfig, start};
 
 pub mod cli;
-pub mod owner;
+mod owner;
 pub mod server;
 pub mod worker;
 

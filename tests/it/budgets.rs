@@ -415,7 +415,7 @@ async fn a_compile_is_charged_to_the_ledger_until_its_module_is_loaded() {
     use crate::pool::view;
     let w = WorkerProcess::start_with("1GiB", 2, None, &["--slot-processes", "never"]);
     let big = Job::new(peerwasm_testkit::big_module(20_000));
-    let charge = big.bytes().len() as u64 * peerwasm::worker::jobs::COMPILE_BYTES_PER_MODULE_BYTE;
+    let charge = big.bytes().len() as u64 * peerwasm::worker::COMPILE_BYTES_PER_MODULE_BYTE;
     assert!(charge > 100 * MIB, "a compile worth seeing: {} MiB", charge / MIB);
     let target = Target::pool(vec![w.addr.clone()]).unwrap();
     assert_eq!(view(&w.addr).await[0].advert.largest_fit_bytes, 1024 * MIB, "an idle worker offers all of --memory");

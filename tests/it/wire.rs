@@ -15,7 +15,7 @@ use peerwasm::gossip::{GossipConfig, GossipNode, NodeId};
 use peerwasm::proto::batch::{BatchAnswer, BatchItem, FrameReader, encode_frame};
 use peerwasm::proto::routes::BATCH;
 use peerwasm::proto::{Advert, JobResult, JobSpec, MAX_INPUT_BYTES, ModuleHash, PROTOCOL_HEADER};
-use peerwasm::worker::tenants::Tenants;
+use peerwasm::worker::Tenants;
 use proptest::prelude::*;
 use reqwest::StatusCode;
 

@@ -1,16 +1,16 @@
 //! The submitting side, in the order a job meets it:
 //!
-//! * [`job`] — a module and what its runs share, hashed once;
-//! * [`submitter`] — [`Submitter`]: what `map` needs of where jobs go
+//! * `job` — a module and what its runs share, hashed once;
+//! * `submitter` — [`Submitter`]: what `map` needs of where jobs go
 //!   (capacity, one submission, dead workers), so its rules are unit-tested
 //!   against a scripted fake;
-//! * [`target`] — the real one: the embedded worker or a pool;
-//! * [`peers`] — the pool's view from the first seed that answers, and who
+//! * `target` — the real one: the embedded worker or a pool;
+//! * `peers` — the pool's view from the first seed that answers, and who
 //!   may be sent a tenant's token;
 //! * [`placement`] — best fit over the gossip view;
 //! * [`pool`] — [`Pool`]: the view, the candidates for a job, module
 //!   uploads, how a refusal reads;
-//! * [`api`] — [`WorkerApi`](api::WorkerApi): the worker's HTTP API, one
+//! * `api` — [`WorkerApi`]: the worker's HTTP API, one
 //!   method per route, typed answers; everything above keeps only policy;
 //! * `send` — one job on the pool: try candidates in order, provide what a
 //!   worker lacks, wait when all are busy;
@@ -22,7 +22,7 @@
 //!   written into them;
 //! * `errors` — [`SubmitError`] (what a caller sees) and what one worker's
 //!   exchange ended in;
-//! * [`stream`] — one job with stdin and output flowing while it runs
+//! * `stream` — one job with stdin and output flowing while it runs
 //!   (`run --peers`);
 //! * [`estimate`] — learned memory requests (smartmem), saved per module;
 //! * [`python`] — Python scripts as jobs: CPython for WASI found here and
@@ -55,30 +55,31 @@
 //! # Ok(()) }
 //! ```
 
-pub mod api;
+mod api;
 mod batcher;
 pub mod detach;
 mod errors;
 pub mod estimate;
-pub mod job;
+pub(crate) mod job;
 pub mod jobs;
 pub mod map;
-pub mod peers;
+pub(crate) mod peers;
 pub mod placement;
 pub mod pool;
 pub mod python;
 mod send;
 mod ship;
 pub mod status;
-pub mod stream;
+pub(crate) mod stream;
 pub mod submit;
-pub mod submitter;
-pub mod target;
+pub(crate) mod submitter;
+pub(crate) mod target;
 pub mod tree;
 
 pub use job::Job;
 pub use peers::{fetch_peers, trusted};
 pub use map::{MapConfig, MapItem, MapObserver, MapSummary, map};
+pub use api::{ApiError, WorkerApi};
 pub use pool::{Pool, PoolConfig};
 pub use errors::SubmitError;
 pub use submitter::{Capacity, Placed, Submitter};

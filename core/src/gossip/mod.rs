@@ -9,10 +9,10 @@
 //! *suspect*, then *dead*.
 //!
 //! Layout (one concept per file, as chitchat does):
-//! * [`state`] — the node table: records, versions, digests and deltas;
-//! * [`messages`] — what travels between nodes;
-//! * [`failure`] — the heartbeat-interval failure detector;
-//! * [`node`] — [`GossipNode`]: one node's state machine, driven by the
+//! * `state` — the node table: records, versions, digests and deltas;
+//! * `messages` — what travels between nodes;
+//! * `failure` — the heartbeat-interval failure detector;
+//! * `node` — [`GossipNode`]: one node's state machine, driven by the
 //!   caller with the time and the randomness, so that it can be simulated
 //!   in one process (see the tests) and carried over any transport;
 //! * [`auth`] — the HMAC envelope under a cluster key (forged and replayed
@@ -20,21 +20,22 @@
 //! * [`transport`] — the shell: a node shared by the request handler and
 //!   the round loop, sealed messages, one round over a
 //!   [`GossipTransport`](transport::GossipTransport) (HTTP: `POST /v1/gossip`);
-//! * [`memory`] — the same rounds carried in memory, for tests;
-//! * [`view`] — [`PeerView`]: one peer as a worker sees it (`GET /v1/peers`),
+//! * `memory` — the same rounds carried in memory, for tests;
+//! * `view` — [`PeerView`]: one peer as a worker sees it (`GET /v1/peers`),
 //!   and the pool drawn as a table;
 //! * [`simulation`] — many nodes in one process, for tests and benchmarks.
 //!
 //! Why our own and not chitchat, foca or memberlist: docs/gossip.md.
 
 pub mod auth;
-pub mod failure;
-pub mod memory;
-pub mod messages;
-pub mod node;
-pub mod state;
+pub(crate) mod failure;
+#[cfg(test)]
+pub(crate) mod memory;
+pub(crate) mod messages;
+pub(crate) mod node;
+pub(crate) mod state;
 pub mod transport;
-pub mod view;
+pub(crate) mod view;
 
 pub use failure::{FailureDetectorConfig, Liveness};
 pub use messages::{Ack, Syn, SynAck};

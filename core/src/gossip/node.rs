@@ -31,7 +31,7 @@ pub struct GossipConfig {
     /// that do not fit go in later rounds, as with `max_delta`. With the
     /// digest's bound (`max_nodes` ids) it bounds a whole message below
     /// [`MAX_MESSAGE_BYTES`], which is what a receiver reads before it has
-    /// checked who sent it. Default: [`MAX_DELTA_BYTES`].
+    /// checked who sent it. Default: `MAX_DELTA_BYTES`.
     pub max_delta_bytes: usize,
     /// Chance per round of also contacting a peer believed dead, so a node
     /// that was only cut off rejoins. Default: 0.1.
@@ -64,8 +64,8 @@ pub const MAX_ADDR_LEN: usize = 256;
 pub const MAX_DELTA_BYTES: usize = 1 << 20;
 
 /// The largest gossip message a node sends, in bytes: a digest of at most
-/// 4,096 ids of at most [`MAX_ADDR_LEN`] bytes (1.1 MiB), node states of
-/// at most [`MAX_DELTA_BYTES`], and the MAC's envelope — rounded up. A
+/// 4,096 ids of at most `MAX_ADDR_LEN` bytes (1.1 MiB), node states of
+/// at most `MAX_DELTA_BYTES`, and the MAC's envelope — rounded up. A
 /// receiver reads no more than this of a body before its MAC is checked.
 pub const MAX_MESSAGE_BYTES: usize = 3 << 20;
 

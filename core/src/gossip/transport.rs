@@ -3,7 +3,7 @@
 //! the cluster key, and rounds carried by a [`GossipTransport`] — HTTP
 //! between workers ([`HttpTransport`]: two requests to `POST /v1/gossip`,
 //! Syn → SynAck, then Ack, bodies in postcard), memory in tests
-//! ([`super::memory`]).
+//! (`gossip::memory`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

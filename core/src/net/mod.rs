@@ -11,7 +11,7 @@
 //! in clear only to a loopback address, or when the user said so
 //! (`--insecure-http`): [`Transport::may_carry_token_to`].
 //!
-//! * [`addr`] — whether an address is this machine's loopback;
+//! * `addr` — whether an address is this machine's loopback;
 //! * [`transport`] — [`Transport`] (scheme, trusted CA, the clear-text
 //!   rule) and [`HttpClient`], a reqwest client bound to one;
 //! * [`tls`] — PEM files into rustls configurations, a key file's
@@ -21,7 +21,7 @@
 //! * [`errors`] — why a connection failed, in words (an expired
 //!   certificate, another CA, a worker that does not speak TLS).
 
-pub mod addr;
+pub(crate) mod addr;
 pub mod certs;
 pub mod errors;
 pub mod tls;

@@ -5,7 +5,7 @@
 //!
 //! * this file — the runner: slots, the module store, which jobs go to a
 //!   slot process;
-//! * [`modules`] — module bytes held for compiling, within a byte budget;
+//! * `modules` — module bytes held for compiling, within a byte budget;
 //! * [`slotproc`] — slot processes as the worker sees them: children that
 //!   run jobs with no time-limit instrumentation, killed at their deadline
 //!   (`peerwasm slot`; the child's side is [`crate::slot`], a floor above).
@@ -34,7 +34,7 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::sync::mpsc::UnboundedSender;
 
-pub mod modules;
+pub(crate) mod modules;
 pub mod slotproc;
 
 use crate::proto::{CacheSource, CancelCause, JobResult, JobSpec, ModuleHash, Outcome};

@@ -20,10 +20,10 @@ pub const DEFAULT_CACHE_MAX: u64 = 4 << 30;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum TimeLimitMechanism {
     /// Epoch interruption: a ticker thread bumps the engine's epoch every
-    /// [`EPOCH_TICK`](super::engine::EPOCH_TICK); compiled code checks it at loop heads and calls.
+    /// `EPOCH_TICK` (10 ms); compiled code checks it at loop heads and calls.
     Epoch,
     /// Fuel metering: compiled code counts instructions and yields every
-    /// [`FUEL_YIELD_INTERVAL`](super::engine::FUEL_YIELD_INTERVAL) units. The default: it measured as cheap as
+    /// `FUEL_YIELD_INTERVAL` units. The default: it measured as cheap as
     /// or cheaper than epochs on our guests (docs/time-limits.md), and the
     /// count is deterministic.
     #[default]

@@ -6,19 +6,19 @@
 //!   `JobSpec` resolved: trees laid out, the limit reserved);
 //! * `config` — [`SandboxConfig`]: how the sandbox is set up, and the
 //!   time-limit mechanism;
-//! * [`engine`] — the shared `Engine` (instance allocator, time-limit mechanism);
-//! * [`code`] — what bytes compile to: a core module or a component;
-//! * [`entry`] — where a job starts (`_start`, or a reactor's `--invoke`) and `host::call`;
-//! * [`cache`] — sha256 → compiled module, in memory and on disk;
+//! * `engine` — the shared `Engine` (instance allocator, time-limit mechanism);
+//! * `code` — what bytes compile to: a core module or a component;
+//! * `entry` — where a job starts (`_start`, or a reactor's `--invoke`) and `host::call`;
+//! * `cache` — sha256 → compiled module, in memory and on disk;
 //! * [`component`] — WASI preview 2 components (`wasi:cli/command`);
-//! * [`artifacts`] — the disk half: authenticated, bounded artifacts;
-//! * [`validate`] — cheap checks on module bytes, for clear messages;
-//! * [`limiter`] — the per-job memory limit and peak;
+//! * `artifacts` — the disk half: authenticated, bounded artifacts;
+//! * `validate` — cheap checks on module bytes, for clear messages;
+//! * `limiter` — the per-job memory limit and peak;
 //! * [`files`] — what a job's files may take: descriptors and disk;
-//! * [`cancel`] — ending a job early, from outside;
+//! * `cancel` — ending a job early, from outside;
 //! * `drive` — running a job's call to its end, deadline or cancel;
-//! * [`stdio`] — captured, capped, optionally streamed stdout/stderr;
-//! * [`outcome`] — classifying how a job ended.
+//! * `stdio` — captured, capped, optionally streamed stdout/stderr;
+//! * `outcome` — classifying how a job ended.
 //!
 //! A job runs as an async wasmtime call on a Tokio runtime. That is what lets
 //! a wall-time limit end a job that is asleep in a host call: the sync WASI
@@ -26,24 +26,24 @@
 //! while it does. Compute is made to yield every few milliseconds by epochs
 //! (or fuel), so the same timeout ends a busy job too.
 
-pub mod artifacts;
-pub mod cache;
-pub mod cancel;
-pub mod code;
+pub(crate) mod artifacts;
+pub(crate) mod cache;
+pub(crate) mod cancel;
+pub(crate) mod code;
 pub mod component;
 mod config;
 mod disk;
 mod drive;
-pub mod entry;
+pub(crate) mod entry;
 pub mod files;
 mod job_state;
-pub mod engine;
-pub mod limiter;
-pub mod outcome;
+pub(crate) mod engine;
+pub(crate) mod limiter;
+pub(crate) mod outcome;
 mod spec;
-pub mod stdin;
-pub mod stdio;
-pub mod validate;
+pub(crate) mod stdin;
+pub(crate) mod stdio;
+pub(crate) mod validate;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;

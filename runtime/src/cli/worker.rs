@@ -49,7 +49,7 @@ pub struct WorkerArgs {
     #[arg(long, value_name = "DIR", env = "PEERWASM_STATE_DIR")]
     state_dir: Option<PathBuf>,
     /// Days the records of finished jobs (`peerwasm history`) are kept.
-    #[arg(long, value_name = "DAYS", default_value_t = crate::worker::history::DEFAULT_HISTORY_DAYS)]
+    #[arg(long, value_name = "DAYS", default_value_t = crate::worker::DEFAULT_HISTORY_DAYS)]
     history_days: u32,
     /// How long the results of finished detached jobs and maps (`run
     /// --detach`, `map --detach`) are kept after they ended, unless
@@ -113,7 +113,7 @@ pub struct WorkerArgs {
     #[arg(long, conflicts_with = "tls_cert")]
     insecure_http: bool,
     /// Half-life of tenants' usage in fair share.
-    #[arg(long, value_name = "DUR", default_value_t = Span(crate::worker::fairshare::DEFAULT_HALF_LIFE))]
+    #[arg(long, value_name = "DUR", default_value_t = Span(crate::worker::DEFAULT_HALF_LIFE))]
     usage_half_life: Span,
     /// Module bytes kept in memory for compiling, at most; the least
     /// recently used are dropped (a client uploads a dropped module again).
@@ -154,7 +154,7 @@ pub struct WorkerArgs {
     #[arg(long, value_name = "SIZE", default_value_t = Size(crate::server::DEFAULT_MAX_STORED))]
     max_stored: Size,
     /// Connections served at once; more are closed as they arrive.
-    #[arg(long, value_name = "N", default_value_t = crate::server::serve::DEFAULT_MAX_CONNECTIONS)]
+    #[arg(long, value_name = "N", default_value_t = crate::server::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
     /// Connections one address may hold at once, so that one client cannot
     /// take them all [default: a quarter of --max-connections].
@@ -163,11 +163,11 @@ pub struct WorkerArgs {
     /// Bytes one tenant's requests may make this worker hold at once
     /// (bodies being read and decoded, tree manifests);
     /// past it, its requests get 503 and its client retries.
-    #[arg(long, value_name = "SIZE", default_value_t = Size(crate::worker::budget::DEFAULT_MAX_REQUEST_BYTES))]
+    #[arg(long, value_name = "SIZE", default_value_t = Size(crate::worker::DEFAULT_MAX_REQUEST_BYTES))]
     max_request_bytes: Size,
     /// Time a client has to send a request's headers before its connection
     /// is closed (slow clients cannot hold connections open).
-    #[arg(long, value_name = "DUR", default_value_t = Span(crate::server::serve::DEFAULT_HEADER_TIMEOUT))]
+    #[arg(long, value_name = "DUR", default_value_t = Span(crate::server::DEFAULT_HEADER_TIMEOUT))]
     header_timeout: Span,
     /// The longest any job may run here, e.g. 2h, or `none`: a job that
     /// asks for no limit gets this one, and a job asking for more is
@@ -182,7 +182,7 @@ pub struct WorkerArgs {
     drain_grace: Span,
     /// A job that has waited this long gets memory held for it, so large
     /// jobs are not starved by a stream of small ones.
-    #[arg(long, value_name = "DUR", default_value_t = Span(crate::worker::admission::DEFAULT_HOLD_AFTER))]
+    #[arg(long, value_name = "DUR", default_value_t = Span(crate::worker::DEFAULT_HOLD_AFTER))]
     hold_after: Span,
     /// Files and directories one job may hold open; past it, opening gives
     /// the job EMFILE (the worker's own descriptors are never at risk).
@@ -209,11 +209,11 @@ pub struct WorkerArgs {
     /// Bytes of files shipped with jobs (`run --dir` on a pool) kept here by
     /// content hash, shared by all jobs; the least recently used go first.
     /// They count against --scratch-total too.
-    #[arg(long, value_name = "SIZE", default_value_t = Size(crate::worker::filestore::DEFAULT_FILE_STORE))]
+    #[arg(long, value_name = "SIZE", default_value_t = Size(crate::worker::DEFAULT_FILE_STORE))]
     file_store: Size,
     /// The most bytes of files one job sends back from its writable
     /// directories; past it the job ends "files back too large".
-    #[arg(long, value_name = "SIZE", default_value_t = Size(crate::worker::trees::DEFAULT_MAX_FILES_BACK))]
+    #[arg(long, value_name = "SIZE", default_value_t = Size(crate::worker::DEFAULT_MAX_FILES_BACK))]
     max_files_back: Size,
 }
 
@@ -319,10 +319,10 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         host_ledger: match args.host_ledger {
             Some(p) if p.as_os_str() == "none" => None,
             Some(p) => Some(p),
-            None => Some(crate::worker::hostledger::default_path()),
+            None => Some(crate::worker::default_host_ledger()),
         },
         precompile: args.precompile,
-        serve: crate::server::serve::ServeLimits {
+        serve: crate::server::ServeLimits {
             max_connections: args.max_connections.max(1),
             max_connections_per_address: args.max_connections_per_address,
             header_timeout: args.header_timeout.0,
@@ -446,7 +446,7 @@ mod tests {
         assert_eq!(a.max_connections, lib.serve.max_connections);
         assert_eq!(std::time::Duration::from_secs(u64::from(a.history_days) * 24 * 3600), lib.history_keep);
         assert_eq!(a.keep_results.0, lib.keep_results);
-        assert_eq!(Some(crate::worker::hostledger::default_path()), lib.host_ledger);
+        assert_eq!(Some(crate::worker::default_host_ledger()), lib.host_ledger);
         assert_eq!(a.module_memory.0, sandbox.module_bytes_held);
         assert_eq!(a.max_module_size.0, sandbox.max_module_bytes);
         assert_eq!(a.cache_max.0, sandbox.cache_max_bytes);

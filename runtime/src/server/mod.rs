@@ -4,34 +4,34 @@
 //! gossips and serves until shut down.
 //!
 //! Endpoints (bodies in postcard unless noted), one file per group:
-//! * [`modules`] — `PUT /v1/modules/{sha256}`;
-//! * [`files`] — `PUT /v1/trees/{sha256}`, `PUT /v1/files/{sha256}` (shipped trees);
-//! * [`jobs`] — `POST /v1/jobs`, `GET /v1/jobs[/{id}[/output]]`, `DELETE /v1/jobs/{id}`;
-//! * [`batch`] — `POST /v1/jobs/batch`;
-//! * [`stream`] — `POST /v1/jobs/stream` (stdin and output flowing);
-//! * [`submissions`] — `/v1/submissions[/{id}[/results]]` (durable maps
+//! * `modules` — `PUT /v1/modules/{sha256}`;
+//! * `files` — `PUT /v1/trees/{sha256}`, `PUT /v1/files/{sha256}` (shipped trees);
+//! * `jobs` — `POST /v1/jobs`, `GET /v1/jobs[/{id}[/output]]`, `DELETE /v1/jobs/{id}`;
+//! * `batch` — `POST /v1/jobs/batch`;
+//! * `stream` — `POST /v1/jobs/stream` (stdin and output flowing);
+//! * `submissions` — `/v1/submissions[/{id}[/results]]` (durable maps
 //!   this worker owns), `GET /v1/history`;
-//! * [`pool`] — `POST /v1/gossip`, `GET /v1/peers`, `GET /metrics`, `GET /`.
+//! * `pool` — `POST /v1/gossip`, `GET /v1/peers`, `GET /metrics`, `GET /`.
 //!
 //! `start.rs` assembles and starts a worker; this file holds its
 //! configuration, its defaults and the router.
 //!
-//! [`serve`] accepts connections within limits (a header timeout, a
-//! connection cap), [`extract`] holds what every request passes through
-//! first (protocol version, tenant, capped body) and [`response`] how
+//! `serve` accepts connections within limits (a header timeout, a
+//! connection cap), `extract` holds what every request passes through
+//! first (protocol version, tenant, capped body) and `response` how
 //! refusals are answered. The handlers are thin: the job's life is `worker::jobs`, the
 //! worker's state `worker::state`; neither knows HTTP.
 
-pub mod batch;
-pub mod extract;
-pub mod files;
-pub mod jobs;
-pub mod modules;
-pub mod pool;
-pub mod response;
-pub mod serve;
-pub mod stream;
-pub mod submissions;
+mod batch;
+mod extract;
+mod files;
+mod jobs;
+mod modules;
+mod pool;
+mod response;
+pub(crate) mod serve;
+mod stream;
+mod submissions;
 
 mod start;
 
@@ -49,6 +49,7 @@ use crate::worker::ledger::LedgerConfig;
 use crate::worker::state::Worker;
 use crate::worker::tenants::Tenants;
 
+pub use serve::{DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_PER_ADDRESS_SHARE, Remote, ServeLimits};
 pub use start::start;
 
 /// The longest a job may run on a worker unless `--max-job-time` says
@@ -106,11 +107,11 @@ pub struct WorkerConfig {
     /// Fair share on or off (`AdmissionConfig::fair_share`). Default: on.
     pub fair_share: bool,
     /// Half-life of tenants' usage. Default:
-    /// [`DEFAULT_HALF_LIFE`](crate::worker::fairshare::DEFAULT_HALF_LIFE).
+    /// [`DEFAULT_HALF_LIFE`](crate::worker::DEFAULT_HALF_LIFE).
     pub usage_half_life: Duration,
     /// A job waiting longer than this gets memory held for it
     /// (`AdmissionConfig::hold_after`). Default:
-    /// [`DEFAULT_HOLD_AFTER`](crate::worker::admission::DEFAULT_HOLD_AFTER).
+    /// [`DEFAULT_HOLD_AFTER`](crate::worker::DEFAULT_HOLD_AFTER).
     pub hold_after: Duration,
     /// The key gossip is authenticated with (`--cluster-key`). Default:
     /// none, which [`start`] allows only on a loopback address unless
@@ -148,24 +149,24 @@ pub struct WorkerConfig {
     pub max_stored: u64,
     /// Bytes one tenant's requests may make the worker hold at once
     /// (`--max-request-bytes`; `worker::budget`). Default:
-    /// [`DEFAULT_MAX_REQUEST_BYTES`](crate::worker::budget::DEFAULT_MAX_REQUEST_BYTES).
+    /// [`DEFAULT_MAX_REQUEST_BYTES`](crate::worker::DEFAULT_MAX_REQUEST_BYTES).
     pub max_request_bytes: u64,
     /// Connections served at once and the time to send headers
     /// (`--max-connections`, `--header-timeout`). Default: `ServeLimits::default()`.
-    pub serve: serve::ServeLimits,
+    pub serve: ServeLimits,
     /// Bytes of shipped trees' files kept on disk (`--file-store`); they
     /// also count against the sandbox's `scratch_total_bytes`. Default:
-    /// [`DEFAULT_FILE_STORE`](crate::worker::filestore::DEFAULT_FILE_STORE).
+    /// [`DEFAULT_FILE_STORE`](crate::worker::DEFAULT_FILE_STORE).
     pub file_store_bytes: u64,
     /// The most bytes of files one job sends back (`--max-files-back`).
-    /// Default: [`DEFAULT_MAX_FILES_BACK`](crate::worker::trees::DEFAULT_MAX_FILES_BACK).
+    /// Default: [`DEFAULT_MAX_FILES_BACK`](crate::worker::DEFAULT_MAX_FILES_BACK).
     pub max_files_back: u64,
     /// Where the worker keeps what outlives it (`--state-dir`): submissions
     /// it owns and its job history, in a SQLite database. `None`: a
     /// temporary dir, removed when the worker stops. Default: `None`.
     pub state_dir: Option<std::path::PathBuf>,
     /// How long finished jobs' records are kept (`--history-days`).
-    /// Default: [`DEFAULT_HISTORY_DAYS`](crate::worker::history::DEFAULT_HISTORY_DAYS) days.
+    /// Default: [`DEFAULT_HISTORY_DAYS`](crate::worker::DEFAULT_HISTORY_DAYS) days.
     pub history_keep: Duration,
     /// How long finished detached jobs and submissions (their results) are
     /// kept after they ended unless discarded first (`--keep-results`).
@@ -174,7 +175,7 @@ pub struct WorkerConfig {
     /// The file this worker shares with the other workers of its machine
     /// so that together they never over-commit it (`--host-ledger`;
     /// `worker::hostledger`). `None`: this worker decides alone. Default:
-    /// [`hostledger::default_path`](crate::worker::hostledger::default_path).
+    /// [`hostledger::default_path`](crate::worker::default_host_ledger).
     pub host_ledger: Option<std::path::PathBuf>,
     /// Modules compiled as the worker starts (`--precompile`), in the
     /// background, for the engine their jobs will run on, so that the
@@ -200,8 +201,8 @@ impl WorkerConfig {
             gossip_interval: DEFAULT_GOSSIP_INTERVAL,
             tenants: Tenants::single(),
             fair_share: true,
-            usage_half_life: crate::worker::fairshare::DEFAULT_HALF_LIFE,
-            hold_after: crate::worker::admission::DEFAULT_HOLD_AFTER,
+            usage_half_life: crate::worker::DEFAULT_HALF_LIFE,
+            hold_after: crate::worker::DEFAULT_HOLD_AFTER,
             cluster_key: None,
             insecure_gossip: false,
             tls: None,
@@ -210,16 +211,16 @@ impl WorkerConfig {
             max_queued: None,
             max_queued_bytes: crate::worker::admission::QUEUE_BYTES_PER_TENANT,
             drain_grace: DEFAULT_DRAIN_GRACE,
-            serve: serve::ServeLimits::default(),
+            serve: ServeLimits::default(),
             max_results: DEFAULT_MAX_RESULTS,
             max_stored: DEFAULT_MAX_STORED,
-            max_request_bytes: crate::worker::budget::DEFAULT_MAX_REQUEST_BYTES,
-            file_store_bytes: crate::worker::filestore::DEFAULT_FILE_STORE,
-            max_files_back: crate::worker::trees::DEFAULT_MAX_FILES_BACK,
+            max_request_bytes: crate::worker::DEFAULT_MAX_REQUEST_BYTES,
+            file_store_bytes: crate::worker::DEFAULT_FILE_STORE,
+            max_files_back: crate::worker::DEFAULT_MAX_FILES_BACK,
             state_dir: None,
-            history_keep: Duration::from_secs(u64::from(crate::worker::history::DEFAULT_HISTORY_DAYS) * 24 * 3600),
+            history_keep: Duration::from_secs(u64::from(crate::worker::DEFAULT_HISTORY_DAYS) * 24 * 3600),
             keep_results: DEFAULT_KEEP_RESULTS,
-            host_ledger: Some(crate::worker::hostledger::default_path()),
+            host_ledger: Some(crate::worker::default_host_ledger()),
             precompile: Vec::new(),
         }
     }

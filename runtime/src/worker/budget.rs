@@ -117,11 +117,13 @@ impl RequestBudgets {
     }
 
     /// Bytes `payer` holds now.
+    #[cfg(test)]
     pub fn held_by(&self, payer: &Payer) -> u64 {
         self.state.lock().by_payer.get(payer).copied().unwrap_or(0)
     }
 
     /// Bytes held for requests now, by everyone.
+    #[cfg(test)]
     pub fn held(&self) -> u64 {
         self.state.lock().by_payer.values().sum()
     }
@@ -139,11 +141,6 @@ pub struct Charge {
 }
 
 impl Charge {
-    /// Who pays.
-    pub fn payer(&self) -> &Payer {
-        &self.payer
-    }
-
     /// Bytes charged now.
     pub fn bytes(&self) -> u64 {
         self.bytes

@@ -35,6 +35,7 @@ pub fn binding_limit() -> Option<(u64, PathBuf)> {
 
 /// The smallest memory limit along the cgroup paths named by `own` (the
 /// text of `/proc/self/cgroup`) under the cgroup filesystem mounted at `root`.
+#[cfg(test)]
 pub fn memory_limit_in(root: &Path, own: &str) -> Option<u64> {
     binding_limit_in(root, own).map(|(limit, _)| limit)
 }

@@ -114,11 +114,6 @@ impl FileStore {
         self.inner.lock()
     }
 
-    /// The most one tree (or file) may be here.
-    pub fn budget(&self) -> u64 {
-        self.budget
-    }
-
     /// Where a kept file is.
     pub fn path_of(&self, hash: &FileHash) -> PathBuf {
         self.dir.path().join(hash.to_hex())

@@ -38,11 +38,6 @@ impl History {
         History { db, keep }
     }
 
-    /// How long records are kept.
-    pub fn keep(&self) -> Duration {
-        self.keep
-    }
-
     /// Records a job that ended on this worker (`peer`), having reserved
     /// `reserved` bytes for it.
     pub fn record(&self, tenant: &str, module: &ModuleHash, tag: Option<&JobTag>, result: &JobResult, reserved: u64, peer: &str) {

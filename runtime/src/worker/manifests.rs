@@ -61,6 +61,7 @@ impl Manifests {
     }
 
     /// Bytes kept in all, and for `tenant`.
+    #[cfg(test)]
     pub fn held(&self, tenant: &str) -> (u64, u64) {
         (self.total, self.by_tenant.get(tenant).copied().unwrap_or(0))
     }

@@ -2,44 +2,44 @@
 //! it. The jobs themselves run on a [`JobRunner`](crate::runner::JobRunner)
 //! (the layer below, shared with the embedded worker). Its HTTP edge and
 //! its assembly (`start`, `WorkerConfig`) are [`crate::server`]'s, the maps
-//! it owns for clients that went away [`crate::owner`]'s: both sit above
+//! it owns for clients that went away `crate::owner`'s: both sit above
 //! this core, which imports neither them nor the client.
 //!
-//! * [`filestore`] — files of shipped trees by sha256, on disk, within a
+//! * `filestore` — files of shipped trees by sha256, on disk, within a
 //!   byte budget shared with jobs' scratch;
-//! * [`manifests`] — shipped trees' manifests, within a byte budget per
+//! * `manifests` — shipped trees' manifests, within a byte budget per
 //!   tenant;
-//! * [`trees`] — a job's shipped trees laid out for it, and the files it
+//! * `trees` — a job's shipped trees laid out for it, and the files it
 //!   wrote read back;
-//! * [`uploaders`] — which tenants showed which module, kept across
+//! * `uploaders` — which tenants showed which module, kept across
 //!   restarts;
-//! * [`budget`] — what requests make the worker hold (bodies, waiting
+//! * `budget` — what requests make the worker hold (bodies, waiting
 //!   specs, manifests), charged to who sent them and to the ledger;
-//! * [`jobs`] — a job's life: checks, admission, the run, charging,
+//! * `jobs` — a job's life: checks, admission, the run, charging,
 //!   cancelling;
-//! * [`table`] — the jobs a worker holds, by id, with their cancel handles;
-//! * [`admission`] — slots, memory and per-tenant queues;
-//! * [`ledger`] — the host memory ledger (smartmem, exact);
-//! * [`hostledger`] — the record every worker of one machine shares, so
+//! * `table` — the jobs a worker holds, by id, with their cancel handles;
+//! * `admission` — slots, memory and per-tenant queues;
+//! * `ledger` — the host memory ledger (smartmem, exact);
+//! * `hostledger` — the record every worker of one machine shares, so
 //!   that together they never over-commit it;
-//! * [`cgroup`] — the memory limit of the cgroup the worker runs in (a
+//! * `cgroup` — the memory limit of the cgroup the worker runs in (a
 //!   Slurm job's allocation), which the ledger never exceeds;
-//! * [`fairshare`] — decayed dominant-resource usage (smartshare) and
+//! * `fairshare` — decayed dominant-resource usage (smartshare) and
 //!   accounts;
-//! * [`tenants`] — who may submit (`--tenants`), with weights and limits;
-//! * [`state`] — what a running worker holds and derives (its advert,
+//! * `tenants` — who may submit (`--tenants`), with weights and limits;
+//! * `state` — what a running worker holds and derives (its advert,
 //!   metrics, the pool's usage), shared by the HTTP edge and gossip;
-//! * [`statedb`] — the state database (SQLite, WAL) in `--state-dir`:
+//! * `statedb` — the state database (SQLite, WAL) in `--state-dir`:
 //!   what outlives the process, committed in groups by one writer thread;
-//! * [`stored`] — what each tenant keeps in the state database
+//! * `stored` — what each tenant keeps in the state database
 //!   (`--max-stored`);
-//! * [`refused`] — why a job was not run: the one error of the job path;
-//! * [`detached`] — detached jobs kept in the state database;
-//! * [`restore`] — what a worker puts back at start: detached jobs served
+//! * `refused` — why a job was not run: the one error of the job path;
+//! * `detached` — detached jobs kept in the state database;
+//! * `restore` — what a worker puts back at start: detached jobs served
 //!   or run again;
-//! * [`history`] — a record of every job this worker ran (`peerwasm history`);
-//! * [`warnings`] — warnings to the operator, logged, counted and shown;
-//! * [`metrics`] — `GET /metrics` in Prometheus' text format.
+//! * `history` — a record of every job this worker ran (`peerwasm history`);
+//! * `warnings` — warnings to the operator, logged, counted and shown;
+//! * `metrics` — `GET /metrics` in Prometheus' text format.
 //!
 //! Arrows point one way (no file imports one that imports it back):
 //! `restore` uses `jobs` and `state`; `jobs` uses `state`, `table`,
@@ -47,25 +47,39 @@
 //! and the runner; admission, the ledger, fair share and tenants import
 //! nothing of HTTP.
 
-pub mod admission;
-pub mod budget;
-pub mod cgroup;
-pub mod detached;
-pub mod fairshare;
-pub mod filestore;
-pub mod history;
-pub mod hostledger;
-pub mod jobs;
-pub mod ledger;
-pub mod manifests;
-pub mod refused;
-pub mod restore;
-pub mod metrics;
-pub mod state;
-pub mod statedb;
-pub mod stored;
-pub mod table;
-pub mod tenants;
-pub mod trees;
-pub mod uploaders;
-pub mod warnings;
+pub(crate) mod admission;
+pub(crate) mod budget;
+pub(crate) mod cgroup;
+pub(crate) mod detached;
+pub(crate) mod fairshare;
+pub(crate) mod filestore;
+pub(crate) mod history;
+pub(crate) mod hostledger;
+pub(crate) mod jobs;
+pub(crate) mod ledger;
+pub(crate) mod manifests;
+pub(crate) mod refused;
+pub(crate) mod restore;
+pub(crate) mod metrics;
+pub(crate) mod state;
+pub(crate) mod statedb;
+pub(crate) mod stored;
+pub(crate) mod table;
+pub(crate) mod tenants;
+pub(crate) mod trees;
+pub(crate) mod uploaders;
+pub(crate) mod warnings;
+
+// What is reached from outside the crate (the benchmarks, the tests): the
+// rest of the worker is the server's and the owner's alone.
+pub use admission::DEFAULT_HOLD_AFTER;
+pub use budget::DEFAULT_MAX_REQUEST_BYTES;
+pub use fairshare::DEFAULT_HALF_LIFE;
+pub use filestore::DEFAULT_FILE_STORE;
+pub use history::DEFAULT_HISTORY_DAYS;
+pub use hostledger::{HostLedger, default_path as default_host_ledger};
+pub use trees::DEFAULT_MAX_FILES_BACK;
+pub use jobs::COMPILE_BYTES_PER_MODULE_BYTE;
+pub use ledger::{DEFAULT_RESERVE, Ledger, LedgerConfig};
+pub use statedb::StateDb;
+pub use tenants::{Tenant, Tenants};

@@ -37,7 +37,7 @@ use parking_lot::Mutex;
 pub use super::hostledger::Others;
 #[cfg(test)]
 pub(crate) use host::FakeMemory;
-pub use host::{HOST_REFRESH, HostMemory, SystemMemory};
+pub use host::{HostMemory, SystemMemory};
 
 /// Memory always left to the host and its users by default (`--reserve`).
 pub const DEFAULT_RESERVE: u64 = 1 << 30;
@@ -48,7 +48,7 @@ pub struct LedgerConfig {
     /// The most jobs may hold (`--memory`); `None`: no limit of our own.
     pub memory: Option<u64>,
     /// Memory always left to the host (`--reserve`). Default:
-    /// [`DEFAULT_RESERVE`].
+    /// [`DEFAULT_RESERVE`](crate::worker::DEFAULT_RESERVE).
     pub reserve: u64,
 }
 

@@ -39,7 +39,7 @@ use tokio::sync::{oneshot, watch};
 #[cfg(test)]
 use open::SCHEMA;
 use open::{lock_dir, open_checked, prepare_dir, private_file};
-pub use open::{APPLICATION_ID, DB_FILE, SCHEMA_VERSION};
+pub use open::DB_FILE;
 
 
 /// The most writes committed in one transaction.
@@ -332,6 +332,7 @@ pub fn now_ms() -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use super::open::{APPLICATION_ID, SCHEMA_VERSION};
     use super::*;
     use std::time::Duration;
 
