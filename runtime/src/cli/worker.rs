@@ -294,15 +294,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         hold_after: args.hold_after.0,
         cluster_key: args.cluster_key,
         insecure_gossip: args.insecure_gossip,
-        tls: match (args.tls_cert, args.tls_key, args.tls_ca) {
-            (Some(cert), Some(key), Some(ca)) => Some(crate::net::tls::WorkerTls { cert, key, ca }),
-            (None, _, Some(ca)) => {
-                // PEERWASM_TLS_CA exported for the clients of this shell.
-                tracing::warn!(ca = %ca.display(), "a pool CA is given but no --tls-cert: this worker serves plain HTTP");
-                None
-            }
-            _ => None,
-        },
+        tls: worker_tls(args.tls_cert, args.tls_key, args.tls_ca),
         insecure_http: args.insecure_http,
         max_queued: args.max_queued,
         max_queued_bytes: args.max_queued_bytes.0,
@@ -458,5 +450,20 @@ mod tests {
         let admission = crate::worker::admission::AdmissionConfig::new(1);
         assert_eq!((admission.half_life, admission.hold_after), (lib.usage_half_life, lib.hold_after));
         assert_eq!(admission.queue_bytes_per_tenant, lib.max_queued_bytes);
+    }
+}
+
+/// The worker's TLS files, when it has a certificate (clap makes
+/// `--tls-cert` bring `--tls-key` and `--tls-ca`). A CA alone, as
+/// `PEERWASM_TLS_CA` exported for the clients of this shell gives, is said
+/// and ignored: without a certificate the worker serves plain HTTP.
+fn worker_tls(cert: Option<PathBuf>, key: Option<PathBuf>, ca: Option<PathBuf>) -> Option<crate::net::tls::WorkerTls> {
+    match (cert, key, ca) {
+        (Some(cert), Some(key), Some(ca)) => Some(crate::net::tls::WorkerTls { cert, key, ca }),
+        (None, _, Some(ca)) => {
+            tracing::warn!(ca = %ca.display(), "a pool CA is given but no --tls-cert: this worker serves plain HTTP");
+            None
+        }
+        _ => None,
     }
 }
