@@ -25,6 +25,8 @@
 //!   [`JobResult`] and [`Outcome`] out;
 //! * [`net`] — plain HTTP or TLS with the pool's CA
 //!   ([`Transport`]), certificates, failures in words;
+//! * [`private_path`] — files and directories that must be this user's
+//!   alone (a TLS key, a worker's state dir);
 //! * [`units`] — sizes, durations and tables as people write and read them.
 //!
 //! The types a program that runs jobs uses most are also at the root:
@@ -43,6 +45,7 @@ pub use sandbox::{RunSpec, SandboxConfig};
 pub mod client;
 pub mod gossip;
 pub mod net;
+pub mod private_path;
 pub mod proto;
 pub mod runner;
 pub mod sandbox;

@@ -58,7 +58,7 @@
 //! # Ok::<(), anyhow::Error>(())
 //! ```
 
-pub use peerwasm_core::{client, gossip, net, proto, runner, sandbox, slot, units};
+pub use peerwasm_core::{client, gossip, net, private_path, proto, runner, sandbox, slot, units};
 // The facade: `peerwasm-core`'s root, and a worker started from a program.
 pub use peerwasm_core::{
     Job, JobLimits, JobResult, JobRunner, JobSpec, MapConfig, MapItem, MapSummary, Outcome, Pool, PoolConfig, RunSpec,
@@ -77,9 +77,9 @@ mod layering {
     //! crates' sources are read: `peerwasm-core`'s floors (where Cargo
     //! already forbids a use of this crate's) and this one's.
 
-    /// Bottom up: each may use only those before it. The first eight are
+    /// Bottom up: each may use only those before it. The first nine are
     /// `peerwasm-core`'s.
-    const LAYERS: [&str; 12] = ["units", "net", "proto", "gossip", "sandbox", "runner", "slot", "client", "worker", "owner", "server", "cli"];
+    const LAYERS: [&str; 13] = ["units", "private_path", "net", "proto", "gossip", "sandbox", "runner", "slot", "client", "worker", "owner", "server", "cli"];
 
     /// Where `layer`'s source is: this crate's `src/`, or `peerwasm-core`'s.
     fn src_of(layer: &str) -> std::path::PathBuf {

@@ -127,24 +127,7 @@ pub fn server_config(cert: &Path, key: &Path) -> anyhow::Result<Arc<ServerConfig
 /// of another user's is refused; one open to the group or others is made
 /// `0600` (and said so).
 pub fn check_key_file(path: &Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let meta = std::fs::metadata(path).with_context(|| format!("cannot read the key file {}", path.display()))?;
-    // SAFETY: geteuid(2) cannot fail.
-    let me = unsafe { libc::geteuid() };
-    if meta.uid() != me {
-        bail!(
-            "the key file {} belongs to another user (uid {}, this process runs as {me}): a private key must be \
-             this user's alone",
-            path.display(),
-            meta.uid()
-        );
-    }
-    if meta.mode() & 0o077 != 0 {
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-            .with_context(|| format!("cannot make the key file {} private (0600)", path.display()))?;
-        tracing::info!(file = %path.display(), "the key file was open to others ({:o}): made it 0600", meta.mode() & 0o777);
-    }
-    Ok(())
+    crate::private_path::make_private(path, "the key file", 0o600, "a private key must be this user's alone")
 }
 
 /// Why a client trusting `ca` would refuse the certificate in `cert` when

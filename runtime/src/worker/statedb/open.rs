@@ -94,7 +94,7 @@ CREATE TABLE detached (
 /// tokens), or checks that an existing one is a state dir, ours, and makes
 /// it private (0700) if it was not.
 pub(super) fn prepare_dir(dir: &Path, db_path: &Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    use std::os::unix::fs::DirBuilderExt;
     if !dir.exists() {
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -123,23 +123,12 @@ pub(super) fn prepare_dir(dir: &Path, db_path: &Path) -> anyhow::Result<()> {
             );
         }
     }
-    let meta = std::fs::metadata(dir).with_context(|| format!("cannot read the state dir {}", dir.display()))?;
-    // SAFETY: geteuid(2) cannot fail.
-    let me = unsafe { libc::geteuid() };
-    if meta.uid() != me {
-        bail!(
-            "the state dir {} belongs to another user (uid {}, this worker runs as {me}): it holds tenants' \
-             tokens, so it must be this user's alone. Give a directory of this user's; nothing was changed",
-            dir.display(),
-            meta.uid()
-        );
-    }
-    if meta.mode() & 0o077 != 0 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-            .with_context(|| format!("cannot make the state dir {} private (0700)", dir.display()))?;
-        tracing::info!(dir = %dir.display(), "the state dir was open to others ({:o}): made it 0700", meta.mode() & 0o777);
-    }
-    Ok(())
+    crate::private_path::make_private(
+        dir,
+        "the state dir",
+        0o700,
+        "it holds tenants' tokens, so it must be this user's alone. Give a directory of this user's; nothing was changed",
+    )
 }
 
 /// Makes `path` (a file of the state dir) readable by its owner alone, if
