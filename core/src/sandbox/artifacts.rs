@@ -30,7 +30,8 @@
 //! which a load refreshes: the artifact's own would change its ctime) are
 //! removed until the rest fit. A removed or replaced artifact that is still
 //! mapped stays valid: files are only ever replaced by renaming a new one
-//! into place, never written over.
+//! into place, never written over. Other engines' directories (an older
+//! build's) are removed after a compile once unused for two weeks.
 
 use std::fs;
 use std::hash::{Hash, Hasher};
@@ -55,6 +56,12 @@ const MAC_FILE_LEN: usize = 8 + 1 + 32 + 32;
 
 /// Bytes of the per-cache secret.
 const SECRET_LEN: usize = 32;
+
+/// How long another engine's directory must have gone unused before a
+/// compile removes it ([`ArtifactStore::remove_unused_engines`]): the
+/// engines this build makes (one per time-limit mechanism) are each used
+/// whenever their jobs run, and an old one costs only a compile if wrong.
+const ENGINE_DIR_UNUSED: std::time::Duration = std::time::Duration::from_secs(14 * 24 * 3600);
 
 /// Why an artifact file was not used.
 #[derive(Debug, PartialEq, Eq)]
@@ -256,7 +263,34 @@ impl ArtifactStore {
         let file = tmp.persist(self.path(hash))?;
         let identity = self.identity_tag(hash, kind, &file.metadata()?);
         self.write_tags(hash, &Tags { kind, content: content.finalize().into_bytes().into(), identity })?;
+        self.remove_unused_engines(ENGINE_DIR_UNUSED);
         Ok(self.evict())
+    }
+
+    /// Removes the other engines' directories that nothing has loaded from
+    /// for `unused`: those of an older peerwasm or wasmtime, whose engine
+    /// this build no longer makes, would otherwise keep up to their budget
+    /// each for ever. A directory is as recent as its newest `.mac` (a load
+    /// refreshes it) or, holding none, as itself. Run after a compile, not
+    /// on a job's way in; a still-mapped artifact stays valid when removed.
+    fn remove_unused_engines(&self, unused: std::time::Duration) {
+        let (Some(root), Some(own)) = (self.dir.parent(), self.dir.file_name()) else { return };
+        let Ok(entries) = fs::read_dir(root) else { return };
+        for entry in entries.filter_map(Result::ok) {
+            let name = entry.file_name();
+            if name == own || !name.to_string_lossy().starts_with("engine-") || !entry.path().is_dir() {
+                continue;
+            }
+            let dir = entry.path();
+            let macs = fs::read_dir(&dir).into_iter().flatten().filter_map(Result::ok).filter(|e| e.path().extension().is_some_and(|x| x == "mac"));
+            let last_used = macs.filter_map(|e| e.metadata().and_then(|m| m.modified()).ok()).max().or_else(|| fs::metadata(&dir).and_then(|m| m.modified()).ok());
+            if last_used.and_then(|t| t.elapsed().ok()).is_some_and(|age| age >= unused) {
+                match fs::remove_dir_all(&dir) {
+                    Ok(()) => tracing::info!(dir = %dir.display(), "removed another engine's compiled modules, unused for {}", humantime::format_duration(unused)),
+                    Err(e) => tracing::warn!(dir = %dir.display(), "cannot remove another engine's unused compiled modules: {e}"),
+                }
+            }
+        }
     }
 
     /// Removes the least recently used artifacts until the rest fit the

@@ -1,7 +1,7 @@
 //! The module cache: compiled once per machine, by the compile counter; disk
 //! artifacts survive a restart; corrupt, planted or swapped artifacts are
-//! never loaded; the disk cache keeps to its budget; a large compile holds
-//! up no other module.
+//! never loaded; the disk cache keeps to its budget and drops other
+//! engines' unused directories; a large compile holds up no other module.
 
 use std::path::{Path, PathBuf};
 
@@ -206,6 +206,53 @@ async fn the_disk_cache_keeps_to_its_budget_dropping_the_least_recently_used() {
     assert!(r.sandbox().cache_stats().disk_evictions >= 2);
     assert!(std::fs::metadata(artifact_of(dir.path(), "spin")).is_ok(), "the newest is kept");
     assert!(artifacts(dir.path()).iter().all(|p| !p.to_string_lossy().contains(&peerwasm::proto::ModuleHash::of(&peerwasm_testkit::guest_wasm_bytes("hello")).to_hex())), "the oldest went first");
+}
+
+/// Sets `path`'s modification time `days` ago.
+fn age(path: &Path, days: u64) {
+    let then = std::time::SystemTime::now() - std::time::Duration::from_secs(days * 24 * 3600);
+    std::fs::File::open(path).unwrap().set_modified(then).unwrap();
+}
+
+#[tokio::test]
+async fn another_engines_artifacts_unused_for_two_weeks_go_at_the_next_compile_and_no_others() {
+    let dir = tempfile::tempdir().unwrap();
+    // An older build's engine: its newest use a month ago.
+    let old = dir.path().join("engine-00000000000000a1");
+    std::fs::create_dir(&old).unwrap();
+    for (name, days) in [("a.cwasm", 40), ("a.mac", 40), ("b.cwasm", 30), ("b.mac", 30)] {
+        std::fs::write(old.join(name), vec![0u8; 4096]).unwrap();
+        age(&old.join(name), days);
+    }
+    // Another engine, one of whose artifacts was loaded three days ago.
+    let recent = dir.path().join("engine-00000000000000b2");
+    std::fs::create_dir(&recent).unwrap();
+    for (name, days) in [("a.cwasm", 60), ("a.mac", 60), ("b.cwasm", 60), ("b.mac", 3)] {
+        std::fs::write(recent.join(name), b"x").unwrap();
+        age(&recent.join(name), days);
+    }
+    // An old engine's empty directory, and something of the user's.
+    let empty = dir.path().join("engine-00000000000000c3");
+    std::fs::create_dir(&empty).unwrap();
+    age(&empty, 20);
+    let theirs = dir.path().join("notes");
+    std::fs::create_dir(&theirs).unwrap();
+    age(&theirs, 400);
+
+    let r = with_disk(dir.path());
+    let res = r.run(guest_job(&r, "hello", "x"), None).await;
+    assert_eq!((res.outcome, res.cache), (Outcome::Exited { code: 0 }, CacheSource::Compiled));
+    assert!(!old.exists(), "unused for a month: removed");
+    assert!(!empty.exists(), "empty and untouched for 20 days: removed");
+    assert!(recent.exists(), "used three days ago: kept");
+    assert!(theirs.exists(), "not an engine's: never touched");
+    assert_eq!(artifacts(dir.path()).iter().filter(|p| p.starts_with(&recent)).count(), 2);
+
+    // Loading from the disk cache removes nothing (no compile).
+    age(&recent.join("b.mac"), 30);
+    let r = with_disk(dir.path());
+    assert_eq!(r.run(guest_job(&r, "hello", "x"), None).await.cache, CacheSource::Disk);
+    assert!(recent.exists(), "only a compile prunes: a cached start stays free of it");
 }
 
 #[tokio::test(flavor = "multi_thread")]
