@@ -69,7 +69,7 @@ pub async fn post_stream(State(w): State<Arc<Worker>>, Caller(tenant): Caller, r
     // the job writes it (within its output cap) and given back as sent.
     let (tee, output) = mpsc::unbounded_channel();
     let (events, answer) = mpsc::channel::<(Bytes, u64)>(EVENTS_IN_FLIGHT);
-    let hold = Arc::new(w.admission.ledger().hold());
+    let hold = Arc::new(w.admission.ledger().hold(crate::worker::HoldKind::Output));
     let sent = hold.clone();
     let (admitted_tx, admitted) = oneshot::channel::<String>();
     let (refused_tx, refused) = oneshot::channel::<Refused>();

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use super::admission::{Queued, NotAdmitted};
 use super::fairshare::JobUsage;
-use super::ledger::Hold;
+use super::ledger::{Hold, HoldKind};
 use super::filestore::TreePins;
 use crate::runner::ModulePin;
 use super::trees::{self, Mounted};
@@ -85,7 +85,7 @@ pub async fn run_attached(
     let abandoned = cancel.on_drop(CancelCause::ClientGone);
     // The output's hold is given back as this returns: the bytes are then
     // the response's, sent at once (a stream's caller brings its own).
-    let hold = streams.hold.clone().unwrap_or_else(|| Arc::new(w.admission.ledger().hold()));
+    let hold = streams.hold.clone().unwrap_or_else(|| Arc::new(w.admission.ledger().hold(HoldKind::Output)));
     let turn = Turn { w: w.clone(), tenant: tenant.clone(), id: id.clone(), queued, spec, pins, cancel, hold, streams };
     let result = run_queued(turn).await;
     abandoned.disarm();
@@ -143,7 +143,7 @@ fn spawn_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, mut spec: JobSpec, queu
     tokio::spawn(async move {
         // Held (and counted against the worker's memory) until the result
         // is discarded.
-        let hold = Arc::new(w.admission.ledger().hold());
+        let hold = Arc::new(w.admission.ledger().hold(HoldKind::Output));
         let streams = Streams { captures: Some(live), ..Streams::default() };
         let turn = Turn { w: w.clone(), tenant, id: id2.clone(), queued, spec, pins, cancel, hold: hold.clone(), streams };
         let result = run_queued(turn).await.unwrap_or_else(|refused| {
@@ -395,7 +395,7 @@ impl CompileCharge {
             return None;
         }
         let bytes = w.runner.module_bytes(module)?.len() as u64;
-        let hold = w.admission.ledger().hold();
+        let hold = w.admission.ledger().hold(HoldKind::Compile);
         hold.try_grow(bytes.saturating_mul(COMPILE_BYTES_PER_MODULE_BYTE), true);
         let started = Arc::new(tokio::sync::Notify::new());
         let task = tokio::spawn({

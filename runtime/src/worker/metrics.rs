@@ -40,8 +40,9 @@ pub struct Scrape<'a> {
     pub cache: CacheStats,
     /// Module bytes held for compiling (`worker::modules`).
     pub module_bytes: u64,
-    /// Bytes held for jobs' output and detached results (`ledger::Hold`).
-    pub output_bytes: u64,
+    /// Bytes held outside reservations, by kind (`ledger::Hold`; indexed
+    /// as [`HoldKind::ALL`](crate::worker::HoldKind::ALL)).
+    pub held_by: [u64; crate::worker::HoldKind::ALL.len()],
     /// Gossip's counters.
     pub gossip: GossipCounts,
     /// Peers by how this worker sees them.
@@ -216,15 +217,20 @@ impl Live {
                 ("busy", level(a.slots_busy as u64)),
                 ("total", level(a.slots_total as u64)),
             ])),
-            family("memory_bytes", "Memory: capacity, reserved, used by jobs, host available, largest job that fits now, module bytes held, output and results held", by("kind", vec![
-                ("capacity", level(a.capacity_bytes)),
-                ("reserved", level(a.reserved_bytes)),
-                ("used", level(a.used_bytes)),
-                ("host_available", level(a.host_available_bytes)),
-                ("largest_fit", level(a.largest_fit_bytes)),
-                ("module_bytes", level(s.module_bytes)),
-                ("output_held", level(s.output_bytes)),
-            ])),
+            family("memory_bytes", "Memory: capacity, reserved, used by jobs, host available, largest job that fits now, module bytes held; held outside reservations: jobs' output and results, requests being read, compiles", {
+                let mut values = by("kind", vec![
+                    ("capacity", level(a.capacity_bytes)),
+                    ("reserved", level(a.reserved_bytes)),
+                    ("used", level(a.used_bytes)),
+                    ("host_available", level(a.host_available_bytes)),
+                    ("largest_fit", level(a.largest_fit_bytes)),
+                    ("module_bytes", level(s.module_bytes)),
+                ]);
+                for (kind, bytes) in crate::worker::HoldKind::ALL.iter().zip(s.held_by) {
+                    values.push((label("kind", format!("{}_held", kind.label())), level(bytes)));
+                }
+                values
+            }),
             family("queue_length", "Jobs waiting, by tenant", s.queued.iter().map(|(t, n)| (label("tenant", t.clone()), level(u64::from(*n)))).collect()),
             family("module_cache_events", "Module cache: compiles, memory hits, disk hits, rejected disk artifacts (planted, altered, incompatible), evicted disk artifacts", by("event", vec![
                 ("compile", count(s.cache.compiles)),
@@ -332,7 +338,7 @@ mod tests {
             module_bytes: 0,
             files: FileStoreCounts::default(),
             slot_process_jobs: 2,
-            output_bytes: 0,
+            held_by: [0; crate::worker::HoldKind::ALL.len()],
             gossip: GossipCounts {
                 rounds: 3,
                 exchanges_ok: 2,

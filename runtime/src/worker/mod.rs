@@ -80,6 +80,6 @@ pub use history::DEFAULT_HISTORY_DAYS;
 pub use hostledger::{HostLedger, default_path as default_host_ledger};
 pub use trees::DEFAULT_MAX_FILES_BACK;
 pub use jobs::COMPILE_BYTES_PER_MODULE_BYTE;
-pub use ledger::{DEFAULT_RESERVE, Ledger, LedgerConfig};
+pub use ledger::{DEFAULT_RESERVE, HoldKind, Ledger, LedgerConfig};
 pub use statedb::StateDb;
 pub use tenants::{Tenant, Tenants};

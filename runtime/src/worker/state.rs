@@ -161,7 +161,7 @@ impl Worker {
             queued: &queued,
             cache: self.runner.sandbox().cache_stats(),
             module_bytes: self.runner.module_bytes_held(),
-            output_bytes: self.admission.ledger().snapshot().held,
+            held_by: self.admission.ledger().snapshot().held_by,
             gossip: super::metrics::GossipCounts {
                 rounds: load(&g.rounds),
                 exchanges_ok: load(&g.exchanges_ok),

@@ -514,7 +514,7 @@ mod tests {
         let adm = admission(2, 4);
         let t = Arc::new(Tenant::new("t"));
         let running = adm.admit(&t, 100 * MIB).await.unwrap();
-        let output = adm.ledger().hold();
+        let output = adm.ledger().hold(crate::worker::HoldKind::Output);
         assert!(output.try_grow(MIB, false) || output.try_grow(MIB, true));
         let (adm2, t2) = (adm.clone(), t.clone());
         let waiting = tokio::spawn(async move { adm2.admit(&t2, 100 * MIB).await.map(|_| Instant::now()) });

@@ -28,6 +28,7 @@
 //! (a cgroup, or the host) together take no more than its limit. What the
 //! host has is read in `host.rs`.
 
+mod hold;
 mod host;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,6 +38,7 @@ use parking_lot::Mutex;
 pub use super::hostledger::Others;
 #[cfg(test)]
 pub(crate) use host::FakeMemory;
+pub use hold::{Hold, HoldKind};
 pub use host::{HostMemory, SystemMemory};
 
 /// Memory always left to the host and its users by default (`--reserve`).
@@ -63,8 +65,11 @@ impl Default for LedgerConfig {
 pub struct LedgerSnapshot {
     pub capacity: u64,
     pub reserved: u64,
-    /// Bytes held for jobs' output and results ([`Hold`]s).
+    /// Bytes held outside reservations ([`Hold`]s): for jobs' output and
+    /// results, requests being read, compiles.
     pub held: u64,
+    /// Of `held`, the bytes of each [`HoldKind`] (indexed by it).
+    pub held_by: [u64; HoldKind::ALL.len()],
     pub reserved_high_water: u64,
     pub used: u64,
     pub host_available: u64,
@@ -115,6 +120,8 @@ struct State {
     reserved: u64,
     /// Σ holds.
     held: u64,
+    /// Σ holds of each [`HoldKind`] (indexed by it).
+    held_by: [u64; HoldKind::ALL.len()],
     high_water: u64,
     /// Each running job's reservation and the meter of its actual use.
     jobs: Vec<(u64, u64, Arc<AtomicU64>)>,
@@ -142,77 +149,6 @@ impl Reservation {
     }
 }
 
-/// Bytes held for one job's output and then its result, outside its
-/// reservation; see the module docs. Given back when dropped.
-pub struct Hold {
-    ledger: Arc<Ledger>,
-    bytes: AtomicU64,
-}
-
-impl Hold {
-    /// Holds `bytes` more if capacity less reservations and holds has room
-    /// for them, or regardless with `force` (a small allowance every job
-    /// has, so that a worker whose memory is all reserved still lets its
-    /// jobs print). Returns whether they are held.
-    pub fn try_grow(&self, bytes: u64, force: bool) -> bool {
-        let mut st = self.ledger.lock();
-        let free = self.ledger.capacity.saturating_sub(st.reserved).saturating_sub(st.held);
-        if !force && bytes > free {
-            return false;
-        }
-        st.held += bytes;
-        self.bytes.fetch_add(bytes, Ordering::Relaxed);
-        true
-    }
-
-    /// Gives back all but `bytes` (what the result actually keeps).
-    pub fn shrink_to(&self, bytes: u64) {
-        let mut st = self.ledger.lock();
-        let now = self.bytes.load(Ordering::Relaxed);
-        let keep = bytes.min(now);
-        st.held -= now - keep;
-        self.bytes.store(keep, Ordering::Relaxed);
-        drop(st);
-        if keep < now {
-            self.ledger.gave_back();
-        }
-    }
-
-    /// Gives back `bytes` of what is held (at most all of it): the part
-    /// of a streamed job's output that has been sent.
-    pub fn release(&self, bytes: u64) {
-        let mut st = self.ledger.lock();
-        let now = self.bytes.load(Ordering::Relaxed);
-        let n = bytes.min(now);
-        st.held -= n;
-        self.bytes.store(now - n, Ordering::Relaxed);
-        drop(st);
-        if n > 0 {
-            self.ledger.gave_back();
-        }
-    }
-
-    /// The bytes held.
-    pub fn bytes(&self) -> u64 {
-        self.bytes.load(Ordering::Relaxed)
-    }
-}
-
-impl crate::sandbox::OutputBudget for Hold {
-    fn try_take(&self, bytes: u64, force: bool) -> bool {
-        self.try_grow(bytes, force)
-    }
-}
-
-impl Drop for Hold {
-    fn drop(&mut self) {
-        let bytes = *self.bytes.get_mut();
-        if bytes > 0 {
-            self.ledger.lock().held -= bytes;
-            self.ledger.gave_back();
-        }
-    }
-}
 
 impl Drop for Reservation {
     fn drop(&mut self) {
@@ -246,7 +182,7 @@ impl Ledger {
             capacity,
             sizing: Sizing { requested: config.memory, cgroup, physical },
             reserve: config.reserve,
-            state: Mutex::new(State { reserved: 0, held: 0, high_water: 0, jobs: Vec::new(), next_id: 0 }),
+            state: Mutex::new(State { reserved: 0, held: 0, held_by: [0; HoldKind::ALL.len()], high_water: 0, jobs: Vec::new(), next_id: 0 }),
             host,
             shared: std::sync::OnceLock::new(),
             freed: tokio::sync::Notify::new(),
@@ -364,9 +300,9 @@ impl Ledger {
         self.capacity.min(available.saturating_add(in_use).saturating_sub(self.reserve))
     }
 
-    /// A hold of nothing yet, for one job's output and result.
-    pub fn hold(self: &Arc<Self>) -> Hold {
-        Hold { ledger: self.clone(), bytes: AtomicU64::new(0) }
+    /// A hold of nothing yet, for what `kind` says.
+    pub fn hold(self: &Arc<Self>, kind: HoldKind) -> Hold {
+        Hold { ledger: self.clone(), kind, bytes: AtomicU64::new(0) }
     }
 
     /// Reserves `bytes` if they fit now.
@@ -422,6 +358,7 @@ impl Ledger {
             capacity: self.capacity,
             reserved: st.reserved,
             held: st.held,
+            held_by: st.held_by,
             reserved_high_water: st.high_water,
             used: st.jobs.iter().map(|(_, _, u)| u.load(Ordering::Relaxed)).sum(),
             host_available: available,
@@ -542,7 +479,7 @@ mod tests {
     fn holds_come_out_of_capacity_beside_reservations() {
         let (ledger, _) = ledger(Some(100 * MIB), 0, 8 * GIB, 8 * GIB);
         let r = ledger.try_reserve(60 * MIB).unwrap();
-        let hold = ledger.hold();
+        let hold = ledger.hold(HoldKind::Output);
         assert!(hold.try_grow(30 * MIB, false));
         assert_eq!(ledger.offer(), 10 * MIB, "100 - 60 reserved - 30 held");
         assert!(!hold.try_grow(20 * MIB, false), "only 10 MiB are free");
@@ -556,6 +493,23 @@ mod tests {
         drop(hold);
         assert_eq!(ledger.snapshot().held, 0);
         assert_eq!(ledger.offer(), 100 * MIB);
+    }
+
+    #[test]
+    fn holds_are_counted_by_kind_and_all_of_them_come_out_of_capacity() {
+        let (ledger, _) = ledger(Some(100 * MIB), 0, 8 * GIB, 8 * GIB);
+        let (output, request, compile) = (ledger.hold(HoldKind::Output), ledger.hold(HoldKind::Request), ledger.hold(HoldKind::Compile));
+        assert!(output.try_grow(10 * MIB, false) && request.try_grow(20 * MIB, false) && compile.try_grow(30 * MIB, false));
+        let s = ledger.snapshot();
+        assert_eq!((s.held, s.held_by), (60 * MIB, [10 * MIB, 20 * MIB, 30 * MIB]));
+        assert_eq!(ledger.offer(), 40 * MIB);
+        request.release(5 * MIB);
+        output.shrink_to(MIB);
+        drop(compile);
+        let s = ledger.snapshot();
+        assert_eq!((s.held, s.held_by), (16 * MIB, [MIB, 15 * MIB, 0]));
+        drop((output, request));
+        assert_eq!(ledger.snapshot().held_by, [0, 0, 0]);
     }
 
     #[test]
