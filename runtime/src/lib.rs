@@ -125,6 +125,17 @@ mod layering {
         assert!(upward.is_empty(), "imports against the layering:\n{}", upward.join("\n"));
     }
 
+    /// The first names of what `after_super` (the text after a `super::`)
+    /// imports: `NAME` of `super::NAME…`, each `NAME` of `super::{NAME…,
+    /// NAME…}`.
+    fn imported_after(after_super: &str) -> Vec<String> {
+        let word = |s: &str| -> String { s.trim_start().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect() };
+        match after_super.strip_prefix('{') {
+            Some(group) => group.split('}').next().unwrap_or_default().split(',').map(word).filter(|w| !w.is_empty()).collect(),
+            None => vec![word(after_super)].into_iter().filter(|w| !w.is_empty()).collect(),
+        }
+    }
+
     /// Inside a room (a directory with a `mod.rs`), no two files import
     /// each other: a file's `super::NAME` is the sibling file `NAME`, or
     /// else the room's `mod.rs`; `mod.rs` imports a sibling by naming it
@@ -161,10 +172,13 @@ mod layering {
                 match (from, to) {
                     ("mod", _) => text.contains(&format!(" {to}::")) || text.contains(&format!("({to}::")),
                     (_, "mod") => text.match_indices("super::").any(|(i, _)| {
-                        let name: String = text[i + 7..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
-                        !name.is_empty() && !siblings.contains(&name) && name != "super"
+                        imported_after(&text[i + 7..]).iter().any(|name| !siblings.contains(name) && name != "super")
                     }),
-                    _ => text.contains(&format!("super::{to}::")) || text.contains(&format!("super::{to}}}")),
+                    _ => {
+                        text.contains(&format!("super::{to}::"))
+                            || text.contains(&format!("super::{to}}}"))
+                            || text.match_indices("super::{").any(|(i, _)| imported_after(&text[i + 7..]).contains(&to.to_string()))
+                    }
                 }
             };
             for (i, a) in siblings.iter().enumerate() {

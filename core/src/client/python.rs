@@ -112,7 +112,7 @@ impl PythonRuntime {
     /// (`python315.zip`), to be mounted at `/usr/local/lib`: kept under
     /// `cache` (a hard link to the package's file, or a copy where a link
     /// cannot be made), made once per stdlib file. Making one removes the
-    /// stale others ([`prune_stdlib_dirs`]).
+    /// stale others (`prune_stdlib_dirs`).
     pub fn stdlib_dir(&self, cache: &Path) -> anyhow::Result<PathBuf> {
         let meta = std::fs::metadata(&self.stdlib).with_context(|| format!("cannot read {}", self.stdlib.display()))?;
         let source = postcard::to_allocvec(&StdlibSource {

@@ -4,7 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Liveness, NodeId};
+use super::failure::Liveness;
+use super::state::NodeId;
 use crate::proto::Advert;
 use crate::units::Bytes;
 

@@ -2,11 +2,14 @@
 //! owner beside it, gossip started, what it kept put back, and the drain
 //! that shutting down begins.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::{EXPIRE_EVERY, HOST_LEDGER_REFRESH, RunningWorker, WorkerConfig, router, serve};
+use super::config::WorkerConfig;
+use super::router::router;
+use super::serve;
 use crate::gossip::transport::{HttpTransport, SharedNode, run_rounds};
 use crate::gossip::{GossipConfig, GossipNode, NodeId};
 use crate::owner::Owner;
@@ -20,6 +23,53 @@ use crate::worker::state::Worker;
 use crate::worker::table::JobTable;
 use crate::worker::tenants::Tenants;
 use crate::worker::warnings::Warnings;
+
+/// How often a worker refreshes its record in the host's ledger.
+pub const HOST_LEDGER_REFRESH: Duration = Duration::from_millis(250);
+
+/// How often what expired is forgotten (or more often, with a shorter
+/// `--keep-results`).
+pub const EXPIRE_EVERY: Duration = Duration::from_secs(3600);
+
+/// A bound, running worker.
+pub struct RunningWorker {
+    /// The address it listens on.
+    pub addr: SocketAddr,
+    /// The address it gives peers and clients (`WorkerConfig::advertise`,
+    /// else `addr`).
+    pub advertised: String,
+    serve: tokio::task::JoinHandle<std::io::Result<()>>,
+    gossip: tokio::task::JoinHandle<()>,
+    worker: Arc<Worker>,
+    grace: Duration,
+}
+
+impl RunningWorker {
+    /// Serves until the shutdown future given to [`start`] resolves; then
+    /// advertises that it is leaving, cancels the jobs still queued (their
+    /// clients send them elsewhere), stops accepting, lets running jobs
+    /// finish for up to the drain grace, cancels those still running, and
+    /// stops gossiping.
+    pub async fn wait(self) -> anyhow::Result<()> {
+        let result = self.serve.await;
+        // Detached jobs have no request keeping `serve` open: wait for
+        // them too, within what is left of the grace.
+        let deadline = tokio::time::Instant::now() + self.grace;
+        while self.worker.jobs.active() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.worker.jobs.cancel_all(CancelCause::Shutdown, false);
+        let stop = tokio::time::Instant::now() + Duration::from_secs(5);
+        while self.worker.jobs.active() > 0 && tokio::time::Instant::now() < stop {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.gossip.abort();
+        // What is queued for the state database is committed before exit.
+        self.worker.db.close();
+        result??;
+        Ok(())
+    }
+}
 
 /// Builds a worker from `config`, binds, starts gossip and serves until
 /// `shutdown` resolves (then drains: see [`RunningWorker::wait`]).

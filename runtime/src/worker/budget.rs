@@ -105,7 +105,7 @@ impl RequestBudgets {
 
     /// A charge of nothing yet, for `payer`.
     pub fn charge(self: &Arc<Self>, payer: Payer) -> Charge {
-        Charge { budgets: self.clone(), payer, bytes: 0, overdraft: 0, hold: self.ledger.hold(super::HoldKind::Request) }
+        Charge { budgets: self.clone(), payer, bytes: 0, overdraft: 0, hold: self.ledger.hold(super::ledger::HoldKind::Request) }
     }
 
     /// The most `payer` may hold at once.

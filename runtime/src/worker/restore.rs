@@ -100,7 +100,7 @@ fn restore_one(w: &Arc<Worker>, id: &str, tenant_name: &str, spec: &[u8], result
 
 /// Puts a kept result into the job table, its bytes held.
 fn put_done(w: &Worker, id: &str, tenant: &str, memory_bytes: u64, done: Finished) {
-    let hold = Arc::new(w.admission.ledger().hold(super::HoldKind::Output));
+    let hold = Arc::new(w.admission.ledger().hold(super::ledger::HoldKind::Output));
     hold.try_grow(done.encoded.len() as u64, true);
     w.jobs.insert_done(id, tenant, memory_bytes, done, hold);
 }

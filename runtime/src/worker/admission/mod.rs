@@ -108,6 +108,9 @@ pub enum NotAdmitted {
     Busy,
 }
 
+/// What a waiting job is answered with.
+type Answer = Result<Ticket, NotAdmitted>;
+
 /// Slots, queues and fair share of one worker.
 pub struct Admission {
     ledger: Arc<Ledger>,
@@ -118,7 +121,7 @@ pub struct Admission {
 struct State {
     busy: u32,
     /// Waiting jobs, per tenant.
-    queue: Queues,
+    queue: Queues<Answer>,
     running: HashMap<u64, Running>,
     fair: FairShare,
     next_id: u64,
@@ -350,7 +353,7 @@ impl Admission {
     }
 
     /// Whether `w` has waited past the bound that gets memory held for it.
-    fn overdue(&self, w: &Waiter, now: Instant) -> bool {
+    fn overdue(&self, w: &Waiter<Answer>, now: Instant) -> bool {
         now.saturating_duration_since(w.since) > self.config.hold_after
     }
 
@@ -358,7 +361,7 @@ impl Admission {
     /// nothing else running: holding memory for them would stop every other
     /// job for nothing.
     fn refuse_hopeless(&self, st: &mut State, now: Instant) {
-        let overdue = |w: &Waiter| self.overdue(w, now);
+        let overdue = |w: &Waiter<Answer>| self.overdue(w, now);
         // Each tenant's oldest job is its longest waiting: the usual case
         // (none overdue) looks at one job per tenant and reads no host memory.
         if !st.queue.oldest().any(overdue) {

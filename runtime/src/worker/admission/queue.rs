@@ -17,11 +17,11 @@ use tokio::time::Instant;
 
 use tokio::sync::oneshot;
 
-use super::{NotAdmitted, Ticket};
 use crate::worker::tenants::Tenant;
 
-/// A job waiting for its ticket.
-pub(super) struct Waiter {
+/// A job waiting for its ticket; `A` is what it is answered with (its
+/// ticket or why it has none: the queue has no say in that).
+pub(super) struct Waiter<A> {
     /// Its id: ids grow with time, so each tenant's queue is sorted by id.
     pub id: u64,
     pub tenant: Arc<Tenant>,
@@ -32,13 +32,13 @@ pub(super) struct Waiter {
     /// When it was queued.
     pub since: Instant,
     /// Where its ticket (or refusal) goes.
-    pub tx: oneshot::Sender<Result<Ticket, NotAdmitted>>,
+    pub tx: oneshot::Sender<A>,
 }
 
 /// One tenant's waiting jobs, oldest first.
-struct TenantQueue {
+struct TenantQueue<A> {
     tenant: Arc<Tenant>,
-    jobs: VecDeque<Waiter>,
+    jobs: VecDeque<Waiter<A>>,
     /// The sum of `jobs`' `held`.
     held: u64,
 }
@@ -52,14 +52,19 @@ pub(super) struct Place {
 }
 
 /// Every tenant's queue; see the module docs.
-#[derive(Default)]
-pub(super) struct Queues {
+pub(super) struct Queues<A> {
     /// Only tenants with waiting jobs, in no particular order.
-    tenants: Vec<TenantQueue>,
+    tenants: Vec<TenantQueue<A>>,
     len: usize,
 }
 
-impl Queues {
+impl<A> Default for Queues<A> {
+    fn default() -> Self {
+        Queues { tenants: Vec::new(), len: 0 }
+    }
+}
+
+impl<A> Queues<A> {
     /// Jobs waiting, all tenants together.
     pub fn len(&self) -> usize {
         self.len
@@ -81,7 +86,7 @@ impl Queues {
 
     /// Queues `w` behind its tenant's other jobs (its id must be larger
     /// than theirs).
-    pub fn push(&mut self, w: Waiter) {
+    pub fn push(&mut self, w: Waiter<A>) {
         let at = match self.tenants.iter().position(|q| q.tenant.name == w.tenant.name) {
             Some(at) => at,
             None => {
@@ -105,17 +110,17 @@ impl Queues {
     }
 
     /// Each tenant's oldest waiting job, in no particular order.
-    pub fn oldest(&self) -> impl Iterator<Item = &Waiter> {
+    pub fn oldest(&self) -> impl Iterator<Item = &Waiter<A>> {
         self.tenants.iter().filter_map(|q| q.jobs.front())
     }
 
     /// A tenant's waiting jobs, oldest first, with their places.
-    pub fn waiting(&self, tenant: usize) -> impl Iterator<Item = (Place, &Waiter)> {
+    pub fn waiting(&self, tenant: usize) -> impl Iterator<Item = (Place, &Waiter<A>)> {
         self.tenants[tenant].jobs.iter().enumerate().map(move |(pos, w)| (Place { tenant, pos }, w))
     }
 
     /// Takes the job at `place` out of its queue.
-    pub fn take(&mut self, place: Place) -> Waiter {
+    pub fn take(&mut self, place: Place) -> Waiter<A> {
         let q = &mut self.tenants[place.tenant];
         let w = q.jobs.remove(place.pos).expect("a place from waiting()");
         q.held -= w.held;
@@ -127,7 +132,7 @@ impl Queues {
     }
 
     /// Takes the job with this id out of its queue, if it is still there.
-    pub fn remove(&mut self, id: u64) -> Option<Waiter> {
+    pub fn remove(&mut self, id: u64) -> Option<Waiter<A>> {
         let place = self.tenants.iter().enumerate().find_map(|(tenant, q)| {
             let pos = q.jobs.binary_search_by_key(&id, |w| w.id).ok()?;
             Some(Place { tenant, pos })
@@ -138,7 +143,7 @@ impl Queues {
     /// Takes out the jobs among each tenant's oldest, `overdue` ones for
     /// which `hopeless` holds. `overdue` must hold for a prefix of each
     /// tenant's queue (it is a bound on the time waited).
-    pub fn take_hopeless(&mut self, overdue: impl Fn(&Waiter) -> bool, hopeless: impl Fn(&Waiter) -> bool) -> Vec<Waiter> {
+    pub fn take_hopeless(&mut self, overdue: impl Fn(&Waiter<A>) -> bool, hopeless: impl Fn(&Waiter<A>) -> bool) -> Vec<Waiter<A>> {
         let mut out = Vec::new();
         let mut tenant = self.tenants.len();
         while tenant > 0 {
@@ -165,7 +170,7 @@ impl Queues {
         out
     }
 
-    fn find(&self, name: &str) -> Option<&TenantQueue> {
+    fn find(&self, name: &str) -> Option<&TenantQueue<A>> {
         self.tenants.iter().find(|q| q.tenant.name == name)
     }
 }
@@ -174,7 +179,7 @@ impl Queues {
 mod tests {
     use super::*;
 
-    fn waiter(id: u64, tenant: &Arc<Tenant>, held: u64) -> Waiter {
+    fn waiter(id: u64, tenant: &Arc<Tenant>, held: u64) -> Waiter<()> {
         let (tx, _) = oneshot::channel();
         Waiter { id, tenant: tenant.clone(), memreq: id, held, since: Instant::now(), tx }
     }

@@ -6,9 +6,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{Ledger, State};
-
-/// What a [`Hold`] is for.
+/// What a `Hold` is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HoldKind {
     /// A job's output while it runs, then its result until it is fetched
@@ -22,7 +20,7 @@ pub enum HoldKind {
 }
 
 impl HoldKind {
-    /// Every kind, in the order of [`LedgerSnapshot::held_by`](super::LedgerSnapshot::held_by).
+    /// Every kind, in the order of `LedgerSnapshot::held_by`.
     pub const ALL: [HoldKind; 3] = [HoldKind::Output, HoldKind::Request, HoldKind::Compile];
 
     /// Its name in metrics (`peerwasm_memory_bytes{kind="<label>_held"}`).
@@ -34,65 +32,68 @@ impl HoldKind {
         }
     }
 
-    fn index(self) -> usize {
+    /// Its place in [`HoldKind::ALL`].
+    pub(super) fn index(self) -> usize {
         self as usize
     }
 }
 
-impl State {
-    fn add_held(&mut self, kind: HoldKind, bytes: u64) {
-        self.held += bytes;
-        self.held_by[kind.index()] += bytes;
-    }
-
-    fn remove_held(&mut self, kind: HoldKind, bytes: u64) {
-        self.held -= bytes;
-        self.held_by[kind.index()] -= bytes;
-    }
+/// What a hold is charged to: the ledger, as a hold sees it (the ledger's
+/// arithmetic stays the ledger's).
+pub(super) trait Account: Send + Sync {
+    /// Takes `bytes` of `kind` if there is room for them beside the
+    /// reservations and the other holds, or regardless with `force`;
+    /// whether they were taken.
+    fn take(&self, kind: HoldKind, bytes: u64, force: bool) -> bool;
+    /// Gives back `bytes` of `kind`.
+    fn give_back(&self, kind: HoldKind, bytes: u64);
 }
 
 /// Bytes held for one purpose (a job's output and then its result, a
 /// request, a compile), outside any reservation; see the ledger's docs.
 /// Given back when dropped.
 pub struct Hold {
-    pub(super) ledger: Arc<Ledger>,
-    pub(super) kind: HoldKind,
-    pub(super) bytes: AtomicU64,
+    account: Arc<dyn Account>,
+    kind: HoldKind,
+    bytes: AtomicU64,
 }
 
 impl Hold {
+    /// A hold of nothing yet, charged to `account`.
+    pub(super) fn new(account: Arc<dyn Account>, kind: HoldKind) -> Hold {
+        Hold { account, kind, bytes: AtomicU64::new(0) }
+    }
+
     /// Holds `bytes` more if capacity less reservations and holds has room
     /// for them, or regardless with `force` (a small allowance every job
     /// has, so that a worker whose memory is all reserved still lets its
     /// jobs print). Returns whether they are held.
     pub fn try_grow(&self, bytes: u64, force: bool) -> bool {
-        let mut st = self.ledger.lock();
-        let free = self.ledger.capacity.saturating_sub(st.reserved).saturating_sub(st.held);
-        if !force && bytes > free {
-            return false;
+        let taken = self.account.take(self.kind, bytes, force);
+        if taken {
+            self.bytes.fetch_add(bytes, Ordering::Relaxed);
         }
-        st.add_held(self.kind, bytes);
-        self.bytes.fetch_add(bytes, Ordering::Relaxed);
-        true
+        taken
     }
 
     /// Gives back all but `bytes` (what the result actually keeps).
     pub fn shrink_to(&self, bytes: u64) {
-        let now = self.bytes.load(Ordering::Relaxed);
-        self.release(now.saturating_sub(bytes));
+        self.give_back(|now| now.saturating_sub(bytes));
     }
 
     /// Gives back `bytes` of what is held (at most all of it): the part
     /// of a streamed job's output that has been sent.
     pub fn release(&self, bytes: u64) {
-        let mut st = self.ledger.lock();
-        let now = self.bytes.load(Ordering::Relaxed);
-        let n = bytes.min(now);
-        st.remove_held(self.kind, n);
-        self.bytes.store(now - n, Ordering::Relaxed);
-        drop(st);
-        if n > 0 {
-            self.ledger.gave_back();
+        self.give_back(|now| bytes.min(now));
+    }
+
+    /// Gives back `amount(held now)` (at most all of it).
+    fn give_back(&self, amount: impl Fn(u64) -> u64) {
+        let before = self.bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| Some(now - amount(now).min(now)));
+        let before = before.unwrap_or_else(|now| now);
+        let given = amount(before).min(before);
+        if given > 0 {
+            self.account.give_back(self.kind, given);
         }
     }
 
@@ -112,8 +113,7 @@ impl Drop for Hold {
     fn drop(&mut self) {
         let bytes = *self.bytes.get_mut();
         if bytes > 0 {
-            self.ledger.lock().remove_held(self.kind, bytes);
-            self.ledger.gave_back();
+            self.account.give_back(self.kind, bytes);
         }
     }
 }

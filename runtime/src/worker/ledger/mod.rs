@@ -128,6 +128,28 @@ struct State {
     next_id: u64,
 }
 
+impl hold::Account for Ledger {
+    fn take(&self, kind: HoldKind, bytes: u64, force: bool) -> bool {
+        let mut st = self.lock();
+        let free = self.capacity.saturating_sub(st.reserved).saturating_sub(st.held);
+        if !force && bytes > free {
+            return false;
+        }
+        st.held += bytes;
+        st.held_by[kind.index()] += bytes;
+        true
+    }
+
+    fn give_back(&self, kind: HoldKind, bytes: u64) {
+        {
+            let mut st = self.lock();
+            st.held -= bytes;
+            st.held_by[kind.index()] -= bytes;
+        }
+        self.gave_back();
+    }
+}
+
 /// Memory held for one job; given back when dropped.
 pub struct Reservation {
     ledger: Arc<Ledger>,
@@ -302,7 +324,7 @@ impl Ledger {
 
     /// A hold of nothing yet, for what `kind` says.
     pub fn hold(self: &Arc<Self>, kind: HoldKind) -> Hold {
-        Hold { ledger: self.clone(), kind, bytes: AtomicU64::new(0) }
+        Hold::new(self.clone(), kind)
     }
 
     /// Reserves `bytes` if they fit now.
