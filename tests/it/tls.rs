@@ -1,8 +1,9 @@
 //! TLS on every hop, against real worker processes: what a stranger on the
 //! path records (a relay between client and worker, and between two
 //! workers), certificates that must be refused (another pool's CA, expired,
-//! issued for another host), the start-up and client refusals of tokens in
-//! clear, and `peerwasm tls` itself.
+//! issued for another host), a certificate renewed while the worker runs,
+//! the start-up and client refusals of tokens in clear, and `peerwasm tls`
+//! itself.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -293,6 +294,38 @@ fn another_pools_ca_an_expired_or_misnamed_certificate_is_refused_and_nothing_ru
     let plain = WorkerProcess::start("1GiB", 1, None);
     let out = run_on(&plain.addr, Some(&ca));
     assert!(text(&out).contains("does not speak TLS"), "{}", text(&out));
+}
+
+#[test]
+fn a_renewed_certificate_is_served_without_a_restart_and_a_broken_one_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = dir.path().join("tls");
+    let ca = tls.join("ca.crt");
+    peerwasm::net::certs::init(&tls).unwrap();
+    let (now, year) = (std::time::SystemTime::now(), peerwasm::net::certs::DEFAULT_VALIDITY);
+    let loopback = ["127.0.0.1".to_string()];
+    // The worker starts with a certificate that has run out.
+    peerwasm::net::certs::issue(&tls, &loopback, Some("w"), now - 2 * year, now - year).unwrap();
+    let worker = tls_worker(&tls, "w");
+    let out = run_on(&worker.addr, Some(&ca));
+    assert!(text(&out).contains("certificate has expired"), "{}", text(&out));
+
+    // Renewed in place, as `peerwasm tls issue` (or certbot) would: the
+    // same worker serves the new one, with no restart.
+    peerwasm::net::certs::issue(&tls, &loopback, Some("w"), now, now + year).unwrap();
+    std::thread::sleep(peerwasm::net::tls::RELOAD_CHECK_EVERY + Duration::from_millis(500));
+    let out = run_on(&worker.addr, Some(&ca));
+    assert!(out.status.success(), "the renewed certificate is not served: {}", text(&out));
+
+    // A certificate file overwritten with something that is not one (a
+    // renewal half done): the worker keeps serving the good one it has.
+    std::fs::write(tls.join("w.crt"), "not a certificate").unwrap();
+    std::thread::sleep(peerwasm::net::tls::RELOAD_CHECK_EVERY + Duration::from_millis(500));
+    for _ in 0..2 {
+        let out = run_on(&worker.addr, Some(&ca));
+        assert!(out.status.success(), "a broken file replaced the good certificate: {}", text(&out));
+    }
+    assert_eq!(jobs_run(&worker.addr, &ca), 3);
 }
 
 #[test]

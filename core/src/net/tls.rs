@@ -13,6 +13,8 @@ use std::sync::{Arc, Once};
 use anyhow::{Context, bail};
 use rustls::client::danger::ServerCertVerifier;
 use rustls::crypto::CryptoProvider;
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
@@ -108,19 +110,88 @@ pub fn trusting_nothing() -> Arc<ClientConfig> {
 }
 
 /// A worker's TLS: serves the certificate chain in `cert` with the key in
-/// `key` (whose permissions are checked first: [`check_key_file`]).
+/// `key` (whose permissions are checked first: [`check_key_file`]), read
+/// again when the files change, so that a renewed certificate is served
+/// from the next connection on without a restart (see [`RELOAD_CHECK_EVERY`]).
 pub fn server_config(cert: &Path, key: &Path) -> anyhow::Result<Arc<ServerConfig>> {
+    let served = certified_key(cert, key)?;
+    let stamp = files_stamp(cert, key);
+    let resolver = ReloadingCert {
+        cert: cert.to_path_buf(),
+        key: key.to_path_buf(),
+        state: parking_lot::Mutex::new(Served { key: Arc::new(served), stamp, tried: stamp, checked: std::time::Instant::now() }),
+    };
+    let mut config = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(resolver));
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// How often a serving worker looks whether its certificate or key file
+/// changed (two `stat`s, at most once per period, on a handshake).
+pub const RELOAD_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The chain in `cert` with the key in `key`, checked to go together.
+fn certified_key(cert: &Path, key: &Path) -> anyhow::Result<CertifiedKey> {
     check_key_file(key)?;
     let chain = read_certs(cert)?;
     let private = PrivateKeyDer::from_pem_file(key)
         .with_context(|| format!("cannot read a private key (PEM) from {}", key.display()))?;
-    let mut config = ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_single_cert(chain, private)
-        .with_context(|| format!("the key in {} does not go with the certificate in {}", key.display(), cert.display()))?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
+    CertifiedKey::from_der(chain, private, &provider())
+        .with_context(|| format!("the key in {} does not go with the certificate in {}", key.display(), cert.display()))
+}
+
+/// What says the certificate and key files changed: each one's change
+/// time, inode and size (`None`: unreadable).
+type FilesStamp = [Option<(std::time::SystemTime, u64, u64)>; 2];
+
+fn files_stamp(cert: &Path, key: &Path) -> FilesStamp {
+    use std::os::unix::fs::MetadataExt;
+    [cert, key].map(|p| std::fs::metadata(p).ok().map(|m| (m.modified().unwrap_or(std::time::UNIX_EPOCH), m.ino(), m.len())))
+}
+
+/// A worker's certificate, re-read when its files change. A pair that does
+/// not load (half written, or a key that does not go with the certificate)
+/// is said once in the log, and the one loaded before is served meanwhile.
+#[derive(Debug)]
+struct ReloadingCert {
+    cert: PathBuf,
+    key: PathBuf,
+    state: parking_lot::Mutex<Served>,
+}
+
+#[derive(Debug)]
+struct Served {
+    key: Arc<CertifiedKey>,
+    /// The files' stamp when `key` was read.
+    stamp: FilesStamp,
+    /// The stamp last tried (read, or failed to read).
+    tried: FilesStamp,
+    checked: std::time::Instant,
+}
+
+impl ResolvesServerCert for ReloadingCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let mut st = self.state.lock();
+        if st.checked.elapsed() >= RELOAD_CHECK_EVERY {
+            st.checked = std::time::Instant::now();
+            let now = files_stamp(&self.cert, &self.key);
+            if now != st.stamp && now != st.tried {
+                st.tried = now;
+                match certified_key(&self.cert, &self.key) {
+                    Ok(key) => {
+                        st.key = Arc::new(key);
+                        st.stamp = now;
+                        tracing::info!(cert = %self.cert.display(), "the certificate file changed: serving it from now on");
+                    }
+                    Err(e) => tracing::warn!(cert = %self.cert.display(), "the certificate files changed but do not load ({e:#}): still serving the certificate read before"),
+                }
+            }
+        }
+        Some(st.key.clone())
+    }
 }
 
 /// A private key file must be this user's alone, like the state dir: one
