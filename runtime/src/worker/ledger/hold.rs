@@ -89,9 +89,11 @@ impl Hold {
 
     /// Gives back `amount(held now)` (at most all of it).
     fn give_back(&self, amount: impl Fn(u64) -> u64) {
-        let before = self.bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| Some(now - amount(now).min(now)));
-        let before = before.unwrap_or_else(|now| now);
-        let given = amount(before).min(before);
+        let mut given = 0;
+        let _ = self.bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
+            given = amount(now).min(now);
+            Some(now - given)
+        });
         if given > 0 {
             self.account.give_back(self.kind, given);
         }
