@@ -35,13 +35,13 @@ pub fn hostledger(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
         let held: Vec<_> = (0..others)
             .map(|i| {
                 let l = Ledger::new(&config).expect("a ledger");
-                l.join_host(HostLedger::open(&path, "host".into()).expect("the file"), &format!("other-{i}"));
+                l.join_host(HostLedger::open(&path, "host".into(), u64::MAX).expect("the file"), &format!("other-{i}"));
                 let r = l.try_reserve(64 << 20);
                 (l, r)
             })
             .collect();
         let me = Ledger::new(&config)?;
-        me.join_host(HostLedger::open(&path, "host".into())?, "me");
+        me.join_host(HostLedger::open(&path, "host".into(), u64::MAX)?, "me");
         let shared = time(&me);
         worst = worst.max(shared);
         println!("| {} | {shared:.2} | {:.1} |", others + 1, shared / alone);

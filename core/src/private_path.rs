@@ -1,11 +1,183 @@
 //! Paths that must be this user's alone: a TLS private key, a worker's
-//! state dir (it holds tenants' tokens). One check for all of them, so that
+//! state dir (it holds tenants' tokens), the pool key a loopback pool
+//! gossips under, the host's ledger file. One check for all of them, so that
 //! each refuses another user's path and repairs one left open to others in
 //! the same way, with the same words.
+//!
+//! Files another user of the machine could have planted (in `/dev/shm`,
+//! `/tmp`) are opened without following a link ([`open_private_file`]) and
+//! checked on the open descriptor, not on the path: a check of the path
+//! followed by an open is a race another user can win. Many machines run
+//! with `fs.protected_symlinks`/`protected_regular` off, so the kernel does
+//! not do this for us.
 
-use std::path::Path;
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
+
+fn euid() -> u32 {
+    // SAFETY: geteuid(2) cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// This user's private directory on this machine, for what the machine's
+/// other users must neither read nor plant (the pool key, the host's
+/// ledger): `/dev/shm/peerwasm-UID` (memory, gone at reboot like what it
+/// holds; the temp dir where there is no `/dev/shm`), made `0700`. A
+/// directory of that name that is a link or another user's is refused,
+/// naming it: someone else made it.
+///
+/// Not `$XDG_RUNTIME_DIR`: a worker started in one login session must find
+/// what one started elsewhere made (a batch job has no such variable, or
+/// the login node's), and systemd removes that dir at the user's last
+/// logout while the workers run on.
+pub fn user_runtime_dir() -> anyhow::Result<PathBuf> {
+    let dir = user_runtime_path();
+    private_dir(&dir)?;
+    Ok(dir)
+}
+
+/// Where [`user_runtime_dir`] is, without making or checking it.
+pub fn user_runtime_path() -> PathBuf {
+    let base = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+    base.join(format!("peerwasm-{}", euid()))
+}
+
+/// Makes `dir` (`0700`) unless it exists, then checks it is a directory
+/// (not a link) of this user's, made private if it was open to others.
+pub fn private_dir(dir: &Path) -> anyhow::Result<()> {
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => bail!("cannot make the private directory {}: {e}", dir.display()),
+    }
+    let meta = std::fs::symlink_metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
+    if !meta.is_dir() {
+        bail!("{} is not a directory (a link, or a file someone put there): remove it", dir.display());
+    }
+    if meta.uid() != euid() {
+        bail!(
+            "{} belongs to another user (uid {}): it may have been made to read or plant what this user keeps there; \
+             remove it, or point peerwasm elsewhere",
+            dir.display(),
+            meta.uid()
+        );
+    }
+    if meta.mode() & 0o077 != 0 {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("cannot make {} private", dir.display()))?;
+    }
+    Ok(())
+}
+
+/// Who may share a file: this user alone (`0600`), or the members of the
+/// group of the directory it is in (`0660`, the directory not writable by
+/// others): a lab whose workers run as different users.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sharing {
+    /// This user alone.
+    Private,
+    /// The group of the file's directory.
+    Group,
+}
+
+/// Opens `path` read-write (made, with the sharing's mode, if `create`
+/// and missing) without following a link, and checks the open file: a
+/// regular file with one name, this user's and `0600` — or, for
+/// [`Sharing::Group`], of the directory's group, `0660` at most, in a
+/// directory others cannot write. Anything else is refused, naming what
+/// is wrong; nothing is written to it.
+pub fn open_private_file(path: &Path, what: &str, create: bool, sharing: Sharing) -> anyhow::Result<File> {
+    let mode = match sharing {
+        Sharing::Private => 0o600,
+        Sharing::Group => 0o660,
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(create)
+        .truncate(false)
+        .mode(mode)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => anyhow::anyhow!("{what} {} is a symbolic link: refused (someone may have planted it)", path.display()),
+            _ => anyhow::anyhow!("cannot open {what} {}: {e}", path.display()),
+        })?;
+    let meta = file.metadata().with_context(|| format!("cannot read {what} {}", path.display()))?;
+    let refuse = |why: String| anyhow::anyhow!("{what} {} {why}: refused (remove it, or give another path)", path.display());
+    if !meta.is_file() {
+        return Err(refuse("is not a regular file".into()));
+    }
+    if meta.nlink() != 1 {
+        return Err(refuse(format!("has {} names (a hard link someone made?)", meta.nlink())));
+    }
+    match sharing {
+        Sharing::Private => {
+            if meta.uid() != euid() {
+                return Err(refuse(format!("belongs to another user (uid {})", meta.uid())));
+            }
+            if meta.mode() & 0o077 != 0 {
+                return Err(refuse(format!("is open to others (mode {:04o}; it must be 0600)", meta.mode() & 0o777)));
+            }
+        }
+        Sharing::Group => {
+            let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+            let dmeta = std::fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
+            if dmeta.mode() & 0o002 != 0 {
+                return Err(refuse(format!("is in {}, which anyone may write to", dir.display())));
+            }
+            if meta.gid() != dmeta.gid() || meta.mode() & 0o007 != 0 {
+                return Err(refuse(format!(
+                    "is not the group's alone (group {}, mode {:04o}; the directory's group is {})",
+                    meta.gid(),
+                    meta.mode() & 0o777,
+                    dmeta.gid()
+                )));
+            }
+        }
+    }
+    Ok(file)
+}
+
+/// A secret of this user's kept in `path`: read if the file is there (and
+/// private: [`open_private_file`]), else made (`bytes` random bytes,
+/// hex) — by whichever of several processes starting at once gets there
+/// first; the others read the same one.
+pub fn private_secret(path: &Path, what: &str, bytes: usize) -> anyhow::Result<Vec<u8>> {
+    for _ in 0..3 {
+        match open_private_file(path, what, false, Sharing::Private) {
+            Ok(mut f) => {
+                let mut secret = Vec::new();
+                f.read_to_end(&mut secret).with_context(|| format!("cannot read {what} {}", path.display()))?;
+                if !secret.trim_ascii().is_empty() {
+                    return Ok(secret.trim_ascii().to_vec());
+                }
+                bail!("{what} {} is empty: remove it and a new one is made", path.display());
+            }
+            Err(_) if !path.exists() && std::fs::symlink_metadata(path).is_err() => {
+                let dir = path.parent().unwrap_or(Path::new("."));
+                let mut tmp = tempfile::Builder::new().prefix(".secret").tempfile_in(dir)?;
+                let secret: Vec<u8> = (0..bytes).map(|_| rand::random::<u8>()).collect();
+                std::io::Write::write_all(&mut tmp, hex::encode(&secret).as_bytes())?;
+                tmp.as_file().sync_all()?;
+                // Renamed into place only if nothing is there yet: two
+                // makers, one secret.
+                if let Err(e) = tmp.persist_noclobber(path)
+                    && !path.exists()
+                {
+                    bail!("cannot make {what} {}: {}", path.display(), e.error);
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    bail!("cannot read or make {what} {}", path.display())
+}
 
 /// Checks that `path` belongs to the user this process runs as, and makes
 /// it `mode` if the group or others may use it (said in the log: a key

@@ -23,7 +23,7 @@ use crate::tenants::{ALICE, BOB, http, me, tenants_file, upload};
 /// `worker::manifests`.
 const OVERHEAD: u64 = 64 * MIB;
 
-fn rss(w: &WorkerProcess) -> u64 {
+pub(crate) fn rss(w: &WorkerProcess) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{}/status", w.child.id())).unwrap();
     let kib: u64 = status
         .lines()
@@ -35,7 +35,7 @@ fn rss(w: &WorkerProcess) -> u64 {
 
 /// A worker of alice, bob and carol with `--memory` `memory`, warmed up
 /// (a job run), and its resident memory then.
-async fn warm_worker(memory: &str, slots: u32, extra: &[&str]) -> (WorkerProcess, tempfile::NamedTempFile, u64) {
+pub(crate) async fn warm_worker(memory: &str, slots: u32, extra: &[&str]) -> (WorkerProcess, tempfile::NamedTempFile, u64) {
     let tenants = tenants_file(1, 1);
     let mut args = vec!["--tenants", tenants.path().to_str().unwrap()];
     args.extend_from_slice(extra);
@@ -46,7 +46,7 @@ async fn warm_worker(memory: &str, slots: u32, extra: &[&str]) -> (WorkerProcess
     (w, tenants, base)
 }
 
-async fn bob_runs_a_job(w: &WorkerProcess) -> Duration {
+pub(crate) async fn bob_runs_a_job(w: &WorkerProcess) -> Duration {
     let bob = Target::pool_as(vec![w.addr.clone()], Some(BOB.into())).unwrap();
     let hello = Job::new(peerwasm_testkit::guest_wasm_bytes("hello"));
     let t = Instant::now();
@@ -73,7 +73,7 @@ fn within(w: &WorkerProcess, base: u64, memory: u64, what: &str) -> u64 {
 
 /// A connection to `addr` from `from` (any address of 127.0.0.0/8 is this
 /// machine), with `head` sent.
-async fn connect_from(from: IpAddr, addr: &str, head: &str) -> std::io::Result<TcpStream> {
+pub(crate) async fn connect_from(from: IpAddr, addr: &str, head: &str) -> std::io::Result<TcpStream> {
     let socket = TcpSocket::new_v4()?;
     socket.bind((from, 0).into())?;
     let mut tcp = socket.connect(addr.parse().unwrap()).await?;
@@ -319,7 +319,9 @@ async fn gossip_replies_are_capped_before_their_mac_is_checked() {
     use peerwasm::gossip::transport::GossipRequest;
     use peerwasm::gossip::{Ack, NodeId, NodeState};
     use peerwasm::proto::Advert;
-    let (w, _t, base) = warm_worker("256MiB", 2, &[]).await;
+    // Keyless (`--insecure-gossip`): a planted advert is taken into the
+    // view, though vouched for to no client.
+    let (w, _t, base) = warm_worker("256MiB", 2, &["--insecure-gossip"]).await;
     // A "peer" that answers every gossip request with an endless body.
     let liar = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let liar_addr = liar.local_addr().unwrap().to_string();
@@ -355,7 +357,7 @@ async fn uploads_and_keyless_gossip_say_nothing_of_other_tenants() {
     use peerwasm::gossip::transport::GossipRequest;
     use peerwasm::gossip::{Syn, SynAck};
     use peerwasm::proto::Advert;
-    let (w, _t, _) = warm_worker("256MiB", 2, &[]).await;
+    let (w, _t, _) = warm_worker("256MiB", 2, &["--insecure-gossip"]).await;
     let job = crate::tenants::sleep_job();
     // Alice uploads first; bob's upload of the same bytes is bob's first.
     assert_eq!(upload(&w.addr, &job, Some(ALICE)).await, StatusCode::CREATED);

@@ -3,7 +3,8 @@
 //! pools, batches, maps over a pool, tenants, files and streams, the life
 //! of a job, durable submissions, hostile guests and requests, faults,
 //! soak, clusters, what a worker shows, the budgets of what requests
-//! make it hold, and TLS on every hop. One test binary (each links
+//! make it hold, TLS on every hop, and what comes out of a sandbox or off
+//! the network, not believed. One test binary (each links
 //! wasmtime), one module per area.
 
 mod batch;
@@ -27,4 +28,5 @@ mod submissions;
 mod support;
 mod tenants;
 mod tls;
+mod untrusted;
 mod wire;

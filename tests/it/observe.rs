@@ -50,6 +50,13 @@ pub(crate) async fn scrape(addr: &str) -> HashMap<String, f64> {
     parse(&resp.text().await.unwrap())
 }
 
+/// `addr`'s metrics, from a worker without `--tenants` (no token needed).
+pub(crate) async fn scrape_open(addr: &str) -> HashMap<String, f64> {
+    let resp = crate::support::http().get(format!("http://{addr}/metrics")).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    parse(&resp.text().await.unwrap())
+}
+
 pub(crate) fn get(m: &HashMap<String, f64>, series: &str) -> f64 {
     m.get(series).copied().unwrap_or(0.0)
 }
@@ -92,11 +99,12 @@ async fn metrics_parse_and_move_as_jobs_run() {
     assert_eq!(get(&after, "peerwasm_peers{liveness=\"alive\"}"), 1.0);
     assert_eq!(get(&after, "peerwasm_slots{state=\"busy\"}"), 0.0);
 
-    // Bad gossip bytes are dropped and counted.
+    // Bad gossip bytes (not sealed with this user's pool key) are dropped
+    // and counted.
     let r = crate::support::http().post(format!("http://{}/v1/gossip", w.addr)).body(vec![0xff; 8]).send().await.unwrap();
-    assert_eq!(r.status(), 400);
+    assert_eq!(r.status(), 401);
     let later = scrape(&w.addr).await;
-    assert_eq!(get(&later, "peerwasm_gossip_events_total{event=\"rejected\"}"), 1.0);
+    assert_eq!(get(&later, "peerwasm_gossip_events_total{event=\"forged\"}"), 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -273,8 +273,10 @@ async fn bad_bytes_get_a_4xx_and_the_worker_goes_on() {
     assert_eq!(r.status(), 400);
     assert!(r.text().await.unwrap().contains("bad job request"));
 
+    // Gossip is sealed with the pool's key (this user's, on loopback):
+    // garbage is refused before it is read further.
     let r = http.post(url("/v1/gossip")).body(garbage.clone()).send().await.unwrap();
-    assert_eq!(r.status(), 400);
+    assert_eq!(r.status(), 401);
 
     let r = http.put(url("/v1/modules/not-a-hash")).body(garbage.clone()).send().await.unwrap();
     assert_eq!(r.status(), 400);

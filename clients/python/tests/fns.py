@@ -32,3 +32,36 @@ def dumps(d):
 
 def grows(n_mib):
     return len(bytearray(n_mib << 20))
+
+
+class Reducing:
+    """An object whose unpickling would run `os.system` in whoever unpickles it."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def returns_reducing(marker):
+    return Reducing(marker)
+
+
+def writes_raw_pickle(marker):
+    """A guest taken over: it writes a pickle's opcodes as its reply and exits."""
+    import os
+    import sys
+
+    payload = b"cos\nsystem\n(S'touch " + marker.encode() + b"'\ntR."
+    sys.__stdout__.buffer.write(payload)
+    sys.__stdout__.flush()
+    os._exit(0)
+
+
+def frame(n):
+    import pandas as pd
+
+    return pd.DataFrame({"i": list(range(n)), "name": [f"row{i}" for i in range(n)], "x": [i / 2 for i in range(n)]})

@@ -67,3 +67,20 @@ def test_a_function_is_mapped_over_a_pool_with_numpy_arrays(pool):  # noqa: F811
     assert [o["mean"] for o in out] == [float(i) for i in range(50)]
     for i, o in enumerate(out):
         np.testing.assert_array_equal(o["doubled"], arrays[i] * 2)
+
+
+def test_a_guest_cannot_run_code_in_the_caller(tmp_path):
+    """A result whose unpickling would run code, and a guest that writes a
+    pickle's opcodes as its reply: neither is ever unpickled here."""
+    marker = tmp_path / "pwned"
+    with pytest.raises(peerwasm.RemoteError, match="cannot be sent back") as e:
+        peerwasm.run(fns.returns_reducing, str(marker))
+    assert "fns.Reducing" in e.value.message or "Reducing" in e.value.message
+    with pytest.raises(RuntimeError, match="not a peerwasm result"):
+        peerwasm.run(fns.writes_raw_pickle, str(marker))
+    with pytest.raises(RuntimeError, match="not a peerwasm result"):
+        peerwasm.map(fns.writes_raw_pickle, [str(marker)])
+    assert not marker.exists(), "the guest's bytes ran code in the caller"
+    # Honest data of the same kinds still comes back.
+    frames = peerwasm.map(fns.frame, [3])
+    assert list(frames[0]["name"]) == ["row0", "row1", "row2"] and list(frames[0]["x"]) == [0.0, 0.5, 1.0]

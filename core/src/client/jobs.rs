@@ -35,7 +35,7 @@ pub(super) fn trusted_workers<'v>(view: &'v [PeerView], seeds: &[String], http: 
         } else if super::trusted(addr, seeds, view) {
             ask.push(addr);
         } else {
-            skipped.push(format!("{addr}: not named, and the pool's gossip is not keyed"));
+            skipped.push(format!("{addr}: not named, and no worker vouches for it (its advert was not sealed with the pool's key)"));
         }
     }
     (ask, skipped)

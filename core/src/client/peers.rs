@@ -16,10 +16,11 @@ pub async fn fetch_peers(http: &crate::net::HttpClient, peers: &[String]) -> any
     anyhow::bail!("no peer answered ({})", errors.join("; "))
 }
 
-/// Whether a tenant's token may go to `addr`: the user named it (one of
-/// `seeds`), or every live worker of `view` authenticates its gossip (a
-/// keyed pool vouches for the addresses in it). See `pool`'s module docs.
+/// Whether jobs and a tenant's token may go to `addr`: the user named it
+/// (one of `seeds`), or the worker that answered with `view` vouches for
+/// it ([`PeerView::vouched`]: heard in gossip sealed with the pool's key).
+/// See `pool`'s module docs.
 pub fn trusted(addr: &str, seeds: &[String], view: &[PeerView]) -> bool {
-    seeds.iter().any(|s| s == addr) || crate::gossip::keyed(view)
+    seeds.iter().any(|s| s == addr) || view.iter().any(|p| p.advert.addr == addr && p.vouched)
 }
 

@@ -105,6 +105,7 @@ mod tests {
             },
             liveness,
             last_heard_ms: 0,
+            vouched: true,
         }
     }
 

@@ -8,11 +8,15 @@
 //! breaks a connection with a job on it has lost that job, which is reported
 //! as [`SubmitError::Lost`] so that the caller (`map`) resubmits it.
 //!
-//! The tenant's token goes only to workers the user named (the seeds) and,
-//! when every live worker of the view authenticates its gossip with a
-//! cluster key, to the others of the view: without a key, anyone who
-//! reaches a worker could plant an advert pointing at a machine of theirs
-//! and collect the tokens of clients placing jobs there.
+//! Jobs, and the tenant's token, go only to workers the client has a
+//! reason to trust: those the user named (the seeds), those the answering
+//! worker vouches for ([`PeerView::vouched`]: heard in gossip sealed with
+//! the pool's key), and, over TLS, any the pool's CA certifies at the
+//! handshake. An advert anyone could have sent names no placement target:
+//! otherwise whoever reaches a worker (another user of the same machine,
+//! on loopback) could plant one pointing at a process of theirs and
+//! receive the jobs' inputs, answer with forged results, and collect
+//! tokens. The others are left out of the view, and said once.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -78,8 +82,11 @@ pub struct Pool {
     http: HttpClient,
     /// Without it, for the others.
     anon: HttpClient,
-    /// Whether the last view came from a pool whose gossip is keyed.
-    keyed: std::sync::atomic::AtomicBool,
+    /// The workers of the last view that may be sent jobs and the token
+    /// besides the seeds (vouched for, or certified over TLS).
+    vouched: Mutex<std::collections::HashSet<String>>,
+    /// Unvouched workers already said in the log (once each).
+    unvouched_said: Mutex<std::collections::HashSet<String>>,
     view: tokio::sync::Mutex<View>,
     /// When we last uploaded each module (or tree) to each worker.
     uploaded: Mutex<HashMap<(String, ModuleHash), Arc<tokio::sync::Mutex<Option<Instant>>>>>,
@@ -111,7 +118,8 @@ impl Pool {
             anon: http_client(None, &config.transport)?,
             config,
             http,
-            keyed: std::sync::atomic::AtomicBool::new(false),
+            vouched: Mutex::new(Default::default()),
+            unvouched_said: Mutex::new(Default::default()),
             view: tokio::sync::Mutex::new(View::default()),
             uploaded: Mutex::new(HashMap::new()),
             shipped: Default::default(),
@@ -142,7 +150,7 @@ impl Pool {
             Err(e) if others.is_empty() => return Err(e),
             Err(_) => super::peers::fetch_peers(self.client_for(&others[0]), &others).await?,
         };
-        self.keyed.store(crate::gossip::keyed(&peers), std::sync::atomic::Ordering::Relaxed);
+        let peers = self.placeable(peers);
         view.peers = peers.clone();
         view.fetched = Some(Instant::now());
         Ok(peers)
@@ -199,11 +207,32 @@ impl Pool {
     }
 
     /// Whether `addr` may be sent the tenant's token: the user named it,
-    /// or the pool's gossip is keyed; and it does not cross the network in
-    /// clear (TLS, loopback, or `--insecure-http`).
+    /// or it is placeable in the last view (vouched for, or certified over
+    /// TLS); and it does not cross the network in clear (TLS, loopback, or
+    /// `--insecure-http`).
     pub(super) fn trusts(&self, addr: &str) -> bool {
-        self.http.may_send_to(addr)
-            && (self.config.seeds.iter().any(|s| s == addr) || self.keyed.load(std::sync::atomic::Ordering::Relaxed))
+        self.http.may_send_to(addr) && (self.config.seeds.iter().any(|s| s == addr) || self.vouched.lock().contains(addr))
+    }
+
+    /// The workers of `peers` a job may be placed on: named, vouched for
+    /// by the worker that answered, or (over TLS) certified by the pool's
+    /// CA when connected to. The others are left out, each said once.
+    fn placeable(&self, peers: Vec<PeerView>) -> Vec<PeerView> {
+        let tls = self.config.transport.is_tls();
+        let (kept, left): (Vec<PeerView>, Vec<PeerView>) = peers
+            .into_iter()
+            .partition(|p| tls || p.vouched || self.config.seeds.iter().any(|s| *s == p.advert.addr));
+        let mut said = self.unvouched_said.lock();
+        for p in left.iter().filter(|p| said.insert(p.advert.addr.clone())) {
+            tracing::warn!(
+                worker = %p.advert.addr,
+                "not placing jobs on {}: no worker vouches for it (its advert did not come in gossip sealed \
+                 with the pool's key) and it was not named with --peers",
+                p.advert.addr
+            );
+        }
+        *self.vouched.lock() = kept.iter().map(|p| p.advert.addr.clone()).collect();
+        kept
     }
 
     /// The client for `addr`: with the token if it is trusted.
@@ -232,8 +261,8 @@ impl Pool {
                 None => message, // e.g. a time limit longer than it allows
             }),
             StatusCode::UNAUTHORIZED if !self.trusts(addr) => PeerError::Declined(format!(
-                "it asks for a token, which goes only to workers you name or that a keyed pool \
-                 (--cluster-key) vouches for: {message}"
+                "it asks for a token, which goes only to workers you name or that the pool's key \
+                 vouches for: {message}"
             )),
             StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNAUTHORIZED => PeerError::Fatal(message),
             status => PeerError::Declined(format!("{status}: {message}")),
@@ -336,16 +365,22 @@ mod tests {
             advert: Advert { addr: addr.into(), slots_total: slots, ..Advert::default() },
             liveness: Liveness::Alive,
             last_heard_ms: 0,
+            vouched: true,
         }
     }
 
     #[test]
-    fn the_token_goes_to_named_workers_and_to_others_only_in_a_keyed_pool() {
+    fn jobs_and_the_token_go_to_named_workers_and_to_vouched_ones_only() {
         let p = pool(&["a:1"]);
         assert!(p.trusts("a:1"));
         assert!(!p.trusts("b:2"), "an address only gossip told us of");
-        p.keyed.store(true, std::sync::atomic::Ordering::Relaxed);
-        assert!(p.trusts("b:2"), "every live worker vouches with the cluster key");
+        let planted = PeerView { vouched: false, ..peer("c:3", 64) };
+        let named_unvouched = PeerView { vouched: false, ..peer("a:1", 1) };
+        let kept = p.placeable(vec![named_unvouched, peer("b:2", 1), planted]);
+        let kept: Vec<&str> = kept.iter().map(|v| v.advert.addr.as_str()).collect();
+        assert_eq!(kept, ["a:1", "b:2"], "the unvouched advert is no placement target");
+        assert!(p.trusts("b:2"), "vouched for by the worker that answered");
+        assert!(!p.trusts("c:3"));
     }
 
     #[test]
@@ -357,7 +392,7 @@ mod tests {
         let err = Pool::new(config(&["127.0.0.1:7070", "10.0.0.9:7070"])).err().expect("a seed off loopback");
         assert!(err.to_string().contains("in clear to 10.0.0.9:7070"), "{err}");
         let p = Pool::new(config(&["127.0.0.1:7070"])).unwrap();
-        p.keyed.store(true, std::sync::atomic::Ordering::Relaxed);
+        p.placeable(vec![peer("[::1]:7071", 1), peer("10.0.0.9:7070", 1)]);
         assert!(p.trusts("127.0.0.1:7070") && p.trusts("[::1]:7071"));
         assert!(!p.trusts("10.0.0.9:7070"), "a keyed pool vouches for the worker, not for the network to it");
         // Without a token there is nothing to leak.

@@ -124,6 +124,7 @@ mod tests {
             advert: crate::proto::Advert { addr: addr.into(), slots_total: 1, ..Default::default() },
             liveness: crate::gossip::Liveness::Alive,
             last_heard_ms: 0,
+            vouched: true,
         }];
         pool.order_by_load(vec![addr.to_string()], &view).is_empty()
     }

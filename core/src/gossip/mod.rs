@@ -41,6 +41,6 @@ pub use failure::{FailureDetectorConfig, Liveness};
 pub use messages::{Ack, Syn, SynAck};
 pub use node::{GossipConfig, GossipNode, MAX_MESSAGE_BYTES};
 pub use state::{NodeId, NodeState};
-pub use view::{PeerView, keyed, peers_table};
+pub use view::{PeerView, peers_table};
 
 pub mod simulation;

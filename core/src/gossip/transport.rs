@@ -171,6 +171,21 @@ impl<R: Clone> SharedNode<R> {
         }
     }
 
+    /// Checks the first [`HEADER`](super::auth::HEADER) bytes of a request
+    /// before its payload is read: `Ok(Some(len))`, the payload's length, if
+    /// they are a sender's who knows the key (see `auth`); `Ok(None)`
+    /// without a key (nothing to check); forged, stale and replayed heads
+    /// are counted.
+    pub fn precheck(&self, head: &[u8]) -> Result<Option<u64>, GossipError> {
+        match &self.key {
+            None => Ok(None),
+            Some(key) => key.precheck(head).map(Some).map_err(|e| {
+                GossipStats::add(&self.stats.forged, 1);
+                GossipError::Unauthenticated(e)
+            }),
+        }
+    }
+
     /// Whether messages are sealed with a cluster key.
     pub fn is_keyed(&self) -> bool {
         self.key.is_some()

@@ -21,12 +21,14 @@ pub struct PeerView {
     /// Milliseconds since its heartbeat last advanced, as seen by the
     /// answering worker (0 for the answering worker itself).
     pub last_heard_ms: u64,
-}
-
-/// Whether every live worker of `view` authenticates its gossip.
-pub fn keyed(view: &[PeerView]) -> bool {
-    let live = || view.iter().filter(|p| p.liveness == Liveness::Alive);
-    live().next().is_some() && live().all(|p| p.advert.gossip_keyed)
+    /// Whether the answering worker vouches for it: it is that worker, or
+    /// its advert arrived in gossip sealed with the pool's key (every
+    /// worker's gossip is keyed unless started with `--insecure-gossip`).
+    /// An advert anyone could have sent vouches for nothing: a client
+    /// places jobs, and sends its token, only to vouched workers and those
+    /// the user named.
+    #[serde(default)]
+    pub vouched: bool,
 }
 
 /// The pool as a table, one row per peer (FieldTrip's peerlist).

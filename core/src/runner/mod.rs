@@ -321,8 +321,9 @@ impl Drop for JobRunner {
 /// Module `hash`'s compiled code, from the memory cache, else the disk
 /// cache or a compile of `bytes` on a blocking thread (without the bytes —
 /// a restarted worker — the disk cache may still have it). `Err` is how
-/// the job ended without running. A cancelled job stops waiting; the
-/// compile finishes on its blocking thread and lands in the cache.
+/// the job ended without running. A cancelled job's compile is ended if it
+/// runs in a child process (`sandbox::compiler`); one on a thread finishes
+/// and lands in the cache.
 async fn load(
     sandbox: &Arc<Sandbox>,
     hash: ModuleHash,
@@ -333,15 +334,23 @@ async fn load(
     if let Some(module) = sandbox.cached(&hash) {
         return Ok((module, CacheSource::Memory));
     }
-    let loader = sandbox.clone();
-    let loaded = tokio::task::spawn_blocking(move || match bytes {
-        Some(bytes) => loader.load(&hash, &bytes).map(Some),
+    let (loader, wants) = (sandbox.clone(), cancel.clone());
+    let mut loaded = tokio::task::spawn_blocking(move || match bytes {
+        Some(bytes) => loader.load_for(&hash, &bytes, Some(&wants)).map(Some),
         None => Ok(loader.load_cached(&hash)),
     });
     let loaded = tokio::select! {
         biased;
-        cause = cancel.cancelled() => return Err(JobResult::never_ran(limit, Outcome::Cancelled { cause })),
-        loaded = loaded => loaded,
+        cause = cancel.cancelled() => {
+            // A compile in a child process sees the cancel and is ended
+            // within milliseconds: until then it is still this job's, and
+            // so are its charges. One on a thread runs on to its end.
+            if sandbox.compiles_apart() {
+                let _ = (&mut loaded).await;
+            }
+            return Err(JobResult::never_ran(limit, Outcome::Cancelled { cause }));
+        }
+        loaded = &mut loaded => loaded,
     };
     match loaded {
         Ok(Ok(Some(loaded))) => Ok(loaded),

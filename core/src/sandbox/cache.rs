@@ -82,6 +82,20 @@ pub struct ModuleCache {
     max_compile_time: Option<Duration>,
     /// Modules whose compile ran past it: refused at once from then on.
     too_slow: Mutex<HashSet<ModuleHash>>,
+    /// The sandbox's configuration, for a compile child
+    /// (`SandboxConfig::compile_program`) to build the same engines.
+    config: SandboxConfig,
+    /// Compiles running now, at most [`max_compiles`] at once.
+    compiling: Mutex<usize>,
+    compile_done: parking_lot::Condvar,
+}
+
+/// Compiles run at once by one cache: one per core. Each compiles its
+/// functions on every core already; more at once only share the cores
+/// thinner while each holds its memory (CPython's takes 2 GB), and a
+/// tenant's burst of new modules would take the machine.
+pub fn max_compiles() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 impl ModuleCache {
@@ -107,6 +121,9 @@ impl ModuleCache {
             disk_evictions: AtomicU64::new(0),
             max_compile_time: config.max_compile_time,
             too_slow: Mutex::new(HashSet::new()),
+            config: config.clone(),
+            compiling: Mutex::new(0),
+            compile_done: parking_lot::Condvar::new(),
         })
     }
 
@@ -131,10 +148,11 @@ impl ModuleCache {
     }
 
     /// The compiled module for `bytes` (whose sha256 is `hash`): from memory,
-    /// else from disk, else compiled now. Blocks while compiling; call it off
-    /// the async executor.
-    pub fn load(&self, hash: &ModuleHash, bytes: &[u8]) -> Result<(Arc<CompiledModule>, CacheSource), Outcome> {
-        self.load_with(hash, Some(bytes)).transpose().expect("with bytes, a module is always found or compiled")
+    /// else from disk, else compiled now — while `wanted()` (a compile in a
+    /// child process is ended once it is not). Blocks while compiling; call
+    /// it off the async executor.
+    pub fn load(&self, hash: &ModuleHash, bytes: &[u8], wanted: &dyn Fn() -> bool) -> Result<(Arc<CompiledModule>, CacheSource), Outcome> {
+        self.load_with(hash, Some((bytes, wanted))).transpose().expect("with bytes, a module is always found or compiled")
     }
 
     /// The compiled module from memory or disk only, never compiling:
@@ -153,7 +171,7 @@ impl ModuleCache {
     fn load_with(
         &self,
         hash: &ModuleHash,
-        bytes: Option<&[u8]>,
+        bytes: Option<(&[u8], &dyn Fn() -> bool)>,
     ) -> Result<Option<(Arc<CompiledModule>, CacheSource)>, Outcome> {
         if let Some(m) = self.get(hash) {
             return Ok(Some((m, CacheSource::Memory)));
@@ -174,14 +192,14 @@ impl ModuleCache {
     fn load_locked(
         &self,
         hash: &ModuleHash,
-        bytes: Option<&[u8]>,
+        bytes: Option<(&[u8], &dyn Fn() -> bool)>,
     ) -> Result<Option<(Arc<CompiledModule>, CacheSource)>, Outcome> {
         if let Some(m) = self.get(hash) {
             return Ok(Some((m, CacheSource::Memory)));
         }
         let (module, source) = match (self.load_from_disk(hash), bytes) {
             (Some(module), _) => (module, CacheSource::Disk),
-            (None, Some(bytes)) => (self.compile(hash, bytes)?, CacheSource::Compiled),
+            (None, Some((bytes, wanted))) => (self.compile(hash, bytes, wanted)?, CacheSource::Compiled),
             (None, None) => return Ok(None),
         };
         let compiled = Arc::new(CompiledModule { hash: *hash, code: module, prepared: OnceLock::new() });
@@ -189,29 +207,100 @@ impl ModuleCache {
         Ok(Some((compiled, source)))
     }
 
-    fn compile(&self, hash: &ModuleHash, bytes: &[u8]) -> Result<Code, Outcome> {
+    fn compile(&self, hash: &ModuleHash, bytes: &[u8], wanted: &dyn Fn() -> bool) -> Result<Code, Outcome> {
         if ModuleHash::of(bytes) != *hash {
             return Err(Outcome::Rejected { reason: format!("module bytes do not match their hash {hash}") });
         }
         validate::check_header(bytes).map_err(|reason| Outcome::InvalidModule { reason })?;
+        let apart = self.config.compile_program.is_some();
         let slow = |limit: Duration| Outcome::Rejected {
             reason: format!(
-                "compiling it takes longer than {} (this worker's --max-compile-time)",
-                humantime::format_duration(limit)
+                "compiling it takes more than {} of {} (this worker's --max-compile-time)",
+                humantime::format_duration(limit),
+                if apart { "CPU time" } else { "time" }
             ),
         };
         if let Some(limit) = self.max_compile_time
             && lock(&self.too_slow).contains(hash)
         {
-            return Err(slow(limit));
+            return Err(slow(compile_limit(limit, bytes.len())));
         }
+        let _running = self.compile_turn(wanted)?;
         self.compiles.fetch_add(1, Ordering::Relaxed);
+        let module = match &self.config.compile_program {
+            Some(program) => self.compile_in_child(program, hash, bytes, wanted, slow)?,
+            None => self.compile_here(hash, bytes, slow)?,
+        };
+        if let Some(disk) = &self.disk {
+            match disk.store(hash, &module) {
+                Ok(evicted) => {
+                    self.disk_evictions.fetch_add(evicted as u64, Ordering::Relaxed);
+                }
+                Err(e) => tracing::warn!(module = %hash, "could not write the module's artifact: {e}"),
+            }
+        }
+        Ok(module)
+    }
+
+    /// Waits for one of the [`max_compiles`] turns (while `wanted()`),
+    /// given back when the guard drops.
+    fn compile_turn(&self, wanted: &dyn Fn() -> bool) -> Result<CompileTurn<'_>, Outcome> {
+        let mut running = lock(&self.compiling);
+        while *running >= max_compiles() {
+            if !wanted() {
+                return Err(Outcome::Cancelled { cause: crate::proto::CancelCause::ClientGone });
+            }
+            self.compile_done.wait_for(&mut running, Duration::from_millis(20));
+        }
+        *running += 1;
+        Ok(CompileTurn(self))
+    }
+
+    /// Compiles in a child process (`compiler`): ended past its CPU time
+    /// or once not `wanted()`.
+    fn compile_in_child(
+        &self,
+        program: &super::config::CompileProgram,
+        hash: &ModuleHash,
+        bytes: &[u8],
+        wanted: &dyn Fn() -> bool,
+        slow: impl Fn(Duration) -> Outcome,
+    ) -> Result<Code, Outcome> {
+        use super::compiler::{ChildCompile, compile_in_child};
+        // No limit: a day of CPU, the kernel's limit being whole seconds.
+        let cpu = self.max_compile_time.map_or(Duration::from_secs(24 * 3600), |l| compile_limit(l, bytes.len()));
+        let config = SandboxConfig { compile_program: None, ..self.config.clone() };
+        match compile_in_child(program, &config, &self.engines, bytes, cpu, wanted) {
+            ChildCompile::Code(code, usage) => {
+                tracing::debug!(module = %hash, cpu = ?usage.cpu, peak = usage.peak_bytes, "compiled in a child process");
+                Ok(code)
+            }
+            ChildCompile::Invalid(why) => Err(Outcome::InvalidModule { reason: format!("it does not compile: {why}") }),
+            ChildCompile::TooSlow(usage) => {
+                tracing::warn!(module = %hash, cpu = ?usage.cpu, "compile ran past --max-compile-time: ended, and the module refused from now on");
+                if self.max_compile_time.is_some() {
+                    lock(&self.too_slow).insert(*hash);
+                }
+                Err(slow(cpu))
+            }
+            ChildCompile::Cancelled => {
+                tracing::info!(module = %hash, "compile ended: its job was cancelled");
+                Err(Outcome::Cancelled { cause: crate::proto::CancelCause::ClientGone })
+            }
+            ChildCompile::Failed(why) => {
+                tracing::warn!(module = %hash, "{why}: compiling in this process instead");
+                self.compile_here(hash, bytes, slow)
+            }
+        }
+    }
+
+    /// Compiles on threads of this process, refusing the job past the
+    /// wall-time limit (the compile runs on to its end, its result dropped:
+    /// wasmtime cannot stop it).
+    fn compile_here(&self, hash: &ModuleHash, bytes: &[u8], slow: impl Fn(Duration) -> Outcome) -> Result<Code, Outcome> {
         let module = match self.max_compile_time.map(|limit| compile_limit(limit, bytes.len())) {
             None => compile_apart(|| Code::compile(&self.engines, bytes)),
             Some(limit) => {
-                // wasmtime cannot stop a compile: past the limit the job is
-                // refused and the module with it, and the compile runs to
-                // its end on its own thread, its result dropped.
                 let (tx, rx) = std::sync::mpsc::channel();
                 let (engines, owned) = (self.engines.clone(), bytes.to_vec());
                 std::thread::Builder::new()
@@ -230,16 +319,7 @@ impl ModuleCache {
                 }
             }
         };
-        let module = module.map_err(|e| Outcome::InvalidModule { reason: format!("it does not compile: {}", one_line(&e)) })?;
-        if let Some(disk) = &self.disk {
-            match disk.store(hash, &module) {
-                Ok(evicted) => {
-                    self.disk_evictions.fetch_add(evicted as u64, Ordering::Relaxed);
-                }
-                Err(e) => tracing::warn!(module = %hash, "could not write the module's artifact: {e}"),
-            }
-        }
-        Ok(module)
+        module.map_err(|e| Outcome::InvalidModule { reason: format!("it does not compile: {}", one_line(&e)) })
     }
 
     fn load_from_disk(&self, hash: &ModuleHash) -> Option<Code> {
@@ -255,6 +335,16 @@ impl ModuleCache {
                 None
             }
         }
+    }
+}
+
+/// One of the cache's compile turns, given back when dropped.
+struct CompileTurn<'c>(&'c ModuleCache);
+
+impl Drop for CompileTurn<'_> {
+    fn drop(&mut self) {
+        *lock(&self.0.compiling) -= 1;
+        self.0.compile_done.notify_one();
     }
 }
 

@@ -65,8 +65,17 @@ pub struct SandboxConfig {
     pub cache_max_bytes: u64,
     /// How long compiling one module may take; past it the job is
     /// `rejected` naming the limit, and so is every later job of that
-    /// module. Default: none (`peerwasm worker` sets 60 s).
+    /// module. CPU time (all its threads) when compiles run in a child
+    /// process (`compile_program`), wall time otherwise. Default: none
+    /// (`peerwasm worker` sets 60 s).
     pub max_compile_time: Option<Duration>,
+    /// Compile modules in a child process started from this program
+    /// (`sandbox::compiler`): a compile can then be ended — past its CPU
+    /// time, or when its job is cancelled — rather than run on after its
+    /// job. Default: none, compiles run on threads of this process
+    /// (`peerwasm worker` sets its own executable).
+    #[serde(default)]
+    pub compile_program: Option<CompileProgram>,
     /// Where per-job scratch directories are made. Default: the system's
     /// temporary directory.
     pub scratch_root: Option<PathBuf>,
@@ -99,6 +108,16 @@ pub struct SandboxConfig {
     pub max_output_bytes: Option<u64>,
 }
 
+/// How to start a compile child (`sandbox::compiler`): this executable and
+/// the arguments that make it one (`peerwasm compile-child`).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct CompileProgram {
+    /// The executable.
+    pub exe: PathBuf,
+    /// Its arguments.
+    pub args: Vec<String>,
+}
+
 impl Default for SandboxConfig {
     fn default() -> Self {
         SandboxConfig {
@@ -112,6 +131,7 @@ impl Default for SandboxConfig {
             cache_dir: None,
             cache_max_bytes: DEFAULT_CACHE_MAX,
             max_compile_time: None,
+            compile_program: None,
             scratch_root: None,
             max_job_time: None,
             max_open_files: super::files::DEFAULT_MAX_OPEN_FILES,

@@ -30,6 +30,7 @@ pub(crate) mod artifacts;
 pub(crate) mod cache;
 pub(crate) mod cancel;
 pub(crate) mod code;
+pub mod compiler;
 pub mod component;
 mod config;
 mod disk;
@@ -54,11 +55,12 @@ use wasmtime::{Engine, Linker, Store};
 use wasmtime_wasi::p2::pipe::MemoryInputPipe;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
-pub use cache::{CacheStats, CompiledModule, ModuleCache};
+pub use cache::{CacheStats, CompiledModule, ModuleCache, max_compiles};
 pub use code::Code;
 pub use job_state::JobState;
 pub use cancel::{Cancel, CancelOnDrop};
-pub use config::{DEFAULT_CACHE_MAX, DEFAULT_MAX_MODULE_BYTES, DEFAULT_MODULE_BYTES_HELD, SandboxConfig, TimeLimitMechanism};
+pub use compiler::CompileUsage;
+pub use config::{CompileProgram, DEFAULT_CACHE_MAX, DEFAULT_MAX_MODULE_BYTES, DEFAULT_MODULE_BYTES_HELD, SandboxConfig, TimeLimitMechanism};
 pub use spec::RunSpec;
 pub use stdin::{StdinFeed, StdinSender};
 pub use stdio::{OutputBudget, OutputCapture, OutputChunk};
@@ -187,6 +189,18 @@ impl Sandbox {
         hash: &crate::proto::ModuleHash,
         bytes: &[u8],
     ) -> Result<(Arc<CompiledModule>, CacheSource), Outcome> {
+        self.load_for(hash, bytes, None)
+    }
+
+    /// [`load`](Self::load) for a job that may be cancelled: a compile in a
+    /// child process (`compile_program`) is ended once `cancel` is, rather
+    /// than run on after the job.
+    pub fn load_for(
+        &self,
+        hash: &crate::proto::ModuleHash,
+        bytes: &[u8],
+        cancel: Option<&Cancel>,
+    ) -> Result<(Arc<CompiledModule>, CacheSource), Outcome> {
         if bytes.len() as u64 > self.config.max_module_bytes {
             return Err(Outcome::Rejected {
                 reason: format!(
@@ -196,7 +210,14 @@ impl Sandbox {
                 ),
             });
         }
-        self.cache.load(hash, bytes)
+        let wanted = || cancel.is_none_or(|c| !c.is_cancelled());
+        self.cache.load(hash, bytes, &wanted)
+    }
+
+    /// Whether a compile is ended when its job is cancelled (compiles run
+    /// in child processes): the job's charges can then wait for it to end.
+    pub fn compiles_apart(&self) -> bool {
+        self.config.compile_program.is_some()
     }
 
     /// Runs `spec` with the compiled `module`. Every way the job can end is

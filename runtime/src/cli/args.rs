@@ -232,6 +232,15 @@ pub(super) fn default_cache_root() -> Option<PathBuf> {
 /// [`main_from`](super::main_from) was given; see [`slot_program`].
 pub(super) static INVOKED_WITH: std::sync::OnceLock<Vec<std::ffi::OsString>> = std::sync::OnceLock::new();
 
+/// How this process compiles a module apart (`sandbox::compiler`): the
+/// same executable, as `peerwasm compile-child`.
+pub(super) fn compile_program() -> anyhow::Result<crate::sandbox::CompileProgram> {
+    let exe = std::env::current_exe().map_err(|e| anyhow::anyhow!("cannot find this program to compile modules apart: {e}"))?;
+    let mut args: Vec<String> = INVOKED_WITH.get().cloned().unwrap_or_default().into_iter().map(|a| a.to_string_lossy().into_owned()).collect();
+    args.push("compile-child".into());
+    Ok(crate::sandbox::CompileProgram { exe, args })
+}
+
 /// How this process starts a slot process of its own: the same executable,
 /// as `peerwasm slot`.
 pub(super) fn slot_program() -> anyhow::Result<crate::runner::slotproc::SlotProgram> {

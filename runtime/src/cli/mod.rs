@@ -60,6 +60,10 @@ enum Command {
     /// runs jobs sent on stdin, answers on stdout.
     #[command(hide = true)]
     Slot,
+    /// A worker's compile process (started by `peerwasm worker`, not by
+    /// hand): compiles the module sent on stdin, answers on stdout.
+    #[command(hide = true)]
+    CompileChild,
 }
 
 /// Parses the command line, runs the command, and returns the exit code.
@@ -104,6 +108,7 @@ where
         Command::Status(args) => status::run(args),
         Command::Tls(command) => tls::run(command),
         Command::Slot => crate::slot::child::serve().map(|()| ExitCode::SUCCESS),
+        Command::CompileChild => crate::sandbox::compiler::serve().map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

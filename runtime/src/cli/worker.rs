@@ -59,14 +59,17 @@ pub struct WorkerArgs {
     /// The file this worker shares with the other peerwasm workers of this
     /// machine, so that together they never lend more memory than it has;
     /// `none` to decide alone. Workers of different users share one only
-    /// if given a path they may all write (a lab's group directory)
-    /// [default: /dev/shm/peerwasm-ledger-UID].
+    /// if given a path in a directory of a common group, not writable by
+    /// others (a lab's group directory); the file must be this user's
+    /// (0600) or that group's (0660), not a link
+    /// [default: ledger in this user's private runtime dir].
     #[arg(long, value_name = "PATH|none", env = "PEERWASM_HOST_LEDGER")]
     host_ledger: Option<PathBuf>,
-    /// How long compiling one module may take; past it the job is rejected
-    /// naming this limit, and so are later jobs of that module. A module
-    /// over 16 MiB gets 0.5 s more per MiB beyond that (CPython's 95 MiB:
-    /// 100 s by default; it compiles in ~45 s).
+    /// How much CPU time compiling one module may take (all its threads;
+    /// compiles run in a child process, ended past it): the job is then
+    /// rejected naming this limit, and so are later jobs of that module. A
+    /// module over 16 MiB gets 0.5 s more per MiB beyond that (CPython's
+    /// 95 MiB: 100 s by default; it compiles in ~66 s of CPU).
     #[arg(long, value_name = "DUR", default_value_t = Span(crate::server::DEFAULT_MAX_COMPILE_TIME))]
     max_compile_time: Span,
     /// The most disk the compiled-module cache may take; the least recently
@@ -86,12 +89,16 @@ pub struct WorkerArgs {
     #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     fair_share: bool,
     /// A file holding the pool's shared secret (at least 16 bytes): gossip
-    /// is then authenticated (HMAC-SHA256) and forged or replayed messages
-    /// are dropped. Every worker of a pool needs the same file.
+    /// is authenticated with it (HMAC-SHA256) and forged or replayed
+    /// messages are dropped. Every worker of a pool needs the same file.
+    /// Without it, a worker on loopback uses this user's own pool key
+    /// (made on first use in the user's private runtime dir), so another
+    /// user of the machine cannot join.
     #[arg(long, value_name = "FILE")]
     cluster_key: Option<PathBuf>,
-    /// Gossip without --cluster-key although --listen is reachable from
-    /// other machines (anyone who reaches the port can forge adverts).
+    /// Gossip without any key (anyone who reaches the port can plant
+    /// adverts; this worker then vouches for no other worker, and clients
+    /// place jobs only on the workers they name).
     #[arg(long, conflicts_with = "cluster_key")]
     insecure_gossip: bool,
     /// Serve TLS with this certificate (PEM; `peerwasm tls issue` makes
@@ -160,6 +167,11 @@ pub struct WorkerArgs {
     /// take them all [default: a quarter of --max-connections].
     #[arg(long, value_name = "N")]
     max_connections_per_address: Option<usize>,
+    /// How long the client of a streamed job (`run --peers`) may read none
+    /// of its output before the stream is dropped, the job cancelled and
+    /// its output given back.
+    #[arg(long, value_name = "DUR", default_value_t = Span(crate::server::DEFAULT_UNREAD_GRACE))]
+    unread_grace: Span,
     /// Bytes one tenant's requests may make this worker hold at once
     /// (bodies being read and decoded, tree manifests);
     /// past it, its requests get 503 and its client retries.
@@ -271,6 +283,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     sandbox.scratch_total_bytes = Some(args.scratch_total.unwrap_or_else(|| free_space(&scratch_root) / 10 * 9));
     sandbox.scratch_root = args.scratch_dir;
     sandbox.max_compile_time = Some(args.max_compile_time.0);
+    sandbox.compile_program = Some(super::args::compile_program()?);
     sandbox.max_output_bytes = Some(args.max_output.0);
     raise_descriptor_limit(args.slots.unwrap_or(sandbox.slots), args.max_open_files);
     let config = WorkerConfig {
@@ -314,6 +327,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
             None => Some(crate::worker::default_host_ledger()),
         },
         precompile: args.precompile,
+        unread_grace: args.unread_grace.0,
         serve: crate::server::ServeLimits {
             max_connections: args.max_connections.max(1),
             max_connections_per_address: args.max_connections_per_address,

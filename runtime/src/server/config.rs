@@ -71,12 +71,16 @@ pub struct WorkerConfig {
     /// [`DEFAULT_HOLD_AFTER`](crate::worker::DEFAULT_HOLD_AFTER).
     pub hold_after: Duration,
     /// The key gossip is authenticated with (`--cluster-key`). Default:
-    /// none, which [`start`](super::start()) allows only on a loopback address unless
-    /// `insecure_gossip`.
+    /// none, which [`start`](super::start()) allows only on a loopback
+    /// address unless `insecure_gossip`; there, the worker seals its gossip
+    /// with this user's own pool key (`pool.key` in
+    /// [`user_runtime_dir`](crate::private_path::user_runtime_dir), made on
+    /// first use), so another user of the machine cannot join.
     pub cluster_key: Option<std::path::PathBuf>,
-    /// Gossip without a cluster key on an address others can reach
-    /// (`--insecure-gossip`): anyone who reaches the port can then forge
-    /// adverts. Default: false.
+    /// Gossip without any key (`--insecure-gossip`): anyone who reaches the
+    /// port can then plant adverts, which this worker then vouches for to
+    /// no one ([`PeerView::vouched`](crate::gossip::PeerView::vouched) is
+    /// false): clients place jobs only on the workers they name. Default: false.
     pub insecure_gossip: bool,
     /// TLS (`--tls-cert`, `--tls-key`, `--tls-ca`): the worker then serves
     /// only TLS and talks TLS to its peers. Default: none, plain HTTP.
@@ -134,6 +138,10 @@ pub struct WorkerConfig {
     /// `worker::hostledger`). `None`: this worker decides alone. Default:
     /// [`hostledger::default_path`](crate::worker::default_host_ledger).
     pub host_ledger: Option<std::path::PathBuf>,
+    /// How long a client of a streamed job may read nothing before its
+    /// stream is dropped, the job cancelled and its output given back
+    /// (`--unread-grace`). Default: [`DEFAULT_UNREAD_GRACE`](super::stream::DEFAULT_UNREAD_GRACE).
+    pub unread_grace: Duration,
     /// Modules compiled as the worker starts (`--precompile`), in the
     /// background, for the engine their jobs will run on, so that the
     /// first job of each starts at once (CPython's takes ~45 s to
@@ -179,6 +187,7 @@ impl WorkerConfig {
             keep_results: DEFAULT_KEEP_RESULTS,
             host_ledger: Some(crate::worker::default_host_ledger()),
             precompile: Vec::new(),
+            unread_grace: super::stream::DEFAULT_UNREAD_GRACE,
         }
     }
 }

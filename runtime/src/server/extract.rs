@@ -87,9 +87,17 @@ fn unauthorized(w: &Worker, e: AuthError) -> Response {
     resp
 }
 
-/// The caller of a request with these headers, or the 401 to answer.
-fn authenticate(w: &Worker, headers: &axum::http::HeaderMap) -> Result<Caller, Response> {
-    w.tenants.authenticate(token(headers)).map(Caller).map_err(|e| unauthorized(w, e))
+/// The caller of a request with these headers, or the 401 to answer. A
+/// token the worker knows marks the request's connection as one that
+/// belongs (`serve::Trust`): it is never closed to make room.
+fn authenticate(w: &Worker, parts: &axum::http::Extensions, headers: &axum::http::HeaderMap) -> Result<Caller, Response> {
+    let caller = w.tenants.authenticate(token(headers)).map(Caller).map_err(|e| unauthorized(w, e))?;
+    if w.tenants.is_multi()
+        && let Some(trust) = parts.get::<super::serve::Trust>()
+    {
+        trust.grant();
+    }
+    Ok(caller)
 }
 
 /// What the caller may see of tenants' usage (`/v1/peers`, `/`,
@@ -111,7 +119,7 @@ impl FromRequestParts<Arc<Worker>> for Caller {
     async fn from_request_parts(parts: &mut Parts, w: &Arc<Worker>) -> Result<Caller, Response> {
         match parts.extensions.get::<Caller>() {
             Some(caller) => Ok(caller.clone()),
-            None => authenticate(w, &parts.headers),
+            None => authenticate(w, &parts.extensions, &parts.headers),
         }
     }
 }
@@ -120,7 +128,7 @@ impl FromRequestParts<Arc<Worker>> for Caller {
 /// headers before anything of the body is read; a refused request's body
 /// is dropped unread, up to [`DISCARD_UNAUTHENTICATED`], before the 401.
 pub async fn tenant_first(State(w): State<Arc<Worker>>, mut req: Request, next: Next) -> Response {
-    match authenticate(&w, req.headers()) {
+    match authenticate(&w, req.extensions(), req.headers()) {
         Ok(caller) => {
             req.extensions_mut().insert(caller);
             next.run(req).await
@@ -201,18 +209,6 @@ body_kind!(BatchBody, "batch request", |_w| BATCH_BODY);
 body_kind!(SubmissionBody, "submission", |_w| crate::proto::submission::MAX_SUBMISSION_BYTES as usize);
 body_kind!(ModuleBody, "module", |w| usize::try_from(w.runner.sandbox().config().max_module_bytes).unwrap_or(usize::MAX));
 
-/// A gossip message: read before its MAC is checked, so no larger than a
-/// message can be, charged to the sender's address, and quick.
-pub struct GossipBody;
-
-impl BodyKind for GossipBody {
-    const WHAT: &'static str = "gossip message";
-    const PACE: Pace = STRANGER_PACE;
-    fn limit(_w: &Worker) -> usize {
-        GOSSIP_BODY
-    }
-}
-
 /// Who pays for a request's bytes: the tenant [`tenant_first`] found, else
 /// the address the request came from.
 pub fn payer(parts: &axum::http::Extensions) -> Payer {
@@ -244,7 +240,6 @@ pub async fn read_charged(
     pace: Pace,
     charge: &mut Charge,
 ) -> Result<Bytes, Response> {
-    use http_body_util::BodyExt;
     let too_large = || text(StatusCode::PAYLOAD_TOO_LARGE, format!("a {what} may be at most {}", Size(limit as u64)));
     let declared = axum::body::HttpBody::size_hint(&body).exact();
     let start = tokio::time::Instant::now();
@@ -259,23 +254,7 @@ pub async fn read_charged(
         buf.reserve_exact(n as usize);
     }
     let mut body = body;
-    loop {
-        let deadline = pace.deadline(start, buf.len() as u64);
-        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
-            Err(_) => {
-                let why = format!(
-                    "the {what} arrived too slowly ({} in {:.0?}; at least {}/s is expected)",
-                    Size(buf.len() as u64),
-                    start.elapsed(),
-                    Size(pace.min_rate)
-                );
-                return Err(text(StatusCode::REQUEST_TIMEOUT, why));
-            }
-            Ok(None) => break,
-            Ok(Some(Err(e))) => return Err(text(StatusCode::BAD_REQUEST, format!("cannot read the {what}: {e}"))),
-            Ok(Some(Ok(frame))) => frame,
-        };
-        let Ok(data) = frame.into_data() else { continue };
+    while let Some(data) = next_chunk(&mut body, what, pace, start, buf.len()).await? {
         let need = buf.len() + data.len();
         if need > limit {
             return Err(too_large());
@@ -289,6 +268,38 @@ pub async fn read_charged(
         buf.extend_from_slice(&data);
     }
     Ok(Bytes::from(buf))
+}
+
+/// The next bytes of `body` (`None` at its end), if they come by the time
+/// `pace` allows after `received` bytes since `start`; else the `408`.
+pub async fn next_chunk(
+    body: &mut axum::body::Body,
+    what: &str,
+    pace: Pace,
+    start: tokio::time::Instant,
+    received: usize,
+) -> Result<Option<Bytes>, Response> {
+    use http_body_util::BodyExt;
+    loop {
+        let deadline = pace.deadline(start, received as u64);
+        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+            Err(_) => {
+                let why = format!(
+                    "the {what} arrived too slowly ({} in {:.0?}; at least {}/s is expected)",
+                    Size(received as u64),
+                    start.elapsed(),
+                    Size(pace.min_rate)
+                );
+                return Err(text(StatusCode::REQUEST_TIMEOUT, why));
+            }
+            Ok(None) => return Ok(None),
+            Ok(Some(Err(e))) => return Err(text(StatusCode::BAD_REQUEST, format!("cannot read the {what}: {e}"))),
+            Ok(Some(Ok(frame))) => frame,
+        };
+        if let Ok(data) = frame.into_data() {
+            return Ok(Some(data));
+        }
+    }
 }
 
 /// A whole request body of kind `K`, read up to its cap and charged to

@@ -10,19 +10,85 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::extract::{Body, GossipBody, Viewer};
+use super::extract::{GOSSIP_BODY, STRANGER_PACE, Viewer, next_chunk, over_budget, read_charged};
 use super::response::{json, postcard, text};
+use super::serve::{Remote, Trust};
+use crate::units::Bytes as Size;
+use crate::worker::budget::{Charge, Payer};
 use crate::proto::POSTCARD;
 use crate::worker::state::Worker;
 use crate::worker::tenants::Sees;
 
-pub async fn post_gossip(State(w): State<Arc<Worker>>, Body(body, _charge, _): Body<GossipBody>) -> Response {
+pub async fn post_gossip(State(w): State<Arc<Worker>>, req: axum::extract::Request) -> Response {
     use crate::gossip::transport::GossipError;
+    let (body, _charge) = match read_gossip(&w, req).await {
+        Ok(read) => read,
+        Err(refusal) => return refusal,
+    };
     match w.gossip.handle(&body) {
         Ok(reply) => ([(header::CONTENT_TYPE, POSTCARD)], reply).into_response(),
         Err(e @ GossipError::Malformed(_)) => text(StatusCode::BAD_REQUEST, e.to_string()),
         Err(e @ GossipError::Unauthenticated(_)) => text(StatusCode::UNAUTHORIZED, e.to_string()),
     }
+}
+
+/// A gossip body, charged as it is read. Under a key its head comes first
+/// ([`HEADER`](crate::gossip::auth::HEADER) bytes, charged to the sender's
+/// address like any stranger's): only when it proves the sender knows the
+/// key is the rest read, charged to the sender as a peer (its own budget,
+/// apart from strangers'), and the connection marked as one that belongs.
+/// A stranger thus holds at most a head's worth of the gossip budget, for
+/// at most the pace's grace.
+async fn read_gossip(w: &Worker, req: axum::extract::Request) -> Result<(axum::body::Bytes, Charge), Response> {
+    use crate::gossip::auth::HEADER;
+    use crate::gossip::transport::GossipError;
+    let ip = req.extensions().get::<Remote>().map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |r| r.0);
+    let trust = req.extensions().get::<Trust>().cloned();
+    let mut stranger = w.budgets.charge(Payer::Address(ip));
+    let mut body = req.into_body();
+    let too_large = || text(StatusCode::PAYLOAD_TOO_LARGE, format!("a gossip message may be at most {}", Size(GOSSIP_BODY as u64)));
+    if axum::body::HttpBody::size_hint(&body).exact().is_some_and(|n| n > GOSSIP_BODY as u64) {
+        return Err(too_large());
+    }
+    if !w.gossip.is_keyed() {
+        let bytes = read_charged(w, body, "gossip message", GOSSIP_BODY, STRANGER_PACE, &mut stranger).await?;
+        return Ok((bytes, stranger));
+    }
+    let what = "gossip message";
+    let start = tokio::time::Instant::now();
+    let mut buf: Vec<u8> = Vec::new();
+    while buf.len() < HEADER {
+        let Some(data) = next_chunk(&mut body, what, STRANGER_PACE, start, buf.len()).await? else { break };
+        if buf.len() + data.len() > GOSSIP_BODY {
+            return Err(too_large());
+        }
+        stranger.grow(data.len() as u64).map_err(|e| over_budget(w, e))?;
+        buf.extend_from_slice(&data);
+    }
+    let len = match w.gossip.precheck(&buf) {
+        Ok(len) => len.unwrap_or(0),
+        Err(e @ GossipError::Unauthenticated(_)) => return Err(text(StatusCode::UNAUTHORIZED, e.to_string())),
+        Err(e) => return Err(text(StatusCode::BAD_REQUEST, e.to_string())),
+    };
+    let total = (HEADER as u64).saturating_add(len);
+    if total > GOSSIP_BODY as u64 {
+        return Err(too_large());
+    }
+    if let Some(trust) = trust {
+        trust.grant();
+    }
+    let mut peer = w.budgets.charge(Payer::Peer(ip));
+    peer.grow(total).map_err(|e| over_budget(w, e))?;
+    drop(stranger);
+    buf.reserve_exact((total as usize).saturating_sub(buf.len()));
+    while (buf.len() as u64) < total {
+        let Some(data) = next_chunk(&mut body, what, STRANGER_PACE, start, buf.len()).await? else { break };
+        if buf.len() as u64 + data.len() as u64 > total {
+            return Err(text(StatusCode::BAD_REQUEST, "the gossip message is longer than its head says"));
+        }
+        buf.extend_from_slice(&data);
+    }
+    Ok((axum::body::Bytes::from(buf), peer))
 }
 
 fn accepts(headers: &HeaderMap, what: &str) -> bool {
@@ -51,10 +117,28 @@ pub async fn get_metrics(State(w): State<Arc<Worker>>, Viewer(sees): Viewer) -> 
 /// the peers table as text for `curl` and other clients.
 pub async fn status_page(State(w): State<Arc<Worker>>, Viewer(sees): Viewer, headers: HeaderMap) -> Response {
     if accepts(&headers, "text/html") {
-        return ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], STATUS_PAGE).into_response();
+        // The page runs its own script and reads `/v1/peers` from its own
+        // origin, nothing else: what an advert says (addresses, host
+        // names) is shown as text, and could not load anything anyway.
+        return (
+            [
+                (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+                (header::X_FRAME_OPTIONS, "DENY"),
+                (header::CONTENT_SECURITY_POLICY, STATUS_PAGE_CSP),
+                (header::REFERRER_POLICY, "no-referrer"),
+            ],
+            STATUS_PAGE,
+        )
+            .into_response();
     }
     text(StatusCode::OK, crate::gossip::peers_table(&w.peer_views(&sees)))
 }
 
 /// The status page: plain HTML, CSS and JS that polls `GET /v1/peers`.
 const STATUS_PAGE: &str = include_str!("status.html");
+
+/// What the status page may do: its own inline style and script, fetches
+/// to its own origin; no frames, no forms, no other origin.
+const STATUS_PAGE_CSP: &str =
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; \
+     base-uri 'none'; form-action 'none'; frame-ancestors 'none'";

@@ -10,6 +10,15 @@ use crate::proto::batch::BatchAnswer;
 use crate::proto::{LARGEST_JOB_HEADER, POSTCARD};
 use crate::worker::refused::Refused;
 
+/// Middleware: every answer says `X-Content-Type-Options: nosniff`, so a
+/// browser never reads a job's output or a message (which may quote what a
+/// guest or a stranger chose) as anything but the type it is sent as.
+pub async fn nosniff(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let mut resp = next.run(req).await;
+    resp.headers_mut().insert(header::X_CONTENT_TYPE_OPTIONS, header::HeaderValue::from_static("nosniff"));
+    resp
+}
+
 /// A plain-text message with `status`.
 pub fn text(status: StatusCode, message: impl Into<String>) -> Response {
     (status, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], message.into() + "\n").into_response()

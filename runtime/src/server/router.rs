@@ -39,5 +39,7 @@ pub(super) fn router(worker: Arc<Worker>, owner: Arc<Owner>) -> Router {
         .route(routes::METRICS, get(pool::get_metrics))
         .layer(axum::Extension(owner))
         .layer(axum::middleware::from_fn(extract::protocol))
+        .layer(axum::middleware::from_fn(super::response::nosniff))
+        .layer(axum::middleware::from_fn(super::serve::in_flight))
         .with_state(worker)
 }

@@ -4,11 +4,24 @@
 //! client that opens connections and sends nothing (or headers a byte a
 //! minute: slowloris) could hold every descriptor of the worker. Here each
 //! connection is served by hyper with a header read timeout, at most
-//! `max_connections` are served at once and at most
-//! `max_connections_per_address` from one address (more are closed as they
-//! arrive, and counted), so one client cannot take every connection from
-//! the others; and on shutdown the listener closes while the connections
-//! in flight finish (idle keep-alive ones are closed at once).
+//! `max_connections` are served at once, at most
+//! `max_connections_per_address` from one address and at most half of all
+//! from one network prefix (a /24, a /64: the addresses one party is likely
+//! to have), so neither one client nor a few addresses of one network can
+//! take every connection from the others; and on shutdown the listener
+//! closes while the connections in flight finish (idle keep-alive ones are
+//! closed at once).
+//!
+//! A cap that is reached does not simply turn the newcomer away — that is
+//! what lets whoever holds idle connections lock everyone out. It closes
+//! the oldest idle connection of the full group (the address, the prefix,
+//! or all) that has not proved it belongs ([`Trust`]: a request with a
+//! tenant's token, or gossip sealed with the pool's key), and the newcomer
+//! takes its place; only when no connection of the group is idle or all
+//! have proved they belong is the newcomer closed (and counted). A party that keeps
+//! connections idle thus keeps them only until someone else needs one;
+//! and under pressure (three quarters of the connections open) a new
+//! connection has [`PRESSED_HEADER_TIMEOUT`] for its headers.
 //!
 //! With TLS, the handshake happens in the connection's own task, within
 //! the header timeout (a client that starts a handshake and stalls holds
@@ -19,10 +32,9 @@
 //! Each request carries its connection's address ([`Remote`]): a caller
 //! who has not authenticated is charged by it (`worker::budget`).
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -33,7 +45,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::Notify;
 
 /// Connections served at once unless `--max-connections` says otherwise.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
@@ -45,6 +57,10 @@ pub const DEFAULT_PER_ADDRESS_SHARE: usize = 4;
 /// How long a client has to send a request's headers unless
 /// `--header-timeout` says otherwise.
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The header timeout of a connection accepted while three quarters of
+/// `max_connections` are open (if shorter than the configured one).
+pub const PRESSED_HEADER_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The limits of the accept loop.
 #[derive(Clone, Debug)]
@@ -66,6 +82,12 @@ impl ServeLimits {
             .unwrap_or(self.max_connections / DEFAULT_PER_ADDRESS_SHARE)
             .clamp(1, self.max_connections.max(1))
     }
+
+    /// Connections one network prefix (a /24, a /64) may hold at once:
+    /// half of all, and never fewer than one address may.
+    pub fn per_prefix(&self) -> usize {
+        (self.max_connections / 2).max(self.per_address())
+    }
 }
 
 impl Default for ServeLimits {
@@ -82,42 +104,144 @@ impl Default for ServeLimits {
 #[derive(Clone, Copy, Debug)]
 pub struct Remote(pub IpAddr);
 
-/// Connections open per address; a slot is given back when its guard drops.
-#[derive(Default)]
-struct PerAddress(Mutex<HashMap<IpAddr, usize>>);
+/// What the worker knows of one connection (a request extension): whether
+/// it has proved it belongs — a request on it carried a tenant's token, or
+/// gossip sealed with the pool's key — and how many of its requests are in
+/// flight (their answers included). Only a connection that has not proved
+/// it belongs, and is idle, is ever closed to make room.
+#[derive(Clone, Debug, Default)]
+pub struct Trust(Arc<(AtomicBool, AtomicU64)>);
 
-struct AddressSlot {
-    table: Arc<PerAddress>,
-    ip: IpAddr,
-}
+impl Trust {
+    /// Marks the connection as one that belongs.
+    pub fn grant(&self) {
+        self.0.0.store(true, Ordering::Relaxed);
+    }
 
-impl PerAddress {
-    fn take(self: &Arc<Self>, ip: IpAddr, max: usize) -> Option<AddressSlot> {
-        let mut open = self.0.lock();
-        let n = open.entry(ip).or_insert(0);
-        if *n >= max {
-            return None;
-        }
-        *n += 1;
-        Some(AddressSlot { table: self.clone(), ip })
+    fn granted(&self) -> bool {
+        self.0.0.load(Ordering::Relaxed)
+    }
+
+    fn idle(&self) -> bool {
+        self.0.1.load(Ordering::Relaxed) == 0
     }
 }
 
-impl Drop for AddressSlot {
-    fn drop(&mut self) {
-        let mut open = self.table.0.lock();
-        if let Some(n) = open.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                open.remove(&self.ip);
-            }
+/// Middleware: counts a connection's requests in flight, from their head
+/// until the last byte of their answer is gone (a streamed job's answer
+/// lasts as long as the job).
+pub async fn in_flight(req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+    use http_body_util::BodyExt;
+    let Some(trust) = req.extensions().get::<Trust>().cloned() else { return next.run(req).await };
+    struct Busy(Trust);
+    impl Drop for Busy {
+        fn drop(&mut self) {
+            self.0.0.1.fetch_sub(1, Ordering::Relaxed);
         }
+    }
+    trust.0.1.fetch_add(1, Ordering::Relaxed);
+    let busy = Busy(trust);
+    let resp = next.run(req).await;
+    resp.map(|body| {
+        axum::body::Body::new(body.map_frame(move |frame| {
+            let _busy = &busy;
+            frame
+        }))
+    })
+}
+
+/// The network an address is likely one party's share of: its /24 (IPv4)
+/// or /64 (IPv6).
+fn prefix(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(v4) => {
+            let [a, b, c, _] = v4.octets();
+            IpAddr::V4(std::net::Ipv4Addr::new(a, b, c, 0))
+        }
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => prefix(IpAddr::V4(v4)),
+            None => IpAddr::V6(std::net::Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
+        },
+    }
+}
+
+/// One open connection.
+struct Open {
+    id: u64,
+    ip: IpAddr,
+    opened: std::time::Instant,
+    trust: Trust,
+    close: Arc<Notify>,
+}
+
+/// The open connections; a slot is given back when its guard drops.
+#[derive(Default)]
+struct Connections {
+    open: Mutex<Vec<Open>>,
+    next: AtomicU64,
+}
+
+/// A connection's place in [`Connections`].
+struct Slot {
+    table: Arc<Connections>,
+    id: u64,
+    trust: Trust,
+    /// Notified when the connection is closed to make room.
+    close: Arc<Notify>,
+}
+
+/// How a connection was let in.
+struct Admitted {
+    slot: Slot,
+    /// Connections open, this one included.
+    open: usize,
+    /// Connections closed to make room for it.
+    evicted: u64,
+}
+
+impl Connections {
+    /// A place for a connection from `ip` within `limits`, closing the
+    /// oldest untrusted connection of each full group to make it (see the
+    /// module docs); `None` if a full group has none to close.
+    fn admit(self: &Arc<Self>, ip: IpAddr, limits: &ServeLimits) -> Option<Admitted> {
+        let mut open = self.open.lock();
+        let net = prefix(ip);
+        let mut evicted = 0;
+        let groups: [(usize, &dyn Fn(&Open) -> bool); 3] = [
+            (limits.per_address(), &|c: &Open| c.ip == ip),
+            (limits.per_prefix(), &|c: &Open| prefix(c.ip) == net),
+            (limits.max_connections.max(1), &|_: &Open| true),
+        ];
+        for (max, in_group) in groups {
+            if open.iter().filter(|c| in_group(c)).count() < max {
+                continue;
+            }
+            let oldest = open
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| in_group(c) && !c.trust.granted() && c.trust.idle())
+                .min_by_key(|(_, c)| c.opened)
+                .map(|(i, _)| i)?;
+            let closed = open.swap_remove(oldest);
+            tracing::debug!(peer = %closed.ip, "closed an idle unauthenticated connection to make room");
+            closed.close.notify_one();
+            evicted += 1;
+        }
+        let (id, trust, close) = (self.next.fetch_add(1, Ordering::Relaxed), Trust::default(), Arc::new(Notify::new()));
+        open.push(Open { id, ip, opened: std::time::Instant::now(), trust: trust.clone(), close: close.clone() });
+        Some(Admitted { slot: Slot { table: self.clone(), id, trust, close }, open: open.len(), evicted })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.table.open.lock().retain(|c| c.id != self.id);
     }
 }
 
 /// Serves `app` on `listener` (over TLS with `tls`) until `shutdown`
 /// resolves, then finishes the requests in flight. `refused` counts
-/// connections closed at the cap.
+/// connections closed at a cap: turned away, or closed to make room.
 pub async fn serve(
     listener: TcpListener,
     tls: Option<Arc<rustls::ServerConfig>>,
@@ -127,9 +251,7 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
     let graceful = GracefulShutdown::new();
-    let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    let per_address = Arc::new(PerAddress::default());
-    let address_max = limits.per_address();
+    let connections = Arc::new(Connections::default());
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let (tcp, peer) = tokio::select! {
@@ -144,15 +266,15 @@ pub async fn serve(
                 }
             },
         };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
+        let Some(Admitted { slot, open, evicted }) = connections.admit(peer.ip(), &limits) else {
             refused.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!("connection refused: {} connections already", limits.max_connections);
+            tracing::debug!(peer = %peer.ip(), "connection refused: every connection of its group is busy or belongs to a tenant or peer");
             continue; // dropping it closes it
         };
-        let Some(slot) = per_address.take(peer.ip(), address_max) else {
-            refused.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(peer = %peer.ip(), "connection refused: {address_max} connections from this address already");
-            continue;
+        refused.fetch_add(evicted, Ordering::Relaxed);
+        let header_timeout = match open * 4 >= limits.max_connections * 3 {
+            true => limits.header_timeout.min(PRESSED_HEADER_TIMEOUT),
+            false => limits.header_timeout,
         };
         // TCP_NODELAY: a response goes out in several writes (head, then
         // body frames); with Nagle's algorithm each small write after the
@@ -161,12 +283,15 @@ pub async fn serve(
             tracing::debug!("cannot set TCP_NODELAY: {e}");
         }
         let mut http1 = hyper::server::conn::http1::Builder::new();
-        http1.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
-        let service = TowerToHyperService::new(axum::Extension(Remote(peer.ip())).layer(app.clone()));
+        http1.timer(TokioTimer::new()).header_read_timeout(header_timeout);
+        let extensions = (axum::Extension(Remote(peer.ip())), axum::Extension(slot.trust.clone()));
+        let service = TowerToHyperService::new(extensions.layer(app.clone()));
         let watcher = graceful.watcher();
-        let (acceptor, handshake_timeout) = (tls.clone().map(tokio_rustls::TlsAcceptor::from), limits.header_timeout);
+        let (acceptor, handshake_timeout) = (tls.clone().map(tokio_rustls::TlsAcceptor::from), header_timeout);
         tokio::spawn(async move {
-            let ended = match acceptor {
+            let close = slot.close.clone();
+            let served = async {
+                match acceptor {
                 None => watcher.watch(http1.serve_connection(TokioIo::new(tcp), service)).await,
                 Some(acceptor) => match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
                     Ok(Ok(stream)) => watcher.watch(http1.serve_connection(TokioIo::new(stream), service)).await,
@@ -179,11 +304,18 @@ pub async fn serve(
                         Ok(())
                     }
                 },
+                }
+            };
+            // Closed to make room: the connection is dropped, whatever it
+            // was doing (it had not proved it belongs).
+            let ended = tokio::select! {
+                ended = served => ended,
+                () = close.notified() => Ok(()),
             };
             if let Err(e) = ended {
                 tracing::debug!("connection ended: {e}");
             }
-            drop((permit, slot));
+            drop(slot);
         });
     }
     drop(listener);

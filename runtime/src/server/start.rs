@@ -166,6 +166,7 @@ fn build_worker(config: &WorkerConfig, addr: &str) -> anyhow::Result<Arc<Worker>
     }
     let budgets = crate::worker::budget::RequestBudgets::new(ledger.clone(), config.max_request_bytes);
     let defaults = AdmissionConfig::new(slots as u32);
+    let capacity = ledger.capacity();
     let admission = Admission::new(ledger, AdmissionConfig {
         fair_share: config.fair_share,
         half_life: config.usage_half_life,
@@ -185,7 +186,7 @@ fn build_worker(config: &WorkerConfig, addr: &str) -> anyhow::Result<Arc<Worker>
         Some(dir) => crate::worker::statedb::StateDb::open(dir)?,
         None => crate::worker::statedb::StateDb::temporary(None)?,
     });
-    let key = config.cluster_key.as_deref().map(crate::gossip::auth::ClusterKey::load).transpose()?;
+    let key = gossip_key(config)?;
     let transport = match &config.tls {
         Some(tls) => tls.transport()?,
         None => crate::net::Transport::new(None, config.insecure_http)?,
@@ -213,7 +214,38 @@ fn build_worker(config: &WorkerConfig, addr: &str) -> anyhow::Result<Arc<Worker>
         warnings: Warnings::default(),
         history: crate::worker::history::History::new(db.clone(), config.history_keep),
         db,
+        unsent_output: crate::worker::ledger::Shares::new(unsent_share(capacity)),
+        unread_grace: config.unread_grace,
+        compile_turns: Default::default(),
     }))
+}
+
+/// What one tenant's streamed jobs may hold of output their clients have
+/// not read: a quarter of the worker's memory (at least 16 MiB), so that a
+/// tenant who stops reading leaves three quarters to the others.
+fn unsent_share(capacity: u64) -> u64 {
+    (capacity / 4).max(16 << 20)
+}
+
+/// The key this worker's gossip is sealed with: `--cluster-key`; else, on
+/// loopback, this user's own pool key (`pool.key` in the user's private
+/// runtime dir, made on first use), so that the loopback workers of one
+/// user hear each other and another user of the machine — who cannot read
+/// it — can neither join their pool nor read it; none only with
+/// `--insecure-gossip`.
+fn gossip_key(config: &WorkerConfig) -> anyhow::Result<Option<crate::gossip::auth::ClusterKey>> {
+    use crate::gossip::auth::ClusterKey;
+    if let Some(path) = &config.cluster_key {
+        return ClusterKey::load(path).map(Some);
+    }
+    if config.insecure_gossip {
+        return Ok(None);
+    }
+    let key = crate::private_path::user_runtime_dir()
+        .and_then(|dir| crate::private_path::private_secret(&dir.join("pool.key"), "this user's pool key", 32))
+        .and_then(ClusterKey::new)
+        .map_err(|e| anyhow::anyhow!("{e:#}: gossip needs a key that only this user's workers know; give --cluster-key FILE"))?;
+    Ok(Some(key))
 }
 
 /// This worker's gossip node: a new generation (the start time), seeded
@@ -374,7 +406,7 @@ fn join_host_ledger(ledger: &Arc<Ledger>, path: &std::path::Path, addr: &str) {
         Some((_, dir)) => format!("cgroup:{}", dir.display()),
         None => "host".to_string(),
     };
-    match crate::worker::hostledger::HostLedger::open(path, domain) {
+    match crate::worker::hostledger::HostLedger::open(path, domain, ledger.sizing().physical) {
         Ok(host) => {
             tracing::info!(path = %path.display(), domain = host.domain(), "sharing the host's memory ledger with its other workers");
             ledger.join_host(host, addr);
@@ -390,8 +422,8 @@ fn join_host_ledger(ledger: &Arc<Ledger>, path: &std::path::Path, addr: &str) {
         }
         Err(e) => tracing::error!(
             path = %path.display(),
-            "cannot open the host's memory ledger ({e}): this worker decides alone, and with other workers on this \
-             machine the host can be over-committed. Give --host-ledger a path it may write"
+            "cannot use the host's memory ledger ({e:#}): this worker decides alone, and with other workers on this \
+             machine the host can be over-committed. Give --host-ledger a path that is this user's alone"
         ),
     }
 }

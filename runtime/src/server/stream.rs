@@ -16,8 +16,14 @@
 //! The output is kept nowhere but on its way to the client, and every
 //! byte of it is charged to the worker's memory (a `Hold`) from the
 //! moment the job writes it until the connection takes it: a client that
-//! does not read keeps its output charged, never free, and once the job
-//! has ended it has [`UNREAD_GRACE`] to take the rest before it is dropped.
+//! does not read keeps its output charged, never free. So what a client
+//! leaves unread is bounded twice: in time — a stream that takes nothing
+//! for the worker's unread grace (`--unread-grace`, 30 s) is dropped, the
+//! job cancelled and its output given back, and once the job has ended the
+//! client has that long to take the rest — and in bytes, per tenant (the
+//! worker's `unsent_output` shares): past its share, the job's writes fail
+//! as they would past the worker's memory, and other tenants' jobs keep
+//! theirs.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -46,9 +52,9 @@ use crate::worker::tenants::Tenant;
 /// client to read.
 const EVENTS_IN_FLIGHT: usize = 64;
 
-/// How long a client that does not read has to take the rest of a job's
-/// output once the job has ended; then the answer is dropped.
-pub const UNREAD_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long a client may take no output, while the job runs or after it
+/// ended, before its stream is dropped (`--unread-grace`).
+pub const DEFAULT_UNREAD_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 
 type DataStream = axum::body::BodyDataStream;
 
@@ -69,7 +75,8 @@ pub async fn post_stream(State(w): State<Arc<Worker>>, Caller(tenant): Caller, r
     // the job writes it (within its output cap) and given back as sent.
     let (tee, output) = mpsc::unbounded_channel();
     let (events, answer) = mpsc::channel::<(Bytes, u64)>(EVENTS_IN_FLIGHT);
-    let hold = Arc::new(w.admission.ledger().hold(crate::worker::HoldKind::Output));
+    let share = w.unsent_output.of(&tenant.name);
+    let hold = Arc::new(w.admission.ledger().hold(crate::worker::HoldKind::Output).within(share));
     let sent = hold.clone();
     let (admitted_tx, admitted) = oneshot::channel::<String>();
     let (refused_tx, refused) = oneshot::channel::<Refused>();
@@ -125,7 +132,7 @@ struct Attached {
 impl Attached {
     async fn run(self) {
         let Attached { w, tenant, spec, tee, feed, hold, mut output, events, admitted_tx, refused_tx, client_gone } = self;
-        let (memreq, peer) = (spec.limits.memory_bytes, w.addr.clone());
+        let (memreq, peer, grace) = (spec.limits.memory_bytes, w.addr.clone(), w.unread_grace);
         let queued = std::sync::atomic::AtomicBool::new(false);
         let streams = Streams { tee: Some(tee), stdin: Some(feed), captures: None, hold: Some(hold), forward_only: true };
         let run = jobs::run_attached(&w, &tenant, spec, streams, |id| {
@@ -137,8 +144,16 @@ impl Attached {
             tokio::select! {
                 biased;
                 Some((stream, bytes)) = output.recv() => {
-                    if !send_output(&events, stream, &bytes).await {
-                        return; // the client went: dropping `run` cancels the job
+                    match tokio::time::timeout(grace, send_output(&events, stream, &bytes)).await {
+                        Ok(true) => {}
+                        Ok(false) => return, // the client went: dropping `run` cancels the job
+                        Err(_) => {
+                            // It stopped reading: dropped, as if it had gone.
+                            w.metrics.refused("unread_stream");
+                            tracing::warn!(tenant = %tenant.name, "a streamed job's client read nothing for {}: \
+                                its stream is dropped and the job cancelled", humantime::format_duration(grace));
+                            return;
+                        }
                     }
                 }
                 ended = &mut run => break ended,
@@ -174,7 +189,7 @@ impl Attached {
             result.stderr.clear();
             send(&events, &StreamEvent::Done(result), 0).await;
         };
-        if tokio::time::timeout(UNREAD_GRACE, rest).await.is_err() {
+        if tokio::time::timeout(grace, rest).await.is_err() {
             tracing::debug!("a streamed job's client did not read its output: dropped");
         }
     }

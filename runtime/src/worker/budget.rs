@@ -12,7 +12,10 @@
 //!   `per_tenant` bytes of requests held at once (`--max-request-bytes`);
 //!   a caller who has not authenticated (a gossip peer, a stranger) is
 //!   charged to its **address**, at most [`UNAUTHENTICATED_PER_ADDRESS`],
-//!   and all such callers together to [`UNAUTHENTICATED_TOTAL`];
+//!   and all such callers together to [`UNAUTHENTICATED_TOTAL`]; a peer
+//!   whose gossip proved it knows the pool's key before its body was read
+//!   is charged apart ([`PEER_PER_ADDRESS`]), so strangers cannot use up
+//!   what the pool's own gossip needs;
 //! * against the **worker's memory ledger**, as a [`Hold`] beside jobs'
 //!   reservations and output, so request bytes shrink what the worker
 //!   offers instead of pushing the host past it. A worker whose memory is
@@ -44,6 +47,10 @@ pub const UNAUTHENTICATED_TOTAL: u64 = 16 << 20;
 /// Bytes the unauthenticated bodies from one address may hold at once.
 pub const UNAUTHENTICATED_PER_ADDRESS: u64 = 4 << 20;
 
+/// Bytes the gossip of keyed peers at one address may hold at once (two
+/// messages at their largest).
+pub const PEER_PER_ADDRESS: u64 = 2 * crate::gossip::MAX_MESSAGE_BYTES as u64;
+
 /// Bytes of requests held past the ledger's room, worker-wide, so that a
 /// worker whose memory is all reserved still queues jobs.
 pub const OVERDRAFT: u64 = 16 << 20;
@@ -56,6 +63,10 @@ pub enum Payer {
     Tenant(String),
     /// A caller not (yet) authenticated, by its address.
     Address(IpAddr),
+    /// A peer whose gossip's head proved it knows the pool's key, by its
+    /// address: charged apart from strangers, so that strangers filling
+    /// their budget do not starve the pool's own gossip.
+    Peer(IpAddr),
 }
 
 impl std::fmt::Display for Payer {
@@ -63,6 +74,7 @@ impl std::fmt::Display for Payer {
         match self {
             Payer::Tenant(t) => write!(f, "tenant {t}"),
             Payer::Address(a) => write!(f, "address {a}"),
+            Payer::Peer(a) => write!(f, "peer {a}"),
         }
     }
 }
@@ -113,6 +125,7 @@ impl RequestBudgets {
         match payer {
             Payer::Tenant(_) => self.per_tenant,
             Payer::Address(_) => UNAUTHENTICATED_PER_ADDRESS,
+            Payer::Peer(_) => PEER_PER_ADDRESS,
         }
     }
 

@@ -326,7 +326,14 @@ async fn in_turn(turn: Turn) -> Result<JobResult, Refused> {
     let (module, tag) = (spec.module, spec.tag.take());
     let streams_forwarded = streams.forward_only;
     let held = Instant::now();
-    let compile = CompileCharge::for_module(&w, &module);
+    let compile = match CompileCharge::for_module(&w, &tenant.name, &module, &cancel).await {
+        Ok(compile) => compile,
+        Err(cause) => {
+            let mut r = JobResult::never_ran(ticket.reservation().bytes(), Outcome::Cancelled { cause });
+            r.peer = w.addr.clone();
+            return Ok(r);
+        }
+    };
     let hooks = RunHooks {
         tee: streams.tee,
         stdin: streams.stdin,
@@ -383,18 +390,42 @@ pub const COMPILE_BYTES_PER_MODULE_BYTE: u64 = 24;
 /// [`Hold`] beside the reservations, taken even past its room: the compile
 /// happens either way, and what the worker offers others must say so) from
 /// when the job holds its slot until its module is loaded (`started`) or
-/// the job ends. Only for a module this worker has not compiled yet.
+/// the job ends — and a compile in a child process is ended with its job
+/// (`runner::load` waits for that), so the charge lasts as long as the
+/// compile does. Only for a module this worker has not compiled yet, and
+/// one compile of a tenant's at a time per two cores
+/// ([`compile_turns_per_tenant`]): a tenant's burst of new modules waits
+/// its turn rather than taking the machine.
 struct CompileCharge {
     started: Arc<tokio::sync::Notify>,
     task: tokio::task::JoinHandle<()>,
 }
 
+/// How many modules one tenant may have compiling at once here: half the
+/// compiles the cache runs at once (one per core), at least one.
+pub fn compile_turns_per_tenant() -> usize {
+    (crate::sandbox::max_compiles() / 2).max(1)
+}
+
 impl CompileCharge {
-    fn for_module(w: &Arc<Worker>, module: &crate::proto::ModuleHash) -> Option<CompileCharge> {
+    /// The charge for `module`'s compile, once `tenant` has a compile turn
+    /// (`Err`: the job was cancelled while it waited).
+    async fn for_module(
+        w: &Arc<Worker>,
+        tenant: &str,
+        module: &crate::proto::ModuleHash,
+        cancel: &Cancel,
+    ) -> Result<Option<CompileCharge>, crate::proto::CancelCause> {
         if w.runner.is_compiled(module) {
-            return None;
+            return Ok(None);
         }
-        let bytes = w.runner.module_bytes(module)?.len() as u64;
+        let Some(bytes) = w.runner.module_bytes(module).map(|b| b.len() as u64) else { return Ok(None) };
+        let turns = w.compile_turns.lock().entry(tenant.to_string()).or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(compile_turns_per_tenant()))).clone();
+        let turn = tokio::select! {
+            biased;
+            cause = cancel.cancelled() => return Err(cause),
+            turn = turns.acquire_owned() => turn.ok(),
+        };
         let hold = w.admission.ledger().hold(HoldKind::Compile);
         hold.try_grow(bytes.saturating_mul(COMPILE_BYTES_PER_MODULE_BYTE), true);
         let started = Arc::new(tokio::sync::Notify::new());
@@ -402,10 +433,10 @@ impl CompileCharge {
             let started = started.clone();
             async move {
                 started.notified().await;
-                drop(hold);
+                drop((hold, turn));
             }
         });
-        Some(CompileCharge { started, task })
+        Ok(Some(CompileCharge { started, task }))
     }
 }
 

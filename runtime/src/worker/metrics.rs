@@ -261,7 +261,7 @@ impl Live {
             family("tenant_used_gib_seconds", "Used (peak) GiB-seconds, by tenant", per_tenant(&|t| Value::CountF(t.account.used_gib_seconds))),
             family("tenant_usage_slot_seconds", "Decayed slot-seconds fair share ranks by, by tenant", per_tenant(&|t| Value::LevelF(t.slot_seconds))),
             family("warnings", "Operator warnings raised, by kind", s.warnings.iter().map(|(kind, n)| (label("kind", *kind), count(*n))).collect()),
-            family("connections_refused", "Connections closed because --max-connections were open", single(count(s.connections_refused))),
+            family("connections_refused", "Connections closed at a cap (--max-connections, per address, per prefix): turned away, or idle ones closed to make room", single(count(s.connections_refused))),
             family("files_received", "Files of shipped trees received (PUT /v1/files), in files and bytes", by("unit", vec![
                 ("files", count(s.files.received)),
                 ("bytes", count(s.files.received_bytes)),

@@ -58,6 +58,14 @@ pub struct Worker {
     /// The state database (`--state-dir`): history, detached jobs, and
     /// the submissions its owner keeps (`crate::owner`).
     pub(crate) db: Arc<super::statedb::StateDb>,
+    /// What each tenant's streamed jobs may hold of output their clients
+    /// have not read (`server::stream`).
+    pub(crate) unsent_output: super::ledger::Shares,
+    /// How long a stream may take nothing before it is dropped
+    /// (`--unread-grace`).
+    pub(crate) unread_grace: std::time::Duration,
+    /// Each tenant's compile turns (`jobs::compile_turns_per_tenant`).
+    pub(crate) compile_turns: parking_lot::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
 
 impl Worker {
@@ -213,6 +221,9 @@ impl Worker {
     pub(crate) fn peer_views(&self, sees: &Sees) -> Vec<PeerView> {
         let now = self.gossip.now_ms();
         let node = self.gossip.lock();
+        // Sealed gossip is the only way into a keyed node's state: it
+        // vouches for every record; an unkeyed one for itself alone.
+        let keyed = self.gossip.is_keyed();
         let mut views: Vec<PeerView> = node
             .state()
             .iter()
@@ -221,6 +232,7 @@ impl Worker {
                 advert: s.record.clone(),
                 liveness: node.liveness(id, now).unwrap_or(Liveness::Alive),
                 last_heard_ms: node.silent_ms(id, now),
+                vouched: keyed || s.record.addr == self.addr,
             })
             .collect();
         drop(node);

@@ -6,9 +6,16 @@ in), on the embedded worker or a pool.
 What crosses into the sandbox is the function's *source* (and its
 module's top-level imports), not its pickled code: the host's Python and
 the sandbox's (3.15) need not match, and code pickled by value does not
-survive that. Arguments and results cross as pickles (protocol 4), which
-do: numbers, strings, containers, numpy arrays (numpy >= 2 on the host),
-pandas frames.
+survive that.
+
+Arguments go in as pickles (protocol 4): the guest decodes them, and the
+guest is sandboxed, so a pickle can do no more there than the function
+could. Results come back as *data*, never as pickles (`_wire`): a guest
+taken over by the input it parses, or a worker that answers in its place,
+chooses the reply's bytes, and `pickle.loads` of them would run whatever
+they name in the caller's process. A result may be numbers, strings,
+containers, dates, numpy arrays of a plain dtype and pandas frames;
+anything else is a TypeError in the guest naming the type.
 """
 
 import ast
@@ -18,19 +25,24 @@ import pickle
 import sys
 import textwrap
 
-from . import _peerwasm
+from . import _peerwasm, _wire
 
 PROTOCOL = 4
 
-# The program each job runs: the function's imports and source, then a
-# main that reads the pickled arguments on stdin and writes the pickled
-# reply on stdout. What the function prints goes to stderr, so it cannot
-# spoil the reply. A raised exception is replied with its type, message
-# and traceback, and exit code 1 (so a map stops at it, or retries it).
+# The program each job runs: the result encoder (`_wire`, in a module of
+# its own so that its names never meet the function's), the function's
+# imports and source, then a main that reads the pickled arguments on stdin
+# and writes the reply, as data, on stdout. What the function prints goes to
+# stderr, so it cannot spoil the reply. A raised exception is replied with
+# its type, message and traceback, and exit code 1 (so a map stops at it,
+# or retries it).
 _DRIVER = """\
 import pickle as _pw_pickle
 import sys as _pw_sys
 import traceback as _pw_traceback
+import types as _pw_types
+_pw_wire = _pw_types.ModuleType("_pw_wire")
+exec(compile({wire_source!r}, "peerwasm/_wire.py", "exec"), _pw_wire.__dict__)
 {imports}
 {source}
 
@@ -44,10 +56,10 @@ def _pw_main():
     except BaseException as e:
         reply, code = (False, (type(e).__name__, str(e), _pw_traceback.format_exc())), 1
     try:
-        data = _pw_pickle.dumps(reply, protocol={protocol})
+        data = _pw_wire.dumps(reply)
     except Exception as e:
-        why = "its result cannot be pickled: " + str(e)
-        data = _pw_pickle.dumps((False, (type(e).__name__, why, _pw_traceback.format_exc())), protocol={protocol})
+        why = "the result of {name} cannot be sent back: " + str(e)
+        data = _pw_wire.dumps((False, (type(e).__name__, why, _pw_traceback.format_exc())))
         code = 1
     reply_to.write(data)
     reply_to.flush()
@@ -55,6 +67,11 @@ def _pw_main():
 
 _pw_sys.exit(_pw_main())
 """
+
+
+def _wire_source():
+    with open(_wire.__file__, encoding="utf-8") as f:
+        return f.read()
 
 
 class RemoteError(Exception):
@@ -132,18 +149,21 @@ def program(fn):
     if getattr(node, "decorator_list", None):
         node.decorator_list = []
         source = ast.unparse(node)
-    return _DRIVER.format(imports=_imports(fn), source=source, name=fn.__name__, protocol=PROTOCOL)
+    return _DRIVER.format(wire_source=_wire_source(), imports=_imports(fn), source=source, name=fn.__name__)
 
 
 def _reply(result):
     """The function's return value from a job's Result; its exception as a
-    RemoteError."""
+    RemoteError. The reply is decoded as data (`_wire`), never unpickled."""
     try:
-        ok, value = pickle.loads(result.stdout)
-    except Exception as e:
+        reply = _wire.loads(result.stdout)
+        ok, value = reply if type(reply) is tuple and len(reply) == 2 and type(reply[0]) is bool else (None, None)
+        if ok is None or (not ok and not (type(value) is tuple and len(value) == 3 and all(type(v) is str for v in value))):
+            raise _wire.WireError("the reply is not (ok, value)")
+    except _wire.WireError as e:
         raise RuntimeError(
-            f"the job ended without a reply ({result.message}): {result.stderr.strip()[-2000:]}"
-        ) from e
+            f"the job ended without a readable reply ({result.message}; {e}): {result.stderr.strip()[-2000:]}"
+        ) from None
     if ok:
         return value
     return RemoteError(*value, result)

@@ -56,22 +56,103 @@ pub struct Hold {
     account: Arc<dyn Account>,
     kind: HoldKind,
     bytes: AtomicU64,
+    /// Whose share it counts against too, if any.
+    share: Option<Arc<Share>>,
+}
+
+/// What one party (a tenant) may hold at once across its holds of a kind,
+/// beside the ledger's room: e.g. the output of its streamed jobs that its
+/// clients have not read yet, so that one tenant who stops reading cannot
+/// hold the worker's memory that others' jobs need.
+#[derive(Debug)]
+pub struct Share {
+    used: AtomicU64,
+    cap: u64,
+}
+
+impl Share {
+    /// A share of at most `cap` bytes.
+    pub fn new(cap: u64) -> Arc<Share> {
+        Arc::new(Share { used: AtomicU64::new(0), cap })
+    }
+
+    /// The bytes held against it now.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Its cap.
+    pub fn cap(&self) -> u64 {
+        self.cap
+    }
+
+    fn take(&self, bytes: u64, force: bool) -> bool {
+        self.used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
+                (force || now.saturating_add(bytes) <= self.cap).then_some(now.saturating_add(bytes))
+            })
+            .is_ok()
+    }
+
+    fn give_back(&self, bytes: u64) {
+        let _ = self.used.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| Some(now.saturating_sub(bytes)));
+    }
+}
+
+/// Each party's [`Share`], made on first use, forgotten once no hold has it.
+pub struct Shares {
+    cap: u64,
+    by: parking_lot::Mutex<std::collections::HashMap<String, std::sync::Weak<Share>>>,
+}
+
+impl Shares {
+    /// Shares of `cap` bytes each.
+    pub fn new(cap: u64) -> Shares {
+        Shares { cap, by: Default::default() }
+    }
+
+    /// `party`'s share.
+    pub fn of(&self, party: &str) -> Arc<Share> {
+        let mut by = self.by.lock();
+        by.retain(|_, s| s.strong_count() > 0);
+        if let Some(share) = by.get(party).and_then(std::sync::Weak::upgrade) {
+            return share;
+        }
+        let share = Share::new(self.cap);
+        by.insert(party.to_string(), Arc::downgrade(&share));
+        share
+    }
 }
 
 impl Hold {
     /// A hold of nothing yet, charged to `account`.
     pub(super) fn new(account: Arc<dyn Account>, kind: HoldKind) -> Hold {
-        Hold { account, kind, bytes: AtomicU64::new(0) }
+        Hold { account, kind, bytes: AtomicU64::new(0), share: None }
+    }
+
+    /// This hold, counted against `share` too: past its cap it grows no
+    /// further (but with `force`).
+    pub fn within(mut self, share: Arc<Share>) -> Hold {
+        self.share = Some(share);
+        self
     }
 
     /// Holds `bytes` more if capacity less reservations and holds has room
-    /// for them, or regardless with `force` (a small allowance every job
-    /// has, so that a worker whose memory is all reserved still lets its
-    /// jobs print). Returns whether they are held.
+    /// for them (and its share, if it has one), or regardless with `force`
+    /// (a small allowance every job has, so that a worker whose memory is
+    /// all reserved still lets its jobs print). Returns whether they are
+    /// held.
     pub fn try_grow(&self, bytes: u64, force: bool) -> bool {
+        if let Some(share) = &self.share
+            && !share.take(bytes, force)
+        {
+            return false;
+        }
         let taken = self.account.take(self.kind, bytes, force);
         if taken {
             self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        } else if let Some(share) = &self.share {
+            share.give_back(bytes);
         }
         taken
     }
@@ -96,6 +177,9 @@ impl Hold {
         });
         if given > 0 {
             self.account.give_back(self.kind, given);
+            if let Some(share) = &self.share {
+                share.give_back(given);
+            }
         }
     }
 
@@ -116,6 +200,9 @@ impl Drop for Hold {
         let bytes = *self.bytes.get_mut();
         if bytes > 0 {
             self.account.give_back(self.kind, bytes);
+            if let Some(share) = &self.share {
+                share.give_back(bytes);
+            }
         }
     }
 }

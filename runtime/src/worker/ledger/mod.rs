@@ -38,7 +38,7 @@ use parking_lot::Mutex;
 pub use super::hostledger::Others;
 #[cfg(test)]
 pub(crate) use host::FakeMemory;
-pub use hold::{Hold, HoldKind};
+pub use hold::{Hold, HoldKind, Shares};
 pub use host::{HostMemory, SystemMemory};
 
 /// Memory always left to the host and its users by default (`--reserve`).
@@ -413,7 +413,7 @@ mod tests {
         let path = dir.path().join("ledger");
         let worker = |name: &str| {
             let (l, _) = ledger(Some(2900 * MIB), 0, 3 * GIB, 3 * GIB);
-            l.join_host(crate::worker::hostledger::HostLedger::open(&path, "host".into()).unwrap(), name);
+            l.join_host(crate::worker::hostledger::HostLedger::open(&path, "host".into(), u64::MAX).unwrap(), name);
             l
         };
         let (a, b) = (worker("a"), worker("b"));

@@ -1,0 +1,500 @@
+"""Results as data: the encoding a Python job's reply crosses back in.
+
+A job's reply is bytes the guest chose. A guest whose code was taken over by
+the data it parses (or a worker that answers in its place) chooses them to
+hurt, so the caller must decode them with something that cannot run code:
+never `pickle.loads` (any reduction in a pickle is a call the pickle names).
+This module is that decoder, and the encoder the guest runs; the same file
+is sent into the sandbox as part of the job's program, so the two never
+drift apart.
+
+What a result may be (anything else is a clear `TypeError` in the guest,
+naming the type and where it sits in the result):
+
+* None, bool, int, float, complex, str, bytes, bytearray;
+* list, tuple, dict, set, frozenset of those (dict keys and set members
+  hashable), nested up to `MAX_DEPTH` deep;
+* datetime.date, datetime.datetime (naive or with a fixed UTC offset),
+  datetime.time, datetime.timedelta, decimal.Decimal;
+* numpy arrays and scalars of a plain dtype (booleans, integers, floats,
+  complex, datetime64/timedelta64, fixed-width bytes and unicode; not
+  object or structured arrays): dtype, shape and raw bytes;
+* pandas DataFrame, Series and Index (also RangeIndex, MultiIndex,
+  categorical and timezone-aware columns, and the nullable extension
+  dtypes), column by column as the above.
+
+The decoder checks every length against the bytes it has, every dtype
+against a plain-dtype pattern, every shape against the bytes it covers, and
+the nesting depth; what fails is a `WireError` naming what is wrong.
+numpy and pandas are imported only when a value needs them.
+
+Layout: `b"PWV1"`, then one value: a tag byte, then the tag's fields. Sizes
+and counts are unsigned LEB128 varints.
+"""
+
+import datetime as _datetime
+import decimal as _decimal
+import re as _re
+import struct as _struct
+
+MAGIC = b"PWV1"
+
+#: How deep containers may nest (the decoder refuses deeper bytes).
+MAX_DEPTH = 200
+
+#: A plain numpy dtype: byte order, kind, item size, and a datetime unit.
+#: No object ('O'), void or structured dtypes: those would need more than
+#: bytes to rebuild.
+_PLAIN_DTYPE = _re.compile(r"^[<>|=]?[biufcmMSU][0-9]{1,4}(\[[0-9]*[a-zA-Z]{1,2}\])?$")
+
+#: pandas extension dtypes a column may have, by name (rebuilt with
+#: `pd.array(values, dtype=name)`: a registry look-up, no code).
+_PANDAS_DTYPES = frozenset(
+    ["string", "str", "boolean", "Int8", "Int16", "Int32", "Int64", "UInt8", "UInt16", "UInt32", "UInt64", "Float32", "Float64"]
+)
+
+WHAT_IT_MAY_BE = (
+    "a result may be numbers, strings, bytes, lists, tuples, dicts, sets, dates and times, Decimals, "
+    "numpy arrays of a plain dtype, and pandas frames, series and indexes"
+)
+
+
+class WireError(ValueError):
+    """Bytes that are not a well-formed result."""
+
+
+# --- encoding (run in the guest; also by the host's tests) -----------------
+
+
+def _varint(n, out):
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return
+
+
+def _blob(data, out):
+    _varint(len(data), out)
+    out += data
+
+
+def dumps(value):
+    """`value` as bytes; TypeError naming what is not data."""
+    out = bytearray(MAGIC)
+    _encode(value, out, "result", 0)
+    return bytes(out)
+
+
+def _not_data(value, where, why=""):
+    t = type(value)
+    name = t.__qualname__ if t.__module__ in ("builtins", None) else f"{t.__module__}.{t.__qualname__}"
+    raise TypeError(
+        f"{where} is a {name}{why}, which cannot be sent back: {WHAT_IT_MAY_BE}. "
+        "Convert it to one of those first (e.g. a dict of its fields)"
+    )
+
+
+def _encode(v, out, where, depth):
+    if depth > MAX_DEPTH:
+        raise TypeError(f"{where} nests deeper than {MAX_DEPTH} levels")
+    t = type(v)
+    if v is None:
+        out += b"N"
+    elif t is bool:
+        out += b"T" if v else b"F"
+    elif t is int:
+        out += b"i"
+        _blob(v.to_bytes((v.bit_length() + 8) // 8, "little", signed=True), out)
+    elif t is float:
+        out += b"f" + _struct.pack("<d", v)
+    elif t is complex:
+        out += b"c" + _struct.pack("<dd", v.real, v.imag)
+    elif t is str:
+        out += b"s"
+        _blob(v.encode("utf-8", "surrogatepass"), out)
+    elif t is bytes or t is bytearray:
+        out += b"b" if t is bytes else b"B"
+        _blob(bytes(v), out)
+    elif t in (list, tuple, set, frozenset):
+        out += {list: b"l", tuple: b"t", set: b"e", frozenset: b"z"}[t]
+        _varint(len(v), out)
+        for i, item in enumerate(v):
+            _encode(item, out, f"{where}[{i}]" if t in (list, tuple) else f"a member of {where}", depth + 1)
+    elif t is dict:
+        out += b"d"
+        _varint(len(v), out)
+        for key, item in v.items():
+            _encode(key, out, f"a key of {where}", depth + 1)
+            _encode(item, out, f"{where}[{key!r}]", depth + 1)
+    elif t is _datetime.datetime:
+        if v.tzinfo is not None and v.utcoffset() is None:
+            _not_data(v, where, " with a time zone that has no fixed offset")
+        out += b"D"
+        _blob(v.isoformat().encode(), out)
+    elif t is _datetime.date:
+        out += b"y"
+        _blob(v.isoformat().encode(), out)
+    elif t is _datetime.time:
+        out += b"h"
+        _blob(v.isoformat().encode(), out)
+    elif t is _datetime.timedelta:
+        out += b"j"
+        for part in (v.days, v.seconds, v.microseconds):
+            _encode(part, out, where, depth + 1)
+    elif t is _decimal.Decimal:
+        out += b"m"
+        _blob(str(v).encode(), out)
+    elif t.__module__.split(".")[0] == "numpy":
+        _encode_numpy(v, out, where, depth)
+    elif t.__module__.split(".")[0] == "pandas":
+        _encode_pandas(v, out, where, depth)
+    else:
+        _not_data(v, where)
+
+
+def _encode_numpy(v, out, where, depth):
+    import numpy as np
+
+    if isinstance(v, np.ndarray) and type(v) is np.ndarray:
+        out += b"a"
+    elif isinstance(v, np.generic):
+        out += b"g"
+        v = np.asarray(v)
+    else:
+        _not_data(v, where)
+    if not _PLAIN_DTYPE.match(v.dtype.str):
+        _not_data(v, where, f" of dtype {v.dtype}")
+    _blob(v.dtype.str.encode(), out)
+    _varint(v.ndim, out)
+    for n in v.shape:
+        _varint(n, out)
+    _blob(np.ascontiguousarray(v).tobytes(), out)
+
+
+def _encode_pandas(v, out, where, depth):
+    import pandas as pd
+
+    if isinstance(v, pd.DataFrame):
+        out += b"P"
+        _encode_index(v.columns, out, f"{where}.columns", depth)
+        _encode_index(v.index, out, f"{where}.index", depth)
+        _varint(v.shape[1], out)
+        for i in range(v.shape[1]):
+            _encode_values(v.iloc[:, i], out, f"{where} column {v.columns[i]!r}", depth)
+    elif isinstance(v, pd.Series):
+        out += b"S"
+        _encode(v.name, out, f"{where}.name", depth + 1)
+        _encode_index(v.index, out, f"{where}.index", depth)
+        _encode_values(v, out, where, depth)
+    elif isinstance(v, pd.Index):
+        out += b"I"
+        _encode_index(v, out, where, depth)
+    else:
+        _not_data(v, where)
+
+
+def _encode_index(index, out, where, depth):
+    import pandas as pd
+
+    if isinstance(index, pd.RangeIndex):
+        out += b"r"
+        for part in (index.start, index.stop, index.step):
+            _encode(int(part), out, where, depth + 1)
+        _encode(index.name, out, f"{where}.name", depth + 1)
+    elif isinstance(index, pd.MultiIndex):
+        out += b"x"
+        _varint(index.nlevels, out)
+        for i in range(index.nlevels):
+            _encode_values(index.get_level_values(i), out, f"{where} level {i}", depth)
+        _encode(list(index.names), out, f"{where}.names", depth + 1)
+    else:
+        out += b"v"
+        _encode_values(index, out, where, depth)
+        _encode(index.name, out, f"{where}.name", depth + 1)
+
+
+def _encode_values(values, out, where, depth):
+    """A column's (or an index's) values with their dtype."""
+    import numpy as np
+    import pandas as pd
+
+    dtype = values.dtype
+    if isinstance(dtype, pd.CategoricalDtype):
+        out += b"k"
+        cat = pd.Categorical(values)
+        _encode_index(cat.categories, out, f"{where} categories", depth)
+        _encode_numpy(np.asarray(cat.codes), out, where, depth)
+        _encode(bool(cat.ordered), out, where, depth + 1)
+    elif isinstance(dtype, pd.DatetimeTZDtype):
+        out += b"w"
+        _encode(str(dtype.tz), out, where, depth + 1)
+        _encode(str(dtype.unit), out, where, depth + 1)
+        utc = pd.DatetimeIndex(values).tz_convert("UTC").tz_localize(None)
+        _encode_numpy(np.asarray(utc.asi8), out, where, depth)
+    elif isinstance(dtype, np.dtype) and dtype != object:
+        out += b"n"
+        _encode_numpy(np.asarray(values), out, where, depth)
+    elif str(dtype) in _PANDAS_DTYPES or dtype == object:
+        out += b"o"
+        _encode(str(dtype), out, where, depth + 1)
+        items = [None if (x is pd.NA or (isinstance(x, float) and x != x and dtype != object)) else x for x in values]
+        _encode(items, out, where, depth + 1)
+    else:
+        raise TypeError(
+            f"{where} has pandas dtype {dtype}, which cannot be sent back: {WHAT_IT_MAY_BE} "
+            "(convert the column, e.g. with .astype(float) or .astype(object))"
+        )
+
+
+# --- decoding (run by the caller: bytes a guest chose) ---------------------
+
+
+class _Reader:
+    def __init__(self, data):
+        self.data = memoryview(data)
+        self.pos = 0
+
+    def take(self, n, what):
+        if n > len(self.data) - self.pos:
+            raise WireError(f"truncated: {what} needs {n} bytes, {len(self.data) - self.pos} are left")
+        chunk = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return chunk
+
+    def byte(self, what):
+        return self.take(1, what)[0]
+
+    def varint(self, what):
+        n, shift = 0, 0
+        while True:
+            byte = self.byte(what)
+            n |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return n
+            shift += 7
+            if shift > 63:
+                raise WireError(f"{what}: a size past 2^64")
+
+    def blob(self, what):
+        return bytes(self.take(self.varint(what), what))
+
+    def text(self, what):
+        try:
+            return self.blob(what).decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError as e:
+            raise WireError(f"{what} is not UTF-8: {e}") from None
+
+    def count(self, what):
+        # Every item takes at least one byte: a count past what is left is
+        # a lie, refused before anything is allocated for it.
+        n = self.varint(what)
+        if n > len(self.data) - self.pos:
+            raise WireError(f"truncated: {what} claims {n} items, {len(self.data) - self.pos} bytes are left")
+        return n
+
+
+def loads(data):
+    """The value `data` encodes; WireError if it is not a well-formed result."""
+    if bytes(data[: len(MAGIC)]) != MAGIC:
+        raise WireError("not a peerwasm result (it does not start with PWV1)")
+    r = _Reader(data)
+    r.pos = len(MAGIC)
+    try:
+        value = _decode(r, 0)
+    except WireError:
+        raise
+    except (ValueError, TypeError, OverflowError, LookupError, ArithmeticError) as e:
+        raise WireError(f"{type(e).__name__}: {e}") from None
+    if r.pos != len(r.data):
+        raise WireError(f"{len(r.data) - r.pos} bytes after the value")
+    return value
+
+
+def _decode(r, depth):
+    if depth > MAX_DEPTH:
+        raise WireError(f"nested deeper than {MAX_DEPTH} levels")
+    tag = bytes([r.byte("a tag")])
+    if tag == b"N":
+        return None
+    if tag == b"T":
+        return True
+    if tag == b"F":
+        return False
+    if tag == b"i":
+        return int.from_bytes(r.blob("an int"), "little", signed=True)
+    if tag == b"f":
+        return _struct.unpack("<d", r.take(8, "a float"))[0]
+    if tag == b"c":
+        re_, im = _struct.unpack("<dd", r.take(16, "a complex"))
+        return complex(re_, im)
+    if tag == b"s":
+        return r.text("a str")
+    if tag == b"b":
+        return r.blob("bytes")
+    if tag == b"B":
+        return bytearray(r.blob("a bytearray"))
+    if tag in (b"l", b"t", b"e", b"z"):
+        n = r.count("a container")
+        items = [_decode(r, depth + 1) for _ in range(n)]
+        return {b"l": list, b"t": tuple, b"e": set, b"z": frozenset}[tag](items)
+    if tag == b"d":
+        n = r.count("a dict")
+        out = {}
+        for _ in range(n):
+            key = _decode(r, depth + 1)
+            out[key] = _decode(r, depth + 1)
+        return out
+    if tag == b"D":
+        return _datetime.datetime.fromisoformat(r.text("a datetime"))
+    if tag == b"y":
+        return _datetime.date.fromisoformat(r.text("a date"))
+    if tag == b"h":
+        return _datetime.time.fromisoformat(r.text("a time"))
+    if tag == b"j":
+        days, seconds, micros = (_int(r, depth) for _ in range(3))
+        return _datetime.timedelta(days=days, seconds=seconds, microseconds=micros)
+    if tag == b"m":
+        return _decimal.Decimal(r.text("a Decimal"))
+    if tag == b"a":
+        return _array(r)
+    if tag == b"g":
+        return _array(r)[()]
+    if tag == b"P":
+        return _frame(r, depth)
+    if tag == b"S":
+        pd = _pandas()
+        name = _decode(r, depth + 1)
+        index = _index(r, depth)
+        return pd.Series(_values(r, depth), index=index, name=name, copy=False)
+    if tag == b"I":
+        return _index(r, depth)
+    raise WireError(f"unknown tag {tag!r}")
+
+
+def _int(r, depth):
+    v = _decode(r, depth + 1)
+    if type(v) is not int:
+        raise WireError(f"expected an int, found a {type(v).__name__}")
+    return v
+
+
+def _str(r, depth):
+    v = _decode(r, depth + 1)
+    if type(v) is not str:
+        raise WireError(f"expected a str, found a {type(v).__name__}")
+    return v
+
+
+def _numpy():
+    try:
+        import numpy
+    except ImportError:
+        raise WireError("the result holds a numpy array: install numpy to read it") from None
+    return numpy
+
+
+def _pandas():
+    try:
+        import pandas
+    except ImportError:
+        raise WireError("the result holds a pandas object: install pandas to read it") from None
+    return pandas
+
+
+def _array(r):
+    descr = r.text("a dtype")
+    if not _PLAIN_DTYPE.match(descr):
+        raise WireError(f"dtype {descr!r} is not a plain dtype")
+    np = _numpy()
+    dtype = np.dtype(descr)
+    ndim = r.varint("an array's dimensions")
+    if ndim > 64:
+        raise WireError(f"{ndim} dimensions")
+    shape = tuple(r.varint("an array's shape") for _ in range(ndim))
+    data = r.blob("an array's data")
+    count = 1
+    for n in shape:
+        count *= n
+    if count * dtype.itemsize != len(data):
+        raise WireError(f"shape {shape} of {dtype} needs {count * dtype.itemsize} bytes, the array has {len(data)}")
+    return np.frombuffer(data, dtype=dtype).reshape(shape).copy()
+
+
+def _values(r, depth):
+    """A column's values as `_encode_values` wrote them."""
+    np, pd = _numpy(), _pandas()
+
+    kind = bytes([r.byte("a column's kind")])
+    if kind == b"n":
+        if bytes([r.byte("an array")]) not in (b"a", b"g"):
+            raise WireError("a column's values are not an array")
+        return _array(r)
+    if kind == b"k":
+        categories = _index(r, depth)
+        if bytes([r.byte("an array")]) != b"a":
+            raise WireError("a categorical's codes are not an array")
+        codes = _array(r)
+        ordered = _decode(r, depth + 1)
+        return pd.Categorical.from_codes(codes, categories=categories, ordered=bool(ordered))
+    if kind == b"w":
+        tz, unit = _str(r, depth), _str(r, depth)
+        if bytes([r.byte("an array")]) != b"a":
+            raise WireError("a datetime column's values are not an array")
+        ns = _array(r)
+        if ns.dtype.kind != "i":
+            raise WireError("a datetime column's values are not integers")
+        if unit not in ("s", "ms", "us", "ns"):
+            raise WireError(f"datetime unit {unit!r}")
+        return pd.DatetimeIndex(ns.astype(f"datetime64[{unit}]")).tz_localize("UTC").tz_convert(tz)
+    if kind == b"o":
+        dtype = _str(r, depth)
+        items = _decode(r, depth + 1)
+        if type(items) is not list:
+            raise WireError("a column's items are not a list")
+        if dtype == "object":
+            out = np.empty(len(items), dtype=object)
+            out[:] = items
+            return out
+        if dtype not in _PANDAS_DTYPES:
+            raise WireError(f"pandas dtype {dtype!r} is not one a result may have")
+        return pd.array(items, dtype=dtype)
+    raise WireError(f"unknown column kind {kind!r}")
+
+
+def _index(r, depth):
+    pd = _pandas()
+
+    kind = bytes([r.byte("an index's kind")])
+    if kind == b"r":
+        start, stop, step = (_int(r, depth) for _ in range(3))
+        return pd.RangeIndex(start, stop, step, name=_decode(r, depth + 1))
+    if kind == b"x":
+        n = r.count("a MultiIndex's levels")
+        levels = [_values(r, depth) for _ in range(n)]
+        names = _decode(r, depth + 1)
+        return pd.MultiIndex.from_arrays(levels, names=names)
+    if kind == b"v":
+        values = _values(r, depth)
+        return pd.Index(values, name=_decode(r, depth + 1))
+    raise WireError(f"unknown index kind {kind!r}")
+
+
+def _frame(r, depth):
+    pd = _pandas()
+
+    columns = _index(r, depth)
+    index = _index(r, depth)
+    n = r.count("a frame's columns")
+    if n != len(columns):
+        raise WireError(f"a frame of {len(columns)} columns sent {n}")
+    data = [_values(r, depth) for _ in range(n)]
+    for v in data:
+        if len(v) != len(index):
+            raise WireError(f"a column of {len(v)} values in a frame of {len(index)} rows")
+    frame = pd.DataFrame({i: v for i, v in enumerate(data)}, index=index)
+    frame.columns = columns
+    return frame
