@@ -530,9 +530,11 @@ async fn an_oversized_body_without_a_token_is_refused_unread() {
     assert!(grew < 16 << 20, "the worker buffered the body: peak RSS grew {} MiB", grew >> 20);
 }
 
-/// Without a cluster key, anyone who reaches a worker can plant an advert:
-/// a client's token goes only to workers it named, unless every worker of
-/// the pool authenticates its gossip.
+/// Without any key (`--insecure-gossip`), anyone who reaches a worker can
+/// plant an advert: a client places jobs (and sends its token) only on
+/// workers it named, unless the worker that answered vouches for the
+/// others — their adverts came sealed with the pool's key: an explicit
+/// `--cluster-key`, or on loopback this user's own.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_token_goes_only_to_named_workers_unless_the_pool_is_keyed() {
     use peerwasm::client::{MapConfig, MapItem, map};
@@ -540,8 +542,8 @@ async fn a_token_goes_only_to_named_workers_unless_the_pool_is_keyed() {
     let key = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(key.path(), b"a shared secret for the token test").unwrap();
     let key = key.path().to_str().unwrap().to_string();
-    for keyed in [false, true] {
-        let extra: Vec<&str> = if keyed { vec!["--cluster-key", &key] } else { vec![] };
+    for (how, extra) in [("no key", vec!["--insecure-gossip"]), ("this user's key", vec![]), ("a cluster key", vec!["--cluster-key", &key])] {
+        let keyed = extra.first() != Some(&"--insecure-gossip");
         let w1 = worker(1, &tenants, None, &extra);
         let w2 = worker(1, &tenants, Some(&w1.addr), &extra);
         crate::pool::wait_for(&w1.addr, Duration::from_secs(10), |v| crate::pool::alive(v) == 2).await;
@@ -553,13 +555,13 @@ async fn a_token_goes_only_to_named_workers_unless_the_pool_is_keyed() {
         let summary = map(&target, &job, vec![b"100".to_vec(); 8], &config, &mut items).await.unwrap();
         assert!(items.iter().all(MapItem::succeeded));
         let on_w2 = summary.per_peer.get(&w2.addr).copied().unwrap_or(0);
-        println!("keyed {keyed}: jobs per peer {:?}", summary.per_peer);
+        println!("{how}: jobs per peer {:?}", summary.per_peer);
         if keyed {
             assert!(on_w2 > 0, "a keyed pool vouches for w2: it should have run some jobs");
         } else {
-            assert_eq!(on_w2, 0, "w2 was not named and the pool is not keyed: it got no token, so no job");
+            assert_eq!(on_w2, 0, "w2 was not named and nothing vouches for it: no job");
             let m = crate::observe::scrape(&w2.addr).await;
-            assert!(crate::observe::get(&m, "peerwasm_refused_jobs_total{reason=\"unauthorized\"}") > 0.0);
+            assert_eq!(crate::observe::get(&m, "peerwasm_refused_jobs_total{reason=\"unauthorized\"}"), 0.0, "w2 was sent jobs");
         }
     }
 }

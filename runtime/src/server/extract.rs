@@ -108,7 +108,15 @@ impl FromRequestParts<Arc<Worker>> for Viewer {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, w: &Arc<Worker>) -> Result<Viewer, Response> {
-        w.tenants.sees(token(&parts.headers)).map(Viewer).map_err(|e| unauthorized(w, e))
+        let sees = w.tenants.sees(token(&parts.headers)).map_err(|e| unauthorized(w, e))?;
+        // A known token proves the connection belongs (`serve::Trust`).
+        if w.tenants.is_multi()
+            && sees != Sees::Nobody
+            && let Some(trust) = parts.extensions.get::<super::serve::Trust>()
+        {
+            trust.grant();
+        }
+        Ok(Viewer(sees))
     }
 }
 

@@ -13,12 +13,13 @@
 //! closed at once).
 //!
 //! A cap that is reached does not simply turn the newcomer away — that is
-//! what lets whoever holds idle connections lock everyone out. It closes
-//! the oldest idle connection of the full group (the address, the prefix,
-//! or all) that has not proved it belongs ([`Trust`]: a request with a
-//! tenant's token, or gossip sealed with the pool's key), and the newcomer
-//! takes its place; only when no connection of the group is idle or all
-//! have proved they belong is the newcomer closed (and counted). A party that keeps
+//! what lets whoever holds idle connections lock everyone out. It closes an
+//! idle connection of the full group (the address, the prefix, or all)
+//! that has not proved it belongs ([`Trust`]: a request with a tenant's
+//! token, or gossip sealed with the pool's key) — the oldest of the address
+//! that holds the most such — and the newcomer takes its place; only when
+//! no connection of the group is idle or all have proved they belong is
+//! the newcomer closed (and counted). A party that keeps
 //! connections idle thus keeps them only until someone else needs one;
 //! and under pressure (three quarters of the connections open) a new
 //! connection has [`PRESSED_HEADER_TIMEOUT`] for its headers.
@@ -108,22 +109,37 @@ pub struct Remote(pub IpAddr);
 /// it has proved it belongs — a request on it carried a tenant's token, or
 /// gossip sealed with the pool's key — and how many of its requests are in
 /// flight (their answers included). Only a connection that has not proved
-/// it belongs, and is idle, is ever closed to make room.
+/// it belongs, and is idle, is ever closed to make room. It also closes
+/// the connection on request ([`close`](Self::close)): an answer its client
+/// does not read cannot be dropped otherwise, as the connection is stuck
+/// writing it.
 #[derive(Clone, Debug, Default)]
-pub struct Trust(Arc<(AtomicBool, AtomicU64)>);
+pub struct Trust(Arc<ConnState>);
+
+#[derive(Debug, Default)]
+struct ConnState {
+    trusted: AtomicBool,
+    in_flight: AtomicU64,
+    close: Notify,
+}
 
 impl Trust {
     /// Marks the connection as one that belongs.
     pub fn grant(&self) {
-        self.0.0.store(true, Ordering::Relaxed);
+        self.0.trusted.store(true, Ordering::Relaxed);
+    }
+
+    /// Closes the connection, whatever it is doing.
+    pub fn close(&self) {
+        self.0.close.notify_one();
     }
 
     fn granted(&self) -> bool {
-        self.0.0.load(Ordering::Relaxed)
+        self.0.trusted.load(Ordering::Relaxed)
     }
 
     fn idle(&self) -> bool {
-        self.0.1.load(Ordering::Relaxed) == 0
+        self.0.in_flight.load(Ordering::Relaxed) == 0
     }
 }
 
@@ -136,10 +152,10 @@ pub async fn in_flight(req: axum::extract::Request, next: axum::middleware::Next
     struct Busy(Trust);
     impl Drop for Busy {
         fn drop(&mut self) {
-            self.0.0.1.fetch_sub(1, Ordering::Relaxed);
+            self.0.0.in_flight.fetch_sub(1, Ordering::Relaxed);
         }
     }
-    trust.0.1.fetch_add(1, Ordering::Relaxed);
+    trust.0.in_flight.fetch_add(1, Ordering::Relaxed);
     let busy = Busy(trust);
     let resp = next.run(req).await;
     resp.map(|body| {
@@ -171,7 +187,6 @@ struct Open {
     ip: IpAddr,
     opened: std::time::Instant,
     trust: Trust,
-    close: Arc<Notify>,
 }
 
 /// The open connections; a slot is given back when its guard drops.
@@ -185,9 +200,8 @@ struct Connections {
 struct Slot {
     table: Arc<Connections>,
     id: u64,
+    /// Its state; notified when it is to be closed.
     trust: Trust,
-    /// Notified when the connection is closed to make room.
-    close: Arc<Notify>,
 }
 
 /// How a connection was let in.
@@ -216,20 +230,33 @@ impl Connections {
             if open.iter().filter(|c| in_group(c)).count() < max {
                 continue;
             }
+            // From the address that holds the most of them, its oldest:
+            // whoever hoards idle connections loses them first, and a
+            // newcomer's one connection is not taken before it has
+            // sent its request.
+            let evictable = |c: &&Open| in_group(c) && !c.trust.granted() && c.trust.idle();
+            let mut held: Vec<(IpAddr, usize)> = Vec::new();
+            for c in open.iter().filter(evictable) {
+                match held.iter_mut().find(|(ip, _)| *ip == c.ip) {
+                    Some((_, n)) => *n += 1,
+                    None => held.push((c.ip, 1)),
+                }
+            }
+            let (hoarder, _) = held.into_iter().max_by_key(|(_, n)| *n)?;
             let oldest = open
                 .iter()
                 .enumerate()
-                .filter(|(_, c)| in_group(c) && !c.trust.granted() && c.trust.idle())
+                .filter(|(_, c)| evictable(c) && c.ip == hoarder)
                 .min_by_key(|(_, c)| c.opened)
                 .map(|(i, _)| i)?;
             let closed = open.swap_remove(oldest);
             tracing::debug!(peer = %closed.ip, "closed an idle unauthenticated connection to make room");
-            closed.close.notify_one();
+            closed.trust.close();
             evicted += 1;
         }
-        let (id, trust, close) = (self.next.fetch_add(1, Ordering::Relaxed), Trust::default(), Arc::new(Notify::new()));
-        open.push(Open { id, ip, opened: std::time::Instant::now(), trust: trust.clone(), close: close.clone() });
-        Some(Admitted { slot: Slot { table: self.clone(), id, trust, close }, open: open.len(), evicted })
+        let (id, trust) = (self.next.fetch_add(1, Ordering::Relaxed), Trust::default());
+        open.push(Open { id, ip, opened: std::time::Instant::now(), trust: trust.clone() });
+        Some(Admitted { slot: Slot { table: self.clone(), id, trust }, open: open.len(), evicted })
     }
 }
 
@@ -289,7 +316,7 @@ pub async fn serve(
         let watcher = graceful.watcher();
         let (acceptor, handshake_timeout) = (tls.clone().map(tokio_rustls::TlsAcceptor::from), header_timeout);
         tokio::spawn(async move {
-            let close = slot.close.clone();
+            let state = slot.trust.0.clone();
             let served = async {
                 match acceptor {
                 None => watcher.watch(http1.serve_connection(TokioIo::new(tcp), service)).await,
@@ -306,11 +333,11 @@ pub async fn serve(
                 },
                 }
             };
-            // Closed to make room: the connection is dropped, whatever it
-            // was doing (it had not proved it belongs).
+            // Closed to make room (it had not proved it belongs), or by its
+            // handler (an answer nobody reads): dropped, whatever it was doing.
             let ended = tokio::select! {
                 ended = served => ended,
-                () = close.notified() => Ok(()),
+                () = state.close.notified() => Ok(()),
             };
             if let Err(e) = ended {
                 tracing::debug!("connection ended: {e}");

@@ -61,6 +61,7 @@ type DataStream = axum::body::BodyDataStream;
 /// `POST /v1/jobs/stream` (see the module docs): the head, then the job
 /// runs in a task of its own while this answers with its events.
 pub async fn post_stream(State(w): State<Arc<Worker>>, Caller(tenant): Caller, req: Request) -> Response {
+    let connection = req.extensions().get::<super::serve::Trust>().cloned();
     let mut body = req.into_body().into_data_stream();
     let (spec, rest) = match tokio::time::timeout(BODY_TIMEOUT, read_head(&mut body)).await {
         Ok(Ok(head)) => head,
@@ -84,7 +85,7 @@ pub async fn post_stream(State(w): State<Arc<Worker>>, Caller(tenant): Caller, r
     // an idle answer until it next writes to the dead connection.
     let gone = Cancel::new();
     let client_gone = gone.clone();
-    tokio::spawn(Attached { w, tenant, spec, tee, feed, hold, output, events, admitted_tx, refused_tx, client_gone }.run());
+    tokio::spawn(Attached { w, tenant, spec, tee, feed, hold, output, events, admitted_tx, refused_tx, client_gone, connection }.run());
     let id = match admitted.await {
         Ok(id) => id,
         Err(_) => {
@@ -127,11 +128,20 @@ struct Attached {
     admitted_tx: oneshot::Sender<String>,
     refused_tx: oneshot::Sender<Refused>,
     client_gone: Cancel,
+    /// The request's connection: closed when its client reads nothing
+    /// for the grace (an answer stuck on its way out holds what it
+    /// carries until the connection goes).
+    connection: Option<super::serve::Trust>,
 }
 
 impl Attached {
     async fn run(self) {
-        let Attached { w, tenant, spec, tee, feed, hold, mut output, events, admitted_tx, refused_tx, client_gone } = self;
+        let Attached { w, tenant, spec, tee, feed, hold, mut output, events, admitted_tx, refused_tx, client_gone, connection } = self;
+        let drop_stream = || {
+            if let Some(c) = &connection {
+                c.close();
+            }
+        };
         let (memreq, peer, grace) = (spec.limits.memory_bytes, w.addr.clone(), w.unread_grace);
         let queued = std::sync::atomic::AtomicBool::new(false);
         let streams = Streams { tee: Some(tee), stdin: Some(feed), captures: None, hold: Some(hold), forward_only: true };
@@ -152,6 +162,7 @@ impl Attached {
                             w.metrics.refused("unread_stream");
                             tracing::warn!(tenant = %tenant.name, "a streamed job's client read nothing for {}: \
                                 its stream is dropped and the job cancelled", humantime::format_duration(grace));
+                            drop_stream();
                             return;
                         }
                     }
@@ -190,7 +201,9 @@ impl Attached {
             send(&events, &StreamEvent::Done(result), 0).await;
         };
         if tokio::time::timeout(grace, rest).await.is_err() {
+            w.metrics.refused("unread_stream");
             tracing::debug!("a streamed job's client did not read its output: dropped");
+            drop_stream();
         }
     }
 }

@@ -326,13 +326,14 @@ async fn in_turn(turn: Turn) -> Result<JobResult, Refused> {
     let (module, tag) = (spec.module, spec.tag.take());
     let streams_forwarded = streams.forward_only;
     let held = Instant::now();
-    let compile = match CompileCharge::for_module(&w, &tenant.name, &module, &cancel).await {
-        Ok(compile) => compile,
-        Err(cause) => {
-            let mut r = JobResult::never_ran(ticket.reservation().bytes(), Outcome::Cancelled { cause });
-            r.peer = w.addr.clone();
-            return Ok(r);
-        }
+    // The sandbox enforces what the ticket reserved: one number, from
+    // admission to the limiter.
+    let memreq = ticket.reservation().bytes();
+    // Cancelled while it waited for a compile turn, it still held its slot:
+    // ended as a cancelled job, and accounted as one below.
+    let (compile, waited) = match CompileCharge::for_module(&w, &tenant.name, &module, &cancel).await {
+        Ok(compile) => (compile, None),
+        Err(cause) => (None, Some(cause)),
     };
     let hooks = RunHooks {
         tee: streams.tee,
@@ -344,10 +345,11 @@ async fn in_turn(turn: Turn) -> Result<JobResult, Refused> {
         started: compile.as_ref().map(|c| c.started.clone()),
         forward_only: streams.forward_only,
     };
-    // The sandbox enforces what the ticket reserved: one number, from
-    // admission to the limiter.
-    let memreq = ticket.reservation().bytes();
-    let mut result = match mount_trees(&w, &pins, &spec).await {
+    let mounted = match waited {
+        Some(cause) => Err(Outcome::Cancelled { cause }),
+        None => mount_trees(&w, &pins, &spec).await.map_err(|reason| Outcome::Rejected { reason }),
+    };
+    let mut result = match mounted {
         Ok(mounted) => {
             // Laid out: the sandbox sees them as directories.
             let grants = mounted.as_ref().map(|m| m.grants.clone()).unwrap_or_default();
@@ -357,7 +359,7 @@ async fn in_turn(turn: Turn) -> Result<JobResult, Refused> {
             }
             result
         }
-        Err(reason) => JobResult::never_ran(memreq, Outcome::Rejected { reason }),
+        Err(outcome) => JobResult::never_ran(memreq, outcome),
     };
     drop((pins, compile));
     let files: usize = result.files.iter().map(|f| f.contents.len()).sum();
