@@ -212,9 +212,22 @@ async fn one_result_read_by_many_who_never_read_is_held_once() {
     println!("40 unread fetches of a 60 MiB result: worker grew {} MiB; /v1/peers {view:?}; bob's job {job:?}", grew / MIB);
 }
 
+/// Alice's streamed job of `job` on `addr` (`POST /v1/jobs/stream`), its
+/// spec sent, its stdin left open; the answer is never read.
+pub(crate) async fn unread_stream(addr: &str, job: &Job) -> TcpStream {
+    let head = peerwasm::proto::frame::encode_frame(&job.spec(Vec::new(), 16 * MIB)).unwrap();
+    let h = format!(
+        "POST /v1/jobs/stream HTTP/1.1\r\nHost: w\r\nAuthorization: Bearer {ALICE}\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n",
+        head.len()
+    );
+    let mut tcp = connect_from(Ipv4Addr::LOCALHOST.into(), addr, &h).await.unwrap();
+    tcp.write_all(&head).await.unwrap();
+    tcp.write_all(b"\r\n").await.unwrap();
+    tcp
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn unread_streamed_output_stays_charged_and_bounded() {
-    use peerwasm::proto::frame::encode_frame;
     let (w, _t, base) = warm_worker("256MiB", 2, &["--slot-processes", "never"]).await;
     let mut flood = Job::new(peerwasm_testkit::guest_wasm_bytes("hostile-flood"));
     flood.limits.stdout_bytes = 64 * MIB;
@@ -222,15 +235,7 @@ async fn unread_streamed_output_stays_charged_and_bounded() {
     // Twelve streamed jobs each writing up to 64 MiB; nobody reads.
     let mut conns = Vec::new();
     for _ in 0..12 {
-        let head = encode_frame(&flood.spec(Vec::new(), 16 * MIB)).unwrap();
-        let h = format!(
-            "POST /v1/jobs/stream HTTP/1.1\r\nHost: w\r\nAuthorization: Bearer {ALICE}\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n",
-            head.len()
-        );
-        let mut tcp = connect_from(Ipv4Addr::LOCALHOST.into(), &w.addr, &h).await.unwrap();
-        tcp.write_all(&head).await.unwrap();
-        tcp.write_all(b"\r\n").await.unwrap();
-        conns.push(tcp);
+        conns.push(unread_stream(&w.addr, &flood).await);
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
     let grew = within(&w, base, 256 * MIB, "12 unread streamed jobs");

@@ -385,19 +385,11 @@ async fn strangers_trickling_gossip_do_not_starve_the_pools_own() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stream_nobody_reads_is_dropped_and_its_output_given_back() {
-    use peerwasm::proto::frame::encode_frame;
     let (w, _t, _) = warm_worker("1GiB", 2, &["--unread-grace", "2s", "--slot-processes", "never", "--max-output", "1GiB"]).await;
     let mut flood = Job::new(peerwasm_testkit::guest_wasm_bytes("hostile-flood"));
     flood.limits.stdout_bytes = 900 * MIB;
     assert!(upload(&w.addr, &flood, Some(ALICE)).await.is_success());
-    let head = encode_frame(&flood.spec(Vec::new(), 16 * MIB)).unwrap();
-    let h = format!(
-        "POST /v1/jobs/stream HTTP/1.1\r\nHost: w\r\nAuthorization: Bearer {ALICE}\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n",
-        head.len()
-    );
-    let mut tcp = connect_from(Ipv4Addr::LOCALHOST.into(), &w.addr, &h).await.unwrap();
-    tcp.write_all(&head).await.unwrap();
-    tcp.write_all(b"\r\n").await.unwrap();
+    let tcp = crate::budgets::unread_stream(&w.addr, &flood).await;
     // Alice never reads. What she holds is bounded by her share, and let
     // go after the grace.
     let held = |m: &std::collections::HashMap<String, f64>| crate::observe::get(m, "peerwasm_memory_bytes{kind=\"output_held\"}") as u64;

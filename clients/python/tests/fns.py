@@ -34,20 +34,18 @@ def grows(n_mib):
     return len(bytearray(n_mib << 20))
 
 
-class Reducing:
-    """An object whose unpickling would run `os.system` in whoever unpickles it."""
-
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        import os
-
-        return (os.system, (f"touch {self.marker}",))
-
-
 def returns_reducing(marker):
-    return Reducing(marker)
+    """Returns an object whose unpickling would run `os.system` in whoever
+    unpickles it (the class is defined here: only the function's own source
+    travels)."""
+
+    class Reducing:
+        def __reduce__(self):
+            import os
+
+            return (os.system, (f"touch {marker}",))
+
+    return Reducing()
 
 
 def writes_raw_pickle(marker):
