@@ -38,6 +38,7 @@ mod latency;
 mod procs;
 mod python;
 mod smartmem;
+mod smartmem_bound;
 mod submit;
 mod summary;
 
@@ -86,6 +87,10 @@ pub struct Sizes {
     pub ledger_cycles: usize,
     /// Inputs of the smartmem-against-an-oracle map.
     pub smartmem_inputs: usize,
+    /// Inputs of each memory-bound smartmem workload.
+    pub smartmem_bound_inputs: usize,
+    /// How long each of their jobs holds its memory, in ms.
+    pub smartmem_hold_ms: u64,
 }
 
 impl Sizes {
@@ -110,6 +115,8 @@ impl Sizes {
             submit_commits: 20_000,
             ledger_cycles: 20_000,
             smartmem_inputs: 500,
+            smartmem_bound_inputs: 200,
+            smartmem_hold_ms: 300,
         }
     }
 
@@ -134,6 +141,8 @@ impl Sizes {
             submit_commits: 200,
             ledger_cycles: 500,
             smartmem_inputs: 50,
+            smartmem_bound_inputs: 30,
+            smartmem_hold_ms: 50,
         }
     }
 }
@@ -205,6 +214,7 @@ fn benchmarks(args: &[String]) -> anyhow::Result<()> {
     }
     if wanted("smartmem") {
         smartmem::smartmem(&sizes, &mut summary)?;
+        smartmem_bound::memory_bound(&sizes, &mut summary)?;
     }
     if wanted("python") {
         python::python(&sizes, &mut summary)?;

@@ -107,13 +107,13 @@ pub fn smartmem(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
 
 /// Memory-seconds of a run's jobs: reserved (limit × wall) and used (peak ×
 /// wall), in GiB·s.
-struct Usage {
-    reserved: f64,
-    used: f64,
+pub(crate) struct Usage {
+    pub reserved: f64,
+    pub used: f64,
 }
 
 impl Usage {
-    fn of<'r>(results: impl Iterator<Item = &'r peerwasm::proto::JobResult>) -> Usage {
+    pub(crate) fn of<'r>(results: impl Iterator<Item = &'r peerwasm::proto::JobResult>) -> Usage {
         let gib_s = |bytes: u64, us: u64| bytes as f64 / (1u64 << 30) as f64 * us as f64 / 1e6;
         let (mut reserved, mut used) = (0.0, 0.0);
         for r in results {

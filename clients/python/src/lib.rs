@@ -326,6 +326,17 @@ fn map(
     map_job(py, &job, stdins, &config, target(peers, token)?, progress)
 }
 
+/// What the last map in this process learned of its jobs' memory.
+static LEARNED: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// What the last `map` learned of its jobs' memory, in words (`peak ≈ 8.1 ×
+/// input bytes + 3.0 MiB ...`, or that it does not follow input size);
+/// None before a map has results enough (a dozen), or with `mem` given.
+#[pyfunction]
+fn learned_memory() -> Option<String> {
+    LEARNED.lock().map(|l| l.clone()).unwrap_or_default()
+}
+
 /// Runs `job` once per input; the Results in input order, or JobError
 /// for the first failed one (unless `config.keep_going`).
 fn map_job(py: Python<'_>, job: &Job, stdins: Vec<Vec<u8>>, config: &MapConfig, target: Target, progress: bool) -> PyResult<Vec<Result>> {
@@ -333,6 +344,13 @@ fn map_job(py: Python<'_>, job: &Job, stdins: Vec<Vec<u8>>, config: &MapConfig, 
     let mut printer = Printer { show: progress, last: std::time::Instant::now(), items: Vec::new() };
     let summary = block_on(py, async { peerwasm::client::map(&target, job, stdins, config, &mut printer).await })?
         .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))?;
+    let learned = summary.learned_model.map(|m| m.describe());
+    if progress && let Some(words) = &learned {
+        eprintln!("peerwasm: memory learned: {words}");
+    }
+    if let Ok(mut slot) = LEARNED.lock() {
+        *slot = learned;
+    }
     let mut results = Vec::with_capacity(printer.items.len());
     let mut first_failure = None;
     for item in printer.items {
@@ -410,6 +428,7 @@ fn _map_python(
 fn _peerwasm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run, m)?)?;
     m.add_function(wrap_pyfunction!(map, m)?)?;
+    m.add_function(wrap_pyfunction!(learned_memory, m)?)?;
     m.add_function(wrap_pyfunction!(_run_python, m)?)?;
     m.add_function(wrap_pyfunction!(_map_python, m)?)?;
     m.add_class::<Result>()?;

@@ -1,21 +1,36 @@
 //! Learned memory estimates — smartmem on the submitting side.
 //!
 //! FieldTrip's smartmem guessed a job's memory from RSS samples of earlier
-//! jobs. Here every result carries the job's exact peak linear memory, so
-//! the estimate is simply the largest peak seen times a margin, rounded up
-//! to whole wasm pages. Before any result is in, it starts from what an
-//! earlier run of the same module learned (saved per module hash), else
-//! from a default capped by what the pool can hold and by the module's own
-//! declared memory maximum.
+//! jobs. Here every result carries the job's exact peak linear memory, and
+//! the size of what the job was given (its input's bytes) is known before
+//! it runs. Once a dozen results are in, a model of peak against input
+//! size is fitted to them ([`fit`]: per input when sizes predict memory,
+//! one request for all when they do not — whichever would have reserved
+//! less), and each input asks for what the model says inputs of its size
+//! need. Before that, the estimate is the largest peak seen times a margin,
+//! and before any result, what an earlier run of the same module learned
+//! (saved per module hash, model included), else a default capped by what
+//! the pool can hold and by the module's own declared memory maximum.
 //!
 //! The estimate is a *request*, not a promise: a job that outgrows it is
-//! retried with a larger limit by `map` (see [`map`](mod@super::map)).
+//! retried by `map` (see [`map`](mod@super::map)) with what the model says
+//! such an input may need, never less than twice the limit it ran out of.
 
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use crate::proto::ModuleHash;
+
+pub mod fit;
+
+pub use fit::{Model, Observation};
+
+/// Results a model is fitted to: the most recent, so that a job whose
+/// memory changed its ways (a new version, another kind of input) is
+/// followed.
+pub const HISTORY: usize = 1024;
 
 /// One wasm page: limits are always whole pages.
 pub const WASM_PAGE: u64 = 64 * 1024;
@@ -87,6 +102,10 @@ pub struct SavedEstimate {
     pub memreq_bytes: u64,
     /// How many results it was learned from.
     pub jobs: u64,
+    /// The model of peak against input size learned, if results enough
+    /// came in (files saved before it existed have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<Model>,
 }
 
 /// The memory request for the next job of one module.
@@ -104,6 +123,13 @@ pub struct MemoryEstimator {
     peak_max: Option<u64>,
     peak_sum: u128,
     jobs: u64,
+    /// The latest results, for the model.
+    history: VecDeque<Observation>,
+    /// The model requests follow: this run's fit, or a saved one until
+    /// this run has results enough.
+    model: Option<Model>,
+    /// `jobs` when the model was last fitted.
+    fitted_at: u64,
 }
 
 impl MemoryEstimator {
@@ -127,14 +153,34 @@ impl MemoryEstimator {
             peak_max: None,
             peak_sum: 0,
             jobs: 0,
+            history: VecDeque::new(),
+            model: saved.and_then(|s| s.model),
+            fitted_at: 0,
         }
     }
 
-    /// Learns from one measured peak.
-    pub fn observe(&mut self, peak_bytes: u64) {
+    /// Learns from one measured peak, of an input of `size` bytes.
+    pub fn observe(&mut self, size: u64, peak_bytes: u64) {
         self.peak_max = Some(self.peak_max.unwrap_or(0).max(peak_bytes));
         self.peak_sum += peak_bytes as u128;
         self.jobs += 1;
+        if self.history.len() == HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back(Observation { size, peak: peak_bytes });
+        // Fitted again as results come, less often as they pile up: a fit
+        // sorts the history, and a fast map brings thousands a second.
+        let n = self.history.len() as u64;
+        if n >= fit::MIN_OBSERVATIONS as u64 && self.jobs - self.fitted_at >= (n / 16).max(1) {
+            let history: Vec<Observation> = self.history.iter().copied().collect();
+            self.model = fit::fit(&history, self.margin);
+            self.fitted_at = self.jobs;
+        }
+    }
+
+    /// The model requests follow now, if any (this run's, or a saved one).
+    pub fn model(&self) -> Option<Model> {
+        self.model
     }
 
     /// Whether any peak has been seen in this run.
@@ -147,13 +193,34 @@ impl MemoryEstimator {
         self.started_from_saved
     }
 
-    /// The request for the next job: `max(peaks) × margin` in whole pages
-    /// once something was measured, else the starting request; then
-    /// clamped to `[max(min, initial memory), min(cap, declared max)]`.
+    /// The request for the next job of a typical input (the median size
+    /// seen): see [`memreq_for`](Self::memreq_for).
     pub fn memreq(&self) -> u64 {
-        let raw = match self.peak_max {
-            Some(peak) => round_to_pages((peak.max(self.saved_peak) as f64 * self.margin).ceil() as u64),
-            None => self.start,
+        let mut sizes: Vec<u64> = self.history.iter().map(|o| o.size).collect();
+        sizes.sort_unstable();
+        self.memreq_for(sizes.get(sizes.len() / 2).copied().unwrap_or(0))
+    }
+
+    /// The request for a job whose input is `size` bytes: the model's once
+    /// there is one; else `max(peaks) × margin` in whole pages once
+    /// something was measured; else the starting request. Then clamped to
+    /// `[max(min, initial memory), min(cap, declared max)]`.
+    pub fn memreq_for(&self, size: u64) -> u64 {
+        let raw = match (self.model, self.peak_max) {
+            (Some(model), _) => model.request(size),
+            (None, Some(peak)) => round_to_pages((peak.max(self.saved_peak) as f64 * self.margin).ceil() as u64),
+            (None, None) => self.start,
+        };
+        self.clamp(raw)
+    }
+
+    /// The request for a job of `size` that ran out of memory at `limit`:
+    /// what the model says such an input may need, never less than twice
+    /// `limit` (without a model, twice `limit`); clamped.
+    pub fn retry(&self, size: u64, limit: u64) -> u64 {
+        let raw = match self.model {
+            Some(model) => model.retry(size, limit, self.margin),
+            None => limit.saturating_mul(2),
         };
         self.clamp(raw)
     }
@@ -185,7 +252,7 @@ impl MemoryEstimator {
     /// What to save for the next run, if anything was learned.
     pub fn to_saved(&self) -> Option<SavedEstimate> {
         let peak = self.peak_max?.max(self.saved_peak);
-        Some(SavedEstimate { peak_bytes: peak, memreq_bytes: self.memreq(), jobs: self.jobs })
+        Some(SavedEstimate { peak_bytes: peak, memreq_bytes: self.memreq(), jobs: self.jobs, model: self.model })
     }
 }
 
@@ -244,9 +311,9 @@ mod tests {
     fn learns_max_peak_times_margin_in_pages() {
         let mut e = MemoryEstimator::new(DeclaredMemory::default(), None, 0, 8 << 30, 1.25);
         assert_eq!(e.memreq(), DEFAULT_MEMREQ);
-        e.observe(10 * MIB);
-        e.observe(40 * MIB + 1);
-        e.observe(20 * MIB);
+        e.observe(0, 10 * MIB);
+        e.observe(0, 40 * MIB + 1);
+        e.observe(0, 20 * MIB);
         let req = e.memreq();
         assert_eq!(req % WASM_PAGE, 0);
         assert!(req >= 50 * MIB && req <= 50 * MIB + WASM_PAGE, "{req}");
@@ -260,7 +327,7 @@ mod tests {
         assert_eq!(e.memreq(), 64 * MIB, "the default is capped by the declared max");
         let mut e = MemoryEstimator::new(DeclaredMemory::default(), None, 16 * MIB, 512 * MIB, 1.25);
         assert_eq!(e.memreq(), 512 * MIB, "the default is capped by the pool");
-        e.observe(MIB);
+        e.observe(0, MIB);
         assert_eq!(e.memreq(), 16 * MIB, "never below --min-mem");
         let e = MemoryEstimator::new(declared, None, 0, 8 << 30, 1.25);
         assert_eq!(e.clamp(0), 2 * MIB, "never below the initial memory");
@@ -268,12 +335,12 @@ mod tests {
 
     #[test]
     fn starts_from_saved_and_reads_declared_memory() {
-        let saved = SavedEstimate { peak_bytes: 4 * MIB, memreq_bytes: 5 * MIB, jobs: 3 };
+        let saved = SavedEstimate { peak_bytes: 4 * MIB, memreq_bytes: 5 * MIB, jobs: 3, model: None };
         let e = MemoryEstimator::new(DeclaredMemory::default(), Some(&saved), 0, 8 << 30, 1.25);
         assert_eq!(e.memreq(), 5 * MIB);
         assert!(e.started_from_saved());
         let mut e = e;
-        e.observe(MIB);
+        e.observe(0, MIB);
         assert_eq!(e.memreq(), 5 * MIB, "a small job does not make it forget the saved peak");
 
         let wasm = wat::parse_str("(module (memory 3 10))").unwrap();
@@ -291,5 +358,30 @@ mod tests {
         assert_eq!(store.load(&hash), None);
         store.save(&hash, &saved).unwrap();
         assert_eq!(store.load(&hash), Some(saved));
+    }
+
+    #[test]
+    fn a_learned_model_is_saved_and_the_next_run_starts_from_it() {
+        let mut e = MemoryEstimator::new(DeclaredMemory::default(), None, 0, 8 << 30, 1.25);
+        for i in 1..=40u64 {
+            // Peak 8 × size + 2 MiB, exactly.
+            e.observe(i * MIB / 4, 8 * (i * MIB / 4) + 2 * MIB);
+        }
+        let Some(Model::BySize { .. }) = e.model() else { panic!("{:?}", e.model()) };
+        assert!(e.memreq_for(MIB / 4) < e.memreq_for(4 * MIB), "a larger input asks for more");
+        let small = e.memreq_for(MIB / 4);
+        assert!(small >= 4 * MIB && small <= 5 * MIB, "{small}");
+        // A retry asks for at least twice the limit it ran out of.
+        assert!(e.retry(MIB, 64 * MIB) >= 128 * MIB);
+        // Saved (JSON), and the next run's first jobs ask per input.
+        let saved = e.to_saved().unwrap();
+        let json = serde_json::to_string(&saved).unwrap();
+        let back: SavedEstimate = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, saved);
+        let next = MemoryEstimator::new(DeclaredMemory::default(), Some(&back), 0, 8 << 30, 1.25);
+        assert_eq!(next.memreq_for(MIB / 4), small, "informed from its first job");
+        // A file saved before models existed still reads.
+        let old: SavedEstimate = serde_json::from_str(r#"{"peak_bytes": 4096, "memreq_bytes": 65536, "jobs": 1}"#).unwrap();
+        assert_eq!(old.model, None);
     }
 }

@@ -186,6 +186,23 @@ async fn run_map(o: &Arc<Owner>, s: &Stored) -> anyhow::Result<MapSummary> {
             )
         })
         .await?;
+    // What the results so far say of memory against input size: the
+    // resumed map asks per input from its first job (inputs whose bytes
+    // are gone count by their peak alone).
+    let id = s.id.clone();
+    let seen: Vec<(u64, u64)> = this
+        .db
+        .read(move |c| {
+            let mut q = c.prepare(&format!(
+                "SELECT coalesce(length(i.data), 0), r.peak FROM results r LEFT JOIN inputs i \
+                 ON i.submission = r.submission AND i.idx = r.idx WHERE r.submission = ?1 AND r.ok = 1 \
+                 ORDER BY r.idx DESC LIMIT {}",
+                crate::client::estimate::HISTORY
+            ))?;
+            let rows = q.query_map([&id], |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)))?;
+            rows.collect::<Result<Vec<_>, _>>()
+        })
+        .await?;
     let unreadable = Arc::new(parking_lot::Mutex::new(None));
     let inputs = InputPages {
         db: this.db.clone(),
@@ -197,7 +214,12 @@ async fn run_map(o: &Arc<Owner>, s: &Stored) -> anyhow::Result<MapSummary> {
     };
     let start_estimate = peak.and_then(|peak| {
         let mut e = MemoryEstimator::new(job.declared_memory(), None, s.config.min_mem, u64::MAX, DEFAULT_MARGIN);
-        e.observe(peak);
+        for &(size, peak) in seen.iter().rev() {
+            e.observe(size, peak);
+        }
+        if seen.is_empty() {
+            e.observe(0, peak);
+        }
         e.to_saved()
     });
     let pool = Pool::new(PoolConfig {

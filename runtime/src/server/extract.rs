@@ -252,9 +252,7 @@ pub async fn read_charged(
     let declared = axum::body::HttpBody::size_hint(&body).exact();
     let start = tokio::time::Instant::now();
     if declared.is_some_and(|n| n > limit as u64) {
-        // Read and dropped (never held), up to the cap, at the pace.
-        let _ = tokio::time::timeout_at(pace.deadline(start, limit as u64), discard(body, limit)).await;
-        return Err(too_large());
+        return Err(refuse_too_large(body, what, limit, pace).await);
     }
     let mut buf: Vec<u8> = Vec::new();
     if let Some(n) = declared {
@@ -276,6 +274,15 @@ pub async fn read_charged(
         buf.extend_from_slice(&data);
     }
     Ok(Bytes::from(buf))
+}
+
+/// The 413 for a body that declares more than `limit`: read and dropped
+/// (never held), up to the cap, at the pace, so the client sees the answer
+/// rather than a broken connection.
+pub async fn refuse_too_large(body: axum::body::Body, what: &str, limit: usize, pace: Pace) -> Response {
+    let start = tokio::time::Instant::now();
+    let _ = tokio::time::timeout_at(pace.deadline(start, limit as u64), discard(body, limit)).await;
+    text(StatusCode::PAYLOAD_TOO_LARGE, format!("a {what} may be at most {}", Size(limit as u64)))
 }
 
 /// The next bytes of `body` (`None` at its end), if they come by the time

@@ -10,7 +10,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::extract::{GOSSIP_BODY, STRANGER_PACE, Viewer, next_chunk, over_budget, read_charged};
+use super::extract::{GOSSIP_BODY, STRANGER_PACE, Viewer, next_chunk, over_budget, read_charged, refuse_too_large};
 use super::response::{json, postcard, text};
 use super::serve::{Remote, Trust};
 use crate::units::Bytes as Size;
@@ -46,15 +46,15 @@ async fn read_gossip(w: &Worker, req: axum::extract::Request) -> Result<(axum::b
     let trust = req.extensions().get::<Trust>().cloned();
     let mut stranger = w.budgets.charge(Payer::Address(ip));
     let mut body = req.into_body();
+    let what = "gossip message";
     let too_large = || text(StatusCode::PAYLOAD_TOO_LARGE, format!("a gossip message may be at most {}", Size(GOSSIP_BODY as u64)));
     if axum::body::HttpBody::size_hint(&body).exact().is_some_and(|n| n > GOSSIP_BODY as u64) {
-        return Err(too_large());
+        return Err(refuse_too_large(body, what, GOSSIP_BODY, STRANGER_PACE).await);
     }
     if !w.gossip.is_keyed() {
         let bytes = read_charged(w, body, "gossip message", GOSSIP_BODY, STRANGER_PACE, &mut stranger).await?;
         return Ok((bytes, stranger));
     }
-    let what = "gossip message";
     let start = tokio::time::Instant::now();
     let mut buf: Vec<u8> = Vec::new();
     while buf.len() < HEADER {

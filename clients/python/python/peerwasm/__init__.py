@@ -33,7 +33,7 @@ import os as _os
 
 from . import _functions
 from ._functions import RemoteError
-from ._peerwasm import JobError, Result
+from ._peerwasm import JobError, Result, learned_memory
 
 
 def _is_function(module):
@@ -61,4 +61,4 @@ def map(module, inputs, **kwargs):
 from ._peerwasm import map as _peerwasm_map  # noqa: E402
 from ._peerwasm import run as _peerwasm_run  # noqa: E402
 
-__all__ = ["JobError", "RemoteError", "Result", "map", "run"]
+__all__ = ["JobError", "RemoteError", "Result", "learned_memory", "map", "run"]

@@ -63,6 +63,10 @@ def map(
     the Results in input order. Raises JobError for the first failed job
     unless keep_going."""
 
+def learned_memory() -> Optional[str]:
+    """What the last map learned of its jobs' memory, in words; None before
+    a map had results enough, or with `mem` given."""
+
 def _run_python(
     runtime: _Path,
     source: str,

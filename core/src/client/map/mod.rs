@@ -175,6 +175,12 @@ impl<T: Submitter> Drop for MapRun<'_, T> {
     }
 }
 
+/// What the submitter sees of an input's size before it runs: its stdin
+/// bytes (a map's directories are the same for every input).
+fn input_size(p: &Pending) -> u64 {
+    p.stdin.len() as u64
+}
+
 /// One input that has no result yet.
 struct Pending {
     stdin: Vec<u8>,
@@ -362,14 +368,13 @@ impl<'a, T: Submitter> MapRun<'a, T> {
         per_slot * self.slots.max(1) as usize
     }
 
-    /// The request for the next submission of `index`.
+    /// The request for the next submission of `index` (for the progress
+    /// line, `usize::MAX`: a typical input's).
     fn memreq(&self, index: usize) -> u64 {
-        match self.config.mem {
-            Some(mem) => mem,
-            None => {
-                let floor = self.pending.get(&index).map_or(0, |p| p.memreq_floor);
-                self.estimator.clamp(self.estimator.memreq().max(floor))
-            }
+        match (self.config.mem, self.pending.get(&index)) {
+            (Some(mem), _) => mem,
+            (None, Some(p)) => self.estimator.clamp(self.estimator.memreq_for(input_size(p)).max(p.memreq_floor)),
+            (None, None) => self.estimator.memreq(),
         }
     }
 
@@ -438,7 +443,7 @@ impl<'a, T: Submitter> MapRun<'a, T> {
         let ceiling = self.estimator.ceiling();
         let retry = match &result.outcome {
             Outcome::MemoryLimitExceeded { limit, requested, .. } if self.config.mem.is_none() && *limit < ceiling => {
-                p.memreq_floor = self.estimator.clamp((limit.saturating_mul(2)).max(*requested));
+                p.memreq_floor = self.estimator.retry(input_size(p), *limit).max(self.estimator.clamp(*requested));
                 self.summary.memory_retries += 1;
                 Some(format!("{}; again with {}", result.outcome, Bytes(p.memreq_floor)))
             }
@@ -450,8 +455,9 @@ impl<'a, T: Submitter> MapRun<'a, T> {
             _ => None,
         };
         if let Some(why) = retry {
-            if result.peak_memory_bytes > 0 {
-                self.estimator.observe(result.peak_memory_bytes);
+            // A peak cut short by the limit says only "more": not learned.
+            if result.peak_memory_bytes > 0 && !matches!(result.outcome, Outcome::MemoryLimitExceeded { .. }) {
+                self.estimator.observe(input_size(p), result.peak_memory_bytes);
             }
             observer.retry(index, &why);
             if p.live == 0 {
@@ -477,8 +483,8 @@ impl<'a, T: Submitter> MapRun<'a, T> {
         *s.per_peer.entry(result.peer.clone()).or_default() += 1;
         s.warned += u64::from(!result.warnings.is_empty());
         self.wall_sum_us += result.wall_time_us as u128;
-        if result.peak_memory_bytes > 0 || result.outcome.is_success() {
-            self.estimator.observe(result.peak_memory_bytes);
+        if (result.peak_memory_bytes > 0 || result.outcome.is_success()) && !matches!(result.outcome, Outcome::MemoryLimitExceeded { .. }) {
+            self.estimator.observe(input_size(&p), result.peak_memory_bytes);
         }
         let item = MapItem { index, result, attempts: p.attempts };
         if !item.succeeded() {
@@ -577,6 +583,7 @@ impl<'a, T: Submitter> MapRun<'a, T> {
         if self.config.mem.is_none() && self.estimator.learned() {
             let learned = self.estimator.memreq();
             s.learned_memreq = Some(learned);
+            s.learned_model = self.estimator.model();
             if learned > self.typical_job {
                 s.warnings.push(format!(
                     "the learned memory request {} is larger than most workers can take ({}): jobs will queue on the few that can",

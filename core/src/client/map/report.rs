@@ -143,8 +143,12 @@ pub struct MapSummary {
     /// Largest and mean peak memory over the results, in bytes.
     pub peak_max: u64,
     pub peak_mean: u64,
-    /// The memory request learned (`None` when `--mem` fixed it).
+    /// The memory request learned (`None` when `--mem` fixed it), for a
+    /// typical input.
     pub learned_memreq: Option<u64>,
+    /// What the memory of its jobs was learned to follow, once results
+    /// enough came in (`Model::describe` says it in words).
+    pub learned_model: Option<crate::client::estimate::Model>,
     /// Whether the first jobs started from an earlier run's estimate.
     pub started_from_saved: bool,
     /// Results per worker.
@@ -197,6 +201,9 @@ impl fmt::Display for MapSummary {
                 if self.started_from_saved { " (started from the saved estimate)" } else { "" }
             )?,
             None => writeln!(f)?,
+        }
+        if let Some(model) = &self.learned_model {
+            writeln!(f, "memory learned: {}", model.describe())?;
         }
         let peers: Vec<String> = self.per_peer.iter().map(|(p, n)| format!("{p} {n}")).collect();
         write!(f, "jobs per peer: {}", peers.join(" · "))?;

@@ -223,7 +223,7 @@ async fn a_job_over_an_estimated_limit_goes_again_with_double_without_using_a_re
             Reply::Exit { code: 0, after: Duration::from_millis(5), worker: "w1", peak: 280 * MIB }
         }
     });
-    let start = SavedEstimate { peak_bytes: 80 * MIB, memreq_bytes: 100 * MIB, jobs: 1 };
+    let start = SavedEstimate { peak_bytes: 80 * MIB, memreq_bytes: 100 * MIB, jobs: 1, model: None };
     let config = MapConfig { start_estimate: Some(start), ..MapConfig::default() };
     let (summary, items) = run(&fake, 1, &config).await;
     let summary = summary.unwrap();

@@ -1,0 +1,346 @@
+//! What a job's memory follows: a model of peak memory fitted to the
+//! (input size, peak) pairs a map has seen, and the request it makes for
+//! the next input.
+//!
+//! Real jobs' memory usually follows their input — the file they parse, the
+//! series they load — so a request can follow it too: a small input asks
+//! for little, a large one for more, instead of every job asking for the
+//! largest peak seen. But not every job's memory follows its input, and a
+//! fit to data it does not explain asks for too much everywhere. So two
+//! models are fitted to the same history and the one that would have
+//! reserved less for it is used:
+//!
+//! * [`Model::BySize`]: `peak ≈ slope × size + intercept`, fitted with the
+//!   Theil–Sen estimator (the median of the slopes between pairs of
+//!   points: robust to the odd outlier, where least squares follows it),
+//!   kept monotone (`slope ≥ 0`); each request is the fit times `cover`, a
+//!   high quantile ([`COVER_QUANTILE`]) of `peak ÷ fit` over the history,
+//!   so the noise around the line is covered as often as that quantile
+//!   says and no more.
+//! * [`Model::Blind`]: one request for every input, chosen over the peaks
+//!   seen to minimise what is reserved: `request × n` plus, for each input
+//!   over it, the retry at `tail` (the largest peak seen × the margin) —
+//!   the classic newsvendor trade. With peaks all alike it is the largest
+//!   times the margin, today's rule; with a heavy tail (most small, a few
+//!   large) it asks for what the many need, and the few run again, once,
+//!   with `tail`.
+//!
+//! The choice is made on the history itself, so it detects when sizes do
+//! not predict memory: the by-size fit's cover then has to stretch over the
+//! whole spread of peaks and costs more than the blind request.
+
+use serde::{Deserialize, Serialize};
+
+use super::{WASM_PAGE, round_to_pages};
+
+/// Results needed before a model is fitted (before: the largest peak times
+/// the margin).
+pub const MIN_OBSERVATIONS: usize = 12;
+
+/// The share of the history the by-size model's cover reaches: about one
+/// input in fifty runs twice.
+pub const COVER_QUANTILE: f64 = 0.98;
+
+/// Pairs sampled for the Theil–Sen slope (of `n(n−1)/2`).
+const SLOPE_PAIRS: usize = 4096;
+
+/// The blind request's room over the peak it was chosen at: an input a
+/// little over the history's peaks still fits.
+const BLIND_SLACK: f64 = 1.05;
+
+/// One result: the input's size and the job's peak, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Observation {
+    /// What the submitter could see of the input before it ran (its stdin
+    /// bytes, the files given to it).
+    pub size: u64,
+    /// The job's exact peak memory.
+    pub peak: u64,
+}
+
+/// What the history says a job needs; see the module docs.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Model {
+    /// `peak ≈ slope × size + intercept`, requests × `cover`.
+    BySize {
+        /// Bytes of peak per byte of input (≥ 0).
+        slope: f64,
+        /// Bytes of peak at size 0.
+        intercept: f64,
+        /// The requests' factor over the fit (≥ 1).
+        cover: f64,
+        /// The largest `peak ÷ fit` seen: a retry asks for at least this.
+        worst: f64,
+    },
+    /// Size does not predict memory: `request` for every input, `tail`
+    /// after one runs out of memory.
+    Blind {
+        /// Bytes every input asks for.
+        request: u64,
+        /// Bytes an input asks for after running out of `request`.
+        tail: u64,
+    },
+}
+
+impl Model {
+    /// The line of a by-size model at `size` (at least a page).
+    fn line(slope: f64, intercept: f64, size: u64) -> f64 {
+        (slope * size as f64 + intercept).max(WASM_PAGE as f64)
+    }
+
+    /// The request for an input of `size` bytes (whole pages).
+    pub fn request(&self, size: u64) -> u64 {
+        match *self {
+            Model::BySize { slope, intercept, cover, .. } => round_to_pages((Model::line(slope, intercept, size) * cover).ceil() as u64),
+            Model::Blind { request, .. } => request,
+        }
+    }
+
+    /// The request for an input of `size` that ran out of memory at
+    /// `limit`: what the model says such an input may need (the worst
+    /// ratio seen, or the tail), and never less than twice its limit.
+    pub fn retry(&self, size: u64, limit: u64, margin: f64) -> u64 {
+        let model = match *self {
+            Model::BySize { slope, intercept, worst, .. } => (Model::line(slope, intercept, size) * worst * margin).ceil() as u64,
+            Model::Blind { tail, .. } => tail,
+        };
+        round_to_pages(model.max(limit.saturating_mul(2)))
+    }
+
+    /// What was learned, in words: `peak ≈ 8.1 × input bytes + 3.0 MiB
+    /// (requests cover it × 1.06)`, or `peak does not follow input size:
+    /// 10.0 MiB per job, 200.0 MiB after a memory limit`.
+    pub fn describe(&self) -> String {
+        let mib = |b: f64| format!("{:.1} MiB", b / (1u64 << 20) as f64);
+        match *self {
+            Model::BySize { slope, intercept, cover, .. } => {
+                let sign = if intercept < 0.0 { "−" } else { "+" };
+                format!("peak ≈ {slope:.2} × input bytes {sign} {} (requests cover it × {cover:.2})", mib(intercept.abs()))
+            }
+            Model::Blind { request, tail } => {
+                format!("peak does not follow input size: {} per job, {} after a memory limit", mib(request as f64), mib(tail as f64))
+            }
+        }
+    }
+}
+
+/// Fits both models to `obs` (at least [`MIN_OBSERVATIONS`]) and returns
+/// the one that would have reserved less for them; `margin` pads the
+/// blind model's tail. `None` with too few observations.
+pub fn fit(obs: &[Observation], margin: f64) -> Option<Model> {
+    if obs.len() < MIN_OBSERVATIONS {
+        return None;
+    }
+    let blind = fit_blind(obs, margin);
+    let Some(by_size) = fit_by_size(obs) else { return Some(blind) };
+    // No request need be over the largest peak seen × the margin: an
+    // input the line would ask the moon for (a huge one with a tiny peak)
+    // costs no more than that.
+    let Model::Blind { tail, .. } = blind else { unreachable!("fit_blind makes a blind model") };
+    Some(if cost(&by_size, obs, margin, tail) < cost(&blind, obs, margin, tail) { by_size } else { blind })
+}
+
+/// What `model` would have reserved for `obs`: every request (at most
+/// `cap`), plus the retry of each input it was too small for.
+pub fn cost(model: &Model, obs: &[Observation], margin: f64, cap: u64) -> f64 {
+    obs.iter()
+        .map(|o| {
+            let asked = model.request(o.size).min(cap);
+            let retry = if o.peak > asked { model.retry(o.size, asked, margin).min(cap.max(o.peak)) } else { 0 };
+            asked as f64 + retry as f64
+        })
+        .sum()
+}
+
+fn fit_blind(obs: &[Observation], margin: f64) -> Model {
+    let mut peaks: Vec<u64> = obs.iter().map(|o| o.peak).collect();
+    peaks.sort_unstable();
+    let largest = *peaks.last().expect("at least one observation");
+    let tail = round_to_pages((largest as f64 * margin).ceil() as u64);
+    let n = peaks.len() as f64;
+    // Asking for peaks[k] (a little over: pages) covers the k+1 smallest;
+    // the others run again with `tail`.
+    let (mut best, mut best_cost) = (tail, tail as f64 * n);
+    for &peak in &peaks {
+        let request = round_to_pages((peak as f64 * BLIND_SLACK).ceil() as u64).min(tail);
+        let over = peaks.len() - peaks.partition_point(|&p| p <= request);
+        let cost = request as f64 * n + over as f64 * tail as f64;
+        if cost < best_cost || (cost == best_cost && request > best) {
+            (best, best_cost) = (request, cost);
+        }
+    }
+    Model::Blind { request: best, tail }
+}
+
+fn fit_by_size(obs: &[Observation]) -> Option<Model> {
+    let n = obs.len();
+    let mut slopes = Vec::with_capacity(SLOPE_PAIRS.min(n * (n - 1) / 2));
+    // Every pair when there are few, else a spread of them: pair i with
+    // i + 1 + (k·stride mod n−1), deterministic.
+    let pairs = n * (n - 1) / 2;
+    if pairs <= SLOPE_PAIRS {
+        for i in 0..n {
+            for j in i + 1..n {
+                push_slope(&mut slopes, obs[i], obs[j]);
+            }
+        }
+    } else {
+        for k in 0..SLOPE_PAIRS {
+            let i = (k * 7919) % n;
+            let j = (i + 1 + (k * 104_729) % (n - 1)) % n;
+            push_slope(&mut slopes, obs[i], obs[j]);
+        }
+    }
+    if slopes.is_empty() {
+        return None; // every input the same size: size cannot tell them apart
+    }
+    let slope = median(&mut slopes).max(0.0);
+    let mut rests: Vec<f64> = obs.iter().map(|o| o.peak as f64 - slope * o.size as f64).collect();
+    let intercept = median(&mut rests);
+    let mut ratios: Vec<f64> = obs.iter().map(|o| o.peak as f64 / Model::line(slope, intercept, o.size)).collect();
+    ratios.sort_unstable_by(f64::total_cmp);
+    let cover = quantile(&ratios, COVER_QUANTILE).max(1.0);
+    let worst = ratios.last().copied().unwrap_or(1.0).max(cover);
+    Some(Model::BySize { slope, intercept, cover, worst })
+}
+
+fn push_slope(slopes: &mut Vec<f64>, a: Observation, b: Observation) {
+    if a.size != b.size {
+        slopes.push((b.peak as f64 - a.peak as f64) / (b.size as f64 - a.size as f64));
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_unstable_by(f64::total_cmp);
+    quantile(v, 0.5)
+}
+
+/// The `q` quantile of sorted `v` (nearest rank).
+fn quantile(v: &[f64], q: f64) -> f64 {
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// A deterministic stream of pseudo-random numbers in [0, 1).
+    fn uniform(seed: u64) -> impl FnMut() -> f64 {
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 11) as f64 / (1u64 << 53) as f64
+        }
+    }
+
+    /// `n` inputs of 0.2–4 MiB whose peak is 8 × size + 3 MiB, ±10%.
+    fn proportional(n: usize, seed: u64) -> Vec<Observation> {
+        let mut r = uniform(seed);
+        (0..n)
+            .map(|_| {
+                let size = ((0.2 + 3.8 * r()) * MIB as f64) as u64;
+                let noise = 0.9 + 0.2 * r();
+                Observation { size, peak: ((8.0 * size as f64 + 3.0 * MIB as f64) * noise) as u64 }
+            })
+            .collect()
+    }
+
+    /// Reserved ÷ needed, and the share that would run again, of `model`
+    /// on `obs`.
+    fn score(model: &Model, obs: &[Observation]) -> (f64, f64) {
+        let asked: u64 = obs.iter().map(|o| model.request(o.size)).sum();
+        let used: u64 = obs.iter().map(|o| o.peak).sum();
+        let again = obs.iter().filter(|o| o.peak > model.request(o.size)).count();
+        (used as f64 / asked as f64, again as f64 / obs.len() as f64)
+    }
+
+    #[test]
+    fn a_peak_that_follows_the_input_is_fitted_and_covered() {
+        let history = proportional(200, 1);
+        let model = fit(&history, 1.25).unwrap();
+        let Model::BySize { slope, intercept, cover, .. } = model else { panic!("{model:?}") };
+        assert!((7.5..8.5).contains(&slope), "slope {slope}");
+        assert!((2.0 * MIB as f64..4.0 * MIB as f64).contains(&intercept), "intercept {intercept}");
+        assert!((1.0..1.15).contains(&cover), "cover {cover}");
+        // On inputs it has not seen: most reserved is used, few run again.
+        let (used, again) = score(&model, &proportional(1000, 2));
+        assert!(used >= 0.8, "used ÷ reserved {used}");
+        assert!(again <= 0.05, "{again} ran again");
+        assert!(model.describe().starts_with("peak ≈ 7.") || model.describe().starts_with("peak ≈ 8."), "{}", model.describe());
+        assert!(model.describe().contains("× input bytes + "), "{}", model.describe());
+    }
+
+    #[test]
+    fn a_peak_unrelated_to_the_input_falls_back_to_one_request() {
+        // Heavy tailed, unrelated to size: most 8 MiB, every 25th 160 MiB.
+        let mut r = uniform(3);
+        let history: Vec<Observation> = (0..250)
+            .map(|i| Observation {
+                size: (r() * 4.0 * MIB as f64) as u64,
+                peak: if i % 25 == 12 { 160 * MIB } else { ((6.0 + 4.0 * r()) * MIB as f64) as u64 },
+            })
+            .collect();
+        let model = fit(&history, 1.25).unwrap();
+        let Model::Blind { request, tail } = model else { panic!("sizes do not predict these peaks: {model:?}") };
+        assert!(request <= 11 * MIB, "the many small ones set the request: {request}");
+        assert_eq!(tail, round_to_pages(200 * MIB), "the largest × the margin, after a memory limit");
+        assert!(model.describe().starts_with("peak does not follow input size"), "{}", model.describe());
+        // Every input too large for the request runs once more, at most.
+        for o in &history {
+            assert!(o.peak <= request || model.retry(o.size, request, 1.25) >= o.peak);
+        }
+    }
+
+    #[test]
+    fn peaks_all_alike_ask_for_the_largest_times_the_margin_as_before() {
+        let history: Vec<Observation> = (0..20).map(|i| Observation { size: i * 1000, peak: 10 * MIB + i * 4096 }).collect();
+        let model = fit(&history, 1.25).unwrap();
+        for o in &history {
+            assert!(model.request(o.size) >= o.peak, "{model:?} asks too little for {o:?}");
+        }
+        let asked = model.request(0).max(model.request(19_000));
+        assert!(asked <= round_to_pages((10 * MIB + 19 * 4096) * 5 / 4), "{model:?}");
+    }
+
+    #[test]
+    fn adversarial_inputs_do_not_make_it_ask_for_nothing_or_everything() {
+        // A huge input with a tiny peak among inputs whose peak follows size.
+        let mut history = proportional(100, 4);
+        history.push(Observation { size: 4 << 30, peak: MIB });
+        let model = fit(&history, 1.25).unwrap();
+        let (used, again) = score(&model, &proportional(500, 5));
+        assert!(used >= 0.75 && again <= 0.05, "one outlier moved the fit: {model:?} ({used}, {again})");
+        // A tiny input with a huge peak: the fit stays; a retry of it asks
+        // for at least twice its limit.
+        let mut history = proportional(100, 6);
+        history.push(Observation { size: 10, peak: 900 * MIB });
+        let model = fit(&history, 1.25).unwrap();
+        let (used, _) = score(&model, &proportional(500, 7));
+        assert!(used >= 0.75, "{model:?}: {used}");
+        assert!(model.retry(10, 64 * MIB, 1.25) >= 128 * MIB);
+        // Sizes all equal: nothing to fit a slope to; one request.
+        let same: Vec<Observation> = (0..20).map(|i| Observation { size: 100, peak: (i + 1) * MIB }).collect();
+        assert!(matches!(fit(&same, 1.25), Some(Model::Blind { .. })));
+        // Too few results: no model yet.
+        assert_eq!(fit(&same[..MIN_OBSERVATIONS - 1], 1.25), None);
+    }
+
+    #[test]
+    fn a_change_of_regime_is_followed_once_the_history_is_the_new_one() {
+        // Memory follows size, then (a new version of the job) it does not.
+        let mut r = uniform(8);
+        let before = proportional(100, 9);
+        let after: Vec<Observation> =
+            (0..100).map(|_| Observation { size: (r() * 4.0 * MIB as f64) as u64, peak: ((20.0 + 10.0 * r()) * MIB as f64) as u64 }).collect();
+        assert!(matches!(fit(&before, 1.25), Some(Model::BySize { .. })));
+        let model = fit(&after, 1.25).unwrap();
+        for o in &after {
+            assert!(model.request(o.size) >= o.peak || model.retry(o.size, model.request(o.size), 1.25) >= o.peak, "{model:?}");
+        }
+    }
+}
