@@ -25,7 +25,7 @@ use crate::proto::ModuleHash;
 
 pub mod fit;
 
-pub use fit::{Model, Observation};
+pub use fit::{Model, Observation, Outgrown};
 
 /// Results a model is fitted to: the most recent, so that a job whose
 /// memory changed its ways (a new version, another kind of input) is
@@ -161,6 +161,7 @@ impl MemoryEstimator {
 
     /// Learns from one measured peak, of an input of `size` bytes.
     pub fn observe(&mut self, size: u64, peak_bytes: u64) {
+        let new_largest = self.peak_max.is_none_or(|m| peak_bytes > m);
         self.peak_max = Some(self.peak_max.unwrap_or(0).max(peak_bytes));
         self.peak_sum += peak_bytes as u128;
         self.jobs += 1;
@@ -168,12 +169,23 @@ impl MemoryEstimator {
             self.history.pop_front();
         }
         self.history.push_back(Observation { size, peak: peak_bytes });
-        // Fitted again as results come, less often as they pile up: a fit
-        // sorts the history, and a fast map brings thousands a second.
+        // Fitted again as results come, less often as they pile up (a fit
+        // sorts the history, and a fast map brings thousands a second) —
+        // but at once for a peak larger than any before: the large ones
+        // often come last (they wait for room), and they set the tail.
         let n = self.history.len() as u64;
-        if n >= fit::MIN_OBSERVATIONS as u64 && self.jobs - self.fitted_at >= (n / 16).max(1) {
+        if new_largest || self.jobs - self.fitted_at >= (n / 16).max(1) {
+            self.refit();
+        }
+    }
+
+    /// Fits the model to the results so far, if there are enough and any
+    /// came since the last fit.
+    pub fn refit(&mut self) {
+        if self.history.len() >= fit::MIN_OBSERVATIONS && self.fitted_at != self.jobs {
             let history: Vec<Observation> = self.history.iter().copied().collect();
-            self.model = fit::fit(&history, self.margin);
+            let largest = self.peak_max.unwrap_or(0).max(self.saved_peak);
+            self.model = fit::fit(&history, self.margin, largest);
             self.fitted_at = self.jobs;
         }
     }
@@ -214,13 +226,14 @@ impl MemoryEstimator {
         self.clamp(raw)
     }
 
-    /// The request for a job of `size` that ran out of memory at `limit`:
-    /// what the model says such an input may need, never less than twice
-    /// `limit` (without a model, twice `limit`); clamped.
-    pub fn retry(&self, size: u64, limit: u64) -> u64 {
+    /// The request for a job of `size` that ran out of memory
+    /// (`outgrown`): what the model says such an input may need
+    /// ([`Model::retry`]); without a model, twice its limit or what it
+    /// tried to grow to ([`fit::grown`]), whichever is more; clamped.
+    pub fn retry(&self, size: u64, outgrown: Outgrown) -> u64 {
         let raw = match self.model {
-            Some(model) => model.retry(size, limit, self.margin),
-            None => limit.saturating_mul(2),
+            Some(model) => model.retry(size, outgrown, self.margin),
+            None => outgrown.limit.saturating_mul(2).max(fit::grown(outgrown.requested)),
         };
         self.clamp(raw)
     }
@@ -372,7 +385,7 @@ mod tests {
         let small = e.memreq_for(MIB / 4);
         assert!(small >= 4 * MIB && small <= 5 * MIB, "{small}");
         // A retry asks for at least twice the limit it ran out of.
-        assert!(e.retry(MIB, 64 * MIB) >= 128 * MIB);
+        assert!(e.retry(MIB, Outgrown { limit: 64 * MIB, requested: 65 * MIB, first: true }) >= 128 * MIB);
         // Saved (JSON), and the next run's first jobs ask per input.
         let saved = e.to_saved().unwrap();
         let json = serde_json::to_string(&saved).unwrap();

@@ -48,6 +48,24 @@ const SLOPE_PAIRS: usize = 4096;
 /// little over the history's peaks still fits.
 const BLIND_SLACK: f64 = 1.05;
 
+/// What to ask of a job that tried to grow to `requested`: a little more
+/// (a job that takes its memory in one allocation peaks just past it; one
+/// that grows in steps outgrows this too, and then gets the tail).
+pub fn grown(requested: u64) -> u64 {
+    round_to_pages((requested as f64 * BLIND_SLACK).ceil() as u64)
+}
+
+/// What a job that ran out of memory said of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outgrown {
+    /// The limit it ran out of.
+    pub limit: u64,
+    /// What its memory tried to grow to.
+    pub requested: u64,
+    /// Whether it is its input's first time out of memory.
+    pub first: bool,
+}
+
 /// One result: the input's size and the job's peak, in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Observation {
@@ -96,15 +114,21 @@ impl Model {
         }
     }
 
-    /// The request for an input of `size` that ran out of memory at
-    /// `limit`: what the model says such an input may need (the worst
-    /// ratio seen, or the tail), and never less than twice its limit.
-    pub fn retry(&self, size: u64, limit: u64, margin: f64) -> u64 {
+    /// The request for an input of `size` that ran out of memory
+    /// (`outgrown`): never less than twice its limit, nor less than what
+    /// it tried to grow to (and [`BLIND_SLACK`] more); for a by-size model, what its
+    /// worst ratio says an input of its size may need; for a blind one,
+    /// the tail once the input has outgrown a retry too. A job that takes
+    /// its memory in one allocation (most do: a buffer, an array) needs
+    /// one retry.
+    pub fn retry(&self, size: u64, outgrown: Outgrown, margin: f64) -> u64 {
+        let floor = outgrown.limit.saturating_mul(2).max(grown(outgrown.requested));
         let model = match *self {
             Model::BySize { slope, intercept, worst, .. } => (Model::line(slope, intercept, size) * worst * margin).ceil() as u64,
-            Model::Blind { tail, .. } => tail,
+            Model::Blind { tail, .. } if !outgrown.first => tail,
+            Model::Blind { .. } => 0,
         };
-        round_to_pages(model.max(limit.saturating_mul(2)))
+        round_to_pages(model.max(floor))
     }
 
     /// What was learned, in words: `peak ≈ 8.1 × input bytes + 3.0 MiB
@@ -126,12 +150,14 @@ impl Model {
 
 /// Fits both models to `obs` (at least [`MIN_OBSERVATIONS`]) and returns
 /// the one that would have reserved less for them; `margin` pads the
-/// blind model's tail. `None` with too few observations.
-pub fn fit(obs: &[Observation], margin: f64) -> Option<Model> {
+/// blind model's tail, which is at least `largest` (the largest peak known,
+/// beyond `obs`: an earlier run's, or one that left the window) × the
+/// margin. `None` with too few observations.
+pub fn fit(obs: &[Observation], margin: f64, largest: u64) -> Option<Model> {
     if obs.len() < MIN_OBSERVATIONS {
         return None;
     }
-    let blind = fit_blind(obs, margin);
+    let blind = fit_blind(obs, margin, largest);
     let Some(by_size) = fit_by_size(obs) else { return Some(blind) };
     // No request need be over the largest peak seen × the margin: an
     // input the line would ask the moon for (a huge one with a tiny peak)
@@ -141,35 +167,53 @@ pub fn fit(obs: &[Observation], margin: f64) -> Option<Model> {
 }
 
 /// What `model` would have reserved for `obs`: every request (at most
-/// `cap`), plus the retry of each input it was too small for.
+/// `cap`), plus the retry of each input it was too small for (as if it
+/// had tried to grow straight to its peak), plus [`retry_overhead`] per retry.
 pub fn cost(model: &Model, obs: &[Observation], margin: f64, cap: u64) -> f64 {
+    let overhead = retry_overhead(obs);
     obs.iter()
         .map(|o| {
             let asked = model.request(o.size).min(cap);
-            let retry = if o.peak > asked { model.retry(o.size, asked, margin).min(cap.max(o.peak)) } else { 0 };
-            asked as f64 + retry as f64
+            let retry = if o.peak > asked {
+                let outgrown = Outgrown { limit: asked, requested: o.peak, first: true };
+                model.retry(o.size, outgrown, margin).min(cap.max(o.peak)) as f64 + overhead
+            } else {
+                0.0
+            };
+            asked as f64 + retry
         })
         .sum()
 }
 
-fn fit_blind(obs: &[Observation], margin: f64) -> Model {
+/// What a retry costs beyond its request, in bytes: the median peak (a
+/// retry is one more job to place, and its first attempt's work is lost).
+fn retry_overhead(obs: &[Observation]) -> f64 {
+    let mut peaks: Vec<f64> = obs.iter().map(|o| o.peak as f64).collect();
+    median(&mut peaks)
+}
+
+fn fit_blind(obs: &[Observation], margin: f64, largest: u64) -> Model {
     let mut peaks: Vec<u64> = obs.iter().map(|o| o.peak).collect();
     peaks.sort_unstable();
-    let largest = *peaks.last().expect("at least one observation");
+    let largest = (*peaks.last().expect("at least one observation")).max(largest);
     let tail = round_to_pages((largest as f64 * margin).ceil() as u64);
-    let n = peaks.len() as f64;
     // Asking for peaks[k] (a little over: pages) covers the k+1 smallest;
-    // the others run again with `tail`.
-    let (mut best, mut best_cost) = (tail, tail as f64 * n);
+    // the others run again (see `cost`). The cheapest wins.
+    let mut best: Option<(f64, Model)> = None;
+    let mut last = 0;
     for &peak in &peaks {
         let request = round_to_pages((peak as f64 * BLIND_SLACK).ceil() as u64).min(tail);
-        let over = peaks.len() - peaks.partition_point(|&p| p <= request);
-        let cost = request as f64 * n + over as f64 * tail as f64;
-        if cost < best_cost || (cost == best_cost && request > best) {
-            (best, best_cost) = (request, cost);
+        if request == last {
+            continue;
+        }
+        last = request;
+        let model = Model::Blind { request, tail };
+        let cost = cost(&model, obs, margin, tail);
+        if best.as_ref().is_none_or(|(c, _)| cost < *c) {
+            best = Some((cost, model));
         }
     }
-    Model::Blind { request: best, tail }
+    best.map_or(Model::Blind { request: tail, tail }, |(_, m)| m)
 }
 
 fn fit_by_size(obs: &[Observation]) -> Option<Model> {
@@ -262,7 +306,7 @@ mod tests {
     #[test]
     fn a_peak_that_follows_the_input_is_fitted_and_covered() {
         let history = proportional(200, 1);
-        let model = fit(&history, 1.25).unwrap();
+        let model = fit(&history, 1.25, 0).unwrap();
         let Model::BySize { slope, intercept, cover, .. } = model else { panic!("{model:?}") };
         assert!((7.5..8.5).contains(&slope), "slope {slope}");
         assert!((2.0 * MIB as f64..4.0 * MIB as f64).contains(&intercept), "intercept {intercept}");
@@ -285,21 +329,30 @@ mod tests {
                 peak: if i % 25 == 12 { 160 * MIB } else { ((6.0 + 4.0 * r()) * MIB as f64) as u64 },
             })
             .collect();
-        let model = fit(&history, 1.25).unwrap();
+        let model = fit(&history, 1.25, 0).unwrap();
         let Model::Blind { request, tail } = model else { panic!("sizes do not predict these peaks: {model:?}") };
         assert!(request <= 11 * MIB, "the many small ones set the request: {request}");
+        // Twice out of memory: the tail.
+        assert_eq!(model.retry(0, Outgrown { limit: 20 * MIB, requested: 21 * MIB, first: false }, 1.25), tail);
         assert_eq!(tail, round_to_pages(200 * MIB), "the largest × the margin, after a memory limit");
         assert!(model.describe().starts_with("peak does not follow input size"), "{}", model.describe());
         // Every input too large for the request runs once more, at most.
         for o in &history {
-            assert!(o.peak <= request || model.retry(o.size, request, 1.25) >= o.peak);
+            let outgrown = Outgrown { limit: request, requested: o.peak, first: true };
+            assert!(o.peak <= request || model.retry(o.size, outgrown, 1.25) >= o.peak);
         }
+        // The first results of a run lack its large ones (they wait for
+        // room, and come last): the largest known from before sets the tail.
+        let early: Vec<Observation> =
+            history.iter().filter(|o| o.peak < 100 * MIB).take(30).map(|o| Observation { size: 100, peak: o.peak }).collect();
+        let Some(Model::Blind { tail, .. }) = fit(&early, 1.25, 160 * MIB) else { panic!() };
+        assert_eq!(tail, round_to_pages(200 * MIB));
     }
 
     #[test]
     fn peaks_all_alike_ask_for_the_largest_times_the_margin_as_before() {
         let history: Vec<Observation> = (0..20).map(|i| Observation { size: i * 1000, peak: 10 * MIB + i * 4096 }).collect();
-        let model = fit(&history, 1.25).unwrap();
+        let model = fit(&history, 1.25, 0).unwrap();
         for o in &history {
             assert!(model.request(o.size) >= o.peak, "{model:?} asks too little for {o:?}");
         }
@@ -312,22 +365,22 @@ mod tests {
         // A huge input with a tiny peak among inputs whose peak follows size.
         let mut history = proportional(100, 4);
         history.push(Observation { size: 4 << 30, peak: MIB });
-        let model = fit(&history, 1.25).unwrap();
+        let model = fit(&history, 1.25, 0).unwrap();
         let (used, again) = score(&model, &proportional(500, 5));
         assert!(used >= 0.75 && again <= 0.05, "one outlier moved the fit: {model:?} ({used}, {again})");
         // A tiny input with a huge peak: the fit stays; a retry of it asks
         // for at least twice its limit.
         let mut history = proportional(100, 6);
         history.push(Observation { size: 10, peak: 900 * MIB });
-        let model = fit(&history, 1.25).unwrap();
+        let model = fit(&history, 1.25, 0).unwrap();
         let (used, _) = score(&model, &proportional(500, 7));
         assert!(used >= 0.75, "{model:?}: {used}");
-        assert!(model.retry(10, 64 * MIB, 1.25) >= 128 * MIB);
+        assert!(model.retry(10, Outgrown { limit: 64 * MIB, requested: 65 * MIB, first: true }, 1.25) >= 128 * MIB);
         // Sizes all equal: nothing to fit a slope to; one request.
         let same: Vec<Observation> = (0..20).map(|i| Observation { size: 100, peak: (i + 1) * MIB }).collect();
-        assert!(matches!(fit(&same, 1.25), Some(Model::Blind { .. })));
+        assert!(matches!(fit(&same, 1.25, 0), Some(Model::Blind { .. })));
         // Too few results: no model yet.
-        assert_eq!(fit(&same[..MIN_OBSERVATIONS - 1], 1.25), None);
+        assert_eq!(fit(&same[..MIN_OBSERVATIONS - 1], 1.25, 0), None);
     }
 
     #[test]
@@ -337,10 +390,11 @@ mod tests {
         let before = proportional(100, 9);
         let after: Vec<Observation> =
             (0..100).map(|_| Observation { size: (r() * 4.0 * MIB as f64) as u64, peak: ((20.0 + 10.0 * r()) * MIB as f64) as u64 }).collect();
-        assert!(matches!(fit(&before, 1.25), Some(Model::BySize { .. })));
-        let model = fit(&after, 1.25).unwrap();
+        assert!(matches!(fit(&before, 1.25, 0), Some(Model::BySize { .. })));
+        let model = fit(&after, 1.25, 0).unwrap();
         for o in &after {
-            assert!(model.request(o.size) >= o.peak || model.retry(o.size, model.request(o.size), 1.25) >= o.peak, "{model:?}");
+            let outgrown = Outgrown { limit: model.request(o.size), requested: o.peak, first: true };
+            assert!(model.request(o.size) >= o.peak || model.retry(o.size, outgrown, 1.25) >= o.peak, "{model:?}");
         }
     }
 }

@@ -154,6 +154,7 @@ where
 {
     let mut run = MapRun::start(target, job, config).await?;
     let result = run.drive(inputs.into_iter(), observer).await;
+    run.estimator.refit();
     if let (Some(store), Some(saved)) = (&config.estimates, run.estimator.to_saved()) {
         if let Err(e) = store.save(&job.hash(), &saved) {
             tracing::warn!("cannot save the learned estimate in {}: {e}", store.dir().display());
@@ -186,6 +187,8 @@ struct Pending {
     stdin: Vec<u8>,
     attempts: u32,
     retries_used: u32,
+    /// Times it ran out of a request we made.
+    memory_retries: u32,
     /// The least the next submission asks for (after a memory retry).
     memreq_floor: u64,
     /// Submissions of it that are neither answered nor given up on.
@@ -206,6 +209,10 @@ type Answer = (u64, Result<JobResult, SubmitError>);
 /// Wall time of work kept under way per slot by default.
 pub const PIPELINE_DEPTH: Duration = Duration::from_millis(20);
 
+/// Inputs read ahead to launch the largest first, when requests follow
+/// input size ([`MapRun::lookahead`]).
+pub const LOOKAHEAD: usize = 64;
+
 /// The most submissions kept under way per slot by default.
 pub const MAX_IN_FLIGHT_PER_SLOT: usize = 128;
 
@@ -215,6 +222,9 @@ struct MapRun<'a, T: Submitter> {
     config: &'a MapConfig,
     estimator: MemoryEstimator,
     slots: u32,
+    /// Live workers, and the largest job any can hold, at the start.
+    workers: u32,
+    largest_job: u64,
     typical_job: u64,
     max_in_flight: usize,
     started: Instant,
@@ -222,6 +232,8 @@ struct MapRun<'a, T: Submitter> {
     rx: mpsc::UnboundedReceiver<Answer>,
     pending: HashMap<usize, Pending>,
     resubmit: VecDeque<usize>,
+    /// Inputs read but not launched yet, in input order.
+    staged: Vec<usize>,
     attempts: HashMap<u64, Attempt>,
     next_attempt: u64,
     active: usize,
@@ -269,6 +281,8 @@ impl<'a, T: Submitter> MapRun<'a, T> {
             config,
             estimator,
             slots: capacity.slots,
+            workers: capacity.workers,
+            largest_job: capacity.largest_job,
             typical_job: capacity.typical_job,
             max_in_flight: config.max_in_flight.unwrap_or(2 * capacity.slots as usize).max(1),
             started: Instant::now(),
@@ -276,6 +290,7 @@ impl<'a, T: Submitter> MapRun<'a, T> {
             rx,
             pending: HashMap::new(),
             resubmit: VecDeque::new(),
+            staged: Vec::new(),
             attempts: HashMap::new(),
             next_attempt: 0,
             active: 0,
@@ -306,9 +321,13 @@ impl<'a, T: Submitter> MapRun<'a, T> {
         tokio::pin!(interrupted);
         loop {
             while self.active < self.in_flight_limit() {
-                let index = if let Some(i) = self.resubmit.pop_front() {
-                    i
-                } else if self.stop.is_none() && !exhausted && next_index < self.next_emit + self.config.reorder_window {
+                // Read ahead as far as the order of launches may look.
+                let lookahead = self.lookahead();
+                while self.staged.len() < lookahead
+                    && self.stop.is_none()
+                    && !exhausted
+                    && next_index < self.next_emit + self.config.reorder_window
+                {
                     let Some(stdin) = inputs.next() else {
                         exhausted = true;
                         break;
@@ -317,13 +336,19 @@ impl<'a, T: Submitter> MapRun<'a, T> {
                         stdin,
                         attempts: 0,
                         retries_used: 0,
+                        memory_retries: 0,
                         memreq_floor: 0,
                         live: 0,
                     });
+                    self.staged.push(next_index);
                     next_index += 1;
-                    next_index - 1
-                } else {
-                    break;
+                }
+                let index = match self.resubmit.pop_front() {
+                    Some(i) => i,
+                    None => match self.next_staged() {
+                        Some(i) => i,
+                        None => break,
+                    },
                 };
                 self.launch(index);
             }
@@ -354,10 +379,20 @@ impl<'a, T: Submitter> MapRun<'a, T> {
 
     /// How many submissions may be under way: `--max-in-flight`, else
     /// enough to keep [`PIPELINE_DEPTH`] of work per slot under way once
-    /// job times are known (two per slot before).
+    /// job times are known (two per slot before; before anything of the
+    /// jobs' memory is known, as many as the pool can run at the starting
+    /// request).
     fn in_flight_limit(&self) -> usize {
         if self.config.max_in_flight.is_some() {
             return self.max_in_flight;
+        }
+        if self.config.mem.is_none() && !self.estimator.learned() && self.estimator.model().is_none() {
+            // Nothing learned yet: every job goes out at the starting
+            // request (1 GiB, capped by the pool). More in flight than the
+            // pool can run at that request only queues jobs that have
+            // already asked for too much; the first results set the rest.
+            let fit_at_start = (self.largest_job / self.estimator.memreq().max(1)).max(1);
+            return (self.workers as u64 * fit_at_start).min(2 * self.slots.max(1) as u64) as usize;
         }
         let per_slot = if self.summary.jobs == 0 {
             2
@@ -366,6 +401,29 @@ impl<'a, T: Submitter> MapRun<'a, T> {
             (PIPELINE_DEPTH.as_micros() / mean_us).clamp(2, MAX_IN_FLIGHT_PER_SLOT as u128) as usize
         };
         per_slot * self.slots.max(1) as usize
+    }
+
+    /// How many inputs read but not launched the next launch chooses
+    /// from: with a model that sizes requests by input, enough to launch
+    /// the largest first (longest-processing-time first: a large job
+    /// started last holds the map's end while it waits for room); else one
+    /// (input order).
+    fn lookahead(&self) -> usize {
+        match (self.config.mem, self.estimator.model()) {
+            (None, Some(crate::client::estimate::Model::BySize { .. })) => LOOKAHEAD,
+            _ => 1,
+        }
+    }
+
+    /// The staged input to launch next: the one asking for most (see
+    /// [`lookahead`](Self::lookahead)), ties to the earliest.
+    fn next_staged(&mut self) -> Option<usize> {
+        let at = (0..self.staged.len()).max_by_key(|&k| {
+            let i = self.staged[k];
+            let asks = self.pending.get(&i).map_or(0, |p| self.estimator.memreq_for(input_size(p)));
+            (asks, std::cmp::Reverse(i))
+        })?;
+        Some(self.staged.remove(at))
     }
 
     /// The request for the next submission of `index` (for the progress
@@ -443,7 +501,9 @@ impl<'a, T: Submitter> MapRun<'a, T> {
         let ceiling = self.estimator.ceiling();
         let retry = match &result.outcome {
             Outcome::MemoryLimitExceeded { limit, requested, .. } if self.config.mem.is_none() && *limit < ceiling => {
-                p.memreq_floor = self.estimator.retry(input_size(p), *limit).max(self.estimator.clamp(*requested));
+                let outgrown = crate::client::estimate::Outgrown { limit: *limit, requested: *requested, first: p.memory_retries == 0 };
+                p.memory_retries += 1;
+                p.memreq_floor = self.estimator.retry(input_size(p), outgrown);
                 self.summary.memory_retries += 1;
                 Some(format!("{}; again with {}", result.outcome, Bytes(p.memreq_floor)))
             }
@@ -510,6 +570,7 @@ impl<'a, T: Submitter> MapRun<'a, T> {
     fn cut_after(&mut self, index: usize) {
         self.pending.retain(|&i, _| i <= index);
         self.resubmit.retain(|&i| i <= index);
+        self.staged.retain(|&i| i <= index);
         self.ready.retain(|&i, _| i <= index);
         for a in self.attempts.values_mut().filter(|a| a.index > index && !a.abandoned) {
             a.abort.abort();
@@ -575,6 +636,7 @@ impl<'a, T: Submitter> MapRun<'a, T> {
 
 
     fn finish(mut self) -> MapSummary {
+        self.estimator.refit();
         let mut s = std::mem::take(&mut self.summary);
         s.elapsed = self.started.elapsed();
         s.peak_max = self.estimator.peak_max().unwrap_or(0);
