@@ -43,6 +43,8 @@ struct Call {
     attempt: u32,
     memreq: u64,
     at: Duration,
+    /// Its input's bytes.
+    size: u64,
 }
 
 type Script = dyn Fn(&Call) -> Reply + Send + Sync;
@@ -116,6 +118,7 @@ impl Submitter for Fake {
             attempt: tag.attempt,
             memreq: spec.limits.memory_bytes,
             at: s.started.elapsed(),
+            size: spec.stdin.len() as u64,
         };
         s.calls.lock().unwrap().push(call.clone());
         let now = s.under_way.fetch_add(1, Ordering::SeqCst) + 1;
@@ -233,6 +236,38 @@ async fn a_job_over_an_estimated_limit_goes_again_with_double_without_using_a_re
     assert!(items[0].succeeded());
     assert_eq!(items[0].attempts, 3);
     assert_eq!(summary.learned_memreq, Some(350 * MIB), "280 MiB × 1.25");
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_follow_the_input_size_once_it_predicts_memory() {
+    use crate::client::estimate::Model;
+    // A job whose peak is 8 × its input's bytes + 1 MiB.
+    let peak_of = |size: u64| 8 * size + MIB;
+    let fake = Fake::new(4, move |c| {
+        let peak = peak_of(c.size);
+        if c.memreq < peak {
+            Reply::OverLimit { after: Duration::from_millis(5), peak: c.memreq }
+        } else {
+            Reply::Exit { code: 0, after: Duration::from_millis(5), worker: "w1", peak }
+        }
+    });
+    let inputs: Vec<Vec<u8>> = (0..200).map(|i| vec![b'x'; (64 << 10) * (1 + i % 16)]).collect();
+    let mut items = Vec::new();
+    let summary = map(&fake, &job(), inputs, &MapConfig::default(), &mut items).await.unwrap();
+    assert_eq!(summary.failed, 0);
+    let model = summary.learned_model.expect("a model once results enough came in");
+    assert!(matches!(model, Model::BySize { .. }), "{model:?}");
+    assert!(model.describe().starts_with("peak ≈ 8.00 × input bytes + 1.0 MiB"), "{}", model.describe());
+    // Once learned, each input asks in proportion to its own size.
+    let late: Vec<Call> = fake.calls().into_iter().filter(|c| c.index >= 100 && c.attempt == 1).collect();
+    assert!(late.len() >= 90);
+    for c in &late {
+        let peak = peak_of(c.size);
+        assert!(c.memreq >= peak && c.memreq <= peak + 128 * 1024, "input {} of {} B asked {} for a peak of {peak}", c.index, c.size, c.memreq);
+    }
+    // A small input asks for less than a large one.
+    let asks = |size: u64| late.iter().find(|c| c.size == size).map(|c| c.memreq).unwrap();
+    assert!(asks(64 << 10) * 4 < asks(1 << 20));
 }
 
 #[tokio::test(start_paused = true)]
