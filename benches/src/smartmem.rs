@@ -58,21 +58,7 @@ pub fn smartmem(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
 
     // The oracle: each job asks for exactly its peak (rounded to pages),
     // as many under way as the map keeps.
-    let start = Instant::now();
-    let oracle_results = runtime.block_on(async {
-        futures::stream::iter(inputs.iter().zip(&peaks))
-            .map(|(input, &peak)| {
-                let (target, memhog) = (target.clone(), memhog.clone());
-                let memreq = peak.div_ceil(64 << 10) * (64 << 10);
-                async move { target.run(&memhog, memhog.spec(input.clone(), memreq)).await }
-            })
-            .buffer_unordered(64)
-            .collect::<Vec<_>>()
-            .await
-    });
-    let oracle_time = start.elapsed();
-    let oracle_results: Vec<_> = oracle_results.into_iter().collect::<Result<_, _>>()?;
-    anyhow::ensure!(oracle_results.iter().all(|r| r.outcome.is_success()), "an oracle job failed");
+    let (oracle_time, oracle_results) = oracle(&runtime, &target, &memhog, &inputs, &peaks)?;
     let oracle = Usage::of(oracle_results.iter());
 
     let ratio = oracle_time.as_secs_f64() / smart_time.as_secs_f64();
@@ -103,6 +89,44 @@ pub fn smartmem(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
         None,
     );
     Ok(())
+}
+
+/// Runs each input asking for exactly its peak (rounded to pages), as many
+/// under way as a map keeps: the oracle. Its makespan and results.
+pub(crate) fn oracle(
+    runtime: &tokio::runtime::Runtime,
+    target: &Target,
+    job: &Job,
+    inputs: &[Vec<u8>],
+    peaks: &[u64],
+) -> anyhow::Result<(Duration, Vec<peerwasm::proto::JobResult>)> {
+    let start = Instant::now();
+    let results = runtime.block_on(async {
+        futures::stream::iter(inputs.iter().zip(peaks))
+            .map(|(input, &peak)| {
+                let (target, job) = (target.clone(), job.clone());
+                let memreq = peak.div_ceil(64 << 10) * (64 << 10);
+                async move {
+                    // A job lost with its connection (a worker refusing a
+                    // body over its request budget closes it) runs again,
+                    // as `map` would run it.
+                    let mut tries = 0;
+                    loop {
+                        match target.run(&job, job.spec(input.clone(), memreq)).await {
+                            Err(peerwasm::client::SubmitError::Lost { .. }) if tries < 5 => tries += 1,
+                            other => return other,
+                        }
+                    }
+                }
+            })
+            .buffer_unordered(64)
+            .collect::<Vec<_>>()
+            .await
+    });
+    let makespan = start.elapsed();
+    let results: Vec<_> = results.into_iter().collect::<Result<_, _>>()?;
+    anyhow::ensure!(results.iter().all(|r| r.outcome.is_success()), "an oracle job failed");
+    Ok((makespan, results))
 }
 
 /// Memory-seconds of a run's jobs: reserved (limit × wall) and used (peak ×

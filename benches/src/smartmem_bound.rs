@@ -20,7 +20,6 @@
 
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use peerwasm::client::estimate::EstimateStore;
 use peerwasm::client::{Job, MapConfig, MapItem, Target, map};
 use rand::{Rng, SeedableRng};
@@ -150,32 +149,7 @@ fn run_map(runtime: &tokio::runtime::Runtime, target: &Target, job: &Job, inputs
 
 /// Each job asks for exactly its peak, as many under way as a map keeps.
 fn run_oracle(runtime: &tokio::runtime::Runtime, target: &Target, job: &Job, inputs: &[Vec<u8>], peaks: &[u64]) -> anyhow::Result<Run> {
-    let start = Instant::now();
-    let results = runtime.block_on(async {
-        futures::stream::iter(inputs.iter().zip(peaks))
-            .map(|(input, &peak)| {
-                let (target, job) = (target.clone(), job.clone());
-                let memreq = peak.div_ceil(64 << 10) * (64 << 10);
-                async move {
-                    // A job lost with its connection (a worker refusing a
-                    // body over its request budget closes it) runs again,
-                    // as `map` would run it.
-                    let mut tries = 0;
-                    loop {
-                        match target.run(&job, job.spec(input.clone(), memreq)).await {
-                            Err(peerwasm::client::SubmitError::Lost { .. }) if tries < 5 => tries += 1,
-                            other => return other,
-                        }
-                    }
-                }
-            })
-            .buffer_unordered(64)
-            .collect::<Vec<_>>()
-            .await
-    });
-    let makespan = start.elapsed();
-    let results: Vec<_> = results.into_iter().collect::<Result<_, _>>()?;
-    anyhow::ensure!(results.iter().all(|r| r.outcome.is_success()), "an oracle job failed");
+    let (makespan, results) = crate::smartmem::oracle(runtime, target, job, inputs, peaks)?;
     Ok(Run {
         makespan,
         usage: Usage::of(results.iter()),
