@@ -251,7 +251,7 @@ async fn a_compile_ends_with_its_job_and_past_its_cpu_time() {
     );
     assert!(gave_up.is_err(), "the bomb compiled in {:?}: make it larger", t.elapsed());
     // The measure sees a compile that runs (this is what must stop).
-    assert!(while_compiling > Duration::from_millis(500), "{while_compiling:?} of CPU in 1 s of compiling");
+    assert!(while_compiling > Duration::from_millis(300), "{while_compiling:?} of CPU in 1 s of compiling");
     drop(alice);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let after_cancel = cpu_over(&w, Duration::from_secs(2)).await;
