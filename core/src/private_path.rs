@@ -149,34 +149,37 @@ pub fn open_private_file(path: &Path, what: &str, create: bool, sharing: Sharing
 /// hex) — by whichever of several processes starting at once gets there
 /// first; the others read the same one.
 pub fn private_secret(path: &Path, what: &str, bytes: usize) -> anyhow::Result<Vec<u8>> {
-    for _ in 0..3 {
-        match open_private_file(path, what, false, Sharing::Private) {
-            Ok(mut f) => {
-                let mut secret = Vec::new();
-                f.read_to_end(&mut secret).with_context(|| format!("cannot read {what} {}", path.display()))?;
-                if !secret.trim_ascii().is_empty() {
-                    return Ok(secret.trim_ascii().to_vec());
-                }
-                bail!("{what} {} is empty: remove it and a new one is made", path.display());
-            }
-            Err(_) if !path.exists() && std::fs::symlink_metadata(path).is_err() => {
-                let dir = path.parent().unwrap_or(Path::new("."));
-                let mut tmp = tempfile::Builder::new().prefix(".secret").tempfile_in(dir)?;
-                let secret: Vec<u8> = (0..bytes).map(|_| rand::random::<u8>()).collect();
-                std::io::Write::write_all(&mut tmp, hex::encode(&secret).as_bytes())?;
-                tmp.as_file().sync_all()?;
-                // Renamed into place only if nothing is there yet: two
-                // makers, one secret.
-                if let Err(e) = tmp.persist_noclobber(path)
-                    && !path.exists()
-                {
-                    bail!("cannot make {what} {}: {}", path.display(), e.error);
-                }
-            }
-            Err(e) => return Err(e),
-        }
+    if std::fs::symlink_metadata(path).is_err() {
+        let secret: Vec<u8> = (0..bytes).map(|_| rand::random::<u8>()).collect();
+        create_once(path, hex::encode(&secret).as_bytes()).with_context(|| format!("cannot make {what} {}", path.display()))?;
     }
-    bail!("cannot read or make {what} {}", path.display())
+    let mut secret = Vec::new();
+    open_private_file(path, what, false, Sharing::Private)?
+        .read_to_end(&mut secret)
+        .with_context(|| format!("cannot read {what} {}", path.display()))?;
+    if secret.trim_ascii().is_empty() {
+        bail!("{what} {} is empty: remove it and a new one is made", path.display());
+    }
+    Ok(secret.trim_ascii().to_vec())
+}
+
+/// Makes `path` hold `contents` (mode 0600) unless something is there
+/// already: written whole in a temporary file beside it, then renamed into
+/// place only if nothing is there yet, so that processes starting together
+/// agree on one file and none ever reads half of one. `Ok(false)`: another
+/// got there first (its file is left as it is).
+pub fn create_once(path: &Path, contents: &[u8]) -> std::io::Result<bool> {
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let mut tmp = tempfile::Builder::new().permissions(std::fs::Permissions::from_mode(0o600)).tempfile_in(dir)?;
+    tmp.write_all(contents)?;
+    tmp.as_file().sync_all()?;
+    match tmp.persist_noclobber(path) {
+        Ok(_) => Ok(true),
+        Err(e) if e.error.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(e.error),
+    }
 }
 
 /// Checks that `path` belongs to the user this process runs as, and makes

@@ -130,6 +130,8 @@ pub struct MemoryEstimator {
     model: Option<Model>,
     /// `jobs` when the model was last fitted.
     fitted_at: u64,
+    /// The median input size at the last fit (0 before).
+    typical_size: u64,
 }
 
 impl MemoryEstimator {
@@ -156,6 +158,7 @@ impl MemoryEstimator {
             history: VecDeque::new(),
             model: saved.and_then(|s| s.model),
             fitted_at: 0,
+            typical_size: 0,
         }
     }
 
@@ -187,6 +190,9 @@ impl MemoryEstimator {
             let largest = self.peak_max.unwrap_or(0).max(self.saved_peak);
             self.model = fit::fit(&history, self.margin, largest);
             self.fitted_at = self.jobs;
+            let mut sizes: Vec<u64> = history.iter().map(|o| o.size).collect();
+            let mid = sizes.len() / 2;
+            self.typical_size = *sizes.select_nth_unstable(mid).1;
         }
     }
 
@@ -206,11 +212,10 @@ impl MemoryEstimator {
     }
 
     /// The request for the next job of a typical input (the median size
-    /// seen): see [`memreq_for`](Self::memreq_for).
+    /// seen at the last fit; the progress line asks it after every result,
+    /// so nothing is sorted here): see [`memreq_for`](Self::memreq_for).
     pub fn memreq(&self) -> u64 {
-        let mut sizes: Vec<u64> = self.history.iter().map(|o| o.size).collect();
-        sizes.sort_unstable();
-        self.memreq_for(sizes.get(sizes.len() / 2).copied().unwrap_or(0))
+        self.memreq_for(self.typical_size)
     }
 
     /// The request for a job whose input is `size` bytes: the model's once

@@ -36,7 +36,7 @@
 use std::fs;
 use std::hash::{Hash, Hasher};
 use std::io::{Read, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -334,16 +334,10 @@ fn secret(path: &Path) -> anyhow::Result<[u8; SECRET_LEN]> {
         Err(e) => anyhow::bail!("cannot read the module cache's secret {}: {e}", path.display()),
     }
     let fresh: [u8; SECRET_LEN] = rand::random();
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let mut tmp = tempfile::Builder::new()
-        .permissions(fs::Permissions::from_mode(0o600))
-        .tempfile_in(dir)
-        .map_err(|e| anyhow::anyhow!("cannot create the module cache's secret in {}: {e}", dir.display()))?;
-    tmp.write_all(&fresh)?;
-    match tmp.persist_noclobber(path) {
-        Ok(_) => return Ok(fresh),
-        Err(e) if e.error.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => anyhow::bail!("cannot create the module cache's secret {}: {}", path.display(), e.error),
+    match crate::private_path::create_once(path, &fresh) {
+        Ok(true) => return Ok(fresh),
+        Ok(false) => {}
+        Err(e) => anyhow::bail!("cannot create the module cache's secret {}: {e}", path.display()),
     }
     let bytes = fs::read(path).map_err(|e| anyhow::anyhow!("cannot read the module cache's secret {}: {e}", path.display()))?;
     secret_from(path, bytes)

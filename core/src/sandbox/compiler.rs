@@ -32,9 +32,19 @@ use serde::{Deserialize, Serialize};
 use super::code::Code;
 use super::config::{CompileProgram, SandboxConfig};
 
-/// What the child is asked.
-#[derive(Serialize, Deserialize)]
-struct Request {
+/// What the child is asked: the config (its engines) and the module's
+/// bytes — borrowed going out (a module may be 128 MiB: not copied
+/// before it is encoded), owned coming in.
+#[derive(Serialize)]
+struct Request<'a> {
+    config: &'a SandboxConfig,
+    #[serde(with = "serde_bytes")]
+    bytes: &'a [u8],
+}
+
+/// [`Request`], as the child reads it.
+#[derive(Deserialize)]
+struct Received {
     config: SandboxConfig,
     #[serde(with = "serde_bytes")]
     bytes: Vec<u8>,
@@ -102,7 +112,7 @@ pub fn compile_in_child(
         Err(e) => return ChildCompile::Failed(format!("cannot start a compile process ({}): {e}", program.exe.display())),
     };
     let pid = child.id() as libc::pid_t;
-    let request = match postcard::to_allocvec(&Request { config: config.clone(), bytes: bytes.to_vec() }) {
+    let request = match postcard::to_allocvec(&Request { config, bytes }) {
         Ok(r) => r,
         Err(e) => return ChildCompile::Failed(format!("cannot encode the compile request: {e}")),
     };
@@ -185,7 +195,7 @@ fn reap(pid: libc::pid_t, block: bool) -> Option<(i32, CompileUsage)> {
 pub fn serve() -> anyhow::Result<()> {
     let mut input = Vec::new();
     std::io::stdin().read_to_end(&mut input)?;
-    let request: Request = postcard::from_bytes(&input).map_err(|e| anyhow::anyhow!("bad compile request: {e}"))?;
+    let request: Received = postcard::from_bytes(&input).map_err(|e| anyhow::anyhow!("bad compile request: {e}"))?;
     drop(input);
     let engines = (super::engine::build(&request.config)?, super::engine::build_for_components(&request.config)?);
     let answer = match Code::compile(&engines, &request.bytes).and_then(|code| Ok((code.kind(), code.serialize()?))) {

@@ -89,6 +89,12 @@ pub enum Model {
         cover: f64,
         /// The largest `peak ÷ fit` seen: a retry asks for at least this.
         worst: f64,
+        /// The smallest input it was fitted to: a smaller one asks as this
+        /// one would. Below the sizes seen, the line is a guess (a map that
+        /// launches its largest inputs first fits its first results to
+        /// those alone), and a guess too low costs a retry.
+        #[serde(default)]
+        smallest: u64,
     },
     /// Size does not predict memory: `request` for every input, `tail`
     /// after one runs out of memory.
@@ -109,7 +115,9 @@ impl Model {
     /// The request for an input of `size` bytes (whole pages).
     pub fn request(&self, size: u64) -> u64 {
         match *self {
-            Model::BySize { slope, intercept, cover, .. } => round_to_pages((Model::line(slope, intercept, size) * cover).ceil() as u64),
+            Model::BySize { slope, intercept, cover, smallest, .. } => {
+                round_to_pages((Model::line(slope, intercept, size.max(smallest)) * cover).ceil() as u64)
+            }
             Model::Blind { request, .. } => request,
         }
     }
@@ -124,7 +132,9 @@ impl Model {
     pub fn retry(&self, size: u64, outgrown: Outgrown, margin: f64) -> u64 {
         let floor = outgrown.limit.saturating_mul(2).max(grown(outgrown.requested));
         let model = match *self {
-            Model::BySize { slope, intercept, worst, .. } => (Model::line(slope, intercept, size) * worst * margin).ceil() as u64,
+            Model::BySize { slope, intercept, worst, smallest, .. } => {
+                (Model::line(slope, intercept, size.max(smallest)) * worst * margin).ceil() as u64
+            }
             Model::Blind { tail, .. } if !outgrown.first => tail,
             Model::Blind { .. } => 0,
         };
@@ -245,7 +255,8 @@ fn fit_by_size(obs: &[Observation]) -> Option<Model> {
     ratios.sort_unstable_by(f64::total_cmp);
     let cover = quantile(&ratios, COVER_QUANTILE).max(1.0);
     let worst = ratios.last().copied().unwrap_or(1.0).max(cover);
-    Some(Model::BySize { slope, intercept, cover, worst })
+    let smallest = obs.iter().map(|o| o.size).min().unwrap_or(0);
+    Some(Model::BySize { slope, intercept, cover, worst, smallest })
 }
 
 fn push_slope(slopes: &mut Vec<f64>, a: Observation, b: Observation) {
@@ -381,6 +392,18 @@ mod tests {
         assert!(matches!(fit(&same, 1.25, 0), Some(Model::Blind { .. })));
         // Too few results: no model yet.
         assert_eq!(fit(&same[..MIN_OBSERVATIONS - 1], 1.25, 0), None);
+    }
+
+    #[test]
+    fn below_the_sizes_seen_it_asks_as_for_the_smallest_seen() {
+        // Only large inputs seen so far (a map launches its largest first).
+        let large: Vec<Observation> = proportional(400, 10).into_iter().filter(|o| o.size > 3 * MIB).collect();
+        let model = fit(&large, 1.25, 0).unwrap();
+        let Model::BySize { smallest, .. } = model else { panic!("{model:?}") };
+        assert!(smallest > 3 * MIB);
+        let tiny = model.request(64 << 10);
+        assert_eq!(tiny, model.request(smallest), "not extrapolated below what was seen");
+        assert!(tiny >= 8 * (64 << 10) + 3 * MIB, "enough for a tiny input: {tiny}");
     }
 
     #[test]
