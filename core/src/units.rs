@@ -179,3 +179,9 @@ mod tests {
         assert_eq!(Bytes(21568 << 10).to_string(), "21.1 MiB");
     }
 }
+
+/// Wall-clock milliseconds since the Unix epoch (0 before it): the time
+/// adverts and records carry between machines.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}

@@ -12,7 +12,10 @@
 //! rest.
 //!
 //! * [`cli`] — the `peerwasm` command line (`run`, `map`, `worker`, `peers`,
-//!   `tls`, …): thin shells over the client and the server;
+//!   `tls`, `adapt`, …): thin shells over the client and the server;
+//! * [`adapt`] — the controller that sizes a pool to its backlog by
+//!   submitting and cancelling one-worker batch jobs (Slurm); a client of
+//!   the pool, beside the server;
 //! * [`server`] — `peerwasm worker` assembled and served: its configuration
 //!   and defaults, `start`, the HTTP router and one file per endpoint group;
 //! * `owner` — maps a worker owns for clients that went away (`map
@@ -66,6 +69,7 @@ pub use peerwasm_core::{
 };
 pub use server::{RunningWorker, WorkerConfig, start};
 
+pub mod adapt;
 pub mod cli;
 mod owner;
 pub mod server;
@@ -79,7 +83,7 @@ mod layering {
 
     /// Bottom up: each may use only those before it. The first nine are
     /// `peerwasm-core`'s.
-    const LAYERS: [&str; 13] = ["units", "private_path", "net", "proto", "gossip", "sandbox", "runner", "slot", "client", "worker", "owner", "server", "cli"];
+    const LAYERS: [&str; 14] = ["units", "private_path", "net", "proto", "gossip", "sandbox", "runner", "slot", "client", "worker", "owner", "server", "adapt", "cli"];
 
     /// Where `layer`'s source is: this crate's `src/`, or `peerwasm-core`'s.
     fn src_of(layer: &str) -> std::path::PathBuf {

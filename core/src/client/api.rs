@@ -172,6 +172,13 @@ impl<'a> WorkerApi<'a> {
         Self::expect(request, accepted).await
     }
 
+    /// `POST /v1/backlog`: what a running map still has to run.
+    pub async fn post_backlog(&self, backlog: &crate::proto::backlog::Backlog) -> Result<(), ApiError> {
+        let body = postcard::to_allocvec(backlog).map_err(|e| ApiError::Unreadable(e.to_string()))?;
+        let request = self.http.post(self.url(routes::BACKLOG)).header(reqwest::header::CONTENT_TYPE, POSTCARD).body(body);
+        Self::expect(request, StatusCode::NO_CONTENT).await.map(drop)
+    }
+
     /// `POST /v1/jobs/batch`: many jobs; the response streams their
     /// answers (frames) as they end.
     pub async fn post_batch(&self, body: Bytes) -> Result<Response, ApiError> {

@@ -251,6 +251,12 @@ impl MemoryEstimator {
         round_to_pages(bytes).max(floor).min(ceiling.max(floor))
     }
 
+    /// Follows the pool as it is now: `cap` is the largest job it can take
+    /// (workers join and leave while a map runs).
+    pub fn set_cap(&mut self, cap: u64) {
+        self.cap = cap.max(WASM_PAGE);
+    }
+
     /// The largest request worth making: the pool's largest job, or the
     /// module's declared maximum if smaller.
     pub fn ceiling(&self) -> u64 {

@@ -42,11 +42,16 @@ fn live(peers: &[PeerView]) -> impl Iterator<Item = &PeerView> {
 /// (each worker's `--max-job-time`); every peer allows a job that asks for
 /// none (it runs under the worker's limit). When no live peer allows it,
 /// says so, naming the longest any allows.
-pub fn allowing_time(peers: Vec<PeerView>, timeout_ms: Option<u64>) -> Result<Vec<PeerView>, NoPlace> {
+///
+/// A peer whose batch job ends before such a job could finish
+/// ([`Advert::ends_at_ms`](crate::proto::Advert::ends_at_ms), from `now_ms`)
+/// is left out too, but that is no error: another worker may join.
+pub fn allowing_time(peers: Vec<PeerView>, timeout_ms: Option<u64>, now_ms: u64) -> Result<Vec<PeerView>, NoPlace> {
     let Some(asked) = timeout_ms else { return Ok(peers) };
     let allows = |p: &PeerView| p.advert.max_job_time_ms.is_none_or(|max| asked <= max);
+    let lasts = |p: &PeerView| p.advert.ends_at_ms.is_none_or(|end| now_ms.saturating_add(asked) <= end);
     if live(&peers).next().is_none() || live(&peers).any(allows) {
-        return Ok(peers.into_iter().filter(allows).collect());
+        return Ok(peers.into_iter().filter(|p| allows(p) && lasts(p)).collect());
     }
     let longest = live(&peers).filter_map(|p| p.advert.max_job_time_ms).max().unwrap_or(0);
     let fmt = |ms: u64| humantime::format_duration(std::time::Duration::from_millis(ms)).to_string();
@@ -160,10 +165,25 @@ mod tests {
         };
         let peers = vec![limited("short", Some(60_000)), limited("long", Some(3_600_000)), limited("free", None)];
         let addrs = |v: Vec<PeerView>| v.into_iter().map(|p| p.advert.addr).collect::<Vec<_>>();
-        assert_eq!(addrs(allowing_time(peers.clone(), None).unwrap()), ["short", "long", "free"]);
-        assert_eq!(addrs(allowing_time(peers.clone(), Some(600_000)).unwrap()), ["long", "free"]);
+        assert_eq!(addrs(allowing_time(peers.clone(), None, 0).unwrap()), ["short", "long", "free"]);
+        assert_eq!(addrs(allowing_time(peers.clone(), Some(600_000), 0).unwrap()), ["long", "free"]);
         let capped = peers[..2].to_vec();
-        let err = allowing_time(capped, Some(7_200_000)).unwrap_err().to_string();
+        let err = allowing_time(capped, Some(7_200_000), 0).unwrap_err().to_string();
         assert!(err.contains("no worker runs jobs for 2h") && err.contains("longest any allows is 1h"), "{err}");
+    }
+
+    #[test]
+    fn a_worker_whose_batch_job_ends_first_gets_no_job_that_would_outlast_it() {
+        let ending = |addr: &str, ends_at_ms: Option<u64>| PeerView {
+            advert: Advert { ends_at_ms, ..peer(addr, GIB, GIB, 0, Liveness::Alive).advert },
+            ..peer(addr, GIB, GIB, 0, Liveness::Alive)
+        };
+        let now = 1_000_000;
+        let peers = vec![ending("soon", Some(now + 60_000)), ending("later", Some(now + 3_600_000)), ending("never", None)];
+        let addrs = |v: Vec<PeerView>| v.into_iter().map(|p| p.advert.addr).collect::<Vec<_>>();
+        assert_eq!(addrs(allowing_time(peers.clone(), Some(600_000), now).unwrap()), ["later", "never"]);
+        assert_eq!(addrs(allowing_time(peers.clone(), None, now).unwrap()), ["soon", "later", "never"], "no limit stated");
+        // Only ending workers: none now, but that is a wait, not an error.
+        assert!(allowing_time(peers[..1].to_vec(), Some(600_000), now).unwrap().is_empty());
     }
 }

@@ -156,6 +156,27 @@ impl Pool {
         Ok(peers)
     }
 
+    /// Tells the pool what a map still has to run: to the first worker
+    /// that takes it, named ones first (each is trusted with the token),
+    /// then the vouched ones of the view. A report that no worker takes is
+    /// said in the log and dropped: the next one replaces it.
+    pub async fn report_backlog(&self, backlog: &crate::proto::backlog::Backlog) {
+        let mut ask = self.config.seeds.clone();
+        if let Ok(view) = self.view().await {
+            ask.extend(view.into_iter().map(|p| p.advert.addr).filter(|a| !self.config.seeds.contains(a)));
+        }
+        let mut last = None;
+        for addr in ask.iter().filter(|a| self.trusts(a)) {
+            match WorkerApi::new(&self.http, addr).post_backlog(backlog).await {
+                Ok(()) => return,
+                Err(e) => last = Some(format!("{addr}: {e}")),
+            }
+        }
+        if let Some(why) = last {
+            tracing::debug!("no worker took this map's backlog report ({why})");
+        }
+    }
+
     /// The workers to try for `spec` now, best first, each with its slots;
     /// none while no live worker is known (an error once that has lasted
     /// `no_peer_patience`, tracked in `no_peer_since`).
@@ -165,7 +186,7 @@ impl Pool {
         no_peer_since: &mut Option<Instant>,
     ) -> Result<Vec<(String, u32)>, SubmitError> {
         let view = self.view().await.map_err(|e| SubmitError::Fatal(format!("{e:#}")))?;
-        let view = placement::allowing_time(view, spec.limits.timeout_ms).map_err(|e| SubmitError::Fatal(e.to_string()))?;
+        let view = placement::allowing_time(view, spec.limits.timeout_ms, crate::units::now_ms()).map_err(|e| SubmitError::Fatal(e.to_string()))?;
         let candidates = match placement::candidates(&view, spec.limits.memory_bytes) {
             Ok(c) => {
                 *no_peer_since = None;

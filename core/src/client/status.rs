@@ -32,6 +32,8 @@ pub struct PoolStatus {
     pub tenants: BTreeMap<String, TenantStatus>,
     /// Warnings of live workers, each prefixed by its address.
     pub warnings: Vec<String>,
+    /// The pool's demand: what its maps still have to run.
+    pub backlog: crate::proto::backlog::PoolBacklog,
 }
 
 /// One tenant over the pool.
@@ -73,6 +75,9 @@ impl PoolStatus {
                 e.account.add(&t.account);
             }
         }
+        s.backlog = crate::proto::backlog::PoolBacklog::sum(
+            view.iter().filter(|p| p.liveness == Liveness::Alive).flat_map(|p| p.advert.backlog.iter()),
+        );
         s
     }
 }
@@ -92,6 +97,7 @@ impl fmt::Display for PoolStatus {
             Bytes(self.capacity_bytes),
             self.queued
         )?;
+        writeln!(f, "{}", self.backlog)?;
         for w in &self.warnings {
             writeln!(f, "warning: {w}")?;
         }
@@ -114,3 +120,4 @@ impl fmt::Display for PoolStatus {
         write!(f, "{}", crate::units::render_table(&rows))
     }
 }
+

@@ -30,6 +30,12 @@ pub trait Submitter: Clone + Send + Sync + 'static {
     /// lost); none for a target without workers, or when the target
     /// cannot tell.
     fn dead_workers(&self) -> impl Future<Output = Vec<String>> + Send;
+
+    /// Tells the pool what the map still has to run (its demand: see
+    /// `proto::backlog`). Nothing, for a target without a pool.
+    fn report_backlog(&self, _backlog: crate::proto::backlog::Backlog) -> impl Future<Output = ()> + Send {
+        async {}
+    }
 }
 
 /// Where a submitted job is now: the worker it was sent to and since when,

@@ -102,6 +102,12 @@ impl Submitter for Target {
         self.run_tracked(job, spec, placed).await
     }
 
+    async fn report_backlog(&self, backlog: crate::proto::backlog::Backlog) {
+        if let Target::Pool(pool) = self {
+            pool.report_backlog(&backlog).await;
+        }
+    }
+
     async fn dead_workers(&self) -> Vec<String> {
         let Target::Pool(pool) = self else { return Vec::new() };
         match pool.view().await {

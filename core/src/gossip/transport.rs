@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use super::auth::{ClusterKey, BadEnvelope};
 use super::messages::{Ack, Syn, SynAck};
 use super::node::GossipNode;
+use super::Liveness;
 use crate::proto::POSTCARD;
 
 /// The body of `POST /v1/gossip`.
@@ -263,6 +264,29 @@ pub async fn round<R>(
         node.tick();
         node.forget_dead(shared.now_ms());
         (node.choose_peers(rng, shared.now_ms()), node.syn())
+    };
+    let exchanges = targets.into_iter().map(|addr| exchange(shared, transport, addr, syn.clone()));
+    futures::future::join_all(exchanges).await;
+}
+
+/// One round with every peer not known dead, rather than a random few:
+/// a leaving worker's last record (`draining`) reaches the whole pool at
+/// once, so that it disappears from every view within one round.
+pub async fn farewell<R>(
+    shared: &SharedNode<R>,
+    transport: &dyn GossipTransport,
+    refresh: &mut (impl FnMut(&mut GossipNode<R>) + Send),
+) where
+    R: Clone + Serialize + DeserializeOwned,
+{
+    let (targets, syn) = {
+        let mut node = shared.lock();
+        refresh(&mut node);
+        node.tick();
+        let now = shared.now_ms();
+        let targets: Vec<String> =
+            node.peers(now).filter(|(_, _, l)| *l != Liveness::Dead).map(|(id, _, _)| id.addr.clone()).collect();
+        (targets, node.syn())
     };
     let exchanges = targets.into_iter().map(|addr| exchange(shared, transport, addr, syn.clone()));
     futures::future::join_all(exchanges).await;

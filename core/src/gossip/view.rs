@@ -65,5 +65,8 @@ pub fn peers_table(peers: &[PeerView]) -> String {
             format!("{:.1}s ago", p.last_heard_ms as f64 / 1000.0),
         ]);
     }
-    crate::units::render_table(&rows)
+    let backlog = crate::proto::backlog::PoolBacklog::sum(
+        peers.iter().filter(|p| p.liveness == Liveness::Alive).flat_map(|p| p.advert.backlog.iter()),
+    );
+    format!("{}{}\n", crate::units::render_table(&rows), backlog)
 }

@@ -56,6 +56,19 @@ pub struct Advert {
     /// Warnings for the operator now (host memory low, jobs refused for
     /// memory, cgroup below `--memory`).
     pub warnings: Vec<String>,
+    /// What the maps reporting to this worker still have to run (at most
+    /// [`MAX_BACKLOGS`](super::backlog::MAX_BACKLOGS)): the pool's demand.
+    pub backlog: Vec<super::backlog::Backlog>,
+    /// Detached maps this worker runs as their owner now: stopping it
+    /// stops them until it is back.
+    pub owned_maps: u32,
+    /// The batch-system job this worker runs in (Slurm's `SLURM_JOB_ID`),
+    /// so that a controller knows which job lends which worker.
+    pub batch_job: Option<String>,
+    /// When the batch system ends this worker (ms since the epoch), if it
+    /// will: it drains before then, and takes no job that asks for longer
+    /// than is left.
+    pub ends_at_ms: Option<u64>,
 }
 
 impl Advert {
@@ -105,6 +118,12 @@ impl Advert {
         }
         if self.warnings.iter().any(|w| w.len() > 4 * MAX_TEXT) {
             return Err("a warning is too long".into());
+        }
+        if self.backlog.len() > super::backlog::MAX_BACKLOGS || self.batch_job.as_ref().is_some_and(|j| j.len() > MAX_TEXT) {
+            return Err("too many backlogs, or a batch job id too long".into());
+        }
+        for b in &self.backlog {
+            b.check()?;
         }
         for t in &self.tenants {
             if t.tenant.len() > MAX_TEXT {

@@ -35,6 +35,8 @@ pub const SUBMISSIONS: &str = "/v1/submissions";
 pub const SUBMISSION: &str = "/v1/submissions/{id}";
 /// `GET` a submission's results from an index, waiting for the next ones.
 pub const SUBMISSION_RESULTS: &str = "/v1/submissions/{id}/results";
+/// `POST` what a running map still has to run (`backlog::Backlog`).
+pub const BACKLOG: &str = "/v1/backlog";
 /// `GET` the submissions that ended since a time.
 pub const HISTORY: &str = "/v1/history";
 /// `POST` one gossip message between workers.
@@ -47,7 +49,7 @@ pub const METRICS: &str = "/metrics";
 pub const STATUS_PAGE: &str = "/";
 
 /// Every route, for checks that walk them all.
-pub const ALL: [&str; 16] = [
+pub const ALL: [&str; 17] = [
     MODULE,
     TREE,
     FILE,
@@ -60,6 +62,7 @@ pub const ALL: [&str; 16] = [
     SUBMISSION,
     SUBMISSION_RESULTS,
     HISTORY,
+    BACKLOG,
     GOSSIP,
     PEERS,
     METRICS,

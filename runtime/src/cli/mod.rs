@@ -2,7 +2,9 @@
 //! they share (arguments, exit codes) is `args.rs`'s; this one holds the
 //! commands and the dispatch.
 
+mod adapt;
 mod args;
+mod batch;
 mod jobs;
 mod map;
 mod peers;
@@ -56,6 +58,9 @@ enum Command {
     Tls(tls::TlsCommand),
     /// The pool on one screen: workers, slots, memory, per-tenant usage.
     Status(status::StatusArgs),
+    /// Keep a pool on Slurm sized to its backlog: submit and cancel
+    /// one-worker Slurm jobs, each shaped for the jobs that wait.
+    Adapt(adapt::AdaptArgs),
     /// A worker's slot process (started by `peerwasm worker`, not by hand):
     /// runs jobs sent on stdin, answers on stdout.
     #[command(hide = true)]
@@ -106,6 +111,7 @@ where
         Command::Worker(args) => worker::run(args),
         Command::Peers(args) => peers::run(args),
         Command::Status(args) => status::run(args),
+        Command::Adapt(args) => adapt::run(args),
         Command::Tls(command) => tls::run(command),
         Command::Slot => crate::slot::child::serve().map(|()| ExitCode::SUCCESS),
         Command::CompileChild => crate::sandbox::compiler::serve().map(|()| ExitCode::SUCCESS),

@@ -139,8 +139,32 @@ pub struct WorkerArgs {
     /// The address peers and clients reach this worker at, host:port (a
     /// name is fine), when it is not the --listen address: e.g. with
     /// --listen 0.0.0.0:7070 on a cluster node, --advertise node042:7070.
-    #[arg(long, value_name = "HOST:PORT", value_parser = parse_host_port)]
+    /// A bare HOST (or HOST:0) takes the port --listen bound: with
+    /// --listen 0.0.0.0:0, two workers on one node never collide.
+    #[arg(long, value_name = "HOST[:PORT]", value_parser = parse_host_port)]
     advertise: Option<String>,
+    /// Join the pool kept in this shared directory (private to you, on a
+    /// filesystem every node sees): the pool's key and CA are made there by
+    /// the first worker, each worker issues its own certificate at start
+    /// for the host it advertises, and lists itself there while it runs,
+    /// so any allocation can join. Clients use DIR/ca.crt
+    /// (PEERWASM_TLS_CA) and any address in DIR/members/.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["cluster_key", "tls_cert", "insecure_gossip"])]
+    pool_dir: Option<PathBuf>,
+    /// This worker runs in a Slurm job: it names the job in its advert
+    /// (SLURM_JOB_ID), learns when the job ends (squeue), drains
+    /// --drain-before that, and takes no job that states a time limit it
+    /// could not finish by then.
+    #[arg(long)]
+    slurm: bool,
+    /// This worker is ended after this long (a batch job's walltime, when
+    /// not --slurm): it drains --drain-before that.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    ends_in: Option<Duration>,
+    /// How long before its end (--slurm, --ends-in) the worker drains:
+    /// running jobs get that long to finish [default: --drain-grace].
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    drain_before: Option<Duration>,
     /// Jobs one tenant may have waiting here; more are refused (503) and
     /// the client tries another worker [default: 256 per slot].
     #[arg(long, value_name = "N")]
@@ -254,8 +278,9 @@ fn parse_max_job_time(s: &str) -> Result<MaxJobTime, String> {
 
 fn parse_host_port(s: &str) -> Result<String, String> {
     match s.rsplit_once(':') {
-        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) => Ok(s.to_string()),
-        _ => Err(format!("expected HOST:PORT (a port above 0), not {s:?}")),
+        Some((host, port)) if !host.is_empty() && !host.ends_with(':') && port.parse::<u16>().is_ok() => Ok(s.to_string()),
+        _ if !s.is_empty() && !s.contains(['/', ' ']) && (!s.contains(':') || s.starts_with('[')) => Ok(s.to_string()),
+        _ => Err(format!("expected HOST or HOST:PORT, not {s:?}")),
     }
 }
 
@@ -286,9 +311,28 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     sandbox.compile_program = Some(super::args::compile_program()?);
     sandbox.max_output_bytes = Some(args.max_output.0);
     raise_descriptor_limit(args.slots.unwrap_or(sandbox.slots), args.max_open_files);
+    let drain_before = args.drain_before.unwrap_or(args.drain_grace.0);
+    let lifetime = match (args.slurm, args.ends_in) {
+        (true, _) => super::batch::slurm_lifetime(drain_before)?,
+        (false, Some(d)) => crate::worker::lifetime::Lifetime { batch_job: None, ends_at: Some(std::time::SystemTime::now() + d), drain_before },
+        (false, None) => Default::default(),
+    };
+    let (mut cluster_key, mut tls, mut join) = (args.cluster_key, worker_tls(args.tls_cert, args.tls_key, args.tls_ca), args.join);
+    let pool_dir = match &args.pool_dir {
+        Some(dir) => {
+            let pool = crate::server::pooldir::PoolDir::open(dir)?;
+            let host = advertised_host(args.listen, args.advertise.as_deref());
+            let joining = pool.join(&host)?;
+            cluster_key = Some(joining.key);
+            tls = Some(joining.tls);
+            join.extend(joining.members);
+            Some(pool)
+        }
+        None => None,
+    };
     let config = WorkerConfig {
         listen: args.listen,
-        join: args.join,
+        join,
         runner: RunnerConfig {
             sandbox,
             slot_processes: match args.slot_processes {
@@ -305,9 +349,9 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         fair_share: args.fair_share,
         usage_half_life: args.usage_half_life.0,
         hold_after: args.hold_after.0,
-        cluster_key: args.cluster_key,
+        cluster_key,
         insecure_gossip: args.insecure_gossip,
-        tls: worker_tls(args.tls_cert, args.tls_key, args.tls_ca),
+        tls,
         insecure_http: args.insecure_http,
         max_queued: args.max_queued,
         max_queued_bytes: args.max_queued_bytes.0,
@@ -328,6 +372,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         },
         precompile: args.precompile,
         unread_grace: args.unread_grace.0,
+        lifetime,
         serve: crate::server::ServeLimits {
             max_connections: args.max_connections.max(1),
             max_connections_per_address: args.max_connections_per_address,
@@ -343,10 +388,25 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         let mut stdout = std::io::stdout().lock();
         let _ = writeln!(stdout, "peerwasm worker listening on {}", worker.advertised).and_then(|()| stdout.flush());
         drop(stdout);
+        // Listed in the pool directory while it serves.
+        let _member = match &pool_dir {
+            Some(pool) => Some(pool.register(&worker.advertised)?),
+            None => None,
+        };
         worker.wait().await?;
         let _ = writeln!(std::io::stderr(), "peerwasm worker stopped");
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// The host this worker is reached at: --advertise's, else --listen's
+/// address unless that is a wildcard, else the machine's name.
+fn advertised_host(listen: SocketAddr, advertise: Option<&str>) -> String {
+    match advertise {
+        Some(a) => crate::server::split_host_port(a).0.to_string(),
+        None if !listen.ip().is_unspecified() => listen.ip().to_string(),
+        None => sysinfo::System::host_name().unwrap_or_else(|_| "localhost".into()),
+    }
 }
 
 /// `~/.local/share/peerwasm/worker-ADDR` (`$XDG_DATA_HOME`), ADDR being
@@ -405,7 +465,7 @@ fn raise_descriptor_limit(slots: usize, per_job: u32) {
 }
 
 /// SIGINT or SIGTERM.
-async fn shutdown_signal() {
+pub(super) async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(t) => t,

@@ -100,6 +100,11 @@ impl Submissions {
         self.running.lock()
     }
 
+    /// How many maps run here now.
+    pub fn count(&self) -> usize {
+        self.running().len()
+    }
+
     /// Whether submission `id`'s map runs here now (not cancelled, not
     /// stopped with the worker).
     pub fn is_running(&self, id: &str) -> bool {

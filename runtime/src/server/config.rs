@@ -147,6 +147,10 @@ pub struct WorkerConfig {
     /// first job of each starts at once (CPython's takes ~45 s to
     /// compile). Default: none.
     pub precompile: Vec<std::path::PathBuf>,
+    /// The batch job lending this worker and when it ends (`--ends-at`,
+    /// `--drain-before`, `--slurm`): it drains before then. Default: none,
+    /// no end.
+    pub lifetime: crate::worker::lifetime::Lifetime,
 }
 
 impl WorkerConfig {
@@ -188,6 +192,7 @@ impl WorkerConfig {
             host_ledger: Some(crate::worker::default_host_ledger()),
             precompile: Vec::new(),
             unread_grace: super::stream::DEFAULT_UNREAD_GRACE,
+            lifetime: Default::default(),
         }
     }
 }

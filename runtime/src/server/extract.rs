@@ -41,6 +41,9 @@ pub const JOB_BODY: usize = MAX_INPUT_BYTES as usize + (1 << 20);
 /// The most a `POST /v1/jobs/batch` body may be.
 pub const BATCH_BODY: usize = 256 << 20;
 
+/// The most a `POST /v1/backlog` body may be: a report is a few dozen bytes.
+pub const BACKLOG_BODY: usize = 1 << 10;
+
 /// The most a `POST /v1/gossip` body may be: the largest message a node
 /// sends ([`MAX_MESSAGE_BYTES`](crate::gossip::MAX_MESSAGE_BYTES)).
 pub const GOSSIP_BODY: usize = crate::gossip::MAX_MESSAGE_BYTES;
@@ -215,6 +218,7 @@ macro_rules! body_kind {
 body_kind!(JobBody, "job request", |_w| JOB_BODY);
 body_kind!(BatchBody, "batch request", |_w| BATCH_BODY);
 body_kind!(SubmissionBody, "submission", |_w| crate::proto::submission::MAX_SUBMISSION_BYTES as usize);
+body_kind!(BacklogBody, "backlog report", |_w| BACKLOG_BODY);
 body_kind!(ModuleBody, "module", |w| usize::try_from(w.runner.sandbox().config().max_module_bytes).unwrap_or(usize::MAX));
 
 /// Who pays for a request's bytes: the tenant [`tenant_first`] found, else

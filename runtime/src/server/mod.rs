@@ -14,6 +14,7 @@
 //! * `pool` — `POST /v1/gossip`, `GET /v1/peers`, `GET /metrics`, `GET /`.
 //!
 //! `config.rs` holds a worker's configuration and its defaults,
+//! `pooldir.rs` a pool joined through a shared directory (key, CA, members),
 //! `router.rs` every route, `start.rs` assembles and starts a worker and
 //! holds the [`RunningWorker`] it gives back; this file only names them.
 //!
@@ -35,8 +36,11 @@ mod stream;
 mod submissions;
 
 mod config;
+pub mod pooldir;
 mod router;
 mod start;
+
+pub use start::split_host_port;
 
 pub use serve::{DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_PER_ADDRESS_SHARE, PRESSED_HEADER_TIMEOUT, Remote, ServeLimits, Trust};
 pub use config::{

@@ -1,6 +1,9 @@
 //! The endpoints about the pool rather than one job: `POST /v1/gossip`
-//! (anti-entropy, see `gossip::transport`), `GET /v1/peers` (the pool as
-//! this worker sees it, JSON or postcard), `GET /metrics` (Prometheus
+//! (anti-entropy, see `gossip::transport`), `POST /v1/backlog` (what a
+//! running map still has to run: postcard `proto::backlog::Backlog`, 204;
+//! 400 for a report no client could send, 503 when the tenant or the
+//! worker holds as many as it may), `GET /v1/peers` (the pool as this
+//! worker sees it, JSON or postcard), `GET /metrics` (Prometheus
 //! text) and `GET /` (the status page for browsers, the peers table as text
 //! for other clients).
 
@@ -89,6 +92,19 @@ async fn read_gossip(w: &Worker, req: axum::extract::Request) -> Result<(axum::b
         buf.extend_from_slice(&data);
     }
     Ok((axum::body::Bytes::from(buf), peer))
+}
+
+pub async fn post_backlog(
+    State(w): State<Arc<Worker>>,
+    super::extract::Caller(tenant): super::extract::Caller,
+    super::extract::Postcard(backlog, _charge, _): super::extract::Postcard<crate::proto::backlog::Backlog, super::extract::BacklogBody>,
+) -> Response {
+    use crate::worker::backlogs::Refused;
+    match w.backlogs.report(&tenant.name, backlog) {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(Refused::Invalid(why)) => text(StatusCode::BAD_REQUEST, why),
+        Err(Refused::Full(why)) => text(StatusCode::SERVICE_UNAVAILABLE, why),
+    }
 }
 
 fn accepts(headers: &HeaderMap, what: &str) -> bool {

@@ -23,6 +23,7 @@ pub(super) fn router(worker: Arc<Worker>, owner: Arc<Owner>) -> Router {
         .route(routes::BATCH, post(batch::post_batch))
         .route(routes::STREAM, post(stream::post_stream))
         .route(routes::SUBMISSIONS, post(submissions::post_submission))
+        .route(routes::BACKLOG, post(pool::post_backlog))
         .route_layer(axum::middleware::from_fn_with_state(worker.clone(), extract::tenant_first));
     Router::new()
         .merge(uploads)

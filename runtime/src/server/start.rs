@@ -84,7 +84,7 @@ pub async fn start(
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
     let bound = listener.local_addr()?;
-    let addr = config.advertise.clone().unwrap_or_else(|| bound.to_string());
+    let addr = advertised(config.advertise.as_deref(), bound);
     let worker = build_worker(&config, &addr)?;
     check_own_certificate(&config, &addr);
     let owner = crate::owner::Owner::new(worker.clone());
@@ -93,9 +93,9 @@ pub async fn start(
     let advert = worker.gossip_advert();
     worker.gossip.lock().set_record(advert);
     log_start(&config, &worker);
-    let gossip = spawn_gossip(&worker, config.gossip_interval)?;
+    let (gossip, transport) = spawn_gossip(&worker, &owner, config.gossip_interval)?;
     let app = router(worker.clone(), owner.clone());
-    let drain = drain(worker.clone(), owner.clone(), shutdown, config.gossip_interval, config.drain_grace);
+    let drain = drain(worker.clone(), owner.clone(), transport, shutdown, config.gossip_interval, config.drain_grace);
     let refused = worker.connections_refused.clone();
     restore_state(&owner, config.keep_results).await;
     let serve = tokio::spawn(serve::serve(listener, tls, app, config.serve.clone(), refused, drain));
@@ -105,6 +105,26 @@ pub async fn start(
         tokio::task::spawn_blocking(move || precompile(&w, &paths));
     }
     Ok(RunningWorker { addr: bound, advertised: addr, serve, gossip, worker, grace: config.drain_grace })
+}
+
+/// `host` and its port, if it names one (`[::1]:80`, `node:7070`, `node`).
+pub fn split_host_port(addr: &str) -> (&str, Option<u16>) {
+    match addr.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && (!host.contains(':') || host.ends_with(']')) => {
+            (host, port.parse().ok())
+        }
+        _ => (addr, None),
+    }
+}
+
+/// The address the worker gives peers and clients: `--advertise` (a bare
+/// host, or port 0, takes the port it bound), else the bound address.
+fn advertised(advertise: Option<&str>, bound: SocketAddr) -> String {
+    match advertise.map(split_host_port) {
+        Some((host, Some(port))) if port != 0 => format!("{host}:{port}"),
+        Some((host, _)) => format!("{host}:{}", bound.port()),
+        None => bound.to_string(),
+    }
 }
 
 /// A worker reachable from other machines must authenticate its gossip, or
@@ -217,6 +237,9 @@ fn build_worker(config: &WorkerConfig, addr: &str) -> anyhow::Result<Arc<Worker>
         unsent_output: crate::worker::ledger::Shares::new(unsent_share(capacity)),
         unread_grace: config.unread_grace,
         compile_turns: Default::default(),
+        backlogs: Default::default(),
+        owned_maps: Default::default(),
+        lifetime: config.lifetime.clone(),
     }))
 }
 
@@ -279,39 +302,69 @@ fn log_start(config: &WorkerConfig, worker: &Worker) {
 
 /// Gossip rounds every `interval` over HTTP, each publishing the worker's
 /// advert afresh (and reading the pool's usage and the host's memory).
-fn spawn_gossip(worker: &Arc<Worker>, interval: Duration) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+/// Returns the rounds' task and their transport (the drain's farewell
+/// goes over it too).
+fn spawn_gossip(
+    worker: &Arc<Worker>,
+    owner: &Arc<Owner>,
+    interval: Duration,
+) -> anyhow::Result<(tokio::task::JoinHandle<()>, Arc<HttpTransport>)> {
     let mut protocol = reqwest::header::HeaderMap::new();
     protocol.insert(PROTOCOL_HEADER, reqwest::header::HeaderValue::from_static(PROTOCOL_VERSION));
     let builder = reqwest::Client::builder().timeout(Duration::from_secs(5)).tcp_nodelay(true).default_headers(protocol);
     let http = worker.transport.client(builder, None)?;
     let refresher = worker.clone();
+    let owner = Arc::downgrade(owner);
     let transport = Arc::new(HttpTransport::new(http));
-    Ok(tokio::spawn(run_rounds(worker.gossip.clone(), transport, interval, move |node| {
+    let rounds = tokio::spawn(run_rounds(worker.gossip.clone(), transport.clone(), interval, move |node| {
         refresher.learn_pool_usage(node);
         refresher.check_host_memory();
+        if let Some(owner) = owner.upgrade() {
+            refresher.owned_maps.store(owner.submissions.count() as u32, Ordering::Relaxed);
+        }
         node.set_record(refresher.gossip_advert())
-    })))
+    }));
+    Ok((rounds, transport))
 }
 
-/// What happens on shutdown: the maps this worker owns stop (they resume
-/// when it is back); it advertises `draining` for two gossip rounds (new
-/// jobs get 503 meanwhile, queued ones are cancelled so their clients go
-/// elsewhere), then stops accepting; requests in flight — running jobs —
-/// finish before `serve` returns, or are cancelled after the grace.
+/// What happens on shutdown — or when the batch job lending this worker
+/// is about to end (`Lifetime::drain_at`): the maps this worker owns stop
+/// (they resume when it is back); it tells every peer at once that it is
+/// leaving (a farewell round: it leaves every view within one round), new
+/// jobs get 503, queued ones are cancelled so their clients go elsewhere;
+/// after two more gossip rounds it stops accepting; requests in flight —
+/// running jobs — finish before `serve` returns, or are cancelled after
+/// the grace.
 async fn drain(
     worker: Arc<Worker>,
     owner: Arc<Owner>,
+    transport: Arc<HttpTransport>,
     shutdown: impl std::future::Future<Output = ()>,
     interval: Duration,
     grace: Duration,
 ) {
-    shutdown.await;
+    let ends = worker.lifetime.drain_at().map(|at| at.duration_since(std::time::SystemTime::now()).unwrap_or_default());
+    tokio::select! {
+        () = shutdown => {}
+        () = tokio::time::sleep(ends.unwrap_or(Duration::MAX / 4)), if ends.is_some() => {
+            tracing::warn!(
+                batch_job = worker.lifetime.batch_job.as_deref().unwrap_or("-"),
+                "the batch job lending this worker ends in {}: draining before it does",
+                humantime::format_duration(Duration::from_secs(worker.lifetime.drain_before.as_secs()))
+            );
+        }
+    }
     let owned = owner.submissions.stop_all();
     if owned > 0 {
         tracing::info!(submissions = owned, "stopped the maps of owned submissions: they resume on restart");
     }
     tracing::info!(grace = %humantime::format_duration(grace), "shutting down: finishing running jobs, leaving the pool");
     worker.draining.store(true, Ordering::Relaxed);
+    let farewell_worker = worker.clone();
+    crate::gossip::transport::farewell(&worker.gossip, transport.as_ref(), &mut |node: &mut GossipNode<Advert>| {
+        node.set_record(farewell_worker.gossip_advert())
+    })
+    .await;
     let queued = worker.jobs.cancel_all(CancelCause::Shutdown, true);
     if queued > 0 {
         tracing::info!(queued, "cancelled queued jobs: their clients send them elsewhere");
@@ -425,5 +478,22 @@ fn join_host_ledger(ledger: &Arc<Ledger>, path: &std::path::Path, addr: &str) {
             "cannot use the host's memory ledger ({e:#}): this worker decides alone, and with other workers on this \
              machine the host can be over-committed. Give --host-ledger a path that is this user's alone"
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bare_host_or_port_0_advertises_the_port_bound() {
+        let bound: SocketAddr = "0.0.0.0:41234".parse().unwrap();
+        assert_eq!(advertised(None, bound), "0.0.0.0:41234");
+        assert_eq!(advertised(Some("node7"), bound), "node7:41234");
+        assert_eq!(advertised(Some("node7:0"), bound), "node7:41234");
+        assert_eq!(advertised(Some("node7:7070"), bound), "node7:7070");
+        assert_eq!(advertised(Some("[::1]"), bound), "[::1]:41234");
+        assert_eq!(advertised(Some("[::1]:9"), bound), "[::1]:9");
+        assert_eq!(split_host_port("10.0.0.1:80"), ("10.0.0.1", Some(80)));
     }
 }

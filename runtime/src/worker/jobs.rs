@@ -225,6 +225,12 @@ fn check(w: &Worker, tenant: &Tenant, spec: &JobSpec) -> Result<(), Refused> {
         w.metrics.refused("draining");
         return Err(Refused::Busy("this worker is shutting down".into()));
     }
+    if let Some(asked) = spec.limits.timeout_ms
+        && let Some(why) = w.lifetime.refuses(Duration::from_millis(asked), std::time::SystemTime::now())
+    {
+        w.metrics.refused("ends_first");
+        return Err(Refused::Busy(why));
+    }
     if !w.runner.has_module(&spec.module)
         || (w.tenants.is_multi() && !w.uploaders.has_shown(&spec.module, &tenant.name))
     {

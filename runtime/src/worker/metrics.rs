@@ -55,6 +55,9 @@ pub struct Scrape<'a> {
     pub files: FileStoreCounts,
     /// Jobs whose code ran in a slot process (`worker::slotproc`).
     pub slot_process_jobs: u64,
+    /// The pool's demand as this worker sees it: every live worker's
+    /// backlog reports, each map once.
+    pub backlog: &'a crate::proto::backlog::PoolBacklog,
 }
 
 /// Gossip's counters, as a scrape reads them.
@@ -268,6 +271,14 @@ impl Live {
             ])),
             family("slot_process_jobs", "Jobs whose code ran in a slot process, without fuel (--slot-processes)", single(count(s.slot_process_jobs))),
             family("file_store_bytes", "Bytes of shipped trees' files kept on disk (--file-store)", single(level(s.files.held))),
+            family("pool_backlog_jobs", "The pool's demand: jobs its maps still have to run, waiting in their clients or under way", by("state", vec![
+                ("waiting", level(s.backlog.waiting)),
+                ("running", level(s.backlog.running)),
+            ])),
+            family("pool_backlog_maps", "Maps reporting a backlog to the pool", single(level(s.backlog.maps))),
+            family("pool_backlog_memory_bytes", "Memory the waiting jobs ask for, summed (what they would hold if all ran at once)", single(level(s.backlog.memory_bytes))),
+            family("pool_backlog_largest_job_bytes", "The most any waiting job asks for", single(level(s.backlog.largest_bytes))),
+            family("pool_backlog_seconds", "Work left in the pool's maps, in slot-seconds (jobs × their mean time)", single(Value::LevelF(s.backlog.work_seconds))),
         ])
     }
 }
@@ -350,6 +361,7 @@ mod tests {
             peers: &[Liveness::Alive, Liveness::Dead],
             warnings: &[("refused_for_memory", 1)],
             connections_refused: 7,
+            backlog: &crate::proto::backlog::PoolBacklog { maps: 1, waiting: 40, running: 8, memory_bytes: 40 << 20, largest_bytes: 2 << 20, work_seconds: 24.0, reports: Vec::new() },
         };
         let text = m.render(&scrape);
         for line in [
@@ -364,6 +376,9 @@ mod tests {
             "peerwasm_peers{liveness=\"dead\"} 1",
             "peerwasm_job_wall_seconds_count 1",
             "peerwasm_warnings_total{kind=\"refused_for_memory\"} 1",
+            "peerwasm_pool_backlog_jobs{state=\"waiting\"} 40",
+            "peerwasm_pool_backlog_memory_bytes 41943040",
+            "peerwasm_pool_backlog_seconds 24.0",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }

@@ -38,6 +38,10 @@
 //! * `restore` — what a worker puts back at start: detached jobs served
 //!   or run again;
 //! * `history` — a record of every job this worker ran (`peerwasm history`);
+//! * `backlogs` — what the maps reporting here still have to run (the
+//!   pool's demand, gossiped in the advert);
+//! * `lifetime` — the batch-system job the worker runs in and when it
+//!   ends: it drains before then, and takes no job it could not finish;
 //! * `warnings` — warnings to the operator, logged, counted and shown;
 //! * `metrics` — `GET /metrics` in Prometheus' text format.
 //!
@@ -48,6 +52,7 @@
 //! nothing of HTTP.
 
 pub(crate) mod admission;
+pub(crate) mod backlogs;
 pub(crate) mod budget;
 pub(crate) mod cgroup;
 pub(crate) mod detached;
@@ -56,6 +61,7 @@ pub(crate) mod filestore;
 pub(crate) mod history;
 pub(crate) mod hostledger;
 pub(crate) mod jobs;
+pub(crate) mod lifetime;
 pub(crate) mod ledger;
 pub(crate) mod manifests;
 pub(crate) mod refused;

@@ -64,6 +64,12 @@ pub struct Worker {
     /// How long a stream may take nothing before it is dropped
     /// (`--unread-grace`).
     pub(crate) unread_grace: std::time::Duration,
+    /// The maps that report their backlog here (gossiped in the advert).
+    pub(crate) backlogs: super::backlogs::Backlogs,
+    /// Detached maps its owner runs now (set by the gossip rounds).
+    pub(crate) owned_maps: std::sync::atomic::AtomicU32,
+    /// The batch-system job it runs in, and when that ends it.
+    pub(crate) lifetime: super::lifetime::Lifetime,
     /// Each tenant's compile turns (`jobs::compile_turns_per_tenant`).
     pub(crate) compile_turns: parking_lot::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
@@ -111,6 +117,10 @@ impl Worker {
             multi_tenant: self.tenants.is_multi(),
             tenants: self.admission.tenant_report(),
             warnings: self.warnings.current(),
+            backlog: self.backlogs.current(),
+            owned_maps: self.owned_maps.load(Ordering::Relaxed),
+            batch_job: self.lifetime.batch_job.clone(),
+            ends_at_ms: self.lifetime.ends_at_ms(),
         }
     }
 
@@ -187,7 +197,17 @@ impl Worker {
                 super::metrics::FileStoreCounts { received, received_bytes, held: self.files.held() }
             },
             slot_process_jobs: self.runner.slot_process_jobs(),
+            backlog: &self.pool_backlog(),
         })
+    }
+
+    /// The pool's demand: the backlog reports of every live worker in
+    /// this worker's view (its own included), each map once.
+    pub(crate) fn pool_backlog(&self) -> crate::proto::backlog::PoolBacklog {
+        let views = self.peer_views(&Sees::All);
+        crate::proto::backlog::PoolBacklog::sum(
+            views.iter().filter(|v| v.liveness == Liveness::Alive).flat_map(|v| v.advert.backlog.iter()),
+        )
     }
 
     /// Hands the rest of the pool's per-tenant usage to fair share, so
@@ -239,6 +259,9 @@ impl Worker {
         for v in views.iter_mut().filter(|v| v.advert.addr == self.addr) {
             v.advert = self.advert();
         }
+        // A worker that drains has left the pool: it takes no job, and its
+        // running ones end with their own requests.
+        views.retain(|v| !v.advert.draining);
         let names = self.tenants.names();
         for v in &mut views {
             for t in &mut v.advert.tenants {

@@ -5,6 +5,11 @@
 //! answer back on a channel tagged with its attempt id. That makes the
 //! rules easy to check in one place:
 //!
+//! * **The pool as it is now**: every [`BACKLOG_EVERY`] the map reads the
+//!   pool's capacity again — workers that joined get work within a round
+//!   or two, drained ones none — and reports what it still has to run to
+//!   the pool ([`Backlog`]), so that demand is visible to the pool view,
+//!   its metrics and `peerwasm adapt`.
 //! * **Flow**: at most `max_in_flight` submissions are under way. The
 //!   default follows Little's law: enough per slot to cover
 //!   [`PIPELINE_DEPTH`] of the jobs' measured wall time (at least two, at
@@ -48,6 +53,7 @@ use super::estimate::{DEFAULT_MARGIN, EstimateStore, MemoryEstimator};
 use super::job::Job;
 use super::errors::SubmitError;
 use super::submitter::{Placed, Submitter};
+use crate::proto::backlog::{BACKLOG_EVERY, Backlog};
 use crate::proto::{JobResult, Outcome};
 use crate::units::Bytes;
 
@@ -154,6 +160,8 @@ where
 {
     let mut run = MapRun::start(target, job, config).await?;
     let result = run.drive(inputs.into_iter(), observer).await;
+    // Nothing left: the pool stops counting this map at once.
+    target.report_backlog(Backlog { id: run.id.clone(), ..Backlog::default() }).await;
     run.estimator.refit();
     if let (Some(store), Some(saved)) = (&config.estimates, run.estimator.to_saved()) {
         if let Err(e) = store.save(&job.hash(), &saved) {
@@ -172,6 +180,9 @@ impl<T: Submitter> Drop for MapRun<'_, T> {
     fn drop(&mut self) {
         for a in self.attempts.values() {
             a.abort.abort();
+        }
+        if let Some(r) = &self.reporting {
+            r.abort();
         }
     }
 }
@@ -241,6 +252,14 @@ struct MapRun<'a, T: Submitter> {
     next_emit: usize,
     slowest_round_trip: Option<Duration>,
     wall_sum_us: u128,
+    /// This map's id in the pool's backlog: its submission's, or random.
+    id: String,
+    /// Inputs read so far.
+    read: usize,
+    /// When the capacity was last read again and the backlog reported.
+    last_report: Option<Instant>,
+    /// The backlog report under way (not awaited by the loop).
+    reporting: Option<tokio::task::JoinHandle<()>>,
     total: Option<u64>,
     stop: Option<Stopped>,
     summary: MapSummary,
@@ -298,6 +317,10 @@ impl<'a, T: Submitter> MapRun<'a, T> {
             next_emit: config.first_index,
             slowest_round_trip: None,
             wall_sum_us: 0,
+            id: config.submission.clone().unwrap_or_else(|| format!("m-{:016x}", rand::random::<u64>())),
+            read: 0,
+            last_report: None,
+            reporting: None,
             total: None,
             stop: None,
             summary: MapSummary::default(),
@@ -342,6 +365,7 @@ impl<'a, T: Submitter> MapRun<'a, T> {
                     });
                     self.staged.push(next_index);
                     next_index += 1;
+                    self.read += 1;
                 }
                 let index = match self.resubmit.pop_front() {
                     Some(i) => i,
@@ -366,7 +390,12 @@ impl<'a, T: Submitter> MapRun<'a, T> {
                     return Ok(());
                 }
                 Some((id, answer)) = self.rx.recv() => self.on_answer(id, answer, observer)?,
-                _ = tick.tick() => self.check_lost(observer).await,
+                _ = tick.tick() => {
+                    self.check_lost(observer).await;
+                    if self.last_report.is_none_or(|t| t.elapsed() >= BACKLOG_EVERY) {
+                        self.follow_pool().await;
+                    }
+                }
             }
         }
         if let Some(total) = self.total.filter(|_| self.stop.is_none())
@@ -375,6 +404,47 @@ impl<'a, T: Submitter> MapRun<'a, T> {
             tracing::warn!(results = self.summary.jobs, promised = total, "the inputs ended before their count");
         }
         Ok(())
+    }
+
+    /// Reads the pool's capacity again (a worker that joined gets work
+    /// from the next launch on; one that left or drains none, placement
+    /// skips it) and reports the backlog to the pool, without waiting for
+    /// the report (a slow worker must not stall the map).
+    async fn follow_pool(&mut self) {
+        self.last_report = Some(Instant::now());
+        if let Ok(c) = self.target.capacity().await
+            && c.workers > 0
+            && c.slots > 0
+        {
+            self.slots = c.slots;
+            self.workers = c.workers;
+            self.largest_job = c.largest_job;
+            self.typical_job = c.typical_job;
+            self.estimator.set_cap(c.largest_job);
+            if self.config.max_in_flight.is_none() {
+                self.max_in_flight = 2 * c.slots as usize;
+            }
+        }
+        if self.reporting.as_ref().is_none_or(|r| r.is_finished()) {
+            let (target, backlog) = (self.target.clone(), self.backlog());
+            self.reporting = Some(tokio::spawn(async move { target.report_backlog(backlog).await }));
+        }
+    }
+
+    /// What this map still has to run, as the pool is told it.
+    fn backlog(&self) -> Backlog {
+        let unread = self.total.map_or(0, |t| t.saturating_sub(self.read as u64));
+        let waiting: Vec<usize> = self.pending.iter().filter(|(_, p)| p.live == 0).map(|(i, _)| *i).collect();
+        let memory = self.memreq(usize::MAX);
+        let largest = waiting.iter().map(|&i| self.memreq(i)).max().unwrap_or(0).max(memory);
+        Backlog {
+            id: self.id.clone(),
+            waiting: waiting.len() as u64 + unread,
+            running: self.active as u64,
+            memory_bytes: memory,
+            largest_bytes: largest,
+            job_ms: if self.summary.jobs == 0 { 0 } else { (self.wall_sum_us / self.summary.jobs as u128 / 1000) as u64 },
+        }
     }
 
     /// How many submissions may be under way: `--max-in-flight`, else

@@ -54,7 +54,10 @@ type Script = dyn Fn(&Call) -> Reply + Send + Sync;
 struct Fake(Arc<FakeState>);
 
 struct FakeState {
-    capacity: Capacity,
+    /// What it can take; a test changes it as a pool grows or shrinks.
+    capacity: Mutex<Capacity>,
+    /// Every backlog report the map made.
+    backlogs: Mutex<Vec<Backlog>>,
     in_process: bool,
     script: Box<Script>,
     started: Instant,
@@ -68,7 +71,8 @@ struct FakeState {
 impl Fake {
     fn new(slots: u32, script: impl Fn(&Call) -> Reply + Send + Sync + 'static) -> Fake {
         Fake(Arc::new(FakeState {
-            capacity: Capacity { slots, largest_job: 4 << 30, typical_job: 4 << 30, workers: 1 },
+            capacity: Mutex::new(Capacity { slots, largest_job: 4 << 30, typical_job: 4 << 30, workers: 1 }),
+            backlogs: Mutex::new(Vec::new()),
             in_process: false,
             script: Box::new(script),
             started: Instant::now(),
@@ -107,7 +111,11 @@ impl Submitter for Fake {
     }
 
     async fn capacity(&self) -> anyhow::Result<Capacity> {
-        Ok(self.0.capacity)
+        Ok(*self.0.capacity.lock().unwrap())
+    }
+
+    async fn report_backlog(&self, backlog: Backlog) {
+        self.0.backlogs.lock().unwrap().push(backlog);
     }
 
     async fn submit(&self, _job: &Job, spec: JobSpec, placed: &Placed) -> Result<JobResult, SubmitError> {
@@ -406,7 +414,7 @@ async fn what_no_input_can_get_past_is_an_error_up_front() {
     assert_eq!(e, "no peer can hold a job of 8 GiB: the largest the pool can take is 4 GiB");
 
     let none = Fake(Arc::new(FakeState {
-        capacity: Capacity { slots: 0, largest_job: 0, typical_job: 0, workers: 0 },
+        capacity: Mutex::new(Capacity { slots: 0, largest_job: 0, typical_job: 0, workers: 0 }),
         ..Arc::into_inner(Fake::new(1, |_| ok(1)).0).unwrap()
     }));
     assert_eq!(run(&none, 1, &MapConfig::default()).await.0.unwrap_err().to_string(), "no live worker in the pool");
@@ -416,4 +424,50 @@ async fn what_no_input_can_get_past_is_an_error_up_front() {
     let e = run(&embedded, 1, &config).await.0.unwrap_err().to_string();
     assert!(e.starts_with("--out-dir needs a pool"), "{e}");
     assert!(embedded.calls().is_empty() && none.calls().is_empty(), "nothing was submitted");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_joins_mid_map_gets_work_and_the_backlog_is_reported() {
+    // One slot at first; 100 jobs of a second each.
+    let fake = Fake::new(1, |_| ok(1000));
+    let grower = fake.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        // Three more workers of one slot join.
+        *grower.0.capacity.lock().unwrap() = Capacity { slots: 4, largest_job: 4 << 30, typical_job: 4 << 30, workers: 4 };
+    });
+    let (summary, items) = run(&fake, 100, &MapConfig::default()).await;
+    let summary = summary.unwrap();
+    assert_eq!(items.len(), 100);
+    assert!(fake.most_under_way() >= 8, "the window followed the pool to 2 per slot × 4: {}", fake.most_under_way());
+    // About 5 s on one slot, then ~95 jobs on four: well under the 100 s on one.
+    assert!(summary.elapsed < Duration::from_secs(45), "{:?}", summary.elapsed);
+    let reports = fake.0.backlogs.lock().unwrap().clone();
+    assert!(reports.len() >= 5, "a report a second: {}", reports.len());
+    let first = &reports[0];
+    assert_eq!(first.waiting + first.running, 100, "nothing done at the first report: {first:?}");
+    assert!(first.waiting > 90 && first.running >= 1, "{first:?}");
+    assert!(reports.iter().skip(1).any(|r| r.job_ms == 1000), "the mean job time is learned");
+    assert!(reports.windows(2).all(|w| w[0].id == w[1].id), "one id for the map");
+    let last = reports.last().unwrap();
+    assert!(last.is_empty(), "the map's end clears its backlog: {last:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shrinking_pool_narrows_the_window() {
+    let fake = Fake::new(8, |_| ok(1000));
+    let shrinker = fake.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        *shrinker.0.capacity.lock().unwrap() = Capacity { slots: 1, largest_job: 4 << 30, typical_job: 4 << 30, workers: 1 };
+    });
+    let calls_before = |fake: &Fake, t: Duration| fake.calls().iter().filter(|c| c.at < t).count();
+    let (summary, _) = run(&fake, 60, &MapConfig::default()).await;
+    summary.unwrap();
+    // 16 under way at first; once the pool has shrunk to one slot, two
+    // (jobs of a second: two a second, where 16 would be 128 in 8 s).
+    let early = calls_before(&fake, Duration::from_millis(1200));
+    let later = calls_before(&fake, Duration::from_secs(12)) - calls_before(&fake, Duration::from_secs(4));
+    assert!(early >= 16, "{early}");
+    assert!(later <= 20, "two under way on the one slot left: {later}");
 }

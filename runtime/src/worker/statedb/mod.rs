@@ -325,10 +325,7 @@ fn gather(first: Write, rx: &mpsc::Receiver<Write>) -> Vec<Write> {
     }
 }
 
-/// Milliseconds since the Unix epoch, now.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
+pub use crate::units::now_ms;
 
 #[cfg(test)]
 mod tests {

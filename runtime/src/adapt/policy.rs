@@ -1,0 +1,368 @@
+//! The controller's decisions, without a batch system or a clock of its
+//! own: given the pool as it is (its workers, its backlog) and the batch
+//! jobs the controller has submitted, how many workers to ask for, of
+//! what shape, and which to let go. Pure, so that every rule is a unit
+//! test on simulated time.
+//!
+//! * **Target** (as dask's `adapt`): the work left — each map's jobs ×
+//!   their mean time, learned by smartmem — over `target_duration`, in
+//!   workers of `slots` slots; never more workers than there are jobs to
+//!   fill them; within `min..=max`.
+//! * **Capacity** counts the workers of the controller's batch jobs that
+//!   are in the pool, *and* the jobs still pending: capacity coming. So a
+//!   slow queue never makes it submit again (dask-jobqueue's loop).
+//! * **Up at once, down slowly**: it asks for the missing workers as soon
+//!   as the target is above capacity; it lets a worker go only when the
+//!   target has been below capacity for `idle_for`, and only a worker that
+//!   has had nothing to do (no job running or queued, no detached map it
+//!   owns) for that long. Never below `min`.
+//! * **Memory-shaped** (★): a worker asked for holds the largest job still
+//!   waiting that no worker of the pool could hold, else the typical job
+//!   of the map with the most work — `slots` of them — never more than the
+//!   backlog needs.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::proto::backlog::PoolBacklog;
+
+/// How the controller sizes the pool.
+#[derive(Clone, Debug)]
+pub struct Policy {
+    /// Fewest workers kept (`--min`). Default: 0.
+    pub min: u32,
+    /// Most workers (`--max`). Default: 8.
+    pub max: u32,
+    /// Slots of each worker asked for (`--slots`). Default: 1.
+    pub slots: u32,
+    /// The backlog's work is to take about this long (`--target-duration`).
+    /// Default: 5 s (dask's).
+    pub target_duration: Duration,
+    /// A job's time before any job of its map has ended. Default: 1 s.
+    pub unknown_job_time: Duration,
+    /// How long a worker must have had nothing to do, and the target been
+    /// below capacity, before it is let go (`--idle`). Default: 10 s.
+    pub idle_for: Duration,
+    /// Memory a worker needs besides its jobs' (the process, native
+    /// stacks, compiles). Default: 256 MiB.
+    pub overhead_bytes: u64,
+    /// The least and most memory one worker is asked with (`--min-mem`,
+    /// `--max-mem`: a node's size). Default: 256 MiB and 64 GiB.
+    pub min_worker_bytes: u64,
+    pub max_worker_bytes: u64,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            min: 0,
+            max: 8,
+            slots: 1,
+            target_duration: Duration::from_secs(5),
+            unknown_job_time: Duration::from_secs(1),
+            idle_for: Duration::from_secs(10),
+            overhead_bytes: 256 << 20,
+            min_worker_bytes: 256 << 20,
+            max_worker_bytes: 64 << 30,
+        }
+    }
+}
+
+/// A worker of the controller's in the pool, as its advert shows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolWorker {
+    pub addr: String,
+    /// The batch job lending it.
+    pub batch_job: String,
+    /// Whether it has anything to do: a job running or queued, or a
+    /// detached map it owns.
+    pub busy: bool,
+    /// The largest job it can hold.
+    pub largest_job: u64,
+}
+
+/// What the controller asks a batch system for: one worker of this shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    pub slots: u32,
+    /// Memory for the whole worker (its jobs and its overhead).
+    pub memory_bytes: u64,
+}
+
+/// One poll's decision, with why.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Decision {
+    /// Workers to ask for.
+    pub submit: Vec<Shape>,
+    /// Batch jobs to end (idle workers, or pending ones no longer needed).
+    pub cancel: Vec<String>,
+    /// Why, in words (empty when nothing changes).
+    pub why: String,
+    /// The target it computed, in workers.
+    pub target: u32,
+}
+
+/// The controller's memory between polls: since when each worker has been
+/// idle, since when the target has been below capacity (in the caller's
+/// clock, milliseconds).
+#[derive(Clone, Debug, Default)]
+pub struct Memory {
+    idle_since: HashMap<String, u64>,
+    below_since: Option<u64>,
+}
+
+impl Policy {
+    /// The workers the backlog asks for, within `min..=max`.
+    pub fn target(&self, backlog: &PoolBacklog) -> u32 {
+        let slots = f64::from(self.slots.max(1));
+        let unknown = self.unknown_job_time.as_secs_f64();
+        let work: f64 = backlog
+            .reports
+            .iter()
+            .map(|b| (b.waiting + b.running) as f64 * if b.job_ms == 0 { unknown } else { b.job_ms as f64 / 1000.0 })
+            .sum();
+        let by_work = (work / self.target_duration.as_secs_f64().max(0.001) / slots).ceil();
+        let by_jobs = (backlog.jobs() as f64 / slots).ceil();
+        (by_work.min(by_jobs) as u32).clamp(self.min, self.max.max(self.min))
+    }
+
+    /// The shape of a worker for the backlog as it is, given the largest
+    /// job any worker of the pool (or coming) can hold.
+    pub fn shape(&self, backlog: &PoolBacklog, pool_largest: u64) -> Shape {
+        let waiting = backlog.reports.iter().filter(|b| b.waiting > 0);
+        // A job nobody can hold comes first; else the map with most work.
+        let per_job = match waiting.clone().filter(|b| b.largest_bytes > pool_largest).map(|b| b.largest_bytes).max() {
+            Some(largest) => largest,
+            None => waiting
+                .max_by_key(|b| (b.waiting + b.running).saturating_mul(b.job_ms.max(1)))
+                .map_or(0, |b| b.memory_bytes),
+        };
+        let jobs = per_job.saturating_mul(u64::from(self.slots.max(1)));
+        let memory = jobs.saturating_add(self.overhead_bytes).clamp(self.min_worker_bytes, self.max_worker_bytes.max(self.min_worker_bytes));
+        Shape { slots: self.slots.max(1), memory_bytes: round_up_mib(memory) }
+    }
+
+    /// One poll at `now_ms`: `workers` are the controller's workers in the
+    /// pool, `pending` its batch jobs not (yet) in the pool.
+    pub fn decide(
+        &self,
+        backlog: &PoolBacklog,
+        workers: &[PoolWorker],
+        pending: &[String],
+        memory: &mut Memory,
+        now_ms: u64,
+    ) -> Decision {
+        let target = self.target(backlog);
+        let capacity = (workers.len() + pending.len()) as u32;
+        // Who has been idle since when.
+        memory.idle_since.retain(|addr, _| workers.iter().any(|w| &w.addr == addr && !w.busy));
+        for w in workers.iter().filter(|w| !w.busy) {
+            memory.idle_since.entry(w.addr.clone()).or_insert(now_ms);
+        }
+        if target > capacity {
+            memory.below_since = None;
+            let largest = workers.iter().map(|w| w.largest_job).max().unwrap_or(0);
+            let shape = self.shape(backlog, largest);
+            let n = target - capacity;
+            return Decision {
+                submit: vec![shape; n as usize],
+                cancel: Vec::new(),
+                why: format!(
+                    "growing by {n}: {} jobs to run (~{:.0} slot-s of work) want {target} worker{} of {} slot{}, \
+                     the pool has {} and {} coming; each asked with {} for jobs of up to {}",
+                    backlog.jobs(),
+                    backlog.work_seconds,
+                    plural(target),
+                    shape.slots,
+                    plural(shape.slots),
+                    workers.len(),
+                    pending.len(),
+                    crate::units::Bytes(shape.memory_bytes),
+                    crate::units::Bytes(shape.memory_bytes.saturating_sub(self.overhead_bytes) / u64::from(shape.slots)),
+                ),
+                target,
+            };
+        }
+        if target == capacity {
+            memory.below_since = None;
+            return Decision { target, ..Decision::default() };
+        }
+        let since = *memory.below_since.get_or_insert(now_ms);
+        let idle_ms = self.idle_for.as_millis() as u64;
+        if now_ms.saturating_sub(since) < idle_ms {
+            return Decision { target, ..Decision::default() };
+        }
+        // Let go of what is not needed: pending jobs first when nothing is
+        // left to do at all, then workers idle long enough, oldest idle first.
+        let mut excess = capacity - target.max(self.min);
+        let mut cancel = Vec::new();
+        if backlog.jobs() == 0 {
+            for id in pending.iter().take(excess as usize) {
+                cancel.push(id.clone());
+                excess -= 1;
+            }
+        }
+        let mut idle: Vec<(&PoolWorker, u64)> = workers
+            .iter()
+            .filter(|w| !w.busy)
+            .filter_map(|w| memory.idle_since.get(&w.addr).map(|t| (w, *t)))
+            .filter(|(_, t)| now_ms.saturating_sub(*t) >= idle_ms)
+            .collect();
+        idle.sort_by_key(|(w, t)| (*t, w.addr.clone()));
+        for (w, _) in idle.into_iter().take(excess as usize) {
+            cancel.push(w.batch_job.clone());
+        }
+        if cancel.is_empty() {
+            return Decision { target, ..Decision::default() };
+        }
+        let why = format!(
+            "shrinking by {}: {} jobs to run want {target} worker{} (at least --min {}), the pool has {} and {} coming; \
+             letting go of those idle for {}",
+            cancel.len(),
+            backlog.jobs(),
+            plural(target),
+            self.min,
+            workers.len(),
+            pending.len(),
+            humantime::format_duration(self.idle_for)
+        );
+        Decision { submit: Vec::new(), cancel, why, target }
+    }
+}
+
+fn plural(n: u32) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+fn round_up_mib(bytes: u64) -> u64 {
+    bytes.div_ceil(1 << 20).saturating_mul(1 << 20)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::backlog::Backlog;
+
+    const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+
+    fn backlog(reports: &[(u64, u64, u64, u64)]) -> PoolBacklog {
+        let reports: Vec<Backlog> = reports
+            .iter()
+            .enumerate()
+            .map(|(i, &(waiting, running, mem, job_ms))| Backlog {
+                id: format!("m{i}"),
+                waiting,
+                running,
+                memory_bytes: mem,
+                largest_bytes: mem,
+                job_ms,
+            })
+            .collect();
+        PoolBacklog::sum(&reports)
+    }
+
+    fn worker(addr: &str, busy: bool, largest: u64) -> PoolWorker {
+        PoolWorker { addr: addr.into(), batch_job: format!("job-{addr}"), busy, largest_job: largest }
+    }
+
+    #[test]
+    fn the_target_is_the_work_over_the_target_duration_within_bounds() {
+        let p = Policy { max: 8, ..Policy::default() };
+        // 200 × 0.5 s = 100 slot-s over 5 s: 20 workers, capped at 8.
+        assert_eq!(p.target(&backlog(&[(200, 0, 64 * MIB, 500)])), 8);
+        // 10 × 0.5 s = 5 s: one worker.
+        assert_eq!(p.target(&backlog(&[(10, 0, 64 * MIB, 500)])), 1);
+        // Three long jobs: three workers, not more than there are jobs.
+        assert_eq!(p.target(&backlog(&[(2, 1, 64 * MIB, 60_000)])), 3);
+        // Nothing to do: --min.
+        assert_eq!(Policy { min: 2, ..p.clone() }.target(&PoolBacklog::default()), 2);
+        // Job time unknown yet: a second each.
+        assert_eq!(p.target(&backlog(&[(20, 0, 64 * MIB, 0)])), 4);
+    }
+
+    #[test]
+    fn pending_jobs_count_as_capacity_coming_so_a_slow_queue_never_resubmits() {
+        let p = Policy::default();
+        let b = backlog(&[(200, 0, 64 * MIB, 500)]);
+        let mut m = Memory::default();
+        let d = p.decide(&b, &[], &[], &mut m, 0);
+        assert_eq!(d.submit.len(), 8, "{d:?}");
+        assert!(d.why.starts_with("growing by 8"), "{}", d.why);
+        // Nothing has started a second later: nothing more is asked for.
+        let pending: Vec<String> = (0..8).map(|i| format!("j{i}")).collect();
+        for t in [1_000, 5_000, 60_000] {
+            let d = p.decide(&b, &[], &pending, &mut m, t);
+            assert!(d.submit.is_empty() && d.cancel.is_empty(), "{d:?}");
+        }
+    }
+
+    #[test]
+    fn it_shrinks_only_after_the_idle_period_never_a_busy_worker_nor_below_min() {
+        let p = Policy { min: 1, idle_for: Duration::from_secs(10), ..Policy::default() };
+        let none = PoolBacklog::default();
+        let workers = vec![worker("a", false, GIB), worker("b", true, GIB), worker("c", false, GIB)];
+        let mut m = Memory::default();
+        assert_eq!(p.decide(&none, &workers, &[], &mut m, 0), Decision { target: 1, ..Decision::default() });
+        assert!(p.decide(&none, &workers, &[], &mut m, 9_000).cancel.is_empty(), "not idle long enough");
+        let d = p.decide(&none, &workers, &[], &mut m, 10_000);
+        // Target 1 (--min), capacity 3: two could go, but b is busy.
+        assert_eq!(d.cancel, ["job-a", "job-c"], "{d:?}");
+        assert!(d.why.starts_with("shrinking by 2"), "{}", d.why);
+        // With b idle too, still one is kept.
+        let all_idle = vec![worker("a", false, GIB), worker("b", false, GIB), worker("c", false, GIB)];
+        let mut m = Memory::default();
+        p.decide(&none, &all_idle, &[], &mut m, 0);
+        assert_eq!(p.decide(&none, &all_idle, &[], &mut m, 20_000).cancel.len(), 2);
+    }
+
+    #[test]
+    fn a_worker_that_just_became_idle_waits_its_turn_and_work_resets_the_clock() {
+        let p = Policy { idle_for: Duration::from_secs(10), ..Policy::default() };
+        let none = PoolBacklog::default();
+        let mut m = Memory::default();
+        p.decide(&none, &[worker("a", true, GIB)], &[], &mut m, 0);
+        // Idle from 8 s on: at 12 s it has been idle only 4 s.
+        p.decide(&none, &[worker("a", false, GIB)], &[], &mut m, 8_000);
+        assert!(p.decide(&none, &[worker("a", false, GIB)], &[], &mut m, 12_000).cancel.is_empty());
+        assert_eq!(p.decide(&none, &[worker("a", false, GIB)], &[], &mut m, 18_000).cancel, ["job-a"]);
+        // A backlog arriving while it waited keeps it.
+        let mut m = Memory::default();
+        let some = backlog(&[(1, 0, MIB, 100)]);
+        p.decide(&none, &[worker("a", false, GIB)], &[], &mut m, 0);
+        assert!(p.decide(&some, &[worker("a", false, GIB)], &[], &mut m, 20_000).cancel.is_empty());
+    }
+
+    #[test]
+    fn workers_are_shaped_by_the_jobs_that_wait() {
+        let p = Policy { slots: 2, overhead_bytes: 256 * MIB, ..Policy::default() };
+        // Large jobs no worker can hold: workers for two of them.
+        let large = backlog(&[(20, 0, 6 * GIB, 1000)]);
+        assert_eq!(p.shape(&large, GIB), Shape { slots: 2, memory_bytes: 12 * GIB + 256 * MIB });
+        // Small jobs get small workers, not the node's size.
+        let small = backlog(&[(500, 0, 48 * MIB, 1000)]);
+        assert_eq!(p.shape(&small, 0), Shape { slots: 2, memory_bytes: 352 * MIB });
+        // A mix: the large ones nobody holds come first; once the pool
+        // holds them, the map with the most work sets the shape.
+        let mix = backlog(&[(400, 0, 32 * MIB, 500), (4, 0, 4 * GIB, 500)]);
+        assert_eq!(p.shape(&mix, GIB).memory_bytes, 8 * GIB + 256 * MIB);
+        assert_eq!(p.shape(&mix, 8 * GIB).memory_bytes, 320 * MIB);
+        // Never past a node's size.
+        let huge = backlog(&[(1, 0, 100 * GIB, 500)]);
+        assert_eq!(p.shape(&huge, 0).memory_bytes, 64 * GIB);
+    }
+
+    #[test]
+    fn pending_jobs_are_let_go_only_when_nothing_is_left_to_do() {
+        let p = Policy { idle_for: Duration::from_secs(5), ..Policy::default() };
+        let mut m = Memory::default();
+        let pending = vec!["j1".to_string(), "j2".to_string()];
+        let some = backlog(&[(1, 0, MIB, 100)]);
+        p.decide(&some, &[], &pending, &mut m, 0);
+        assert!(p.decide(&some, &[], &pending, &mut m, 30_000).cancel.is_empty(), "one job still wants a worker: kept");
+        let mut m = Memory::default();
+        let none = PoolBacklog::default();
+        p.decide(&none, &[], &pending, &mut m, 0);
+        assert_eq!(p.decide(&none, &[], &pending, &mut m, 5_000).cancel, ["j1", "j2"]);
+    }
+}

@@ -1,0 +1,135 @@
+//! `peerwasm adapt`: keep a pool on Slurm sized to its backlog
+//! (`crate::adapt`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::adapt::{AdaptConfig, Policy, PoolSource, Slurm};
+use crate::units::{Size, Span};
+
+#[derive(clap::Args, Debug)]
+pub struct AdaptArgs {
+    /// The pool's shared directory (as `peerwasm worker --pool-dir`): the
+    /// workers it starts join it, and it reads the pool through its
+    /// members, trusting its CA.
+    #[arg(long, value_name = "DIR")]
+    pool_dir: PathBuf,
+    /// Fewest workers kept, even with nothing to do.
+    #[arg(long, default_value_t = 1)]
+    min: u32,
+    /// Most workers.
+    #[arg(long, default_value_t = 8)]
+    max: u32,
+    /// Slots of each worker (its Slurm job's --cpus-per-task).
+    #[arg(long, default_value_t = 1)]
+    slots: u32,
+    /// The backlog is to take about this long: more work asks for more
+    /// workers (as dask's adapt).
+    #[arg(long, value_name = "DUR", default_value_t = Span(Duration::from_secs(5)))]
+    target_duration: Span,
+    /// A worker with nothing to do for this long, while the backlog wants
+    /// fewer, is let go.
+    #[arg(long, value_name = "DUR", default_value_t = Span(Duration::from_secs(10)))]
+    idle: Span,
+    /// The least memory a worker job asks for.
+    #[arg(long, value_name = "SIZE", default_value_t = Size(256 << 20))]
+    min_mem: Size,
+    /// The most memory a worker job asks for (a node's size).
+    #[arg(long, value_name = "SIZE", default_value_t = Size(64 << 30))]
+    max_mem: Size,
+    /// Memory a worker needs besides its jobs (the process, stacks, compiles).
+    #[arg(long, value_name = "SIZE", default_value_t = Size(256 << 20))]
+    overhead: Size,
+    /// An option passed to every sbatch as it is (repeatable): your site's
+    /// --partition=, --account=, --qos=, --time=, --constraint=.
+    #[arg(long = "sbatch", value_name = "OPTION", allow_hyphen_values = true)]
+    sbatch: Vec<String>,
+    /// An option added to every worker's command line (repeatable), e.g.
+    /// --worker-arg=--tenants=/path/tenants.toml.
+    #[arg(long = "worker-arg", value_name = "OPTION", allow_hyphen_values = true)]
+    worker_args: Vec<String>,
+    /// How often the pool and Slurm are read.
+    #[arg(long, value_name = "DUR", default_value_t = Span(Duration::from_secs(1)))]
+    poll: Span,
+    /// The Slurm job name of the worker jobs [default: peerwasm-adapt-PID].
+    #[arg(long)]
+    name: Option<String>,
+}
+
+pub fn run(args: AdaptArgs) -> anyhow::Result<ExitCode> {
+    let exe = std::env::current_exe().map_err(|e| anyhow::anyhow!("cannot find this program for the workers: {e}"))?;
+    let pool_dir = crate::server::pooldir::PoolDir::open(&args.pool_dir)?;
+    let dir = pool_dir.path().canonicalize()?;
+    let mut worker = vec![
+        shell_quote(&exe.to_string_lossy()),
+        "worker".into(),
+        "--listen 0.0.0.0:0".into(),
+        // Each node's own name, as the cluster resolves it.
+        "--advertise \"${SLURMD_NODENAME:-$(hostname)}\"".into(),
+        format!("--pool-dir {}", shell_quote(&dir.to_string_lossy())),
+        "--slurm".into(),
+    ];
+    worker.extend(args.worker_args.iter().map(|a| shell_quote(a)));
+    let slurm = Slurm {
+        name: args.name.unwrap_or_else(|| format!("peerwasm-adapt-{}", std::process::id())),
+        sbatch_args: args.sbatch,
+        worker_command: worker.join(" "),
+    };
+    slurm.check()?;
+    let config = AdaptConfig {
+        policy: Policy {
+            min: args.min,
+            max: args.max.max(args.min),
+            slots: args.slots.max(1),
+            target_duration: args.target_duration.0,
+            idle_for: args.idle.0,
+            overhead_bytes: args.overhead.0,
+            min_worker_bytes: args.min_mem.0,
+            max_worker_bytes: args.max_mem.0,
+            ..Policy::default()
+        },
+        poll: args.poll.0,
+        ..AdaptConfig::default()
+    };
+    let ca = dir.join(crate::net::certs::CA_CERT);
+    let members = pool_dir.clone();
+    let source = PoolSource::new(move || members.members(), move |seeds| {
+        let transport = crate::net::Transport::new(Some(&ca), false)?;
+        crate::client::Pool::new(crate::client::PoolConfig { transport, ..crate::client::PoolConfig::new(seeds) })
+    });
+    eprintln!(
+        "peerwasm adapt: sizing the pool in {} to its backlog with Slurm jobs named {} ({}..{} workers of {} slot{})",
+        dir.display(),
+        slurm.name,
+        config.policy.min,
+        config.policy.max,
+        config.policy.slots,
+        if config.policy.slots == 1 { "" } else { "s" }
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let summary = runtime.block_on(async {
+        let stop = tokio_util::sync::CancellationToken::new();
+        let on_signal = stop.clone();
+        tokio::spawn(async move {
+            super::worker::shutdown_signal().await;
+            on_signal.cancel();
+        });
+        crate::adapt::run(config, source, Arc::new(slurm), stop, |d| eprintln!("peerwasm adapt: {}", d.why)).await
+    })?;
+    eprintln!(
+        "peerwasm adapt: stopped; {} worker jobs submitted, {} cancelled ({} without having run a job), {} refused by Slurm",
+        summary.submitted, summary.cancelled, summary.cancelled_unused, summary.refused
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `s` quoted for the shell that runs the job's `--wrap`.
+fn shell_quote(s: &str) -> String {
+    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,@".contains(c)) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}

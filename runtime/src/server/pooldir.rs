@@ -1,0 +1,175 @@
+//! [`PoolDir`]: a pool joined through a shared directory (`peerwasm worker
+//! --pool-dir DIR`), as the allocations of a batch system join one pool.
+//!
+//! Every worker started with the same directory (on a filesystem the
+//! nodes share, private to the user) finds there what it needs to join:
+//! the pool's gossip key (`pool.key`), its CA (`ca.crt`, `ca.key`), and the
+//! addresses of the workers already in it (`members/`). The first worker
+//! makes the key and the CA (race-free: the key with a no-clobber rename,
+//! the CA under a lock), every worker issues its own certificate at start
+//! for the host it advertises (so a new node needs nothing made for it
+//! beforehand), and each lists itself in `members/` while it runs.
+//! Clients use `DIR/ca.crt` (`PEERWASM_TLS_CA`) and any member's address.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context;
+
+use crate::net::certs;
+
+/// The pool's gossip key file in a pool directory.
+pub const KEY_FILE: &str = "pool.key";
+/// Where the running workers list their addresses.
+pub const MEMBERS: &str = "members";
+/// How long a certificate a worker issues itself at start is valid.
+pub const CERT_VALIDITY: Duration = Duration::from_secs(30 * 86_400);
+
+/// A shared pool directory.
+#[derive(Clone, Debug)]
+pub struct PoolDir {
+    dir: PathBuf,
+}
+
+/// What a worker takes from a pool directory to start.
+#[derive(Clone, Debug)]
+pub struct Joining {
+    /// `--cluster-key`.
+    pub key: PathBuf,
+    /// `--tls-cert`, `--tls-key`, `--tls-ca`: its own certificate.
+    pub tls: crate::net::tls::WorkerTls,
+    /// The members to join through.
+    pub members: Vec<String>,
+}
+
+impl PoolDir {
+    /// The pool directory `dir`, made (0700) if it is not there; refused
+    /// if another user owns it or others may enter it.
+    pub fn open(dir: &Path) -> anyhow::Result<PoolDir> {
+        crate::private_path::private_dir(dir)?;
+        std::fs::create_dir_all(dir.join(MEMBERS)).with_context(|| format!("cannot make {}", dir.join(MEMBERS).display()))?;
+        Ok(PoolDir { dir: dir.to_path_buf() })
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Everything a worker reached at `host` needs to join: the key and CA
+    /// (made if this is the first worker), a certificate of its own, and
+    /// the members now listed.
+    pub fn join(&self, host: &str) -> anyhow::Result<Joining> {
+        let key = self.dir.join(KEY_FILE);
+        crate::private_path::create_once(&key, &rand::random::<[u8; 32]>())
+            .with_context(|| format!("cannot make the pool key {}", key.display()))?;
+        self.ensure_ca()?;
+        let now = SystemTime::now();
+        let stem = format!("node-{}-{}", host.replace(|c: char| !c.is_ascii_alphanumeric() && c != '.' && c != '-', "_"), hex::encode(rand::random::<[u8; 4]>()));
+        let issued = certs::issue(&self.dir, &[host.to_string()], Some(&stem), now - Duration::from_secs(3600), now + CERT_VALIDITY)?;
+        Ok(Joining {
+            key,
+            tls: crate::net::tls::WorkerTls { cert: issued.cert, key: issued.key, ca: self.dir.join(certs::CA_CERT) },
+            members: self.members(),
+        })
+    }
+
+    /// Makes the CA unless there is one, holding a lock on the directory
+    /// meanwhile: workers starting together make one CA, not several.
+    fn ensure_ca(&self) -> anyhow::Result<()> {
+        use std::os::fd::AsRawFd;
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(self.dir.join(".lock"))
+            .with_context(|| format!("cannot lock {}", self.dir.display()))?;
+        // SAFETY: flock(2) on a descriptor we own; released when `lock` closes.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            anyhow::bail!("cannot lock {}: {}", self.dir.display(), std::io::Error::last_os_error());
+        }
+        if !self.dir.join(certs::CA_KEY).exists() {
+            certs::init(&self.dir)?;
+        }
+        Ok(())
+    }
+
+    /// The addresses the running workers listed.
+    pub fn members(&self) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(self.dir.join(MEMBERS)) else { return Vec::new() };
+        let mut out: Vec<String> = entries
+            .flatten()
+            .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty() && s.len() < 256)
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// Lists `addr` as a member until the guard is dropped.
+    pub fn register(&self, addr: &str) -> anyhow::Result<Member> {
+        let path = self.dir.join(MEMBERS).join(addr.replace(|c: char| !c.is_ascii_alphanumeric() && c != '.' && c != '-', "_"));
+        std::fs::write(&path, addr).with_context(|| format!("cannot list this worker in {}", path.display()))?;
+        Ok(Member { path })
+    }
+}
+
+/// A worker's entry in `members/`, removed when dropped (its worker stops).
+#[derive(Debug)]
+pub struct Member {
+    path: PathBuf,
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workers_starting_together_share_one_key_and_ca_and_each_gets_a_certificate() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("pool");
+        let hosts = ["n1", "n2", "n2", "127.0.0.1"];
+        let joins: Vec<Joining> = std::thread::scope(|s| {
+            let handles: Vec<_> = hosts
+                .iter()
+                .map(|host| {
+                    let dir = dir.clone();
+                    s.spawn(move || PoolDir::open(&dir).unwrap().join(host).unwrap())
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let key = std::fs::read(&joins[0].key).unwrap();
+        assert_eq!(key.len(), 32);
+        for (j, host) in joins.iter().zip(hosts) {
+            assert_eq!(std::fs::read(&j.key).unwrap(), key, "one key");
+            assert_eq!(j.tls.ca, dir.join("ca.crt"));
+            // The one CA signed every certificate, for the host each named.
+            assert_eq!(crate::net::tls::would_refuse(&j.tls.cert, &j.tls.ca, host).unwrap(), None, "{host}");
+        }
+        assert_ne!(joins[1].tls.cert, joins[2].tls.cert, "two workers on one node: two certificates");
+        let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&dir).unwrap().permissions());
+        assert_eq!(mode & 0o777, 0o700);
+    }
+
+    #[test]
+    fn members_list_themselves_while_they_run() {
+        let tmp = tempfile::tempdir().unwrap();
+        let pool = PoolDir::open(tmp.path()).unwrap();
+        let a = pool.register("10.0.0.1:40001").unwrap();
+        let b = pool.register("node2:40002").unwrap();
+        assert_eq!(pool.members(), ["10.0.0.1:40001", "node2:40002"]);
+        drop(a);
+        assert_eq!(pool.members(), ["node2:40002"]);
+        drop(b);
+        assert!(pool.members().is_empty());
+    }
+}
