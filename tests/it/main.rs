@@ -4,13 +4,14 @@
 //! of a job, durable submissions, hostile guests and requests, faults,
 //! soak, clusters, what a worker shows, the budgets of what requests
 //! make it hold, TLS on every hop, and what comes out of a sandbox or off
-//! the network, not believed. One test binary (each links
+//! the network, not believed; a pool that follows the work. One test binary (each links
 //! wasmtime), one module per area.
 
 mod batch;
 mod budgets;
 mod cli;
 mod cluster;
+mod elastic;
 mod faults;
 mod files;
 mod hardening;
