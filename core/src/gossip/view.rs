@@ -68,5 +68,5 @@ pub fn peers_table(peers: &[PeerView]) -> String {
     let backlog = crate::proto::backlog::PoolBacklog::sum(
         peers.iter().filter(|p| p.liveness == Liveness::Alive).flat_map(|p| p.advert.backlog.iter()),
     );
-    format!("{}{}\n", crate::units::render_table(&rows), backlog)
+    format!("{}\n{}\n", crate::units::render_table(&rows), backlog)
 }

@@ -108,8 +108,8 @@ fn name_of(host: &str) -> DistinguishedName {
     name(&format!("peerwasm worker {host}"))
 }
 
-/// A host as a file name: `::1` → `__1`.
-fn file_stem(host: &str) -> String {
+/// A host (or `host:port`) as a file name: `::1` → `__1`.
+pub fn file_stem(host: &str) -> String {
     host.trim_start_matches('[')
         .trim_end_matches(']')
         .chars()

@@ -65,7 +65,7 @@ impl PoolDir {
             .with_context(|| format!("cannot make the pool key {}", key.display()))?;
         self.ensure_ca()?;
         let now = SystemTime::now();
-        let stem = format!("node-{}-{}", host.replace(|c: char| !c.is_ascii_alphanumeric() && c != '.' && c != '-', "_"), hex::encode(rand::random::<[u8; 4]>()));
+        let stem = format!("node-{}-{}", certs::file_stem(host), hex::encode(rand::random::<[u8; 4]>()));
         let issued = certs::issue(&self.dir, &[host.to_string()], Some(&stem), now - Duration::from_secs(3600), now + CERT_VALIDITY)?;
         Ok(Joining {
             key,
@@ -110,7 +110,7 @@ impl PoolDir {
 
     /// Lists `addr` as a member until the guard is dropped.
     pub fn register(&self, addr: &str) -> anyhow::Result<Member> {
-        let path = self.dir.join(MEMBERS).join(addr.replace(|c: char| !c.is_ascii_alphanumeric() && c != '.' && c != '-', "_"));
+        let path = self.dir.join(MEMBERS).join(certs::file_stem(addr));
         std::fs::write(&path, addr).with_context(|| format!("cannot list this worker in {}", path.display()))?;
         Ok(Member { path })
     }

@@ -360,15 +360,16 @@ async fn drain(
     }
     tracing::info!(grace = %humantime::format_duration(grace), "shutting down: finishing running jobs, leaving the pool");
     worker.draining.store(true, Ordering::Relaxed);
+    // Queued jobs first: their clients send them elsewhere at once.
+    let queued = worker.jobs.cancel_all(CancelCause::Shutdown, true);
+    if queued > 0 {
+        tracing::info!(queued, "cancelled queued jobs: their clients send them elsewhere");
+    }
     let farewell_worker = worker.clone();
     crate::gossip::transport::farewell(&worker.gossip, transport.as_ref(), &mut |node: &mut GossipNode<Advert>| {
         node.set_record(farewell_worker.gossip_advert())
     })
     .await;
-    let queued = worker.jobs.cancel_all(CancelCause::Shutdown, true);
-    if queued > 0 {
-        tracing::info!(queued, "cancelled queued jobs: their clients send them elsewhere");
-    }
     let reaper = worker.clone();
     tokio::spawn(async move {
         tokio::time::sleep(grace).await;
