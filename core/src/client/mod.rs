@@ -8,6 +8,8 @@
 //! * `peers` — the pool's view from the first seed that answers, and who
 //!   may be sent a tenant's token;
 //! * [`placement`] — best fit over the gossip view;
+//! * [`growth`] — a pool that grows on demand: members read again, the
+//!   backlog told to its controller, jobs that wait for a worker to come;
 //! * [`pool`] — [`Pool`]: the view, the candidates for a job, module
 //!   uploads, how a refusal reads;
 //! * `api` — [`WorkerApi`]: the worker's HTTP API, one
@@ -60,6 +62,7 @@ mod batcher;
 pub mod detach;
 mod errors;
 pub mod estimate;
+pub mod growth;
 pub(crate) mod job;
 pub mod jobs;
 pub mod map;

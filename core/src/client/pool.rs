@@ -58,6 +58,10 @@ pub struct PoolConfig {
     /// Plain HTTP or TLS with the pool's CA; whether the token may go in
     /// clear off loopback. Default: plain HTTP, token to loopback only.
     pub transport: Transport,
+    /// The pool grows on demand (a controller runs it): its members are
+    /// read again at every view, and a job no worker can hold yet waits
+    /// for one. Default: none (a fixed pool).
+    pub growth: Option<super::growth::Growth>,
 }
 
 impl PoolConfig {
@@ -71,6 +75,7 @@ impl PoolConfig {
             token: None,
             hash_cache: None,
             transport: Transport::plain(),
+            growth: None,
         }
     }
 }
@@ -137,18 +142,29 @@ impl Pool {
         }
         // The seeds first, then any live worker we know of: a map outlives
         // the death of the worker it was pointed at.
-        let mut ask = self.config.seeds.clone();
+        let seeds = self.seeds();
+        let mut ask = seeds.clone();
         for p in view.peers.iter().filter(|p| p.liveness == Liveness::Alive) {
             if !ask.contains(&p.advert.addr) {
                 ask.push(p.advert.addr.clone());
             }
         }
         // Named workers are asked with the token, others only if trusted.
-        let (named, others): (Vec<String>, Vec<String>) = ask.into_iter().partition(|a| self.config.seeds.contains(a));
-        let peers = match super::peers::fetch_peers(&self.http, &named).await {
+        let (named, others): (Vec<String>, Vec<String>) = ask.into_iter().partition(|a| seeds.contains(a));
+        let fetched = match super::peers::fetch_peers(&self.http, &named).await {
+            Ok(p) => Ok(p),
+            Err(e) if others.is_empty() => Err(e),
+            Err(_) => super::peers::fetch_peers(self.client_for(&others[0]), &others).await,
+        };
+        let peers = match fetched {
             Ok(p) => p,
-            Err(e) if others.is_empty() => return Err(e),
-            Err(_) => super::peers::fetch_peers(self.client_for(&others[0]), &others).await?,
+            // A pool that grows may be at zero workers (or only at ones
+            // that just left): an empty view, until one joins.
+            Err(e) if self.config.growth.is_some() => {
+                tracing::debug!("no worker of the growing pool answered: {e:#}");
+                Vec::new()
+            }
+            Err(e) => return Err(e),
         };
         let peers = self.placeable(peers);
         view.peers = peers.clone();
@@ -161,9 +177,13 @@ impl Pool {
     /// then the vouched ones of the view. A report that no worker takes is
     /// said in the log and dropped: the next one replaces it.
     pub async fn report_backlog(&self, backlog: &crate::proto::backlog::Backlog) {
-        let mut ask = self.config.seeds.clone();
+        if let Some(growth) = &self.config.growth {
+            (growth.report)(backlog);
+        }
+        let seeds = self.seeds();
+        let mut ask = seeds.clone();
         if let Ok(view) = self.view().await {
-            ask.extend(view.into_iter().map(|p| p.advert.addr).filter(|a| !self.config.seeds.contains(a)));
+            ask.extend(view.into_iter().map(|p| p.advert.addr).filter(|a| !seeds.contains(a)));
         }
         let mut last = None;
         for addr in ask.iter().filter(|a| self.trusts(a)) {
@@ -192,13 +212,27 @@ impl Pool {
                 *no_peer_since = None;
                 c
             }
-            Err(placement::NoPlace::NeverFits(why)) => return Err(SubmitError::Fatal(why)),
-            Err(placement::NoPlace::NoLivePeer) => {
+            Err(placement::NoPlace::NeverFits(why)) => {
+                // A pool that grows may yet get a worker large enough.
+                let Some(growth) = self.config.growth.as_ref().filter(|g| g.can_bring(spec.limits.memory_bytes)) else {
+                    return Err(SubmitError::Fatal(why));
+                };
                 let since = *no_peer_since.get_or_insert_with(Instant::now);
-                if since.elapsed() > self.config.no_peer_patience {
+                if since.elapsed() > growth.patience {
+                    return Err(SubmitError::Fatal(format!(
+                        "{why}, and the pool did not grow a worker for it in {}",
+                        humantime::format_duration(growth.patience)
+                    )));
+                }
+                Vec::new()
+            }
+            Err(placement::NoPlace::NoLivePeer) => {
+                let patience = self.config.growth.as_ref().map_or(self.config.no_peer_patience, |g| g.patience);
+                let since = *no_peer_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > patience {
                     return Err(SubmitError::Fatal(format!(
                         "no live worker in the pool for {}",
-                        humantime::format_duration(self.config.no_peer_patience)
+                        humantime::format_duration(patience)
                     )));
                 }
                 Vec::new()
@@ -232,7 +266,22 @@ impl Pool {
     /// TLS); and it does not cross the network in clear (TLS, loopback, or
     /// `--insecure-http`).
     pub(super) fn trusts(&self, addr: &str) -> bool {
-        self.http.may_send_to(addr) && (self.config.seeds.iter().any(|s| s == addr) || self.vouched.lock().contains(addr))
+        self.http.may_send_to(addr) && (self.seeds().iter().any(|s| s == addr) || self.vouched.lock().contains(addr))
+    }
+
+    /// The workers the user named: the seeds, and a growing pool's members
+    /// now (from the user's own pool directory).
+    pub(super) fn seeds(&self) -> Vec<String> {
+        let mut seeds = self.config.seeds.clone();
+        if let Some(growth) = &self.config.growth {
+            seeds.extend((growth.members)().into_iter().filter(|m| !self.config.seeds.contains(m)));
+        }
+        seeds
+    }
+
+    /// How the pool grows, if it does.
+    pub fn growth(&self) -> Option<&super::growth::Growth> {
+        self.config.growth.as_ref()
     }
 
     /// The workers of `peers` a job may be placed on: named, vouched for
@@ -240,9 +289,10 @@ impl Pool {
     /// CA when connected to. The others are left out, each said once.
     fn placeable(&self, peers: Vec<PeerView>) -> Vec<PeerView> {
         let tls = self.config.transport.is_tls();
+        let seeds = self.seeds();
         let (kept, left): (Vec<PeerView>, Vec<PeerView>) = peers
             .into_iter()
-            .partition(|p| tls || p.vouched || self.config.seeds.iter().any(|s| *s == p.advert.addr));
+            .partition(|p| tls || p.vouched || seeds.contains(&p.advert.addr));
         let mut said = self.unvouched_said.lock();
         for p in left.iter().filter(|p| said.insert(p.advert.addr.clone())) {
             tracing::warn!(

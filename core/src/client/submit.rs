@@ -43,7 +43,7 @@ impl Pool {
         let body = bytes::Bytes::from(postcard::to_allocvec(&spec)?);
         let owners: Vec<String> = match owner {
             Some(o) => vec![o.to_string()],
-            None => self.config.seeds.clone(),
+            None => self.seeds(),
         };
         let mut errors = Vec::new();
         for addr in &owners {

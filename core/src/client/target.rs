@@ -53,12 +53,24 @@ impl Target {
                     .collect();
                 let mut caps: Vec<u64> = live.iter().map(|p| p.advert.largest_job()).collect();
                 caps.sort_unstable();
-                Ok(Capacity {
+                let now = Capacity {
                     slots: live.iter().map(|p| p.advert.slots_total).sum(),
                     largest_job: caps.last().copied().unwrap_or(0),
                     // The median's upper neighbour: at least half hold it.
                     typical_job: caps.get(caps.len().saturating_sub(1) / 2).copied().unwrap_or(0),
                     workers: live.len() as u32,
+                };
+                Ok(match pool.growth() {
+                    // What the pool can grow to hold: a map starts (and
+                    // waits) on an empty pool, and asks up to the largest
+                    // worker its controller can bring.
+                    Some(g) => Capacity {
+                        slots: now.slots.max(1),
+                        workers: now.workers.max(1),
+                        largest_job: now.largest_job.max(g.largest_job),
+                        typical_job: now.typical_job.max(1),
+                    },
+                    None => now,
                 })
             }
         }

@@ -94,6 +94,10 @@ pub struct GossipNode<R> {
     check: Option<RecordCheck<R>>,
     /// States dropped: invalid, or beyond `max_nodes`.
     dropped: u64,
+    /// Addresses to contact in the next round, whoever else is chosen:
+    /// members found outside gossip (a pool directory), so that workers
+    /// that started together, each alone, merge into one pool at once.
+    introductions: Vec<String>,
 }
 
 impl<R: Clone> GossipNode<R> {
@@ -102,7 +106,7 @@ impl<R: Clone> GossipNode<R> {
         let mut state = ClusterState::default();
         state.set(id.clone(), NodeState { record, version: 1, heartbeat: 1 });
         let detector = FailureDetector::new(config.failure.clone());
-        GossipNode { id, config, state, detector, check: None, dropped: 0 }
+        GossipNode { id, config, state, detector, check: None, dropped: 0, introductions: Vec::new() }
     }
 
     /// Records from peers must pass `check` to enter the view.
@@ -214,6 +218,21 @@ impl<R: Clone> GossipNode<R> {
         out
     }
 
+    /// Has the next round contact `addr` if it is not a peer already (nor
+    /// this node): how a member found outside gossip joins the view. At
+    /// most `fanout` × 4 wait at once.
+    pub fn introduce(&mut self, addr: &str) {
+        let known = addr == self.id.addr || self.state.iter().any(|(id, _)| id.addr == addr);
+        if !known && !self.introductions.iter().any(|a| a == addr) && self.introductions.len() < self.config.fanout.max(1) * 4 {
+            self.introductions.push(addr.to_string());
+        }
+    }
+
+    /// The introductions waiting, taken by the round that contacts them.
+    pub fn take_introductions(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.introductions)
+    }
+
     /// The round opener.
     pub fn syn(&self) -> Syn {
         Syn { digest: self.state.digest() }
@@ -310,5 +329,21 @@ mod tests {
         node.forget_dead(6_000);
         assert!(!node.state().knows_addr("gone"));
         assert!(node.state().knows_addr("me"), "a node never forgets itself");
+    }
+
+    #[test]
+    fn members_found_outside_gossip_are_contacted_once_unless_known() {
+        let config = GossipConfig { fanout: 1, ..GossipConfig::default() };
+        let mut node = GossipNode::new(NodeId::new("me", 1), 0i64, config);
+        node.handle_ack(Ack { delta: vec![(NodeId::new("known", 1), state(1, 1))] }, 0);
+        for addr in ["me", "known", "new-a", "new-a", "new-b"] {
+            node.introduce(addr);
+        }
+        assert_eq!(node.take_introductions(), ["new-a", "new-b"]);
+        assert!(node.take_introductions().is_empty(), "taken by one round");
+        for i in 0..10 {
+            node.introduce(&format!("n{i}"));
+        }
+        assert_eq!(node.take_introductions().len(), 4, "bounded by fanout x 4");
     }
 }

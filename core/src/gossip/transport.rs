@@ -263,7 +263,13 @@ pub async fn round<R>(
         refresh(&mut node);
         node.tick();
         node.forget_dead(shared.now_ms());
-        (node.choose_peers(rng, shared.now_ms()), node.syn())
+        let mut targets = node.choose_peers(rng, shared.now_ms());
+        for addr in node.take_introductions() {
+            if !targets.contains(&addr) {
+                targets.push(addr);
+            }
+        }
+        (targets, node.syn())
     };
     let exchanges = targets.into_iter().map(|addr| exchange(shared, transport, addr, syn.clone()));
     futures::future::join_all(exchanges).await;

@@ -65,6 +65,9 @@ pub struct PoolSource {
     seeds: Box<dyn Fn() -> Vec<String> + Send>,
     make: Box<dyn Fn(Vec<String>) -> anyhow::Result<Pool> + Send>,
     current: Option<(Vec<String>, Arc<Pool>)>,
+    /// Backlogs told to the controller directly (a pool directory's
+    /// `backlog/`): how it hears of work while the pool has no worker.
+    direct: Box<dyn Fn() -> Vec<crate::proto::backlog::Backlog> + Send>,
 }
 
 impl PoolSource {
@@ -74,7 +77,14 @@ impl PoolSource {
         seeds: impl Fn() -> Vec<String> + Send + 'static,
         make: impl Fn(Vec<String>) -> anyhow::Result<Pool> + Send + 'static,
     ) -> PoolSource {
-        PoolSource { seeds: Box::new(seeds), make: Box::new(make), current: None }
+        PoolSource { seeds: Box::new(seeds), make: Box::new(make), current: None, direct: Box::new(Vec::new) }
+    }
+
+    /// Also counts the backlogs `direct` gives at each poll (maps that
+    /// tell the controller directly, as well as through the workers).
+    pub fn with_direct_backlogs(mut self, direct: impl Fn() -> Vec<crate::proto::backlog::Backlog> + Send + 'static) -> PoolSource {
+        self.direct = Box::new(direct);
+        self
     }
 
     /// The pool view now (empty when no worker answers: a pool of none).
@@ -130,7 +140,8 @@ pub async fn run(
         }
         let view = pool.view().await;
         let live: Vec<&PeerView> = view.iter().filter(|p| p.liveness == Liveness::Alive && !p.advert.draining).collect();
-        let backlog = PoolBacklog::sum(live.iter().flat_map(|p| p.advert.backlog.iter()));
+        let direct = (pool.direct)();
+        let backlog = PoolBacklog::sum(direct.iter().chain(live.iter().flat_map(|p| p.advert.backlog.iter())));
         let known = match tokio::task::block_in_place(|| batch.jobs()) {
             Ok(jobs) => jobs,
             Err(e) => {

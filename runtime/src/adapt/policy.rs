@@ -115,15 +115,21 @@ impl Policy {
     /// The workers the backlog asks for, within `min..=max`.
     pub fn target(&self, backlog: &PoolBacklog) -> u32 {
         let slots = f64::from(self.slots.max(1));
-        let unknown = self.unknown_job_time.as_secs_f64();
-        let work: f64 = backlog
-            .reports
-            .iter()
-            .map(|b| (b.waiting + b.running) as f64 * if b.job_ms == 0 { unknown } else { b.job_ms as f64 / 1000.0 })
-            .sum();
+        let work = self.work_seconds(backlog);
         let by_work = (work / self.target_duration.as_secs_f64().max(0.001) / slots).ceil();
         let by_jobs = (backlog.jobs() as f64 / slots).ceil();
         (by_work.min(by_jobs) as u32).clamp(self.min, self.max.max(self.min))
+    }
+
+    /// The backlog's work in slot-seconds: each map's jobs × their mean
+    /// time, or `unknown_job_time` before any of its jobs has ended.
+    pub fn work_seconds(&self, backlog: &PoolBacklog) -> f64 {
+        let unknown = self.unknown_job_time.as_secs_f64();
+        backlog
+            .reports
+            .iter()
+            .map(|b| (b.waiting + b.running) as f64 * if b.job_ms == 0 { unknown } else { b.job_ms as f64 / 1000.0 })
+            .sum()
     }
 
     /// The shape of a worker for the backlog as it is, given the largest
@@ -171,7 +177,7 @@ impl Policy {
                     "growing by {n}: {} jobs to run (~{:.0} slot-s of work) want {target} worker{} of {} slot{}, \
                      the pool has {} and {} coming; each asked with {} for jobs of up to {}",
                     backlog.jobs(),
-                    backlog.work_seconds,
+                    self.work_seconds(backlog),
                     plural(target),
                     shape.slots,
                     plural(shape.slots),

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::adapt::{AdaptConfig, Policy, PoolSource, Slurm};
+use crate::server::pooldir::{CONTROLLER_TTL, Controller};
 use crate::units::{Size, Span};
 
 #[derive(clap::Args, Debug)]
@@ -93,12 +94,22 @@ pub fn run(args: AdaptArgs) -> anyhow::Result<ExitCode> {
         poll: args.poll.0,
         ..AdaptConfig::default()
     };
+    // Clients may start before any worker: the key and CA are made now.
+    pool_dir.prepare()?;
     let ca = dir.join(crate::net::certs::CA_CERT);
-    let members = pool_dir.clone();
+    let (members, direct) = (pool_dir.clone(), pool_dir.clone());
     let source = PoolSource::new(move || members.members(), move |seeds| {
         let transport = crate::net::Transport::new(Some(&ca), false)?;
         crate::client::Pool::new(crate::client::PoolConfig { transport, ..crate::client::PoolConfig::new(seeds) })
-    });
+    })
+    .with_direct_backlogs(move || direct.backlogs());
+    let controller = Controller {
+        name: slurm.name.clone(),
+        host: sysinfo::System::host_name().unwrap_or_default(),
+        pid: std::process::id(),
+        max_workers: args.max.max(args.min),
+        largest_job: args.max_mem.0.min(args.max_mem.0.saturating_sub(args.overhead.0)),
+    };
     eprintln!(
         "peerwasm adapt: sizing the pool in {} to its backlog with Slurm jobs named {} ({}..{} workers of {} slot{})",
         dir.display(),
@@ -116,7 +127,25 @@ pub fn run(args: AdaptArgs) -> anyhow::Result<ExitCode> {
             super::worker::shutdown_signal().await;
             on_signal.cancel();
         });
-        crate::adapt::run(config, source, Arc::new(slurm), stop, |d| eprintln!("peerwasm adapt: {}", d.why)).await
+        // Clients of the pool directory learn that the pool grows (and how
+        // large a job it can take) from this notice, renewed while it runs.
+        let (notice, announcing) = (pool_dir.clone(), stop.clone());
+        let renew = controller.clone();
+        let announcer = tokio::spawn(async move {
+            loop {
+                if let Err(e) = notice.announce(&renew) {
+                    tracing::warn!("cannot write the controller's notice into the pool directory: {e:#}");
+                }
+                tokio::select! {
+                    () = announcing.cancelled() => break,
+                    () = tokio::time::sleep(CONTROLLER_TTL / 6) => {}
+                }
+            }
+        });
+        let out = crate::adapt::run(config, source, Arc::new(slurm), stop, |d| eprintln!("peerwasm adapt: {}", d.why)).await;
+        let _ = announcer.await;
+        pool_dir.retire(&controller.name);
+        out
     })?;
     eprintln!(
         "peerwasm adapt: stopped; {} worker jobs submitted, {} cancelled ({} without having run a job), {} refused by Slurm",

@@ -23,6 +23,18 @@ pub struct PoolArgs {
     pub(super) token: Option<String>,
     #[command(flatten)]
     pub(super) tls: TlsArgs,
+    /// The pool's shared directory (as its workers' and `peerwasm adapt`'s
+    /// --pool-dir): its running workers are the peers, its CA is trusted;
+    /// if a controller grows the pool, jobs wait for the workers it brings.
+    #[arg(long, env = "PEERWASM_POOL_DIR", value_name = "DIR")]
+    pub(super) pool_dir: Option<PathBuf>,
+    /// With a pool that grows (`peerwasm adapt`): how long a job waits for
+    /// a worker that can hold it before the command fails.
+    #[arg(long, value_name = "DUR", default_value_t = crate::units::Span(std::time::Duration::from_secs(600)))]
+    pub(super) wait_for_workers: crate::units::Span,
+    /// The pool directory's controller, when it has one (set by `resolve`).
+    #[arg(skip)]
+    pub(super) controller: Option<crate::server::pooldir::Controller>,
 }
 
 /// How a client reaches workers: TLS trusting the pool's CA, or plain
@@ -56,7 +68,71 @@ impl TlsArgs {
     }
 }
 
+/// A pool directory as a client opens it (it must be one already: its CA
+/// made by a worker or by `peerwasm adapt`): its CA trusted unless another
+/// was given, its running workers added to `peers`.
+fn client_pool_dir(
+    dir: &std::path::Path,
+    tls: &mut TlsArgs,
+    peers: &mut Vec<String>,
+) -> anyhow::Result<crate::server::pooldir::PoolDir> {
+    if !dir.join(crate::net::certs::CA_CERT).exists() {
+        anyhow::bail!(
+            "{} is not a pool directory yet (no {}): start `peerwasm adapt --pool-dir {0}` or a worker with \
+             --pool-dir {0} first",
+            dir.display(),
+            crate::net::certs::CA_CERT
+        );
+    }
+    let pool = crate::server::pooldir::PoolDir::open(dir)?;
+    if tls.tls_ca.is_none() && !tls.insecure_http {
+        tls.tls_ca = Some(dir.join(crate::net::certs::CA_CERT));
+    }
+    for m in pool.members() {
+        if !peers.contains(&m) {
+            peers.push(m);
+        }
+    }
+    Ok(pool)
+}
+
 impl PoolArgs {
+    /// Takes the peers and the CA from `--pool-dir`, if given, and notes
+    /// its controller.
+    pub(super) fn resolve(&mut self) -> anyhow::Result<()> {
+        let Some(dir) = &self.pool_dir else { return Ok(()) };
+        let pool = client_pool_dir(dir, &mut self.tls, &mut self.peers)?;
+        self.controller = pool.controller();
+        if self.peers.is_empty() && self.controller.is_none() {
+            anyhow::bail!(
+                "the pool in {} has no running worker, and no controller (peerwasm adapt) is growing it",
+                dir.display()
+            );
+        }
+        Ok(())
+    }
+
+    /// How the pool grows, when `--pool-dir` has a controller.
+    fn growth(&self) -> Option<crate::client::growth::Growth> {
+        let (dir, controller) = (self.pool_dir.as_ref()?, self.controller.as_ref()?);
+        let pool = crate::server::pooldir::PoolDir::open(dir).ok()?;
+        let writer = pool.clone();
+        Some(crate::client::growth::Growth {
+            members: std::sync::Arc::new(move || pool.members()),
+            largest_job: controller.largest_job,
+            patience: self.wait_for_workers.0,
+            report: std::sync::Arc::new(move |b| {
+                if let Err(e) = writer.write_backlog(b) {
+                    tracing::debug!("cannot write this map's backlog into the pool directory: {e:#}");
+                }
+            }),
+        })
+    }
+
+    /// Whether this is a pool at all (else: the embedded worker).
+    pub(super) fn is_pool(&self) -> bool {
+        !self.peers.is_empty() || self.controller.is_some()
+    }
     /// The workers a command that looks for the caller's jobs may ask:
     /// with a token, those it may be sent to (the named ones, or all of a
     /// keyed pool: see `client::trusted`); without one, there is nothing to
@@ -71,13 +147,14 @@ impl PoolArgs {
     /// The pool, or `None` for the embedded worker; shipped directories'
     /// file hashes are kept under `cache_root`.
     pub(super) fn target(&self, cache_root: Option<PathBuf>) -> anyhow::Result<Option<crate::client::Target>> {
-        if self.peers.is_empty() {
+        if !self.is_pool() {
             return Ok(None);
         }
         let config = crate::client::PoolConfig {
             token: self.token.clone(),
             hash_cache: cache_root,
             transport: self.tls.transport()?,
+            growth: self.growth(),
             ..crate::client::PoolConfig::new(self.peers.clone())
         };
         Ok(Some(crate::client::Target::Pool(std::sync::Arc::new(crate::client::Pool::new(config)?))))
@@ -88,8 +165,12 @@ impl PoolArgs {
 #[derive(clap::Args, Debug)]
 pub struct ViewArgs {
     /// Workers to ask, comma-separated host:port (the first that answers).
-    #[arg(long, value_delimiter = ',', env = "PEERWASM_PEERS", value_name = "ADDR,...", required = true)]
+    #[arg(long, value_delimiter = ',', env = "PEERWASM_PEERS", value_name = "ADDR,...", required_unless_present = "pool_dir")]
     pub(super) peers: Vec<String>,
+    /// The pool's shared directory: its running workers are asked, its CA
+    /// trusted.
+    #[arg(long, env = "PEERWASM_POOL_DIR", value_name = "DIR")]
+    pub(super) pool_dir: Option<PathBuf>,
     /// Print JSON instead of text.
     #[arg(long)]
     pub(super) json: bool,
@@ -102,6 +183,16 @@ pub struct ViewArgs {
 }
 
 impl ViewArgs {
+    /// Takes the peers and the CA from `--pool-dir`, if given.
+    pub(super) fn resolve(&mut self) -> anyhow::Result<()> {
+        let Some(dir) = &self.pool_dir else { return Ok(()) };
+        client_pool_dir(dir, &mut self.tls, &mut self.peers)?;
+        if self.peers.is_empty() {
+            anyhow::bail!("the pool in {} has no running worker", dir.display());
+        }
+        Ok(())
+    }
+
     /// Fetches the pool view from the first worker that answers.
     pub(super) fn fetch(&self) -> anyhow::Result<Vec<crate::gossip::PeerView>> {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

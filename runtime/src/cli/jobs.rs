@@ -12,7 +12,7 @@ use crate::units::Bytes;
 #[derive(clap::Args, Debug)]
 pub struct JobsArgs {
     #[command(flatten)]
-    pool: super::args::PoolArgs,
+    pub(super) pool: super::args::PoolArgs,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -54,7 +54,7 @@ pub(super) fn pool_client(pool: &super::args::PoolArgs, what: &str) -> anyhow::R
 #[derive(clap::Args, Debug)]
 pub struct LogsArgs {
     #[command(flatten)]
-    pool: super::args::PoolArgs,
+    pub(super) pool: super::args::PoolArgs,
     /// Follow: print the output as the job writes it until it ends, then
     /// exit with its exit code.
     #[arg(short, long)]
@@ -95,7 +95,7 @@ pub(super) const NO_SUCH_SUBMISSION: &str = "no such submission of yours on any 
 #[derive(clap::Args, Debug)]
 pub struct CancelArgs {
     #[command(flatten)]
-    pool: super::args::PoolArgs,
+    pub(super) pool: super::args::PoolArgs,
     /// The ids of the jobs to cancel (as `peerwasm jobs` lists them), or of
     /// submissions (`s-...`, as `map --detach` printed them).
     #[arg(value_name = "ID", required = true)]

@@ -79,7 +79,7 @@ pub struct MapArgs {
     #[command(flatten)]
     entry: super::args::EntryArgs,
     #[command(flatten)]
-    pool: super::args::PoolArgs,
+    pub(super) pool: super::args::PoolArgs,
     #[command(flatten)]
     sandbox: SandboxArgs,
     /// The job module (with --python: the Python script).

@@ -71,6 +71,23 @@ enum Command {
     CompileChild,
 }
 
+/// Fills the pool arguments of a client command from its `--pool-dir`.
+fn resolve_pool_dir(command: &mut Command) -> anyhow::Result<()> {
+    match command {
+        Command::Run(a) => a.pool.resolve(),
+        Command::Map(a) => a.pool.resolve(),
+        Command::Jobs(a) => a.pool.resolve(),
+        Command::Cancel(a) => a.pool.resolve(),
+        Command::Logs(a) => a.pool.resolve(),
+        Command::Results(a) => a.pool.resolve(),
+        Command::Submissions(a) => a.pool.resolve(),
+        Command::History(a) => a.pool.resolve(),
+        Command::Peers(a) => a.view.resolve(),
+        Command::Status(a) => a.view.resolve(),
+        _ => Ok(()),
+    }
+}
+
 /// Parses the command line, runs the command, and returns the exit code.
 pub fn main() -> ExitCode {
     main_from(std::env::args_os())
@@ -99,7 +116,12 @@ where
         )
         .with_writer(std::io::stderr)
         .init();
-    let result = match cli.command {
+    let mut command = cli.command;
+    if let Err(e) = resolve_pool_dir(&mut command) {
+        eprintln!("peerwasm: {e:#}");
+        return ExitCode::from(EXIT_USAGE);
+    }
+    let result = match command {
         Command::Run(args) => run::run(args),
         Command::Map(args) => map::run(args),
         Command::Jobs(args) => jobs::list_jobs(args),

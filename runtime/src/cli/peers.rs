@@ -8,7 +8,7 @@ use super::args::ViewArgs;
 #[derive(clap::Args, Debug)]
 pub struct PeersArgs {
     #[command(flatten)]
-    view: ViewArgs,
+    pub(super) view: ViewArgs,
 }
 
 pub fn run(args: PeersArgs) -> anyhow::Result<ExitCode> {

@@ -55,7 +55,7 @@ pub struct RunArgs {
     #[command(flatten)]
     entry: super::args::EntryArgs,
     #[command(flatten)]
-    pool: super::args::PoolArgs,
+    pub(super) pool: super::args::PoolArgs,
     #[command(flatten)]
     sandbox: SandboxArgs,
     /// The job module, then its arguments, passed verbatim (also those

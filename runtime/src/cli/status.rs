@@ -8,7 +8,7 @@ use crate::client::status::PoolStatus;
 #[derive(clap::Args, Debug)]
 pub struct StatusArgs {
     #[command(flatten)]
-    view: ViewArgs,
+    pub(super) view: ViewArgs,
 }
 
 pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {

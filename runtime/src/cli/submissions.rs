@@ -21,7 +21,7 @@ use crate::units::{Bytes, parse_duration};
 #[derive(clap::Args, Debug)]
 pub struct ResultsArgs {
     #[command(flatten)]
-    pool: super::args::PoolArgs,
+    pub(super) pool: super::args::PoolArgs,
     /// Write the results here instead of stdout.
     #[arg(short, long, value_name = "OUT.jsonl")]
     output: Option<PathBuf>,
@@ -140,7 +140,7 @@ impl std::fmt::Display for Gaps {
 #[derive(clap::Args, Debug)]
 pub struct SubmissionsArgs {
     #[command(flatten)]
-    pool: super::args::PoolArgs,
+    pub(super) pool: super::args::PoolArgs,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -183,7 +183,7 @@ pub fn submissions(args: SubmissionsArgs) -> anyhow::Result<ExitCode> {
 #[derive(clap::Args, Debug)]
 pub struct HistoryArgs {
     #[command(flatten)]
-    pool: super::args::PoolArgs,
+    pub(super) pool: super::args::PoolArgs,
     /// Only jobs that ended within this long, e.g. 1h, 7days.
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "1day")]
     since: Duration,

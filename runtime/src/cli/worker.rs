@@ -333,6 +333,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     let config = WorkerConfig {
         listen: args.listen,
         join,
+        members: pool_dir.clone(),
         runner: RunnerConfig {
             sandbox,
             slot_processes: match args.slot_processes {

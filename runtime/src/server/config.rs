@@ -52,6 +52,11 @@ pub struct WorkerConfig {
     pub listen: SocketAddr,
     /// Peers to join through (`host:port`).
     pub join: Vec<String>,
+    /// Where other members are found again while the worker runs (a pool
+    /// directory's `members/`): each one not in the view is contacted, so
+    /// workers that started at the same moment, each alone, become one
+    /// pool within a round. Default: none.
+    pub members: Option<super::pooldir::PoolDir>,
     /// The sandbox and its slots; `runner.sandbox.max_job_time` is the
     /// worker's time policy (`--max-job-time`).
     pub runner: RunnerConfig,
@@ -165,6 +170,7 @@ impl WorkerConfig {
         WorkerConfig {
             listen,
             join: Vec::new(),
+            members: None,
             runner,
             ledger: LedgerConfig::default(),
             gossip_interval: DEFAULT_GOSSIP_INTERVAL,

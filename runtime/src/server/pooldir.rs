@@ -9,7 +9,17 @@
 //! the CA under a lock), every worker issues its own certificate at start
 //! for the host it advertises (so a new node needs nothing made for it
 //! beforehand), and each lists itself in `members/` while it runs.
-//! Clients use `DIR/ca.crt` (`PEERWASM_TLS_CA`) and any member's address.
+//! Clients use `DIR/ca.crt` (`PEERWASM_TLS_CA`) and any member's address,
+//! or simply `--pool-dir DIR`.
+//!
+//! A pool that grows on demand has two more things here: the controller
+//! that grows it (`peerwasm adapt`) says so in `controller.json`, renewed
+//! every poll, with the largest job it can bring a worker for; and each
+//! map run with `--pool-dir` writes its backlog into `backlog/` every
+//! second, where the controller reads it even while the pool has no worker
+//! to hear it (a pool at `--min 0`). Both are figures from the user's own
+//! processes, in the user's own directory; they are bounded and checked
+//! all the same.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
@@ -17,11 +27,21 @@ use std::time::{Duration, SystemTime};
 use anyhow::Context;
 
 use crate::net::certs;
+use crate::proto::backlog::Backlog;
 
 /// The pool's gossip key file in a pool directory.
 pub const KEY_FILE: &str = "pool.key";
 /// Where the running workers list their addresses.
 pub const MEMBERS: &str = "members";
+/// Where maps write their backlog for the controller.
+pub const BACKLOG: &str = "backlog";
+/// The controller's notice that it grows the pool.
+pub const CONTROLLER: &str = "controller.json";
+/// A controller notice older than this is one whose controller is gone.
+pub const CONTROLLER_TTL: Duration = Duration::from_secs(30);
+/// How long a backlog file counts unless rewritten (its map renews it
+/// every second).
+pub const BACKLOG_FILE_TTL: Duration = Duration::from_millis(crate::proto::backlog::BACKLOG_TTL_MS);
 /// How long a certificate a worker issues itself at start is valid.
 pub const CERT_VALIDITY: Duration = Duration::from_secs(30 * 86_400);
 
@@ -60,10 +80,8 @@ impl PoolDir {
     /// (made if this is the first worker), a certificate of its own, and
     /// the members now listed.
     pub fn join(&self, host: &str) -> anyhow::Result<Joining> {
+        self.prepare()?;
         let key = self.dir.join(KEY_FILE);
-        crate::private_path::create_once(&key, &rand::random::<[u8; 32]>())
-            .with_context(|| format!("cannot make the pool key {}", key.display()))?;
-        self.ensure_ca()?;
         let now = SystemTime::now();
         let stem = format!("node-{}-{}", certs::file_stem(host), hex::encode(rand::random::<[u8; 4]>()));
         let issued = certs::issue(&self.dir, &[host.to_string()], Some(&stem), now - Duration::from_secs(3600), now + CERT_VALIDITY)?;
@@ -72,6 +90,16 @@ impl PoolDir {
             tls: crate::net::tls::WorkerTls { cert: issued.cert, key: issued.key, ca: self.dir.join(certs::CA_CERT) },
             members: self.members(),
         })
+    }
+
+    /// Makes the pool's key and CA unless they are there: what a
+    /// controller does at start, so that clients can start before any
+    /// worker has.
+    pub fn prepare(&self) -> anyhow::Result<()> {
+        let key = self.dir.join(KEY_FILE);
+        crate::private_path::create_once(&key, &rand::random::<[u8; 32]>())
+            .with_context(|| format!("cannot make the pool key {}", key.display()))?;
+        self.ensure_ca()
     }
 
     /// Makes the CA unless there is one, holding a lock on the directory
@@ -113,6 +141,100 @@ impl PoolDir {
         let path = self.dir.join(MEMBERS).join(certs::file_stem(addr));
         std::fs::write(&path, addr).with_context(|| format!("cannot list this worker in {}", path.display()))?;
         Ok(Member { path })
+    }
+}
+
+/// The controller growing a pool, as it describes itself in
+/// `controller.json`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Controller {
+    /// Its Slurm job name (how its worker jobs are found in `squeue`).
+    pub name: String,
+    /// The host and process it runs as.
+    pub host: String,
+    pub pid: u32,
+    /// The most workers it keeps.
+    pub max_workers: u32,
+    /// The largest job it can bring a worker for (`--max-mem` less the
+    /// worker's overhead), in bytes.
+    pub largest_job: u64,
+}
+
+impl PoolDir {
+    /// Says (again) that `controller` grows this pool.
+    pub fn announce(&self, controller: &Controller) -> anyhow::Result<()> {
+        let path = self.dir.join(CONTROLLER);
+        let tmp = self.dir.join(format!(".{CONTROLLER}.{}", std::process::id()));
+        std::fs::write(&tmp, serde_json::to_vec_pretty(controller)?)?;
+        std::fs::rename(&tmp, &path).with_context(|| format!("cannot write {}", path.display()))
+    }
+
+    /// Takes the notice down, if it is `name`'s (a controller stopping).
+    pub fn retire(&self, name: &str) {
+        if self.controller().is_some_and(|c| c.name == name) {
+            let _ = std::fs::remove_file(self.dir.join(CONTROLLER));
+        }
+    }
+
+    /// The controller growing this pool, if one renewed its notice within
+    /// [`CONTROLLER_TTL`].
+    pub fn controller(&self) -> Option<Controller> {
+        let path = self.dir.join(CONTROLLER);
+        let age = std::fs::metadata(&path).ok()?.modified().ok()?.elapsed().unwrap_or_default();
+        if age > CONTROLLER_TTL {
+            return None;
+        }
+        let bytes = std::fs::read(&path).ok().filter(|b| b.len() <= 4096)?;
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    /// Writes a map's backlog for the controller; an empty one (the map
+    /// ended) removes it.
+    pub fn write_backlog(&self, backlog: &Backlog) -> anyhow::Result<()> {
+        backlog.check().map_err(|e| anyhow::anyhow!(e))?;
+        let dir = self.dir.join(BACKLOG);
+        // Prefixed: an id of ".." names a file, not the parent.
+        let path = dir.join(format!("map-{}", certs::file_stem(&backlog.id)));
+        if backlog.is_empty() {
+            let _ = std::fs::remove_file(&path);
+            return Ok(());
+        }
+        std::fs::create_dir_all(&dir)?;
+        let tmp = dir.join(format!(".map-{}.tmp", certs::file_stem(&backlog.id)));
+        std::fs::write(&tmp, postcard::to_allocvec(backlog)?)?;
+        std::fs::rename(&tmp, &path)?;
+        Ok(())
+    }
+
+    /// The maps' backlogs written within [`BACKLOG_FILE_TTL`] (at most
+    /// [`MAX_BACKLOGS`](crate::proto::backlog::MAX_BACKLOGS), each checked);
+    /// files long stale (a map killed) are removed.
+    pub fn backlogs(&self) -> Vec<Backlog> {
+        let Ok(entries) = std::fs::read_dir(self.dir.join(BACKLOG)) else { return Vec::new() };
+        let mut out = Vec::new();
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().starts_with('.') {
+                continue;
+            }
+            let Ok(age) = e.metadata().and_then(|m| m.modified()).map(|t| t.elapsed().unwrap_or_default()) else { continue };
+            if age > 12 * BACKLOG_FILE_TTL {
+                let _ = std::fs::remove_file(e.path());
+                continue;
+            }
+            if age > BACKLOG_FILE_TTL || out.len() >= crate::proto::backlog::MAX_BACKLOGS {
+                continue;
+            }
+            let Ok(bytes) = std::fs::read(e.path()) else { continue };
+            if bytes.len() > 1024 {
+                continue;
+            }
+            if let Ok(b) = postcard::from_bytes::<Backlog>(&bytes)
+                && b.check().is_ok()
+            {
+                out.push(b);
+            }
+        }
+        out
     }
 }
 
@@ -158,6 +280,30 @@ mod tests {
         assert_ne!(joins[1].tls.cert, joins[2].tls.cert, "two workers on one node: two certificates");
         let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&dir).unwrap().permissions());
         assert_eq!(mode & 0o777, 0o700);
+    }
+
+    #[test]
+    fn backlogs_and_the_controller_notice_go_through_the_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let pool = PoolDir::open(tmp.path()).unwrap();
+        assert!(pool.controller().is_none() && pool.backlogs().is_empty());
+        let c = Controller { name: "peerwasm-adapt-1".into(), host: "login1".into(), pid: 7, max_workers: 8, largest_job: 1 << 30 };
+        pool.announce(&c).unwrap();
+        assert_eq!(pool.controller(), Some(c.clone()));
+        let b = Backlog { id: "m-1/../x".into(), waiting: 10, running: 0, memory_bytes: 1 << 20, largest_bytes: 2 << 20, job_ms: 0 };
+        pool.write_backlog(&b).unwrap();
+        assert_eq!(pool.backlogs(), [b.clone()]);
+        // A forged file is ignored, a forged report refused.
+        std::fs::write(tmp.path().join(BACKLOG).join("junk"), b"\xff\xff\xff").unwrap();
+        assert_eq!(pool.backlogs().len(), 1);
+        assert!(pool.write_backlog(&Backlog { waiting: u64::MAX, ..b.clone() }).is_err());
+        // The map's end clears it; a controller retires its own notice only.
+        pool.write_backlog(&Backlog { waiting: 0, running: 0, ..b }).unwrap();
+        assert!(pool.backlogs().is_empty());
+        pool.retire("someone-else");
+        assert!(pool.controller().is_some());
+        pool.retire(&c.name);
+        assert!(pool.controller().is_none());
     }
 
     #[test]

@@ -93,7 +93,7 @@ pub async fn start(
     let advert = worker.gossip_advert();
     worker.gossip.lock().set_record(advert);
     log_start(&config, &worker);
-    let (gossip, transport) = spawn_gossip(&worker, &owner, config.gossip_interval)?;
+    let (gossip, transport) = spawn_gossip(&worker, &owner, config.gossip_interval, config.members.clone())?;
     let app = router(worker.clone(), owner.clone());
     let drain = drain(worker.clone(), owner.clone(), transport, shutdown, config.gossip_interval, config.drain_grace);
     let refused = worker.connections_refused.clone();
@@ -302,12 +302,16 @@ fn log_start(config: &WorkerConfig, worker: &Worker) {
 
 /// Gossip rounds every `interval` over HTTP, each publishing the worker's
 /// advert afresh (and reading the pool's usage and the host's memory).
+/// How often a worker of a pool directory reads its members again.
+const MEMBERS_EVERY: Duration = Duration::from_secs(2);
+
 /// Returns the rounds' task and their transport (the drain's farewell
 /// goes over it too).
 fn spawn_gossip(
     worker: &Arc<Worker>,
     owner: &Arc<Owner>,
     interval: Duration,
+    members: Option<super::pooldir::PoolDir>,
 ) -> anyhow::Result<(tokio::task::JoinHandle<()>, Arc<HttpTransport>)> {
     let mut protocol = reqwest::header::HeaderMap::new();
     protocol.insert(PROTOCOL_HEADER, reqwest::header::HeaderValue::from_static(PROTOCOL_VERSION));
@@ -316,7 +320,18 @@ fn spawn_gossip(
     let refresher = worker.clone();
     let owner = Arc::downgrade(owner);
     let transport = Arc::new(HttpTransport::new(http));
+    let mut last_members = None;
     let rounds = tokio::spawn(run_rounds(worker.gossip.clone(), transport.clone(), interval, move |node| {
+        // Members found in the pool directory but not yet in the view are
+        // contacted (every 2 s: a directory read, not every round).
+        if let Some(dir) = &members
+            && last_members.is_none_or(|t: std::time::Instant| t.elapsed() >= MEMBERS_EVERY)
+        {
+            last_members = Some(std::time::Instant::now());
+            for addr in dir.members() {
+                node.introduce(&addr);
+            }
+        }
         refresher.learn_pool_usage(node);
         refresher.check_host_memory();
         if let Some(owner) = owner.upgrade() {
