@@ -34,6 +34,8 @@ async fn the_sbatch_recipe_starts_one_worker_per_node_joined_into_one_pool() {
     let Some(net) = Net::or_skip(3) else { return };
     let shims = tempfile::tempdir().unwrap();
     shim(shims.path(), "scontrol", "#!/bin/sh\n[ \"$1 $2\" = \"show hostnames\" ] && echo \"$3\" | tr ',' '\\n'\n");
+    // squeue: the job's time left (`--slurm` asks): no end.
+    shim(shims.path(), "squeue", "#!/bin/sh\necho UNLIMITED\n");
     // srun: one task per node of the allocation, each in its node's namespace.
     let namespaces: Vec<&str> = net.hosts.iter().map(|h| h.ns.as_str()).collect();
     shim(
@@ -49,8 +51,8 @@ async fn the_sbatch_recipe_starts_one_worker_per_node_joined_into_one_pool() {
     );
     let nodes: Vec<&str> = net.hosts.iter().map(|h| h.ip.as_str()).collect();
     let recipe = peerwasm_testkit::workspace_root().join("contrib/slurm/peerwasm-pool.sbatch");
-    // The recipe makes the allocation's CA and the nodes' certificates here.
-    let tls_dir = shims.path().join("tls");
+    // The workers make the pool's key and CA, and each its certificate, here.
+    let pool_dir = shims.path().join("pool");
     let path = format!("{}:{}", shims.path().display(), std::env::var("PATH").unwrap_or_default());
     let mut job = Command::new("bash")
         .arg(&recipe)
@@ -60,7 +62,8 @@ async fn the_sbatch_recipe_starts_one_worker_per_node_joined_into_one_pool() {
         .env("SLURM_CPUS_PER_TASK", "2")
         .env("PEERWASM", crate::support::PEERWASM)
         .env("PEERWASM_PORT", "7070")
-        .env("PEERWASM_TLS_DIR", &tls_dir)
+        .env("PEERWASM_POOL_DIR", &pool_dir)
+        .env("SLURM_JOB_ID", "42")
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(shims.path().join("job.err")).unwrap())
         .process_group(0)
@@ -72,7 +75,7 @@ async fn the_sbatch_recipe_starts_one_worker_per_node_joined_into_one_pool() {
     // Keep reading what the workers print, as slurmstepd would.
     std::thread::spawn(move || std::io::copy(&mut job_out, &mut std::io::sink()));
     let seed = format!("{}:7070", nodes[0]);
-    assert!(banner.contains(&format!("PEERWASM_PEERS={seed}")), "{banner}");
+    assert!(banner.contains(&format!("--pool-dir {}", pool_dir.display())), "{banner}");
 
     // scancel, as Slurm does it: SIGTERM to every process of the job.
     struct Scancel(i32);
@@ -84,12 +87,12 @@ async fn the_sbatch_recipe_starts_one_worker_per_node_joined_into_one_pool() {
     }
     let _scancel = Scancel(job.id() as i32);
 
-    // Every hop is TLS with the allocation's CA: the workers take a moment
+    // Every hop is TLS with the pool's CA: the workers take a moment
     // to start, so wait for the seed to answer.
-    let ca = tls_dir.join("ca.crt");
+    let ca = pool_dir.join("ca.crt");
     let start = std::time::Instant::now();
     while !ca.exists() {
-        assert!(start.elapsed() < Duration::from_secs(30), "the recipe made no CA");
+        assert!(start.elapsed() < Duration::from_secs(30), "the workers made no CA");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let http = crate::pool::operator(&peerwasm::net::Transport::tls(&ca).unwrap());
@@ -104,6 +107,7 @@ async fn the_sbatch_recipe_starts_one_worker_per_node_joined_into_one_pool() {
     addrs.sort();
     assert_eq!(addrs, nodes.iter().map(|n| format!("{n}:7070")).collect::<Vec<_>>(), "one worker per node, by name");
     assert!(view.iter().all(|p| p.advert.slots_total == 2), "--cpus-per-task slots each");
+    assert!(view.iter().all(|p| p.advert.batch_job.as_deref() == Some("42")), "each names its Slurm job");
 
     let client = tempfile::tempdir().unwrap();
     let ca_arg = ca.to_str().unwrap();

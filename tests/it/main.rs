@@ -23,6 +23,7 @@ mod observe;
 mod pool;
 mod python;
 mod slots;
+mod slurm;
 mod soak;
 mod streams;
 mod submissions;

@@ -206,7 +206,9 @@ impl Pool {
         no_peer_since: &mut Option<Instant>,
     ) -> Result<Vec<(String, u32)>, SubmitError> {
         let view = self.view().await.map_err(|e| SubmitError::Fatal(format!("{e:#}")))?;
+        let live_before = view.iter().filter(|p| p.liveness == Liveness::Alive && !p.advert.draining).count();
         let view = placement::allowing_time(view, spec.limits.timeout_ms, crate::units::now_ms()).map_err(|e| SubmitError::Fatal(e.to_string()))?;
+        let ending_soon = live_before > 0 && view.iter().all(|p| p.liveness != Liveness::Alive || p.advert.draining);
         let candidates = match placement::candidates(&view, spec.limits.memory_bytes) {
             Ok(c) => {
                 *no_peer_since = None;
@@ -230,10 +232,15 @@ impl Pool {
                 let patience = self.config.growth.as_ref().map_or(self.config.no_peer_patience, |g| g.patience);
                 let since = *no_peer_since.get_or_insert_with(Instant::now);
                 if since.elapsed() > patience {
-                    return Err(SubmitError::Fatal(format!(
-                        "no live worker in the pool for {}",
-                        humantime::format_duration(patience)
-                    )));
+                    let why = if ending_soon {
+                        format!(
+                            "every worker of the pool ends (its batch job's time is up) before a job of {} could finish",
+                            humantime::format_duration(Duration::from_millis(spec.limits.timeout_ms.unwrap_or(0)))
+                        )
+                    } else {
+                        "no live worker in the pool".to_string()
+                    };
+                    return Err(SubmitError::Fatal(format!("{why} (waited {})", humantime::format_duration(patience))));
                 }
                 Vec::new()
             }

@@ -28,10 +28,11 @@ pub struct PoolArgs {
     /// if a controller grows the pool, jobs wait for the workers it brings.
     #[arg(long, env = "PEERWASM_POOL_DIR", value_name = "DIR")]
     pub(super) pool_dir: Option<PathBuf>,
-    /// With a pool that grows (`peerwasm adapt`): how long a job waits for
-    /// a worker that can hold it before the command fails.
-    #[arg(long, value_name = "DUR", default_value_t = crate::units::Span(std::time::Duration::from_secs(600)))]
-    pub(super) wait_for_workers: crate::units::Span,
+    /// How long a job waits for a worker that can take it before the
+    /// command fails [default: 30s; 10m with a pool that grows (`peerwasm
+    /// adapt`), whose workers come from a batch queue].
+    #[arg(long, value_name = "DUR")]
+    pub(super) wait_for_workers: Option<crate::units::Span>,
     /// The pool directory's controller, when it has one (set by `resolve`).
     #[arg(skip)]
     pub(super) controller: Option<crate::server::pooldir::Controller>,
@@ -67,6 +68,10 @@ impl TlsArgs {
         crate::client::pool::http_client(token, &transport)
     }
 }
+
+/// How long a job waits for a growing pool's workers by default: they
+/// come from a batch queue.
+const GROWTH_PATIENCE: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// A pool directory as a client opens it (it must be one already: its CA
 /// made by a worker or by `peerwasm adapt`): its CA trusted unless another
@@ -120,7 +125,7 @@ impl PoolArgs {
         Some(crate::client::growth::Growth {
             members: std::sync::Arc::new(move || pool.members()),
             largest_job: controller.largest_job,
-            patience: self.wait_for_workers.0,
+            patience: self.wait_for_workers.map_or(GROWTH_PATIENCE, |w| w.0),
             report: std::sync::Arc::new(move |b| {
                 if let Err(e) = writer.write_backlog(b) {
                     tracing::debug!("cannot write this map's backlog into the pool directory: {e:#}");
@@ -155,6 +160,7 @@ impl PoolArgs {
             hash_cache: cache_root,
             transport: self.tls.transport()?,
             growth: self.growth(),
+            no_peer_patience: self.wait_for_workers.map_or(crate::client::PoolConfig::new(Vec::new()).no_peer_patience, |w| w.0),
             ..crate::client::PoolConfig::new(self.peers.clone())
         };
         Ok(Some(crate::client::Target::Pool(std::sync::Arc::new(crate::client::Pool::new(config)?))))
