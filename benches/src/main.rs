@@ -22,6 +22,8 @@
 //!   run (installed into a benchmark venv; not with `--quick`);
 //! * [`footprint`] — worker RSS idle, with jobs running, after many jobs;
 //! * [`fairness`] — the smartshare seed's experiment, fair share on and off;
+//! * [`elastic`] — `peerwasm adapt` against dask-jobqueue's adapt on a
+//!   real Slurm (`tests/slurm/cluster.sh`; needs root; not with `--quick`);
 //! * [`procs`] — real `peerwasm` processes (workers, commands);
 //! * [`summary`] — the closing table.
 
@@ -29,6 +31,7 @@ mod anchors;
 mod cache;
 mod compute;
 mod dispatch;
+mod elastic;
 mod fairness;
 mod files;
 mod footprint;
@@ -164,9 +167,9 @@ fn main() -> ExitCode {
 }
 
 /// The benchmarks, in the order of issue 8; names select a subset.
-const NAMES: [&str; 14] = [
+const NAMES: [&str; 15] = [
     "dispatch", "latency", "compute", "trivial", "cache", "gossip", "footprint", "fairness", "files", "submit", "hostledger",
-    "smartmem", "python", "anchors",
+    "smartmem", "python", "anchors", "elastic",
 ];
 
 fn benchmarks(args: &[String]) -> anyhow::Result<()> {
@@ -221,6 +224,9 @@ fn benchmarks(args: &[String]) -> anyhow::Result<()> {
     }
     if wanted("anchors") {
         anchors::anchors(&sizes, &mut summary)?;
+    }
+    if wanted("elastic") {
+        elastic::elastic(&sizes, &mut summary)?;
     }
     summary.print();
     Ok(())
