@@ -220,6 +220,8 @@ while first is None:
 results = client.gather(futures)
 makespan = time.time() - t0
 assert sorted(results) == list(range(jobs))
+# Released, as a user's loop would: a worker holding results is never let go.
+del futures
 t1 = time.time()
 while ids() and time.time() - t1 < 120:
     time.sleep(0.1)
