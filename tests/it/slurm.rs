@@ -159,7 +159,7 @@ impl<'c> Elastic<'c> {
     }
 
     fn members(&self) -> usize {
-        std::fs::read_dir(self.pool().join("members")).map_or(0, |d| d.count())
+        members_in(&self.pool())
     }
 
     /// A `peerwasm map` of `inputs` over the pool directory, in the
@@ -199,6 +199,11 @@ impl Drop for Elastic<'_> {
         // Whatever is left of this test's jobs, whatever happened.
         let _ = self.cluster.cmd("scancel").args(["--name", &self.name]).status();
     }
+}
+
+/// The workers a pool directory lists as running.
+fn members_in(pool: &Path) -> usize {
+    std::fs::read_dir(pool.join("members")).map_or(0, |d| d.count())
 }
 
 fn guest(name: &str) -> PathBuf {
@@ -261,7 +266,7 @@ async fn a_static_allocation_lends_every_node_and_drains_on_scancel() {
         .trim()
         .to_string();
     let log = || std::fs::read_to_string(dir.path().join(format!("{id}.out"))).unwrap_or_default();
-    let members = || std::fs::read_dir(pool.join("members")).map_or(0, |d| d.count());
+    let members = || members_in(&pool);
     until(Duration::from_secs(30), "4 workers list themselves", || members() == 4, log).await;
     // One pool of four, each lending its cgroup: 1 GiB and 2 slots.
     let view = || {
@@ -407,7 +412,7 @@ async fn a_worker_drains_before_its_walltime_and_takes_no_job_it_cannot_finish()
         .trim()
         .to_string();
     let log = || std::fs::read_to_string(dir.path().join(format!("{id}.out"))).unwrap_or_default();
-    let members = || std::fs::read_dir(pool.join("members")).map_or(0, |d| d.count());
+    let members = || members_in(&pool);
     until(Duration::from_secs(20), "the worker joins", || members() == 1, log).await;
     let joined = Instant::now();
     // It says when it ends; a job that states a longer limit is not sent.
