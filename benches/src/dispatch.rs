@@ -17,7 +17,10 @@ use crate::{Sizes, cores, median};
 pub fn dispatch(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     let jobs = sizes.dispatch_jobs;
     let cores = cores();
-    println!("\n## Dispatch: {jobs} trivial jobs (hello), median of {} runs, {cores} slots in all", sizes.reps);
+    println!(
+        "\n## Dispatch: {jobs} trivial jobs (hello), median of {} runs, {cores} slots in all",
+        sizes.reps
+    );
     let dir = tempfile::tempdir()?;
     let inputs = dir.path().join("inputs.jsonl");
     std::fs::write(&inputs, "{}\n".repeat(jobs))?;
@@ -29,7 +32,11 @@ pub fn dispatch(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     // result was written.
     let map_over = |peers: Option<&str>, ca: Option<&Path>| -> anyhow::Result<Duration> {
         let mut cmd = peerwasm();
-        cmd.arg("map").arg("--cache-dir").arg(&client_cache).arg("-o").arg(&out);
+        cmd.arg("map")
+            .arg("--cache-dir")
+            .arg(&client_cache)
+            .arg("-o")
+            .arg(&out);
         match peers {
             Some(p) => cmd.args(["--peers", p]),
             None => cmd.args(["--slots", &cores.to_string()]),
@@ -39,13 +46,18 @@ pub fn dispatch(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
         }
         let (_, took) = timed(cmd.arg(&hello).arg(&inputs))?;
         let written = std::fs::read_to_string(&out)?.lines().count();
-        anyhow::ensure!(written == jobs, "map wrote {written} results for {jobs} inputs");
+        anyhow::ensure!(
+            written == jobs,
+            "map wrote {written} results for {jobs} inputs"
+        );
         Ok(took)
     };
     let map = |peers: Option<&str>| map_over(peers, None);
     let rate = |reps: &mut dyn FnMut() -> anyhow::Result<Duration>| -> anyhow::Result<f64> {
         reps()?; // warm: compile into the caches, learn the memory estimate
-        let times = (0..sizes.reps).map(|_| reps()).collect::<anyhow::Result<Vec<_>>>()?;
+        let times = (0..sizes.reps)
+            .map(|_| reps())
+            .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(jobs as f64 / median(times).as_secs_f64())
     };
 
@@ -80,7 +92,11 @@ pub fn dispatch(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
         ("(d) sandbox alone, in-process", in_process),
         ("(e) native process per input, `xargs -P`", native),
     ] {
-        println!("| {how} | {r:.0} | {:.2}× | {:.1}× |", r / in_process, r / native);
+        println!(
+            "| {how} | {r:.0} | {:.2}× | {:.1}× |",
+            r / in_process,
+            r / native
+        );
     }
     summary.goal(
         "dispatch over HTTP, one worker",
@@ -89,8 +105,16 @@ pub fn dispatch(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
         one >= 15_000.0,
         Some("Ray ~8,000 tasks/s pipelined; Slurm ~500 jobs/s; FieldTrip ~10 jobs/s"),
     );
-    summary.figure("dispatch, embedded worker", format!("{embedded:.0} jobs/s"), None);
-    summary.figure("dispatch, one worker over TLS", format!("{one_tls:.0} jobs/s ({:.2}× plain HTTP)", one_tls / one), None);
+    summary.figure(
+        "dispatch, embedded worker",
+        format!("{embedded:.0} jobs/s"),
+        None,
+    );
+    summary.figure(
+        "dispatch, one worker over TLS",
+        format!("{one_tls:.0} jobs/s ({:.2}× plain HTTP)", one_tls / one),
+        None,
+    );
     summary.figure("dispatch, two workers", format!("{two:.0} jobs/s"), None);
     Ok(())
 }
@@ -99,11 +123,21 @@ pub fn dispatch(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
 fn native_rate(jobs: usize, parallel: usize, dir: &Path) -> anyhow::Result<f64> {
     let hello = peerwasm_testkit::guest_native("hello");
     let list = dir.join("numbers");
-    std::fs::write(&list, (0..jobs).map(|i| format!("{i}\n")).collect::<String>())?;
+    std::fs::write(
+        &list,
+        (0..jobs).map(|i| format!("{i}\n")).collect::<String>(),
+    )?;
     let mut xargs = Command::new("xargs");
-    xargs.arg("-a").arg(&list).args(["-n", "1", "-P", &parallel.to_string()]).arg(&hello);
+    xargs
+        .arg("-a")
+        .arg(&list)
+        .args(["-n", "1", "-P", &parallel.to_string()])
+        .arg(&hello);
     let (out, _) = timed(&mut xargs)?; // warm the page cache
-    anyhow::ensure!(out.stdout.iter().filter(|&&b| b == b'\n').count() == jobs, "a native run failed");
+    anyhow::ensure!(
+        out.stdout.iter().filter(|&&b| b == b'\n').count() == jobs,
+        "a native run failed"
+    );
     let (_, took) = timed(&mut xargs)?;
     Ok(jobs as f64 / took.as_secs_f64())
 }

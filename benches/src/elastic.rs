@@ -34,7 +34,9 @@ struct Run {
 }
 
 pub fn elastic(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
-    println!("\n## Elastic pool on Slurm: {JOBS} jobs of {JOB_MS} ms from zero workers, at most {MAX_WORKERS}");
+    println!(
+        "\n## Elastic pool on Slurm: {JOBS} jobs of {JOB_MS} ms from zero workers, at most {MAX_WORKERS}"
+    );
     if sizes.quick {
         println!("skipped with --quick (it starts a Slurm and installs dask-jobqueue)");
         return Ok(());
@@ -42,9 +44,16 @@ pub fn elastic(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     let root = peerwasm_testkit::workspace_root();
     let dir = tempfile::tempdir()?;
     let script = root.join("tests/slurm/cluster.sh");
-    let up = Command::new("bash").arg(&script).arg("up").arg(dir.path().join("slurm")).args(["4", "2", "4096"]).status()?;
+    let up = Command::new("bash")
+        .arg(&script)
+        .arg("up")
+        .arg(dir.path().join("slurm"))
+        .args(["4", "2", "4096"])
+        .status()?;
     if !up.success() {
-        println!("not measured: no Slurm test cluster here (it needs root and slurm-wlm; see above)");
+        println!(
+            "not measured: no Slurm test cluster here (it needs root and slurm-wlm; see above)"
+        );
         return Ok(());
     }
     let conf = dir.path().join("slurm/slurm.conf");
@@ -59,9 +68,15 @@ pub fn elastic(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
         };
         Ok((ours, dask))
     })();
-    let _ = Command::new("bash").arg(&script).arg("down").arg(dir.path().join("slurm")).status();
+    let _ = Command::new("bash")
+        .arg(&script)
+        .arg("down")
+        .arg(dir.path().join("slurm"))
+        .status();
     let (ours, dask) = result?;
-    println!("| controller | makespan | first worker | back to min after | Slurm jobs | cancelled unused |");
+    println!(
+        "| controller | makespan | first worker | back to min after | Slurm jobs | cancelled unused |"
+    );
     println!("|---|---|---|---|---|---|");
     let row = |name: &str, r: &Run| {
         println!(
@@ -70,7 +85,8 @@ pub fn elastic(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
             r.first_worker,
             r.back_to_min,
             r.submitted,
-            r.cancelled_unused.map_or("not said".into(), |n| n.to_string())
+            r.cancelled_unused
+                .map_or("not said".into(), |n| n.to_string())
         )
     };
     row("peerwasm adapt", &ours);
@@ -87,7 +103,10 @@ pub fn elastic(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
         Some(d) => {
             row("dask-jobqueue adapt", &d);
             let ratio = ours.makespan / d.makespan;
-            println!("makespan {ratio:.2}× dask-jobqueue; back to minimum {:.1} s vs {:.1} s", ours.back_to_min, d.back_to_min);
+            println!(
+                "makespan {ratio:.2}× dask-jobqueue; back to minimum {:.1} s vs {:.1} s",
+                ours.back_to_min, d.back_to_min
+            );
             summary.goal(
                 "elastic: makespan vs dask-jobqueue (200 × 0.5 s from 0 workers)",
                 format!("{ratio:.2}×"),
@@ -103,7 +122,11 @@ pub fn elastic(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
                 None,
             );
         }
-        None => summary.figure("elastic: makespan (200 × 0.5 s from 0 workers)", format!("{:.1} s", ours.makespan), None),
+        None => summary.figure(
+            "elastic: makespan (200 × 0.5 s from 0 workers)",
+            format!("{:.1} s", ours.makespan),
+            None,
+        ),
     }
     Ok(())
 }
@@ -114,7 +137,12 @@ fn squeue_ids(conf: &Path, name: &str) -> Vec<String> {
         .env("SLURM_CONF", conf)
         .args(["-h", "--name", name, "-o", "%i"])
         .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).split_whitespace().map(String::from).collect())
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .map(String::from)
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -126,14 +154,28 @@ fn peerwasm_adapt(conf: &Path, dir: &Path) -> anyhow::Result<Run> {
         .env("SLURM_CONF", conf)
         .args(["adapt", "--pool-dir"])
         .arg(&pool)
-        .args(["--name", name, "--min", "0", "--max", &MAX_WORKERS.to_string(), "--idle", "3s", "--poll", "500ms"])
+        .args([
+            "--name",
+            name,
+            "--min",
+            "0",
+            "--max",
+            &MAX_WORKERS.to_string(),
+            "--idle",
+            "3s",
+            "--poll",
+            "500ms",
+        ])
         .arg(format!("--sbatch=--output={}/%j.out", dir.display()))
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log)?)
         .spawn()?;
     let t = Instant::now();
     while !pool.join("controller.json").exists() {
-        anyhow::ensure!(t.elapsed() < Duration::from_secs(20), "peerwasm adapt did not start");
+        anyhow::ensure!(
+            t.elapsed() < Duration::from_secs(20),
+            "peerwasm adapt did not start"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let inputs = dir.join("inputs.txt");
@@ -165,23 +207,40 @@ fn peerwasm_adapt(conf: &Path, dir: &Path) -> anyhow::Result<Run> {
     };
     let makespan = start.elapsed().as_secs_f64();
     anyhow::ensure!(status.success(), "the map failed");
-    let lines = std::fs::read_to_string(dir.join("out.jsonl"))?.lines().count();
+    let lines = std::fs::read_to_string(dir.join("out.jsonl"))?
+        .lines()
+        .count();
     anyhow::ensure!(lines == JOBS, "{lines} results of {JOBS}");
     let ended = Instant::now();
     while !squeue_ids(conf, name).is_empty() {
-        anyhow::ensure!(ended.elapsed() < Duration::from_secs(120), "the pool did not shrink back to zero");
+        anyhow::ensure!(
+            ended.elapsed() < Duration::from_secs(120),
+            "the pool did not shrink back to zero"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     let back_to_min = ended.elapsed().as_secs_f64();
     // Stopped as Ctrl-C would: it cancels what it submitted, and says so.
-    Command::new("kill").args(["-TERM", &adapt.id().to_string()]).status()?;
+    Command::new("kill")
+        .args(["-TERM", &adapt.id().to_string()])
+        .status()?;
     adapt.wait()?;
     let said = std::fs::read_to_string(&log)?;
-    let unused = said
-        .lines()
-        .rev()
-        .find_map(|l| l.split(" cancelled (").nth(1)?.split_whitespace().next()?.parse::<u64>().ok());
-    Ok(Run { makespan, first_worker: first_worker.unwrap_or(makespan), back_to_min, submitted: seen.len() as u64, cancelled_unused: unused })
+    let unused = said.lines().rev().find_map(|l| {
+        l.split(" cancelled (")
+            .nth(1)?
+            .split_whitespace()
+            .next()?
+            .parse::<u64>()
+            .ok()
+    });
+    Ok(Run {
+        makespan,
+        first_worker: first_worker.unwrap_or(makespan),
+        back_to_min,
+        submitted: seen.len() as u64,
+        cancelled_unused: unused,
+    })
 }
 
 /// The anchor, as its users run it: `SLURMCluster(cores=1, processes=1,
@@ -235,13 +294,26 @@ cluster.close()
 /// `target/benchvenv-jobqueue`, with dask-jobqueue (and only what it
 /// needs: the anchors' venv also carries Ray and the wasmtime CLI).
 fn dask_venv() -> anyhow::Result<std::path::PathBuf> {
-    let dir = peerwasm_testkit::workspace_root().join("target").join("benchvenv-jobqueue");
+    let dir = peerwasm_testkit::workspace_root()
+        .join("target")
+        .join("benchvenv-jobqueue");
     if !dir.join("bin").join("python").exists() {
-        let ok = Command::new("python3").arg("-m").arg("venv").arg(&dir).status()?.success();
+        let ok = Command::new("python3")
+            .arg("-m")
+            .arg("venv")
+            .arg(&dir)
+            .status()?
+            .success();
         anyhow::ensure!(ok, "python3 -m venv {} failed", dir.display());
     }
-    let pip = Command::new(dir.join("bin/pip")).args(["install", "--quiet", "dask-jobqueue"]).output()?;
-    anyhow::ensure!(pip.status.success(), "pip install dask-jobqueue: {}", String::from_utf8_lossy(&pip.stderr).trim());
+    let pip = Command::new(dir.join("bin/pip"))
+        .args(["install", "--quiet", "dask-jobqueue"])
+        .output()?;
+    anyhow::ensure!(
+        pip.status.success(),
+        "pip install dask-jobqueue: {}",
+        String::from_utf8_lossy(&pip.stderr).trim()
+    );
     Ok(dir)
 }
 
@@ -251,14 +323,32 @@ fn dask_jobqueue(venv: &Path, conf: &Path, dir: &Path) -> anyhow::Result<Run> {
     let out = Command::new(venv.join("bin/python"))
         .env("SLURM_CONF", conf)
         .arg(&script)
-        .args([JOBS.to_string(), JOB_MS.to_string(), MAX_WORKERS.to_string()])
+        .args([
+            JOBS.to_string(),
+            JOB_MS.to_string(),
+            MAX_WORKERS.to_string(),
+        ])
         .arg(dir)
         .current_dir(dir)
         .output()?;
-    anyhow::ensure!(out.status.success(), "the dask run failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+    anyhow::ensure!(
+        out.status.success(),
+        "the dask run failed: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
     let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().rev().find(|l| l.starts_with('{')).ok_or_else(|| anyhow::anyhow!("no figures from dask: {text}"))?;
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .ok_or_else(|| anyhow::anyhow!("no figures from dask: {text}"))?;
     let v: serde_json::Value = serde_json::from_str(line)?;
     let f = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
-    Ok(Run { makespan: f("makespan"), first_worker: f("first_worker"), back_to_min: f("back_to_min"), submitted: f("submitted") as u64, cancelled_unused: None })
+    Ok(Run {
+        makespan: f("makespan"),
+        first_worker: f("first_worker"),
+        back_to_min: f("back_to_min"),
+        submitted: f("submitted") as u64,
+        cancelled_unused: None,
+    })
 }

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use peerwasm::client::{Job, MapConfig, MapItem, Target, map};
 use peerwasm::proto::ModuleHash;
 use peerwasm::runner::RunnerConfig;
-use peerwasm::worker::LedgerConfig;
 use peerwasm::server::{WorkerConfig, start};
+use peerwasm::worker::LedgerConfig;
 use peerwasm::worker::Tenants;
 
 const MIB: u64 = 1 << 20;
@@ -25,12 +25,28 @@ fn tenants() -> anyhow::Result<Tenants> {
     ))
 }
 
-async fn sleep_map(addr: &str, token: &str, count: usize, ms: u64, job: &Job) -> anyhow::Result<Duration> {
+async fn sleep_map(
+    addr: &str,
+    token: &str,
+    count: usize,
+    ms: u64,
+    job: &Job,
+) -> anyhow::Result<Duration> {
     let start = Instant::now();
     let target = Target::pool_as(vec![addr.to_string()], Some(token.into()))?;
-    let config = MapConfig { mem: Some(32 * MIB), ..MapConfig::default() };
+    let config = MapConfig {
+        mem: Some(32 * MIB),
+        ..MapConfig::default()
+    };
     let mut items: Vec<MapItem> = Vec::new();
-    map(&target, job, vec![format!("{ms}\n").into_bytes(); count], &config, &mut items).await?;
+    map(
+        &target,
+        job,
+        vec![format!("{ms}\n").into_bytes(); count],
+        &config,
+        &mut items,
+    )
+    .await?;
     anyhow::ensure!(items.iter().all(MapItem::succeeded), "a sleep job failed");
     Ok(start.elapsed())
 }
@@ -41,7 +57,10 @@ async fn experiment(unit_ms: u64, fair_share: bool) -> anyhow::Result<(Duration,
     runner.sandbox.slots = 1;
     let config = WorkerConfig {
         runner,
-        ledger: LedgerConfig { memory: Some(1 << 30), reserve: 0 },
+        ledger: LedgerConfig {
+            memory: Some(1 << 30),
+            reserve: 0,
+        },
         gossip_interval: Duration::from_millis(200),
         tenants: tenants()?,
         fair_share,
@@ -57,7 +76,10 @@ async fn experiment(unit_ms: u64, fair_share: bool) -> anyhow::Result<(Duration,
     // Compile before the clock starts, as a third tenant.
     let warm = Target::pool_as(vec![addr.clone()], Some("warm".into()))?;
     warm.run(&job, job.spec(b"1".to_vec(), 32 * MIB)).await?;
-    let (a, b) = tokio::join!(sleep_map(&addr, "a", 10, unit_ms, &job), sleep_map(&addr, "b", 10, 10 * unit_ms, &job));
+    let (a, b) = tokio::join!(
+        sleep_map(&addr, "a", 10, unit_ms, &job),
+        sleep_map(&addr, "b", 10, 10 * unit_ms, &job)
+    );
     let _ = stop_tx.send(());
     Ok((a?, b?))
 }
@@ -68,7 +90,9 @@ pub fn fairness(sizes: &crate::Sizes, summary: &mut crate::summary::Summary) -> 
     println!("\n## Fairness: the smartshare seed's experiment, unit {unit_ms} ms, one slot");
     println!("| fair share | A done | B done | B / A | elapsed vs 110 units of work |");
     println!("|---|---|---|---|---|");
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     let mut ratios = Vec::new();
     for on in [true, false] {
         let (a, b) = rt.block_on(experiment(unit_ms, on))?;
@@ -85,7 +109,10 @@ pub fn fairness(sizes: &crate::Sizes, summary: &mut crate::summary::Summary) -> 
     }
     summary.figure(
         "fairness: B / A finish, fair share on vs off",
-        format!("{:.2}× vs {:.2}× (fluid model: 5.5× vs ~1.1×)", ratios[0], ratios[1]),
+        format!(
+            "{:.2}× vs {:.2}× (fluid model: 5.5× vs ~1.1×)",
+            ratios[0], ratios[1]
+        ),
         Some("Slurm fair-share and HTCondor user priorities order jobs alike"),
     );
     Ok(())

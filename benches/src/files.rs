@@ -12,12 +12,17 @@ use crate::{Sizes, cores, median};
 
 pub fn files(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     let (mib, inputs) = (sizes.files_data_mib, sizes.files_inputs);
-    println!("\n## Files: a map of {inputs} inputs over {mib} MiB of data, two workers, median of {} runs", sizes.reps);
+    println!(
+        "\n## Files: a map of {inputs} inputs over {mib} MiB of data, two workers, median of {} runs",
+        sizes.reps
+    );
     let dir = tempfile::tempdir()?;
     let data_dir = dir.path().join("data");
     std::fs::create_dir(&data_dir)?;
     // Text without newlines, so that inlined it is one input line.
-    let data: String = (0..mib << 20).map(|i: usize| (b'a' + (i.wrapping_mul(2654435761) >> 13) as u8 % 26) as char).collect();
+    let data: String = (0..mib << 20)
+        .map(|i: usize| (b'a' + (i.wrapping_mul(2654435761) >> 13) as u8 % 26) as char)
+        .collect();
     std::fs::write(data_dir.join("blob.txt"), &data)?;
     let shipped_inputs = dir.path().join("shipped.jsonl");
     std::fs::write(&shipped_inputs, "/data/blob.txt\n".repeat(inputs))?;
@@ -41,14 +46,19 @@ pub fn files(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     let client_cache = dir.path().join("client");
     let map = |inputs_file: &std::path::Path, with_dir: bool| -> anyhow::Result<Duration> {
         let mut cmd = peerwasm();
-        cmd.args(["map", "--no-progress", "--mem", "256MiB", "--peers", &peers]).arg("--cache-dir").arg(&client_cache);
+        cmd.args(["map", "--no-progress", "--mem", "256MiB", "--peers", &peers])
+            .arg("--cache-dir")
+            .arg(&client_cache);
         if with_dir {
             cmd.args(["--dir", &dir_arg]);
         }
         let (_, took) = timed(cmd.arg("-o").arg(&out).arg(&bytes).arg(inputs_file))?;
         let results = std::fs::read_to_string(&out)?;
         let want = format!("\"bytes\":{}", mib << 20);
-        anyhow::ensure!(results.lines().filter(|l| l.contains(&want)).count() == inputs, "a job did not read all the data");
+        anyhow::ensure!(
+            results.lines().filter(|l| l.contains(&want)).count() == inputs,
+            "a job did not read all the data"
+        );
         Ok(took)
     };
     let received = || -> anyhow::Result<u64> {
@@ -61,20 +71,36 @@ pub fn files(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     // The first shipped map sends the data; the later ones find it there.
     let first = map(&shipped_inputs, true)?;
     let sent_once = received()?;
-    let shipped = median((0..sizes.reps).map(|_| map(&shipped_inputs, true)).collect::<anyhow::Result<Vec<_>>>()?);
+    let shipped = median(
+        (0..sizes.reps)
+            .map(|_| map(&shipped_inputs, true))
+            .collect::<anyhow::Result<Vec<_>>>()?,
+    );
     let sent_after = received()?;
     map(&inline_inputs, false)?; // warm the module cache the same way
-    let inline = median((0..sizes.reps).map(|_| map(&inline_inputs, false)).collect::<anyhow::Result<Vec<_>>>()?);
+    let inline = median(
+        (0..sizes.reps)
+            .map(|_| map(&inline_inputs, false))
+            .collect::<anyhow::Result<Vec<_>>>()?,
+    );
 
     println!("| how | map time | data sent to workers |");
     println!("|---|---|---|");
-    println!("| `--dir`, first map (data sent) | {:.2} s | {:.0} MiB |", first.as_secs_f64(), sent_once as f64 / (1 << 20) as f64);
+    println!(
+        "| `--dir`, first map (data sent) | {:.2} s | {:.0} MiB |",
+        first.as_secs_f64(),
+        sent_once as f64 / (1 << 20) as f64
+    );
     println!(
         "| `--dir`, later maps (data there) | {:.2} s | {:.0} MiB more |",
         shipped.as_secs_f64(),
         (sent_after - sent_once) as f64 / (1 << 20) as f64
     );
-    println!("| data inlined in each input's stdin | {:.2} s | {} MiB |", inline.as_secs_f64(), mib * inputs);
+    println!(
+        "| data inlined in each input's stdin | {:.2} s | {} MiB |",
+        inline.as_secs_f64(),
+        mib * inputs
+    );
     println!(
         "(inlined time ÷ `--dir` time: {:.1}× for the first map, {:.1}× for later maps)",
         inline.as_secs_f64() / first.as_secs_f64(),
@@ -98,7 +124,9 @@ pub fn files(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
 fn metric(addr: &str) -> anyhow::Result<u64> {
     use std::io::{Read, Write};
     let mut conn = std::net::TcpStream::connect(addr)?;
-    conn.write_all(format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())?;
+    conn.write_all(
+        format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )?;
     let mut text = String::new();
     conn.read_to_string(&mut text)?;
     Ok(text

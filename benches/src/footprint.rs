@@ -22,7 +22,15 @@ pub fn footprint(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
         let file = dir.path().join(format!("{guest}.jsonl"));
         std::fs::write(&file, inputs)?;
         Ok(peerwasm()
-            .args(["map", "--mem", "16MiB", "--peers", &worker.addr, "-o", "/dev/null"])
+            .args([
+                "map",
+                "--mem",
+                "16MiB",
+                "--peers",
+                &worker.addr,
+                "-o",
+                "/dev/null",
+            ])
             .arg("--cache-dir")
             .arg(&client)
             .arg(peerwasm_testkit::guest_wasm(guest))
@@ -37,7 +45,10 @@ pub fn footprint(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     anyhow::ensure!(warm.wait()?.success(), "warm-up failed");
     let after_compile = worker.rss()?;
     // `slots` jobs that sleep, all running at once: sample RSS.
-    let mut running = map("sleep", format!("{}\n", sizes.footprint_sleep_ms).repeat(slots))?;
+    let mut running = map(
+        "sleep",
+        format!("{}\n", sizes.footprint_sleep_ms).repeat(slots),
+    )?;
     let mut busy = 0;
     let start = Instant::now();
     while running.try_wait()?.is_none() && start.elapsed() < Duration::from_secs(30) {
@@ -47,14 +58,20 @@ pub fn footprint(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     anyhow::ensure!(running.wait()?.success(), "the sleep jobs failed");
     // The guest's own peak linear memory, for one job.
     let mut one = peerwasm();
-    one.args(["run", "--json", "--peers", &worker.addr]).arg(peerwasm_testkit::guest_wasm("sleep"));
+    one.args(["run", "--json", "--peers", &worker.addr])
+        .arg(peerwasm_testkit::guest_wasm("sleep"));
     let guest_peak = {
-        let mut child = one.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn()?;
+        let mut child = one
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()?;
         use std::io::Write;
         child.stdin.take().expect("piped").write_all(b"1\n")?;
         let out = child.wait_with_output()?;
         let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-        v["peak_memory_bytes"].as_u64().ok_or_else(|| anyhow::anyhow!("no peak in {v}"))?
+        v["peak_memory_bytes"]
+            .as_u64()
+            .ok_or_else(|| anyhow::anyhow!("no peak in {v}"))?
     };
     // What each running job adds, its guest's resident pages included (a
     // guest's linear memory is reserved in full but resident only where
@@ -79,11 +96,22 @@ pub fn footprint(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     println!("| state | RSS MiB |");
     println!("|---|---|");
     println!("| idle, just started | {:.1} |", idle as f64 / MIB);
-    println!("| after compiling one module | {:.1} |", after_compile as f64 / MIB);
+    println!(
+        "| after compiling one module | {:.1} |",
+        after_compile as f64 / MIB
+    );
     println!("| {slots} jobs running (max) | {:.1} |", busy as f64 / MIB);
-    println!("| before {} trivial jobs | {:.1} |", sizes.footprint_jobs, before_many as f64 / MIB);
+    println!(
+        "| before {} trivial jobs | {:.1} |",
+        sizes.footprint_jobs,
+        before_many as f64 / MIB
+    );
     println!("| after them | {:.1} |", after_many as f64 / MIB);
-    println!("| after {} more | {:.1} |", sizes.footprint_jobs, after_twice as f64 / MIB);
+    println!(
+        "| after {} more | {:.1} |",
+        sizes.footprint_jobs,
+        after_twice as f64 / MIB
+    );
     println!(
         "RSS added per running job: {:.2} MiB, its guest's resident pages included (linear memory {:.1} MiB)",
         per_job / MIB,

@@ -27,8 +27,14 @@ pub fn gossip(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
         if let Some(s) = seconds_per_node_round {
             let estimate = s * (n * n) as f64 * 40.0;
             if estimate > BUDGET_SECS {
-                println!("| {n} | skipped: ~{estimate:.0} s estimated from the run above (O(n²) per round) | | | | |");
-                summary.figure(format!("gossip, {n} nodes"), "not run: O(n²) traffic per round (docs/gossip.md)", None);
+                println!(
+                    "| {n} | skipped: ~{estimate:.0} s estimated from the run above (O(n²) per round) | | | | |"
+                );
+                summary.figure(
+                    format!("gossip, {n} nodes"),
+                    "not run: O(n²) traffic per round (docs/gossip.md)",
+                    None,
+                );
                 continue;
             }
         }
@@ -43,11 +49,20 @@ pub fn gossip(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
         let dead = sim.run_until(60, |s| s.all_declare_dead(&victim));
         let wall = start.elapsed().as_secs_f64();
         let show = |r: Option<u64>, max: u64| r.map_or(format!("> {max}"), |r| r.to_string());
-        println!("| {n} | {join} | {} | {kb:.1} | {} | {wall:.1} |", show(spread, 30), show(dead, 60));
-        seconds_per_node_round = Some(wall / ((n * n) as f64 * (join + rounds + dead.unwrap_or(60)) as f64));
+        println!(
+            "| {n} | {join} | {} | {kb:.1} | {} | {wall:.1} |",
+            show(spread, 30),
+            show(dead, 60)
+        );
+        seconds_per_node_round =
+            Some(wall / ((n * n) as f64 * (join + rounds + dead.unwrap_or(60)) as f64));
         summary.goal(
             format!("gossip, {n} nodes: a change reaches 99%"),
-            format!("{} rounds, {kb:.0} KB/node/round; dead declared in {} rounds", show(spread, 30), show(dead, 60)),
+            format!(
+                "{} rounds, {kb:.0} KB/node/round; dead declared in {} rounds",
+                show(spread, 30),
+                show(dead, 60)
+            ),
             "≤ 10 rounds",
             spread.is_some_and(|r| r <= 10),
             None,

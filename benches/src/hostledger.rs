@@ -18,7 +18,10 @@ pub fn hostledger(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     println!("\n## The host's ledger: one reservation and its release, {cycles} times");
     println!("| workers sharing the file | µs per reservation and release | vs deciding alone |");
     println!("|---|---|---|");
-    let config = LedgerConfig { memory: Some(1 << 30), reserve: 0 };
+    let config = LedgerConfig {
+        memory: Some(1 << 30),
+        reserve: 0,
+    };
     let time = |ledger: &std::sync::Arc<Ledger>| {
         let start = Instant::now();
         for _ in 0..cycles {
@@ -35,7 +38,10 @@ pub fn hostledger(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
         let held: Vec<_> = (0..others)
             .map(|i| {
                 let l = Ledger::new(&config).expect("a ledger");
-                l.join_host(HostLedger::open(&path, "host".into(), u64::MAX).expect("the file"), &format!("other-{i}"));
+                l.join_host(
+                    HostLedger::open(&path, "host".into(), u64::MAX).expect("the file"),
+                    &format!("other-{i}"),
+                );
                 let r = l.try_reserve(64 << 20);
                 (l, r)
             })

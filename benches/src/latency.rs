@@ -19,14 +19,24 @@ pub fn latency(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     let worker = Worker::start(cores(), &dir.path().join("worker"), None)?;
     let (tls_flags, ca) = loopback_tls(dir.path())?;
     let tls_flags: Vec<&str> = tls_flags.iter().map(String::as_str).collect();
-    let tls_worker = Worker::start_with("4GiB", cores(), &dir.path().join("tls-worker"), None, &tls_flags)?;
+    let tls_worker = Worker::start_with(
+        "4GiB",
+        cores(),
+        &dir.path().join("tls-worker"),
+        None,
+        &tls_flags,
+    )?;
 
     let sample = |cmd: &mut dyn FnMut() -> Command| -> anyhow::Result<Vec<Duration>> {
         timed(&mut cmd())?; // warm
         (0..runs)
             .map(|_| {
                 let (out, took) = timed(&mut cmd())?;
-                anyhow::ensure!(out.stdout == b"hi\n", "unexpected output {:?}", String::from_utf8_lossy(&out.stdout));
+                anyhow::ensure!(
+                    out.stdout == b"hi\n",
+                    "unexpected output {:?}",
+                    String::from_utf8_lossy(&out.stdout)
+                );
                 Ok(took)
             })
             .collect()

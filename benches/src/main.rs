@@ -168,20 +168,41 @@ fn main() -> ExitCode {
 
 /// The benchmarks, in the order of issue 8; names select a subset.
 const NAMES: [&str; 15] = [
-    "dispatch", "latency", "compute", "trivial", "cache", "gossip", "footprint", "fairness", "files", "submit", "hostledger",
-    "smartmem", "python", "anchors", "elastic",
+    "dispatch",
+    "latency",
+    "compute",
+    "trivial",
+    "cache",
+    "gossip",
+    "footprint",
+    "fairness",
+    "files",
+    "submit",
+    "hostledger",
+    "smartmem",
+    "python",
+    "anchors",
+    "elastic",
 ];
 
 fn benchmarks(args: &[String]) -> anyhow::Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
     let only: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
     if let Some(bad) = only.iter().find(|o| !NAMES.contains(&o.as_str())) {
-        anyhow::bail!("no benchmark named {bad:?}; the benchmarks are {}", NAMES.join(", "));
+        anyhow::bail!(
+            "no benchmark named {bad:?}; the benchmarks are {}",
+            NAMES.join(", ")
+        );
     }
     let wanted = |name: &str| only.is_empty() || only.iter().any(|o| *o == name);
     let sizes = if quick { Sizes::quick() } else { Sizes::full() };
     let mut summary = Summary::default();
-    println!("peerwasm benchmarks{} — {} cores, commit {}", if quick { " (quick)" } else { "" }, cores(), commit());
+    println!(
+        "peerwasm benchmarks{} — {} cores, commit {}",
+        if quick { " (quick)" } else { "" },
+        cores(),
+        commit()
+    );
     if wanted("dispatch") {
         dispatch::dispatch(&sizes, &mut summary)?;
     }
@@ -242,14 +263,19 @@ fn commit() -> String {
             .ok()
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
     };
-    let head = git(&["rev-parse", "--short", "HEAD"]).filter(|h| !h.is_empty()).unwrap_or_else(|| "unknown".into());
-    let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    let head = git(&["rev-parse", "--short", "HEAD"])
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown".into());
+    let dirty =
+        git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
     format!("{head}{}", if dirty { "+" } else { "" })
 }
 
 /// The cores this machine has.
 pub fn cores() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
 }
 
 /// Milliseconds, as a float.

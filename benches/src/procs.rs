@@ -48,16 +48,30 @@ impl Worker {
     }
 
     /// [`start`](Self::start) lending `memory`, with more worker flags.
-    pub fn start_with(memory: &str, slots: usize, cache: &Path, join: Option<&str>, extra: &[&str]) -> anyhow::Result<Worker> {
+    pub fn start_with(
+        memory: &str,
+        slots: usize,
+        cache: &Path,
+        join: Option<&str>,
+        extra: &[&str],
+    ) -> anyhow::Result<Worker> {
         let mut cmd = peerwasm();
-        cmd.args(["worker", "--listen", "127.0.0.1:0", "--memory", memory, "--reserve", "0"])
-            .args(extra)
-            .args(["--slots", &slots.to_string(), "--gossip-interval", "200ms"])
-            .arg("--cache-dir")
-            .arg(cache)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
+        cmd.args([
+            "worker",
+            "--listen",
+            "127.0.0.1:0",
+            "--memory",
+            memory,
+            "--reserve",
+            "0",
+        ])
+        .args(extra)
+        .args(["--slots", &slots.to_string(), "--gossip-interval", "200ms"])
+        .arg("--cache-dir")
+        .arg(cache)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
         if let Some(seed) = join {
             cmd.args(["--join", seed]);
         }
@@ -86,7 +100,9 @@ impl Worker {
     pub fn wait_for_peers(&self, n: usize) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let out = peerwasm().args(["peers", "--json", "--peers", &self.addr]).output()?;
+            let out = peerwasm()
+                .args(["peers", "--json", "--peers", &self.addr])
+                .output()?;
             let text = String::from_utf8_lossy(&out.stdout);
             if text.matches("\"alive\"").count() >= n {
                 return Ok(());
@@ -121,8 +137,21 @@ pub fn loopback_tls(dir: &Path) -> anyhow::Result<(Vec<String>, std::path::PathB
     let tls = dir.join("tls");
     let ca = peerwasm::net::certs::init(&tls)?;
     let now = std::time::SystemTime::now();
-    let issued = peerwasm::net::certs::issue(&tls, &["127.0.0.1".into()], None, now, now + peerwasm::net::certs::DEFAULT_VALIDITY)?;
+    let issued = peerwasm::net::certs::issue(
+        &tls,
+        &["127.0.0.1".into()],
+        None,
+        now,
+        now + peerwasm::net::certs::DEFAULT_VALIDITY,
+    )?;
     let path = |p: &Path| p.to_string_lossy().into_owned();
-    let flags = ["--tls-cert".into(), path(&issued.cert), "--tls-key".into(), path(&issued.key), "--tls-ca".into(), path(&ca)];
+    let flags = [
+        "--tls-cert".into(),
+        path(&issued.cert),
+        "--tls-key".into(),
+        path(&issued.key),
+        "--tls-ca".into(),
+        path(&ca),
+    ];
     Ok((flags.to_vec(), ca))
 }

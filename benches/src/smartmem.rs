@@ -28,29 +28,52 @@ pub fn smartmem(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     let w2 = Worker::start_with("512MiB", 8, &dir.path().join("w2"), Some(&w1.addr), &extra)?;
     w1.wait_for_peers(2)?;
     let mibs = draw(n);
-    let median = { let mut m = mibs.clone(); m.sort(); m[n / 2] };
+    let median = {
+        let mut m = mibs.clone();
+        m.sort();
+        m[n / 2]
+    };
     println!(
         "\n## Smartmem against an oracle: {n} memhog jobs of {}–{} MiB (median {median} MiB), two workers of 512 MiB × 8 slots",
         mibs.iter().min().unwrap(),
         mibs.iter().max().unwrap()
     );
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     let target = Target::pool(vec![w1.addr.clone(), w2.addr.clone()])?;
     let memhog = Job::new(peerwasm_testkit::guest_wasm_bytes("memhog"));
     let inputs: Vec<Vec<u8>> = mibs.iter().map(|m| m.to_string().into_bytes()).collect();
     // Warm both workers — their module caches and the memory their jobs
     // touch (the first time a worker's jobs touch 160 MiB costs more than
     // every later time): the whole map once, untimed, at a fixed request.
-    let warm = MapConfig { estimates: None, mem: Some(256 * MIB), ..MapConfig::default() };
-    runtime.block_on(map(&target, &memhog, inputs.clone(), &warm, &mut Vec::new()))?;
+    let warm = MapConfig {
+        estimates: None,
+        mem: Some(256 * MIB),
+        ..MapConfig::default()
+    };
+    runtime.block_on(map(
+        &target,
+        &memhog,
+        inputs.clone(),
+        &warm,
+        &mut Vec::new(),
+    ))?;
 
     // Smartmem: the map learns from each result's exact peak.
     let start = Instant::now();
     let mut items: Vec<MapItem> = Vec::new();
-    let config = MapConfig { estimates: None, ..MapConfig::default() };
+    let config = MapConfig {
+        estimates: None,
+        ..MapConfig::default()
+    };
     let learned = runtime.block_on(map(&target, &memhog, inputs.clone(), &config, &mut items))?;
     let smart_time = start.elapsed();
-    anyhow::ensure!(items.iter().all(MapItem::succeeded), "a smartmem job failed");
+    anyhow::ensure!(
+        items.iter().all(MapItem::succeeded),
+        "a smartmem job failed"
+    );
     let peaks: Vec<u64> = items.iter().map(|i| i.result.peak_memory_bytes).collect();
     let wrong = items.iter().filter(|i| i.attempts > 1).count();
     let retries: u32 = items.iter().map(|i| i.attempts - 1).sum();
@@ -62,7 +85,9 @@ pub fn smartmem(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     let oracle = Usage::of(oracle_results.iter());
 
     let ratio = oracle_time.as_secs_f64() / smart_time.as_secs_f64();
-    println!("| placement | makespan | GiB·s reserved | GiB·s used | used ÷ reserved | jobs run again |");
+    println!(
+        "| placement | makespan | GiB·s reserved | GiB·s used | used ÷ reserved | jobs run again |"
+    );
     println!("|---|---|---|---|---|---|");
     let row = |name: &str, t: Duration, u: &Usage, again: String| {
         println!(
@@ -73,17 +98,36 @@ pub fn smartmem(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
             100.0 * u.used / u.reserved.max(1e-9)
         )
     };
-    row("smartmem (`map`, memory learned)", smart_time, &smart, format!("{wrong} inputs, {retries} retries"));
-    row("oracle (every peak known)", oracle_time, &oracle, "0".into());
+    row(
+        "smartmem (`map`, memory learned)",
+        smart_time,
+        &smart,
+        format!("{wrong} inputs, {retries} retries"),
+    );
+    row(
+        "oracle (every peak known)",
+        oracle_time,
+        &oracle,
+        "0".into(),
+    );
     println!(
         "(smartmem's throughput is {:.0}% of the oracle's; {} retries per input whose estimate was too small; learned request {})",
         100.0 * ratio,
-        if wrong == 0 { "no".to_string() } else { format!("{:.2}", retries as f64 / wrong as f64) },
-        learned.learned_memreq.map_or("-".into(), |b| format!("{} MiB", b / MIB))
+        if wrong == 0 {
+            "no".to_string()
+        } else {
+            format!("{:.2}", retries as f64 / wrong as f64)
+        },
+        learned
+            .learned_memreq
+            .map_or("-".into(), |b| format!("{} MiB", b / MIB))
     );
     summary.goal(
         "smartmem vs an oracle that knew every peak (heavy-tailed memhog map)",
-        format!("{:.0}% of its throughput, {retries} retries for {wrong} inputs", 100.0 * ratio),
+        format!(
+            "{:.0}% of its throughput, {retries} retries for {wrong} inputs",
+            100.0 * ratio
+        ),
         "≥ 90%, ≤ 1 retry per wrong estimate",
         ratio >= 0.9 && (wrong == 0 || retries as usize <= wrong),
         None,
@@ -113,7 +157,9 @@ pub(crate) fn oracle(
                     let mut tries = 0;
                     loop {
                         match target.run(&job, job.spec(input.clone(), memreq)).await {
-                            Err(peerwasm::client::SubmitError::Lost { .. }) if tries < 5 => tries += 1,
+                            Err(peerwasm::client::SubmitError::Lost { .. }) if tries < 5 => {
+                                tries += 1
+                            }
                             other => return other,
                         }
                     }
@@ -125,7 +171,10 @@ pub(crate) fn oracle(
     });
     let makespan = start.elapsed();
     let results: Vec<_> = results.into_iter().collect::<Result<_, _>>()?;
-    anyhow::ensure!(results.iter().all(|r| r.outcome.is_success()), "an oracle job failed");
+    anyhow::ensure!(
+        results.iter().all(|r| r.outcome.is_success()),
+        "an oracle job failed"
+    );
     Ok((makespan, results))
 }
 

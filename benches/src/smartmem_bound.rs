@@ -47,20 +47,38 @@ pub fn memory_bound(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> 
     let w1 = Worker::start_with("256MiB", 16, &dir.path().join("w1"), None, &extra)?;
     let w2 = Worker::start_with("256MiB", 16, &dir.path().join("w2"), Some(&w1.addr), &extra)?;
     w1.wait_for_peers(2)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     let target = Target::pool(vec![w1.addr.clone(), w2.addr.clone()])?;
     let hold = Job::new(peerwasm_testkit::guest_wasm_bytes("hold"));
     println!(
         "\n## Smartmem where memory is the bottleneck: {n} jobs holding their memory {hold_ms} ms, two workers of 256 MiB × 16 slots"
     );
-    println!("| workload | run | makespan | GiB·s reserved | GiB·s used | used ÷ reserved | attempts per input | learned |");
+    println!(
+        "| workload | run | makespan | GiB·s reserved | GiB·s used | used ÷ reserved | attempts per input | learned |"
+    );
     println!("|---|---|---|---|---|---|---|---|");
     for w in [proportional(n, hold_ms), unrelated(n, hold_ms)] {
         // Warm the workers' module caches (untimed, a fixed request).
-        let warm = MapConfig { estimates: None, mem: Some(200 * MIB), ..MapConfig::default() };
-        runtime.block_on(map(&target, &hold, w.inputs[..4.min(n)].to_vec(), &warm, &mut Vec::new()))?;
+        let warm = MapConfig {
+            estimates: None,
+            mem: Some(200 * MIB),
+            ..MapConfig::default()
+        };
+        runtime.block_on(map(
+            &target,
+            &hold,
+            w.inputs[..4.min(n)].to_vec(),
+            &warm,
+            &mut Vec::new(),
+        ))?;
         let store = EstimateStore::new(dir.path().join(format!("estimates-{}", w.name.len())));
-        let learning = MapConfig { estimates: Some(store), ..MapConfig::default() };
+        let learning = MapConfig {
+            estimates: Some(store),
+            ..MapConfig::default()
+        };
         let first = run_map(&runtime, &target, &hold, &w.inputs, &learning)?;
         first.row(w.name, "first map (nothing learned)");
         // The next maps and the oracle, interleaved, `reps` times each:
@@ -69,12 +87,27 @@ pub fn memory_bound(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> 
         let (mut nexts, mut oracles) = (Vec::new(), Vec::new());
         for _ in 0..sizes.reps {
             let next = run_map(&runtime, &target, &hold, &w.inputs, &learning)?;
-            oracles.push(run_oracle(&runtime, &target, &hold, &w.inputs, &next.peaks)?);
+            oracles.push(run_oracle(
+                &runtime,
+                &target,
+                &hold,
+                &w.inputs,
+                &next.peaks,
+            )?);
             nexts.push(next);
         }
         let (next, oracle) = (median_run(nexts), median_run(oracles));
-        next.row(w.name, &format!("next map (starts from the first's), median of {}", sizes.reps));
-        oracle.row(w.name, &format!("oracle (every peak known), median of {}", sizes.reps));
+        next.row(
+            w.name,
+            &format!(
+                "next map (starts from the first's), median of {}",
+                sizes.reps
+            ),
+        );
+        oracle.row(
+            w.name,
+            &format!("oracle (every peak known), median of {}", sizes.reps),
+        );
         let ratio = oracle.makespan.as_secs_f64() / next.makespan.as_secs_f64();
         let used = next.usage.used / next.usage.reserved.max(1e-9);
         let attempts = next.attempts as f64 / n as f64;
@@ -90,7 +123,10 @@ pub fn memory_bound(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> 
         } else {
             summary.goal(
                 "smartmem (b): heavy tail unrelated to the input, memory-bound",
-                format!("{:.0}% of the oracle's throughput, {retries} retries for {wrong} inputs", 100.0 * ratio),
+                format!(
+                    "{:.0}% of the oracle's throughput, {retries} retries for {wrong} inputs",
+                    100.0 * ratio
+                ),
                 "≥ 80%, ≤ 1 retry per wrong estimate",
                 ratio >= 0.8 && retries <= wrong,
                 None,
@@ -131,12 +167,21 @@ fn median_run(mut runs: Vec<Run>) -> Run {
     runs.swap_remove(runs.len() / 2)
 }
 
-fn run_map(runtime: &tokio::runtime::Runtime, target: &Target, job: &Job, inputs: &[Vec<u8>], config: &MapConfig) -> anyhow::Result<Run> {
+fn run_map(
+    runtime: &tokio::runtime::Runtime,
+    target: &Target,
+    job: &Job,
+    inputs: &[Vec<u8>],
+    config: &MapConfig,
+) -> anyhow::Result<Run> {
     let start = Instant::now();
     let mut items: Vec<MapItem> = Vec::new();
     let summary = runtime.block_on(map(target, job, inputs.to_vec(), config, &mut items))?;
     let makespan = start.elapsed();
-    anyhow::ensure!(items.iter().all(MapItem::succeeded), "a job of the map failed");
+    anyhow::ensure!(
+        items.iter().all(MapItem::succeeded),
+        "a job of the map failed"
+    );
     Ok(Run {
         makespan,
         usage: Usage::of(items.iter().map(|i| &i.result)),
@@ -148,7 +193,13 @@ fn run_map(runtime: &tokio::runtime::Runtime, target: &Target, job: &Job, inputs
 }
 
 /// Each job asks for exactly its peak, as many under way as a map keeps.
-fn run_oracle(runtime: &tokio::runtime::Runtime, target: &Target, job: &Job, inputs: &[Vec<u8>], peaks: &[u64]) -> anyhow::Result<Run> {
+fn run_oracle(
+    runtime: &tokio::runtime::Runtime,
+    target: &Target,
+    job: &Job,
+    inputs: &[Vec<u8>],
+    peaks: &[u64],
+) -> anyhow::Result<Run> {
     let (makespan, results) = crate::smartmem::oracle(runtime, target, job, inputs, peaks)?;
     Ok(Run {
         makespan,
@@ -166,14 +217,24 @@ fn proportional(n: usize, hold_ms: u64) -> Workload {
     let mut rng = rand::rngs::StdRng::seed_from_u64(0xa11ce);
     let inputs = (0..n)
         .map(|i| {
-            let kib = if i % 25 == 12 { 10 << 10 } else { (1024.0 * (0.5 * normal(&mut rng)).exp()).round().clamp(64.0, 4096.0) as usize };
+            let kib = if i % 25 == 12 {
+                10 << 10
+            } else {
+                (1024.0 * (0.5 * normal(&mut rng)).exp())
+                    .round()
+                    .clamp(64.0, 4096.0) as usize
+            };
             let factor = 15.0 * (0.9 + 0.2 * rng.random::<f64>());
             let mut input = format!("{hold_ms} x{factor:.3}\n").into_bytes();
             input.resize(input.len() + (kib << 10), b'a');
             input
         })
         .collect();
-    Workload { name: "(a) peak ∝ input size", inputs, follows_size: true }
+    Workload {
+        name: "(a) peak ∝ input size",
+        inputs,
+        follows_size: true,
+    }
 }
 
 /// (b): peaks log-normal around 8 MiB (σ 0.6), every 25th 160 MiB, whatever
@@ -182,13 +243,23 @@ fn unrelated(n: usize, hold_ms: u64) -> Workload {
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
     let inputs = (0..n)
         .map(|i| {
-            let mib = if i % 25 == 12 { 160 } else { (8.0 * (0.6 * normal(&mut rng)).exp()).round().clamp(1.0, 120.0) as u64 };
+            let mib = if i % 25 == 12 {
+                160
+            } else {
+                (8.0 * (0.6 * normal(&mut rng)).exp())
+                    .round()
+                    .clamp(1.0, 120.0) as u64
+            };
             let mut input = format!("{hold_ms} {mib}\n").into_bytes();
             input.resize(input.len() + rng.random_range(0..64 << 10), b'b');
             input
         })
         .collect();
-    Workload { name: "(b) heavy tail, unrelated", inputs, follows_size: false }
+    Workload {
+        name: "(b) heavy tail, unrelated",
+        inputs,
+        follows_size: false,
+    }
 }
 
 /// A standard normal (Box–Muller).

@@ -15,10 +15,18 @@ use crate::{Sizes, cores, median};
 
 pub fn submit(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     let n = sizes.submit_inputs;
-    println!("\n## Submit: a map of {n} short jobs, attached vs detached, two workers, median of {} runs", sizes.reps);
+    println!(
+        "\n## Submit: a map of {n} short jobs, attached vs detached, two workers, median of {} runs",
+        sizes.reps
+    );
     let dir = tempfile::tempdir()?;
     let inputs = dir.path().join("in.jsonl");
-    std::fs::write(&inputs, (0..n).map(|i| format!("{{\"n\": {}}}\n", 1000 + i % 100)).collect::<String>())?;
+    std::fs::write(
+        &inputs,
+        (0..n)
+            .map(|i| format!("{{\"n\": {}}}\n", 1000 + i % 100))
+            .collect::<String>(),
+    )?;
     let out = dir.path().join("out.jsonl");
     let primes = peerwasm_testkit::guest_wasm("primes");
     let slots = (cores() / 2).max(1);
@@ -29,21 +37,41 @@ pub fn submit(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     let check = |text: &str| -> anyhow::Result<()> {
         let lines = text.lines().count();
         anyhow::ensure!(lines == n, "{lines} results for {n} inputs");
-        anyhow::ensure!(text.lines().all(|l| l.contains("\"count\":")), "a job failed");
+        anyhow::ensure!(
+            text.lines().all(|l| l.contains("\"count\":")),
+            "a job failed"
+        );
         Ok(())
     };
     let attached = || -> anyhow::Result<Duration> {
         let mut cmd = peerwasm();
-        cmd.args(["map", "--no-progress", "--mem", "64MiB", "--peers", &peers, "-o"]).arg(&out).arg(&primes).arg(&inputs);
+        cmd.args([
+            "map",
+            "--no-progress",
+            "--mem",
+            "64MiB",
+            "--peers",
+            &peers,
+            "-o",
+        ])
+        .arg(&out)
+        .arg(&primes)
+        .arg(&inputs);
         let (_, took) = timed(&mut cmd)?;
         check(&std::fs::read_to_string(&out)?)?;
         Ok(took)
     };
     let detached = || -> anyhow::Result<Duration> {
         let start = Instant::now();
-        let (submitted, _) =
-            timed(peerwasm().args(["map", "--detach", "--mem", "64MiB", "--peers", &w1.addr]).arg(&primes).arg(&inputs))?;
-        let id = String::from_utf8_lossy(&submitted.stdout).trim().to_string();
+        let (submitted, _) = timed(
+            peerwasm()
+                .args(["map", "--detach", "--mem", "64MiB", "--peers", &w1.addr])
+                .arg(&primes)
+                .arg(&inputs),
+        )?;
+        let id = String::from_utf8_lossy(&submitted.stdout)
+            .trim()
+            .to_string();
         let (results, _) = timed(peerwasm().args(["results", "--peers", &w1.addr, &id]))?;
         let took = start.elapsed();
         check(&String::from_utf8_lossy(&results.stdout))?;
@@ -61,8 +89,16 @@ pub fn submit(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     let rate = |t: Duration| n as f64 / t.as_secs_f64();
     println!("| how | time to the last result | jobs/s |");
     println!("|---|---|---|");
-    println!("| attached: `map -o OUT` | {:.2} s | {:.0} |", a.as_secs_f64(), rate(a));
-    println!("| detached: `map --detach`, then `results ID` | {:.2} s | {:.0} |", d.as_secs_f64(), rate(d));
+    println!(
+        "| attached: `map -o OUT` | {:.2} s | {:.0} |",
+        a.as_secs_f64(),
+        rate(a)
+    );
+    println!(
+        "| detached: `map --detach`, then `results ID` | {:.2} s | {:.0} |",
+        d.as_secs_f64(),
+        rate(d)
+    );
     let ratio = rate(d) / rate(a);
     println!("(detached ÷ attached throughput: {ratio:.2}×)");
     summary.goal(
@@ -74,15 +110,30 @@ pub fn submit(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     );
 
     // The database alone: results as the owner stores them.
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let (grouped, each) = runtime.block_on(commit_costs(dir.path(), sizes.submit_commits))?;
-    println!("\n| state database, {} results of a short job | per result |", sizes.submit_commits);
+    println!(
+        "\n| state database, {} results of a short job | per result |",
+        sizes.submit_commits
+    );
     println!("|---|---|");
-    println!("| queued, committed in groups (what the owner does) | {:.1} µs |", grouped.as_secs_f64() * 1e6);
-    println!("| one commit (fsync) per result | {:.1} µs |", each.as_secs_f64() * 1e6);
+    println!(
+        "| queued, committed in groups (what the owner does) | {:.1} µs |",
+        grouped.as_secs_f64() * 1e6
+    );
+    println!(
+        "| one commit (fsync) per result | {:.1} µs |",
+        each.as_secs_f64() * 1e6
+    );
     summary.figure(
         "state database: commit cost per result",
-        format!("{:.1} µs grouped, {:.0} µs alone", grouped.as_secs_f64() * 1e6, each.as_secs_f64() * 1e6),
+        format!(
+            "{:.1} µs grouped, {:.0} µs alone",
+            grouped.as_secs_f64() * 1e6,
+            each.as_secs_f64() * 1e6
+        ),
         None,
     );
     Ok(())
@@ -121,6 +172,10 @@ async fn commit_costs(dir: &std::path::Path, n: usize) -> anyhow::Result<(Durati
 }
 
 fn postcard_blob(result: &JobResult) -> anyhow::Result<Vec<u8>> {
-    let item = SubmittedResult { index: 0, attempts: 1, result: result.clone() };
+    let item = SubmittedResult {
+        index: 0,
+        attempts: 1,
+        result: result.clone(),
+    };
     Ok(postcard::to_allocvec(&item)?)
 }

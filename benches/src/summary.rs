@@ -24,13 +24,35 @@ pub struct Summary {
 
 impl Summary {
     /// Adds a figure without a goal.
-    pub fn figure(&mut self, what: impl Into<String>, ours: impl Into<String>, anchor: Option<&'static str>) {
-        self.rows.push(Row { what: what.into(), ours: ours.into(), goal: None, met: None, anchor: anchor.map(Into::into) });
+    pub fn figure(
+        &mut self,
+        what: impl Into<String>,
+        ours: impl Into<String>,
+        anchor: Option<&'static str>,
+    ) {
+        self.rows.push(Row {
+            what: what.into(),
+            ours: ours.into(),
+            goal: None,
+            met: None,
+            anchor: anchor.map(Into::into),
+        });
     }
 
     /// Adds a figure beside an anchor measured in the same run.
-    pub fn measured_anchor(&mut self, what: impl Into<String>, ours: impl Into<String>, anchor: String) {
-        self.rows.push(Row { what: what.into(), ours: ours.into(), goal: None, met: None, anchor: Some(anchor) });
+    pub fn measured_anchor(
+        &mut self,
+        what: impl Into<String>,
+        ours: impl Into<String>,
+        anchor: String,
+    ) {
+        self.rows.push(Row {
+            what: what.into(),
+            ours: ours.into(),
+            goal: None,
+            met: None,
+            anchor: Some(anchor),
+        });
     }
 
     /// Adds a figure against a goal.
@@ -66,7 +88,13 @@ impl Summary {
                 (Some(g), None) => g.clone(),
                 (None, _) => String::new(),
             };
-            println!("| {} | {} | {} | {} |", r.what, r.ours, goal, r.anchor.as_deref().unwrap_or(""));
+            println!(
+                "| {} | {} | {} | {} |",
+                r.what,
+                r.ours,
+                goal,
+                r.anchor.as_deref().unwrap_or("")
+            );
         }
     }
 }

@@ -36,7 +36,9 @@
 // The facade: what a program that runs jobs uses most, at the root. The
 // modules stay public for the worker crate built on this one; their
 // inner rooms are private where nothing outside reaches them.
-pub use client::{Job, MapConfig, MapItem, MapSummary, Pool, PoolConfig, SubmitError, Target, WorkerApi, map};
+pub use client::{
+    Job, MapConfig, MapItem, MapSummary, Pool, PoolConfig, SubmitError, Target, WorkerApi, map,
+};
 pub use net::Transport;
 pub use proto::{JobLimits, JobResult, JobSpec, Outcome};
 pub use runner::{JobRunner, RunnerConfig};

@@ -42,7 +42,11 @@ pub fn user_runtime_dir() -> anyhow::Result<PathBuf> {
 
 /// Where [`user_runtime_dir`] is, without making or checking it.
 pub fn user_runtime_path() -> PathBuf {
-    let base = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+    let base = if Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
     base.join(format!("peerwasm-{}", euid()))
 }
 
@@ -54,9 +58,13 @@ pub fn private_dir(dir: &Path) -> anyhow::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => bail!("cannot make the private directory {}: {e}", dir.display()),
     }
-    let meta = std::fs::symlink_metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
+    let meta =
+        std::fs::symlink_metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
     if !meta.is_dir() {
-        bail!("{} is not a directory (a link, or a file someone put there): remove it", dir.display());
+        bail!(
+            "{} is not a directory (a link, or a file someone put there): remove it",
+            dir.display()
+        );
     }
     if meta.uid() != euid() {
         bail!(
@@ -91,7 +99,12 @@ pub enum Sharing {
 /// [`Sharing::Group`], of the directory's group, `0660` at most, in a
 /// directory others cannot write. Anything else is refused, naming what
 /// is wrong; nothing is written to it.
-pub fn open_private_file(path: &Path, what: &str, create: bool, sharing: Sharing) -> anyhow::Result<File> {
+pub fn open_private_file(
+    path: &Path,
+    what: &str,
+    create: bool,
+    sharing: Sharing,
+) -> anyhow::Result<File> {
     let mode = match sharing {
         Sharing::Private => 0o600,
         Sharing::Group => 0o660,
@@ -105,31 +118,57 @@ pub fn open_private_file(path: &Path, what: &str, create: bool, sharing: Sharing
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
         .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => anyhow::anyhow!("{what} {} is a symbolic link: refused (someone may have planted it)", path.display()),
+            Some(libc::ELOOP) => anyhow::anyhow!(
+                "{what} {} is a symbolic link: refused (someone may have planted it)",
+                path.display()
+            ),
             _ => anyhow::anyhow!("cannot open {what} {}: {e}", path.display()),
         })?;
-    let meta = file.metadata().with_context(|| format!("cannot read {what} {}", path.display()))?;
-    let refuse = |why: String| anyhow::anyhow!("{what} {} {why}: refused (remove it, or give another path)", path.display());
+    let meta = file
+        .metadata()
+        .with_context(|| format!("cannot read {what} {}", path.display()))?;
+    let refuse = |why: String| {
+        anyhow::anyhow!(
+            "{what} {} {why}: refused (remove it, or give another path)",
+            path.display()
+        )
+    };
     if !meta.is_file() {
         return Err(refuse("is not a regular file".into()));
     }
     if meta.nlink() != 1 {
-        return Err(refuse(format!("has {} names (a hard link someone made?)", meta.nlink())));
+        return Err(refuse(format!(
+            "has {} names (a hard link someone made?)",
+            meta.nlink()
+        )));
     }
     match sharing {
         Sharing::Private => {
             if meta.uid() != euid() {
-                return Err(refuse(format!("belongs to another user (uid {})", meta.uid())));
+                return Err(refuse(format!(
+                    "belongs to another user (uid {})",
+                    meta.uid()
+                )));
             }
             if meta.mode() & 0o077 != 0 {
-                return Err(refuse(format!("is open to others (mode {:04o}; it must be 0600)", meta.mode() & 0o777)));
+                return Err(refuse(format!(
+                    "is open to others (mode {:04o}; it must be 0600)",
+                    meta.mode() & 0o777
+                )));
             }
         }
         Sharing::Group => {
-            let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-            let dmeta = std::fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
+            let dir = path
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            let dmeta =
+                std::fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
             if dmeta.mode() & 0o002 != 0 {
-                return Err(refuse(format!("is in {}, which anyone may write to", dir.display())));
+                return Err(refuse(format!(
+                    "is in {}, which anyone may write to",
+                    dir.display()
+                )));
             }
             if meta.gid() != dmeta.gid() || meta.mode() & 0o007 != 0 {
                 return Err(refuse(format!(
@@ -151,14 +190,18 @@ pub fn open_private_file(path: &Path, what: &str, create: bool, sharing: Sharing
 pub fn private_secret(path: &Path, what: &str, bytes: usize) -> anyhow::Result<Vec<u8>> {
     if std::fs::symlink_metadata(path).is_err() {
         let secret: Vec<u8> = (0..bytes).map(|_| rand::random::<u8>()).collect();
-        create_once(path, hex::encode(&secret).as_bytes()).with_context(|| format!("cannot make {what} {}", path.display()))?;
+        create_once(path, hex::encode(&secret).as_bytes())
+            .with_context(|| format!("cannot make {what} {}", path.display()))?;
     }
     let mut secret = Vec::new();
     open_private_file(path, what, false, Sharing::Private)?
         .read_to_end(&mut secret)
         .with_context(|| format!("cannot read {what} {}", path.display()))?;
     if secret.trim_ascii().is_empty() {
-        bail!("{what} {} is empty: remove it and a new one is made", path.display());
+        bail!(
+            "{what} {} is empty: remove it and a new one is made",
+            path.display()
+        );
     }
     Ok(secret.trim_ascii().to_vec())
 }
@@ -171,8 +214,13 @@ pub fn private_secret(path: &Path, what: &str, bytes: usize) -> anyhow::Result<V
 pub fn create_once(path: &Path, contents: &[u8]) -> std::io::Result<bool> {
     use std::io::Write;
     use std::os::unix::fs::PermissionsExt;
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let mut tmp = tempfile::Builder::new().permissions(std::fs::Permissions::from_mode(0o600)).tempfile_in(dir)?;
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let mut tmp = tempfile::Builder::new()
+        .permissions(std::fs::Permissions::from_mode(0o600))
+        .tempfile_in(dir)?;
     tmp.write_all(contents)?;
     tmp.as_file().sync_all()?;
     match tmp.persist_noclobber(path) {
@@ -190,15 +238,21 @@ pub fn create_once(path: &Path, contents: &[u8]) -> std::io::Result<bool> {
 /// another user's path, saying why it must be private.
 pub fn make_private(path: &Path, what: &str, mode: u32, why: &str) -> anyhow::Result<()> {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let meta = std::fs::metadata(path).with_context(|| format!("cannot read {what} {}", path.display()))?;
+    let meta = std::fs::metadata(path)
+        .with_context(|| format!("cannot read {what} {}", path.display()))?;
     // SAFETY: geteuid(2) cannot fail.
     let me = unsafe { libc::geteuid() };
     if meta.uid() != me {
-        bail!("{what} {} belongs to another user (uid {}, this process runs as {me}): {why}", path.display(), meta.uid());
+        bail!(
+            "{what} {} belongs to another user (uid {}, this process runs as {me}): {why}",
+            path.display(),
+            meta.uid()
+        );
     }
     if meta.mode() & 0o077 != 0 {
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-            .with_context(|| format!("cannot make {what} {} private ({mode:04o})", path.display()))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).with_context(
+            || format!("cannot make {what} {} private ({mode:04o})", path.display()),
+        )?;
         tracing::info!(path = %path.display(), "{what} was open to others ({:o}): made it {mode:04o}", meta.mode() & 0o777);
     }
     Ok(())
@@ -228,7 +282,11 @@ mod tests {
 
     #[test]
     fn a_missing_path_is_named() {
-        let e = make_private(Path::new("/nonexistent/key.pem"), "the key file", 0o600, "").unwrap_err();
-        assert!(format!("{e:#}").contains("cannot read the key file /nonexistent/key.pem"), "{e:#}");
+        let e =
+            make_private(Path::new("/nonexistent/key.pem"), "the key file", 0o600, "").unwrap_err();
+        assert!(
+            format!("{e:#}").contains("cannot read the key file /nonexistent/key.pem"),
+            "{e:#}"
+        );
     }
 }

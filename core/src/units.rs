@@ -26,7 +26,11 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "mb" => 1_000_000,
         "gb" => 1_000_000_000,
         "tb" => 1_000_000_000_000,
-        _ => return Err(format!("unknown size unit {unit:?} in {s:?} (try 512MiB, 2GiB, 1.5G)")),
+        _ => {
+            return Err(format!(
+                "unknown size unit {unit:?} in {s:?} (try 512MiB, 2GiB, 1.5G)"
+            ));
+        }
     };
     let value: f64 = num
         .parse()
@@ -55,7 +59,12 @@ pub struct Bytes(pub u64);
 
 impl fmt::Display for Bytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const UNITS: [(&str, u64); 4] = [("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+        const UNITS: [(&str, u64); 4] = [
+            ("TiB", 1 << 40),
+            ("GiB", 1 << 30),
+            ("MiB", 1 << 20),
+            ("KiB", 1 << 10),
+        ];
         for (name, size) in UNITS {
             if self.0 >= size {
                 let v = self.0 as f64 / size as f64;
@@ -89,7 +98,12 @@ impl std::str::FromStr for Size {
 impl fmt::Display for Size {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Exact, and as people type it (`1GiB`, `1536MiB`): it is parsed back.
-        for (name, size) in [("TiB", 1u64 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
+        for (name, size) in [
+            ("TiB", 1u64 << 40),
+            ("GiB", 1 << 30),
+            ("MiB", 1 << 20),
+            ("KiB", 1 << 10),
+        ] {
             if self.0 >= size && self.0 % size == 0 {
                 return write!(f, "{}{name}", self.0 / size);
             }
@@ -120,11 +134,21 @@ impl fmt::Display for Span {
 /// Rows of cells as left-aligned columns two spaces apart.
 pub fn render_table<R: AsRef<[String]>>(rows: &[R]) -> String {
     let columns = rows.first().map_or(0, |r| r.as_ref().len());
-    let widths: Vec<usize> =
-        (0..columns).map(|c| rows.iter().map(|r| r.as_ref()[c].chars().count()).max().unwrap_or(0)).collect();
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| {
+            rows.iter()
+                .map(|r| r.as_ref()[c].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
     rows.iter()
         .map(|r| {
-            let cells = r.as_ref().iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}"));
+            let cells = r
+                .as_ref()
+                .iter()
+                .zip(&widths)
+                .map(|(cell, w)| format!("{cell:<w$}"));
             cells.collect::<Vec<_>>().join("  ").trim_end().to_string()
         })
         .collect::<Vec<_>>()
@@ -150,14 +174,26 @@ mod tests {
 
     #[test]
     fn flag_values_show_as_they_parse() {
-        for size in [1 << 30, 4 << 30, 64 << 20, 256 << 20, 10 << 30, 1536 << 20, 12345] {
+        for size in [
+            1 << 30,
+            4 << 30,
+            64 << 20,
+            256 << 20,
+            10 << 30,
+            1536 << 20,
+            12345,
+        ] {
             let shown = Size(size).to_string();
             assert_eq!(shown.parse::<Size>(), Ok(Size(size)), "{shown}");
         }
         assert_eq!(Size(1 << 30).to_string(), "1GiB");
         for secs in [1, 10, 30, 60, 600, 24 * 3600] {
             let shown = Span(Duration::from_secs(secs)).to_string();
-            assert_eq!(shown.parse::<Span>(), Ok(Span(Duration::from_secs(secs))), "{shown}");
+            assert_eq!(
+                shown.parse::<Span>(),
+                Ok(Span(Duration::from_secs(secs))),
+                "{shown}"
+            );
         }
         assert_eq!(Span(Duration::from_secs(600)).to_string(), "10m");
     }
@@ -183,5 +219,7 @@ mod tests {
 /// Wall-clock milliseconds since the Unix epoch (0 before it): the time
 /// adverts and records carry between machines.
 pub fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }

@@ -40,7 +40,9 @@ pub fn primes(input: PrimesInput) -> Result<PrimesOutput, String> {
     if input.n > 1 << 32 {
         return Err(format!("n = {} is too large (at most 2^32)", input.n));
     }
-    Ok(PrimesOutput { count: count_primes_below(input.n) })
+    Ok(PrimesOutput {
+        count: count_primes_below(input.n),
+    })
 }
 
 /// Number of primes p < n (sieve of Eratosthenes over odd numbers).
@@ -72,11 +74,16 @@ pub fn count_primes_below(n: u64) -> u64 {
 pub fn stdin_number() -> u64 {
     use std::io::Read;
     let mut s = String::new();
-    std::io::stdin().read_to_string(&mut s).expect("reading stdin");
+    std::io::stdin()
+        .read_to_string(&mut s)
+        .expect("reading stdin");
     match s.trim().parse() {
         Ok(n) => n,
         Err(_) => {
-            eprintln!("error: expected a whole number on stdin, got {:?}", s.trim());
+            eprintln!(
+                "error: expected a whole number on stdin, got {:?}",
+                s.trim()
+            );
             std::process::exit(2);
         }
     }

@@ -64,8 +64,9 @@
 pub use peerwasm_core::{client, gossip, net, private_path, proto, runner, sandbox, slot, units};
 // The facade: `peerwasm-core`'s root, and a worker started from a program.
 pub use peerwasm_core::{
-    Job, JobLimits, JobResult, JobRunner, JobSpec, MapConfig, MapItem, MapSummary, Outcome, Pool, PoolConfig, RunSpec,
-    RunnerConfig, SandboxConfig, SubmitError, Target, Transport, WorkerApi, map,
+    Job, JobLimits, JobResult, JobRunner, JobSpec, MapConfig, MapItem, MapSummary, Outcome, Pool,
+    PoolConfig, RunSpec, RunnerConfig, SandboxConfig, SubmitError, Target, Transport, WorkerApi,
+    map,
 };
 pub use server::{RunningWorker, WorkerConfig, start};
 
@@ -83,13 +84,32 @@ mod layering {
 
     /// Bottom up: each may use only those before it. The first nine are
     /// `peerwasm-core`'s.
-    const LAYERS: [&str; 14] = ["units", "private_path", "net", "proto", "gossip", "sandbox", "runner", "slot", "client", "worker", "owner", "server", "adapt", "cli"];
+    const LAYERS: [&str; 14] = [
+        "units",
+        "private_path",
+        "net",
+        "proto",
+        "gossip",
+        "sandbox",
+        "runner",
+        "slot",
+        "client",
+        "worker",
+        "owner",
+        "server",
+        "adapt",
+        "cli",
+    ];
 
     /// Where `layer`'s source is: this crate's `src/`, or `peerwasm-core`'s.
     fn src_of(layer: &str) -> std::path::PathBuf {
         let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
         let own = here.join("src");
-        if own.join(layer).exists() || own.join(format!("{layer}.rs")).exists() { own } else { here.join("../core/src") }
+        if own.join(layer).exists() || own.join(format!("{layer}.rs")).exists() {
+            own
+        } else {
+            here.join("../core/src")
+        }
     }
 
     /// Both crates' source roots.
@@ -119,24 +139,49 @@ mod layering {
                 // Code only: doc links may point anywhere.
                 for line in text.lines().filter(|l| !l.trim_start().starts_with("//")) {
                     for name in &LAYERS[level + 1..] {
-                        if line.contains(&format!("crate::{name}::")) || line.contains(&format!("crate::{name}{{")) {
-                            upward.push(format!("{} ({layer}) uses {name}: {}", path.display(), line.trim()));
+                        if line.contains(&format!("crate::{name}::"))
+                            || line.contains(&format!("crate::{name}{{"))
+                        {
+                            upward.push(format!(
+                                "{} ({layer}) uses {name}: {}",
+                                path.display(),
+                                line.trim()
+                            ));
                         }
                     }
                 }
             }
         }
-        assert!(upward.is_empty(), "imports against the layering:\n{}", upward.join("\n"));
+        assert!(
+            upward.is_empty(),
+            "imports against the layering:\n{}",
+            upward.join("\n")
+        );
     }
 
     /// The first names of what `after_super` (the text after a `super::`)
     /// imports: `NAME` of `super::NAME…`, each `NAME` of `super::{NAME…,
     /// NAME…}`.
     fn imported_after(after_super: &str) -> Vec<String> {
-        let word = |s: &str| -> String { s.trim_start().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect() };
+        let word = |s: &str| -> String {
+            s.trim_start()
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect()
+        };
         match after_super.strip_prefix('{') {
-            Some(group) => group.split('}').next().unwrap_or_default().split(',').map(word).filter(|w| !w.is_empty()).collect(),
-            None => vec![word(after_super)].into_iter().filter(|w| !w.is_empty()).collect(),
+            Some(group) => group
+                .split('}')
+                .next()
+                .unwrap_or_default()
+                .split(',')
+                .map(word)
+                .filter(|w| !w.is_empty())
+                .collect(),
+            None => vec![word(after_super)]
+                .into_iter()
+                .filter(|w| !w.is_empty())
+                .collect(),
         }
     }
 
@@ -147,7 +192,11 @@ mod layering {
     #[test]
     fn no_two_files_of_a_room_import_each_other() {
         let mut both_ways = Vec::new();
-        let rooms = roots().into_iter().flat_map(|src| walkdir::WalkDir::new(src).into_iter().map(|e| e.expect("reading src").into_path()));
+        let rooms = roots().into_iter().flat_map(|src| {
+            walkdir::WalkDir::new(src)
+                .into_iter()
+                .map(|e| e.expect("reading src").into_path())
+        });
         for room in rooms {
             if !room.join("mod.rs").exists() {
                 continue;
@@ -157,7 +206,9 @@ mod layering {
                 .map(|e| e.unwrap().path())
                 .filter_map(|p| match p.extension() {
                     Some(e) if e == "rs" => p.file_stem().map(|s| s.to_string_lossy().into_owned()),
-                    None if p.join("mod.rs").exists() => p.file_name().map(|s| s.to_string_lossy().into_owned()),
+                    None if p.join("mod.rs").exists() => {
+                        p.file_name().map(|s| s.to_string_lossy().into_owned())
+                    }
                     _ => None,
                 })
                 .collect();
@@ -168,20 +219,33 @@ mod layering {
                     room.join(format!("{name}.rs"))
                 };
                 let text = std::fs::read_to_string(file).unwrap_or_default();
-                let text = text.split("#[cfg(test)]\nmod tests").next().unwrap_or_default().to_string();
-                text.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n")
+                let text = text
+                    .split("#[cfg(test)]\nmod tests")
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
+                text.lines()
+                    .filter(|l| !l.trim_start().starts_with("//"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
             };
             let uses = |from: &str, to: &str| -> bool {
                 let text = code(from);
                 match (from, to) {
-                    ("mod", _) => text.contains(&format!(" {to}::")) || text.contains(&format!("({to}::")),
+                    ("mod", _) => {
+                        text.contains(&format!(" {to}::")) || text.contains(&format!("({to}::"))
+                    }
                     (_, "mod") => text.match_indices("super::").any(|(i, _)| {
-                        imported_after(&text[i + 7..]).iter().any(|name| !siblings.contains(name) && name != "super")
+                        imported_after(&text[i + 7..])
+                            .iter()
+                            .any(|name| !siblings.contains(name) && name != "super")
                     }),
                     _ => {
                         text.contains(&format!("super::{to}::"))
                             || text.contains(&format!("super::{to}}}"))
-                            || text.match_indices("super::{").any(|(i, _)| imported_after(&text[i + 7..]).contains(&to.to_string()))
+                            || text.match_indices("super::{").any(|(i, _)| {
+                                imported_after(&text[i + 7..]).contains(&to.to_string())
+                            })
                     }
                 }
             };
@@ -193,6 +257,10 @@ mod layering {
                 }
             }
         }
-        assert!(both_ways.is_empty(), "files importing each other:\n{}", both_ways.join("\n"));
+        assert!(
+            both_ways.is_empty(),
+            "files importing each other:\n{}",
+            both_ways.join("\n")
+        );
     }
 }

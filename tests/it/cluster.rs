@@ -33,7 +33,11 @@ fn shim(dir: &Path, name: &str, script: &str) {
 async fn the_sbatch_recipe_starts_one_worker_per_node_joined_into_one_pool() {
     let Some(net) = Net::or_skip(3) else { return };
     let shims = tempfile::tempdir().unwrap();
-    shim(shims.path(), "scontrol", "#!/bin/sh\n[ \"$1 $2\" = \"show hostnames\" ] && echo \"$3\" | tr ',' '\\n'\n");
+    shim(
+        shims.path(),
+        "scontrol",
+        "#!/bin/sh\n[ \"$1 $2\" = \"show hostnames\" ] && echo \"$3\" | tr ',' '\\n'\n",
+    );
     // squeue: the job's time left (`--slurm` asks): no end.
     shim(shims.path(), "squeue", "#!/bin/sh\necho UNLIMITED\n");
     // srun: one task per node of the allocation, each in its node's namespace.
@@ -53,7 +57,11 @@ async fn the_sbatch_recipe_starts_one_worker_per_node_joined_into_one_pool() {
     let recipe = peerwasm_testkit::workspace_root().join("contrib/slurm/peerwasm-pool.sbatch");
     // The workers make the pool's key and CA, and each its certificate, here.
     let pool_dir = shims.path().join("pool");
-    let path = format!("{}:{}", shims.path().display(), std::env::var("PATH").unwrap_or_default());
+    let path = format!(
+        "{}:{}",
+        shims.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     let mut job = Command::new("bash")
         .arg(&recipe)
         .env("PATH", path)
@@ -75,7 +83,10 @@ async fn the_sbatch_recipe_starts_one_worker_per_node_joined_into_one_pool() {
     // Keep reading what the workers print, as slurmstepd would.
     std::thread::spawn(move || std::io::copy(&mut job_out, &mut std::io::sink()));
     let seed = format!("{}:7070", nodes[0]);
-    assert!(banner.contains(&format!("--pool-dir {}", pool_dir.display())), "{banner}");
+    assert!(
+        banner.contains(&format!("--pool-dir {}", pool_dir.display())),
+        "{banner}"
+    );
 
     // scancel, as Slurm does it: SIGTERM to every process of the job.
     struct Scancel(i32);
@@ -92,41 +103,88 @@ async fn the_sbatch_recipe_starts_one_worker_per_node_joined_into_one_pool() {
     let ca = pool_dir.join("ca.crt");
     let start = std::time::Instant::now();
     while !ca.exists() {
-        assert!(start.elapsed() < Duration::from_secs(30), "the workers made no CA");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the workers made no CA"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let http = crate::pool::operator(&peerwasm::net::Transport::tls(&ca).unwrap());
     let peers_url = http.url(&seed, "/v1/peers");
     while http.get(&peers_url).send().await.is_err() {
-        assert!(start.elapsed() < Duration::from_secs(30), "the seed worker never answered");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the seed worker never answered"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(crate::support::http().get(format!("http://{seed}/v1/peers")).send().await.is_err(), "the seed answers plain HTTP too");
-    let view = crate::pool::wait_for_via(&http, &seed, Duration::from_secs(30), |v| alive(v) == 3).await;
+    assert!(
+        crate::support::http()
+            .get(format!("http://{seed}/v1/peers"))
+            .send()
+            .await
+            .is_err(),
+        "the seed answers plain HTTP too"
+    );
+    let view =
+        crate::pool::wait_for_via(&http, &seed, Duration::from_secs(30), |v| alive(v) == 3).await;
     let mut addrs: Vec<String> = view.iter().map(|p| p.advert.addr.clone()).collect();
     addrs.sort();
-    assert_eq!(addrs, nodes.iter().map(|n| format!("{n}:7070")).collect::<Vec<_>>(), "one worker per node, by name");
-    assert!(view.iter().all(|p| p.advert.slots_total == 2), "--cpus-per-task slots each");
-    assert!(view.iter().all(|p| p.advert.batch_job.as_deref() == Some("42")), "each names its Slurm job");
+    assert_eq!(
+        addrs,
+        nodes
+            .iter()
+            .map(|n| format!("{n}:7070"))
+            .collect::<Vec<_>>(),
+        "one worker per node, by name"
+    );
+    assert!(
+        view.iter().all(|p| p.advert.slots_total == 2),
+        "--cpus-per-task slots each"
+    );
+    assert!(
+        view.iter()
+            .all(|p| p.advert.batch_job.as_deref() == Some("42")),
+        "each names its Slurm job"
+    );
 
     let client = tempfile::tempdir().unwrap();
     let ca_arg = ca.to_str().unwrap();
-    let map = MapProcess::start("sleep", &["--mem", "32MiB", "--peers", &seed, "--tls-ca", ca_arg], &"30\n".repeat(90), client.path());
+    let map = MapProcess::start(
+        "sleep",
+        &["--mem", "32MiB", "--peers", &seed, "--tls-ca", ca_arg],
+        &"30\n".repeat(90),
+        client.path(),
+    );
     let (out, lines) = map.finish();
     let log = std::fs::read_to_string(shims.path().join("job.err")).unwrap_or_default();
-    assert_eq!(out.status.code(), Some(0), "{}\nthe job's stderr:\n{log}", stderr(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\nthe job's stderr:\n{log}",
+        stderr(&out)
+    );
     assert_eq!(lines.len(), 90);
     for addr in &addrs {
-        assert!(lines.iter().any(|l| l["peer"] == addr.as_str()), "{addr} ran nothing");
+        assert!(
+            lines.iter().any(|l| l["peer"] == addr.as_str()),
+            "{addr} ran nothing"
+        );
     }
 
     // The end of the Slurm job: SIGTERM; the workers drain and exit.
     // SAFETY: kill(2) on our own child's process group.
     unsafe { libc::kill(-(job.id() as i32), libc::SIGTERM) };
-    tokio::task::spawn_blocking(move || job.wait()).await.unwrap().unwrap();
+    tokio::task::spawn_blocking(move || job.wait())
+        .await
+        .unwrap()
+        .unwrap();
     let start = std::time::Instant::now();
     while http.get(&peers_url).send().await.is_ok() {
-        assert!(start.elapsed() < Duration::from_secs(20), "the workers outlived the Slurm job");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the workers outlived the Slurm job"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -145,7 +203,12 @@ impl Cgroup {
         let own = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| e.to_string())?;
         let path = own
             .lines()
-            .find_map(|l| l.split(':').nth(1).filter(|c| c.split(',').any(|c| c == "memory")).and(l.split(':').nth(2)))
+            .find_map(|l| {
+                l.split(':')
+                    .nth(1)
+                    .filter(|c| c.split(',').any(|c| c == "memory"))
+                    .and(l.split(':').nth(2))
+            })
             .ok_or("no cgroup v1 memory controller")?;
         let parent = [base.join(path.trim_start_matches('/')), base.to_path_buf()]
             .into_iter()
@@ -156,7 +219,8 @@ impl Cgroup {
         let dir = parent.join(format!("peerwasm-test-{}-{n}", std::process::id()));
         std::fs::create_dir(&dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
         let group = Cgroup(dir);
-        std::fs::write(group.0.join("memory.limit_in_bytes"), limit.to_string()).map_err(|e| e.to_string())?;
+        std::fs::write(group.0.join("memory.limit_in_bytes"), limit.to_string())
+            .map_err(|e| e.to_string())?;
         Ok(group)
     }
 }
@@ -189,14 +253,23 @@ async fn a_worker_in_a_memory_cgroup_lends_no_more_than_its_limit() {
         cache.path().display()
     );
     let (mut worker, addr) = crate::support::spawn_worker(
-        Command::new("sh").args(["-c", &script]).stdout(Stdio::piped()).stderr(Stdio::null()),
+        Command::new("sh")
+            .args(["-c", &script])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null()),
     );
 
     let view = wait_for(&addr, Duration::from_secs(10), |v| !v.is_empty()).await;
     let advert = &view[0].advert;
-    assert_eq!(advert.capacity_bytes, limit, "--memory 1GiB in a 300 MiB cgroup lends 300 MiB");
+    assert_eq!(
+        advert.capacity_bytes, limit,
+        "--memory 1GiB in a 300 MiB cgroup lends 300 MiB"
+    );
     assert!(
-        advert.warnings.iter().any(|w| w.contains("cgroup's memory limit 300 MiB is lower than --memory 1 GiB")),
+        advert
+            .warnings
+            .iter()
+            .any(|w| w.contains("cgroup's memory limit 300 MiB is lower than --memory 1 GiB")),
         "{:?}",
         advert.warnings
     );
@@ -205,11 +278,17 @@ async fn a_worker_in_a_memory_cgroup_lends_no_more_than_its_limit() {
     // that fits runs.
     let memhog = Job::new(peerwasm_testkit::guest_wasm_bytes("memhog"));
     let target = Target::pool(vec![addr.clone()]).unwrap();
-    match target.run(&memhog, memhog.spec(b"8".to_vec(), 512 * MIB)).await {
+    match target
+        .run(&memhog, memhog.spec(b"8".to_vec(), 512 * MIB))
+        .await
+    {
         Err(SubmitError::Fatal(why)) => assert!(why.contains("300 MiB"), "{why}"),
         other => panic!("a 512 MiB job in a 300 MiB cgroup: {other:?}"),
     }
-    let r = target.run(&memhog, memhog.spec(b"100".to_vec(), 200 * MIB)).await.unwrap();
+    let r = target
+        .run(&memhog, memhog.spec(b"100".to_vec(), 200 * MIB))
+        .await
+        .unwrap();
     assert!(r.outcome.is_success(), "{}", r.outcome);
     let _ = worker.kill();
     let _ = worker.wait();
@@ -228,20 +307,35 @@ impl Cgroup {
             cache.display(),
             ledger.display()
         );
-        crate::support::spawn_worker(Command::new("sh").args(["-c", &script]).stdout(Stdio::piped()).stderr(Stdio::null()))
+        crate::support::spawn_worker(
+            Command::new("sh")
+                .args(["-c", &script])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null()),
+        )
     }
 }
 
 /// When each job a worker ran was running, by the worker's own history
 /// (the host's clock): `[ended − wall, ended]` in µs.
 fn ran_on(addr: &str) -> Vec<(u64, u64)> {
-    let out = Command::new(crate::support::PEERWASM).args(["history", "--json", "--peers", addr]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(crate::support::PEERWASM)
+        .args(["history", "--json", "--peers", addr])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
     rows.iter()
         .filter(|r| r["peer"] == addr)
         .map(|r| {
-            let (ended_us, wall_us) = (r["ended_ms"].as_u64().unwrap() * 1000, r["wall_time_us"].as_u64().unwrap());
+            let (ended_us, wall_us) = (
+                r["ended_ms"].as_u64().unwrap() * 1000,
+                r["wall_time_us"].as_u64().unwrap(),
+            );
             (ended_us - wall_us, ended_us)
         })
         .collect()
@@ -260,10 +354,13 @@ fn ran_on(addr: &str) -> Vec<(u64, u64)> {
 async fn workers_in_one_cgroup_never_over_commit_it_together() {
     const LIMIT: u64 = 3 << 30;
     if !crate::support::is_root() {
-        return eprintln!("skipped: this test makes a memory cgroup, which needs root (CI runs as root)");
+        return eprintln!(
+            "skipped: this test makes a memory cgroup, which needs root (CI runs as root)"
+        );
     }
     for n in [2, 3] {
-        let group = Cgroup::new(LIMIT).unwrap_or_else(|why| panic!("cannot make a memory cgroup as root: {why}"));
+        let group = Cgroup::new(LIMIT)
+            .unwrap_or_else(|why| panic!("cannot make a memory cgroup as root: {why}"));
         let shared = tempfile::tempdir().unwrap();
         let ledger = shared.path().join("host-ledger");
         let mut workers = Vec::new();
@@ -277,35 +374,60 @@ async fn workers_in_one_cgroup_never_over_commit_it_together() {
             .iter()
             .map(|(_, addr, _)| {
                 let (target, memhog) = (Target::pool(vec![addr.clone()]).unwrap(), memhog.clone());
-                tokio::spawn(async move { target.run(&memhog, memhog.spec(b"1536".to_vec(), 2 << 30)).await })
+                tokio::spawn(async move {
+                    target
+                        .run(&memhog, memhog.spec(b"1536".to_vec(), 2 << 30))
+                        .await
+                })
             })
             .collect();
         // While they run: what the workers have reserved, read at once (for
         // the log: reads of different workers are not one moment).
         let mut most = 0f64;
         while !jobs.iter().all(|j| j.is_finished()) {
-            let reads = futures::future::join_all(workers.iter().map(|(_, addr, _)| crate::observe::scrape(addr))).await;
-            let sum: f64 = reads.iter().map(|m| crate::observe::get(m, "peerwasm_memory_bytes{kind=\"reserved\"}")).sum();
+            let reads = futures::future::join_all(
+                workers
+                    .iter()
+                    .map(|(_, addr, _)| crate::observe::scrape(addr)),
+            )
+            .await;
+            let sum: f64 = reads
+                .iter()
+                .map(|m| crate::observe::get(m, "peerwasm_memory_bytes{kind=\"reserved\"}"))
+                .sum();
             most = most.max(sum);
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         for job in jobs {
             let r = job.await.unwrap().unwrap();
-            assert!(r.outcome.is_success(), "{n} workers: a job ended {}", r.outcome);
+            assert!(
+                r.outcome.is_success(),
+                "{n} workers: a job ended {}",
+                r.outcome
+            );
             assert_eq!(r.stdout, b"1536\n");
         }
         // When each job ran, by its worker's own record (the host's clock):
         // [ended − wall, ended].
-        let ran: Vec<(u64, u64)> = workers.iter().flat_map(|(_, addr, _)| ran_on(addr)).collect();
+        let ran: Vec<(u64, u64)> = workers
+            .iter()
+            .flat_map(|(_, addr, _)| ran_on(addr))
+            .collect();
         assert_eq!(ran.len(), n, "each worker ran its job: {ran:?}");
         // Two 2 GiB jobs never ran at once in 3 GiB: they took turns.
         for (i, a) in ran.iter().enumerate() {
             for b in &ran[i + 1..] {
                 let overlap_ms = a.1.min(b.1).saturating_sub(a.0.max(b.0)) / 1000;
-                assert!(overlap_ms < 20, "{n} workers: two 2 GiB jobs ran together for {overlap_ms} ms in 3 GiB");
+                assert!(
+                    overlap_ms < 20,
+                    "{n} workers: two 2 GiB jobs ran together for {overlap_ms} ms in 3 GiB"
+                );
             }
         }
-        println!("{n} workers in one 3 GiB cgroup: at most {:.2} GiB reserved together (sampled)", most / (1u64 << 30) as f64);
+        println!(
+            "{n} workers in one 3 GiB cgroup: at most {:.2} GiB reserved together (sampled)",
+            most / (1u64 << 30) as f64
+        );
         for (mut child, _, _) in workers {
             let _ = child.kill();
             let _ = child.wait();
@@ -321,9 +443,12 @@ async fn workers_in_one_cgroup_never_over_commit_it_together() {
 async fn a_killed_workers_share_of_the_host_is_freed_within_two_seconds() {
     const LIMIT: u64 = 3 << 30;
     if !crate::support::is_root() {
-        return eprintln!("skipped: this test makes a memory cgroup, which needs root (CI runs as root)");
+        return eprintln!(
+            "skipped: this test makes a memory cgroup, which needs root (CI runs as root)"
+        );
     }
-    let group = Cgroup::new(LIMIT).unwrap_or_else(|why| panic!("cannot make a memory cgroup as root: {why}"));
+    let group = Cgroup::new(LIMIT)
+        .unwrap_or_else(|why| panic!("cannot make a memory cgroup as root: {why}"));
     let shared = tempfile::tempdir().unwrap();
     let ledger = shared.path().join("host-ledger");
     let start = |cache: &Path| group.worker(cache, &ledger);
@@ -333,36 +458,64 @@ async fn a_killed_workers_share_of_the_host_is_freed_within_two_seconds() {
     // A holds 2 GiB for a job that sleeps a minute.
     let sleep = Job::new(peerwasm_testkit::guest_wasm_bytes("sleep"));
     let on_a = Target::pool(vec![a_addr.clone()]).unwrap();
-    let holding = tokio::spawn(async move { on_a.run(&sleep, sleep.spec(b"60000".to_vec(), 2 << 30)).await });
+    let holding = tokio::spawn(async move {
+        on_a.run(&sleep, sleep.spec(b"60000".to_vec(), 2 << 30))
+            .await
+    });
     let reserved = |addr: String| async move {
-        crate::observe::get(&crate::observe::scrape(&addr).await, "peerwasm_memory_bytes{kind=\"reserved\"}")
+        crate::observe::get(
+            &crate::observe::scrape(&addr).await,
+            "peerwasm_memory_bytes{kind=\"reserved\"}",
+        )
     };
     let t = std::time::Instant::now();
     while reserved(a_addr.clone()).await == 0.0 {
-        assert!(t.elapsed() < Duration::from_secs(20), "a's job did not start");
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "a's job did not start"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // B's 2 GiB job waits: the cgroup has 1 GiB left.
     let memhog = Job::new(peerwasm_testkit::guest_wasm_bytes("memhog"));
     let on_b = Target::pool(vec![b_addr.clone()]).unwrap();
-    let waiting = tokio::spawn(async move { on_b.run(&memhog, memhog.spec(b"1536".to_vec(), 2 << 30)).await });
+    let waiting = tokio::spawn(async move {
+        on_b.run(&memhog, memhog.spec(b"1536".to_vec(), 2 << 30))
+            .await
+    });
     tokio::time::sleep(Duration::from_millis(700)).await;
-    assert_eq!(reserved(b_addr.clone()).await, 0.0, "b's job must wait while a holds 2 GiB of the 3");
+    assert_eq!(
+        reserved(b_addr.clone()).await,
+        0.0,
+        "b's job must wait while a holds 2 GiB of the 3"
+    );
     // And b's advert says so: what it can take now is what the cgroup has
     // left beside a's share, not its own 2900 MiB.
     let fit = crate::tenants::me(&b_addr).await.largest_fit_bytes;
-    assert!(fit <= 1 << 30, "b advertises {fit} bytes free while a holds 2 GiB of the cgroup's 3");
+    assert!(
+        fit <= 1 << 30,
+        "b advertises {fit} bytes free while a holds 2 GiB of the cgroup's 3"
+    );
     a.kill().unwrap();
     let killed = std::time::Instant::now();
     let _ = a.wait();
     while reserved(b_addr.clone()).await == 0.0 && !waiting.is_finished() {
-        assert!(killed.elapsed() < Duration::from_secs(2), "a's share was not freed within 2 s of kill -9");
+        assert!(
+            killed.elapsed() < Duration::from_secs(2),
+            "a's share was not freed within 2 s of kill -9"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    println!("a killed worker's share freed for another in {:?}", killed.elapsed());
+    println!(
+        "a killed worker's share freed for another in {:?}",
+        killed.elapsed()
+    );
     let r = waiting.await.unwrap().unwrap();
     assert!(r.outcome.is_success(), "{}", r.outcome);
-    assert!(holding.await.unwrap().is_err(), "a's client learns its worker is gone");
+    assert!(
+        holding.await.unwrap().is_err(),
+        "a's client learns its worker is gone"
+    );
     let _ = b.kill();
     let _ = b.wait();
 }
@@ -378,16 +531,28 @@ async fn workers_on_one_bare_host_never_over_commit_it_together() {
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
     let field = |name: &str| -> u64 {
         let line = meminfo.lines().find(|l| l.starts_with(name)).unwrap();
-        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+        line.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            * 1024
     };
     let host = field("MemTotal:").saturating_sub(1 << 30);
     let fits = (field("MemAvailable:").saturating_sub(1 << 30) / JOB).min(host / JOB);
     let n = fits as usize + 2;
     let shared = tempfile::tempdir().unwrap();
     let ledger = shared.path().join("host-ledger");
-    let flags = ["--reserve", "1GiB", "--host-ledger", ledger.to_str().unwrap()];
+    let flags = [
+        "--reserve",
+        "1GiB",
+        "--host-ledger",
+        ledger.to_str().unwrap(),
+    ];
     let memory = format!("{}MiB", host >> 20);
-    let workers: Vec<_> = (0..n).map(|_| crate::support::WorkerProcess::start_with(&memory, 1, None, &flags)).collect();
+    let workers: Vec<_> = (0..n)
+        .map(|_| crate::support::WorkerProcess::start_with(&memory, 1, None, &flags))
+        .collect();
     let sleep = Job::new(peerwasm_testkit::guest_wasm_bytes("sleep"));
     let jobs: Vec<_> = workers
         .iter()
@@ -419,5 +584,8 @@ async fn workers_on_one_bare_host_never_over_commit_it_together() {
         "{most} jobs of 4 GiB ran at once on a host of {} MiB ({n} workers sharing its ledger)",
         host >> 20
     );
-    println!("{n} workers, jobs of 4 GiB on a host of {} MiB: at most {most} at once", host >> 20);
+    println!(
+        "{n} workers, jobs of 4 GiB on a host of {} MiB: at most {most} at once",
+        host >> 20
+    );
 }

@@ -30,31 +30,74 @@ async fn a_map_spreads_onto_workers_that_join_while_it_runs_and_its_backlog_is_s
     let a = Worker::start("1GiB", 1, None);
     let target = Target::pool(vec![a.addr.clone()]).unwrap();
     let job = Job::new(peerwasm_testkit::guest_wasm_bytes("sleep"));
-    let config = MapConfig { mem: Some(64 * MIB), ..MapConfig::default() };
+    let config = MapConfig {
+        mem: Some(64 * MIB),
+        ..MapConfig::default()
+    };
     let running = tokio::spawn(async move {
         let mut items: Vec<MapItem> = Vec::new();
-        let summary = map(&target, &job, (0..60).map(|_| b"300".to_vec()), &config, &mut items).await;
+        let summary = map(
+            &target,
+            &job,
+            (0..60).map(|_| b"300".to_vec()),
+            &config,
+            &mut items,
+        )
+        .await;
         (summary, items)
     });
     // The pool sees the demand: the map reports what it still has to run.
-    let seen = wait_for(&a.addr, Duration::from_secs(10), |v| backlog_of(v).waiting > 20).await;
+    let seen = wait_for(&a.addr, Duration::from_secs(10), |v| {
+        backlog_of(v).waiting > 20
+    })
+    .await;
     let demand = backlog_of(&seen);
     assert_eq!(demand.maps, 1, "{demand:?}");
-    assert!(demand.jobs() <= 60 && demand.largest_bytes == 64 * MIB, "{demand:?}");
-    let metrics = reqwest::get(format!("http://{}/metrics", a.addr)).await.unwrap().text().await.unwrap();
-    assert!(metrics.lines().any(|l| l.starts_with("peerwasm_pool_backlog_jobs{state=\"waiting\"} ")), "{metrics}");
-    let table = reqwest::get(format!("http://{}/", a.addr)).await.unwrap().text().await.unwrap();
-    assert!(table.contains("backlog: ") && table.contains("waiting"), "{table}");
+    assert!(
+        demand.jobs() <= 60 && demand.largest_bytes == 64 * MIB,
+        "{demand:?}"
+    );
+    let metrics = reqwest::get(format!("http://{}/metrics", a.addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("peerwasm_pool_backlog_jobs{state=\"waiting\"} ")),
+        "{metrics}"
+    );
+    let table = reqwest::get(format!("http://{}/", a.addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        table.contains("backlog: ") && table.contains("waiting"),
+        "{table}"
+    );
     // Two workers join while it runs.
     let b = Worker::start("1GiB", 1, Some(&a.addr));
     let c = Worker::start("1GiB", 1, Some(&a.addr));
     let (summary, items) = running.await.unwrap();
     let summary = summary.unwrap();
     assert_eq!(items.len(), 60);
-    assert!(items.iter().all(|i| i.result.outcome == Outcome::Exited { code: 0 }));
+    assert!(
+        items
+            .iter()
+            .all(|i| i.result.outcome == Outcome::Exited { code: 0 })
+    );
     for w in [&b, &c] {
         let n = summary.per_peer.get(&w.addr).copied().unwrap_or(0);
-        assert!(n >= 5, "{} joined mid-map and got {n} jobs: {:?}", w.addr, summary.per_peer);
+        assert!(
+            n >= 5,
+            "{} joined mid-map and got {n} jobs: {:?}",
+            w.addr,
+            summary.per_peer
+        );
     }
     // The map's end clears its backlog at once.
     wait_for(&a.addr, Duration::from_secs(3), |v| backlog_of(v).maps == 0).await;
@@ -72,10 +115,17 @@ async fn a_draining_worker_leaves_every_view_within_a_round() {
     let t = Instant::now();
     b.terminate();
     for w in [&a, &c] {
-        wait_for(&w.addr, Duration::from_secs(5), |v| v.iter().all(|p| p.advert.addr != b_addr)).await;
+        wait_for(&w.addr, Duration::from_secs(5), |v| {
+            v.iter().all(|p| p.advert.addr != b_addr)
+        })
+        .await;
     }
     // Gossip runs every 100 ms here; suspicion alone would take seconds.
-    assert!(t.elapsed() < Duration::from_secs(2), "gone from both views after {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "gone from both views after {:?}",
+        t.elapsed()
+    );
     assert!(b.child.wait().unwrap().success());
 }
 
@@ -83,7 +133,12 @@ async fn a_draining_worker_leaves_every_view_within_a_round() {
 async fn workers_on_port_0_join_through_a_pool_directory_over_tls() {
     let dir = tempfile::tempdir().unwrap();
     let pool_dir = dir.path().join("pool");
-    let args = ["--advertise", "127.0.0.1", "--pool-dir", pool_dir.to_str().unwrap()];
+    let args = [
+        "--advertise",
+        "127.0.0.1",
+        "--pool-dir",
+        pool_dir.to_str().unwrap(),
+    ];
     let a = Worker::start_with("512MiB", 1, None, &args);
     // The second finds the first in the directory's members: no --join.
     let b = Worker::start_with("512MiB", 1, None, &args);
@@ -115,41 +170,76 @@ async fn workers_on_port_0_join_through_a_pool_directory_over_tls() {
     })
     .unwrap();
     let (bytes, spec) = sleep_job(10);
-    let res = Target::Pool(std::sync::Arc::new(pool)).run(&Job::new(bytes), spec).await.unwrap();
+    let res = Target::Pool(std::sync::Arc::new(pool))
+        .run(&Job::new(bytes), spec)
+        .await
+        .unwrap();
     assert_eq!(res.outcome, Outcome::Exited { code: 0 });
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_worker_ending_soon_gets_no_job_that_would_outlast_it_and_drains_before_its_end() {
     // A's batch job ends in 30 s; it drains 20 s before: 10 s of jobs left.
-    let mut a = Worker::start_with("512MiB", 1, None, &["--ends-in", "30s", "--drain-before", "20s"]);
+    let mut a = Worker::start_with(
+        "512MiB",
+        1,
+        None,
+        &["--ends-in", "30s", "--drain-before", "20s"],
+    );
     let b = Worker::start("512MiB", 1, Some(&a.addr));
     wait_for(&a.addr, Duration::from_secs(10), |v| alive(v) == 2).await;
-    let me = view(&a.addr).await.into_iter().find(|p| p.advert.addr == a.addr).unwrap();
+    let me = view(&a.addr)
+        .await
+        .into_iter()
+        .find(|p| p.advert.addr == a.addr)
+        .unwrap();
     assert!(me.advert.ends_at_ms.is_some(), "{:?}", me.advert);
     // A job stating a minute's limit goes to B, though only A was named.
     let (bytes, mut spec) = sleep_job(10);
     spec.limits.timeout_ms = Some(60_000);
-    let res = Target::pool(vec![a.addr.clone()]).unwrap().run(&Job::new(bytes.clone()), spec.clone()).await.unwrap();
+    let res = Target::pool(vec![a.addr.clone()])
+        .unwrap()
+        .run(&Job::new(bytes.clone()), spec.clone())
+        .await
+        .unwrap();
     assert_eq!(res.peer, b.addr, "{res:?}");
     // Sent to A directly, it is refused, saying why.
     let body = postcard::to_allocvec(&spec).unwrap();
     let http = crate::support::http();
-    http.put(format!("http://{}/v1/modules/{}", a.addr, spec.module)).body(bytes).send().await.unwrap();
-    let r = http.post(format!("http://{}/v1/jobs", a.addr)).body(body).send().await.unwrap();
+    http.put(format!("http://{}/v1/modules/{}", a.addr, spec.module))
+        .body(bytes)
+        .send()
+        .await
+        .unwrap();
+    let r = http
+        .post(format!("http://{}/v1/jobs", a.addr))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 503);
     assert!(r.text().await.unwrap().contains("batch job ends in"));
     // A short job still runs on A.
     let (bytes, mut spec) = sleep_job(10);
     spec.limits.timeout_ms = Some(2_000);
-    let res = Target::pool(vec![a.addr.clone()]).unwrap().run(&Job::new(bytes), spec).await.unwrap();
+    let res = Target::pool(vec![a.addr.clone()])
+        .unwrap()
+        .run(&Job::new(bytes), spec)
+        .await
+        .unwrap();
     assert_eq!(res.outcome, Outcome::Exited { code: 0 });
     // At 10 s it drains by itself, leaves the pool and exits.
     let a_addr = a.addr.clone();
-    wait_for(&b.addr, Duration::from_secs(20), |v| v.iter().all(|p| p.advert.addr != a_addr)).await;
+    wait_for(&b.addr, Duration::from_secs(20), |v| {
+        v.iter().all(|p| p.advert.addr != a_addr)
+    })
+    .await;
     let start = Instant::now();
     while a.child.try_wait().unwrap().is_none() {
-        assert!(start.elapsed() < Duration::from_secs(15), "A did not stop after draining");
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "A did not stop after draining"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

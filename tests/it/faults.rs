@@ -34,11 +34,18 @@ pub(crate) struct Host {
 }
 
 fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip").args(args).output().map_err(|e| format!("ip: {e}"))?;
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip: {e}"))?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
     }
 }
 
@@ -56,21 +63,40 @@ impl Net {
         // and per net.
         let tag = format!("{:x}{k}", pid % 0xffff);
         let subnet = format!("10.{}.{}", 100 + k % 100, pid % 250);
-        let mut net = Net { bridge: format!("pwb{tag}"), hosts: Vec::new() };
+        let mut net = Net {
+            bridge: format!("pwb{tag}"),
+            hosts: Vec::new(),
+        };
         ip(&["link", "add", &net.bridge, "type", "bridge"])?;
         ip(&["addr", "add", &format!("{subnet}.1/24"), "dev", &net.bridge])?;
         ip(&["link", "set", &net.bridge, "up"])?;
         for i in 0..n {
-            let host =
-                Host { ns: format!("pwn{tag}{i}"), link: format!("pwv{tag}{i}"), ip: format!("{subnet}.{}", 11 + i) };
+            let host = Host {
+                ns: format!("pwn{tag}{i}"),
+                link: format!("pwv{tag}{i}"),
+                ip: format!("{subnet}.{}", 11 + i),
+            };
             ip(&["netns", "add", &host.ns])?;
             // Owned by `net` from here, so that a failure below cleans it up.
             net.hosts.push(host);
             let host = net.hosts.last().expect("just pushed");
-            ip(&["link", "add", &host.link, "type", "veth", "peer", "name", "eth0", "netns", &host.ns])?;
+            ip(&[
+                "link", "add", &host.link, "type", "veth", "peer", "name", "eth0", "netns",
+                &host.ns,
+            ])?;
             ip(&["link", "set", &host.link, "master", &net.bridge])?;
             ip(&["link", "set", &host.link, "up"])?;
-            ip(&["netns", "exec", &host.ns, "ip", "addr", "add", &format!("{}/24", host.ip), "dev", "eth0"])?;
+            ip(&[
+                "netns",
+                "exec",
+                &host.ns,
+                "ip",
+                "addr",
+                "add",
+                &format!("{}/24", host.ip),
+                "dev",
+                "eth0",
+            ])?;
             ip(&["netns", "exec", &host.ns, "ip", "link", "set", "eth0", "up"])?;
             ip(&["netns", "exec", &host.ns, "ip", "link", "set", "lo", "up"])?;
         }
@@ -79,12 +105,20 @@ impl Net {
 
     /// [`Net::new`], or `None` after saying why the test does not run.
     pub(crate) fn or_skip(n: usize) -> Option<Net> {
-        Net::new(n).inspect_err(|why| eprintln!("skipped: network namespaces unavailable ({why})")).ok()
+        Net::new(n)
+            .inspect_err(|why| eprintln!("skipped: network namespaces unavailable ({why})"))
+            .ok()
     }
 
     /// Cuts host `i`'s link (`up == false`) or restores it.
     fn link(&self, i: usize, up: bool) {
-        ip(&["link", "set", &self.hosts[i].link, if up { "up" } else { "down" }]).unwrap();
+        ip(&[
+            "link",
+            "set",
+            &self.hosts[i].link,
+            if up { "up" } else { "down" },
+        ])
+        .unwrap();
     }
 }
 
@@ -129,16 +163,26 @@ impl Worker {
             }
             None => Command::new(peerwasm),
         };
-        cmd.args(["worker", "--listen", listen, "--memory", "1GiB", "--reserve", "0", "--slots", "1"])
-            .args(["--gossip-interval", "100ms"])
-            .arg("--cluster-key")
-            .arg(pool_key())
-            .arg("--cache-dir")
-            .arg(cache)
-            .arg("--state-dir")
-            .arg(cache.join(format!("state-{listen}")))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
+        cmd.args([
+            "worker",
+            "--listen",
+            listen,
+            "--memory",
+            "1GiB",
+            "--reserve",
+            "0",
+            "--slots",
+            "1",
+        ])
+        .args(["--gossip-interval", "100ms"])
+        .arg("--cluster-key")
+        .arg(pool_key())
+        .arg("--cache-dir")
+        .arg(cache)
+        .arg("--state-dir")
+        .arg(cache.join(format!("state-{listen}")))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
         if let Some(seed) = join {
             cmd.args(["--join", seed]);
         }
@@ -165,10 +209,18 @@ async fn pool(net: &Net, caches: &tempfile::TempDir) -> Vec<Worker> {
     for (i, h) in net.hosts.iter().enumerate() {
         let seed = workers.first().map(|w| w.addr.clone());
         let cache = caches.path().join(format!("w{i}"));
-        workers.push(Worker::start(Some(&h.ns), &format!("{}:7070", h.ip), &cache, seed.as_deref()));
+        workers.push(Worker::start(
+            Some(&h.ns),
+            &format!("{}:7070", h.ip),
+            &cache,
+            seed.as_deref(),
+        ));
     }
     for w in &workers {
-        wait_for(&w.addr, Duration::from_secs(20), |v| alive(v) == workers.len()).await;
+        wait_for(&w.addr, Duration::from_secs(20), |v| {
+            alive(v) == workers.len()
+        })
+        .await;
     }
     workers
 }
@@ -203,12 +255,23 @@ async fn a_host_killed_during_a_1000_job_map_over_4_hosts_loses_and_duplicates_n
     let (out, lines) = map.finish();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let on_victim = assert_each_once(&lines, 1000, &victim);
-    println!("killed host ran {on_victim} of 1000 jobs before SIGKILL; {}", stderr(&out).lines().last().unwrap_or(""));
+    println!(
+        "killed host ran {on_victim} of 1000 jobs before SIGKILL; {}",
+        stderr(&out).lines().last().unwrap_or("")
+    );
     assert!(on_victim > 0, "the killed host ran jobs before it died");
     for w in [&workers[0], &workers[1], &workers[3]] {
-        assert!(lines.iter().any(|l| l["peer"] == w.addr.as_str()), "{} ran nothing", w.addr);
+        assert!(
+            lines.iter().any(|l| l["peer"] == w.addr.as_str()),
+            "{} ran nothing",
+            w.addr
+        );
     }
-    assert!(stderr(&out).contains("1000 jobs, 0 failed"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("1000 jobs, 0 failed"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -218,12 +281,18 @@ async fn a_host_cut_off_is_declared_dead_avoided_and_rejoins_when_its_link_retur
     let workers = pool(&net, &caches).await;
     let (seed, cut) = (workers[0].addr.clone(), workers[1].addr.clone());
     let client = tempfile::tempdir().unwrap();
-    let map = MapProcess::start("sleep", &["--mem", "32MiB", "--peers", &seed], &"20\n".repeat(600), client.path());
+    let map = MapProcess::start(
+        "sleep",
+        &["--mem", "32MiB", "--peers", &seed],
+        &"20\n".repeat(600),
+        client.path(),
+    );
     tokio::time::sleep(Duration::from_millis(1000)).await;
     // Pull the cable: no RST, no FIN; its jobs in flight hang.
     net.link(1, false);
     wait_for(&seed, Duration::from_secs(15), |v| {
-        v.iter().any(|p| p.advert.addr == cut && p.liveness == Liveness::Dead)
+        v.iter()
+            .any(|p| p.advert.addr == cut && p.liveness == Liveness::Dead)
     })
     .await;
     // The map finishes without it: its jobs were resubmitted elsewhere.
@@ -232,17 +301,29 @@ async fn a_host_cut_off_is_declared_dead_avoided_and_rejoins_when_its_link_retur
     let before_cut = assert_each_once(&lines, 600, &cut);
     println!("cut-off host answered {before_cut} of 600 jobs before its link went down");
     assert!(before_cut > 0, "the host ran jobs before it was cut off");
-    assert!(stderr(&out).contains("600 jobs, 0 failed"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("600 jobs, 0 failed"),
+        "{}",
+        stderr(&out)
+    );
 
     // Restore the link: it rejoins, and takes jobs again.
     net.link(1, true);
     for w in &workers {
         wait_for(&w.addr, Duration::from_secs(20), |v| alive(v) == 3).await;
     }
-    let map = MapProcess::start("sleep", &["--mem", "32MiB", "--peers", &seed], &"20\n".repeat(120), client.path());
+    let map = MapProcess::start(
+        "sleep",
+        &["--mem", "32MiB", "--peers", &seed],
+        &"20\n".repeat(120),
+        client.path(),
+    );
     let (out, lines) = map.finish();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert!(assert_each_once(&lines, 120, &cut) > 0, "the restored host got no jobs");
+    assert!(
+        assert_each_once(&lines, 120, &cut) > 0,
+        "the restored host got no jobs"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -251,20 +332,44 @@ async fn a_restarted_worker_serves_its_modules_from_its_disk_cache_without_compi
     let primes = Job::new(peerwasm_testkit::guest_wasm_bytes("primes"));
     let spec = || primes.spec(br#"{"n": 1000}"#.to_vec(), 64 * MIB);
     let mut first = Worker::start(None, "127.0.0.1:0", cache.path(), None);
-    let r = Target::pool(vec![first.addr.clone()]).unwrap().run(&primes, spec()).await.unwrap();
-    assert_eq!((r.outcome.is_success(), r.cache), (true, CacheSource::Compiled));
+    let r = Target::pool(vec![first.addr.clone()])
+        .unwrap()
+        .run(&primes, spec())
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.outcome.is_success(), r.cache),
+        (true, CacheSource::Compiled)
+    );
     first.kill(); // SIGKILL: no orderly shutdown
 
     let second = Worker::start(None, "127.0.0.1:0", cache.path(), None);
     // A new client, as after a restart of everything: the worker has lost
     // the module's bytes (kept in memory) but not the compiled artifact,
     // which is enough: the client need not upload the module again.
-    let r = Target::pool(vec![second.addr.clone()]).unwrap().run(&primes, spec()).await.unwrap();
+    let r = Target::pool(vec![second.addr.clone()])
+        .unwrap()
+        .run(&primes, spec())
+        .await
+        .unwrap();
     assert!(r.outcome.is_success(), "{}", r.outcome);
-    assert_eq!(r.cache, CacheSource::Disk, "the restarted worker compiled again");
+    assert_eq!(
+        r.cache,
+        CacheSource::Disk,
+        "the restarted worker compiled again"
+    );
     let m = crate::observe::scrape(&second.addr).await;
-    assert_eq!(crate::observe::get(&m, "peerwasm_module_cache_events_total{event=\"compile\"}"), 0.0);
-    assert_eq!(crate::observe::get(&m, "peerwasm_module_cache_events_total{event=\"disk_hit\"}"), 1.0);
+    assert_eq!(
+        crate::observe::get(&m, "peerwasm_module_cache_events_total{event=\"compile\"}"),
+        0.0
+    );
+    assert_eq!(
+        crate::observe::get(&m, "peerwasm_module_cache_events_total{event=\"disk_hit\"}"),
+        1.0
+    );
     let view = wait_for(&second.addr, Duration::from_secs(5), |v| !v.is_empty()).await;
-    assert_eq!(view[0].advert.modules_received, 0, "the artifact served the job: nothing was uploaded again");
+    assert_eq!(
+        view[0].advert.modules_received, 0,
+        "the artifact served the job: nothing was uploaded again"
+    );
 }

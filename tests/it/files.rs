@@ -12,11 +12,22 @@ use peerwasm::proto::{JobSpec, ModuleHash, Outcome};
 use crate::support::WorkerProcess;
 
 fn peerwasm(args: &[&str], cache: &Path) -> Output {
-    Command::new(crate::support::PEERWASM).args(args).arg("--cache-dir").arg(cache).output().unwrap()
+    Command::new(crate::support::PEERWASM)
+        .args(args)
+        .arg("--cache-dir")
+        .arg(cache)
+        .output()
+        .unwrap()
 }
 
 /// `peerwasm run [--peers P] ARGS... MODULE JOB_ARGS...`.
-fn run(peers: Option<&str>, flags: &[String], module: &Path, job_args: &[&str], cache: &Path) -> Output {
+fn run(
+    peers: Option<&str>,
+    flags: &[String],
+    module: &Path,
+    job_args: &[&str],
+    cache: &Path,
+) -> Output {
     let mut cmd = Command::new(crate::support::PEERWASM);
     cmd.arg("run").arg("--cache-dir").arg(cache);
     if let Some(p) = peers {
@@ -31,7 +42,10 @@ fn text(b: &[u8]) -> String {
 
 /// Bytes of files a worker has received (`/metrics`).
 fn received_bytes(addr: &str) -> u64 {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(received_bytes_async(&crate::support::http(), addr))
 }
 
@@ -61,13 +75,26 @@ fn a_remote_job_reads_a_shipped_dir_and_its_files_come_back_as_embedded() {
         let out = run(peers, &flags, &module, &[], cache.path());
         assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
         assert_eq!(text(&out.stdout), "copied 2 files\n");
-        assert_eq!(std::fs::read_to_string(out_dir.path().join("a.txt")).unwrap(), "ALPHA\n");
-        assert_eq!(std::fs::read_to_string(out_dir.path().join("b.txt")).unwrap(), "BETA\n");
-        assert_eq!(std::fs::read_to_string(out_dir.path().join("untouched")).unwrap(), "kept");
+        assert_eq!(
+            std::fs::read_to_string(out_dir.path().join("a.txt")).unwrap(),
+            "ALPHA\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(out_dir.path().join("b.txt")).unwrap(),
+            "BETA\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(out_dir.path().join("untouched")).unwrap(),
+            "kept"
+        );
         outs.push(out_dir);
     }
     for addr in [&w.addr, &ws.addr] {
-        assert_eq!(received_bytes(addr), 6 + 5 + 4, "a.txt, b.txt and `untouched` were sent");
+        assert_eq!(
+            received_bytes(addr),
+            6 + 5 + 4,
+            "a.txt, b.txt and `untouched` were sent"
+        );
     }
 }
 
@@ -83,8 +110,17 @@ fn ripgrep_over_a_shipped_dir_gives_the_embedded_answer() {
     let flags = ["--dir".to_string(), format!("{}::/docs:ro", docs.display())];
     let args = ["--sort", "path", "-c", "memory", "/docs"];
     let embedded = run(None, &flags, &rg, &args, cache.path());
-    assert_eq!(embedded.status.code(), Some(0), "{}", text(&embedded.stderr));
-    assert!(text(&embedded.stdout).lines().count() >= 3, "{}", text(&embedded.stdout));
+    assert_eq!(
+        embedded.status.code(),
+        Some(0),
+        "{}",
+        text(&embedded.stderr)
+    );
+    assert!(
+        text(&embedded.stdout).lines().count() >= 3,
+        "{}",
+        text(&embedded.stdout)
+    );
     let remote = run(Some(&w.addr), &flags, &rg, &args, cache.path());
     assert_eq!(remote.status.code(), Some(0), "{}", text(&remote.stderr));
     assert_eq!(text(&remote.stdout), text(&embedded.stdout));
@@ -92,7 +128,11 @@ fn ripgrep_over_a_shipped_dir_gives_the_embedded_answer() {
     assert!(sent > 0);
     let again = run(Some(&w.addr), &flags, &rg, &args, cache.path());
     assert_eq!(text(&again.stdout), text(&embedded.stdout));
-    assert_eq!(received_bytes(&w.addr), sent, "the second run sent files again");
+    assert_eq!(
+        received_bytes(&w.addr),
+        sent,
+        "the second run sent files again"
+    );
 }
 
 /// A 100 MB directory shared by a 200-input map on two workers crosses
@@ -106,7 +146,9 @@ fn a_shared_dir_is_sent_once_per_worker_for_a_whole_map() {
     let mut total = 0u64;
     for i in 0..4u64 {
         // Distinct contents, so no two files share a hash.
-        let bytes: Vec<u8> = (0..25_000_000u64).map(|j| (j.wrapping_mul(2654435761).wrapping_add(i) >> 7) as u8).collect();
+        let bytes: Vec<u8> = (0..25_000_000u64)
+            .map(|j| (j.wrapping_mul(2654435761).wrapping_add(i) >> 7) as u8)
+            .collect();
         total += bytes.len() as u64;
         std::fs::write(data.path().join(format!("part-{i}.bin")), bytes).unwrap();
     }
@@ -117,17 +159,33 @@ fn a_shared_dir_is_sent_once_per_worker_for_a_whole_map() {
     let dir = format!("{}::/data:ro", data.path().display());
     let ls = peerwasm_testkit::guest_wasm("ls");
     let peers = format!("{},{}", a.addr, b.addr);
-    let args = ["map", "--peers", &peers, "--no-progress", "--mem", "64MiB", "--dir", &dir, ls.to_str().unwrap(), inputs.to_str().unwrap()];
+    let args = [
+        "map",
+        "--peers",
+        &peers,
+        "--no-progress",
+        "--mem",
+        "64MiB",
+        "--dir",
+        &dir,
+        ls.to_str().unwrap(),
+        inputs.to_str().unwrap(),
+    ];
     let out = peerwasm(&args, cache.path());
     let _ = std::fs::remove_file(&inputs);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let lines: Vec<serde_json::Value> = text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<serde_json::Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(lines.len(), 200);
     let expected = "/data/part-0.bin 25000000\n/data/part-1.bin 25000000\n/data/part-2.bin 25000000\n/data/part-3.bin 25000000\n";
     let mut per_peer = std::collections::HashMap::new();
     for l in &lines {
         assert_eq!(l["stdout"].as_str(), Some(expected), "{l}");
-        *per_peer.entry(l["peer"].as_str().unwrap().to_string()).or_insert(0) += 1;
+        *per_peer
+            .entry(l["peer"].as_str().unwrap().to_string())
+            .or_insert(0) += 1;
     }
     println!("jobs per worker: {per_peer:?}");
     for w in [&a, &b] {
@@ -137,7 +195,11 @@ fn a_shared_dir_is_sent_once_per_worker_for_a_whole_map() {
             None => assert_eq!(got, 0),
         }
     }
-    assert_eq!(per_peer.len(), 2, "the map used one worker only: {per_peer:?}");
+    assert_eq!(
+        per_peer.len(),
+        2,
+        "the map used one worker only: {per_peer:?}"
+    );
 }
 
 /// `map --out-dir`: each input's files land in OUT_DIR/<index>/, and the
@@ -152,27 +214,63 @@ fn map_out_dir_gets_each_inputs_files() {
     let out_dir = tempfile::tempdir().unwrap();
     let inputs = out_dir.path().join("inputs.jsonl");
     std::fs::write(&inputs, "{}\n{}\n{}\n").unwrap();
-    let (din, dout) = (format!("{}::/in:ro", input.path().display()), format!("{}::/out", work.path().display()));
+    let (din, dout) = (
+        format!("{}::/in:ro", input.path().display()),
+        format!("{}::/out", work.path().display()),
+    );
     let results = out_dir.path().join("results");
     let files = peerwasm_testkit::guest_wasm("files");
     let args = [
-        "map", "--peers", &w.addr, "--no-progress", "--mem", "64MiB", "--dir", &din, "--dir", &dout, "--out-dir",
-        results.to_str().unwrap(), files.to_str().unwrap(), inputs.to_str().unwrap(),
+        "map",
+        "--peers",
+        &w.addr,
+        "--no-progress",
+        "--mem",
+        "64MiB",
+        "--dir",
+        &din,
+        "--dir",
+        &dout,
+        "--out-dir",
+        results.to_str().unwrap(),
+        files.to_str().unwrap(),
+        inputs.to_str().unwrap(),
     ];
     let out = peerwasm(&args, cache.path());
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     for i in 0..3 {
-        assert_eq!(std::fs::read_to_string(results.join(i.to_string()).join("x.txt")).unwrap(), "EX\n");
+        assert_eq!(
+            std::fs::read_to_string(results.join(i.to_string()).join("x.txt")).unwrap(),
+            "EX\n"
+        );
     }
-    assert_eq!(std::fs::read_dir(work.path()).unwrap().count(), 0, "the --dir itself was written to");
-    let first: serde_json::Value = serde_json::from_str(text(&out.stdout).lines().next().unwrap()).unwrap();
+    assert_eq!(
+        std::fs::read_dir(work.path()).unwrap().count(),
+        0,
+        "the --dir itself was written to"
+    );
+    let first: serde_json::Value =
+        serde_json::from_str(text(&out.stdout).lines().next().unwrap()).unwrap();
     assert_eq!(first["files"], serde_json::json!(["x.txt"]));
 
     // The embedded worker's jobs write in place: --out-dir is refused there.
-    let args = ["map", "--no-progress", "--dir", &dout, "--out-dir", "/tmp/x", files.to_str().unwrap(), inputs.to_str().unwrap()];
+    let args = [
+        "map",
+        "--no-progress",
+        "--dir",
+        &dout,
+        "--out-dir",
+        "/tmp/x",
+        files.to_str().unwrap(),
+        inputs.to_str().unwrap(),
+    ];
     let out = peerwasm(&args, cache.path());
     assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out.stderr).contains("--out-dir needs a pool"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("--out-dir needs a pool"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 /// Files back beyond the worker's cap end the job naming the cap, and
@@ -190,10 +288,19 @@ fn files_back_over_the_cap_are_named_and_none_are_written() {
         "--dir".to_string(),
         format!("{}::/out", out_dir.path().display()),
     ];
-    let out = run(Some(&w.addr), &flags, &peerwasm_testkit::guest_wasm("files"), &[], cache.path());
+    let out = run(
+        Some(&w.addr),
+        &flags,
+        &peerwasm_testkit::guest_wasm("files"),
+        &[],
+        cache.path(),
+    );
     assert_eq!(out.status.code(), Some(134), "{}", text(&out.stderr));
     let err = text(&out.stderr);
-    assert!(err.contains("come to 2.0 KiB, more than the 1 KiB") && err.contains("--max-files-back"), "{err}");
+    assert!(
+        err.contains("come to 2.0 KiB, more than the 1 KiB") && err.contains("--max-files-back"),
+        "{err}"
+    );
     assert_eq!(std::fs::read_dir(out_dir.path()).unwrap().count(), 0);
 }
 
@@ -208,12 +315,31 @@ fn a_read_only_tree_cannot_be_changed_by_its_job() {
     // `files` reads /in and writes /out: here both are the same read-only tree.
     let ro = format!("{}::/in:ro", dir.path().display());
     let ro_out = format!("{}::/out:ro", dir.path().display());
-    let out = run(Some(&w.addr), &["--dir".into(), ro.clone(), "--dir".into(), ro_out], &peerwasm_testkit::guest_wasm("files"), &[], cache.path());
+    let out = run(
+        Some(&w.addr),
+        &["--dir".into(), ro.clone(), "--dir".into(), ro_out],
+        &peerwasm_testkit::guest_wasm("files"),
+        &[],
+        cache.path(),
+    );
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("cannot write /out/a.txt"), "{}", text(&out.stderr));
-    let listed = run(Some(&w.addr), &["--dir".into(), ro], &peerwasm_testkit::guest_wasm("ls"), &["/in"], cache.path());
+    assert!(
+        text(&out.stderr).contains("cannot write /out/a.txt"),
+        "{}",
+        text(&out.stderr)
+    );
+    let listed = run(
+        Some(&w.addr),
+        &["--dir".into(), ro],
+        &peerwasm_testkit::guest_wasm("ls"),
+        &["/in"],
+        cache.path(),
+    );
     assert_eq!(text(&listed.stdout), "/in/a.txt 6\n");
-    assert_eq!(std::fs::read_to_string(dir.path().join("a.txt")).unwrap(), "alpha\n");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("a.txt")).unwrap(),
+        "alpha\n"
+    );
 }
 
 /// What a hostile client could send is refused with a clear 4xx, and the
@@ -224,11 +350,22 @@ async fn trees_that_leave_their_root_or_their_limits_are_refused() {
     let http = crate::support::http();
     let put_tree = |m: &Manifest| {
         let (hash, body) = (m.hash(), m.encode());
-        http.put(format!("http://{}/v1/trees/{}", w.addr, hash.to_hex())).body(body).send()
+        http.put(format!("http://{}/v1/trees/{}", w.addr, hash.to_hex()))
+            .body(body)
+            .send()
     };
-    let file = |path: &str, size: u64| TreeEntry { path: path.into(), kind: EntryKind::File { hash: FileHash::of(path.as_bytes()), size } };
+    let file = |path: &str, size: u64| TreeEntry {
+        path: path.into(),
+        kind: EntryKind::File {
+            hash: FileHash::of(path.as_bytes()),
+            size,
+        },
+    };
     for (entries, why) in [
-        (vec![file("../../etc/cron.d/x", 1)], "nothing may leave the tree"),
+        (
+            vec![file("../../etc/cron.d/x", 1)],
+            "nothing may leave the tree",
+        ),
         (vec![file("/etc/passwd", 1)], "is absolute"),
         (vec![file("a/./b", 1)], "nothing may leave the tree"),
         (vec![file("b", 1), file("a", 1)], "not sorted"),
@@ -238,36 +375,97 @@ async fn trees_that_leave_their_root_or_their_limits_are_refused() {
         let body = resp.text().await.unwrap();
         assert!(body.contains(why), "{body}");
     }
-    let resp = put_tree(&Manifest { entries: vec![file("big", 2 << 20)] }).await.unwrap();
+    let resp = put_tree(&Manifest {
+        entries: vec![file("big", 2 << 20)],
+    })
+    .await
+    .unwrap();
     assert_eq!(resp.status(), 413);
-    assert!(resp.text().await.unwrap().contains("accepts trees of at most 1 MiB"));
+    assert!(
+        resp.text()
+            .await
+            .unwrap()
+            .contains("accepts trees of at most 1 MiB")
+    );
     // A manifest under another's name; a file whose bytes are not its name.
-    let m = Manifest { entries: vec![file("a", 1)] };
-    let resp = http.put(format!("http://{}/v1/trees/{}", w.addr, ModuleHash::of(b"x").to_hex())).body(m.encode()).send().await.unwrap();
+    let m = Manifest {
+        entries: vec![file("a", 1)],
+    };
+    let resp = http
+        .put(format!(
+            "http://{}/v1/trees/{}",
+            w.addr,
+            ModuleHash::of(b"x").to_hex()
+        ))
+        .body(m.encode())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 400);
-    let resp = http.put(format!("http://{}/v1/files/{}", w.addr, FileHash::of(b"promised").to_hex())).body("other").send().await.unwrap();
+    let resp = http
+        .put(format!(
+            "http://{}/v1/files/{}",
+            w.addr,
+            FileHash::of(b"promised").to_hex()
+        ))
+        .body("other")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 400);
     assert_eq!(received_bytes_async(&http, &w.addr).await, 0);
 
     // A job naming a tree the worker lacks: 424, send it first.
     let bytes = peerwasm_testkit::guest_wasm_bytes("ls");
     let mut spec = JobSpec::new(ModuleHash::of(&bytes));
-    http.put(format!("http://{}/v1/modules/{}", w.addr, spec.module.to_hex())).body(bytes).send().await.unwrap();
+    http.put(format!(
+        "http://{}/v1/modules/{}",
+        w.addr,
+        spec.module.to_hex()
+    ))
+    .body(bytes)
+    .send()
+    .await
+    .unwrap();
     spec.limits.memory_bytes = 64 << 20;
-    spec.trees = vec![TreeGrant { manifest: m.hash(), guest: "/d".into(), read_only: true }];
-    let resp = http.post(format!("http://{}/v1/jobs", w.addr)).body(postcard::to_allocvec(&spec).unwrap()).send().await.unwrap();
+    spec.trees = vec![TreeGrant {
+        manifest: m.hash(),
+        guest: "/d".into(),
+        read_only: true,
+    }];
+    let resp = http
+        .post(format!("http://{}/v1/jobs", w.addr))
+        .body(postcard::to_allocvec(&spec).unwrap())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 424);
     // Host paths are never taken from a remote client.
     spec.trees.clear();
-    spec.dirs = vec![peerwasm::proto::DirGrant { host: "/".into(), guest: "/".into(), read_only: true }];
-    let resp = http.post(format!("http://{}/v1/jobs", w.addr)).body(postcard::to_allocvec(&spec).unwrap()).send().await.unwrap();
+    spec.dirs = vec![peerwasm::proto::DirGrant {
+        host: "/".into(),
+        guest: "/".into(),
+        read_only: true,
+    }];
+    let resp = http
+        .post(format!("http://{}/v1/jobs", w.addr))
+        .body(postcard::to_allocvec(&spec).unwrap())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 400);
     // Still serving.
     spec.dirs.clear();
     spec.stdin = b"/tmp\n".to_vec(); // its scratch directory
-    let resp = http.post(format!("http://{}/v1/jobs", w.addr)).body(postcard::to_allocvec(&spec).unwrap()).send().await.unwrap();
+    let resp = http
+        .post(format!("http://{}/v1/jobs", w.addr))
+        .body(postcard::to_allocvec(&spec).unwrap())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
-    let res: peerwasm::proto::JobResult = postcard::from_bytes(&resp.bytes().await.unwrap()).unwrap();
+    let res: peerwasm::proto::JobResult =
+        postcard::from_bytes(&resp.bytes().await.unwrap()).unwrap();
     assert_eq!(res.outcome, Outcome::Exited { code: 0 });
 
     // The client: a link out of the directory is not followed.
@@ -276,15 +474,35 @@ async fn trees_that_leave_their_root_or_their_limits_are_refused() {
     std::fs::write(outside.path().join("secret"), "key").unwrap();
     std::os::unix::fs::symlink(outside.path().join("secret"), dir.path().join("leak")).unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let flags = ["--dir".to_string(), format!("{}::/d:ro", dir.path().display())];
-    let out = run(Some(&w.addr), &flags, &peerwasm_testkit::guest_wasm("ls"), &["/d"], cache.path());
+    let flags = [
+        "--dir".to_string(),
+        format!("{}::/d:ro", dir.path().display()),
+    ];
+    let out = run(
+        Some(&w.addr),
+        &flags,
+        &peerwasm_testkit::guest_wasm("ls"),
+        &["/d"],
+        cache.path(),
+    );
     assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out.stderr).contains("leak is a symbolic link to"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("leak is a symbolic link to"),
+        "{}",
+        text(&out.stderr)
+    );
     assert_eq!(received_bytes_async(&http, &w.addr).await, 0);
 }
 
 async fn received_bytes_async(http: &reqwest::Client, addr: &str) -> u64 {
-    let body = http.get(format!("http://{addr}/metrics")).send().await.unwrap().text().await.unwrap();
+    let body = http
+        .get(format!("http://{addr}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     body.lines()
         .find(|l| l.starts_with("peerwasm_files_received_total{unit=\"bytes\"}"))
         .and_then(|l| l.rsplit(' ').next())
@@ -302,32 +520,80 @@ async fn a_writable_tree_is_charged_by_its_files_real_size_not_by_its_manifests_
         "1GiB",
         1,
         None,
-        &["--scratch-total", "64MiB", "--scratch-dir", scratch.path().to_str().unwrap()],
+        &[
+            "--scratch-total",
+            "64MiB",
+            "--scratch-dir",
+            scratch.path().to_str().unwrap(),
+        ],
     );
     let http = crate::support::http();
     let data = vec![9u8; 4 << 20];
     let hash = FileHash::of(&data);
     let lying = Manifest {
-        entries: (0..64).map(|i| TreeEntry { path: format!("f{i:02}"), kind: EntryKind::File { hash, size: 0 } }).collect(),
+        entries: (0..64)
+            .map(|i| TreeEntry {
+                path: format!("f{i:02}"),
+                kind: EntryKind::File { hash, size: 0 },
+            })
+            .collect(),
     };
-    let put = http.put(format!("http://{}/v1/trees/{}", w.addr, lying.hash().to_hex())).body(lying.encode()).send().await.unwrap();
+    let put = http
+        .put(format!(
+            "http://{}/v1/trees/{}",
+            w.addr,
+            lying.hash().to_hex()
+        ))
+        .body(lying.encode())
+        .send()
+        .await
+        .unwrap();
     assert!(put.status().is_success(), "{}", put.status());
-    let put = http.put(format!("http://{}/v1/files/{}", w.addr, hash.to_hex())).body(data).send().await.unwrap();
+    let put = http
+        .put(format!("http://{}/v1/files/{}", w.addr, hash.to_hex()))
+        .body(data)
+        .send()
+        .await
+        .unwrap();
     assert!(put.status().is_success(), "{}", put.status());
     let bytes = peerwasm_testkit::guest_wasm_bytes("ls");
     let mut spec = JobSpec::new(ModuleHash::of(&bytes));
-    http.put(format!("http://{}/v1/modules/{}", w.addr, spec.module.to_hex())).body(bytes).send().await.unwrap();
+    http.put(format!(
+        "http://{}/v1/modules/{}",
+        w.addr,
+        spec.module.to_hex()
+    ))
+    .body(bytes)
+    .send()
+    .await
+    .unwrap();
     spec.limits.memory_bytes = 64 << 20;
     spec.stdin = b"/d\n".to_vec();
-    spec.trees = vec![TreeGrant { manifest: lying.hash(), guest: "/d".into(), read_only: false }];
-    let resp = http.post(format!("http://{}/v1/jobs", w.addr)).body(postcard::to_allocvec(&spec).unwrap()).send().await.unwrap();
+    spec.trees = vec![TreeGrant {
+        manifest: lying.hash(),
+        guest: "/d".into(),
+        read_only: false,
+    }];
+    let resp = http
+        .post(format!("http://{}/v1/jobs", w.addr))
+        .body(postcard::to_allocvec(&spec).unwrap())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
-    let res: peerwasm::proto::JobResult = postcard::from_bytes(&resp.bytes().await.unwrap()).unwrap();
+    let res: peerwasm::proto::JobResult =
+        postcard::from_bytes(&resp.bytes().await.unwrap()).unwrap();
     let why = res.outcome.to_string();
-    assert!(why.contains("says \"f00\" has 0 bytes, but the file it names has 4194304"), "{why}");
+    assert!(
+        why.contains("says \"f00\" has 0 bytes, but the file it names has 4194304"),
+        "{why}"
+    );
     // Nothing of it is left on the disk.
     let copies: u64 = walk_bytes(scratch.path());
-    assert!(copies <= 5 << 20, "{copies} bytes under the scratch dir: only the stored file should be");
+    assert!(
+        copies <= 5 << 20,
+        "{copies} bytes under the scratch dir: only the stored file should be"
+    );
 }
 
 /// Bytes of the regular files under `dir`.

@@ -34,7 +34,13 @@ struct Case {
 }
 
 fn case(name: &'static str, module: Module) -> Case {
-    Case { name, module, stdin: "", mem: 64 * MIB, timeout_ms: Some(2000) }
+    Case {
+        name,
+        module,
+        stdin: "",
+        mem: 64 * MIB,
+        timeout_ms: Some(2000),
+    }
 }
 
 /// `_start` calls `proc_exit(code)`.
@@ -61,7 +67,10 @@ fn flood(fd: u32) -> Module {
 fn corpus() -> Vec<Case> {
     let hello = peerwasm_testkit::guest_wasm_bytes("hello");
     let mut random = vec![0u8; 4096];
-    random.iter_mut().enumerate().for_each(|(i, b)| *b = (i as u32).wrapping_mul(2654435761).to_le_bytes()[3]);
+    random
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, b)| *b = (i as u32).wrapping_mul(2654435761).to_le_bytes()[3]);
     let mut oversized = b"\0asm\x01\0\0\0".to_vec();
     oversized.resize(peerwasm::sandbox::DEFAULT_MAX_MODULE_BYTES as usize + 1, 0);
     vec![
@@ -167,9 +176,19 @@ fn documented() -> BTreeMap<String, (String, String, String)> {
     text.lines()
         .filter(|l| l.starts_with("| ") && !l.starts_with("| case") && !l.starts_with("|---"))
         .map(|l| {
-            let cells: Vec<String> = l.trim_matches('|').split(" | ").map(|c| c.trim().replace('`', "")).collect();
-            assert!(cells.len() >= 4, "a corpus row needs case | outcome | message | stdout: {l}");
-            (cells[0].clone(), (cells[1].clone(), cells[2].clone(), cells[3].clone()))
+            let cells: Vec<String> = l
+                .trim_matches('|')
+                .split(" | ")
+                .map(|c| c.trim().replace('`', ""))
+                .collect();
+            assert!(
+                cells.len() >= 4,
+                "a corpus row needs case | outcome | message | stdout: {l}"
+            );
+            (
+                cells[0].clone(),
+                (cells[1].clone(), cells[2].clone(), cells[3].clone()),
+            )
         })
         .collect()
 }
@@ -199,7 +218,9 @@ async fn corpus_on(extra: &[&str]) {
     for c in &cases {
         let bytes = match &c.module {
             Module::Guest(name) => peerwasm_testkit::guest_wasm_bytes(name),
-            Module::Component(name) => std::fs::read(peerwasm_testkit::guest_component_wasm(name)).unwrap(),
+            Module::Component(name) => {
+                std::fs::read(peerwasm_testkit::guest_component_wasm(name)).unwrap()
+            }
             Module::Wat(text) => wat::parse_str(text).unwrap(),
             Module::Bytes(b) => b.clone(),
         };
@@ -207,14 +228,26 @@ async fn corpus_on(extra: &[&str]) {
         job.limits.timeout_ms = c.timeout_ms;
         job.limits.stdout_bytes = MIB;
         job.limits.stderr_bytes = MIB;
-        let result = target.run(&job, job.spec(c.stdin.as_bytes().to_vec(), c.mem)).await;
+        let result = target
+            .run(&job, job.spec(c.stdin.as_bytes().to_vec(), c.mem))
+            .await;
         let (label, msg) = (outcome_label(&result), message(&result));
-        observed.push(format!("| {} | {label} | {} |", c.name, msg.lines().next().unwrap_or("").trim()));
+        observed.push(format!(
+            "| {} | {label} | {} |",
+            c.name,
+            msg.lines().next().unwrap_or("").trim()
+        ));
         match docs.get(c.name) {
             None => wrong.push(format!("{}: not in docs/hostile-corpus.md", c.name)),
             Some((outcome, contains, printed)) => {
-                let stdout = result.as_ref().map(|r| String::from_utf8_lossy(&r.stdout).into_owned()).unwrap_or_default();
-                if *outcome != label || !msg.replace('`', "").contains(contains.as_str()) || !stdout.contains(printed.as_str()) {
+                let stdout = result
+                    .as_ref()
+                    .map(|r| String::from_utf8_lossy(&r.stdout).into_owned())
+                    .unwrap_or_default();
+                if *outcome != label
+                    || !msg.replace('`', "").contains(contains.as_str())
+                    || !stdout.contains(printed.as_str())
+                {
                     wrong.push(format!(
                         "{}: documented {outcome:?} / {contains:?} / stdout {printed:?}, got {label:?}: {msg} / stdout {stdout:?}",
                         c.name
@@ -223,7 +256,11 @@ async fn corpus_on(extra: &[&str]) {
             }
         }
         // The worker is still up and serves the next job.
-        assert!(worker.child.try_wait().unwrap().is_none(), "the worker died after {:?}", c.name);
+        assert!(
+            worker.child.try_wait().unwrap().is_none(),
+            "the worker died after {:?}",
+            c.name
+        );
         let next = target.run(&hello, hello.spec(Vec::new(), 16 * MIB)).await;
         assert!(
             matches!(&next, Ok(r) if r.outcome.is_success()),
@@ -232,8 +269,14 @@ async fn corpus_on(extra: &[&str]) {
         );
     }
     // Nothing the escape case tried to write exists on the host.
-    for path in ["/escaped-by-peerwasm-guest", "/tmp/escaped-by-peerwasm-guest"] {
-        assert!(!std::path::Path::new(path).exists(), "a guest wrote {path} on the host");
+    for path in [
+        "/escaped-by-peerwasm-guest",
+        "/tmp/escaped-by-peerwasm-guest",
+    ] {
+        assert!(
+            !std::path::Path::new(path).exists(),
+            "a guest wrote {path} on the host"
+        );
     }
     for name in docs.keys() {
         if !cases.iter().any(|c| c.name == name) {
@@ -241,6 +284,10 @@ async fn corpus_on(extra: &[&str]) {
         }
     }
     println!("observed:\n{}", observed.join("\n"));
-    assert!(wrong.is_empty(), "the corpus disagrees with docs/hostile-corpus.md:\n{}", wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "the corpus disagrees with docs/hostile-corpus.md:\n{}",
+        wrong.join("\n")
+    );
     let _ = &mut worker;
 }

@@ -21,7 +21,9 @@ pub(crate) fn peerwasm() -> Command {
 }
 
 pub(crate) fn wasm(name: &str) -> String {
-    peerwasm_testkit::guest_wasm(name).to_string_lossy().into_owned()
+    peerwasm_testkit::guest_wasm(name)
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// Starts `peerwasm ARGS` with `stdin` written to it and closed.
@@ -33,7 +35,12 @@ pub(crate) fn spawn(args: &[&str], stdin: &str) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .expect("starting peerwasm");
-    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
     child
 }
 
@@ -68,14 +75,21 @@ pub(crate) async fn idle_within(addr: &str, limit: Duration) -> Duration {
         if a.slots_busy == 0 && a.queue_len == 0 && a.reserved_bytes == 0 {
             return start.elapsed();
         }
-        assert!(start.elapsed() < limit, "still busy after {limit:?}: {} slots, {} queued", a.slots_busy, a.queue_len);
+        assert!(
+            start.elapsed() < limit,
+            "still busy after {limit:?}: {} slots, {} queued",
+            a.slots_busy,
+            a.queue_len
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
 pub(crate) async fn busy(addr: &str, slots: u32) {
     wait_for(addr, Duration::from_secs(20), |v| {
-        v.iter().find(|p| p.advert.addr == addr).is_some_and(|p| p.advert.slots_busy == slots)
+        v.iter()
+            .find(|p| p.advert.addr == addr)
+            .is_some_and(|p| p.advert.slots_busy == slots)
     })
     .await;
 }
@@ -84,10 +98,27 @@ pub(crate) async fn busy(addr: &str, slots: u32) {
 async fn a_killed_client_frees_its_slot_within_a_second() {
     let w = WorkerProcess::start("1GiB", 2, None);
     let advert: Advert = me(&w.addr).await;
-    assert_eq!(advert.max_job_time_ms, Some(24 * 3600 * 1000), "the default time policy is 24 h");
+    assert_eq!(
+        advert.max_job_time_ms,
+        Some(24 * 3600 * 1000),
+        "the default time policy is 24 h"
+    );
     // No --timeout: one computes forever, one sleeps for ten minutes.
-    let mut computing = spawn(&["run", "--peers", &w.addr, "--mem", "32MiB", &wasm("hostile-loop")], "");
-    let mut sleeping = spawn(&["run", "--peers", &w.addr, "--mem", "32MiB", &wasm("sleep")], "600000\n");
+    let mut computing = spawn(
+        &[
+            "run",
+            "--peers",
+            &w.addr,
+            "--mem",
+            "32MiB",
+            &wasm("hostile-loop"),
+        ],
+        "",
+    );
+    let mut sleeping = spawn(
+        &["run", "--peers", &w.addr, "--mem", "32MiB", &wasm("sleep")],
+        "600000\n",
+    );
     busy(&w.addr, 2).await;
     computing.kill().unwrap(); // SIGKILL: no goodbye
     sleeping.kill().unwrap();
@@ -95,9 +126,18 @@ async fn a_killed_client_frees_its_slot_within_a_second() {
     let took = idle_within(&w.addr, Duration::from_secs(1)).await;
     println!("killed clients: slots and memory free {took:?} after the kill");
     let m = scrape(&w.addr).await;
-    assert_eq!(get(&m, "peerwasm_jobs_total{outcome=\"cancelled\",tenant=\"default\"}"), 2.0);
+    assert_eq!(
+        get(
+            &m,
+            "peerwasm_jobs_total{outcome=\"cancelled\",tenant=\"default\"}"
+        ),
+        2.0
+    );
     // The slots serve again.
-    let out = peerwasm().args(["run", "--peers", &w.addr, &wasm("hello"), "again"]).output().unwrap();
+    let out = peerwasm()
+        .args(["run", "--peers", &w.addr, &wasm("hello"), "again"])
+        .output()
+        .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "again\n");
 }
 
@@ -134,53 +174,137 @@ async fn cancel_ends_a_computing_a_sleeping_and_a_queued_job() {
     assert_eq!(by_bob.status(), StatusCode::NOT_FOUND);
 
     // `peerwasm jobs` lists them where they are; bob sees none.
-    let listed = peerwasm().args(["jobs", "--json", "--peers", &w.addr, "--token", ALICE]).output().unwrap();
+    let listed = peerwasm()
+        .args(["jobs", "--json", "--peers", &w.addr, "--token", ALICE])
+        .output()
+        .unwrap();
     let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
     let state = |id: &str| {
-        let job = listed.as_array().unwrap().iter().find(|j| j["id"] == id).unwrap_or_else(|| panic!("{id} not listed"));
+        let job = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|j| j["id"] == id)
+            .unwrap_or_else(|| panic!("{id} not listed"));
         assert_eq!(job["worker"], w.addr.as_str());
         job["state"].as_str().unwrap().to_string()
     };
-    assert_eq!([state(&computing), state(&sleeping), state(&queued)], ["running", "running", "queued"]);
-    let bobs = peerwasm().args(["jobs", "--json", "--peers", &w.addr, "--token", BOB]).output().unwrap();
-    assert_eq!(serde_json::from_slice::<serde_json::Value>(&bobs.stdout).unwrap(), serde_json::json!([]));
+    assert_eq!(
+        [state(&computing), state(&sleeping), state(&queued)],
+        ["running", "running", "queued"]
+    );
+    let bobs = peerwasm()
+        .args(["jobs", "--json", "--peers", &w.addr, "--token", BOB])
+        .output()
+        .unwrap();
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&bobs.stdout).unwrap(),
+        serde_json::json!([])
+    );
 
     let start = Instant::now();
     let out = peerwasm()
         // The queued one first: cancelling a running one frees its slot,
         // and the queued one would start in it.
-        .args(["cancel", "--peers", &w.addr, "--token", ALICE, &queued, &computing, &sleeping])
+        .args([
+            "cancel", "--peers", &w.addr, "--token", ALICE, &queued, &computing, &sleeping,
+        ])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains(&format!("{computing}: cancelled on {} (it was running)", w.addr)), "{stdout}");
-    assert!(stdout.contains(&format!("{queued}: cancelled on {} (it was queued)", w.addr)), "{stdout}");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!(
+            "{computing}: cancelled on {} (it was running)",
+            w.addr
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "{queued}: cancelled on {} (it was queued)",
+            w.addr
+        )),
+        "{stdout}"
+    );
     let took = idle_within(&w.addr, Duration::from_secs(1)).await;
-    println!("cancel of 3 jobs: command {:?}, worker idle {took:?} after it", start.elapsed() - took);
+    println!(
+        "cancel of 3 jobs: command {:?}, worker idle {took:?} after it",
+        start.elapsed() - took
+    );
 
     // A made-up id: exit 1.
-    let none = peerwasm().args(["cancel", "--peers", &w.addr, "--token", ALICE, &"0".repeat(32)]).output().unwrap();
+    let none = peerwasm()
+        .args([
+            "cancel",
+            "--peers",
+            &w.addr,
+            "--token",
+            ALICE,
+            &"0".repeat(32),
+        ])
+        .output()
+        .unwrap();
     assert_eq!(none.status.code(), Some(1));
 
     // Each result says so; the two that held a slot were charged for it.
     for id in [&computing, &sleeping, &queued] {
-        let r = crate::tenants::http().get(format!("http://{}/v1/jobs/{id}", w.addr)).bearer_auth(ALICE).send().await.unwrap();
+        let r = crate::tenants::http()
+            .get(format!("http://{}/v1/jobs/{id}", w.addr))
+            .bearer_auth(ALICE)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), StatusCode::OK);
         let result: JobResult = postcard::from_bytes(&r.bytes().await.unwrap()).unwrap();
-        assert_eq!(result.outcome, Outcome::Cancelled { cause: CancelCause::Owner });
+        assert_eq!(
+            result.outcome,
+            Outcome::Cancelled {
+                cause: CancelCause::Owner
+            }
+        );
         assert_eq!(result.outcome.exit_code(), 130);
     }
     // Cancelling an ended job discards its result.
-    let again = peerwasm().args(["cancel", "--peers", &w.addr, "--token", ALICE, &computing]).output().unwrap();
-    assert!(String::from_utf8_lossy(&again.stdout).contains("had ended on"), "{again:?}");
-    let gone = crate::tenants::http().get(format!("http://{}/v1/jobs/{computing}", w.addr)).bearer_auth(ALICE).send().await.unwrap();
+    let again = peerwasm()
+        .args(["cancel", "--peers", &w.addr, "--token", ALICE, &computing])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&again.stdout).contains("had ended on"),
+        "{again:?}"
+    );
+    let gone = crate::tenants::http()
+        .get(format!("http://{}/v1/jobs/{computing}", w.addr))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(gone.status(), StatusCode::NOT_FOUND);
-    let alice = me(&w.addr).await.tenants.into_iter().find(|t| t.tenant == "alice").unwrap();
+    let alice = me(&w.addr)
+        .await
+        .tenants
+        .into_iter()
+        .find(|t| t.tenant == "alice")
+        .unwrap();
     assert_eq!(alice.account.jobs, 2, "the two that ran are accounted");
-    assert!(alice.account.slot_seconds > 0.0 && alice.slot_seconds > 0.0, "and charged: {alice:?}");
+    assert!(
+        alice.account.slot_seconds > 0.0 && alice.slot_seconds > 0.0,
+        "and charged: {alice:?}"
+    );
     let m = scrape(&w.addr).await;
-    assert_eq!(get(&m, "peerwasm_jobs_total{outcome=\"cancelled\",tenant=\"alice\"}"), 3.0);
+    assert_eq!(
+        get(
+            &m,
+            "peerwasm_jobs_total{outcome=\"cancelled\",tenant=\"alice\"}"
+        ),
+        3.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -195,7 +319,18 @@ async fn ctrl_c_on_run_and_map_cancels_what_they_have_in_flight() {
     std::fs::write(&inputs, "10\n10\n600000\n600000\n600000\n600000\n").unwrap();
     let out = dir.path().join("out.jsonl");
     let map = spawn(
-        &["map", "--peers", &w1.addr, "--mem", "32MiB", "--no-progress", "-o", out.to_str().unwrap(), &wasm("sleep"), inputs.to_str().unwrap()],
+        &[
+            "map",
+            "--peers",
+            &w1.addr,
+            "--mem",
+            "32MiB",
+            "--no-progress",
+            "-o",
+            out.to_str().unwrap(),
+            &wasm("sleep"),
+            inputs.to_str().unwrap(),
+        ],
         "",
     );
     busy(&w1.addr, 1).await;
@@ -214,17 +349,26 @@ async fn ctrl_c_on_run_and_map_cancels_what_they_have_in_flight() {
     assert!(said < 6, "the long inputs cannot have finished");
     for line in written.lines() {
         let v: serde_json::Value = serde_json::from_str(line).unwrap();
-        assert!(v["index"].as_u64().unwrap() < 2, "only the short inputs ended: {line}");
+        assert!(
+            v["index"].as_u64().unwrap() < 2,
+            "only the short inputs ended: {line}"
+        );
     }
     for w in [&w1, &w2] {
         idle_within(&w.addr, Duration::from_secs(1)).await;
     }
 
     // `run` on the pool.
-    let run = spawn(&["run", "--peers", &w1.addr, "--mem", "32MiB", &wasm("sleep")], "600000\n");
+    let run = spawn(
+        &["run", "--peers", &w1.addr, "--mem", "32MiB", &wasm("sleep")],
+        "600000\n",
+    );
     let start = Instant::now();
     while me(&w1.addr).await.slots_busy + me(&w2.addr).await.slots_busy == 0 {
-        assert!(start.elapsed() < Duration::from_secs(10), "the run's job never started");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the run's job never started"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     interrupt(&run);
@@ -244,9 +388,18 @@ async fn ctrl_c_on_run_and_map_cancels_what_they_have_in_flight() {
         interrupt(&run);
         let (code, stderr) = exit_within(run, Duration::from_secs(2));
         assert_eq!(code, Some(130), "{guest}: {stderr}");
-        assert!(stderr.contains("job cancelled by an interrupt (Ctrl-C)"), "{guest}: {stderr}");
-        assert!(stderr.contains("peerwasm: exit 130 · peak memory 1.1 MiB"), "{guest}: {stderr}");
-        println!("embedded run of {guest}: exited {:?} after Ctrl-C", start.elapsed());
+        assert!(
+            stderr.contains("job cancelled by an interrupt (Ctrl-C)"),
+            "{guest}: {stderr}"
+        );
+        assert!(
+            stderr.contains("peerwasm: exit 130 · peak memory 1.1 MiB"),
+            "{guest}: {stderr}"
+        );
+        println!(
+            "embedded run of {guest}: exited {:?} after Ctrl-C",
+            start.elapsed()
+        );
     }
 }
 
@@ -259,13 +412,27 @@ async fn dropping_a_map_in_process_cancels_its_jobs_on_the_workers() {
     let w = WorkerProcess::start("1GiB", 2, None);
     let target = Target::pool(vec![w.addr.clone()]).unwrap();
     let job = sleep_job();
-    let config = MapConfig { mem: Some(32 * MIB), ..MapConfig::default() };
+    let config = MapConfig {
+        mem: Some(32 * MIB),
+        ..MapConfig::default()
+    };
     let running = tokio::spawn(async move {
         let mut items: Vec<MapItem> = Vec::new();
-        map(&target, &job, vec![b"600000\n".to_vec(); 8], &config, &mut items).await.map(|_| items.len())
+        map(
+            &target,
+            &job,
+            vec![b"600000\n".to_vec(); 8],
+            &config,
+            &mut items,
+        )
+        .await
+        .map(|_| items.len())
     });
     busy(&w.addr, 2).await;
-    assert!(me(&w.addr).await.queue_len > 0, "the map keeps more than the slots under way");
+    assert!(
+        me(&w.addr).await.queue_len > 0,
+        "the map keeps more than the slots under way"
+    );
     running.abort();
     let took = idle_within(&w.addr, Duration::from_secs(1)).await;
     println!("map dropped in-process: worker idle {took:?} later");
@@ -279,28 +446,55 @@ async fn the_worker_time_limit_ends_jobs_that_asked_for_none_and_refuses_longer_
         let run = spawn(&["run", "--peers", &w.addr, &wasm(name)], stdin);
         let (code, stderr) = exit_within(run, Duration::from_secs(10));
         assert_eq!(code, Some(124), "{name}: {stderr}");
-        assert!(stderr.contains("job exceeded the worker's time limit of 1s (its --max-job-time)"), "{name}: {stderr}");
-        assert!(start.elapsed() >= Duration::from_secs(1), "{name} ended before the limit");
+        assert!(
+            stderr.contains("job exceeded the worker's time limit of 1s (its --max-job-time)"),
+            "{name}: {stderr}"
+        );
+        assert!(
+            start.elapsed() >= Duration::from_secs(1),
+            "{name} ended before the limit"
+        );
     }
     // Asking for more than the worker allows: refused, naming the limit.
-    let run = spawn(&["run", "--peers", &w.addr, "--timeout", "5s", &wasm("hello")], "");
+    let run = spawn(
+        &["run", "--peers", &w.addr, "--timeout", "5s", &wasm("hello")],
+        "",
+    );
     let (code, stderr) = exit_within(run, Duration::from_secs(10));
     assert_eq!(code, Some(2), "{stderr}");
-    assert!(stderr.contains("no worker runs jobs for 5s: the longest any allows is 1s"), "{stderr}");
+    assert!(
+        stderr.contains("no worker runs jobs for 5s: the longest any allows is 1s"),
+        "{stderr}"
+    );
     let hello = peerwasm::client::Job::new(peerwasm_testkit::guest_wasm_bytes("hello"));
     assert!(upload(&w.addr, &hello, None).await.is_success());
     let mut spec = hello.spec(Vec::new(), 32 * MIB);
     spec.limits.timeout_ms = Some(5000);
     let r = post(&w.addr, &spec, None, false).await;
     assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
-    assert!(r.text().await.unwrap().contains("this worker runs jobs for at most 1s (its --max-job-time)"));
+    assert!(
+        r.text()
+            .await
+            .unwrap()
+            .contains("this worker runs jobs for at most 1s (its --max-job-time)")
+    );
     // Within the limit: fine.
     spec.limits.timeout_ms = Some(900);
-    assert_eq!(post(&w.addr, &spec, None, false).await.status(), StatusCode::OK);
+    assert_eq!(
+        post(&w.addr, &spec, None, false).await.status(),
+        StatusCode::OK
+    );
     // Shown to people.
-    let peers = peerwasm().args(["peers", "--peers", &w.addr]).output().unwrap();
+    let peers = peerwasm()
+        .args(["peers", "--peers", &w.addr])
+        .output()
+        .unwrap();
     let table = String::from_utf8_lossy(&peers.stdout);
-    assert!(table.lines().next().unwrap().contains("MAX TIME") && table.lines().nth(1).unwrap().contains("  1s  "), "{table}");
+    assert!(
+        table.lines().next().unwrap().contains("MAX TIME")
+            && table.lines().nth(1).unwrap().contains("  1s  "),
+        "{table}"
+    );
 }
 
 /// Waits (up to 20 s) until the worker's jobs are in exactly these states
@@ -308,14 +502,28 @@ async fn the_worker_time_limit_ends_jobs_that_asked_for_none_and_refuses_longer_
 async fn job_states_become(addr: &str, states: &[&str]) {
     let start = Instant::now();
     loop {
-        let body = crate::tenants::http().get(format!("http://{addr}/v1/jobs")).send().await.unwrap().bytes().await.unwrap();
+        let body = crate::tenants::http()
+            .get(format!("http://{addr}/v1/jobs"))
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
         let list: Vec<peerwasm::proto::JobStatus> = serde_json::from_slice(&body).unwrap();
-        let mut now: Vec<String> = list.into_iter().filter(|j| j.state != "done").map(|j| j.state).collect();
+        let mut now: Vec<String> = list
+            .into_iter()
+            .filter(|j| j.state != "done")
+            .map(|j| j.state)
+            .collect();
         now.sort();
         if now == states {
             return;
         }
-        assert!(start.elapsed() < Duration::from_secs(20), "jobs still {now:?}, not {states:?}");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "jobs still {now:?}, not {states:?}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -328,7 +536,12 @@ async fn a_draining_worker_sends_queued_jobs_away_and_cancels_running_ones_after
     // Compiled first: a job that holds its slot but is still compiling has
     // not started, and a drain sends it away as a queued one (under load,
     // the compile took long enough for that to happen here).
-    assert!(post(&w.addr, &sleep.spec(b"1".to_vec(), 32 * MIB), None, false).await.status().is_success());
+    assert!(
+        post(&w.addr, &sleep.spec(b"1".to_vec(), 32 * MIB), None, false)
+            .await
+            .status()
+            .is_success()
+    );
     let running = tokio::spawn({
         let (addr, spec) = (w.addr.clone(), sleep.spec(b"600000".to_vec(), 32 * MIB));
         async move { post(&addr, &spec, None, false).await }
@@ -347,17 +560,37 @@ async fn a_draining_worker_sends_queued_jobs_away_and_cancels_running_ones_after
     // The queued job is sent back at once, cancelled for the shutdown.
     let r = queued.await.unwrap();
     let result: JobResult = postcard::from_bytes(&r.bytes().await.unwrap()).unwrap();
-    assert_eq!(result.outcome, Outcome::Cancelled { cause: CancelCause::Shutdown });
-    assert!(start.elapsed() < Duration::from_millis(500), "queued job answered after {:?}", start.elapsed());
+    assert_eq!(
+        result.outcome,
+        Outcome::Cancelled {
+            cause: CancelCause::Shutdown
+        }
+    );
+    assert!(
+        start.elapsed() < Duration::from_millis(500),
+        "queued job answered after {:?}",
+        start.elapsed()
+    );
     // The running one after the grace.
     let r = running.await.unwrap();
     let result: JobResult = postcard::from_bytes(&r.bytes().await.unwrap()).unwrap();
-    assert_eq!(result.outcome, Outcome::Cancelled { cause: CancelCause::Shutdown });
+    assert_eq!(
+        result.outcome,
+        Outcome::Cancelled {
+            cause: CancelCause::Shutdown
+        }
+    );
     let took = start.elapsed();
-    assert!(took >= Duration::from_secs(1) && took < Duration::from_secs(3), "running job answered after {took:?}");
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(3),
+        "running job answered after {took:?}"
+    );
     let status = w.child.wait().unwrap();
     assert!(status.success(), "{status}");
-    println!("drain: queued job answered at once, running one after {took:?}, worker gone after {:?}", start.elapsed());
+    println!(
+        "drain: queued job answered at once, running one after {took:?}, worker gone after {:?}",
+        start.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -368,32 +601,55 @@ async fn a_job_the_host_can_never_hold_is_refused_not_held_and_small_jobs_go_on(
     // --reserve. A reserve that leaves a capacity of 4 GiB + 64 MiB (a job
     // may have at most 4 GiB) makes a 4 GiB job such a one on any host
     // using more than 64 MiB.
-    let physical = me(&WorkerProcess::start_with("1TiB", 1, None, &[]).addr).await.capacity_bytes;
+    let physical = me(&WorkerProcess::start_with("1TiB", 1, None, &[]).addr)
+        .await
+        .capacity_bytes;
     let reserve = (physical - (4 << 30) - 64 * MIB).to_string();
-    let w = WorkerProcess::start_with("1TiB", 2, None, &["--hold-after", "500ms", "--reserve", &reserve]);
+    let w = WorkerProcess::start_with(
+        "1TiB",
+        2,
+        None,
+        &["--hold-after", "500ms", "--reserve", &reserve],
+    );
     let advert = me(&w.addr).await;
     let job = advert.largest_job().min(4 << 30);
-    assert!(advert.largest_fit_bytes < job, "this host offers all its memory: {advert:?}");
+    assert!(
+        advert.largest_fit_bytes < job,
+        "this host offers all its memory: {advert:?}"
+    );
     let sleep = sleep_job();
     assert!(upload(&w.addr, &sleep, None).await.is_success());
     let r = post(&w.addr, &sleep.spec(b"10".to_vec(), job), None, true).await;
-    assert_eq!(r.status(), StatusCode::ACCEPTED, "queued: it is no larger than the capacity");
+    assert_eq!(
+        r.status(),
+        StatusCode::ACCEPTED,
+        "queued: it is no larger than the capacity"
+    );
     let id = r.text().await.unwrap();
     tokio::time::sleep(Duration::from_millis(1000)).await;
     // Past the hold bound: small jobs still run.
     let start = Instant::now();
     for _ in 0..3 {
-        let r = tokio::time::timeout(Duration::from_secs(10), post(&w.addr, &sleep.spec(b"10".to_vec(), 32 * MIB), None, false))
-            .await
-            .expect("a small job waited behind memory held for a job that can never fit");
+        let r = tokio::time::timeout(
+            Duration::from_secs(10),
+            post(&w.addr, &sleep.spec(b"10".to_vec(), 32 * MIB), None, false),
+        )
+        .await
+        .expect("a small job waited behind memory held for a job that can never fit");
         assert_eq!(r.status(), StatusCode::OK);
     }
     println!("3 small jobs after the hold bound: {:?}", start.elapsed());
     // The large one was refused, naming what fits.
-    let r = crate::tenants::http().get(format!("http://{}/v1/jobs/{id}", w.addr)).send().await.unwrap();
+    let r = crate::tenants::http()
+        .get(format!("http://{}/v1/jobs/{id}", w.addr))
+        .send()
+        .await
+        .unwrap();
     let result: JobResult = postcard::from_bytes(&r.bytes().await.unwrap()).unwrap();
     match &result.outcome {
-        Outcome::Rejected { reason } => assert!(reason.contains("this worker can take at most"), "{reason}"),
+        Outcome::Rejected { reason } => {
+            assert!(reason.contains("this worker can take at most"), "{reason}")
+        }
         other => panic!("expected a refusal, got {other:?}"),
     }
 }

@@ -30,12 +30,24 @@ pub(crate) fn operator(transport: &peerwasm::net::Transport) -> peerwasm::net::H
 
 /// `addr`'s view, asked with `http`.
 pub(crate) async fn view_via(http: &peerwasm::net::HttpClient, addr: &str) -> Vec<PeerView> {
-    peerwasm::client::fetch_peers(http, &[addr.to_string()]).await.expect("a pool view")
+    peerwasm::client::fetch_peers(http, &[addr.to_string()])
+        .await
+        .expect("a pool view")
 }
 
 /// Polls `addr`'s view until `done`, for at most `limit`.
-pub(crate) async fn wait_for(addr: &str, limit: Duration, done: impl Fn(&[PeerView]) -> bool) -> Vec<PeerView> {
-    wait_for_via(&operator(&peerwasm::net::Transport::plain()), addr, limit, done).await
+pub(crate) async fn wait_for(
+    addr: &str,
+    limit: Duration,
+    done: impl Fn(&[PeerView]) -> bool,
+) -> Vec<PeerView> {
+    wait_for_via(
+        &operator(&peerwasm::net::Transport::plain()),
+        addr,
+        limit,
+        done,
+    )
+    .await
 }
 
 /// [`wait_for`], asking with `http`.
@@ -51,7 +63,10 @@ pub(crate) async fn wait_for_via(
         if done(&v) {
             return v;
         }
-        assert!(start.elapsed() < limit, "condition not reached in {limit:?}; view: {v:#?}");
+        assert!(
+            start.elapsed() < limit,
+            "condition not reached in {limit:?}; view: {v:#?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -72,7 +87,11 @@ pub(crate) async fn three_workers() -> [Worker; 3] {
 }
 
 /// One job on the pool reached through `peers`, as `peerwasm run --peers`.
-async fn remote_run(peers: &[String], bytes: &[u8], spec: &JobSpec) -> Result<JobResult, SubmitError> {
+async fn remote_run(
+    peers: &[String],
+    bytes: &[u8],
+    spec: &JobSpec,
+) -> Result<JobResult, SubmitError> {
     let target = Target::pool(peers.to_vec()).unwrap();
     target.run(&Job::new(bytes.to_vec()), spec.clone()).await
 }
@@ -97,13 +116,16 @@ async fn workers_join_through_a_seed_and_a_killed_one_leaves_placement() {
     let c_addr = c.addr.clone();
     c.kill();
     let v = wait_for(&a.addr, Duration::from_secs(15), |v| {
-        v.iter().any(|p| p.advert.addr == c_addr && p.liveness == Liveness::Dead)
+        v.iter()
+            .any(|p| p.advert.addr == c_addr && p.liveness == Liveness::Dead)
     })
     .await;
     let candidates = peerwasm::client::placement::candidates(&v, GIB).unwrap();
     assert!(!candidates.contains(&c_addr), "{candidates:?}");
     // Only the dead worker could take 3 GiB.
-    let err = peerwasm::client::placement::candidates(&v, 3 * GIB).unwrap_err().to_string();
+    let err = peerwasm::client::placement::candidates(&v, 3 * GIB)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("largest the pool can take is 2 GiB"), "{err}");
 }
 
@@ -119,11 +141,17 @@ async fn best_fit_places_jobs_and_refuses_what_no_one_can_hold() {
 
     let (bytes, spec) = job("hello", "", 1536 * MIB);
     let res = remote_run(&peers, &bytes, &spec).await.unwrap();
-    assert_eq!(res.peer, b.addr, "the 2 GiB worker is the best fit for 1.5 GiB");
+    assert_eq!(
+        res.peer, b.addr,
+        "the 2 GiB worker is the best fit for 1.5 GiB"
+    );
 
     // Adverts are hints: until gossip brings B's release, B looks like it
     // has 512 MiB to spare, a better fit than A's 1 GiB. Wait for it.
-    wait_for(&a.addr, Duration::from_secs(5), |v| v.iter().all(|p| p.advert.reserved_bytes == 0)).await;
+    wait_for(&a.addr, Duration::from_secs(5), |v| {
+        v.iter().all(|p| p.advert.reserved_bytes == 0)
+    })
+    .await;
     let (bytes, spec) = job("hello", "", 256 * MIB);
     let res = remote_run(&peers, &bytes, &spec).await.unwrap();
     assert_eq!(res.peer, a.addr, "the smallest that fits");
@@ -132,17 +160,34 @@ async fn best_fit_places_jobs_and_refuses_what_no_one_can_hold() {
     let wasm = peerwasm_testkit::guest_wasm("hello");
     let started = Instant::now();
     let out = Command::new(crate::support::PEERWASM)
-        .args(["run", "--mem", "8GiB", "--peers", &a.addr, wasm.to_str().unwrap()])
+        .args([
+            "run",
+            "--mem",
+            "8GiB",
+            "--peers",
+            &a.addr,
+            wasm.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("no peer can hold a job of 8 GiB: the largest the pool can take is 4 GiB"), "{err}");
+    assert!(
+        err.contains("no peer can hold a job of 8 GiB: the largest the pool can take is 4 GiB"),
+        "{err}"
+    );
     assert!(started.elapsed() < Duration::from_secs(5));
 
     // And a remote run behaves like an embedded one: output and exit code.
     let out = Command::new(crate::support::PEERWASM)
-        .args(["run", "--mem", "16MiB", "--peers", &a.addr, peerwasm_testkit::guest_wasm("memhog").to_str().unwrap()])
+        .args([
+            "run",
+            "--mem",
+            "16MiB",
+            "--peers",
+            &a.addr,
+            peerwasm_testkit::guest_wasm("memhog").to_str().unwrap(),
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -165,13 +210,31 @@ fn a_job_over_the_most_a_job_may_have_is_refused_before_it_is_placed() {
     let w = Worker::start("8GiB", 1, None);
     let wasm = peerwasm_testkit::guest_wasm("hello");
     let out = Command::new(crate::support::PEERWASM)
-        .args(["run", "--mem", "6GiB", "--peers", &w.addr, wasm.to_str().unwrap()])
+        .args([
+            "run",
+            "--mem",
+            "6GiB",
+            "--peers",
+            &w.addr,
+            wasm.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("no peer can hold a job of 6 GiB: the largest the pool can take is 4 GiB"), "{err}");
-    let out = Command::new(crate::support::PEERWASM).args(["peers", "--json", "--peers", &w.addr]).output().unwrap();
+    assert!(
+        err.contains("no peer can hold a job of 6 GiB: the largest the pool can take is 4 GiB"),
+        "{err}"
+    );
+    let out = Command::new(crate::support::PEERWASM)
+        .args(["peers", "--json", "--peers", &w.addr])
+        .output()
+        .unwrap();
     let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(view[0]["advert"]["max_job_bytes"], 4u64 << 30, "{view}");
     assert_eq!(view[0]["advert"]["capacity_bytes"], 8u64 << 30);
@@ -198,7 +261,10 @@ async fn a_module_is_uploaded_once_per_worker() {
         assert_eq!(me.modules_received, (me.jobs_run > 0) as u64, "{me:?}");
     }
     assert_eq!(total, 9);
-    assert!(used >= 2, "the 3 GiB jobs fit only one worker, the 256 MiB ones best fit another");
+    assert!(
+        used >= 2,
+        "the 3 GiB jobs fit only one worker, the 256 MiB ones best fit another"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -223,7 +289,12 @@ async fn reservations_never_exceed_capacity_under_concurrent_submitters() {
         })
     });
     for outcomes in futures::future::join_all(submitters).await {
-        assert!(outcomes.unwrap().iter().all(|o| *o == Outcome::Exited { code: 0 }));
+        assert!(
+            outcomes
+                .unwrap()
+                .iter()
+                .all(|o| *o == Outcome::Exited { code: 0 })
+        );
     }
     let mut high_waters = Vec::new();
     for w in [&a, &b] {
@@ -234,7 +305,10 @@ async fn reservations_never_exceed_capacity_under_concurrent_submitters() {
         high_waters.push(me.reserved_high_water_bytes);
     }
     // The test must have pushed the ledger: two jobs at once on some worker.
-    assert!(high_waters.iter().any(|&h| h > 512 * MIB), "{high_waters:?}");
+    assert!(
+        high_waters.iter().any(|&h| h > 512 * MIB),
+        "{high_waters:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -251,8 +325,14 @@ async fn sigterm_finishes_running_jobs_and_leaves_the_pool() {
     let a_addr = a.addr.clone();
     a.terminate();
     // B learns that A is leaving: A is gone from its view.
-    wait_for(&b.addr, Duration::from_secs(5), |v| v.iter().all(|p| p.advert.addr != a_addr)).await;
-    let res = running.await.unwrap().expect("the running job's result still arrives");
+    wait_for(&b.addr, Duration::from_secs(5), |v| {
+        v.iter().all(|p| p.advert.addr != a_addr)
+    })
+    .await;
+    let res = running
+        .await
+        .unwrap()
+        .expect("the running job's result still arrives");
     assert_eq!(res.outcome, Outcome::Exited { code: 0 });
     assert_eq!(res.peer, a_addr);
     let status = a.child.wait().unwrap();
@@ -266,20 +346,40 @@ async fn bad_bytes_get_a_4xx_and_the_worker_goes_on() {
     let url = |path: &str| format!("http://{}{path}", a.addr);
     let garbage = vec![0xffu8; 100];
 
-    let r = http.post(url("/v1/jobs")).body(garbage.clone()).send().await.unwrap();
+    let r = http
+        .post(url("/v1/jobs"))
+        .body(garbage.clone())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
     assert!(r.text().await.unwrap().contains("bad job request"));
 
     // Gossip is sealed with the pool's key (this user's, on loopback):
     // garbage is refused before it is read further.
-    let r = http.post(url("/v1/gossip")).body(garbage.clone()).send().await.unwrap();
+    let r = http
+        .post(url("/v1/gossip"))
+        .body(garbage.clone())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 401);
 
-    let r = http.put(url("/v1/modules/not-a-hash")).body(garbage.clone()).send().await.unwrap();
+    let r = http
+        .put(url("/v1/modules/not-a-hash"))
+        .body(garbage.clone())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
 
     let wrong = ModuleHash::of(b"something else").to_hex();
-    let r = http.put(url(&format!("/v1/modules/{wrong}"))).body(garbage.clone()).send().await.unwrap();
+    let r = http
+        .put(url(&format!("/v1/modules/{wrong}")))
+        .body(garbage.clone())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
     assert!(r.text().await.unwrap().contains("do not match"));
 
@@ -292,15 +392,32 @@ async fn bad_bytes_get_a_4xx_and_the_worker_goes_on() {
     // A job that can never fit is refused at once, naming the largest.
     let (bytes, mut spec) = job("hello", "", 64 * MIB);
     let hash = spec.module.to_hex();
-    http.put(url(&format!("/v1/modules/{hash}"))).body(bytes).send().await.unwrap();
+    http.put(url(&format!("/v1/modules/{hash}")))
+        .body(bytes)
+        .send()
+        .await
+        .unwrap();
     spec.limits.memory_bytes = 2 * GIB;
-    let r = http.post(url("/v1/jobs")).body(postcard::to_allocvec(&spec).unwrap()).send().await.unwrap();
+    let r = http
+        .post(url("/v1/jobs"))
+        .body(postcard::to_allocvec(&spec).unwrap())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 422);
-    assert_eq!(r.headers()[peerwasm::proto::LARGEST_JOB_HEADER], GIB.to_string().as_str());
+    assert_eq!(
+        r.headers()[peerwasm::proto::LARGEST_JOB_HEADER],
+        GIB.to_string().as_str()
+    );
 
     // Still serving.
     spec.limits.memory_bytes = 64 * MIB;
-    let r = http.post(url("/v1/jobs")).body(postcard::to_allocvec(&spec).unwrap()).send().await.unwrap();
+    let r = http
+        .post(url("/v1/jobs"))
+        .body(postcard::to_allocvec(&spec).unwrap())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     let res: peerwasm::proto::JobResult = postcard::from_bytes(&r.bytes().await.unwrap()).unwrap();
     assert_eq!(res.outcome, Outcome::Exited { code: 0 });

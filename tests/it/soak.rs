@@ -18,7 +18,11 @@ use crate::pool::{alive, wait_for};
 use crate::support::{MIB, WorkerProcess};
 
 fn scale() -> usize {
-    std::env::var("PEERWASM_SOAK").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1)
+    std::env::var("PEERWASM_SOAK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        .max(1)
 }
 
 /// A line of /proc/PID/status, in bytes.
@@ -51,8 +55,14 @@ async fn eight_submitters_never_overcommit_a_worker_and_rss_does_not_grow_with_j
             let mut rng = rand::rngs::SmallRng::seed_from_u64(s);
             let mut outcomes = Vec::new();
             for _ in 0..per_submitter {
-                let (mib, memreq) = (rng.random_range(1..=48u64), rng.random_range(8..=96u64) * MIB);
-                let r = target.run(&job, job.spec(mib.to_string().into_bytes(), memreq)).await.unwrap();
+                let (mib, memreq) = (
+                    rng.random_range(1..=48u64),
+                    rng.random_range(8..=96u64) * MIB,
+                );
+                let r = target
+                    .run(&job, job.spec(mib.to_string().into_bytes(), memreq))
+                    .await
+                    .unwrap();
                 outcomes.push((mib, memreq, r));
             }
             outcomes
@@ -64,15 +74,24 @@ async fn eight_submitters_never_overcommit_a_worker_and_rss_does_not_grow_with_j
             match &r.outcome {
                 Outcome::Exited { code: 0 } => {
                     ok += 1;
-                    assert!(r.peak_memory_bytes <= memreq, "a job peaked above its limit: {r:?}");
+                    assert!(
+                        r.peak_memory_bytes <= memreq,
+                        "a job peaked above its limit: {r:?}"
+                    );
                     assert!(mib * MIB <= memreq, "{mib} MiB cannot fit in {memreq}");
                 }
-                Outcome::MemoryLimitExceeded { limit, requested, .. } => {
+                Outcome::MemoryLimitExceeded {
+                    limit, requested, ..
+                } => {
                     over += 1;
                     assert_eq!(*limit, memreq);
                     assert!(requested > limit);
                     // A job well within its request must not fail.
-                    assert!((mib + 8) * MIB > memreq, "memhog {mib} MiB failed in {memreq}: {}", r.outcome);
+                    assert!(
+                        (mib + 8) * MIB > memreq,
+                        "memhog {mib} MiB failed in {memreq}: {}",
+                        r.outcome
+                    );
                 }
                 other => panic!("memhog {mib} MiB in {memreq}: {other}"),
             }
@@ -80,7 +99,10 @@ async fn eight_submitters_never_overcommit_a_worker_and_rss_does_not_grow_with_j
     }
     let total = 8 * per_submitter;
     assert_eq!(ok + over, total);
-    assert!(ok > 0 && over > 0, "the mix should have both outcomes: {ok} ok, {over} over");
+    assert!(
+        ok > 0 && over > 0,
+        "the mix should have both outcomes: {ok} ok, {over} over"
+    );
 
     // Every job accounted for, nothing ever overcommitted, host memory
     // bounded by the ledger (the peak RSS of each worker process).
@@ -90,12 +112,23 @@ async fn eight_submitters_never_overcommit_a_worker_and_rss_does_not_grow_with_j
     })
     .await;
     for p in &views {
-        assert!(p.advert.reserved_high_water_bytes <= p.advert.capacity_bytes, "{p:?}");
-        assert_eq!(p.advert.reserved_bytes, 0, "reservations left behind: {p:?}");
+        assert!(
+            p.advert.reserved_high_water_bytes <= p.advert.capacity_bytes,
+            "{p:?}"
+        );
+        assert_eq!(
+            p.advert.reserved_bytes, 0,
+            "reservations left behind: {p:?}"
+        );
     }
     for w in [&a, &b] {
         let peak_rss = proc_status_bytes(w.child.id(), "VmHWM:");
-        assert!(peak_rss <= capacity + 96 * MIB, "worker {} peaked at {} MiB resident", w.addr, peak_rss / MIB);
+        assert!(
+            peak_rss <= capacity + 96 * MIB,
+            "worker {} peaked at {} MiB resident",
+            w.addr,
+            peak_rss / MIB
+        );
     }
 
     // Phase 2: RSS across trivial jobs: 10,000 to warm up, then 10,000
@@ -103,27 +136,44 @@ async fn eight_submitters_never_overcommit_a_worker_and_rss_does_not_grow_with_j
     // would add 10 MiB).
     let hello = Job::new(peerwasm_testkit::guest_wasm_bytes("hello"));
     let target = Target::pool(vec![a.addr.clone()]).unwrap();
-    let config = MapConfig { mem: Some(16 * MIB), ..MapConfig::default() };
+    let config = MapConfig {
+        mem: Some(16 * MIB),
+        ..MapConfig::default()
+    };
     let addrs = [a.addr.clone(), b.addr.clone()];
     let run_many = |n: usize| {
         let (target, hello, config, addrs) = (&target, &hello, &config, &addrs);
         async move {
             let mut items: Vec<MapItem> = Vec::new();
-            let s = map(target, hello, (0..n).map(|_| Vec::new()), config, &mut items).await.unwrap();
+            let s = map(
+                target,
+                hello,
+                (0..n).map(|_| Vec::new()),
+                config,
+                &mut items,
+            )
+            .await
+            .unwrap();
             assert_eq!((s.jobs, s.failed), (n as u64, 0));
             assert!(items.iter().all(|i| addrs.contains(&i.result.peer)));
         }
     };
     let jobs = 10_000 * scale();
     run_many(jobs).await;
-    let before = proc_status_bytes(a.child.id(), "VmRSS:") + proc_status_bytes(b.child.id(), "VmRSS:");
+    let before =
+        proc_status_bytes(a.child.id(), "VmRSS:") + proc_status_bytes(b.child.id(), "VmRSS:");
     run_many(jobs).await;
-    let after = proc_status_bytes(a.child.id(), "VmRSS:") + proc_status_bytes(b.child.id(), "VmRSS:");
+    let after =
+        proc_status_bytes(a.child.id(), "VmRSS:") + proc_status_bytes(b.child.id(), "VmRSS:");
     let growth = after.saturating_sub(before);
     println!(
         "RSS of both workers: {:.1} MiB before, {:.1} MiB after {jobs} more trivial jobs",
         before as f64 / MIB as f64,
         after as f64 / MIB as f64
     );
-    assert!(growth < 4 * MIB, "RSS grew {:.1} MiB over {jobs} jobs", growth as f64 / MIB as f64);
+    assert!(
+        growth < 4 * MIB,
+        "RSS grew {:.1} MiB over {jobs} jobs",
+        growth as f64 / MIB as f64
+    );
 }

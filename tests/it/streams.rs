@@ -19,7 +19,11 @@ pub(crate) fn run(peers: Option<&str>, guest: &str, args: &[&str]) -> Child {
         cmd.args(["--peers", p]);
     }
     cmd.arg(peerwasm_testkit::guest_wasm(guest)).args(args);
-    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 /// Lines of a child's stdout as they come, with when each came.
@@ -73,8 +77,15 @@ fn a_job_that_never_reads_stdin_does_not_wait_for_it() {
         std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out).unwrap();
         assert!(status.success());
         assert_eq!(out, "x\n");
-        println!("stdin held open, {}: run ended in {took:?}", peers.unwrap_or("embedded"));
-        assert!(took < Duration::from_millis(800), "{}: {took:?}", peers.unwrap_or("embedded"));
+        println!(
+            "stdin held open, {}: run ended in {took:?}",
+            peers.unwrap_or("embedded")
+        );
+        assert!(
+            took < Duration::from_millis(800),
+            "{}: {took:?}",
+            peers.unwrap_or("embedded")
+        );
     }
 }
 
@@ -93,9 +104,15 @@ fn an_interactive_job_round_trips_lines_embedded_and_remote() {
             stdin.flush().unwrap();
             let (at, answer) = answers
                 .recv_timeout(Duration::from_secs(30))
-                .unwrap_or_else(|_| panic!("{}: no answer to line {i}", peers.unwrap_or("embedded")));
+                .unwrap_or_else(|_| {
+                    panic!("{}: no answer to line {i}", peers.unwrap_or("embedded"))
+                });
             assert_eq!(answer, format!("echo: line {i}"));
-            println!("{}: line {i} answered in {:?}", peers.unwrap_or("embedded"), at - sent);
+            println!(
+                "{}: line {i} answered in {:?}",
+                peers.unwrap_or("embedded"),
+                at - sent
+            );
         }
         drop(stdin); // the end of input
         let (_, last) = answers.recv_timeout(Duration::from_secs(10)).unwrap();
@@ -117,7 +134,10 @@ fn remote_output_shows_as_it_is_written() {
     assert_eq!((first.as_str(), second.as_str()), ("tick 1", "tick 2"));
     let gap = second_at - first_at;
     println!("remote ticks 2 s apart arrived {gap:?} apart");
-    assert!(gap > Duration::from_millis(1500), "the first line came only {gap:?} before the second");
+    assert!(
+        gap > Duration::from_millis(1500),
+        "the first line came only {gap:?} before the second"
+    );
     assert!(wait_exit(&mut child, Duration::from_secs(10)).success());
 }
 
@@ -127,7 +147,10 @@ fn remote_output_shows_as_it_is_written() {
 async fn a_streamed_job_whose_client_goes_is_cancelled() {
     let w = worker();
     // Waiting on stdin, and idle after its input has ended.
-    for (guest, args, keep_stdin) in [("interactive", &[][..], true), ("ticks", &["2", "60000"][..], false)] {
+    for (guest, args, keep_stdin) in [
+        ("interactive", &[][..], true),
+        ("ticks", &["2", "60000"][..], false),
+    ] {
         let mut child = run(Some(&w.addr), guest, args);
         let stdin = child.stdin.take().unwrap();
         if !keep_stdin {
@@ -137,20 +160,35 @@ async fn a_streamed_job_whose_client_goes_is_cancelled() {
         }
         let start = Instant::now();
         while crate::tenants::me(&w.addr).await.slots_busy == 0 {
-            assert!(start.elapsed() < Duration::from_secs(60), "the job never started");
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "the job never started"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         child.kill().unwrap();
         let _ = child.wait();
         let killed = Instant::now();
         while crate::tenants::me(&w.addr).await.slots_busy > 0 {
-            assert!(killed.elapsed() < Duration::from_secs(5), "{guest}: the job outlived its client");
+            assert!(
+                killed.elapsed() < Duration::from_secs(5),
+                "{guest}: the job outlived its client"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        println!("streamed {guest} job cancelled {:?} after its client was killed", killed.elapsed());
+        println!(
+            "streamed {guest} job cancelled {:?} after its client was killed",
+            killed.elapsed()
+        );
     }
     let m = crate::observe::scrape(&w.addr).await;
-    assert_eq!(crate::observe::get(&m, "peerwasm_jobs_total{outcome=\"cancelled\",tenant=\"default\"}"), 2.0);
+    assert_eq!(
+        crate::observe::get(
+            &m,
+            "peerwasm_jobs_total{outcome=\"cancelled\",tenant=\"default\"}"
+        ),
+        2.0
+    );
 }
 
 /// The library call: stdin given up front and streamed, output heard as it
@@ -171,9 +209,13 @@ async fn the_pool_streams_stdin_and_output_for_library_callers() {
         }
     });
     let mut heard = Vec::new();
-    let mut on_output = |_: peerwasm::proto::StdStream, bytes: &[u8]| heard.extend_from_slice(bytes);
+    let mut on_output =
+        |_: peerwasm::proto::StdStream, bytes: &[u8]| heard.extend_from_slice(bytes);
     let spec = job.spec(b"a1\n".to_vec(), 16 * MIB);
-    let r = pool.run_streaming(&job, spec, Some(feed), &mut on_output).await.unwrap();
+    let r = pool
+        .run_streaming(&job, spec, Some(feed), &mut on_output)
+        .await
+        .unwrap();
     feeder.await.unwrap();
     assert!(r.outcome.is_success(), "{}", r.outcome);
     let expected = "echo: a1\necho: b2\necho: b3\n3 lines\n";
@@ -208,20 +250,40 @@ fn a_detached_jobs_output_can_be_followed_and_read_again() {
         .spawn()
         .unwrap();
     let ticks_seen = lines(follow.stdout.take().unwrap());
-    let seen: Vec<(Instant, String)> = (0..3).map(|_| ticks_seen.recv_timeout(Duration::from_secs(30)).unwrap()).collect();
+    let seen: Vec<(Instant, String)> = (0..3)
+        .map(|_| ticks_seen.recv_timeout(Duration::from_secs(30)).unwrap())
+        .collect();
     let texts: Vec<&str> = seen.iter().map(|(_, l)| l.as_str()).collect();
     assert_eq!(texts, ["tick 1", "tick 2", "tick 3"]);
     let gap = seen[2].0 - seen[1].0;
     println!("logs -f: ticks written 700 ms apart arrived {gap:?} apart");
-    assert!(gap > Duration::from_millis(400), "the output came all at once ({gap:?} apart)");
+    assert!(
+        gap > Duration::from_millis(400),
+        "the output came all at once ({gap:?} apart)"
+    );
     assert!(wait_exit(&mut follow, Duration::from_secs(10)).success());
     // Read again after it ended: the same bytes, kept until discarded.
-    let again = Command::new(bin).args(["logs", "--peers", &w.addr, &id]).output().unwrap();
+    let again = Command::new(bin)
+        .args(["logs", "--peers", &w.addr, &id])
+        .output()
+        .unwrap();
     assert!(again.status.success());
-    assert_eq!(String::from_utf8_lossy(&again.stdout), "tick 1\ntick 2\ntick 3\n");
-    let discard = Command::new(bin).args(["cancel", "--peers", &w.addr, &id]).output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&again.stdout),
+        "tick 1\ntick 2\ntick 3\n"
+    );
+    let discard = Command::new(bin)
+        .args(["cancel", "--peers", &w.addr, &id])
+        .output()
+        .unwrap();
     assert!(discard.status.success(), "{discard:?}");
-    let gone = Command::new(bin).args(["logs", "--peers", &w.addr, &id]).output().unwrap();
+    let gone = Command::new(bin)
+        .args(["logs", "--peers", &w.addr, &id])
+        .output()
+        .unwrap();
     assert_eq!(gone.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&gone.stderr).contains("no such detached job"), "{gone:?}");
+    assert!(
+        String::from_utf8_lossy(&gone.stderr).contains("no such detached job"),
+        "{gone:?}"
+    );
 }

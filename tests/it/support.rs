@@ -14,7 +14,10 @@ pub const PEERWASM: &str = env!("CARGO_BIN_EXE_peerwasm-under-test");
 /// rustls's `ring` one explicitly), so it is installed first.
 pub fn http() -> reqwest::Client {
     peerwasm::net::tls::install_provider();
-    reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
 }
 
 /// Spawns `cmd` (a `peerwasm worker` with its stdout piped) and reads the
@@ -22,8 +25,14 @@ pub fn http() -> reqwest::Client {
 pub fn spawn_worker(cmd: &mut Command) -> (Child, String) {
     let mut child = cmd.spawn().expect("starting a worker");
     let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout piped")).read_line(&mut line).unwrap();
-    let addr = line.trim().strip_prefix("peerwasm worker listening on ").expect("the address line").to_string();
+    BufReader::new(child.stdout.take().expect("stdout piped"))
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("peerwasm worker listening on ")
+        .expect("the address line")
+        .to_string();
     (child, addr)
 }
 
@@ -42,7 +51,12 @@ impl WorkerProcess {
     }
 
     /// [`start`](Self::start) with more worker flags.
-    pub fn start_with(memory: &str, slots: u32, join: Option<&str>, extra: &[&str]) -> WorkerProcess {
+    pub fn start_with(
+        memory: &str,
+        slots: u32,
+        join: Option<&str>,
+        extra: &[&str],
+    ) -> WorkerProcess {
         let cache = tempfile::tempdir().unwrap();
         let mut cmd = Command::new(PEERWASM);
         cmd.args(["worker", "--listen", "127.0.0.1:0", "--memory", memory]);
@@ -53,13 +67,13 @@ impl WorkerProcess {
         // host ledger on purpose: tests running at once must not see each
         // other's reservations.
         if !extra.contains(&"--host-ledger") {
-            cmd.arg("--host-ledger").arg(cache.path().join("host-ledger"));
+            cmd.arg("--host-ledger")
+                .arg(cache.path().join("host-ledger"));
         }
         if !extra.contains(&"--cache-dir") {
             cmd.arg("--cache-dir").arg(cache.path());
         }
-        cmd
-            .args(["--slots", &slots.to_string(), "--gossip-interval", "100ms"])
+        cmd.args(["--slots", &slots.to_string(), "--gossip-interval", "100ms"])
             .stdout(Stdio::piped())
             .args(extra)
             .stderr(Stdio::null());
@@ -67,7 +81,11 @@ impl WorkerProcess {
             cmd.args(["--join", seed]);
         }
         let (child, addr) = spawn_worker(&mut cmd);
-        WorkerProcess { child, addr, _cache: cache }
+        WorkerProcess {
+            child,
+            addr,
+            _cache: cache,
+        }
     }
 
     /// SIGTERM: drain and leave.
@@ -95,7 +113,6 @@ impl Drop for WorkerProcess {
     }
 }
 
-
 /// Whether the tests run as root: what makes network namespaces, memory
 /// cgroups and small filesystems possible (CI runs as root; tests that need
 /// them say they were skipped otherwise).
@@ -108,7 +125,12 @@ pub fn is_root() -> bool {
 /// the test if it is still running after `limit` (a hang fails the test
 /// rather than timing out the whole suite).
 pub fn output_within(cmd: &mut Command, stdin: &[u8], limit: Duration) -> Output {
-    let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("starting the command");
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting the command");
     let pid = child.id() as i32;
     let mut input = child.stdin.take().expect("stdin piped");
     let stdin = stdin.to_vec();

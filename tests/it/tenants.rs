@@ -39,7 +39,12 @@ pub(crate) fn tenants_file(alice_weight: u32, bob_weight: u32) -> tempfile::Name
     f
 }
 
-pub(crate) fn worker(slots: u32, tenants: &tempfile::NamedTempFile, join: Option<&str>, extra: &[&str]) -> WorkerProcess {
+pub(crate) fn worker(
+    slots: u32,
+    tenants: &tempfile::NamedTempFile,
+    join: Option<&str>,
+    extra: &[&str],
+) -> WorkerProcess {
     let mut args = vec!["--tenants", tenants.path().to_str().unwrap()];
     args.extend_from_slice(extra);
     WorkerProcess::start_with("2GiB", slots, join, &args)
@@ -54,16 +59,26 @@ pub(crate) fn http() -> reqwest::Client {
 }
 
 pub(crate) async fn upload(addr: &str, job: &Job, token: Option<&str>) -> StatusCode {
-    let mut req = http().put(format!("http://{addr}/v1/modules/{}", job.hash().to_hex())).body(job.bytes().to_vec());
+    let mut req = http()
+        .put(format!("http://{addr}/v1/modules/{}", job.hash().to_hex()))
+        .body(job.bytes().to_vec());
     if let Some(t) = token {
         req = req.bearer_auth(t);
     }
     req.send().await.unwrap().status()
 }
 
-pub(crate) async fn post(addr: &str, spec: &JobSpec, token: Option<&str>, detach: bool) -> reqwest::Response {
+pub(crate) async fn post(
+    addr: &str,
+    spec: &JobSpec,
+    token: Option<&str>,
+    detach: bool,
+) -> reqwest::Response {
     let mut req = http()
-        .post(format!("http://{addr}/v1/jobs{}", if detach { "?detach=true" } else { "" }))
+        .post(format!(
+            "http://{addr}/v1/jobs{}",
+            if detach { "?detach=true" } else { "" }
+        ))
         .body(postcard::to_allocvec(spec).unwrap());
     if let Some(t) = token {
         req = req.bearer_auth(t);
@@ -73,9 +88,16 @@ pub(crate) async fn post(addr: &str, spec: &JobSpec, token: Option<&str>, detach
 
 /// This worker's advert, as the operator sees it (every tenant's usage).
 pub(crate) async fn me(addr: &str) -> peerwasm::proto::Advert {
-    let operator = peerwasm::client::pool::http_client(Some(CAROL), &peerwasm::net::Transport::plain()).unwrap();
-    let v: Vec<PeerView> = peerwasm::client::fetch_peers(&operator, &[addr.to_string()]).await.unwrap();
-    v.into_iter().find(|p| p.advert.addr == addr).unwrap().advert
+    let operator =
+        peerwasm::client::pool::http_client(Some(CAROL), &peerwasm::net::Transport::plain())
+            .unwrap();
+    let v: Vec<PeerView> = peerwasm::client::fetch_peers(&operator, &[addr.to_string()])
+        .await
+        .unwrap();
+    v.into_iter()
+        .find(|p| p.advert.addr == addr)
+        .unwrap()
+        .advert
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -87,11 +109,17 @@ async fn tokens_are_required_and_job_ids_are_private() {
 
     // No token, a wrong token: 401, and nothing is stored or run.
     assert_eq!(upload(&w.addr, &job, None).await, StatusCode::UNAUTHORIZED);
-    assert_eq!(upload(&w.addr, &job, Some("guess")).await, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        upload(&w.addr, &job, Some("guess")).await,
+        StatusCode::UNAUTHORIZED
+    );
     let r = post(&w.addr, &spec, None, false).await;
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     assert!(r.text().await.unwrap().contains("needs a tenant token"));
-    assert_eq!(post(&w.addr, &spec, Some("guess"), false).await.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        post(&w.addr, &spec, Some("guess"), false).await.status(),
+        StatusCode::UNAUTHORIZED
+    );
     assert_eq!(me(&w.addr).await.jobs_run, 0);
     assert!(me(&w.addr).await.multi_tenant);
 
@@ -103,17 +131,37 @@ async fn tokens_are_required_and_job_ids_are_private() {
     assert_eq!(id.len(), 32, "128 random bits in hex: {id}");
     let get = |token: &'static str, id: String| {
         let addr = w.addr.clone();
-        async move { http().get(format!("http://{addr}/v1/jobs/{id}")).bearer_auth(token).send().await.unwrap() }
+        async move {
+            http()
+                .get(format!("http://{addr}/v1/jobs/{id}"))
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap()
+        }
     };
     let list = |token: &'static str| {
         let addr = w.addr.clone();
         async move {
-            let r = http().get(format!("http://{addr}/v1/jobs")).bearer_auth(token).send().await.unwrap();
-            serde_json::from_slice::<Vec<peerwasm::proto::JobStatus>>(&r.bytes().await.unwrap()).unwrap()
+            let r = http()
+                .get(format!("http://{addr}/v1/jobs"))
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap();
+            serde_json::from_slice::<Vec<peerwasm::proto::JobStatus>>(&r.bytes().await.unwrap())
+                .unwrap()
         }
     };
-    assert_eq!(get(BOB, id.clone()).await.status(), StatusCode::NOT_FOUND, "not 403: existence is not leaked");
-    assert_eq!(get(BOB, "0".repeat(32)).await.status(), StatusCode::NOT_FOUND);
+    assert_eq!(
+        get(BOB, id.clone()).await.status(),
+        StatusCode::NOT_FOUND,
+        "not 403: existence is not leaked"
+    );
+    assert_eq!(
+        get(BOB, "0".repeat(32)).await.status(),
+        StatusCode::NOT_FOUND
+    );
     assert!(list(BOB).await.is_empty());
     assert_eq!(list(ALICE).await.len(), 1);
     let result: JobResult = loop {
@@ -129,14 +177,32 @@ async fn tokens_are_required_and_job_ids_are_private() {
     // can be asked for again.
     let again = get(ALICE, id.clone()).await;
     assert_eq!(again.status(), StatusCode::OK, "read twice");
-    assert_eq!(postcard::from_bytes::<JobResult>(&again.bytes().await.unwrap()).unwrap(), result);
+    assert_eq!(
+        postcard::from_bytes::<JobResult>(&again.bytes().await.unwrap()).unwrap(),
+        result
+    );
     let discard = |token: &'static str, id: String| {
         let addr = w.addr.clone();
-        async move { http().delete(format!("http://{addr}/v1/jobs/{id}")).bearer_auth(token).send().await.unwrap() }
+        async move {
+            http()
+                .delete(format!("http://{addr}/v1/jobs/{id}"))
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap()
+        }
     };
-    assert_eq!(discard(BOB, id.clone()).await.status(), StatusCode::NOT_FOUND, "only its owner discards it");
+    assert_eq!(
+        discard(BOB, id.clone()).await.status(),
+        StatusCode::NOT_FOUND,
+        "only its owner discards it"
+    );
     assert_eq!(discard(ALICE, id.clone()).await.status(), StatusCode::OK);
-    assert_eq!(get(ALICE, id).await.status(), StatusCode::NOT_FOUND, "discarded");
+    assert_eq!(
+        get(ALICE, id).await.status(),
+        StatusCode::NOT_FOUND,
+        "discarded"
+    );
 
     // A synchronous job names its id too; the account shows it per tenant.
     // (Bob shows the module's bytes first: a hash alone runs nothing.)
@@ -145,10 +211,20 @@ async fn tokens_are_required_and_job_ids_are_private() {
     assert_eq!(r.status(), StatusCode::OK);
     assert!(r.headers().contains_key(peerwasm::proto::JOB_ID_HEADER));
     let advert = wait_for(&w.addr, Duration::from_secs(5), |v| {
-        v[0].advert.tenants.iter().map(|t| t.account.jobs).sum::<u64>() == 2
+        v[0].advert
+            .tenants
+            .iter()
+            .map(|t| t.account.jobs)
+            .sum::<u64>()
+            == 2
     })
     .await;
-    let names: Vec<&str> = advert[0].advert.tenants.iter().map(|t| t.tenant.as_str()).collect();
+    let names: Vec<&str> = advert[0]
+        .advert
+        .tenants
+        .iter()
+        .map(|t| t.tenant.as_str())
+        .collect();
     // (Both tenants that ran jobs here; carol ran none.)
     assert_eq!(names, ["alice", "bob"]);
 
@@ -156,7 +232,17 @@ async fn tokens_are_required_and_job_ids_are_private() {
     let wasm = peerwasm_testkit::guest_wasm("hello");
     let run = |token: &str| {
         std::process::Command::new(crate::support::PEERWASM)
-            .args(["run", "--mem", "16MiB", "--peers", &w.addr, "--token", token, wasm.to_str().unwrap(), "hi"])
+            .args([
+                "run",
+                "--mem",
+                "16MiB",
+                "--peers",
+                &w.addr,
+                "--token",
+                token,
+                wasm.to_str().unwrap(),
+                "hi",
+            ])
             .output()
             .unwrap()
     };
@@ -164,7 +250,12 @@ async fn tokens_are_required_and_job_ids_are_private() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("the tenant token is not known here"));
     let out = run(ALICE);
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "hi\n");
 
     // And `peerwasm status` sums the accounts per tenant.
@@ -192,9 +283,14 @@ impl MapObserver for Finish {
 async fn sleep_map(addr: &str, token: &str, count: usize, ms: u64) -> Instant {
     let target = Target::pool_as(vec![addr.to_string()], Some(token.to_string())).unwrap();
     let inputs = vec![format!("{ms}\n").into_bytes(); count];
-    let config = MapConfig { mem: Some(32 * MIB), ..MapConfig::default() };
+    let config = MapConfig {
+        mem: Some(32 * MIB),
+        ..MapConfig::default()
+    };
     let mut finish = Finish(Arc::new(Mutex::new(Vec::new())));
-    map(&target, &sleep_job(), inputs, &config, &mut finish).await.unwrap();
+    map(&target, &sleep_job(), inputs, &config, &mut finish)
+        .await
+        .unwrap();
     Instant::now()
 }
 
@@ -214,19 +310,33 @@ pub async fn seed_experiment_in_order(
     first: Option<&str>,
 ) -> (f64, Duration, f64) {
     let tenants = tenants_file(1, 1);
-    let w = worker(1, &tenants, None, &["--fair-share", if fair_share { "on" } else { "off" }]);
+    let w = worker(
+        1,
+        &tenants,
+        None,
+        &["--fair-share", if fair_share { "on" } else { "off" }],
+    );
     // Compile the module before the clock starts (compiling holds the slot,
     // so it is charged: to a third tenant).
     let warm = Target::pool_as(vec![w.addr.clone()], Some(CAROL.into())).unwrap();
-    warm.run(&sleep_job(), sleep_job().spec(b"1".to_vec(), 32 * MIB)).await.unwrap();
+    warm.run(&sleep_job(), sleep_job().spec(b"1".to_vec(), 32 * MIB))
+        .await
+        .unwrap();
     if let Some(token) = prior {
         let tiny = Target::pool_as(vec![w.addr.clone()], Some(token.into())).unwrap();
-        let r = tiny.run(&sleep_job(), sleep_job().spec(b"1".to_vec(), 32 * MIB)).await.unwrap();
+        let r = tiny
+            .run(&sleep_job(), sleep_job().spec(b"1".to_vec(), 32 * MIB))
+            .await
+            .unwrap();
         assert!(r.outcome.is_success());
     }
     let start = Instant::now();
     let lead = |token: &str| {
-        let delay = if first == Some(token) || first.is_none() { 0 } else { unit_ms / 2 };
+        let delay = if first == Some(token) || first.is_none() {
+            0
+        } else {
+            unit_ms / 2
+        };
         Duration::from_millis(delay)
     };
     let (addr_a, addr_b) = (w.addr.clone(), w.addr.clone());
@@ -249,10 +359,15 @@ pub async fn seed_experiment_in_order(
 async fn the_seed_experiment_short_jobs_finish_five_times_sooner() {
     let unit = 40;
     let (ratio, elapsed, work) = seed_experiment(unit, true).await;
-    println!("seed experiment, unit {unit} ms: A finished {ratio:.2}x sooner than B; elapsed {elapsed:?} for {work:.2} s of work");
+    println!(
+        "seed experiment, unit {unit} ms: A finished {ratio:.2}x sooner than B; elapsed {elapsed:?} for {work:.2} s of work"
+    );
     assert!(ratio >= 5.0, "A finished only {ratio:.2}x sooner");
     // The slot never idled while work waited.
-    assert!(elapsed.as_secs_f64() <= work + 0.5, "elapsed {elapsed:?} for {work} s of work");
+    assert!(
+        elapsed.as_secs_f64() <= work + 0.5,
+        "elapsed {elapsed:?} for {work} s of work"
+    );
 }
 
 /// Fair share must not depend on who came first or who ran a small job
@@ -269,7 +384,12 @@ async fn the_seed_experiment_holds_in_every_order_and_after_a_prior_job() {
                 name(prior),
                 name(first)
             );
-            assert!(ratio >= 5.0, "prior job by {}, {} first: A finished only {ratio:.2}x sooner", name(prior), name(first));
+            assert!(
+                ratio >= 5.0,
+                "prior job by {}, {} first: A finished only {ratio:.2}x sooner",
+                name(prior),
+                name(first)
+            );
         }
     }
 }
@@ -280,10 +400,17 @@ async fn weights_split_the_slots_two_to_one() {
     let w = worker(2, &tenants, None, &[]);
     let addr = w.addr.clone();
     let maps = tokio::spawn(async move {
-        tokio::join!(sleep_map(&addr, ALICE, 2000, 20), sleep_map(&addr, BOB, 2000, 20));
+        tokio::join!(
+            sleep_map(&addr, ALICE, 2000, 20),
+            sleep_map(&addr, BOB, 2000, 20)
+        );
     });
     let jobs = |advert: &peerwasm::proto::Advert, name: &str| {
-        advert.tenants.iter().find(|t| t.tenant == name).map_or(0, |t| t.account.jobs)
+        advert
+            .tenants
+            .iter()
+            .find(|t| t.tenant == name)
+            .map_or(0, |t| t.account.jobs)
     };
     // Measure over a window in which both keep the worker saturated.
     tokio::time::sleep(Duration::from_millis(1000)).await;
@@ -295,7 +422,11 @@ async fn weights_split_the_slots_two_to_one() {
     let b = (jobs(&after, "bob") - jobs(&before, "bob")) as f64;
     println!("weights 2:1 → alice {a} jobs, bob {b} jobs: {:.2}", a / b);
     assert!(b > 20.0, "bob ran too few jobs to judge: {b}");
-    assert!((a / b - 2.0).abs() <= 0.3, "alice:bob = {a}:{b} = {:.2}, not 2 ± 15%", a / b);
+    assert!(
+        (a / b - 2.0).abs() <= 0.3,
+        "alice:bob = {a}:{b} = {:.2}, not 2 ± 15%",
+        a / b
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -310,11 +441,22 @@ async fn usage_is_counted_across_the_pool() {
     }
     // Bob has used worker 1 a lot.
     for _ in 0..4 {
-        assert_eq!(post(&w1.addr, &job.spec(b"150".to_vec(), 32 * MIB), Some(BOB), false).await.status(), StatusCode::OK);
+        assert_eq!(
+            post(
+                &w1.addr,
+                &job.spec(b"150".to_vec(), 32 * MIB),
+                Some(BOB),
+                false
+            )
+            .await
+            .status(),
+            StatusCode::OK
+        );
     }
     let w1_addr = w1.addr.clone();
     wait_for(&w2.addr, Duration::from_secs(5), |v| {
-        v.iter().any(|p| p.advert.addr == w1_addr && p.advert.tenants.iter().any(|t| t.tenant == "bob"))
+        v.iter()
+            .any(|p| p.advert.addr == w1_addr && p.advert.tenants.iter().any(|t| t.tenant == "bob"))
     })
     .await;
     // On worker 2 alice holds the slot for a moment; then bob's job and
@@ -328,9 +470,16 @@ async fn usage_is_counted_across_the_pool() {
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut queued = Vec::new();
     for token in [BOB, ALICE] {
-        let (addr, spec, order) = (w2.addr.clone(), job.spec(b"50".to_vec(), 32 * MIB), order.clone());
+        let (addr, spec, order) = (
+            w2.addr.clone(),
+            job.spec(b"50".to_vec(), 32 * MIB),
+            order.clone(),
+        );
         queued.push(tokio::spawn(async move {
-            assert_eq!(post(&addr, &spec, Some(token), false).await.status(), StatusCode::OK);
+            assert_eq!(
+                post(&addr, &spec, Some(token), false).await.status(),
+                StatusCode::OK
+            );
             order.lock().unwrap().push(token);
         }));
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -339,5 +488,9 @@ async fn usage_is_counted_across_the_pool() {
     for q in queued {
         q.await.unwrap();
     }
-    assert_eq!(*order.lock().unwrap(), [ALICE, BOB], "worker 2 preferred the tenant with less pool-wide usage");
+    assert_eq!(
+        *order.lock().unwrap(),
+        [ALICE, BOB],
+        "worker 2 preferred the tenant with less pool-wide usage"
+    );
 }

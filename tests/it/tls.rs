@@ -28,12 +28,17 @@ impl Relay {
     fn start() -> Relay {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        let (target, seen) = (Arc::new(OnceLock::<String>::new()), Arc::new(Mutex::new(Vec::new())));
+        let (target, seen) = (
+            Arc::new(OnceLock::<String>::new()),
+            Arc::new(Mutex::new(Vec::new())),
+        );
         let (t, s) = (target.clone(), seen.clone());
         std::thread::spawn(move || {
             for client in listener.incoming().flatten() {
                 let Some(to) = t.get() else { continue };
-                let Ok(upstream) = TcpStream::connect(to) else { continue };
+                let Ok(upstream) = TcpStream::connect(to) else {
+                    continue;
+                };
                 for (mut from, mut into) in [
                     (client.try_clone().unwrap(), upstream.try_clone().unwrap()),
                     (upstream, client),
@@ -64,7 +69,11 @@ impl Relay {
 
     /// Whether `needle` crossed the relay, either way.
     fn saw(&self, needle: &[u8]) -> bool {
-        self.seen.lock().unwrap().iter().any(|c| c.windows(needle.len()).any(|w| w == needle))
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|c| c.windows(needle.len()).any(|w| w == needle))
     }
 
     fn bytes(&self) -> usize {
@@ -73,11 +82,20 @@ impl Relay {
 }
 
 fn peerwasm(args: &[&str]) -> Output {
-    Command::new(PEERWASM).args(args).env_remove("PEERWASM_PEERS").env_remove("PEERWASM_TLS_CA").output().unwrap()
+    Command::new(PEERWASM)
+        .args(args)
+        .env_remove("PEERWASM_PEERS")
+        .env_remove("PEERWASM_TLS_CA")
+        .output()
+        .unwrap()
 }
 
 fn text(out: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
 
 /// A pool CA in `dir` and a certificate for 127.0.0.1, made with the CLI.
@@ -106,7 +124,11 @@ fn worker_flags(tls: &Path, name: &str) -> Vec<String> {
 /// A free loopback port, to listen on when the worker advertises another
 /// address (the relay's).
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// What a relay in front of worker B recorded while a client ran a job on
@@ -115,7 +137,11 @@ fn free_port() -> u16 {
 /// or not.
 fn what_the_path_sees(tls: bool) -> (Relay, Vec<String>) {
     let dir = tempfile::tempdir().unwrap();
-    let tls_flags = if tls { pool_tls(dir.path()) } else { Vec::new() };
+    let tls_flags = if tls {
+        pool_tls(dir.path())
+    } else {
+        Vec::new()
+    };
     let key = dir.path().join("pool.key");
     std::fs::write(&key, [7u8; 32]).unwrap();
     let tenants = tenants_file(1, 1);
@@ -128,14 +154,30 @@ fn what_the_path_sees(tls: bool) -> (Relay, Vec<String>) {
     let listen = format!("127.0.0.1:{}", free_port());
     let cache = tempfile::tempdir().unwrap();
     let mut cmd = Command::new(PEERWASM);
-    cmd.args(["worker", "--listen", &listen, "--advertise", &relay.addr, "--memory", "1GiB", "--reserve", "0"])
-        .args(["--slots", "2", "--gossip-interval", "100ms", "--host-ledger"])
-        .arg(cache.path().join("ledger"))
-        .arg("--cache-dir")
-        .arg(cache.path())
-        .args(&common)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
+    cmd.args([
+        "worker",
+        "--listen",
+        &listen,
+        "--advertise",
+        &relay.addr,
+        "--memory",
+        "1GiB",
+        "--reserve",
+        "0",
+    ])
+    .args([
+        "--slots",
+        "2",
+        "--gossip-interval",
+        "100ms",
+        "--host-ledger",
+    ])
+    .arg(cache.path().join("ledger"))
+    .arg("--cache-dir")
+    .arg(cache.path())
+    .args(&common)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null());
     relay.forward_to(&listen);
     let (b_child, b_addr) = spawn_worker(&mut cmd);
     let _b = KillOnDrop(b_child);
@@ -144,9 +186,17 @@ fn what_the_path_sees(tls: bool) -> (Relay, Vec<String>) {
     let common: Vec<&str> = common.iter().map(String::as_str).collect();
     let a = WorkerProcess::start_with("48MiB", 1, Some(&relay.addr), &common);
 
-    let mut client: Vec<String> = vec!["--token".into(), ALICE.into(), "--mem".into(), "64MiB".into()];
+    let mut client: Vec<String> = vec![
+        "--token".into(),
+        ALICE.into(),
+        "--mem".into(),
+        "64MiB".into(),
+    ];
     if tls {
-        client.extend(["--tls-ca".into(), dir.path().join("tls/ca.crt").to_str().unwrap().into()]);
+        client.extend([
+            "--tls-ca".into(),
+            dir.path().join("tls/ca.crt").to_str().unwrap().into(),
+        ]);
     }
     let client: Vec<&str> = client.iter().map(String::as_str).collect();
     let guest = peerwasm_testkit::guest_wasm("interactive");
@@ -157,25 +207,43 @@ fn what_the_path_sees(tls: bool) -> (Relay, Vec<String>) {
         true => peerwasm::net::Transport::tls(&dir.path().join("tls/ca.crt")).unwrap(),
         false => peerwasm::net::Transport::plain(),
     };
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    runtime.block_on(crate::pool::wait_for_via(&crate::pool::operator(&transport), &a.addr, Duration::from_secs(20), |v| {
-        crate::pool::alive(v) == 2
-    }));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(crate::pool::wait_for_via(
+        &crate::pool::operator(&transport),
+        &a.addr,
+        Duration::from_secs(20),
+        |v| crate::pool::alive(v) == 2,
+    ));
 
     // The client's hop: a job on B, its stdin a secret.
     let mut args = vec!["run", "--peers", &relay.addr];
     args.extend(&client);
     args.push(guest);
     let out = crate::support::output_within(
-        Command::new(PEERWASM).args(&args).env_remove("PEERWASM_TLS_CA"),
+        Command::new(PEERWASM)
+            .args(&args)
+            .env_remove("PEERWASM_TLS_CA"),
         b"client-stdin-secret\n",
         Duration::from_secs(60),
     );
-    assert!(out.status.success() && text(&out).contains("echo: client-stdin-secret"), "{}", text(&out));
+    assert!(
+        out.status.success() && text(&out).contains("echo: client-stdin-secret"),
+        "{}",
+        text(&out)
+    );
 
     // The workers' hop: a map that A owns, its jobs on B.
     let inputs = dir.path().join("inputs.txt");
-    std::fs::write(&inputs, (0..4).map(|i| format!("owner-input-secret-{i}\n")).collect::<String>()).unwrap();
+    std::fs::write(
+        &inputs,
+        (0..4)
+            .map(|i| format!("owner-input-secret-{i}\n"))
+            .collect::<String>(),
+    )
+    .unwrap();
     let mut args = vec!["map", "--detach", "--peers", &a.addr];
     args.extend(&client);
     args.extend([guest, inputs.to_str().unwrap()]);
@@ -185,10 +253,17 @@ fn what_the_path_sees(tls: bool) -> (Relay, Vec<String>) {
     let mut args = vec!["results", "--peers", &a.addr];
     args.extend(client.iter().filter(|a| !["--mem", "64MiB"].contains(a)));
     args.push(&id);
-    let out = crate::support::output_within(Command::new(PEERWASM).args(&args), b"", Duration::from_secs(60));
+    let out = crate::support::output_within(
+        Command::new(PEERWASM).args(&args),
+        b"",
+        Duration::from_secs(60),
+    );
     let results = text(&out);
     assert!(out.status.success(), "{results}");
-    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect();
+    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(String::from)
+        .collect();
     assert_eq!(lines.len(), 4, "{results}");
     (relay, lines)
 }
@@ -206,11 +281,21 @@ impl Drop for KillOnDrop {
 fn with_tls_neither_the_token_nor_stdin_nor_inputs_cross_the_wire_in_clear() {
     let (relay, results) = what_the_path_sees(true);
     for (i, line) in results.iter().enumerate() {
-        assert!(line.contains(&format!("owner-input-secret-{i}")) && line.contains(&relay.addr), "ran on B: {line}");
+        assert!(
+            line.contains(&format!("owner-input-secret-{i}")) && line.contains(&relay.addr),
+            "ran on B: {line}"
+        );
     }
-    assert!(relay.bytes() > 10_000, "the relay carried the jobs ({} bytes)", relay.bytes());
+    assert!(
+        relay.bytes() > 10_000,
+        "the relay carried the jobs ({} bytes)",
+        relay.bytes()
+    );
     for secret in [ALICE, "client-stdin-secret", "owner-input-secret"] {
-        assert!(!relay.saw(secret.as_bytes()), "{secret} crossed the relay in clear");
+        assert!(
+            !relay.saw(secret.as_bytes()),
+            "{secret} crossed the relay in clear"
+        );
     }
 }
 
@@ -218,9 +303,15 @@ fn with_tls_neither_the_token_nor_stdin_nor_inputs_cross_the_wire_in_clear() {
 fn without_tls_the_path_reads_the_token_stdin_and_inputs() {
     // The control: the same relay, the same jobs, plain HTTP.
     let (relay, results) = what_the_path_sees(false);
-    assert!(results.iter().all(|l| l.contains(&relay.addr)), "ran on B: {results:?}");
+    assert!(
+        results.iter().all(|l| l.contains(&relay.addr)),
+        "ran on B: {results:?}"
+    );
     for secret in [ALICE, "client-stdin-secret", "owner-input-secret-3"] {
-        assert!(relay.saw(secret.as_bytes()), "{secret} did not cross the relay: is the recorder blind?");
+        assert!(
+            relay.saw(secret.as_bytes()),
+            "{secret} did not cross the relay: is the recorder blind?"
+        );
     }
 }
 
@@ -235,7 +326,8 @@ fn tls_worker(tls: &Path, cert: &str) -> WorkerProcess {
 fn run_on(addr: &str, ca: Option<&Path>) -> Output {
     let guest = peerwasm_testkit::guest_wasm("hello");
     let mut cmd = Command::new(PEERWASM);
-    cmd.args(["run", "--peers", addr]).env_remove("PEERWASM_TLS_CA");
+    cmd.args(["run", "--peers", addr])
+        .env_remove("PEERWASM_TLS_CA");
     if let Some(ca) = ca {
         cmd.arg("--tls-ca").arg(ca);
     }
@@ -244,12 +336,30 @@ fn run_on(addr: &str, ca: Option<&Path>) -> Output {
 
 /// The jobs a worker has run, from its metrics (asked over TLS with `ca`).
 fn jobs_run(addr: &str, ca: &Path) -> u64 {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let http = peerwasm::client::pool::http_client(None, &peerwasm::net::Transport::tls(ca).unwrap()).unwrap();
-    let body = runtime.block_on(async { http.get(http.url(addr, "/metrics")).send().await.unwrap().text().await.unwrap() });
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let http =
+        peerwasm::client::pool::http_client(None, &peerwasm::net::Transport::tls(ca).unwrap())
+            .unwrap();
+    let body = runtime.block_on(async {
+        http.get(http.url(addr, "/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    });
     body.lines()
         .filter(|l| l.starts_with("peerwasm_jobs_total{"))
-        .map(|l| l.split_whitespace().nth(1).and_then(|n| n.parse::<f64>().ok()).expect("a count") as u64)
+        .map(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .and_then(|n| n.parse::<f64>().ok())
+                .expect("a count") as u64
+        })
         .sum()
 }
 
@@ -263,25 +373,45 @@ fn another_pools_ca_an_expired_or_misnamed_certificate_is_refused_and_nothing_ru
     let year = peerwasm::net::certs::DEFAULT_VALIDITY;
     let loopback = ["127.0.0.1".to_string()];
     peerwasm::net::certs::issue(&tls, &loopback, Some("good"), now, now + year).unwrap();
-    peerwasm::net::certs::issue(&tls, &loopback, Some("expired"), now - 2 * year, now - year).unwrap();
-    peerwasm::net::certs::issue(&tls, &["elsewhere.example".to_string()], Some("misnamed"), now, now + year).unwrap();
+    peerwasm::net::certs::issue(&tls, &loopback, Some("expired"), now - 2 * year, now - year)
+        .unwrap();
+    peerwasm::net::certs::issue(
+        &tls,
+        &["elsewhere.example".to_string()],
+        Some("misnamed"),
+        now,
+        now + year,
+    )
+    .unwrap();
     let other_ca = peerwasm::net::certs::init(&dir.path().join("other")).unwrap();
 
     let good = tls_worker(&tls, "good");
     let refusals: [(&WorkerProcess, Option<&Path>, &str); 2] = [
-        (&good, Some(&other_ca), "not signed by the CA this side trusts"),
+        (
+            &good,
+            Some(&other_ca),
+            "not signed by the CA this side trusts",
+        ),
         (&good, None, "does this worker serve TLS?"),
     ];
     let expired = tls_worker(&tls, "expired");
     let misnamed = tls_worker(&tls, "misnamed");
     let more: [(&WorkerProcess, Option<&Path>, &str); 2] = [
         (&expired, Some(&ca), "certificate has expired"),
-        (&misnamed, Some(&ca), "not for the address it was reached at"),
+        (
+            &misnamed,
+            Some(&ca),
+            "not for the address it was reached at",
+        ),
     ];
     for (worker, trusting, why) in refusals.into_iter().chain(more) {
         let out = run_on(&worker.addr, trusting);
         assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-        assert!(text(&out).contains(why), "expected {why:?} in:\n{}", text(&out));
+        assert!(
+            text(&out).contains(why),
+            "expected {why:?} in:\n{}",
+            text(&out)
+        );
         assert!(!text(&out).contains("hello"), "the job ran: {}", text(&out));
     }
     // Nothing ran on the good worker; a client trusting its CA runs there.
@@ -302,20 +432,31 @@ fn a_renewed_certificate_is_served_without_a_restart_and_a_broken_one_is_not() {
     let tls = dir.path().join("tls");
     let ca = tls.join("ca.crt");
     peerwasm::net::certs::init(&tls).unwrap();
-    let (now, year) = (std::time::SystemTime::now(), peerwasm::net::certs::DEFAULT_VALIDITY);
+    let (now, year) = (
+        std::time::SystemTime::now(),
+        peerwasm::net::certs::DEFAULT_VALIDITY,
+    );
     let loopback = ["127.0.0.1".to_string()];
     // The worker starts with a certificate that has run out.
     peerwasm::net::certs::issue(&tls, &loopback, Some("w"), now - 2 * year, now - year).unwrap();
     let worker = tls_worker(&tls, "w");
     let out = run_on(&worker.addr, Some(&ca));
-    assert!(text(&out).contains("certificate has expired"), "{}", text(&out));
+    assert!(
+        text(&out).contains("certificate has expired"),
+        "{}",
+        text(&out)
+    );
 
     // Renewed in place, as `peerwasm tls issue` (or certbot) would: the
     // same worker serves the new one, with no restart.
     peerwasm::net::certs::issue(&tls, &loopback, Some("w"), now, now + year).unwrap();
     std::thread::sleep(peerwasm::net::tls::RELOAD_CHECK_EVERY + Duration::from_millis(500));
     let out = run_on(&worker.addr, Some(&ca));
-    assert!(out.status.success(), "the renewed certificate is not served: {}", text(&out));
+    assert!(
+        out.status.success(),
+        "the renewed certificate is not served: {}",
+        text(&out)
+    );
 
     // A certificate file overwritten with something that is not one (a
     // renewal half done): the worker keeps serving the good one it has.
@@ -323,7 +464,11 @@ fn a_renewed_certificate_is_served_without_a_restart_and_a_broken_one_is_not() {
     std::thread::sleep(peerwasm::net::tls::RELOAD_CHECK_EVERY + Duration::from_millis(500));
     for _ in 0..2 {
         let out = run_on(&worker.addr, Some(&ca));
-        assert!(out.status.success(), "a broken file replaced the good certificate: {}", text(&out));
+        assert!(
+            out.status.success(),
+            "a broken file replaced the good certificate: {}",
+            text(&out)
+        );
     }
     assert_eq!(jobs_run(&worker.addr, &ca), 3);
 }
@@ -336,17 +481,36 @@ fn tokens_in_clear_off_loopback_are_refused_by_the_worker_and_by_the_client() {
     std::fs::write(&key, [7u8; 32]).unwrap();
     let worker = |extra: &[&str]| {
         let mut cmd = Command::new(PEERWASM);
-        cmd.args(["worker", "--listen", "0.0.0.0:0", "--tenants", tenants.path().to_str().unwrap()])
-            .args(["--cluster-key", key.to_str().unwrap(), "--cache-dir", dir.path().to_str().unwrap()])
-            .args(["--state-dir", dir.path().join("state").to_str().unwrap()])
-            .args(extra);
+        cmd.args([
+            "worker",
+            "--listen",
+            "0.0.0.0:0",
+            "--tenants",
+            tenants.path().to_str().unwrap(),
+        ])
+        .args([
+            "--cluster-key",
+            key.to_str().unwrap(),
+            "--cache-dir",
+            dir.path().to_str().unwrap(),
+        ])
+        .args(["--state-dir", dir.path().join("state").to_str().unwrap()])
+        .args(extra);
         cmd
     };
     let out = crate::support::output_within(&mut worker(&[]), b"", Duration::from_secs(30));
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert!(text(&out).contains("--insecure-http") && text(&out).contains("tls init"), "{}", text(&out));
+    assert!(
+        text(&out).contains("--insecure-http") && text(&out).contains("tls init"),
+        "{}",
+        text(&out)
+    );
     // Told to, it starts.
-    let (child, addr) = spawn_worker(worker(&["--insecure-http"]).stdout(Stdio::piped()).stderr(Stdio::null()));
+    let (child, addr) = spawn_worker(
+        worker(&["--insecure-http"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null()),
+    );
     let _w = KillOnDrop(child);
     assert!(addr.starts_with("0.0.0.0:"), "{addr}");
 
@@ -354,16 +518,46 @@ fn tokens_in_clear_off_loopback_are_refused_by_the_worker_and_by_the_client() {
     // nothing leaves this machine either way).
     let guest = peerwasm_testkit::guest_wasm("hello");
     for args in [
-        vec!["run", "--peers", "pool-node.invalid:7070", "--token", ALICE, guest.to_str().unwrap()],
-        vec!["jobs", "--peers", "pool-node.invalid:7070", "--token", ALICE],
-        vec!["peers", "--peers", "pool-node.invalid:7070", "--token", ALICE],
+        vec![
+            "run",
+            "--peers",
+            "pool-node.invalid:7070",
+            "--token",
+            ALICE,
+            guest.to_str().unwrap(),
+        ],
+        vec![
+            "jobs",
+            "--peers",
+            "pool-node.invalid:7070",
+            "--token",
+            ALICE,
+        ],
+        vec![
+            "peers",
+            "--peers",
+            "pool-node.invalid:7070",
+            "--token",
+            ALICE,
+        ],
     ] {
         let out = peerwasm(&args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
-        assert!(text(&out).contains("refusing to send your token in clear to pool-node.invalid:7070"), "{}", text(&out));
+        assert!(
+            text(&out).contains("refusing to send your token in clear to pool-node.invalid:7070"),
+            "{}",
+            text(&out)
+        );
     }
     // Told to, it tries (and finds no such host).
-    let out = peerwasm(&["peers", "--peers", "pool-node.invalid:7070", "--token", ALICE, "--insecure-http"]);
+    let out = peerwasm(&[
+        "peers",
+        "--peers",
+        "pool-node.invalid:7070",
+        "--token",
+        ALICE,
+        "--insecure-http",
+    ]);
     assert!(!text(&out).contains("refusing"), "{}", text(&out));
 }
 
@@ -375,15 +569,29 @@ fn a_key_file_open_to_others_is_made_private_and_a_missing_ca_is_named() {
     let key = tls.join("127.0.0.1.key");
     std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
     let w = tls_worker(&tls, "127.0.0.1");
-    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&key).unwrap().permissions()) & 0o777;
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&key).unwrap().permissions())
+            & 0o777;
     assert_eq!(mode, 0o600);
     drop(w);
 
-    let out = peerwasm(&["tls", "issue", dir.path().join("nothing").to_str().unwrap(), "h"]);
+    let out = peerwasm(&[
+        "tls",
+        "issue",
+        dir.path().join("nothing").to_str().unwrap(),
+        "h",
+    ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out).contains("tls init"), "{}", text(&out));
     let guest = peerwasm_testkit::guest_wasm("hello");
-    let out = peerwasm(&["run", "--peers", "127.0.0.1:1", "--tls-ca", "/nonexistent/ca.crt", guest.to_str().unwrap()]);
+    let out = peerwasm(&[
+        "run",
+        "--peers",
+        "127.0.0.1:1",
+        "--tls-ca",
+        "/nonexistent/ca.crt",
+        guest.to_str().unwrap(),
+    ]);
     assert!(text(&out).contains("/nonexistent/ca.crt"), "{}", text(&out));
 }
 
@@ -403,19 +611,36 @@ async fn a_stalled_handshake_holds_a_connection_no_longer_than_the_header_timeou
         let mut s = tokio::net::TcpStream::connect(&w.addr).await.unwrap();
         if i % 2 == 1 {
             // The first bytes of a ClientHello record, and no more.
-            s.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01]).await.unwrap();
+            s.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01])
+                .await
+                .unwrap();
         }
         stalled.push(s);
     }
     let opened = std::time::Instant::now();
     let transport = peerwasm::net::Transport::tls(&dir.path().join("tls/ca.crt")).unwrap();
     let t = std::time::Instant::now();
-    crate::pool::view_via(&peerwasm::client::pool::http_client(None, &transport).unwrap(), &w.addr).await;
-    assert!(t.elapsed() < Duration::from_secs(1), "the pool view took {:?} beside stalled handshakes", t.elapsed());
+    crate::pool::view_via(
+        &peerwasm::client::pool::http_client(None, &transport).unwrap(),
+        &w.addr,
+    )
+    .await;
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "the pool view took {:?} beside stalled handshakes",
+        t.elapsed()
+    );
     for mut s in stalled {
         let mut buf = [0u8; 64];
         let closed = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf)).await;
-        assert!(matches!(closed, Ok(Ok(0)) | Ok(Err(_))), "a stalled handshake outlived the header timeout: {closed:?}");
+        assert!(
+            matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+            "a stalled handshake outlived the header timeout: {closed:?}"
+        );
     }
-    assert!(opened.elapsed() >= Duration::from_millis(800), "closed before the timeout: {:?}", opened.elapsed());
+    assert!(
+        opened.elapsed() >= Duration::from_millis(800),
+        "closed before the timeout: {:?}",
+        opened.elapsed()
+    );
 }

@@ -31,7 +31,14 @@ use crate::tenants::{ALICE, upload};
 /// Runs `script` under `sh -c` as the user `nobody` (another local user).
 fn as_nobody(script: &str) -> std::process::Output {
     Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", script])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "sh",
+            "-c",
+            script,
+        ])
         .output()
         .expect("setpriv")
 }
@@ -72,7 +79,14 @@ fn planted_ack(addr: &str) -> Vec<u8> {
         slots_total: 64,
         ..Advert::default()
     };
-    let delta = vec![(NodeId::new(addr, 1), NodeState { record, version: 1, heartbeat: 1 })];
+    let delta = vec![(
+        NodeId::new(addr, 1),
+        NodeState {
+            record,
+            version: 1,
+            heartbeat: 1,
+        },
+    )];
     postcard::to_allocvec(&GossipRequest::Ack(Ack { delta })).unwrap()
 }
 
@@ -83,11 +97,23 @@ async fn peers_of_a_map(seed: &str, n: usize) -> Vec<String> {
     let target = Target::pool(vec![seed.to_string()]).unwrap();
     let hello = Job::new(peerwasm_testkit::guest_wasm_bytes("hello"));
     let mut items: Vec<MapItem> = Vec::new();
-    let config = MapConfig { mem: Some(16 * MIB), ..MapConfig::default() };
-    let summary = tokio::time::timeout(Duration::from_secs(60), map(&target, &hello, (0..n).map(|_| Vec::new()), &config, &mut items))
-        .await
-        .expect("the map did not end")
-        .unwrap();
+    let config = MapConfig {
+        mem: Some(16 * MIB),
+        ..MapConfig::default()
+    };
+    let summary = tokio::time::timeout(
+        Duration::from_secs(60),
+        map(
+            &target,
+            &hello,
+            (0..n).map(|_| Vec::new()),
+            &config,
+            &mut items,
+        ),
+    )
+    .await
+    .expect("the map did not end")
+    .unwrap();
     assert_eq!(summary.failed, 0, "{summary:?}");
     items.into_iter().map(|i| i.result.peer).collect()
 }
@@ -96,44 +122,89 @@ async fn peers_of_a_map(seed: &str, n: usize) -> Vec<String> {
 async fn a_stranger_cannot_join_a_loopback_pool_nor_receive_its_jobs() {
     let w1 = WorkerProcess::start("1GiB", 2, None);
     let w2 = WorkerProcess::start("1GiB", 2, Some(&w1.addr));
-    crate::pool::wait_for(&w1.addr, Duration::from_secs(20), |v| crate::pool::alive(v) == 2).await;
+    crate::pool::wait_for(&w1.addr, Duration::from_secs(20), |v| {
+        crate::pool::alive(v) == 2
+    })
+    .await;
     if is_root() {
         // The pool's key is this user's: another user cannot read it.
         let key = format!("/dev/shm/peerwasm-{}/pool.key", unsafe { libc::geteuid() });
         let out = as_nobody(&format!("cat {key}"));
-        assert!(!out.status.success(), "nobody read the pool key: {}", String::from_utf8_lossy(&out.stdout));
+        assert!(
+            !out.status.success(),
+            "nobody read the pool key: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
     } else {
         println!("not root: the pool key is not read as another user here");
     }
     let (stranger, reached) = stranger_listener().await;
     let url = format!("http://{}/v1/gossip", w1.addr);
     // Unsealed, and sealed with another key: both refused.
-    let r = http().post(&url).body(planted_ack(&stranger)).send().await.unwrap();
+    let r = http()
+        .post(&url)
+        .body(planted_ack(&stranger))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 401, "an unsealed advert");
-    let other_key = peerwasm::gossip::auth::ClusterKey::new(*b"another user's own pool key").unwrap();
-    let r = http().post(&url).body(other_key.seal(&planted_ack(&stranger))).send().await.unwrap();
+    let other_key =
+        peerwasm::gossip::auth::ClusterKey::new(*b"another user's own pool key").unwrap();
+    let r = http()
+        .post(&url)
+        .body(other_key.seal(&planted_ack(&stranger)))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 401, "an advert sealed with another key");
     tokio::time::sleep(Duration::from_millis(500)).await;
     let view = crate::pool::wait_for(&w1.addr, Duration::from_secs(5), |_| true).await;
-    assert!(!view.iter().any(|p| p.advert.addr == stranger), "the stranger is in the view: {view:?}");
-    assert!(view.iter().all(|p| p.vouched), "every worker of a keyed pool is vouched for");
+    assert!(
+        !view.iter().any(|p| p.advert.addr == stranger),
+        "the stranger is in the view: {view:?}"
+    );
+    assert!(
+        view.iter().all(|p| p.vouched),
+        "every worker of a keyed pool is vouched for"
+    );
     // The honest pool still runs a map over both of its workers.
     let peers = peers_of_a_map(&w1.addr, 16).await;
-    assert!(peers.iter().all(|p| *p == w1.addr || *p == w2.addr), "{peers:?}");
-    assert_eq!(reached.load(Ordering::Relaxed), 0, "the stranger was reached");
+    assert!(
+        peers.iter().all(|p| *p == w1.addr || *p == w2.addr),
+        "{peers:?}"
+    );
+    assert_eq!(
+        reached.load(Ordering::Relaxed),
+        0,
+        "the stranger was reached"
+    );
 
     // Without any key, the advert enters the view, vouched for to no one:
     // no job goes to it.
     let open = WorkerProcess::start_with("1GiB", 2, None, &["--insecure-gossip"]);
-    let r = http().post(format!("http://{}/v1/gossip", open.addr)).body(planted_ack(&stranger)).send().await.unwrap();
+    let r = http()
+        .post(format!("http://{}/v1/gossip", open.addr))
+        .body(planted_ack(&stranger))
+        .send()
+        .await
+        .unwrap();
     assert!(r.status().is_success(), "{}", r.status());
-    let view = crate::pool::wait_for(&open.addr, Duration::from_secs(5), |v| v.iter().any(|p| p.advert.addr == stranger)).await;
+    let view = crate::pool::wait_for(&open.addr, Duration::from_secs(5), |v| {
+        v.iter().any(|p| p.advert.addr == stranger)
+    })
+    .await;
     let planted = view.iter().find(|p| p.advert.addr == stranger).unwrap();
     assert!(!planted.vouched, "an unauthenticated advert is vouched for");
     let peers = peers_of_a_map(&open.addr, 8).await;
     assert!(peers.iter().all(|p| *p == open.addr), "{peers:?}");
-    assert_eq!(reached.load(Ordering::Relaxed), 0, "the stranger received jobs");
-    println!("a planted advert: refused by a keyed pool (401), unvouched in an open one; 0 jobs reached the stranger");
+    assert_eq!(
+        reached.load(Ordering::Relaxed),
+        0,
+        "the stranger received jobs"
+    );
+    println!(
+        "a planted advert: refused by a keyed pool (401), unvouched in an open one; 0 jobs reached the stranger"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -157,59 +228,108 @@ async fn another_user_cannot_take_over_the_host_ledger() {
         t = precious.display(),
         l = link.display()
     ));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for path in [&planted, &link] {
-        let w = WorkerProcess::start_with("1GiB", 1, None, &["--host-ledger", path.to_str().unwrap()]);
+        let w =
+            WorkerProcess::start_with("1GiB", 1, None, &["--host-ledger", path.to_str().unwrap()]);
         let r = bob_runs(&w).await;
-        assert!(r.is_success(), "a worker given another user's ledger did not run a job: {r}");
+        assert!(
+            r.is_success(),
+            "a worker given another user's ledger did not run a job: {r}"
+        );
     }
-    assert_eq!(std::fs::read(&planted).unwrap(), b"pwledg01 a huge reservation", "the planted file was written");
-    assert_eq!(std::fs::read(&precious).unwrap(), b"root's own file", "a worker wrote through the planted link");
+    assert_eq!(
+        std::fs::read(&planted).unwrap(),
+        b"pwledg01 a huge reservation",
+        "the planted file was written"
+    );
+    assert_eq!(
+        std::fs::read(&precious).unwrap(),
+        b"root's own file",
+        "a worker wrote through the planted link"
+    );
 
     // Two workers sharing this user's own ledger: a lock held elsewhere
     // does not stop them, and a file emptied under them is whole again.
     let private = tempfile::tempdir().unwrap();
     let ledger = private.path().join("ledger");
     let arg = ["--host-ledger", ledger.to_str().unwrap()];
-    let (a, b) = (WorkerProcess::start_with("1GiB", 1, None, &arg), WorkerProcess::start_with("1GiB", 1, None, &arg));
+    let (a, b) = (
+        WorkerProcess::start_with("1GiB", 1, None, &arg),
+        WorkerProcess::start_with("1GiB", 1, None, &arg),
+    );
     assert!(bob_runs(&a).await.is_success() && bob_runs(&b).await.is_success());
     // `-o`: the lock is flock's own, gone when it is killed.
-    let mut locker = Command::new("flock").arg("-o").arg(&ledger).args(["sleep", "30"]).spawn().unwrap();
+    let mut locker = Command::new("flock")
+        .arg("-o")
+        .arg(&ledger)
+        .args(["sleep", "30"])
+        .spawn()
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let t = Instant::now();
-    tokio::time::timeout(Duration::from_secs(5), crate::pool::wait_for(&a.addr, Duration::from_secs(5), |_| true))
-        .await
-        .expect("the worker stopped answering while its ledger was locked");
-    assert!(bob_runs(&a).await.is_success(), "no job ran while the ledger was locked elsewhere");
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        crate::pool::wait_for(&a.addr, Duration::from_secs(5), |_| true),
+    )
+    .await
+    .expect("the worker stopped answering while its ledger was locked");
+    assert!(
+        bob_runs(&a).await.is_success(),
+        "no job ran while the ledger was locked elsewhere"
+    );
     let locked_for = t.elapsed();
     let _ = locker.kill();
     let _ = locker.wait();
-    std::fs::OpenOptions::new().write(true).open(&ledger).unwrap().set_len(0).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&ledger)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
     assert!(bob_runs(&a).await.is_success() && bob_runs(&b).await.is_success());
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let len = std::fs::metadata(&ledger).unwrap().len();
-    assert!(len > 8 + 20, "the emptied ledger was not written again ({len} bytes)");
-    println!("host ledger: planted file and link refused (worker ran alone), a foreign lock cost a job {locked_for:?}, emptied file rewritten ({len} bytes)");
+    assert!(
+        len > 8 + 20,
+        "the emptied ledger was not written again ({len} bytes)"
+    );
+    println!(
+        "host ledger: planted file and link refused (worker ran alone), a foreign lock cost a job {locked_for:?}, emptied file rewritten ({len} bytes)"
+    );
 }
 
 /// A hello job on `w`, without a token (a worker without `--tenants`).
 async fn bob_runs(w: &WorkerProcess) -> peerwasm::proto::Outcome {
     let target = Target::pool(vec![w.addr.clone()]).unwrap();
     let hello = Job::new(peerwasm_testkit::guest_wasm_bytes("hello"));
-    tokio::time::timeout(Duration::from_secs(30), target.run(&hello, hello.spec(Vec::new(), 16 * MIB)))
-        .await
-        .expect("the job did not end")
-        .unwrap()
-        .outcome
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        target.run(&hello, hello.spec(Vec::new(), 16 * MIB)),
+    )
+    .await
+    .expect("the job did not end")
+    .unwrap()
+    .outcome
 }
 
 /// CPU time used by process `pid` and every process below it, now.
 fn tree_cpu(pid: u32) -> Duration {
     let mut by_parent: Vec<(u32, u32, u64)> = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(p) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else { continue };
-        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else { continue };
+        let Ok(p) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
+            continue;
+        };
         let f: Vec<&str> = rest.split_whitespace().collect();
         let ticks = f[11].parse::<u64>().unwrap_or(0) + f[12].parse::<u64>().unwrap_or(0);
         by_parent.push((p, f[1].parse().unwrap_or(0), ticks));
@@ -218,10 +338,19 @@ fn tree_cpu(pid: u32) -> Duration {
     let mut i = 0;
     while i < tree.len() {
         let parent = tree[i];
-        tree.extend(by_parent.iter().filter(|(_, pp, _)| *pp == parent).map(|(p, _, _)| *p));
+        tree.extend(
+            by_parent
+                .iter()
+                .filter(|(_, pp, _)| *pp == parent)
+                .map(|(p, _, _)| *p),
+        );
         i += 1;
     }
-    let ticks: u64 = by_parent.iter().filter(|(p, _, _)| tree.contains(p)).map(|(_, _, t)| t).sum();
+    let ticks: u64 = by_parent
+        .iter()
+        .filter(|(p, _, _)| tree.contains(p))
+        .map(|(_, _, t)| t)
+        .sum();
     // SAFETY: sysconf(3) has no preconditions.
     Duration::from_secs_f64(ticks as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64)
 }
@@ -243,37 +372,76 @@ async fn a_compile_ends_with_its_job_and_past_its_cpu_time() {
     let bomb = Job::new(peerwasm_testkit::big_module(60_000));
     let t = Instant::now();
     let (gave_up, while_compiling) = tokio::join!(
-        tokio::time::timeout(Duration::from_millis(1500), alice.run(&bomb, bomb.spec(Vec::new(), 32 * MIB))),
+        tokio::time::timeout(
+            Duration::from_millis(1500),
+            alice.run(&bomb, bomb.spec(Vec::new(), 32 * MIB))
+        ),
         async {
             tokio::time::sleep(Duration::from_millis(300)).await;
             cpu_over(&w, Duration::from_secs(1)).await
         }
     );
-    assert!(gave_up.is_err(), "the bomb compiled in {:?}: make it larger", t.elapsed());
+    assert!(
+        gave_up.is_err(),
+        "the bomb compiled in {:?}: make it larger",
+        t.elapsed()
+    );
     // The measure sees a compile that runs (this is what must stop).
-    assert!(while_compiling > Duration::from_millis(300), "{while_compiling:?} of CPU in 1 s of compiling");
+    assert!(
+        while_compiling > Duration::from_millis(300),
+        "{while_compiling:?} of CPU in 1 s of compiling"
+    );
     drop(alice);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let after_cancel = cpu_over(&w, Duration::from_secs(2)).await;
     // An honest module still compiles and runs.
     let alice = Target::pool_as(vec![w.addr.clone()], Some(ALICE.into())).unwrap();
-    assert!(alice.run(&hello, hello.spec(Vec::new(), 16 * MIB)).await.unwrap().outcome.is_success());
+    assert!(
+        alice
+            .run(&hello, hello.spec(Vec::new(), 16 * MIB))
+            .await
+            .unwrap()
+            .outcome
+            .is_success()
+    );
 
     // Past its CPU time: refused naming it, and ended.
     let w2 = crate::tenants::worker(2, &tenants, None, &["--max-compile-time", "1s"]);
     let alice2 = Target::pool_as(vec![w2.addr.clone()], Some(ALICE.into())).unwrap();
-    let r = alice2.run(&bomb, bomb.spec(Vec::new(), 32 * MIB)).await.unwrap();
-    assert!(r.outcome.to_string().contains("of CPU time (this worker's --max-compile-time)"), "{}", r.outcome);
+    let r = alice2
+        .run(&bomb, bomb.spec(Vec::new(), 32 * MIB))
+        .await
+        .unwrap();
+    assert!(
+        r.outcome
+            .to_string()
+            .contains("of CPU time (this worker's --max-compile-time)"),
+        "{}",
+        r.outcome
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     let after_refusal = cpu_over(&w2, Duration::from_secs(2)).await;
-    assert!(alice2.run(&hello, hello.spec(Vec::new(), 16 * MIB)).await.unwrap().outcome.is_success());
+    assert!(
+        alice2
+            .run(&hello, hello.spec(Vec::new(), 16 * MIB))
+            .await
+            .unwrap()
+            .outcome
+            .is_success()
+    );
     println!(
         "compile of a bomb: {while_compiling:?} of CPU in 1 s while it compiled; {after_cancel:?} in the 2 s after its client left, \
          {after_refusal:?} after its refusal"
     );
     // A compile still running would take ~2 cores × 2 s.
-    assert!(after_cancel < Duration::from_millis(800), "the cancelled job's compile ran on: {after_cancel:?} of CPU in 2 s");
-    assert!(after_refusal < Duration::from_millis(800), "the refused job's compile ran on: {after_refusal:?} of CPU in 2 s");
+    assert!(
+        after_cancel < Duration::from_millis(800),
+        "the cancelled job's compile ran on: {after_cancel:?} of CPU in 2 s"
+    );
+    assert!(
+        after_refusal < Duration::from_millis(800),
+        "the refused job's compile ran on: {after_refusal:?} of CPU in 2 s"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -309,7 +477,11 @@ async fn a_few_addresses_holding_idle_connections_do_not_lock_out_a_tenant() {
     let alice = Target::pool_as(vec![w.addr.clone()], Some(ALICE.into())).unwrap();
     let mut ran = 0;
     for _ in 0..3 {
-        let r = tokio::time::timeout(Duration::from_secs(10), alice.run(&hello, hello.spec(Vec::new(), 16 * MIB))).await;
+        let r = tokio::time::timeout(
+            Duration::from_secs(10),
+            alice.run(&hello, hello.spec(Vec::new(), 16 * MIB)),
+        )
+        .await;
         match r {
             Ok(Ok(ref r)) if r.outcome.is_success() => ran += 1,
             Ok(Ok(r)) => println!("alice's job: {}", r.outcome),
@@ -317,13 +489,22 @@ async fn a_few_addresses_holding_idle_connections_do_not_lock_out_a_tenant() {
             Err(_) => println!("alice's job: no answer in 10 s"),
         }
     }
-    let closed = crate::observe::get(&crate::observe::scrape(&w.addr).await, "peerwasm_connections_refused_total");
+    let closed = crate::observe::get(
+        &crate::observe::scrape(&w.addr).await,
+        "peerwasm_connections_refused_total",
+    );
     println!(
         "5 addresses holding idle connections ({} opened, {closed} closed at a cap): alice ran {ran} of 3 jobs",
         opened.load(Ordering::Relaxed)
     );
-    assert!(closed >= 100.0, "the attack never filled the connections: {closed} closed at a cap");
-    assert_eq!(ran, 3, "a tenant was locked out by a few addresses' idle connections");
+    assert!(
+        closed >= 100.0,
+        "the attack never filled the connections: {closed} closed at a cap"
+    );
+    assert_eq!(
+        ran, 3,
+        "a tenant was locked out by a few addresses' idle connections"
+    );
     for a in attackers {
         a.abort();
     }
@@ -333,7 +514,10 @@ async fn a_few_addresses_holding_idle_connections_do_not_lock_out_a_tenant() {
 async fn strangers_trickling_gossip_do_not_starve_the_pools_own() {
     let w1 = WorkerProcess::start("1GiB", 1, None);
     let w2 = WorkerProcess::start("1GiB", 1, Some(&w1.addr));
-    crate::pool::wait_for(&w1.addr, Duration::from_secs(20), |v| crate::pool::alive(v) == 2).await;
+    crate::pool::wait_for(&w1.addr, Duration::from_secs(20), |v| {
+        crate::pool::alive(v) == 2
+    })
+    .await;
     // Six addresses, each with four bodies of a declared 3 MiB, trickled a
     // few bytes at a time, again and again.
     let stop = Instant::now() + Duration::from_secs(8);
@@ -343,15 +527,25 @@ async fn strangers_trickling_gossip_do_not_starve_the_pools_own() {
         for _ in 0..4 {
             let (addr, refused) = (w1.addr.clone(), refused.clone());
             strangers.push(tokio::spawn(async move {
-                let head = format!("POST /v1/gossip HTTP/1.1\r\nHost: w\r\nContent-Length: {}\r\n\r\n", 3 << 20);
+                let head = format!(
+                    "POST /v1/gossip HTTP/1.1\r\nHost: w\r\nContent-Length: {}\r\n\r\n",
+                    3 << 20
+                );
                 while Instant::now() < stop {
-                    let Ok(mut tcp) = connect_from(IpAddr::V4(Ipv4Addr::new(127, 0, 0, host)), &addr, &head).await else { continue };
+                    let Ok(mut tcp) =
+                        connect_from(IpAddr::V4(Ipv4Addr::new(127, 0, 0, host)), &addr, &head)
+                            .await
+                    else {
+                        continue;
+                    };
                     loop {
                         if Instant::now() >= stop || tcp.write_all(&[0x42; 16]).await.is_err() {
                             break;
                         }
                         let mut buf = [0u8; 256];
-                        match tokio::time::timeout(Duration::from_millis(200), tcp.read(&mut buf)).await {
+                        match tokio::time::timeout(Duration::from_millis(200), tcp.read(&mut buf))
+                            .await
+                        {
                             Ok(Ok(n)) if n > 0 => {
                                 refused.fetch_add(1, Ordering::Relaxed);
                                 break;
@@ -368,16 +562,27 @@ async fn strangers_trickling_gossip_do_not_starve_the_pools_own() {
     let before = crate::observe::scrape_open(&w1.addr).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let after = crate::observe::scrape_open(&w1.addr).await;
-    let ok = |m: &std::collections::HashMap<String, f64>| crate::observe::get(m, "peerwasm_gossip_events_total{event=\"exchange_ok\"}");
+    let ok = |m: &std::collections::HashMap<String, f64>| {
+        crate::observe::get(m, "peerwasm_gossip_events_total{event=\"exchange_ok\"}")
+    };
     let view = crate::pool::wait_for(&w1.addr, Duration::from_secs(1), |_| true).await;
-    let w2_heard = view.iter().find(|p| p.advert.addr == w2.addr).map(|p| (p.liveness, p.last_heard_ms));
+    let w2_heard = view
+        .iter()
+        .find(|p| p.advert.addr == w2.addr)
+        .map(|p| (p.liveness, p.last_heard_ms));
     println!(
         "24 trickled gossip bodies from 6 addresses: {} refused at their head; the pool's exchanges in 5 s: {}; w2 as w1 sees it: {w2_heard:?}",
         refused.load(Ordering::Relaxed),
         ok(&after) - ok(&before)
     );
-    assert!(ok(&after) - ok(&before) >= 10.0, "the pool's own gossip was starved");
-    assert!(matches!(w2_heard, Some((peerwasm::gossip::Liveness::Alive, ms)) if ms < 2000), "{w2_heard:?}");
+    assert!(
+        ok(&after) - ok(&before) >= 10.0,
+        "the pool's own gossip was starved"
+    );
+    assert!(
+        matches!(w2_heard, Some((peerwasm::gossip::Liveness::Alive, ms)) if ms < 2000),
+        "{w2_heard:?}"
+    );
     for s in strangers {
         s.abort();
     }
@@ -385,14 +590,28 @@ async fn strangers_trickling_gossip_do_not_starve_the_pools_own() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stream_nobody_reads_is_dropped_and_its_output_given_back() {
-    let (w, _t, _) = warm_worker("1GiB", 2, &["--unread-grace", "2s", "--slot-processes", "never", "--max-output", "1GiB"]).await;
+    let (w, _t, _) = warm_worker(
+        "1GiB",
+        2,
+        &[
+            "--unread-grace",
+            "2s",
+            "--slot-processes",
+            "never",
+            "--max-output",
+            "1GiB",
+        ],
+    )
+    .await;
     let mut flood = Job::new(peerwasm_testkit::guest_wasm_bytes("hostile-flood"));
     flood.limits.stdout_bytes = 900 * MIB;
     assert!(upload(&w.addr, &flood, Some(ALICE)).await.is_success());
     let tcp = crate::budgets::unread_stream(&w.addr, &flood).await;
     // Alice never reads. What she holds is bounded by her share, and let
     // go after the grace.
-    let held = |m: &std::collections::HashMap<String, f64>| crate::observe::get(m, "peerwasm_memory_bytes{kind=\"output_held\"}") as u64;
+    let held = |m: &std::collections::HashMap<String, f64>| {
+        crate::observe::get(m, "peerwasm_memory_bytes{kind=\"output_held\"}") as u64
+    };
     let mut most = 0;
     let t = Instant::now();
     let released = loop {
@@ -401,16 +620,33 @@ async fn a_stream_nobody_reads_is_dropped_and_its_output_given_back() {
         if t.elapsed() > Duration::from_secs(1) && held(&m) < 8 * MIB {
             break t.elapsed();
         }
-        assert!(t.elapsed() < Duration::from_secs(15), "unread output still held after {:?}: {} MiB", t.elapsed(), held(&m) / MIB);
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "unread output still held after {:?}: {} MiB",
+            t.elapsed(),
+            held(&m) / MIB
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     // Bob's large job starts: the memory is free again.
     let bob = Target::pool_as(vec![w.addr.clone()], Some(crate::tenants::BOB.into())).unwrap();
     let hello = Job::new(peerwasm_testkit::guest_wasm_bytes("hello"));
-    let r = tokio::time::timeout(Duration::from_secs(10), bob.run(&hello, hello.spec(Vec::new(), 700 * MIB))).await.expect("bob's job waited");
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        bob.run(&hello, hello.spec(Vec::new(), 700 * MIB)),
+    )
+    .await
+    .expect("bob's job waited");
     assert!(r.unwrap().outcome.is_success());
     bob_runs_a_job(&w).await;
-    println!("an unread stream: held at most {} MiB (share 256 MiB), released after {released:?}", most / MIB);
-    assert!(most <= 256 * MIB + 2 * MIB, "alice's unread output took {} MiB, past her share", most / MIB);
+    println!(
+        "an unread stream: held at most {} MiB (share 256 MiB), released after {released:?}",
+        most / MIB
+    );
+    assert!(
+        most <= 256 * MIB + 2 * MIB,
+        "alice's unread output took {} MiB, past her share",
+        most / MIB
+    );
     drop(tcp);
 }

@@ -30,14 +30,22 @@ fn spec() -> JobSpec {
 }
 
 fn gossip_node(key: Option<ClusterKey>) -> std::sync::Arc<SharedNode<Advert>> {
-    let node = GossipNode::new(NodeId::new("127.0.0.1:1", 1), Advert::default(), GossipConfig::default());
+    let node = GossipNode::new(
+        NodeId::new("127.0.0.1:1", 1),
+        Advert::default(),
+        GossipConfig::default(),
+    );
     SharedNode::new(node, key)
 }
 
 /// A valid gossip request body: a Syn from another node, as the transport
 /// sends it.
 fn valid_syn() -> Vec<u8> {
-    let other = GossipNode::new(NodeId::new("127.0.0.1:2", 1), Advert::default(), GossipConfig::default());
+    let other = GossipNode::new(
+        NodeId::new("127.0.0.1:2", 1),
+        Advert::default(),
+        GossipConfig::default(),
+    );
     postcard::to_allocvec(&GossipRequest::<Advert>::Syn(other.syn())).unwrap()
 }
 
@@ -134,14 +142,28 @@ async fn a_worker_answers_bad_bytes_on_every_endpoint_with_a_4xx_and_keeps_servi
         for (path, good) in &valid {
             let bodies = [
                 noise(seed, (seed as usize * 37) % 700),
-                mutate(good.clone(), &[(seed as usize, seed as u8), (seed as usize * 7, 0x80)], None),
+                mutate(
+                    good.clone(),
+                    &[(seed as usize, seed as u8), (seed as usize * 7, 0x80)],
+                    None,
+                ),
                 mutate(good.clone(), &[], Some(seed as usize)),
             ];
             for body in bodies {
-                let resp = http().post(format!("{base}{path}")).body(body).send().await.unwrap();
+                let resp = http()
+                    .post(format!("{base}{path}"))
+                    .body(body)
+                    .send()
+                    .await
+                    .unwrap();
                 let status = resp.status();
-                *statuses.entry((path.to_string(), status.as_u16())).or_default() += 1;
-                assert!(status.is_client_error() || status.is_success(), "{path}: {status}");
+                *statuses
+                    .entry((path.to_string(), status.as_u16()))
+                    .or_default() += 1;
+                assert!(
+                    status.is_client_error() || status.is_success(),
+                    "{path}: {status}"
+                );
                 if status.is_success() && *path == BATCH {
                     // Decoded as a batch after all: every frame reads back.
                     let bytes = resp.bytes().await.unwrap();
@@ -156,15 +178,30 @@ async fn a_worker_answers_bad_bytes_on_every_endpoint_with_a_4xx_and_keeps_servi
         // (validated when a job runs); under another hash, refused.
         let body = noise(seed + 1000, 64);
         let url = format!("{base}/v1/modules/{}", ModuleHash::of(&body).to_hex());
-        assert_eq!(http().put(&url).body(body.clone()).send().await.unwrap().status(), StatusCode::CREATED);
+        assert_eq!(
+            http()
+                .put(&url)
+                .body(body.clone())
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            StatusCode::CREATED
+        );
         let wrong = format!("{base}/v1/modules/{}", ModuleHash::of(b"other").to_hex());
-        assert_eq!(http().put(&wrong).body(body).send().await.unwrap().status(), StatusCode::BAD_REQUEST);
+        assert_eq!(
+            http().put(&wrong).body(body).send().await.unwrap().status(),
+            StatusCode::BAD_REQUEST
+        );
     }
     println!("statuses by endpoint: {statuses:?}");
     assert!(w.child.try_wait().unwrap().is_none(), "the worker died");
     let hello = Job::new(peerwasm_testkit::guest_wasm_bytes("hello"));
     let target = peerwasm::client::Target::pool(vec![w.addr.clone()]).unwrap();
-    let r = target.run(&hello, hello.spec(Vec::new(), 16 * MIB)).await.unwrap();
+    let r = target
+        .run(&hello, hello.spec(Vec::new(), 16 * MIB))
+        .await
+        .unwrap();
     assert!(r.outcome.is_success(), "{}", r.outcome);
 }
 
@@ -176,7 +213,15 @@ async fn each_request_kind_has_its_own_limit_and_says_so() {
 
     // A job request body over its limit is refused before it is decoded.
     let huge = vec![0u8; MAX_INPUT_BYTES as usize + (1 << 20) + 1];
-    let (status, msg) = text(http().post(format!("{base}/v1/jobs")).body(huge).send().await.unwrap()).await;
+    let (status, msg) = text(
+        http()
+            .post(format!("{base}/v1/jobs"))
+            .body(huge)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
     assert!(msg.contains("a job request may be at most 65 MiB"), "{msg}");
 
@@ -185,32 +230,74 @@ async fn each_request_kind_has_its_own_limit_and_says_so() {
     let mut big_input = hello.spec(vec![b'x'; MAX_INPUT_BYTES as usize + 1], 16 * MIB);
     big_input.program_name = "hello.wasm".into();
     let body = postcard::to_allocvec(&big_input).unwrap();
-    let (status, msg) = text(http().post(format!("{base}/v1/jobs")).body(body).send().await.unwrap()).await;
+    let (status, msg) = text(
+        http()
+            .post(format!("{base}/v1/jobs"))
+            .body(body)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
     assert!(msg.contains("inputs may be at most 64 MiB"), "{msg}");
 
     // A gossip message is small; 3 MiB + 1 is not one.
-    let (status, msg) =
-        text(http().post(format!("{base}/v1/gossip")).body(vec![0u8; (3 << 20) + 1]).send().await.unwrap()).await;
+    let (status, msg) = text(
+        http()
+            .post(format!("{base}/v1/gossip"))
+            .body(vec![0u8; (3 << 20) + 1])
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
-    assert!(msg.contains("a gossip message may be at most 3 MiB"), "{msg}");
+    assert!(
+        msg.contains("a gossip message may be at most 3 MiB"),
+        "{msg}"
+    );
 
     // Another protocol version is refused, naming both.
     let (status, msg) = text(
-        http().post(format!("{base}/v1/jobs")).header(PROTOCOL_HEADER, "0").body(Vec::new()).send().await.unwrap(),
+        http()
+            .post(format!("{base}/v1/jobs"))
+            .header(PROTOCOL_HEADER, "0")
+            .body(Vec::new())
+            .send()
+            .await
+            .unwrap(),
     )
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
-    let expected = format!("speaks peerwasm protocol {}, the request protocol 0", peerwasm::proto::PROTOCOL_VERSION);
+    let expected = format!(
+        "speaks peerwasm protocol {}, the request protocol 0",
+        peerwasm::proto::PROTOCOL_VERSION
+    );
     assert!(msg.contains(&expected), "{msg}");
 
     // Jobs queued per tenant: one slot, --max-queued 3, ten jobs at once.
     let sleep = Job::new(peerwasm_testkit::guest_wasm_bytes("sleep"));
     let url = format!("{base}/v1/modules/{}", sleep.hash().to_hex());
-    assert!(http().put(url).body(sleep.bytes().to_vec()).send().await.unwrap().status().is_success());
-    let specs: Vec<JobSpec> = (0..10).map(|_| sleep.spec(b"300\n".to_vec(), 16 * MIB)).collect();
-    let mut resp =
-        http().post(format!("{base}{BATCH}")).body(postcard::to_allocvec(&specs).unwrap()).send().await.unwrap();
+    assert!(
+        http()
+            .put(url)
+            .body(sleep.bytes().to_vec())
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .is_success()
+    );
+    let specs: Vec<JobSpec> = (0..10)
+        .map(|_| sleep.spec(b"300\n".to_vec(), 16 * MIB))
+        .collect();
+    let mut resp = http()
+        .post(format!("{base}{BATCH}"))
+        .body(postcard::to_allocvec(&specs).unwrap())
+        .send()
+        .await
+        .unwrap();
     let mut frames = FrameReader::default();
     let mut answers = Vec::new();
     while let Some(chunk) = resp.chunk().await.unwrap() {
@@ -219,16 +306,31 @@ async fn each_request_kind_has_its_own_limit_and_says_so() {
             answers.push(item.answer);
         }
     }
-    let ran = answers.iter().filter(|a| matches!(a, BatchAnswer::Done(r) if r.outcome.is_success())).count();
+    let ran = answers
+        .iter()
+        .filter(|a| matches!(a, BatchAnswer::Done(r) if r.outcome.is_success()))
+        .count();
     let full: Vec<_> = answers
         .iter()
         .filter_map(|a| match a {
-            BatchAnswer::Refused { status: 503, message, .. } => Some(message.clone()),
+            BatchAnswer::Refused {
+                status: 503,
+                message,
+                ..
+            } => Some(message.clone()),
             _ => None,
         })
         .collect();
-    assert_eq!((ran, full.len()), (4, 6), "one running and three queued; the rest refused: {answers:?}");
-    assert!(full[0].contains("queue for your jobs is full"), "{}", full[0]);
+    assert_eq!(
+        (ran, full.len()),
+        (4, 6),
+        "one running and three queued; the rest refused: {answers:?}"
+    );
+    assert!(
+        full[0].contains("queue for your jobs is full"),
+        "{}",
+        full[0]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -239,7 +341,10 @@ async fn module_bytes_are_held_within_a_budget() {
     let hello = Job::new(peerwasm_testkit::guest_wasm_bytes("hello"));
     let sleep = Job::new(peerwasm_testkit::guest_wasm_bytes("sleep"));
     for job in [&hello, &sleep, &hello] {
-        let r = target.run(job, job.spec(b"1\n".to_vec(), 16 * MIB)).await.unwrap();
+        let r = target
+            .run(job, job.spec(b"1\n".to_vec(), 16 * MIB))
+            .await
+            .unwrap();
         assert!(r.outcome.is_success(), "{}", r.outcome);
     }
     // Only the last module's bytes are held; hello's were dropped, and its
@@ -247,6 +352,9 @@ async fn module_bytes_are_held_within_a_budget() {
     let m = crate::observe::scrape(&w.addr).await;
     let held = crate::observe::get(&m, "peerwasm_memory_bytes{kind=\"module_bytes\"}") as usize;
     assert_eq!(held, sleep.bytes().len(), "bytes held");
-    let view = crate::pool::wait_for(&w.addr, Duration::from_secs(5), |v| v[0].advert.jobs_run == 3).await;
+    let view = crate::pool::wait_for(&w.addr, Duration::from_secs(5), |v| {
+        v[0].advert.jobs_run == 3
+    })
+    .await;
     assert_eq!(view[0].advert.modules_received, 2);
 }

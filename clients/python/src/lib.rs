@@ -77,10 +77,18 @@ impl Result {
     }
 }
 
-fn to_result(py: Python<'_>, r: JobResult, attempts: u32, index: Option<usize>) -> PyResult<Result> {
+fn to_result(
+    py: Python<'_>,
+    r: JobResult,
+    attempts: u32,
+    index: Option<usize>,
+) -> PyResult<Result> {
     let json = py.import("json")?;
     let output = match std::str::from_utf8(&r.stdout) {
-        Ok(text) if !text.trim().is_empty() => json.call_method1("loads", (text,)).map(|v| v.unbind()).unwrap_or_else(|_| py.None()),
+        Ok(text) if !text.trim().is_empty() => json
+            .call_method1("loads", (text,))
+            .map(|v| v.unbind())
+            .unwrap_or_else(|_| py.None()),
         _ => py.None(),
     };
     Ok(Result {
@@ -119,7 +127,12 @@ fn stderr_tail(stderr: &str) -> String {
 /// process, so compiled modules and threads are reused between calls).
 fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("a tokio runtime"))
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime")
+    })
 }
 
 fn embedded() -> PyResult<Target> {
@@ -129,9 +142,14 @@ fn embedded() -> PyResult<Target> {
     }
     let mut sandbox = peerwasm::sandbox::SandboxConfig::default();
     sandbox.cache_dir = dirs_cache().map(|d| d.join("modules"));
-    let runner = peerwasm::runner::JobRunner::new(peerwasm::runner::RunnerConfig { sandbox, ..Default::default() })
-        .map_err(|e| PyRuntimeError::new_err(format!("cannot start the embedded worker: {e:#}")))?;
-    Ok(EMBEDDED.get_or_init(|| Target::Embedded(Arc::new(runner))).clone())
+    let runner = peerwasm::runner::JobRunner::new(peerwasm::runner::RunnerConfig {
+        sandbox,
+        ..Default::default()
+    })
+    .map_err(|e| PyRuntimeError::new_err(format!("cannot start the embedded worker: {e:#}")))?;
+    Ok(EMBEDDED
+        .get_or_init(|| Target::Embedded(Arc::new(runner)))
+        .clone())
 }
 
 /// `$PEERWASM_CACHE_DIR`, else `$XDG_CACHE_HOME/peerwasm` or `~/.cache/peerwasm`.
@@ -147,16 +165,27 @@ fn dirs_cache() -> Option<PathBuf> {
 
 fn target(peers: Option<Vec<String>>, token: Option<String>) -> PyResult<Target> {
     let peers = peers.or_else(|| {
-        std::env::var("PEERWASM_PEERS").ok().map(|p| p.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect())
+        std::env::var("PEERWASM_PEERS").ok().map(|p| {
+            p.split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect()
+        })
     });
     match peers {
         Some(p) if !p.is_empty() => {
             let token = token.or_else(|| std::env::var("PEERWASM_TOKEN").ok());
             // TLS as the command line has it: PEERWASM_TLS_CA names the
             // pool's CA; PEERWASM_INSECURE_HTTP=1 lets a token go in clear.
-            let transport = peerwasm::net::Transport::from_env().map_err(|e| PyValueError::new_err(format!("{e:#}")))?;
-            let pool = Pool::new(PoolConfig { token, hash_cache: dirs_cache(), transport, ..PoolConfig::new(p) })
+            let transport = peerwasm::net::Transport::from_env()
                 .map_err(|e| PyValueError::new_err(format!("{e:#}")))?;
+            let pool = Pool::new(PoolConfig {
+                token,
+                hash_cache: dirs_cache(),
+                transport,
+                ..PoolConfig::new(p)
+            })
+            .map_err(|e| PyValueError::new_err(format!("{e:#}")))?;
             Ok(Target::Pool(Arc::new(pool)))
         }
         _ => embedded(),
@@ -180,8 +209,12 @@ fn to_size(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
     if let Ok(n) = obj.extract::<u64>() {
         return Ok(Some(n));
     }
-    let s: String = obj.extract().map_err(|_| PyValueError::new_err("mem must be a number of bytes or a size such as \"64MiB\""))?;
-    peerwasm::units::parse_size(&s).map(Some).map_err(PyValueError::new_err)
+    let s: String = obj.extract().map_err(|_| {
+        PyValueError::new_err("mem must be a number of bytes or a size such as \"64MiB\"")
+    })?;
+    peerwasm::units::parse_size(&s)
+        .map(Some)
+        .map_err(PyValueError::new_err)
 }
 
 /// A duration: seconds (int or float), or a string such as "30s".
@@ -193,12 +226,19 @@ fn to_timeout(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
         }
         return Ok(Some((secs * 1e3).ceil() as u64));
     }
-    let s: String = obj.extract().map_err(|_| PyValueError::new_err("timeout must be seconds or a duration such as \"30s\""))?;
+    let s: String = obj.extract().map_err(|_| {
+        PyValueError::new_err("timeout must be seconds or a duration such as \"30s\"")
+    })?;
     let d = peerwasm::units::parse_duration(&s).map_err(PyValueError::new_err)?;
     Ok(Some(d.as_millis().max(1) as u64))
 }
 
-fn job(module: PathBuf, args: Vec<String>, env: Option<&Bound<'_, PyDict>>, timeout_ms: Option<u64>) -> PyResult<Job> {
+fn job(
+    module: PathBuf,
+    args: Vec<String>,
+    env: Option<&Bound<'_, PyDict>>,
+    timeout_ms: Option<u64>,
+) -> PyResult<Job> {
     let mut job = Job::from_file(&module).map_err(|e| PyValueError::new_err(format!("{e:#}")))?;
     job.args = args;
     if let Some(env) = env {
@@ -213,7 +253,10 @@ fn job(module: PathBuf, args: Vec<String>, env: Option<&Bound<'_, PyDict>>, time
 /// Runs `fut` on the runtime with the GIL released; checks for Ctrl-C
 /// every 100 ms, and on one drops `fut` (cancelling what it runs) and
 /// raises `KeyboardInterrupt`.
-fn block_on<T: Send>(py: Python<'_>, fut: impl std::future::Future<Output = T> + Send) -> PyResult<T> {
+fn block_on<T: Send>(
+    py: Python<'_>,
+    fut: impl std::future::Future<Output = T> + Send,
+) -> PyResult<T> {
     py.detach(|| {
         runtime().block_on(async {
             tokio::pin!(fut);
@@ -257,12 +300,22 @@ fn run(
 }
 
 /// Runs `job` once with `stdin`; the Result, or JobError.
-fn run_job(py: Python<'_>, job: &Job, stdin: Vec<u8>, mem: Option<u64>, target: Target) -> PyResult<Result> {
+fn run_job(
+    py: Python<'_>,
+    job: &Job,
+    stdin: Vec<u8>,
+    mem: Option<u64>,
+    target: Target,
+) -> PyResult<Result> {
     let spec = job.spec(stdin, mem.unwrap_or(DEFAULT_MEMORY));
     let result = block_on(py, async { target.run(job, spec).await })?
         .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
     let result = to_result(py, result, 1, None)?;
-    if result.ok() { Ok(result) } else { Err(job_error(py, result)?) }
+    if result.ok() {
+        Ok(result)
+    } else {
+        Err(job_error(py, result)?)
+    }
 }
 
 /// Prints a line of progress on stderr every second.
@@ -281,7 +334,10 @@ impl MapObserver for Printer {
     fn progress(&mut self, p: &Progress) {
         if self.show && self.last.elapsed() >= Duration::from_secs(1) {
             let total = p.total.map_or(String::new(), |t| format!("/{t}"));
-            eprintln!("peerwasm.map: {}{total} done · {} failed · {} retried", p.done, p.failed, p.retried);
+            eprintln!(
+                "peerwasm.map: {}{total} done · {} failed · {} retried",
+                p.done, p.failed, p.retried
+            );
             self.last = std::time::Instant::now();
         }
     }
@@ -322,7 +378,12 @@ fn map(
         }
     }
     let job = job(module, Vec::new(), None, to_timeout(timeout)?)?;
-    let config = MapConfig { mem: to_size(mem)?, keep_going, retries, ..MapConfig::default() };
+    let config = MapConfig {
+        mem: to_size(mem)?,
+        keep_going,
+        retries,
+        ..MapConfig::default()
+    };
     map_job(py, &job, stdins, &config, target(peers, token)?, progress)
 }
 
@@ -339,11 +400,24 @@ fn learned_memory() -> Option<String> {
 
 /// Runs `job` once per input; the Results in input order, or JobError
 /// for the first failed one (unless `config.keep_going`).
-fn map_job(py: Python<'_>, job: &Job, stdins: Vec<Vec<u8>>, config: &MapConfig, target: Target, progress: bool) -> PyResult<Vec<Result>> {
+fn map_job(
+    py: Python<'_>,
+    job: &Job,
+    stdins: Vec<Vec<u8>>,
+    config: &MapConfig,
+    target: Target,
+    progress: bool,
+) -> PyResult<Vec<Result>> {
     let keep_going = config.keep_going;
-    let mut printer = Printer { show: progress, last: std::time::Instant::now(), items: Vec::new() };
-    let summary = block_on(py, async { peerwasm::client::map(&target, job, stdins, config, &mut printer).await })?
-        .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))?;
+    let mut printer = Printer {
+        show: progress,
+        last: std::time::Instant::now(),
+        items: Vec::new(),
+    };
+    let summary = block_on(py, async {
+        peerwasm::client::map(&target, job, stdins, config, &mut printer).await
+    })?
+    .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))?;
     let learned = summary.learned_model.map(|m| m.describe());
     if progress && let Some(words) = &learned {
         eprintln!("peerwasm: memory learned: {words}");
@@ -366,7 +440,9 @@ fn map_job(py: Python<'_>, job: &Job, stdins: Vec<Vec<u8>>, config: &MapConfig, 
         return Err(job_error(py, r)?);
     }
     if summary.stopped.is_some() {
-        return Err(PyRuntimeError::new_err("the map stopped without a failed result"));
+        return Err(PyRuntimeError::new_err(
+            "the map stopped without a failed result",
+        ));
     }
     Ok(results)
 }
@@ -374,11 +450,17 @@ fn map_job(py: Python<'_>, job: &Job, stdins: Vec<Vec<u8>>, config: &MapConfig, 
 /// A job that runs the Python program `source` on the CPython for WASI in
 /// `runtime` (a directory holding `python.wasm` and `python-stdlib.zip`),
 /// and the directory that holds its copy of the program while it runs.
-fn python_job(runtime: PathBuf, source: &str, timeout_ms: Option<u64>) -> PyResult<peerwasm::client::python::PythonJob> {
+fn python_job(
+    runtime: PathBuf,
+    source: &str,
+    timeout_ms: Option<u64>,
+) -> PyResult<peerwasm::client::python::PythonJob> {
     let err = |e: anyhow::Error| PyValueError::new_err(format!("{e:#}"));
     let rt = peerwasm::client::python::PythonRuntime::in_dir(&runtime).map_err(err)?;
     let cache = dirs_cache().unwrap_or_else(|| std::env::temp_dir().join("peerwasm-cache"));
-    let mut pj = peerwasm::client::python::python_source_job(&rt, "job.py", source.as_bytes(), &cache).map_err(err)?;
+    let mut pj =
+        peerwasm::client::python::python_source_job(&rt, "job.py", source.as_bytes(), &cache)
+            .map_err(err)?;
     pj.job.limits.timeout_ms = timeout_ms;
     Ok(pj)
 }
@@ -420,8 +502,20 @@ fn _map_python(
     retries: u32,
 ) -> PyResult<Vec<Result>> {
     let pj = python_job(runtime, source, to_timeout(timeout)?)?;
-    let config = MapConfig { mem: to_size(mem)?, keep_going, retries, ..MapConfig::default() };
-    map_job(py, &pj.job, inputs, &config, target(peers, token)?, progress)
+    let config = MapConfig {
+        mem: to_size(mem)?,
+        keep_going,
+        retries,
+        ..MapConfig::default()
+    };
+    map_job(
+        py,
+        &pj.job,
+        inputs,
+        &config,
+        target(peers, token)?,
+        progress,
+    )
 }
 
 #[pymodule]

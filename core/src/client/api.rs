@@ -31,14 +31,21 @@ pub enum ApiError {
     /// The worker answered another status than the route's success, with
     /// its message and, for a job it could never hold, the largest it
     /// could.
-    Status { status: StatusCode, message: String, largest: Option<u64> },
+    Status {
+        status: StatusCode,
+        message: String,
+        largest: Option<u64>,
+    },
     /// The answer could not be read as the route's type.
     Unreadable(String),
 }
 
 impl ApiError {
     fn from_reqwest(e: &reqwest::Error) -> ApiError {
-        ApiError::Transport { connect: e.is_connect(), why: crate::net::describe(e) }
+        ApiError::Transport {
+            connect: e.is_connect(),
+            why: crate::net::describe(e),
+        }
     }
 
     /// The status the worker answered, if it answered.
@@ -54,7 +61,9 @@ impl std::fmt::Display for ApiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ApiError::Transport { why, .. } => f.write_str(why),
-            ApiError::Status { status, message, .. } => write!(f, "{status} {message}"),
+            ApiError::Status {
+                status, message, ..
+            } => write!(f, "{status} {message}"),
             ApiError::Unreadable(why) => f.write_str(why),
         }
     }
@@ -87,33 +96,58 @@ impl<'a> WorkerApi<'a> {
 
     /// Sends `request`; its response if the status is `ok`.
     async fn expect(request: RequestBuilder, ok: StatusCode) -> Result<Response, ApiError> {
-        let resp = request.send().await.map_err(|e| ApiError::from_reqwest(&e))?;
+        let resp = request
+            .send()
+            .await
+            .map_err(|e| ApiError::from_reqwest(&e))?;
         if resp.status() == ok {
             return Ok(resp);
         }
         let status = resp.status();
-        let largest = resp.headers().get(LARGEST_JOB_HEADER).and_then(|v| v.to_str().ok()?.parse().ok());
+        let largest = resp
+            .headers()
+            .get(LARGEST_JOB_HEADER)
+            .and_then(|v| v.to_str().ok()?.parse().ok());
         let message = resp.text().await.unwrap_or_default().trim().to_string();
-        Err(ApiError::Status { status, message, largest })
+        Err(ApiError::Status {
+            status,
+            message,
+            largest,
+        })
     }
 
     async fn body(resp: Response) -> Result<Bytes, ApiError> {
         resp.bytes().await.map_err(|e| ApiError::from_reqwest(&e))
     }
 
-    async fn postcard<T: serde::de::DeserializeOwned>(&self, resp: Response, what: &str) -> Result<T, ApiError> {
+    async fn postcard<T: serde::de::DeserializeOwned>(
+        &self,
+        resp: Response,
+        what: &str,
+    ) -> Result<T, ApiError> {
         let bytes = Self::body(resp).await?;
-        postcard::from_bytes(&bytes).map_err(|e| ApiError::Unreadable(format!("{} sent {what} we cannot read: {e}", self.addr)))
+        postcard::from_bytes(&bytes).map_err(|e| {
+            ApiError::Unreadable(format!("{} sent {what} we cannot read: {e}", self.addr))
+        })
     }
 
-    async fn json<T: serde::de::DeserializeOwned>(&self, resp: Response, what: &str) -> Result<T, ApiError> {
+    async fn json<T: serde::de::DeserializeOwned>(
+        &self,
+        resp: Response,
+        what: &str,
+    ) -> Result<T, ApiError> {
         let bytes = Self::body(resp).await?;
-        serde_json::from_slice(&bytes).map_err(|e| ApiError::Unreadable(format!("{} sent {what} we cannot read: {e}", self.addr)))
+        serde_json::from_slice(&bytes).map_err(|e| {
+            ApiError::Unreadable(format!("{} sent {what} we cannot read: {e}", self.addr))
+        })
     }
 
     /// `GET /v1/peers`: the pool as this worker sees it.
     pub async fn peers(&self) -> Result<Vec<PeerView>, ApiError> {
-        let request = self.http.get(self.url(routes::PEERS)).header(reqwest::header::ACCEPT, POSTCARD);
+        let request = self
+            .http
+            .get(self.url(routes::PEERS))
+            .header(reqwest::header::ACCEPT, POSTCARD);
         let resp = Self::expect(request, StatusCode::OK).await?;
         self.postcard(resp, "a pool view").await
     }
@@ -125,16 +159,27 @@ impl<'a> WorkerApi<'a> {
             .put(self.url(&routes::path(routes::MODULE, &hash.to_hex())))
             .header(reqwest::header::CONTENT_TYPE, "application/wasm")
             .body(bytes);
-        let resp = request.send().await.map_err(|e| ApiError::from_reqwest(&e))?;
+        let resp = request
+            .send()
+            .await
+            .map_err(|e| ApiError::from_reqwest(&e))?;
         match resp.status() {
             s if s.is_success() => Ok(()),
-            status => Err(ApiError::Status { status, message: resp.text().await.unwrap_or_default().trim().to_string(), largest: None }),
+            status => Err(ApiError::Status {
+                status,
+                message: resp.text().await.unwrap_or_default().trim().to_string(),
+                largest: None,
+            }),
         }
     }
 
     /// `PUT /v1/trees/{hash}`: a shipped directory's manifest (as encoded);
     /// the files the worker lacks.
-    pub async fn put_tree(&self, manifest: &ModuleHash, encoded: Bytes) -> Result<Vec<FileHash>, ApiError> {
+    pub async fn put_tree(
+        &self,
+        manifest: &ModuleHash,
+        encoded: Bytes,
+    ) -> Result<Vec<FileHash>, ApiError> {
         let request = self
             .http
             .put(self.url(&routes::path(routes::TREE, &manifest.to_hex())))
@@ -156,40 +201,74 @@ impl<'a> WorkerApi<'a> {
 
     /// Sends `request`; its response if the status is a success (2xx).
     async fn expect_success(request: RequestBuilder) -> Result<Response, ApiError> {
-        let resp = request.send().await.map_err(|e| ApiError::from_reqwest(&e))?;
+        let resp = request
+            .send()
+            .await
+            .map_err(|e| ApiError::from_reqwest(&e))?;
         if resp.status().is_success() {
             return Ok(resp);
         }
         let status = resp.status();
-        Err(ApiError::Status { status, message: resp.text().await.unwrap_or_default().trim().to_string(), largest: None })
+        Err(ApiError::Status {
+            status,
+            message: resp.text().await.unwrap_or_default().trim().to_string(),
+            largest: None,
+        })
     }
 
     /// `POST` of a job-carrying `body` (postcard) to `path` (`/v1/jobs`,
     /// with `?detach=true`, or `/v1/submissions`); the response when the
     /// status is `accepted`.
-    pub async fn post_job(&self, path: &str, accepted: StatusCode, body: Bytes) -> Result<Response, ApiError> {
-        let request = self.http.post(self.url(path)).header(reqwest::header::CONTENT_TYPE, POSTCARD).body(body);
+    pub async fn post_job(
+        &self,
+        path: &str,
+        accepted: StatusCode,
+        body: Bytes,
+    ) -> Result<Response, ApiError> {
+        let request = self
+            .http
+            .post(self.url(path))
+            .header(reqwest::header::CONTENT_TYPE, POSTCARD)
+            .body(body);
         Self::expect(request, accepted).await
     }
 
     /// `POST /v1/backlog`: what a running map still has to run.
-    pub async fn post_backlog(&self, backlog: &crate::proto::backlog::Backlog) -> Result<(), ApiError> {
-        let body = postcard::to_allocvec(backlog).map_err(|e| ApiError::Unreadable(e.to_string()))?;
-        let request = self.http.post(self.url(routes::BACKLOG)).header(reqwest::header::CONTENT_TYPE, POSTCARD).body(body);
-        Self::expect(request, StatusCode::NO_CONTENT).await.map(drop)
+    pub async fn post_backlog(
+        &self,
+        backlog: &crate::proto::backlog::Backlog,
+    ) -> Result<(), ApiError> {
+        let body =
+            postcard::to_allocvec(backlog).map_err(|e| ApiError::Unreadable(e.to_string()))?;
+        let request = self
+            .http
+            .post(self.url(routes::BACKLOG))
+            .header(reqwest::header::CONTENT_TYPE, POSTCARD)
+            .body(body);
+        Self::expect(request, StatusCode::NO_CONTENT)
+            .await
+            .map(drop)
     }
 
     /// `POST /v1/jobs/batch`: many jobs; the response streams their
     /// answers (frames) as they end.
     pub async fn post_batch(&self, body: Bytes) -> Result<Response, ApiError> {
-        let request = self.http.post(self.url(routes::BATCH)).header(reqwest::header::CONTENT_TYPE, POSTCARD).body(body);
+        let request = self
+            .http
+            .post(self.url(routes::BATCH))
+            .header(reqwest::header::CONTENT_TYPE, POSTCARD)
+            .body(body);
         Self::expect(request, StatusCode::OK).await
     }
 
     /// `POST /v1/jobs/stream`: one job whose stdin is `body` as it comes;
     /// the response streams its output (frames).
     pub async fn post_stream(&self, body: reqwest::Body) -> Result<Response, ApiError> {
-        let request = self.http.post(self.url(routes::STREAM)).header(reqwest::header::CONTENT_TYPE, POSTCARD).body(body);
+        let request = self
+            .http
+            .post(self.url(routes::STREAM))
+            .header(reqwest::header::CONTENT_TYPE, POSTCARD)
+            .body(body);
         Self::expect(request, StatusCode::OK).await
     }
 
@@ -202,42 +281,73 @@ impl<'a> WorkerApi<'a> {
     /// `DELETE /v1/jobs/{id}`: cancels a job; what it was (`queued`,
     /// `running`, `done`). 409: it had ended; 404: not here.
     pub async fn cancel_job(&self, id: &str) -> Result<String, ApiError> {
-        let resp = Self::expect(self.http.delete(self.url(&routes::path(routes::JOB, id))), StatusCode::OK).await?;
+        let resp = Self::expect(
+            self.http.delete(self.url(&routes::path(routes::JOB, id))),
+            StatusCode::OK,
+        )
+        .await?;
         Ok(was(&resp.text().await.unwrap_or_default()))
     }
 
     /// `GET /v1/jobs/{id}/output`: a detached job's output past `seen`
     /// bytes of stdout and stderr, and its outcome once it has ended.
     pub async fn job_output(&self, id: &str, seen: [u64; 2]) -> Result<JobOutput, ApiError> {
-        let path = format!("{}?stdout={}&stderr={}", routes::path(routes::JOB_OUTPUT, id), seen[0], seen[1]);
+        let path = format!(
+            "{}?stdout={}&stderr={}",
+            routes::path(routes::JOB_OUTPUT, id),
+            seen[0],
+            seen[1]
+        );
         let resp = Self::expect(self.http.get(self.url(&path)), StatusCode::OK).await?;
         self.postcard(resp, "output").await
     }
 
     /// `GET /v1/submissions/{id}`: a submission's owner and progress.
     pub async fn submission(&self, id: &str) -> Result<SubmissionInfo, ApiError> {
-        let resp = Self::expect(self.http.get(self.url(&routes::path(routes::SUBMISSION, id))), StatusCode::OK).await?;
+        let resp = Self::expect(
+            self.http
+                .get(self.url(&routes::path(routes::SUBMISSION, id))),
+            StatusCode::OK,
+        )
+        .await?;
         self.json(resp, "a submission").await
     }
 
     /// `GET /v1/submissions/{id}/results`: results from input `from` on,
     /// the worker waiting up to `wait` for the next one.
-    pub async fn submission_results(&self, id: &str, from: u64, wait: Duration) -> Result<ResultsPage, ApiError> {
-        let path = format!("{}?from={from}&wait_ms={}", routes::path(routes::SUBMISSION_RESULTS, id), wait.as_millis());
-        let request = self.http.get(self.url(&path)).timeout(wait + Duration::from_secs(30));
+    pub async fn submission_results(
+        &self,
+        id: &str,
+        from: u64,
+        wait: Duration,
+    ) -> Result<ResultsPage, ApiError> {
+        let path = format!(
+            "{}?from={from}&wait_ms={}",
+            routes::path(routes::SUBMISSION_RESULTS, id),
+            wait.as_millis()
+        );
+        let request = self
+            .http
+            .get(self.url(&path))
+            .timeout(wait + Duration::from_secs(30));
         let resp = Self::expect(request, StatusCode::OK).await?;
         self.postcard(resp, "results").await
     }
 
     /// `GET /v1/submissions`: the caller's submissions owned here.
     pub async fn submissions(&self) -> Result<Vec<SubmissionInfo>, ApiError> {
-        let resp = Self::expect(self.http.get(self.url(routes::SUBMISSIONS)), StatusCode::OK).await?;
+        let resp =
+            Self::expect(self.http.get(self.url(routes::SUBMISSIONS)), StatusCode::OK).await?;
         self.json(resp, "a list").await
     }
 
     /// `GET /v1/history`: the jobs this worker ran since `since_ms` (only
     /// `tenant`'s when given).
-    pub async fn history(&self, since_ms: u64, tenant: Option<&str>) -> Result<Vec<HistoryRecord>, ApiError> {
+    pub async fn history(
+        &self,
+        since_ms: u64,
+        tenant: Option<&str>,
+    ) -> Result<Vec<HistoryRecord>, ApiError> {
         let mut path = format!("{}?since_ms={since_ms}", routes::HISTORY);
         if let Some(t) = tenant {
             path.push_str(&format!("&tenant={}", url_escape(t)));
@@ -249,7 +359,9 @@ impl<'a> WorkerApi<'a> {
     /// `DELETE /v1/submissions/{id}`: cancels (or discards) a submission;
     /// what it was.
     pub async fn cancel_submission(&self, id: &str) -> Result<String, ApiError> {
-        let request = self.http.delete(self.url(&routes::path(routes::SUBMISSION, id)));
+        let request = self
+            .http
+            .delete(self.url(&routes::path(routes::SUBMISSION, id)));
         let resp = Self::expect(request, StatusCode::OK).await?;
         Ok(was(&resp.text().await.unwrap_or_default()))
     }
@@ -267,7 +379,9 @@ fn was(body: &str) -> String {
 fn url_escape(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
             b => format!("%{b:02X}"),
         })
         .collect()

@@ -10,10 +10,10 @@
 //! job, as each ends, so a batch never makes a short job wait for a long one.
 
 use crate::net::HttpClient;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -54,7 +54,9 @@ pub(super) struct Batchers {
 
 impl Batchers {
     pub(super) fn new() -> Batchers {
-        Batchers { lanes: Mutex::new(HashMap::new()) }
+        Batchers {
+            lanes: Mutex::new(HashMap::new()),
+        }
     }
 
     /// Sends one job (its postcard `JobSpec`) to `addr`, which has `slots`
@@ -72,28 +74,42 @@ impl Batchers {
         let (reply, answer) = oneshot::channel();
         {
             let mut lanes = self.lanes.lock();
-            let lane = lanes.entry(addr.to_string()).or_insert_with(|| open(addr, http));
+            let lane = lanes
+                .entry(addr.to_string())
+                .or_insert_with(|| open(addr, http));
             lane.slots.store(slots.max(1) as usize, Ordering::Relaxed);
             if let Err(mpsc::error::SendError(w)) = lane.queue.send(Waiting { spec, reply }) {
                 // Cannot happen while the lane exists (its task lives as long
                 // as the sender); answer rather than hang if it does.
-                let _ = w.reply.send(Err(PeerError::Lost("the batcher stopped".into())));
+                let _ = w
+                    .reply
+                    .send(Err(PeerError::Lost("the batcher stopped".into())));
             }
         }
-        answer.await.unwrap_or_else(|_| Err(PeerError::Lost("the batch was dropped".into())))
+        answer
+            .await
+            .unwrap_or_else(|_| Err(PeerError::Lost("the batch was dropped".into())))
     }
-
 }
 
 /// A lane to `addr`, sending with `http`.
 fn open(addr: &str, http: &HttpClient) -> Lane {
     let (queue, rx) = mpsc::unbounded_channel();
-    let lane = Lane { queue, outstanding: Arc::new(AtomicUsize::new(0)), slots: Arc::new(AtomicUsize::new(1)) };
+    let lane = Lane {
+        queue,
+        outstanding: Arc::new(AtomicUsize::new(0)),
+        slots: Arc::new(AtomicUsize::new(1)),
+    };
     let (http, addr, outstanding) = (http.clone(), addr.to_string(), lane.outstanding.clone());
     let dispatch = move |batch| {
         tokio::spawn(send(http.clone(), addr.clone(), batch, outstanding.clone()));
     };
-    tokio::spawn(gather(rx, lane.outstanding.clone(), lane.slots.clone(), dispatch));
+    tokio::spawn(gather(
+        rx,
+        lane.outstanding.clone(),
+        lane.slots.clone(),
+        dispatch,
+    ));
     lane
 }
 
@@ -132,7 +148,8 @@ async fn gather(
 async fn send(http: HttpClient, addr: String, batch: Vec<Waiting>, outstanding: Arc<AtomicUsize>) {
     let body = batch_body(batch.iter().map(|w| &w.spec[..]));
     let count = batch.len();
-    let waiting: Mutex<Vec<Option<oneshot::Sender<_>>>> = Mutex::new(batch.into_iter().map(|w| Some(w.reply)).collect());
+    let waiting: Mutex<Vec<Option<oneshot::Sender<_>>>> =
+        Mutex::new(batch.into_iter().map(|w| Some(w.reply)).collect());
     let lock = || waiting.lock();
     let mut answer = |index: usize, a: Result<BatchAnswer, PeerError>| {
         if let Some(reply) = lock().get_mut(index).and_then(Option::take) {
@@ -187,10 +204,18 @@ async fn exchange(
 ) -> Result<(), PeerError> {
     let mut resp = match api.post_batch(body.into()).await {
         Ok(resp) => resp,
-        Err(ApiError::Status { status, message, largest }) => {
+        Err(ApiError::Status {
+            status,
+            message,
+            largest,
+        }) => {
             // The whole request was refused: every job gets that refusal.
             for index in 0..count {
-                let refused = BatchAnswer::Refused { status: status.as_u16(), message: message.clone(), largest_job: largest };
+                let refused = BatchAnswer::Refused {
+                    status: status.as_u16(),
+                    message: message.clone(),
+                    largest_job: largest,
+                };
                 answer(index, Ok(refused));
             }
             return Ok(());
@@ -198,7 +223,11 @@ async fn exchange(
         Err(e) => return Err(e.into()),
     };
     let mut reader = FrameReader::default();
-    while let Some(chunk) = resp.chunk().await.map_err(|e| PeerError::from_reqwest(&e))? {
+    while let Some(chunk) = resp
+        .chunk()
+        .await
+        .map_err(|e| PeerError::from_reqwest(&e))?
+    {
         reader.push(&chunk);
         while let Some(item) = reader.next_item().map_err(PeerError::Lost)? {
             answer(item.index as usize, Ok(item.answer));
@@ -216,19 +245,39 @@ mod tests {
 
     fn waiting(n: u8) -> (Waiting, oneshot::Receiver<Result<BatchAnswer, PeerError>>) {
         let (reply, rx) = oneshot::channel();
-        (Waiting { spec: bytes::Bytes::from(vec![n]), reply }, rx)
+        (
+            Waiting {
+                spec: bytes::Bytes::from(vec![n]),
+                reply,
+            },
+            rx,
+        )
     }
 
     /// A lane whose batches are recorded (their jobs' first bytes, and
     /// when) instead of sent; `outstanding` jobs already on the worker.
-    fn lane(slots: usize, outstanding: usize) -> (mpsc::UnboundedSender<Waiting>, Arc<Mutex<Vec<(Vec<u8>, tokio::time::Instant)>>>) {
+    fn lane(
+        slots: usize,
+        outstanding: usize,
+    ) -> (
+        mpsc::UnboundedSender<Waiting>,
+        Arc<Mutex<Vec<(Vec<u8>, tokio::time::Instant)>>>,
+    ) {
         let (tx, rx) = mpsc::unbounded_channel();
         let sent = Arc::new(Mutex::new(Vec::new()));
         let record = sent.clone();
         let dispatch = move |batch: Vec<Waiting>| {
-            record.lock().push((batch.iter().map(|w| w.spec[0]).collect(), tokio::time::Instant::now()));
+            record.lock().push((
+                batch.iter().map(|w| w.spec[0]).collect(),
+                tokio::time::Instant::now(),
+            ));
         };
-        tokio::spawn(gather(rx, Arc::new(AtomicUsize::new(outstanding)), Arc::new(AtomicUsize::new(slots)), dispatch));
+        tokio::spawn(gather(
+            rx,
+            Arc::new(AtomicUsize::new(outstanding)),
+            Arc::new(AtomicUsize::new(slots)),
+            dispatch,
+        ));
         (tx, sent)
     }
 
@@ -245,8 +294,16 @@ mod tests {
         tx.send(c).unwrap();
         tokio::task::yield_now().await;
         let sent = sent.lock().clone();
-        assert_eq!(sent.iter().map(|(jobs, _)| jobs.clone()).collect::<Vec<_>>(), [vec![1], vec![2, 3]]);
-        assert!(sent.iter().all(|(_, at)| *at == start), "no lingering while the worker has room");
+        assert_eq!(
+            sent.iter()
+                .map(|(jobs, _)| jobs.clone())
+                .collect::<Vec<_>>(),
+            [vec![1], vec![2, 3]]
+        );
+        assert!(
+            sent.iter().all(|(_, at)| *at == start),
+            "no lingering while the worker has room"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -264,14 +321,31 @@ mod tests {
         tx.send(c).unwrap();
         tokio::time::sleep(2 * LINGER).await;
         let sent = sent.lock().clone();
-        assert_eq!(sent.iter().map(|(jobs, _)| jobs.clone()).collect::<Vec<_>>(), [vec![1, 2], vec![3]]);
-        assert_eq!(sent[0].1 - start, LINGER, "the first batch waited exactly its linger");
+        assert_eq!(
+            sent.iter()
+                .map(|(jobs, _)| jobs.clone())
+                .collect::<Vec<_>>(),
+            [vec![1, 2], vec![3]]
+        );
+        assert_eq!(
+            sent[0].1 - start,
+            LINGER,
+            "the first batch waited exactly its linger"
+        );
     }
 
     #[test]
     fn a_batch_body_is_the_postcard_list_of_its_specs() {
-        let specs: Vec<JobSpec> = (0..3u8).map(|i| JobSpec { args: vec![i.to_string()], ..JobSpec::new(ModuleHash([i; 32])) }).collect();
-        let encoded: Vec<Vec<u8>> = specs.iter().map(|s| postcard::to_allocvec(s).unwrap()).collect();
+        let specs: Vec<JobSpec> = (0..3u8)
+            .map(|i| JobSpec {
+                args: vec![i.to_string()],
+                ..JobSpec::new(ModuleHash([i; 32]))
+            })
+            .collect();
+        let encoded: Vec<Vec<u8>> = specs
+            .iter()
+            .map(|s| postcard::to_allocvec(s).unwrap())
+            .collect();
         let body = batch_body(encoded.iter().map(Vec::as_slice));
         assert_eq!(body, postcard::to_allocvec(&specs).unwrap());
         assert_eq!(postcard::from_bytes::<Vec<JobSpec>>(&body).unwrap(), specs);

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 
-use super::job::Job;
 use super::errors::{PeerError, SubmitError};
+use super::job::Job;
 use super::pool::{Pool, backoff_wait};
 use super::ship::ShippedTree;
 use crate::gossip::PeerView;
@@ -28,7 +28,11 @@ impl Pool {
     /// at once with its id. Returns the worker and the id.
     /// Its directories must be read-only (`:ro`): nobody waits to write
     /// what it changes back.
-    pub async fn submit_detached(&self, job: &Job, spec: &JobSpec) -> Result<(String, String), SubmitError> {
+    pub async fn submit_detached(
+        &self,
+        job: &Job,
+        spec: &JobSpec,
+    ) -> Result<(String, String), SubmitError> {
         if let Some(d) = spec.dirs.iter().find(|d| !d.read_only) {
             return Err(SubmitError::Fatal(format!(
                 "--dir {}: a detached job's directories must be read-only (add :ro): nobody would be there to \
@@ -37,15 +41,26 @@ impl Pool {
             )));
         }
         let shipped = self.ship(spec).await?;
-        let body = bytes::Bytes::from(postcard::to_allocvec(shipped.spec()).map_err(|e| SubmitError::Fatal(e.to_string()))?);
+        let body = bytes::Bytes::from(
+            postcard::to_allocvec(shipped.spec()).map_err(|e| SubmitError::Fatal(e.to_string()))?,
+        );
         let mut backoff = Duration::from_millis(10);
         let mut no_peer_since = None;
         loop {
             for (addr, _) in self.candidates_now(spec, &mut no_peer_since).await? {
-                match self.detach_to(&addr, job, &shipped.trees, body.clone()).await {
+                match self
+                    .detach_to(&addr, job, &shipped.trees, body.clone())
+                    .await
+                {
                     Ok(id) => return Ok((addr, id)),
-                    Err(PeerError::Fatal(why)) => return Err(SubmitError::Fatal(format!("{addr}: {why}"))),
-                    Err(PeerError::Declined(why) | PeerError::Unreachable(why) | PeerError::Lost(why)) => {
+                    Err(PeerError::Fatal(why)) => {
+                        return Err(SubmitError::Fatal(format!("{addr}: {why}")));
+                    }
+                    Err(
+                        PeerError::Declined(why)
+                        | PeerError::Unreachable(why)
+                        | PeerError::Lost(why),
+                    ) => {
                         tracing::debug!(peer = %addr, "detached job not taken: {why}");
                     }
                 }
@@ -61,8 +76,21 @@ impl Pool {
         trees: &[std::sync::Arc<ShippedTree>],
         body: bytes::Bytes,
     ) -> Result<String, PeerError> {
-        let resp = self.post_providing(addr, &format!("{}?detach=true", routes::JOBS), StatusCode::ACCEPTED, job, trees, body).await?;
-        let id = resp.headers().get(JOB_ID_HEADER).and_then(|v| v.to_str().ok()).map(String::from);
+        let resp = self
+            .post_providing(
+                addr,
+                &format!("{}?detach=true", routes::JOBS),
+                StatusCode::ACCEPTED,
+                job,
+                trees,
+                body,
+            )
+            .await?;
+        let id = resp
+            .headers()
+            .get(JOB_ID_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(String::from);
         id.ok_or_else(|| PeerError::Lost("the worker took the job but sent no id".into()))
     }
 }
@@ -83,11 +111,20 @@ pub async fn follow(
         loop {
             let out = match WorkerApi::new(http, worker).job_output(id, seen).await {
                 Ok(out) => out,
-                Err(ApiError::Status { status: StatusCode::NOT_FOUND, .. }) if seen == [0, 0] => break, // not this worker's
+                Err(ApiError::Status {
+                    status: StatusCode::NOT_FOUND,
+                    ..
+                }) if seen == [0, 0] => break, // not this worker's
                 Err(e @ ApiError::Unreadable(_)) => anyhow::bail!("{e}"),
                 Err(e) => anyhow::bail!("{worker}: {e}"),
             };
-            for (i, (stream, bytes)) in [(StdStream::Stdout, &out.stdout), (StdStream::Stderr, &out.stderr)].into_iter().enumerate() {
+            for (i, (stream, bytes)) in [
+                (StdStream::Stdout, &out.stdout),
+                (StdStream::Stderr, &out.stderr),
+            ]
+            .into_iter()
+            .enumerate()
+            {
                 if !bytes.is_empty() {
                     on_output(stream, bytes);
                     seen[i] += bytes.len() as u64;

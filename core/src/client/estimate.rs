@@ -65,7 +65,9 @@ impl DeclaredMemory {
         let mut all_have_max = true;
         let mut any = false;
         for payload in wasmparser::Parser::new(0).parse_all(module) {
-            let Ok(payload) = payload else { return DeclaredMemory::default() };
+            let Ok(payload) = payload else {
+                return DeclaredMemory::default();
+            };
             // Memories are declared before any code: stop there rather
             // than walk every function body (CPython has 89,000).
             if let wasmparser::Payload::CodeSectionStart { .. } = payload {
@@ -73,13 +75,18 @@ impl DeclaredMemory {
             }
             if let wasmparser::Payload::MemorySection(reader) = payload {
                 for memory in reader {
-                    let Ok(memory) = memory else { return DeclaredMemory::default() };
+                    let Ok(memory) = memory else {
+                        return DeclaredMemory::default();
+                    };
                     any = true;
-                    out.initial_bytes = out.initial_bytes.saturating_add(memory.initial.saturating_mul(WASM_PAGE));
+                    out.initial_bytes = out
+                        .initial_bytes
+                        .saturating_add(memory.initial.saturating_mul(WASM_PAGE));
                     match memory.maximum {
                         Some(max) => {
                             let max = max.saturating_mul(WASM_PAGE);
-                            out.maximum_bytes = Some(out.maximum_bytes.unwrap_or(0).saturating_add(max));
+                            out.maximum_bytes =
+                                Some(out.maximum_bytes.unwrap_or(0).saturating_add(max));
                         }
                         None => all_have_max = false,
                     }
@@ -139,7 +146,13 @@ impl MemoryEstimator {
     /// asks below `min` (nor below the module's initial memory), and never
     /// above `cap` (the largest job the pool can take) nor the module's
     /// declared maximum.
-    pub fn new(declared: DeclaredMemory, saved: Option<&SavedEstimate>, min: u64, cap: u64, margin: f64) -> Self {
+    pub fn new(
+        declared: DeclaredMemory,
+        saved: Option<&SavedEstimate>,
+        min: u64,
+        cap: u64,
+        margin: f64,
+    ) -> Self {
         let start = match saved {
             Some(s) => s.memreq_bytes,
             None => DEFAULT_MEMREQ.min(declared.maximum_bytes.unwrap_or(u64::MAX)),
@@ -171,7 +184,10 @@ impl MemoryEstimator {
         if self.history.len() == HISTORY {
             self.history.pop_front();
         }
-        self.history.push_back(Observation { size, peak: peak_bytes });
+        self.history.push_back(Observation {
+            size,
+            peak: peak_bytes,
+        });
         // Fitted again as results come, less often as they pile up (a fit
         // sorts the history, and a fast map brings thousands a second) —
         // but at once for a peak larger than any before: the large ones
@@ -225,7 +241,9 @@ impl MemoryEstimator {
     pub fn memreq_for(&self, size: u64) -> u64 {
         let raw = match (self.model, self.peak_max) {
             (Some(model), _) => model.request(size),
-            (None, Some(peak)) => round_to_pages((peak.max(self.saved_peak) as f64 * self.margin).ceil() as u64),
+            (None, Some(peak)) => {
+                round_to_pages((peak.max(self.saved_peak) as f64 * self.margin).ceil() as u64)
+            }
             (None, None) => self.start,
         };
         self.clamp(raw)
@@ -234,11 +252,15 @@ impl MemoryEstimator {
     /// The request for a job of `size` that ran out of memory
     /// (`outgrown`): what the model says such an input may need
     /// ([`Model::retry`]); without a model, twice its limit or what it
-    /// tried to grow to ([`fit::grown`]), whichever is more; clamped.
+    /// tried to grow to ([`fit::grown`]), whichever is more — in both
+    /// cases the doubling stops at the tail, the largest peak known × the
+    /// margin, while the job has not outgrown that too; clamped.
     pub fn retry(&self, size: u64, outgrown: Outgrown) -> u64 {
+        let known = self.peak_max.unwrap_or(0).max(self.saved_peak);
+        let tail = (known > 0).then(|| round_to_pages((known as f64 * self.margin).ceil() as u64));
         let raw = match self.model {
-            Some(model) => model.retry(size, outgrown, self.margin),
-            None => outgrown.limit.saturating_mul(2).max(fit::grown(outgrown.requested)),
+            Some(model) => model.retry(size, outgrown, self.margin, tail),
+            None => fit::retry_floor(outgrown, tail),
         };
         self.clamp(raw)
     }
@@ -260,7 +282,8 @@ impl MemoryEstimator {
     /// The largest request worth making: the pool's largest job, or the
     /// module's declared maximum if smaller.
     pub fn ceiling(&self) -> u64 {
-        self.cap.min(self.declared.maximum_bytes.unwrap_or(u64::MAX))
+        self.cap
+            .min(self.declared.maximum_bytes.unwrap_or(u64::MAX))
     }
 
     /// Largest peak seen in this run.
@@ -276,7 +299,12 @@ impl MemoryEstimator {
     /// What to save for the next run, if anything was learned.
     pub fn to_saved(&self) -> Option<SavedEstimate> {
         let peak = self.peak_max?.max(self.saved_peak);
-        Some(SavedEstimate { peak_bytes: peak, memreq_bytes: self.memreq(), jobs: self.jobs, model: self.model })
+        Some(SavedEstimate {
+            peak_bytes: peak,
+            memreq_bytes: self.memreq(),
+            jobs: self.jobs,
+            model: self.model,
+        })
     }
 }
 
@@ -346,10 +374,18 @@ mod tests {
 
     #[test]
     fn clamped_by_min_initial_cap_and_declared_max() {
-        let declared = DeclaredMemory { initial_bytes: 2 * MIB, maximum_bytes: Some(64 * MIB) };
+        let declared = DeclaredMemory {
+            initial_bytes: 2 * MIB,
+            maximum_bytes: Some(64 * MIB),
+        };
         let e = MemoryEstimator::new(declared, None, 0, 8 << 30, 1.25);
-        assert_eq!(e.memreq(), 64 * MIB, "the default is capped by the declared max");
-        let mut e = MemoryEstimator::new(DeclaredMemory::default(), None, 16 * MIB, 512 * MIB, 1.25);
+        assert_eq!(
+            e.memreq(),
+            64 * MIB,
+            "the default is capped by the declared max"
+        );
+        let mut e =
+            MemoryEstimator::new(DeclaredMemory::default(), None, 16 * MIB, 512 * MIB, 1.25);
         assert_eq!(e.memreq(), 512 * MIB, "the default is capped by the pool");
         e.observe(0, MIB);
         assert_eq!(e.memreq(), 16 * MIB, "never below --min-mem");
@@ -359,19 +395,31 @@ mod tests {
 
     #[test]
     fn starts_from_saved_and_reads_declared_memory() {
-        let saved = SavedEstimate { peak_bytes: 4 * MIB, memreq_bytes: 5 * MIB, jobs: 3, model: None };
+        let saved = SavedEstimate {
+            peak_bytes: 4 * MIB,
+            memreq_bytes: 5 * MIB,
+            jobs: 3,
+            model: None,
+        };
         let e = MemoryEstimator::new(DeclaredMemory::default(), Some(&saved), 0, 8 << 30, 1.25);
         assert_eq!(e.memreq(), 5 * MIB);
         assert!(e.started_from_saved());
         let mut e = e;
         e.observe(0, MIB);
-        assert_eq!(e.memreq(), 5 * MIB, "a small job does not make it forget the saved peak");
+        assert_eq!(
+            e.memreq(),
+            5 * MIB,
+            "a small job does not make it forget the saved peak"
+        );
 
         let wasm = wat::parse_str("(module (memory 3 10))").unwrap();
-        assert_eq!(DeclaredMemory::of(&wasm), DeclaredMemory {
-            initial_bytes: 3 * WASM_PAGE,
-            maximum_bytes: Some(10 * WASM_PAGE)
-        });
+        assert_eq!(
+            DeclaredMemory::of(&wasm),
+            DeclaredMemory {
+                initial_bytes: 3 * WASM_PAGE,
+                maximum_bytes: Some(10 * WASM_PAGE)
+            }
+        );
         let wasm = wat::parse_str("(module (memory 1))").unwrap();
         assert_eq!(DeclaredMemory::of(&wasm).maximum_bytes, None);
         assert_eq!(DeclaredMemory::of(b"not wasm"), DeclaredMemory::default());
@@ -391,21 +439,79 @@ mod tests {
             // Peak 8 × size + 2 MiB, exactly.
             e.observe(i * MIB / 4, 8 * (i * MIB / 4) + 2 * MIB);
         }
-        let Some(Model::BySize { .. }) = e.model() else { panic!("{:?}", e.model()) };
-        assert!(e.memreq_for(MIB / 4) < e.memreq_for(4 * MIB), "a larger input asks for more");
+        let Some(Model::BySize { .. }) = e.model() else {
+            panic!("{:?}", e.model())
+        };
+        assert!(
+            e.memreq_for(MIB / 4) < e.memreq_for(4 * MIB),
+            "a larger input asks for more"
+        );
         let small = e.memreq_for(MIB / 4);
         assert!(small >= 4 * MIB && small <= 5 * MIB, "{small}");
-        // A retry asks for at least twice the limit it ran out of.
-        assert!(e.retry(MIB, Outgrown { limit: 64 * MIB, requested: 65 * MIB, first: true }) >= 128 * MIB);
+        // A retry asks for twice the limit it ran out of, but no more than
+        // the largest peak seen (82 MiB) × the margin while under it; once
+        // over that, twice again.
+        let tail = round_to_pages(82 * MIB * 5 / 4);
+        assert_eq!(
+            e.retry(
+                MIB,
+                Outgrown {
+                    limit: 32 * MIB,
+                    requested: 33 * MIB,
+                    first: true
+                }
+            ),
+            64 * MIB
+        );
+        assert_eq!(
+            e.retry(
+                MIB,
+                Outgrown {
+                    limit: 64 * MIB,
+                    requested: 65 * MIB,
+                    first: true
+                }
+            ),
+            tail
+        );
+        assert_eq!(
+            e.retry(
+                MIB,
+                Outgrown {
+                    limit: 64 * MIB,
+                    requested: 120 * MIB,
+                    first: true
+                }
+            ),
+            128 * MIB,
+            "past the tail: twice"
+        );
+        assert_eq!(
+            e.retry(
+                MIB,
+                Outgrown {
+                    limit: tail,
+                    requested: tail + 1,
+                    first: false
+                }
+            ),
+            2 * tail
+        );
         // Saved (JSON), and the next run's first jobs ask per input.
         let saved = e.to_saved().unwrap();
         let json = serde_json::to_string(&saved).unwrap();
         let back: SavedEstimate = serde_json::from_str(&json).unwrap();
         assert_eq!(back, saved);
         let next = MemoryEstimator::new(DeclaredMemory::default(), Some(&back), 0, 8 << 30, 1.25);
-        assert_eq!(next.memreq_for(MIB / 4), small, "informed from its first job");
+        assert_eq!(
+            next.memreq_for(MIB / 4),
+            small,
+            "informed from its first job"
+        );
         // A file saved before models existed still reads.
-        let old: SavedEstimate = serde_json::from_str(r#"{"peak_bytes": 4096, "memreq_bytes": 65536, "jobs": 1}"#).unwrap();
+        let old: SavedEstimate =
+            serde_json::from_str(r#"{"peak_bytes": 4096, "memreq_bytes": 65536, "jobs": 1}"#)
+                .unwrap();
         assert_eq!(old.model, None);
     }
 }

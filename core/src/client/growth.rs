@@ -35,7 +35,10 @@ pub struct Growth {
 
 impl std::fmt::Debug for Growth {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Growth").field("largest_job", &self.largest_job).field("patience", &self.patience).finish_non_exhaustive()
+        f.debug_struct("Growth")
+            .field("largest_job", &self.largest_job)
+            .field("patience", &self.patience)
+            .finish_non_exhaustive()
     }
 }
 

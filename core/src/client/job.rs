@@ -38,7 +38,10 @@ fn read_module(path: &Path) -> anyhow::Result<(Arc<[u8]>, std::fs::Metadata)> {
 #[derive(Clone, Debug)]
 enum Bytes {
     InHand(Arc<[u8]>),
-    InFile { path: std::path::PathBuf, read: Arc<std::sync::OnceLock<Arc<[u8]>>> },
+    InFile {
+        path: std::path::PathBuf,
+        read: Arc<std::sync::OnceLock<Arc<[u8]>>>,
+    },
 }
 
 /// What `module-hashes/` keeps about a module file: enough to use it
@@ -92,7 +95,10 @@ impl Job {
 
     /// [`new`](Self::new) for bytes whose sha256 is known to be `hash`.
     fn hashed(bytes: Arc<[u8]>, hash: ModuleHash) -> Job {
-        Job { declared: DeclaredMemory::of(&bytes), ..Job::of(Bytes::InHand(bytes), hash) }
+        Job {
+            declared: DeclaredMemory::of(&bytes),
+            ..Job::of(Bytes::InHand(bytes), hash)
+        }
     }
 
     fn of(bytes: Bytes, hash: ModuleHash) -> Job {
@@ -123,17 +129,30 @@ impl Job {
     /// Without `cache`, the same as `from_file`.
     pub fn from_file_cached(path: impl AsRef<Path>, cache: Option<&Path>) -> anyhow::Result<Job> {
         let path = path.as_ref();
-        let Some(cache) = cache else { return Job::from_file(path) };
+        let Some(cache) = cache else {
+            return Job::from_file(path);
+        };
         let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
-        let kept = cache.join("module-hashes").join(ModuleHash::of(absolute.as_os_str().as_encoded_bytes()).to_hex());
-        let known = std::fs::read(&kept).ok().and_then(|b| postcard::from_bytes::<KnownModule>(&b).ok());
+        let kept = cache
+            .join("module-hashes")
+            .join(ModuleHash::of(absolute.as_os_str().as_encoded_bytes()).to_hex());
+        let known = std::fs::read(&kept)
+            .ok()
+            .and_then(|b| postcard::from_bytes::<KnownModule>(&b).ok());
         // Known by its stamp: the bytes are read only if they are needed.
         if let (Some(known), Ok(metadata)) = (&known, std::fs::metadata(path))
             && metadata.is_file()
             && super::tree::FileStamp::of(&metadata) == known.stamp
         {
-            let bytes = Bytes::InFile { path: path.to_path_buf(), read: Arc::default() };
-            return Ok(Job { declared: known.declared, ..Job::of(bytes, known.hash) }.named_after(path));
+            let bytes = Bytes::InFile {
+                path: path.to_path_buf(),
+                read: Arc::default(),
+            };
+            return Ok(Job {
+                declared: known.declared,
+                ..Job::of(bytes, known.hash)
+            }
+            .named_after(path));
         }
         let (bytes, metadata) = read_module(path)?;
         if !metadata.is_file() {
@@ -146,11 +165,18 @@ impl Job {
             _ => ModuleHash::of(&bytes),
         };
         let job = Job::hashed(bytes, hash).named_after(path);
-        let record = KnownModule { stamp, hash, declared: job.declared };
+        let record = KnownModule {
+            stamp,
+            hash,
+            declared: job.declared,
+        };
         // A record that cannot be kept only costs reading and hashing next time.
         let _ = std::fs::create_dir_all(kept.parent().expect("has a parent")).and_then(|()| {
             let mut tmp = tempfile::NamedTempFile::new_in(kept.parent().expect("has a parent"))?;
-            std::io::Write::write_all(&mut tmp, &postcard::to_allocvec(&record).unwrap_or_default())?;
+            std::io::Write::write_all(
+                &mut tmp,
+                &postcard::to_allocvec(&record).unwrap_or_default(),
+            )?;
             tmp.persist(&kept).map(drop).map_err(|e| e.error)
         });
         Ok(job)
@@ -206,7 +232,10 @@ impl Job {
             stdin,
             dirs: self.dirs.clone(),
             trees: Vec::new(),
-            limits: JobLimits { memory_bytes: memreq, ..self.limits.clone() },
+            limits: JobLimits {
+                memory_bytes: memreq,
+                ..self.limits.clone()
+            },
             tag: None,
             invoke: self.invoke.clone(),
         }
@@ -225,16 +254,40 @@ mod tests {
         std::fs::write(&path, b"\0asm\x01\0\0\0").unwrap();
         let first = Job::from_file_cached(&path, Some(&cache)).unwrap();
         assert_eq!(first.hash(), ModuleHash::of(first.bytes()));
-        assert_eq!(std::fs::read_dir(cache.join("module-hashes")).unwrap().count(), 1, "the hash is kept");
+        assert_eq!(
+            std::fs::read_dir(cache.join("module-hashes"))
+                .unwrap()
+                .count(),
+            1,
+            "the hash is kept"
+        );
         // Kept: a planted wrong hash for the same stamp is believed (what makes it fast)...
-        let kept = std::fs::read_dir(cache.join("module-hashes")).unwrap().next().unwrap().unwrap().path();
+        let kept = std::fs::read_dir(cache.join("module-hashes"))
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
         let record: KnownModule = postcard::from_bytes(&std::fs::read(&kept).unwrap()).unwrap();
-        let planted = KnownModule { hash: ModuleHash([7; 32]), ..record };
+        let planted = KnownModule {
+            hash: ModuleHash([7; 32]),
+            ..record
+        };
         std::fs::write(&kept, postcard::to_allocvec(&planted).unwrap()).unwrap();
-        assert_eq!(Job::from_file_cached(&path, Some(&cache)).unwrap().hash(), ModuleHash([7; 32]));
+        assert_eq!(
+            Job::from_file_cached(&path, Some(&cache)).unwrap().hash(),
+            ModuleHash([7; 32])
+        );
         // A record in the earlier format (stamp, hash) is not misread: the file is hashed again.
-        std::fs::write(&kept, postcard::to_allocvec(&(planted.stamp, planted.hash)).unwrap()).unwrap();
-        assert_eq!(Job::from_file_cached(&path, Some(&cache)).unwrap().hash(), first.hash());
+        std::fs::write(
+            &kept,
+            postcard::to_allocvec(&(planted.stamp, planted.hash)).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            Job::from_file_cached(&path, Some(&cache)).unwrap().hash(),
+            first.hash()
+        );
         // ...and a changed file is hashed again.
         std::fs::write(&path, b"\0asm\x01\0\0\0\0").unwrap();
         let changed = Job::from_file_cached(&path, Some(&cache)).unwrap();
@@ -254,7 +307,11 @@ mod tests {
         let again = Job::from_file_cached(&path, Some(&cache)).unwrap();
         assert!(!again.bytes_read(), "known by its stamp: not read");
         assert_eq!(again.hash(), first.hash());
-        assert_eq!(again.declared_memory(), first.declared_memory(), "declared memory from the kept record");
+        assert_eq!(
+            again.declared_memory(),
+            first.declared_memory(),
+            "declared memory from the kept record"
+        );
         assert_eq!(again.declared_memory().maximum_bytes, Some(9 * 65536));
         assert_eq!(&again.bytes()[..], &wasm[..], "read when asked for");
         assert!(again.bytes_read());

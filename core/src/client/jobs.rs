@@ -25,7 +25,11 @@ pub struct PoolJob {
 
 /// The workers of `view` that are not dead and may be sent the token
 /// (`super::trusted`); the others are named in the second list.
-pub(super) fn trusted_workers<'v>(view: &'v [PeerView], seeds: &[String], http: &HttpClient) -> (Vec<&'v String>, Vec<String>) {
+pub(super) fn trusted_workers<'v>(
+    view: &'v [PeerView],
+    seeds: &[String],
+    http: &HttpClient,
+) -> (Vec<&'v String>, Vec<String>) {
     let mut ask = Vec::new();
     let mut skipped = Vec::new();
     for p in view.iter().filter(|p| p.liveness != Liveness::Dead) {
@@ -54,7 +58,10 @@ pub async fn list(
     let (ask, mut silent) = trusted_workers(view, seeds, http);
     for worker in ask {
         match WorkerApi::new(http, worker).jobs().await {
-            Ok(mine) => jobs.extend(mine.into_iter().map(|status| PoolJob { worker: worker.clone(), status })),
+            Ok(mine) => jobs.extend(mine.into_iter().map(|status| PoolJob {
+                worker: worker.clone(),
+                status,
+            })),
             Err(e @ ApiError::Unreadable(_)) => anyhow::bail!("{e}"),
             Err(e) => silent.push(format!("{worker}: {e}")),
         }
@@ -76,17 +83,39 @@ pub enum CancelReport {
 /// Cancels job `id` wherever in `view` it is (on the workers that may be
 /// sent the token), with `http` (which carries it). `Err` for what is not about the job: a refused
 /// token, no worker answering.
-pub async fn cancel(http: &HttpClient, view: &[PeerView], seeds: &[String], id: &str) -> anyhow::Result<CancelReport> {
+pub async fn cancel(
+    http: &HttpClient,
+    view: &[PeerView],
+    seeds: &[String],
+    id: &str,
+) -> anyhow::Result<CancelReport> {
     let mut answered = 0;
     let (ask, mut errors) = trusted_workers(view, seeds, http);
     for worker in ask {
         match WorkerApi::new(http, worker).cancel_job(id).await {
-            Ok(was) => return Ok(CancelReport::Cancelled { worker: worker.clone(), was }),
-            Err(ApiError::Status { status: StatusCode::CONFLICT, message, .. }) => {
-                return Ok(CancelReport::AlreadyEnded { worker: worker.clone(), message });
+            Ok(was) => {
+                return Ok(CancelReport::Cancelled {
+                    worker: worker.clone(),
+                    was,
+                });
             }
-            Err(ApiError::Status { status: StatusCode::NOT_FOUND, .. }) => answered += 1,
-            Err(ApiError::Status { status, message, .. }) => anyhow::bail!("{worker} refused: {status} {message}"),
+            Err(ApiError::Status {
+                status: StatusCode::CONFLICT,
+                message,
+                ..
+            }) => {
+                return Ok(CancelReport::AlreadyEnded {
+                    worker: worker.clone(),
+                    message,
+                });
+            }
+            Err(ApiError::Status {
+                status: StatusCode::NOT_FOUND,
+                ..
+            }) => answered += 1,
+            Err(ApiError::Status {
+                status, message, ..
+            }) => anyhow::bail!("{worker} refused: {status} {message}"),
             Err(e) => errors.push(format!("{worker}: {e}")),
         }
     }

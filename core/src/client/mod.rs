@@ -79,12 +79,11 @@ pub(crate) mod submitter;
 pub(crate) mod target;
 pub mod tree;
 
-pub use job::Job;
-pub use peers::{fetch_peers, trusted};
-pub use map::{MapConfig, MapItem, MapObserver, MapSummary, map};
 pub use api::{ApiError, WorkerApi};
-pub use pool::{Pool, PoolConfig};
 pub use errors::SubmitError;
+pub use job::Job;
+pub use map::{MapConfig, MapItem, MapObserver, MapSummary, map};
+pub use peers::{fetch_peers, trusted};
+pub use pool::{Pool, PoolConfig};
 pub use submitter::{Capacity, Placed, Submitter};
 pub use target::Target;
-

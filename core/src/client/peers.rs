@@ -4,7 +4,10 @@
 use crate::gossip::PeerView;
 
 /// Fetches the pool view from the first of `peers` that answers.
-pub async fn fetch_peers(http: &crate::net::HttpClient, peers: &[String]) -> anyhow::Result<Vec<PeerView>> {
+pub async fn fetch_peers(
+    http: &crate::net::HttpClient,
+    peers: &[String],
+) -> anyhow::Result<Vec<PeerView>> {
     let mut errors = Vec::new();
     for addr in peers {
         match super::api::WorkerApi::new(http, addr).peers().await {
@@ -23,4 +26,3 @@ pub async fn fetch_peers(http: &crate::net::HttpClient, peers: &[String]) -> any
 pub fn trusted(addr: &str, seeds: &[String], view: &[PeerView]) -> bool {
     seeds.iter().any(|s| s == addr) || view.iter().any(|p| p.advert.addr == addr && p.vouched)
 }
-

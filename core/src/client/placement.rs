@@ -31,11 +31,16 @@ impl std::fmt::Display for NoPlace {
 /// capacity, or the most one job may have there if less:
 /// [`Advert::largest_job`](crate::proto::Advert::largest_job)).
 pub fn largest_job(peers: &[PeerView]) -> u64 {
-    live(peers).map(|p| p.advert.largest_job()).max().unwrap_or(0)
+    live(peers)
+        .map(|p| p.advert.largest_job())
+        .max()
+        .unwrap_or(0)
 }
 
 fn live(peers: &[PeerView]) -> impl Iterator<Item = &PeerView> {
-    peers.iter().filter(|p| p.liveness == Liveness::Alive && !p.advert.draining)
+    peers
+        .iter()
+        .filter(|p| p.liveness == Liveness::Alive && !p.advert.draining)
 }
 
 /// The peers that allow a job asking for a time limit of `timeout_ms`
@@ -46,15 +51,32 @@ fn live(peers: &[PeerView]) -> impl Iterator<Item = &PeerView> {
 /// A peer whose batch job ends before such a job could finish
 /// ([`Advert::ends_at_ms`](crate::proto::Advert::ends_at_ms), from `now_ms`)
 /// is left out too, but that is no error: another worker may join.
-pub fn allowing_time(peers: Vec<PeerView>, timeout_ms: Option<u64>, now_ms: u64) -> Result<Vec<PeerView>, NoPlace> {
-    let Some(asked) = timeout_ms else { return Ok(peers) };
+pub fn allowing_time(
+    peers: Vec<PeerView>,
+    timeout_ms: Option<u64>,
+    now_ms: u64,
+) -> Result<Vec<PeerView>, NoPlace> {
+    let Some(asked) = timeout_ms else {
+        return Ok(peers);
+    };
     let allows = |p: &PeerView| p.advert.max_job_time_ms.is_none_or(|max| asked <= max);
-    let lasts = |p: &PeerView| p.advert.ends_at_ms.is_none_or(|end| now_ms.saturating_add(asked) <= end);
+    let lasts = |p: &PeerView| {
+        p.advert
+            .ends_at_ms
+            .is_none_or(|end| now_ms.saturating_add(asked) <= end)
+    };
     if live(&peers).next().is_none() || live(&peers).any(allows) {
-        return Ok(peers.into_iter().filter(|p| allows(p) && lasts(p)).collect());
+        return Ok(peers
+            .into_iter()
+            .filter(|p| allows(p) && lasts(p))
+            .collect());
     }
-    let longest = live(&peers).filter_map(|p| p.advert.max_job_time_ms).max().unwrap_or(0);
-    let fmt = |ms: u64| humantime::format_duration(std::time::Duration::from_millis(ms)).to_string();
+    let longest = live(&peers)
+        .filter_map(|p| p.advert.max_job_time_ms)
+        .max()
+        .unwrap_or(0);
+    let fmt =
+        |ms: u64| humantime::format_duration(std::time::Duration::from_millis(ms)).to_string();
     Err(NoPlace::NeverFits(format!(
         "no worker runs jobs for {}: the longest any allows is {} (their --max-job-time)",
         fmt(asked),
@@ -77,8 +99,18 @@ pub fn candidates(peers: &[PeerView], memreq: u64) -> Result<Vec<String>, NoPlac
             Bytes(largest_ever)
         )));
     }
-    let mut fitting: Vec<&PeerView> = live.iter().copied().filter(|p| p.advert.fits_now(memreq)).collect();
-    fitting.sort_by_key(|p| (p.advert.largest_fit_bytes - memreq, p.advert.queue_len, p.advert.addr.clone()));
+    let mut fitting: Vec<&PeerView> = live
+        .iter()
+        .copied()
+        .filter(|p| p.advert.fits_now(memreq))
+        .collect();
+    fitting.sort_by_key(|p| {
+        (
+            p.advert.largest_fit_bytes - memreq,
+            p.advert.queue_len,
+            p.advert.addr.clone(),
+        )
+    });
     // Peers that could hold it but are full now come last, emptiest
     // queue first: they may have room by the time the request arrives.
     let mut busy: Vec<&PeerView> = live
@@ -87,7 +119,11 @@ pub fn candidates(peers: &[PeerView], memreq: u64) -> Result<Vec<String>, NoPlac
         .filter(|p| !p.advert.fits_now(memreq) && p.advert.could_ever_fit(memreq))
         .collect();
     busy.sort_by_key(|p| (p.advert.queue_len, p.advert.capacity_bytes - memreq));
-    Ok(fitting.into_iter().chain(busy).map(|p| p.advert.addr.clone()).collect())
+    Ok(fitting
+        .into_iter()
+        .chain(busy)
+        .map(|p| p.advert.addr.clone())
+        .collect())
 }
 
 #[cfg(test)]
@@ -124,15 +160,24 @@ mod tests {
             peer("full", 16 * GIB, 0, 0, Liveness::Alive),
             peer("dead", 64 * GIB, 64 * GIB, 0, Liveness::Dead),
             PeerView {
-                advert: Advert { draining: true, ..peer("leaving", 64 * GIB, 64 * GIB, 0, Liveness::Alive).advert },
+                advert: Advert {
+                    draining: true,
+                    ..peer("leaving", 64 * GIB, 64 * GIB, 0, Liveness::Alive).advert
+                },
                 ..peer("leaving", 64 * GIB, 64 * GIB, 0, Liveness::Alive)
             },
         ];
-        assert_eq!(candidates(&peers, GIB).unwrap(), ["small", "mid2", "mid", "big", "full"]);
+        assert_eq!(
+            candidates(&peers, GIB).unwrap(),
+            ["small", "mid2", "mid", "big", "full"]
+        );
         assert_eq!(candidates(&peers, 6 * GIB).unwrap(), ["big", "full"]);
         let err = candidates(&peers, 32 * GIB).unwrap_err().to_string();
         assert!(err.contains("largest the pool can take is 16 GiB"), "{err}");
-        assert_eq!(candidates(&peers[5..], GIB).unwrap_err(), NoPlace::NoLivePeer);
+        assert_eq!(
+            candidates(&peers[5..], GIB).unwrap_err(),
+            NoPlace::NoLivePeer
+        );
         assert_eq!(largest_job(&peers), 16 * GIB);
     }
 
@@ -140,50 +185,100 @@ mod tests {
     fn the_most_one_job_may_have_bounds_placement_as_the_capacity_does() {
         // 22 GiB lent, but a wasm32 job addresses at most 4 GiB there.
         let ceiling = |addr: &str, capacity: u64, fit: u64| PeerView {
-            advert: Advert { max_job_bytes: Some(4 * GIB), ..peer(addr, capacity, fit, 0, Liveness::Alive).advert },
+            advert: Advert {
+                max_job_bytes: Some(4 * GIB),
+                ..peer(addr, capacity, fit, 0, Liveness::Alive).advert
+            },
             ..peer(addr, capacity, fit, 0, Liveness::Alive)
         };
-        let peers = [ceiling("wide", 22 * GIB, 4 * GIB), ceiling("busy", 22 * GIB, 0)];
+        let peers = [
+            ceiling("wide", 22 * GIB, 4 * GIB),
+            ceiling("busy", 22 * GIB, 0),
+        ];
         let err = candidates(&peers, 8 * GIB).unwrap_err();
         assert_eq!(
             err,
-            NoPlace::NeverFits("no peer can hold a job of 8 GiB: the largest the pool can take is 4 GiB".into()),
+            NoPlace::NeverFits(
+                "no peer can hold a job of 8 GiB: the largest the pool can take is 4 GiB".into()
+            ),
             "never placed where it would be rejected"
         );
         assert_eq!(candidates(&peers, 3 * GIB).unwrap(), ["wide", "busy"]);
         assert_eq!(largest_job(&peers), 4 * GIB);
         assert!(peers[0].advert.check().is_ok());
-        let overoffered = Advert { largest_fit_bytes: 5 * GIB, ..peers[0].advert.clone() };
-        assert!(overoffered.check().is_err(), "offers more than a job may have");
+        let overoffered = Advert {
+            largest_fit_bytes: 5 * GIB,
+            ..peers[0].advert.clone()
+        };
+        assert!(
+            overoffered.check().is_err(),
+            "offers more than a job may have"
+        );
     }
 
     #[test]
     fn a_time_limit_goes_only_where_it_is_allowed() {
         let limited = |addr: &str, max: Option<u64>| PeerView {
-            advert: Advert { max_job_time_ms: max, ..peer(addr, GIB, GIB, 0, Liveness::Alive).advert },
+            advert: Advert {
+                max_job_time_ms: max,
+                ..peer(addr, GIB, GIB, 0, Liveness::Alive).advert
+            },
             ..peer(addr, GIB, GIB, 0, Liveness::Alive)
         };
-        let peers = vec![limited("short", Some(60_000)), limited("long", Some(3_600_000)), limited("free", None)];
+        let peers = vec![
+            limited("short", Some(60_000)),
+            limited("long", Some(3_600_000)),
+            limited("free", None),
+        ];
         let addrs = |v: Vec<PeerView>| v.into_iter().map(|p| p.advert.addr).collect::<Vec<_>>();
-        assert_eq!(addrs(allowing_time(peers.clone(), None, 0).unwrap()), ["short", "long", "free"]);
-        assert_eq!(addrs(allowing_time(peers.clone(), Some(600_000), 0).unwrap()), ["long", "free"]);
+        assert_eq!(
+            addrs(allowing_time(peers.clone(), None, 0).unwrap()),
+            ["short", "long", "free"]
+        );
+        assert_eq!(
+            addrs(allowing_time(peers.clone(), Some(600_000), 0).unwrap()),
+            ["long", "free"]
+        );
         let capped = peers[..2].to_vec();
-        let err = allowing_time(capped, Some(7_200_000), 0).unwrap_err().to_string();
-        assert!(err.contains("no worker runs jobs for 2h") && err.contains("longest any allows is 1h"), "{err}");
+        let err = allowing_time(capped, Some(7_200_000), 0)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("no worker runs jobs for 2h") && err.contains("longest any allows is 1h"),
+            "{err}"
+        );
     }
 
     #[test]
     fn a_worker_whose_batch_job_ends_first_gets_no_job_that_would_outlast_it() {
         let ending = |addr: &str, ends_at_ms: Option<u64>| PeerView {
-            advert: Advert { ends_at_ms, ..peer(addr, GIB, GIB, 0, Liveness::Alive).advert },
+            advert: Advert {
+                ends_at_ms,
+                ..peer(addr, GIB, GIB, 0, Liveness::Alive).advert
+            },
             ..peer(addr, GIB, GIB, 0, Liveness::Alive)
         };
         let now = 1_000_000;
-        let peers = vec![ending("soon", Some(now + 60_000)), ending("later", Some(now + 3_600_000)), ending("never", None)];
+        let peers = vec![
+            ending("soon", Some(now + 60_000)),
+            ending("later", Some(now + 3_600_000)),
+            ending("never", None),
+        ];
         let addrs = |v: Vec<PeerView>| v.into_iter().map(|p| p.advert.addr).collect::<Vec<_>>();
-        assert_eq!(addrs(allowing_time(peers.clone(), Some(600_000), now).unwrap()), ["later", "never"]);
-        assert_eq!(addrs(allowing_time(peers.clone(), None, now).unwrap()), ["soon", "later", "never"], "no limit stated");
+        assert_eq!(
+            addrs(allowing_time(peers.clone(), Some(600_000), now).unwrap()),
+            ["later", "never"]
+        );
+        assert_eq!(
+            addrs(allowing_time(peers.clone(), None, now).unwrap()),
+            ["soon", "later", "never"],
+            "no limit stated"
+        );
         // Only ending workers: none now, but that is a wait, not an error.
-        assert!(allowing_time(peers[..1].to_vec(), Some(600_000), now).unwrap().is_empty());
+        assert!(
+            allowing_time(peers[..1].to_vec(), Some(600_000), now)
+                .unwrap()
+                .is_empty()
+        );
     }
 }

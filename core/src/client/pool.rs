@@ -18,9 +18,9 @@
 //! receive the jobs' inputs, answer with forged results, and collect
 //! tokens. The others are left out of the view, and said once.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
-use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
@@ -137,7 +137,10 @@ impl Pool {
     /// The pool view, fetched again when older than `view_max_age`.
     pub async fn view(&self) -> anyhow::Result<Vec<PeerView>> {
         let mut view = self.view.lock().await;
-        if view.fetched.is_some_and(|t| t.elapsed() <= self.config.view_max_age) {
+        if view
+            .fetched
+            .is_some_and(|t| t.elapsed() <= self.config.view_max_age)
+        {
             return Ok(view.peers.clone());
         }
         // The seeds first, then any live worker we know of: a map outlives
@@ -150,7 +153,8 @@ impl Pool {
             }
         }
         // Named workers are asked with the token, others only if trusted.
-        let (named, others): (Vec<String>, Vec<String>) = ask.into_iter().partition(|a| seeds.contains(a));
+        let (named, others): (Vec<String>, Vec<String>) =
+            ask.into_iter().partition(|a| seeds.contains(a));
         let fetched = match super::peers::fetch_peers(&self.http, &named).await {
             Ok(p) => Ok(p),
             Err(e) if others.is_empty() => Err(e),
@@ -183,7 +187,11 @@ impl Pool {
         let seeds = self.seeds();
         let mut ask = seeds.clone();
         if let Ok(view) = self.view().await {
-            ask.extend(view.into_iter().map(|p| p.advert.addr).filter(|a| !seeds.contains(a)));
+            ask.extend(
+                view.into_iter()
+                    .map(|p| p.advert.addr)
+                    .filter(|a| !seeds.contains(a)),
+            );
         }
         let mut last = None;
         for addr in ask.iter().filter(|a| self.trusts(a)) {
@@ -205,10 +213,20 @@ impl Pool {
         spec: &JobSpec,
         no_peer_since: &mut Option<Instant>,
     ) -> Result<Vec<(String, u32)>, SubmitError> {
-        let view = self.view().await.map_err(|e| SubmitError::Fatal(format!("{e:#}")))?;
-        let live_before = view.iter().filter(|p| p.liveness == Liveness::Alive && !p.advert.draining).count();
-        let view = placement::allowing_time(view, spec.limits.timeout_ms, crate::units::now_ms()).map_err(|e| SubmitError::Fatal(e.to_string()))?;
-        let ending_soon = live_before > 0 && view.iter().all(|p| p.liveness != Liveness::Alive || p.advert.draining);
+        let view = self
+            .view()
+            .await
+            .map_err(|e| SubmitError::Fatal(format!("{e:#}")))?;
+        let live_before = view
+            .iter()
+            .filter(|p| p.liveness == Liveness::Alive && !p.advert.draining)
+            .count();
+        let view = placement::allowing_time(view, spec.limits.timeout_ms, crate::units::now_ms())
+            .map_err(|e| SubmitError::Fatal(e.to_string()))?;
+        let ending_soon = live_before > 0
+            && view
+                .iter()
+                .all(|p| p.liveness != Liveness::Alive || p.advert.draining);
         let candidates = match placement::candidates(&view, spec.limits.memory_bytes) {
             Ok(c) => {
                 *no_peer_since = None;
@@ -216,7 +234,12 @@ impl Pool {
             }
             Err(placement::NoPlace::NeverFits(why)) => {
                 // A pool that grows may yet get a worker large enough.
-                let Some(growth) = self.config.growth.as_ref().filter(|g| g.can_bring(spec.limits.memory_bytes)) else {
+                let Some(growth) = self
+                    .config
+                    .growth
+                    .as_ref()
+                    .filter(|g| g.can_bring(spec.limits.memory_bytes))
+                else {
                     return Err(SubmitError::Fatal(why));
                 };
                 let since = *no_peer_since.get_or_insert_with(Instant::now);
@@ -229,18 +252,27 @@ impl Pool {
                 Vec::new()
             }
             Err(placement::NoPlace::NoLivePeer) => {
-                let patience = self.config.growth.as_ref().map_or(self.config.no_peer_patience, |g| g.patience);
+                let patience = self
+                    .config
+                    .growth
+                    .as_ref()
+                    .map_or(self.config.no_peer_patience, |g| g.patience);
                 let since = *no_peer_since.get_or_insert_with(Instant::now);
                 if since.elapsed() > patience {
                     let why = if ending_soon {
                         format!(
                             "every worker of the pool ends (its batch job's time is up) before a job of {} could finish",
-                            humantime::format_duration(Duration::from_millis(spec.limits.timeout_ms.unwrap_or(0)))
+                            humantime::format_duration(Duration::from_millis(
+                                spec.limits.timeout_ms.unwrap_or(0)
+                            ))
                         )
                     } else {
                         "no live worker in the pool".to_string()
                     };
-                    return Err(SubmitError::Fatal(format!("{why} (waited {})", humantime::format_duration(patience))));
+                    return Err(SubmitError::Fatal(format!(
+                        "{why} (waited {})",
+                        humantime::format_duration(patience)
+                    )));
                 }
                 Vec::new()
             }
@@ -252,7 +284,11 @@ impl Pool {
     /// worth of our jobs after those that do not: without this every job of
     /// a map would go to the one best-fitting worker and queue there. Each
     /// with its slots.
-    pub(super) fn order_by_load(&self, candidates: Vec<String>, view: &[PeerView]) -> Vec<(String, u32)> {
+    pub(super) fn order_by_load(
+        &self,
+        candidates: Vec<String>,
+        view: &[PeerView],
+    ) -> Vec<(String, u32)> {
         let load = self.load.lock();
         let now = Instant::now();
         let avoid = self.avoid.lock();
@@ -260,7 +296,10 @@ impl Pool {
             .into_iter()
             .filter(|a| avoid.get(a).is_none_or(|until| *until <= now))
             .map(|a| {
-                let slots = view.iter().find(|p| p.advert.addr == a).map_or(1, |p| p.advert.slots_total.max(1));
+                let slots = view
+                    .iter()
+                    .find(|p| p.advert.addr == a)
+                    .map_or(1, |p| p.advert.slots_total.max(1));
                 (load.get(&a).copied().unwrap_or(0) / slots, a, slots)
             })
             .collect();
@@ -273,7 +312,8 @@ impl Pool {
     /// TLS); and it does not cross the network in clear (TLS, loopback, or
     /// `--insecure-http`).
     pub(super) fn trusts(&self, addr: &str) -> bool {
-        self.http.may_send_to(addr) && (self.seeds().iter().any(|s| s == addr) || self.vouched.lock().contains(addr))
+        self.http.may_send_to(addr)
+            && (self.seeds().iter().any(|s| s == addr) || self.vouched.lock().contains(addr))
     }
 
     /// The workers the user named: the seeds, and a growing pool's members
@@ -281,7 +321,11 @@ impl Pool {
     pub(super) fn seeds(&self) -> Vec<String> {
         let mut seeds = self.config.seeds.clone();
         if let Some(growth) = &self.config.growth {
-            seeds.extend((growth.members)().into_iter().filter(|m| !self.config.seeds.contains(m)));
+            seeds.extend(
+                (growth.members)()
+                    .into_iter()
+                    .filter(|m| !self.config.seeds.contains(m)),
+            );
         }
         seeds
     }
@@ -315,7 +359,11 @@ impl Pool {
 
     /// The client for `addr`: with the token if it is trusted.
     pub(super) fn client_for(&self, addr: &str) -> &HttpClient {
-        if self.trusts(addr) { &self.http } else { &self.anon }
+        if self.trusts(addr) {
+            &self.http
+        } else {
+            &self.anon
+        }
     }
 
     pub(super) fn add_load(&self, addr: &str, delta: i32) {
@@ -332,7 +380,13 @@ impl Pool {
     /// What a worker's refusal of a job means for its placement: 422 and
     /// 503 (and a token withheld) send it to the next worker; a request no
     /// worker would take is fatal.
-    pub(super) fn read_refusal(&self, addr: &str, status: StatusCode, message: String, largest: Option<u64>) -> PeerError {
+    pub(super) fn read_refusal(
+        &self,
+        addr: &str,
+        status: StatusCode,
+        message: String,
+        largest: Option<u64>,
+    ) -> PeerError {
         match status {
             StatusCode::UNPROCESSABLE_ENTITY => PeerError::Declined(match largest {
                 Some(b) => format!("too large here (largest {})", Bytes(b)),
@@ -342,7 +396,9 @@ impl Pool {
                 "it asks for a token, which goes only to workers you name or that the pool's key \
                  vouches for: {message}"
             )),
-            StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNAUTHORIZED => PeerError::Fatal(message),
+            StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNAUTHORIZED => {
+                PeerError::Fatal(message)
+            }
             status => PeerError::Declined(format!("{status}: {message}")),
         }
     }
@@ -375,23 +431,42 @@ impl Pool {
 
     /// Uploads `job`'s module to `addr` once for the submissions sent
     /// since `sent` (see [`once`](Self::once)).
-    pub(super) async fn upload_once(&self, addr: &str, job: &Job, sent: Instant) -> Result<(), PeerError> {
-        self.once(addr, job.hash(), sent, self.upload(addr, job)).await
+    pub(super) async fn upload_once(
+        &self,
+        addr: &str,
+        job: &Job,
+        sent: Instant,
+    ) -> Result<(), PeerError> {
+        self.once(addr, job.hash(), sent, self.upload(addr, job))
+            .await
     }
 
     async fn upload(&self, addr: &str, job: &Job) -> Result<(), PeerError> {
         let api = WorkerApi::new(self.client_for(addr), addr);
-        match api.put_module(&job.hash(), bytes::Bytes::copy_from_slice(job.bytes())).await {
+        match api
+            .put_module(&job.hash(), bytes::Bytes::copy_from_slice(job.bytes()))
+            .await
+        {
             Ok(()) => Ok(()),
-            Err(ApiError::Status { status: StatusCode::UNAUTHORIZED, .. }) if !self.trusts(addr) => {
-                Err(PeerError::Declined("it asks for a token, which goes only to trusted workers".into()))
-            }
             Err(ApiError::Status {
-                status: s @ (StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNAUTHORIZED),
+                status: StatusCode::UNAUTHORIZED,
+                ..
+            }) if !self.trusts(addr) => Err(PeerError::Declined(
+                "it asks for a token, which goes only to trusted workers".into(),
+            )),
+            Err(ApiError::Status {
+                status:
+                    s @ (StatusCode::BAD_REQUEST
+                    | StatusCode::PAYLOAD_TOO_LARGE
+                    | StatusCode::UNAUTHORIZED),
                 message,
                 ..
-            }) => Err(PeerError::Fatal(format!("module upload refused: {s} {message}"))),
-            Err(ApiError::Status { status, .. }) => Err(PeerError::Declined(format!("module upload refused: {status}"))),
+            }) => Err(PeerError::Fatal(format!(
+                "module upload refused: {s} {message}"
+            ))),
+            Err(ApiError::Status { status, .. }) => Err(PeerError::Declined(format!(
+                "module upload refused: {status}"
+            ))),
             Err(e) => Err(e.into()),
         }
     }
@@ -409,8 +484,14 @@ pub(super) async fn backoff_wait(backoff: &mut Duration) {
 /// version and, if given, the tenant's token on every request.
 pub fn http_client(token: Option<&str>, transport: &Transport) -> anyhow::Result<HttpClient> {
     let mut headers = reqwest::header::HeaderMap::new();
-    headers.insert(PROTOCOL_HEADER, reqwest::header::HeaderValue::from_static(PROTOCOL_VERSION));
-    let builder = reqwest::Client::builder().connect_timeout(Duration::from_secs(5)).tcp_nodelay(true).default_headers(headers);
+    headers.insert(
+        PROTOCOL_HEADER,
+        reqwest::header::HeaderValue::from_static(PROTOCOL_VERSION),
+    );
+    let builder = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .default_headers(headers);
     transport.client(builder, token)
 }
 
@@ -440,7 +521,11 @@ mod tests {
     fn peer(addr: &str, slots: u32) -> PeerView {
         PeerView {
             id: NodeId::new(addr, 1),
-            advert: Advert { addr: addr.into(), slots_total: slots, ..Advert::default() },
+            advert: Advert {
+                addr: addr.into(),
+                slots_total: slots,
+                ..Advert::default()
+            },
             liveness: Liveness::Alive,
             last_heard_ms: 0,
             vouched: true,
@@ -452,11 +537,21 @@ mod tests {
         let p = pool(&["a:1"]);
         assert!(p.trusts("a:1"));
         assert!(!p.trusts("b:2"), "an address only gossip told us of");
-        let planted = PeerView { vouched: false, ..peer("c:3", 64) };
-        let named_unvouched = PeerView { vouched: false, ..peer("a:1", 1) };
+        let planted = PeerView {
+            vouched: false,
+            ..peer("c:3", 64)
+        };
+        let named_unvouched = PeerView {
+            vouched: false,
+            ..peer("a:1", 1)
+        };
         let kept = p.placeable(vec![named_unvouched, peer("b:2", 1), planted]);
         let kept: Vec<&str> = kept.iter().map(|v| v.advert.addr.as_str()).collect();
-        assert_eq!(kept, ["a:1", "b:2"], "the unvouched advert is no placement target");
+        assert_eq!(
+            kept,
+            ["a:1", "b:2"],
+            "the unvouched advert is no placement target"
+        );
         assert!(p.trusts("b:2"), "vouched for by the worker that answered");
         assert!(!p.trusts("c:3"));
     }
@@ -467,12 +562,20 @@ mod tests {
             token: Some("t0k3n".into()),
             ..PoolConfig::new(seeds.iter().map(|s| s.to_string()).collect())
         };
-        let err = Pool::new(config(&["127.0.0.1:7070", "10.0.0.9:7070"])).err().expect("a seed off loopback");
-        assert!(err.to_string().contains("in clear to 10.0.0.9:7070"), "{err}");
+        let err = Pool::new(config(&["127.0.0.1:7070", "10.0.0.9:7070"]))
+            .err()
+            .expect("a seed off loopback");
+        assert!(
+            err.to_string().contains("in clear to 10.0.0.9:7070"),
+            "{err}"
+        );
         let p = Pool::new(config(&["127.0.0.1:7070"])).unwrap();
         p.placeable(vec![peer("[::1]:7071", 1), peer("10.0.0.9:7070", 1)]);
         assert!(p.trusts("127.0.0.1:7070") && p.trusts("[::1]:7071"));
-        assert!(!p.trusts("10.0.0.9:7070"), "a keyed pool vouches for the worker, not for the network to it");
+        assert!(
+            !p.trusts("10.0.0.9:7070"),
+            "a keyed pool vouches for the worker, not for the network to it"
+        );
         // Without a token there is nothing to leak.
         let anon = Pool::new(PoolConfig::new(vec!["10.0.0.9:7070".into()])).unwrap();
         assert!(anon.http.may_send_to("10.0.0.9:7070"));
@@ -485,12 +588,24 @@ mod tests {
         let best_fit = vec!["a:1".to_string(), "b:2".to_string(), "c:3".to_string()];
         // a:1 has both its slots' worth of our jobs; b:2 and c:3 none.
         p.add_load("a:1", 2);
-        let order: Vec<String> = p.order_by_load(best_fit.clone(), &view).into_iter().map(|(a, _)| a).collect();
-        assert_eq!(order, ["b:2", "c:3", "a:1"], "best fit kept among equals, loaded last");
+        let order: Vec<String> = p
+            .order_by_load(best_fit.clone(), &view)
+            .into_iter()
+            .map(|(a, _)| a)
+            .collect();
+        assert_eq!(
+            order,
+            ["b:2", "c:3", "a:1"],
+            "best fit kept among equals, loaded last"
+        );
         p.add_load("a:1", -2);
         p.avoid("b:2");
         let order: Vec<(String, u32)> = p.order_by_load(best_fit, &view);
-        assert_eq!(order, [("a:1".to_string(), 2), ("c:3".to_string(), 4)], "b:2 refused a connection: skipped");
+        assert_eq!(
+            order,
+            [("a:1".to_string(), 2), ("c:3".to_string(), 4)],
+            "b:2 refused a connection: skipped"
+        );
     }
 
     #[test]
@@ -498,13 +613,40 @@ mod tests {
         let p = pool(&["a:1"]);
         let declined = |e: PeerError| matches!(e, PeerError::Declined(_));
         let fatal = |e: PeerError| matches!(e, PeerError::Fatal(_));
-        let too_large = p.read_refusal("a:1", StatusCode::UNPROCESSABLE_ENTITY, String::new(), Some(64 << 20));
-        assert!(matches!(&too_large, PeerError::Declined(m) if m.contains("64 MiB")), "{too_large:?}");
-        assert!(declined(p.read_refusal("a:1", StatusCode::SERVICE_UNAVAILABLE, "busy".into(), None)));
-        assert!(fatal(p.read_refusal("a:1", StatusCode::BAD_REQUEST, "bad spec".into(), None)), "no worker takes a bad request");
-        assert!(fatal(p.read_refusal("a:1", StatusCode::UNAUTHORIZED, "bad token".into(), None)), "our token, refused by one we named");
-        let withheld = p.read_refusal("b:2", StatusCode::UNAUTHORIZED, "a token, please".into(), None);
-        assert!(matches!(&withheld, PeerError::Declined(m) if m.contains("goes only to workers you name")), "{withheld:?}");
+        let too_large = p.read_refusal(
+            "a:1",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            String::new(),
+            Some(64 << 20),
+        );
+        assert!(
+            matches!(&too_large, PeerError::Declined(m) if m.contains("64 MiB")),
+            "{too_large:?}"
+        );
+        assert!(declined(p.read_refusal(
+            "a:1",
+            StatusCode::SERVICE_UNAVAILABLE,
+            "busy".into(),
+            None
+        )));
+        assert!(
+            fatal(p.read_refusal("a:1", StatusCode::BAD_REQUEST, "bad spec".into(), None)),
+            "no worker takes a bad request"
+        );
+        assert!(
+            fatal(p.read_refusal("a:1", StatusCode::UNAUTHORIZED, "bad token".into(), None)),
+            "our token, refused by one we named"
+        );
+        let withheld = p.read_refusal(
+            "b:2",
+            StatusCode::UNAUTHORIZED,
+            "a token, please".into(),
+            None,
+        );
+        assert!(
+            matches!(&withheld, PeerError::Declined(m) if m.contains("goes only to workers you name")),
+            "{withheld:?}"
+        );
     }
 
     #[tokio::test]
@@ -527,8 +669,12 @@ mod tests {
         assert_eq!(uploads.load(Ordering::SeqCst), 1);
         // A job sent after that upload that still finds it missing (the
         // worker lost it) uploads again; so does another worker.
-        p.once("a:1", key, Instant::now(), upload(uploads.clone())).await.unwrap();
-        p.once("b:2", key, sent, upload(uploads.clone())).await.unwrap();
+        p.once("a:1", key, Instant::now(), upload(uploads.clone()))
+            .await
+            .unwrap();
+        p.once("b:2", key, sent, upload(uploads.clone()))
+            .await
+            .unwrap();
         assert_eq!(uploads.load(Ordering::SeqCst), 3);
     }
 }

@@ -56,10 +56,17 @@ pub struct PythonRuntime {
 impl PythonRuntime {
     /// The runtime in `dir`, if both of its files are there.
     pub fn in_dir(dir: &Path) -> anyhow::Result<PythonRuntime> {
-        let rt = PythonRuntime { module: dir.join(MODULE_FILE), stdlib: dir.join(STDLIB_FILE) };
+        let rt = PythonRuntime {
+            module: dir.join(MODULE_FILE),
+            stdlib: dir.join(STDLIB_FILE),
+        };
         for f in [&rt.module, &rt.stdlib] {
             if !f.is_file() {
-                anyhow::bail!("{} is not a Python runtime: it has no {}", dir.display(), f.display());
+                anyhow::bail!(
+                    "{} is not a Python runtime: it has no {}",
+                    dir.display(),
+                    f.display()
+                );
             }
         }
         Ok(rt)
@@ -75,9 +82,15 @@ impl PythonRuntime {
     /// `cache` (the user's cache dir) so that later runs need not ask it.
     pub fn find_cached(cache: Option<&Path>) -> anyhow::Result<PythonRuntime> {
         if let Some(dir) = std::env::var_os(RUNTIME_ENV) {
-            return PythonRuntime::in_dir(Path::new(&dir)).with_context(|| format!("{RUNTIME_ENV} names no Python runtime"));
+            return PythonRuntime::in_dir(Path::new(&dir))
+                .with_context(|| format!("{RUNTIME_ENV} names no Python runtime"));
         }
-        let record = cache.and_then(|c| Some(c.join("python").join(format!("found-{}", interpreter_key()?))));
+        let record = cache.and_then(|c| {
+            Some(
+                c.join("python")
+                    .join(format!("found-{}", interpreter_key()?)),
+            )
+        });
         if let Some(rt) = record
             .as_ref()
             .and_then(|r| std::fs::read_to_string(r).ok())
@@ -96,8 +109,9 @@ impl PythonRuntime {
                 if let Some(record) = record {
                     // Best effort: a cache that cannot be written costs the
                     // next run the same question.
-                    let _ = std::fs::create_dir_all(record.parent().expect("a record has a parent"))
-                        .and_then(|()| std::fs::write(&record, dir.as_bytes()));
+                    let _ =
+                        std::fs::create_dir_all(record.parent().expect("a record has a parent"))
+                            .and_then(|()| std::fs::write(&record, dir.as_bytes()));
                 }
                 Ok(rt)
             }
@@ -114,7 +128,8 @@ impl PythonRuntime {
     /// cannot be made), made once per stdlib file. Making one removes the
     /// stale others (`prune_stdlib_dirs`).
     pub fn stdlib_dir(&self, cache: &Path) -> anyhow::Result<PathBuf> {
-        let meta = std::fs::metadata(&self.stdlib).with_context(|| format!("cannot read {}", self.stdlib.display()))?;
+        let meta = std::fs::metadata(&self.stdlib)
+            .with_context(|| format!("cannot read {}", self.stdlib.display()))?;
         let source = postcard::to_allocvec(&StdlibSource {
             path: self.stdlib.as_os_str().as_encoded_bytes().to_vec(),
             stamp: super::tree::FileStamp::of(&meta),
@@ -122,7 +137,9 @@ impl PythonRuntime {
         let key = crate::proto::ModuleHash::of(&source);
         let root = cache.join("python");
         let dir = root.join(&key.to_hex()[..16]);
-        let (_, name) = STDLIB_GUEST_PATH.rsplit_once('/').expect("an absolute path");
+        let (_, name) = STDLIB_GUEST_PATH
+            .rsplit_once('/')
+            .expect("an absolute path");
         let zip = dir.join(name);
         if zip.is_file() {
             mark_used(&dir, &source);
@@ -131,7 +148,13 @@ impl PythonRuntime {
         std::fs::create_dir_all(&dir).with_context(|| format!("cannot make {}", dir.display()))?;
         let tmp = dir.join(format!(".{name}.{}", std::process::id()));
         if std::fs::hard_link(&self.stdlib, &tmp).is_err() {
-            std::fs::copy(&self.stdlib, &tmp).with_context(|| format!("cannot copy {} into {}", self.stdlib.display(), dir.display()))?;
+            std::fs::copy(&self.stdlib, &tmp).with_context(|| {
+                format!(
+                    "cannot copy {} into {}",
+                    self.stdlib.display(),
+                    dir.display()
+                )
+            })?;
         }
         std::fs::rename(&tmp, &zip)?;
         mark_used(&dir, &source);
@@ -176,26 +199,45 @@ fn mark_used(dir: &Path, source: &[u8]) {
 /// otherwise keep the old 52 MB file alive for ever. A dir without a
 /// record (made before records were kept) counts as changed.
 fn prune_stdlib_dirs(root: &Path, keep: &Path, unused: std::time::Duration) {
-    let Ok(entries) = std::fs::read_dir(root) else { return };
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
     for dir in entries.filter_map(|e| e.ok()).map(|e| e.path()) {
         let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        if dir == keep || name.len() != 16 || !name.bytes().all(|b| b.is_ascii_hexdigit()) || !dir.is_dir() {
+        if dir == keep
+            || name.len() != 16
+            || !name.bytes().all(|b| b.is_ascii_hexdigit())
+            || !dir.is_dir()
+        {
             continue;
         }
         let record = dir.join(SOURCE_RECORD);
-        let last_used = std::fs::metadata(&record).or_else(|_| std::fs::metadata(&dir)).and_then(|m| m.modified());
-        if last_used.ok().and_then(|t| t.elapsed().ok()).is_none_or(|age| age < unused) {
+        let last_used = std::fs::metadata(&record)
+            .or_else(|_| std::fs::metadata(&dir))
+            .and_then(|m| m.modified());
+        if last_used
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_none_or(|age| age < unused)
+        {
             continue;
         }
-        let still_current = std::fs::read(&record).ok().and_then(|b| postcard::from_bytes::<StdlibSource>(&b).ok()).is_some_and(|s| {
-            use std::os::unix::ffi::OsStrExt;
-            let path = Path::new(std::ffi::OsStr::from_bytes(&s.path));
-            std::fs::metadata(path).is_ok_and(|m| super::tree::FileStamp::of(&m) == s.stamp)
-        });
+        let still_current = std::fs::read(&record)
+            .ok()
+            .and_then(|b| postcard::from_bytes::<StdlibSource>(&b).ok())
+            .is_some_and(|s| {
+                use std::os::unix::ffi::OsStrExt;
+                let path = Path::new(std::ffi::OsStr::from_bytes(&s.path));
+                std::fs::metadata(path).is_ok_and(|m| super::tree::FileStamp::of(&m) == s.stamp)
+            });
         if !still_current {
             match std::fs::remove_dir_all(&dir) {
-                Ok(()) => tracing::debug!(dir = %dir.display(), "removed a stale Python stdlib dir"),
-                Err(e) => tracing::debug!(dir = %dir.display(), "cannot remove a stale Python stdlib dir: {e}"),
+                Ok(()) => {
+                    tracing::debug!(dir = %dir.display(), "removed a stale Python stdlib dir")
+                }
+                Err(e) => {
+                    tracing::debug!(dir = %dir.display(), "cannot remove a stale Python stdlib dir: {e}")
+                }
             }
         }
     }
@@ -207,16 +249,31 @@ fn prune_stdlib_dirs(root: &Path, keep: &Path, unused: std::time::Duration) {
 /// if no `python3` is on the `PATH`.
 fn interpreter_key() -> Option<String> {
     let path = std::env::var_os("PATH")?;
-    let python3 = std::env::split_paths(&path).map(|d| d.join("python3")).find(|p| p.is_file())?;
+    let python3 = std::env::split_paths(&path)
+        .map(|d| d.join("python3"))
+        .find(|p| p.is_file())?;
     let changed = std::fs::metadata(&python3).ok()?.modified().ok()?;
-    let env = ["VIRTUAL_ENV", "CONDA_PREFIX", "PYENV_VERSION"].map(|v| std::env::var_os(v).unwrap_or_default());
+    let env = ["VIRTUAL_ENV", "CONDA_PREFIX", "PYENV_VERSION"]
+        .map(|v| std::env::var_os(v).unwrap_or_default());
     let cwd = std::env::current_dir().ok()?;
     let mut what = Vec::new();
-    for part in [python3.as_os_str(), env[0].as_os_str(), env[1].as_os_str(), env[2].as_os_str(), cwd.as_os_str()] {
+    for part in [
+        python3.as_os_str(),
+        env[0].as_os_str(),
+        env[1].as_os_str(),
+        env[2].as_os_str(),
+        cwd.as_os_str(),
+    ] {
         what.extend_from_slice(part.as_encoded_bytes());
         what.push(0);
     }
-    what.extend_from_slice(&changed.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos().to_le_bytes());
+    what.extend_from_slice(
+        &changed
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()?
+            .as_nanos()
+            .to_le_bytes(),
+    );
     Some(crate::proto::ModuleHash::of(&what).to_hex()[..16].to_string())
 }
 
@@ -234,19 +291,33 @@ pub struct PythonJob {
 /// Makes the job that runs `script` (a file, or `-` for the program on
 /// stdin) with `args` on `runtime`; `cache` holds the module's hash and the
 /// stdlib's directory (the user's cache dir).
-pub fn python_job(runtime: &PythonRuntime, script: &str, args: &[String], cache: &Path) -> anyhow::Result<PythonJob> {
+pub fn python_job(
+    runtime: &PythonRuntime,
+    script: &str,
+    args: &[String],
+    cache: &Path,
+) -> anyhow::Result<PythonJob> {
     let mut job = Job::from_file_cached(&runtime.module, Some(cache))?;
     job.program_name = "python".into();
     job.invoke = Some(ENTRY.into());
     let lib = runtime.stdlib_dir(cache)?;
-    let (lib_guest, _) = STDLIB_GUEST_PATH.rsplit_once('/').expect("an absolute path");
-    job.dirs.push(DirGrant { host: lib, guest: lib_guest.into(), read_only: true });
+    let (lib_guest, _) = STDLIB_GUEST_PATH
+        .rsplit_once('/')
+        .expect("an absolute path");
+    job.dirs.push(DirGrant {
+        host: lib,
+        guest: lib_guest.into(),
+        read_only: true,
+    });
     let (script_dir, first) = if script == "-" {
         (None, "-".to_string())
     } else {
         let path = Path::new(script);
-        let name = path.file_name().with_context(|| format!("{script} names no file"))?;
-        let source = std::fs::read(path).with_context(|| format!("cannot read the script {script}"))?;
+        let name = path
+            .file_name()
+            .with_context(|| format!("{script} names no file"))?;
+        let source =
+            std::fs::read(path).with_context(|| format!("cannot read the script {script}"))?;
         let (dir, guest) = mount_script(&mut job, &name.to_string_lossy(), &source)?;
         (Some(dir), guest)
     };
@@ -256,20 +327,39 @@ pub fn python_job(runtime: &PythonRuntime, script: &str, args: &[String], cache:
 
 /// [`python_job`] for a program given as its source (the Python client's
 /// `map(fn, ...)`), named `name` in the guest, with no arguments.
-pub fn python_source_job(runtime: &PythonRuntime, name: &str, source: &[u8], cache: &Path) -> anyhow::Result<PythonJob> {
+pub fn python_source_job(
+    runtime: &PythonRuntime,
+    name: &str,
+    source: &[u8],
+    cache: &Path,
+) -> anyhow::Result<PythonJob> {
     let PythonJob { mut job, .. } = python_job(runtime, "-", &[], cache)?;
     let (dir, guest) = mount_script(&mut job, name, source)?;
     job.args = vec![guest];
-    Ok(PythonJob { job, script_dir: Some(dir) })
+    Ok(PythonJob {
+        job,
+        script_dir: Some(dir),
+    })
 }
 
 /// Writes `source` as `name` into a directory of its own, mounted read-only
 /// at [`SCRIPT_GUEST_DIR`] (only the script, not the folder it came from,
 /// is mounted and shipped); the directory and the script's guest path.
-fn mount_script(job: &mut Job, name: &str, source: &[u8]) -> anyhow::Result<(tempfile::TempDir, String)> {
-    let dir = tempfile::Builder::new().prefix("peerwasm-script-").tempdir()?;
-    std::fs::write(dir.path().join(name), source).with_context(|| format!("cannot write the script {name}"))?;
-    job.dirs.push(DirGrant { host: dir.path().to_path_buf(), guest: SCRIPT_GUEST_DIR.into(), read_only: true });
+fn mount_script(
+    job: &mut Job,
+    name: &str,
+    source: &[u8],
+) -> anyhow::Result<(tempfile::TempDir, String)> {
+    let dir = tempfile::Builder::new()
+        .prefix("peerwasm-script-")
+        .tempdir()?;
+    std::fs::write(dir.path().join(name), source)
+        .with_context(|| format!("cannot write the script {name}"))?;
+    job.dirs.push(DirGrant {
+        host: dir.path().to_path_buf(),
+        guest: SCRIPT_GUEST_DIR.into(),
+        read_only: true,
+    });
     Ok((dir, format!("{SCRIPT_GUEST_DIR}/{name}")))
 }
 
@@ -295,15 +385,30 @@ mod tests {
         let pj = python_job(&rt, script.to_str().unwrap(), &["x".into()], cache.path()).unwrap();
         assert_eq!(pj.job.invoke.as_deref(), Some("run"));
         assert_eq!(pj.job.args, ["/script/analysis.py", "x"]);
-        let guests: Vec<(&str, bool)> = pj.job.dirs.iter().map(|d| (d.guest.as_str(), d.read_only)).collect();
+        let guests: Vec<(&str, bool)> = pj
+            .job
+            .dirs
+            .iter()
+            .map(|d| (d.guest.as_str(), d.read_only))
+            .collect();
         assert_eq!(guests, [("/usr/local/lib", true), ("/script", true)]);
         let copied = pj.job.dirs[1].host.join("analysis.py");
-        assert_eq!(std::fs::read_to_string(copied).unwrap(), "print(1)", "only the script is mounted");
+        assert_eq!(
+            std::fs::read_to_string(copied).unwrap(),
+            "print(1)",
+            "only the script is mounted"
+        );
         let from_source = python_source_job(&rt, "job.py", b"print(2)", cache.path()).unwrap();
         assert_eq!(from_source.job.args, ["/script/job.py"]);
-        assert_eq!(std::fs::read(from_source.job.dirs[1].host.join("job.py")).unwrap(), b"print(2)");
+        assert_eq!(
+            std::fs::read(from_source.job.dirs[1].host.join("job.py")).unwrap(),
+            b"print(2)"
+        );
         let stdin = python_job(&rt, "-", &[], cache.path()).unwrap();
-        assert_eq!((stdin.job.args.as_slice(), stdin.job.dirs.len()), (&["-".to_string()][..], 1));
+        assert_eq!(
+            (stdin.job.args.as_slice(), stdin.job.dirs.len()),
+            (&["-".to_string()][..], 1)
+        );
     }
 
     /// A runtime whose stdlib is `dir/python-stdlib.zip` holding `text`.
@@ -316,8 +421,12 @@ mod tests {
 
     /// Makes `dir` look unused for two days.
     fn age(dir: &Path) {
-        let two_days_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(2 * 24 * 3600);
-        let record = std::fs::OpenOptions::new().write(true).open(dir.join(SOURCE_RECORD)).unwrap();
+        let two_days_ago =
+            std::time::SystemTime::now() - std::time::Duration::from_secs(2 * 24 * 3600);
+        let record = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join(SOURCE_RECORD))
+            .unwrap();
         record.set_modified(two_days_ago).unwrap();
     }
 
@@ -343,17 +452,40 @@ mod tests {
         std::fs::write(&zip, "0.1.1").unwrap();
 
         let new_dir = upgraded.stdlib_dir(cache.path()).unwrap();
-        assert_ne!(new_dir, upgraded_dir, "a changed stdlib gets a dir of its own");
-        assert_eq!(std::fs::read(new_dir.join("python315.zip")).unwrap(), b"0.1.1");
-        assert!(!deleted_dir.exists(), "its venv is gone and nothing used it for two days");
-        assert!(!upgraded_dir.exists(), "its file was replaced and nothing used it for two days");
-        assert!(current_dir.exists(), "its file is still there as it was: kept however old");
-        assert!(just_used_dir.exists(), "its file is gone, but a job may still be importing from it");
+        assert_ne!(
+            new_dir, upgraded_dir,
+            "a changed stdlib gets a dir of its own"
+        );
+        assert_eq!(
+            std::fs::read(new_dir.join("python315.zip")).unwrap(),
+            b"0.1.1"
+        );
+        assert!(
+            !deleted_dir.exists(),
+            "its venv is gone and nothing used it for two days"
+        );
+        assert!(
+            !upgraded_dir.exists(),
+            "its file was replaced and nothing used it for two days"
+        );
+        assert!(
+            current_dir.exists(),
+            "its file is still there as it was: kept however old"
+        );
+        assert!(
+            just_used_dir.exists(),
+            "its file is gone, but a job may still be importing from it"
+        );
 
         // A dir is marked used each time it is asked for, so a dir in use is never old.
         age(&current_dir);
         assert_eq!(current.stdlib_dir(cache.path()).unwrap(), current_dir);
-        let age_now = std::fs::metadata(current_dir.join(SOURCE_RECORD)).unwrap().modified().unwrap().elapsed().unwrap();
+        let age_now = std::fs::metadata(current_dir.join(SOURCE_RECORD))
+            .unwrap()
+            .modified()
+            .unwrap()
+            .elapsed()
+            .unwrap();
         assert!(age_now < std::time::Duration::from_secs(60), "{age_now:?}");
     }
 }

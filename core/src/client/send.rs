@@ -19,10 +19,16 @@ use crate::proto::{CancelCause, JobResult, JobSpec, Outcome};
 impl Pool {
     /// Runs one job on the pool; `placed` is set to the worker while the
     /// job is on it (so a caller can tell which worker lost it).
-    pub async fn run(&self, job: &Job, spec: &JobSpec, placed: &Placed) -> Result<JobResult, SubmitError> {
+    pub async fn run(
+        &self,
+        job: &Job,
+        spec: &JobSpec,
+        placed: &Placed,
+    ) -> Result<JobResult, SubmitError> {
         let shipped = self.ship(spec).await?;
-        let body: bytes::Bytes =
-            postcard::to_allocvec(shipped.spec()).map_err(|e| SubmitError::Fatal(e.to_string()))?.into();
+        let body: bytes::Bytes = postcard::to_allocvec(shipped.spec())
+            .map_err(|e| SubmitError::Fatal(e.to_string()))?
+            .into();
         let mut backoff = Duration::from_millis(10);
         let mut no_peer_since: Option<Instant> = None;
         loop {
@@ -31,14 +37,19 @@ impl Pool {
             for (addr, slots) in candidates {
                 placed.set(Some(&addr));
                 self.add_load(&addr, 1);
-                let outcome = self.submit_to(&addr, slots, job, &shipped.trees, body.clone()).await;
+                let outcome = self
+                    .submit_to(&addr, slots, job, &shipped.trees, body.clone())
+                    .await;
                 self.add_load(&addr, -1);
                 if let Some(result) = self.settle(&addr, outcome, &mut declined)? {
                     return Ok(result);
                 }
             }
             placed.set(None);
-            tracing::trace!("every worker declined ({}); waiting {backoff:?}", declined.join("; "));
+            tracing::trace!(
+                "every worker declined ({}); waiting {backoff:?}",
+                declined.join("; ")
+            );
             backoff_wait(&mut backoff).await;
         }
     }
@@ -56,9 +67,16 @@ impl Pool {
         match answer {
             // A worker that shut down under the job did not run it to its
             // end: that is a lost job, to run elsewhere.
-            Ok(JobResult { outcome: Outcome::Cancelled { cause: CancelCause::Shutdown }, .. }) => {
-                Err(SubmitError::Lost { peer: addr.into(), reason: "the worker shut down".into() })
-            }
+            Ok(JobResult {
+                outcome:
+                    Outcome::Cancelled {
+                        cause: CancelCause::Shutdown,
+                    },
+                ..
+            }) => Err(SubmitError::Lost {
+                peer: addr.into(),
+                reason: "the worker shut down".into(),
+            }),
             Ok(result) => Ok(Some(result)),
             Err(PeerError::Declined(why)) => {
                 declined.push(format!("{addr}: {why}"));
@@ -71,7 +89,10 @@ impl Pool {
             }
             Err(PeerError::Lost(why)) => {
                 self.avoid(addr);
-                Err(SubmitError::Lost { peer: addr.into(), reason: why })
+                Err(SubmitError::Lost {
+                    peer: addr.into(),
+                    reason: why,
+                })
             }
             Err(PeerError::Fatal(why)) => Err(SubmitError::Fatal(format!("{addr}: {why}"))),
         }
@@ -93,12 +114,22 @@ impl Pool {
         for attempt in 0..PROVIDE_ATTEMPTS {
             let sent = Instant::now();
             let http = self.client_for(addr);
-            let (status, message, largest) = match self.batchers.submit(addr, slots, body.clone(), http).await? {
+            let (status, message, largest) = match self
+                .batchers
+                .submit(addr, slots, body.clone(), http)
+                .await?
+            {
                 BatchAnswer::Done(result) => return Ok(result),
-                BatchAnswer::Refused { status, message, largest_job } => (status, message, largest_job),
+                BatchAnswer::Refused {
+                    status,
+                    message,
+                    largest_job,
+                } => (status, message, largest_job),
             };
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            if attempt + 1 < PROVIDE_ATTEMPTS && self.provide(addr, status, job, trees, sent).await? {
+            if attempt + 1 < PROVIDE_ATTEMPTS
+                && self.provide(addr, status, job, trees, sent).await?
+            {
                 continue;
             }
             return Err(self.read_refusal(addr, status, message, largest));
@@ -121,7 +152,11 @@ mod tests {
     fn avoided(pool: &Pool, addr: &str) -> bool {
         let view = [crate::gossip::PeerView {
             id: crate::gossip::NodeId::new(addr, 1),
-            advert: crate::proto::Advert { addr: addr.into(), slots_total: 1, ..Default::default() },
+            advert: crate::proto::Advert {
+                addr: addr.into(),
+                slots_total: 1,
+                ..Default::default()
+            },
             liveness: crate::gossip::Liveness::Alive,
             last_heard_ms: 0,
             vouched: true,
@@ -133,27 +168,69 @@ mod tests {
     fn a_result_is_kept_a_refusal_moves_on_and_a_broken_worker_is_avoided() {
         let pool = Pool::new(PoolConfig::new(vec!["a:1".into()])).unwrap();
         let mut declined = Vec::new();
-        let ok = pool.settle("a:1", Ok(result(Outcome::Exited { code: 0 })), &mut declined).unwrap();
+        let ok = pool
+            .settle(
+                "a:1",
+                Ok(result(Outcome::Exited { code: 0 })),
+                &mut declined,
+            )
+            .unwrap();
         assert!(ok.is_some(), "a result is the answer");
-        let next = pool.settle("a:1", Err(PeerError::Declined("too large here".into())), &mut declined).unwrap();
-        assert!(next.is_none() && declined == ["a:1: too large here"], "{declined:?}");
+        let next = pool
+            .settle(
+                "a:1",
+                Err(PeerError::Declined("too large here".into())),
+                &mut declined,
+            )
+            .unwrap();
+        assert!(
+            next.is_none() && declined == ["a:1: too large here"],
+            "{declined:?}"
+        );
         assert!(!avoided(&pool, "a:1"), "a refusal is not a fault");
 
-        assert!(pool.settle("b:2", Err(PeerError::Unreachable("refused".into())), &mut declined).unwrap().is_none());
-        assert!(avoided(&pool, "b:2"), "an unreachable worker is skipped for a while");
+        assert!(
+            pool.settle(
+                "b:2",
+                Err(PeerError::Unreachable("refused".into())),
+                &mut declined
+            )
+            .unwrap()
+            .is_none()
+        );
+        assert!(
+            avoided(&pool, "b:2"),
+            "an unreachable worker is skipped for a while"
+        );
     }
 
     #[test]
     fn a_job_lost_or_ended_by_a_shutdown_is_run_again_and_a_bad_request_is_fatal() {
         let pool = Pool::new(PoolConfig::new(vec!["a:1".into()])).unwrap();
         let mut declined = Vec::new();
-        let shutdown = result(Outcome::Cancelled { cause: CancelCause::Shutdown });
-        assert!(matches!(pool.settle("a:1", Ok(shutdown), &mut declined), Err(SubmitError::Lost { .. })));
-        let lost = pool.settle("c:3", Err(PeerError::Lost("connection reset".into())), &mut declined);
+        let shutdown = result(Outcome::Cancelled {
+            cause: CancelCause::Shutdown,
+        });
+        assert!(matches!(
+            pool.settle("a:1", Ok(shutdown), &mut declined),
+            Err(SubmitError::Lost { .. })
+        ));
+        let lost = pool.settle(
+            "c:3",
+            Err(PeerError::Lost("connection reset".into())),
+            &mut declined,
+        );
         assert!(matches!(lost, Err(SubmitError::Lost { peer, .. }) if peer == "c:3"));
         assert!(avoided(&pool, "c:3"));
-        let fatal = pool.settle("a:1", Err(PeerError::Fatal("bad spec".into())), &mut declined);
-        assert_eq!(fatal.unwrap_err(), SubmitError::Fatal("a:1: bad spec".into()));
+        let fatal = pool.settle(
+            "a:1",
+            Err(PeerError::Fatal("bad spec".into())),
+            &mut declined,
+        );
+        assert_eq!(
+            fatal.unwrap_err(),
+            SubmitError::Fatal("a:1: bad spec".into())
+        );
         assert!(declined.is_empty());
     }
 }

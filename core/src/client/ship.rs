@@ -15,13 +15,13 @@ use std::time::Instant;
 
 use reqwest::StatusCode;
 
-use super::job::Job;
+use super::api::{ApiError, WorkerApi};
 use super::errors::{PeerError, SubmitError};
+use super::job::Job;
 use super::pool::Pool;
 pub use super::tree::ShippedTree;
-use super::api::{ApiError, WorkerApi};
-use crate::proto::tree::MISSING_STATUS;
 use crate::proto::JobSpec;
+use crate::proto::tree::MISSING_STATUS;
 
 /// Tries of one job on one worker: as sent, after its module, after its
 /// trees.
@@ -60,8 +60,14 @@ impl Pool {
             let sent = Instant::now();
             match api.post_job(path, accepted, body.clone()).await {
                 Ok(resp) => return Ok(resp),
-                Err(ApiError::Status { status, message, largest }) => {
-                    if attempt + 1 < PROVIDE_ATTEMPTS && self.provide(addr, status, job, trees, sent).await? {
+                Err(ApiError::Status {
+                    status,
+                    message,
+                    largest,
+                }) => {
+                    if attempt + 1 < PROVIDE_ATTEMPTS
+                        && self.provide(addr, status, job, trees, sent).await?
+                    {
                         continue;
                     }
                     return Err(self.read_refusal(addr, status, message, largest));
@@ -77,7 +83,10 @@ impl Pool {
     /// this pool handle that grants the same directory.
     pub(super) async fn ship<'a>(&self, spec: &'a JobSpec) -> Result<Shipped<'a>, SubmitError> {
         if spec.dirs.is_empty() {
-            return Ok(Shipped { spec: Cow::Borrowed(spec), trees: Vec::new() });
+            return Ok(Shipped {
+                spec: Cow::Borrowed(spec),
+                trees: Vec::new(),
+            });
         }
         let mut trees = Vec::with_capacity(spec.dirs.len());
         for dir in &spec.dirs {
@@ -87,7 +96,9 @@ impl Pool {
                     let (dir, cache) = (dir.clone(), self.hash_cache().map(|p| p.to_path_buf()));
                     tokio::task::spawn_blocking(move || super::tree::scan(&dir, cache.as_deref()))
                         .await
-                        .map_err(|e| SubmitError::Fatal(format!("hashing the directory failed: {e}")))?
+                        .map_err(|e| {
+                            SubmitError::Fatal(format!("hashing the directory failed: {e}"))
+                        })?
                         .map(Arc::new)
                         .map_err(|e| SubmitError::Fatal(format!("{e:#}")))
                 })
@@ -97,7 +108,10 @@ impl Pool {
         let mut shipped = spec.clone();
         shipped.dirs.clear();
         shipped.trees = trees.iter().map(|t| t.grant.clone()).collect();
-        Ok(Shipped { spec: Cow::Owned(shipped), trees })
+        Ok(Shipped {
+            spec: Cow::Owned(shipped),
+            trees,
+        })
     }
 
     /// Sends `addr` what a refusal with `status` says it lacks — the module
@@ -119,7 +133,8 @@ impl Pool {
             return Ok(false);
         }
         for tree in trees {
-            self.once(addr, tree.grant.manifest, sent, self.send_tree(addr, tree)).await?;
+            self.once(addr, tree.grant.manifest, sent, self.send_tree(addr, tree))
+                .await?;
         }
         Ok(true)
     }
@@ -133,13 +148,17 @@ impl Pool {
             .map_err(|e| upload_refused("the directory", e))?;
         for hash in missing {
             let Some(path) = tree.sources.get(&hash) else {
-                return Err(PeerError::Fatal(format!("the worker asks for file {hash}, which the tree does not have")));
+                return Err(PeerError::Fatal(format!(
+                    "the worker asks for file {hash}, which the tree does not have"
+                )));
             };
             let file = tokio::fs::File::open(path)
                 .await
                 .map_err(|e| PeerError::Fatal(format!("cannot read {}: {e}", path.display())))?;
             let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(file));
-            api.put_file(&hash, body).await.map_err(|e| upload_refused(&path.display().to_string(), e))?;
+            api.put_file(&hash, body)
+                .await
+                .map_err(|e| upload_refused(&path.display().to_string(), e))?;
         }
         Ok(())
     }
@@ -150,10 +169,14 @@ impl Pool {
 /// else (too large here, no room now) — try another worker.
 fn upload_refused(what: &str, refused: ApiError) -> PeerError {
     match refused {
-        ApiError::Status { status: StatusCode::BAD_REQUEST | StatusCode::UNAUTHORIZED, message, .. } => {
-            PeerError::Fatal(format!("{what} was refused: {message}"))
-        }
-        ApiError::Status { status, message, .. } => PeerError::Declined(format!("{what} was refused: {status} {message}")),
+        ApiError::Status {
+            status: StatusCode::BAD_REQUEST | StatusCode::UNAUTHORIZED,
+            message,
+            ..
+        } => PeerError::Fatal(format!("{what} was refused: {message}")),
+        ApiError::Status {
+            status, message, ..
+        } => PeerError::Declined(format!("{what} was refused: {status} {message}")),
         other => other.into(),
     }
 }

@@ -64,7 +64,8 @@ impl PoolStatus {
                 s.used_bytes += a.used_bytes;
                 s.capacity_bytes += a.capacity_bytes;
                 s.queued += a.queue_len;
-                s.warnings.extend(a.warnings.iter().map(|w| format!("{}: {w}", a.addr)));
+                s.warnings
+                    .extend(a.warnings.iter().map(|w| format!("{}: {w}", a.addr)));
             }
             for t in &a.tenants {
                 let e = s.tenants.entry(t.tenant.clone()).or_default();
@@ -76,7 +77,9 @@ impl PoolStatus {
             }
         }
         s.backlog = crate::proto::backlog::PoolBacklog::sum(
-            view.iter().filter(|p| p.liveness == Liveness::Alive).flat_map(|p| p.advert.backlog.iter()),
+            view.iter()
+                .filter(|p| p.liveness == Liveness::Alive)
+                .flat_map(|p| p.advert.backlog.iter()),
         );
         s
     }
@@ -104,7 +107,18 @@ impl fmt::Display for PoolStatus {
         if self.tenants.is_empty() {
             return write!(f, "no jobs have run yet");
         }
-        let mut rows = vec![["TENANT", "JOBS", "CPU-S", "SLOT-S", "RESERVED GIB-S", "USED GIB-S", "USAGE (DECAYED SLOT-S)"].map(String::from)];
+        let mut rows = vec![
+            [
+                "TENANT",
+                "JOBS",
+                "CPU-S",
+                "SLOT-S",
+                "RESERVED GIB-S",
+                "USED GIB-S",
+                "USAGE (DECAYED SLOT-S)",
+            ]
+            .map(String::from),
+        ];
         for (name, t) in &self.tenants {
             let a = &t.account;
             rows.push([
@@ -120,4 +134,3 @@ impl fmt::Display for PoolStatus {
         write!(f, "{}", crate::units::render_table(&rows))
     }
 }
-

@@ -17,8 +17,8 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use super::api::{ApiError, WorkerApi};
-use super::job::Job;
 use super::errors::{PeerError, SubmitError};
+use super::job::Job;
 use super::pool::{Pool, backoff_wait};
 use super::ship::{PROVIDE_ATTEMPTS, ShippedTree};
 use crate::proto::frame::{FrameReader, encode_frame};
@@ -45,7 +45,9 @@ impl Pool {
     ) -> Result<JobResult, SubmitError> {
         let mut first = std::mem::take(&mut spec.stdin);
         let shipped = self.ship(&spec).await?;
-        let head = Bytes::from(encode_frame(shipped.spec()).map_err(|e| SubmitError::Fatal(e.to_string()))?);
+        let head = Bytes::from(
+            encode_frame(shipped.spec()).map_err(|e| SubmitError::Fatal(e.to_string()))?,
+        );
         let mut stdin = stdin.and_then(|feed| feed.take());
         let mut backoff = Duration::from_millis(10);
         let mut no_peer_since = None;
@@ -53,13 +55,26 @@ impl Pool {
             let mut declined = Vec::new();
             for (addr, _slots) in self.candidates_now(&spec, &mut no_peer_since).await? {
                 self.add_load(&addr, 1);
-                let answer = self.stream_to(&addr, job, &shipped.trees, &head, &mut first, &mut stdin, on_output).await;
+                let answer = self
+                    .stream_to(
+                        &addr,
+                        job,
+                        &shipped.trees,
+                        &head,
+                        &mut first,
+                        &mut stdin,
+                        on_output,
+                    )
+                    .await;
                 self.add_load(&addr, -1);
                 if let Some(result) = self.settle(&addr, answer, &mut declined)? {
                     return Ok(result);
                 }
             }
-            tracing::trace!("every worker declined ({}); waiting {backoff:?}", declined.join("; "));
+            tracing::trace!(
+                "every worker declined ({}); waiting {backoff:?}",
+                declined.join("; ")
+            );
             backoff_wait(&mut backoff).await;
         }
     }
@@ -81,15 +96,22 @@ impl Pool {
         for attempt in 0..PROVIDE_ATTEMPTS {
             let sent = Instant::now();
             let (body, body_rx) = mpsc::channel::<Bytes>(16);
-            body.try_send(head.clone()).expect("an empty channel has room");
+            body.try_send(head.clone())
+                .expect("an empty channel has room");
             let stream = futures::stream::unfold(body_rx, |mut rx| async move {
                 rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx))
             });
             let api = WorkerApi::new(self.client_for(addr), addr);
             let mut resp = match api.post_stream(reqwest::Body::wrap_stream(stream)).await {
                 Ok(resp) => resp,
-                Err(ApiError::Status { status, message, largest }) => {
-                    if attempt + 1 < PROVIDE_ATTEMPTS && self.provide(addr, status, job, trees, sent).await? {
+                Err(ApiError::Status {
+                    status,
+                    message,
+                    largest,
+                }) => {
+                    if attempt + 1 < PROVIDE_ATTEMPTS
+                        && self.provide(addr, status, job, trees, sent).await?
+                    {
                         continue;
                     }
                     return Err(self.read_refusal(addr, status, message, largest));
@@ -97,12 +119,23 @@ impl Pool {
                 Err(e) => return Err(e.into()),
             };
             // Accepted: from here on stdin is spent on this worker.
-            let _pump = AbortOnDrop(tokio::spawn(pump(std::mem::take(first), stdin.take(), body)));
+            let _pump = AbortOnDrop(tokio::spawn(pump(
+                std::mem::take(first),
+                stdin.take(),
+                body,
+            )));
             let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
             let mut frames = FrameReader::default();
-            while let Some(chunk) = resp.chunk().await.map_err(|e| PeerError::from_reqwest(&e))? {
+            while let Some(chunk) = resp
+                .chunk()
+                .await
+                .map_err(|e| PeerError::from_reqwest(&e))?
+            {
                 frames.push(&chunk);
-                while let Some(event) = frames.next_frame::<StreamEvent>().map_err(PeerError::Lost)? {
+                while let Some(event) = frames
+                    .next_frame::<StreamEvent>()
+                    .map_err(PeerError::Lost)?
+                {
                     match event {
                         StreamEvent::Output { stream, bytes } => {
                             on_output(stream, &bytes);
@@ -119,7 +152,9 @@ impl Pool {
                     }
                 }
             }
-            return Err(PeerError::Lost("the worker's answer ended before the job did".into()));
+            return Err(PeerError::Lost(
+                "the worker's answer ended before the job did".into(),
+            ));
         }
         unreachable!("the last attempt returns")
     }

@@ -13,13 +13,15 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 
+use super::errors::PeerError;
 use super::job::Job;
 use super::jobs::{CancelReport, trusted_workers};
-use super::errors::PeerError;
 use super::pool::Pool;
-use crate::proto::submission::{HistoryRecord, ResultsPage, SubmissionInfo, SubmissionSpec, SubmitConfig};
 use crate::gossip::PeerView;
 use crate::proto::routes;
+use crate::proto::submission::{
+    HistoryRecord, ResultsPage, SubmissionInfo, SubmissionSpec, SubmitConfig,
+};
 
 impl Pool {
     /// Hands `job` over `inputs` to an owner — `owner`, else the first of
@@ -33,7 +35,9 @@ impl Pool {
         owner: Option<&str>,
     ) -> anyhow::Result<SubmissionInfo> {
         if !job.dirs.is_empty() {
-            anyhow::bail!("--detach cannot take --dir yet: run the map attached to ship directories");
+            anyhow::bail!(
+                "--detach cannot take --dir yet: run the map attached to ship directories"
+            );
         }
         let spec = SubmissionSpec {
             job: job.spec(Vec::new(), 0),
@@ -50,19 +54,36 @@ impl Pool {
             match self.submit_to_owner(addr, job, body.clone()).await {
                 Ok(info) => return Ok(info),
                 Err(PeerError::Fatal(why)) => anyhow::bail!("{addr}: {why}"),
-                Err(PeerError::Declined(why) | PeerError::Unreachable(why) | PeerError::Lost(why)) => {
-                    errors.push(format!("{addr}: {why}"))
-                }
+                Err(
+                    PeerError::Declined(why) | PeerError::Unreachable(why) | PeerError::Lost(why),
+                ) => errors.push(format!("{addr}: {why}")),
             }
         }
         anyhow::bail!("no worker took the submission ({})", errors.join("; "))
     }
 
-    async fn submit_to_owner(&self, addr: &str, job: &Job, body: bytes::Bytes) -> Result<SubmissionInfo, PeerError> {
-        let resp = self.post_providing(addr, routes::SUBMISSIONS, StatusCode::CREATED, job, &[], body).await?;
+    async fn submit_to_owner(
+        &self,
+        addr: &str,
+        job: &Job,
+        body: bytes::Bytes,
+    ) -> Result<SubmissionInfo, PeerError> {
+        let resp = self
+            .post_providing(
+                addr,
+                routes::SUBMISSIONS,
+                StatusCode::CREATED,
+                job,
+                &[],
+                body,
+            )
+            .await?;
         let text = resp.text().await.map_err(|e| PeerError::from_reqwest(&e))?;
-        serde_json::from_str(&text)
-            .map_err(|e| PeerError::Lost(format!("the owner stored the submission but its answer is unreadable: {e}")))
+        serde_json::from_str(&text).map_err(|e| {
+            PeerError::Lost(format!(
+                "the owner stored the submission but its answer is unreadable: {e}"
+            ))
+        })
     }
 }
 
@@ -80,9 +101,14 @@ pub async fn find(
     for worker in ask {
         match WorkerApi::new(http, worker).submission(id).await {
             Ok(info) => return Ok(Some(info)),
-            Err(ApiError::Status { status: StatusCode::NOT_FOUND, .. }) => answered += 1,
+            Err(ApiError::Status {
+                status: StatusCode::NOT_FOUND,
+                ..
+            }) => answered += 1,
             Err(e @ ApiError::Unreadable(_)) => anyhow::bail!("{e}"),
-            Err(ApiError::Status { status, message, .. }) => anyhow::bail!("{worker}: {status} {message}"),
+            Err(ApiError::Status {
+                status, message, ..
+            }) => anyhow::bail!("{worker}: {status} {message}"),
             Err(e) => errors.push(format!("{worker}: {e}")),
         }
     }
@@ -101,9 +127,15 @@ pub async fn results_page(
     from: u64,
     wait: Duration,
 ) -> anyhow::Result<Option<ResultsPage>> {
-    match WorkerApi::new(http, owner).submission_results(id, from, wait).await {
+    match WorkerApi::new(http, owner)
+        .submission_results(id, from, wait)
+        .await
+    {
         Ok(page) => Ok(Some(page)),
-        Err(ApiError::Status { status: StatusCode::NOT_FOUND, .. }) => Ok(None),
+        Err(ApiError::Status {
+            status: StatusCode::NOT_FOUND,
+            ..
+        }) => Ok(None),
         Err(e @ ApiError::Unreadable(_)) => anyhow::bail!("{e}"),
         Err(e) => anyhow::bail!("{owner}: {e}"),
     }
@@ -116,7 +148,13 @@ pub async fn list(
     view: &[PeerView],
     seeds: &[String],
 ) -> anyhow::Result<(Vec<SubmissionInfo>, Vec<String>)> {
-    gather(http, view, seeds, |api| async move { api.submissions().await }).await
+    gather(
+        http,
+        view,
+        seeds,
+        |api| async move { api.submissions().await },
+    )
+    .await
 }
 
 /// The job history of every trusted worker of `view` since `since_ms`
@@ -129,7 +167,10 @@ pub async fn history(
     since_ms: u64,
     tenant: Option<&str>,
 ) -> anyhow::Result<(Vec<HistoryRecord>, Vec<String>)> {
-    let (mut rows, silent) = gather(http, view, seeds, |api| async move { api.history(since_ms, tenant).await }).await?;
+    let (mut rows, silent) = gather(http, view, seeds, |api| async move {
+        api.history(since_ms, tenant).await
+    })
+    .await?;
     rows.sort_by(|a, b| (a.ended_ms, &a.peer).cmp(&(b.ended_ms, &b.peer)));
     Ok((rows, silent))
 }
@@ -137,7 +178,12 @@ pub async fn history(
 /// Asks every trusted worker of `view` with `ask` (a list route) and
 /// concatenates; a refused token ends it, other workers not answering are
 /// named in the second list.
-async fn gather<'h, T, F, Fut>(http: &'h HttpClient, view: &'h [PeerView], seeds: &[String], ask: F) -> anyhow::Result<(Vec<T>, Vec<String>)>
+async fn gather<'h, T, F, Fut>(
+    http: &'h HttpClient,
+    view: &'h [PeerView],
+    seeds: &[String],
+    ask: F,
+) -> anyhow::Result<(Vec<T>, Vec<String>)>
 where
     F: Fn(WorkerApi<'h>) -> Fut,
     Fut: std::future::Future<Output = Result<Vec<T>, ApiError>>,
@@ -147,7 +193,11 @@ where
     for worker in workers {
         match ask(WorkerApi::new(http, worker)).await {
             Ok(mut some) => all.append(&mut some),
-            Err(ApiError::Status { status: StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN, message, .. }) => {
+            Err(ApiError::Status {
+                status: StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN,
+                message,
+                ..
+            }) => {
                 anyhow::bail!("{worker}: {message}")
             }
             Err(e @ ApiError::Unreadable(_)) => anyhow::bail!("{e}"),
@@ -160,11 +210,27 @@ where
 
 /// Cancels submission `id` wherever it is: its map stops and its jobs
 /// under way are cancelled; a finished one is discarded.
-pub async fn cancel(http: &HttpClient, view: &[PeerView], seeds: &[String], id: &str) -> anyhow::Result<CancelReport> {
-    let Some(info) = find(http, view, seeds, id).await? else { return Ok(CancelReport::NotFound) };
-    match WorkerApi::new(http, &info.owner).cancel_submission(id).await {
-        Ok(was) => Ok(CancelReport::Cancelled { worker: info.owner, was }),
-        Err(ApiError::Status { status: StatusCode::NOT_FOUND, .. }) => Ok(CancelReport::NotFound),
+pub async fn cancel(
+    http: &HttpClient,
+    view: &[PeerView],
+    seeds: &[String],
+    id: &str,
+) -> anyhow::Result<CancelReport> {
+    let Some(info) = find(http, view, seeds, id).await? else {
+        return Ok(CancelReport::NotFound);
+    };
+    match WorkerApi::new(http, &info.owner)
+        .cancel_submission(id)
+        .await
+    {
+        Ok(was) => Ok(CancelReport::Cancelled {
+            worker: info.owner,
+            was,
+        }),
+        Err(ApiError::Status {
+            status: StatusCode::NOT_FOUND,
+            ..
+        }) => Ok(CancelReport::NotFound),
         Err(e) => anyhow::bail!("{} refused: {e}", info.owner),
     }
 }

@@ -3,8 +3,8 @@
 //! run against a scripted fake in unit tests (on Tokio's paused clock) as
 //! well as against the real [`Target`](super::Target).
 
-use std::future::Future;
 use parking_lot::Mutex;
+use std::future::Future;
 
 use tokio::time::Instant;
 
@@ -23,8 +23,12 @@ pub trait Submitter: Clone + Send + Sync + 'static {
     fn capacity(&self) -> impl Future<Output = anyhow::Result<Capacity>> + Send;
 
     /// Runs one job; `placed` says which worker it is on meanwhile.
-    fn submit(&self, job: &Job, spec: JobSpec, placed: &Placed)
-    -> impl Future<Output = Result<JobResult, SubmitError>> + Send;
+    fn submit(
+        &self,
+        job: &Job,
+        spec: JobSpec,
+        placed: &Placed,
+    ) -> impl Future<Output = Result<JobResult, SubmitError>> + Send;
 
     /// The workers the target now believes dead (a job on one of them is
     /// lost); none for a target without workers, or when the target
@@ -33,7 +37,10 @@ pub trait Submitter: Clone + Send + Sync + 'static {
 
     /// Tells the pool what the map still has to run (its demand: see
     /// `proto::backlog`). Nothing, for a target without a pool.
-    fn report_backlog(&self, _backlog: crate::proto::backlog::Backlog) -> impl Future<Output = ()> + Send {
+    fn report_backlog(
+        &self,
+        _backlog: crate::proto::backlog::Backlog,
+    ) -> impl Future<Output = ()> + Send {
         async {}
     }
 }

@@ -24,8 +24,14 @@ pub enum Target {
 impl Target {
     /// An embedded worker with `slots` slots and an in-memory module cache.
     pub fn embedded(slots: usize) -> anyhow::Result<Target> {
-        let sandbox = SandboxConfig { slots, ..SandboxConfig::default() };
-        Ok(Target::Embedded(Arc::new(JobRunner::new(RunnerConfig { sandbox, ..RunnerConfig::default() })?)))
+        let sandbox = SandboxConfig {
+            slots,
+            ..SandboxConfig::default()
+        };
+        Ok(Target::Embedded(Arc::new(JobRunner::new(RunnerConfig {
+            sandbox,
+            ..RunnerConfig::default()
+        })?)))
     }
 
     /// A pool reached through `seeds` (`host:port`), with default settings.
@@ -35,7 +41,10 @@ impl Target {
 
     /// A pool reached through `seeds`, submitting as the tenant of `token`.
     pub fn pool_as(seeds: Vec<String>, token: Option<String>) -> anyhow::Result<Target> {
-        Ok(Target::Pool(Arc::new(Pool::new(PoolConfig { token, ..PoolConfig::new(seeds) })?)))
+        Ok(Target::Pool(Arc::new(Pool::new(PoolConfig {
+            token,
+            ..PoolConfig::new(seeds)
+        })?)))
     }
 
     /// What the target can take now.
@@ -43,7 +52,12 @@ impl Target {
         match self {
             Target::Embedded(runner) => {
                 let largest = runner.sandbox().config().max_job_memory;
-                Ok(Capacity { slots: runner.slots() as u32, largest_job: largest, typical_job: largest, workers: 1 })
+                Ok(Capacity {
+                    slots: runner.slots() as u32,
+                    largest_job: largest,
+                    typical_job: largest,
+                    workers: 1,
+                })
             }
             Target::Pool(pool) => {
                 let view = pool.view().await?;
@@ -57,7 +71,10 @@ impl Target {
                     slots: live.iter().map(|p| p.advert.slots_total).sum(),
                     largest_job: caps.last().copied().unwrap_or(0),
                     // The median's upper neighbour: at least half hold it.
-                    typical_job: caps.get(caps.len().saturating_sub(1) / 2).copied().unwrap_or(0),
+                    typical_job: caps
+                        .get(caps.len().saturating_sub(1) / 2)
+                        .copied()
+                        .unwrap_or(0),
                     workers: live.len() as u32,
                 };
                 Ok(match pool.growth() {
@@ -110,7 +127,12 @@ impl Submitter for Target {
         Target::capacity(self).await
     }
 
-    async fn submit(&self, job: &Job, spec: JobSpec, placed: &Placed) -> Result<JobResult, SubmitError> {
+    async fn submit(
+        &self,
+        job: &Job,
+        spec: JobSpec,
+        placed: &Placed,
+    ) -> Result<JobResult, SubmitError> {
         self.run_tracked(job, spec, placed).await
     }
 
@@ -121,9 +143,15 @@ impl Submitter for Target {
     }
 
     async fn dead_workers(&self) -> Vec<String> {
-        let Target::Pool(pool) = self else { return Vec::new() };
+        let Target::Pool(pool) = self else {
+            return Vec::new();
+        };
         match pool.view().await {
-            Ok(view) => view.iter().filter(|p| p.liveness == Liveness::Dead).map(|p| p.advert.addr.clone()).collect(),
+            Ok(view) => view
+                .iter()
+                .filter(|p| p.liveness == Liveness::Dead)
+                .map(|p| p.advert.addr.clone())
+                .collect(),
             Err(_) => Vec::new(),
         }
     }

@@ -22,12 +22,18 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::proto::tree::{EntryKind, FileBack, FileHash, Manifest, TreeEntry, TreeGrant, check_path};
+use crate::proto::tree::{
+    EntryKind, FileBack, FileHash, Manifest, TreeEntry, TreeGrant, check_path,
+};
 use crate::proto::{DirGrant, ModuleHash};
 
 /// Host directories hashed for shipping, each once per pool handle.
-pub(crate) type ShippedTrees =
-    parking_lot::Mutex<std::collections::HashMap<DirGrant, std::sync::Arc<tokio::sync::OnceCell<std::sync::Arc<ShippedTree>>>>>;
+pub(crate) type ShippedTrees = parking_lot::Mutex<
+    std::collections::HashMap<
+        DirGrant,
+        std::sync::Arc<tokio::sync::OnceCell<std::sync::Arc<ShippedTree>>>,
+    >,
+>;
 
 /// A host directory ready to ship: its manifest, and where each file's
 /// bytes are.
@@ -88,8 +94,12 @@ struct Known {
 /// Hashes `dir.host` into a manifest, using and refreshing the hashes kept
 /// under `cache` (none: hash everything). Blocking.
 pub fn scan(dir: &DirGrant, cache: Option<&Path>) -> anyhow::Result<ShippedTree> {
-    let root = std::fs::canonicalize(&dir.host).with_context(|| format!("--dir {}", dir.host.display()))?;
-    let cache_file = cache.map(|c| c.join("file-hashes").join(ModuleHash::of(root.as_os_str().as_encoded_bytes()).to_hex()));
+    let root = std::fs::canonicalize(&dir.host)
+        .with_context(|| format!("--dir {}", dir.host.display()))?;
+    let cache_file = cache.map(|c| {
+        c.join("file-hashes")
+            .join(ModuleHash::of(root.as_os_str().as_encoded_bytes()).to_hex())
+    });
     let mut known: HashMap<String, Known> = cache_file
         .as_ref()
         .and_then(|f| std::fs::read(f).ok())
@@ -101,12 +111,20 @@ pub fn scan(dir: &DirGrant, cache: Option<&Path>) -> anyhow::Result<ShippedTree>
     let mut stats = ScanStats::default();
     for entry in walkdir::WalkDir::new(&root).follow_links(true).min_depth(1) {
         let entry = entry.map_err(|e| match e.loop_ancestor() {
-            Some(a) => anyhow::anyhow!("--dir {}: a symbolic link loops back to {}", dir.host.display(), a.display()),
+            Some(a) => anyhow::anyhow!(
+                "--dir {}: a symbolic link loops back to {}",
+                dir.host.display(),
+                a.display()
+            ),
             None => anyhow::anyhow!("--dir {}: {e}", dir.host.display()),
         })?;
         let rel = entry.path().strip_prefix(&root).expect("under the root");
         let Some(rel) = rel.to_str().map(str::to_string) else {
-            bail!("--dir {}: {} has a name that is not UTF-8, which cannot be shipped", dir.host.display(), rel.display());
+            bail!(
+                "--dir {}: {} has a name that is not UTF-8, which cannot be shipped",
+                dir.host.display(),
+                rel.display()
+            );
         };
         if entry.path_is_symlink() {
             let target = std::fs::canonicalize(entry.path())?;
@@ -134,8 +152,13 @@ pub fn scan(dir: &DirGrant, cache: Option<&Path>) -> anyhow::Result<ShippedTree>
             now_known.insert(rel.clone(), Known { stamp, hash });
             stats.files += 1;
             stats.bytes += meta.len();
-            sources.entry(hash).or_insert_with(|| entry.path().to_path_buf());
-            EntryKind::File { hash, size: meta.len() }
+            sources
+                .entry(hash)
+                .or_insert_with(|| entry.path().to_path_buf());
+            EntryKind::File {
+                hash,
+                size: meta.len(),
+            }
         } else {
             continue; // sockets, fifos, devices: nothing a job reads as data
         };
@@ -146,22 +169,36 @@ pub fn scan(dir: &DirGrant, cache: Option<&Path>) -> anyhow::Result<ShippedTree>
         && stats.hashed > 0
     {
         // A cache that cannot be written only costs hashing next time.
-        let _ = std::fs::create_dir_all(f.parent().expect("has a parent"))
-            .and_then(|()| std::fs::write(f, postcard::to_allocvec(&now_known).unwrap_or_default()));
+        let _ = std::fs::create_dir_all(f.parent().expect("has a parent")).and_then(|()| {
+            std::fs::write(f, postcard::to_allocvec(&now_known).unwrap_or_default())
+        });
     }
     let manifest = Manifest { entries };
     let encoded = bytes::Bytes::from(manifest.encode());
-    let grant = TreeGrant { manifest: ModuleHash::of(&encoded), guest: dir.guest.clone(), read_only: dir.read_only };
-    Ok(ShippedTree { grant, manifest, encoded, sources, stats })
+    let grant = TreeGrant {
+        manifest: ModuleHash::of(&encoded),
+        guest: dir.guest.clone(),
+        read_only: dir.read_only,
+    };
+    Ok(ShippedTree {
+        grant,
+        manifest,
+        encoded,
+        sources,
+        stats,
+    })
 }
 
 fn hash_file(path: &Path) -> anyhow::Result<FileHash> {
     use sha2::Digest;
-    let mut file = std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut file =
+        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
     let mut hasher = sha2::Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
-        let n = file.read(&mut buf).with_context(|| format!("cannot read {}", path.display()))?;
+        let n = file
+            .read(&mut buf)
+            .with_context(|| format!("cannot read {}", path.display()))?;
         if n == 0 {
             return Ok(ModuleHash(hasher.finalize().into()));
         }
@@ -178,7 +215,10 @@ pub fn destination(dirs: &[DirGrant], tree: u32, out: Option<&Path>) -> anyhow::
         bail!("the worker sent back a file of directory #{tree}, which the job does not have");
     };
     if dir.read_only {
-        bail!("the worker sent back a file of {}, which the job had read-only", dir.host.display());
+        bail!(
+            "the worker sent back a file of {}, which the job had read-only",
+            dir.host.display()
+        );
     }
     Ok(match out {
         None => dir.host.clone(),
@@ -189,11 +229,17 @@ pub fn destination(dirs: &[DirGrant], tree: u32, out: Option<&Path>) -> anyhow::
 
 /// Writes the files a job sent back (see [`destination`]) and empties
 /// their contents in the result; returns how many were written. Blocking.
-pub fn write_back(dirs: &[DirGrant], files: &mut [FileBack], out: Option<&Path>) -> anyhow::Result<usize> {
+pub fn write_back(
+    dirs: &[DirGrant],
+    files: &mut [FileBack],
+    out: Option<&Path>,
+) -> anyhow::Result<usize> {
     for f in files.iter_mut() {
-        check_path(&f.path).map_err(|e| anyhow::anyhow!("the worker sent back a file with a bad path: {e}"))?;
+        check_path(&f.path)
+            .map_err(|e| anyhow::anyhow!("the worker sent back a file with a bad path: {e}"))?;
         let root = destination(dirs, f.tree, out)?;
-        std::fs::create_dir_all(&root).with_context(|| format!("cannot make {}", root.display()))?;
+        std::fs::create_dir_all(&root)
+            .with_context(|| format!("cannot make {}", root.display()))?;
         let target = root.join(&f.path);
         // Parents are made one by one, never through a symbolic link.
         let mut at = root.clone();
@@ -202,11 +248,20 @@ pub fn write_back(dirs: &[DirGrant], files: &mut [FileBack], out: Option<&Path>)
             at.push(part);
             match std::fs::symlink_metadata(&at) {
                 Ok(m) if m.file_type().is_symlink() => {
-                    bail!("{} is a symbolic link: {} is not written through it", at.display(), f.path)
+                    bail!(
+                        "{} is a symbolic link: {} is not written through it",
+                        at.display(),
+                        f.path
+                    )
                 }
                 Ok(m) if m.is_dir() => {}
-                Ok(_) => bail!("{} is a file, so {} cannot be written under it", at.display(), f.path),
-                Err(_) => std::fs::create_dir(&at).with_context(|| format!("cannot make {}", at.display()))?,
+                Ok(_) => bail!(
+                    "{} is a file, so {} cannot be written under it",
+                    at.display(),
+                    f.path
+                ),
+                Err(_) => std::fs::create_dir(&at)
+                    .with_context(|| format!("cannot make {}", at.display()))?,
             }
         }
         let parent = target.parent().expect("a file under the root");
@@ -214,8 +269,10 @@ pub fn write_back(dirs: &[DirGrant], files: &mut [FileBack], out: Option<&Path>)
             .prefix(".peerwasm-")
             .tempfile_in(parent)
             .with_context(|| format!("cannot write into {}", parent.display()))?;
-        std::io::Write::write_all(&mut tmp, &f.contents).with_context(|| format!("cannot write {}", target.display()))?;
-        tmp.persist(&target).with_context(|| format!("cannot write {}", target.display()))?;
+        std::io::Write::write_all(&mut tmp, &f.contents)
+            .with_context(|| format!("cannot write {}", target.display()))?;
+        tmp.persist(&target)
+            .with_context(|| format!("cannot write {}", target.display()))?;
         f.contents = Vec::new();
     }
     Ok(files.len())
@@ -226,7 +283,11 @@ mod tests {
     use super::*;
 
     fn grant(dir: &Path) -> DirGrant {
-        DirGrant { host: dir.to_path_buf(), guest: "/d".into(), read_only: false }
+        DirGrant {
+            host: dir.to_path_buf(),
+            guest: "/d".into(),
+            read_only: false,
+        }
     }
 
     #[test]
@@ -238,8 +299,20 @@ mod tests {
         std::fs::write(dir.path().join("a.txt"), b"alpha").unwrap();
         std::fs::write(dir.path().join("sub/b.txt"), b"beta").unwrap();
         let first = scan(&grant(dir.path()), Some(cache.path())).unwrap();
-        assert_eq!(first.stats, ScanStats { files: 2, bytes: 9, hashed: 2 });
-        let paths: Vec<&str> = first.manifest.entries.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(
+            first.stats,
+            ScanStats {
+                files: 2,
+                bytes: 9,
+                hashed: 2
+            }
+        );
+        let paths: Vec<&str> = first
+            .manifest
+            .entries
+            .iter()
+            .map(|e| e.path.as_str())
+            .collect();
         assert_eq!(paths, ["a.txt", "empty", "sub", "sub/b.txt"]);
         assert_eq!(first.manifest.check(u64::MAX), Ok(()));
 
@@ -258,20 +331,29 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let outside = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("real.txt"), b"in").unwrap();
-        std::os::unix::fs::symlink(dir.path().join("real.txt"), dir.path().join("alias.txt")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("real.txt"), dir.path().join("alias.txt"))
+            .unwrap();
         let tree = scan(&grant(dir.path()), None).unwrap();
         assert_eq!(tree.stats.files, 2);
         std::fs::write(outside.path().join("secret"), b"key").unwrap();
         std::os::unix::fs::symlink(outside.path().join("secret"), dir.path().join("leak")).unwrap();
         let err = scan(&grant(dir.path()), None).unwrap_err().to_string();
-        assert!(err.contains("leak is a symbolic link to") && err.contains("outside the directory"), "{err}");
+        assert!(
+            err.contains("leak is a symbolic link to") && err.contains("outside the directory"),
+            "{err}"
+        );
     }
 
     #[test]
     fn files_back_are_written_under_the_root_and_never_outside_it() {
         let dir = tempfile::tempdir().unwrap();
         let dirs = [grant(dir.path())];
-        let back = |path: &str| FileBack { tree: 0, path: path.into(), size: 2, contents: b"hi".to_vec() };
+        let back = |path: &str| FileBack {
+            tree: 0,
+            path: path.into(),
+            size: 2,
+            contents: b"hi".to_vec(),
+        };
         let mut files = vec![back("out/x.txt")];
         assert_eq!(write_back(&dirs, &mut files, None).unwrap(), 1);
         assert_eq!(std::fs::read(dir.path().join("out/x.txt")).unwrap(), b"hi");
@@ -281,7 +363,9 @@ mod tests {
         }
         let elsewhere = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink(elsewhere.path(), dir.path().join("link")).unwrap();
-        let err = write_back(&dirs, &mut [back("link/x")], None).unwrap_err().to_string();
+        let err = write_back(&dirs, &mut [back("link/x")], None)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("symbolic link"), "{err}");
         assert!(!elsewhere.path().join("x").exists());
         let out = tempfile::tempdir().unwrap();

@@ -17,8 +17,8 @@
 //! seen within the window is a replay. Both are dropped by the caller and
 //! counted. Time is passed in, so the window is tested without waiting.
 
-use std::collections::HashMap;
 use parking_lot::Mutex;
+use std::collections::HashMap;
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -70,12 +70,16 @@ impl ClusterKey {
     pub fn new(key: impl Into<Vec<u8>>) -> anyhow::Result<ClusterKey> {
         let key = key.into();
         anyhow::ensure!(key.len() >= 16, "a cluster key must be at least 16 bytes");
-        Ok(ClusterKey { key, seen: Mutex::new(HashMap::new()) })
+        Ok(ClusterKey {
+            key,
+            seen: Mutex::new(HashMap::new()),
+        })
     }
 
     /// Reads a key file (its contents, without trailing whitespace).
     pub fn load(path: &std::path::Path) -> anyhow::Result<ClusterKey> {
-        let bytes = std::fs::read(path).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+        let bytes = std::fs::read(path)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
         let trimmed = bytes.trim_ascii_end().to_vec();
         ClusterKey::new(trimmed).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
     }
@@ -133,7 +137,9 @@ impl ClusterKey {
         if self.seen.lock().contains_key(&nonce) {
             return Err(BadEnvelope::Replayed);
         }
-        Ok(u64::from_le_bytes(head[28..36].try_into().expect("8 bytes")))
+        Ok(u64::from_le_bytes(
+            head[28..36].try_into().expect("8 bytes"),
+        ))
     }
 
     /// Checks an envelope received at `now_ms`; returns its payload.
@@ -150,7 +156,10 @@ impl ClusterKey {
         let sent = u64::from_le_bytes(wire[4..12].try_into().expect("8 bytes"));
         let mut seen = self.seen.lock();
         seen.retain(|_, at| at.abs_diff(now_ms) <= WINDOW_MS);
-        if seen.insert(nonce.try_into().expect("16 bytes"), sent).is_some() {
+        if seen
+            .insert(nonce.try_into().expect("16 bytes"), sent)
+            .is_some()
+        {
             return Err(BadEnvelope::Replayed);
         }
         Ok(payload)
@@ -177,7 +186,9 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 fn unix_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]
@@ -191,17 +202,30 @@ mod tests {
         let key = ClusterKey::new(*b"0123456789abcdef-cluster").unwrap();
         let wire = key.seal_at(b"hello", T);
         assert_eq!(key.open_at(&wire, T + 5).unwrap(), b"hello");
-        assert_eq!(key.open_at(&wire, T + 6), Err(BadEnvelope::Replayed), "the same message twice");
+        assert_eq!(
+            key.open_at(&wire, T + 6),
+            Err(BadEnvelope::Replayed),
+            "the same message twice"
+        );
 
         let other = ClusterKey::new(*b"another key of 16+ bytes").unwrap();
-        assert_eq!(other.open_at(&key.seal_at(b"x", T), T), Err(BadEnvelope::Forged));
+        assert_eq!(
+            other.open_at(&key.seal_at(b"x", T), T),
+            Err(BadEnvelope::Forged)
+        );
         let mut altered = key.seal_at(b"hello", T);
         *altered.last_mut().unwrap() ^= 1;
         assert_eq!(key.open_at(&altered, T), Err(BadEnvelope::Forged));
 
         let stale = key.seal_at(b"old", T);
-        assert_eq!(key.open_at(&stale, T + WINDOW_MS + 1), Err(BadEnvelope::Replayed));
-        assert_eq!(key.open_at(b"PWG2 too short", T), Err(BadEnvelope::Malformed));
+        assert_eq!(
+            key.open_at(&stale, T + WINDOW_MS + 1),
+            Err(BadEnvelope::Replayed)
+        );
+        assert_eq!(
+            key.open_at(b"PWG2 too short", T),
+            Err(BadEnvelope::Malformed)
+        );
         assert_eq!(key.open_at(&[0u8; 100], T), Err(BadEnvelope::Malformed));
         assert!(ClusterKey::new(*b"short").is_err());
     }
@@ -210,13 +234,23 @@ mod tests {
     fn the_head_is_checked_before_the_payload_is_read() {
         let key = ClusterKey::new(*b"0123456789abcdef-cluster").unwrap();
         let wire = key.seal_at(&[7u8; 1000], T);
-        assert_eq!(key.precheck_at(&wire[..HEADER], T), Ok(1000), "the payload's length, from the head alone");
+        assert_eq!(
+            key.precheck_at(&wire[..HEADER], T),
+            Ok(1000),
+            "the payload's length, from the head alone"
+        );
         let stranger = ClusterKey::new(*b"a stranger's key, 16+ bytes").unwrap();
-        assert_eq!(key.precheck_at(&stranger.seal_at(&[7u8; 1000], T)[..HEADER], T), Err(BadEnvelope::Forged));
+        assert_eq!(
+            key.precheck_at(&stranger.seal_at(&[7u8; 1000], T)[..HEADER], T),
+            Err(BadEnvelope::Forged)
+        );
         // A head that claims another length fails its MAC.
         let mut longer = wire.clone();
         longer[28] ^= 0x40;
-        assert_eq!(key.precheck_at(&longer[..HEADER], T), Err(BadEnvelope::Forged));
+        assert_eq!(
+            key.precheck_at(&longer[..HEADER], T),
+            Err(BadEnvelope::Forged)
+        );
         // A true head on another payload: the body MAC catches it.
         let mut swapped = wire.clone();
         swapped[HEADER + 3] ^= 1;
@@ -224,6 +258,9 @@ mod tests {
         assert_eq!(key.open_at(&swapped, T), Err(BadEnvelope::Forged));
         // Once opened, its head is a replay before anything more is read.
         key.open_at(&wire, T).unwrap();
-        assert_eq!(key.precheck_at(&wire[..HEADER], T), Err(BadEnvelope::Replayed));
+        assert_eq!(
+            key.precheck_at(&wire[..HEADER], T),
+            Err(BadEnvelope::Replayed)
+        );
     }
 }

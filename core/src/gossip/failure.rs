@@ -28,12 +28,19 @@ pub struct FailureDetectorConfig {
 
 impl Default for FailureDetectorConfig {
     fn default() -> Self {
-        FailureDetectorConfig { suspect_after: 5.0, dead_after: 10.0, initial_interval_ms: 1000, window: 16 }
+        FailureDetectorConfig {
+            suspect_after: 5.0,
+            dead_after: 10.0,
+            initial_interval_ms: 1000,
+            window: 16,
+        }
     }
 }
 
 /// What this node believes about a peer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Liveness {
     Alive,
@@ -57,7 +64,10 @@ pub struct FailureDetector {
 
 impl FailureDetector {
     pub fn new(config: FailureDetectorConfig) -> FailureDetector {
-        FailureDetector { config, peers: HashMap::new() }
+        FailureDetector {
+            config,
+            peers: HashMap::new(),
+        }
     }
 
     /// Records that `id`'s heartbeat is `heartbeat` at `now_ms`.
@@ -67,14 +77,19 @@ impl FailureDetector {
             None => {
                 self.peers.insert(
                     id.clone(),
-                    PeerClock { heartbeat, last_change_ms: now_ms, intervals: VecDeque::new() },
+                    PeerClock {
+                        heartbeat,
+                        last_change_ms: now_ms,
+                        intervals: VecDeque::new(),
+                    },
                 );
             }
             Some(p) if heartbeat > p.heartbeat => {
                 if p.intervals.len() == window {
                     p.intervals.pop_front();
                 }
-                p.intervals.push_back(now_ms.saturating_sub(p.last_change_ms));
+                p.intervals
+                    .push_back(now_ms.saturating_sub(p.last_change_ms));
                 p.heartbeat = heartbeat;
                 p.last_change_ms = now_ms;
             }
@@ -103,7 +118,9 @@ impl FailureDetector {
 
     /// Milliseconds since `id`'s heartbeat last advanced, if known.
     pub fn silent_ms(&self, id: &NodeId, now_ms: u64) -> Option<u64> {
-        self.peers.get(id).map(|p| now_ms.saturating_sub(p.last_change_ms))
+        self.peers
+            .get(id)
+            .map(|p| now_ms.saturating_sub(p.last_change_ms))
     }
 
     /// Forgets a peer (e.g. an older generation that was replaced).

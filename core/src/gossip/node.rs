@@ -104,9 +104,24 @@ impl<R: Clone> GossipNode<R> {
     /// A node publishing `record`, knowing nobody yet.
     pub fn new(id: NodeId, record: R, config: GossipConfig) -> GossipNode<R> {
         let mut state = ClusterState::default();
-        state.set(id.clone(), NodeState { record, version: 1, heartbeat: 1 });
+        state.set(
+            id.clone(),
+            NodeState {
+                record,
+                version: 1,
+                heartbeat: 1,
+            },
+        );
         let detector = FailureDetector::new(config.failure.clone());
-        GossipNode { id, config, state, detector, check: None, dropped: 0, introductions: Vec::new() }
+        GossipNode {
+            id,
+            config,
+            state,
+            detector,
+            check: None,
+            dropped: 0,
+            introductions: Vec::new(),
+        }
     }
 
     /// Records from peers must pass `check` to enter the view.
@@ -130,7 +145,8 @@ impl<R: Clone> GossipNode<R> {
             .filter(|(id, _)| **id != self.id)
             .filter(|(id, _)| {
                 self.detector.liveness(id, now_ms) == Some(Liveness::Dead)
-                    && self.detector.silent_ms(id, now_ms).unwrap_or(0) > self.config.forget_dead_after_ms
+                    && self.detector.silent_ms(id, now_ms).unwrap_or(0)
+                        > self.config.forget_dead_after_ms
             })
             .map(|(id, _)| id.clone())
             .collect();
@@ -151,20 +167,30 @@ impl<R: Clone> GossipNode<R> {
     }
 
     fn own(&self) -> &NodeState<R> {
-        self.state.get(&self.id).expect("a node always knows itself")
+        self.state
+            .get(&self.id)
+            .expect("a node always knows itself")
     }
 
     /// Publishes a new record for this node.
     pub fn set_record(&mut self, record: R) {
         let own = self.own();
-        let next = NodeState { record, version: own.version + 1, heartbeat: own.heartbeat };
+        let next = NodeState {
+            record,
+            version: own.version + 1,
+            heartbeat: own.heartbeat,
+        };
         self.state.set(self.id.clone(), next);
     }
 
     /// Starts a round: bumps this node's heartbeat.
     pub fn tick(&mut self) {
         let own = self.own().clone();
-        let next = NodeState { version: own.version + 1, heartbeat: own.heartbeat + 1, ..own };
+        let next = NodeState {
+            version: own.version + 1,
+            heartbeat: own.heartbeat + 1,
+            ..own
+        };
         self.state.set(self.id.clone(), next);
     }
 
@@ -186,9 +212,18 @@ impl<R: Clone> GossipNode<R> {
 
     /// Peers (not this node) with their state and liveness.
     pub fn peers(&self, now_ms: u64) -> impl Iterator<Item = (&NodeId, &NodeState<R>, Liveness)> {
-        self.state.iter().filter(move |(id, _)| **id != self.id).map(move |(id, s)| {
-            (id, s, self.detector.liveness(id, now_ms).unwrap_or(Liveness::Alive))
-        })
+        self.state
+            .iter()
+            .filter(move |(id, _)| **id != self.id)
+            .map(move |(id, s)| {
+                (
+                    id,
+                    s,
+                    self.detector
+                        .liveness(id, now_ms)
+                        .unwrap_or(Liveness::Alive),
+                )
+            })
     }
 
     /// The addresses to gossip with this round: `fanout` random live peers,
@@ -203,12 +238,19 @@ impl<R: Clone> GossipNode<R> {
                 _ => live.push(id.addr.as_str()),
             }
         }
-        let mut out: Vec<String> =
-            live.choose_multiple(rng, self.config.fanout).map(|a| a.to_string()).collect();
+        let mut out: Vec<String> = live
+            .choose_multiple(rng, self.config.fanout)
+            .map(|a| a.to_string())
+            .collect();
         if !dead.is_empty() && rng.random_bool(self.config.dead_probe_probability) {
             out.extend(dead.choose(rng).map(|a| a.to_string()));
         }
-        let seeds: Vec<&String> = self.config.seeds.iter().filter(|s| **s != self.id.addr).collect();
+        let seeds: Vec<&String> = self
+            .config
+            .seeds
+            .iter()
+            .filter(|s| **s != self.id.addr)
+            .collect();
         if !seeds.is_empty() && (live.is_empty() || rng.random_bool(self.config.seed_probability)) {
             let seed = (*seeds.choose(rng).expect("not empty")).clone();
             if !out.contains(&seed) {
@@ -223,7 +265,10 @@ impl<R: Clone> GossipNode<R> {
     /// most `fanout` × 4 wait at once.
     pub fn introduce(&mut self, addr: &str) {
         let known = addr == self.id.addr || self.state.iter().any(|(id, _)| id.addr == addr);
-        if !known && !self.introductions.iter().any(|a| a == addr) && self.introductions.len() < self.config.fanout.max(1) * 4 {
+        if !known
+            && !self.introductions.iter().any(|a| a == addr)
+            && self.introductions.len() < self.config.fanout.max(1) * 4
+        {
             self.introductions.push(addr.to_string());
         }
     }
@@ -235,7 +280,9 @@ impl<R: Clone> GossipNode<R> {
 
     /// The round opener.
     pub fn syn(&self) -> Syn {
-        Syn { digest: self.state.digest() }
+        Syn {
+            digest: self.state.digest(),
+        }
     }
 
     /// Answers a round opener.
@@ -243,7 +290,14 @@ impl<R: Clone> GossipNode<R> {
     where
         R: serde::Serialize,
     {
-        SynAck { delta: self.state.delta_for(&syn.digest, self.config.max_delta, self.config.max_delta_bytes), digest: self.state.digest() }
+        SynAck {
+            delta: self.state.delta_for(
+                &syn.digest,
+                self.config.max_delta,
+                self.config.max_delta_bytes,
+            ),
+            digest: self.state.digest(),
+        }
     }
 
     /// Takes the answer; returns what the peer lacks.
@@ -252,7 +306,13 @@ impl<R: Clone> GossipNode<R> {
         R: serde::Serialize,
     {
         self.apply(ack.delta, now_ms);
-        Ack { delta: self.state.delta_for(&ack.digest, self.config.max_delta, self.config.max_delta_bytes) }
+        Ack {
+            delta: self.state.delta_for(
+                &ack.digest,
+                self.config.max_delta,
+                self.config.max_delta_bytes,
+            ),
+        }
     }
 
     /// Takes the last message of a round.
@@ -267,7 +327,10 @@ impl<R: Clone> GossipNode<R> {
             .into_iter()
             // Never let others rewrite what this node says about itself.
             .filter(|(id, _)| id.addr != self.id.addr)
-            .filter(|(id, s)| id.addr.len() <= MAX_ADDR_LEN && self.check.is_none_or(|check| check(&s.record).is_ok()))
+            .filter(|(id, s)| {
+                id.addr.len() <= MAX_ADDR_LEN
+                    && self.check.is_none_or(|check| check(&s.record).is_ok())
+            })
             .filter(|(id, _)| {
                 let known = self.state.knows_addr(&id.addr);
                 let fits = known || room > 0;
@@ -290,16 +353,27 @@ mod tests {
     use super::*;
 
     fn state(record: i64, version: u64) -> NodeState<i64> {
-        NodeState { record, version, heartbeat: version }
+        NodeState {
+            record,
+            version,
+            heartbeat: version,
+        }
     }
 
     fn non_negative(r: &i64) -> Result<(), String> {
-        if *r >= 0 { Ok(()) } else { Err(format!("{r} < 0")) }
+        if *r >= 0 {
+            Ok(())
+        } else {
+            Err(format!("{r} < 0"))
+        }
     }
 
     #[test]
     fn invalid_records_and_nodes_past_the_bound_are_dropped_and_counted() {
-        let config = GossipConfig { max_nodes: 3, ..GossipConfig::default() };
+        let config = GossipConfig {
+            max_nodes: 3,
+            ..GossipConfig::default()
+        };
         let mut node = GossipNode::new(NodeId::new("me", 1), 0i64, config).with_check(non_negative);
         let delta = vec![
             (NodeId::new("a", 1), state(5, 1)),
@@ -309,21 +383,45 @@ mod tests {
             (NodeId::new("c", 1), state(9, 1)), // a 4th node: past the bound
         ];
         node.handle_ack(Ack { delta }, 0);
-        let known: Vec<&str> = node.state().iter().map(|(id, _)| id.addr.as_str()).collect();
+        let known: Vec<&str> = node
+            .state()
+            .iter()
+            .map(|(id, _)| id.addr.as_str())
+            .collect();
         assert_eq!(known, ["a", "b", "me"]);
         assert_eq!(node.dropped(), 3);
         // A newer state of a known node still enters; a forged one does not.
-        node.handle_ack(Ack { delta: vec![(NodeId::new("a", 1), state(6, 2)), (NodeId::new("b", 1), state(-5, 2))] }, 0);
+        node.handle_ack(
+            Ack {
+                delta: vec![
+                    (NodeId::new("a", 1), state(6, 2)),
+                    (NodeId::new("b", 1), state(-5, 2)),
+                ],
+            },
+            0,
+        );
         assert_eq!(node.state().get(&NodeId::new("a", 1)).unwrap().record, 6);
         assert_eq!(node.state().get(&NodeId::new("b", 1)).unwrap().record, 7);
     }
 
     #[test]
     fn peers_dead_long_enough_are_forgotten() {
-        let failure = FailureDetectorConfig { initial_interval_ms: 100, ..FailureDetectorConfig::default() };
-        let config = GossipConfig { forget_dead_after_ms: 5_000, failure, ..GossipConfig::default() };
+        let failure = FailureDetectorConfig {
+            initial_interval_ms: 100,
+            ..FailureDetectorConfig::default()
+        };
+        let config = GossipConfig {
+            forget_dead_after_ms: 5_000,
+            failure,
+            ..GossipConfig::default()
+        };
         let mut node = GossipNode::new(NodeId::new("me", 1), 0i64, config);
-        node.handle_ack(Ack { delta: vec![(NodeId::new("gone", 1), state(1, 1))] }, 0);
+        node.handle_ack(
+            Ack {
+                delta: vec![(NodeId::new("gone", 1), state(1, 1))],
+            },
+            0,
+        );
         node.forget_dead(2_000); // dead (silent > 10 intervals) but not for long
         assert!(node.state().knows_addr("gone"));
         node.forget_dead(6_000);
@@ -333,9 +431,17 @@ mod tests {
 
     #[test]
     fn members_found_outside_gossip_are_contacted_once_unless_known() {
-        let config = GossipConfig { fanout: 1, ..GossipConfig::default() };
+        let config = GossipConfig {
+            fanout: 1,
+            ..GossipConfig::default()
+        };
         let mut node = GossipNode::new(NodeId::new("me", 1), 0i64, config);
-        node.handle_ack(Ack { delta: vec![(NodeId::new("known", 1), state(1, 1))] }, 0);
+        node.handle_ack(
+            Ack {
+                delta: vec![(NodeId::new("known", 1), state(1, 1))],
+            },
+            0,
+        );
         for addr in ["me", "known", "new-a", "new-a", "new-b"] {
             node.introduce(addr);
         }

@@ -35,8 +35,13 @@ impl Simulation {
     /// `loss` of messages, until everyone knows everyone (at most 60
     /// rounds); the simulation and the rounds joining took.
     pub fn joined(n: usize, loss: f64, seed: u64) -> (Simulation, u64) {
-        let config = GossipConfig { seeds: vec![addr(0)], ..GossipConfig::default() };
-        let nodes: Vec<_> = (0..n).map(|i| GossipNode::new(NodeId::new(addr(i), 1), 0u64, config.clone())).collect();
+        let config = GossipConfig {
+            seeds: vec![addr(0)],
+            ..GossipConfig::default()
+        };
+        let nodes: Vec<_> = (0..n)
+            .map(|i| GossipNode::new(NodeId::new(addr(i), 1), 0u64, config.clone()))
+            .collect();
         let index = (0..n).map(|i| (addr(i), i)).collect();
         let mut sim = Sim {
             nodes,
@@ -106,7 +111,11 @@ impl Simulation {
     pub fn change_record(&mut self, i: usize, record: u64) -> (NodeId, u64) {
         let id = self.nodes[i].id().clone();
         self.nodes[i].set_record(record);
-        let version = self.nodes[i].state().get(&id).expect("a node knows itself").version;
+        let version = self.nodes[i]
+            .state()
+            .get(&id)
+            .expect("a node knows itself")
+            .version;
         (id, version)
     }
 
@@ -132,8 +141,15 @@ impl Simulation {
     /// Share of up nodes (other than `id`'s owner) that see `id` at `version` or newer.
     pub fn share_seeing(&self, id: &NodeId, version: u64) -> f64 {
         let up: Vec<_> = (0..self.nodes.len()).filter(|&i| !self.down[i]).collect();
-        let seeing =
-            up.iter().filter(|&&i| self.nodes[i].state().get(id).is_some_and(|s| s.version >= version)).count();
+        let seeing = up
+            .iter()
+            .filter(|&&i| {
+                self.nodes[i]
+                    .state()
+                    .get(id)
+                    .is_some_and(|s| s.version >= version)
+            })
+            .count();
         seeing as f64 / up.len() as f64
     }
 }
@@ -158,9 +174,13 @@ mod tests {
         sim.nodes[500].set_record(42);
         let version = sim.nodes[500].state().get(&id).unwrap().version;
         let before = sim.bytes_sent;
-        let rounds = sim.run_until(30, |s| s.share_seeing(&id, version) >= 0.99).expect("converges");
+        let rounds = sim
+            .run_until(30, |s| s.share_seeing(&id, version) >= 0.99)
+            .expect("converges");
         let per_node_round = (sim.bytes_sent - before) as f64 / (1000.0 * rounds as f64);
-        println!("a record change reached 99% of 1,000 nodes in {rounds} rounds; {per_node_round:.0} bytes/node/round");
+        println!(
+            "a record change reached 99% of 1,000 nodes in {rounds} rounds; {per_node_round:.0} bytes/node/round"
+        );
         assert!(rounds <= 10, "took {rounds} rounds");
     }
 
@@ -177,17 +197,25 @@ mod tests {
         for _ in 0..15 {
             sim.round();
         }
-        let seen_across = (0..100).filter(|&i| sim.nodes[i].state().get(&id).unwrap().version >= version).count();
+        let seen_across = (0..100)
+            .filter(|&i| sim.nodes[i].state().get(&id).unwrap().version >= version)
+            .count();
         assert_eq!(seen_across, 0, "nothing crosses a partition");
         // Each side now believes the other dead.
         let now = sim.now();
         assert_eq!(sim.nodes[0].liveness(&id, now), Some(Liveness::Dead));
 
         sim.side.iter_mut().for_each(|s| *s = 0);
-        let healed = sim.run_until(40, |s| s.share_seeing(&id, version) >= 1.0).expect("the partition heals");
+        let healed = sim
+            .run_until(40, |s| s.share_seeing(&id, version) >= 1.0)
+            .expect("the partition heals");
         println!("partition healed: the change crossed in {healed} rounds");
         let now = sim.now();
-        assert!(sim.run_until(20, |s| s.nodes[0].liveness(&id, now) == Some(Liveness::Alive)).is_some());
+        assert!(
+            sim.run_until(20, |s| s.nodes[0].liveness(&id, now)
+                == Some(Liveness::Alive))
+                .is_some()
+        );
     }
 
     #[test]
@@ -198,7 +226,9 @@ mod tests {
         let rounds = sim
             .run_until(40, |s| {
                 let now = s.now();
-                (0..100).filter(|&i| !s.down[i]).all(|i| s.nodes[i].liveness(&victim, now) == Some(Liveness::Dead))
+                (0..100)
+                    .filter(|&i| !s.down[i])
+                    .all(|i| s.nodes[i].liveness(&victim, now) == Some(Liveness::Dead))
             })
             .expect("everyone declares it dead");
         println!("a dead node was declared dead by all 99 others after {rounds} rounds");

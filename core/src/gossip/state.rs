@@ -18,7 +18,10 @@ pub struct NodeId {
 
 impl NodeId {
     pub fn new(addr: impl Into<String>, generation: u64) -> NodeId {
-        NodeId { addr: addr.into(), generation }
+        NodeId {
+            addr: addr.into(),
+            generation,
+        }
     }
 }
 
@@ -45,7 +48,9 @@ pub struct ClusterState<R> {
 
 impl<R> Default for ClusterState<R> {
     fn default() -> Self {
-        ClusterState { nodes: BTreeMap::new() }
+        ClusterState {
+            nodes: BTreeMap::new(),
+        }
     }
 }
 
@@ -77,7 +82,10 @@ impl<R: Clone> ClusterState<R> {
 
     /// Whether any generation of the node at `addr` is known.
     pub fn knows_addr(&self, addr: &str) -> bool {
-        self.nodes.range(NodeId::new(addr, 0)..).next().is_some_and(|(id, _)| id.addr == addr)
+        self.nodes
+            .range(NodeId::new(addr, 0)..)
+            .next()
+            .is_some_and(|(id, _)| id.addr == addr)
     }
 
     /// Sets a node's state outright (the owner, for itself).
@@ -87,14 +95,22 @@ impl<R: Clone> ClusterState<R> {
 
     /// The digest of what is known here.
     pub fn digest(&self) -> Digest {
-        self.nodes.iter().map(|(id, s)| (id.clone(), s.version)).collect()
+        self.nodes
+            .iter()
+            .map(|(id, s)| (id.clone(), s.version))
+            .collect()
     }
 
     /// The states the holder of `theirs` lacks or has older, stalest first
     /// (most versions behind), at most `max` of them and `max_bytes` of
     /// their encoding. A node whose older generation the other side holds
     /// is sent too.
-    pub fn delta_for(&self, theirs: &Digest, max: usize, max_bytes: usize) -> Vec<(NodeId, NodeState<R>)>
+    pub fn delta_for(
+        &self,
+        theirs: &Digest,
+        max: usize,
+        max_bytes: usize,
+    ) -> Vec<(NodeId, NodeState<R>)>
     where
         R: serde::Serialize,
     {
@@ -112,11 +128,12 @@ impl<R: Clone> ClusterState<R> {
         out.into_iter()
             .take(max)
             .take_while(|(_, id, s)| {
-                let size = postcard::serialize_with_flavor::<_, postcard::ser_flavors::Size, usize>(
-                    &(*id, *s),
-                    postcard::ser_flavors::Size::default(),
-                )
-                .unwrap_or(usize::MAX);
+                let size =
+                    postcard::serialize_with_flavor::<_, postcard::ser_flavors::Size, usize>(
+                        &(*id, *s),
+                        postcard::ser_flavors::Size::default(),
+                    )
+                    .unwrap_or(usize::MAX);
                 bytes = bytes.saturating_add(size);
                 bytes <= max_bytes
             })
@@ -165,7 +182,11 @@ mod tests {
     use super::*;
 
     fn st(version: u64) -> NodeState<u32> {
-        NodeState { record: version as u32, version, heartbeat: version }
+        NodeState {
+            record: version as u32,
+            version,
+            heartbeat: version,
+        }
     }
 
     #[test]
@@ -187,7 +208,9 @@ mod tests {
         for i in 0..100 {
             s.set(NodeId::new(format!("node-{i:03}"), 1), st(i + 1));
         }
-        let one = postcard::to_allocvec(&(NodeId::new("node-000", 1), st(1))).unwrap().len();
+        let one = postcard::to_allocvec(&(NodeId::new("node-000", 1), st(1)))
+            .unwrap()
+            .len();
         let d = s.delta_for(&Digest::default(), 256, 10 * one + one / 2);
         assert_eq!(d.len(), 10, "ten states of {one} bytes fit");
         let encoded = postcard::to_allocvec(&d).unwrap().len();

@@ -5,9 +5,9 @@
 //! Syn → SynAck, then Ack, bodies in postcard), memory in tests
 //! (`gossip::memory`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use parking_lot::Mutex;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
@@ -17,10 +17,10 @@ use rand::rngs::SmallRng;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::auth::{ClusterKey, BadEnvelope};
+use super::Liveness;
+use super::auth::{BadEnvelope, ClusterKey};
 use super::messages::{Ack, Syn, SynAck};
 use super::node::GossipNode;
-use super::Liveness;
 use crate::proto::POSTCARD;
 
 /// The body of `POST /v1/gossip`.
@@ -108,7 +108,11 @@ impl HttpTransport {
 
 impl GossipTransport for HttpTransport {
     fn post<'a>(&'a self, addr: &'a str, body: Vec<u8>) -> BoxFuture<'a, Result<Vec<u8>, String>> {
-        Box::pin(post(&self.http, self.http.url(addr, crate::proto::routes::GOSSIP), body))
+        Box::pin(post(
+            &self.http,
+            self.http.url(addr, crate::proto::routes::GOSSIP),
+            body,
+        ))
     }
 }
 
@@ -141,8 +145,17 @@ impl<R: Clone> SharedNode<R> {
     }
 
     /// [`new`](Self::new), driven by `clock`.
-    pub fn with_clock(node: GossipNode<R>, key: Option<ClusterKey>, clock: GossipClock) -> Arc<SharedNode<R>> {
-        Arc::new(SharedNode { node: Mutex::new(node), clock, stats: GossipStats::default(), key })
+    pub fn with_clock(
+        node: GossipNode<R>,
+        key: Option<ClusterKey>,
+        clock: GossipClock,
+    ) -> Arc<SharedNode<R>> {
+        Arc::new(SharedNode {
+            node: Mutex::new(node),
+            clock,
+            stats: GossipStats::default(),
+            key,
+        })
     }
 
     /// The clock the node is driven by.
@@ -216,7 +229,8 @@ impl<R: Clone> SharedNode<R> {
         match request {
             GossipRequest::Syn(syn) => {
                 let ack = self.lock().handle_syn(syn);
-                let reply = postcard::to_allocvec(&ack).map_err(|e| GossipError::Malformed(e.to_string()))?;
+                let reply = postcard::to_allocvec(&ack)
+                    .map_err(|e| GossipError::Malformed(e.to_string()))?;
                 Ok(self.seal(reply))
             }
             GossipRequest::Ack(ack) => {
@@ -271,7 +285,9 @@ pub async fn round<R>(
         }
         (targets, node.syn())
     };
-    let exchanges = targets.into_iter().map(|addr| exchange(shared, transport, addr, syn.clone()));
+    let exchanges = targets
+        .into_iter()
+        .map(|addr| exchange(shared, transport, addr, syn.clone()));
     futures::future::join_all(exchanges).await;
 }
 
@@ -290,20 +306,30 @@ pub async fn farewell<R>(
         refresh(&mut node);
         node.tick();
         let now = shared.now_ms();
-        let targets: Vec<String> =
-            node.peers(now).filter(|(_, _, l)| *l != Liveness::Dead).map(|(id, _, _)| id.addr.clone()).collect();
+        let targets: Vec<String> = node
+            .peers(now)
+            .filter(|(_, _, l)| *l != Liveness::Dead)
+            .map(|(id, _, _)| id.addr.clone())
+            .collect();
         (targets, node.syn())
     };
-    let exchanges = targets.into_iter().map(|addr| exchange(shared, transport, addr, syn.clone()));
+    let exchanges = targets
+        .into_iter()
+        .map(|addr| exchange(shared, transport, addr, syn.clone()));
     futures::future::join_all(exchanges).await;
 }
 
-async fn exchange<R>(shared: &SharedNode<R>, transport: &dyn GossipTransport, addr: String, syn: Syn)
-where
+async fn exchange<R>(
+    shared: &SharedNode<R>,
+    transport: &dyn GossipTransport,
+    addr: String,
+    syn: Syn,
+) where
     R: Clone + Serialize + DeserializeOwned,
 {
     let result: Result<(), String> = async {
-        let body = postcard::to_allocvec(&GossipRequest::<R>::Syn(syn)).map_err(|e| e.to_string())?;
+        let body =
+            postcard::to_allocvec(&GossipRequest::<R>::Syn(syn)).map_err(|e| e.to_string())?;
         let reply = transport.post(&addr, shared.seal(body)).await?;
         let reply = shared.open(&reply).map_err(|e| e.to_string())?;
         let syn_ack: SynAck<R> = postcard::from_bytes(reply).map_err(|e| {

@@ -33,10 +33,21 @@ pub struct PeerView {
 
 /// The pool as a table, one row per peer (FieldTrip's peerlist).
 pub fn peers_table(peers: &[PeerView]) -> String {
-    let mut rows = vec![[
-        "ADDRESS", "HOST", "STATE", "SLOTS", "RESERVED/CAPACITY", "FITS NOW", "MAX TIME", "QUEUE", "JOBS", "HEARD",
-    ]
-    .map(String::from)];
+    let mut rows = vec![
+        [
+            "ADDRESS",
+            "HOST",
+            "STATE",
+            "SLOTS",
+            "RESERVED/CAPACITY",
+            "FITS NOW",
+            "MAX TIME",
+            "QUEUE",
+            "JOBS",
+            "HEARD",
+        ]
+        .map(String::from),
+    ];
     let mut sorted: Vec<&PeerView> = peers.iter().collect();
     sorted.sort_by(|a, b| a.advert.addr.cmp(&b.advert.addr));
     for p in sorted {
@@ -57,7 +68,9 @@ pub fn peers_table(peers: &[PeerView]) -> String {
             format!("{} / {}", Bytes(a.reserved_bytes), Bytes(a.capacity_bytes)),
             Bytes(a.largest_fit_bytes).to_string(),
             match a.max_job_time_ms {
-                Some(ms) => humantime::format_duration(std::time::Duration::from_millis(ms)).to_string(),
+                Some(ms) => {
+                    humantime::format_duration(std::time::Duration::from_millis(ms)).to_string()
+                }
                 None => "none".into(),
             },
             a.queue_len.to_string(),
@@ -66,7 +79,10 @@ pub fn peers_table(peers: &[PeerView]) -> String {
         ]);
     }
     let backlog = crate::proto::backlog::PoolBacklog::sum(
-        peers.iter().filter(|p| p.liveness == Liveness::Alive).flat_map(|p| p.advert.backlog.iter()),
+        peers
+            .iter()
+            .filter(|p| p.liveness == Liveness::Alive)
+            .flat_map(|p| p.advert.backlog.iter()),
     );
     format!("{}\n{}\n", crate::units::render_table(&rows), backlog)
 }

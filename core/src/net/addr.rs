@@ -21,10 +21,23 @@ pub fn is_loopback(addr: &str) -> bool {
 mod tests {
     #[test]
     fn loopback_is_127_8_the_v6_one_and_localhost_and_nothing_else() {
-        for addr in ["127.0.0.1:7070", "127.3.2.1:1", "[::1]:7070", "localhost:7070", "LOCALHOST:1"] {
+        for addr in [
+            "127.0.0.1:7070",
+            "127.3.2.1:1",
+            "[::1]:7070",
+            "localhost:7070",
+            "LOCALHOST:1",
+        ] {
             assert!(super::is_loopback(addr), "{addr}");
         }
-        for addr in ["10.0.0.7:7070", "0.0.0.0:7070", "[::]:1", "node042:7070", "localhost.evil.example:1", "128.0.0.1:1"] {
+        for addr in [
+            "10.0.0.7:7070",
+            "0.0.0.0:7070",
+            "[::]:1",
+            "node042:7070",
+            "localhost.evil.example:1",
+            "128.0.0.1:1",
+        ] {
             assert!(!super::is_loopback(addr), "{addr}");
         }
     }

@@ -14,7 +14,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, bail};
-use rcgen::{BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose,
+};
 
 /// The CA's certificate file in a pool's TLS directory.
 pub const CA_CERT: &str = "ca.crt";
@@ -51,9 +54,16 @@ pub fn init(dir: &Path) -> anyhow::Result<PathBuf> {
     }
     let key = KeyPair::generate()?;
     let mut params = CertificateParams::new(Vec::new())?;
-    params.distinguished_name = name(&format!("peerwasm pool CA {}", hex::encode(rand::random::<[u8; 4]>())));
+    params.distinguished_name = name(&format!(
+        "peerwasm pool CA {}",
+        hex::encode(rand::random::<[u8; 4]>())
+    ));
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
     let now = SystemTime::now();
     params.not_before = (now - Duration::from_secs(3600)).into();
     params.not_after = (now + CA_VALIDITY).into();
@@ -67,18 +77,36 @@ pub fn init(dir: &Path) -> anyhow::Result<PathBuf> {
 /// IP addresses, as clients write them in `host:port`), valid from `from`
 /// until `until`; written as `NAME.crt` and `NAME.key` in `dir`, where
 /// NAME is `name` or else the first host.
-pub fn issue(dir: &Path, hosts: &[String], name: Option<&str>, from: SystemTime, until: SystemTime) -> anyhow::Result<Issued> {
-    let Some(first) = hosts.first() else { bail!("name at least one host (or IP address) the worker is reached at") };
+pub fn issue(
+    dir: &Path,
+    hosts: &[String],
+    name: Option<&str>,
+    from: SystemTime,
+    until: SystemTime,
+) -> anyhow::Result<Issued> {
+    let Some(first) = hosts.first() else {
+        bail!("name at least one host (or IP address) the worker is reached at")
+    };
     let ca_key_path = dir.join(CA_KEY);
-    super::tls::check_key_file(&ca_key_path)
-        .with_context(|| format!("no CA in {} (make one with `peerwasm tls init {}`)", dir.display(), dir.display()))?;
-    let ca_key = KeyPair::from_pem(&read(&ca_key_path)?).with_context(|| format!("{} is not a private key", ca_key_path.display()))?;
+    super::tls::check_key_file(&ca_key_path).with_context(|| {
+        format!(
+            "no CA in {} (make one with `peerwasm tls init {}`)",
+            dir.display(),
+            dir.display()
+        )
+    })?;
+    let ca_key = KeyPair::from_pem(&read(&ca_key_path)?)
+        .with_context(|| format!("{} is not a private key", ca_key_path.display()))?;
     let ca_cert_path = dir.join(CA_CERT);
     let ca = Issuer::from_ca_cert_pem(&read(&ca_cert_path)?, ca_key)
         .with_context(|| format!("{} is not a CA certificate", ca_cert_path.display()))?;
 
-    let hosts: Vec<String> = hosts.iter().map(|h| h.trim_start_matches('[').trim_end_matches(']').to_string()).collect();
-    let mut params = CertificateParams::new(hosts.clone()).context("a host is neither a DNS name nor an IP address")?;
+    let hosts: Vec<String> = hosts
+        .iter()
+        .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_string())
+        .collect();
+    let mut params = CertificateParams::new(hosts.clone())
+        .context("a host is neither a DNS name nor an IP address")?;
     params.distinguished_name = name_of(first);
     params.is_ca = IsCa::ExplicitNoCa;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
@@ -91,7 +119,10 @@ pub fn issue(dir: &Path, hosts: &[String], name: Option<&str>, from: SystemTime,
     let cert = params.signed_by(&key, &ca)?;
 
     let stem = name.map(str::to_string).unwrap_or_else(|| file_stem(first));
-    let issued = Issued { cert: dir.join(format!("{stem}.crt")), key: dir.join(format!("{stem}.key")) };
+    let issued = Issued {
+        cert: dir.join(format!("{stem}.crt")),
+        key: dir.join(format!("{stem}.key")),
+    };
     write_file(&issued.key, &key.serialize_pem(), 0o600)?;
     write_file(&issued.cert, &cert.pem(), 0o644)?;
     Ok(issued)
@@ -113,7 +144,13 @@ pub fn file_stem(host: &str) -> String {
     host.trim_start_matches('[')
         .trim_end_matches(']')
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 
@@ -146,7 +183,8 @@ fn write_file(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
         .mode(mode)
         .open(path)
         .with_context(|| format!("cannot create {}", path.display()))?;
-    file.write_all(text.as_bytes()).with_context(|| format!("cannot write {}", path.display()))?;
+    file.write_all(text.as_bytes())
+        .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
 }
 
@@ -161,22 +199,44 @@ mod tests {
         let ca = init(&tls).unwrap();
         let err = init(&tls).unwrap_err().to_string();
         assert!(err.contains("has a CA already"), "{err}");
-        let mode = |p: &Path| std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(p).unwrap().permissions()) & 0o777;
+        let mode = |p: &Path| {
+            std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(p).unwrap().permissions())
+                & 0o777
+        };
         assert_eq!(mode(&tls), 0o700);
         assert_eq!(mode(&tls.join(CA_KEY)), 0o600);
 
         let now = SystemTime::now();
         let hosts = vec!["127.0.0.1".to_string(), "node7".to_string()];
         let issued = issue(&tls, &hosts, None, now, now + DEFAULT_VALIDITY).unwrap();
-        assert!(issued.cert.ends_with("127.0.0.1.crt"), "{}", issued.cert.display());
+        assert!(
+            issued.cert.ends_with("127.0.0.1.crt"),
+            "{}",
+            issued.cert.display()
+        );
         assert_eq!(mode(&issued.key), 0o600);
         for host in ["127.0.0.1", "node7"] {
-            assert!(super::super::tls::would_refuse(&issued.cert, &ca, host).unwrap().is_none(), "{host}");
+            assert!(
+                super::super::tls::would_refuse(&issued.cert, &ca, host)
+                    .unwrap()
+                    .is_none(),
+                "{host}"
+            );
         }
         let other = super::super::tls::would_refuse(&issued.cert, &ca, "node8").unwrap();
-        assert!(matches!(other, Some(rustls::Error::InvalidCertificate(_))), "{other:?}");
+        assert!(
+            matches!(other, Some(rustls::Error::InvalidCertificate(_))),
+            "{other:?}"
+        );
 
-        let expired = issue(&tls, &hosts, Some("old"), now - 2 * DEFAULT_VALIDITY, now - DEFAULT_VALIDITY).unwrap();
+        let expired = issue(
+            &tls,
+            &hosts,
+            Some("old"),
+            now - 2 * DEFAULT_VALIDITY,
+            now - DEFAULT_VALIDITY,
+        )
+        .unwrap();
         let why = super::super::tls::would_refuse(&expired.cert, &ca, "127.0.0.1").unwrap();
         assert!(super::super::errors::tls_reason(&why.unwrap()).contains("has expired"));
 

@@ -26,7 +26,9 @@ pub fn describe(err: &(dyn std::error::Error + 'static)) -> String {
     let mut out = parts.join(": ");
     if let Some(reason) = reason {
         out = format!("{reason} ({out})");
-    } else if out.contains("invalid HTTP version") || out.contains("connection closed before message completed") {
+    } else if out.contains("invalid HTTP version")
+        || out.contains("connection closed before message completed")
+    {
         out.push_str(" — does this worker serve TLS? then give its pool's CA (--tls-ca FILE or PEERWASM_TLS_CA)");
     }
     out
@@ -84,10 +86,20 @@ mod tests {
         let inner = rustls::Error::InvalidCertificate(CertificateError::Expired);
         let io = std::io::Error::new(std::io::ErrorKind::InvalidData, inner);
         let text = describe(&io);
-        assert!(text.starts_with("the worker's TLS certificate has expired"), "{text}");
-        let inner = std::io::Error::new(std::io::ErrorKind::InvalidData, rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer));
+        assert!(
+            text.starts_with("the worker's TLS certificate has expired"),
+            "{text}"
+        );
+        let inner = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer),
+        );
         let io = std::io::Error::other(inner);
-        assert!(describe(&io).contains("not signed by the CA"), "{}", describe(&io));
+        assert!(
+            describe(&io).contains("not signed by the CA"),
+            "{}",
+            describe(&io)
+        );
         let plain = std::io::Error::other("connection refused");
         assert_eq!(describe(&plain), "connection refused");
     }

@@ -66,7 +66,10 @@ pub fn read_certs(path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
         .collect::<Result<Vec<_>, _>>()
         .with_context(|| format!("{} is not a PEM certificate file", path.display()))?;
     if certs.is_empty() {
-        bail!("{} holds no certificate (a PEM file with `-----BEGIN CERTIFICATE-----`)", path.display());
+        bail!(
+            "{} holds no certificate (a PEM file with `-----BEGIN CERTIFICATE-----`)",
+            path.display()
+        );
     }
     Ok(certs)
 }
@@ -75,7 +78,9 @@ pub fn read_certs(path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
 fn roots(ca: &Path) -> anyhow::Result<RootCertStore> {
     let mut roots = RootCertStore::empty();
     for cert in read_certs(ca)? {
-        roots.add(cert).with_context(|| format!("{} holds a certificate that cannot be a CA", ca.display()))?;
+        roots
+            .add(cert)
+            .with_context(|| format!("{} holds a certificate that cannot be a CA", ca.display()))?;
     }
     Ok(roots)
 }
@@ -119,7 +124,12 @@ pub fn server_config(cert: &Path, key: &Path) -> anyhow::Result<Arc<ServerConfig
     let resolver = ReloadingCert {
         cert: cert.to_path_buf(),
         key: key.to_path_buf(),
-        state: parking_lot::Mutex::new(Served { key: Arc::new(served), stamp, tried: stamp, checked: std::time::Instant::now() }),
+        state: parking_lot::Mutex::new(Served {
+            key: Arc::new(served),
+            stamp,
+            tried: stamp,
+            checked: std::time::Instant::now(),
+        }),
     };
     let mut config = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?
@@ -139,8 +149,13 @@ fn certified_key(cert: &Path, key: &Path) -> anyhow::Result<CertifiedKey> {
     let chain = read_certs(cert)?;
     let private = PrivateKeyDer::from_pem_file(key)
         .with_context(|| format!("cannot read a private key (PEM) from {}", key.display()))?;
-    CertifiedKey::from_der(chain, private, &provider())
-        .with_context(|| format!("the key in {} does not go with the certificate in {}", key.display(), cert.display()))
+    CertifiedKey::from_der(chain, private, &provider()).with_context(|| {
+        format!(
+            "the key in {} does not go with the certificate in {}",
+            key.display(),
+            cert.display()
+        )
+    })
 }
 
 /// What says the certificate and key files changed: each one's change
@@ -149,7 +164,15 @@ type FilesStamp = [Option<(std::time::SystemTime, u64, u64)>; 2];
 
 fn files_stamp(cert: &Path, key: &Path) -> FilesStamp {
     use std::os::unix::fs::MetadataExt;
-    [cert, key].map(|p| std::fs::metadata(p).ok().map(|m| (m.modified().unwrap_or(std::time::UNIX_EPOCH), m.ino(), m.len())))
+    [cert, key].map(|p| {
+        std::fs::metadata(p).ok().map(|m| {
+            (
+                m.modified().unwrap_or(std::time::UNIX_EPOCH),
+                m.ino(),
+                m.len(),
+            )
+        })
+    })
 }
 
 /// A worker's certificate, re-read when its files change. A pair that does
@@ -186,7 +209,9 @@ impl ResolvesServerCert for ReloadingCert {
                         st.stamp = now;
                         tracing::info!(cert = %self.cert.display(), "the certificate file changed: serving it from now on");
                     }
-                    Err(e) => tracing::warn!(cert = %self.cert.display(), "the certificate files changed but do not load ({e:#}): still serving the certificate read before"),
+                    Err(e) => {
+                        tracing::warn!(cert = %self.cert.display(), "the certificate files changed but do not load ({e:#}): still serving the certificate read before")
+                    }
                 }
             }
         }
@@ -198,7 +223,12 @@ impl ResolvesServerCert for ReloadingCert {
 /// of another user's is refused; one open to the group or others is made
 /// `0600` (and said so).
 pub fn check_key_file(path: &Path) -> anyhow::Result<()> {
-    crate::private_path::make_private(path, "the key file", 0o600, "a private key must be this user's alone")
+    crate::private_path::make_private(
+        path,
+        "the key file",
+        0o600,
+        "a private key must be this user's alone",
+    )
 }
 
 /// Why a client trusting `ca` would refuse the certificate in `cert` when
@@ -207,8 +237,15 @@ pub fn check_key_file(path: &Path) -> anyhow::Result<()> {
 /// log, not only by every client that fails.
 pub fn would_refuse(cert: &Path, ca: &Path, host: &str) -> anyhow::Result<Option<rustls::Error>> {
     let chain = read_certs(cert)?;
-    let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots(ca)?), provider()).build()?;
+    let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+        Arc::new(roots(ca)?),
+        provider(),
+    )
+    .build()?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    let name = ServerName::try_from(host.to_string()).map_err(|_| anyhow::anyhow!("{host:?} is not a host name or address"))?;
-    Ok(verifier.verify_server_cert(&chain[0], &chain[1..], &name, &[], UnixTime::now()).err())
+    let name = ServerName::try_from(host.to_string())
+        .map_err(|_| anyhow::anyhow!("{host:?} is not a host name or address"))?;
+    Ok(verifier
+        .verify_server_cert(&chain[0], &chain[1..], &name, &[], UnixTime::now())
+        .err())
 }

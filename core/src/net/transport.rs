@@ -50,7 +50,10 @@ impl Transport {
     /// TLS, trusting the CA certificates in the PEM file `ca`.
     pub fn tls(ca: &Path) -> anyhow::Result<Transport> {
         let config = super::tls::client_config(ca)?;
-        Ok(Transport { tls: Some((config, ca.to_path_buf())), insecure_http: false })
+        Ok(Transport {
+            tls: Some((config, ca.to_path_buf())),
+            insecure_http: false,
+        })
     }
 
     /// TLS if `ca` is given, else plain HTTP, which may carry a token off
@@ -60,15 +63,21 @@ impl Transport {
             Some(ca) => Transport::tls(ca)?,
             None => Transport::plain(),
         };
-        Ok(Transport { insecure_http, ..transport })
+        Ok(Transport {
+            insecure_http,
+            ..transport
+        })
     }
 
     /// As [`new`](Self::new), from `PEERWASM_TLS_CA` and
     /// `PEERWASM_INSECURE_HTTP=1` (for callers without a command line: the
     /// Python client).
     pub fn from_env() -> anyhow::Result<Transport> {
-        let ca = std::env::var_os(TLS_CA_ENV).filter(|v| !v.is_empty()).map(PathBuf::from);
-        let insecure = std::env::var(INSECURE_HTTP_ENV).is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
+        let ca = std::env::var_os(TLS_CA_ENV)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from);
+        let insecure = std::env::var(INSECURE_HTTP_ENV)
+            .is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
         Transport::new(ca.as_deref(), insecure)
     }
 
@@ -96,7 +105,10 @@ impl Transport {
 
     /// `Err` naming the first of `addrs` a token may not be sent to, and
     /// what to do about it.
-    pub fn check_token_hops<'a>(&self, addrs: impl IntoIterator<Item = &'a String>) -> anyhow::Result<()> {
+    pub fn check_token_hops<'a>(
+        &self,
+        addrs: impl IntoIterator<Item = &'a String>,
+    ) -> anyhow::Result<()> {
         match addrs.into_iter().find(|a| !self.may_carry_token_to(a)) {
             None => Ok(()),
             Some(addr) => anyhow::bail!(
@@ -110,11 +122,17 @@ impl Transport {
     /// A client on this transport, from `builder` (timeouts, headers),
     /// sending `token` (if any) as `Authorization: Bearer` on every
     /// request: callers check [`HttpClient::may_send_to`] first.
-    pub fn client(&self, builder: reqwest::ClientBuilder, token: Option<&str>) -> anyhow::Result<HttpClient> {
+    pub fn client(
+        &self,
+        builder: reqwest::ClientBuilder,
+        token: Option<&str>,
+    ) -> anyhow::Result<HttpClient> {
         super::tls::install_provider();
         let mut builder = match &self.tls {
             // Only https: a plain URL would be a bug, never a fallback.
-            Some((config, _)) => builder.tls_backend_preconfigured((**config).clone()).https_only(true),
+            Some((config, _)) => builder
+                .tls_backend_preconfigured((**config).clone())
+                .https_only(true),
             None => builder.tls_backend_preconfigured((*super::tls::trusting_nothing()).clone()),
         };
         if let Some(token) = token {
@@ -125,7 +143,11 @@ impl Transport {
             headers.insert(reqwest::header::AUTHORIZATION, value);
             builder = builder.default_headers(headers);
         }
-        Ok(HttpClient { inner: builder.build()?, transport: self.clone(), token: token.is_some() })
+        Ok(HttpClient {
+            inner: builder.build()?,
+            transport: self.clone(),
+            token: token.is_some(),
+        })
     }
 }
 
@@ -179,7 +201,10 @@ mod tests {
         let plain = Transport::plain();
         let seeds = ["127.0.0.1:1".to_string(), "10.1.2.3:7070".to_string()];
         let err = plain.check_token_hops(&seeds).unwrap_err().to_string();
-        assert!(err.contains("10.1.2.3:7070") && err.contains("--tls-ca"), "{err}");
+        assert!(
+            err.contains("10.1.2.3:7070") && err.contains("--tls-ca"),
+            "{err}"
+        );
         assert!(plain.check_token_hops(&seeds[..1]).is_ok());
         let told = Transport::new(None, true).unwrap();
         assert!(told.check_token_hops(&seeds).is_ok());
@@ -192,8 +217,14 @@ mod tests {
         let path = dir.path().join("ca.crt");
         std::fs::write(&path, "not a certificate\n").unwrap();
         let err = format!("{:#}", Transport::tls(&path).unwrap_err());
-        assert!(err.contains("ca.crt") && err.contains("no certificate"), "{err}");
-        let err = format!("{:#}", Transport::tls(&dir.path().join("missing.crt")).unwrap_err());
+        assert!(
+            err.contains("ca.crt") && err.contains("no certificate"),
+            "{err}"
+        );
+        let err = format!(
+            "{:#}",
+            Transport::tls(&dir.path().join("missing.crt")).unwrap_err()
+        );
         assert!(err.contains("missing.crt"), "{err}");
     }
 }

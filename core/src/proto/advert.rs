@@ -77,7 +77,8 @@ impl Advert {
     /// to "could this ever fit here": placement's, and what the worker's
     /// admission enforces (`worker::admission::Admission::largest_for`).
     pub fn largest_job(&self) -> u64 {
-        self.capacity_bytes.min(self.max_job_bytes.unwrap_or(u64::MAX))
+        self.capacity_bytes
+            .min(self.max_job_bytes.unwrap_or(u64::MAX))
     }
 
     /// Whether a job of `memreq` bytes could ever run here, now or later.
@@ -102,16 +103,27 @@ impl Advert {
         // A pool-wide day of 65,536 slots, or of a PiB of reservations.
         const MAX_USAGE: f64 = 1e13;
         let figure = |what: &str, v: f64| {
-            if v.is_finite() && (0.0..=MAX_USAGE).contains(&v) { Ok(()) } else { Err(format!("{what} is {v}")) }
+            if v.is_finite() && (0.0..=MAX_USAGE).contains(&v) {
+                Ok(())
+            } else {
+                Err(format!("{what} is {v}"))
+            }
         };
         if self.addr.len() > MAX_TEXT || self.host_id.len() > MAX_TEXT {
             return Err("address or host id too long".into());
         }
         if self.slots_total > MAX_SLOTS || self.slots_busy > self.slots_total {
-            return Err(format!("{} of {} slots busy", self.slots_busy, self.slots_total));
+            return Err(format!(
+                "{} of {} slots busy",
+                self.slots_busy, self.slots_total
+            ));
         }
-        if self.reserved_bytes > self.capacity_bytes || self.largest_fit_bytes > self.largest_job() {
-            return Err("more reserved or offered than the capacity, or offered more than a job may have".into());
+        if self.reserved_bytes > self.capacity_bytes || self.largest_fit_bytes > self.largest_job()
+        {
+            return Err(
+                "more reserved or offered than the capacity, or offered more than a job may have"
+                    .into(),
+            );
         }
         if self.tenants.len() > MAX_TENANTS || self.warnings.len() > MAX_WARNINGS {
             return Err("too many tenants or warnings".into());
@@ -119,7 +131,9 @@ impl Advert {
         if self.warnings.iter().any(|w| w.len() > 4 * MAX_TEXT) {
             return Err("a warning is too long".into());
         }
-        if self.backlog.len() > super::backlog::MAX_BACKLOGS || self.batch_job.as_ref().is_some_and(|j| j.len() > MAX_TEXT) {
+        if self.backlog.len() > super::backlog::MAX_BACKLOGS
+            || self.batch_job.as_ref().is_some_and(|j| j.len() > MAX_TEXT)
+        {
             return Err("too many backlogs, or a batch job id too long".into());
         }
         for b in &self.backlog {

@@ -49,14 +49,22 @@ impl Backlog {
     pub fn check(&self) -> Result<(), String> {
         const MAX_JOBS: u64 = 1 << 40;
         const MAX_JOB_MS: u64 = 366 * 24 * 3600 * 1000;
-        if self.id.is_empty() || self.id.len() > 64 || !self.id.bytes().all(|b| b.is_ascii_graphic()) {
+        if self.id.is_empty()
+            || self.id.len() > 64
+            || !self.id.bytes().all(|b| b.is_ascii_graphic())
+        {
             return Err("a backlog's id is 1 to 64 printable characters".into());
         }
         if self.waiting > MAX_JOBS || self.running > MAX_JOBS {
-            return Err(format!("a backlog of {} waiting and {} running jobs", self.waiting, self.running));
+            return Err(format!(
+                "a backlog of {} waiting and {} running jobs",
+                self.waiting, self.running
+            ));
         }
         if self.largest_bytes < self.memory_bytes || self.largest_bytes > 1 << 48 {
-            return Err("a backlog's largest request is below its typical one, or past 256 TiB".into());
+            return Err(
+                "a backlog's largest request is below its typical one, or past 256 TiB".into(),
+            );
         }
         if self.job_ms > MAX_JOB_MS {
             return Err("a backlog's job time is over a year".into());
@@ -103,14 +111,20 @@ impl PoolBacklog {
             out.maps += 1;
             out.waiting = out.waiting.saturating_add(b.waiting);
             out.running = out.running.saturating_add(b.running);
-            out.memory_bytes = out.memory_bytes.saturating_add(b.waiting.saturating_mul(b.memory_bytes));
+            out.memory_bytes = out
+                .memory_bytes
+                .saturating_add(b.waiting.saturating_mul(b.memory_bytes));
             if b.waiting > 0 {
                 out.largest_bytes = out.largest_bytes.max(b.largest_bytes);
             }
             out.work_seconds += (b.waiting + b.running) as f64 * b.job_ms as f64 / 1000.0;
             out.reports.push(b.clone());
         }
-        out.reports.sort_by(|a, b| b.largest_bytes.cmp(&a.largest_bytes).then_with(|| a.id.cmp(&b.id)));
+        out.reports.sort_by(|a, b| {
+            b.largest_bytes
+                .cmp(&a.largest_bytes)
+                .then_with(|| a.id.cmp(&b.id))
+        });
         out
     }
 
@@ -145,19 +159,43 @@ mod tests {
     use super::*;
 
     fn b(id: &str, waiting: u64, running: u64, mem: u64, job_ms: u64) -> Backlog {
-        Backlog { id: id.into(), waiting, running, memory_bytes: mem, largest_bytes: 2 * mem, job_ms }
+        Backlog {
+            id: id.into(),
+            waiting,
+            running,
+            memory_bytes: mem,
+            largest_bytes: 2 * mem,
+            job_ms,
+        }
     }
 
     #[test]
     fn the_pool_adds_each_map_once_whichever_workers_carry_it() {
-        let reports = [b("m1", 10, 4, 100, 500), b("m2", 0, 2, 1000, 2000), b("m1", 10, 4, 100, 500)];
+        let reports = [
+            b("m1", 10, 4, 100, 500),
+            b("m2", 0, 2, 1000, 2000),
+            b("m1", 10, 4, 100, 500),
+        ];
         let sum = PoolBacklog::sum(&reports);
-        assert_eq!((sum.maps, sum.waiting, sum.running, sum.jobs()), (2, 10, 6, 16));
+        assert_eq!(
+            (sum.maps, sum.waiting, sum.running, sum.jobs()),
+            (2, 10, 6, 16)
+        );
         assert_eq!(sum.memory_bytes, 1000, "waiting jobs × their request");
-        assert_eq!(sum.largest_bytes, 200, "m2 has nothing waiting: its requests are held already");
-        assert!((sum.work_seconds - (14.0 * 0.5 + 2.0 * 2.0)).abs() < 1e-9, "{}", sum.work_seconds);
+        assert_eq!(
+            sum.largest_bytes, 200,
+            "m2 has nothing waiting: its requests are held already"
+        );
+        assert!(
+            (sum.work_seconds - (14.0 * 0.5 + 2.0 * 2.0)).abs() < 1e-9,
+            "{}",
+            sum.work_seconds
+        );
         assert_eq!(sum.reports[0].id, "m2", "largest request first");
-        assert_eq!(sum.to_string(), "backlog: 10 waiting, 6 running in 2 maps · ~11 slot-s of work · largest job 200 B");
+        assert_eq!(
+            sum.to_string(),
+            "backlog: 10 waiting, 6 running in 2 maps · ~11 slot-s of work · largest job 200 B"
+        );
     }
 
     #[test]
@@ -166,14 +204,29 @@ mod tests {
         assert!(b("", 5, 1, 1, 1).check().is_err(), "no id");
         assert!(b(&"x".repeat(65), 5, 1, 1, 1).check().is_err(), "long id");
         assert!(b("m\n", 5, 1, 1, 1).check().is_err(), "unprintable id");
-        assert!(b("m", u64::MAX, 1, 1, 1).check().is_err(), "a billion billion jobs");
+        assert!(
+            b("m", u64::MAX, 1, 1, 1).check().is_err(),
+            "a billion billion jobs"
+        );
         assert!(b("m", 5, 1, 1 << 50, 1).check().is_err(), "a PiB job");
-        assert!(b("m", 5, 1, 1, u64::MAX).check().is_err(), "jobs of forever");
-        let inverted = Backlog { largest_bytes: 1, ..b("m", 5, 1, 10, 1) };
+        assert!(
+            b("m", 5, 1, 1, u64::MAX).check().is_err(),
+            "jobs of forever"
+        );
+        let inverted = Backlog {
+            largest_bytes: 1,
+            ..b("m", 5, 1, 10, 1)
+        };
         assert!(inverted.check().is_err());
         // Saturating sums: the pool's figures never wrap.
         let huge = b("h", 1 << 40, 0, 1 << 47, 1);
-        let sum = PoolBacklog::sum([&huge, &Backlog { id: "h2".into(), ..huge.clone() }]);
+        let sum = PoolBacklog::sum([
+            &huge,
+            &Backlog {
+                id: "h2".into(),
+                ..huge.clone()
+            },
+        ]);
         assert_eq!(sum.memory_bytes, u64::MAX);
     }
 }

@@ -76,7 +76,11 @@ mod tests {
                 files: Vec::new(),
             })
         } else {
-            BatchAnswer::Refused { status: 503, message: "busy".into(), largest_job: None }
+            BatchAnswer::Refused {
+                status: 503,
+                message: "busy".into(),
+                largest_job: None,
+            }
         };
         BatchItem { index, answer }
     }
@@ -84,7 +88,10 @@ mod tests {
     #[test]
     fn frames_split_anywhere_are_read_back_whole() {
         let items: Vec<_> = (0..20).map(item).collect();
-        let stream: Vec<u8> = items.iter().flat_map(|i| encode_frame(i).unwrap()).collect();
+        let stream: Vec<u8> = items
+            .iter()
+            .flat_map(|i| encode_frame(i).unwrap())
+            .collect();
         for piece in [1, 3, 7, 64, stream.len()] {
             let mut reader = FrameReader::default();
             let mut got = Vec::new();
@@ -109,7 +116,12 @@ mod tests {
 
         let mut reader = FrameReader::default();
         reader.push(&u32::MAX.to_le_bytes());
-        assert!(reader.next_item().unwrap_err().contains("larger than the limit"));
+        assert!(
+            reader
+                .next_item()
+                .unwrap_err()
+                .contains("larger than the limit")
+        );
 
         let mut reader = FrameReader::default();
         reader.push(&[3, 0, 0, 0, 0xff, 0xff, 0xff]);

@@ -44,14 +44,23 @@ impl FrameReader {
     }
 
     /// [`next_frame`](Self::next_frame) with a smaller bound on the frame.
-    pub fn next_frame_within<T: DeserializeOwned>(&mut self, max: usize) -> Result<Option<T>, String> {
+    pub fn next_frame_within<T: DeserializeOwned>(
+        &mut self,
+        max: usize,
+    ) -> Result<Option<T>, String> {
         let rest = &self.buf[self.start..];
-        let Some(len) = rest.get(..4) else { return Ok(None) };
+        let Some(len) = rest.get(..4) else {
+            return Ok(None);
+        };
         let len = u32::from_le_bytes(len.try_into().expect("four bytes")) as usize;
         if len > max {
-            return Err(format!("a frame of {len} bytes is larger than the limit of {max}"));
+            return Err(format!(
+                "a frame of {len} bytes is larger than the limit of {max}"
+            ));
         }
-        let Some(body) = rest.get(4..4 + len) else { return Ok(None) };
+        let Some(body) = rest.get(4..4 + len) else {
+            return Ok(None);
+        };
         let item = postcard::from_bytes(body).map_err(|e| format!("unreadable frame: {e}"))?;
         self.start += 4 + len;
         Ok(Some(item))

@@ -10,10 +10,10 @@
 //! `std::time::Duration` (serde would print `{"secs":..,"nanos":..}`).
 
 mod advert;
-mod hash;
 pub mod backlog;
 pub mod batch;
 pub mod frame;
+mod hash;
 pub mod routes;
 pub mod stream;
 pub mod submission;
@@ -67,8 +67,11 @@ impl JobSpec {
     /// waits (args, env, stdin, tag and all), and what
     /// `--max-queued-bytes` counts.
     pub fn encoded_len(&self) -> u64 {
-        postcard::serialize_with_flavor::<_, postcard::ser_flavors::Size, usize>(self, postcard::ser_flavors::Size::default())
-            .map_or(u64::MAX, |n| n as u64)
+        postcard::serialize_with_flavor::<_, postcard::ser_flavors::Size, usize>(
+            self,
+            postcard::ser_flavors::Size::default(),
+        )
+        .map_or(u64::MAX, |n| n as u64)
     }
 
     /// Decodes a spec kept in a state database, including one a worker of
@@ -252,7 +255,9 @@ impl Outcome {
             Outcome::Cancelled { .. } => 130,
             Outcome::TimeLimitExceeded { .. } => 124,
             Outcome::MemoryLimitExceeded { .. } | Outcome::OutputMemoryExhausted { .. } => 137,
-            Outcome::Trapped { .. } | Outcome::OutputLimitExceeded { .. } | Outcome::FilesBackTooLarge { .. } => 134,
+            Outcome::Trapped { .. }
+            | Outcome::OutputLimitExceeded { .. }
+            | Outcome::FilesBackTooLarge { .. } => 134,
             Outcome::InvalidModule { .. } | Outcome::Rejected { .. } => 2,
         }
     }
@@ -285,25 +290,43 @@ impl fmt::Display for Outcome {
         use crate::units::Bytes;
         match self {
             Outcome::Exited { code } => write!(f, "job exited with code {code}"),
-            Outcome::MemoryLimitExceeded { limit, peak, requested } => write!(
+            Outcome::MemoryLimitExceeded {
+                limit,
+                peak,
+                requested,
+            } => write!(
                 f,
                 "job exceeded its memory limit of {} (peak {}, asked for {})",
                 Bytes(*limit),
                 Bytes(*peak),
                 Bytes(*requested)
             ),
-            Outcome::TimeLimitExceeded { limit_ms, worker_limit } => {
+            Outcome::TimeLimitExceeded {
+                limit_ms,
+                worker_limit,
+            } => {
                 let limit = humantime::format_duration(std::time::Duration::from_millis(*limit_ms));
                 if *worker_limit {
-                    write!(f, "job exceeded the worker's time limit of {limit} (its --max-job-time)")
+                    write!(
+                        f,
+                        "job exceeded the worker's time limit of {limit} (its --max-job-time)"
+                    )
                 } else {
                     write!(f, "job exceeded its time limit of {limit}")
                 }
             }
             Outcome::OutputLimitExceeded { stream, limit } => {
-                write!(f, "job wrote more than its {stream} limit of {}", Bytes(*limit))
+                write!(
+                    f,
+                    "job wrote more than its {stream} limit of {}",
+                    Bytes(*limit)
+                )
             }
-            Outcome::Trapped { trap, message, backtrace } => {
+            Outcome::Trapped {
+                trap,
+                message,
+                backtrace,
+            } => {
                 write!(f, "job trapped: {trap}")?;
                 if !message.is_empty() && message != trap {
                     write!(f, " ({message})")?;
@@ -396,11 +419,14 @@ impl JobResult {
     /// The result of a job that a failure of the host, not the job, ended
     /// (a task that failed, a slot process that died), saying what failed.
     pub fn host_failure(memory_limit_bytes: u64, message: &str) -> JobResult {
-        JobResult::never_ran(memory_limit_bytes, Outcome::Trapped {
-            trap: "host error".into(),
-            message: message.into(),
-            backtrace: Vec::new(),
-        })
+        JobResult::never_ran(
+            memory_limit_bytes,
+            Outcome::Trapped {
+                trap: "host error".into(),
+                message: message.into(),
+                backtrace: Vec::new(),
+            },
+        )
     }
 
     /// The result of a job that ended as `outcome` without running (refused,
@@ -494,15 +520,36 @@ mod tests {
             stderr: Vec<u8>,
             ended: Option<Outcome>,
         }
-        let out = JobOutput { stdout: (0..=255).collect(), stderr: b"err".to_vec(), ended: None };
-        let seq = AsSequence { stdout: &out.stdout, stderr: out.stderr.clone(), ended: None };
-        let (bytes, seq_bytes) = (postcard::to_allocvec(&out).unwrap(), postcard::to_allocvec(&seq).unwrap());
+        let out = JobOutput {
+            stdout: (0..=255).collect(),
+            stderr: b"err".to_vec(),
+            ended: None,
+        };
+        let seq = AsSequence {
+            stdout: &out.stdout,
+            stderr: out.stderr.clone(),
+            ended: None,
+        };
+        let (bytes, seq_bytes) = (
+            postcard::to_allocvec(&out).unwrap(),
+            postcard::to_allocvec(&seq).unwrap(),
+        );
         assert_eq!(bytes, seq_bytes);
         assert_eq!(postcard::from_bytes::<JobOutput>(&seq_bytes).unwrap(), out);
-        let spec = JobSpec { stdin: vec![7; 100_000], ..JobSpec::new(ModuleHash([1; 32])) };
-        assert_eq!(postcard::from_bytes::<JobSpec>(&postcard::to_allocvec(&spec).unwrap()).unwrap(), spec);
+        let spec = JobSpec {
+            stdin: vec![7; 100_000],
+            ..JobSpec::new(ModuleHash([1; 32]))
+        };
+        assert_eq!(
+            postcard::from_bytes::<JobSpec>(&postcard::to_allocvec(&spec).unwrap()).unwrap(),
+            spec
+        );
         let json = serde_json::to_string(&spec).unwrap();
-        assert_eq!(serde_json::from_str::<JobSpec>(&json).unwrap(), spec, "JSON still reads");
+        assert_eq!(
+            serde_json::from_str::<JobSpec>(&json).unwrap(),
+            spec,
+            "JSON still reads"
+        );
     }
 
     /// A spec a worker of protocol 4 stored (no `invoke`) still decodes
@@ -531,24 +578,60 @@ mod tests {
             dirs: Vec::new(),
             trees: Vec::new(),
             limits: JobLimits::default(),
-            tag: Some(submission::JobTag { submission: "s".into(), index: 4, attempt: 1 }),
+            tag: Some(submission::JobTag {
+                submission: "s".into(),
+                index: 4,
+                attempt: 1,
+            }),
         };
         let spec = JobSpec::from_stored(&postcard::to_allocvec(&old).unwrap()).unwrap();
-        assert_eq!((spec.args.as_slice(), spec.invoke.as_deref(), spec.tag.as_ref().map(|t| t.index)), (&["a".to_string()][..], None, Some(4)));
-        let now = JobSpec { invoke: Some("run".into()), ..spec };
-        assert_eq!(JobSpec::from_stored(&postcard::to_allocvec(&now).unwrap()).unwrap(), now);
-        assert!(JobSpec::from_stored(b"\x01").is_err(), "junk is still refused");
+        assert_eq!(
+            (
+                spec.args.as_slice(),
+                spec.invoke.as_deref(),
+                spec.tag.as_ref().map(|t| t.index)
+            ),
+            (&["a".to_string()][..], None, Some(4))
+        );
+        let now = JobSpec {
+            invoke: Some("run".into()),
+            ..spec
+        };
+        assert_eq!(
+            JobSpec::from_stored(&postcard::to_allocvec(&now).unwrap()).unwrap(),
+            now
+        );
+        assert!(
+            JobSpec::from_stored(b"\x01").is_err(),
+            "junk is still refused"
+        );
     }
 
     #[test]
     fn results_round_trip_through_postcard() {
         for outcome in [
             Outcome::Exited { code: 3 },
-            Outcome::MemoryLimitExceeded { limit: 1, peak: 2, requested: 3 },
-            Outcome::TimeLimitExceeded { limit_ms: 5, worker_limit: true },
-            Outcome::Cancelled { cause: CancelCause::Owner },
-            Outcome::OutputLimitExceeded { stream: StdStream::Stderr, limit: 9 },
-            Outcome::Trapped { trap: "unreachable".into(), message: "m".into(), backtrace: vec!["f".into()] },
+            Outcome::MemoryLimitExceeded {
+                limit: 1,
+                peak: 2,
+                requested: 3,
+            },
+            Outcome::TimeLimitExceeded {
+                limit_ms: 5,
+                worker_limit: true,
+            },
+            Outcome::Cancelled {
+                cause: CancelCause::Owner,
+            },
+            Outcome::OutputLimitExceeded {
+                stream: StdStream::Stderr,
+                limit: 9,
+            },
+            Outcome::Trapped {
+                trap: "unreachable".into(),
+                message: "m".into(),
+                backtrace: vec!["f".into()],
+            },
             Outcome::InvalidModule { reason: "r".into() },
             Outcome::Rejected { reason: "r".into() },
             Outcome::FilesBackTooLarge { size: 2, limit: 1 },
@@ -564,7 +647,12 @@ mod tests {
                 cache: CacheSource::Disk,
                 peer: "p".into(),
                 warnings: vec!["w".into()],
-                files: vec![tree::FileBack { tree: 0, path: "a/b".into(), size: 2, contents: vec![0, 255] }],
+                files: vec![tree::FileBack {
+                    tree: 0,
+                    path: "a/b".into(),
+                    size: 2,
+                    contents: vec![0, 255],
+                }],
             };
             let bytes = postcard::to_allocvec(&result).unwrap();
             assert_eq!(postcard::from_bytes::<JobResult>(&bytes).unwrap(), result);
@@ -580,21 +668,57 @@ mod tests {
             capacity_bytes: 1 << 30,
             slots_total: 2,
             slots_busy: 1,
-            tenants: vec![TenantUsage { tenant: "a".into(), slot_seconds: 3.0, ..TenantUsage::default() }],
+            tenants: vec![TenantUsage {
+                tenant: "a".into(),
+                slot_seconds: 3.0,
+                ..TenantUsage::default()
+            }],
             ..Advert::default()
         };
         assert_eq!(good.check(), Ok(()));
         let usage = |v: f64| Advert {
-            tenants: vec![TenantUsage { tenant: "b".into(), gib_seconds: v, ..TenantUsage::default() }],
+            tenants: vec![TenantUsage {
+                tenant: "b".into(),
+                gib_seconds: v,
+                ..TenantUsage::default()
+            }],
             ..good.clone()
         };
         for bad in [-1.0, f64::NAN, f64::INFINITY, 1e300] {
             assert!(usage(bad).check().is_err(), "usage {bad} passed");
         }
-        assert!(Advert { slots_busy: 3, ..good.clone() }.check().is_err());
-        assert!(Advert { reserved_bytes: 2 << 30, ..good.clone() }.check().is_err());
-        assert!(Advert { addr: "x".repeat(1000), ..good.clone() }.check().is_err());
-        assert!(Advert { warnings: vec![String::new(); 1000], ..good }.check().is_err());
+        assert!(
+            Advert {
+                slots_busy: 3,
+                ..good.clone()
+            }
+            .check()
+            .is_err()
+        );
+        assert!(
+            Advert {
+                reserved_bytes: 2 << 30,
+                ..good.clone()
+            }
+            .check()
+            .is_err()
+        );
+        assert!(
+            Advert {
+                addr: "x".repeat(1000),
+                ..good.clone()
+            }
+            .check()
+            .is_err()
+        );
+        assert!(
+            Advert {
+                warnings: vec![String::new(); 1000],
+                ..good
+            }
+            .check()
+            .is_err()
+        );
     }
 
     #[test]

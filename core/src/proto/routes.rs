@@ -74,7 +74,9 @@ pub const ALL: [&str; 17] = [
 pub fn path(route: &str, value: &str) -> String {
     debug_assert!(!value.contains('/'), "a path parameter holds no '/'");
     match (route.find('{'), route.find('}')) {
-        (Some(open), Some(close)) if open < close => format!("{}{value}{}", &route[..open], &route[close + 1..]),
+        (Some(open), Some(close)) if open < close => {
+            format!("{}{value}{}", &route[..open], &route[close + 1..])
+        }
         _ => route.to_string(),
     }
 }
@@ -87,7 +89,11 @@ mod tests {
     fn a_filled_in_route_is_what_the_router_matches() {
         assert_eq!(path(JOB_OUTPUT, "j-17"), "/v1/jobs/j-17/output");
         assert_eq!(path(SUBMISSION, "s-2"), "/v1/submissions/s-2");
-        assert_eq!(path(JOBS, "ignored"), "/v1/jobs", "a route without a parameter is itself");
+        assert_eq!(
+            path(JOBS, "ignored"),
+            "/v1/jobs",
+            "a route without a parameter is itself"
+        );
     }
 
     #[test]
@@ -95,7 +101,10 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         for route in ALL {
             assert!(seen.insert(route), "{route} listed twice");
-            assert!(route.starts_with("/v1/") || route == METRICS || route == STATUS_PAGE, "{route}");
+            assert!(
+                route.starts_with("/v1/") || route == METRICS || route == STATUS_PAGE,
+                "{route}"
+            );
             assert!(route.matches('{').count() <= 1, "{route}");
         }
     }

@@ -41,7 +41,8 @@ pub fn is_submission_id(id: &str) -> bool {
 /// 32 hex digits (so a job's tag, kept in every worker's history, is
 /// never more than an id).
 pub fn is_issued_submission_id(id: &str) -> bool {
-    id.strip_prefix(SUBMISSION_PREFIX).is_some_and(|h| h.len() == 32 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+    id.strip_prefix(SUBMISSION_PREFIX)
+        .is_some_and(|h| h.len() == 32 && h.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 /// Identifies one attempt of one input of a map, so that the worker

@@ -125,7 +125,9 @@ impl Manifest {
 
     /// The sum of its files' sizes.
     pub fn total_bytes(&self) -> u64 {
-        self.files().map(|(_, _, size)| size).fold(0u64, u64::saturating_add)
+        self.files()
+            .map(|(_, _, size)| size)
+            .fold(0u64, u64::saturating_add)
     }
 
     /// Checks what a worker must before it writes anything of the tree:
@@ -134,14 +136,20 @@ impl Manifest {
     /// `max_bytes` in all.
     pub fn check(&self, max_bytes: u64) -> Result<(), String> {
         if self.entries.len() > MAX_TREE_ENTRIES {
-            return Err(format!("the tree has {} entries; at most {MAX_TREE_ENTRIES} are accepted", self.entries.len()));
+            return Err(format!(
+                "the tree has {} entries; at most {MAX_TREE_ENTRIES} are accepted",
+                self.entries.len()
+            ));
         }
         for e in &self.entries {
             check_path(&e.path)?;
         }
         for pair in self.entries.windows(2) {
             if pair[0].path >= pair[1].path {
-                return Err(format!("the manifest is not sorted, or lists {:?} twice", pair[1].path));
+                return Err(format!(
+                    "the manifest is not sorted, or lists {:?} twice",
+                    pair[1].path
+                ));
             }
         }
         // A file that is also a directory ("a" a file, "a/b" listed too).
@@ -153,9 +161,18 @@ impl Manifest {
             probe.clear();
             probe.push_str(path);
             probe.push('/');
-            let at = self.entries.partition_point(|e| e.path.as_str() < probe.as_str());
-            if let Some(e) = self.entries.get(at).filter(|e| e.path.starts_with(probe.as_str())) {
-                return Err(format!("{path:?} is listed as a file and as the directory of {:?}", e.path));
+            let at = self
+                .entries
+                .partition_point(|e| e.path.as_str() < probe.as_str());
+            if let Some(e) = self
+                .entries
+                .get(at)
+                .filter(|e| e.path.starts_with(probe.as_str()))
+            {
+                return Err(format!(
+                    "{path:?} is listed as a file and as the directory of {:?}",
+                    e.path
+                ));
             }
         }
         let total = self.total_bytes();
@@ -179,21 +196,32 @@ pub fn check_path(path: &str) -> Result<(), String> {
         return Err("an empty path".into());
     }
     if path.len() > MAX_PATH_BYTES {
-        return Err(format!("a path of {} bytes (at most {MAX_PATH_BYTES})", path.len()));
+        return Err(format!(
+            "a path of {} bytes (at most {MAX_PATH_BYTES})",
+            path.len()
+        ));
     }
     if path.starts_with('/') {
-        return Err(format!("{path:?} is absolute; paths in a tree are relative to its root"));
+        return Err(format!(
+            "{path:?} is absolute; paths in a tree are relative to its root"
+        ));
     }
     if path.contains('\0') || path.contains('\\') {
         return Err(format!("{path:?} has a NUL or a backslash"));
     }
     for (depth, part) in path.split('/').enumerate() {
         if depth >= MAX_PATH_DEPTH {
-            return Err(format!("a path {MAX_PATH_DEPTH} directories deep or more (real trees are far shallower)"));
+            return Err(format!(
+                "a path {MAX_PATH_DEPTH} directories deep or more (real trees are far shallower)"
+            ));
         }
         match part {
             "" => return Err(format!("{path:?} has an empty part")),
-            "." | ".." => return Err(format!("{path:?} has a {part:?} part; nothing may leave the tree")),
+            "." | ".." => {
+                return Err(format!(
+                    "{path:?} has a {part:?} part; nothing may leave the tree"
+                ));
+            }
             _ => {}
         }
     }
@@ -205,12 +233,29 @@ mod tests {
     use super::*;
 
     fn file(path: &str, size: u64) -> TreeEntry {
-        TreeEntry { path: path.into(), kind: EntryKind::File { hash: ModuleHash::of(path.as_bytes()), size } }
+        TreeEntry {
+            path: path.into(),
+            kind: EntryKind::File {
+                hash: ModuleHash::of(path.as_bytes()),
+                size,
+            },
+        }
     }
 
     #[test]
     fn paths_that_could_leave_the_tree_are_refused() {
-        for bad in ["", "/etc/passwd", "../x", "a/../../x", "a//b", "./a", "a/.", "a\0b", "a\\..\\b", "a/"] {
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../../x",
+            "a//b",
+            "./a",
+            "a/.",
+            "a\0b",
+            "a\\..\\b",
+            "a/",
+        ] {
             assert!(check_path(bad).is_err(), "{bad:?} accepted");
         }
         for good in ["a", "a/b.txt", "..a", "a..", ".hidden/x"] {
@@ -220,16 +265,42 @@ mod tests {
 
     #[test]
     fn a_manifest_must_be_sorted_unique_consistent_and_within_size() {
-        let ok = Manifest { entries: vec![file("a", 1), TreeEntry { path: "d".into(), kind: EntryKind::Dir }, file("d/x", 2)] };
+        let ok = Manifest {
+            entries: vec![
+                file("a", 1),
+                TreeEntry {
+                    path: "d".into(),
+                    kind: EntryKind::Dir,
+                },
+                file("d/x", 2),
+            ],
+        };
         assert_eq!(ok.check(3), Ok(()));
-        assert!(ok.check(2).unwrap_err().contains("at most 2 B"), "{:?}", ok.check(2));
-        let unsorted = Manifest { entries: vec![file("b", 1), file("a", 1)] };
+        assert!(
+            ok.check(2).unwrap_err().contains("at most 2 B"),
+            "{:?}",
+            ok.check(2)
+        );
+        let unsorted = Manifest {
+            entries: vec![file("b", 1), file("a", 1)],
+        };
         assert!(unsorted.check(10).is_err());
-        let twice = Manifest { entries: vec![file("a", 1), file("a", 1)] };
+        let twice = Manifest {
+            entries: vec![file("a", 1), file("a", 1)],
+        };
         assert!(twice.check(10).is_err());
-        let file_as_dir = Manifest { entries: vec![file("a", 1), file("a/b", 1)] };
-        assert!(file_as_dir.check(10).unwrap_err().contains("as a file and as the directory"));
-        let traversal = Manifest { entries: vec![file("../../etc/cron.d/x", 1)] };
+        let file_as_dir = Manifest {
+            entries: vec![file("a", 1), file("a/b", 1)],
+        };
+        assert!(
+            file_as_dir
+                .check(10)
+                .unwrap_err()
+                .contains("as a file and as the directory")
+        );
+        let traversal = Manifest {
+            entries: vec![file("../../etc/cron.d/x", 1)],
+        };
         assert!(traversal.check(10).is_err());
     }
 
@@ -242,18 +313,36 @@ mod tests {
         let m = Manifest { entries };
         let t = std::time::Instant::now();
         assert_eq!(m.check(u64::MAX), Ok(()));
-        assert!(t.elapsed() < std::time::Duration::from_millis(500), "{:?}", t.elapsed());
+        assert!(
+            t.elapsed() < std::time::Duration::from_millis(500),
+            "{:?}",
+            t.elapsed()
+        );
         let too_deep = vec!["d"; MAX_PATH_DEPTH + 1].join("/");
         assert!(check_path(&too_deep).unwrap_err().contains("deep"));
         // A file under a file, many levels down, is still found.
-        let m = Manifest { entries: vec![file("a", 1), file("a-b", 1), file(&format!("a/{}", deep(1)), 1)] };
-        assert!(m.check(10).unwrap_err().contains("as a file and as the directory"));
+        let m = Manifest {
+            entries: vec![
+                file("a", 1),
+                file("a-b", 1),
+                file(&format!("a/{}", deep(1)), 1),
+            ],
+        };
+        assert!(
+            m.check(10)
+                .unwrap_err()
+                .contains("as a file and as the directory")
+        );
     }
 
     #[test]
     fn the_name_of_a_manifest_changes_with_any_entry() {
-        let a = Manifest { entries: vec![file("a", 1)] };
-        let b = Manifest { entries: vec![file("a", 2)] };
+        let a = Manifest {
+            entries: vec![file("a", 1)],
+        };
+        let b = Manifest {
+            entries: vec![file("a", 2)],
+        };
         assert_ne!(a.hash(), b.hash());
         assert_eq!(a.hash(), a.clone().hash());
     }

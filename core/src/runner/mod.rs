@@ -25,9 +25,9 @@
 //! ([`slotproc`]); the runner decides which, per job, by its policy
 //! and what it learned of the module's last job.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
-use parking_lot::Mutex;
 
 use std::time::Duration;
 
@@ -39,9 +39,9 @@ pub mod slotproc;
 
 use crate::proto::{CacheSource, CancelCause, JobResult, JobSpec, ModuleHash, Outcome};
 use crate::sandbox::RunSpec;
+use crate::sandbox::{Cancel, OutputChunk, RunHooks, Sandbox, SandboxConfig};
 use modules::ModuleBytes;
 use slotproc::{LARGE_MODULE_BYTES, LONG_JOB_CPU, SlotPolicy, SlotProcessConfig, SlotProcesses};
-use crate::sandbox::{Cancel, OutputChunk, RunHooks, Sandbox, SandboxConfig};
 
 /// How a runner is set up.
 #[derive(Clone, Debug, Default)]
@@ -155,7 +155,11 @@ impl JobRunner {
         });
         let source = match children {
             Some((children, _)) => children.precompile(&hash, &bytes)?,
-            None => self.sandbox.load(&hash, &bytes).map(|(_, source)| source).map_err(|o| o.to_string())?,
+            None => self
+                .sandbox
+                .load(&hash, &bytes)
+                .map(|(_, source)| source)
+                .map_err(|o| o.to_string())?,
         };
         Ok((hash, children.is_some(), source))
     }
@@ -178,7 +182,14 @@ impl JobRunner {
     /// because of the job: even a panic inside wasmtime comes back as an
     /// outcome.
     pub async fn run(&self, spec: JobSpec, tee: Option<UnboundedSender<OutputChunk>>) -> JobResult {
-        self.run_with(spec, RunHooks { tee, ..RunHooks::default() }).await
+        self.run_with(
+            spec,
+            RunHooks {
+                tee,
+                ..RunHooks::default()
+            },
+        )
+        .await
     }
 
     /// [`run`](Self::run) with all the hooks. The job is resolved as the
@@ -227,7 +238,11 @@ impl JobRunner {
                 Err(ended) => ended,
             }
         };
-        let handle = self.runtime.as_ref().expect("runtime lives until drop").spawn(task);
+        let handle = self
+            .runtime
+            .as_ref()
+            .expect("runtime lives until drop")
+            .spawn(task);
         let result = match handle.await {
             Ok(result) => result,
             Err(e) => JobResult::host_failure(limit, &format!("the job's task failed: {e}")),
@@ -238,7 +253,10 @@ impl JobRunner {
             if long.len() >= LEARNED_MODULES && !long.contains_key(&hash) {
                 long.clear();
             }
-            long.insert(hash, Duration::from_micros(result.cpu_time_us) >= LONG_JOB_CPU);
+            long.insert(
+                hash,
+                Duration::from_micros(result.cpu_time_us) >= LONG_JOB_CPU,
+            );
         }
         result
     }
@@ -247,12 +265,17 @@ impl JobRunner {
     /// them: always, never, or (auto) a large module or one whose jobs
     /// were long. Without the bytes (a restarted worker that kept only the
     /// compiled form), only this process's cache can run it.
-    fn slot_processes_for(&self, hash: &ModuleHash, bytes: Option<&[u8]>) -> Option<Arc<SlotProcesses>> {
+    fn slot_processes_for(
+        &self,
+        hash: &ModuleHash,
+        bytes: Option<&[u8]>,
+    ) -> Option<Arc<SlotProcesses>> {
         let (children, policy) = self.children.as_ref()?;
         let go = match policy {
             SlotPolicy::Always => true,
             SlotPolicy::Auto => {
-                bytes.is_some_and(|b| b.len() >= LARGE_MODULE_BYTES) || self.lock_long().get(hash).copied().unwrap_or(false)
+                bytes.is_some_and(|b| b.len() >= LARGE_MODULE_BYTES)
+                    || self.lock_long().get(hash).copied().unwrap_or(false)
             }
             SlotPolicy::Never => false,
         };
@@ -269,14 +292,20 @@ impl JobRunner {
         F: std::future::Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        self.runtime.as_ref().expect("runtime lives until drop").spawn(task)
+        self.runtime
+            .as_ref()
+            .expect("runtime lives until drop")
+            .spawn(task)
     }
 
     /// Keeps `hash`'s bytes from being dropped for other uploads until the
     /// returned pin is dropped: what a queued job holds until it starts.
     pub fn pin_module(&self, hash: &ModuleHash) -> ModulePin {
         self.lock_modules().pin(hash);
-        ModulePin { modules: self.modules.clone(), hash: *hash }
+        ModulePin {
+            modules: self.modules.clone(),
+            hash: *hash,
+        }
     }
 
     /// Module bytes held now (within `SandboxConfig::module_bytes_held`).
@@ -286,7 +315,10 @@ impl JobRunner {
 
     /// [`run`](Self::run) for callers outside any async runtime.
     pub fn run_blocking(&self, spec: JobSpec) -> JobResult {
-        self.runtime.as_ref().expect("runtime lives until drop").block_on(self.run(spec, None))
+        self.runtime
+            .as_ref()
+            .expect("runtime lives until drop")
+            .block_on(self.run(spec, None))
     }
 
     fn lock_long(&self) -> parking_lot::MutexGuard<'_, HashMap<ModuleHash, bool>> {
@@ -354,11 +386,16 @@ async fn load(
     };
     match loaded {
         Ok(Ok(Some(loaded))) => Ok(loaded),
-        Ok(Ok(None)) => {
-            Err(JobResult::never_ran(limit, Outcome::Rejected { reason: format!("module {hash} is unknown here") }))
-        }
+        Ok(Ok(None)) => Err(JobResult::never_ran(
+            limit,
+            Outcome::Rejected {
+                reason: format!("module {hash} is unknown here"),
+            },
+        )),
         Ok(Err(outcome)) => Err(JobResult::never_ran(limit, outcome)),
-        Err(e) => Err(JobResult::host_failure(limit, &format!("compiling the module failed: {e}"))),
+        Err(e) => Err(JobResult::host_failure(
+            limit,
+            &format!("compiling the module failed: {e}"),
+        )),
     }
 }
-

@@ -33,7 +33,12 @@ pub struct ModuleBytes {
 impl ModuleBytes {
     /// An empty store that holds at most `budget` bytes.
     pub fn new(budget: u64) -> ModuleBytes {
-        ModuleBytes { budget, held: 0, modules: LruCache::unbounded(), pins: HashMap::new() }
+        ModuleBytes {
+            budget,
+            held: 0,
+            modules: LruCache::unbounded(),
+            pins: HashMap::new(),
+        }
     }
 
     /// Adds a module (a no-op if it is here), dropping the least recently
@@ -137,7 +142,10 @@ mod tests {
         assert!(store.contains(&m[3].0) && !store.contains(&m[1].0));
         store.unpin(&m[0].0);
         store.insert(m[1].0, m[1].1.clone());
-        assert!(!store.contains(&m[0].0), "unpinned, it is the least recently used");
+        assert!(
+            !store.contains(&m[0].0),
+            "unpinned, it is the least recently used"
+        );
         assert_eq!(store.held(), 2000);
     }
 

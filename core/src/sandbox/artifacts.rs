@@ -75,7 +75,9 @@ pub enum Rejected {
 impl std::fmt::Display for Rejected {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Rejected::Unauthenticated => f.write_str("not written by this cache (its MAC does not check out)"),
+            Rejected::Unauthenticated => {
+                f.write_str("not written by this cache (its MAC does not check out)")
+            }
             Rejected::Incompatible(why) => write!(f, "incompatible: {why}"),
         }
     }
@@ -97,7 +99,13 @@ struct Tags {
 
 /// The identity of an open file: what any change of its bytes changes.
 fn identity(meta: &fs::Metadata) -> [i64; 5] {
-    [meta.dev() as i64, meta.ino() as i64, meta.size() as i64, meta.ctime(), meta.ctime_nsec()]
+    [
+        meta.dev() as i64,
+        meta.ino() as i64,
+        meta.size() as i64,
+        meta.ctime(),
+        meta.ctime_nsec(),
+    ]
 }
 
 /// Compiled artifacts on disk; see the module docs.
@@ -118,9 +126,15 @@ impl ArtifactStore {
             .recursive(true)
             .mode(0o700)
             .create(&dir)
-            .map_err(|e| anyhow::anyhow!("cannot create module cache dir {}: {e}", dir.display()))?;
+            .map_err(|e| {
+                anyhow::anyhow!("cannot create module cache dir {}: {e}", dir.display())
+            })?;
         let secret = secret(&root.join("secret.key"))?;
-        Ok(ArtifactStore { dir, secret, max_bytes })
+        Ok(ArtifactStore {
+            dir,
+            secret,
+            max_bytes,
+        })
     }
 
     fn path(&self, hash: &ModuleHash) -> PathBuf {
@@ -132,7 +146,8 @@ impl ArtifactStore {
     }
 
     fn mac(&self, what: &[u8], hash: &ModuleHash, kind: Kind) -> Hmac<Sha256> {
-        let mut mac = Hmac::<Sha256>::new_from_slice(&self.secret).expect("HMAC takes keys of any length");
+        let mut mac =
+            Hmac::<Sha256>::new_from_slice(&self.secret).expect("HMAC takes keys of any length");
         mac.update(what);
         mac.update(&hash.0);
         mac.update(&[kind as u8]);
@@ -149,13 +164,19 @@ impl ArtifactStore {
 
     fn read_tags(&self, hash: &ModuleHash) -> Option<Tags> {
         let bytes = fs::read(self.mac_path(hash)).ok()?;
-        let rest = bytes.strip_prefix(MAC_MAGIC.as_slice()).filter(|_| bytes.len() == MAC_FILE_LEN)?;
+        let rest = bytes
+            .strip_prefix(MAC_MAGIC.as_slice())
+            .filter(|_| bytes.len() == MAC_FILE_LEN)?;
         let kind = match rest[0] {
             1 => Kind::Module,
             2 => Kind::Component,
             _ => return None,
         };
-        Some(Tags { kind, content: rest[1..33].try_into().ok()?, identity: rest[33..65].try_into().ok()? })
+        Some(Tags {
+            kind,
+            content: rest[1..33].try_into().ok()?,
+            identity: rest[33..65].try_into().ok()?,
+        })
     }
 
     fn write_tags(&self, hash: &ModuleHash, tags: &Tags) -> std::io::Result<()> {
@@ -172,7 +193,11 @@ impl ArtifactStore {
     /// none, `Err` if there is one this cache did not write as it is now
     /// (both of its files are then removed if `remove`: a load removes and
     /// counts it; a mere look leaves that to the load).
-    fn open_checked(&self, hash: &ModuleHash, remove: bool) -> Result<Option<(fs::File, Kind)>, Rejected> {
+    fn open_checked(
+        &self,
+        hash: &ModuleHash,
+        remove: bool,
+    ) -> Result<Option<(fs::File, Kind)>, Rejected> {
         let path = self.path(hash);
         let mut file = match fs::File::open(&path) {
             Ok(f) => f,
@@ -220,8 +245,14 @@ impl ArtifactStore {
     /// The compiled module for `hash`, mapped from its file: `Ok(None)` if
     /// there is no artifact, `Err` if there was one that could not be used
     /// (it is removed).
-    pub fn load(&self, engines: &(Engine, Engine), hash: &ModuleHash) -> Result<Option<Code>, Rejected> {
-        let Some((file, kind)) = self.open_checked(hash, true)? else { return Ok(None) };
+    pub fn load(
+        &self,
+        engines: &(Engine, Engine),
+        hash: &ModuleHash,
+    ) -> Result<Option<Code>, Rejected> {
+        let Some((file, kind)) = self.open_checked(hash, true)? else {
+            return Ok(None);
+        };
         // SAFETY: the MAC proves this cache wrote this very file (the one
         // open here) for this module, with an engine of the same
         // compatibility hash (the directory is keyed on it); wasmtime also
@@ -262,7 +293,14 @@ impl ArtifactStore {
         tmp.as_file().sync_data()?;
         let file = tmp.persist(self.path(hash))?;
         let identity = self.identity_tag(hash, kind, &file.metadata()?);
-        self.write_tags(hash, &Tags { kind, content: content.finalize().into_bytes().into(), identity })?;
+        self.write_tags(
+            hash,
+            &Tags {
+                kind,
+                content: content.finalize().into_bytes().into(),
+                identity,
+            },
+        )?;
         self.remove_unused_engines(ENGINE_DIR_UNUSED);
         Ok(self.evict())
     }
@@ -274,20 +312,41 @@ impl ArtifactStore {
     /// refreshes it) or, holding none, as itself. Run after a compile, not
     /// on a job's way in; a still-mapped artifact stays valid when removed.
     fn remove_unused_engines(&self, unused: std::time::Duration) {
-        let (Some(root), Some(own)) = (self.dir.parent(), self.dir.file_name()) else { return };
-        let Ok(entries) = fs::read_dir(root) else { return };
+        let (Some(root), Some(own)) = (self.dir.parent(), self.dir.file_name()) else {
+            return;
+        };
+        let Ok(entries) = fs::read_dir(root) else {
+            return;
+        };
         for entry in entries.filter_map(Result::ok) {
             let name = entry.file_name();
-            if name == own || !name.to_string_lossy().starts_with("engine-") || !entry.path().is_dir() {
+            if name == own
+                || !name.to_string_lossy().starts_with("engine-")
+                || !entry.path().is_dir()
+            {
                 continue;
             }
             let dir = entry.path();
-            let macs = fs::read_dir(&dir).into_iter().flatten().filter_map(Result::ok).filter(|e| e.path().extension().is_some_and(|x| x == "mac"));
-            let last_used = macs.filter_map(|e| e.metadata().and_then(|m| m.modified()).ok()).max().or_else(|| fs::metadata(&dir).and_then(|m| m.modified()).ok());
-            if last_used.and_then(|t| t.elapsed().ok()).is_some_and(|age| age >= unused) {
+            let macs = fs::read_dir(&dir)
+                .into_iter()
+                .flatten()
+                .filter_map(Result::ok)
+                .filter(|e| e.path().extension().is_some_and(|x| x == "mac"));
+            let last_used = macs
+                .filter_map(|e| e.metadata().and_then(|m| m.modified()).ok())
+                .max()
+                .or_else(|| fs::metadata(&dir).and_then(|m| m.modified()).ok());
+            if last_used
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age >= unused)
+            {
                 match fs::remove_dir_all(&dir) {
-                    Ok(()) => tracing::info!(dir = %dir.display(), "removed another engine's compiled modules, unused for {}", humantime::format_duration(unused)),
-                    Err(e) => tracing::warn!(dir = %dir.display(), "cannot remove another engine's unused compiled modules: {e}"),
+                    Ok(()) => {
+                        tracing::info!(dir = %dir.display(), "removed another engine's compiled modules, unused for {}", humantime::format_duration(unused))
+                    }
+                    Err(e) => {
+                        tracing::warn!(dir = %dir.display(), "cannot remove another engine's unused compiled modules: {e}")
+                    }
                 }
             }
         }
@@ -296,13 +355,17 @@ impl ArtifactStore {
     /// Removes the least recently used artifacts until the rest fit the
     /// budget; returns how many went.
     fn evict(&self) -> usize {
-        let Ok(entries) = fs::read_dir(&self.dir) else { return 0 };
+        let Ok(entries) = fs::read_dir(&self.dir) else {
+            return 0;
+        };
         let mut files: Vec<(SystemTime, u64, PathBuf)> = entries
             .filter_map(Result::ok)
             .filter(|e| e.path().extension().is_some_and(|x| x == "cwasm"))
             .filter_map(|e| {
                 let meta = e.metadata().ok()?;
-                let used = fs::metadata(e.path().with_extension("mac")).and_then(|m| m.modified()).unwrap_or(SystemTime::UNIX_EPOCH);
+                let used = fs::metadata(e.path().with_extension("mac"))
+                    .and_then(|m| m.modified())
+                    .unwrap_or(SystemTime::UNIX_EPOCH);
                 Some((used, meta.len() + MAC_FILE_LEN as u64, e.path()))
             })
             .collect();
@@ -331,15 +394,26 @@ fn secret(path: &Path) -> anyhow::Result<[u8; SECRET_LEN]> {
     match fs::read(path) {
         Ok(bytes) => return secret_from(path, bytes),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => anyhow::bail!("cannot read the module cache's secret {}: {e}", path.display()),
+        Err(e) => anyhow::bail!(
+            "cannot read the module cache's secret {}: {e}",
+            path.display()
+        ),
     }
     let fresh: [u8; SECRET_LEN] = rand::random();
     match crate::private_path::create_once(path, &fresh) {
         Ok(true) => return Ok(fresh),
         Ok(false) => {}
-        Err(e) => anyhow::bail!("cannot create the module cache's secret {}: {e}", path.display()),
+        Err(e) => anyhow::bail!(
+            "cannot create the module cache's secret {}: {e}",
+            path.display()
+        ),
     }
-    let bytes = fs::read(path).map_err(|e| anyhow::anyhow!("cannot read the module cache's secret {}: {e}", path.display()))?;
+    let bytes = fs::read(path).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot read the module cache's secret {}: {e}",
+            path.display()
+        )
+    })?;
     secret_from(path, bytes)
 }
 

@@ -6,12 +6,12 @@
 //! new module compile it once, and a large module compiling does not make
 //! jobs of other modules wait for it.
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::num::NonZeroUsize;
-use std::time::Duration;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use parking_lot::Mutex;
+use std::time::Duration;
 
 use lru::LruCache;
 use wasmtime::{Engine, InstancePre};
@@ -19,8 +19,8 @@ use wasmtime::{Engine, InstancePre};
 use super::artifacts::ArtifactStore;
 use super::code::{Code, one_line};
 use super::component::CommandPre;
-use super::job_state::JobState;
 use super::config::SandboxConfig;
+use super::job_state::JobState;
 use super::validate;
 use crate::proto::{CacheSource, ModuleHash, Outcome};
 
@@ -102,7 +102,11 @@ impl ModuleCache {
     /// A cache as `config` says: `cache_entries` compiled modules in
     /// memory, artifacts under `cache_dir` (at most `cache_max_bytes`) if
     /// given, compiles bounded by `max_compile_time`.
-    pub fn new(engine: Engine, component_engine: Engine, config: &SandboxConfig) -> anyhow::Result<Self> {
+    pub fn new(
+        engine: Engine,
+        component_engine: Engine,
+        config: &SandboxConfig,
+    ) -> anyhow::Result<Self> {
         let disk = config
             .cache_dir
             .as_deref()
@@ -151,8 +155,15 @@ impl ModuleCache {
     /// else from disk, else compiled now — while `wanted()` (a compile in a
     /// child process is ended once it is not). Blocks while compiling; call
     /// it off the async executor.
-    pub fn load(&self, hash: &ModuleHash, bytes: &[u8], wanted: &dyn Fn() -> bool) -> Result<(Arc<CompiledModule>, CacheSource), Outcome> {
-        self.load_with(hash, Some((bytes, wanted))).transpose().expect("with bytes, a module is always found or compiled")
+    pub fn load(
+        &self,
+        hash: &ModuleHash,
+        bytes: &[u8],
+        wanted: &dyn Fn() -> bool,
+    ) -> Result<(Arc<CompiledModule>, CacheSource), Outcome> {
+        self.load_with(hash, Some((bytes, wanted)))
+            .transpose()
+            .expect("with bytes, a module is always found or compiled")
     }
 
     /// The compiled module from memory or disk only, never compiling:
@@ -199,17 +210,30 @@ impl ModuleCache {
         }
         let (module, source) = match (self.load_from_disk(hash), bytes) {
             (Some(module), _) => (module, CacheSource::Disk),
-            (None, Some((bytes, wanted))) => (self.compile(hash, bytes, wanted)?, CacheSource::Compiled),
+            (None, Some((bytes, wanted))) => {
+                (self.compile(hash, bytes, wanted)?, CacheSource::Compiled)
+            }
             (None, None) => return Ok(None),
         };
-        let compiled = Arc::new(CompiledModule { hash: *hash, code: module, prepared: OnceLock::new() });
+        let compiled = Arc::new(CompiledModule {
+            hash: *hash,
+            code: module,
+            prepared: OnceLock::new(),
+        });
         lock(&self.memory).put(*hash, compiled.clone());
         Ok(Some((compiled, source)))
     }
 
-    fn compile(&self, hash: &ModuleHash, bytes: &[u8], wanted: &dyn Fn() -> bool) -> Result<Code, Outcome> {
+    fn compile(
+        &self,
+        hash: &ModuleHash,
+        bytes: &[u8],
+        wanted: &dyn Fn() -> bool,
+    ) -> Result<Code, Outcome> {
         if ModuleHash::of(bytes) != *hash {
-            return Err(Outcome::Rejected { reason: format!("module bytes do not match their hash {hash}") });
+            return Err(Outcome::Rejected {
+                reason: format!("module bytes do not match their hash {hash}"),
+            });
         }
         validate::check_header(bytes).map_err(|reason| Outcome::InvalidModule { reason })?;
         let apart = self.config.compile_program.is_some();
@@ -234,9 +258,12 @@ impl ModuleCache {
         if let Some(disk) = &self.disk {
             match disk.store(hash, &module) {
                 Ok(evicted) => {
-                    self.disk_evictions.fetch_add(evicted as u64, Ordering::Relaxed);
+                    self.disk_evictions
+                        .fetch_add(evicted as u64, Ordering::Relaxed);
                 }
-                Err(e) => tracing::warn!(module = %hash, "could not write the module's artifact: {e}"),
+                Err(e) => {
+                    tracing::warn!(module = %hash, "could not write the module's artifact: {e}")
+                }
             }
         }
         Ok(module)
@@ -248,9 +275,12 @@ impl ModuleCache {
         let mut running = lock(&self.compiling);
         while *running >= max_compiles() {
             if !wanted() {
-                return Err(Outcome::Cancelled { cause: crate::proto::CancelCause::ClientGone });
+                return Err(Outcome::Cancelled {
+                    cause: crate::proto::CancelCause::ClientGone,
+                });
             }
-            self.compile_done.wait_for(&mut running, Duration::from_millis(20));
+            self.compile_done
+                .wait_for(&mut running, Duration::from_millis(20));
         }
         *running += 1;
         Ok(CompileTurn(self))
@@ -268,14 +298,23 @@ impl ModuleCache {
     ) -> Result<Code, Outcome> {
         use super::compiler::{ChildCompile, compile_in_child};
         // No limit: a day of CPU, the kernel's limit being whole seconds.
-        let cpu = self.max_compile_time.map_or(Duration::from_secs(24 * 3600), |l| compile_limit(l, bytes.len()));
-        let config = SandboxConfig { compile_program: None, ..self.config.clone() };
+        let cpu = self
+            .max_compile_time
+            .map_or(Duration::from_secs(24 * 3600), |l| {
+                compile_limit(l, bytes.len())
+            });
+        let config = SandboxConfig {
+            compile_program: None,
+            ..self.config.clone()
+        };
         match compile_in_child(program, &config, &self.engines, bytes, cpu, wanted) {
             ChildCompile::Code(code, usage) => {
                 tracing::debug!(module = %hash, cpu = ?usage.cpu, peak = usage.peak_bytes, "compiled in a child process");
                 Ok(code)
             }
-            ChildCompile::Invalid(why) => Err(Outcome::InvalidModule { reason: format!("it does not compile: {why}") }),
+            ChildCompile::Invalid(why) => Err(Outcome::InvalidModule {
+                reason: format!("it does not compile: {why}"),
+            }),
             ChildCompile::TooSlow(usage) => {
                 tracing::warn!(module = %hash, cpu = ?usage.cpu, "compile ran past --max-compile-time: ended, and the module refused from now on");
                 if self.max_compile_time.is_some() {
@@ -285,7 +324,9 @@ impl ModuleCache {
             }
             ChildCompile::Cancelled => {
                 tracing::info!(module = %hash, "compile ended: its job was cancelled");
-                Err(Outcome::Cancelled { cause: crate::proto::CancelCause::ClientGone })
+                Err(Outcome::Cancelled {
+                    cause: crate::proto::CancelCause::ClientGone,
+                })
             }
             ChildCompile::Failed(why) => {
                 tracing::warn!(module = %hash, "{why}: compiling in this process instead");
@@ -297,8 +338,16 @@ impl ModuleCache {
     /// Compiles on threads of this process, refusing the job past the
     /// wall-time limit (the compile runs on to its end, its result dropped:
     /// wasmtime cannot stop it).
-    fn compile_here(&self, hash: &ModuleHash, bytes: &[u8], slow: impl Fn(Duration) -> Outcome) -> Result<Code, Outcome> {
-        let module = match self.max_compile_time.map(|limit| compile_limit(limit, bytes.len())) {
+    fn compile_here(
+        &self,
+        hash: &ModuleHash,
+        bytes: &[u8],
+        slow: impl Fn(Duration) -> Outcome,
+    ) -> Result<Code, Outcome> {
+        let module = match self
+            .max_compile_time
+            .map(|limit| compile_limit(limit, bytes.len()))
+        {
             None => compile_apart(|| Code::compile(&self.engines, bytes)),
             Some(limit) => {
                 let (tx, rx) = std::sync::mpsc::channel();
@@ -308,7 +357,9 @@ impl ModuleCache {
                     .spawn(move || {
                         let _ = tx.send(compile_apart(|| Code::compile(&engines, &owned)));
                     })
-                    .map_err(|e| Outcome::Rejected { reason: format!("cannot start compiling: {e}") })?;
+                    .map_err(|e| Outcome::Rejected {
+                        reason: format!("cannot start compiling: {e}"),
+                    })?;
                 match rx.recv_timeout(limit) {
                     Ok(compiled) => compiled,
                     Err(_) => {
@@ -319,7 +370,9 @@ impl ModuleCache {
                 }
             }
         };
-        module.map_err(|e| Outcome::InvalidModule { reason: format!("it does not compile: {}", one_line(&e)) })
+        module.map_err(|e| Outcome::InvalidModule {
+            reason: format!("it does not compile: {}", one_line(&e)),
+        })
     }
 
     fn load_from_disk(&self, hash: &ModuleHash) -> Option<Code> {
@@ -371,7 +424,11 @@ fn compile_limit(limit: Duration, len: usize) -> Duration {
 /// compiles share the cores through the OS scheduler instead.
 fn compile_apart<T: Send>(compile: impl FnOnce() -> T + Send) -> T {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    match rayon::ThreadPoolBuilder::new().num_threads(threads).thread_name(|i| format!("peerwasm-compile-{i}")).build() {
+    match rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("peerwasm-compile-{i}"))
+        .build()
+    {
         Ok(pool) => pool.install(compile),
         Err(_) => compile(),
     }
@@ -388,9 +445,20 @@ mod tests {
     #[test]
     fn the_compile_limit_grows_only_for_modules_past_16_mib() {
         let limit = Duration::from_secs(60);
-        assert_eq!(compile_limit(limit, 6 << 20), limit, "a compile bomb of 6 MB gets the limit as it is");
+        assert_eq!(
+            compile_limit(limit, 6 << 20),
+            limit,
+            "a compile bomb of 6 MB gets the limit as it is"
+        );
         assert_eq!(compile_limit(limit, 16 << 20), limit);
-        assert_eq!(compile_limit(limit, 96 << 20), Duration::from_secs(100), "CPython's size: 60 s + 80 × 0.5 s");
-        assert_eq!(compile_limit(Duration::from_secs(1), 1 << 20), Duration::from_secs(1));
+        assert_eq!(
+            compile_limit(limit, 96 << 20),
+            Duration::from_secs(100),
+            "CPython's size: 60 s + 80 × 0.5 s"
+        );
+        assert_eq!(
+            compile_limit(Duration::from_secs(1), 1 << 20),
+            Duration::from_secs(1)
+        );
     }
 }

@@ -58,7 +58,10 @@ impl Cancel {
     /// [`disarm`](CancelOnDrop::disarm)ed first: how a job learns that the
     /// future (or HTTP request) that was waiting for it went away.
     pub fn on_drop(&self, cause: CancelCause) -> CancelOnDrop {
-        CancelOnDrop { cancel: Some(self.clone()), cause }
+        CancelOnDrop {
+            cancel: Some(self.clone()),
+            cause,
+        }
     }
 }
 

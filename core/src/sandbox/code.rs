@@ -41,7 +41,11 @@ impl Code {
     /// As `Module::deserialize_open_file`: `file` must hold what `serialize`
     /// wrote with a compatible engine (the artifact store authenticates it)
     /// and must not change while the code is in use.
-    pub(crate) unsafe fn map(engines: &(Engine, Engine), file: std::fs::File, component: bool) -> wasmtime::Result<Code> {
+    pub(crate) unsafe fn map(
+        engines: &(Engine, Engine),
+        file: std::fs::File,
+        component: bool,
+    ) -> wasmtime::Result<Code> {
         // SAFETY: passed on to the caller (see above).
         unsafe {
             if !component {

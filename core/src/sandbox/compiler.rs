@@ -102,14 +102,22 @@ pub fn compile_in_child(
             // It dies with its parent: a worker killed with -9 leaves no
             // compile behind.
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            let limit = libc::rlimit { rlim_cur: secs, rlim_max: secs + 2 };
+            let limit = libc::rlimit {
+                rlim_cur: secs,
+                rlim_max: secs + 2,
+            };
             libc::setrlimit(libc::RLIMIT_CPU, &limit);
             Ok(())
         });
     }
     let mut child = match cmd.spawn() {
         Ok(child) => child,
-        Err(e) => return ChildCompile::Failed(format!("cannot start a compile process ({}): {e}", program.exe.display())),
+        Err(e) => {
+            return ChildCompile::Failed(format!(
+                "cannot start a compile process ({}): {e}",
+                program.exe.display()
+            ));
+        }
     };
     let pid = child.id() as libc::pid_t;
     let request = match postcard::to_allocvec(&Request { config, bytes }) {
@@ -138,7 +146,11 @@ pub fn compile_in_child(
             unsafe { libc::kill(pid, libc::SIGKILL) };
             let (_, usage) = reap(pid, true).unwrap_or_default();
             let _ = (writer.join(), reader.join());
-            return if cancelled { ChildCompile::Cancelled } else { ChildCompile::TooSlow(usage) };
+            return if cancelled {
+                ChildCompile::Cancelled
+            } else {
+                ChildCompile::TooSlow(usage)
+            };
         }
         std::thread::sleep(POLL);
     };
@@ -146,7 +158,9 @@ pub fn compile_in_child(
     let out = reader.join().unwrap_or_default();
     if libc::WIFSIGNALED(status) {
         let signal = libc::WTERMSIG(status);
-        if signal == libc::SIGXCPU || (signal == libc::SIGKILL && usage.cpu + Duration::from_secs(1) >= cpu_limit) {
+        if signal == libc::SIGXCPU
+            || (signal == libc::SIGKILL && usage.cpu + Duration::from_secs(1) >= cpu_limit)
+        {
             return ChildCompile::TooSlow(usage);
         }
         return ChildCompile::Failed(format!("the compile process died of signal {signal}"));
@@ -159,17 +173,25 @@ pub fn compile_in_child(
             // config; wasmtime checks the engine settings recorded in it.
             let code = unsafe {
                 match kind {
-                    b'c' => wasmtime::component::Component::deserialize(&engines.1, artifact).map(Code::Component),
+                    b'c' => wasmtime::component::Component::deserialize(&engines.1, artifact)
+                        .map(Code::Component),
                     _ => wasmtime::Module::deserialize(&engines.0, artifact).map(Code::Module),
                 }
             };
             match code {
                 Ok(code) => ChildCompile::Code(code, usage),
-                Err(e) => ChildCompile::Failed(format!("the compile process's artifact does not load: {}", super::code::one_line(&e))),
+                Err(e) => ChildCompile::Failed(format!(
+                    "the compile process's artifact does not load: {}",
+                    super::code::one_line(&e)
+                )),
             }
         }
-        Some((b'E', message)) => ChildCompile::Invalid(String::from_utf8_lossy(message).into_owned()),
-        _ => ChildCompile::Failed(format!("the compile process ended ({status:#x}) without an answer")),
+        Some((b'E', message)) => {
+            ChildCompile::Invalid(String::from_utf8_lossy(message).into_owned())
+        }
+        _ => ChildCompile::Failed(format!(
+            "the compile process ended ({status:#x}) without an answer"
+        )),
     }
 }
 
@@ -180,12 +202,24 @@ fn reap(pid: libc::pid_t, block: bool) -> Option<(i32, CompileUsage)> {
     // SAFETY: rusage is plain data, filled in by wait4(2).
     let mut rusage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: wait4(2) on our own child, with valid pointers.
-    let got = unsafe { libc::wait4(pid, &mut status, if block { 0 } else { libc::WNOHANG }, &mut rusage) };
+    let got = unsafe {
+        libc::wait4(
+            pid,
+            &mut status,
+            if block { 0 } else { libc::WNOHANG },
+            &mut rusage,
+        )
+    };
     if got != pid {
         return None;
     }
-    let time = |t: libc::timeval| Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64);
-    let usage = CompileUsage { cpu: time(rusage.ru_utime) + time(rusage.ru_stime), peak_bytes: rusage.ru_maxrss as u64 * 1024 };
+    let time = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    let usage = CompileUsage {
+        cpu: time(rusage.ru_utime) + time(rusage.ru_stime),
+        peak_bytes: rusage.ru_maxrss as u64 * 1024,
+    };
     Some((status, usage))
 }
 
@@ -195,10 +229,16 @@ fn reap(pid: libc::pid_t, block: bool) -> Option<(i32, CompileUsage)> {
 pub fn serve() -> anyhow::Result<()> {
     let mut input = Vec::new();
     std::io::stdin().read_to_end(&mut input)?;
-    let request: Received = postcard::from_bytes(&input).map_err(|e| anyhow::anyhow!("bad compile request: {e}"))?;
+    let request: Received =
+        postcard::from_bytes(&input).map_err(|e| anyhow::anyhow!("bad compile request: {e}"))?;
     drop(input);
-    let engines = (super::engine::build(&request.config)?, super::engine::build_for_components(&request.config)?);
-    let answer = match Code::compile(&engines, &request.bytes).and_then(|code| Ok((code.kind(), code.serialize()?))) {
+    let engines = (
+        super::engine::build(&request.config)?,
+        super::engine::build_for_components(&request.config)?,
+    );
+    let answer = match Code::compile(&engines, &request.bytes)
+        .and_then(|code| Ok((code.kind(), code.serialize()?)))
+    {
         Ok((kind, artifact)) => {
             let mut out = Vec::with_capacity(artifact.len() + 2);
             out.push(b'K');

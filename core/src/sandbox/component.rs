@@ -35,8 +35,8 @@ use wasmtime::Engine;
 use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use super::job_state::JobState;
 use super::code::one_line;
+use super::job_state::JobState;
 
 /// A component's prepared instance: imports resolved, `wasi:cli/run` found.
 pub(crate) type CommandPre = wasmtime_wasi::p2::bindings::CommandPre<ComponentState>;
@@ -73,7 +73,10 @@ impl ComponentWasi {
 
 impl WasiView for ComponentState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView { ctx: &mut self.wasi.ctx, table: &mut self.wasi.table }
+        WasiCtxView {
+            ctx: &mut self.wasi.ctx,
+            table: &mut self.wasi.table,
+        }
     }
 }
 
@@ -96,7 +99,9 @@ pub(crate) fn prepare(
     let ty = component.component_type();
     for (name, _) in ty.imports(engine) {
         if !name.starts_with("wasi:") {
-            return Err(format!("it imports `{name}`, which peerwasm does not provide (only WASI)"));
+            return Err(format!(
+                "it imports `{name}`, which peerwasm does not provide (only WASI)"
+            ));
         }
     }
     // A WASI interface we do not implement (`wasi:http`...): the linker's

@@ -121,7 +121,9 @@ pub struct CompileProgram {
 impl Default for SandboxConfig {
     fn default() -> Self {
         SandboxConfig {
-            slots: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            slots: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
             pooling: true,
             time_limit: TimeLimitMechanism::default(),
             max_module_bytes: DEFAULT_MAX_MODULE_BYTES,

@@ -23,7 +23,10 @@ pub struct ScratchPool {
 impl ScratchPool {
     /// A pool of `total` bytes.
     pub fn new(total: u64) -> ScratchPool {
-        ScratchPool { in_use: std::sync::atomic::AtomicU64::new(0), total: std::sync::atomic::AtomicU64::new(total) }
+        ScratchPool {
+            in_use: std::sync::atomic::AtomicU64::new(0),
+            total: std::sync::atomic::AtomicU64::new(total),
+        }
     }
 
     /// Takes `bytes` if they fit.
@@ -44,23 +47,28 @@ impl ScratchPool {
         use std::sync::atomic::Ordering;
         let total = self.total.load(Ordering::Relaxed);
         let mut took = 0;
-        let _ = self.in_use.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
-            took = total.saturating_sub(used).min(bytes);
-            Some(used + took)
-        });
+        let _ = self
+            .in_use
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                took = total.saturating_sub(used).min(bytes);
+                Some(used + took)
+            });
         took
     }
 
     /// Sets the total (a slot process: to what its parent gave the job).
     pub fn set_total(&self, total: u64) {
-        self.total.store(total, std::sync::atomic::Ordering::Relaxed);
+        self.total
+            .store(total, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Gives back what a job that ended had taken.
     pub fn give_back(&self, bytes: u64) {
-        let _ = self.in_use.fetch_update(std::sync::atomic::Ordering::Relaxed, std::sync::atomic::Ordering::Relaxed, |used| {
-            Some(used.saturating_sub(bytes))
-        });
+        let _ = self.in_use.fetch_update(
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+            |used| Some(used.saturating_sub(bytes)),
+        );
     }
 
     /// Bytes taken now.
@@ -90,8 +98,19 @@ pub struct FileUse {
 
 impl FileUse {
     /// Nothing used yet, under these bounds.
-    pub fn new(max_open: u32, max_written: u64, pool: Option<std::sync::Arc<ScratchPool>>) -> FileUse {
-        FileUse { open: 0, max_open, written: 0, max_written, pool, stdio: vec![0, 1, 2] }
+    pub fn new(
+        max_open: u32,
+        max_written: u64,
+        pool: Option<std::sync::Arc<ScratchPool>>,
+    ) -> FileUse {
+        FileUse {
+            open: 0,
+            max_open,
+            written: 0,
+            max_written,
+            pool,
+            stdio: vec![0, 1, 2],
+        }
     }
 
     /// Whether writes to `fd` land on disk: anything but the job's stdio.

@@ -14,17 +14,26 @@ use crate::proto::CancelCause;
 
 /// Runs a job's `call` (instantiate and run) until it ends, its deadline
 /// passes or it is cancelled, counting its wall and CPU time.
-pub(super) async fn drive<F>(call: F, deadline: Option<Duration>, cancel: &Cancel) -> (Result<F::Output, Stopped>, u64, u64)
+pub(super) async fn drive<F>(
+    call: F,
+    deadline: Option<Duration>,
+    cancel: &Cancel,
+) -> (Result<F::Output, Stopped>, u64, u64)
 where
     F: Future,
 {
     let cpu_nanos = AtomicU64::new(0);
     let started = Instant::now();
     let ended = {
-        let call = CpuTimed { inner: Box::pin(call), nanos: &cpu_nanos };
+        let call = CpuTimed {
+            inner: Box::pin(call),
+            nanos: &cpu_nanos,
+        };
         let timed = async {
             match deadline {
-                Some(d) => tokio::time::timeout(d, call).await.map_err(|_| Stopped::Elapsed),
+                Some(d) => tokio::time::timeout(d, call)
+                    .await
+                    .map_err(|_| Stopped::Elapsed),
                 None => Ok(call.await),
             }
         };
@@ -34,7 +43,11 @@ where
             ended = timed => ended,
         }
     };
-    (ended, started.elapsed().as_micros() as u64, cpu_nanos.load(Ordering::Relaxed) / 1000)
+    (
+        ended,
+        started.elapsed().as_micros() as u64,
+        cpu_nanos.load(Ordering::Relaxed) / 1000,
+    )
 }
 
 /// Why a job's call stopped before it returned.
@@ -59,7 +72,8 @@ impl<F: Future> Future for CpuTimed<'_, F> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let before = thread_cpu_nanos();
         let out = self.inner.as_mut().poll(cx);
-        self.nanos.fetch_add(thread_cpu_nanos().saturating_sub(before), Ordering::Relaxed);
+        self.nanos
+            .fetch_add(thread_cpu_nanos().saturating_sub(before), Ordering::Relaxed);
         out
     }
 }
@@ -72,7 +86,10 @@ fn thread_cpu_nanos() -> u64 {
 /// A CPU-time clock (`CLOCK_THREAD_CPUTIME_ID`, `CLOCK_PROCESS_CPUTIME_ID`),
 /// in nanoseconds; 0 if it cannot be read.
 pub(crate) fn cpu_clock_nanos(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `ts` is a valid timespec to write to.
     let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
     if rc != 0 {

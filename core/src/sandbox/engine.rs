@@ -47,7 +47,9 @@ pub const MAX_CORE_INSTANCE_SIZE: usize = 2 << 20;
 /// Builds the engine for `config`: the one core modules run on.
 pub fn build(config: &SandboxConfig) -> anyhow::Result<Engine> {
     let mut c = Config::new();
-    c.wasm_backtrace_max_frames(std::num::NonZeroUsize::new(super::outcome::BACKTRACE_FRAMES));
+    c.wasm_backtrace_max_frames(std::num::NonZeroUsize::new(
+        super::outcome::BACKTRACE_FRAMES,
+    ));
     c.wasm_exceptions(true);
     c.max_wasm_stack(MAX_WASM_STACK);
     c.async_stack_size(ASYNC_STACK);
@@ -100,7 +102,10 @@ pub fn build(config: &SandboxConfig) -> anyhow::Result<Engine> {
 /// core module's job ~12% slower (more pooled slots: 0.50 → 0.58 s for
 /// 10,000 trivial jobs), while on-demand costs a component a few mmaps.
 pub fn build_for_components(config: &SandboxConfig) -> anyhow::Result<Engine> {
-    build(&SandboxConfig { pooling: false, ..config.clone() })
+    build(&SandboxConfig {
+        pooling: false,
+        ..config.clone()
+    })
 }
 
 /// Bumps an engine's epoch every [`EPOCH_TICK`] until the engine is dropped.

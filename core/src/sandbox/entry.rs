@@ -33,7 +33,11 @@ pub const REACTOR_INIT: &str = "_initialize";
 
 /// Links `host::call(i32, i32, i32, i32) -> i32`, answering [`NO_HOST`].
 pub fn add_host_stub<T: 'static>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
-    linker.func_wrap(HOST_MODULE, HOST_CALL, |_: i32, _: i32, _: i32, _: i32| -> i32 { NO_HOST })?;
+    linker.func_wrap(
+        HOST_MODULE,
+        HOST_CALL,
+        |_: i32, _: i32, _: i32, _: i32| -> i32 { NO_HOST },
+    )?;
     Ok(())
 }
 
@@ -61,17 +65,25 @@ pub fn check(module: &Module, invoke: Option<&str>) -> Result<(), String> {
         };
     };
     let Some(ExternType::Func(ty)) = module.get_export(name) else {
-        return Err(format!("it exports no function `{name}` to invoke (exports: {})", func_exports(module)));
+        return Err(format!(
+            "it exports no function `{name}` to invoke (exports: {})",
+            func_exports(module)
+        ));
     };
     let results: Vec<ValType> = ty.results().collect();
-    let fits = ty.params().len() == 0 && (results.is_empty() || (results.len() == 1 && matches!(results[0], ValType::I32)));
+    let fits = ty.params().len() == 0
+        && (results.is_empty() || (results.len() == 1 && matches!(results[0], ValType::I32)));
     if !fits {
         return Err(format!(
             "its export `{name}` takes {} parameters and returns {} results ({}): peerwasm invokes a function \
              that takes no arguments (the job's arguments are its WASI argv) and returns nothing or an i32 exit code",
             ty.params().len(),
             results.len(),
-            results.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
+            results
+                .iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
         ));
     }
     Ok(())
@@ -80,7 +92,11 @@ pub fn check(module: &Module, invoke: Option<&str>) -> Result<(), String> {
 /// Calls the job's entry in `instance` (checked by [`check`]): `_start`, or
 /// `_initialize` and then `invoke`. A non-zero `i32` returned by `invoke`
 /// ends the job as `proc_exit` with that code would.
-pub async fn call<T: Send>(mut store: impl AsContextMut<Data = T>, instance: &Instance, invoke: Option<&str>) -> wasmtime::Result<()> {
+pub async fn call<T: Send>(
+    mut store: impl AsContextMut<Data = T>,
+    instance: &Instance,
+    invoke: Option<&str>,
+) -> wasmtime::Result<()> {
     let Some(name) = invoke else {
         let start = instance.get_typed_func::<(), ()>(&mut store, COMMAND_START)?;
         return start.call_async(&mut store, ()).await;
@@ -104,8 +120,11 @@ fn has_func(module: &Module, name: &str) -> bool {
 
 /// The module's exported functions, for error messages (the first few).
 fn func_exports(module: &Module) -> String {
-    let names: Vec<&str> =
-        module.exports().filter(|e| matches!(e.ty(), ExternType::Func(_))).map(|e| e.name()).collect();
+    let names: Vec<&str> = module
+        .exports()
+        .filter(|e| matches!(e.ty(), ExternType::Func(_)))
+        .map(|e| e.name())
+        .collect();
     match names.len() {
         0 => "none".into(),
         n if n > 8 => format!("{}, … ({n} in all)", names[..8].join(", ")),

@@ -95,13 +95,19 @@ pub fn add_to_linker(linker: &mut Linker<JobState>) -> wasmtime::Result<()> {
                 if caller.data().files.open >= caller.data().files.max_open {
                     return Ok(Errno::Mfile as i32);
                 }
-                let creates = if oflags & O_CREAT != 0 { NEW_INODE_BYTES } else { 0 };
+                let creates = if oflags & O_CREAT != 0 {
+                    NEW_INODE_BYTES
+                } else {
+                    0
+                };
                 if !caller.data_mut().files.take(creates) {
                     return Ok(Errno::Nospc as i32);
                 }
                 let errno = delegate!(
                     &mut caller,
-                    path_open(fd, dirflags, path, path_len, oflags, base, inheriting, fdflags, opened)
+                    path_open(
+                        fd, dirflags, path, path_len, oflags, base, inheriting, fdflags, opened
+                    )
                 )?;
                 let files = &mut caller.data_mut().files;
                 if errno == Errno::Success as i32 {
@@ -113,27 +119,35 @@ pub fn add_to_linker(linker: &mut Linker<JobState>) -> wasmtime::Result<()> {
             })
         },
     )?;
-    linker.func_wrap_async(MODULE, "fd_close", |mut caller: Caller<'_, JobState>, (fd,): (i32,)| {
-        Box::new(async move {
-            let errno = delegate!(&mut caller, fd_close(fd))?;
-            if errno == Errno::Success as i32 {
-                caller.data_mut().files.closed(fd);
-            }
-            closed(&mut caller, errno);
-            Ok(errno)
-        })
-    })?;
-    linker.func_wrap_async(MODULE, "fd_renumber", |mut caller: Caller<'_, JobState>, (from, to): (i32, i32)| {
-        Box::new(async move {
-            // Renumbering onto `to` closes what `to` was.
-            let errno = delegate!(&mut caller, fd_renumber(from, to))?;
-            if errno == Errno::Success as i32 {
-                caller.data_mut().files.renumbered(from, to);
-            }
-            closed(&mut caller, errno);
-            Ok(errno)
-        })
-    })?;
+    linker.func_wrap_async(
+        MODULE,
+        "fd_close",
+        |mut caller: Caller<'_, JobState>, (fd,): (i32,)| {
+            Box::new(async move {
+                let errno = delegate!(&mut caller, fd_close(fd))?;
+                if errno == Errno::Success as i32 {
+                    caller.data_mut().files.closed(fd);
+                }
+                closed(&mut caller, errno);
+                Ok(errno)
+            })
+        },
+    )?;
+    linker.func_wrap_async(
+        MODULE,
+        "fd_renumber",
+        |mut caller: Caller<'_, JobState>, (from, to): (i32, i32)| {
+            Box::new(async move {
+                // Renumbering onto `to` closes what `to` was.
+                let errno = delegate!(&mut caller, fd_renumber(from, to))?;
+                if errno == Errno::Success as i32 {
+                    caller.data_mut().files.renumbered(from, to);
+                }
+                closed(&mut caller, errno);
+                Ok(errno)
+            })
+        },
+    )?;
     // Calls that create a name: each takes its charge first, and gives it
     // back if the call failed.
     macro_rules! counted_name {
@@ -204,7 +218,11 @@ fn settle(caller: &mut Caller<'_, JobState>, errno: i32, taken: u64, written: i3
     if taken == 0 {
         return;
     }
-    let n = if errno == Errno::Success as i32 { read_u32(caller, written).min(taken) } else { 0 };
+    let n = if errno == Errno::Success as i32 {
+        read_u32(caller, written).min(taken)
+    } else {
+        0
+    };
     caller.data_mut().files.settle(taken, n);
 }
 
@@ -213,7 +231,9 @@ fn settle(caller: &mut Caller<'_, JobState>, errno: i32, taken: u64, written: i3
 /// writes the first that is not empty). Iovecs past the guest's memory
 /// count nothing; the write itself then fails.
 fn asked(caller: &mut Caller<'_, JobState>, iovs: i32, iovs_len: i32) -> u64 {
-    let Some(Extern::Memory(m)) = caller.get_export("memory") else { return 0 };
+    let Some(Extern::Memory(m)) = caller.get_export("memory") else {
+        return 0;
+    };
     let data = m.data(&*caller);
     let (base, n) = (iovs as u32 as usize, iovs_len as u32 as usize);
     (0..n)
@@ -225,9 +245,13 @@ fn asked(caller: &mut Caller<'_, JobState>, iovs: i32, iovs_len: i32) -> u64 {
 /// The little-endian u32 the guest's memory holds at `at` (0 if out of
 /// bounds).
 fn read_u32(caller: &mut Caller<'_, JobState>, at: i32) -> u64 {
-    let Some(Extern::Memory(m)) = caller.get_export("memory") else { return 0 };
+    let Some(Extern::Memory(m)) = caller.get_export("memory") else {
+        return 0;
+    };
     let at = at as u32 as usize;
-    m.data(&*caller).get(at..at + 4).map_or(0, |b| u32::from_le_bytes(b.try_into().expect("four bytes")) as u64)
+    m.data(&*caller).get(at..at + 4).map_or(0, |b| {
+        u32::from_le_bytes(b.try_into().expect("four bytes")) as u64
+    })
 }
 
 fn closed(caller: &mut Caller<'_, JobState>, errno: i32) {

@@ -35,10 +35,16 @@ impl fmt::Display for LimitExceeded {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             LimitExceeded::Memory { limit, requested } => {
-                write!(f, "memory limit of {limit} bytes exceeded (asked for {requested})")
+                write!(
+                    f,
+                    "memory limit of {limit} bytes exceeded (asked for {requested})"
+                )
             }
             LimitExceeded::Table { limit, requested } => {
-                write!(f, "table limit of {limit} elements exceeded (asked for {requested})")
+                write!(
+                    f,
+                    "table limit of {limit} elements exceeded (asked for {requested})"
+                )
             }
             LimitExceeded::Output { stream, limit } => {
                 write!(f, "{stream} limit of {limit} bytes exceeded")
@@ -69,7 +75,14 @@ pub struct MemoryLimiter {
 impl MemoryLimiter {
     /// A limiter for a job that may hold `limit` bytes of linear memory.
     pub fn new(limit: u64) -> MemoryLimiter {
-        MemoryLimiter { limit, total: 0, pending: 0, refused: None, meter: None, instances: 1 }
+        MemoryLimiter {
+            limit,
+            total: 0,
+            pending: 0,
+            refused: None,
+            meter: None,
+            instances: 1,
+        }
     }
 
     /// Lets the store hold `n` instances (a component's core instances)
@@ -118,7 +131,11 @@ impl ResourceLimiter for MemoryLimiter {
         let requested = self.total.saturating_add(delta);
         if requested > self.limit {
             self.refused = Some(requested);
-            return Err(LimitExceeded::Memory { limit: self.limit, requested }.into());
+            return Err(LimitExceeded::Memory {
+                limit: self.limit,
+                requested,
+            }
+            .into());
         }
         self.total = requested;
         self.pending = delta;
@@ -180,7 +197,10 @@ mod tests {
         let err = l.memory_growing(4 * 65536, 7 * 65536, None).unwrap_err();
         assert_eq!(
             err.downcast_ref::<LimitExceeded>(),
-            Some(&LimitExceeded::Memory { limit: 10 * 65536, requested: 11 * 65536 })
+            Some(&LimitExceeded::Memory {
+                limit: 10 * 65536,
+                requested: 11 * 65536
+            })
         );
         assert_eq!(l.refused(), Some(11 * 65536));
         assert_eq!(l.peak(), 8 * 65536);
@@ -191,7 +211,8 @@ mod tests {
         let mut l = MemoryLimiter::new(100 * 65536);
         assert!(l.memory_growing(0, 65536, None).unwrap());
         assert!(l.memory_growing(65536, 3 * 65536, None).unwrap());
-        l.memory_grow_failed(wasmtime::format_err!("no room")).unwrap();
+        l.memory_grow_failed(wasmtime::format_err!("no room"))
+            .unwrap();
         assert!(l.memory_growing(65536, 2 * 65536, None).unwrap());
         assert_eq!(l.peak(), 2 * 65536);
         assert_eq!(l.refused(), Some(3 * 65536));

@@ -35,10 +35,10 @@ pub mod component;
 mod config;
 mod disk;
 mod drive;
+pub(crate) mod engine;
 pub(crate) mod entry;
 pub mod files;
 mod job_state;
-pub(crate) mod engine;
 pub(crate) mod limiter;
 pub(crate) mod outcome;
 mod spec;
@@ -56,11 +56,14 @@ use wasmtime_wasi::p2::pipe::MemoryInputPipe;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
 pub use cache::{CacheStats, CompiledModule, ModuleCache, max_compiles};
-pub use code::Code;
-pub use job_state::JobState;
 pub use cancel::{Cancel, CancelOnDrop};
+pub use code::Code;
 pub use compiler::CompileUsage;
-pub use config::{CompileProgram, DEFAULT_CACHE_MAX, DEFAULT_MAX_MODULE_BYTES, DEFAULT_MODULE_BYTES_HELD, SandboxConfig, TimeLimitMechanism};
+pub use config::{
+    CompileProgram, DEFAULT_CACHE_MAX, DEFAULT_MAX_MODULE_BYTES, DEFAULT_MODULE_BYTES_HELD,
+    SandboxConfig, TimeLimitMechanism,
+};
+pub use job_state::JobState;
 pub use spec::RunSpec;
 pub use stdin::{StdinFeed, StdinSender};
 pub use stdio::{OutputBudget, OutputCapture, OutputChunk};
@@ -68,8 +71,8 @@ pub use stdio::{OutputBudget, OutputCapture, OutputChunk};
 use crate::proto::{CacheSource, JobResult, Outcome, StdStream};
 use crate::units::Bytes;
 use cache::Prepared;
-use drive::{Stopped, drive};
 pub(crate) use drive::cpu_clock_nanos;
+use drive::{Stopped, drive};
 use limiter::MemoryLimiter;
 use outcome::Phase;
 
@@ -140,8 +143,18 @@ impl Sandbox {
             .map_err(|e| anyhow::anyhow!("cannot link WASI: {e}"))?;
         let components = component::linker(&component_engine)?;
         let cache = ModuleCache::new(engine.clone(), component_engine.clone(), &config)?;
-        let scratch = config.scratch_total_bytes.map(|total| Arc::new(files::ScratchPool::new(total)));
-        Ok(Sandbox { scratch, engine, linker, component_engine, components, cache, config })
+        let scratch = config
+            .scratch_total_bytes
+            .map(|total| Arc::new(files::ScratchPool::new(total)));
+        Ok(Sandbox {
+            scratch,
+            engine,
+            linker,
+            component_engine,
+            components,
+            cache,
+            config,
+        })
     }
 
     /// The shared engine.
@@ -172,7 +185,10 @@ impl Sandbox {
 
     /// The compiled module from the memory or disk cache, never compiling.
     /// Blocks while reading the disk: call it from a blocking thread.
-    pub fn load_cached(&self, hash: &crate::proto::ModuleHash) -> Option<(Arc<CompiledModule>, CacheSource)> {
+    pub fn load_cached(
+        &self,
+        hash: &crate::proto::ModuleHash,
+    ) -> Option<(Arc<CompiledModule>, CacheSource)> {
         self.cache.load_cached(hash)
     }
 
@@ -231,7 +247,10 @@ impl Sandbox {
         hooks: RunHooks,
     ) -> JobResult {
         let limits = &spec.limits;
-        let mut result = JobResult { cache, ..JobResult::never_ran(limits.memory_bytes, Outcome::Exited { code: 0 }) };
+        let mut result = JobResult {
+            cache,
+            ..JobResult::never_ran(limits.memory_bytes, Outcome::Exited { code: 0 })
+        };
         let prepared = match self.ready_to_run(module, spec) {
             Ok(prepared) => prepared,
             Err(outcome) => return JobResult { outcome, ..result },
@@ -247,7 +266,11 @@ impl Sandbox {
         if let Some(started) = &hooks.started {
             started.notify_one();
         }
-        let io = JobIo { stdin: hooks.stdin.as_ref(), stdout: &stdout, stderr: &stderr };
+        let io = JobIo {
+            stdin: hooks.stdin.as_ref(),
+            stdout: &stdout,
+            stderr: &stderr,
+        };
         let (deadline, worker_limit) = self.deadline(limits.timeout_ms);
         let bounds = Bounds {
             limiter: MemoryLimiter::new(limits.memory_bytes).with_meter(hooks.memory_meter),
@@ -255,12 +278,19 @@ impl Sandbox {
             cancel: hooks.cancel.unwrap_or_default(),
         };
         let ran = match prepared {
-            Prepared::Module { pre, opens_files } => self.run_module(pre, *opens_files, spec, io, bounds).await,
+            Prepared::Module { pre, opens_files } => {
+                self.run_module(pre, *opens_files, spec, io, bounds).await
+            }
             Prepared::Component { pre } => self.run_component(pre, spec, io, bounds).await,
         };
         let ran = match ran {
             Ok(ran) => ran,
-            Err(reason) => return JobResult { outcome: Outcome::Rejected { reason }, ..result },
+            Err(reason) => {
+                return JobResult {
+                    outcome: Outcome::Rejected { reason },
+                    ..result
+                };
+            }
         };
         result.wall_time_us = ran.wall_time_us;
         result.cpu_time_us = ran.cpu_time_us;
@@ -272,7 +302,9 @@ impl Sandbox {
             },
             Err(Stopped::Cancelled(cause)) => Outcome::Cancelled { cause },
             Ok(Ok(())) => Outcome::Exited { code: 0 },
-            Ok(Err((phase, err))) => outcome::classify(&err, phase, &ran.limiter, [&stdout, &stderr]),
+            Ok(Err((phase, err))) => {
+                outcome::classify(&err, phase, &ran.limiter, [&stdout, &stderr])
+            }
         };
         result.stdout = stdout.take();
         result.stderr = stderr.take();
@@ -292,7 +324,11 @@ impl Sandbox {
     /// What must hold before a job may start: a memory limit this sandbox
     /// allows, and a module whose imports resolve (trees cannot be left:
     /// a [`RunSpec`] has none). `Err` is how the job ends instead.
-    fn ready_to_run<'m>(&self, module: &'m CompiledModule, spec: &RunSpec) -> Result<&'m Prepared, Outcome> {
+    fn ready_to_run<'m>(
+        &self,
+        module: &'m CompiledModule,
+        spec: &RunSpec,
+    ) -> Result<&'m Prepared, Outcome> {
         if spec.limits.memory_bytes > self.config.max_job_memory {
             return Err(Outcome::Rejected {
                 reason: format!(
@@ -306,12 +342,15 @@ impl Sandbox {
             .prepared
             .get_or_init(|| self.prepare(module))
             .as_ref()
-            .map_err(|reason| Outcome::InvalidModule { reason: reason.clone() })?;
+            .map_err(|reason| Outcome::InvalidModule {
+                reason: reason.clone(),
+            })?;
         // Per job, not per module: one module may be invoked by several names.
         match &module.code {
             Code::Module(m) => entry::check(m, spec.invoke.as_deref()),
             Code::Component(_) if spec.invoke.is_some() => Err(
-                "--invoke names an export of a core module; a component runs its `wasi:cli/run`".to_string(),
+                "--invoke names an export of a core module; a component runs its `wasi:cli/run`"
+                    .to_string(),
             ),
             Code::Component(_) => Ok(()),
         }
@@ -334,14 +373,26 @@ impl Sandbox {
             .then(|| self.scratch_dir())
             .transpose()
             .map_err(|e| format!("cannot make a scratch directory: {e}"))?;
-        let wasi = self.build_wasi(spec, io, scratch.as_ref().map(|d| d.path()))?.build_p1();
+        let wasi = self
+            .build_wasi(spec, io, scratch.as_ref().map(|d| d.path()))?
+            .build_p1();
         let mut store = self.store(&self.engine, wasi, bounds.limiter);
         let call = async {
-            let instance = pre.instantiate_async(&mut store).await.map_err(|e| (Phase::Instantiate, e))?;
-            entry::call(&mut store, &instance, spec.invoke.as_deref()).await.map_err(|e| (Phase::Run, e))
+            let instance = pre
+                .instantiate_async(&mut store)
+                .await
+                .map_err(|e| (Phase::Instantiate, e))?;
+            entry::call(&mut store, &instance, spec.invoke.as_deref())
+                .await
+                .map_err(|e| (Phase::Run, e))
         };
         let (ended, wall_time_us, cpu_time_us) = drive(call, bounds.deadline, &bounds.cancel).await;
-        Ok(Ran { ended, wall_time_us, cpu_time_us, limiter: store.into_data().limiter })
+        Ok(Ran {
+            ended,
+            wall_time_us,
+            cpu_time_us,
+            limiter: store.into_data().limiter,
+        })
     }
 
     /// Runs a component's `wasi:cli/run` in a fresh store: no scratch
@@ -362,10 +413,15 @@ impl Sandbox {
         }
         let wasi = self.build_wasi(spec, io, None)?.build();
         let wasi = component::ComponentWasi::new(wasi, self.config.max_open_files);
-        let limiter = bounds.limiter.allowing_instances(component::MAX_CORE_INSTANCES);
+        let limiter = bounds
+            .limiter
+            .allowing_instances(component::MAX_CORE_INSTANCES);
         let mut store = self.store(&self.component_engine, wasi, limiter);
         let call = async {
-            let command = pre.instantiate_async(&mut store).await.map_err(|e| (Phase::Instantiate, e))?;
+            let command = pre
+                .instantiate_async(&mut store)
+                .await
+                .map_err(|e| (Phase::Instantiate, e))?;
             match command.wasi_cli_run().call_run(&mut store).await {
                 Ok(Ok(())) => Ok(()),
                 // `run` returned its error: what a failing `main` exits with.
@@ -374,18 +430,35 @@ impl Sandbox {
             }
         };
         let (ended, wall_time_us, cpu_time_us) = drive(call, bounds.deadline, &bounds.cancel).await;
-        Ok(Ran { ended, wall_time_us, cpu_time_us, limiter: store.into_data().limiter })
+        Ok(Ran {
+            ended,
+            wall_time_us,
+            cpu_time_us,
+            limiter: store.into_data().limiter,
+        })
     }
 
     /// A job's store: its WASI, its memory limiter, its file bounds and the
     /// time-limit mechanism armed.
-    fn store<W: 'static>(&self, engine: &Engine, wasi: W, limiter: MemoryLimiter) -> Store<JobState<W>> {
+    fn store<W: 'static>(
+        &self,
+        engine: &Engine,
+        wasi: W,
+        limiter: MemoryLimiter,
+    ) -> Store<JobState<W>> {
         let files = files::FileUse::new(
             self.config.max_open_files,
             self.config.max_scratch_bytes.unwrap_or(u64::MAX),
             self.scratch.clone(),
         );
-        let mut store = Store::new(engine, JobState { wasi, limiter, files });
+        let mut store = Store::new(
+            engine,
+            JobState {
+                wasi,
+                limiter,
+                files,
+            },
+        );
         store.limiter(|s| &mut s.limiter);
         match self.config.time_limit {
             TimeLimitMechanism::Epoch => {
@@ -410,10 +483,20 @@ impl Sandbox {
         tee: Option<UnboundedSender<OutputChunk>>,
         budget: Option<Arc<dyn OutputBudget>>,
     ) -> [OutputCapture; 2] {
-        let cap = |asked: u64| self.config.max_output_bytes.map_or(asked, |max| asked.min(max));
+        let cap = |asked: u64| {
+            self.config
+                .max_output_bytes
+                .map_or(asked, |max| asked.min(max))
+        };
         [
-            OutputCapture::new(StdStream::Stdout, cap(spec.limits.stdout_bytes), tee.clone()).with_budget(budget.clone()),
-            OutputCapture::new(StdStream::Stderr, cap(spec.limits.stderr_bytes), tee).with_budget(budget),
+            OutputCapture::new(
+                StdStream::Stdout,
+                cap(spec.limits.stdout_bytes),
+                tee.clone(),
+            )
+            .with_budget(budget.clone()),
+            OutputCapture::new(StdStream::Stderr, cap(spec.limits.stderr_bytes), tee)
+                .with_budget(budget),
         ]
     }
 
@@ -457,11 +540,18 @@ impl Sandbox {
 
     /// The WASI context of one job: its args, env, stdio, scratch directory and
     /// granted directories, and nothing else (no host env, no network).
-    fn build_wasi(&self, spec: &RunSpec, io: JobIo<'_>, scratch: Option<&std::path::Path>) -> Result<WasiCtxBuilder, String> {
+    fn build_wasi(
+        &self,
+        spec: &RunSpec,
+        io: JobIo<'_>,
+        scratch: Option<&std::path::Path>,
+    ) -> Result<WasiCtxBuilder, String> {
         let mut b = WasiCtxBuilder::new();
         // No network: a component's `wasi:sockets` calls are refused before a
         // host socket is made (preview 1 has no way to make one).
-        b.allow_tcp(false).allow_udp(false).allow_ip_name_lookup(false);
+        b.allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false);
         b.allow_blocking_current_thread(self.config.file_io_on_job_thread);
         b.arg(&spec.program_name);
         b.args(&spec.args);
@@ -479,9 +569,17 @@ impl Sandbox {
                 .map_err(|e| format!("cannot open the scratch directory: {e}"))?;
         }
         for d in &spec.dirs {
-            let perms = if d.read_only { FsPerms::ReadOnly } else { FsPerms::ReadWrite };
-            b.preopened_dir(&d.host, &d.guest, perms)
-                .map_err(|e| format!("cannot open directory {} for the job: {e}", d.host.display()))?;
+            let perms = if d.read_only {
+                FsPerms::ReadOnly
+            } else {
+                FsPerms::ReadWrite
+            };
+            b.preopened_dir(&d.host, &d.guest, perms).map_err(|e| {
+                format!(
+                    "cannot open directory {} for the job: {e}",
+                    d.host.display()
+                )
+            })?;
         }
         Ok(b)
     }
@@ -494,7 +592,6 @@ impl Sandbox {
         }
     }
 }
-
 
 /// A job's stdio, shared by both kinds of code.
 #[derive(Clone, Copy)]

@@ -41,10 +41,16 @@ pub fn classify(
     }
     for capture in outputs {
         if capture.starved() {
-            return Outcome::OutputMemoryExhausted { stream: capture.stream(), held: capture.len() };
+            return Outcome::OutputMemoryExhausted {
+                stream: capture.stream(),
+                held: capture.len(),
+            };
         }
         if capture.overflowed() {
-            return Outcome::OutputLimitExceeded { stream: capture.stream(), limit: capture.cap() };
+            return Outcome::OutputLimitExceeded {
+                stream: capture.stream(),
+                limit: capture.cap(),
+            };
         }
     }
     let backtrace = backtrace(err);
@@ -65,7 +71,11 @@ pub fn classify(
                  and all of the {BACKTRACE_FRAMES} innermost calls are to {function}"
             ));
         }
-        return Outcome::Trapped { trap: trap_name(trap), message, backtrace };
+        return Outcome::Trapped {
+            trap: trap_name(trap),
+            message,
+            backtrace,
+        };
     }
     match phase {
         // Not a trap and not a limit: the module asks for something this
@@ -116,7 +126,9 @@ pub const BACKTRACE_FRAMES: usize = 16;
 fn recursing(err: &wasmtime::Error) -> Option<String> {
     let frames = err.downcast_ref::<WasmBacktrace>()?.frames();
     let first = frames.first()?;
-    if frames.len() < BACKTRACE_FRAMES || frames.iter().any(|f| f.func_index() != first.func_index()) {
+    if frames.len() < BACKTRACE_FRAMES
+        || frames.iter().any(|f| f.func_index() != first.func_index())
+    {
         return None;
     }
     Some(match first.func_name() {

@@ -53,10 +53,30 @@ impl RunSpec {
     /// directories, after any it was granted), its memory limit
     /// `memory_bytes` (the reservation).
     pub fn resolved(spec: JobSpec, mounted: Vec<DirGrant>, memory_bytes: u64) -> RunSpec {
-        let JobSpec { module, program_name, args, env, stdin, mut dirs, trees: _, mut limits, tag: _, invoke } = spec;
+        let JobSpec {
+            module,
+            program_name,
+            args,
+            env,
+            stdin,
+            mut dirs,
+            trees: _,
+            mut limits,
+            tag: _,
+            invoke,
+        } = spec;
         dirs.extend(mounted);
         limits.memory_bytes = memory_bytes;
-        RunSpec { module, program_name, args, env, stdin, dirs, limits, invoke }
+        RunSpec {
+            module,
+            program_name,
+            args,
+            env,
+            stdin,
+            dirs,
+            limits,
+            invoke,
+        }
     }
 }
 
@@ -71,13 +91,32 @@ mod tests {
         spec.limits.memory_bytes = 64 << 20;
         spec.args = vec!["a".into()];
         let local = RunSpec::local(spec.clone()).unwrap();
-        assert_eq!((local.args.clone(), local.limits.memory_bytes), (vec!["a".to_string()], 64 << 20));
+        assert_eq!(
+            (local.args.clone(), local.limits.memory_bytes),
+            (vec!["a".to_string()], 64 << 20)
+        );
 
-        spec.trees.push(TreeGrant { manifest: ModuleHash::of(b"t"), guest: "/data".into(), read_only: true });
-        assert!(RunSpec::local(spec.clone()).unwrap_err().contains("shipped trees"));
-        let grant = DirGrant { host: "/tmp/laid-out".into(), guest: "/data".into(), read_only: true };
+        spec.trees.push(TreeGrant {
+            manifest: ModuleHash::of(b"t"),
+            guest: "/data".into(),
+            read_only: true,
+        });
+        assert!(
+            RunSpec::local(spec.clone())
+                .unwrap_err()
+                .contains("shipped trees")
+        );
+        let grant = DirGrant {
+            host: "/tmp/laid-out".into(),
+            guest: "/data".into(),
+            read_only: true,
+        };
         let resolved = RunSpec::resolved(spec, vec![grant.clone()], 48 << 20);
         assert_eq!(resolved.dirs, vec![grant]);
-        assert_eq!(resolved.limits.memory_bytes, 48 << 20, "the reservation, not the request");
+        assert_eq!(
+            resolved.limits.memory_bytes,
+            48 << 20,
+            "the reservation, not the request"
+        );
     }
 }

@@ -9,10 +9,10 @@
 //! The channel is bounded, so a fast producer waits for a slow job instead
 //! of the host buffering the input.
 
+use parking_lot::Mutex;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use parking_lot::Mutex;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -47,7 +47,10 @@ impl StdinFeed {
     /// `None` if another job took it already.
     pub(crate) fn reader(&self, first: Vec<u8>) -> Option<FeedReader> {
         let rx = self.take()?;
-        Some(FeedReader { chunk: Bytes::from(first), rx })
+        Some(FeedReader {
+            chunk: Bytes::from(first),
+            rx,
+        })
     }
 }
 
@@ -58,7 +61,11 @@ pub(crate) struct FeedReader {
 }
 
 impl AsyncRead for FeedReader {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         while self.chunk.is_empty() {
             match self.rx.poll_recv(cx) {
                 Poll::Ready(Some(Ok(chunk))) => self.chunk = chunk,
@@ -98,6 +105,9 @@ mod tests {
         let mut r = feed.reader(Vec::new()).unwrap();
         tx.send(Err(io::Error::other("too much"))).await.unwrap();
         let mut all = Vec::new();
-        assert_eq!(r.read_to_end(&mut all).await.unwrap_err().to_string(), "too much");
+        assert_eq!(
+            r.read_to_end(&mut all).await.unwrap_err().to_string(),
+            "too much"
+        );
     }
 }

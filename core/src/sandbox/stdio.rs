@@ -13,9 +13,9 @@
 //! the worker has no memory left for ends as
 //! [`Outcome::OutputMemoryExhausted`](crate::proto::Outcome::OutputMemoryExhausted).
 
+use parking_lot::Mutex;
 use std::pin::Pin;
 use std::sync::Arc;
-use parking_lot::Mutex;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -147,7 +147,9 @@ impl OutputCapture {
     /// follower of a running job's output has not seen yet.
     pub fn read_from(&self, offset: u64, max: usize) -> Vec<u8> {
         let st = self.lock();
-        let start = usize::try_from(offset).unwrap_or(usize::MAX).min(st.buf.len());
+        let start = usize::try_from(offset)
+            .unwrap_or(usize::MAX)
+            .min(st.buf.len());
         st.buf[start..].iter().take(max).copied().collect()
     }
 
@@ -206,8 +208,15 @@ impl OutputCapture {
 
     fn limit_exceeded(&self) -> LimitExceeded {
         let st = self.lock();
-        let limit = if st.starved { st.len as u64 } else { st.cap as u64 };
-        LimitExceeded::Output { stream: self.stream, limit }
+        let limit = if st.starved {
+            st.len as u64
+        } else {
+            st.cap as u64
+        };
+        LimitExceeded::Output {
+            stream: self.stream,
+            limit,
+        }
     }
 }
 
@@ -258,7 +267,11 @@ impl Pollable for OutputCapture {
 }
 
 impl AsyncWrite for OutputCapture {
-    fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
         match self.push(buf) {
             (n, false) => Poll::Ready(Ok(n)),
             (_, true) => Poll::Ready(Err(std::io::Error::other(self.limit_exceeded()))),
@@ -286,7 +299,10 @@ mod tests {
         c.write(Bytes::from_static(b"world")).unwrap();
         assert!(!c.overflowed());
         assert_eq!(c.check_write().unwrap(), 1);
-        assert!(matches!(c.write(Bytes::from_static(b"!")), Err(StreamError::Trap(_))));
+        assert!(matches!(
+            c.write(Bytes::from_static(b"!")),
+            Err(StreamError::Trap(_))
+        ));
         assert!(c.overflowed());
         assert!(c.check_write().is_err());
         assert_eq!(c.take(), b"helloworld");
@@ -312,7 +328,8 @@ mod tests {
     #[test]
     fn output_past_the_allowance_needs_room_in_the_budget() {
         let room = Arc::new(Room(parking_lot::Mutex::new(BUDGET_STEP)));
-        let mut c = OutputCapture::new(StdStream::Stdout, 64 << 20, None).with_budget(Some(room.clone()));
+        let mut c =
+            OutputCapture::new(StdStream::Stdout, 64 << 20, None).with_budget(Some(room.clone()));
         let chunk = Bytes::from(vec![b'x'; 64 << 10]);
         let fits = (OUTPUT_ALLOWANCE + BUDGET_STEP) / (64 << 10);
         for _ in 0..fits {
@@ -321,7 +338,11 @@ mod tests {
         assert!(!c.starved());
         assert!(matches!(c.write(chunk), Err(StreamError::Trap(_))));
         assert!(c.starved() && c.overflowed());
-        assert_eq!(c.len(), OUTPUT_ALLOWANCE + BUDGET_STEP, "it keeps exactly what was charged");
+        assert_eq!(
+            c.len(),
+            OUTPUT_ALLOWANCE + BUDGET_STEP,
+            "it keeps exactly what was charged"
+        );
         assert_eq!(*room.0.lock(), 0);
     }
 

@@ -18,7 +18,9 @@ pub fn check_header(bytes: &[u8]) -> Result<(), String> {
     }
     let text = String::from_utf8_lossy(&bytes[..bytes.len().min(64)]);
     if text.trim_start().starts_with("(module") {
-        return Err("this is WebAssembly text (WAT), not a binary module; convert it with wat2wasm".into());
+        return Err(
+            "this is WebAssembly text (WAT), not a binary module; convert it with wat2wasm".into(),
+        );
     }
     if bytes.is_empty() {
         return Err("the file is empty".into());
@@ -34,10 +36,22 @@ mod tests {
     fn tells_the_kinds_apart() {
         assert!(check_header(b"\0asm\x01\0\0\0rest").is_ok());
         assert!(check_header(b"\0asm\x0d\0\x01\0").is_ok(), "a component");
-        assert!(check_header(b"\0asm\x0e\0\x01\0").unwrap_err().contains("version"));
+        assert!(
+            check_header(b"\0asm\x0e\0\x01\0")
+                .unwrap_err()
+                .contains("version")
+        );
         assert!(check_header(b"(module)").unwrap_err().contains("WAT"));
-        assert!(check_header(b"hello world").unwrap_err().contains("not a WebAssembly module"));
-        assert!(check_header(b"\0as").unwrap_err().contains("not a WebAssembly module"));
+        assert!(
+            check_header(b"hello world")
+                .unwrap_err()
+                .contains("not a WebAssembly module")
+        );
+        assert!(
+            check_header(b"\0as")
+                .unwrap_err()
+                .contains("not a WebAssembly module")
+        );
         assert!(check_header(b"").unwrap_err().contains("empty"));
     }
 }

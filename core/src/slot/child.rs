@@ -14,12 +14,12 @@ use anyhow::{Context, bail};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::runner::slotproc::wire::{FromSlot, ToSlot};
+use super::{Alone, AloneJob, Event, run_alone};
 use crate::proto::frame::{FrameReader, encode_frame};
 use crate::proto::{CancelCause, StdStream};
-use crate::sandbox::{LiveOutput, StdinFeed, StdinSender};
-use super::{Alone, AloneJob, Event, run_alone};
+use crate::runner::slotproc::wire::{FromSlot, ToSlot};
 use crate::runner::{JobRunner, RunnerConfig};
+use crate::sandbox::{LiveOutput, StdinFeed, StdinSender};
 
 /// How often a running job's memory is reported when it changed.
 const MEMORY_REPORT_INTERVAL: Duration = Duration::from_millis(10);
@@ -27,7 +27,9 @@ const MEMORY_REPORT_INTERVAL: Duration = Duration::from_millis(10);
 /// Serves jobs until the parent closes stdin; never returns after an
 /// overrun (the process exits).
 pub fn serve() -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(serve_async())
 }
 
@@ -74,19 +76,28 @@ async fn serve_async() -> anyhow::Result<()> {
         None => return Ok(()),
     };
     let config = setup;
-    let runner = JobRunner::new(RunnerConfig { sandbox: config, ..RunnerConfig::default() })
-        .context("cannot set up the slot's sandbox")?;
+    let runner = JobRunner::new(RunnerConfig {
+        sandbox: config,
+        ..RunnerConfig::default()
+    })
+    .context("cannot set up the slot's sandbox")?;
     let send = |m: FromSlot| {
         let _ = out.send(Out::Frame(m));
     };
     loop {
-        let (spec, scratch_bytes, streamed_stdin, stdin_rx, captures, cancel_rx) = match requests_rx.recv().await {
-            Some(Request::Run { spec, scratch_bytes, streamed_stdin, stdin, captures, cancel }) => {
-                (spec, scratch_bytes, streamed_stdin, stdin, captures, cancel)
-            }
-            Some(_) => bail!("a slot process expects a job"),
-            None => break, // the parent is gone
-        };
+        let (spec, scratch_bytes, streamed_stdin, stdin_rx, captures, cancel_rx) =
+            match requests_rx.recv().await {
+                Some(Request::Run {
+                    spec,
+                    scratch_bytes,
+                    streamed_stdin,
+                    stdin,
+                    captures,
+                    cancel,
+                }) => (spec, scratch_bytes, streamed_stdin, stdin, captures, cancel),
+                Some(_) => bail!("a slot process expects a job"),
+                None => break, // the parent is gone
+            };
         if !runner.has_module(&spec.module) {
             send(FromSlot::NeedModule);
             match requests_rx.recv().await {
@@ -107,7 +118,14 @@ async fn serve_async() -> anyhow::Result<()> {
         let feed = streamed_stdin.then_some(feed);
         let memory = Arc::new(AtomicU64::new(0));
         let meter = tokio::spawn(report_memory(memory.clone(), out.clone()));
-        let job = AloneJob { spec, stdin: feed, stream: true, forward_only: true, memory, captures };
+        let job = AloneJob {
+            spec,
+            stdin: feed,
+            stream: true,
+            forward_only: true,
+            memory,
+            captures,
+        };
         let interrupt = async move { cancel_rx.await.ok() };
         let ended = run_alone(&runner, job, interrupt, |event| match event {
             Event::Started => send(FromSlot::Started),
@@ -126,7 +144,14 @@ async fn serve_async() -> anyhow::Result<()> {
             let (flushed, written) = oneshot::channel();
             let _ = out.send(Out::Flushed(flushed));
             let _ = tokio::time::timeout(Duration::from_secs(5), written).await;
-            drop(runner.sandbox().config().scratch_root.as_ref().map(std::fs::remove_dir_all));
+            drop(
+                runner
+                    .sandbox()
+                    .config()
+                    .scratch_root
+                    .as_ref()
+                    .map(std::fs::remove_dir_all),
+            );
             std::process::exit(0);
         }
     }
@@ -168,12 +193,30 @@ async fn read_frames(requests: mpsc::UnboundedSender<Request>) {
                         let _ = cancel.send(cause);
                     }
                 }
-                ToSlot::Run { spec, scratch_bytes, streamed_stdin } => {
+                ToSlot::Run {
+                    spec,
+                    scratch_bytes,
+                    streamed_stdin,
+                } => {
                     let (stdin_tx, stdin) = mpsc::unbounded_channel();
                     let (cancel_tx, cancel) = oneshot::channel();
                     let captures = LiveOutput::default();
-                    cur = Current { stdin: Some(stdin_tx), captures: Some(captures.clone()), cancel: Some(cancel_tx) };
-                    if requests.send(Request::Run { spec, scratch_bytes, streamed_stdin, stdin, captures, cancel }).is_err() {
+                    cur = Current {
+                        stdin: Some(stdin_tx),
+                        captures: Some(captures.clone()),
+                        cancel: Some(cancel_tx),
+                    };
+                    if requests
+                        .send(Request::Run {
+                            spec,
+                            scratch_bytes,
+                            streamed_stdin,
+                            stdin,
+                            captures,
+                            cancel,
+                        })
+                        .is_err()
+                    {
                         return;
                     }
                 }

@@ -25,11 +25,11 @@ use tokio::sync::Notify;
 
 pub mod child;
 
-pub use crate::runner::slotproc::wire::OVERRUN_GRACE;
-use crate::runner::JobRunner;
 use crate::proto::{CacheSource, CancelCause, JobResult, Outcome};
+use crate::runner::JobRunner;
+pub use crate::runner::slotproc::wire::OVERRUN_GRACE;
 use crate::sandbox::RunSpec;
-use crate::sandbox::{Cancel, CacheStats, LiveOutput, OutputChunk, RunHooks, StdinFeed};
+use crate::sandbox::{CacheStats, Cancel, LiveOutput, OutputChunk, RunHooks, StdinFeed};
 
 /// How a job run alone ended.
 pub enum Alone {
@@ -82,7 +82,14 @@ pub async fn run_alone(
     interrupt: impl Future<Output = Option<CancelCause>>,
     mut on_event: impl FnMut(Event),
 ) -> Alone {
-    let AloneJob { spec, stdin, stream, forward_only, memory, captures } = job;
+    let AloneJob {
+        spec,
+        stdin,
+        stream,
+        forward_only,
+        memory,
+        captures,
+    } = job;
     let (timeout, worker_limit) = runner.sandbox().deadline(spec.limits.timeout_ms);
     let memory_limit = spec.limits.memory_bytes;
     let cancel = Cancel::new();

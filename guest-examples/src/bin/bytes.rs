@@ -7,7 +7,9 @@ use std::io::Read;
 
 fn main() {
     let mut input = Vec::new();
-    std::io::stdin().read_to_end(&mut input).expect("reading stdin");
+    std::io::stdin()
+        .read_to_end(&mut input)
+        .expect("reading stdin");
     let text = String::from_utf8_lossy(&input);
     let line = text.trim();
     let data = if line.starts_with('/') && line.len() < 4096 && !line.contains('\n') {

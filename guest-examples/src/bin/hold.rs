@@ -10,12 +10,20 @@ use std::io::Read;
 
 fn main() {
     let mut input = Vec::new();
-    std::io::stdin().read_to_end(&mut input).expect("reading stdin");
-    let line_end = input.iter().position(|&b| b == b'\n').unwrap_or(input.len());
+    std::io::stdin()
+        .read_to_end(&mut input)
+        .expect("reading stdin");
+    let line_end = input
+        .iter()
+        .position(|&b| b == b'\n')
+        .unwrap_or(input.len());
     let head = String::from_utf8_lossy(&input[..line_end]).into_owned();
     let rest = input.len().saturating_sub(line_end + 1);
     let mut words = head.split_whitespace();
-    let (Some(ms), Some(how)) = (words.next().and_then(|w| w.parse::<u64>().ok()), words.next()) else {
+    let (Some(ms), Some(how)) = (
+        words.next().and_then(|w| w.parse::<u64>().ok()),
+        words.next(),
+    ) else {
         eprintln!("error: the first line must be `MS xF` or `MS N`, got {head:?}");
         std::process::exit(2);
     };

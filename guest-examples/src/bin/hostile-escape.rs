@@ -12,8 +12,14 @@ fn main() {
     let planted_abs = fs::soft_link("/etc", "/tmp/link-abs");
     #[allow(deprecated)]
     let planted_up = fs::soft_link("../../../../../../etc", "/tmp/link-up");
-    println!("plant /tmp/link-abs -> /etc: {}", describe(&planted_abs.map(|_| "planted".to_string())));
-    println!("plant /tmp/link-up -> ../../../../../../etc: {}", describe(&planted_up.map(|_| "planted".to_string())));
+    println!(
+        "plant /tmp/link-abs -> /etc: {}",
+        describe(&planted_abs.map(|_| "planted".to_string()))
+    );
+    println!(
+        "plant /tmp/link-up -> ../../../../../../etc: {}",
+        describe(&planted_up.map(|_| "planted".to_string()))
+    );
     let reads = [
         "/tmp/../etc/passwd",
         "/tmp/../../../../etc/passwd",
@@ -26,12 +32,22 @@ fn main() {
     for path in reads {
         let r = fs::read_to_string(path);
         escaped |= r.is_ok();
-        println!("read {path}: {}", describe(&r.map(|s| format!("READ {} bytes", s.len()))));
+        println!(
+            "read {path}: {}",
+            describe(&r.map(|s| format!("READ {} bytes", s.len())))
+        );
     }
-    for path in ["/tmp/../escaped-by-peerwasm-guest", "/escaped-by-peerwasm-guest", "/tmp/link-up/escaped"] {
+    for path in [
+        "/tmp/../escaped-by-peerwasm-guest",
+        "/escaped-by-peerwasm-guest",
+        "/tmp/link-up/escaped",
+    ] {
         let r = fs::write(path, b"x");
         escaped |= r.is_ok();
-        println!("write {path}: {}", describe(&r.map(|_| "WRITTEN".to_string())));
+        println!(
+            "write {path}: {}",
+            describe(&r.map(|_| "WRITTEN".to_string()))
+        );
     }
     std::process::exit(i32::from(escaped));
 }

@@ -15,7 +15,13 @@ mod p1 {
     #[link(wasm_import_module = "wasi_snapshot_preview1")]
     unsafe extern "C" {
         pub fn fd_renumber(from: u32, to: u32) -> u16;
-        pub fn path_symlink(old: *const u8, old_len: usize, fd: u32, new: *const u8, new_len: usize) -> u16;
+        pub fn path_symlink(
+            old: *const u8,
+            old_len: usize,
+            fd: u32,
+            new: *const u8,
+            new_len: usize,
+        ) -> u16;
         pub fn path_link(
             old_fd: u32,
             old_flags: u32,
@@ -56,7 +62,10 @@ fn main() {
                     Err(e) => break e.to_string(),
                 }
             };
-            format!("wrote {} MiB to descriptor 1, then: {stopped}", written >> 20)
+            format!(
+                "wrote {} MiB to descriptor 1, then: {stopped}",
+                written >> 20
+            )
         }
         "symlinks" | "links" => {
             std::fs::write("/tmp/target", b"x").expect("creating /tmp/target");
@@ -72,7 +81,15 @@ fn main() {
                     if mode == "symlinks" {
                         p1::path_symlink(long.as_ptr(), long.len(), dir, name.as_ptr(), name.len())
                     } else {
-                        p1::path_link(dir, 0, b"target".as_ptr(), 6, dir, name.as_ptr(), name.len())
+                        p1::path_link(
+                            dir,
+                            0,
+                            b"target".as_ptr(),
+                            6,
+                            dir,
+                            name.as_ptr(),
+                            name.len(),
+                        )
                     }
                 };
                 if errno != 0 {

@@ -21,7 +21,12 @@ fn walk(dir: &Path, out: &mut Vec<(PathBuf, u64)>) -> std::io::Result<()> {
 fn main() {
     let mut stdin = String::new();
     let _ = std::io::stdin().read_to_string(&mut stdin);
-    let dir = match stdin.lines().next().map(str::trim).filter(|l| !l.is_empty()) {
+    let dir = match stdin
+        .lines()
+        .next()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+    {
         Some(line) => line.to_string(),
         None => std::env::args().nth(1).unwrap_or_else(|| ".".into()),
     };

@@ -5,7 +5,11 @@
 fn main() {
     let mut addr = String::new();
     let _ = std::io::Read::read_to_string(&mut std::io::stdin(), &mut addr);
-    let addr = if addr.trim().is_empty() { "127.0.0.1:9" } else { addr.trim() };
+    let addr = if addr.trim().is_empty() {
+        "127.0.0.1:9"
+    } else {
+        addr.trim()
+    };
     match std::net::TcpStream::connect(addr) {
         Ok(_) => println!("connected to {addr}"),
         Err(e) => println!("cannot connect to {addr}: {e}"),

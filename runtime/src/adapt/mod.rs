@@ -40,7 +40,11 @@ pub struct AdaptConfig {
 
 impl Default for AdaptConfig {
     fn default() -> Self {
-        AdaptConfig { policy: Policy::default(), poll: Duration::from_secs(1), join_patience: Duration::from_secs(60) }
+        AdaptConfig {
+            policy: Policy::default(),
+            poll: Duration::from_secs(1),
+            join_patience: Duration::from_secs(60),
+        }
     }
 }
 
@@ -77,12 +81,20 @@ impl PoolSource {
         seeds: impl Fn() -> Vec<String> + Send + 'static,
         make: impl Fn(Vec<String>) -> anyhow::Result<Pool> + Send + 'static,
     ) -> PoolSource {
-        PoolSource { seeds: Box::new(seeds), make: Box::new(make), current: None, direct: Box::new(Vec::new) }
+        PoolSource {
+            seeds: Box::new(seeds),
+            make: Box::new(make),
+            current: None,
+            direct: Box::new(Vec::new),
+        }
     }
 
     /// Also counts the backlogs `direct` gives at each poll (maps that
     /// tell the controller directly, as well as through the workers).
-    pub fn with_direct_backlogs(mut self, direct: impl Fn() -> Vec<crate::proto::backlog::Backlog> + Send + 'static) -> PoolSource {
+    pub fn with_direct_backlogs(
+        mut self,
+        direct: impl Fn() -> Vec<crate::proto::backlog::Backlog> + Send + 'static,
+    ) -> PoolSource {
         self.direct = Box::new(direct);
         self
     }
@@ -97,7 +109,9 @@ impl PoolSource {
                 Err(e) => tracing::warn!("cannot reach the pool: {e:#}"),
             }
         }
-        let Some((_, pool)) = &self.current else { return Vec::new() };
+        let Some((_, pool)) = &self.current else {
+            return Vec::new();
+        };
         pool.view().await.unwrap_or_else(|e| {
             tracing::debug!("no pool view this poll: {e:#}");
             Vec::new()
@@ -139,9 +153,16 @@ pub async fn run(
             _ = every.tick() => {}
         }
         let view = pool.view().await;
-        let live: Vec<&PeerView> = view.iter().filter(|p| p.liveness == Liveness::Alive && !p.advert.draining).collect();
+        let live: Vec<&PeerView> = view
+            .iter()
+            .filter(|p| p.liveness == Liveness::Alive && !p.advert.draining)
+            .collect();
         let direct = (pool.direct)();
-        let backlog = PoolBacklog::sum(direct.iter().chain(live.iter().flat_map(|p| p.advert.backlog.iter())));
+        let backlog = PoolBacklog::sum(
+            direct
+                .iter()
+                .chain(live.iter().flat_map(|p| p.advert.backlog.iter())),
+        );
         let known = match tokio::task::block_in_place(|| batch.jobs()) {
             Ok(jobs) => jobs,
             Err(e) => {
@@ -152,7 +173,9 @@ pub async fn run(
         forget_ended(&mut mine, &known);
         let mut workers = Vec::new();
         for p in &live {
-            let Some(job) = p.advert.batch_job.as_ref() else { continue };
+            let Some(job) = p.advert.batch_job.as_ref() else {
+                continue;
+            };
             let Some(m) = mine.get_mut(job) else { continue };
             m.worker = Some(p.advert.addr.clone());
             m.worked |= p.advert.jobs_run > 0 || p.advert.slots_busy > 0;
@@ -166,12 +189,18 @@ pub async fn run(
                 largest_job: p.advert.largest_job(),
             });
         }
-        let in_pool: std::collections::HashSet<&str> = workers.iter().map(|w| w.batch_job.as_str()).collect();
-        let pending: Vec<String> =
-            mine.iter().filter(|(id, m)| !m.cancelling && !in_pool.contains(id.as_str())).map(|(id, _)| id.clone()).collect();
+        let in_pool: std::collections::HashSet<&str> =
+            workers.iter().map(|w| w.batch_job.as_str()).collect();
+        let pending: Vec<String> = mine
+            .iter()
+            .filter(|(id, m)| !m.cancelling && !in_pool.contains(id.as_str()))
+            .map(|(id, _)| id.clone())
+            .collect();
         say_stuck(&mut mine, &known, config.join_patience);
         let now_ms = started.elapsed().as_millis() as u64;
-        let mut decision = config.policy.decide(&backlog, &workers, &pending, &mut memory, now_ms);
+        let mut decision = config
+            .policy
+            .decide(&backlog, &workers, &pending, &mut memory, now_ms);
         if Instant::now() < submit_after {
             decision.submit.clear();
         }
@@ -185,11 +214,23 @@ pub async fn run(
                     tracing::info!(batch_job = %id, "submitted a worker job");
                     summary.submitted += 1;
                     backoff = Duration::from_secs(1);
-                    mine.insert(id, Mine { submitted: Instant::now(), worker: None, worked: false, cancelling: false, said_stuck: false });
+                    mine.insert(
+                        id,
+                        Mine {
+                            submitted: Instant::now(),
+                            worker: None,
+                            worked: false,
+                            cancelling: false,
+                            said_stuck: false,
+                        },
+                    );
                 }
                 Err(e) => {
                     summary.refused += 1;
-                    tracing::error!("{e:#}; trying again in {}", humantime::format_duration(backoff));
+                    tracing::error!(
+                        "{e:#}; trying again in {}",
+                        humantime::format_duration(backoff)
+                    );
                     submit_after = Instant::now() + backoff;
                     backoff = (backoff * 2).min(Duration::from_secs(60));
                     break;
@@ -200,9 +241,16 @@ pub async fn run(
             cancel(batch.as_ref(), &mut mine, id, &mut summary);
         }
     }
-    let ids: Vec<String> = mine.iter().filter(|(_, m)| !m.cancelling).map(|(id, _)| id.clone()).collect();
+    let ids: Vec<String> = mine
+        .iter()
+        .filter(|(_, m)| !m.cancelling)
+        .map(|(id, _)| id.clone())
+        .collect();
     if !ids.is_empty() {
-        tracing::info!(jobs = ids.len(), "stopping: cancelling the worker jobs this controller submitted");
+        tracing::info!(
+            jobs = ids.len(),
+            "stopping: cancelling the worker jobs this controller submitted"
+        );
     }
     for id in ids {
         cancel(batch.as_ref(), &mut mine, &id, &mut summary);
@@ -210,7 +258,12 @@ pub async fn run(
     Ok(summary)
 }
 
-fn cancel(batch: &dyn BatchSystem, mine: &mut HashMap<String, Mine>, id: &str, summary: &mut AdaptSummary) {
+fn cancel(
+    batch: &dyn BatchSystem,
+    mine: &mut HashMap<String, Mine>,
+    id: &str,
+    summary: &mut AdaptSummary,
+) {
     match tokio::task::block_in_place(|| batch.cancel(id)) {
         Ok(()) => {
             summary.cancelled += 1;
@@ -250,7 +303,10 @@ fn forget_ended(mine: &mut HashMap<String, Mine>, known: &[BatchJob]) {
 /// Says, once, of a batch job that is running without its worker in the
 /// pool for `patience`, or pending for that long, why.
 fn say_stuck(mine: &mut HashMap<String, Mine>, known: &[BatchJob], patience: Duration) {
-    for (id, m) in mine.iter_mut().filter(|(_, m)| m.worker.is_none() && !m.said_stuck && !m.cancelling) {
+    for (id, m) in mine
+        .iter_mut()
+        .filter(|(_, m)| m.worker.is_none() && !m.said_stuck && !m.cancelling)
+    {
         if m.submitted.elapsed() < patience {
             continue;
         }

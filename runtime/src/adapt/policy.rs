@@ -128,7 +128,14 @@ impl Policy {
         backlog
             .reports
             .iter()
-            .map(|b| (b.waiting + b.running) as f64 * if b.job_ms == 0 { unknown } else { b.job_ms as f64 / 1000.0 })
+            .map(|b| {
+                (b.waiting + b.running) as f64
+                    * if b.job_ms == 0 {
+                        unknown
+                    } else {
+                        b.job_ms as f64 / 1000.0
+                    }
+            })
             .sum()
     }
 
@@ -137,15 +144,26 @@ impl Policy {
     pub fn shape(&self, backlog: &PoolBacklog, pool_largest: u64) -> Shape {
         let waiting = backlog.reports.iter().filter(|b| b.waiting > 0);
         // A job nobody can hold comes first; else the map with most work.
-        let per_job = match waiting.clone().filter(|b| b.largest_bytes > pool_largest).map(|b| b.largest_bytes).max() {
+        let per_job = match waiting
+            .clone()
+            .filter(|b| b.largest_bytes > pool_largest)
+            .map(|b| b.largest_bytes)
+            .max()
+        {
             Some(largest) => largest,
             None => waiting
                 .max_by_key(|b| (b.waiting + b.running).saturating_mul(b.job_ms.max(1)))
                 .map_or(0, |b| b.memory_bytes),
         };
         let jobs = per_job.saturating_mul(u64::from(self.slots.max(1)));
-        let memory = jobs.saturating_add(self.overhead_bytes).clamp(self.min_worker_bytes, self.max_worker_bytes.max(self.min_worker_bytes));
-        Shape { slots: self.slots.max(1), memory_bytes: round_up_mib(memory) }
+        let memory = jobs.saturating_add(self.overhead_bytes).clamp(
+            self.min_worker_bytes,
+            self.max_worker_bytes.max(self.min_worker_bytes),
+        );
+        Shape {
+            slots: self.slots.max(1),
+            memory_bytes: round_up_mib(memory),
+        }
     }
 
     /// One poll at `now_ms`: `workers` are the controller's workers in the
@@ -161,7 +179,9 @@ impl Policy {
         let target = self.target(backlog);
         let capacity = (workers.len() + pending.len()) as u32;
         // Who has been idle since when.
-        memory.idle_since.retain(|addr, _| workers.iter().any(|w| &w.addr == addr && !w.busy));
+        memory
+            .idle_since
+            .retain(|addr, _| workers.iter().any(|w| &w.addr == addr && !w.busy));
         for w in workers.iter().filter(|w| !w.busy) {
             memory.idle_since.entry(w.addr.clone()).or_insert(now_ms);
         }
@@ -184,19 +204,28 @@ impl Policy {
                     workers.len(),
                     pending.len(),
                     crate::units::Bytes(shape.memory_bytes),
-                    crate::units::Bytes(shape.memory_bytes.saturating_sub(self.overhead_bytes) / u64::from(shape.slots)),
+                    crate::units::Bytes(
+                        shape.memory_bytes.saturating_sub(self.overhead_bytes)
+                            / u64::from(shape.slots)
+                    ),
                 ),
                 target,
             };
         }
         if target == capacity {
             memory.below_since = None;
-            return Decision { target, ..Decision::default() };
+            return Decision {
+                target,
+                ..Decision::default()
+            };
         }
         let since = *memory.below_since.get_or_insert(now_ms);
         let idle_ms = self.idle_for.as_millis() as u64;
         if now_ms.saturating_sub(since) < idle_ms {
-            return Decision { target, ..Decision::default() };
+            return Decision {
+                target,
+                ..Decision::default()
+            };
         }
         // Let go of what is not needed: pending jobs first when nothing is
         // left to do at all, then workers idle long enough, oldest idle first.
@@ -219,7 +248,10 @@ impl Policy {
             cancel.push(w.batch_job.clone());
         }
         if cancel.is_empty() {
-            return Decision { target, ..Decision::default() };
+            return Decision {
+                target,
+                ..Decision::default()
+            };
         }
         let why = format!(
             "shrinking by {}: {} jobs to run want {target} worker{} (at least --min {}), the pool has {} and {} coming; \
@@ -232,7 +264,12 @@ impl Policy {
             pending.len(),
             humantime::format_duration(self.idle_for)
         );
-        Decision { submit: Vec::new(), cancel, why, target }
+        Decision {
+            submit: Vec::new(),
+            cancel,
+            why,
+            target,
+        }
     }
 }
 
@@ -269,12 +306,20 @@ mod tests {
     }
 
     fn worker(addr: &str, busy: bool, largest: u64) -> PoolWorker {
-        PoolWorker { addr: addr.into(), batch_job: format!("job-{addr}"), busy, largest_job: largest }
+        PoolWorker {
+            addr: addr.into(),
+            batch_job: format!("job-{addr}"),
+            busy,
+            largest_job: largest,
+        }
     }
 
     #[test]
     fn the_target_is_the_work_over_the_target_duration_within_bounds() {
-        let p = Policy { max: 8, ..Policy::default() };
+        let p = Policy {
+            max: 8,
+            ..Policy::default()
+        };
         // 200 × 0.5 s = 100 slot-s over 5 s: 20 workers, capped at 8.
         assert_eq!(p.target(&backlog(&[(200, 0, 64 * MIB, 500)])), 8);
         // 10 × 0.5 s = 5 s: one worker.
@@ -282,7 +327,14 @@ mod tests {
         // Three long jobs: three workers, not more than there are jobs.
         assert_eq!(p.target(&backlog(&[(2, 1, 64 * MIB, 60_000)])), 3);
         // Nothing to do: --min.
-        assert_eq!(Policy { min: 2, ..p.clone() }.target(&PoolBacklog::default()), 2);
+        assert_eq!(
+            Policy {
+                min: 2,
+                ..p.clone()
+            }
+            .target(&PoolBacklog::default()),
+            2
+        );
         // Job time unknown yet: a second each.
         assert_eq!(p.target(&backlog(&[(20, 0, 64 * MIB, 0)])), 4);
     }
@@ -305,49 +357,106 @@ mod tests {
 
     #[test]
     fn it_shrinks_only_after_the_idle_period_never_a_busy_worker_nor_below_min() {
-        let p = Policy { min: 1, idle_for: Duration::from_secs(10), ..Policy::default() };
+        let p = Policy {
+            min: 1,
+            idle_for: Duration::from_secs(10),
+            ..Policy::default()
+        };
         let none = PoolBacklog::default();
-        let workers = vec![worker("a", false, GIB), worker("b", true, GIB), worker("c", false, GIB)];
+        let workers = vec![
+            worker("a", false, GIB),
+            worker("b", true, GIB),
+            worker("c", false, GIB),
+        ];
         let mut m = Memory::default();
-        assert_eq!(p.decide(&none, &workers, &[], &mut m, 0), Decision { target: 1, ..Decision::default() });
-        assert!(p.decide(&none, &workers, &[], &mut m, 9_000).cancel.is_empty(), "not idle long enough");
+        assert_eq!(
+            p.decide(&none, &workers, &[], &mut m, 0),
+            Decision {
+                target: 1,
+                ..Decision::default()
+            }
+        );
+        assert!(
+            p.decide(&none, &workers, &[], &mut m, 9_000)
+                .cancel
+                .is_empty(),
+            "not idle long enough"
+        );
         let d = p.decide(&none, &workers, &[], &mut m, 10_000);
         // Target 1 (--min), capacity 3: two could go, but b is busy.
         assert_eq!(d.cancel, ["job-a", "job-c"], "{d:?}");
         assert!(d.why.starts_with("shrinking by 2"), "{}", d.why);
         // With b idle too, still one is kept.
-        let all_idle = vec![worker("a", false, GIB), worker("b", false, GIB), worker("c", false, GIB)];
+        let all_idle = vec![
+            worker("a", false, GIB),
+            worker("b", false, GIB),
+            worker("c", false, GIB),
+        ];
         let mut m = Memory::default();
         p.decide(&none, &all_idle, &[], &mut m, 0);
-        assert_eq!(p.decide(&none, &all_idle, &[], &mut m, 20_000).cancel.len(), 2);
+        assert_eq!(
+            p.decide(&none, &all_idle, &[], &mut m, 20_000).cancel.len(),
+            2
+        );
     }
 
     #[test]
     fn a_worker_that_just_became_idle_waits_its_turn_and_work_resets_the_clock() {
-        let p = Policy { idle_for: Duration::from_secs(10), ..Policy::default() };
+        let p = Policy {
+            idle_for: Duration::from_secs(10),
+            ..Policy::default()
+        };
         let none = PoolBacklog::default();
         let mut m = Memory::default();
         p.decide(&none, &[worker("a", true, GIB)], &[], &mut m, 0);
         // Idle from 8 s on: at 12 s it has been idle only 4 s.
         p.decide(&none, &[worker("a", false, GIB)], &[], &mut m, 8_000);
-        assert!(p.decide(&none, &[worker("a", false, GIB)], &[], &mut m, 12_000).cancel.is_empty());
-        assert_eq!(p.decide(&none, &[worker("a", false, GIB)], &[], &mut m, 18_000).cancel, ["job-a"]);
+        assert!(
+            p.decide(&none, &[worker("a", false, GIB)], &[], &mut m, 12_000)
+                .cancel
+                .is_empty()
+        );
+        assert_eq!(
+            p.decide(&none, &[worker("a", false, GIB)], &[], &mut m, 18_000)
+                .cancel,
+            ["job-a"]
+        );
         // A backlog arriving while it waited keeps it.
         let mut m = Memory::default();
         let some = backlog(&[(1, 0, MIB, 100)]);
         p.decide(&none, &[worker("a", false, GIB)], &[], &mut m, 0);
-        assert!(p.decide(&some, &[worker("a", false, GIB)], &[], &mut m, 20_000).cancel.is_empty());
+        assert!(
+            p.decide(&some, &[worker("a", false, GIB)], &[], &mut m, 20_000)
+                .cancel
+                .is_empty()
+        );
     }
 
     #[test]
     fn workers_are_shaped_by_the_jobs_that_wait() {
-        let p = Policy { slots: 2, overhead_bytes: 256 * MIB, ..Policy::default() };
+        let p = Policy {
+            slots: 2,
+            overhead_bytes: 256 * MIB,
+            ..Policy::default()
+        };
         // Large jobs no worker can hold: workers for two of them.
         let large = backlog(&[(20, 0, 6 * GIB, 1000)]);
-        assert_eq!(p.shape(&large, GIB), Shape { slots: 2, memory_bytes: 12 * GIB + 256 * MIB });
+        assert_eq!(
+            p.shape(&large, GIB),
+            Shape {
+                slots: 2,
+                memory_bytes: 12 * GIB + 256 * MIB
+            }
+        );
         // Small jobs get small workers, not the node's size.
         let small = backlog(&[(500, 0, 48 * MIB, 1000)]);
-        assert_eq!(p.shape(&small, 0), Shape { slots: 2, memory_bytes: 352 * MIB });
+        assert_eq!(
+            p.shape(&small, 0),
+            Shape {
+                slots: 2,
+                memory_bytes: 352 * MIB
+            }
+        );
         // A mix: the large ones nobody holds come first; once the pool
         // holds them, the map with the most work sets the shape.
         let mix = backlog(&[(400, 0, 32 * MIB, 500), (4, 0, 4 * GIB, 500)]);
@@ -360,15 +469,26 @@ mod tests {
 
     #[test]
     fn pending_jobs_are_let_go_only_when_nothing_is_left_to_do() {
-        let p = Policy { idle_for: Duration::from_secs(5), ..Policy::default() };
+        let p = Policy {
+            idle_for: Duration::from_secs(5),
+            ..Policy::default()
+        };
         let mut m = Memory::default();
         let pending = vec!["j1".to_string(), "j2".to_string()];
         let some = backlog(&[(1, 0, MIB, 100)]);
         p.decide(&some, &[], &pending, &mut m, 0);
-        assert!(p.decide(&some, &[], &pending, &mut m, 30_000).cancel.is_empty(), "one job still wants a worker: kept");
+        assert!(
+            p.decide(&some, &[], &pending, &mut m, 30_000)
+                .cancel
+                .is_empty(),
+            "one job still wants a worker: kept"
+        );
         let mut m = Memory::default();
         let none = PoolBacklog::default();
         p.decide(&none, &[], &pending, &mut m, 0);
-        assert_eq!(p.decide(&none, &[], &pending, &mut m, 5_000).cancel, ["j1", "j2"]);
+        assert_eq!(
+            p.decide(&none, &[], &pending, &mut m, 5_000).cancel,
+            ["j1", "j2"]
+        );
     }
 }

@@ -47,15 +47,25 @@ impl Slurm {
     pub fn check(&self) -> anyhow::Result<()> {
         for cmd in ["sbatch", "squeue", "scancel"] {
             let out = Command::new(cmd).arg("--version").output().map_err(|e| {
-                anyhow::anyhow!("`{cmd}` cannot be run ({e}): peerwasm adapt needs Slurm's commands on PATH")
+                anyhow::anyhow!(
+                    "`{cmd}` cannot be run ({e}): peerwasm adapt needs Slurm's commands on PATH"
+                )
             })?;
             if !out.status.success() {
-                anyhow::bail!("`{cmd} --version` failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+                anyhow::bail!(
+                    "`{cmd} --version` failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
             }
         }
-        let out = Command::new("squeue").args(["-h", "-o", "%i", "--name", &self.name]).output()?;
+        let out = Command::new("squeue")
+            .args(["-h", "-o", "%i", "--name", &self.name])
+            .output()?;
         if !out.status.success() {
-            anyhow::bail!("Slurm does not answer (`squeue` failed): {}", String::from_utf8_lossy(&out.stderr).trim());
+            anyhow::bail!(
+                "Slurm does not answer (`squeue` failed): {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
         }
         Ok(())
     }
@@ -73,38 +83,67 @@ impl Slurm {
             "--signal=TERM@60".into(),
         ];
         args.extend(self.sbatch_args.iter().cloned());
-        args.push(format!("--wrap=exec {} --slots {}", self.worker_command, shape.slots));
+        args.push(format!(
+            "--wrap=exec {} --slots {}",
+            self.worker_command, shape.slots
+        ));
         args
     }
 }
 
 impl BatchSystem for Slurm {
     fn submit(&self, shape: &Shape) -> anyhow::Result<String> {
-        let out = Command::new("sbatch").args(self.sbatch_args(shape)).output().map_err(|e| anyhow::anyhow!("cannot run sbatch: {e}"))?;
+        let out = Command::new("sbatch")
+            .args(self.sbatch_args(shape))
+            .output()
+            .map_err(|e| anyhow::anyhow!("cannot run sbatch: {e}"))?;
         if !out.status.success() {
-            anyhow::bail!("sbatch refused the worker job: {}", String::from_utf8_lossy(&out.stderr).trim());
+            anyhow::bail!(
+                "sbatch refused the worker job: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
         }
-        let id = String::from_utf8_lossy(&out.stdout).trim().split(';').next().unwrap_or_default().to_string();
+        let id = String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .split(';')
+            .next()
+            .unwrap_or_default()
+            .to_string();
         if id.is_empty() || !id.chars().all(|c| c.is_ascii_digit() || c == '_') {
-            anyhow::bail!("sbatch answered no job id: {:?}", String::from_utf8_lossy(&out.stdout));
+            anyhow::bail!(
+                "sbatch answered no job id: {:?}",
+                String::from_utf8_lossy(&out.stdout)
+            );
         }
         Ok(id)
     }
 
     fn cancel(&self, id: &str) -> anyhow::Result<()> {
         // SIGTERM to the job's steps: the worker drains, then leaves.
-        let out = Command::new("scancel").args(["--full", "--signal=TERM", id]).output()?;
-        let pending_out = Command::new("scancel").args(["--state=PENDING", id]).output()?;
+        let out = Command::new("scancel")
+            .args(["--full", "--signal=TERM", id])
+            .output()?;
+        let pending_out = Command::new("scancel")
+            .args(["--state=PENDING", id])
+            .output()?;
         if !out.status.success() && !pending_out.status.success() {
-            anyhow::bail!("scancel {id} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+            anyhow::bail!(
+                "scancel {id} failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
         }
         Ok(())
     }
 
     fn jobs(&self) -> anyhow::Result<Vec<BatchJob>> {
-        let out = Command::new("squeue").args(["-h", "--name", &self.name, "-o", "%i|%T|%r"]).output()?;
+        let out = Command::new("squeue")
+            .args(["-h", "--name", &self.name, "-o", "%i|%T|%r"])
+            .output()?;
         if !out.status.success() {
-            anyhow::bail!("squeue failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+            anyhow::bail!(
+                "squeue failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
         }
         Ok(parse_squeue(&String::from_utf8_lossy(&out.stdout)))
     }
@@ -116,7 +155,11 @@ pub fn parse_squeue(text: &str) -> Vec<BatchJob> {
         .filter_map(|l| {
             let mut f = l.trim().splitn(3, '|');
             let (id, state, reason) = (f.next()?, f.next()?, f.next().unwrap_or(""));
-            (!id.is_empty()).then(|| BatchJob { id: id.into(), state: state.into(), reason: reason.trim().into() })
+            (!id.is_empty()).then(|| BatchJob {
+                id: id.into(),
+                state: state.into(),
+                reason: reason.trim().into(),
+            })
         })
         .collect()
 }
@@ -132,18 +175,37 @@ mod tests {
             sbatch_args: vec!["--partition=debug".into(), "--time=01:00:00".into()],
             worker_command: "peerwasm worker --pool-dir /p".into(),
         };
-        let args = slurm.sbatch_args(&Shape { slots: 2, memory_bytes: 1536 << 20 });
-        for a in ["--job-name=peerwasm-adapt-x", "--cpus-per-task=2", "--mem=1536M", "--partition=debug", "--time=01:00:00"] {
+        let args = slurm.sbatch_args(&Shape {
+            slots: 2,
+            memory_bytes: 1536 << 20,
+        });
+        for a in [
+            "--job-name=peerwasm-adapt-x",
+            "--cpus-per-task=2",
+            "--mem=1536M",
+            "--partition=debug",
+            "--time=01:00:00",
+        ] {
             assert!(args.iter().any(|x| x == a), "{a} missing from {args:?}");
         }
-        assert_eq!(args.last().unwrap(), "--wrap=exec peerwasm worker --pool-dir /p --slots 2");
+        assert_eq!(
+            args.last().unwrap(),
+            "--wrap=exec peerwasm worker --pool-dir /p --slots 2"
+        );
     }
 
     #[test]
     fn squeue_lines_read_as_jobs() {
         let jobs = parse_squeue("12|PENDING|Resources\n13|RUNNING|None\n\n");
         assert_eq!(jobs.len(), 2);
-        assert_eq!(jobs[0], BatchJob { id: "12".into(), state: "PENDING".into(), reason: "Resources".into() });
+        assert_eq!(
+            jobs[0],
+            BatchJob {
+                id: "12".into(),
+                state: "PENDING".into(),
+                reason: "Resources".into()
+            }
+        );
         assert_eq!(jobs[1].state, "RUNNING");
     }
 }

@@ -60,13 +60,20 @@ pub struct AdaptArgs {
 }
 
 pub fn run(args: AdaptArgs) -> anyhow::Result<ExitCode> {
-    let exe = std::env::current_exe().map_err(|e| anyhow::anyhow!("cannot find this program for the workers: {e}"))?;
+    let exe = std::env::current_exe()
+        .map_err(|e| anyhow::anyhow!("cannot find this program for the workers: {e}"))?;
     let pool_dir = crate::server::pooldir::PoolDir::open(&args.pool_dir)?;
     let dir = pool_dir.path().canonicalize()?;
     // The same program in the same role: what came before our arguments
     // (a program embedding peerwasm's command line) comes again.
     let mut worker = vec![shell_quote(&exe.to_string_lossy())];
-    worker.extend(super::args::INVOKED_WITH.get().into_iter().flatten().map(|a| shell_quote(&a.to_string_lossy())));
+    worker.extend(
+        super::args::INVOKED_WITH
+            .get()
+            .into_iter()
+            .flatten()
+            .map(|a| shell_quote(&a.to_string_lossy())),
+    );
     worker.extend([
         "worker".into(),
         "--listen 0.0.0.0:0".into(),
@@ -77,7 +84,9 @@ pub fn run(args: AdaptArgs) -> anyhow::Result<ExitCode> {
     ]);
     worker.extend(args.worker_args.iter().map(|a| shell_quote(a)));
     let slurm = Slurm {
-        name: args.name.unwrap_or_else(|| format!("peerwasm-adapt-{}", std::process::id())),
+        name: args
+            .name
+            .unwrap_or_else(|| format!("peerwasm-adapt-{}", std::process::id())),
         sbatch_args: args.sbatch,
         worker_command: worker.join(" "),
     };
@@ -101,17 +110,26 @@ pub fn run(args: AdaptArgs) -> anyhow::Result<ExitCode> {
     pool_dir.prepare()?;
     let ca = dir.join(crate::net::certs::CA_CERT);
     let (members, direct) = (pool_dir.clone(), pool_dir.clone());
-    let source = PoolSource::new(move || members.members(), move |seeds| {
-        let transport = crate::net::Transport::new(Some(&ca), false)?;
-        crate::client::Pool::new(crate::client::PoolConfig { transport, ..crate::client::PoolConfig::new(seeds) })
-    })
+    let source = PoolSource::new(
+        move || members.members(),
+        move |seeds| {
+            let transport = crate::net::Transport::new(Some(&ca), false)?;
+            crate::client::Pool::new(crate::client::PoolConfig {
+                transport,
+                ..crate::client::PoolConfig::new(seeds)
+            })
+        },
+    )
     .with_direct_backlogs(move || direct.backlogs());
     let controller = Controller {
         name: slurm.name.clone(),
         host: sysinfo::System::host_name().unwrap_or_default(),
         pid: std::process::id(),
         max_workers: args.max.max(args.min),
-        largest_job: args.max_mem.0.min(args.max_mem.0.saturating_sub(args.overhead.0)),
+        largest_job: args
+            .max_mem
+            .0
+            .min(args.max_mem.0.saturating_sub(args.overhead.0)),
     };
     eprintln!(
         "peerwasm adapt: sizing the pool in {} to its backlog with Slurm jobs named {} ({}..{} workers of {} slot{})",
@@ -122,7 +140,9 @@ pub fn run(args: AdaptArgs) -> anyhow::Result<ExitCode> {
         config.policy.slots,
         if config.policy.slots == 1 { "" } else { "s" }
     );
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     let summary = runtime.block_on(async {
         let stop = tokio_util::sync::CancellationToken::new();
         let on_signal = stop.clone();
@@ -137,7 +157,9 @@ pub fn run(args: AdaptArgs) -> anyhow::Result<ExitCode> {
         let announcer = tokio::spawn(async move {
             loop {
                 if let Err(e) = notice.announce(&renew) {
-                    tracing::warn!("cannot write the controller's notice into the pool directory: {e:#}");
+                    tracing::warn!(
+                        "cannot write the controller's notice into the pool directory: {e:#}"
+                    );
                 }
                 tokio::select! {
                     () = announcing.cancelled() => break,
@@ -145,7 +167,10 @@ pub fn run(args: AdaptArgs) -> anyhow::Result<ExitCode> {
                 }
             }
         });
-        let out = crate::adapt::run(config, source, Arc::new(slurm), stop, |d| eprintln!("peerwasm adapt: {}", d.why)).await;
+        let out = crate::adapt::run(config, source, Arc::new(slurm), stop, |d| {
+            eprintln!("peerwasm adapt: {}", d.why)
+        })
+        .await;
         let _ = announcer.await;
         pool_dir.retire(&controller.name);
         out
@@ -159,7 +184,10 @@ pub fn run(args: AdaptArgs) -> anyhow::Result<ExitCode> {
 
 /// `s` quoted for the shell that runs the job's `--wrap`.
 fn shell_quote(s: &str) -> String {
-    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,@".contains(c)) {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,@".contains(c))
+    {
         s.to_string()
     } else {
         format!("'{}'", s.replace('\'', r"'\''"))

@@ -16,10 +16,20 @@ pub const EXIT_INTERRUPTED: u8 = 130;
 pub struct PoolArgs {
     /// Run on this pool instead of the embedded worker: workers to ask for
     /// the pool view, comma-separated host:port.
-    #[arg(long, value_delimiter = ',', env = "PEERWASM_PEERS", value_name = "ADDR,...")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        env = "PEERWASM_PEERS",
+        value_name = "ADDR,..."
+    )]
     pub(super) peers: Vec<String>,
     /// Your tenant token, for workers started with --tenants.
-    #[arg(long, env = "PEERWASM_TOKEN", value_name = "TOKEN", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "PEERWASM_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
     pub(super) token: Option<String>,
     #[command(flatten)]
     pub(super) tls: TlsArgs,
@@ -60,7 +70,11 @@ impl TlsArgs {
 
     /// A client for `peers` carrying `token`: refused if the token would
     /// cross the network in clear to one of them.
-    pub(super) fn client(&self, token: Option<&str>, peers: &[String]) -> anyhow::Result<crate::net::HttpClient> {
+    pub(super) fn client(
+        &self,
+        token: Option<&str>,
+        peers: &[String],
+    ) -> anyhow::Result<crate::net::HttpClient> {
         let transport = self.transport()?;
         if token.is_some() {
             transport.check_token_hops(peers)?;
@@ -105,7 +119,9 @@ impl PoolArgs {
     /// Takes the peers and the CA from `--pool-dir`, if given, and notes
     /// its controller.
     pub(super) fn resolve(&mut self) -> anyhow::Result<()> {
-        let Some(dir) = &self.pool_dir else { return Ok(()) };
+        let Some(dir) = &self.pool_dir else {
+            return Ok(());
+        };
         let pool = client_pool_dir(dir, &mut self.tls, &mut self.peers)?;
         self.controller = pool.controller();
         if self.peers.is_empty() && self.controller.is_none() {
@@ -128,7 +144,9 @@ impl PoolArgs {
             patience: self.wait_for_workers.map_or(GROWTH_PATIENCE, |w| w.0),
             report: std::sync::Arc::new(move |b| {
                 if let Err(e) = writer.write_backlog(b) {
-                    tracing::debug!("cannot write this map's backlog into the pool directory: {e:#}");
+                    tracing::debug!(
+                        "cannot write this map's backlog into the pool directory: {e:#}"
+                    );
                 }
             }),
         })
@@ -145,13 +163,21 @@ impl PoolArgs {
     pub(super) fn workers_to_ask(&self, view: &[crate::gossip::PeerView]) -> Vec<String> {
         match self.token {
             Some(_) => self.peers.clone(),
-            None => self.peers.iter().cloned().chain(view.iter().map(|p| p.advert.addr.clone())).collect(),
+            None => self
+                .peers
+                .iter()
+                .cloned()
+                .chain(view.iter().map(|p| p.advert.addr.clone()))
+                .collect(),
         }
     }
 
     /// The pool, or `None` for the embedded worker; shipped directories'
     /// file hashes are kept under `cache_root`.
-    pub(super) fn target(&self, cache_root: Option<PathBuf>) -> anyhow::Result<Option<crate::client::Target>> {
+    pub(super) fn target(
+        &self,
+        cache_root: Option<PathBuf>,
+    ) -> anyhow::Result<Option<crate::client::Target>> {
         if !self.is_pool() {
             return Ok(None);
         }
@@ -160,10 +186,15 @@ impl PoolArgs {
             hash_cache: cache_root,
             transport: self.tls.transport()?,
             growth: self.growth(),
-            no_peer_patience: self.wait_for_workers.map_or(crate::client::PoolConfig::new(Vec::new()).no_peer_patience, |w| w.0),
+            no_peer_patience: self.wait_for_workers.map_or(
+                crate::client::PoolConfig::new(Vec::new()).no_peer_patience,
+                |w| w.0,
+            ),
             ..crate::client::PoolConfig::new(self.peers.clone())
         };
-        Ok(Some(crate::client::Target::Pool(std::sync::Arc::new(crate::client::Pool::new(config)?))))
+        Ok(Some(crate::client::Target::Pool(std::sync::Arc::new(
+            crate::client::Pool::new(config)?,
+        ))))
     }
 }
 
@@ -171,7 +202,13 @@ impl PoolArgs {
 #[derive(clap::Args, Debug)]
 pub struct ViewArgs {
     /// Workers to ask, comma-separated host:port (the first that answers).
-    #[arg(long, value_delimiter = ',', env = "PEERWASM_PEERS", value_name = "ADDR,...", required_unless_present = "pool_dir")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        env = "PEERWASM_PEERS",
+        value_name = "ADDR,...",
+        required_unless_present = "pool_dir"
+    )]
     pub(super) peers: Vec<String>,
     /// The pool's shared directory: its running workers are asked, its CA
     /// trusted.
@@ -182,7 +219,12 @@ pub struct ViewArgs {
     pub(super) json: bool,
     /// A token, for workers started with --tenants: a tenant's shows its
     /// own usage, an operator's everyone's; without one no tenant's shows.
-    #[arg(long, env = "PEERWASM_TOKEN", value_name = "TOKEN", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "PEERWASM_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
     pub(super) token: Option<String>,
     #[command(flatten)]
     pub(super) tls: TlsArgs,
@@ -191,7 +233,9 @@ pub struct ViewArgs {
 impl ViewArgs {
     /// Takes the peers and the CA from `--pool-dir`, if given.
     pub(super) fn resolve(&mut self) -> anyhow::Result<()> {
-        let Some(dir) = &self.pool_dir else { return Ok(()) };
+        let Some(dir) = &self.pool_dir else {
+            return Ok(());
+        };
         client_pool_dir(dir, &mut self.tls, &mut self.peers)?;
         if self.peers.is_empty() {
             anyhow::bail!("the pool in {} has no running worker", dir.display());
@@ -201,17 +245,26 @@ impl ViewArgs {
 
     /// Fetches the pool view from the first worker that answers.
     pub(super) fn fetch(&self) -> anyhow::Result<Vec<crate::gossip::PeerView>> {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
         let http = self.tls.client(self.token.as_deref(), &self.peers)?;
         runtime.block_on(async {
-            tokio::time::timeout(std::time::Duration::from_secs(10), crate::client::fetch_peers(&http, &self.peers))
-                .await
-                .map_err(|_| anyhow::anyhow!("no worker answered within 10 s"))?
+            tokio::time::timeout(
+                std::time::Duration::from_secs(10),
+                crate::client::fetch_peers(&http, &self.peers),
+            )
+            .await
+            .map_err(|_| anyhow::anyhow!("no worker answered within 10 s"))?
         })
     }
 
     /// Prints `value` as JSON with `--json`, else `text`.
-    pub(super) fn print(&self, value: &impl serde::Serialize, text: impl std::fmt::Display) -> anyhow::Result<ExitCode> {
+    pub(super) fn print(
+        &self,
+        value: &impl serde::Serialize,
+        text: impl std::fmt::Display,
+    ) -> anyhow::Result<ExitCode> {
         if self.json {
             say(&serde_json::to_string_pretty(value)?);
         } else {
@@ -303,7 +356,10 @@ impl SandboxArgs {
     /// directories under `scratch`, and no time-limit instrumentation in
     /// the job's code: the process is the job's slot, and a job computing
     /// past its deadline or a Ctrl-C ends with it.
-    pub(super) fn one_job_config(&self, scratch: &std::path::Path) -> crate::sandbox::SandboxConfig {
+    pub(super) fn one_job_config(
+        &self,
+        scratch: &std::path::Path,
+    ) -> crate::sandbox::SandboxConfig {
         crate::sandbox::SandboxConfig {
             slots: 1,
             pooling: false,
@@ -327,13 +383,21 @@ pub(super) fn default_cache_root() -> Option<PathBuf> {
 
 /// The arguments between this process's executable and the command line
 /// [`main_from`](super::main_from) was given; see [`slot_program`].
-pub(super) static INVOKED_WITH: std::sync::OnceLock<Vec<std::ffi::OsString>> = std::sync::OnceLock::new();
+pub(super) static INVOKED_WITH: std::sync::OnceLock<Vec<std::ffi::OsString>> =
+    std::sync::OnceLock::new();
 
 /// How this process compiles a module apart (`sandbox::compiler`): the
 /// same executable, as `peerwasm compile-child`.
 pub(super) fn compile_program() -> anyhow::Result<crate::sandbox::CompileProgram> {
-    let exe = std::env::current_exe().map_err(|e| anyhow::anyhow!("cannot find this program to compile modules apart: {e}"))?;
-    let mut args: Vec<String> = INVOKED_WITH.get().cloned().unwrap_or_default().into_iter().map(|a| a.to_string_lossy().into_owned()).collect();
+    let exe = std::env::current_exe()
+        .map_err(|e| anyhow::anyhow!("cannot find this program to compile modules apart: {e}"))?;
+    let mut args: Vec<String> = INVOKED_WITH
+        .get()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
     args.push("compile-child".into());
     Ok(crate::sandbox::CompileProgram { exe, args })
 }
@@ -341,7 +405,8 @@ pub(super) fn compile_program() -> anyhow::Result<crate::sandbox::CompileProgram
 /// How this process starts a slot process of its own: the same executable,
 /// as `peerwasm slot`.
 pub(super) fn slot_program() -> anyhow::Result<crate::runner::slotproc::SlotProgram> {
-    let exe = std::env::current_exe().map_err(|e| anyhow::anyhow!("cannot find this program to start slot processes: {e}"))?;
+    let exe = std::env::current_exe()
+        .map_err(|e| anyhow::anyhow!("cannot find this program to start slot processes: {e}"))?;
     let mut args = INVOKED_WITH.get().cloned().unwrap_or_default();
     args.push("slot".into());
     Ok(crate::runner::slotproc::SlotProgram { exe, args })

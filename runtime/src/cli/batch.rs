@@ -10,14 +10,21 @@ use crate::worker::lifetime::Lifetime;
 /// when it ends, drained `drain_before` that.
 pub fn slurm_lifetime(drain_before: Duration) -> anyhow::Result<Lifetime> {
     let Ok(job) = std::env::var("SLURM_JOB_ID") else {
-        anyhow::bail!("--slurm: SLURM_JOB_ID is not set; is this worker running inside a Slurm job (sbatch, srun)?")
+        anyhow::bail!(
+            "--slurm: SLURM_JOB_ID is not set; is this worker running inside a Slurm job (sbatch, srun)?"
+        )
     };
     let out = std::process::Command::new("squeue")
         .args(["-h", "-j", &job, "-o", "%L"])
         .output()
-        .map_err(|e| anyhow::anyhow!("--slurm: cannot run squeue to learn the job's time left: {e}"))?;
+        .map_err(|e| {
+            anyhow::anyhow!("--slurm: cannot run squeue to learn the job's time left: {e}")
+        })?;
     if !out.status.success() {
-        anyhow::bail!("--slurm: squeue failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+        anyhow::bail!(
+            "--slurm: squeue failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     let left = String::from_utf8_lossy(&out.stdout).trim().to_string();
     Ok(Lifetime {
@@ -38,7 +45,10 @@ pub fn parse_time_left(s: &str) -> anyhow::Result<Option<Duration>> {
         Some((d, rest)) => (d.parse::<u64>().map_err(|_| bad())?, rest),
         None => (0, s),
     };
-    let parts: Vec<u64> = rest.split(':').map(|p| p.parse::<u64>().map_err(|_| bad())).collect::<Result<_, _>>()?;
+    let parts: Vec<u64> = rest
+        .split(':')
+        .map(|p| p.parse::<u64>().map_err(|_| bad()))
+        .collect::<Result<_, _>>()?;
     let secs = match parts.as_slice() {
         [h, m, s] => h * 3600 + m * 60 + s,
         [m, s] => m * 60 + s,

@@ -31,7 +31,12 @@ pub fn list_jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
             let mut rows = vec![["ID", "WORKER", "STATE", "MEMORY"].map(String::from)];
             for j in &jobs {
                 let s = &j.status;
-                rows.push([s.id.clone(), j.worker.clone(), s.state.clone(), Bytes(s.memory_bytes).to_string()]);
+                rows.push([
+                    s.id.clone(),
+                    j.worker.clone(),
+                    s.state.clone(),
+                    Bytes(s.memory_bytes).to_string(),
+                ]);
             }
             super::args::say(&crate::units::render_table(&rows));
         }
@@ -43,12 +48,22 @@ pub fn list_jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The HTTP client with the tenant's token, and a runtime to use it on.
-pub(super) fn pool_client(pool: &super::args::PoolArgs, what: &str) -> anyhow::Result<(HttpClient, tokio::runtime::Runtime)> {
+pub(super) fn pool_client(
+    pool: &super::args::PoolArgs,
+    what: &str,
+) -> anyhow::Result<(HttpClient, tokio::runtime::Runtime)> {
     if pool.peers.is_empty() {
-        anyhow::bail!("{what} needs the pool: give --peers or PEERWASM_PEERS (a job of the embedded worker ends with its command)");
+        anyhow::bail!(
+            "{what} needs the pool: give --peers or PEERWASM_PEERS (a job of the embedded worker ends with its command)"
+        );
     }
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    Ok((pool.tls.client(pool.token.as_deref(), &pool.peers)?, runtime))
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    Ok((
+        pool.tls.client(pool.token.as_deref(), &pool.peers)?,
+        runtime,
+    ))
 }
 
 #[derive(clap::Args, Debug)]
@@ -72,9 +87,14 @@ pub fn logs(args: LogsArgs) -> anyhow::Result<ExitCode> {
         let view = crate::client::fetch_peers(&http, &args.pool.peers).await?;
         let seeds = args.pool.workers_to_ask(&view);
         let mut print = |stream, bytes: &[u8]| super::run::print_output(stream, bytes);
-        match crate::client::detach::follow(&http, &view, &seeds, &args.id, args.follow, &mut print).await? {
+        match crate::client::detach::follow(&http, &view, &seeds, &args.id, args.follow, &mut print)
+            .await?
+        {
             None => {
-                eprintln!("peerwasm: {}: no such detached job of yours on any live worker", args.id);
+                eprintln!(
+                    "peerwasm: {}: no such detached job of yours on any live worker",
+                    args.id
+                );
                 Ok(ExitCode::from(1))
             }
             Some((_, Some(outcome))) if args.follow => {
@@ -115,20 +135,36 @@ pub fn cancel_jobs(args: CancelArgs) -> anyhow::Result<ExitCode> {
             };
             match report {
                 CancelReport::Cancelled { worker, was } if was == "done" => {
-                    let what = if crate::proto::submission::is_submission_id(id) { "results were" } else { "result was" };
-                    super::args::say(&format!("{id}: had ended on {worker}; its {what} discarded"))
+                    let what = if crate::proto::submission::is_submission_id(id) {
+                        "results were"
+                    } else {
+                        "result was"
+                    };
+                    super::args::say(&format!(
+                        "{id}: had ended on {worker}; its {what} discarded"
+                    ))
                 }
-                CancelReport::Cancelled { worker, was } => super::args::say(&format!("{id}: cancelled on {worker} (it was {was})")),
-                CancelReport::AlreadyEnded { worker, message } => super::args::say(&format!("{id}: on {worker}: {message}")),
+                CancelReport::Cancelled { worker, was } => {
+                    super::args::say(&format!("{id}: cancelled on {worker} (it was {was})"))
+                }
+                CancelReport::AlreadyEnded { worker, message } => {
+                    super::args::say(&format!("{id}: on {worker}: {message}"))
+                }
                 CancelReport::NotFound => {
                     missing += 1;
                     match crate::proto::submission::is_submission_id(id) {
                         true => eprintln!("peerwasm: {id}: {NO_SUCH_SUBMISSION}"),
-                        false => eprintln!("peerwasm: {id}: no such job of yours on any live worker"),
+                        false => {
+                            eprintln!("peerwasm: {id}: no such job of yours on any live worker")
+                        }
                     }
                 }
             }
         }
-        Ok(if missing > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+        Ok(if missing > 0 {
+            ExitCode::from(1)
+        } else {
+            ExitCode::SUCCESS
+        })
     })
 }

@@ -16,8 +16,8 @@ use super::args::SandboxArgs;
 use super::progress::MapPrinter;
 use crate::client::estimate::EstimateStore;
 use crate::client::{Job, MapConfig, Target, map};
-use crate::units::{parse_duration, parse_size};
 use crate::runner::{JobRunner, RunnerConfig};
+use crate::units::{parse_duration, parse_size};
 
 #[derive(clap::Args, Debug)]
 pub struct MapArgs {
@@ -102,9 +102,14 @@ pub fn run(args: MapArgs) -> anyhow::Result<ExitCode> {
     let target = match args.pool.target(args.sandbox.cache_root())? {
         Some(pool) => pool,
         None if args.detach => {
-            anyhow::bail!("--detach hands the map to a worker of a pool: give --peers (or PEERWASM_PEERS)")
+            anyhow::bail!(
+                "--detach hands the map to a worker of a pool: give --peers (or PEERWASM_PEERS)"
+            )
         }
-        None => Target::Embedded(Arc::new(JobRunner::new(RunnerConfig { sandbox: args.sandbox.sandbox_config(), ..RunnerConfig::default() })?)),
+        None => Target::Embedded(Arc::new(JobRunner::new(RunnerConfig {
+            sandbox: args.sandbox.sandbox_config(),
+            ..RunnerConfig::default()
+        })?)),
     };
     if let (true, Target::Pool(pool)) = (args.detach, &target) {
         return detach(pool, &job, inputs, &args);
@@ -115,12 +120,20 @@ pub fn run(args: MapArgs) -> anyhow::Result<ExitCode> {
         _ => 0,
     };
     if first_index as u64 == total {
-        eprintln!("peerwasm map: {} already has all {total} results", args.output.as_ref().map_or(String::new(), |o| o.display().to_string()));
+        eprintln!(
+            "peerwasm map: {} already has all {total} results",
+            args.output
+                .as_ref()
+                .map_or(String::new(), |o| o.display().to_string())
+        );
         return Ok(ExitCode::SUCCESS);
     }
     inputs.drain(..first_index);
     if first_index > 0 {
-        eprintln!("peerwasm map: resuming at input {first_index}: {} of {total} to run", inputs.len());
+        eprintln!(
+            "peerwasm map: resuming at input {first_index}: {} of {total} to run",
+            inputs.len()
+        );
     }
     let config = MapConfig {
         first_index,
@@ -129,7 +142,10 @@ pub fn run(args: MapArgs) -> anyhow::Result<ExitCode> {
         retries: args.retries,
         max_in_flight: args.max_in_flight,
         keep_going: args.keep_going,
-        estimates: args.sandbox.cache_root().map(|root| EstimateStore::new(root.join("estimates"))),
+        estimates: args
+            .sandbox
+            .cache_root()
+            .map(|root| EstimateStore::new(root.join("estimates"))),
         out_dir: args.out_dir.clone(),
         ..MapConfig::default()
     };
@@ -140,10 +156,15 @@ pub fn run(args: MapArgs) -> anyhow::Result<ExitCode> {
     // answer or submission crosses threads (a futex wake-up each), which
     // cost a trivial job more than everything else the client does for it.
     // The embedded worker's jobs run on the runner's own threads.
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     // Ctrl-C: stop, write the results that are in, cancel what is under way.
     let interrupt = CancellationToken::new();
-    let config = MapConfig { interrupt: Some(interrupt.clone()), ..config };
+    let config = MapConfig {
+        interrupt: Some(interrupt.clone()),
+        ..config
+    };
     let summary = runtime.block_on(async {
         let watcher = tokio::spawn(async move {
             if tokio::signal::ctrl_c().await.is_ok() {
@@ -164,37 +185,71 @@ fn printer(args: &MapArgs, to_run: u64) -> anyhow::Result<MapPrinter> {
     let out: Box<dyn Write + Send> = match &args.output {
         Some(path) => {
             let mut open = std::fs::OpenOptions::new();
-            if args.resume { open.append(true) } else { open.write(true).create(true).truncate(true) };
-            let file = open.open(path).with_context(|| format!("cannot open {}", path.display()))?;
+            if args.resume {
+                open.append(true)
+            } else {
+                open.write(true).create(true).truncate(true)
+            };
+            let file = open
+                .open(path)
+                .with_context(|| format!("cannot open {}", path.display()))?;
             Box::new(std::io::BufWriter::new(file))
         }
         None => Box::new(std::io::BufWriter::new(std::io::stdout())),
     };
     let printer = MapPrinter::new(out, Some(to_run), !args.no_progress);
     // Each line is on disk as its result comes: `--resume` goes on from there.
-    Ok(if args.output.is_some() { printer.flushing_each() } else { printer })
+    Ok(if args.output.is_some() {
+        printer.flushing_each()
+    } else {
+        printer
+    })
 }
 
 /// The map's summary on stderr, and the exit code it makes: 0, 1 when a
 /// job failed, [`EXIT_INTERRUPTED`](super::args::EXIT_INTERRUPTED) on Ctrl-C.
-fn report(summary: &crate::client::MapSummary, first_index: u64, total: u64, to_file: bool) -> anyhow::Result<ExitCode> {
-    eprintln!("peerwasm map: {}", summary.to_string().replace('\n', "\npeerwasm map: "));
+fn report(
+    summary: &crate::client::MapSummary,
+    first_index: u64,
+    total: u64,
+    to_file: bool,
+) -> anyhow::Result<ExitCode> {
+    eprintln!(
+        "peerwasm map: {}",
+        summary.to_string().replace('\n', "\npeerwasm map: ")
+    );
     if let Some(stopped) = &summary.stopped {
-        eprintln!("peerwasm map: stopped: {} (--keep-going runs the other inputs)", stopped.message);
+        eprintln!(
+            "peerwasm map: stopped: {} (--keep-going runs the other inputs)",
+            stopped.message
+        );
     }
     if summary.interrupted {
         eprintln!(
             "peerwasm map: interrupted: {} of {total} results written; the jobs under way were cancelled{}",
             first_index + summary.jobs,
-            if to_file { " (--resume goes on from there)" } else { "" }
+            if to_file {
+                " (--resume goes on from there)"
+            } else {
+                ""
+            }
         );
         return Ok(ExitCode::from(super::args::EXIT_INTERRUPTED));
     }
-    Ok(if summary.failed > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+    Ok(if summary.failed > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 /// `peerwasm map --detach`: the map goes to its owner; the id to stdout.
-fn detach(pool: &crate::client::Pool, job: &Job, inputs: Vec<Vec<u8>>, args: &MapArgs) -> anyhow::Result<ExitCode> {
+fn detach(
+    pool: &crate::client::Pool,
+    job: &Job,
+    inputs: Vec<Vec<u8>>,
+    args: &MapArgs,
+) -> anyhow::Result<ExitCode> {
     let config = crate::proto::submission::SubmitConfig {
         mem: args.mem,
         min_mem: args.min_mem.unwrap_or(0),
@@ -202,7 +257,9 @@ fn detach(pool: &crate::client::Pool, job: &Job, inputs: Vec<Vec<u8>>, args: &Ma
         max_in_flight: args.max_in_flight.map(|n| n as u64),
         keep_going: args.keep_going,
     };
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let n = inputs.len();
     let info = runtime.block_on(pool.submit_map(job, inputs, config, args.owner.as_deref()))?;
     super::args::say(&info.id);
@@ -224,8 +281,13 @@ fn results_written(path: &PathBuf, total: u64) -> anyhow::Result<usize> {
     };
     let complete = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
     let mut lines = 0usize;
-    for line in text[..complete].split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
-        let index = serde_json::from_slice::<serde_json::Value>(line).ok().and_then(|v| v.get("index")?.as_u64());
+    for line in text[..complete]
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+    {
+        let index = serde_json::from_slice::<serde_json::Value>(line)
+            .ok()
+            .and_then(|v| v.get("index")?.as_u64());
         if index != Some(lines as u64) {
             anyhow::bail!(
                 "{} is not the results of this map in order (line {} is not input {lines}'s): --resume needs the file a map wrote",
@@ -236,7 +298,10 @@ fn results_written(path: &PathBuf, total: u64) -> anyhow::Result<usize> {
         lines += 1;
     }
     if lines as u64 > total {
-        anyhow::bail!("{} has {lines} results but the inputs are only {total}", path.display());
+        anyhow::bail!(
+            "{} has {lines} results but the inputs are only {total}",
+            path.display()
+        );
     }
     if complete < text.len() {
         std::fs::OpenOptions::new()
@@ -257,7 +322,10 @@ fn read_inputs(path: &PathBuf) -> anyhow::Result<Vec<Vec<u8>>> {
         if stdin.is_terminal() {
             anyhow::bail!("reading inputs from a terminal: pipe them in, or give a file");
         }
-        stdin.lock().read_to_end(&mut text).context("cannot read the inputs from stdin")?;
+        stdin
+            .lock()
+            .read_to_end(&mut text)
+            .context("cannot read the inputs from stdin")?;
     } else {
         text = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     }

@@ -104,11 +104,20 @@ where
     let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
     // What comes between our executable and these arguments (for the
     // benchmarks' binary, `peerwasm`): a slot process is started the same way.
-    let _ = INVOKED_WITH.set(std::env::args_os().skip(1).take(std::env::args_os().count().saturating_sub(args.len())).collect());
+    let _ = INVOKED_WITH.set(
+        std::env::args_os()
+            .skip(1)
+            .take(std::env::args_os().count().saturating_sub(args.len()))
+            .collect(),
+    );
     let cli = Cli::parse_from(args);
     // A worker is a service: tell its operator what it does. The other
     // commands speak only when something is wrong.
-    let default_log = if matches!(cli.command, Command::Worker(_)) { "info" } else { "warn" };
+    let default_log = if matches!(cli.command, Command::Worker(_)) {
+        "info"
+    } else {
+        "warn"
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

@@ -86,7 +86,10 @@ fn describe(p: &Progress, with_counts: bool) -> String {
     parts.push(format!("{} retried", p.retried));
     parts.push(format!("{:.0} jobs/s", p.rate()));
     if let Some(eta) = p.eta {
-        parts.push(format!("ETA {}", humantime::format_duration(Duration::from_secs(eta.as_secs().max(1)))));
+        parts.push(format!(
+            "ETA {}",
+            humantime::format_duration(Duration::from_secs(eta.as_secs().max(1)))
+        ));
     }
     parts.push(format!("memreq {}", Bytes(p.memreq)));
     parts.join(" · ")

@@ -12,14 +12,13 @@ use anyhow::{Context, bail};
 use super::args::SandboxArgs;
 use crate::client::Job;
 use crate::proto::{CacheSource, CancelCause, DirGrant, JobResult, JobSpec, Outcome, StdStream};
-use crate::sandbox::StdinFeed;
-use crate::units::{Bytes, parse_duration, parse_size};
-use crate::slot::{Alone, AloneJob, Event, run_alone};
 use crate::runner::{JobRunner, RunnerConfig};
+use crate::sandbox::StdinFeed;
+use crate::slot::{Alone, AloneJob, Event, run_alone};
+use crate::units::{Bytes, parse_duration, parse_size};
 
 /// The most stdin `run` reads and hands to the job.
 pub const MAX_STDIN_BYTES: u64 = 256 << 20;
-
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
@@ -61,7 +60,11 @@ pub struct RunArgs {
     /// The job module, then its arguments, passed verbatim (also those
     /// that start with '-'). With --python: the script (or '-' for one
     /// on stdin), then its arguments.
-    #[arg(value_name = "JOB.wasm [ARGS]...", required = true, trailing_var_arg = true)]
+    #[arg(
+        value_name = "JOB.wasm [ARGS]...",
+        required = true,
+        trailing_var_arg = true
+    )]
     module_and_args: Vec<String>,
 }
 
@@ -76,11 +79,18 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     let (job, _script) = job_of(&args, module_path, job_args, env)?;
     let stdin = stream_stdin();
-    let spec = job.spec(Vec::new(), args.mem.unwrap_or(crate::proto::DEFAULT_JOB_MEMORY));
+    let spec = job.spec(
+        Vec::new(),
+        args.mem.unwrap_or(crate::proto::DEFAULT_JOB_MEMORY),
+    );
 
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let mut result = if let Some(target) = args.pool.target(args.sandbox.cache_root())? {
-        let crate::client::Target::Pool(pool) = target else { unreachable!("--peers gives a pool") };
+        let crate::client::Target::Pool(pool) = target else {
+            unreachable!("--peers gives a pool")
+        };
         // Ctrl-C drops the request: the worker sees its client go and
         // cancels the job.
         let show = !args.json;
@@ -104,7 +114,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         // Per-job scratch directories go under one of this command's own,
         // so that it can remove them when it ends the process.
         let scratch = tempfile::Builder::new().prefix("peerwasm-run-").tempdir()?;
-        let runner = JobRunner::new(RunnerConfig { sandbox: args.sandbox.one_job_config(scratch.path()), ..RunnerConfig::default() })?;
+        let runner = JobRunner::new(RunnerConfig {
+            sandbox: args.sandbox.one_job_config(scratch.path()),
+            ..RunnerConfig::default()
+        })?;
         // Compiled code in the cache (checked, not read): the module's
         // bytes are not needed, and not read.
         if !runner.has_module(&job.hash()) {
@@ -151,26 +164,45 @@ fn exit_byte(result: &JobResult) -> u8 {
 }
 
 /// `run --detach`: submits, prints the id, returns.
-fn detach(args: &RunArgs, module_path: &str, job_args: &[String], env: Vec<(String, String)>) -> anyhow::Result<ExitCode> {
-    let Some(crate::client::Target::Pool(pool)) = args.pool.target(args.sandbox.cache_root())? else {
-        bail!("--detach needs a pool (--peers or PEERWASM_PEERS): a job of the embedded worker ends with its command");
+fn detach(
+    args: &RunArgs,
+    module_path: &str,
+    job_args: &[String],
+    env: Vec<(String, String)>,
+) -> anyhow::Result<ExitCode> {
+    let Some(crate::client::Target::Pool(pool)) = args.pool.target(args.sandbox.cache_root())?
+    else {
+        bail!(
+            "--detach needs a pool (--peers or PEERWASM_PEERS): a job of the embedded worker ends with its command"
+        );
     };
     let (job, _script) = job_of(args, module_path, job_args, env)?;
     let stdin = if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
         Vec::new()
     } else {
         let mut buf = Vec::new();
-        std::io::stdin().lock().take(MAX_STDIN_BYTES + 1).read_to_end(&mut buf).context("cannot read stdin")?;
+        std::io::stdin()
+            .lock()
+            .take(MAX_STDIN_BYTES + 1)
+            .read_to_end(&mut buf)
+            .context("cannot read stdin")?;
         if buf.len() as u64 > MAX_STDIN_BYTES {
-            bail!("stdin is larger than {}; give the job a file with --dir instead", Bytes(MAX_STDIN_BYTES));
+            bail!(
+                "stdin is larger than {}; give the job a file with --dir instead",
+                Bytes(MAX_STDIN_BYTES)
+            );
         }
         buf
     };
     let spec = job.spec(stdin, args.mem.unwrap_or(crate::proto::DEFAULT_JOB_MEMORY));
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let (worker, id) = runtime.block_on(pool.submit_detached(&job, &spec))?;
     super::args::say(&id);
-    eprintln!("peerwasm: detached on {worker}: follow it with `peerwasm logs -f {id}`, discard its result with `peerwasm cancel {id}`");
+    eprintln!(
+        "peerwasm: detached on {worker}: follow it with `peerwasm logs -f {id}`, discard its result with `peerwasm cancel {id}`"
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -184,7 +216,9 @@ fn job_of(
     job_args: &[String],
     env: Vec<(String, String)>,
 ) -> anyhow::Result<(Job, Option<tempfile::TempDir>)> {
-    let (mut job, script) = args.entry.job(module_path, job_args, args.sandbox.cache_root())?;
+    let (mut job, script) = args
+        .entry
+        .job(module_path, job_args, args.sandbox.cache_root())?;
     job.dirs.extend(parse_dirs(&args.dirs)?);
     job.env = env;
     job.limits.timeout_ms = args.timeout.map(|d| d.as_millis().max(1) as u64);
@@ -206,7 +240,9 @@ async fn run_embedded(runner: &JobRunner, spec: JobSpec, stdin: StdinFeed, strea
     let limit = spec.limits.memory_bytes;
     let spec = match crate::sandbox::RunSpec::local(spec) {
         Ok(spec) => spec,
-        Err(reason) => return Alone::Ended(JobResult::never_ran(limit, Outcome::Rejected { reason })),
+        Err(reason) => {
+            return Alone::Ended(JobResult::never_ran(limit, Outcome::Rejected { reason }));
+        }
     };
     let job = AloneJob {
         spec,
@@ -216,7 +252,12 @@ async fn run_embedded(runner: &JobRunner, spec: JobSpec, stdin: StdinFeed, strea
         memory: Default::default(),
         captures: Default::default(),
     };
-    let interrupt = async { tokio::signal::ctrl_c().await.ok().map(|()| CancelCause::Interrupted) };
+    let interrupt = async {
+        tokio::signal::ctrl_c()
+            .await
+            .ok()
+            .map(|()| CancelCause::Interrupted)
+    };
     run_alone(runner, job, interrupt, |event| {
         if let Event::Output((stream, bytes)) = event {
             print_output(stream, &bytes);
@@ -278,32 +319,37 @@ pub(super) fn report(result: &JobResult, default_mem: bool, stats: bool) {
 /// The thread ends with the process.
 fn stream_stdin() -> StdinFeed {
     let (tx, feed) = StdinFeed::channel();
-    let spawned = std::thread::Builder::new().name("peerwasm-stdin".into()).spawn(move || {
-        let mut stdin = std::io::stdin().lock();
-        let mut total = 0u64;
-        let mut buf = vec![0u8; 64 << 10];
-        loop {
-            let item = match stdin.read(&mut buf) {
-                Ok(0) => return, // the end: dropping `tx` tells the job
-                Ok(n) => {
-                    total += n as u64;
-                    if total > MAX_STDIN_BYTES {
-                        let why = format!("stdin is larger than {}; give the job a file with --dir instead", Bytes(MAX_STDIN_BYTES));
-                        eprintln!("peerwasm: {why}");
-                        let _ = tx.blocking_send(Err(std::io::Error::other(why)));
-                        return;
+    let spawned = std::thread::Builder::new()
+        .name("peerwasm-stdin".into())
+        .spawn(move || {
+            let mut stdin = std::io::stdin().lock();
+            let mut total = 0u64;
+            let mut buf = vec![0u8; 64 << 10];
+            loop {
+                let item = match stdin.read(&mut buf) {
+                    Ok(0) => return, // the end: dropping `tx` tells the job
+                    Ok(n) => {
+                        total += n as u64;
+                        if total > MAX_STDIN_BYTES {
+                            let why = format!(
+                                "stdin is larger than {}; give the job a file with --dir instead",
+                                Bytes(MAX_STDIN_BYTES)
+                            );
+                            eprintln!("peerwasm: {why}");
+                            let _ = tx.blocking_send(Err(std::io::Error::other(why)));
+                            return;
+                        }
+                        Ok(bytes::Bytes::copy_from_slice(&buf[..n]))
                     }
-                    Ok(bytes::Bytes::copy_from_slice(&buf[..n]))
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) => Err(e),
+                };
+                let failed = item.is_err();
+                if tx.blocking_send(item).is_err() || failed {
+                    return; // the job has ended, or stdin failed
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => Err(e),
-            };
-            let failed = item.is_err();
-            if tx.blocking_send(item).is_err() || failed {
-                return; // the job has ended, or stdin failed
             }
-        }
-    });
+        });
     if let Err(e) = spawned {
         tracing::warn!("cannot read stdin: {e}; the job gets none");
     }
@@ -318,7 +364,9 @@ pub(super) fn parse_env(items: &[String]) -> anyhow::Result<Vec<(String, String)
             Some((k, v)) => Ok((k.to_string(), v.to_string())),
             None => match std::env::var(item) {
                 Ok(v) => Ok((item.clone(), v)),
-                Err(_) => bail!("--env {item}: {item} is not set here; give a value with {item}=VALUE"),
+                Err(_) => {
+                    bail!("--env {item}: {item} is not set here; give a value with {item}=VALUE")
+                }
             },
         })
         .collect()
@@ -344,7 +392,11 @@ pub(super) fn parse_dirs(items: &[String]) -> anyhow::Result<Vec<DirGrant>> {
             if !Path::new(&host).is_dir() {
                 bail!("--dir {item}: {} is not a directory", host.display());
             }
-            Ok(DirGrant { host, guest: guest.to_string(), read_only })
+            Ok(DirGrant {
+                host,
+                guest: guest.to_string(),
+                read_only,
+            })
         })
         .collect()
 }
@@ -357,12 +409,29 @@ mod tests {
     fn dirs_parse_with_and_without_guest_paths_and_ro() {
         let here = std::env::temp_dir();
         let h = here.display();
-        let d = parse_dirs(&[format!("{h}"), format!("{h}::/data"), format!("{h}::/in:ro"), format!("{h}:ro")]).unwrap();
-        assert_eq!((d[0].guest.as_str(), d[0].read_only), (h.to_string().as_str(), false));
+        let d = parse_dirs(&[
+            format!("{h}"),
+            format!("{h}::/data"),
+            format!("{h}::/in:ro"),
+            format!("{h}:ro"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (d[0].guest.as_str(), d[0].read_only),
+            (h.to_string().as_str(), false)
+        );
         assert_eq!((d[1].guest.as_str(), d[1].read_only), ("/data", false));
         assert_eq!((d[2].guest.as_str(), d[2].read_only), ("/in", true));
-        assert_eq!((d[3].guest.as_str(), d[3].read_only), (h.to_string().as_str(), true));
+        assert_eq!(
+            (d[3].guest.as_str(), d[3].read_only),
+            (h.to_string().as_str(), true)
+        );
         assert!(parse_dirs(&["::/x".into()]).is_err());
-        assert!(parse_dirs(&["/no/such/dir::/x".into()]).unwrap_err().to_string().contains("not a directory"));
+        assert!(
+            parse_dirs(&["/no/such/dir::/x".into()])
+                .unwrap_err()
+                .to_string()
+                .contains("not a directory")
+        );
     }
 }

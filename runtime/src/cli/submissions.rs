@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use super::jobs::pool_client;
 use super::args::say;
+use super::jobs::pool_client;
 use super::progress::MapPrinter;
 use crate::client::map::{MapItem, MapObserver};
 use crate::client::submit;
@@ -44,7 +44,8 @@ pub fn results(args: ResultsArgs) -> anyhow::Result<ExitCode> {
     let (http, runtime) = pool_client(&args.pool, "results")?;
     let out: Box<dyn Write + Send> = match &args.output {
         Some(path) => Box::new(std::io::BufWriter::new(
-            std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
+            std::fs::File::create(path)
+                .with_context(|| format!("cannot create {}", path.display()))?,
         )),
         None => Box::new(std::io::BufWriter::new(std::io::stdout())),
     };
@@ -71,13 +72,19 @@ pub fn results(args: ResultsArgs) -> anyhow::Result<ExitCode> {
                 }
                 gaps.missing(next, item.index);
                 next = item.index + 1;
-                let item = MapItem { index: item.index as usize, result: item.result, attempts: item.attempts };
+                let item = MapItem {
+                    index: item.index as usize,
+                    result: item.result,
+                    attempts: item.attempts,
+                };
                 failed += u64::from(!item.succeeded());
                 written += 1;
                 printer.result(item)?;
             }
             let state = page.info.state;
-            if (state.is_final() && got == 0) || (args.no_wait && (got == 0 || next >= page.info.total)) {
+            if (state.is_final() && got == 0)
+                || (args.no_wait && (got == 0 || next >= page.info.total))
+            {
                 break page.info;
             }
         };
@@ -87,9 +94,18 @@ pub fn results(args: ResultsArgs) -> anyhow::Result<ExitCode> {
             gaps.missing(next, info.total);
         }
         let said = match info.state {
-            SubmissionState::Running => format!("{written} of {} results so far; it still runs", info.total),
-            SubmissionState::Done if gaps.is_empty() => format!("{written} results, {failed} failed"),
-            st => format!("{written} of {} results; the map {}: {}", info.total, st.as_str(), info.message.as_deref().unwrap_or("")),
+            SubmissionState::Running => {
+                format!("{written} of {} results so far; it still runs", info.total)
+            }
+            SubmissionState::Done if gaps.is_empty() => {
+                format!("{written} results, {failed} failed")
+            }
+            st => format!(
+                "{written} of {} results; the map {}: {}",
+                info.total,
+                st.as_str(),
+                info.message.as_deref().unwrap_or("")
+            ),
         };
         eprintln!("peerwasm results: {said}");
         if !gaps.is_empty() {
@@ -158,7 +174,18 @@ pub fn submissions(args: SubmissionsArgs) -> anyhow::Result<ExitCode> {
             say(&serde_json::to_string_pretty(&list)?);
         } else {
             let now = crate::worker::statedb::now_ms();
-            let mut rows = vec![["ID", "OWNER", "STATE", "DONE", "FAILED", "MODULE", "SUBMITTED"].map(String::from)];
+            let mut rows = vec![
+                [
+                    "ID",
+                    "OWNER",
+                    "STATE",
+                    "DONE",
+                    "FAILED",
+                    "MODULE",
+                    "SUBMITTED",
+                ]
+                .map(String::from),
+            ];
             for s in &list {
                 let age = Duration::from_secs(now.saturating_sub(s.created_ms) / 1000);
                 rows.push([
@@ -203,13 +230,17 @@ pub fn history(args: HistoryArgs) -> anyhow::Result<ExitCode> {
         let view = crate::client::fetch_peers(&http, &args.pool.peers).await?;
         let seeds = args.pool.workers_to_ask(&view);
         let since = crate::worker::statedb::now_ms().saturating_sub(args.since.as_millis() as u64);
-        let (rows, silent) = submit::history(&http, &view, &seeds, since, args.tenant.as_deref()).await?;
+        let (rows, silent) =
+            submit::history(&http, &view, &seeds, since, args.tenant.as_deref()).await?;
         if args.json {
             say(&serde_json::to_string_pretty(&rows)?);
         } else {
             let mut table = vec![
-                ["ENDED", "TENANT", "MODULE", "INPUT", "TRY", "OUTCOME", "EXIT", "PEAK", "RESERVED", "CPU", "WALL", "PEER"]
-                    .map(String::from),
+                [
+                    "ENDED", "TENANT", "MODULE", "INPUT", "TRY", "OUTCOME", "EXIT", "PEAK",
+                    "RESERVED", "CPU", "WALL", "PEER",
+                ]
+                .map(String::from),
             ];
             for r in &rows {
                 let ended = std::time::UNIX_EPOCH + Duration::from_millis(r.ended_ms);

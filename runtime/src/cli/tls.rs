@@ -43,18 +43,37 @@ pub fn run(command: TlsCommand) -> anyhow::Result<ExitCode> {
     match command {
         TlsCommand::Init { dir } => {
             let ca = certs::init(&dir)?;
-            println!("made a pool CA: {} (and {}, yours alone)", ca.display(), dir.join(certs::CA_KEY).display());
-            println!("next, for each worker: peerwasm tls issue {} HOST", dir.display());
-            println!("clients and workers trust it with --tls-ca {} (or PEERWASM_TLS_CA)", ca.display());
+            println!(
+                "made a pool CA: {} (and {}, yours alone)",
+                ca.display(),
+                dir.join(certs::CA_KEY).display()
+            );
+            println!(
+                "next, for each worker: peerwasm tls issue {} HOST",
+                dir.display()
+            );
+            println!(
+                "clients and workers trust it with --tls-ca {} (or PEERWASM_TLS_CA)",
+                ca.display()
+            );
         }
-        TlsCommand::Issue { dir, hosts, name, days } => {
+        TlsCommand::Issue {
+            dir,
+            hosts,
+            name,
+            days,
+        } => {
             let now = SystemTime::now();
             // An hour back: a worker whose clock is a little behind the
             // issuer's still takes it at once.
             let from = now - Duration::from_secs(3600);
             let until = now + Duration::from_secs(u64::from(days.max(1)) * 86_400);
             let issued = certs::issue(&dir, &hosts, name.as_deref(), from, until)?;
-            println!("issued {} for {} (valid {days} days)", issued.cert.display(), hosts.join(", "));
+            println!(
+                "issued {} for {} (valid {days} days)",
+                issued.cert.display(),
+                hosts.join(", ")
+            );
             println!(
                 "start the worker with: --tls-cert {} --tls-key {} --tls-ca {}",
                 issued.cert.display(),

@@ -6,11 +6,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use crate::runner::RunnerConfig;
+use crate::server::DEFAULT_MAX_JOB_TIME;
+use crate::server::{WorkerConfig, start};
 use crate::units::{Size, Span, parse_duration, parse_size};
 use crate::worker::ledger::LedgerConfig;
-use crate::server::DEFAULT_MAX_JOB_TIME;
-use crate::runner::RunnerConfig;
-use crate::server::{WorkerConfig, start};
 use crate::worker::tenants::Tenants;
 
 #[derive(clap::Args, Debug)]
@@ -278,8 +278,17 @@ fn parse_max_job_time(s: &str) -> Result<MaxJobTime, String> {
 
 fn parse_host_port(s: &str) -> Result<String, String> {
     match s.rsplit_once(':') {
-        Some((host, port)) if !host.is_empty() && !host.ends_with(':') && port.parse::<u16>().is_ok() => Ok(s.to_string()),
-        _ if !s.is_empty() && !s.contains(['/', ' ']) && (!s.contains(':') || s.starts_with('[')) => Ok(s.to_string()),
+        Some((host, port))
+            if !host.is_empty() && !host.ends_with(':') && port.parse::<u16>().is_ok() =>
+        {
+            Ok(s.to_string())
+        }
+        _ if !s.is_empty()
+            && !s.contains(['/', ' '])
+            && (!s.contains(':') || s.starts_with('[')) =>
+        {
+            Ok(s.to_string())
+        }
         _ => Err(format!("expected HOST or HOST:PORT, not {s:?}")),
     }
 }
@@ -299,13 +308,19 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     }
     sandbox.module_bytes_held = args.module_memory.0;
     sandbox.max_module_bytes = args.max_module_size.0;
-    sandbox.cache_dir = args.cache_dir.or_else(super::args::default_cache_root).map(|root| root.join("modules"));
+    sandbox.cache_dir = args
+        .cache_dir
+        .or_else(super::args::default_cache_root)
+        .map(|root| root.join("modules"));
     sandbox.max_job_time = args.max_job_time.0;
     sandbox.max_open_files = args.max_open_files.max(1);
     sandbox.cache_max_bytes = args.cache_max.0;
     sandbox.max_scratch_bytes = Some(args.scratch.0);
     let scratch_root = args.scratch_dir.clone().unwrap_or_else(std::env::temp_dir);
-    sandbox.scratch_total_bytes = Some(args.scratch_total.unwrap_or_else(|| free_space(&scratch_root) / 10 * 9));
+    sandbox.scratch_total_bytes = Some(
+        args.scratch_total
+            .unwrap_or_else(|| free_space(&scratch_root) / 10 * 9),
+    );
     sandbox.scratch_root = args.scratch_dir;
     sandbox.max_compile_time = Some(args.max_compile_time.0);
     sandbox.compile_program = Some(super::args::compile_program()?);
@@ -314,10 +329,18 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     let drain_before = args.drain_before.unwrap_or(args.drain_grace.0);
     let lifetime = match (args.slurm, args.ends_in) {
         (true, _) => super::batch::slurm_lifetime(drain_before)?,
-        (false, Some(d)) => crate::worker::lifetime::Lifetime { batch_job: None, ends_at: Some(std::time::SystemTime::now() + d), drain_before },
+        (false, Some(d)) => crate::worker::lifetime::Lifetime {
+            batch_job: None,
+            ends_at: Some(std::time::SystemTime::now() + d),
+            drain_before,
+        },
         (false, None) => Default::default(),
     };
-    let (mut cluster_key, mut tls, mut join) = (args.cluster_key, worker_tls(args.tls_cert, args.tls_key, args.tls_ca), args.join);
+    let (mut cluster_key, mut tls, mut join) = (
+        args.cluster_key,
+        worker_tls(args.tls_cert, args.tls_key, args.tls_ca),
+        args.join,
+    );
     let pool_dir = match &args.pool_dir {
         Some(dir) => {
             let pool = crate::server::pooldir::PoolDir::open(dir)?;
@@ -338,10 +361,16 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
             sandbox,
             slot_processes: match args.slot_processes {
                 crate::runner::slotproc::SlotPolicy::Never => None,
-                policy => Some(crate::runner::slotproc::SlotProcessConfig { program: super::args::slot_program()?, policy }),
+                policy => Some(crate::runner::slotproc::SlotProcessConfig {
+                    program: super::args::slot_program()?,
+                    policy,
+                }),
             },
         },
-        ledger: LedgerConfig { memory: args.memory, reserve: args.reserve.0 },
+        ledger: LedgerConfig {
+            memory: args.memory,
+            reserve: args.reserve.0,
+        },
         gossip_interval: args.gossip_interval.0,
         tenants: match &args.tenants {
             Some(path) => Tenants::load(path)?,
@@ -363,7 +392,9 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         max_request_bytes: args.max_request_bytes.0,
         file_store_bytes: args.file_store.0,
         max_files_back: args.max_files_back.0,
-        state_dir: args.state_dir.or_else(|| default_state_dir(args.listen, args.advertise.as_deref())),
+        state_dir: args
+            .state_dir
+            .or_else(|| default_state_dir(args.listen, args.advertise.as_deref())),
         history_keep: Duration::from_secs(u64::from(args.history_days) * 24 * 3600),
         keep_results: args.keep_results.0,
         host_ledger: match args.host_ledger {
@@ -380,14 +411,17 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
             header_timeout: args.header_timeout.0,
         },
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(async {
         let worker = start(config, shutdown_signal()).await?;
         // The one line scripts (and tests) read to learn the address.
         // Not println!: a worker whose stdout is closed (a batch system, a
         // pipe to `head -1`) must not panic here, after it began serving.
         let mut stdout = std::io::stdout().lock();
-        let _ = writeln!(stdout, "peerwasm worker listening on {}", worker.advertised).and_then(|()| stdout.flush());
+        let _ = writeln!(stdout, "peerwasm worker listening on {}", worker.advertised)
+            .and_then(|()| stdout.flush());
         drop(stdout);
         // Listed in the pool directory while it serves.
         let _member = match &pool_dir {
@@ -416,15 +450,21 @@ fn advertised_host(listen: SocketAddr, advertise: Option<&str>) -> String {
 /// 0, whose worker cannot be found again after a restart anyway.
 fn default_state_dir(listen: SocketAddr, advertise: Option<&str>) -> Option<PathBuf> {
     let addr = advertise.map_or_else(|| listen.to_string(), String::from);
-    let name = format!("worker-{addr}").replace(['/', '[', ']'], "_").replace(':', "-");
-    (listen.port() != 0).then(|| dirs::data_dir().map(|d| d.join("peerwasm").join(name))).flatten()
+    let name = format!("worker-{addr}")
+        .replace(['/', '[', ']'], "_")
+        .replace(':', "-");
+    (listen.port() != 0)
+        .then(|| dirs::data_dir().map(|d| d.join("peerwasm").join(name)))
+        .flatten()
 }
 
 /// Bytes free for unprivileged users on the filesystem of `dir` (0 if it
 /// cannot be read).
 fn free_space(dir: &std::path::Path) -> u64 {
     use std::os::unix::ffi::OsStrExt;
-    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else { return 0 };
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return 0;
+    };
     // SAFETY: statvfs writes into the zeroed struct we own; the path is a
     // valid NUL-terminated string.
     unsafe {
@@ -440,14 +480,20 @@ fn free_space(dir: &std::path::Path) -> u64 {
 /// (as most servers do), and warns when even that cannot hold every slot's
 /// jobs at their bound with room for connections.
 fn raise_descriptor_limit(slots: usize, per_job: u32) {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: getrlimit/setrlimit with a valid, owned rlimit struct.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
             return;
         }
         if lim.rlim_cur < lim.rlim_max {
-            let raised = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
+            let raised = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
             if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
                 lim = raised;
             }
@@ -511,7 +557,10 @@ mod tests {
         assert_eq!(a.max_files_back.0, lib.max_files_back);
         assert_eq!(a.header_timeout.0, lib.serve.header_timeout);
         assert_eq!(a.max_connections, lib.serve.max_connections);
-        assert_eq!(std::time::Duration::from_secs(u64::from(a.history_days) * 24 * 3600), lib.history_keep);
+        assert_eq!(
+            std::time::Duration::from_secs(u64::from(a.history_days) * 24 * 3600),
+            lib.history_keep
+        );
         assert_eq!(a.keep_results.0, lib.keep_results);
         assert_eq!(Some(crate::worker::default_host_ledger()), lib.host_ledger);
         assert_eq!(a.module_memory.0, sandbox.module_bytes_held);
@@ -523,7 +572,10 @@ mod tests {
         assert_eq!(a.max_job_time.0, sandbox.max_job_time);
         assert_eq!(a.max_open_files, sandbox.max_open_files);
         let admission = crate::worker::admission::AdmissionConfig::new(1);
-        assert_eq!((admission.half_life, admission.hold_after), (lib.usage_half_life, lib.hold_after));
+        assert_eq!(
+            (admission.half_life, admission.hold_after),
+            (lib.usage_half_life, lib.hold_after)
+        );
         assert_eq!(admission.queue_bytes_per_tenant, lib.max_queued_bytes);
     }
 }
@@ -532,7 +584,11 @@ mod tests {
 /// `--tls-cert` bring `--tls-key` and `--tls-ca`). A CA alone, as
 /// `PEERWASM_TLS_CA` exported for the clients of this shell gives, is said
 /// and ignored: without a certificate the worker serves plain HTTP.
-fn worker_tls(cert: Option<PathBuf>, key: Option<PathBuf>, ca: Option<PathBuf>) -> Option<crate::net::tls::WorkerTls> {
+fn worker_tls(
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    ca: Option<PathBuf>,
+) -> Option<crate::net::tls::WorkerTls> {
     match (cert, key, ca) {
         (Some(cert), Some(key), Some(ca)) => Some(crate::net::tls::WorkerTls { cert, key, ca }),
         (None, _, Some(ca)) => {

@@ -31,9 +31,9 @@
 //! on every worker (their connections close); a second cancel discards the
 //! submission and its results.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
-use parking_lot::Mutex;
 use std::time::Duration;
 
 use rusqlite::{OptionalExtension, params};
@@ -41,13 +41,12 @@ use rusqlite::{OptionalExtension, params};
 pub mod run;
 
 use crate::client::MapSummary;
+use crate::proto::JobSpec;
+use crate::proto::submission::{
+    ResultsPage, SubmissionInfo, SubmissionState, SubmitConfig, SubmittedResult,
+};
 use crate::worker::state::Worker;
 use crate::worker::statedb::{StateDb, now_ms};
-use crate::proto::submission::{
-    ResultsPage, SubmissionInfo, SubmissionState,
-    SubmitConfig, SubmittedResult,
-};
-use crate::proto::JobSpec;
 
 /// Submissions one tenant may have running on one owner.
 pub const MAX_RUNNING_PER_TENANT: i64 = 64;
@@ -70,7 +69,10 @@ pub struct Owner {
 impl Owner {
     /// The owner of the submissions stored in `worker`'s state database.
     pub fn new(worker: Arc<Worker>) -> Arc<Owner> {
-        Arc::new(Owner { submissions: Submissions::new(worker.db.clone()), worker })
+        Arc::new(Owner {
+            submissions: Submissions::new(worker.db.clone()),
+            worker,
+        })
     }
 }
 
@@ -93,7 +95,10 @@ struct Stored {
 impl Submissions {
     /// The submissions stored in `db`; their modules under `db`'s dir.
     pub fn new(db: Arc<StateDb>) -> Submissions {
-        Submissions { db, running: Mutex::new(HashMap::new()) }
+        Submissions {
+            db,
+            running: Mutex::new(HashMap::new()),
+        }
     }
 
     fn running(&self) -> parking_lot::MutexGuard<'_, HashMap<String, tokio::task::AbortHandle>> {
@@ -175,13 +180,20 @@ impl Submissions {
     }
 
     /// One submission of `tenant` (any tenant's with `None`).
-    pub async fn info(&self, owner: &str, tenant: Option<String>, id: &str) -> anyhow::Result<Option<SubmissionInfo>> {
+    pub async fn info(
+        &self,
+        owner: &str,
+        tenant: Option<String>,
+        id: &str,
+    ) -> anyhow::Result<Option<SubmissionInfo>> {
         let (owner, id) = (owner.to_string(), id.to_string());
         self.db
             .read(move |c| {
-                c.query_row(&format!("{INFO_SELECT} WHERE s.id = ?1 AND (?2 IS NULL OR s.tenant = ?2)"), params![id, tenant], |r| {
-                    info_row(r, &owner)
-                })
+                c.query_row(
+                    &format!("{INFO_SELECT} WHERE s.id = ?1 AND (?2 IS NULL OR s.tenant = ?2)"),
+                    params![id, tenant],
+                    |r| info_row(r, &owner),
+                )
                 .optional()
             })
             .await
@@ -192,7 +204,9 @@ impl Submissions {
         let owner = owner.to_string();
         self.db
             .read(move |c| {
-                let mut stmt = c.prepare(&format!("{INFO_SELECT} WHERE s.tenant = ?1 ORDER BY s.created_ms DESC"))?;
+                let mut stmt = c.prepare(&format!(
+                    "{INFO_SELECT} WHERE s.tenant = ?1 ORDER BY s.created_ms DESC"
+                ))?;
                 let rows = stmt.query_map([tenant], |r| info_row(r, &owner))?;
                 rows.collect()
             })
@@ -213,7 +227,9 @@ impl Submissions {
         let mut committed = self.db.committed();
         loop {
             committed.borrow_and_update();
-            let Some(info) = self.info(owner, Some(tenant.clone()), id).await? else { return Ok(None) };
+            let Some(info) = self.info(owner, Some(tenant.clone()), id).await? else {
+                return Ok(None);
+            };
             let id2 = id.to_string();
             // While the map runs, only up to the first input still without
             // a result: a reader never skips one that is yet to come.
@@ -245,7 +261,8 @@ impl Submissions {
                 .map(|b| postcard::from_bytes::<SubmittedResult>(b))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| anyhow::anyhow!("a stored result cannot be read: {e}"))?;
-            if !items.is_empty() || info.state.is_final() || tokio::time::Instant::now() >= deadline {
+            if !items.is_empty() || info.state.is_final() || tokio::time::Instant::now() >= deadline
+            {
                 return Ok(Some(ResultsPage { info, items }));
             }
             let _ = tokio::time::timeout_at(deadline, committed.changed()).await;
@@ -261,14 +278,18 @@ impl Submissions {
             .read({
                 let (id, tenant) = (id2.clone(), tenant.clone());
                 move |c| {
-                    c.query_row("SELECT state FROM submissions WHERE id = ?1 AND tenant = ?2", params![id, tenant], |r| {
-                        r.get::<_, String>(0)
-                    })
+                    c.query_row(
+                        "SELECT state FROM submissions WHERE id = ?1 AND tenant = ?2",
+                        params![id, tenant],
+                        |r| r.get::<_, String>(0),
+                    )
                     .optional()
                 }
             })
             .await?;
-        let Some(state) = cancelled else { return Ok(None) };
+        let Some(state) = cancelled else {
+            return Ok(None);
+        };
         if state == SubmissionState::Running.as_str() {
             if let Some(task) = self.running().remove(id) {
                 // Dropping the map cancels its jobs under way.
@@ -290,9 +311,13 @@ impl Submissions {
         self.db
             .write(move |c| {
                 for table in ["results", "inputs"] {
-                    c.execute(&format!("DELETE FROM {table} WHERE submission = ?1"), [&id2])?;
+                    c.execute(
+                        &format!("DELETE FROM {table} WHERE submission = ?1"),
+                        [&id2],
+                    )?;
                 }
-                c.execute("DELETE FROM submissions WHERE id = ?1", [&id2]).map(drop)
+                c.execute("DELETE FROM submissions WHERE id = ?1", [&id2])
+                    .map(drop)
             })
             .await?;
         Ok(Some("done"))
@@ -317,15 +342,23 @@ impl Submissions {
             .write(move |c| {
                 let old = "SELECT id FROM submissions WHERE state != 'running' AND ended_ms < ?1";
                 for table in ["results", "inputs"] {
-                    c.execute(&format!("DELETE FROM {table} WHERE submission IN ({old})"), [before])?;
+                    c.execute(
+                        &format!("DELETE FROM {table} WHERE submission IN ({old})"),
+                        [before],
+                    )?;
                 }
-                c.execute("DELETE FROM submissions WHERE state != 'running' AND ended_ms < ?1", [before]).map(drop)
+                c.execute(
+                    "DELETE FROM submissions WHERE state != 'running' AND ended_ms < ?1",
+                    [before],
+                )
+                .map(drop)
             })
             .await?;
         let named: Vec<String> = self
             .db
             .read(|c| {
-                let mut stmt = c.prepare("SELECT module FROM submissions UNION SELECT module FROM detached")?;
+                let mut stmt =
+                    c.prepare("SELECT module FROM submissions UNION SELECT module FROM detached")?;
                 let rows = stmt.query_map([], |r| r.get(0))?;
                 rows.collect()
             })
@@ -333,7 +366,10 @@ impl Submissions {
         if let Ok(entries) = std::fs::read_dir(self.db.dir().join("modules")) {
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
-                if name.strip_suffix(".wasm").is_some_and(|h| !named.iter().any(|n| n == h)) {
+                if name
+                    .strip_suffix(".wasm")
+                    .is_some_and(|h| !named.iter().any(|n| n == h))
+                {
                     let _ = std::fs::remove_file(e.path());
                 }
             }

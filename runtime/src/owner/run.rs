@@ -14,11 +14,13 @@ use tokio::sync::oneshot;
 use super::{MAX_RUNNING_PER_TENANT, Owner, Stored};
 use crate::client::estimate::{DEFAULT_MARGIN, MemoryEstimator};
 use crate::client::{Job, MapConfig, MapItem, MapObserver, MapSummary, Pool, PoolConfig, Target};
-use crate::proto::submission::{MAX_SUBMISSION_INPUTS, SUBMISSION_PREFIX, SubmissionInfo, SubmissionSpec, SubmittedResult};
+use crate::proto::submission::{
+    MAX_SUBMISSION_INPUTS, SUBMISSION_PREFIX, SubmissionInfo, SubmissionSpec, SubmittedResult,
+};
 use crate::proto::{JobSpec, MAX_INPUT_BYTES};
 use crate::worker::refused::Refused;
-use crate::worker::stored::ROW_BYTES;
 use crate::worker::statedb::{Committed, StateDb, now_ms};
+use crate::worker::stored::ROW_BYTES;
 use crate::worker::tenants::Tenant;
 
 /// Checks and stores a submission, then starts its map. Answers once
@@ -40,12 +42,20 @@ pub async fn create(
         .db
         .read({
             let tenant = tenant.name.clone();
-            move |c| c.query_row("SELECT count(*) FROM submissions WHERE tenant = ?1 AND state = 'running'", [tenant], |r| r.get(0))
+            move |c| {
+                c.query_row(
+                    "SELECT count(*) FROM submissions WHERE tenant = ?1 AND state = 'running'",
+                    [tenant],
+                    |r| r.get(0),
+                )
+            }
         })
         .await
         .map_err(|e| Refused::Internal(format!("{e:#}")))?;
     let rows = spec.inputs.len() as u64 + 1;
-    let adding = spec.inputs.iter().map(|i| i.len() as u64).sum::<u64>() + job.encoded_len() + rows * ROW_BYTES;
+    let adding = spec.inputs.iter().map(|i| i.len() as u64).sum::<u64>()
+        + job.encoded_len()
+        + rows * ROW_BYTES;
     crate::worker::stored::check(w, &tenant.name, adding, "submission").await?;
     if running >= MAX_RUNNING_PER_TENANT {
         return Err(Refused::Busy(format!(
@@ -58,12 +68,19 @@ pub async fn create(
         .await
         .map_err(|e| Refused::Internal(e.to_string()))?
         .map_err(|e| Refused::Internal(format!("cannot store the module: {e}")))?;
-    let id = format!("{SUBMISSION_PREFIX}{}", hex::encode(rand::random::<[u8; 16]>()));
+    let id = format!(
+        "{SUBMISSION_PREFIX}{}",
+        hex::encode(rand::random::<[u8; 16]>())
+    );
     let stored = Stored {
         id: id.clone(),
         tenant: tenant.name.clone(),
         token,
-        job: JobSpec { stdin: Vec::new(), tag: None, ..spec.job },
+        job: JobSpec {
+            stdin: Vec::new(),
+            tag: None,
+            ..spec.job
+        },
         config: spec.config,
     };
     let row = (
@@ -105,13 +122,24 @@ pub async fn create(
 /// large, no directories.
 fn check_spec(spec: &SubmissionSpec) -> Result<(), Refused> {
     if spec.inputs.is_empty() {
-        return Err(Refused::Invalid("a submission needs at least one input".into()));
+        return Err(Refused::Invalid(
+            "a submission needs at least one input".into(),
+        ));
     }
     if spec.inputs.len() as u64 > MAX_SUBMISSION_INPUTS {
-        return Err(Refused::Invalid(format!("a submission may have at most {MAX_SUBMISSION_INPUTS} inputs")));
+        return Err(Refused::Invalid(format!(
+            "a submission may have at most {MAX_SUBMISSION_INPUTS} inputs"
+        )));
     }
-    if let Some(i) = spec.inputs.iter().position(|i| i.len() as u64 > MAX_INPUT_BYTES) {
-        return Err(Refused::InputTooLarge(format!("input {i} is over the {} a job's input may be", crate::units::Bytes(MAX_INPUT_BYTES))));
+    if let Some(i) = spec
+        .inputs
+        .iter()
+        .position(|i| i.len() as u64 > MAX_INPUT_BYTES)
+    {
+        return Err(Refused::InputTooLarge(format!(
+            "input {i} is over the {} a job's input may be",
+            crate::units::Bytes(MAX_INPUT_BYTES)
+        )));
     }
     if !spec.job.dirs.is_empty() || !spec.job.trees.is_empty() {
         return Err(Refused::Invalid(
@@ -128,22 +156,39 @@ pub async fn resume_all(o: &Arc<Owner>) -> anyhow::Result<usize> {
         .submissions
         .db
         .read(|c| {
-            let mut stmt =
-                c.prepare("SELECT id, tenant, token, job, config FROM submissions WHERE state = 'running'")?;
+            let mut stmt = c.prepare(
+                "SELECT id, tenant, token, job, config FROM submissions WHERE state = 'running'",
+            )?;
             let rows = stmt.query_map([], |r| {
-                Ok((r.get::<_, String>(0)?, r.get(1)?, r.get(2)?, r.get::<_, Vec<u8>>(3)?, r.get::<_, Vec<u8>>(4)?))
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get::<_, Vec<u8>>(3)?,
+                    r.get::<_, Vec<u8>>(4)?,
+                ))
             })?;
             rows.collect::<Result<Vec<_>, _>>()
         })
         .await?;
     let n = stored.len();
     for (id, tenant, token, job, config) in stored {
-        let (Ok(job), Ok(config)) = (JobSpec::from_stored(&job), postcard::from_bytes(&config)) else {
+        let (Ok(job), Ok(config)) = (JobSpec::from_stored(&job), postcard::from_bytes(&config))
+        else {
             tracing::error!(submission = %id, "a stored submission cannot be read by this peerwasm: left as it is");
             continue;
         };
         tracing::info!(submission = %id, "resuming a submission");
-        start(o, Stored { id, tenant, token, job, config });
+        start(
+            o,
+            Stored {
+                id,
+                tenant,
+                token,
+                job,
+                config,
+            },
+        );
     }
     Ok(n)
 }
@@ -213,7 +258,13 @@ async fn run_map(o: &Arc<Owner>, s: &Stored) -> anyhow::Result<MapSummary> {
         unreadable: unreadable.clone(),
     };
     let start_estimate = peak.and_then(|peak| {
-        let mut e = MemoryEstimator::new(job.declared_memory(), None, s.config.min_mem, u64::MAX, DEFAULT_MARGIN);
+        let mut e = MemoryEstimator::new(
+            job.declared_memory(),
+            None,
+            s.config.min_mem,
+            u64::MAX,
+            DEFAULT_MARGIN,
+        );
         for &(size, peak) in seen.iter().rev() {
             e.observe(size, peak);
         }
@@ -242,7 +293,14 @@ async fn run_map(o: &Arc<Owner>, s: &Stored) -> anyhow::Result<MapSummary> {
         ..MapConfig::default()
     };
     let mut sink = Sink::new(o, &s.id);
-    let summary = crate::client::map(&Target::Pool(Arc::new(pool)), &job, inputs, &config, &mut sink).await;
+    let summary = crate::client::map(
+        &Target::Pool(Arc::new(pool)),
+        &job,
+        inputs,
+        &config,
+        &mut sink,
+    )
+    .await;
     // Every result handed over is kept before the map may be said to end.
     sink.flush()?;
     if let Some(why) = unreadable.lock().take() {
@@ -349,14 +407,25 @@ const STORE_RETRY_MAX: Duration = Duration::from_secs(2);
 
 impl Sink {
     fn new(o: &Arc<Owner>, id: &str) -> Sink {
-        Sink { o: o.clone(), id: id.to_string(), pending: VecDeque::new(), paused: false }
+        Sink {
+            o: o.clone(),
+            id: id.to_string(),
+            pending: VecDeque::new(),
+            paused: false,
+        }
     }
 
     /// Queues the write of a result; `OR IGNORE`: after a restart the map
     /// runs again from the first input without a result, and a result
     /// already stored is the one kept.
     fn queue(&self, row: &Row) -> Committed {
-        let (id, index, ok, peak, blob) = (self.id.clone(), row.index, row.ok, row.peak, row.blob.clone());
+        let (id, index, ok, peak, blob) = (
+            self.id.clone(),
+            row.index,
+            row.ok,
+            row.peak,
+            row.blob.clone(),
+        );
         self.o.submissions.db.write_soon(move |c| {
             c.prepare_cached("INSERT OR IGNORE INTO results (submission, idx, ok, peak, item) VALUES (?1, ?2, ?3, ?4, ?5)")?
                 .execute(params![id, index, ok, peak, blob.as_slice()])
@@ -384,7 +453,8 @@ impl Sink {
     /// Waits for every queued result to be kept: the map has ended.
     fn flush(&mut self) -> anyhow::Result<()> {
         while let Some(Pending { row, committed }) = self.pending.pop_front() {
-            let outcome = blocking(|| futures::executor::block_on(committed)).unwrap_or_else(|_| Err(CLOSED.into()));
+            let outcome = blocking(|| futures::executor::block_on(committed))
+                .unwrap_or_else(|_| Err(CLOSED.into()));
             if let Err(why) = outcome {
                 blocking(|| self.keep(&row, &why))?;
             }
@@ -406,7 +476,9 @@ impl Sink {
         let mut wait = Duration::from_millis(50);
         loop {
             if !self.o.submissions.is_running(&self.id) {
-                anyhow::bail!("the submission stopped while its results could not be stored ({first_error})");
+                anyhow::bail!(
+                    "the submission stopped while its results could not be stored ({first_error})"
+                );
             }
             std::thread::sleep(wait);
             wait = (wait * 2).min(STORE_RETRY_MAX);
@@ -429,15 +501,28 @@ const CLOSED: &str = "the state database was closed";
 fn blocking<T>(f: impl FnOnce() -> T) -> T {
     let multi_thread = tokio::runtime::Handle::try_current()
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    if multi_thread { tokio::task::block_in_place(f) } else { f() }
+    if multi_thread {
+        tokio::task::block_in_place(f)
+    } else {
+        f()
+    }
 }
 
 impl MapObserver for Sink {
     fn result(&mut self, item: MapItem) -> anyhow::Result<()> {
         let (ok, peak) = (item.succeeded(), item.result.peak_memory_bytes as i64);
         let index = item.index as i64;
-        let stored = SubmittedResult { index: item.index as u64, attempts: item.attempts, result: item.result };
-        let row = Row { index, ok, peak, blob: Arc::new(postcard::to_allocvec(&stored)?) };
+        let stored = SubmittedResult {
+            index: item.index as u64,
+            attempts: item.attempts,
+            result: item.result,
+        };
+        let row = Row {
+            index,
+            ok,
+            peak,
+            blob: Arc::new(postcard::to_allocvec(&stored)?),
+        };
         let committed = self.queue(&row);
         self.pending.push_back(Pending { row, committed });
         self.settle_ready()

@@ -35,7 +35,10 @@ pub async fn post_batch(
     if specs.len() > MAX_BATCH_JOBS {
         return text(
             StatusCode::PAYLOAD_TOO_LARGE,
-            format!("a batch of {} jobs is more than the limit of {MAX_BATCH_JOBS}", specs.len()),
+            format!(
+                "a batch of {} jobs is more than the limit of {MAX_BATCH_JOBS}",
+                specs.len()
+            ),
         );
     }
     if w.draining.load(std::sync::atomic::Ordering::Relaxed) {
@@ -56,11 +59,22 @@ pub async fn post_batch(
             .map(|(index, spec)| {
                 let (w, tenant) = (w.clone(), tenant.clone());
                 async move {
-                    let answer = match jobs::run_attached(&w, &tenant, spec, jobs::Streams::default(), |_| {}).await {
+                    let answer = match jobs::run_attached(
+                        &w,
+                        &tenant,
+                        spec,
+                        jobs::Streams::default(),
+                        |_| {},
+                    )
+                    .await
+                    {
                         Ok(result) => BatchAnswer::Done(result),
                         Err(refused) => batch_refusal(refused),
                     };
-                    BatchItem { index: index as u32, answer }
+                    BatchItem {
+                        index: index as u32,
+                        answer,
+                    }
                 }
             })
             .collect::<FuturesUnordered<_>>()
@@ -69,9 +83,17 @@ pub async fn post_batch(
     let frames = answers.map(|item| {
         let frame = encode_frame(&item).unwrap_or_else(|e| {
             let answer = batch_refusal(Refused::Internal(format!("cannot encode the result: {e}")));
-            encode_frame(&BatchItem { index: item.index, answer }).expect("a refusal encodes")
+            encode_frame(&BatchItem {
+                index: item.index,
+                answer,
+            })
+            .expect("a refusal encodes")
         });
         Ok::<_, Infallible>(Bytes::from(frame))
     });
-    ([(header::CONTENT_TYPE, POSTCARD)], Body::from_stream(frames)).into_response()
+    (
+        [(header::CONTENT_TYPE, POSTCARD)],
+        Body::from_stream(frames),
+    )
+        .into_response()
 }

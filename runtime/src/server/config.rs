@@ -193,7 +193,9 @@ impl WorkerConfig {
             file_store_bytes: crate::worker::DEFAULT_FILE_STORE,
             max_files_back: crate::worker::DEFAULT_MAX_FILES_BACK,
             state_dir: None,
-            history_keep: Duration::from_secs(u64::from(crate::worker::DEFAULT_HISTORY_DAYS) * 24 * 3600),
+            history_keep: Duration::from_secs(
+                u64::from(crate::worker::DEFAULT_HISTORY_DAYS) * 24 * 3600,
+            ),
             keep_results: DEFAULT_KEEP_RESULTS,
             host_ledger: Some(crate::worker::default_host_ledger()),
             precompile: Vec::new(),
@@ -202,4 +204,3 @@ impl WorkerConfig {
         }
     }
 }
-

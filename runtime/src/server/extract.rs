@@ -29,9 +29,9 @@ use serde::de::DeserializeOwned;
 
 use super::response::text;
 use super::serve::Remote;
-use crate::worker::budget::{Charge, Payer, ChargeRefused};
 use crate::proto::{MAX_INPUT_BYTES, PROTOCOL_HEADER, PROTOCOL_VERSION};
 use crate::units::Bytes as Size;
+use crate::worker::budget::{Charge, ChargeRefused, Payer};
 use crate::worker::state::Worker;
 use crate::worker::tenants::{AuthError, Sees, Tenant};
 
@@ -86,15 +86,26 @@ fn unauthorized(w: &Worker, e: AuthError) -> Response {
         AuthError::Unknown => "the tenant token is not known here",
     };
     let mut resp = text(StatusCode::UNAUTHORIZED, why);
-    resp.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+    resp.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        header::HeaderValue::from_static("Bearer"),
+    );
     resp
 }
 
 /// The caller of a request with these headers, or the 401 to answer. A
 /// token the worker knows marks the request's connection as one that
 /// belongs (`serve::Trust`): it is never closed to make room.
-fn authenticate(w: &Worker, parts: &axum::http::Extensions, headers: &axum::http::HeaderMap) -> Result<Caller, Response> {
-    let caller = w.tenants.authenticate(token(headers)).map(Caller).map_err(|e| unauthorized(w, e))?;
+fn authenticate(
+    w: &Worker,
+    parts: &axum::http::Extensions,
+    headers: &axum::http::HeaderMap,
+) -> Result<Caller, Response> {
+    let caller = w
+        .tenants
+        .authenticate(token(headers))
+        .map(Caller)
+        .map_err(|e| unauthorized(w, e))?;
     if w.tenants.is_multi()
         && let Some(trust) = parts.get::<super::serve::Trust>()
     {
@@ -111,7 +122,10 @@ impl FromRequestParts<Arc<Worker>> for Viewer {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, w: &Arc<Worker>) -> Result<Viewer, Response> {
-        let sees = w.tenants.sees(token(&parts.headers)).map_err(|e| unauthorized(w, e))?;
+        let sees = w
+            .tenants
+            .sees(token(&parts.headers))
+            .map_err(|e| unauthorized(w, e))?;
         // A known token proves the connection belongs (`serve::Trust`).
         if w.tenants.is_multi()
             && sees != Sees::Nobody
@@ -145,7 +159,11 @@ pub async fn tenant_first(State(w): State<Arc<Worker>>, mut req: Request, next: 
             next.run(req).await
         }
         Err(refusal) => {
-            let _ = tokio::time::timeout(DISCARD_TIMEOUT, discard(req.into_body(), DISCARD_UNAUTHENTICATED)).await;
+            let _ = tokio::time::timeout(
+                DISCARD_TIMEOUT,
+                discard(req.into_body(), DISCARD_UNAUTHENTICATED),
+            )
+            .await;
             refusal
         }
     }
@@ -185,11 +203,17 @@ impl Pace {
 }
 
 /// The pace of a tenant's bodies: 10 s, then 32 KiB/s.
-pub const TENANT_PACE: Pace = Pace { grace: Duration::from_secs(10), min_rate: 32 << 10 };
+pub const TENANT_PACE: Pace = Pace {
+    grace: Duration::from_secs(10),
+    min_rate: 32 << 10,
+};
 
 /// The pace of an unauthenticated body (gossip): a peer sends a whole
 /// message at once, and gives up on its answer after 5 s.
-pub const STRANGER_PACE: Pace = Pace { grace: Duration::from_secs(5), min_rate: 256 << 10 };
+pub const STRANGER_PACE: Pace = Pace {
+    grace: Duration::from_secs(5),
+    min_rate: 256 << 10,
+};
 
 /// A kind of request body: what it is called in messages, its cap, and
 /// how fast it must arrive.
@@ -217,9 +241,16 @@ macro_rules! body_kind {
 
 body_kind!(JobBody, "job request", |_w| JOB_BODY);
 body_kind!(BatchBody, "batch request", |_w| BATCH_BODY);
-body_kind!(SubmissionBody, "submission", |_w| crate::proto::submission::MAX_SUBMISSION_BYTES as usize);
+body_kind!(
+    SubmissionBody,
+    "submission",
+    |_w| crate::proto::submission::MAX_SUBMISSION_BYTES as usize
+);
 body_kind!(BacklogBody, "backlog report", |_w| BACKLOG_BODY);
-body_kind!(ModuleBody, "module", |w| usize::try_from(w.runner.sandbox().config().max_module_bytes).unwrap_or(usize::MAX));
+body_kind!(ModuleBody, "module", |w| usize::try_from(
+    w.runner.sandbox().config().max_module_bytes
+)
+.unwrap_or(usize::MAX));
 
 /// Who pays for a request's bytes: the tenant [`tenant_first`] found, else
 /// the address the request came from.
@@ -235,7 +266,8 @@ pub fn payer(parts: &axum::http::Extensions) -> Payer {
 pub fn over_budget(w: &Worker, e: ChargeRefused) -> Response {
     w.metrics.refused("request_bytes");
     let mut resp = text(StatusCode::SERVICE_UNAVAILABLE, e.to_string());
-    resp.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(1));
+    resp.headers_mut()
+        .insert(header::RETRY_AFTER, header::HeaderValue::from(1));
     resp
 }
 
@@ -252,7 +284,12 @@ pub async fn read_charged(
     pace: Pace,
     charge: &mut Charge,
 ) -> Result<Bytes, Response> {
-    let too_large = || text(StatusCode::PAYLOAD_TOO_LARGE, format!("a {what} may be at most {}", Size(limit as u64)));
+    let too_large = || {
+        text(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("a {what} may be at most {}", Size(limit as u64)),
+        )
+    };
     let declared = axum::body::HttpBody::size_hint(&body).exact();
     let start = tokio::time::Instant::now();
     if declared.is_some_and(|n| n > limit as u64) {
@@ -272,7 +309,9 @@ pub async fn read_charged(
         if need > buf.capacity() {
             // Grown as a Vec would (doubling), and charged before.
             let cap = need.max(buf.capacity() * 2).min(limit);
-            charge.grow((cap as u64).saturating_sub(charge.bytes())).map_err(|e| over_budget(w, e))?;
+            charge
+                .grow((cap as u64).saturating_sub(charge.bytes()))
+                .map_err(|e| over_budget(w, e))?;
             buf.reserve_exact(cap - buf.len());
         }
         buf.extend_from_slice(&data);
@@ -283,10 +322,18 @@ pub async fn read_charged(
 /// The 413 for a body that declares more than `limit`: read and dropped
 /// (never held), up to the cap, at the pace, so the client sees the answer
 /// rather than a broken connection.
-pub async fn refuse_too_large(body: axum::body::Body, what: &str, limit: usize, pace: Pace) -> Response {
+pub async fn refuse_too_large(
+    body: axum::body::Body,
+    what: &str,
+    limit: usize,
+    pace: Pace,
+) -> Response {
     let start = tokio::time::Instant::now();
     let _ = tokio::time::timeout_at(pace.deadline(start, limit as u64), discard(body, limit)).await;
-    text(StatusCode::PAYLOAD_TOO_LARGE, format!("a {what} may be at most {}", Size(limit as u64)))
+    text(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("a {what} may be at most {}", Size(limit as u64)),
+    )
 }
 
 /// The next bytes of `body` (`None` at its end), if they come by the time
@@ -312,7 +359,12 @@ pub async fn next_chunk(
                 return Err(text(StatusCode::REQUEST_TIMEOUT, why));
             }
             Ok(None) => return Ok(None),
-            Ok(Some(Err(e))) => return Err(text(StatusCode::BAD_REQUEST, format!("cannot read the {what}: {e}"))),
+            Ok(Some(Err(e))) => {
+                return Err(text(
+                    StatusCode::BAD_REQUEST,
+                    format!("cannot read the {what}: {e}"),
+                ));
+            }
             Ok(Some(Ok(frame))) => frame,
         };
         if let Ok(data) = frame.into_data() {
@@ -330,7 +382,15 @@ impl<K: BodyKind> FromRequest<Arc<Worker>> for Body<K> {
 
     async fn from_request(req: Request, w: &Arc<Worker>) -> Result<Body<K>, Response> {
         let mut charge = w.budgets.charge(payer(req.extensions()));
-        let bytes = read_charged(w, req.into_body(), K::WHAT, K::limit(w), K::PACE, &mut charge).await?;
+        let bytes = read_charged(
+            w,
+            req.into_body(),
+            K::WHAT,
+            K::limit(w),
+            K::PACE,
+            &mut charge,
+        )
+        .await?;
         Ok(Body(bytes, charge, PhantomData))
     }
 }

@@ -43,7 +43,8 @@ impl BodyKind for ManifestBody {
 }
 
 fn parse_hash(hex: &str) -> Result<ModuleHash, Response> {
-    ModuleHash::from_hex(hex).ok_or_else(|| text(StatusCode::BAD_REQUEST, "the name must be a sha256 in hex"))
+    ModuleHash::from_hex(hex)
+        .ok_or_else(|| text(StatusCode::BAD_REQUEST, "the name must be a sha256 in hex"))
 }
 
 fn store_error(e: StoreError) -> Response {
@@ -67,7 +68,10 @@ pub async fn put_tree(
         Err(r) => return r,
     };
     if manifest.hash() != hash {
-        return text(StatusCode::BAD_REQUEST, "the manifest does not match the sha256 in the URL");
+        return text(
+            StatusCode::BAD_REQUEST,
+            "the manifest does not match the sha256 in the URL",
+        );
     }
     // Checked on a blocking thread: a manifest of 100,000 deep paths is
     // milliseconds of work the async threads must not do.
@@ -78,7 +82,10 @@ pub async fn put_tree(
             w.metrics.refused("bad_tree");
             store_error(e)
         }
-        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("checking the manifest failed: {e}")),
+        Err(e) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("checking the manifest failed: {e}"),
+        ),
     }
 }
 
@@ -108,11 +115,23 @@ pub async fn put_file(
     let (start, pace) = (tokio::time::Instant::now(), super::extract::TENANT_PACE);
     let mut received = 0u64;
     loop {
-        let deadline = pace.deadline(start, received).min(tokio::time::Instant::now() + IDLE_TIMEOUT);
+        let deadline = pace
+            .deadline(start, received)
+            .min(tokio::time::Instant::now() + IDLE_TIMEOUT);
         let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
-            Err(_) => return text(StatusCode::REQUEST_TIMEOUT, "the file stopped arriving, or arrived too slowly"),
+            Err(_) => {
+                return text(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "the file stopped arriving, or arrived too slowly",
+                );
+            }
             Ok(None) => None,
-            Ok(Some(Err(e))) => return text(StatusCode::BAD_REQUEST, format!("cannot read the file: {e}")),
+            Ok(Some(Err(e))) => {
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    format!("cannot read the file: {e}"),
+                );
+            }
             Ok(Some(Ok(frame))) => Some(frame),
         };
         let end = frame.is_none();
@@ -123,10 +142,19 @@ pub async fn put_file(
         if pending.len() >= WRITE_CHUNK || (end && !pending.is_empty()) {
             // Written on a blocking thread, a chunk at a time.
             let chunk = std::mem::replace(&mut pending, Vec::with_capacity(WRITE_CHUNK));
-            incoming = match tokio::task::spawn_blocking(move || incoming.write(&chunk).map(|()| incoming)).await {
+            incoming = match tokio::task::spawn_blocking(move || {
+                incoming.write(&chunk).map(|()| incoming)
+            })
+            .await
+            {
                 Ok(Ok(i)) => i,
                 Ok(Err(e)) => return store_error(e),
-                Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, format!("writing the file failed: {e}")),
+                Err(e) => {
+                    return text(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        format!("writing the file failed: {e}"),
+                    );
+                }
             };
         }
         if end {
@@ -137,6 +165,9 @@ pub async fn put_file(
     match tokio::task::spawn_blocking(move || incoming.finish(&tenant_name)).await {
         Ok(Ok(())) => StatusCode::CREATED.into_response(),
         Ok(Err(e)) => store_error(e),
-        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("keeping the file failed: {e}")),
+        Err(e) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("keeping the file failed: {e}"),
+        ),
     }
 }

@@ -36,8 +36,8 @@ use super::extract::{Caller, JobBody, Postcard};
 use super::response::{json, postcard, text};
 use crate::proto::{JOB_ID_HEADER, JobSpec, POSTCARD};
 use crate::worker::jobs;
-use crate::worker::table::{Cancelled, Lookup, READS_PER_TENANT};
 use crate::worker::state::Worker;
+use crate::worker::table::{Cancelled, Lookup, READS_PER_TENANT};
 
 #[derive(serde::Deserialize)]
 pub struct PostParams {
@@ -69,7 +69,11 @@ pub async fn post_job(
         };
     }
     let mut job_id = String::new();
-    match jobs::run_attached(&w, &tenant, spec, jobs::Streams::default(), |id| job_id = id.to_string()).await {
+    match jobs::run_attached(&w, &tenant, spec, jobs::Streams::default(), |id| {
+        job_id = id.to_string()
+    })
+    .await
+    {
         Ok(result) => with_id(postcard(&result), &job_id),
         Err(refused) => refused.into_response(),
     }
@@ -92,13 +96,20 @@ pub async fn get_output(
     Path(id): Path<String>,
     Query(from): Query<OutputParams>,
 ) -> Response {
-    match w.jobs.output(&tenant.name, &id, [from.stdout, from.stderr], OUTPUT_PAGE) {
+    match w
+        .jobs
+        .output(&tenant.name, &id, [from.stdout, from.stderr], OUTPUT_PAGE)
+    {
         Some(output) => postcard(&output),
         None => text(StatusCode::NOT_FOUND, "no such job"),
     }
 }
 
-pub async fn get_job(State(w): State<Arc<Worker>>, Caller(tenant): Caller, Path(id): Path<String>) -> Response {
+pub async fn get_job(
+    State(w): State<Arc<Worker>>,
+    Caller(tenant): Caller,
+    Path(id): Path<String>,
+) -> Response {
     match w.jobs.result(&tenant.name, &id) {
         Lookup::NotFound => text(StatusCode::NOT_FOUND, "no such job"),
         Lookup::NotDone => {
@@ -110,7 +121,9 @@ pub async fn get_job(State(w): State<Arc<Worker>>, Caller(tenant): Caller, Path(
             let Some(permit) = w.jobs.read_permit(&tenant.name) else {
                 let mut resp = text(
                     StatusCode::SERVICE_UNAVAILABLE,
-                    format!("{READS_PER_TENANT} of your results are being sent already: read those first"),
+                    format!(
+                        "{READS_PER_TENANT} of your results are being sent already: read those first"
+                    ),
                 );
                 resp.headers_mut().insert(header::RETRY_AFTER, 1.into());
                 return resp;
@@ -118,11 +131,18 @@ pub async fn get_job(State(w): State<Arc<Worker>>, Caller(tenant): Caller, Path(
             // The shared bytes themselves, no copy. The connection asks for
             // the body's end once it has room again, that is once most of
             // the bytes are written: the permit goes then.
-            let body = futures::stream::unfold((Some(encoded), Some(permit)), |(bytes, permit)| async move {
-                let bytes = bytes?;
-                Some((Ok::<_, std::convert::Infallible>(bytes), (None, permit)))
-            });
-            ([(header::CONTENT_TYPE, POSTCARD)], axum::body::Body::from_stream(body)).into_response()
+            let body = futures::stream::unfold(
+                (Some(encoded), Some(permit)),
+                |(bytes, permit)| async move {
+                    let bytes = bytes?;
+                    Some((Ok::<_, std::convert::Infallible>(bytes), (None, permit)))
+                },
+            );
+            (
+                [(header::CONTENT_TYPE, POSTCARD)],
+                axum::body::Body::from_stream(body),
+            )
+                .into_response()
         }
     }
 }
@@ -136,20 +156,36 @@ pub struct CancelAnswer {
     pub was: String,
 }
 
-pub async fn delete_job(State(w): State<Arc<Worker>>, Caller(tenant): Caller, Path(id): Path<String>) -> Response {
+pub async fn delete_job(
+    State(w): State<Arc<Worker>>,
+    Caller(tenant): Caller,
+    Path(id): Path<String>,
+) -> Response {
     match w.jobs.cancel(&tenant.name, &id) {
         Cancelled::NotFound => text(StatusCode::NOT_FOUND, "no such job"),
-        Cancelled::AlreadyEnded(outcome) => text(StatusCode::CONFLICT, format!("the job had already ended: {outcome}")),
+        Cancelled::AlreadyEnded(outcome) => text(
+            StatusCode::CONFLICT,
+            format!("the job had already ended: {outcome}"),
+        ),
         Cancelled::Discarded(_) => {
             if let Err(e) = crate::worker::detached::discarded(&w, &id).await {
                 tracing::error!(job = %id, "cannot forget a discarded result: {e:#}");
-                return text(StatusCode::INTERNAL_SERVER_ERROR, format!("the result was discarded here but not in the state database: {e:#}"));
+                return text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("the result was discarded here but not in the state database: {e:#}"),
+                );
             }
-            json(&CancelAnswer { id, was: "done".into() })
+            json(&CancelAnswer {
+                id,
+                was: "done".into(),
+            })
         }
         Cancelled::Was(was) => {
             tracing::info!(tenant = %tenant.name, job = %id, was, "job cancelled by its owner");
-            json(&CancelAnswer { id, was: was.into() })
+            json(&CancelAnswer {
+                id,
+                was: was.into(),
+            })
         }
     }
 }

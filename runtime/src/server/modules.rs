@@ -25,10 +25,16 @@ pub async fn put_module(
     Body(body, _charge, _): Body<ModuleBody>,
 ) -> Response {
     let Some(hash) = ModuleHash::from_hex(&hash) else {
-        return text(StatusCode::BAD_REQUEST, "the module name must be its sha256 in hex");
+        return text(
+            StatusCode::BAD_REQUEST,
+            "the module name must be its sha256 in hex",
+        );
     };
     if ModuleHash::of(&body) != hash {
-        return text(StatusCode::BAD_REQUEST, "the bytes do not match the sha256 in the URL");
+        return text(
+            StatusCode::BAD_REQUEST,
+            "the bytes do not match the sha256 in the URL",
+        );
     }
     // The answer, and the count gossiped, say whether *this tenant* had
     // shown the module before, never whether another had: that would be

@@ -13,12 +13,14 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::extract::{GOSSIP_BODY, STRANGER_PACE, Viewer, next_chunk, over_budget, read_charged, refuse_too_large};
+use super::extract::{
+    GOSSIP_BODY, STRANGER_PACE, Viewer, next_chunk, over_budget, read_charged, refuse_too_large,
+};
 use super::response::{json, postcard, text};
 use super::serve::{Remote, Trust};
+use crate::proto::POSTCARD;
 use crate::units::Bytes as Size;
 use crate::worker::budget::{Charge, Payer};
-use crate::proto::POSTCARD;
 use crate::worker::state::Worker;
 use crate::worker::tenants::Sees;
 
@@ -42,35 +44,66 @@ pub async fn post_gossip(State(w): State<Arc<Worker>>, req: axum::extract::Reque
 /// apart from strangers'), and the connection marked as one that belongs.
 /// A stranger thus holds at most a head's worth of the gossip budget, for
 /// at most the pace's grace.
-async fn read_gossip(w: &Worker, req: axum::extract::Request) -> Result<(axum::body::Bytes, Charge), Response> {
+async fn read_gossip(
+    w: &Worker,
+    req: axum::extract::Request,
+) -> Result<(axum::body::Bytes, Charge), Response> {
     use crate::gossip::auth::HEADER;
     use crate::gossip::transport::GossipError;
-    let ip = req.extensions().get::<Remote>().map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |r| r.0);
+    let ip = req
+        .extensions()
+        .get::<Remote>()
+        .map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |r| r.0);
     let trust = req.extensions().get::<Trust>().cloned();
     let mut stranger = w.budgets.charge(Payer::Address(ip));
     let mut body = req.into_body();
     let what = "gossip message";
-    let too_large = || text(StatusCode::PAYLOAD_TOO_LARGE, format!("a gossip message may be at most {}", Size(GOSSIP_BODY as u64)));
-    if axum::body::HttpBody::size_hint(&body).exact().is_some_and(|n| n > GOSSIP_BODY as u64) {
+    let too_large = || {
+        text(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "a gossip message may be at most {}",
+                Size(GOSSIP_BODY as u64)
+            ),
+        )
+    };
+    if axum::body::HttpBody::size_hint(&body)
+        .exact()
+        .is_some_and(|n| n > GOSSIP_BODY as u64)
+    {
         return Err(refuse_too_large(body, what, GOSSIP_BODY, STRANGER_PACE).await);
     }
     if !w.gossip.is_keyed() {
-        let bytes = read_charged(w, body, "gossip message", GOSSIP_BODY, STRANGER_PACE, &mut stranger).await?;
+        let bytes = read_charged(
+            w,
+            body,
+            "gossip message",
+            GOSSIP_BODY,
+            STRANGER_PACE,
+            &mut stranger,
+        )
+        .await?;
         return Ok((bytes, stranger));
     }
     let start = tokio::time::Instant::now();
     let mut buf: Vec<u8> = Vec::new();
     while buf.len() < HEADER {
-        let Some(data) = next_chunk(&mut body, what, STRANGER_PACE, start, buf.len()).await? else { break };
+        let Some(data) = next_chunk(&mut body, what, STRANGER_PACE, start, buf.len()).await? else {
+            break;
+        };
         if buf.len() + data.len() > GOSSIP_BODY {
             return Err(too_large());
         }
-        stranger.grow(data.len() as u64).map_err(|e| over_budget(w, e))?;
+        stranger
+            .grow(data.len() as u64)
+            .map_err(|e| over_budget(w, e))?;
         buf.extend_from_slice(&data);
     }
     let len = match w.gossip.precheck(&buf) {
         Ok(len) => len.unwrap_or(0),
-        Err(e @ GossipError::Unauthenticated(_)) => return Err(text(StatusCode::UNAUTHORIZED, e.to_string())),
+        Err(e @ GossipError::Unauthenticated(_)) => {
+            return Err(text(StatusCode::UNAUTHORIZED, e.to_string()));
+        }
         Err(e) => return Err(text(StatusCode::BAD_REQUEST, e.to_string())),
     };
     let total = (HEADER as u64).saturating_add(len);
@@ -85,9 +118,14 @@ async fn read_gossip(w: &Worker, req: axum::extract::Request) -> Result<(axum::b
     drop(stranger);
     buf.reserve_exact((total as usize).saturating_sub(buf.len()));
     while (buf.len() as u64) < total {
-        let Some(data) = next_chunk(&mut body, what, STRANGER_PACE, start, buf.len()).await? else { break };
+        let Some(data) = next_chunk(&mut body, what, STRANGER_PACE, start, buf.len()).await? else {
+            break;
+        };
         if buf.len() as u64 + data.len() as u64 > total {
-            return Err(text(StatusCode::BAD_REQUEST, "the gossip message is longer than its head says"));
+            return Err(text(
+                StatusCode::BAD_REQUEST,
+                "the gossip message is longer than its head says",
+            ));
         }
         buf.extend_from_slice(&data);
     }
@@ -97,7 +135,10 @@ async fn read_gossip(w: &Worker, req: axum::extract::Request) -> Result<(axum::b
 pub async fn post_backlog(
     State(w): State<Arc<Worker>>,
     super::extract::Caller(tenant): super::extract::Caller,
-    super::extract::Postcard(backlog, _charge, _): super::extract::Postcard<crate::proto::backlog::Backlog, super::extract::BacklogBody>,
+    super::extract::Postcard(backlog, _charge, _): super::extract::Postcard<
+        crate::proto::backlog::Backlog,
+        super::extract::BacklogBody,
+    >,
 ) -> Response {
     use crate::worker::backlogs::Refused;
     match w.backlogs.report(&tenant.name, backlog) {
@@ -108,12 +149,23 @@ pub async fn post_backlog(
 }
 
 fn accepts(headers: &HeaderMap, what: &str) -> bool {
-    headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|v| v.contains(what))
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains(what))
 }
 
-pub async fn get_peers(State(w): State<Arc<Worker>>, Viewer(sees): Viewer, headers: HeaderMap) -> Response {
+pub async fn get_peers(
+    State(w): State<Arc<Worker>>,
+    Viewer(sees): Viewer,
+    headers: HeaderMap,
+) -> Response {
     let views = w.peer_views(&sees);
-    if accepts(&headers, POSTCARD) { postcard(&views) } else { json(&views) }
+    if accepts(&headers, POSTCARD) {
+        postcard(&views)
+    } else {
+        json(&views)
+    }
 }
 
 /// Metrics name tenants, so with `--tenants` they are an operator's.
@@ -123,15 +175,26 @@ pub async fn get_metrics(State(w): State<Arc<Worker>>, Viewer(sees): Viewer) -> 
             StatusCode::UNAUTHORIZED,
             "/metrics names tenants: scrape it with the token of a tenant marked operator = true in --tenants",
         );
-        resp.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        resp.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer"),
+        );
         return resp;
     }
-    ([(header::CONTENT_TYPE, crate::worker::metrics::CONTENT_TYPE)], w.metrics_text()).into_response()
+    (
+        [(header::CONTENT_TYPE, crate::worker::metrics::CONTENT_TYPE)],
+        w.metrics_text(),
+    )
+        .into_response()
 }
 
 /// The status page (`status.html`, served from the binary) for browsers;
 /// the peers table as text for `curl` and other clients.
-pub async fn status_page(State(w): State<Arc<Worker>>, Viewer(sees): Viewer, headers: HeaderMap) -> Response {
+pub async fn status_page(
+    State(w): State<Arc<Worker>>,
+    Viewer(sees): Viewer,
+    headers: HeaderMap,
+) -> Response {
     if accepts(&headers, "text/html") {
         // The page runs its own script and reads `/v1/peers` from its own
         // origin, nothing else: what an advert says (addresses, host
@@ -147,7 +210,10 @@ pub async fn status_page(State(w): State<Arc<Worker>>, Viewer(sees): Viewer, hea
         )
             .into_response();
     }
-    text(StatusCode::OK, crate::gossip::peers_table(&w.peer_views(&sees)))
+    text(
+        StatusCode::OK,
+        crate::gossip::peers_table(&w.peer_views(&sees)),
+    )
 }
 
 /// The status page: plain HTML, CSS and JS that polls `GET /v1/peers`.
@@ -155,6 +221,5 @@ const STATUS_PAGE: &str = include_str!("status.html");
 
 /// What the status page may do: its own inline style and script, fetches
 /// to its own origin; no frames, no forms, no other origin.
-const STATUS_PAGE_CSP: &str =
-    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; \
+const STATUS_PAGE_CSP: &str = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; \
      base-uri 'none'; form-action 'none'; frame-ancestors 'none'";

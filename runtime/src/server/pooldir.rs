@@ -67,8 +67,11 @@ impl PoolDir {
     /// if another user owns it or others may enter it.
     pub fn open(dir: &Path) -> anyhow::Result<PoolDir> {
         crate::private_path::private_dir(dir)?;
-        std::fs::create_dir_all(dir.join(MEMBERS)).with_context(|| format!("cannot make {}", dir.join(MEMBERS).display()))?;
-        Ok(PoolDir { dir: dir.to_path_buf() })
+        std::fs::create_dir_all(dir.join(MEMBERS))
+            .with_context(|| format!("cannot make {}", dir.join(MEMBERS).display()))?;
+        Ok(PoolDir {
+            dir: dir.to_path_buf(),
+        })
     }
 
     /// The directory.
@@ -83,11 +86,25 @@ impl PoolDir {
         self.prepare()?;
         let key = self.dir.join(KEY_FILE);
         let now = SystemTime::now();
-        let stem = format!("node-{}-{}", certs::file_stem(host), hex::encode(rand::random::<[u8; 4]>()));
-        let issued = certs::issue(&self.dir, &[host.to_string()], Some(&stem), now - Duration::from_secs(3600), now + CERT_VALIDITY)?;
+        let stem = format!(
+            "node-{}-{}",
+            certs::file_stem(host),
+            hex::encode(rand::random::<[u8; 4]>())
+        );
+        let issued = certs::issue(
+            &self.dir,
+            &[host.to_string()],
+            Some(&stem),
+            now - Duration::from_secs(3600),
+            now + CERT_VALIDITY,
+        )?;
         Ok(Joining {
             key,
-            tls: crate::net::tls::WorkerTls { cert: issued.cert, key: issued.key, ca: self.dir.join(certs::CA_CERT) },
+            tls: crate::net::tls::WorkerTls {
+                cert: issued.cert,
+                key: issued.key,
+                ca: self.dir.join(certs::CA_CERT),
+            },
             members: self.members(),
         })
     }
@@ -114,7 +131,11 @@ impl PoolDir {
             .with_context(|| format!("cannot lock {}", self.dir.display()))?;
         // SAFETY: flock(2) on a descriptor we own; released when `lock` closes.
         if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            anyhow::bail!("cannot lock {}: {}", self.dir.display(), std::io::Error::last_os_error());
+            anyhow::bail!(
+                "cannot lock {}: {}",
+                self.dir.display(),
+                std::io::Error::last_os_error()
+            );
         }
         if !self.dir.join(certs::CA_KEY).exists() {
             certs::init(&self.dir)?;
@@ -124,7 +145,9 @@ impl PoolDir {
 
     /// The addresses the running workers listed.
     pub fn members(&self) -> Vec<String> {
-        let Ok(entries) = std::fs::read_dir(self.dir.join(MEMBERS)) else { return Vec::new() };
+        let Ok(entries) = std::fs::read_dir(self.dir.join(MEMBERS)) else {
+            return Vec::new();
+        };
         let mut out: Vec<String> = entries
             .flatten()
             .filter_map(|e| std::fs::read_to_string(e.path()).ok())
@@ -139,7 +162,8 @@ impl PoolDir {
     /// Lists `addr` as a member until the guard is dropped.
     pub fn register(&self, addr: &str) -> anyhow::Result<Member> {
         let path = self.dir.join(MEMBERS).join(certs::file_stem(addr));
-        std::fs::write(&path, addr).with_context(|| format!("cannot list this worker in {}", path.display()))?;
+        std::fs::write(&path, addr)
+            .with_context(|| format!("cannot list this worker in {}", path.display()))?;
         Ok(Member { path })
     }
 }
@@ -164,7 +188,9 @@ impl PoolDir {
     /// Says (again) that `controller` grows this pool.
     pub fn announce(&self, controller: &Controller) -> anyhow::Result<()> {
         let path = self.dir.join(CONTROLLER);
-        let tmp = self.dir.join(format!(".{CONTROLLER}.{}", std::process::id()));
+        let tmp = self
+            .dir
+            .join(format!(".{CONTROLLER}.{}", std::process::id()));
         std::fs::write(&tmp, serde_json::to_vec_pretty(controller)?)?;
         std::fs::rename(&tmp, &path).with_context(|| format!("cannot write {}", path.display()))
     }
@@ -180,7 +206,12 @@ impl PoolDir {
     /// [`CONTROLLER_TTL`].
     pub fn controller(&self) -> Option<Controller> {
         let path = self.dir.join(CONTROLLER);
-        let age = std::fs::metadata(&path).ok()?.modified().ok()?.elapsed().unwrap_or_default();
+        let age = std::fs::metadata(&path)
+            .ok()?
+            .modified()
+            .ok()?
+            .elapsed()
+            .unwrap_or_default();
         if age > CONTROLLER_TTL {
             return None;
         }
@@ -210,13 +241,21 @@ impl PoolDir {
     /// [`MAX_BACKLOGS`](crate::proto::backlog::MAX_BACKLOGS), each checked);
     /// files long stale (a map killed) are removed.
     pub fn backlogs(&self) -> Vec<Backlog> {
-        let Ok(entries) = std::fs::read_dir(self.dir.join(BACKLOG)) else { return Vec::new() };
+        let Ok(entries) = std::fs::read_dir(self.dir.join(BACKLOG)) else {
+            return Vec::new();
+        };
         let mut out = Vec::new();
         for e in entries.flatten() {
             if e.file_name().to_string_lossy().starts_with('.') {
                 continue;
             }
-            let Ok(age) = e.metadata().and_then(|m| m.modified()).map(|t| t.elapsed().unwrap_or_default()) else { continue };
+            let Ok(age) = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .map(|t| t.elapsed().unwrap_or_default())
+            else {
+                continue;
+            };
             if age > 12 * BACKLOG_FILE_TTL {
                 let _ = std::fs::remove_file(e.path());
                 continue;
@@ -224,7 +263,9 @@ impl PoolDir {
             if age > BACKLOG_FILE_TTL || out.len() >= crate::proto::backlog::MAX_BACKLOGS {
                 continue;
             }
-            let Ok(bytes) = std::fs::read(e.path()) else { continue };
+            let Ok(bytes) = std::fs::read(e.path()) else {
+                continue;
+            };
             if bytes.len() > 1024 {
                 continue;
             }
@@ -275,10 +316,19 @@ mod tests {
             assert_eq!(std::fs::read(&j.key).unwrap(), key, "one key");
             assert_eq!(j.tls.ca, dir.join("ca.crt"));
             // The one CA signed every certificate, for the host each named.
-            assert_eq!(crate::net::tls::would_refuse(&j.tls.cert, &j.tls.ca, host).unwrap(), None, "{host}");
+            assert_eq!(
+                crate::net::tls::would_refuse(&j.tls.cert, &j.tls.ca, host).unwrap(),
+                None,
+                "{host}"
+            );
         }
-        assert_ne!(joins[1].tls.cert, joins[2].tls.cert, "two workers on one node: two certificates");
-        let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&dir).unwrap().permissions());
+        assert_ne!(
+            joins[1].tls.cert, joins[2].tls.cert,
+            "two workers on one node: two certificates"
+        );
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&dir).unwrap().permissions(),
+        );
         assert_eq!(mode & 0o777, 0o700);
     }
 
@@ -287,18 +337,42 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let pool = PoolDir::open(tmp.path()).unwrap();
         assert!(pool.controller().is_none() && pool.backlogs().is_empty());
-        let c = Controller { name: "peerwasm-adapt-1".into(), host: "login1".into(), pid: 7, max_workers: 8, largest_job: 1 << 30 };
+        let c = Controller {
+            name: "peerwasm-adapt-1".into(),
+            host: "login1".into(),
+            pid: 7,
+            max_workers: 8,
+            largest_job: 1 << 30,
+        };
         pool.announce(&c).unwrap();
         assert_eq!(pool.controller(), Some(c.clone()));
-        let b = Backlog { id: "m-1/../x".into(), waiting: 10, running: 0, memory_bytes: 1 << 20, largest_bytes: 2 << 20, job_ms: 0 };
+        let b = Backlog {
+            id: "m-1/../x".into(),
+            waiting: 10,
+            running: 0,
+            memory_bytes: 1 << 20,
+            largest_bytes: 2 << 20,
+            job_ms: 0,
+        };
         pool.write_backlog(&b).unwrap();
         assert_eq!(pool.backlogs(), [b.clone()]);
         // A forged file is ignored, a forged report refused.
         std::fs::write(tmp.path().join(BACKLOG).join("junk"), b"\xff\xff\xff").unwrap();
         assert_eq!(pool.backlogs().len(), 1);
-        assert!(pool.write_backlog(&Backlog { waiting: u64::MAX, ..b.clone() }).is_err());
+        assert!(
+            pool.write_backlog(&Backlog {
+                waiting: u64::MAX,
+                ..b.clone()
+            })
+            .is_err()
+        );
         // The map's end clears it; a controller retires its own notice only.
-        pool.write_backlog(&Backlog { waiting: 0, running: 0, ..b }).unwrap();
+        pool.write_backlog(&Backlog {
+            waiting: 0,
+            running: 0,
+            ..b
+        })
+        .unwrap();
         assert!(pool.backlogs().is_empty());
         pool.retire("someone-else");
         assert!(pool.controller().is_some());

@@ -15,20 +15,31 @@ use crate::worker::refused::Refused;
 /// guest or a stranger chose) as anything but the type it is sent as.
 pub async fn nosniff(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let mut resp = next.run(req).await;
-    resp.headers_mut().insert(header::X_CONTENT_TYPE_OPTIONS, header::HeaderValue::from_static("nosniff"));
+    resp.headers_mut().insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        header::HeaderValue::from_static("nosniff"),
+    );
     resp
 }
 
 /// A plain-text message with `status`.
 pub fn text(status: StatusCode, message: impl Into<String>) -> Response {
-    (status, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], message.into() + "\n").into_response()
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        message.into() + "\n",
+    )
+        .into_response()
 }
 
 /// `value` as a postcard body (500 if it cannot be encoded).
 pub fn postcard<T: Serialize>(value: &T) -> Response {
     match postcard::to_allocvec(value) {
         Ok(bytes) => ([(header::CONTENT_TYPE, POSTCARD)], bytes).into_response(),
-        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("cannot encode the answer: {e}")),
+        Err(e) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot encode the answer: {e}"),
+        ),
     }
 }
 
@@ -70,7 +81,8 @@ impl IntoResponse for Refused {
             resp.headers_mut().insert(header::RETRY_AFTER, 1.into());
         }
         if let Some(largest) = largest(&self) {
-            resp.headers_mut().insert(LARGEST_JOB_HEADER, largest.into());
+            resp.headers_mut()
+                .insert(LARGEST_JOB_HEADER, largest.into());
         }
         resp
     }
@@ -78,5 +90,9 @@ impl IntoResponse for Refused {
 
 /// A refusal as one job's answer within a batch.
 pub fn batch_refusal(r: Refused) -> BatchAnswer {
-    BatchAnswer::Refused { status: status(&r).as_u16(), largest_job: largest(&r), message: r.to_string() }
+    BatchAnswer::Refused {
+        status: status(&r).as_u16(),
+        largest_job: largest(&r),
+        message: r.to_string(),
+    }
 }

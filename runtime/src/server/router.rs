@@ -24,7 +24,10 @@ pub(super) fn router(worker: Arc<Worker>, owner: Arc<Owner>) -> Router {
         .route(routes::STREAM, post(stream::post_stream))
         .route(routes::SUBMISSIONS, post(submissions::post_submission))
         .route(routes::BACKLOG, post(pool::post_backlog))
-        .route_layer(axum::middleware::from_fn_with_state(worker.clone(), extract::tenant_first));
+        .route_layer(axum::middleware::from_fn_with_state(
+            worker.clone(),
+            extract::tenant_first,
+        ));
     Router::new()
         .merge(uploads)
         .route(routes::STATUS_PAGE, get(pool::status_page))
@@ -32,7 +35,10 @@ pub(super) fn router(worker: Arc<Worker>, owner: Arc<Owner>) -> Router {
         .route(routes::JOB, get(jobs::get_job).delete(jobs::delete_job))
         .route(routes::JOB_OUTPUT, get(jobs::get_output))
         .route(routes::SUBMISSIONS, get(submissions::list_submissions))
-        .route(routes::SUBMISSION, get(submissions::get_submission).delete(submissions::delete_submission))
+        .route(
+            routes::SUBMISSION,
+            get(submissions::get_submission).delete(submissions::delete_submission),
+        )
         .route(routes::SUBMISSION_RESULTS, get(submissions::get_results))
         .route(routes::HISTORY, get(submissions::get_history))
         .route(routes::GOSSIP, post(pool::post_gossip))

@@ -146,9 +146,14 @@ impl Trust {
 /// Middleware: counts a connection's requests in flight, from their head
 /// until the last byte of their answer is gone (a streamed job's answer
 /// lasts as long as the job).
-pub async fn in_flight(req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+pub async fn in_flight(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
     use http_body_util::BodyExt;
-    let Some(trust) = req.extensions().get::<Trust>().cloned() else { return next.run(req).await };
+    let Some(trust) = req.extensions().get::<Trust>().cloned() else {
+        return next.run(req).await;
+    };
     struct Busy(Trust);
     impl Drop for Busy {
         fn drop(&mut self) {
@@ -176,7 +181,9 @@ fn prefix(ip: IpAddr) -> IpAddr {
         }
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
             Some(v4) => prefix(IpAddr::V4(v4)),
-            None => IpAddr::V6(std::net::Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
+            None => IpAddr::V6(std::net::Ipv6Addr::from(
+                u128::from(v6) & !((1u128 << 64) - 1),
+            )),
         },
     }
 }
@@ -255,8 +262,21 @@ impl Connections {
             evicted += 1;
         }
         let (id, trust) = (self.next.fetch_add(1, Ordering::Relaxed), Trust::default());
-        open.push(Open { id, ip, opened: std::time::Instant::now(), trust: trust.clone() });
-        Some(Admitted { slot: Slot { table: self.clone(), id, trust }, open: open.len(), evicted })
+        open.push(Open {
+            id,
+            ip,
+            opened: std::time::Instant::now(),
+            trust: trust.clone(),
+        });
+        Some(Admitted {
+            slot: Slot {
+                table: self.clone(),
+                id,
+                trust,
+            },
+            open: open.len(),
+            evicted,
+        })
     }
 }
 
@@ -293,7 +313,12 @@ pub async fn serve(
                 }
             },
         };
-        let Some(Admitted { slot, open, evicted }) = connections.admit(peer.ip(), &limits) else {
+        let Some(Admitted {
+            slot,
+            open,
+            evicted,
+        }) = connections.admit(peer.ip(), &limits)
+        else {
             refused.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(peer = %peer.ip(), "connection refused: every connection of its group is busy or belongs to a tenant or peer");
             continue; // dropping it closes it
@@ -310,27 +335,45 @@ pub async fn serve(
             tracing::debug!("cannot set TCP_NODELAY: {e}");
         }
         let mut http1 = hyper::server::conn::http1::Builder::new();
-        http1.timer(TokioTimer::new()).header_read_timeout(header_timeout);
-        let extensions = (axum::Extension(Remote(peer.ip())), axum::Extension(slot.trust.clone()));
+        http1
+            .timer(TokioTimer::new())
+            .header_read_timeout(header_timeout);
+        let extensions = (
+            axum::Extension(Remote(peer.ip())),
+            axum::Extension(slot.trust.clone()),
+        );
         let service = TowerToHyperService::new(extensions.layer(app.clone()));
         let watcher = graceful.watcher();
-        let (acceptor, handshake_timeout) = (tls.clone().map(tokio_rustls::TlsAcceptor::from), header_timeout);
+        let (acceptor, handshake_timeout) = (
+            tls.clone().map(tokio_rustls::TlsAcceptor::from),
+            header_timeout,
+        );
         tokio::spawn(async move {
             let state = slot.trust.0.clone();
             let served = async {
                 match acceptor {
-                None => watcher.watch(http1.serve_connection(TokioIo::new(tcp), service)).await,
-                Some(acceptor) => match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
-                    Ok(Ok(stream)) => watcher.watch(http1.serve_connection(TokioIo::new(stream), service)).await,
-                    Ok(Err(e)) => {
-                        tracing::debug!(peer = %peer.ip(), "TLS handshake failed: {e}");
-                        Ok(())
+                    None => {
+                        watcher
+                            .watch(http1.serve_connection(TokioIo::new(tcp), service))
+                            .await
                     }
-                    Err(_) => {
-                        tracing::debug!(peer = %peer.ip(), "TLS handshake not done within the header timeout");
-                        Ok(())
+                    Some(acceptor) => {
+                        match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
+                            Ok(Ok(stream)) => {
+                                watcher
+                                    .watch(http1.serve_connection(TokioIo::new(stream), service))
+                                    .await
+                            }
+                            Ok(Err(e)) => {
+                                tracing::debug!(peer = %peer.ip(), "TLS handshake failed: {e}");
+                                Ok(())
+                            }
+                            Err(_) => {
+                                tracing::debug!(peer = %peer.ip(), "TLS handshake not done within the header timeout");
+                                Ok(())
+                            }
+                        }
                     }
-                },
                 }
             };
             // Closed to make room (it had not proved it belongs), or by its

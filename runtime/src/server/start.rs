@@ -93,18 +93,44 @@ pub async fn start(
     let advert = worker.gossip_advert();
     worker.gossip.lock().set_record(advert);
     log_start(&config, &worker);
-    let (gossip, transport) = spawn_gossip(&worker, &owner, config.gossip_interval, config.members.clone())?;
+    let (gossip, transport) = spawn_gossip(
+        &worker,
+        &owner,
+        config.gossip_interval,
+        config.members.clone(),
+    )?;
     let app = router(worker.clone(), owner.clone());
-    let drain = drain(worker.clone(), owner.clone(), transport, shutdown, config.gossip_interval, config.drain_grace);
+    let drain = drain(
+        worker.clone(),
+        owner.clone(),
+        transport,
+        shutdown,
+        config.gossip_interval,
+        config.drain_grace,
+    );
     let refused = worker.connections_refused.clone();
     restore_state(&owner, config.keep_results).await;
-    let serve = tokio::spawn(serve::serve(listener, tls, app, config.serve.clone(), refused, drain));
+    let serve = tokio::spawn(serve::serve(
+        listener,
+        tls,
+        app,
+        config.serve.clone(),
+        refused,
+        drain,
+    ));
     tokio::spawn(keep_state(owner.clone(), config.keep_results));
     if !config.precompile.is_empty() {
         let (w, paths) = (worker.clone(), config.precompile.clone());
         tokio::task::spawn_blocking(move || precompile(&w, &paths));
     }
-    Ok(RunningWorker { addr: bound, advertised: addr, serve, gossip, worker, grace: config.drain_grace })
+    Ok(RunningWorker {
+        addr: bound,
+        advertised: addr,
+        serve,
+        gossip,
+        worker,
+        grace: config.drain_grace,
+    })
 }
 
 /// `host` and its port, if it names one (`[::1]:80`, `node:7070`, `node`).
@@ -130,7 +156,8 @@ fn advertised(advertise: Option<&str>, bound: SocketAddr) -> String {
 /// A worker reachable from other machines must authenticate its gossip, or
 /// be told not to (`--insecure-gossip`).
 fn refuse_unkeyed_gossip_off_loopback(config: &WorkerConfig) -> anyhow::Result<()> {
-    if !config.listen.ip().is_loopback() && config.cluster_key.is_none() && !config.insecure_gossip {
+    if !config.listen.ip().is_loopback() && config.cluster_key.is_none() && !config.insecure_gossip
+    {
         anyhow::bail!(
             "--listen {} can be reached from other machines, and gossip without a key can be forged by anyone \
              who reaches it: give every worker of the pool --cluster-key FILE (a shared secret of 16+ bytes, \
@@ -145,7 +172,11 @@ fn refuse_unkeyed_gossip_off_loopback(config: &WorkerConfig) -> anyhow::Result<(
 /// be told not to (`--insecure-http`): their tokens would cross the
 /// network in clear.
 fn refuse_tokens_in_clear_off_loopback(config: &WorkerConfig) -> anyhow::Result<()> {
-    if !config.listen.ip().is_loopback() && config.tenants.is_multi() && config.tls.is_none() && !config.insecure_http {
+    if !config.listen.ip().is_loopback()
+        && config.tenants.is_multi()
+        && config.tls.is_none()
+        && !config.insecure_http
+    {
         anyhow::bail!(
             "--listen {} can be reached from other machines, and with --tenants every job carries a tenant's token: \
              over plain HTTP anyone on the network between can read it and run jobs as that tenant. Give the worker \
@@ -184,18 +215,22 @@ fn build_worker(config: &WorkerConfig, addr: &str) -> anyhow::Result<Arc<Worker>
     if let Some(path) = &config.host_ledger {
         join_host_ledger(&ledger, path, addr);
     }
-    let budgets = crate::worker::budget::RequestBudgets::new(ledger.clone(), config.max_request_bytes);
+    let budgets =
+        crate::worker::budget::RequestBudgets::new(ledger.clone(), config.max_request_bytes);
     let defaults = AdmissionConfig::new(slots as u32);
     let capacity = ledger.capacity();
-    let admission = Admission::new(ledger, AdmissionConfig {
-        fair_share: config.fair_share,
-        half_life: config.usage_half_life,
-        hold_after: config.hold_after,
-        queue_per_tenant: config.max_queued.unwrap_or(defaults.queue_per_tenant),
-        queue_bytes_per_tenant: config.max_queued_bytes,
-        max_job_memory: config.runner.sandbox.max_job_memory,
-        ..defaults
-    });
+    let admission = Admission::new(
+        ledger,
+        AdmissionConfig {
+            fair_share: config.fair_share,
+            half_life: config.usage_half_life,
+            hold_after: config.hold_after,
+            queue_per_tenant: config.max_queued.unwrap_or(defaults.queue_per_tenant),
+            queue_bytes_per_tenant: config.max_queued_bytes,
+            max_job_memory: config.runner.sandbox.max_job_memory,
+            ..defaults
+        },
+    );
     let files = Arc::new(crate::worker::filestore::FileStore::new(
         config.runner.sandbox.scratch_root.as_deref(),
         config.file_store_bytes,
@@ -286,17 +321,32 @@ fn gossip_node(config: &WorkerConfig, addr: &str) -> GossipNode<Advert> {
         },
         ..GossipConfig::default()
     };
-    GossipNode::new(NodeId::new(addr, generation), Advert::default(), gossip_config).with_check(Advert::check)
+    GossipNode::new(
+        NodeId::new(addr, generation),
+        Advert::default(),
+        gossip_config,
+    )
+    .with_check(Advert::check)
 }
 
 fn log_start(config: &WorkerConfig, worker: &Worker) {
-    let max_job_time = config.runner.sandbox.max_job_time.map(|d| humantime::format_duration(d).to_string());
+    let max_job_time = config
+        .runner
+        .sandbox
+        .max_job_time
+        .map(|d| humantime::format_duration(d).to_string());
     tracing::info!(addr = %worker.addr, slots = config.runner.sandbox.slots.max(1),
         capacity = %Size(worker.admission.ledger().capacity()),
         max_job_time = max_job_time.as_deref().unwrap_or("none"), "worker started");
     match &config.tenants {
-        Tenants::Single(_) => tracing::info!("single-tenant mode: no --tenants file, jobs need no token"),
-        Tenants::Multi(t) => tracing::info!(tenants = t.len(), fair_share = config.fair_share, "multi-tenant mode"),
+        Tenants::Single(_) => {
+            tracing::info!("single-tenant mode: no --tenants file, jobs need no token")
+        }
+        Tenants::Multi(t) => tracing::info!(
+            tenants = t.len(),
+            fair_share = config.fair_share,
+            "multi-tenant mode"
+        ),
     }
 }
 
@@ -314,31 +364,44 @@ fn spawn_gossip(
     members: Option<super::pooldir::PoolDir>,
 ) -> anyhow::Result<(tokio::task::JoinHandle<()>, Arc<HttpTransport>)> {
     let mut protocol = reqwest::header::HeaderMap::new();
-    protocol.insert(PROTOCOL_HEADER, reqwest::header::HeaderValue::from_static(PROTOCOL_VERSION));
-    let builder = reqwest::Client::builder().timeout(Duration::from_secs(5)).tcp_nodelay(true).default_headers(protocol);
+    protocol.insert(
+        PROTOCOL_HEADER,
+        reqwest::header::HeaderValue::from_static(PROTOCOL_VERSION),
+    );
+    let builder = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .default_headers(protocol);
     let http = worker.transport.client(builder, None)?;
     let refresher = worker.clone();
     let owner = Arc::downgrade(owner);
     let transport = Arc::new(HttpTransport::new(http));
     let mut last_members = None;
-    let rounds = tokio::spawn(run_rounds(worker.gossip.clone(), transport.clone(), interval, move |node| {
-        // Members found in the pool directory but not yet in the view are
-        // contacted (every 2 s: a directory read, not every round).
-        if let Some(dir) = &members
-            && last_members.is_none_or(|t: std::time::Instant| t.elapsed() >= MEMBERS_EVERY)
-        {
-            last_members = Some(std::time::Instant::now());
-            for addr in dir.members() {
-                node.introduce(&addr);
+    let rounds = tokio::spawn(run_rounds(
+        worker.gossip.clone(),
+        transport.clone(),
+        interval,
+        move |node| {
+            // Members found in the pool directory but not yet in the view are
+            // contacted (every 2 s: a directory read, not every round).
+            if let Some(dir) = &members
+                && last_members.is_none_or(|t: std::time::Instant| t.elapsed() >= MEMBERS_EVERY)
+            {
+                last_members = Some(std::time::Instant::now());
+                for addr in dir.members() {
+                    node.introduce(&addr);
+                }
             }
-        }
-        refresher.learn_pool_usage(node);
-        refresher.check_host_memory();
-        if let Some(owner) = owner.upgrade() {
-            refresher.owned_maps.store(owner.submissions.count() as u32, Ordering::Relaxed);
-        }
-        node.set_record(refresher.gossip_advert())
-    }));
+            refresher.learn_pool_usage(node);
+            refresher.check_host_memory();
+            if let Some(owner) = owner.upgrade() {
+                refresher
+                    .owned_maps
+                    .store(owner.submissions.count() as u32, Ordering::Relaxed);
+            }
+            node.set_record(refresher.gossip_advert())
+        },
+    ));
     Ok((rounds, transport))
 }
 
@@ -358,7 +421,10 @@ async fn drain(
     interval: Duration,
     grace: Duration,
 ) {
-    let ends = worker.lifetime.drain_at().map(|at| at.duration_since(std::time::SystemTime::now()).unwrap_or_default());
+    let ends = worker.lifetime.drain_at().map(|at| {
+        at.duration_since(std::time::SystemTime::now())
+            .unwrap_or_default()
+    });
     tokio::select! {
         () = shutdown => {}
         () = tokio::time::sleep(ends.unwrap_or(Duration::MAX / 4)), if ends.is_some() => {
@@ -371,26 +437,37 @@ async fn drain(
     }
     let owned = owner.submissions.stop_all();
     if owned > 0 {
-        tracing::info!(submissions = owned, "stopped the maps of owned submissions: they resume on restart");
+        tracing::info!(
+            submissions = owned,
+            "stopped the maps of owned submissions: they resume on restart"
+        );
     }
     tracing::info!(grace = %humantime::format_duration(grace), "shutting down: finishing running jobs, leaving the pool");
     worker.draining.store(true, Ordering::Relaxed);
     // Queued jobs first: their clients send them elsewhere at once.
     let queued = worker.jobs.cancel_all(CancelCause::Shutdown, true);
     if queued > 0 {
-        tracing::info!(queued, "cancelled queued jobs: their clients send them elsewhere");
+        tracing::info!(
+            queued,
+            "cancelled queued jobs: their clients send them elsewhere"
+        );
     }
     let farewell_worker = worker.clone();
-    crate::gossip::transport::farewell(&worker.gossip, transport.as_ref(), &mut |node: &mut GossipNode<Advert>| {
-        node.set_record(farewell_worker.gossip_advert())
-    })
+    crate::gossip::transport::farewell(
+        &worker.gossip,
+        transport.as_ref(),
+        &mut |node: &mut GossipNode<Advert>| node.set_record(farewell_worker.gossip_advert()),
+    )
     .await;
     let reaper = worker.clone();
     tokio::spawn(async move {
         tokio::time::sleep(grace).await;
         let n = reaper.jobs.cancel_all(CancelCause::Shutdown, false);
         if n > 0 {
-            tracing::warn!(jobs = n, "drain grace over: cancelled the jobs still running");
+            tracing::warn!(
+                jobs = n,
+                "drain grace over: cancelled the jobs still running"
+            );
         }
     });
     tokio::time::sleep(2 * interval).await;
@@ -417,7 +494,9 @@ fn precompile(w: &Worker, paths: &[std::path::PathBuf]) {
                 took = %humantime::format_duration(std::time::Duration::from_millis(started.elapsed().as_millis() as u64)),
                 "precompiled ({source:?})"
             ),
-            Err(why) => tracing::error!(path = %path.display(), "--precompile: the module does not compile: {why}"),
+            Err(why) => {
+                tracing::error!(path = %path.display(), "--precompile: the module does not compile: {why}")
+            }
         }
     }
 }
@@ -442,7 +521,10 @@ async fn expire_state(o: &Arc<Owner>, keep_results: Duration) {
     w.uploaders.expire();
     match crate::worker::detached::expire(w, keep_results).await {
         Ok(0) => {}
-        Ok(n) => tracing::info!(jobs = n, "forgot detached jobs that ended past --keep-results"),
+        Ok(n) => tracing::info!(
+            jobs = n,
+            "forgot detached jobs that ended past --keep-results"
+        ),
         Err(e) => tracing::warn!("cannot forget old detached jobs: {e:#}"),
     }
     if let Err(e) = o.submissions.expire(keep_results).await {
@@ -455,10 +537,13 @@ async fn expire_state(o: &Arc<Owner>, keep_results: Duration) {
 async fn keep_state(o: Arc<Owner>, keep_results: Duration) {
     match crate::owner::run::resume_all(&o).await {
         Ok(0) => {}
-        Ok(n) => tracing::info!(submissions = n, state_dir = %o.worker.db.dir().display(), "resumed owned submissions"),
+        Ok(n) => {
+            tracing::info!(submissions = n, state_dir = %o.worker.db.dir().display(), "resumed owned submissions")
+        }
         Err(e) => tracing::error!("cannot resume the owned submissions: {e:#}"),
     }
-    let mut every = tokio::time::interval(EXPIRE_EVERY.min(keep_results.max(Duration::from_secs(1))));
+    let mut every =
+        tokio::time::interval(EXPIRE_EVERY.min(keep_results.max(Duration::from_secs(1))));
     every.tick().await; // the first tick is now: expired at start
     loop {
         every.tick().await;
@@ -484,7 +569,9 @@ fn join_host_ledger(ledger: &Arc<Ledger>, path: &std::path::Path, addr: &str) {
                 let mut every = tokio::time::interval(HOST_LEDGER_REFRESH);
                 loop {
                     every.tick().await;
-                    let Some(ledger) = ledger.upgrade() else { return };
+                    let Some(ledger) = ledger.upgrade() else {
+                        return;
+                    };
                     tokio::task::block_in_place(|| ledger.publish());
                 }
             });

@@ -39,7 +39,9 @@ use super::extract::{BODY_TIMEOUT, Caller};
 use super::response::text;
 use crate::proto::frame::{FrameReader, encode_frame};
 use crate::proto::stream::{MAX_HEAD, StreamEvent};
-use crate::proto::{CancelCause, JOB_ID_HEADER, JobResult, JobSpec, MAX_INPUT_BYTES, Outcome, POSTCARD};
+use crate::proto::{
+    CancelCause, JOB_ID_HEADER, JobResult, JobSpec, MAX_INPUT_BYTES, Outcome, POSTCARD,
+};
 use crate::sandbox::{Cancel, OutputChunk, StdinFeed, StdinSender};
 use crate::units::Bytes as Size;
 use crate::worker::jobs::{self, Streams};
@@ -60,14 +62,21 @@ type DataStream = axum::body::BodyDataStream;
 
 /// `POST /v1/jobs/stream` (see the module docs): the head, then the job
 /// runs in a task of its own while this answers with its events.
-pub async fn post_stream(State(w): State<Arc<Worker>>, Caller(tenant): Caller, req: Request) -> Response {
+pub async fn post_stream(
+    State(w): State<Arc<Worker>>,
+    Caller(tenant): Caller,
+    req: Request,
+) -> Response {
     let connection = req.extensions().get::<super::serve::Trust>().cloned();
     let mut body = req.into_body().into_data_stream();
     let (spec, rest) = match tokio::time::timeout(BODY_TIMEOUT, read_head(&mut body)).await {
         Ok(Ok(head)) => head,
         Ok(Err(refusal)) => return refusal,
         Err(_) => {
-            let why = format!("the job's spec did not arrive within {}", humantime::format_duration(BODY_TIMEOUT));
+            let why = format!(
+                "the job's spec did not arrive within {}",
+                humantime::format_duration(BODY_TIMEOUT)
+            );
             return text(StatusCode::REQUEST_TIMEOUT, why);
         }
     };
@@ -77,7 +86,12 @@ pub async fn post_stream(State(w): State<Arc<Worker>>, Caller(tenant): Caller, r
     let (tee, output) = mpsc::unbounded_channel();
     let (events, answer) = mpsc::channel::<(Bytes, u64)>(EVENTS_IN_FLIGHT);
     let share = w.unsent_output.of(&tenant.name);
-    let hold = Arc::new(w.admission.ledger().hold(crate::worker::HoldKind::Output).within(share));
+    let hold = Arc::new(
+        w.admission
+            .ledger()
+            .hold(crate::worker::HoldKind::Output)
+            .within(share),
+    );
     let sent = hold.clone();
     let (admitted_tx, admitted) = oneshot::channel::<String>();
     let (refused_tx, refused) = oneshot::channel::<Refused>();
@@ -85,13 +99,32 @@ pub async fn post_stream(State(w): State<Arc<Worker>>, Caller(tenant): Caller, r
     // an idle answer until it next writes to the dead connection.
     let gone = Cancel::new();
     let client_gone = gone.clone();
-    tokio::spawn(Attached { w, tenant, spec, tee, feed, hold, output, events, admitted_tx, refused_tx, client_gone, connection }.run());
+    tokio::spawn(
+        Attached {
+            w,
+            tenant,
+            spec,
+            tee,
+            feed,
+            hold,
+            output,
+            events,
+            admitted_tx,
+            refused_tx,
+            client_gone,
+            connection,
+        }
+        .run(),
+    );
     let id = match admitted.await {
         Ok(id) => id,
         Err(_) => {
             return match refused.await {
                 Ok(refusal) => refusal.into_response(),
-                Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "the job's task ended without an answer"),
+                Err(_) => text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "the job's task ended without an answer",
+                ),
             };
         }
     };
@@ -105,7 +138,11 @@ pub async fn post_stream(State(w): State<Arc<Worker>>, Caller(tenant): Caller, r
             Some((Ok::<_, Infallible>(frame), rx))
         }
     });
-    let mut resp = ([(header::CONTENT_TYPE, POSTCARD)], Body::from_stream(frames)).into_response();
+    let mut resp = (
+        [(header::CONTENT_TYPE, POSTCARD)],
+        Body::from_stream(frames),
+    )
+        .into_response();
     if let Ok(v) = header::HeaderValue::from_str(&id) {
         resp.headers_mut().insert(JOB_ID_HEADER, v);
     }
@@ -136,7 +173,20 @@ struct Attached {
 
 impl Attached {
     async fn run(self) {
-        let Attached { w, tenant, spec, tee, feed, hold, mut output, events, admitted_tx, refused_tx, client_gone, connection } = self;
+        let Attached {
+            w,
+            tenant,
+            spec,
+            tee,
+            feed,
+            hold,
+            mut output,
+            events,
+            admitted_tx,
+            refused_tx,
+            client_gone,
+            connection,
+        } = self;
         let drop_stream = || {
             if let Some(c) = &connection {
                 c.close();
@@ -144,7 +194,13 @@ impl Attached {
         };
         let (memreq, peer, grace) = (spec.limits.memory_bytes, w.addr.clone(), w.unread_grace);
         let queued = std::sync::atomic::AtomicBool::new(false);
-        let streams = Streams { tee: Some(tee), stdin: Some(feed), captures: None, hold: Some(hold), forward_only: true };
+        let streams = Streams {
+            tee: Some(tee),
+            stdin: Some(feed),
+            captures: None,
+            hold: Some(hold),
+            forward_only: true,
+        };
         let run = jobs::run_attached(&w, &tenant, spec, streams, |id| {
             queued.store(true, std::sync::atomic::Ordering::Relaxed);
             let _ = admitted_tx.send(id.to_string());
@@ -182,7 +238,12 @@ impl Attached {
                 }
                 // Refused after waiting in the queue: the answer has begun.
                 true => {
-                    let mut r = JobResult::never_ran(memreq, Outcome::Rejected { reason: refusal.to_string() });
+                    let mut r = JobResult::never_ran(
+                        memreq,
+                        Outcome::Rejected {
+                            reason: refusal.to_string(),
+                        },
+                    );
                     r.peer = peer;
                     r
                 }
@@ -219,8 +280,18 @@ async fn read_head(body: &mut DataStream) -> Result<(JobSpec, Vec<u8>), Response
         }
         match body.next().await {
             Some(Ok(bytes)) => reader.push(&bytes),
-            Some(Err(e)) => return Err(text(StatusCode::BAD_REQUEST, format!("cannot read the job's spec: {e}"))),
-            None => return Err(text(StatusCode::BAD_REQUEST, "the request ended before the job's spec did")),
+            Some(Err(e)) => {
+                return Err(text(
+                    StatusCode::BAD_REQUEST,
+                    format!("cannot read the job's spec: {e}"),
+                ));
+            }
+            None => {
+                return Err(text(
+                    StatusCode::BAD_REQUEST,
+                    "the request ended before the job's spec did",
+                ));
+            }
         }
     }
 }
@@ -252,7 +323,10 @@ async fn feed_stdin(mut body: DataStream, rest: Vec<u8>, stdin: StdinSender, gon
         };
         sent += bytes.len() as u64;
         if sent > MAX_INPUT_BYTES {
-            let why = format!("stdin is larger than the worker's input limit of {}", Size(MAX_INPUT_BYTES));
+            let why = format!(
+                "stdin is larger than the worker's input limit of {}",
+                Size(MAX_INPUT_BYTES)
+            );
             let _ = stdin.send(Err(std::io::Error::other(why))).await;
             return;
         }
@@ -263,8 +337,20 @@ async fn feed_stdin(mut body: DataStream, rest: Vec<u8>, stdin: StdinSender, gon
 }
 
 /// Sends a chunk of output; false if the client has gone.
-async fn send_output(events: &mpsc::Sender<(Bytes, u64)>, stream: crate::proto::StdStream, bytes: &[u8]) -> bool {
-    send(events, &StreamEvent::Output { stream, bytes: bytes.to_vec() }, bytes.len() as u64).await
+async fn send_output(
+    events: &mpsc::Sender<(Bytes, u64)>,
+    stream: crate::proto::StdStream,
+    bytes: &[u8],
+) -> bool {
+    send(
+        events,
+        &StreamEvent::Output {
+            stream,
+            bytes: bytes.to_vec(),
+        },
+        bytes.len() as u64,
+    )
+    .await
 }
 
 /// Sends one event carrying `output` bytes of the job's output; false if

@@ -25,8 +25,8 @@ use axum::response::{IntoResponse, Response};
 use super::extract::{Caller, Postcard, SubmissionBody, bearer};
 use super::jobs::CancelAnswer;
 use super::response::{json, postcard, text};
-use crate::proto::submission::{SUBMISSION_ID_HEADER, SubmissionSpec};
 use crate::owner::Owner;
+use crate::proto::submission::{SUBMISSION_ID_HEADER, SubmissionSpec};
 use crate::worker::state::Worker;
 
 fn failed(e: anyhow::Error) -> Response {
@@ -41,7 +41,10 @@ pub async fn post_submission(
     Postcard(spec, _charge, _): Postcard<SubmissionSpec, SubmissionBody>,
 ) -> Response {
     if w.draining.load(std::sync::atomic::Ordering::Relaxed) {
-        return text(StatusCode::SERVICE_UNAVAILABLE, "this worker is shutting down");
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this worker is shutting down",
+        );
     }
     match crate::owner::run::create(&o, &tenant, bearer(&headers).map(String::from), spec).await {
         Ok(info) => {
@@ -55,7 +58,11 @@ pub async fn post_submission(
     }
 }
 
-pub async fn list_submissions(State(w): State<Arc<Worker>>, Extension(o): Extension<Arc<Owner>>, Caller(tenant): Caller) -> Response {
+pub async fn list_submissions(
+    State(w): State<Arc<Worker>>,
+    Extension(o): Extension<Arc<Owner>>,
+    Caller(tenant): Caller,
+) -> Response {
     match o.submissions.list(&w.addr, tenant.name.clone()).await {
         Ok(list) => json(&list),
         Err(e) => failed(e),
@@ -68,7 +75,11 @@ pub async fn get_submission(
     Caller(tenant): Caller,
     Path(id): Path<String>,
 ) -> Response {
-    match o.submissions.info(&w.addr, Some(tenant.name.clone()), &id).await {
+    match o
+        .submissions
+        .info(&w.addr, Some(tenant.name.clone()), &id)
+        .await
+    {
         Ok(Some(info)) => json(&info),
         Ok(None) => text(StatusCode::NOT_FOUND, "no such submission"),
         Err(e) => failed(e),
@@ -91,16 +102,27 @@ pub async fn get_results(
     Query(p): Query<ResultsParams>,
 ) -> Response {
     let wait = Duration::from_millis(p.wait_ms);
-    match o.submissions.results(&w.addr, tenant.name.clone(), &id, p.from, wait).await {
+    match o
+        .submissions
+        .results(&w.addr, tenant.name.clone(), &id, p.from, wait)
+        .await
+    {
         Ok(Some(page)) => postcard(&page),
         Ok(None) => text(StatusCode::NOT_FOUND, "no such submission"),
         Err(e) => failed(e),
     }
 }
 
-pub async fn delete_submission(Extension(o): Extension<Arc<Owner>>, Caller(tenant): Caller, Path(id): Path<String>) -> Response {
+pub async fn delete_submission(
+    Extension(o): Extension<Arc<Owner>>,
+    Caller(tenant): Caller,
+    Path(id): Path<String>,
+) -> Response {
     match o.submissions.cancel(tenant.name.clone(), &id).await {
-        Ok(Some(was)) => json(&CancelAnswer { id, was: was.into() }),
+        Ok(Some(was)) => json(&CancelAnswer {
+            id,
+            was: was.into(),
+        }),
         Ok(None) => text(StatusCode::NOT_FOUND, "no such submission"),
         Err(e) => failed(e),
     }
@@ -113,11 +135,18 @@ pub struct HistoryParams {
     tenant: Option<String>,
 }
 
-pub async fn get_history(State(w): State<Arc<Worker>>, Caller(caller): Caller, Query(p): Query<HistoryParams>) -> Response {
+pub async fn get_history(
+    State(w): State<Arc<Worker>>,
+    Caller(caller): Caller,
+    Query(p): Query<HistoryParams>,
+) -> Response {
     let tenant = match (caller.operator, p.tenant) {
         (true, wanted) => wanted,
         (false, Some(wanted)) if wanted != caller.name => {
-            return text(StatusCode::FORBIDDEN, "only an operator's token sees other tenants' history");
+            return text(
+                StatusCode::FORBIDDEN,
+                "only an operator's token sees other tenants' history",
+            );
         }
         (false, _) => Some(caller.name.clone()),
     };
@@ -126,7 +155,8 @@ pub async fn get_history(State(w): State<Arc<Worker>>, Caller(caller): Caller, Q
     match w.history.query(p.since_ms, tenant).await {
         Ok(rows) => {
             let mut resp = json(&rows);
-            resp.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            resp.headers_mut()
+                .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
             resp
         }
         Err(e) => failed(e),

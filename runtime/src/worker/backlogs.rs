@@ -49,10 +49,14 @@ impl Backlogs {
         }
         if !entries.contains_key(&key) {
             if entries.keys().filter(|(t, _)| t == tenant).count() >= PER_TENANT {
-                return Err(Refused::Full(format!("a tenant may report at most {PER_TENANT} maps to one worker")));
+                return Err(Refused::Full(format!(
+                    "a tenant may report at most {PER_TENANT} maps to one worker"
+                )));
             }
             if entries.len() >= MAX_BACKLOGS {
-                return Err(Refused::Full(format!("this worker holds {MAX_BACKLOGS} maps' backlogs: report to another")));
+                return Err(Refused::Full(format!(
+                    "this worker holds {MAX_BACKLOGS} maps' backlogs: report to another"
+                )));
             }
         }
         entries.insert(key, (backlog, now + Duration::from_millis(BACKLOG_TTL_MS)));
@@ -78,7 +82,14 @@ mod tests {
     use super::*;
 
     fn b(id: &str, waiting: u64) -> Backlog {
-        Backlog { id: id.into(), waiting, running: 1, memory_bytes: 1 << 20, largest_bytes: 1 << 20, job_ms: 500 }
+        Backlog {
+            id: id.into(),
+            waiting,
+            running: 1,
+            memory_bytes: 1 << 20,
+            largest_bytes: 1 << 20,
+            job_ms: 500,
+        }
     }
 
     #[test]
@@ -90,7 +101,16 @@ mod tests {
         let waiting: Vec<u64> = backlogs.current().iter().map(|b| b.waiting).collect();
         assert_eq!(waiting.len(), 2, "bob's m1 is not alice's: {waiting:?}");
         assert!(waiting.contains(&7) && waiting.contains(&3));
-        backlogs.report("alice", Backlog { waiting: 0, running: 0, ..b("m1", 0) }).unwrap();
+        backlogs
+            .report(
+                "alice",
+                Backlog {
+                    waiting: 0,
+                    running: 0,
+                    ..b("m1", 0)
+                },
+            )
+            .unwrap();
         assert_eq!(backlogs.current().len(), 1);
     }
 
@@ -100,10 +120,20 @@ mod tests {
         for i in 0..PER_TENANT {
             backlogs.report("alice", b(&format!("m{i}"), 1)).unwrap();
         }
-        assert!(matches!(backlogs.report("alice", b("one-more", 1)), Err(Refused::Full(_))));
-        backlogs.report("alice", b("m0", 2)).expect("renewing one it has is fine");
-        backlogs.report("bob", b("m0", 1)).expect("another tenant has its own share");
-        assert!(matches!(backlogs.report("bob", b("", 1)), Err(Refused::Invalid(_))));
+        assert!(matches!(
+            backlogs.report("alice", b("one-more", 1)),
+            Err(Refused::Full(_))
+        ));
+        backlogs
+            .report("alice", b("m0", 2))
+            .expect("renewing one it has is fine");
+        backlogs
+            .report("bob", b("m0", 1))
+            .expect("another tenant has its own share");
+        assert!(matches!(
+            backlogs.report("bob", b("", 1)),
+            Err(Refused::Invalid(_))
+        ));
     }
 
     #[test]

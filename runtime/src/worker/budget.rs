@@ -83,7 +83,9 @@ impl std::fmt::Display for Payer {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ChargeRefused {
     /// The payer's own budget is used up.
-    #[error("this worker holds {held} for your requests already (at most {limit} at once): try again when some have been answered")]
+    #[error(
+        "this worker holds {held} for your requests already (at most {limit} at once): try again when some have been answered"
+    )]
     Payer { held: Size, limit: Size },
     /// All unauthenticated callers together are at their budget.
     #[error("this worker holds {0} of unauthenticated requests already: try again later")]
@@ -112,12 +114,22 @@ pub struct RequestBudgets {
 impl RequestBudgets {
     /// Budgets charging `ledger`, each tenant at most `per_tenant` bytes.
     pub fn new(ledger: Arc<Ledger>, per_tenant: u64) -> Arc<RequestBudgets> {
-        Arc::new(RequestBudgets { ledger, per_tenant, state: Mutex::new(State::default()) })
+        Arc::new(RequestBudgets {
+            ledger,
+            per_tenant,
+            state: Mutex::new(State::default()),
+        })
     }
 
     /// A charge of nothing yet, for `payer`.
     pub fn charge(self: &Arc<Self>, payer: Payer) -> Charge {
-        Charge { budgets: self.clone(), payer, bytes: 0, overdraft: 0, hold: self.ledger.hold(super::ledger::HoldKind::Request) }
+        Charge {
+            budgets: self.clone(),
+            payer,
+            bytes: 0,
+            overdraft: 0,
+            hold: self.ledger.hold(super::ledger::HoldKind::Request),
+        }
     }
 
     /// The most `payer` may hold at once.
@@ -169,7 +181,10 @@ impl Charge {
         let mut st = b.state.lock();
         let held = st.by_payer.get(&self.payer).copied().unwrap_or(0);
         if held.saturating_add(n) > limit {
-            return Err(ChargeRefused::Payer { held: Size(held), limit: Size(limit) });
+            return Err(ChargeRefused::Payer {
+                held: Size(held),
+                limit: Size(limit),
+            });
         }
         let stranger = matches!(self.payer, Payer::Address(_));
         if stranger && st.strangers.saturating_add(n) > UNAUTHENTICATED_TOTAL {
@@ -204,7 +219,8 @@ impl Charge {
         let over = n.min(self.overdraft);
         st.overdraft -= over;
         self.overdraft -= over;
-        self.hold.shrink_to(self.hold.bytes().saturating_sub(n - over));
+        self.hold
+            .shrink_to(self.hold.bytes().saturating_sub(n - over));
         if matches!(self.payer, Payer::Address(_)) {
             st.strangers -= n;
         }
@@ -233,7 +249,11 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     fn budgets(capacity: u64, per_tenant: u64) -> Arc<RequestBudgets> {
-        let config = LedgerConfig { memory: Some(capacity), reserve: 0, ..LedgerConfig::default() };
+        let config = LedgerConfig {
+            memory: Some(capacity),
+            reserve: 0,
+            ..LedgerConfig::default()
+        };
         let ledger = Ledger::with_host(&config, Box::new(FakeMemory::new(64 << 30, 64 << 30)));
         RequestBudgets::new(ledger, per_tenant)
     }
@@ -245,10 +265,15 @@ mod tests {
         let mut one = b.charge(alice.clone());
         one.grow(6 * MIB).unwrap();
         let mut two = b.charge(alice.clone());
-        assert!(matches!(two.grow(6 * MIB), Err(ChargeRefused::Payer { .. })));
+        assert!(matches!(
+            two.grow(6 * MIB),
+            Err(ChargeRefused::Payer { .. })
+        ));
         assert_eq!(b.held_by(&alice), 6 * MIB, "a refused charge holds nothing");
         // Another tenant is not charged for alice.
-        b.charge(Payer::Tenant("bob".into())).grow(10 * MIB).unwrap();
+        b.charge(Payer::Tenant("bob".into()))
+            .grow(10 * MIB)
+            .unwrap();
         drop(one);
         assert_eq!(b.held_by(&alice), 0);
         two.grow(10 * MIB).unwrap();
@@ -268,8 +293,14 @@ mod tests {
             assert!(matches!(c.grow(1), Err(ChargeRefused::Payer { .. })));
             held.push(c);
         }
-        assert_eq!(held.len() as u64 * UNAUTHENTICATED_PER_ADDRESS, UNAUTHENTICATED_TOTAL);
-        assert!(matches!(b.charge(addr(5)).grow(1), Err(ChargeRefused::Strangers(_))));
+        assert_eq!(
+            held.len() as u64 * UNAUTHENTICATED_PER_ADDRESS,
+            UNAUTHENTICATED_TOTAL
+        );
+        assert!(matches!(
+            b.charge(addr(5)).grow(1),
+            Err(ChargeRefused::Strangers(_))
+        ));
         held.pop();
         b.charge(addr(5)).grow(1).unwrap();
     }
@@ -280,7 +311,11 @@ mod tests {
         let alice = Payer::Tenant("alice".into());
         let mut a = b.charge(alice.clone());
         a.grow(64 * MIB).unwrap();
-        assert_eq!(b.ledger.offer(), 0, "request bytes come out of what the worker offers");
+        assert_eq!(
+            b.ledger.offer(),
+            0,
+            "request bytes come out of what the worker offers"
+        );
         let mut over = b.charge(alice.clone());
         over.grow(OVERDRAFT).unwrap();
         assert_eq!(over.grow(1), Err(ChargeRefused::Memory));

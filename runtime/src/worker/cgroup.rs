@@ -45,7 +45,8 @@ pub fn binding_limit_in(root: &Path, own: &str) -> Option<(u64, PathBuf)> {
     let mut limits = Vec::new();
     for line in own.lines() {
         let mut parts = line.splitn(3, ':');
-        let (Some(id), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
+        let (Some(id), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
             continue;
         };
         if id == "0" && controllers.is_empty() {
@@ -71,7 +72,9 @@ fn along(base: &Path, path: &str, file: &str) -> Vec<(u64, PathBuf)> {
         dir.push(part);
         dirs.push(dir.clone());
     }
-    dirs.into_iter().filter_map(|d| read_limit(&d.join(file)).map(|l| (l, d))).collect()
+    dirs.into_iter()
+        .filter_map(|d| read_limit(&d.join(file)).map(|l| (l, d)))
+        .collect()
 }
 
 /// One limit file: a number of bytes, or `max` / a huge number for none.
@@ -100,9 +103,17 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let job = "system.slice/slurmstepd.scope/job_42";
         write(root.path(), "memory.max", "max\n");
-        write(root.path(), &format!("{job}/memory.max"), &format!("{}\n", 4 * GIB));
+        write(
+            root.path(),
+            &format!("{job}/memory.max"),
+            &format!("{}\n", 4 * GIB),
+        );
         write(root.path(), &format!("{job}/step_0/memory.max"), "max\n");
-        write(root.path(), &format!("{job}/step_0/user/task_0/memory.max"), "max\n");
+        write(
+            root.path(),
+            &format!("{job}/step_0/user/task_0/memory.max"),
+            "max\n",
+        );
         let own = format!("0::/{job}/step_0/user/task_0\n");
         assert_eq!(memory_limit_in(root.path(), &own), Some(4 * GIB));
     }
@@ -112,9 +123,21 @@ mod tests {
     fn slurm_v1_step_limit_and_the_smallest_ancestor_wins() {
         let root = tempfile::tempdir().unwrap();
         let step = "slurm/uid_1000/job_7/step_batch";
-        write(root.path(), "memory/memory.limit_in_bytes", "9223372036854771712\n");
-        write(root.path(), "memory/slurm/uid_1000/job_7/memory.limit_in_bytes", &format!("{}\n", 3 * GIB));
-        write(root.path(), &format!("memory/{step}/memory.limit_in_bytes"), &format!("{}\n", 2 * GIB));
+        write(
+            root.path(),
+            "memory/memory.limit_in_bytes",
+            "9223372036854771712\n",
+        );
+        write(
+            root.path(),
+            "memory/slurm/uid_1000/job_7/memory.limit_in_bytes",
+            &format!("{}\n", 3 * GIB),
+        );
+        write(
+            root.path(),
+            &format!("memory/{step}/memory.limit_in_bytes"),
+            &format!("{}\n", 2 * GIB),
+        );
         let own = format!("12:pids:/{step}\n4:memory:/{step}\n1:name=systemd:/init.scope\n");
         assert_eq!(memory_limit_in(root.path(), &own), Some(2 * GIB));
     }
@@ -124,7 +147,11 @@ mod tests {
         // Hybrid: v2 mounted at unified/, no memory controller there.
         let root = tempfile::tempdir().unwrap();
         write(root.path(), "unified/cgroup.controllers", "");
-        write(root.path(), "memory/memory.limit_in_bytes", &format!("{}\n", GIB));
+        write(
+            root.path(),
+            "memory/memory.limit_in_bytes",
+            &format!("{}\n", GIB),
+        );
         let own = "4:memory:/docker/abc\n0::/docker/abc\n";
         // The container's own path does not exist in its mounted tree: the
         // mount root's limit is the container's.

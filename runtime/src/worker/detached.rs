@@ -20,7 +20,12 @@ use super::tenants::Tenant;
 use crate::proto::JobSpec;
 
 /// Commits a detached job before its id is answered.
-pub async fn keep(w: &Arc<Worker>, id: &str, tenant: &Tenant, spec: &JobSpec) -> Result<(), Refused> {
+pub async fn keep(
+    w: &Arc<Worker>,
+    id: &str,
+    tenant: &Tenant,
+    spec: &JobSpec,
+) -> Result<(), Refused> {
     let internal = |e: String| Refused::Internal(format!("cannot keep the detached job: {e}"));
     if let Some(bytes) = w.runner.module_bytes(&spec.module) {
         let (db, hash) = (w.db.clone(), spec.module);
@@ -67,9 +72,8 @@ pub fn ended(w: &Worker, id: &str, encoded: bytes::Bytes, spec: Option<Vec<u8>>)
 /// table; returns how many.
 pub async fn expire(w: &Worker, keep: std::time::Duration) -> anyhow::Result<usize> {
     let before = now_ms().saturating_sub(keep.as_millis() as u64) as i64;
-    let ids: Vec<String> = w
-        .db
-        .read(move |c| {
+    let ids: Vec<String> =
+        w.db.read(move |c| {
             let mut stmt = c.prepare("SELECT id FROM detached WHERE ended_ms < ?1")?;
             let rows = stmt.query_map([before], |r| r.get(0))?;
             rows.collect()
@@ -78,7 +82,11 @@ pub async fn expire(w: &Worker, keep: std::time::Duration) -> anyhow::Result<usi
     if ids.is_empty() {
         return Ok(0);
     }
-    w.db.write(move |c| c.execute("DELETE FROM detached WHERE ended_ms < ?1", [before]).map(drop)).await?;
+    w.db.write(move |c| {
+        c.execute("DELETE FROM detached WHERE ended_ms < ?1", [before])
+            .map(drop)
+    })
+    .await?;
     for id in &ids {
         w.jobs.forget_done(id);
     }
@@ -90,5 +98,9 @@ pub async fn expire(w: &Worker, keep: std::time::Duration) -> anyhow::Result<usi
 /// bring the job back.
 pub async fn discarded(w: &Worker, id: &str) -> anyhow::Result<()> {
     let id = id.to_string();
-    w.db.write(move |c| c.execute("DELETE FROM detached WHERE id = ?1", [id]).map(drop)).await
+    w.db.write(move |c| {
+        c.execute("DELETE FROM detached WHERE id = ?1", [id])
+            .map(drop)
+    })
+    .await
 }

@@ -18,7 +18,6 @@ use tokio::time::Instant;
 
 use crate::proto::{TenantAccount, TenantUsage};
 
-
 /// How long tenants' usage takes to halve by default (`--usage-half-life`).
 pub const DEFAULT_HALF_LIFE: Duration = Duration::from_secs(600);
 
@@ -34,18 +33,27 @@ pub struct Usage {
 impl Usage {
     fn decayed(self, by: Duration, half_life: Duration) -> Usage {
         let f = 0.5f64.powf(by.as_secs_f64() / half_life.as_secs_f64().max(1e-9));
-        Usage { slot_seconds: self.slot_seconds * f, gib_seconds: self.gib_seconds * f }
+        Usage {
+            slot_seconds: self.slot_seconds * f,
+            gib_seconds: self.gib_seconds * f,
+        }
     }
 
     fn plus(self, o: Usage) -> Usage {
-        Usage { slot_seconds: self.slot_seconds + o.slot_seconds, gib_seconds: self.gib_seconds + o.gib_seconds }
+        Usage {
+            slot_seconds: self.slot_seconds + o.slot_seconds,
+            gib_seconds: self.gib_seconds + o.gib_seconds,
+        }
     }
 
     /// The usage of one job that has held `slots` and `reserved_bytes` for
     /// `time`.
     pub fn of_job(time: Duration, reserved_bytes: u64) -> Usage {
         let s = time.as_secs_f64();
-        Usage { slot_seconds: s, gib_seconds: s * reserved_bytes as f64 / (1u64 << 30) as f64 }
+        Usage {
+            slot_seconds: s,
+            gib_seconds: s * reserved_bytes as f64 / (1u64 << 30) as f64,
+        }
     }
 }
 
@@ -87,13 +95,22 @@ impl FairShare {
     /// Usage halves every `half_life`; shares are of `pool` until the
     /// gossip says otherwise.
     pub fn new(half_life: Duration, pool: PoolSize) -> FairShare {
-        FairShare { half_life, own: HashMap::new(), remote: HashMap::new(), pool, accounts: HashMap::new() }
+        FairShare {
+            half_life,
+            own: HashMap::new(),
+            remote: HashMap::new(),
+            pool,
+            accounts: HashMap::new(),
+        }
     }
 
     /// Adds a finished (or a running job's accrued) usage.
     pub fn record(&mut self, tenant: &str, usage: Usage, now: Instant) {
         let half_life = self.half_life;
-        let entry = self.own.entry(tenant.to_string()).or_insert((Usage::default(), now));
+        let entry = self
+            .own
+            .entry(tenant.to_string())
+            .or_insert((Usage::default(), now));
         let since = now.saturating_duration_since(entry.1);
         *entry = (entry.0.decayed(since, half_life).plus(usage), now);
     }
@@ -133,7 +150,9 @@ impl FairShare {
     /// The tenant's dominant share of the pool, divided by its weight:
     /// lower goes first.
     pub fn share(&self, tenant: &str, weight: f64, running: Usage, now: Instant) -> f64 {
-        let u = self.own_usage(tenant, running, now).plus(self.remote.get(tenant).copied().unwrap_or_default());
+        let u = self
+            .own_usage(tenant, running, now)
+            .plus(self.remote.get(tenant).copied().unwrap_or_default());
         let slots = u.slot_seconds / self.pool.slots.max(1e-9);
         let memory = u.gib_seconds / self.pool.capacity_gib.max(1e-9);
         slots.max(memory) / weight.max(1e-9)
@@ -142,7 +161,12 @@ impl FairShare {
     /// What this worker gossips: per tenant its decayed usage (running jobs'
     /// included via `running`) and its account.
     pub fn report(&self, running: &HashMap<String, Usage>, now: Instant) -> Vec<TenantUsage> {
-        let mut names: Vec<&String> = self.own.keys().chain(running.keys()).chain(self.accounts.keys()).collect();
+        let mut names: Vec<&String> = self
+            .own
+            .keys()
+            .chain(running.keys())
+            .chain(self.accounts.keys())
+            .collect();
         names.sort();
         names.dedup();
         names
@@ -164,7 +188,10 @@ impl FairShare {
 mod tests {
     use super::*;
 
-    const POOL: PoolSize = PoolSize { slots: 2.0, capacity_gib: 8.0 };
+    const POOL: PoolSize = PoolSize {
+        slots: 2.0,
+        capacity_gib: 8.0,
+    };
 
     #[test]
     fn usage_decays_by_half_life_and_ranks_by_dominant_share_over_weight() {
@@ -177,9 +204,15 @@ mod tests {
         // a: max(100/2, 100/8) = 50; b: max(50/2, 400/8) = 50.
         assert!((fs.share("a", 1.0, none, t0) - 50.0).abs() < 1e-9);
         assert!((fs.share("b", 1.0, none, t0) - 50.0).abs() < 1e-9);
-        assert!((fs.share("b", 2.0, none, t0) - 25.0).abs() < 1e-9, "weight divides");
+        assert!(
+            (fs.share("b", 2.0, none, t0) - 25.0).abs() < 1e-9,
+            "weight divides"
+        );
         let later = t0 + Duration::from_secs(600);
-        assert!((fs.share("a", 1.0, none, later) - 25.0).abs() < 1e-9, "halved after one half-life");
+        assert!(
+            (fs.share("a", 1.0, none, later) - 25.0).abs() < 1e-9,
+            "halved after one half-life"
+        );
         assert_eq!(fs.share("nobody", 1.0, none, t0), 0.0);
         // A running job counts.
         assert!(fs.share("nobody", 1.0, Usage::of_job(Duration::from_secs(10), 0), t0) > 0.0);
@@ -190,16 +223,31 @@ mod tests {
         let t0 = Instant::now();
         let mut fs = FairShare::new(Duration::from_secs(600), POOL);
         let mut remote = HashMap::new();
-        remote.insert("b".to_string(), Usage { slot_seconds: 40.0, gib_seconds: 0.0 });
-        fs.set_remote(remote, PoolSize { slots: 4.0, capacity_gib: 16.0 });
+        remote.insert(
+            "b".to_string(),
+            Usage {
+                slot_seconds: 40.0,
+                gib_seconds: 0.0,
+            },
+        );
+        fs.set_remote(
+            remote,
+            PoolSize {
+                slots: 4.0,
+                capacity_gib: 16.0,
+            },
+        );
         assert!((fs.share("b", 1.0, Usage::default(), t0) - 10.0).abs() < 1e-9);
-        fs.account("a", &JobUsage {
-            cpu: Duration::from_secs(1),
-            held: Duration::from_secs(2),
-            wall: Duration::from_secs(2),
-            reserved_bytes: 1 << 30,
-            peak_bytes: 1 << 29,
-        });
+        fs.account(
+            "a",
+            &JobUsage {
+                cpu: Duration::from_secs(1),
+                held: Duration::from_secs(2),
+                wall: Duration::from_secs(2),
+                reserved_bytes: 1 << 30,
+                peak_bytes: 1 << 29,
+            },
+        );
         let report = fs.report(&HashMap::new(), t0);
         assert_eq!(report.len(), 1, "only this worker's own tenants");
         assert_eq!(report[0].account.jobs, 1);

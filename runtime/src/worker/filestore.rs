@@ -20,21 +20,20 @@
 //! shown the worker (uploaded), as for modules (`worker::uploaders`): a hash
 //! that leaks does not give another tenant the data.
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use parking_lot::Mutex;
 
 use lru::LruCache;
 
-use crate::proto::tree::{FileHash, Manifest, TreeGrant};
 use crate::proto::ModuleHash;
+use crate::proto::tree::{FileHash, Manifest, TreeGrant};
 use crate::sandbox::files::{NEW_INODE_BYTES, ScratchPool};
 use crate::units::Bytes;
 
 /// Bytes of files a worker keeps unless `--file-store` says otherwise.
 pub const DEFAULT_FILE_STORE: u64 = 10 << 30;
-
 
 /// Why a file or a tree was not taken.
 #[derive(Debug, PartialEq, Eq)]
@@ -52,7 +51,10 @@ pub enum StoreError {
 impl std::fmt::Display for StoreError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            StoreError::Invalid(m) | StoreError::TooLarge(m) | StoreError::Full(m) | StoreError::Io(m) => f.write_str(m),
+            StoreError::Invalid(m)
+            | StoreError::TooLarge(m)
+            | StoreError::Full(m)
+            | StoreError::Io(m) => f.write_str(m),
         }
     }
 }
@@ -87,8 +89,15 @@ impl FileStore {
     /// An empty store in a new directory under `root` (the system's
     /// temporary directory if `None`), keeping at most `budget` bytes and
     /// charging them to `disk`.
-    pub fn new(root: Option<&Path>, budget: u64, disk: Option<Arc<ScratchPool>>, multi_tenant: bool) -> anyhow::Result<FileStore> {
-        let b = tempfile::Builder::new().prefix("peerwasm-files-").to_owned();
+    pub fn new(
+        root: Option<&Path>,
+        budget: u64,
+        disk: Option<Arc<ScratchPool>>,
+        multi_tenant: bool,
+    ) -> anyhow::Result<FileStore> {
+        let b = tempfile::Builder::new()
+            .prefix("peerwasm-files-")
+            .to_owned();
         let dir = match root {
             Some(root) => b.tempdir_in(root),
             None => b.tempdir(),
@@ -135,7 +144,11 @@ impl FileStore {
 
     fn record_shown(&self, inner: &mut Inner, hash: ModuleHash, tenant: &str) {
         if self.multi_tenant {
-            inner.shown.entry(hash).or_default().insert(tenant.to_string());
+            inner
+                .shown
+                .entry(hash)
+                .or_default()
+                .insert(tenant.to_string());
         }
     }
 
@@ -143,9 +156,18 @@ impl FileStore {
     /// by the caller) and returns the files of it this tenant must still
     /// send. Checking a large manifest takes milliseconds: call it on a
     /// blocking thread.
-    pub fn put_manifest(&self, tenant: &str, hash: ModuleHash, manifest: Manifest) -> Result<Vec<FileHash>, StoreError> {
+    pub fn put_manifest(
+        &self,
+        tenant: &str,
+        hash: ModuleHash,
+        manifest: Manifest,
+    ) -> Result<Vec<FileHash>, StoreError> {
         manifest.check(self.budget).map_err(|e| {
-            if e.contains("accepts trees of at most") { StoreError::TooLarge(e) } else { StoreError::Invalid(e) }
+            if e.contains("accepts trees of at most") {
+                StoreError::TooLarge(e)
+            } else {
+                StoreError::Invalid(e)
+            }
         })?;
         let mut inner = self.lock();
         let mut missing: Vec<FileHash> = manifest
@@ -155,7 +177,10 @@ impl FileStore {
             .collect();
         missing.sort_unstable();
         missing.dedup();
-        inner.manifests.put(hash, manifest, tenant).map_err(StoreError::TooLarge)?;
+        inner
+            .manifests
+            .put(hash, manifest, tenant)
+            .map_err(StoreError::TooLarge)?;
         self.record_shown(&mut inner, hash, tenant);
         Ok(missing)
     }
@@ -178,7 +203,14 @@ impl FileStore {
         if !self.charge(NEW_INODE_BYTES) {
             return Err(full());
         }
-        Ok(Incoming { store: self.clone(), hash, file: Some(tmp), len: 0, hasher: Default::default(), charged: NEW_INODE_BYTES })
+        Ok(Incoming {
+            store: self.clone(),
+            hash,
+            file: Some(tmp),
+            len: 0,
+            hasher: Default::default(),
+            charged: NEW_INODE_BYTES,
+        })
     }
 
     /// Takes `bytes` of the disk total, evicting unpinned files if need be.
@@ -222,18 +254,34 @@ impl FileStore {
 
     /// Pins every file of `trees` for a job of `tenant`, or says what is
     /// missing (the client is to send the tree again).
-    pub fn pin_trees(self: &Arc<Self>, tenant: &str, trees: &[TreeGrant]) -> Result<TreePins, String> {
+    pub fn pin_trees(
+        self: &Arc<Self>,
+        tenant: &str,
+        trees: &[TreeGrant],
+    ) -> Result<TreePins, String> {
         let mut inner = self.lock();
         let mut manifests = Vec::with_capacity(trees.len());
         for grant in trees {
             let Some(m) = inner.manifests.get(&grant.manifest) else {
-                return Err(format!("tree {} unknown here: send it first", &grant.manifest.to_hex()[..12]));
+                return Err(format!(
+                    "tree {} unknown here: send it first",
+                    &grant.manifest.to_hex()[..12]
+                ));
             };
             if !self.may_use(&inner, &grant.manifest, tenant) {
-                return Err(format!("tree {} not sent by you: send it first", &grant.manifest.to_hex()[..12]));
+                return Err(format!(
+                    "tree {} not sent by you: send it first",
+                    &grant.manifest.to_hex()[..12]
+                ));
             }
-            if let Some((path, _, _)) = m.files().find(|(_, h, _)| !(inner.files.contains(h) && self.may_use(&inner, h, tenant))) {
-                return Err(format!("file {path:?} of tree {} is not here: send it", &grant.manifest.to_hex()[..12]));
+            if let Some((path, _, _)) = m
+                .files()
+                .find(|(_, h, _)| !(inner.files.contains(h) && self.may_use(&inner, h, tenant)))
+            {
+                return Err(format!(
+                    "file {path:?} of tree {} is not here: send it",
+                    &grant.manifest.to_hex()[..12]
+                ));
             }
             manifests.push(m);
         }
@@ -245,7 +293,11 @@ impl FileStore {
                 pinned.push(h);
             }
         }
-        Ok(TreePins { store: self.clone(), pinned, manifests })
+        Ok(TreePins {
+            store: self.clone(),
+            pinned,
+            manifests,
+        })
     }
 }
 
@@ -307,7 +359,8 @@ impl Incoming {
         self.charged += chunk.len() as u64;
         self.hasher.update(chunk);
         let file = self.file.as_mut().expect("written until finished");
-        file.write_all(chunk).map_err(|e| StoreError::Io(format!("cannot write to the file store: {e}")))?;
+        file.write_all(chunk)
+            .map_err(|e| StoreError::Io(format!("cannot write to the file store: {e}")))?;
         self.len = len;
         Ok(())
     }
@@ -330,8 +383,10 @@ impl Incoming {
             return Ok(()); // sent twice at once: keep one (this one's charge goes with `self`)
         }
         let path = store.path_of(&self.hash);
-        file.persist(&path).map_err(|e| StoreError::Io(format!("cannot keep the file: {e}")))?;
-        let _ = std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o444));
+        file.persist(&path)
+            .map_err(|e| StoreError::Io(format!("cannot keep the file: {e}")))?;
+        let _ =
+            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o444));
         let cost = self.len + NEW_INODE_BYTES;
         inner.files.put(self.hash, cost);
         inner.held += cost;
@@ -367,7 +422,13 @@ mod tests {
         let entries = files
             .iter()
             .enumerate()
-            .map(|(i, b)| TreeEntry { path: format!("f{i}"), kind: EntryKind::File { hash: FileHash::of(b), size: b.len() as u64 } })
+            .map(|(i, b)| TreeEntry {
+                path: format!("f{i}"),
+                kind: EntryKind::File {
+                    hash: FileHash::of(b),
+                    size: b.len() as u64,
+                },
+            })
             .collect();
         let m = Manifest { entries };
         (m.hash(), m)
@@ -381,9 +442,16 @@ mod tests {
         let store = Arc::new(FileStore::new(None, 3 * cost, Some(disk.clone()), false).unwrap());
         let (a, b, c) = (vec![1u8; 1000], vec![2u8; 1000], vec![3u8; 1000]);
         let (tree, manifest) = tree_of(&[&a]);
-        assert_eq!(store.put_manifest("t", tree, manifest).unwrap(), vec![FileHash::of(&a)]);
+        assert_eq!(
+            store.put_manifest("t", tree, manifest).unwrap(),
+            vec![FileHash::of(&a)]
+        );
         put(&store, "t", &a).unwrap();
-        let grant = TreeGrant { manifest: tree, guest: "/d".into(), read_only: true };
+        let grant = TreeGrant {
+            manifest: tree,
+            guest: "/d".into(),
+            read_only: true,
+        };
         let pins = store.pin_trees("t", std::slice::from_ref(&grant)).unwrap();
         put(&store, "t", &b).unwrap();
         put(&store, "t", &c).unwrap();
@@ -393,8 +461,16 @@ mod tests {
         assert_eq!(std::fs::read(store.path_of(&FileHash::of(&a))).unwrap(), a);
         drop(pins);
         put(&store, "t", &[5u8; 1000]).unwrap();
-        assert!(!store.has_file("t", &FileHash::of(&a)), "unpinned, the least recently used goes");
-        assert!(store.pin_trees("t", &[grant]).unwrap_err().contains("is not here"));
+        assert!(
+            !store.has_file("t", &FileHash::of(&a)),
+            "unpinned, the least recently used goes"
+        );
+        assert!(
+            store
+                .pin_trees("t", &[grant])
+                .unwrap_err()
+                .contains("is not here")
+        );
     }
 
     #[test]
@@ -406,7 +482,10 @@ mod tests {
         assert!(matches!(incoming.finish("t"), Err(StoreError::Invalid(_))));
         assert_eq!((store.held(), disk.in_use()), (0, 0));
         let mut big = store.receive(FileHash::of(b"x")).unwrap();
-        assert!(matches!(big.write(&[0u8; 6000]), Err(StoreError::TooLarge(_))));
+        assert!(matches!(
+            big.write(&[0u8; 6000]),
+            Err(StoreError::TooLarge(_))
+        ));
     }
 
     #[test]
@@ -416,12 +495,33 @@ mod tests {
         let (tree, manifest) = tree_of(&[data]);
         store.put_manifest("alice", tree, manifest.clone()).unwrap();
         put(&store, "alice", data).unwrap();
-        let grant = TreeGrant { manifest: tree, guest: "/d".into(), read_only: true };
-        assert!(store.pin_trees("alice", std::slice::from_ref(&grant)).is_ok());
-        assert!(store.pin_trees("bob", std::slice::from_ref(&grant)).unwrap_err().contains("not sent by you"));
+        let grant = TreeGrant {
+            manifest: tree,
+            guest: "/d".into(),
+            read_only: true,
+        };
+        assert!(
+            store
+                .pin_trees("alice", std::slice::from_ref(&grant))
+                .is_ok()
+        );
+        assert!(
+            store
+                .pin_trees("bob", std::slice::from_ref(&grant))
+                .unwrap_err()
+                .contains("not sent by you")
+        );
         // Bob knows the hashes; he must still send the bytes.
-        assert_eq!(store.put_manifest("bob", tree, manifest).unwrap(), vec![FileHash::of(data)]);
-        assert!(store.pin_trees("bob", std::slice::from_ref(&grant)).unwrap_err().contains("is not here"));
+        assert_eq!(
+            store.put_manifest("bob", tree, manifest).unwrap(),
+            vec![FileHash::of(data)]
+        );
+        assert!(
+            store
+                .pin_trees("bob", std::slice::from_ref(&grant))
+                .unwrap_err()
+                .contains("is not here")
+        );
         put(&store, "bob", data).unwrap();
         assert!(store.pin_trees("bob", &[grant]).is_ok());
     }

@@ -40,7 +40,15 @@ impl History {
 
     /// Records a job that ended on this worker (`peer`), having reserved
     /// `reserved` bytes for it.
-    pub fn record(&self, tenant: &str, module: &ModuleHash, tag: Option<&JobTag>, result: &JobResult, reserved: u64, peer: &str) {
+    pub fn record(
+        &self,
+        tenant: &str,
+        module: &ModuleHash,
+        tag: Option<&JobTag>,
+        result: &JobResult,
+        reserved: u64,
+        peer: &str,
+    ) {
         let submission = tag.map(|t| t.submission.clone()).filter(|s| !s.is_empty());
         let (index, attempt) = (tag.map(|t| t.index as i64), tag.map(|t| t.attempt));
         let row = (
@@ -49,7 +57,13 @@ impl History {
             module.to_hex(),
             result.outcome.kind(),
             result.outcome.exit_code(),
-            [result.peak_memory_bytes, reserved, result.cpu_time_us, result.wall_time_us].map(|v| v as i64),
+            [
+                result.peak_memory_bytes,
+                reserved,
+                result.cpu_time_us,
+                result.wall_time_us,
+            ]
+            .map(|v| v as i64),
             peer.to_string(),
         );
         self.db.write_later(move |c| {
@@ -66,7 +80,11 @@ impl History {
     /// Records that ended at or after `since_ms`, oldest first; only
     /// `tenant`'s when given. Every job that ended before the call is in it:
     /// records still queued are committed first.
-    pub async fn query(&self, since_ms: u64, tenant: Option<String>) -> anyhow::Result<Vec<HistoryRecord>> {
+    pub async fn query(
+        &self,
+        since_ms: u64,
+        tenant: Option<String>,
+    ) -> anyhow::Result<Vec<HistoryRecord>> {
         self.db.sync().await?;
         self.db
             .read(move |c| {
@@ -127,14 +145,31 @@ mod tests {
         let db = Arc::new(StateDb::open(dir.path()).unwrap());
         let history = History::new(db.clone(), Duration::from_secs(3600));
         let module = ModuleHash::of(b"m");
-        let mut result = JobResult::never_ran(1, crate::proto::Outcome::Rejected { reason: String::new() });
+        let mut result = JobResult::never_ran(
+            1,
+            crate::proto::Outcome::Rejected {
+                reason: String::new(),
+            },
+        );
         for i in 0..30u64 {
             result.cpu_time_us = i;
-            history.record(if i % 3 == 0 { "bob" } else { "alice" }, &module, None, &result, 1, "w");
+            history.record(
+                if i % 3 == 0 { "bob" } else { "alice" },
+                &module,
+                None,
+                &result,
+                1,
+                "w",
+            );
         }
         history.expire_keeping(5);
         let rows = history.query(0, None).await.unwrap();
-        let cpu = |t: &str| rows.iter().filter(|r| r.tenant == t).map(|r| r.cpu_time_us).collect::<Vec<_>>();
+        let cpu = |t: &str| {
+            rows.iter()
+                .filter(|r| r.tenant == t)
+                .map(|r| r.cpu_time_us)
+                .collect::<Vec<_>>()
+        };
         assert_eq!(cpu("alice"), vec![23, 25, 26, 28, 29]);
         assert_eq!(cpu("bob").len(), 5);
     }

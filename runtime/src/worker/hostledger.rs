@@ -146,14 +146,23 @@ impl HostLedger {
     /// writable by others) that group's; a link is refused.
     pub fn open(path: &Path, domain: String, max_bytes: u64) -> anyhow::Result<HostLedger> {
         use std::os::unix::fs::MetadataExt;
-        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let dir = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
         // A lab's group directory: its group may write there, others not.
-        let group = std::fs::metadata(dir).is_ok_and(|m| m.mode() & 0o020 != 0 && m.mode() & 0o002 == 0);
-        let sharing = if group { Sharing::Group } else { Sharing::Private };
+        let group =
+            std::fs::metadata(dir).is_ok_and(|m| m.mode() & 0o020 != 0 && m.mode() & 0o002 == 0);
+        let sharing = if group {
+            Sharing::Group
+        } else {
+            Sharing::Private
+        };
         let file = open_private_file(path, "the host's ledger", true, sharing)?;
         let meta = file.metadata()?;
         let pid = std::process::id();
-        let start = start_time(pid).ok_or_else(|| anyhow::anyhow!("cannot read this process's start time"))?;
+        let start = start_time(pid)
+            .ok_or_else(|| anyhow::anyhow!("cannot read this process's start time"))?;
         Ok(HostLedger {
             path: path.to_path_buf(),
             file,
@@ -185,15 +194,26 @@ impl HostLedger {
     /// lets `decide` choose from them (returning what to write as this
     /// worker's `taken` and `untouched`, or `None` to leave its record as
     /// it is), writes the file back and returns what `decide` returned.
-    pub fn transact<T>(&self, addr: &str, decide: impl FnOnce(Others) -> (T, Option<(u64, u64)>)) -> std::io::Result<T> {
+    pub fn transact<T>(
+        &self,
+        addr: &str,
+        decide: impl FnOnce(Others) -> (T, Option<(u64, u64)>),
+    ) -> std::io::Result<T> {
         let _lock = self.lock()?;
         let all = self.read_records()?;
         let before = all.len();
         let me = |r: &Record| self.is_mine(r);
         let mine = all.iter().find(|r| me(r)).cloned();
-        let mut records: Vec<Record> = all.into_iter().filter(|r| !me(r) && self.believed(r)).collect();
+        let mut records: Vec<Record> = all
+            .into_iter()
+            .filter(|r| !me(r) && self.believed(r))
+            .collect();
         let others = Others {
-            taken_in_domain: records.iter().filter(|r| r.domain == self.domain).map(|r| r.taken).sum(),
+            taken_in_domain: records
+                .iter()
+                .filter(|r| r.domain == self.domain)
+                .map(|r| r.taken)
+                .sum(),
             untouched: records.iter().map(|r| r.untouched).sum(),
             workers: records.len(),
         };
@@ -234,7 +254,10 @@ impl HostLedger {
     fn lock(&self) -> std::io::Result<Flock<'_>> {
         let now = std::time::Instant::now();
         if self.skip_until.lock().is_some_and(|until| now < until) {
-            return Err(std::io::Error::new(std::io::ErrorKind::WouldBlock, "the host's ledger was held locked by another process"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::WouldBlock,
+                "the host's ledger was held locked by another process",
+            ));
         }
         match Flock::exclusive_within(&self.file, LOCK_PATIENCE) {
             Ok(lock) => Ok(lock),
@@ -269,7 +292,10 @@ impl HostLedger {
             let why = if sane {
                 "its process does not hold the ledger open: it is not a worker".to_string()
             } else {
-                format!("it claims {} taken, {} untouched, on a host of {}", r.taken, r.untouched, self.max_bytes)
+                format!(
+                    "it claims {} taken, {} untouched, on a host of {}",
+                    r.taken, r.untouched, self.max_bytes
+                )
             };
             tracing::warn!(path = %self.path.display(), pid = r.pid, addr = %r.addr, "ignored a record in the host's ledger: {why}");
         }
@@ -294,7 +320,10 @@ impl HostLedger {
     fn is_live(&self, r: &Record) -> bool {
         let key = (r.pid, r.start);
         let mut seen = self.seen_live.lock();
-        if seen.get(&key).is_some_and(|at| at.elapsed() < LIVENESS_RECHECK) {
+        if seen
+            .get(&key)
+            .is_some_and(|at| at.elapsed() < LIVENESS_RECHECK)
+        {
             return true;
         }
         let live = start_time(r.pid) == Some(r.start) && holds_open(r.pid, self.identity);
@@ -348,7 +377,10 @@ struct Flock<'f>(&'f File);
 
 impl<'f> Flock<'f> {
     /// The lock, tried without blocking until `patience` has passed.
-    fn exclusive_within(file: &'f File, patience: std::time::Duration) -> std::io::Result<Flock<'f>> {
+    fn exclusive_within(
+        file: &'f File,
+        patience: std::time::Duration,
+    ) -> std::io::Result<Flock<'f>> {
         let start = std::time::Instant::now();
         let mut pause = std::time::Duration::from_micros(50);
         loop {
@@ -361,7 +393,10 @@ impl<'f> Flock<'f> {
                 return Err(e);
             }
             if start.elapsed() >= patience {
-                return Err(std::io::Error::new(std::io::ErrorKind::WouldBlock, format!("locked by another process for over {patience:?}")));
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::WouldBlock,
+                    format!("locked by another process for over {patience:?}"),
+                ));
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(std::time::Duration::from_millis(5));
@@ -394,7 +429,8 @@ fn holds_open(pid: u32, identity: (u64, u64)) -> bool {
         Ok(fds) => fds,
         Err(e) => return e.kind() == std::io::ErrorKind::PermissionDenied,
     };
-    fds.flatten().any(|fd| std::fs::metadata(fd.path()).is_ok_and(|m| (m.dev(), m.ino()) == identity))
+    fds.flatten()
+        .any(|fd| std::fs::metadata(fd.path()).is_ok_and(|m| (m.dev(), m.ino()) == identity))
 }
 
 /// The default path of the host's ledger: `ledger` in this user's private
@@ -420,7 +456,11 @@ mod tests {
 
     /// A process standing for another worker: it holds `path` open.
     fn holder(path: &Path) -> std::process::Child {
-        std::process::Command::new("sleep").arg("60").stdin(File::open(path).unwrap()).spawn().unwrap()
+        std::process::Command::new("sleep")
+            .arg("60")
+            .stdin(File::open(path).unwrap())
+            .spawn()
+            .unwrap()
     }
 
     #[test]
@@ -456,14 +496,39 @@ mod tests {
         ]);
         ledger.write_records(&records).unwrap();
         let seen = ledger.transact("me", |o| (o, None)).unwrap();
-        assert_eq!(seen, Others { taken_in_domain: 2 * GIB, untouched: 3 * GIB, workers: 2 });
-        assert_eq!(ledger.read_records().unwrap().len(), 3, "the dead and the unbelievable are gone, ours is kept");
+        assert_eq!(
+            seen,
+            Others {
+                taken_in_domain: 2 * GIB,
+                untouched: 3 * GIB,
+                workers: 2
+            }
+        );
+        assert_eq!(
+            ledger.read_records().unwrap().len(),
+            3,
+            "the dead and the unbelievable are gone, ours is kept"
+        );
 
         // Emptied under us: our record is back at the next transaction.
-        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(0).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
         ledger.transact("me", |o| (o, None)).unwrap();
-        let mine: Vec<Record> = ledger.read_records().unwrap().into_iter().filter(|r| r.addr == "me").collect();
-        assert_eq!((mine.len(), mine[0].taken), (1, GIB), "written from what this worker knows");
+        let mine: Vec<Record> = ledger
+            .read_records()
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.addr == "me")
+            .collect();
+        assert_eq!(
+            (mine.len(), mine[0].taken),
+            (1, GIB),
+            "written from what this worker knows"
+        );
 
         // A lock held elsewhere costs a reservation at most the patience.
         let held = File::open(&path).unwrap();
@@ -476,16 +541,30 @@ mod tests {
         assert!(t.elapsed() < LOCK_PATIENCE * 20, "waited {:?}", t.elapsed());
         let t = std::time::Instant::now();
         assert!(ledger.transact("me", |o| (o, None)).is_err());
-        assert!(t.elapsed() < LOCK_PATIENCE, "backs off: not tried again at once");
+        assert!(
+            t.elapsed() < LOCK_PATIENCE,
+            "backs off: not tried again at once"
+        );
         drop(held);
 
         // Leaving takes our record out, and only ours.
         drop(ledger);
         let again = HostLedger::open(&path, "host".into(), 64 * GIB).unwrap();
-        assert_eq!(again.read_records().unwrap().iter().filter(|r| r.addr == "me").count(), 0);
+        assert_eq!(
+            again
+                .read_records()
+                .unwrap()
+                .iter()
+                .filter(|r| r.addr == "me")
+                .count(),
+            0
+        );
         // Junk in the file is not trusted, and not fatal.
         std::fs::write(&path, b"not a ledger").unwrap();
-        assert_eq!(again.transact("me", |o| (o, Some((1, 1)))).unwrap(), Others::default());
+        assert_eq!(
+            again.transact("me", |o| (o, Some((1, 1)))).unwrap(),
+            Others::default()
+        );
         let _ = other_worker.kill();
         let _ = other_worker.wait();
     }

@@ -20,20 +20,20 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::admission::{Queued, NotAdmitted};
+use super::admission::{NotAdmitted, Queued};
 use super::fairshare::JobUsage;
-use super::ledger::{Hold, HoldKind};
 use super::filestore::TreePins;
-use crate::runner::ModulePin;
-use super::trees::{self, Mounted};
+use super::ledger::{Hold, HoldKind};
 use super::refused::Refused;
 use super::state::Worker;
 use super::table::{JobState, JobTable};
 use super::tenants::Tenant;
+use super::trees::{self, Mounted};
 use crate::proto::{CancelCause, JobResult, JobSpec, MAX_INPUT_BYTES, Outcome};
+use crate::runner::ModulePin;
 use crate::sandbox::{Cancel, LiveOutput, OutputChunk, RunHooks, StdinFeed};
-use tokio::sync::mpsc::UnboundedSender;
 use crate::units::Bytes as Size;
+use tokio::sync::mpsc::UnboundedSender;
 
 /// Removes an attached job's entry when its request ends, however it ends.
 struct Forget<'a> {
@@ -79,14 +79,32 @@ pub async fn run_attached(
 ) -> Result<JobResult, Refused> {
     let (queued, pins) = admit(w, tenant, &spec)?;
     let cancel = Cancel::new();
-    let id = w.jobs.insert(&tenant.name, spec.limits.memory_bytes, cancel.clone());
-    let _forget = Forget { table: &w.jobs, id: id.clone() };
+    let id = w
+        .jobs
+        .insert(&tenant.name, spec.limits.memory_bytes, cancel.clone());
+    let _forget = Forget {
+        table: &w.jobs,
+        id: id.clone(),
+    };
     on_id(&id);
     let abandoned = cancel.on_drop(CancelCause::ClientGone);
     // The output's hold is given back as this returns: the bytes are then
     // the response's, sent at once (a stream's caller brings its own).
-    let hold = streams.hold.clone().unwrap_or_else(|| Arc::new(w.admission.ledger().hold(HoldKind::Output)));
-    let turn = Turn { w: w.clone(), tenant: tenant.clone(), id: id.clone(), queued, spec, pins, cancel, hold, streams };
+    let hold = streams
+        .hold
+        .clone()
+        .unwrap_or_else(|| Arc::new(w.admission.ledger().hold(HoldKind::Output)));
+    let turn = Turn {
+        w: w.clone(),
+        tenant: tenant.clone(),
+        id: id.clone(),
+        queued,
+        spec,
+        pins,
+        cancel,
+        hold,
+        streams,
+    };
     let result = run_queued(turn).await;
     abandoned.disarm();
     result
@@ -96,7 +114,11 @@ pub async fn run_attached(
 /// the state database (`detached.rs`); the result waits in the job table
 /// until taken. Refusals that are known at once (the queue is full, it can
 /// never fit) are returned now, so the client can go elsewhere.
-pub async fn submit_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, spec: JobSpec) -> Result<String, Refused> {
+pub async fn submit_detached(
+    w: &Arc<Worker>,
+    tenant: &Arc<Tenant>,
+    spec: JobSpec,
+) -> Result<String, Refused> {
     let held = w.jobs.held_bytes(&tenant.name);
     if held >= w.max_results {
         w.metrics.refused("results_held");
@@ -113,7 +135,13 @@ pub async fn submit_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, spec: JobSpe
             "a detached job's directories must be read-only (:ro): nobody would be there to take the files it writes".into(),
         ));
     }
-    super::stored::check(w, &tenant.name, spec.encoded_len() + super::stored::ROW_BYTES, "detached job").await?;
+    super::stored::check(
+        w,
+        &tenant.name,
+        spec.encoded_len() + super::stored::ROW_BYTES,
+        "detached job",
+    )
+    .await?;
     let (queued, pins) = admit(w, tenant, &spec)?;
     let id = JobTable::new_id();
     // While this commits, the job keeps its place in the queue.
@@ -123,20 +151,33 @@ pub async fn submit_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, spec: JobSpe
 }
 
 /// Queues a kept detached job again under its id (after a restart).
-pub(crate) fn start_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, spec: JobSpec, id: &str) -> Result<(), Refused> {
+pub(crate) fn start_detached(
+    w: &Arc<Worker>,
+    tenant: &Arc<Tenant>,
+    spec: JobSpec,
+    id: &str,
+) -> Result<(), Refused> {
     let (queued, pins) = admit(w, tenant, &spec)?;
     spawn_detached(w, tenant, spec, queued, pins, id);
     Ok(())
 }
 
-fn spawn_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, mut spec: JobSpec, queued: Queued, pins: Pins, id: &str) {
+fn spawn_detached(
+    w: &Arc<Worker>,
+    tenant: &Arc<Tenant>,
+    mut spec: JobSpec,
+    queued: Queued,
+    pins: Pins,
+    id: &str,
+) {
     // What is kept of the spec once the job has run: all but its input.
     let stdin = std::mem::take(&mut spec.stdin);
     let ran = postcard::to_allocvec(&spec).ok();
     spec.stdin = stdin;
     let cancel = Cancel::new();
     let memreq = spec.limits.memory_bytes;
-    w.jobs.insert_with_id(id, &tenant.name, memreq, cancel.clone());
+    w.jobs
+        .insert_with_id(id, &tenant.name, memreq, cancel.clone());
     let live = LiveOutput::default();
     w.jobs.set_live(id, live.clone());
     let (w, tenant, id2) = (w.clone(), tenant.clone(), id.to_string());
@@ -144,12 +185,30 @@ fn spawn_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, mut spec: JobSpec, queu
         // Held (and counted against the worker's memory) until the result
         // is discarded.
         let hold = Arc::new(w.admission.ledger().hold(HoldKind::Output));
-        let streams = Streams { captures: Some(live), ..Streams::default() };
-        let turn = Turn { w: w.clone(), tenant, id: id2.clone(), queued, spec, pins, cancel, hold: hold.clone(), streams };
+        let streams = Streams {
+            captures: Some(live),
+            ..Streams::default()
+        };
+        let turn = Turn {
+            w: w.clone(),
+            tenant,
+            id: id2.clone(),
+            queued,
+            spec,
+            pins,
+            cancel,
+            hold: hold.clone(),
+            streams,
+        };
         let result = run_queued(turn).await.unwrap_or_else(|refused| {
             // Refused after it was queued: it waited past the hold bound and
             // the host can never hold it.
-            let mut r = JobResult::never_ran(memreq, Outcome::Rejected { reason: refused.to_string() });
+            let mut r = JobResult::never_ran(
+                memreq,
+                Outcome::Rejected {
+                    reason: refused.to_string(),
+                },
+            );
             r.peer = w.addr.clone();
             r
         });
@@ -159,7 +218,12 @@ fn spawn_detached(w: &Arc<Worker>, tenant: &Arc<Tenant>, mut spec: JobSpec, queu
         let done = super::table::Finished::of(&result);
         drop(result);
         hold.shrink_to(done.encoded.len() as u64);
-        if !matches!(done.outcome, Outcome::Cancelled { cause: CancelCause::Shutdown }) {
+        if !matches!(
+            done.outcome,
+            Outcome::Cancelled {
+                cause: CancelCause::Shutdown
+            }
+        ) {
             super::detached::ended(&w, &id2, done.encoded.clone(), ran);
         }
         w.jobs.set_done(&id2, done, hold);
@@ -179,10 +243,20 @@ fn admit(w: &Worker, tenant: &Arc<Tenant>, spec: &JobSpec) -> Result<(Queued, Pi
     check(w, tenant, spec)?;
     let trees = match spec.trees.is_empty() {
         true => None,
-        false => Some(w.files.pin_trees(&tenant.name, &spec.trees).map_err(Refused::MissingFiles)?),
+        false => Some(
+            w.files
+                .pin_trees(&tenant.name, &spec.trees)
+                .map_err(Refused::MissingFiles)?,
+        ),
     };
-    let pins = Pins { _module: w.runner.pin_module(&spec.module), trees };
-    let queued = w.admission.enqueue(tenant, spec.limits.memory_bytes, spec.encoded_len()).map_err(|r| not_admitted(w, r))?;
+    let pins = Pins {
+        _module: w.runner.pin_module(&spec.module),
+        trees,
+    };
+    let queued = w
+        .admission
+        .enqueue(tenant, spec.limits.memory_bytes, spec.encoded_len())
+        .map_err(|r| not_admitted(w, r))?;
     Ok((queued, pins))
 }
 
@@ -199,7 +273,9 @@ fn check(w: &Worker, tenant: &Tenant, spec: &JobSpec) -> Result<(), Refused> {
         )));
     }
     if !spec.dirs.is_empty() {
-        return Err(Refused::Invalid("a remote worker cannot grant host directories: ship them as trees".into()));
+        return Err(Refused::Invalid(
+            "a remote worker cannot grant host directories: ship them as trees".into(),
+        ));
     }
     check_guest_paths(spec)?;
     if let Some(tag) = &spec.tag
@@ -226,7 +302,9 @@ fn check(w: &Worker, tenant: &Tenant, spec: &JobSpec) -> Result<(), Refused> {
         return Err(Refused::Busy("this worker is shutting down".into()));
     }
     if let Some(asked) = spec.limits.timeout_ms
-        && let Some(why) = w.lifetime.refuses(Duration::from_millis(asked), std::time::SystemTime::now())
+        && let Some(why) = w
+            .lifetime
+            .refuses(Duration::from_millis(asked), std::time::SystemTime::now())
     {
         w.metrics.refused("ends_first");
         return Err(Refused::Busy(why));
@@ -245,13 +323,21 @@ fn check_guest_paths(spec: &JobSpec) -> Result<(), Refused> {
     let mut seen = std::collections::HashSet::new();
     for t in &spec.trees {
         if t.guest.is_empty() || t.guest.contains('\0') {
-            return Err(Refused::Invalid("a tree's guest path is empty or has a NUL".into()));
+            return Err(Refused::Invalid(
+                "a tree's guest path is empty or has a NUL".into(),
+            ));
         }
         if t.guest == crate::sandbox::SCRATCH_GUEST_PATH {
-            return Err(Refused::Invalid(format!("{} is the job's scratch directory; mount the tree elsewhere", t.guest)));
+            return Err(Refused::Invalid(format!(
+                "{} is the job's scratch directory; mount the tree elsewhere",
+                t.guest
+            )));
         }
         if !seen.insert(t.guest.as_str()) {
-            return Err(Refused::Invalid(format!("two trees are mounted at {}", t.guest)));
+            return Err(Refused::Invalid(format!(
+                "two trees are mounted at {}",
+                t.guest
+            )));
         }
     }
     Ok(())
@@ -265,7 +351,11 @@ fn not_admitted(w: &Worker, r: NotAdmitted) -> Refused {
             w.metrics.refused("never_fits");
             w.warnings.event(
                 super::warnings::WarningKind::RefusedForMemory,
-                format!("refused a job of {}: this worker can take at most {}", Size(requested), Size(largest)),
+                format!(
+                    "refused a job of {}: this worker can take at most {}",
+                    Size(requested),
+                    Size(largest)
+                ),
             );
             Refused::TooLarge {
                 message: format!(
@@ -292,7 +382,10 @@ fn not_admitted(w: &Worker, r: NotAdmitted) -> Refused {
 /// slot and reservation are given back once it has actually stopped).
 async fn run_queued(turn: Turn) -> Result<JobResult, Refused> {
     let w = turn.w.clone();
-    w.runner.spawn(in_turn(turn)).await.map_err(|e| Refused::Internal(format!("the job's task failed: {e}")))?
+    w.runner
+        .spawn(in_turn(turn))
+        .await
+        .map_err(|e| Refused::Internal(format!("the job's task failed: {e}")))?
 }
 
 /// A job in the queue, with everything it runs with: what
@@ -316,7 +409,17 @@ struct Turn {
 /// [`run_queued`]'s task: waits for the job's ticket, runs it within the
 /// reservation the ticket holds, then charges it.
 async fn in_turn(turn: Turn) -> Result<JobResult, Refused> {
-    let Turn { w, tenant, id, queued, mut spec, pins, cancel, hold, streams } = turn;
+    let Turn {
+        w,
+        tenant,
+        id,
+        queued,
+        mut spec,
+        pins,
+        cancel,
+        hold,
+        streams,
+    } = turn;
     let ticket = tokio::select! {
         biased;
         cause = cancel.cancelled() => {
@@ -337,10 +440,11 @@ async fn in_turn(turn: Turn) -> Result<JobResult, Refused> {
     let memreq = ticket.reservation().bytes();
     // Cancelled while it waited for a compile turn, it still held its slot:
     // ended as a cancelled job, and accounted as one below.
-    let (compile, waited) = match CompileCharge::for_module(&w, &tenant.name, &module, &cancel).await {
-        Ok(compile) => (compile, None),
-        Err(cause) => (None, Some(cause)),
-    };
+    let (compile, waited) =
+        match CompileCharge::for_module(&w, &tenant.name, &module, &cancel).await {
+            Ok(compile) => (compile, None),
+            Err(cause) => (None, Some(cause)),
+        };
     let hooks = RunHooks {
         tee: streams.tee,
         stdin: streams.stdin,
@@ -353,13 +457,24 @@ async fn in_turn(turn: Turn) -> Result<JobResult, Refused> {
     };
     let mounted = match waited {
         Some(cause) => Err(Outcome::Cancelled { cause }),
-        None => mount_trees(&w, &pins, &spec).await.map_err(|reason| Outcome::Rejected { reason }),
+        None => mount_trees(&w, &pins, &spec)
+            .await
+            .map_err(|reason| Outcome::Rejected { reason }),
     };
     let mut result = match mounted {
         Ok(mounted) => {
             // Laid out: the sandbox sees them as directories.
-            let grants = mounted.as_ref().map(|m| m.grants.clone()).unwrap_or_default();
-            let mut result = w.runner.run_resolved(crate::sandbox::RunSpec::resolved(spec, grants, memreq), hooks).await;
+            let grants = mounted
+                .as_ref()
+                .map(|m| m.grants.clone())
+                .unwrap_or_default();
+            let mut result = w
+                .runner
+                .run_resolved(
+                    crate::sandbox::RunSpec::resolved(spec, grants, memreq),
+                    hooks,
+                )
+                .await;
             if let Some(mounted) = mounted {
                 send_files_back(&w, mounted, &hold, &mut result).await;
             }
@@ -372,15 +487,25 @@ async fn in_turn(turn: Turn) -> Result<JobResult, Refused> {
     if !streams_forwarded {
         hold.shrink_to((result.stdout.len() + result.stderr.len() + files) as u64);
     }
-    w.admission.account(&ticket.tenant().name, &JobUsage {
-        cpu: Duration::from_micros(result.cpu_time_us),
-        held: held.elapsed(),
-        wall: Duration::from_micros(result.wall_time_us),
-        reserved_bytes: ticket.reservation().bytes(),
-        peak_bytes: result.peak_memory_bytes,
-    });
+    w.admission.account(
+        &ticket.tenant().name,
+        &JobUsage {
+            cpu: Duration::from_micros(result.cpu_time_us),
+            held: held.elapsed(),
+            wall: Duration::from_micros(result.wall_time_us),
+            reserved_bytes: ticket.reservation().bytes(),
+            peak_bytes: result.peak_memory_bytes,
+        },
+    );
     w.metrics.job_ended(&ticket.tenant().name, &result);
-    w.history.record(&ticket.tenant().name, &module, tag.as_ref(), &result, ticket.reservation().bytes(), &w.addr);
+    w.history.record(
+        &ticket.tenant().name,
+        &module,
+        tag.as_ref(),
+        &result,
+        ticket.reservation().bytes(),
+        &w.addr,
+    );
     // Fair share is charged as the ticket goes, before its slot is
     // handed to the next job (`Ticket::drop`).
     drop(ticket);
@@ -427,8 +552,15 @@ impl CompileCharge {
         if w.runner.is_compiled(module) {
             return Ok(None);
         }
-        let Some(bytes) = w.runner.module_bytes(module).map(|b| b.len() as u64) else { return Ok(None) };
-        let turns = w.compile_turns.lock().entry(tenant.to_string()).or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(compile_turns_per_tenant()))).clone();
+        let Some(bytes) = w.runner.module_bytes(module).map(|b| b.len() as u64) else {
+            return Ok(None);
+        };
+        let turns = w
+            .compile_turns
+            .lock()
+            .entry(tenant.to_string())
+            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(compile_turns_per_tenant())))
+            .clone();
         let turn = tokio::select! {
             biased;
             cause = cancel.cancelled() => return Err(cause),
@@ -458,19 +590,39 @@ impl Drop for CompileCharge {
 
 /// Lays out the job's trees, if it has any, on a blocking thread (their
 /// files stay pinned by `pins` until the job is done).
-async fn mount_trees(w: &Arc<Worker>, pins: &Pins, spec: &JobSpec) -> Result<Option<Mounted>, String> {
-    let Some(tree_pins) = &pins.trees else { return Ok(None) };
+async fn mount_trees(
+    w: &Arc<Worker>,
+    pins: &Pins,
+    spec: &JobSpec,
+) -> Result<Option<Mounted>, String> {
+    let Some(tree_pins) = &pins.trees else {
+        return Ok(None);
+    };
     let sandbox = w.runner.sandbox();
-    let (root, disk) = (sandbox.config().scratch_root.clone(), sandbox.scratch_pool());
-    let (store, manifests, trees) = (w.files.clone(), tree_pins.manifests.clone(), spec.trees.clone());
-    tokio::task::spawn_blocking(move || trees::mount(&store, &manifests, &trees, root.as_deref(), disk).map(Some))
-        .await
-        .map_err(|e| format!("laying out the job's trees failed: {e}"))?
+    let (root, disk) = (
+        sandbox.config().scratch_root.clone(),
+        sandbox.scratch_pool(),
+    );
+    let (store, manifests, trees) = (
+        w.files.clone(),
+        tree_pins.manifests.clone(),
+        spec.trees.clone(),
+    );
+    tokio::task::spawn_blocking(move || {
+        trees::mount(&store, &manifests, &trees, root.as_deref(), disk).map(Some)
+    })
+    .await
+    .map_err(|e| format!("laying out the job's trees failed: {e}"))?
 }
 
 /// Reads back what the job wrote into its writable trees (held against
 /// the worker's memory with its output), into its result.
-async fn send_files_back(w: &Arc<Worker>, mounted: Mounted, hold: &Arc<Hold>, result: &mut JobResult) {
+async fn send_files_back(
+    w: &Arc<Worker>,
+    mounted: Mounted,
+    hold: &Arc<Hold>,
+    result: &mut JobResult,
+) {
     let max = w.max_files_back;
     // Held before reading; shrunk to what the result keeps.
     hold.try_grow(max, true);
@@ -487,6 +639,8 @@ async fn send_files_back(w: &Arc<Worker>, mounted: Mounted, hold: &Arc<Hold>, re
                 result.warnings.push(format!("{outcome}"));
             }
         }
-        Err(e) => result.warnings.push(format!("reading back the job's files failed: {e}")),
+        Err(e) => result
+            .warnings
+            .push(format!("reading back the job's files failed: {e}")),
     }
 }

@@ -25,14 +25,21 @@ pub struct Lifetime {
 impl Lifetime {
     /// `ends_at` in ms since the epoch, as the advert carries it.
     pub fn ends_at_ms(&self) -> Option<u64> {
-        self.ends_at.map(|t| t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64))
+        self.ends_at.map(|t| {
+            t.duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64)
+        })
     }
 
     /// How long jobs may still run here (until the drain begins), from
     /// `now`; `None`: without end.
     pub fn left(&self, now: SystemTime) -> Option<Duration> {
         let end = self.ends_at?;
-        Some(end.duration_since(now).unwrap_or_default().saturating_sub(self.drain_before))
+        Some(
+            end.duration_since(now)
+                .unwrap_or_default()
+                .saturating_sub(self.drain_before),
+        )
     }
 
     /// Why a job asking for a time limit of `asked` cannot run here now, if
@@ -50,7 +57,8 @@ impl Lifetime {
 
     /// When the drain should begin (`ends_at` less `drain_before`).
     pub fn drain_at(&self) -> Option<SystemTime> {
-        self.ends_at.map(|t| t.checked_sub(self.drain_before).unwrap_or(UNIX_EPOCH))
+        self.ends_at
+            .map(|t| t.checked_sub(self.drain_before).unwrap_or(UNIX_EPOCH))
     }
 }
 
@@ -68,11 +76,20 @@ mod tests {
         };
         assert_eq!(life.left(now), Some(Duration::from_secs(540)));
         assert!(life.refuses(Duration::from_secs(300), now).is_none());
-        let why = life.refuses(Duration::from_secs(541), now).expect("past the drain");
+        let why = life
+            .refuses(Duration::from_secs(541), now)
+            .expect("past the drain");
         assert!(why.contains("ends in 9m"), "{why}");
         assert_eq!(life.drain_at(), Some(now + Duration::from_secs(540)));
         // Past its end, nothing fits; without an end, everything does.
-        assert!(life.refuses(Duration::from_millis(1), now + Duration::from_secs(700)).is_some());
-        assert!(Lifetime::default().refuses(Duration::from_secs(1 << 30), now).is_none());
+        assert!(
+            life.refuses(Duration::from_millis(1), now + Duration::from_secs(700))
+                .is_some()
+        );
+        assert!(
+            Lifetime::default()
+                .refuses(Duration::from_secs(1 << 30), now)
+                .is_none()
+        );
     }
 }

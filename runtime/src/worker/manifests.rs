@@ -30,7 +30,11 @@ pub const TOTAL: u64 = 32 << 20;
 /// `String` and its kind) — not its encoding, which is smaller.
 pub fn size_of(m: &Manifest) -> u64 {
     let per_entry = (std::mem::size_of::<crate::proto::tree::TreeEntry>() + 16) as u64;
-    m.entries.iter().map(|e| e.path.len() as u64 + per_entry).sum::<u64>() + 64
+    m.entries
+        .iter()
+        .map(|e| e.path.len() as u64 + per_entry)
+        .sum::<u64>()
+        + 64
 }
 
 #[derive(Debug)]
@@ -50,7 +54,11 @@ pub struct Manifests {
 
 impl Default for Manifests {
     fn default() -> Self {
-        Manifests { kept: LruCache::unbounded(), total: 0, by_tenant: HashMap::new() }
+        Manifests {
+            kept: LruCache::unbounded(),
+            total: 0,
+            by_tenant: HashMap::new(),
+        }
     }
 }
 
@@ -69,7 +77,12 @@ impl Manifests {
     /// Keeps `manifest` for `tenant`, making room by dropping the least
     /// recently used (the tenant's own first); refused if it alone is more
     /// than a tenant may keep.
-    pub fn put(&mut self, hash: ModuleHash, manifest: Manifest, tenant: &str) -> Result<(), String> {
+    pub fn put(
+        &mut self,
+        hash: ModuleHash,
+        manifest: Manifest,
+        tenant: &str,
+    ) -> Result<(), String> {
         if self.kept.promote(&hash) {
             return Ok(()); // kept already, charged to whoever sent it first
         }
@@ -82,17 +95,32 @@ impl Manifests {
             ));
         }
         while self.by_tenant.get(tenant).copied().unwrap_or(0) + bytes > PER_TENANT {
-            let oldest = self.kept.iter().rev().find(|(_, k)| k.payer == tenant).map(|(h, _)| *h);
+            let oldest = self
+                .kept
+                .iter()
+                .rev()
+                .find(|(_, k)| k.payer == tenant)
+                .map(|(h, _)| *h);
             self.remove(&oldest.expect("a tenant holding bytes has manifests"));
         }
         while self.total + bytes > TOTAL {
-            let (oldest, _) = self.kept.peek_lru().expect("bytes held means manifests kept");
+            let (oldest, _) = self
+                .kept
+                .peek_lru()
+                .expect("bytes held means manifests kept");
             let oldest = *oldest;
             self.remove(&oldest);
         }
         self.total += bytes;
         *self.by_tenant.entry(tenant.to_string()).or_insert(0) += bytes;
-        self.kept.put(hash, Kept { manifest: Arc::new(manifest), bytes, payer: tenant.to_string() });
+        self.kept.put(
+            hash,
+            Kept {
+                manifest: Arc::new(manifest),
+                bytes,
+                payer: tenant.to_string(),
+            },
+        );
         Ok(())
     }
 
@@ -118,7 +146,10 @@ mod tests {
         let entries = (0..files)
             .map(|i| TreeEntry {
                 path: format!("{tag:04}-{i:06}-{}", "x".repeat(path_len)),
-                kind: EntryKind::File { hash: ModuleHash::of(&i.to_le_bytes()), size: 1 },
+                kind: EntryKind::File {
+                    hash: ModuleHash::of(&i.to_le_bytes()),
+                    size: 1,
+                },
             })
             .collect();
         Manifest { entries }
@@ -136,9 +167,16 @@ mod tests {
             let (total, alice) = m.held("alice");
             assert!(alice <= PER_TENANT && total <= TOTAL, "{alice} / {total}");
         }
-        assert!(m.get(&bob.hash()).is_some(), "bob's manifest was pushed out by alice's");
+        assert!(
+            m.get(&bob.hash()).is_some(),
+            "bob's manifest was pushed out by alice's"
+        );
         // One manifest larger than a tenant's share is refused.
         let huge = manifest(200, 120_000, 40);
-        assert!(m.put(huge.hash(), huge, "alice").unwrap_err().contains("at most"));
+        assert!(
+            m.put(huge.hash(), huge, "alice")
+                .unwrap_err()
+                .contains("at most")
+        );
     }
 }

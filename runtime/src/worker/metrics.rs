@@ -120,12 +120,28 @@ impl Metrics {
             batch: Histogram::new(exponential_buckets(1.0, 2.0, 13)),
             registry: Registry::default(),
         };
-        r.register("jobs", "Jobs that ended, by outcome and tenant", m.jobs.clone());
-        r.register("refused_jobs", "Jobs refused before running, by reason", m.refused.clone());
+        r.register(
+            "jobs",
+            "Jobs that ended, by outcome and tenant",
+            m.jobs.clone(),
+        );
+        r.register(
+            "refused_jobs",
+            "Jobs refused before running, by reason",
+            m.refused.clone(),
+        );
         r.register("job_wall_seconds", "Wall time of jobs", m.wall.clone());
         r.register("job_cpu_seconds", "CPU time of jobs", m.cpu.clone());
-        r.register("job_peak_memory_bytes", "Peak linear memory of jobs", m.peak.clone());
-        r.register("batch_jobs", "Jobs per POST /v1/jobs/batch request", m.batch.clone());
+        r.register(
+            "job_peak_memory_bytes",
+            "Peak linear memory of jobs",
+            m.peak.clone(),
+        );
+        r.register(
+            "batch_jobs",
+            "Jobs per POST /v1/jobs/batch request",
+            m.batch.clone(),
+        );
         Metrics { registry: r, ..m }
     }
 
@@ -154,7 +170,10 @@ impl Metrics {
     }
 
     fn count_job(&self, tenant: &str, outcome: &str) {
-        let labels = vec![("outcome".to_string(), outcome.to_string()), ("tenant".to_string(), tenant.to_string())];
+        let labels = vec![
+            ("outcome".to_string(), outcome.to_string()),
+            ("tenant".to_string(), tenant.to_string()),
+        ];
         self.jobs.get_or_create(&labels).inc();
     }
 
@@ -206,79 +225,219 @@ impl Live {
     fn of(s: &Scrape<'_>) -> Live {
         let a = s.advert;
         let by = |key: &str, values: Vec<(&str, Value)>| -> Vec<(Labels, Value)> {
-            values.into_iter().map(|(v, n)| (label(key, v), n)).collect()
+            values
+                .into_iter()
+                .map(|(v, n)| (label(key, v), n))
+                .collect()
         };
         let family = |name, help, values| LiveFamily { name, help, values };
         let (count, level) = (Value::Count, Value::Level);
         let g = s.gossip;
         let per_tenant = |f: &dyn Fn(&crate::proto::TenantUsage) -> Value| {
-            a.tenants.iter().map(|t| (label("tenant", t.tenant.clone()), f(t))).collect::<Vec<_>>()
+            a.tenants
+                .iter()
+                .map(|t| (label("tenant", t.tenant.clone()), f(t)))
+                .collect::<Vec<_>>()
         };
         let single = |n: Value| vec![(Labels::new(), n)];
         Live(vec![
-            family("slots", "Slots, by state (busy, total)", by("state", vec![
-                ("busy", level(a.slots_busy as u64)),
-                ("total", level(a.slots_total as u64)),
-            ])),
-            family("memory_bytes", "Memory: capacity, reserved, used by jobs, host available, largest job that fits now, module bytes held; held outside reservations: jobs' output and results, requests being read, compiles", {
-                let mut values = by("kind", vec![
-                    ("capacity", level(a.capacity_bytes)),
-                    ("reserved", level(a.reserved_bytes)),
-                    ("used", level(a.used_bytes)),
-                    ("host_available", level(a.host_available_bytes)),
-                    ("largest_fit", level(a.largest_fit_bytes)),
-                    ("module_bytes", level(s.module_bytes)),
-                ]);
-                for (kind, bytes) in crate::worker::HoldKind::ALL.iter().zip(s.held_by) {
-                    values.push((label("kind", format!("{}_held", kind.label())), level(bytes)));
-                }
-                values
-            }),
-            family("queue_length", "Jobs waiting, by tenant", s.queued.iter().map(|(t, n)| (label("tenant", t.clone()), level(u64::from(*n)))).collect()),
-            family("module_cache_events", "Module cache: compiles, memory hits, disk hits, rejected disk artifacts (planted, altered, incompatible), evicted disk artifacts", by("event", vec![
-                ("compile", count(s.cache.compiles)),
-                ("memory_hit", count(s.cache.memory_hits)),
-                ("disk_hit", count(s.cache.disk_hits)),
-                ("disk_reject", count(s.cache.disk_rejects)),
-                ("disk_evict", count(s.cache.disk_evictions)),
-            ])),
-            family("gossip_events", "Gossip: rounds, exchanges ok and failed, rejected and forged messages", by("event", vec![
-                ("round", count(g.rounds)),
-                ("exchange_ok", count(g.exchanges_ok)),
-                ("exchange_failed", count(g.exchanges_failed)),
-                ("rejected", count(g.rejected)),
-                ("forged", count(g.forged)),
-            ])),
-            family("gossip_bytes", "Gossip bytes, by direction", by("direction", vec![
-                ("sent", count(g.bytes_sent)),
-                ("received", count(g.bytes_received)),
-            ])),
-            family("peers", "Peers in this worker's view, by liveness", by("liveness", [("alive", Liveness::Alive), ("suspect", Liveness::Suspect), ("dead", Liveness::Dead)]
-                .into_iter()
-                .map(|(name, state)| (name, level(s.peers.iter().filter(|l| **l == state).count() as u64)))
-                .collect())),
-            family("tenant_jobs", "Jobs run, by tenant", per_tenant(&|t| count(t.account.jobs))),
-            family("tenant_cpu_seconds", "CPU-seconds, by tenant", per_tenant(&|t| Value::CountF(t.account.cpu_seconds))),
-            family("tenant_slot_seconds", "Slot-seconds held, by tenant", per_tenant(&|t| Value::CountF(t.account.slot_seconds))),
-            family("tenant_reserved_gib_seconds", "Reserved GiB-seconds, by tenant", per_tenant(&|t| Value::CountF(t.account.reserved_gib_seconds))),
-            family("tenant_used_gib_seconds", "Used (peak) GiB-seconds, by tenant", per_tenant(&|t| Value::CountF(t.account.used_gib_seconds))),
-            family("tenant_usage_slot_seconds", "Decayed slot-seconds fair share ranks by, by tenant", per_tenant(&|t| Value::LevelF(t.slot_seconds))),
-            family("warnings", "Operator warnings raised, by kind", s.warnings.iter().map(|(kind, n)| (label("kind", *kind), count(*n))).collect()),
-            family("connections_refused", "Connections closed at a cap (--max-connections, per address, per prefix): turned away, or idle ones closed to make room", single(count(s.connections_refused))),
-            family("files_received", "Files of shipped trees received (PUT /v1/files), in files and bytes", by("unit", vec![
-                ("files", count(s.files.received)),
-                ("bytes", count(s.files.received_bytes)),
-            ])),
-            family("slot_process_jobs", "Jobs whose code ran in a slot process, without fuel (--slot-processes)", single(count(s.slot_process_jobs))),
-            family("file_store_bytes", "Bytes of shipped trees' files kept on disk (--file-store)", single(level(s.files.held))),
-            family("pool_backlog_jobs", "The pool's demand: jobs its maps still have to run, waiting in their clients or under way", by("state", vec![
-                ("waiting", level(s.backlog.waiting)),
-                ("running", level(s.backlog.running)),
-            ])),
-            family("pool_backlog_maps", "Maps reporting a backlog to the pool", single(level(s.backlog.maps))),
-            family("pool_backlog_memory_bytes", "Memory the waiting jobs ask for, summed (what they would hold if all ran at once)", single(level(s.backlog.memory_bytes))),
-            family("pool_backlog_largest_job_bytes", "The most any waiting job asks for", single(level(s.backlog.largest_bytes))),
-            family("pool_backlog_seconds", "Work left in the pool's maps, in slot-seconds (jobs × their mean time)", single(Value::LevelF(s.backlog.work_seconds))),
+            family(
+                "slots",
+                "Slots, by state (busy, total)",
+                by(
+                    "state",
+                    vec![
+                        ("busy", level(a.slots_busy as u64)),
+                        ("total", level(a.slots_total as u64)),
+                    ],
+                ),
+            ),
+            family(
+                "memory_bytes",
+                "Memory: capacity, reserved, used by jobs, host available, largest job that fits now, module bytes held; held outside reservations: jobs' output and results, requests being read, compiles",
+                {
+                    let mut values = by(
+                        "kind",
+                        vec![
+                            ("capacity", level(a.capacity_bytes)),
+                            ("reserved", level(a.reserved_bytes)),
+                            ("used", level(a.used_bytes)),
+                            ("host_available", level(a.host_available_bytes)),
+                            ("largest_fit", level(a.largest_fit_bytes)),
+                            ("module_bytes", level(s.module_bytes)),
+                        ],
+                    );
+                    for (kind, bytes) in crate::worker::HoldKind::ALL.iter().zip(s.held_by) {
+                        values.push((
+                            label("kind", format!("{}_held", kind.label())),
+                            level(bytes),
+                        ));
+                    }
+                    values
+                },
+            ),
+            family(
+                "queue_length",
+                "Jobs waiting, by tenant",
+                s.queued
+                    .iter()
+                    .map(|(t, n)| (label("tenant", t.clone()), level(u64::from(*n))))
+                    .collect(),
+            ),
+            family(
+                "module_cache_events",
+                "Module cache: compiles, memory hits, disk hits, rejected disk artifacts (planted, altered, incompatible), evicted disk artifacts",
+                by(
+                    "event",
+                    vec![
+                        ("compile", count(s.cache.compiles)),
+                        ("memory_hit", count(s.cache.memory_hits)),
+                        ("disk_hit", count(s.cache.disk_hits)),
+                        ("disk_reject", count(s.cache.disk_rejects)),
+                        ("disk_evict", count(s.cache.disk_evictions)),
+                    ],
+                ),
+            ),
+            family(
+                "gossip_events",
+                "Gossip: rounds, exchanges ok and failed, rejected and forged messages",
+                by(
+                    "event",
+                    vec![
+                        ("round", count(g.rounds)),
+                        ("exchange_ok", count(g.exchanges_ok)),
+                        ("exchange_failed", count(g.exchanges_failed)),
+                        ("rejected", count(g.rejected)),
+                        ("forged", count(g.forged)),
+                    ],
+                ),
+            ),
+            family(
+                "gossip_bytes",
+                "Gossip bytes, by direction",
+                by(
+                    "direction",
+                    vec![
+                        ("sent", count(g.bytes_sent)),
+                        ("received", count(g.bytes_received)),
+                    ],
+                ),
+            ),
+            family(
+                "peers",
+                "Peers in this worker's view, by liveness",
+                by(
+                    "liveness",
+                    [
+                        ("alive", Liveness::Alive),
+                        ("suspect", Liveness::Suspect),
+                        ("dead", Liveness::Dead),
+                    ]
+                    .into_iter()
+                    .map(|(name, state)| {
+                        (
+                            name,
+                            level(s.peers.iter().filter(|l| **l == state).count() as u64),
+                        )
+                    })
+                    .collect(),
+                ),
+            ),
+            family(
+                "tenant_jobs",
+                "Jobs run, by tenant",
+                per_tenant(&|t| count(t.account.jobs)),
+            ),
+            family(
+                "tenant_cpu_seconds",
+                "CPU-seconds, by tenant",
+                per_tenant(&|t| Value::CountF(t.account.cpu_seconds)),
+            ),
+            family(
+                "tenant_slot_seconds",
+                "Slot-seconds held, by tenant",
+                per_tenant(&|t| Value::CountF(t.account.slot_seconds)),
+            ),
+            family(
+                "tenant_reserved_gib_seconds",
+                "Reserved GiB-seconds, by tenant",
+                per_tenant(&|t| Value::CountF(t.account.reserved_gib_seconds)),
+            ),
+            family(
+                "tenant_used_gib_seconds",
+                "Used (peak) GiB-seconds, by tenant",
+                per_tenant(&|t| Value::CountF(t.account.used_gib_seconds)),
+            ),
+            family(
+                "tenant_usage_slot_seconds",
+                "Decayed slot-seconds fair share ranks by, by tenant",
+                per_tenant(&|t| Value::LevelF(t.slot_seconds)),
+            ),
+            family(
+                "warnings",
+                "Operator warnings raised, by kind",
+                s.warnings
+                    .iter()
+                    .map(|(kind, n)| (label("kind", *kind), count(*n)))
+                    .collect(),
+            ),
+            family(
+                "connections_refused",
+                "Connections closed at a cap (--max-connections, per address, per prefix): turned away, or idle ones closed to make room",
+                single(count(s.connections_refused)),
+            ),
+            family(
+                "files_received",
+                "Files of shipped trees received (PUT /v1/files), in files and bytes",
+                by(
+                    "unit",
+                    vec![
+                        ("files", count(s.files.received)),
+                        ("bytes", count(s.files.received_bytes)),
+                    ],
+                ),
+            ),
+            family(
+                "slot_process_jobs",
+                "Jobs whose code ran in a slot process, without fuel (--slot-processes)",
+                single(count(s.slot_process_jobs)),
+            ),
+            family(
+                "file_store_bytes",
+                "Bytes of shipped trees' files kept on disk (--file-store)",
+                single(level(s.files.held)),
+            ),
+            family(
+                "pool_backlog_jobs",
+                "The pool's demand: jobs its maps still have to run, waiting in their clients or under way",
+                by(
+                    "state",
+                    vec![
+                        ("waiting", level(s.backlog.waiting)),
+                        ("running", level(s.backlog.running)),
+                    ],
+                ),
+            ),
+            family(
+                "pool_backlog_maps",
+                "Maps reporting a backlog to the pool",
+                single(level(s.backlog.maps)),
+            ),
+            family(
+                "pool_backlog_memory_bytes",
+                "Memory the waiting jobs ask for, summed (what they would hold if all ran at once)",
+                single(level(s.backlog.memory_bytes)),
+            ),
+            family(
+                "pool_backlog_largest_job_bytes",
+                "The most any waiting job asks for",
+                single(level(s.backlog.largest_bytes)),
+            ),
+            family(
+                "pool_backlog_seconds",
+                "Work left in the pool's maps, in slot-seconds (jobs × their mean time)",
+                single(Value::LevelF(s.backlog.work_seconds)),
+            ),
         ])
     }
 }
@@ -286,7 +445,9 @@ impl Live {
 impl Collector for Live {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         for f in &self.0 {
-            let Some((_, first)) = f.values.first() else { continue };
+            let Some((_, first)) = f.values.first() else {
+                continue;
+            };
             let kind = match first {
                 Value::Count(_) | Value::CountF(_) => MetricType::Counter,
                 Value::Level(_) | Value::LevelF(_) => MetricType::Gauge,
@@ -309,7 +470,10 @@ impl Collector for Live {
 }
 
 impl Value {
-    fn encode(self, sample: prometheus_client::encoding::MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+    fn encode(
+        self,
+        sample: prometheus_client::encoding::MetricEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
         match self {
             Value::Count(n) => ConstCounter::new(n).encode(sample),
             Value::CountF(x) => ConstCounter::new(x).encode(sample),
@@ -326,7 +490,12 @@ mod tests {
     #[test]
     fn renders_openmetrics_text_with_live_figures() {
         let m = Metrics::new();
-        let advert = Advert { slots_total: 4, slots_busy: 1, capacity_bytes: 1 << 30, ..Advert::default() };
+        let advert = Advert {
+            slots_total: 4,
+            slots_busy: 1,
+            capacity_bytes: 1 << 30,
+            ..Advert::default()
+        };
         let result = JobResult {
             outcome: Outcome::Exited { code: 0 },
             stdout: Vec::new(),
@@ -345,7 +514,11 @@ mod tests {
         let scrape = Scrape {
             advert: &advert,
             queued: &[("alice".into(), 2)],
-            cache: CacheStats { compiles: 1, memory_hits: 5, ..CacheStats::default() },
+            cache: CacheStats {
+                compiles: 1,
+                memory_hits: 5,
+                ..CacheStats::default()
+            },
             module_bytes: 0,
             files: FileStoreCounts::default(),
             slot_process_jobs: 2,
@@ -361,7 +534,15 @@ mod tests {
             peers: &[Liveness::Alive, Liveness::Dead],
             warnings: &[("refused_for_memory", 1)],
             connections_refused: 7,
-            backlog: &crate::proto::backlog::PoolBacklog { maps: 1, waiting: 40, running: 8, memory_bytes: 40 << 20, largest_bytes: 2 << 20, work_seconds: 24.0, reports: Vec::new() },
+            backlog: &crate::proto::backlog::PoolBacklog {
+                maps: 1,
+                waiting: 40,
+                running: 8,
+                memory_bytes: 40 << 20,
+                largest_bytes: 2 << 20,
+                work_seconds: 24.0,
+                reports: Vec::new(),
+            },
         };
         let text = m.render(&scrape);
         for line in [
@@ -380,7 +561,10 @@ mod tests {
             "peerwasm_pool_backlog_memory_bytes 41943040",
             "peerwasm_pool_backlog_seconds 24.0",
         ] {
-            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
         }
         // Scraping again does not count twice.
         let again = m.render(&scrape);

@@ -46,7 +46,13 @@ const PAGE: i64 = 256;
 /// Puts one kept detached job back: `Some(true)` its result (kept, or why
 /// it cannot run again), `Some(false)` queued to run again, `None` left in
 /// the database as it is.
-fn restore_one(w: &Arc<Worker>, id: &str, tenant_name: &str, spec: &[u8], result: Option<&[u8]>) -> Option<bool> {
+fn restore_one(
+    w: &Arc<Worker>,
+    id: &str,
+    tenant_name: &str,
+    spec: &[u8],
+    result: Option<&[u8]>,
+) -> Option<bool> {
     let Some(tenant) = w.tenants.by_name(tenant_name) else {
         tracing::warn!(job = %id, tenant = %tenant_name, "a kept detached job's tenant is gone: left in the state database");
         return None;
@@ -82,7 +88,9 @@ fn restore_one(w: &Arc<Worker>, id: &str, tenant_name: &str, spec: &[u8], result
         match std::fs::read(w.db.module_path(&spec.module)) {
             Ok(bytes) => w.runner.add_module_hashed(spec.module, bytes),
             Err(e) => {
-                let done = never_ran(format!("its module was not kept across the worker's restart: {e}"));
+                let done = never_ran(format!(
+                    "its module was not kept across the worker's restart: {e}"
+                ));
                 put_done(w, id, &tenant.name, memreq, done);
                 return Some(true);
             }
@@ -91,7 +99,9 @@ fn restore_one(w: &Arc<Worker>, id: &str, tenant_name: &str, spec: &[u8], result
     match super::jobs::start_detached(w, &tenant, spec, id) {
         Ok(()) => Some(false),
         Err(refused) => {
-            let done = never_ran(format!("not run again after the worker's restart: {refused}"));
+            let done = never_ran(format!(
+                "not run again after the worker's restart: {refused}"
+            ));
             put_done(w, id, &tenant.name, memreq, done);
             Some(true)
         }

@@ -11,15 +11,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::admission::Admission;
 use super::fairshare::{PoolSize, Usage};
-use super::table::JobTable;
 use super::metrics::Metrics;
-use crate::runner::JobRunner;
+use super::table::JobTable;
 use super::tenants::{Sees, Tenants};
 use super::warnings::{WarningKind, Warnings};
+use crate::gossip::PeerView;
 use crate::gossip::transport::SharedNode;
 use crate::gossip::{GossipNode, Liveness};
-use crate::gossip::PeerView;
 use crate::proto::Advert;
+use crate::runner::JobRunner;
 use crate::units::Bytes as Size;
 
 /// What a running worker holds, shared by every request and by gossip.
@@ -71,7 +71,8 @@ pub struct Worker {
     /// The batch-system job it runs in, and when that ends it.
     pub(crate) lifetime: super::lifetime::Lifetime,
     /// Each tenant's compile turns (`jobs::compile_turns_per_tenant`).
-    pub(crate) compile_turns: parking_lot::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>>,
+    pub(crate) compile_turns:
+        parking_lot::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
 
 impl Worker {
@@ -104,7 +105,11 @@ impl Worker {
             reserved_high_water_bytes: snap.reserved_high_water,
             used_bytes: snap.used,
             host_available_bytes: snap.host_available,
-            largest_fit_bytes: if busy >= self.admission.slots() { 0 } else { snap.offer.min(self.admission.largest_job()) },
+            largest_fit_bytes: if busy >= self.admission.slots() {
+                0
+            } else {
+                snap.offer.min(self.admission.largest_job())
+            },
             max_job_bytes: Some(self.admission.largest_job()).filter(|&most| most < snap.capacity),
             slots_total: self.admission.slots(),
             slots_busy: busy,
@@ -112,7 +117,12 @@ impl Worker {
             jobs_run: self.jobs_run.load(Ordering::Relaxed),
             modules_received: self.modules_received.load(Ordering::Relaxed),
             draining: self.draining.load(Ordering::Relaxed),
-            max_job_time_ms: self.runner.sandbox().config().max_job_time.map(|d| d.as_millis() as u64),
+            max_job_time_ms: self
+                .runner
+                .sandbox()
+                .config()
+                .max_job_time
+                .map(|d| d.as_millis() as u64),
             gossip_keyed: self.gossip.is_keyed(),
             multi_tenant: self.tenants.is_multi(),
             tenants: self.admission.tenant_report(),
@@ -133,7 +143,12 @@ impl Worker {
         {
             self.warnings.condition(
                 WarningKind::CgroupBelowMemory,
-                Some(format!("the cgroup's memory limit {} is lower than --memory {}: jobs get at most {}", Size(cgroup), Size(memory), Size(ledger.capacity()))),
+                Some(format!(
+                    "the cgroup's memory limit {} is lower than --memory {}: jobs get at most {}",
+                    Size(cgroup),
+                    Size(memory),
+                    Size(ledger.capacity())
+                )),
             );
         }
         let physical_less_reserve = sizing.physical.saturating_sub(ledger.reserve());
@@ -170,10 +185,19 @@ impl Worker {
         let now = self.gossip.now_ms();
         let (peers, dropped): (Vec<Liveness>, u64) = {
             let node = self.gossip.lock();
-            let peers = node.state().iter().map(|(id, _)| node.liveness(id, now).unwrap_or(Liveness::Alive)).collect();
+            let peers = node
+                .state()
+                .iter()
+                .map(|(id, _)| node.liveness(id, now).unwrap_or(Liveness::Alive))
+                .collect();
             (peers, node.dropped())
         };
-        let warnings: Vec<(&'static str, u64)> = self.warnings.counts().into_iter().map(|(k, n)| (k.label(), n)).collect();
+        let warnings: Vec<(&'static str, u64)> = self
+            .warnings
+            .counts()
+            .into_iter()
+            .map(|(k, n)| (k.label(), n))
+            .collect();
         self.metrics.render(&super::metrics::Scrape {
             advert: &advert,
             queued: &queued,
@@ -194,7 +218,11 @@ impl Worker {
             connections_refused: self.connections_refused.load(Ordering::Relaxed),
             files: {
                 let (received, received_bytes) = self.files.received();
-                super::metrics::FileStoreCounts { received, received_bytes, held: self.files.held() }
+                super::metrics::FileStoreCounts {
+                    received,
+                    received_bytes,
+                    held: self.files.held(),
+                }
             },
             slot_process_jobs: self.runner.slot_process_jobs(),
             backlog: &self.pool_backlog(),
@@ -206,7 +234,10 @@ impl Worker {
     pub(crate) fn pool_backlog(&self) -> crate::proto::backlog::PoolBacklog {
         let views = self.peer_views(&Sees::All);
         crate::proto::backlog::PoolBacklog::sum(
-            views.iter().filter(|v| v.liveness == Liveness::Alive).flat_map(|v| v.advert.backlog.iter()),
+            views
+                .iter()
+                .filter(|v| v.liveness == Liveness::Alive)
+                .flat_map(|v| v.advert.backlog.iter()),
         )
     }
 
@@ -216,7 +247,10 @@ impl Worker {
         let now = self.gossip.now_ms();
         let names = self.tenants.names();
         let mut remote: std::collections::HashMap<String, Usage> = Default::default();
-        let mut pool = PoolSize { slots: 0.0, capacity_gib: 0.0 };
+        let mut pool = PoolSize {
+            slots: 0.0,
+            capacity_gib: 0.0,
+        };
         for (id, s) in node.state().iter() {
             if node.liveness(id, now).unwrap_or(Liveness::Alive) == Liveness::Dead {
                 continue;

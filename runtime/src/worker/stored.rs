@@ -45,7 +45,9 @@ pub async fn stored_by(w: &Worker, tenant: &str) -> anyhow::Result<u64> {
 
 /// Refuses `adding` more bytes of `tenant`'s past `--max-stored`.
 pub async fn check(w: &Worker, tenant: &str, adding: u64, what: &str) -> Result<(), Refused> {
-    let stored = stored_by(w, tenant).await.map_err(|e| Refused::Internal(format!("{e:#}")))?;
+    let stored = stored_by(w, tenant)
+        .await
+        .map_err(|e| Refused::Internal(format!("{e:#}")))?;
     if stored.saturating_add(adding) > w.max_stored {
         w.metrics.refused("stored");
         return Err(Refused::Busy(format!(

@@ -14,16 +14,16 @@
 //! worker 60 MiB, not 2.4 GiB; pages of its output are read from those
 //! bytes in place.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
-use parking_lot::Mutex;
 
 use bytes::Bytes;
 
 use super::ledger::Hold;
 use crate::proto::{CancelCause, JobOutput, JobResult, JobStatus, Outcome};
-use crate::sandbox::LiveOutput;
 use crate::sandbox::Cancel;
+use crate::sandbox::LiveOutput;
 
 /// Where a job is in its life.
 pub(crate) enum JobState {
@@ -46,11 +46,15 @@ impl Finished {
     pub fn of(result: &JobResult) -> Finished {
         let encoded = postcard::to_allocvec(result).unwrap_or_else(|e| {
             let reason = format!("the result could not be encoded: {e}");
-            let mut r = JobResult::never_ran(result.memory_limit_bytes, Outcome::Rejected { reason });
+            let mut r =
+                JobResult::never_ran(result.memory_limit_bytes, Outcome::Rejected { reason });
             r.peer = result.peer.clone();
             postcard::to_allocvec(&r).expect("a refusal encodes")
         });
-        Finished { outcome: result.outcome.clone(), encoded: Bytes::from(encoded) }
+        Finished {
+            outcome: result.outcome.clone(),
+            encoded: Bytes::from(encoded),
+        }
     }
 
     /// Its stdout and stderr, read in place.
@@ -65,7 +69,9 @@ impl Finished {
             #[serde(borrow, with = "serde_bytes")]
             stderr: &'a [u8],
         }
-        postcard::from_bytes::<Head>(&self.encoded).ok().map(|h| (h.stdout, h.stderr))
+        postcard::from_bytes::<Head>(&self.encoded)
+            .ok()
+            .map(|h| (h.stdout, h.stderr))
     }
 }
 
@@ -152,11 +158,28 @@ impl JobTable {
 
     /// A queued job under a given id (a detached job kept across a restart).
     pub(crate) fn insert_with_id(&self, id: &str, tenant: &str, memory_bytes: u64, cancel: Cancel) {
-        self.lock().insert(id.into(), Entry { tenant: tenant.into(), memory_bytes, state: JobState::Queued, cancel, hold: None, live: None });
+        self.lock().insert(
+            id.into(),
+            Entry {
+                tenant: tenant.into(),
+                memory_bytes,
+                state: JobState::Queued,
+                cancel,
+                hold: None,
+                live: None,
+            },
+        );
     }
 
     /// A detached job that ended before the worker restarted.
-    pub(crate) fn insert_done(&self, id: &str, tenant: &str, memory_bytes: u64, done: Finished, hold: Arc<Hold>) {
+    pub(crate) fn insert_done(
+        &self,
+        id: &str,
+        tenant: &str,
+        memory_bytes: u64,
+        done: Finished,
+        hold: Arc<Hold>,
+    ) {
         let entry = Entry {
             tenant: tenant.into(),
             memory_bytes,
@@ -194,7 +217,11 @@ impl JobTable {
         Some(match &e.state {
             JobState::Done(done) => {
                 let (stdout, stderr) = done.streams().unwrap_or_default();
-                JobOutput { stdout: slice(stdout, from[0]), stderr: slice(stderr, from[1]), ended: Some(done.outcome.clone()) }
+                JobOutput {
+                    stdout: slice(stdout, from[0]),
+                    stderr: slice(stderr, from[1]),
+                    ended: Some(done.outcome.clone()),
+                }
             }
             _ => {
                 let live = e.live.as_ref().and_then(|l| l.lock().clone());
@@ -227,7 +254,10 @@ impl JobTable {
     /// given back as the entry goes.
     pub(crate) fn forget_done(&self, id: &str) {
         let mut jobs = self.lock();
-        if jobs.get(id).is_some_and(|e| matches!(e.state, JobState::Done(_))) {
+        if jobs
+            .get(id)
+            .is_some_and(|e| matches!(e.state, JobState::Done(_)))
+        {
             jobs.remove(id);
         }
     }
@@ -235,7 +265,12 @@ impl JobTable {
     /// `tenant`'s detached job's result, if it is done; it stays until
     /// discarded.
     pub fn result(&self, tenant: &str, id: &str) -> Lookup {
-        match self.lock().get(id).filter(|e| e.tenant == tenant).map(|e| &e.state) {
+        match self
+            .lock()
+            .get(id)
+            .filter(|e| e.tenant == tenant)
+            .map(|e| &e.state)
+        {
             None => Lookup::NotFound,
             Some(JobState::Queued | JobState::Running) => Lookup::NotDone,
             Some(JobState::Done(done)) => Lookup::Done(done.encoded.clone()),
@@ -251,7 +286,10 @@ impl JobTable {
             return None;
         }
         *n += 1;
-        Some(ReadPermit { readers: self.readers.clone(), tenant: tenant.to_string() })
+        Some(ReadPermit {
+            readers: self.readers.clone(),
+            tenant: tenant.to_string(),
+        })
     }
 
     /// Bytes of output `tenant`'s finished detached jobs hold here.
@@ -272,7 +310,11 @@ impl JobTable {
             .lock()
             .iter()
             .filter(|(_, e)| e.tenant == tenant)
-            .map(|(id, e)| JobStatus { id: id.clone(), state: state_name(&e.state).into(), memory_bytes: e.memory_bytes })
+            .map(|(id, e)| JobStatus {
+                id: id.clone(),
+                state: state_name(&e.state).into(),
+                memory_bytes: e.memory_bytes,
+            })
             .collect();
         mine.sort_by(|a, b| a.id.cmp(&b.id));
         mine
@@ -282,7 +324,9 @@ impl JobTable {
     /// at its next yield if it runs; a finished one's result is discarded.
     pub fn cancel(&self, tenant: &str, id: &str) -> Cancelled {
         let mut jobs = self.lock();
-        let Some(e) = jobs.get(id).filter(|e| e.tenant == tenant) else { return Cancelled::NotFound };
+        let Some(e) = jobs.get(id).filter(|e| e.tenant == tenant) else {
+            return Cancelled::NotFound;
+        };
         if let JobState::Done(done) = &e.state {
             let outcome = done.outcome.clone();
             jobs.remove(id);
@@ -316,7 +360,10 @@ impl JobTable {
 
     /// Jobs queued or running.
     pub fn active(&self) -> usize {
-        self.lock().values().filter(|e| !matches!(e.state, JobState::Done(..))).count()
+        self.lock()
+            .values()
+            .filter(|e| !matches!(e.state, JobState::Done(..)))
+            .count()
     }
 }
 

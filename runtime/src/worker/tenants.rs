@@ -47,7 +47,13 @@ pub struct Tenant {
 impl Tenant {
     /// A tenant with weight 1 and no limits of its own.
     pub fn new(name: &str) -> Tenant {
-        Tenant { name: name.into(), weight: 1.0, max_slots: None, max_job_memory: None, operator: false }
+        Tenant {
+            name: name.into(),
+            weight: 1.0,
+            max_slots: None,
+            max_job_memory: None,
+            operator: false,
+        }
     }
 }
 
@@ -135,18 +141,30 @@ impl Tenants {
     /// learns no tenant's name; workers map them back with
     /// [`names`](Self::names). `None` with one tenant: nothing to hide.
     pub fn pseudonyms(&self) -> Option<HashMap<String, String>> {
-        let Tenants::Multi(by_hash) = self else { return None };
-        Some(by_hash.iter().map(|(hash, t)| (t.name.clone(), pseudonym(hash, &t.name))).collect())
+        let Tenants::Multi(by_hash) = self else {
+            return None;
+        };
+        Some(
+            by_hash
+                .iter()
+                .map(|(hash, t)| (t.name.clone(), pseudonym(hash, &t.name)))
+                .collect(),
+        )
     }
 
     /// The names behind [`pseudonyms`](Self::pseudonyms), by pseudonym.
     pub fn names(&self) -> HashMap<String, String> {
-        self.pseudonyms().unwrap_or_default().into_iter().map(|(name, p)| (p, name)).collect()
+        self.pseudonyms()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(name, p)| (p, name))
+            .collect()
     }
 
     /// Reads a tenants file.
     pub fn load(path: &Path) -> anyhow::Result<Tenants> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
         Tenants::parse(&text).with_context(|| format!("in {}", path.display()))
     }
 
@@ -160,8 +178,9 @@ impl Tenants {
         let mut names = std::collections::HashSet::new();
         for e in file.tenant {
             let mut hash = [0u8; 32];
-            hex::decode_to_slice(e.token_sha256.trim(), &mut hash)
-                .map_err(|_| anyhow::anyhow!("tenant {}: token_sha256 must be 64 hex digits", e.name))?;
+            hex::decode_to_slice(e.token_sha256.trim(), &mut hash).map_err(|_| {
+                anyhow::anyhow!("tenant {}: token_sha256 must be 64 hex digits", e.name)
+            })?;
             if !names.insert(e.name.clone()) {
                 bail!("tenant {} is listed twice", e.name);
             }
@@ -170,11 +189,19 @@ impl Tenants {
                 bail!("tenant {}: weight must be a positive number", e.name);
             }
             let max_job_memory = match &e.max_job_memory {
-                Some(s) => Some(crate::units::parse_size(s).map_err(|err| anyhow::anyhow!("tenant {}: {err}", e.name))?),
+                Some(s) => Some(
+                    crate::units::parse_size(s)
+                        .map_err(|err| anyhow::anyhow!("tenant {}: {err}", e.name))?,
+                ),
                 None => None,
             };
-            let tenant =
-                Tenant { name: e.name.clone(), weight, max_slots: e.max_slots, max_job_memory, operator: e.operator };
+            let tenant = Tenant {
+                name: e.name.clone(),
+                weight,
+                max_slots: e.max_slots,
+                max_job_memory,
+                operator: e.operator,
+            };
             if by_hash.insert(hash, Arc::new(tenant)).is_some() {
                 bail!("tenant {} has the same token as another", e.name);
             }
@@ -196,7 +223,11 @@ impl Tenants {
                 None => Ok(Sees::Nobody),
                 Some(_) => {
                     let t = self.authenticate(token)?;
-                    Ok(if t.operator { Sees::All } else { Sees::Only(t.name.clone()) })
+                    Ok(if t.operator {
+                        Sees::All
+                    } else {
+                        Sees::Only(t.name.clone())
+                    })
                 }
             },
         }
@@ -245,7 +276,10 @@ mod tests {
         );
         let t = Tenants::parse(&text).unwrap();
         let p = t.pseudonyms().unwrap();
-        assert!(!p["alice"].contains("alice") && p["alice"] != p["bob"], "{p:?}");
+        assert!(
+            !p["alice"].contains("alice") && p["alice"] != p["bob"],
+            "{p:?}"
+        );
         assert_eq!(t.names()[&p["bob"]], "bob");
         // Another file with the same names but other tokens: other pseudonyms.
         let other = Tenants::parse(&text.replace(&sha("a"), &sha("z"))).unwrap();
@@ -263,23 +297,38 @@ mod tests {
         );
         let t = Tenants::parse(&text).unwrap();
         let alice = t.authenticate(Some("a-secret")).unwrap();
-        assert_eq!((alice.name.as_str(), alice.weight, alice.max_job_memory), ("alice", 2.0, Some(2 << 30)));
+        assert_eq!(
+            (alice.name.as_str(), alice.weight, alice.max_job_memory),
+            ("alice", 2.0, Some(2 << 30))
+        );
         assert_eq!(t.authenticate(Some("b-secret")).unwrap().weight, 1.0);
         assert_eq!(t.authenticate(Some("wrong")), Err(AuthError::Unknown));
         assert_eq!(t.authenticate(None), Err(AuthError::Missing));
-        assert_eq!(Tenants::single().authenticate(None).unwrap().name, DEFAULT_TENANT);
+        assert_eq!(
+            Tenants::single().authenticate(None).unwrap().name,
+            DEFAULT_TENANT
+        );
         assert_eq!(t.sees(None), Ok(Sees::Nobody));
         assert_eq!(t.sees(Some("b-secret")), Ok(Sees::Only("bob".into())));
         assert_eq!(t.sees(Some("wrong")), Err(AuthError::Unknown));
         assert_eq!(Tenants::single().sees(None), Ok(Sees::All));
-        let ops = format!("[[tenant]]\nname = \"ops\"\ntoken_sha256 = \"{}\"\noperator = true\n", sha("o"));
+        let ops = format!(
+            "[[tenant]]\nname = \"ops\"\ntoken_sha256 = \"{}\"\noperator = true\n",
+            sha("o")
+        );
         assert_eq!(Tenants::parse(&ops).unwrap().sees(Some("o")), Ok(Sees::All));
 
         for bad in [
             "".to_string(),
             "[[tenant]]\nname = \"x\"\ntoken_sha256 = \"zz\"\n".to_string(),
-            format!("[[tenant]]\nname = \"x\"\ntoken_sha256 = \"{}\"\nweight = 0\n", sha("t")),
-            format!("[[tenant]]\nname = \"x\"\ntoken_sha256 = \"{}\"\ncolour = 1\n", sha("t")),
+            format!(
+                "[[tenant]]\nname = \"x\"\ntoken_sha256 = \"{}\"\nweight = 0\n",
+                sha("t")
+            ),
+            format!(
+                "[[tenant]]\nname = \"x\"\ntoken_sha256 = \"{}\"\ncolour = 1\n",
+                sha("t")
+            ),
         ] {
             assert!(Tenants::parse(&bad).is_err(), "{bad}");
         }

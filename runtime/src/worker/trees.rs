@@ -58,16 +58,25 @@ pub fn mount(
     root: Option<&Path>,
     disk: Option<Arc<ScratchPool>>,
 ) -> Result<Mounted, String> {
-    let b = tempfile::Builder::new().prefix("peerwasm-trees-").to_owned();
+    let b = tempfile::Builder::new()
+        .prefix("peerwasm-trees-")
+        .to_owned();
     let dir = match root {
         Some(r) => b.tempdir_in(r),
         None => b.tempdir(),
     }
     .map_err(|e| format!("cannot make a directory for the job's trees: {e}"))?;
-    let mut mounted = Mounted { dir: None, grants: Vec::new(), writable: Vec::new(), disk, charged: 0 };
+    let mut mounted = Mounted {
+        dir: None,
+        grants: Vec::new(),
+        writable: Vec::new(),
+        disk,
+        charged: 0,
+    };
     for (i, (grant, manifest)) in trees.iter().zip(manifests).enumerate() {
         let tree_root = dir.path().join(i.to_string());
-        std::fs::create_dir(&tree_root).map_err(|e| format!("cannot lay out the job's tree: {e}"))?;
+        std::fs::create_dir(&tree_root)
+            .map_err(|e| format!("cannot lay out the job's tree: {e}"))?;
         let mut before = HashMap::new();
         for entry in &manifest.entries {
             let dest = tree_root.join(&entry.path); // checked: relative, no `..`
@@ -88,13 +97,16 @@ pub fn mount(
                 }
                 crate::proto::tree::EntryKind::File { hash, size } => {
                     if let Some(parent) = dest.parent() {
-                        std::fs::create_dir_all(parent).map_err(|e| format!("cannot lay out the job's tree: {e}"))?;
+                        std::fs::create_dir_all(parent)
+                            .map_err(|e| format!("cannot lay out the job's tree: {e}"))?;
                     }
                     let src = store.path_of(&hash);
                     // What a copy takes is the stored file's real size,
                     // never what the manifest claims; the two must agree.
                     let real = std::fs::metadata(&src)
-                        .map_err(|e| format!("cannot lay out {:?} of the job's tree: {e}", entry.path))?
+                        .map_err(|e| {
+                            format!("cannot lay out {:?} of the job's tree: {e}", entry.path)
+                        })?
                         .len();
                     if real != size {
                         return Err(format!(
@@ -112,7 +124,10 @@ pub fn mount(
                         }
                         let copied = std::fs::copy(&src, &dest).map(|_| ());
                         if !grant.read_only {
-                            let _ = std::fs::set_permissions(&dest, std::os::unix::fs::PermissionsExt::from_mode(0o644));
+                            let _ = std::fs::set_permissions(
+                                &dest,
+                                std::os::unix::fs::PermissionsExt::from_mode(0o644),
+                            );
                             if copied.is_ok() {
                                 before.insert(entry.path.clone(), stamp(&dest));
                             }
@@ -124,9 +139,17 @@ pub fn mount(
             made.map_err(|e| format!("cannot lay out {:?} of the job's tree: {e}", entry.path))?;
         }
         if !grant.read_only {
-            mounted.writable.push(Writable { index: i as u32, root: tree_root.clone(), before });
+            mounted.writable.push(Writable {
+                index: i as u32,
+                root: tree_root.clone(),
+                before,
+            });
         }
-        mounted.grants.push(DirGrant { host: tree_root, guest: grant.guest.clone(), read_only: grant.read_only });
+        mounted.grants.push(DirGrant {
+            host: tree_root,
+            guest: grant.guest.clone(),
+            read_only: grant.read_only,
+        });
     }
     mounted.dir = Some(dir);
     Ok(mounted)
@@ -158,13 +181,22 @@ impl Mounted {
         let mut changed: Vec<(u32, String, PathBuf, u64)> = Vec::new();
         let mut warnings = Vec::new();
         for tree in &self.writable {
-            for entry in walkdir::WalkDir::new(&tree.root).follow_links(false).into_iter().filter_map(Result::ok) {
+            for entry in walkdir::WalkDir::new(&tree.root)
+                .follow_links(false)
+                .into_iter()
+                .filter_map(Result::ok)
+            {
                 if !entry.file_type().is_file() {
                     continue;
                 }
-                let Ok(rel) = entry.path().strip_prefix(&tree.root) else { continue };
+                let Ok(rel) = entry.path().strip_prefix(&tree.root) else {
+                    continue;
+                };
                 let Some(rel) = rel.to_str().map(str::to_string) else {
-                    warnings.push(format!("{} has a name that is not UTF-8; it was not sent back", rel.display()));
+                    warnings.push(format!(
+                        "{} has a name that is not UTF-8; it was not sent back",
+                        rel.display()
+                    ));
                     continue;
                 };
                 let now = stamp(entry.path());
@@ -181,7 +213,12 @@ impl Mounted {
         let mut files = Vec::with_capacity(changed.len());
         for (tree, path, on_disk, _) in changed {
             match std::fs::read(&on_disk) {
-                Ok(contents) => files.push(FileBack { tree, path, size: contents.len() as u64, contents }),
+                Ok(contents) => files.push(FileBack {
+                    tree,
+                    path,
+                    size: contents.len() as u64,
+                    contents,
+                }),
                 Err(e) => warnings.push(format!("{path}: cannot read it back: {e}")),
             }
         }

@@ -49,27 +49,39 @@ impl Uploaders {
                 shown.get_or_insert_mut(hash, HashSet::new).insert(tenant);
             }
         }
-        Ok(Uploaders { shown: Mutex::new(shown), db })
+        Ok(Uploaders {
+            shown: Mutex::new(shown),
+            db,
+        })
     }
 
     /// `tenant` showed it has `module`'s bytes. Returns whether it had not
     /// before (as far as this worker remembers).
     pub fn record(&self, module: ModuleHash, tenant: &str) -> bool {
-        let first = self.shown.lock().get_or_insert_mut(module, HashSet::new).insert(tenant.to_string());
+        let first = self
+            .shown
+            .lock()
+            .get_or_insert_mut(module, HashSet::new)
+            .insert(tenant.to_string());
         // Every showing refreshes its time on disk too: what is forgotten
         // first there is what was shown longest ago, as in memory.
         let (module, tenant) = (module.to_hex(), tenant.to_string());
         self.db.write_later(move |c| {
-            c.prepare_cached("INSERT OR REPLACE INTO uploaders (module, tenant, shown_ms) VALUES (?1, ?2, ?3)")?
-                .execute(params![module, tenant, now_ms() as i64])
-                .map(drop)
+            c.prepare_cached(
+                "INSERT OR REPLACE INTO uploaders (module, tenant, shown_ms) VALUES (?1, ?2, ?3)",
+            )?
+            .execute(params![module, tenant, now_ms() as i64])
+            .map(drop)
         });
         first
     }
 
     /// Whether `tenant` has shown it has `module`.
     pub fn has_shown(&self, module: &ModuleHash, tenant: &str) -> bool {
-        self.shown.lock().get(module).is_some_and(|t| t.contains(tenant))
+        self.shown
+            .lock()
+            .get(module)
+            .is_some_and(|t| t.contains(tenant))
     }
 
     /// Forgets, on disk, the modules past the [`UPLOADERS_REMEMBERED`] most
@@ -98,7 +110,10 @@ mod tests {
             let db = Arc::new(StateDb::open(dir.path()).unwrap());
             let up = Uploaders::load(db.clone()).unwrap();
             assert!(up.record(a, "alice"));
-            assert!(!up.record(a, "alice"), "the second showing is not the first");
+            assert!(
+                !up.record(a, "alice"),
+                "the second showing is not the first"
+            );
             assert!(up.record(b, "bob"));
             db.sync().await.unwrap();
         }

@@ -4,8 +4,8 @@
 //! starts, counted by kind for `/metrics`, and kept for a while so that the
 //! advert (and `peerwasm status`, and the status page) can show it.
 
-use std::collections::{BTreeMap, VecDeque};
 use parking_lot::Mutex;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 /// How long a passing warning stays on show.
@@ -92,7 +92,11 @@ impl Warnings {
     pub fn current(&self) -> Vec<String> {
         let mut st = self.lock();
         st.recent.retain(|(_, _, at)| at.elapsed() < SHOWN_FOR);
-        st.standing.values().cloned().chain(st.recent.iter().map(|(_, m, _)| m.clone())).collect()
+        st.standing
+            .values()
+            .cloned()
+            .chain(st.recent.iter().map(|(_, m, _)| m.clone()))
+            .collect()
     }
 
     /// How many times each kind was raised.
@@ -112,7 +116,13 @@ mod tests {
         w.condition(WarningKind::HostMemoryLow, Some("low".into()));
         w.condition(WarningKind::HostMemoryLow, Some("still low".into()));
         assert_eq!(w.current(), ["still low", "refused a 9 GiB job"]);
-        assert_eq!(w.counts(), [(WarningKind::HostMemoryLow, 1), (WarningKind::RefusedForMemory, 1)]);
+        assert_eq!(
+            w.counts(),
+            [
+                (WarningKind::HostMemoryLow, 1),
+                (WarningKind::RefusedForMemory, 1)
+            ]
+        );
         w.condition(WarningKind::HostMemoryLow, None);
         assert_eq!(w.current(), ["refused a 9 GiB job"]);
     }

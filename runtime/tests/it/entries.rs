@@ -32,18 +32,36 @@ async fn a_reactor_runs_its_initializer_then_the_invoked_export_whose_i32_is_the
         spec.invoke = name.map(str::to_string);
         r.run(spec, None)
     };
-    assert_eq!(invoke(Some("run")).await.outcome, Outcome::Exited { code: 5 });
-    assert_eq!(invoke(Some("zero")).await.outcome, Outcome::Exited { code: 0 });
-    assert_eq!(invoke(Some("nothing")).await.outcome, Outcome::Exited { code: 0 });
+    assert_eq!(
+        invoke(Some("run")).await.outcome,
+        Outcome::Exited { code: 5 }
+    );
+    assert_eq!(
+        invoke(Some("zero")).await.outcome,
+        Outcome::Exited { code: 0 }
+    );
+    assert_eq!(
+        invoke(Some("nothing")).await.outcome,
+        Outcome::Exited { code: 0 }
+    );
 
     let none = invalid_reason(&invoke(None).await);
-    assert!(none.contains("reactor") && none.contains("--invoke") && none.contains("run"), "{none}");
+    assert!(
+        none.contains("reactor") && none.contains("--invoke") && none.contains("run"),
+        "{none}"
+    );
     let missing = invalid_reason(&invoke(Some("main")).await);
-    assert!(missing.contains("no function `main`") && missing.contains("_initialize, run"), "{missing}");
+    assert!(
+        missing.contains("no function `main`") && missing.contains("_initialize, run"),
+        "{missing}"
+    );
     let takes = invalid_reason(&invoke(Some("takes")).await);
     assert!(takes.contains("takes 1 parameters"), "{takes}");
     // A command module may be invoked at another export too.
-    let mut spec = wat_job(r, r#"(module (func (export "_start") unreachable) (func (export "other") (result i32) (i32.const 9)))"#);
+    let mut spec = wat_job(
+        r,
+        r#"(module (func (export "_start") unreachable) (func (export "other") (result i32) (i32.const 9)))"#,
+    );
     spec.invoke = Some("other".into());
     assert_eq!(r.run(spec, None).await.outcome, Outcome::Exited { code: 9 });
 }
@@ -61,11 +79,19 @@ async fn exceptions_are_thrown_and_caught_and_an_uncaught_one_traps() {
     let mut spec = wat_job(r, caught);
     spec.invoke = Some("run".into());
     let res = r.run(spec, None).await;
-    assert_eq!(res.outcome, Outcome::Exited { code: 7 }, "the thrown 7 is caught and returned");
+    assert_eq!(
+        res.outcome,
+        Outcome::Exited { code: 7 },
+        "the thrown 7 is caught and returned"
+    );
 
     let uncaught = r#"(module (tag $e) (func (export "_start") (throw $e)))"#;
     let res = r.run(wat_job(r, uncaught), None).await;
-    assert!(matches!(res.outcome, Outcome::Trapped { .. }), "{:?}", res.outcome);
+    assert!(
+        matches!(res.outcome, Outcome::Trapped { .. }),
+        "{:?}",
+        res.outcome
+    );
     assert_eq!(res.outcome.exit_code(), 134);
 }
 
@@ -78,14 +104,22 @@ async fn host_call_answers_no_host_and_other_host_imports_are_refused() {
             (i32.sub (i32.const 0) (call $call (i32.const 0) (i32.const 0) (i32.const 0) (i32.const 0)))))"#;
     let mut spec = wat_job(r, calls);
     spec.invoke = Some("run".into());
-    assert_eq!(r.run(spec, None).await.outcome, Outcome::Exited { code: 1 }, "host::call answered -1");
+    assert_eq!(
+        r.run(spec, None).await.outcome,
+        Outcome::Exited { code: 1 },
+        "host::call answered -1"
+    );
 
     let other = r#"(module (import "host" "exec" (func)) (func (export "_start")))"#;
     let reason = invalid_reason(&r.run(wat_job(r, other), None).await);
     assert!(reason.contains("host::exec"), "{reason}");
-    let wrong_type = r#"(module (import "host" "call" (func (param i32))) (func (export "_start")))"#;
+    let wrong_type =
+        r#"(module (import "host" "call" (func (param i32))) (func (export "_start")))"#;
     let reason = invalid_reason(&r.run(wat_job(r, wrong_type), None).await);
-    assert!(reason.contains("host") && reason.contains("call"), "{reason}");
+    assert!(
+        reason.contains("host") && reason.contains("call"),
+        "{reason}"
+    );
 }
 
 /// Recursion `depth` deep, each frame with a few live locals.
@@ -110,7 +144,12 @@ async fn the_wasm_stack_is_8_mib_deep_and_overflowing_it_still_traps() {
     // 512 KiB (which traps it), within 8 MiB.
     let r = shared();
     let deep = r.run(wat_job(r, &recursion(60_000)), None).await;
-    assert_eq!(deep.outcome, Outcome::Exited { code: 0 }, "{:?}", deep.outcome);
+    assert_eq!(
+        deep.outcome,
+        Outcome::Exited { code: 0 },
+        "{:?}",
+        deep.outcome
+    );
     let too_deep = r.run(wat_job(r, &recursion(5_000_000)), None).await;
     match &too_deep.outcome {
         Outcome::Trapped { trap, .. } => assert_eq!(trap, "stack overflow"),
@@ -123,7 +162,13 @@ async fn the_wasm_stack_is_8_mib_deep_and_overflowing_it_still_traps() {
         time_limit: peerwasm::sandbox::TimeLimitMechanism::Off,
         ..Default::default()
     });
-    assert_eq!(plain.run(wat_job(&plain, &recursion(60_000)), None).await.outcome, Outcome::Exited { code: 0 });
+    assert_eq!(
+        plain
+            .run(wat_job(&plain, &recursion(60_000)), None)
+            .await
+            .outcome,
+        Outcome::Exited { code: 0 }
+    );
 }
 
 /// A GC heap (what exceptions, and GC types, allocate in) grows through
@@ -144,11 +189,24 @@ async fn a_gc_heap_counts_against_the_memory_limit() {
     let mut big = wat_job(r, &array(100_000_000));
     big.limits.memory_bytes = 64 << 20;
     let res = r.run(big, None).await;
-    assert!(matches!(res.outcome, Outcome::MemoryLimitExceeded { .. }), "{:?}", res.outcome);
+    assert!(
+        matches!(res.outcome, Outcome::MemoryLimitExceeded { .. }),
+        "{:?}",
+        res.outcome
+    );
     assert_eq!(res.outcome.exit_code(), 137);
     let mut small = wat_job(r, &array(1_000_000));
     small.limits.memory_bytes = 64 << 20;
     let res = r.run(small, None).await;
-    assert_eq!(res.outcome, Outcome::Exited { code: 0 }, "{:?}", res.outcome);
-    assert!(res.peak_memory_bytes >= 4_000_000, "the 4 MB array is in the peak: {}", res.peak_memory_bytes);
+    assert_eq!(
+        res.outcome,
+        Outcome::Exited { code: 0 },
+        "{:?}",
+        res.outcome
+    );
+    assert!(
+        res.peak_memory_bytes >= 4_000_000,
+        "the 4 MB array is in the peak: {}",
+        res.peak_memory_bytes
+    );
 }

@@ -31,7 +31,9 @@ async fn the_host_environment_does_not_leak_in() {
 #[tokio::test]
 async fn primes_through_the_sdk() {
     let r = shared();
-    let res = r.run(guest_job(r, "primes", r#"{"n": 1000000}"#), None).await;
+    let res = r
+        .run(guest_job(r, "primes", r#"{"n": 1000000}"#), None)
+        .await;
     assert_eq!(res.outcome, Outcome::Exited { code: 0 }, "{}", stderr(&res));
     assert_eq!(stdout(&res).trim(), r#"{"count":78498}"#);
     assert!(res.cpu_time_us > 0, "cpu time is measured");
@@ -43,8 +45,14 @@ async fn sdk_bad_input_and_job_error_exit_non_zero() {
     let r = shared();
     let res = r.run(guest_job(r, "primes", "not json"), None).await;
     assert_eq!(res.outcome, Outcome::Exited { code: 2 });
-    assert!(stderr(&res).contains("input is not valid"), "{}", stderr(&res));
-    let res = r.run(guest_job(r, "primes", r#"{"n": 99999999999}"#), None).await;
+    assert!(
+        stderr(&res).contains("input is not valid"),
+        "{}",
+        stderr(&res)
+    );
+    let res = r
+        .run(guest_job(r, "primes", r#"{"n": 99999999999}"#), None)
+        .await;
     assert_eq!(res.outcome, Outcome::Exited { code: 1 });
     assert!(stderr(&res).contains("too large"), "{}", stderr(&res));
 }
@@ -58,7 +66,10 @@ async fn memhog_peak_is_exact() {
         assert_eq!(stdout(&res).trim(), n.to_string());
         let peak = res.peak_memory_bytes;
         assert!(peak >= n * MIB, "peak {peak} below {n} MiB");
-        assert!(peak < (n + 2) * MIB, "peak {peak} not below {n} MiB + 2 MiB");
+        assert!(
+            peak < (n + 2) * MIB,
+            "peak {peak} not below {n} MiB + 2 MiB"
+        );
         assert_eq!(peak % 65536, 0, "linear memory grows in whole pages");
     }
 }
@@ -70,7 +81,11 @@ async fn over_its_memory_limit_a_job_ends_and_the_runner_goes_on() {
     spec.limits.memory_bytes = 32 * MIB;
     let res = r.run(spec, None).await;
     match res.outcome {
-        Outcome::MemoryLimitExceeded { limit, peak, requested } => {
+        Outcome::MemoryLimitExceeded {
+            limit,
+            peak,
+            requested,
+        } => {
             assert_eq!(limit, 32 * MIB);
             assert!(peak <= limit && peak == res.peak_memory_bytes);
             assert!(requested > limit);
@@ -78,7 +93,11 @@ async fn over_its_memory_limit_a_job_ends_and_the_runner_goes_on() {
         other => panic!("expected memory limit exceeded, got {other:?}"),
     }
     assert_eq!(res.outcome.exit_code(), 137);
-    assert!(res.outcome.to_string().contains("memory limit of 32 MiB"), "{}", res.outcome);
+    assert!(
+        res.outcome.to_string().contains("memory limit of 32 MiB"),
+        "{}",
+        res.outcome
+    );
 
     // The same runner keeps running jobs.
     let res = r.run(guest_job(r, "memhog", "8"), None).await;
@@ -91,7 +110,11 @@ async fn unbounded_growth_hits_the_limit() {
     let mut spec = guest_job(r, "hostile-grow", "");
     spec.limits.memory_bytes = 64 * MIB;
     let res = r.run(spec, None).await;
-    assert!(matches!(res.outcome, Outcome::MemoryLimitExceeded { limit, .. } if limit == 64 * MIB), "{:?}", res.outcome);
+    assert!(
+        matches!(res.outcome, Outcome::MemoryLimitExceeded { limit, .. } if limit == 64 * MIB),
+        "{:?}",
+        res.outcome
+    );
 }
 
 #[tokio::test]
@@ -101,13 +124,26 @@ async fn a_computing_job_is_stopped_at_its_time_limit() {
     spec.limits.timeout_ms = Some(1000);
     let t = Instant::now();
     let res = r.run(spec, None).await;
-    assert_eq!(res.outcome, Outcome::TimeLimitExceeded { limit_ms: 1000, worker_limit: false });
+    assert_eq!(
+        res.outcome,
+        Outcome::TimeLimitExceeded {
+            limit_ms: 1000,
+            worker_limit: false
+        }
+    );
     assert_eq!(res.outcome.exit_code(), 124);
     let took = t.elapsed();
-    assert!(took >= Duration::from_millis(1000) && took < Duration::from_secs(3), "{took:?}");
+    assert!(
+        took >= Duration::from_millis(1000) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
     // Tests run in parallel on 2 cores, so the job may get well under all
     // of a core; a sleeper would get almost nothing.
-    assert!(res.cpu_time_us > 200_000, "it was computing: {} µs of CPU", res.cpu_time_us);
+    assert!(
+        res.cpu_time_us > 200_000,
+        "it was computing: {} µs of CPU",
+        res.cpu_time_us
+    );
 }
 
 #[tokio::test]
@@ -117,9 +153,19 @@ async fn a_sleeping_job_is_stopped_at_its_time_limit() {
     spec.limits.timeout_ms = Some(1000);
     let t = Instant::now();
     let res = r.run(spec, None).await;
-    assert_eq!(res.outcome, Outcome::TimeLimitExceeded { limit_ms: 1000, worker_limit: false });
+    assert_eq!(
+        res.outcome,
+        Outcome::TimeLimitExceeded {
+            limit_ms: 1000,
+            worker_limit: false
+        }
+    );
     assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
-    assert!(res.cpu_time_us < 500_000, "a sleeper burns little CPU: {} µs", res.cpu_time_us);
+    assert!(
+        res.cpu_time_us < 500_000,
+        "a sleeper burns little CPU: {} µs",
+        res.cpu_time_us
+    );
 }
 
 #[tokio::test]
@@ -143,7 +189,10 @@ async fn unbounded_recursion_traps() {
     let res = r.run(guest_job(r, "hostile-recurse", ""), None).await;
     match &res.outcome {
         Outcome::Trapped { trap, .. } => {
-            assert!(trap == "stack overflow" || trap == "out of bounds memory access", "{trap}")
+            assert!(
+                trap == "stack overflow" || trap == "out of bounds memory access",
+                "{trap}"
+            )
         }
         other => panic!("expected a trap, got {other:?}"),
     }
@@ -164,7 +213,13 @@ async fn an_output_flood_ends_at_the_cap() {
     let mut spec = guest_job(r, "hostile-flood", "");
     spec.limits.stdout_bytes = MIB;
     let res = r.run(spec, None).await;
-    assert_eq!(res.outcome, Outcome::OutputLimitExceeded { stream: StdStream::Stdout, limit: MIB });
+    assert_eq!(
+        res.outcome,
+        Outcome::OutputLimitExceeded {
+            stream: StdStream::Stdout,
+            limit: MIB
+        }
+    );
     assert_eq!(res.stdout.len() as u64, MIB, "exactly the cap is kept");
 }
 
@@ -195,9 +250,14 @@ async fn a_wasm_trap_has_its_kind_and_a_backtrace() {
     );
     let res = r.run(spec, None).await;
     match &res.outcome {
-        Outcome::Trapped { trap, backtrace, .. } => {
+        Outcome::Trapped {
+            trap, backtrace, ..
+        } => {
             assert_eq!(trap, "integer divide by zero");
-            assert!(backtrace.first().is_some_and(|f| f.contains("divide")), "{backtrace:?}");
+            assert!(
+                backtrace.first().is_some_and(|f| f.contains("divide")),
+                "{backtrace:?}"
+            );
         }
         other => panic!("expected a trap, got {other:?}"),
     }
@@ -220,7 +280,12 @@ async fn initial_memory_over_the_limit_is_a_memory_limit() {
 #[tokio::test]
 async fn a_bare_module_peaks_at_its_initial_memory() {
     let r = shared();
-    let res = r.run(wat_job(r, r#"(module (memory 3) (func (export "_start")))"#), None).await;
+    let res = r
+        .run(
+            wat_job(r, r#"(module (memory 3) (func (export "_start")))"#),
+            None,
+        )
+        .await;
     assert_eq!(res.outcome, Outcome::Exited { code: 0 });
     assert_eq!(res.peak_memory_bytes, 3 * 65536);
 }
@@ -256,25 +321,51 @@ async fn invalid_modules_are_named() {
     let random = run_bytes(random).await;
     assert!(invalid_reason(&random).contains("does not compile"));
 
-    let import = r.run(wat_job(r, r#"(module (import "env" "steal" (func)) (func (export "_start")))"#), None).await;
-    assert!(invalid_reason(&import).contains("env::steal"), "{}", invalid_reason(&import));
+    let import = r
+        .run(
+            wat_job(
+                r,
+                r#"(module (import "env" "steal" (func)) (func (export "_start")))"#,
+            ),
+            None,
+        )
+        .await;
+    assert!(
+        invalid_reason(&import).contains("env::steal"),
+        "{}",
+        invalid_reason(&import)
+    );
 
-    let reactor = r.run(wat_job(r, r#"(module (func (export "run")))"#), None).await;
+    let reactor = r
+        .run(wat_job(r, r#"(module (func (export "run")))"#), None)
+        .await;
     assert!(invalid_reason(&reactor).contains("_start"));
 }
 
 #[tokio::test]
 async fn too_large_is_rejected() {
-    let r = runner(SandboxConfig { slots: 1, max_module_bytes: 1024, ..SandboxConfig::default() });
+    let r = runner(SandboxConfig {
+        slots: 1,
+        max_module_bytes: 1024,
+        ..SandboxConfig::default()
+    });
     let res = r.run(guest_job(&r, "hello", ""), None).await;
-    assert!(matches!(&res.outcome, Outcome::Rejected { reason } if reason.contains("larger than")), "{:?}", res.outcome);
+    assert!(
+        matches!(&res.outcome, Outcome::Rejected { reason } if reason.contains("larger than")),
+        "{:?}",
+        res.outcome
+    );
     assert_eq!(r.sandbox().cache_stats().compiles, 0);
 
     let r = shared();
     let mut spec = guest_job(r, "hello", "");
     spec.limits.memory_bytes = 64 << 30;
     let res = r.run(spec, None).await;
-    assert!(matches!(&res.outcome, Outcome::Rejected { reason } if reason.contains("64 GiB")), "{:?}", res.outcome);
+    assert!(
+        matches!(&res.outcome, Outcome::Rejected { reason } if reason.contains("64 GiB")),
+        "{:?}",
+        res.outcome
+    );
 }
 
 #[tokio::test]
@@ -286,13 +377,27 @@ async fn files_sees_only_its_granted_directories() {
     std::fs::write(input.path().join("b.txt"), "größe").unwrap();
     let mut spec = guest_job(r, "files", "");
     spec.dirs = vec![
-        DirGrant { host: input.path().into(), guest: "/in".into(), read_only: true },
-        DirGrant { host: output.path().into(), guest: "/out".into(), read_only: false },
+        DirGrant {
+            host: input.path().into(),
+            guest: "/in".into(),
+            read_only: true,
+        },
+        DirGrant {
+            host: output.path().into(),
+            guest: "/out".into(),
+            read_only: false,
+        },
     ];
     let res = r.run(spec, None).await;
     assert_eq!(res.outcome, Outcome::Exited { code: 0 }, "{}", stderr(&res));
-    assert_eq!(std::fs::read_to_string(output.path().join("a.txt")).unwrap(), "HELLO WASM");
-    assert_eq!(std::fs::read_to_string(output.path().join("b.txt")).unwrap(), "GRÖSSE");
+    assert_eq!(
+        std::fs::read_to_string(output.path().join("a.txt")).unwrap(),
+        "HELLO WASM"
+    );
+    assert_eq!(
+        std::fs::read_to_string(output.path().join("b.txt")).unwrap(),
+        "GRÖSSE"
+    );
 
     // Without the grants the job cannot reach them.
     let res = r.run(guest_job(r, "files", ""), None).await;
@@ -303,13 +408,21 @@ async fn files_sees_only_its_granted_directories() {
 #[tokio::test]
 async fn scratch_directories_are_removed_after_the_job() {
     let root = tempfile::tempdir().unwrap();
-    let r = runner(SandboxConfig { slots: 1, scratch_root: Some(root.path().into()), ..SandboxConfig::default() });
+    let r = runner(SandboxConfig {
+        slots: 1,
+        scratch_root: Some(root.path().into()),
+        ..SandboxConfig::default()
+    });
     // `files` opens files, so it gets a scratch dir (it fails: no /in granted).
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let res = r.run(guest_job(&r, "files", ""), Some(tx)).await;
     assert_eq!(res.outcome, Outcome::Exited { code: 1 });
     assert!(rx.try_recv().is_ok(), "the job ran and wrote");
-    assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0, "scratch dir left behind");
+    assert_eq!(
+        std::fs::read_dir(root.path()).unwrap().count(),
+        0,
+        "scratch dir left behind"
+    );
 }
 
 #[tokio::test]
@@ -319,7 +432,11 @@ async fn a_peak_close_to_the_limit_warns() {
     spec.limits.memory_bytes = 22 * MIB;
     let res = r.run(spec, None).await;
     assert_eq!(res.outcome, Outcome::Exited { code: 0 });
-    assert!(res.warnings.iter().any(|w| w.contains("over 90%")), "{:?}", res.warnings);
+    assert!(
+        res.warnings.iter().any(|w| w.contains("over 90%")),
+        "{:?}",
+        res.warnings
+    );
     let res = r.run(guest_job(r, "memhog", "1"), None).await;
     assert!(res.warnings.is_empty(), "{:?}", res.warnings);
 }

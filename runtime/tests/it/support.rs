@@ -3,19 +3,28 @@
 use std::sync::OnceLock;
 
 use peerwasm::proto::{JobResult, JobSpec};
-use peerwasm::sandbox::SandboxConfig;
 use peerwasm::runner::{JobRunner, RunnerConfig};
+use peerwasm::sandbox::SandboxConfig;
 
 pub const MIB: u64 = 1 << 20;
 
 /// A runner shared by the tests that do not look at cache counters.
 pub fn shared() -> &'static JobRunner {
     static RUNNER: OnceLock<JobRunner> = OnceLock::new();
-    RUNNER.get_or_init(|| runner(SandboxConfig { slots: 2, ..SandboxConfig::default() }))
+    RUNNER.get_or_init(|| {
+        runner(SandboxConfig {
+            slots: 2,
+            ..SandboxConfig::default()
+        })
+    })
 }
 
 pub fn runner(sandbox: SandboxConfig) -> JobRunner {
-    JobRunner::new(RunnerConfig { sandbox, ..RunnerConfig::default() }).expect("creating a runner")
+    JobRunner::new(RunnerConfig {
+        sandbox,
+        ..RunnerConfig::default()
+    })
+    .expect("creating a runner")
 }
 
 /// A spec for guest example `name` with `stdin`, registered with `runner`.

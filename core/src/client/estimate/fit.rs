@@ -55,6 +55,19 @@ pub fn grown(requested: u64) -> u64 {
     round_to_pages((requested as f64 * BLIND_SLACK).ceil() as u64)
 }
 
+/// The least a job that ran out of memory (`outgrown`) asks for next,
+/// model or not: what it tried to grow to (and [`BLIND_SLACK`] more), and
+/// twice its limit, that doubling stopping at `tail` (the largest peak
+/// known × the margin) while the job is under it.
+pub fn retry_floor(outgrown: Outgrown, tail: Option<u64>) -> u64 {
+    let grown = grown(outgrown.requested);
+    let twice = outgrown.limit.saturating_mul(2);
+    match tail {
+        Some(t) if t > outgrown.limit && t > grown => twice.min(t).max(grown),
+        _ => twice.max(grown),
+    }
+}
+
 /// What a job that ran out of memory said of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Outgrown {
@@ -95,6 +108,11 @@ pub enum Model {
         /// those alone), and a guess too low costs a retry.
         #[serde(default)]
         smallest: u64,
+        /// The largest input it was fitted to: a retry of one no larger
+        /// asks for no more than the largest peak known × the margin
+        /// (0 in files saved before it existed: no such cap).
+        #[serde(default)]
+        largest: u64,
     },
     /// Size does not predict memory: `request` for every input, `tail`
     /// after one runs out of memory.
@@ -115,25 +133,45 @@ impl Model {
     /// The request for an input of `size` bytes (whole pages).
     pub fn request(&self, size: u64) -> u64 {
         match *self {
-            Model::BySize { slope, intercept, cover, smallest, .. } => {
-                round_to_pages((Model::line(slope, intercept, size.max(smallest)) * cover).ceil() as u64)
-            }
+            Model::BySize {
+                slope,
+                intercept,
+                cover,
+                smallest,
+                ..
+            } => round_to_pages(
+                (Model::line(slope, intercept, size.max(smallest)) * cover).ceil() as u64,
+            ),
             Model::Blind { request, .. } => request,
         }
     }
 
     /// The request for an input of `size` that ran out of memory
-    /// (`outgrown`): never less than twice its limit, nor less than what
-    /// it tried to grow to (and [`BLIND_SLACK`] more); for a by-size model, what its
-    /// worst ratio says an input of its size may need; for a blind one,
-    /// the tail once the input has outgrown a retry too. A job that takes
-    /// its memory in one allocation (most do: a buffer, an array) needs
-    /// one retry.
-    pub fn retry(&self, size: u64, outgrown: Outgrown, margin: f64) -> u64 {
-        let floor = outgrown.limit.saturating_mul(2).max(grown(outgrown.requested));
+    /// (`outgrown`), when the largest peak known × the margin is `tail`
+    /// (`None` before any): never less than [`retry_floor`]; for a by-size
+    /// model, what its worst ratio says an input of its size may need (no
+    /// more than `tail` within the sizes it was fitted to); for a blind
+    /// one, its own tail once the input has outgrown a retry too. A job
+    /// that takes its memory in one allocation (most do: a buffer, an
+    /// array) needs one retry.
+    pub fn retry(&self, size: u64, outgrown: Outgrown, margin: f64, tail: Option<u64>) -> u64 {
+        let floor = retry_floor(outgrown, tail);
+        let tail = tail.filter(|&t| t >= floor);
         let model = match *self {
-            Model::BySize { slope, intercept, worst, smallest, .. } => {
-                (Model::line(slope, intercept, size.max(smallest)) * worst * margin).ceil() as u64
+            Model::BySize {
+                slope,
+                intercept,
+                worst,
+                smallest,
+                largest,
+                ..
+            } => {
+                let need = (Model::line(slope, intercept, size.max(smallest)) * worst * margin)
+                    .ceil() as u64;
+                match tail {
+                    Some(t) if size <= largest => need.min(t),
+                    _ => need,
+                }
             }
             Model::Blind { tail, .. } if !outgrown.first => tail,
             Model::Blind { .. } => 0,
@@ -147,12 +185,24 @@ impl Model {
     pub fn describe(&self) -> String {
         let mib = |b: f64| format!("{:.1} MiB", b / (1u64 << 20) as f64);
         match *self {
-            Model::BySize { slope, intercept, cover, .. } => {
+            Model::BySize {
+                slope,
+                intercept,
+                cover,
+                ..
+            } => {
                 let sign = if intercept < 0.0 { "−" } else { "+" };
-                format!("peak ≈ {slope:.2} × input bytes {sign} {} (requests cover it × {cover:.2})", mib(intercept.abs()))
+                format!(
+                    "peak ≈ {slope:.2} × input bytes {sign} {} (requests cover it × {cover:.2})",
+                    mib(intercept.abs())
+                )
             }
             Model::Blind { request, tail } => {
-                format!("peak does not follow input size: {} per job, {} after a memory limit", mib(request as f64), mib(tail as f64))
+                format!(
+                    "peak does not follow input size: {} per job, {} after a memory limit",
+                    mib(request as f64),
+                    mib(tail as f64)
+                )
             }
         }
     }
@@ -168,12 +218,22 @@ pub fn fit(obs: &[Observation], margin: f64, largest: u64) -> Option<Model> {
         return None;
     }
     let blind = fit_blind(obs, margin, largest);
-    let Some(by_size) = fit_by_size(obs) else { return Some(blind) };
+    let Some(by_size) = fit_by_size(obs) else {
+        return Some(blind);
+    };
     // No request need be over the largest peak seen × the margin: an
     // input the line would ask the moon for (a huge one with a tiny peak)
     // costs no more than that.
-    let Model::Blind { tail, .. } = blind else { unreachable!("fit_blind makes a blind model") };
-    Some(if cost(&by_size, obs, margin, tail) < cost(&blind, obs, margin, tail) { by_size } else { blind })
+    let Model::Blind { tail, .. } = blind else {
+        unreachable!("fit_blind makes a blind model")
+    };
+    Some(
+        if cost(&by_size, obs, margin, tail) < cost(&blind, obs, margin, tail) {
+            by_size
+        } else {
+            blind
+        },
+    )
 }
 
 /// What `model` would have reserved for `obs`: every request (at most
@@ -185,8 +245,15 @@ pub fn cost(model: &Model, obs: &[Observation], margin: f64, cap: u64) -> f64 {
         .map(|o| {
             let asked = model.request(o.size).min(cap);
             let retry = if o.peak > asked {
-                let outgrown = Outgrown { limit: asked, requested: o.peak, first: true };
-                model.retry(o.size, outgrown, margin).min(cap.max(o.peak)) as f64 + overhead
+                let outgrown = Outgrown {
+                    limit: asked,
+                    requested: o.peak,
+                    first: true,
+                };
+                model
+                    .retry(o.size, outgrown, margin, Some(cap))
+                    .min(cap.max(o.peak)) as f64
+                    + overhead
             } else {
                 0.0
             };
@@ -223,7 +290,13 @@ fn fit_blind(obs: &[Observation], margin: f64, largest: u64) -> Model {
             best = Some((cost, model));
         }
     }
-    best.map_or(Model::Blind { request: tail, tail }, |(_, m)| m)
+    best.map_or(
+        Model::Blind {
+            request: tail,
+            tail,
+        },
+        |(_, m)| m,
+    )
 }
 
 fn fit_by_size(obs: &[Observation]) -> Option<Model> {
@@ -249,14 +322,28 @@ fn fit_by_size(obs: &[Observation]) -> Option<Model> {
         return None; // every input the same size: size cannot tell them apart
     }
     let slope = median(&mut slopes).max(0.0);
-    let mut rests: Vec<f64> = obs.iter().map(|o| o.peak as f64 - slope * o.size as f64).collect();
+    let mut rests: Vec<f64> = obs
+        .iter()
+        .map(|o| o.peak as f64 - slope * o.size as f64)
+        .collect();
     let intercept = median(&mut rests);
-    let mut ratios: Vec<f64> = obs.iter().map(|o| o.peak as f64 / Model::line(slope, intercept, o.size)).collect();
+    let mut ratios: Vec<f64> = obs
+        .iter()
+        .map(|o| o.peak as f64 / Model::line(slope, intercept, o.size))
+        .collect();
     ratios.sort_unstable_by(f64::total_cmp);
     let cover = quantile(&ratios, COVER_QUANTILE).max(1.0);
     let worst = ratios.last().copied().unwrap_or(1.0).max(cover);
     let smallest = obs.iter().map(|o| o.size).min().unwrap_or(0);
-    Some(Model::BySize { slope, intercept, cover, worst, smallest })
+    let largest = obs.iter().map(|o| o.size).max().unwrap_or(0);
+    Some(Model::BySize {
+        slope,
+        intercept,
+        cover,
+        worst,
+        smallest,
+        largest,
+    })
 }
 
 fn push_slope(slopes: &mut Vec<f64>, a: Observation, b: Observation) {
@@ -300,7 +387,10 @@ mod tests {
             .map(|_| {
                 let size = ((0.2 + 3.8 * r()) * MIB as f64) as u64;
                 let noise = 0.9 + 0.2 * r();
-                Observation { size, peak: ((8.0 * size as f64 + 3.0 * MIB as f64) * noise) as u64 }
+                Observation {
+                    size,
+                    peak: ((8.0 * size as f64 + 3.0 * MIB as f64) * noise) as u64,
+                }
             })
             .collect()
     }
@@ -310,7 +400,10 @@ mod tests {
     fn score(model: &Model, obs: &[Observation]) -> (f64, f64) {
         let asked: u64 = obs.iter().map(|o| model.request(o.size)).sum();
         let used: u64 = obs.iter().map(|o| o.peak).sum();
-        let again = obs.iter().filter(|o| o.peak > model.request(o.size)).count();
+        let again = obs
+            .iter()
+            .filter(|o| o.peak > model.request(o.size))
+            .count();
         (used as f64 / asked as f64, again as f64 / obs.len() as f64)
     }
 
@@ -318,16 +411,35 @@ mod tests {
     fn a_peak_that_follows_the_input_is_fitted_and_covered() {
         let history = proportional(200, 1);
         let model = fit(&history, 1.25, 0).unwrap();
-        let Model::BySize { slope, intercept, cover, .. } = model else { panic!("{model:?}") };
+        let Model::BySize {
+            slope,
+            intercept,
+            cover,
+            ..
+        } = model
+        else {
+            panic!("{model:?}")
+        };
         assert!((7.5..8.5).contains(&slope), "slope {slope}");
-        assert!((2.0 * MIB as f64..4.0 * MIB as f64).contains(&intercept), "intercept {intercept}");
+        assert!(
+            (2.0 * MIB as f64..4.0 * MIB as f64).contains(&intercept),
+            "intercept {intercept}"
+        );
         assert!((1.0..1.15).contains(&cover), "cover {cover}");
         // On inputs it has not seen: most reserved is used, few run again.
         let (used, again) = score(&model, &proportional(1000, 2));
         assert!(used >= 0.8, "used ÷ reserved {used}");
         assert!(again <= 0.05, "{again} ran again");
-        assert!(model.describe().starts_with("peak ≈ 7.") || model.describe().starts_with("peak ≈ 8."), "{}", model.describe());
-        assert!(model.describe().contains("× input bytes + "), "{}", model.describe());
+        assert!(
+            model.describe().starts_with("peak ≈ 7.") || model.describe().starts_with("peak ≈ 8."),
+            "{}",
+            model.describe()
+        );
+        assert!(
+            model.describe().contains("× input bytes + "),
+            "{}",
+            model.describe()
+        );
     }
 
     #[test]
@@ -337,73 +449,240 @@ mod tests {
         let history: Vec<Observation> = (0..250)
             .map(|i| Observation {
                 size: (r() * 4.0 * MIB as f64) as u64,
-                peak: if i % 25 == 12 { 160 * MIB } else { ((6.0 + 4.0 * r()) * MIB as f64) as u64 },
+                peak: if i % 25 == 12 {
+                    160 * MIB
+                } else {
+                    ((6.0 + 4.0 * r()) * MIB as f64) as u64
+                },
             })
             .collect();
         let model = fit(&history, 1.25, 0).unwrap();
-        let Model::Blind { request, tail } = model else { panic!("sizes do not predict these peaks: {model:?}") };
-        assert!(request <= 11 * MIB, "the many small ones set the request: {request}");
+        let Model::Blind { request, tail } = model else {
+            panic!("sizes do not predict these peaks: {model:?}")
+        };
+        assert!(
+            request <= 11 * MIB,
+            "the many small ones set the request: {request}"
+        );
         // Twice out of memory: the tail.
-        assert_eq!(model.retry(0, Outgrown { limit: 20 * MIB, requested: 21 * MIB, first: false }, 1.25), tail);
-        assert_eq!(tail, round_to_pages(200 * MIB), "the largest × the margin, after a memory limit");
-        assert!(model.describe().starts_with("peak does not follow input size"), "{}", model.describe());
+        assert_eq!(
+            model.retry(
+                0,
+                Outgrown {
+                    limit: 20 * MIB,
+                    requested: 21 * MIB,
+                    first: false
+                },
+                1.25,
+                Some(tail)
+            ),
+            tail
+        );
+        assert_eq!(
+            tail,
+            round_to_pages(200 * MIB),
+            "the largest × the margin, after a memory limit"
+        );
+        assert!(
+            model
+                .describe()
+                .starts_with("peak does not follow input size"),
+            "{}",
+            model.describe()
+        );
         // Every input too large for the request runs once more, at most.
         for o in &history {
-            let outgrown = Outgrown { limit: request, requested: o.peak, first: true };
-            assert!(o.peak <= request || model.retry(o.size, outgrown, 1.25) >= o.peak);
+            let outgrown = Outgrown {
+                limit: request,
+                requested: o.peak,
+                first: true,
+            };
+            assert!(o.peak <= request || model.retry(o.size, outgrown, 1.25, None) >= o.peak);
         }
         // The first results of a run lack its large ones (they wait for
         // room, and come last): the largest known from before sets the tail.
-        let early: Vec<Observation> =
-            history.iter().filter(|o| o.peak < 100 * MIB).take(30).map(|o| Observation { size: 100, peak: o.peak }).collect();
-        let Some(Model::Blind { tail, .. }) = fit(&early, 1.25, 160 * MIB) else { panic!() };
+        let early: Vec<Observation> = history
+            .iter()
+            .filter(|o| o.peak < 100 * MIB)
+            .take(30)
+            .map(|o| Observation {
+                size: 100,
+                peak: o.peak,
+            })
+            .collect();
+        let Some(Model::Blind { tail, .. }) = fit(&early, 1.25, 160 * MIB) else {
+            panic!()
+        };
         assert_eq!(tail, round_to_pages(200 * MIB));
     }
 
     #[test]
     fn peaks_all_alike_ask_for_the_largest_times_the_margin_as_before() {
-        let history: Vec<Observation> = (0..20).map(|i| Observation { size: i * 1000, peak: 10 * MIB + i * 4096 }).collect();
+        let history: Vec<Observation> = (0..20)
+            .map(|i| Observation {
+                size: i * 1000,
+                peak: 10 * MIB + i * 4096,
+            })
+            .collect();
         let model = fit(&history, 1.25, 0).unwrap();
         for o in &history {
-            assert!(model.request(o.size) >= o.peak, "{model:?} asks too little for {o:?}");
+            assert!(
+                model.request(o.size) >= o.peak,
+                "{model:?} asks too little for {o:?}"
+            );
         }
         let asked = model.request(0).max(model.request(19_000));
-        assert!(asked <= round_to_pages((10 * MIB + 19 * 4096) * 5 / 4), "{model:?}");
+        assert!(
+            asked <= round_to_pages((10 * MIB + 19 * 4096) * 5 / 4),
+            "{model:?}"
+        );
     }
 
     #[test]
     fn adversarial_inputs_do_not_make_it_ask_for_nothing_or_everything() {
         // A huge input with a tiny peak among inputs whose peak follows size.
         let mut history = proportional(100, 4);
-        history.push(Observation { size: 4 << 30, peak: MIB });
+        history.push(Observation {
+            size: 4 << 30,
+            peak: MIB,
+        });
         let model = fit(&history, 1.25, 0).unwrap();
         let (used, again) = score(&model, &proportional(500, 5));
-        assert!(used >= 0.75 && again <= 0.05, "one outlier moved the fit: {model:?} ({used}, {again})");
+        assert!(
+            used >= 0.75 && again <= 0.05,
+            "one outlier moved the fit: {model:?} ({used}, {again})"
+        );
         // A tiny input with a huge peak: the fit stays; a retry of it asks
         // for at least twice its limit.
         let mut history = proportional(100, 6);
-        history.push(Observation { size: 10, peak: 900 * MIB });
+        history.push(Observation {
+            size: 10,
+            peak: 900 * MIB,
+        });
         let model = fit(&history, 1.25, 0).unwrap();
         let (used, _) = score(&model, &proportional(500, 7));
         assert!(used >= 0.75, "{model:?}: {used}");
-        assert!(model.retry(10, Outgrown { limit: 64 * MIB, requested: 65 * MIB, first: true }, 1.25) >= 128 * MIB);
+        assert!(
+            model.retry(
+                10,
+                Outgrown {
+                    limit: 64 * MIB,
+                    requested: 65 * MIB,
+                    first: true
+                },
+                1.25,
+                None
+            ) >= 128 * MIB
+        );
         // Sizes all equal: nothing to fit a slope to; one request.
-        let same: Vec<Observation> = (0..20).map(|i| Observation { size: 100, peak: (i + 1) * MIB }).collect();
+        let same: Vec<Observation> = (0..20)
+            .map(|i| Observation {
+                size: 100,
+                peak: (i + 1) * MIB,
+            })
+            .collect();
         assert!(matches!(fit(&same, 1.25, 0), Some(Model::Blind { .. })));
         // Too few results: no model yet.
         assert_eq!(fit(&same[..MIN_OBSERVATIONS - 1], 1.25, 0), None);
     }
 
     #[test]
+    fn a_retry_within_the_peaks_seen_asks_for_no_more_than_the_tail() {
+        // Peaks of 10–40 MiB, inputs of 2–3 bytes ("9\n" … "38\n"): the
+        // doubling of a 30 MiB limit would ask 60 MiB where 40 × 1.25 does.
+        let history: Vec<Observation> = (0..60u64)
+            .map(|i| 9 + (i * 17) % 30)
+            .map(|m| Observation {
+                size: if m < 10 { 2 } else { 3 },
+                peak: (m + 1) * MIB,
+            })
+            .collect();
+        let model = fit(&history, 1.25, 0).unwrap();
+        let tail = round_to_pages(39 * MIB * 5 / 4);
+        for o in &history {
+            let limit = model.request(o.size);
+            if o.peak > limit {
+                let retry = model.retry(
+                    o.size,
+                    Outgrown {
+                        limit,
+                        requested: o.peak,
+                        first: true,
+                    },
+                    1.25,
+                    Some(tail),
+                );
+                assert!(
+                    retry >= o.peak && retry <= tail,
+                    "{model:?}: {retry} for {o:?}"
+                );
+            }
+        }
+        let retry = |limit, requested| {
+            retry_floor(
+                Outgrown {
+                    limit,
+                    requested,
+                    first: true,
+                },
+                Some(tail),
+            )
+        };
+        assert_eq!(
+            retry(30 * MIB, 31 * MIB),
+            tail,
+            "the doubling stops at the tail"
+        );
+        assert_eq!(
+            retry(10 * MIB, 11 * MIB),
+            20 * MIB,
+            "below it, twice the limit"
+        );
+        assert_eq!(
+            retry(30 * MIB, 60 * MIB),
+            grown(60 * MIB),
+            "what it tried to grow to, beyond the tail"
+        );
+        assert_eq!(
+            retry(tail, tail + 1),
+            2 * tail,
+            "over the tail already: twice again"
+        );
+        assert_eq!(
+            retry_floor(
+                Outgrown {
+                    limit: 30 * MIB,
+                    requested: 31 * MIB,
+                    first: true
+                },
+                None
+            ),
+            60 * MIB
+        );
+    }
+
+    #[test]
     fn below_the_sizes_seen_it_asks_as_for_the_smallest_seen() {
         // Only large inputs seen so far (a map launches its largest first).
-        let large: Vec<Observation> = proportional(400, 10).into_iter().filter(|o| o.size > 3 * MIB).collect();
+        let large: Vec<Observation> = proportional(400, 10)
+            .into_iter()
+            .filter(|o| o.size > 3 * MIB)
+            .collect();
         let model = fit(&large, 1.25, 0).unwrap();
-        let Model::BySize { smallest, .. } = model else { panic!("{model:?}") };
+        let Model::BySize { smallest, .. } = model else {
+            panic!("{model:?}")
+        };
         assert!(smallest > 3 * MIB);
         let tiny = model.request(64 << 10);
-        assert_eq!(tiny, model.request(smallest), "not extrapolated below what was seen");
-        assert!(tiny >= 8 * (64 << 10) + 3 * MIB, "enough for a tiny input: {tiny}");
+        assert_eq!(
+            tiny,
+            model.request(smallest),
+            "not extrapolated below what was seen"
+        );
+        assert!(
+            tiny >= 8 * (64 << 10) + 3 * MIB,
+            "enough for a tiny input: {tiny}"
+        );
     }
 
     #[test]
@@ -411,13 +690,25 @@ mod tests {
         // Memory follows size, then (a new version of the job) it does not.
         let mut r = uniform(8);
         let before = proportional(100, 9);
-        let after: Vec<Observation> =
-            (0..100).map(|_| Observation { size: (r() * 4.0 * MIB as f64) as u64, peak: ((20.0 + 10.0 * r()) * MIB as f64) as u64 }).collect();
+        let after: Vec<Observation> = (0..100)
+            .map(|_| Observation {
+                size: (r() * 4.0 * MIB as f64) as u64,
+                peak: ((20.0 + 10.0 * r()) * MIB as f64) as u64,
+            })
+            .collect();
         assert!(matches!(fit(&before, 1.25, 0), Some(Model::BySize { .. })));
         let model = fit(&after, 1.25, 0).unwrap();
         for o in &after {
-            let outgrown = Outgrown { limit: model.request(o.size), requested: o.peak, first: true };
-            assert!(model.request(o.size) >= o.peak || model.retry(o.size, outgrown, 1.25) >= o.peak, "{model:?}");
+            let outgrown = Outgrown {
+                limit: model.request(o.size),
+                requested: o.peak,
+                first: true,
+            };
+            assert!(
+                model.request(o.size) >= o.peak
+                    || model.retry(o.size, outgrown, 1.25, None) >= o.peak,
+                "{model:?}"
+            );
         }
     }
 }

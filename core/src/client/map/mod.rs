@@ -49,9 +49,9 @@ use tokio_util::sync::CancellationToken;
 
 pub use report::{MapItem, MapSummary, Progress, Stopped};
 
+use super::errors::SubmitError;
 use super::estimate::{DEFAULT_MARGIN, EstimateStore, MemoryEstimator};
 use super::job::Job;
-use super::errors::SubmitError;
 use super::submitter::{Placed, Submitter};
 use crate::proto::backlog::{BACKLOG_EVERY, Backlog};
 use crate::proto::{JobResult, Outcome};
@@ -161,11 +161,19 @@ where
     let mut run = MapRun::start(target, job, config).await?;
     let result = run.drive(inputs.into_iter(), observer).await;
     // Nothing left: the pool stops counting this map at once.
-    target.report_backlog(Backlog { id: run.id.clone(), ..Backlog::default() }).await;
+    target
+        .report_backlog(Backlog {
+            id: run.id.clone(),
+            ..Backlog::default()
+        })
+        .await;
     run.estimator.refit();
     if let (Some(store), Some(saved)) = (&config.estimates, run.estimator.to_saved()) {
         if let Err(e) = store.save(&job.hash(), &saved) {
-            tracing::warn!("cannot save the learned estimate in {}: {e}", store.dir().display());
+            tracing::warn!(
+                "cannot save the learned estimate in {}: {e}",
+                store.dir().display()
+            );
         }
     }
     result?;
@@ -266,7 +274,11 @@ struct MapRun<'a, T: Submitter> {
 }
 
 impl<'a, T: Submitter> MapRun<'a, T> {
-    async fn start(target: &'a T, job: &Job, config: &'a MapConfig) -> anyhow::Result<MapRun<'a, T>> {
+    async fn start(
+        target: &'a T,
+        job: &Job,
+        config: &'a MapConfig,
+    ) -> anyhow::Result<MapRun<'a, T>> {
         if config.out_dir.is_some() && target.in_process() {
             anyhow::bail!(
                 "--out-dir needs a pool (--peers): on the embedded worker, jobs write straight into their --dir"
@@ -285,7 +297,10 @@ impl<'a, T: Submitter> MapRun<'a, T> {
                 Bytes(capacity.largest_job)
             );
         }
-        let saved = config.start_estimate.clone().or_else(|| config.estimates.as_ref().and_then(|s| s.load(&job.hash())));
+        let saved = config
+            .start_estimate
+            .clone()
+            .or_else(|| config.estimates.as_ref().and_then(|s| s.load(&job.hash())));
         let estimator = MemoryEstimator::new(
             job.declared_memory(),
             saved.as_ref(),
@@ -303,7 +318,10 @@ impl<'a, T: Submitter> MapRun<'a, T> {
             workers: capacity.workers,
             largest_job: capacity.largest_job,
             typical_job: capacity.typical_job,
-            max_in_flight: config.max_in_flight.unwrap_or(2 * capacity.slots as usize).max(1),
+            max_in_flight: config
+                .max_in_flight
+                .unwrap_or(2 * capacity.slots as usize)
+                .max(1),
             started: Instant::now(),
             tx,
             rx,
@@ -317,7 +335,10 @@ impl<'a, T: Submitter> MapRun<'a, T> {
             next_emit: config.first_index,
             slowest_round_trip: None,
             wall_sum_us: 0,
-            id: config.submission.clone().unwrap_or_else(|| format!("m-{:016x}", rand::random::<u64>())),
+            id: config
+                .submission
+                .clone()
+                .unwrap_or_else(|| format!("m-{:016x}", rand::random::<u64>())),
             read: 0,
             last_report: None,
             reporting: None,
@@ -355,14 +376,17 @@ impl<'a, T: Submitter> MapRun<'a, T> {
                         exhausted = true;
                         break;
                     };
-                    self.pending.insert(next_index, Pending {
-                        stdin,
-                        attempts: 0,
-                        retries_used: 0,
-                        memory_retries: 0,
-                        memreq_floor: 0,
-                        live: 0,
-                    });
+                    self.pending.insert(
+                        next_index,
+                        Pending {
+                            stdin,
+                            attempts: 0,
+                            retries_used: 0,
+                            memory_retries: 0,
+                            memreq_floor: 0,
+                            live: 0,
+                        },
+                    );
                     self.staged.push(next_index);
                     next_index += 1;
                     self.read += 1;
@@ -401,7 +425,11 @@ impl<'a, T: Submitter> MapRun<'a, T> {
         if let Some(total) = self.total.filter(|_| self.stop.is_none())
             && self.summary.jobs != total
         {
-            tracing::warn!(results = self.summary.jobs, promised = total, "the inputs ended before their count");
+            tracing::warn!(
+                results = self.summary.jobs,
+                promised = total,
+                "the inputs ended before their count"
+            );
         }
         Ok(())
     }
@@ -427,23 +455,39 @@ impl<'a, T: Submitter> MapRun<'a, T> {
         }
         if self.reporting.as_ref().is_none_or(|r| r.is_finished()) {
             let (target, backlog) = (self.target.clone(), self.backlog());
-            self.reporting = Some(tokio::spawn(async move { target.report_backlog(backlog).await }));
+            self.reporting = Some(tokio::spawn(
+                async move { target.report_backlog(backlog).await },
+            ));
         }
     }
 
     /// What this map still has to run, as the pool is told it.
     fn backlog(&self) -> Backlog {
         let unread = self.total.map_or(0, |t| t.saturating_sub(self.read as u64));
-        let waiting: Vec<usize> = self.pending.iter().filter(|(_, p)| p.live == 0).map(|(i, _)| *i).collect();
+        let waiting: Vec<usize> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.live == 0)
+            .map(|(i, _)| *i)
+            .collect();
         let memory = self.memreq(usize::MAX);
-        let largest = waiting.iter().map(|&i| self.memreq(i)).max().unwrap_or(0).max(memory);
+        let largest = waiting
+            .iter()
+            .map(|&i| self.memreq(i))
+            .max()
+            .unwrap_or(0)
+            .max(memory);
         Backlog {
             id: self.id.clone(),
             waiting: waiting.len() as u64 + unread,
             running: self.active as u64,
             memory_bytes: memory,
             largest_bytes: largest,
-            job_ms: if self.summary.jobs == 0 { 0 } else { (self.wall_sum_us / self.summary.jobs as u128 / 1000) as u64 },
+            job_ms: if self.summary.jobs == 0 {
+                0
+            } else {
+                (self.wall_sum_us / self.summary.jobs as u128 / 1000) as u64
+            },
         }
     }
 
@@ -456,7 +500,10 @@ impl<'a, T: Submitter> MapRun<'a, T> {
         if self.config.max_in_flight.is_some() {
             return self.max_in_flight;
         }
-        if self.config.mem.is_none() && !self.estimator.learned() && self.estimator.model().is_none() {
+        if self.config.mem.is_none()
+            && !self.estimator.learned()
+            && self.estimator.model().is_none()
+        {
             // Nothing learned yet: every job goes out at the starting
             // request (1 GiB, capped by the pool). More in flight than the
             // pool can run at that request only queues jobs that have
@@ -490,7 +537,10 @@ impl<'a, T: Submitter> MapRun<'a, T> {
     fn next_staged(&mut self) -> Option<usize> {
         let at = (0..self.staged.len()).max_by_key(|&k| {
             let i = self.staged[k];
-            let asks = self.pending.get(&i).map_or(0, |p| self.estimator.memreq_for(input_size(p)));
+            let asks = self
+                .pending
+                .get(&i)
+                .map_or(0, |p| self.estimator.memreq_for(input_size(p)));
             (asks, std::cmp::Reverse(i))
         })?;
         Some(self.staged.remove(at))
@@ -501,14 +551,18 @@ impl<'a, T: Submitter> MapRun<'a, T> {
     fn memreq(&self, index: usize) -> u64 {
         match (self.config.mem, self.pending.get(&index)) {
             (Some(mem), _) => mem,
-            (None, Some(p)) => self.estimator.clamp(self.estimator.memreq_for(input_size(p)).max(p.memreq_floor)),
+            (None, Some(p)) => self
+                .estimator
+                .clamp(self.estimator.memreq_for(input_size(p)).max(p.memreq_floor)),
             (None, None) => self.estimator.memreq(),
         }
     }
 
     fn launch(&mut self, index: usize) {
         let memreq = self.memreq(index);
-        let Some(p) = self.pending.get_mut(&index) else { return };
+        let Some(p) = self.pending.get_mut(&index) else {
+            return;
+        };
         p.attempts += 1;
         p.live += 1;
         let mut spec = self.job.spec(p.stdin.clone(), memreq);
@@ -520,14 +574,27 @@ impl<'a, T: Submitter> MapRun<'a, T> {
         let id = self.next_attempt;
         self.next_attempt += 1;
         let placed = Arc::new(Placed::default());
-        let (target, job, tx, placed2) = (self.target.clone(), self.job.clone(), self.tx.clone(), placed.clone());
+        let (target, job, tx, placed2) = (
+            self.target.clone(),
+            self.job.clone(),
+            self.tx.clone(),
+            placed.clone(),
+        );
         let task = tokio::spawn(async move {
             // Boxed: the submission's future is kilobytes, and a spawn
             // moves what it is given several times.
             let answer = Box::pin(target.submit(&job, spec, &placed2)).await;
             let _ = tx.send((id, answer));
         });
-        self.attempts.insert(id, Attempt { index, placed, abandoned: false, abort: task.abort_handle() });
+        self.attempts.insert(
+            id,
+            Attempt {
+                index,
+                placed,
+                abandoned: false,
+                abort: task.abort_handle(),
+            },
+        );
         self.active += 1;
     }
 
@@ -537,7 +604,9 @@ impl<'a, T: Submitter> MapRun<'a, T> {
         answer: Result<JobResult, SubmitError>,
         observer: &mut (dyn MapObserver + Send),
     ) -> anyhow::Result<()> {
-        let Some(attempt) = self.attempts.remove(&id) else { return Ok(()) };
+        let Some(attempt) = self.attempts.remove(&id) else {
+            return Ok(());
+        };
         if !attempt.abandoned {
             self.active -= 1;
         }
@@ -570,24 +639,40 @@ impl<'a, T: Submitter> MapRun<'a, T> {
         }
         let ceiling = self.estimator.ceiling();
         let retry = match &result.outcome {
-            Outcome::MemoryLimitExceeded { limit, requested, .. } if self.config.mem.is_none() && *limit < ceiling => {
-                let outgrown = crate::client::estimate::Outgrown { limit: *limit, requested: *requested, first: p.memory_retries == 0 };
+            Outcome::MemoryLimitExceeded {
+                limit, requested, ..
+            } if self.config.mem.is_none() && *limit < ceiling => {
+                let outgrown = crate::client::estimate::Outgrown {
+                    limit: *limit,
+                    requested: *requested,
+                    first: p.memory_retries == 0,
+                };
                 p.memory_retries += 1;
                 p.memreq_floor = self.estimator.retry(input_size(p), outgrown);
                 self.summary.memory_retries += 1;
-                Some(format!("{}; again with {}", result.outcome, Bytes(p.memreq_floor)))
+                Some(format!(
+                    "{}; again with {}",
+                    result.outcome,
+                    Bytes(p.memreq_floor)
+                ))
             }
             outcome if !outcome.is_success() && p.retries_used < self.config.retries => {
                 p.retries_used += 1;
                 self.summary.failure_retries += 1;
-                Some(format!("{outcome}; retry {} of {}", p.retries_used, self.config.retries))
+                Some(format!(
+                    "{outcome}; retry {} of {}",
+                    p.retries_used, self.config.retries
+                ))
             }
             _ => None,
         };
         if let Some(why) = retry {
             // A peak cut short by the limit says only "more": not learned.
-            if result.peak_memory_bytes > 0 && !matches!(result.outcome, Outcome::MemoryLimitExceeded { .. }) {
-                self.estimator.observe(input_size(p), result.peak_memory_bytes);
+            if result.peak_memory_bytes > 0
+                && !matches!(result.outcome, Outcome::MemoryLimitExceeded { .. })
+            {
+                self.estimator
+                    .observe(input_size(p), result.peak_memory_bytes);
             }
             observer.retry(index, &why);
             if p.live == 0 {
@@ -598,14 +683,26 @@ impl<'a, T: Submitter> MapRun<'a, T> {
         self.complete(index, result, observer)
     }
 
-    fn complete(&mut self, index: usize, mut result: JobResult, observer: &mut (dyn MapObserver + Send)) -> anyhow::Result<()> {
-        let Some(p) = self.pending.remove(&index) else { return Ok(()) };
+    fn complete(
+        &mut self,
+        index: usize,
+        mut result: JobResult,
+        observer: &mut (dyn MapObserver + Send),
+    ) -> anyhow::Result<()> {
+        let Some(p) = self.pending.remove(&index) else {
+            return Ok(());
+        };
         if !result.files.is_empty() {
             // Small (a worker sends back at most --max-files-back), so
             // written here, as each job ends.
-            let out = self.config.out_dir.as_ref().map(|o| o.join(index.to_string()));
-            super::tree::write_back(&self.job.dirs, &mut result.files, out.as_deref())
-                .map_err(|e| anyhow::anyhow!("input {index}: cannot write the files it made: {e:#}"))?;
+            let out = self
+                .config
+                .out_dir
+                .as_ref()
+                .map(|o| o.join(index.to_string()));
+            super::tree::write_back(&self.job.dirs, &mut result.files, out.as_deref()).map_err(
+                |e| anyhow::anyhow!("input {index}: cannot write the files it made: {e:#}"),
+            )?;
         }
         let s = &mut self.summary;
         s.jobs += 1;
@@ -613,14 +710,24 @@ impl<'a, T: Submitter> MapRun<'a, T> {
         *s.per_peer.entry(result.peer.clone()).or_default() += 1;
         s.warned += u64::from(!result.warnings.is_empty());
         self.wall_sum_us += result.wall_time_us as u128;
-        if (result.peak_memory_bytes > 0 || result.outcome.is_success()) && !matches!(result.outcome, Outcome::MemoryLimitExceeded { .. }) {
-            self.estimator.observe(input_size(&p), result.peak_memory_bytes);
+        if (result.peak_memory_bytes > 0 || result.outcome.is_success())
+            && !matches!(result.outcome, Outcome::MemoryLimitExceeded { .. })
+        {
+            self.estimator
+                .observe(input_size(&p), result.peak_memory_bytes);
         }
-        let item = MapItem { index, result, attempts: p.attempts };
+        let item = MapItem {
+            index,
+            result,
+            attempts: p.attempts,
+        };
         if !item.succeeded() {
             s.failed += 1;
             if !self.config.keep_going && self.stop.as_ref().is_none_or(|st| index < st.index) {
-                self.stop = Some(Stopped { index, message: item.failure_message() });
+                self.stop = Some(Stopped {
+                    index,
+                    message: item.failure_message(),
+                });
                 self.cut_after(index);
             }
         }
@@ -642,7 +749,11 @@ impl<'a, T: Submitter> MapRun<'a, T> {
         self.resubmit.retain(|&i| i <= index);
         self.staged.retain(|&i| i <= index);
         self.ready.retain(|&i, _| i <= index);
-        for a in self.attempts.values_mut().filter(|a| a.index > index && !a.abandoned) {
+        for a in self
+            .attempts
+            .values_mut()
+            .filter(|a| a.index > index && !a.abandoned)
+        {
             a.abort.abort();
             a.abandoned = true;
             self.active -= 1;
@@ -656,21 +767,33 @@ impl<'a, T: Submitter> MapRun<'a, T> {
             return;
         }
         let dead = self.target.dead_workers().await;
-        let deadline = self.slowest_round_trip.map(|rt| 3 * rt + self.config.lost_slack);
+        let deadline = self
+            .slowest_round_trip
+            .map(|rt| 3 * rt + self.config.lost_slack);
         let mut lost = Vec::new();
         for (id, a) in &self.attempts {
             if a.abandoned {
                 continue;
             }
-            let Some((peer, sent)) = a.placed.get() else { continue };
+            let Some((peer, sent)) = a.placed.get() else {
+                continue;
+            };
             if dead.contains(&peer) {
                 lost.push((*id, format!("worker {peer} was declared dead")));
             } else if deadline.is_some_and(|d| sent.elapsed() > d) {
-                lost.push((*id, format!("no answer from {peer} in {:.1} s", sent.elapsed().as_secs_f64())));
+                lost.push((
+                    *id,
+                    format!(
+                        "no answer from {peer} in {:.1} s",
+                        sent.elapsed().as_secs_f64()
+                    ),
+                ));
             }
         }
         for (id, why) in lost {
-            let Some(a) = self.attempts.get_mut(&id) else { continue };
+            let Some(a) = self.attempts.get_mut(&id) else {
+                continue;
+            };
             a.abandoned = true;
             self.active -= 1;
             let index = a.index;
@@ -703,7 +826,6 @@ impl<'a, T: Submitter> MapRun<'a, T> {
             memreq: self.memreq(usize::MAX),
         }
     }
-
 
     fn finish(mut self) -> MapSummary {
         self.estimator.refit();

@@ -52,8 +52,9 @@ impl MapItem {
     /// else as a string.
     pub fn to_json(&self) -> serde_json::Value {
         let r = &self.result;
-        let stdout = serde_json::from_slice(&r.stdout)
-            .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&r.stdout).into_owned()));
+        let stdout = serde_json::from_slice(&r.stdout).unwrap_or_else(|_| {
+            serde_json::Value::String(String::from_utf8_lossy(&r.stdout).into_owned())
+        });
         let line = ItemLine {
             index: self.index,
             exit_code: r.outcome.exit_code(),
@@ -75,7 +76,12 @@ impl MapItem {
     /// One line saying why this input failed, naming it.
     pub fn failure_message(&self) -> String {
         let r = &self.result;
-        let mut msg = format!("input {} (line {}) failed: {}", self.index, self.index + 1, r.outcome);
+        let mut msg = format!(
+            "input {} (line {}) failed: {}",
+            self.index,
+            self.index + 1,
+            r.outcome
+        );
         let stderr = String::from_utf8_lossy(&r.stderr);
         if let Some(last) = stderr.lines().rev().find(|l| !l.trim().is_empty()) {
             msg.push_str(&format!(": {}", last.trim()));
@@ -191,27 +197,53 @@ impl fmt::Display for MapSummary {
             self.elapsed.as_secs_f64(),
             self.jobs as f64 / self.elapsed.as_secs_f64().max(1e-9),
         )?;
-        writeln!(f, "cpu {:.2} s · speed-up {:.2}×", self.cpu_time.as_secs_f64(), self.speedup())?;
-        write!(f, "peak memory max {} · mean {}", Bytes(self.peak_max), Bytes(self.peak_mean))?;
+        writeln!(
+            f,
+            "cpu {:.2} s · speed-up {:.2}×",
+            self.cpu_time.as_secs_f64(),
+            self.speedup()
+        )?;
+        write!(
+            f,
+            "peak memory max {} · mean {}",
+            Bytes(self.peak_max),
+            Bytes(self.peak_mean)
+        )?;
         match self.learned_memreq {
             Some(m) => writeln!(
                 f,
                 " · memreq learned {}{}",
                 Bytes(m),
-                if self.started_from_saved { " (started from the saved estimate)" } else { "" }
+                if self.started_from_saved {
+                    " (started from the saved estimate)"
+                } else {
+                    ""
+                }
             )?,
             None => writeln!(f)?,
         }
         if let Some(model) = &self.learned_model {
             writeln!(f, "memory learned: {}", model.describe())?;
         }
-        let peers: Vec<String> = self.per_peer.iter().map(|(p, n)| format!("{p} {n}")).collect();
+        let peers: Vec<String> = self
+            .per_peer
+            .iter()
+            .map(|(p, n)| format!("{p} {n}"))
+            .collect();
         write!(f, "jobs per peer: {}", peers.join(" · "))?;
         if self.late_answers > 0 {
-            write!(f, "\n{} late answers of resubmitted jobs were dropped (each input has one result)", self.late_answers)?;
+            write!(
+                f,
+                "\n{} late answers of resubmitted jobs were dropped (each input has one result)",
+                self.late_answers
+            )?;
         }
         if self.warned > 0 {
-            write!(f, "\n{} results carried a warning (see their \"warnings\")", self.warned)?;
+            write!(
+                f,
+                "\n{} results carried a warning (see their \"warnings\")",
+                self.warned
+            )?;
         }
         for w in &self.warnings {
             write!(f, "\nwarning: {w}")?;

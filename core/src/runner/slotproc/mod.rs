@@ -25,11 +25,11 @@
 
 pub mod wire;
 
+use parking_lot::Mutex;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -38,7 +38,7 @@ use tokio::process::{Child, ChildStdin, ChildStdout};
 use crate::proto::frame::{FrameReader, encode_frame};
 use crate::proto::{CacheSource, CancelCause, JobResult, ModuleHash, Outcome, StdStream};
 use crate::sandbox::RunSpec;
-use crate::sandbox::{SandboxConfig, OutputCapture, RunHooks, Sandbox, files::ScratchPool};
+use crate::sandbox::{OutputCapture, RunHooks, Sandbox, SandboxConfig, files::ScratchPool};
 use wire::{FromSlot, STDIN_CREDIT, ToSlot};
 
 /// How long past a job's deadline (and the child's own grace), or a
@@ -144,7 +144,10 @@ impl SlotProcesses {
         SlotProcesses {
             program,
             setup: wire::child_sandbox(config, None),
-            scratch_root: config.scratch_root.clone().unwrap_or_else(std::env::temp_dir),
+            scratch_root: config
+                .scratch_root
+                .clone()
+                .unwrap_or_else(std::env::temp_dir),
             scratch: sandbox.scratch_pool(),
             idle: Mutex::new(Vec::new()),
             max_idle: config.slots.max(1),
@@ -158,9 +161,15 @@ impl SlotProcesses {
     /// it from a blocking thread. With no time limit on the compile: the
     /// operator asked for it.
     pub fn precompile(&self, hash: &ModuleHash, bytes: &[u8]) -> Result<CacheSource, String> {
-        let config = SandboxConfig { max_compile_time: None, ..self.setup.clone() };
+        let config = SandboxConfig {
+            max_compile_time: None,
+            ..self.setup.clone()
+        };
         let sandbox = Sandbox::new(config).map_err(|e| format!("{e:#}"))?;
-        sandbox.load(hash, bytes).map(|(_, source)| source).map_err(|outcome| outcome.to_string())
+        sandbox
+            .load(hash, bytes)
+            .map(|(_, source)| source)
+            .map_err(|outcome| outcome.to_string())
     }
 
     /// Jobs run in slot processes so far.
@@ -184,11 +193,19 @@ impl SlotProcesses {
         let (deadline, worker_limit) = sandbox.deadline(spec.limits.timeout_ms);
         let (mut child, mut reused) = match self.idle_or_new().await {
             Ok(got) => got,
-            Err(e) => return JobResult::host_failure(limit, &format!("cannot start a slot process: {e:#}")),
+            Err(e) => {
+                return JobResult::host_failure(
+                    limit,
+                    &format!("cannot start a slot process: {e:#}"),
+                );
+            }
         };
         let scratch = self.scratch.as_ref().map(|pool| {
             let took = pool.take_up_to(self.setup.max_scratch_bytes.unwrap_or(u64::MAX));
-            ScratchShare { pool: pool.clone(), bytes: took }
+            ScratchShare {
+                pool: pool.clone(),
+                bytes: took,
+            }
         });
         let [stdout, stderr] = captures(sandbox, &spec, &hooks);
         let run = ToSlot::Run {
@@ -199,7 +216,12 @@ impl SlotProcesses {
         // Encoded once: sent again as it is if a reused child dies first.
         let run = match encode_frame(&run) {
             Ok(frame) => frame,
-            Err(e) => return JobResult::host_failure(limit, &format!("cannot encode the job for its slot process: {e}")),
+            Err(e) => {
+                return JobResult::host_failure(
+                    limit,
+                    &format!("cannot encode the job for its slot process: {e}"),
+                );
+            }
         };
         let mut stdin = hooks.stdin.as_ref().and_then(|feed| feed.take());
         let (mut result, reusable) = loop {
@@ -219,12 +241,22 @@ impl SlotProcesses {
                 // job has not begun and nothing of its stdin was sent, so
                 // a fresh child runs it.
                 (_, Ended::Unstarted(back)) if reused => {
-                    tracing::debug!("an idle slot process ended before its job started; starting another");
+                    tracing::debug!(
+                        "an idle slot process ended before its job started; starting another"
+                    );
                     stdin = back;
                     reused = false;
                     child = match self.spawn().await {
                         Ok(c) => c,
-                        Err(e) => break (JobResult::host_failure(limit, &format!("cannot start a slot process: {e:#}")), false),
+                        Err(e) => {
+                            break (
+                                JobResult::host_failure(
+                                    limit,
+                                    &format!("cannot start a slot process: {e:#}"),
+                                ),
+                                false,
+                            );
+                        }
                     };
                 }
                 (result, ended) => break (result, matches!(ended, Ended::Reusable)),
@@ -247,7 +279,9 @@ impl SlotProcesses {
     /// replaced by a fresh one (in [`run`](Self::run)).
     async fn idle_or_new(&self) -> anyhow::Result<(SlotChild, bool)> {
         let idle = loop {
-            let Some(mut c) = self.idle.lock().pop() else { break None };
+            let Some(mut c) = self.idle.lock().pop() else {
+                break None;
+            };
             if matches!(c.process.try_wait(), Ok(None)) {
                 break Some(c);
             }
@@ -260,7 +294,9 @@ impl SlotProcesses {
 
     /// Starts a child and sends it its setup.
     async fn spawn(&self) -> anyhow::Result<SlotChild> {
-        let scratch = tempfile::Builder::new().prefix("peerwasm-slot-").tempdir_in(&self.scratch_root)?;
+        let scratch = tempfile::Builder::new()
+            .prefix("peerwasm-slot-")
+            .tempdir_in(&self.scratch_root)?;
         let mut command = tokio::process::Command::new(&self.program.exe);
         command
             .args(&self.program.args)
@@ -279,12 +315,24 @@ impl SlotProcesses {
                 Ok(())
             });
         }
-        let mut process = command.spawn().map_err(|e| anyhow::anyhow!("{}: {e}", self.program.exe.display()))?;
+        let mut process = command
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("{}: {e}", self.program.exe.display()))?;
         let (Some(to), Some(from)) = (process.stdin.take(), process.stdout.take()) else {
             anyhow::bail!("the slot process has no pipes");
         };
-        let mut child = SlotChild { process, to, from, frames: FrameReader::default(), buf: vec![0; READ_CHUNK].into(), _scratch: scratch };
-        let setup = SandboxConfig { scratch_root: Some(child._scratch.path().to_path_buf()), ..self.setup.clone() };
+        let mut child = SlotChild {
+            process,
+            to,
+            from,
+            frames: FrameReader::default(),
+            buf: vec![0; READ_CHUNK].into(),
+            _scratch: scratch,
+        };
+        let setup = SandboxConfig {
+            scratch_root: Some(child._scratch.path().to_path_buf()),
+            ..self.setup.clone()
+        };
         child.send(&ToSlot::Setup(setup)).await?;
         Ok(child)
     }
@@ -294,7 +342,8 @@ impl SlotProcesses {
 /// here as it comes): within the sandbox's caps, forwarded only if the
 /// hooks ask, published for readers while the job runs.
 fn captures(sandbox: &Sandbox, spec: &RunSpec, hooks: &RunHooks) -> [OutputCapture; 2] {
-    let [mut stdout, mut stderr] = sandbox.output_captures(spec, hooks.tee.clone(), hooks.output_budget.clone());
+    let [mut stdout, mut stderr] =
+        sandbox.output_captures(spec, hooks.tee.clone(), hooks.output_budget.clone());
     if hooks.forward_only {
         (stdout, stderr) = (stdout.forward_only(), stderr.forward_only());
     }
@@ -311,7 +360,10 @@ fn with_output(result: &mut JobResult, captures: [&OutputCapture; 2]) {
     result.stderr = captures[1].take();
     for capture in captures {
         if capture.starved() {
-            result.outcome = Outcome::OutputMemoryExhausted { stream: capture.stream(), held: capture.len() };
+            result.outcome = Outcome::OutputMemoryExhausted {
+                stream: capture.stream(),
+                held: capture.len(),
+            };
         }
     }
 }
@@ -403,7 +455,10 @@ impl Talk<'_> {
     async fn run(mut self, run: &[u8], mut stdin: Option<StdinReceiver>) -> (JobResult, Ended) {
         if let Err(e) = self.child.send_frame(run).await {
             let status = self.child.end().await;
-            let result = JobResult::host_failure(self.limit, &format!("the slot process did not take the job ({e}); it ended: {status}"));
+            let result = JobResult::host_failure(
+                self.limit,
+                &format!("the slot process did not take the job ({e}); it ended: {status}"),
+            );
             return (result, Ended::Unstarted(stdin));
         }
         let cancel = self.hooks.cancel.clone().unwrap_or_default();

@@ -34,7 +34,11 @@ pub enum ToSlot {
     /// parent took from the worker's total for it; `None`: no total). With
     /// `streamed_stdin`, its stdin comes in `Stdin` frames; without, it is
     /// `spec.stdin`.
-    Run { spec: RunSpec, scratch_bytes: Option<u64>, streamed_stdin: bool },
+    Run {
+        spec: RunSpec,
+        scratch_bytes: Option<u64>,
+        streamed_stdin: bool,
+    },
     /// The module's bytes, answering `NeedModule` (`None`: the worker has
     /// none, only a compiled form the child cannot use).
     Module(#[serde(with = "serde_bytes")] Option<Vec<u8>>),

@@ -24,20 +24,20 @@
 
 mod queue;
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
-use parking_lot::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use tokio::sync::oneshot;
 
-use queue::{Place, Queues, Waiter};
 use super::fairshare::{FairShare, JobUsage, PoolSize, Usage};
 use super::ledger::{Ledger, Reservation};
 use super::tenants::Tenant;
 use crate::proto::TenantUsage;
+use queue::{Place, Queues, Waiter};
 
 /// How often waiting jobs re-check host memory.
 pub const RECHECK: Duration = Duration::from_millis(250);
@@ -155,7 +155,10 @@ impl State {
     }
 
     fn running_of(&self, tenant: &str) -> u32 {
-        self.running.values().filter(|r| r.tenant.name == tenant).count() as u32
+        self.running
+            .values()
+            .filter(|r| r.tenant.name == tenant)
+            .count() as u32
     }
 }
 
@@ -201,12 +204,21 @@ impl Admission {
     /// Admission over `ledger`; starts the periodic re-check when called
     /// inside a Tokio runtime.
     pub fn new(ledger: Arc<Ledger>, config: AdmissionConfig) -> Arc<Admission> {
-        let pool = PoolSize { slots: config.slots as f64, capacity_gib: ledger.capacity() as f64 / (1u64 << 30) as f64 };
+        let pool = PoolSize {
+            slots: config.slots as f64,
+            capacity_gib: ledger.capacity() as f64 / (1u64 << 30) as f64,
+        };
         let fair = FairShare::new(config.half_life, pool);
         let admission = Arc::new(Admission {
             ledger,
             config,
-            state: Mutex::new(State { busy: 0, queue: Queues::default(), running: HashMap::new(), fair, next_id: 0 }),
+            state: Mutex::new(State {
+                busy: 0,
+                queue: Queues::default(),
+                running: HashMap::new(),
+                fair,
+                next_id: 0,
+            }),
         });
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let weak: Weak<Admission> = Arc::downgrade(&admission);
@@ -283,14 +295,19 @@ impl Admission {
     /// The largest job `tenant` may ever run here: [`largest_job`]
     /// (Self::largest_job), or the tenant's `max_job_memory` if less.
     pub fn largest_for(&self, tenant: &Tenant) -> u64 {
-        self.largest_job().min(tenant.max_job_memory.unwrap_or(u64::MAX))
+        self.largest_job()
+            .min(tenant.max_job_memory.unwrap_or(u64::MAX))
     }
 
     /// Waits for a slot and `memreq` bytes for `tenant`, or refuses. A
     /// cancelled wait leaves the queue. (The worker enqueues with what the
     /// job holds while it waits; the tests use this.)
     #[cfg(test)]
-    pub async fn admit(self: &Arc<Self>, tenant: &Arc<Tenant>, memreq: u64) -> Result<Ticket, NotAdmitted> {
+    pub async fn admit(
+        self: &Arc<Self>,
+        tenant: &Arc<Tenant>,
+        memreq: u64,
+    ) -> Result<Ticket, NotAdmitted> {
         self.enqueue(tenant, memreq, 0)?.ticket().await
     }
 
@@ -299,10 +316,18 @@ impl Admission {
     /// never fit, or it cannot start now and its tenant's queue is full (in
     /// jobs or in bytes). The job's place is given up when the returned
     /// [`Queued`] is dropped.
-    pub fn enqueue(self: &Arc<Self>, tenant: &Arc<Tenant>, memreq: u64, held: u64) -> Result<Queued, NotAdmitted> {
+    pub fn enqueue(
+        self: &Arc<Self>,
+        tenant: &Arc<Tenant>,
+        memreq: u64,
+        held: u64,
+    ) -> Result<Queued, NotAdmitted> {
         let largest = self.largest_for(tenant);
         if memreq > largest {
-            return Err(NotAdmitted::NeverFits { requested: memreq, largest });
+            return Err(NotAdmitted::NeverFits {
+                requested: memreq,
+                largest,
+            });
         }
         let (tx, rx) = oneshot::channel();
         let id = {
@@ -318,12 +343,24 @@ impl Admission {
             }
             st.next_id += 1;
             let id = st.next_id;
-            st.queue.push(Waiter { id, tenant: tenant.clone(), memreq, held, since: Instant::now(), tx });
+            st.queue.push(Waiter {
+                id,
+                tenant: tenant.clone(),
+                memreq,
+                held,
+                since: Instant::now(),
+                tx,
+            });
             tracing::trace!(tenant = %tenant.name, queued = st.queue.len(), "job queued");
             id
         };
         self.dispatch();
-        Ok(Queued { admission: self.clone(), id, rx, queued: true })
+        Ok(Queued {
+            admission: self.clone(),
+            id,
+            rx,
+            queued: true,
+        })
     }
 
     /// Starts as many waiting jobs as slots and memory allow, in fair-share
@@ -335,14 +372,28 @@ impl Admission {
             let mut st = self.lock();
             self.refuse_hopeless(&mut st, now);
             while st.busy < self.config.slots && !st.queue.is_empty() {
-                let Step::Start(pos, reservation) = self.pick(&st, now) else { break };
+                let Step::Start(pos, reservation) = self.pick(&st, now) else {
+                    break;
+                };
                 let w = st.queue.take(pos);
                 tracing::debug!(tenant = %w.tenant.name, queued = st.queue.len(), "starting a job");
                 st.busy += 1;
                 st.next_id += 1;
                 let id = st.next_id;
-                st.running.insert(id, Running { tenant: w.tenant.clone(), reserved: w.memreq, started: now });
-                let ticket = Ticket { admission: self.clone(), id, tenant: w.tenant, reservation: Some(reservation) };
+                st.running.insert(
+                    id,
+                    Running {
+                        tenant: w.tenant.clone(),
+                        reserved: w.memreq,
+                        started: now,
+                    },
+                );
+                let ticket = Ticket {
+                    admission: self.clone(),
+                    id,
+                    tenant: w.tenant,
+                    reservation: Some(reservation),
+                };
                 if let Err(Ok(ticket)) = w.tx.send(Ok(ticket)) {
                     unwanted.push(ticket); // its waiter went away
                 }
@@ -370,7 +421,10 @@ impl Admission {
         let ceiling = self.ledger.ceiling();
         for w in st.queue.take_hopeless(overdue, |w| w.memreq > ceiling) {
             tracing::info!(tenant = %w.tenant.name, memreq = w.memreq, ceiling, "refusing a job the host cannot hold");
-            let _ = w.tx.send(Err(NotAdmitted::NeverFits { requested: w.memreq, largest: ceiling }));
+            let _ = w.tx.send(Err(NotAdmitted::NeverFits {
+                requested: w.memreq,
+                largest: ceiling,
+            }));
         }
     }
 
@@ -383,7 +437,12 @@ impl Admission {
         if self.config.fair_share && tenants.len() > 1 {
             let running = st.running_usage(now);
             let share = |t: &Tenant| {
-                st.fair.share(&t.name, t.weight, running.get(&t.name).copied().unwrap_or_default(), now)
+                st.fair.share(
+                    &t.name,
+                    t.weight,
+                    running.get(&t.name).copied().unwrap_or_default(),
+                    now,
+                )
             };
             tenants.sort_by(|(_, a), (_, b)| share(a).total_cmp(&share(b)));
             tracing::trace!(shares = ?tenants.iter().map(|(_, t)| (t.name.as_str(), share(t))).collect::<Vec<_>>(), "ranked");
@@ -397,7 +456,12 @@ impl Admission {
         // The first overdue job, in fair-share order, has memory held: it
         // starts if it fits, and others only if they fit beside it. (A
         // tenant's oldest job is the first of its to be overdue.)
-        let held = tenants.iter().find_map(|&(t, _)| st.queue.waiting(t).next().filter(|(_, w)| self.overdue(w, now)));
+        let held = tenants.iter().find_map(|&(t, _)| {
+            st.queue
+                .waiting(t)
+                .next()
+                .filter(|(_, w)| self.overdue(w, now))
+        });
         let keep = match held {
             Some((i, w)) => match self.ledger.try_reserve(w.memreq) {
                 Some(r) => return Step::Start(i, r),
@@ -456,21 +520,45 @@ mod tests {
     /// A ledger of 100 MiB on a host with plenty free: memory is the
     /// ledger's, never the machine's.
     fn ledger() -> Arc<Ledger> {
-        Ledger::with_host(&LedgerConfig { memory: Some(100 * MIB), reserve: 0 }, Box::new(FakeMemory::new(8 << 30, 8 << 30)))
+        Ledger::with_host(
+            &LedgerConfig {
+                memory: Some(100 * MIB),
+                reserve: 0,
+            },
+            Box::new(FakeMemory::new(8 << 30, 8 << 30)),
+        )
     }
 
     fn admission(slots: u32, queue: u32) -> Arc<Admission> {
         let ledger = ledger();
-        Admission::new(ledger, AdmissionConfig { queue_per_tenant: queue, ..AdmissionConfig::new(slots) })
+        Admission::new(
+            ledger,
+            AdmissionConfig {
+                queue_per_tenant: queue,
+                ..AdmissionConfig::new(slots)
+            },
+        )
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_job_over_the_most_one_job_may_have_is_refused_before_it_waits() {
-        let adm = Admission::new(ledger(), AdmissionConfig { max_job_memory: 40 * MIB, ..AdmissionConfig::new(1) });
+        let adm = Admission::new(
+            ledger(),
+            AdmissionConfig {
+                max_job_memory: 40 * MIB,
+                ..AdmissionConfig::new(1)
+            },
+        );
         let t = Arc::new(Tenant::new("t"));
         assert_eq!(adm.largest_job(), 40 * MIB);
         assert_eq!(adm.largest_for(&t), 40 * MIB);
-        assert_eq!(adm.admit(&t, 50 * MIB).await.err(), Some(NotAdmitted::NeverFits { requested: 50 * MIB, largest: 40 * MIB }));
+        assert_eq!(
+            adm.admit(&t, 50 * MIB).await.err(),
+            Some(NotAdmitted::NeverFits {
+                requested: 50 * MIB,
+                largest: 40 * MIB
+            })
+        );
         assert_eq!(adm.counts(), (0, 0), "it neither waits nor runs");
         assert!(adm.admit(&t, 40 * MIB).await.is_ok());
     }
@@ -481,7 +569,10 @@ mod tests {
         let t = Arc::new(Tenant::new("t"));
         assert_eq!(
             adm.admit(&t, 200 * MIB).await.err(),
-            Some(NotAdmitted::NeverFits { requested: 200 * MIB, largest: 100 * MIB })
+            Some(NotAdmitted::NeverFits {
+                requested: 200 * MIB,
+                largest: 100 * MIB
+            })
         );
         let a = adm.admit(&t, 70 * MIB).await.unwrap();
         // 70 + 50 > 100: waits in the queue.
@@ -490,7 +581,11 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(adm.counts(), (1, 1));
         // A small job passes the waiting one: a slot is free and it fits.
-        drop(adm.admit(&t, 10 * MIB).await.expect("10 MiB fits beside 70"));
+        drop(
+            adm.admit(&t, 10 * MIB)
+                .await
+                .expect("10 MiB fits beside 70"),
+        );
         // Both slots taken, and the tenant's queue (1) is full.
         let b = adm.admit(&t, 10 * MIB).await.unwrap();
         assert_eq!(adm.admit(&t, 10 * MIB).await.err(), Some(NotAdmitted::Busy));
@@ -520,11 +615,15 @@ mod tests {
         let output = adm.ledger().hold(crate::worker::HoldKind::Output);
         assert!(output.try_grow(MIB, false) || output.try_grow(MIB, true));
         let (adm2, t2) = (adm.clone(), t.clone());
-        let waiting = tokio::spawn(async move { adm2.admit(&t2, 100 * MIB).await.map(|_| Instant::now()) });
+        let waiting =
+            tokio::spawn(async move { adm2.admit(&t2, 100 * MIB).await.map(|_| Instant::now()) });
         tokio::time::sleep(Duration::from_millis(10)).await;
         drop(running);
         tokio::time::sleep(Duration::from_millis(10)).await;
-        assert!(!waiting.is_finished(), "1 MiB of output is still held: 100 MiB does not fit");
+        assert!(
+            !waiting.is_finished(),
+            "1 MiB of output is still held: 100 MiB does not fit"
+        );
         let given_back = Instant::now();
         drop(output);
         let started = waiting.await.unwrap().unwrap();
@@ -538,7 +637,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_large_job_that_waited_too_long_has_memory_held_for_it() {
         let ledger = ledger();
-        let config = AdmissionConfig { hold_after: Duration::from_millis(100), ..AdmissionConfig::new(3) };
+        let config = AdmissionConfig {
+            hold_after: Duration::from_millis(100),
+            ..AdmissionConfig::new(3)
+        };
         let adm = Admission::new(ledger, config);
         let t = Arc::new(Tenant::new("t"));
         let running = adm.admit(&t, 60 * MIB).await.unwrap();
@@ -552,7 +654,10 @@ mod tests {
         let (adm3, t3) = (adm.clone(), t.clone());
         let small = tokio::spawn(async move { adm3.admit(&t3, 10 * MIB).await.map(|_| ()) });
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(!small.is_finished(), "the small job must wait behind the held memory");
+        assert!(
+            !small.is_finished(),
+            "the small job must wait behind the held memory"
+        );
         assert_eq!(adm.counts(), (1, 2));
         drop(running);
         large.await.unwrap().unwrap();
@@ -562,7 +667,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn queue_limits_hold_when_memory_is_the_bottleneck_and_count_bytes() {
         let ledger = ledger();
-        let config = AdmissionConfig { queue_per_tenant: 2, queue_bytes_per_tenant: 10 * MIB, ..AdmissionConfig::new(8) };
+        let config = AdmissionConfig {
+            queue_per_tenant: 2,
+            queue_bytes_per_tenant: 10 * MIB,
+            ..AdmissionConfig::new(8)
+        };
         let adm = Admission::new(ledger, config);
         let t = Arc::new(Tenant::new("t"));
         let big = adm.admit(&t, 90 * MIB).await.unwrap();
@@ -573,7 +682,10 @@ mod tests {
         drop((q1, q2));
         // Bytes: 6 + 6 MiB of inputs is over 10 MiB.
         let q = adm.enqueue(&t, 50 * MIB, 6 * MIB).unwrap();
-        assert_eq!(adm.enqueue(&t, 50 * MIB, 6 * MIB).err(), Some(NotAdmitted::Busy));
+        assert_eq!(
+            adm.enqueue(&t, 50 * MIB, 6 * MIB).err(),
+            Some(NotAdmitted::Busy)
+        );
         drop((q, big));
         // A job that starts at once needs no room in the queue.
         let _a = adm.enqueue(&t, 10 * MIB, 20 * MIB).expect("starts at once");
@@ -582,9 +694,15 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_hold_respects_slot_limits_and_lets_jobs_fit_beside_it() {
         let ledger = ledger();
-        let config = AdmissionConfig { hold_after: Duration::from_millis(50), ..AdmissionConfig::new(4) };
+        let config = AdmissionConfig {
+            hold_after: Duration::from_millis(50),
+            ..AdmissionConfig::new(4)
+        };
         let adm = Admission::new(ledger, config);
-        let capped = Arc::new(Tenant { max_slots: Some(1), ..Tenant::new("capped") });
+        let capped = Arc::new(Tenant {
+            max_slots: Some(1),
+            ..Tenant::new("capped")
+        });
         let other = Arc::new(Tenant::new("other"));
         // Capped runs 50 and waits past the bound with 60 more: it may not
         // start (its slot limit), so no memory is held for it...
@@ -592,11 +710,16 @@ mod tests {
         let waiting = adm.enqueue(&capped, 60 * MIB, 0).unwrap();
         tokio::time::sleep(Duration::from_millis(80)).await;
         let a = tokio::time::timeout(Duration::from_secs(1), adm.admit(&other, 40 * MIB)).await;
-        let a = a.expect("a job of another tenant waited behind a hold its own tenant's limit forbids").unwrap();
+        let a = a
+            .expect("a job of another tenant waited behind a hold its own tenant's limit forbids")
+            .unwrap();
         drop(a);
         // ...until it may: then it is held, and others start only beside it.
         drop(running);
-        let held = tokio::time::timeout(Duration::from_secs(1), waiting.ticket()).await.unwrap().unwrap();
+        let held = tokio::time::timeout(Duration::from_secs(1), waiting.ticket())
+            .await
+            .unwrap()
+            .unwrap();
         let beside = adm.admit(&other, 40 * MIB).await.expect("60 + 40 fit");
         drop((held, beside));
         let big = adm.admit(&other, 90 * MIB).await.unwrap();
@@ -605,7 +728,10 @@ mod tests {
         let (adm2, o) = (adm.clone(), other.clone());
         let small = tokio::spawn(async move { adm2.admit(&o, 10 * MIB).await.map(drop) });
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(!small.is_finished(), "10 fits now, but not beside the 30 held for the overdue job");
+        assert!(
+            !small.is_finished(),
+            "10 fits now, but not beside the 30 held for the overdue job"
+        );
         drop(big);
         overdue.ticket().await.unwrap();
         small.await.unwrap().unwrap();
@@ -616,14 +742,27 @@ mod tests {
         // An 8 GiB host with 2 GiB free: capacity is 8 GiB, but no job
         // over 2 GiB can start until the host's other users free memory.
         let host = FakeMemory::new(8 << 30, 2 << 30);
-        let ledger = Ledger::with_host(&LedgerConfig { memory: None, reserve: 0 }, Box::new(host));
+        let ledger = Ledger::with_host(
+            &LedgerConfig {
+                memory: None,
+                reserve: 0,
+            },
+            Box::new(host),
+        );
         let (capacity, ceiling) = (ledger.capacity(), ledger.ceiling());
         assert_eq!((capacity, ceiling), (8 << 30, 2 << 30));
-        let config = AdmissionConfig { hold_after: Duration::from_millis(50), ..AdmissionConfig::new(2) };
+        let config = AdmissionConfig {
+            hold_after: Duration::from_millis(50),
+            ..AdmissionConfig::new(2)
+        };
         let adm = Admission::new(ledger, config);
         let t = Arc::new(Tenant::new("t"));
-        let hopeless = adm.enqueue(&t, capacity, 0).expect("no larger than the capacity: queued");
-        let refused = tokio::time::timeout(Duration::from_secs(2), hopeless.ticket()).await.unwrap();
+        let hopeless = adm
+            .enqueue(&t, capacity, 0)
+            .expect("no larger than the capacity: queued");
+        let refused = tokio::time::timeout(Duration::from_secs(2), hopeless.ticket())
+            .await
+            .unwrap();
         match refused {
             Err(NotAdmitted::NeverFits { largest, .. }) => assert_eq!(largest, ceiling),
             Err(e) => panic!("refused for the wrong reason: {e:?}"),
@@ -636,7 +775,10 @@ mod tests {
     async fn the_tenant_with_less_usage_goes_first_and_limits_hold() {
         let adm = admission(1, 4);
         let heavy = Arc::new(Tenant::new("heavy"));
-        let light = Arc::new(Tenant { max_slots: Some(1), ..Tenant::new("light") });
+        let light = Arc::new(Tenant {
+            max_slots: Some(1),
+            ..Tenant::new("light")
+        });
         // Heavy has used the slot for a while.
         let first = adm.admit(&heavy, 10 * MIB).await.unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -659,7 +801,10 @@ mod tests {
         // Light (no usage) runs both its jobs before heavy's queued ones.
         assert_eq!(*order.lock(), ["light", "light", "heavy", "heavy"]);
         let report = adm.tenant_report();
-        assert_eq!(report.iter().map(|r| r.tenant.as_str()).collect::<Vec<_>>(), ["heavy", "light"]);
+        assert_eq!(
+            report.iter().map(|r| r.tenant.as_str()).collect::<Vec<_>>(),
+            ["heavy", "light"]
+        );
         assert!(report[0].slot_seconds > report[1].slot_seconds);
     }
 }

@@ -60,7 +60,10 @@ pub(super) struct Queues<A> {
 
 impl<A> Default for Queues<A> {
     fn default() -> Self {
-        Queues { tenants: Vec::new(), len: 0 }
+        Queues {
+            tenants: Vec::new(),
+            len: 0,
+        }
     }
 }
 
@@ -76,21 +79,32 @@ impl<A> Queues<A> {
 
     /// (jobs, bytes held) waiting for the tenant called `name`.
     pub fn of_tenant(&self, name: &str) -> (u32, u64) {
-        self.find(name).map_or((0, 0), |q| (q.jobs.len() as u32, q.held))
+        self.find(name)
+            .map_or((0, 0), |q| (q.jobs.len() as u32, q.held))
     }
 
     /// Jobs waiting per tenant, in order of each tenant's oldest job.
     pub fn by_tenant(&self) -> Vec<(String, u32)> {
-        self.tenants().map(|(i, t)| (t.name.clone(), self.tenants[i].jobs.len() as u32)).collect()
+        self.tenants()
+            .map(|(i, t)| (t.name.clone(), self.tenants[i].jobs.len() as u32))
+            .collect()
     }
 
     /// Queues `w` behind its tenant's other jobs (its id must be larger
     /// than theirs).
     pub fn push(&mut self, w: Waiter<A>) {
-        let at = match self.tenants.iter().position(|q| q.tenant.name == w.tenant.name) {
+        let at = match self
+            .tenants
+            .iter()
+            .position(|q| q.tenant.name == w.tenant.name)
+        {
             Some(at) => at,
             None => {
-                self.tenants.push(TenantQueue { tenant: w.tenant.clone(), jobs: VecDeque::new(), held: 0 });
+                self.tenants.push(TenantQueue {
+                    tenant: w.tenant.clone(),
+                    jobs: VecDeque::new(),
+                    held: 0,
+                });
                 self.tenants.len() - 1
             }
         };
@@ -116,7 +130,11 @@ impl<A> Queues<A> {
 
     /// A tenant's waiting jobs, oldest first, with their places.
     pub fn waiting(&self, tenant: usize) -> impl Iterator<Item = (Place, &Waiter<A>)> {
-        self.tenants[tenant].jobs.iter().enumerate().map(move |(pos, w)| (Place { tenant, pos }, w))
+        self.tenants[tenant]
+            .jobs
+            .iter()
+            .enumerate()
+            .map(move |(pos, w)| (Place { tenant, pos }, w))
     }
 
     /// Takes the job at `place` out of its queue.
@@ -143,7 +161,11 @@ impl<A> Queues<A> {
     /// Takes out the jobs among each tenant's oldest, `overdue` ones for
     /// which `hopeless` holds. `overdue` must hold for a prefix of each
     /// tenant's queue (it is a bound on the time waited).
-    pub fn take_hopeless(&mut self, overdue: impl Fn(&Waiter<A>) -> bool, hopeless: impl Fn(&Waiter<A>) -> bool) -> Vec<Waiter<A>> {
+    pub fn take_hopeless(
+        &mut self,
+        overdue: impl Fn(&Waiter<A>) -> bool,
+        hopeless: impl Fn(&Waiter<A>) -> bool,
+    ) -> Vec<Waiter<A>> {
         let mut out = Vec::new();
         let mut tenant = self.tenants.len();
         while tenant > 0 {
@@ -181,7 +203,14 @@ mod tests {
 
     fn waiter(id: u64, tenant: &Arc<Tenant>, held: u64) -> Waiter<()> {
         let (tx, _) = oneshot::channel();
-        Waiter { id, tenant: tenant.clone(), memreq: id, held, since: Instant::now(), tx }
+        Waiter {
+            id,
+            tenant: tenant.clone(),
+            memreq: id,
+            held,
+            since: Instant::now(),
+            tx,
+        }
     }
 
     #[test]
@@ -191,13 +220,26 @@ mod tests {
         for (id, t) in [(1, &a), (2, &b), (3, &a), (4, &b), (5, &a)] {
             q.push(waiter(id, t, 10 * id));
         }
-        assert_eq!((q.len(), q.of_tenant("a"), q.of_tenant("b"), q.of_tenant("c")), (5, (3, 90), (2, 60), (0, 0)));
+        assert_eq!(
+            (
+                q.len(),
+                q.of_tenant("a"),
+                q.of_tenant("b"),
+                q.of_tenant("c")
+            ),
+            (5, (3, 90), (2, 60), (0, 0))
+        );
         assert_eq!(q.by_tenant(), [("a".to_string(), 3), ("b".to_string(), 2)]);
         // Taking a's oldest makes b's job 2 the oldest of all.
         let (ta, _) = q.tenants().next().unwrap();
         let (place, _) = q.waiting(ta).next().unwrap();
         assert_eq!(q.take(place).id, 1);
-        assert_eq!(q.tenants().map(|(_, t)| t.name.as_str()).collect::<Vec<_>>(), ["b", "a"]);
+        assert_eq!(
+            q.tenants()
+                .map(|(_, t)| t.name.as_str())
+                .collect::<Vec<_>>(),
+            ["b", "a"]
+        );
         // Abandoned jobs leave by id; unknown ids change nothing.
         assert_eq!(q.remove(4).map(|w| w.id), Some(4));
         assert!(q.remove(4).is_none());
@@ -210,9 +252,21 @@ mod tests {
 
     #[test]
     fn hopeless_jobs_are_taken_from_the_overdue_prefix_only() {
-        let (a, b, c) = (Arc::new(Tenant::new("a")), Arc::new(Tenant::new("b")), Arc::new(Tenant::new("c")));
+        let (a, b, c) = (
+            Arc::new(Tenant::new("a")),
+            Arc::new(Tenant::new("b")),
+            Arc::new(Tenant::new("c")),
+        );
         let mut q = Queues::default();
-        for (id, t) in [(0, &c), (1, &a), (2, &b), (3, &a), (4, &a), (5, &b), (6, &a)] {
+        for (id, t) in [
+            (0, &c),
+            (1, &a),
+            (2, &b),
+            (3, &a),
+            (4, &a),
+            (5, &b),
+            (6, &a),
+        ] {
             q.push(waiter(id, t, 0));
         }
         // Overdue: ids up to 4. Hopeless: even ids (memreq is the id here).

@@ -73,7 +73,10 @@ pub struct Share {
 impl Share {
     /// A share of at most `cap` bytes.
     pub fn new(cap: u64) -> Arc<Share> {
-        Arc::new(Share { used: AtomicU64::new(0), cap })
+        Arc::new(Share {
+            used: AtomicU64::new(0),
+            cap,
+        })
     }
 
     /// The bytes held against it now.
@@ -89,13 +92,18 @@ impl Share {
     fn take(&self, bytes: u64, force: bool) -> bool {
         self.used
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
-                (force || now.saturating_add(bytes) <= self.cap).then_some(now.saturating_add(bytes))
+                (force || now.saturating_add(bytes) <= self.cap)
+                    .then_some(now.saturating_add(bytes))
             })
             .is_ok()
     }
 
     fn give_back(&self, bytes: u64) {
-        let _ = self.used.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| Some(now.saturating_sub(bytes)));
+        let _ = self
+            .used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
+                Some(now.saturating_sub(bytes))
+            });
     }
 }
 
@@ -108,7 +116,10 @@ pub struct Shares {
 impl Shares {
     /// Shares of `cap` bytes each.
     pub fn new(cap: u64) -> Shares {
-        Shares { cap, by: Default::default() }
+        Shares {
+            cap,
+            by: Default::default(),
+        }
     }
 
     /// `party`'s share.
@@ -127,7 +138,12 @@ impl Shares {
 impl Hold {
     /// A hold of nothing yet, charged to `account`.
     pub(super) fn new(account: Arc<dyn Account>, kind: HoldKind) -> Hold {
-        Hold { account, kind, bytes: AtomicU64::new(0), share: None }
+        Hold {
+            account,
+            kind,
+            bytes: AtomicU64::new(0),
+            share: None,
+        }
     }
 
     /// This hold, counted against `share` too: past its cap it grows no
@@ -171,10 +187,12 @@ impl Hold {
     /// Gives back `amount(held now)` (at most all of it).
     fn give_back(&self, amount: impl Fn(u64) -> u64) {
         let mut given = 0;
-        let _ = self.bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
-            given = amount(now).min(now);
-            Some(now - given)
-        });
+        let _ = self
+            .bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
+                given = amount(now).min(now);
+                Some(now - given)
+            });
         if given > 0 {
             self.account.give_back(self.kind, given);
             if let Some(share) = &self.share {

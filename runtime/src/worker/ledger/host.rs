@@ -42,14 +42,25 @@ pub struct SystemMemory {
 impl SystemMemory {
     /// Reads the machine's memory once.
     pub fn new() -> anyhow::Result<SystemMemory> {
-        let mut system = System::new().map_err(|e| anyhow::anyhow!("cannot read the host's memory: {e:?}"))?;
+        let mut system =
+            System::new().map_err(|e| anyhow::anyhow!("cannot read the host's memory: {e:?}"))?;
         system.refresh_memory();
-        let cgroup = [crate::worker::cgroup::memory_limit(), system.cgroup_limits().map(|c| c.total_memory).filter(|&t| t > 0)]
-            .into_iter()
-            .flatten()
-            .min();
+        let cgroup = [
+            crate::worker::cgroup::memory_limit(),
+            system
+                .cgroup_limits()
+                .map(|c| c.total_memory)
+                .filter(|&t| t > 0),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         let (physical, available) = (system.total_memory(), system.available_memory());
-        Ok(SystemMemory { physical, cgroup, now: Mutex::new((system, Instant::now(), available)) })
+        Ok(SystemMemory {
+            physical,
+            cgroup,
+            now: Mutex::new((system, Instant::now(), available)),
+        })
     }
 }
 
@@ -85,7 +96,10 @@ pub(crate) struct FakeMemory {
 impl FakeMemory {
     /// A host of `physical` bytes with `available` of them free.
     pub fn new(physical: u64, available: u64) -> Arc<FakeMemory> {
-        Arc::new(FakeMemory { physical, available: AtomicU64::new(available) })
+        Arc::new(FakeMemory {
+            physical,
+            available: AtomicU64::new(available),
+        })
     }
 }
 

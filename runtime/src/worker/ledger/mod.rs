@@ -31,14 +31,14 @@
 mod hold;
 mod host;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use parking_lot::Mutex;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use super::hostledger::Others;
+pub use hold::{Hold, HoldKind, Shares};
 #[cfg(test)]
 pub(crate) use host::FakeMemory;
-pub use hold::{Hold, HoldKind, Shares};
 pub use host::{HostMemory, SystemMemory};
 
 /// Memory always left to the host and its users by default (`--reserve`).
@@ -56,7 +56,10 @@ pub struct LedgerConfig {
 
 impl Default for LedgerConfig {
     fn default() -> Self {
-        LedgerConfig { memory: None, reserve: DEFAULT_RESERVE }
+        LedgerConfig {
+            memory: None,
+            reserve: DEFAULT_RESERVE,
+        }
     }
 }
 
@@ -131,7 +134,10 @@ struct State {
 impl hold::Account for Ledger {
     fn take(&self, kind: HoldKind, bytes: u64, force: bool) -> bool {
         let mut st = self.lock();
-        let free = self.capacity.saturating_sub(st.reserved).saturating_sub(st.held);
+        let free = self
+            .capacity
+            .saturating_sub(st.reserved)
+            .saturating_sub(st.held);
         if !force && bytes > free {
             return false;
         }
@@ -171,7 +177,6 @@ impl Reservation {
     }
 }
 
-
 impl Drop for Reservation {
     fn drop(&mut self) {
         {
@@ -195,16 +200,31 @@ impl Ledger {
     /// A ledger over `host`'s memory (a fake one in tests).
     pub fn with_host(config: &LedgerConfig, host: Box<dyn HostMemory>) -> Arc<Ledger> {
         let (physical, cgroup) = (host.physical(), host.cgroup_limit());
-        let capacity = [config.memory, cgroup, Some(physical.saturating_sub(config.reserve))]
-            .into_iter()
-            .flatten()
-            .min()
-            .unwrap_or(0);
+        let capacity = [
+            config.memory,
+            cgroup,
+            Some(physical.saturating_sub(config.reserve)),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(0);
         Arc::new(Ledger {
             capacity,
-            sizing: Sizing { requested: config.memory, cgroup, physical },
+            sizing: Sizing {
+                requested: config.memory,
+                cgroup,
+                physical,
+            },
             reserve: config.reserve,
-            state: Mutex::new(State { reserved: 0, held: 0, held_by: [0; HoldKind::ALL.len()], high_water: 0, jobs: Vec::new(), next_id: 0 }),
+            state: Mutex::new(State {
+                reserved: 0,
+                held: 0,
+                held_by: [0; HoldKind::ALL.len()],
+                high_water: 0,
+                jobs: Vec::new(),
+                next_id: 0,
+            }),
             host,
             shared: std::sync::OnceLock::new(),
             freed: tokio::sync::Notify::new(),
@@ -217,7 +237,12 @@ impl Ledger {
     pub fn join_host(&self, host: super::hostledger::HostLedger, addr: &str) {
         let cgroup = self.sizing.cgroup.unwrap_or(u64::MAX);
         let domain_limit = cgroup.min(self.sizing.physical.saturating_sub(self.reserve));
-        let shared = Shared { host, addr: addr.to_string(), domain_limit, last: Mutex::new(Others::default()) };
+        let shared = Shared {
+            host,
+            addr: addr.to_string(),
+            domain_limit,
+            last: Mutex::new(Others::default()),
+        };
         if self.shared.set(shared).is_ok() {
             self.publish();
         }
@@ -238,14 +263,19 @@ impl Ledger {
     /// The other workers of the host, as last read (none without a host
     /// ledger).
     pub fn others(&self) -> Others {
-        self.shared.get().map(|s| *s.last.lock()).unwrap_or_default()
+        self.shared
+            .get()
+            .map(|s| *s.last.lock())
+            .unwrap_or_default()
     }
 
     /// Writes this worker's figures to the host's ledger and reads the
     /// others'. Called after each reservation ends and periodically (its
     /// jobs touch their memory as they run).
     pub fn publish(&self) {
-        let Some(shared) = self.shared.get() else { return };
+        let Some(shared) = self.shared.get() else {
+            return;
+        };
         let done = shared.host.transact(&shared.addr, |others| {
             *shared.last.lock() = others;
             ((), Some(self.published(&self.lock())))
@@ -262,7 +292,10 @@ impl Ledger {
     }
 
     fn untouched(st: &State) -> u64 {
-        st.jobs.iter().map(|(_, res, used)| res.saturating_sub(used.load(Ordering::Relaxed))).sum()
+        st.jobs
+            .iter()
+            .map(|(_, res, used)| res.saturating_sub(used.load(Ordering::Relaxed)))
+            .sum()
     }
 
     /// The most jobs may ever hold here: the largest job this worker can take.
@@ -295,10 +328,18 @@ impl Ledger {
     /// its limit.
     fn offer_locked(&self, st: &State, host_available: u64, others: Others) -> u64 {
         let untouched = Self::untouched(st).saturating_add(others.untouched);
-        let by_capacity = self.capacity.saturating_sub(st.reserved).saturating_sub(st.held);
-        let by_host = host_available.saturating_sub(untouched).saturating_sub(self.reserve);
+        let by_capacity = self
+            .capacity
+            .saturating_sub(st.reserved)
+            .saturating_sub(st.held);
+        let by_host = host_available
+            .saturating_sub(untouched)
+            .saturating_sub(self.reserve);
         let by_domain = match self.shared.get() {
-            Some(s) => s.domain_limit.saturating_sub(st.reserved + st.held).saturating_sub(others.taken_in_domain),
+            Some(s) => s
+                .domain_limit
+                .saturating_sub(st.reserved + st.held)
+                .saturating_sub(others.taken_in_domain),
             None => u64::MAX,
         };
         by_capacity.min(by_host).min(by_domain)
@@ -318,8 +359,16 @@ impl Ledger {
     pub fn ceiling(&self) -> u64 {
         let available = self.host_available();
         let st = self.lock();
-        let in_use: u64 = st.jobs.iter().map(|(_, _, used)| used.load(Ordering::Relaxed)).sum();
-        self.capacity.min(available.saturating_add(in_use).saturating_sub(self.reserve))
+        let in_use: u64 = st
+            .jobs
+            .iter()
+            .map(|(_, _, used)| used.load(Ordering::Relaxed))
+            .sum();
+        self.capacity.min(
+            available
+                .saturating_add(in_use)
+                .saturating_sub(self.reserve),
+        )
     }
 
     /// A hold of nothing yet, for what `kind` says.
@@ -337,7 +386,13 @@ impl Ledger {
     pub fn try_reserve_beside(self: &Arc<Self>, bytes: u64, keep: u64) -> Option<Reservation> {
         let available = self.host_available();
         let Some(shared) = self.shared.get() else {
-            return self.reserve_locked(&mut self.lock(), bytes, keep, available, Others::default());
+            return self.reserve_locked(
+                &mut self.lock(),
+                bytes,
+                keep,
+                available,
+                Others::default(),
+            );
         };
         // Decided under the host ledger's lock, the others read afresh,
         // and this worker's record written in the same breath: two
@@ -358,7 +413,14 @@ impl Ledger {
         }
     }
 
-    fn reserve_locked(self: &Arc<Self>, st: &mut State, bytes: u64, keep: u64, available: u64, others: Others) -> Option<Reservation> {
+    fn reserve_locked(
+        self: &Arc<Self>,
+        st: &mut State,
+        bytes: u64,
+        keep: u64,
+        available: u64,
+        others: Others,
+    ) -> Option<Reservation> {
         if bytes.saturating_add(keep) > self.offer_locked(st, available, others) {
             return None;
         }
@@ -369,7 +431,12 @@ impl Ledger {
         st.next_id += 1;
         let meter = Arc::new(AtomicU64::new(0));
         st.jobs.push((id, bytes, meter.clone()));
-        Some(Reservation { ledger: self.clone(), id, bytes, meter })
+        Some(Reservation {
+            ledger: self.clone(),
+            id,
+            bytes,
+            meter,
+        })
     }
 
     /// The figures now.
@@ -382,7 +449,11 @@ impl Ledger {
             held: st.held,
             held_by: st.held_by,
             reserved_high_water: st.high_water,
-            used: st.jobs.iter().map(|(_, _, u)| u.load(Ordering::Relaxed)).sum(),
+            used: st
+                .jobs
+                .iter()
+                .map(|(_, _, u)| u.load(Ordering::Relaxed))
+                .sum(),
             host_available: available,
             offer: self.offer_locked(&st, available, self.others()),
         }
@@ -398,9 +469,17 @@ mod tests {
 
     /// A ledger of `memory` (and `reserve`) on a host of `physical` bytes
     /// with `available` free.
-    fn ledger(memory: Option<u64>, reserve: u64, physical: u64, available: u64) -> (Arc<Ledger>, Arc<FakeMemory>) {
+    fn ledger(
+        memory: Option<u64>,
+        reserve: u64,
+        physical: u64,
+        available: u64,
+    ) -> (Arc<Ledger>, Arc<FakeMemory>) {
         let host = FakeMemory::new(physical, available);
-        (Ledger::with_host(&LedgerConfig { memory, reserve }, Box::new(host.clone())), host)
+        (
+            Ledger::with_host(&LedgerConfig { memory, reserve }, Box::new(host.clone())),
+            host,
+        )
     }
 
     /// Two workers of one host, each lending 2900 MiB of a 3 GiB host:
@@ -413,12 +492,19 @@ mod tests {
         let path = dir.path().join("ledger");
         let worker = |name: &str| {
             let (l, _) = ledger(Some(2900 * MIB), 0, 3 * GIB, 3 * GIB);
-            l.join_host(crate::worker::hostledger::HostLedger::open(&path, "host".into(), u64::MAX).unwrap(), name);
+            l.join_host(
+                crate::worker::hostledger::HostLedger::open(&path, "host".into(), u64::MAX)
+                    .unwrap(),
+                name,
+            );
             l
         };
         let (a, b) = (worker("a"), worker("b"));
         let first = a.try_reserve(2 * GIB).expect("the host is free");
-        assert!(b.try_reserve(2 * GIB).is_none(), "2 + 2 GiB on a 3 GiB host");
+        assert!(
+            b.try_reserve(2 * GIB).is_none(),
+            "2 + 2 GiB on a 3 GiB host"
+        );
         b.publish();
         assert_eq!(b.offer(), GIB, "b offers what the host has left");
         let small = b.try_reserve(GIB).expect("1 GiB fits beside");
@@ -453,7 +539,9 @@ mod tests {
         let (ledger, host) = ledger(None, 0, 8 * GIB, 4 * GIB);
         assert_eq!(ledger.capacity(), 8 * GIB);
         assert_eq!(ledger.offer(), 4 * GIB);
-        let r = ledger.try_reserve(2 * GIB).expect("half the free memory fits");
+        let r = ledger
+            .try_reserve(2 * GIB)
+            .expect("half the free memory fits");
         // The job has touched nothing yet: the whole reservation is taken.
         assert_eq!(ledger.offer(), 2 * GIB);
         // Once it holds its memory, the OS's own figure shows it; the
@@ -476,7 +564,11 @@ mod tests {
         assert_eq!(ledger.capacity(), 7 * GIB, "physical less the reserve");
         assert_eq!(ledger.offer(), 2 * GIB, "free less the reserve");
         assert_eq!(ledger.ceiling(), 2 * GIB);
-        assert_eq!(in_a_cgroup().capacity(), 3 * GIB, "the cgroup's limit is below --memory and physical");
+        assert_eq!(
+            in_a_cgroup().capacity(),
+            3 * GIB,
+            "the cgroup's limit is below --memory and physical"
+        );
     }
 
     /// A ledger (`--memory 10G --reserve 1G`) in a cgroup of 3 GiB on a
@@ -494,7 +586,13 @@ mod tests {
                 32 * GIB
             }
         }
-        Ledger::with_host(&LedgerConfig { memory: Some(10 * GIB), reserve: GIB }, Box::new(InCgroup))
+        Ledger::with_host(
+            &LedgerConfig {
+                memory: Some(10 * GIB),
+                reserve: GIB,
+            },
+            Box::new(InCgroup),
+        )
     }
 
     #[test]
@@ -505,7 +603,10 @@ mod tests {
         assert!(hold.try_grow(30 * MIB, false));
         assert_eq!(ledger.offer(), 10 * MIB, "100 - 60 reserved - 30 held");
         assert!(!hold.try_grow(20 * MIB, false), "only 10 MiB are free");
-        assert!(hold.try_grow(20 * MIB, true), "the allowance is taken regardless");
+        assert!(
+            hold.try_grow(20 * MIB, true),
+            "the allowance is taken regardless"
+        );
         assert_eq!(ledger.snapshot().held, 50 * MIB);
         assert_eq!(ledger.offer(), 0);
         hold.shrink_to(5 * MIB);
@@ -520,10 +621,21 @@ mod tests {
     #[test]
     fn holds_are_counted_by_kind_and_all_of_them_come_out_of_capacity() {
         let (ledger, _) = ledger(Some(100 * MIB), 0, 8 * GIB, 8 * GIB);
-        let (output, request, compile) = (ledger.hold(HoldKind::Output), ledger.hold(HoldKind::Request), ledger.hold(HoldKind::Compile));
-        assert!(output.try_grow(10 * MIB, false) && request.try_grow(20 * MIB, false) && compile.try_grow(30 * MIB, false));
+        let (output, request, compile) = (
+            ledger.hold(HoldKind::Output),
+            ledger.hold(HoldKind::Request),
+            ledger.hold(HoldKind::Compile),
+        );
+        assert!(
+            output.try_grow(10 * MIB, false)
+                && request.try_grow(20 * MIB, false)
+                && compile.try_grow(30 * MIB, false)
+        );
         let s = ledger.snapshot();
-        assert_eq!((s.held, s.held_by), (60 * MIB, [10 * MIB, 20 * MIB, 30 * MIB]));
+        assert_eq!(
+            (s.held, s.held_by),
+            (60 * MIB, [10 * MIB, 20 * MIB, 30 * MIB])
+        );
         assert_eq!(ledger.offer(), 40 * MIB);
         request.release(5 * MIB);
         output.shrink_to(MIB);
@@ -536,10 +648,17 @@ mod tests {
 
     #[test]
     fn on_this_machine_capacity_is_capped_by_physical_memory_less_the_reserve() {
-        let ledger = Ledger::new(&LedgerConfig { memory: None, reserve: DEFAULT_RESERVE }).unwrap();
+        let ledger = Ledger::new(&LedgerConfig {
+            memory: None,
+            reserve: DEFAULT_RESERVE,
+        })
+        .unwrap();
         let mut s = sysinfo::System::new().unwrap();
         s.refresh_memory();
         assert!(ledger.capacity() <= s.total_memory() - (1 << 30));
-        assert!(ledger.snapshot().host_available > 0, "the machine's free memory is read");
+        assert!(
+            ledger.snapshot().host_available > 0,
+            "the machine's free memory is read"
+        );
     }
 }

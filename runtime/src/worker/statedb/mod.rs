@@ -36,11 +36,10 @@ use parking_lot::Mutex;
 use rusqlite::Connection;
 use tokio::sync::{oneshot, watch};
 
+pub use open::DB_FILE;
 #[cfg(test)]
 use open::SCHEMA;
 use open::{lock_dir, open_checked, prepare_dir, private_file};
-pub use open::DB_FILE;
-
 
 /// The most writes committed in one transaction.
 const MAX_GROUP: usize = 4096;
@@ -93,7 +92,9 @@ impl StateDb {
     /// need not outlive it.
     pub fn temporary(parent: Option<&Path>) -> anyhow::Result<StateDb> {
         let temp = match parent {
-            Some(p) => tempfile::Builder::new().prefix("peerwasm-state-").tempdir_in(p),
+            Some(p) => tempfile::Builder::new()
+                .prefix("peerwasm-state-")
+                .tempdir_in(p),
             None => tempfile::Builder::new().prefix("peerwasm-state-").tempdir(),
         }
         .context("cannot make a temporary state dir")?;
@@ -112,8 +113,9 @@ impl StateDb {
         }
         private_file(&db_path, true)?;
         let conn = open_checked(&db_path)?;
-        let reader = Connection::open_with_flags(&db_path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .with_context(|| format!("cannot open {} for reading", db_path.display()))?;
+        let reader =
+            Connection::open_with_flags(&db_path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+                .with_context(|| format!("cannot open {} for reading", db_path.display()))?;
         let (tx, rx) = mpsc::channel();
         let (committed_tx, committed) = watch::channel(0);
         let writer = std::thread::Builder::new()
@@ -139,19 +141,26 @@ impl StateDb {
 
     /// Where a kept module's bytes are.
     pub fn module_path(&self, hash: &crate::proto::ModuleHash) -> PathBuf {
-        self.dir.join("modules").join(format!("{}.wasm", hash.to_hex()))
+        self.dir
+            .join("modules")
+            .join(format!("{}.wasm", hash.to_hex()))
     }
 
     /// Keeps a module's bytes so that they are there after a crash: a
     /// temporary file, synced, renamed, and its directory synced. Nothing
     /// if it is kept already. Blocking.
-    pub fn keep_module(&self, hash: &crate::proto::ModuleHash, bytes: &[u8]) -> std::io::Result<()> {
+    pub fn keep_module(
+        &self,
+        hash: &crate::proto::ModuleHash,
+        bytes: &[u8],
+    ) -> std::io::Result<()> {
         let path = self.module_path(hash);
         if path.exists() {
             return Ok(());
         }
         let dir = path.parent().expect("a module path has a parent");
-        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700).create(dir)?;
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+            .create(dir)?;
         let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
         std::io::Write::write_all(&mut tmp, bytes)?;
         tmp.as_file().sync_all()?;
@@ -165,9 +174,16 @@ impl StateDb {
     }
 
     /// Runs `f` in a transaction and returns once it is committed (synced).
-    pub async fn write(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<()> + Send + 'static) -> anyhow::Result<()> {
+    pub async fn write(
+        &self,
+        f: impl FnOnce(&Connection) -> rusqlite::Result<()> + Send + 'static,
+    ) -> anyhow::Result<()> {
         let (done, wait) = oneshot::channel();
-        if !self.send(Write { f: Box::new(f), done: Some(done), urgent: true }) {
+        if !self.send(Write {
+            f: Box::new(f),
+            done: Some(done),
+            urgent: true,
+        }) {
             bail!("the state database is closed");
         }
         self.writer_thread.unpark();
@@ -181,8 +197,15 @@ impl StateDb {
     /// Queues `f` to be committed with the next group, without waiting.
     /// Writes are committed in the order they are queued; a failure is
     /// logged.
-    pub fn write_later(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<()> + Send + 'static) {
-        if !self.send(Write { f: Box::new(f), done: None, urgent: false }) {
+    pub fn write_later(
+        &self,
+        f: impl FnOnce(&Connection) -> rusqlite::Result<()> + Send + 'static,
+    ) {
+        if !self.send(Write {
+            f: Box::new(f),
+            done: None,
+            urgent: false,
+        }) {
             tracing::warn!("a write to the closed state database was dropped");
         }
     }
@@ -190,10 +213,17 @@ impl StateDb {
     /// Like [`write_later`](Self::write_later) (committed with the next
     /// group, which waits for company), but the caller learns whether it
     /// was committed: for writes that must not be lost in silence.
-    pub fn write_soon(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<()> + Send + 'static) -> Committed {
+    pub fn write_soon(
+        &self,
+        f: impl FnOnce(&Connection) -> rusqlite::Result<()> + Send + 'static,
+    ) -> Committed {
         let (done, committed) = oneshot::channel();
         // A closed database drops `done`: the receiver says so.
-        self.send(Write { f: Box::new(f), done: Some(done), urgent: false });
+        self.send(Write {
+            f: Box::new(f),
+            done: Some(done),
+            urgent: false,
+        });
         committed
     }
 
@@ -219,7 +249,10 @@ impl StateDb {
     }
 
     /// [`read`](Self::read) on the calling thread, which it blocks.
-    pub fn read_blocking<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> anyhow::Result<T> {
+    pub fn read_blocking<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+    ) -> anyhow::Result<T> {
         let conn = self.reader.lock();
         f(&conn).context("reading the state database")
     }
@@ -341,22 +374,39 @@ mod tests {
             let db = StateDb::open(&path).unwrap();
             for i in 0..100 {
                 db.write_later(move |c| {
-                    c.execute("INSERT INTO inputs (submission, idx, data) VALUES ('s', ?1, x'00')", [i]).map(drop)
+                    c.execute(
+                        "INSERT INTO inputs (submission, idx, data) VALUES ('s', ?1, x'00')",
+                        [i],
+                    )
+                    .map(drop)
                 });
             }
             db.sync().await.unwrap();
-            let n: i64 = db.read(|c| c.query_row("SELECT count(*) FROM inputs", [], |r| r.get(0))).await.unwrap();
+            let n: i64 = db
+                .read(|c| c.query_row("SELECT count(*) FROM inputs", [], |r| r.get(0)))
+                .await
+                .unwrap();
             assert_eq!(n, 100);
             // A failing write does not take the others of its group along.
-            let bad = db.write(|c| c.execute("INSERT INTO nowhere VALUES (1)", []).map(drop)).await;
+            let bad = db
+                .write(|c| c.execute("INSERT INTO nowhere VALUES (1)", []).map(drop))
+                .await;
             assert!(bad.is_err());
-            db.write(|c| c.execute("INSERT INTO inputs VALUES ('s', 100, x'00')", []).map(drop)).await.unwrap();
+            db.write(|c| {
+                c.execute("INSERT INTO inputs VALUES ('s', 100, x'00')", [])
+                    .map(drop)
+            })
+            .await
+            .unwrap();
             // A second worker on the same dir is refused while it is open.
             let e = StateDb::open(&path).err().expect("locked").to_string();
             assert!(e.contains("in use by another peerwasm worker"), "{e}");
         }
         let db = StateDb::open(&path).unwrap();
-        let n: i64 = db.read(|c| c.query_row("SELECT count(*) FROM inputs", [], |r| r.get(0))).await.unwrap();
+        let n: i64 = db
+            .read(|c| c.query_row("SELECT count(*) FROM inputs", [], |r| r.get(0)))
+            .await
+            .unwrap();
         assert_eq!(n, 101);
     }
 
@@ -367,8 +417,18 @@ mod tests {
     async fn lazy_writes_are_grouped_and_never_left_behind() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state");
-        let count = |db: &StateDb| db.read_blocking(|c| c.query_row("SELECT count(*) FROM inputs", [], |r| r.get::<_, i64>(0))).unwrap();
-        let insert = |i: i64| move |c: &Connection| c.execute("INSERT INTO inputs VALUES ('s', ?1, x'00')", [i]).map(drop);
+        let count = |db: &StateDb| {
+            db.read_blocking(|c| {
+                c.query_row("SELECT count(*) FROM inputs", [], |r| r.get::<_, i64>(0))
+            })
+            .unwrap()
+        };
+        let insert = |i: i64| {
+            move |c: &Connection| {
+                c.execute("INSERT INTO inputs VALUES ('s', ?1, x'00')", [i])
+                    .map(drop)
+            }
+        };
         {
             let db = StateDb::open(&path).unwrap();
             let mut committed = db.committed();
@@ -376,7 +436,10 @@ mod tests {
             for i in 0..50 {
                 db.write_later(insert(i));
             }
-            tokio::time::timeout(Duration::from_secs(5), committed.changed()).await.expect("committed unasked").unwrap();
+            tokio::time::timeout(Duration::from_secs(5), committed.changed())
+                .await
+                .expect("committed unasked")
+                .unwrap();
             assert_eq!(count(&db), 50, "one group");
             assert_eq!(*committed.borrow(), before + 1);
             // A waited write behind lazy ones: all of them, now.
@@ -401,8 +464,14 @@ mod tests {
         let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o777;
         {
             let db = StateDb::open(&dir).unwrap();
-            db.write(|c| c.execute("INSERT INTO inputs VALUES ('s', 0, x'00')", []).map(drop)).await.unwrap();
-            db.keep_module(&crate::proto::ModuleHash::of(b"\0asm"), b"\0asm").unwrap();
+            db.write(|c| {
+                c.execute("INSERT INTO inputs VALUES ('s', 0, x'00')", [])
+                    .map(drop)
+            })
+            .await
+            .unwrap();
+            db.keep_module(&crate::proto::ModuleHash::of(b"\0asm"), b"\0asm")
+                .unwrap();
             assert_eq!(mode(&dir), 0o700);
             for f in ["state.db", "state.db-wal", "state.db-shm", "lock"] {
                 assert_eq!(mode(&dir.join(f)), 0o600, "{f}");
@@ -411,7 +480,8 @@ mod tests {
         }
         // Opened up by someone after the fact: private again at the next start.
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        std::fs::set_permissions(dir.join("state.db"), std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::fs::set_permissions(dir.join("state.db"), std::fs::Permissions::from_mode(0o644))
+            .unwrap();
         drop(StateDb::open(&dir).unwrap());
         assert_eq!((mode(&dir), mode(&dir.join("state.db"))), (0o700, 0o600));
         // Another user's dir (the tests run as root, as CI does: chown works).
@@ -420,8 +490,15 @@ mod tests {
             std::fs::create_dir(&theirs).unwrap();
             std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
             let e = StateDb::open(&theirs).err().unwrap().to_string();
-            assert!(e.contains("belongs to another user") && e.contains("65534"), "{e}");
-            assert_eq!(std::fs::metadata(&theirs).unwrap().uid(), 65534, "left as it was");
+            assert!(
+                e.contains("belongs to another user") && e.contains("65534"),
+                "{e}"
+            );
+            assert_eq!(
+                std::fs::metadata(&theirs).unwrap().uid(),
+                65534,
+                "left as it was"
+            );
             assert!(!theirs.join(DB_FILE).exists());
         }
     }
@@ -433,8 +510,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         {
             let c = Connection::open(dir.path().join(DB_FILE)).unwrap();
-            c.execute_batch(&format!("{SCHEMA} PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 1;")).unwrap();
-            c.execute("INSERT INTO detached VALUES ('j-1', 'alice', 'ab', x'00', x'01', 42)", []).unwrap();
+            c.execute_batch(&format!(
+                "{SCHEMA} PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 1;"
+            ))
+            .unwrap();
+            c.execute(
+                "INSERT INTO detached VALUES ('j-1', 'alice', 'ab', x'00', x'01', 42)",
+                [],
+            )
+            .unwrap();
         }
         let db = StateDb::open(dir.path()).unwrap();
         let (version, ended, uploaders): (i32, i64, i64) = db
@@ -458,18 +542,27 @@ mod tests {
         std::fs::create_dir(&home).unwrap();
         std::fs::write(home.join("thesis.tex"), "x").unwrap();
         let e = StateDb::open(&home).err().unwrap().to_string();
-        assert!(e.contains("not a peerwasm state dir") && e.contains("thesis.tex"), "{e}");
+        assert!(
+            e.contains("not a peerwasm state dir") && e.contains("thesis.tex"),
+            "{e}"
+        );
         assert!(!home.join(DB_FILE).exists());
         // Not SQLite at all.
         let junk = dir.path().join("junk");
         std::fs::create_dir(&junk).unwrap();
         std::fs::write(junk.join(DB_FILE), b"hello, world, this is not a database").unwrap();
         let e = StateDb::open(&junk).err().unwrap().to_string();
-        assert!(e.contains("not a SQLite database") && e.contains("nothing was deleted"), "{e}");
+        assert!(
+            e.contains("not a SQLite database") && e.contains("nothing was deleted"),
+            "{e}"
+        );
         // Another program's database.
         let other = dir.path().join("other");
         std::fs::create_dir(&other).unwrap();
-        Connection::open(other.join(DB_FILE)).unwrap().execute_batch("CREATE TABLE t (x)").unwrap();
+        Connection::open(other.join(DB_FILE))
+            .unwrap()
+            .execute_batch("CREATE TABLE t (x)")
+            .unwrap();
         let e = StateDb::open(&other).err().unwrap().to_string();
         assert!(e.contains("another program"), "{e}");
         assert!(other.join(DB_FILE).exists());

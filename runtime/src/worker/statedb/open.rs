@@ -119,7 +119,12 @@ pub(super) fn prepare_dir(dir: &Path, db_path: &Path) -> anyhow::Result<()> {
                 "--state-dir {} is not a peerwasm state dir: it holds other files ({}) and no {DB_FILE}. \
                  Give an empty or new directory; nothing was changed",
                 dir.display(),
-                foreign.iter().take(3).cloned().collect::<Vec<_>>().join(", ")
+                foreign
+                    .iter()
+                    .take(3)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
         }
     }
@@ -145,8 +150,10 @@ pub(super) fn private_file(path: &Path, create: bool) -> anyhow::Result<()> {
             .with_context(|| format!("cannot create {}", path.display()))?;
     }
     match std::fs::metadata(path) {
-        Ok(meta) if meta.permissions().mode() & 0o077 != 0 => std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-            .with_context(|| format!("cannot make {} private (0600)", path.display())),
+        Ok(meta) if meta.permissions().mode() & 0o077 != 0 => {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+                .with_context(|| format!("cannot make {} private (0600)", path.display()))
+        }
         _ => Ok(()),
     }
 }
@@ -187,28 +194,49 @@ pub(super) fn open_checked(db_path: &Path) -> anyhow::Result<Connection> {
         }
     }
     let conn = Connection::open(db_path).with_context(|| format!("cannot open {shown}"))?;
-    let broken = |e: rusqlite::Error| anyhow::anyhow!("{shown} cannot be read ({e}): it is damaged; {keep}");
-    let app: i32 = conn.pragma_query_value(None, "application_id", |r| r.get(0)).map_err(broken)?;
-    let version: i32 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(broken)?;
+    let broken =
+        |e: rusqlite::Error| anyhow::anyhow!("{shown} cannot be read ({e}): it is damaged; {keep}");
+    let app: i32 = conn
+        .pragma_query_value(None, "application_id", |r| r.get(0))
+        .map_err(broken)?;
+    let version: i32 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(broken)?;
     let tables: i64 = conn
         .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
         .map_err(broken)?;
     if app != APPLICATION_ID && (app != 0 || tables > 0) {
-        bail!("{shown} is a SQLite database of another program (application_id {app:#x}), not peerwasm's; {keep}");
+        bail!(
+            "{shown} is a SQLite database of another program (application_id {app:#x}), not peerwasm's; {keep}"
+        );
     }
     if app == APPLICATION_ID && version > SCHEMA_VERSION {
-        bail!("{shown} was written by a newer peerwasm (schema {version}; this one reads {SCHEMA_VERSION}); {keep}");
+        bail!(
+            "{shown} was written by a newer peerwasm (schema {version}; this one reads {SCHEMA_VERSION}); {keep}"
+        );
     }
     let check: Vec<String> = {
         let mut stmt = conn.prepare("PRAGMA quick_check").map_err(broken)?;
-        stmt.query_map([], |r| r.get(0)).map_err(broken)?.collect::<Result<_, _>>().map_err(broken)?
+        stmt.query_map([], |r| r.get(0))
+            .map_err(broken)?
+            .collect::<Result<_, _>>()
+            .map_err(broken)?
     };
     if check.first().map(String::as_str) != Some("ok") {
-        bail!("{shown} is damaged ({}); {keep}", check.into_iter().take(3).collect::<Vec<_>>().join("; "));
+        bail!(
+            "{shown} is damaged ({}); {keep}",
+            check.into_iter().take(3).collect::<Vec<_>>().join("; ")
+        );
     }
-    conn.pragma_update(None, "journal_mode", "WAL").map_err(broken)?;
-    conn.pragma_update(None, "synchronous", "FULL").map_err(broken)?;
-    let (from, create) = if app == 0 { (1, SCHEMA) } else { (version.max(1), "") };
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(broken)?;
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(broken)?;
+    let (from, create) = if app == 0 {
+        (1, SCHEMA)
+    } else {
+        (version.max(1), "")
+    };
     if app == 0 || from < SCHEMA_VERSION {
         let steps = MIGRATIONS[(from - 1) as usize..].join("\n");
         conn.execute_batch(&format!(
