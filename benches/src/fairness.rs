@@ -60,6 +60,7 @@ async fn experiment(unit_ms: u64, fair_share: bool) -> anyhow::Result<(Duration,
         ledger: LedgerConfig {
             memory: Some(1 << 30),
             reserve: 0,
+            ..LedgerConfig::default()
         },
         gossip_interval: Duration::from_millis(200),
         tenants: tenants()?,

@@ -21,6 +21,7 @@ pub fn hostledger(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     let config = LedgerConfig {
         memory: Some(1 << 30),
         reserve: 0,
+        ..LedgerConfig::default()
     };
     let time = |ledger: &std::sync::Arc<Ledger>| {
         let start = Instant::now();

@@ -65,16 +65,23 @@ impl fmt::Display for Bytes {
             ("MiB", 1 << 20),
             ("KiB", 1 << 10),
         ];
-        for (name, size) in UNITS {
+        for (i, (name, size)) in UNITS.into_iter().enumerate() {
             if self.0 >= size {
                 let v = self.0 as f64 / size as f64;
-                return if self.0 % size == 0 {
-                    write!(f, "{} {name}", self.0 / size)
-                } else if v >= 100.0 {
-                    write!(f, "{v:.0} {name}")
+                if self.0 % size == 0 {
+                    return write!(f, "{} {name}", self.0 / size);
+                }
+                let shown = if v >= 100.0 {
+                    format!("{v:.0}")
                 } else {
-                    write!(f, "{v:.1} {name}")
+                    format!("{v:.1}")
                 };
+                // 4084 MiB is not "4.0 GiB": a size that rounds to a whole
+                // number it is not shows in the next unit down.
+                if shown.ends_with(".0") && i + 1 < UNITS.len() {
+                    continue;
+                }
+                return write!(f, "{shown} {name}");
             }
         }
         write!(f, "{} B", self.0)
@@ -213,6 +220,8 @@ mod tests {
         assert_eq!(Bytes(3 << 29).to_string(), "1.5 GiB");
         assert_eq!(Bytes(300).to_string(), "300 B");
         assert_eq!(Bytes(21568 << 10).to_string(), "21.1 MiB");
+        assert_eq!(Bytes((4 << 30) - (12 << 20)).to_string(), "4084 MiB");
+        assert_eq!(Bytes((2 << 30) + (20 << 20)).to_string(), "2068 MiB");
     }
 }
 

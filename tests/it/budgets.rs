@@ -14,6 +14,8 @@ use reqwest::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
+use peerwasm::sandbox::compile_memory::DEFAULT_BYTES_PER_BYTE;
+
 use crate::support::{MIB, WorkerProcess};
 use crate::tenants::{ALICE, BOB, http, me, tenants_file, upload};
 
@@ -578,7 +580,7 @@ async fn a_job_asking_for_all_the_worker_offers_is_not_held_back_by_its_own_requ
 }
 
 /// Compiling a module takes host memory outside any job's limit (~24× the
-/// module: 2 GB for CPython's 95 MiB). While a job's module compiles, that
+/// module before any compile was measured: 2 GB for CPython's 95 MiB). While a job's module compiles, that
 /// memory is charged to the ledger, so the worker offers that much less
 /// (and admits nothing into it); once the module is loaded it is given back,
 /// and a module already compiled is not charged again.
@@ -587,7 +589,7 @@ async fn a_compile_is_charged_to_the_ledger_until_its_module_is_loaded() {
     use crate::pool::view;
     let w = WorkerProcess::start_with("1GiB", 2, None, &["--slot-processes", "never"]);
     let big = Job::new(peerwasm_testkit::big_module(20_000));
-    let charge = big.bytes().len() as u64 * peerwasm::worker::COMPILE_BYTES_PER_MODULE_BYTE;
+    let charge = big.bytes().len() as u64 * DEFAULT_BYTES_PER_BYTE;
     assert!(
         charge > 100 * MIB,
         "a compile worth seeing: {} MiB",

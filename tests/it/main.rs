@@ -11,6 +11,7 @@ mod batch;
 mod budgets;
 mod cli;
 mod cluster;
+mod compile;
 mod elastic;
 mod faults;
 mod files;

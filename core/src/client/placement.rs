@@ -93,8 +93,24 @@ pub fn candidates(peers: &[PeerView], memreq: u64) -> Result<Vec<String>, NoPlac
     }
     let largest_ever = largest_job(peers);
     if memreq > largest_ever {
+        // Say so when the largest is less than that worker's memory (what
+        // it keeps beside each job, or its most per job): else 288 MiB
+        // from a worker of 300 MiB reads as a mistake.
+        let beside = live
+            .iter()
+            .find(|p| {
+                p.advert.largest_job() == largest_ever && largest_ever < p.advert.capacity_bytes
+            })
+            .map(|p| {
+                format!(
+                    " (a worker of {} takes jobs of up to {})",
+                    Bytes(p.advert.capacity_bytes),
+                    Bytes(largest_ever)
+                )
+            })
+            .unwrap_or_default();
         return Err(NoPlace::NeverFits(format!(
-            "no peer can hold a job of {}: the largest the pool can take is {}",
+            "no peer can hold a job of {}: the largest the pool can take is {}{beside}",
             Bytes(memreq),
             Bytes(largest_ever)
         )));
@@ -199,7 +215,9 @@ mod tests {
         assert_eq!(
             err,
             NoPlace::NeverFits(
-                "no peer can hold a job of 8 GiB: the largest the pool can take is 4 GiB".into()
+                "no peer can hold a job of 8 GiB: the largest the pool can take is 4 GiB \
+                 (a worker of 22 GiB takes jobs of up to 4 GiB)"
+                    .into()
             ),
             "never placed where it would be rejected"
         );

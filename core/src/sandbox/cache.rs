@@ -18,6 +18,7 @@ use wasmtime::{Engine, InstancePre};
 
 use super::artifacts::ArtifactStore;
 use super::code::{Code, one_line};
+use super::compile_memory::CompileMemory;
 use super::component::CommandPre;
 use super::config::SandboxConfig;
 use super::job_state::JobState;
@@ -88,6 +89,8 @@ pub struct ModuleCache {
     /// Compiles running now, at most [`max_compiles`] at once.
     compiling: Mutex<usize>,
     compile_done: parking_lot::Condvar,
+    /// What compiles take of the host's memory: live, and learned.
+    compile_memory: CompileMemory,
 }
 
 /// Compiles run at once by one cache: one per core. Each compiles its
@@ -128,7 +131,13 @@ impl ModuleCache {
             config: config.clone(),
             compiling: Mutex::new(0),
             compile_done: parking_lot::Condvar::new(),
+            compile_memory: CompileMemory::default(),
         })
+    }
+
+    /// What its compiles take of the host's memory.
+    pub fn compile_memory(&self) -> &CompileMemory {
+        &self.compile_memory
     }
 
     /// The counters so far.
@@ -307,9 +316,22 @@ impl ModuleCache {
             compile_program: None,
             ..self.config.clone()
         };
-        match compile_in_child(program, &config, &self.engines, bytes, cpu, wanted) {
+        let live = self.compile_memory.start(hash);
+        let compiled = compile_in_child(
+            program,
+            &config,
+            &self.engines,
+            bytes,
+            cpu,
+            wanted,
+            &live.resident,
+        );
+        drop(live);
+        match compiled {
             ChildCompile::Code(code, usage) => {
                 tracing::debug!(module = %hash, cpu = ?usage.cpu, peak = usage.peak_bytes, "compiled in a child process");
+                self.compile_memory
+                    .learn(bytes.len() as u64, usage.peak_bytes);
                 Ok(code)
             }
             ChildCompile::Invalid(why) => Err(Outcome::InvalidModule {

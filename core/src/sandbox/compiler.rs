@@ -25,6 +25,7 @@
 //! its stdout, and exits.
 
 use std::io::{Read, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -55,7 +56,9 @@ struct Received {
 pub struct CompileUsage {
     /// CPU time, all its threads.
     pub cpu: Duration,
-    /// Its peak resident memory, in bytes.
+    /// Its peak resident memory, in bytes, as read while it ran (`VmHWM`
+    /// of its own address space: not `ru_maxrss`, which also counts the
+    /// worker's pages the child had between fork and exec).
     pub peak_bytes: u64,
 }
 
@@ -79,7 +82,8 @@ const POLL: Duration = Duration::from_millis(10);
 
 /// Compiles `bytes` for `config`'s engines (`engines`) in a child started
 /// from `program`, ending it once it has used `cpu_limit` of CPU time or
-/// `wanted()` turns false. Blocks: call it from a blocking thread.
+/// `wanted()` turns false; `resident` is kept at the child's resident
+/// memory while it runs. Blocks: call it from a blocking thread.
 pub fn compile_in_child(
     program: &CompileProgram,
     config: &SandboxConfig,
@@ -87,6 +91,7 @@ pub fn compile_in_child(
     bytes: &[u8],
     cpu_limit: Duration,
     wanted: &dyn Fn() -> bool,
+    resident: &AtomicU64,
 ) -> ChildCompile {
     use std::os::unix::process::CommandExt;
     let secs = cpu_limit.as_secs().max(1);
@@ -136,15 +141,30 @@ pub fn compile_in_child(
     });
     let started = Instant::now();
     let wall_net = cpu_limit.saturating_mul(10).max(Duration::from_secs(60));
+    let mut peak = 0;
     let (status, usage) = loop {
-        if let Some(ended) = reap(pid, false) {
-            break ended;
+        if let Some((rss, hwm)) = super::compile_memory::resident_of(pid) {
+            resident.store(rss, Ordering::Relaxed);
+            peak = peak.max(hwm);
+        }
+        if let Some((status, usage)) = reap(pid, false) {
+            break (
+                status,
+                CompileUsage {
+                    peak_bytes: peak,
+                    ..usage
+                },
+            );
         }
         let cancelled = !wanted();
         if cancelled || started.elapsed() > wall_net {
             // SAFETY: kill(2) of our own child, not yet reaped.
             unsafe { libc::kill(pid, libc::SIGKILL) };
             let (_, usage) = reap(pid, true).unwrap_or_default();
+            let usage = CompileUsage {
+                peak_bytes: peak,
+                ..usage
+            };
             let _ = (writer.join(), reader.join());
             return if cancelled {
                 ChildCompile::Cancelled
@@ -218,7 +238,7 @@ fn reap(pid: libc::pid_t, block: bool) -> Option<(i32, CompileUsage)> {
     };
     let usage = CompileUsage {
         cpu: time(rusage.ru_utime) + time(rusage.ru_stime),
-        peak_bytes: rusage.ru_maxrss as u64 * 1024,
+        peak_bytes: 0, // read while it ran: see `CompileUsage::peak_bytes`
     };
     Some((status, usage))
 }

@@ -37,6 +37,16 @@ pub const MAX_WASM_STACK: usize = 8 << 20;
 /// made from it (wasmtime needs the difference, and its default is 2 MiB).
 pub const ASYNC_STACK: usize = MAX_WASM_STACK + (2 << 20);
 
+/// Host memory a running job may take outside its linear memory: its
+/// fiber stack ([`ASYNC_STACK`]: its wasm stack and the host calls made
+/// from it) and its instance's own state ([`MAX_CORE_INSTANCE_SIZE`]).
+/// Both are touched only as far as the job goes (wasmtime does not say how
+/// far that was), but a job may go all the way — recurse 8 MiB deep — so a
+/// worker reserves this beside each running job's memory limit, and a
+/// worker of many slots never promises others what its jobs' stacks may
+/// take.
+pub const JOB_NATIVE_BYTES: u64 = (ASYNC_STACK + MAX_CORE_INSTANCE_SIZE) as u64;
+
 /// Elements a pooled table may hold: CPython's function table has 47,157.
 pub const TABLE_ELEMENTS: usize = 1 << 16;
 

@@ -10,6 +10,8 @@
 //! * `code` — what bytes compile to: a core module or a component;
 //! * `entry` — where a job starts (`_start`, or a reactor's `--invoke`) and `host::call`;
 //! * `cache` — sha256 → compiled module, in memory and on disk;
+//! * [`compile_memory`] — what a compile takes of the host's memory, read
+//!   while it runs and learned for the next;
 //! * [`component`] — WASI preview 2 components (`wasi:cli/command`);
 //! * `artifacts` — the disk half: authenticated, bounded artifacts;
 //! * `validate` — cheap checks on module bytes, for clear messages;
@@ -30,6 +32,7 @@ pub(crate) mod artifacts;
 pub(crate) mod cache;
 pub(crate) mod cancel;
 pub(crate) mod code;
+pub mod compile_memory;
 pub mod compiler;
 pub mod component;
 mod config;
@@ -63,6 +66,7 @@ pub use config::{
     CompileProgram, DEFAULT_CACHE_MAX, DEFAULT_MAX_MODULE_BYTES, DEFAULT_MODULE_BYTES_HELD,
     SandboxConfig, TimeLimitMechanism,
 };
+pub use engine::JOB_NATIVE_BYTES;
 pub use job_state::JobState;
 pub use spec::RunSpec;
 pub use stdin::{StdinFeed, StdinSender};
@@ -195,6 +199,12 @@ impl Sandbox {
     /// Whether the memory or disk cache has the compiled module.
     pub fn has_compiled(&self, hash: &crate::proto::ModuleHash) -> bool {
         self.cache.has(hash)
+    }
+
+    /// What compiles take of the host's memory here: the estimate for the
+    /// next, and the resident memory of those running now.
+    pub fn compile_memory(&self) -> &compile_memory::CompileMemory {
+        self.cache.compile_memory()
     }
 
     /// The compiled module for `bytes` (whose sha256 is `hash`), compiling

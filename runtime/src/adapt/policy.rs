@@ -43,8 +43,9 @@ pub struct Policy {
     /// How long a worker must have had nothing to do, and the target been
     /// below capacity, before it is let go (`--idle`). Default: 10 s.
     pub idle_for: Duration,
-    /// Memory a worker needs besides its jobs' (the process, native
-    /// stacks, compiles). Default: 256 MiB.
+    /// Memory a worker needs besides its jobs' limits and the native
+    /// memory reserved beside each (`sandbox::JOB_NATIVE_BYTES`): the
+    /// process, compiles. Default: 256 MiB.
     pub overhead_bytes: u64,
     /// The least and most memory one worker is asked with (`--min-mem`,
     /// `--max-mem`: a node's size). Default: 256 MiB and 64 GiB.
@@ -155,7 +156,10 @@ impl Policy {
                 .max_by_key(|b| (b.waiting + b.running).saturating_mul(b.job_ms.max(1)))
                 .map_or(0, |b| b.memory_bytes),
         };
-        let jobs = per_job.saturating_mul(u64::from(self.slots.max(1)));
+        // Each job's limit, and what a worker reserves beside it.
+        let jobs = per_job
+            .saturating_add(crate::sandbox::JOB_NATIVE_BYTES)
+            .saturating_mul(u64::from(self.slots.max(1)));
         let memory = jobs.saturating_add(self.overhead_bytes).clamp(
             self.min_worker_bytes,
             self.max_worker_bytes.max(self.min_worker_bytes),
@@ -205,8 +209,9 @@ impl Policy {
                     pending.len(),
                     crate::units::Bytes(shape.memory_bytes),
                     crate::units::Bytes(
-                        shape.memory_bytes.saturating_sub(self.overhead_bytes)
-                            / u64::from(shape.slots)
+                        (shape.memory_bytes.saturating_sub(self.overhead_bytes)
+                            / u64::from(shape.slots))
+                        .saturating_sub(crate::sandbox::JOB_NATIVE_BYTES)
                     ),
                 ),
                 target,
@@ -434,6 +439,7 @@ mod tests {
 
     #[test]
     fn workers_are_shaped_by_the_jobs_that_wait() {
+        use crate::sandbox::JOB_NATIVE_BYTES as NATIVE;
         let p = Policy {
             slots: 2,
             overhead_bytes: 256 * MIB,
@@ -445,7 +451,7 @@ mod tests {
             p.shape(&large, GIB),
             Shape {
                 slots: 2,
-                memory_bytes: 12 * GIB + 256 * MIB
+                memory_bytes: 12 * GIB + 256 * MIB + 2 * NATIVE
             }
         );
         // Small jobs get small workers, not the node's size.
@@ -454,14 +460,17 @@ mod tests {
             p.shape(&small, 0),
             Shape {
                 slots: 2,
-                memory_bytes: 352 * MIB
+                memory_bytes: 352 * MIB + 2 * NATIVE
             }
         );
         // A mix: the large ones nobody holds come first; once the pool
         // holds them, the map with the most work sets the shape.
         let mix = backlog(&[(400, 0, 32 * MIB, 500), (4, 0, 4 * GIB, 500)]);
-        assert_eq!(p.shape(&mix, GIB).memory_bytes, 8 * GIB + 256 * MIB);
-        assert_eq!(p.shape(&mix, 8 * GIB).memory_bytes, 320 * MIB);
+        assert_eq!(
+            p.shape(&mix, GIB).memory_bytes,
+            8 * GIB + 256 * MIB + 2 * NATIVE
+        );
+        assert_eq!(p.shape(&mix, 8 * GIB).memory_bytes, 320 * MIB + 2 * NATIVE);
         // Never past a node's size.
         let huge = backlog(&[(1, 0, 100 * GIB, 500)]);
         assert_eq!(p.shape(&huge, 0).memory_bytes, 64 * GIB);

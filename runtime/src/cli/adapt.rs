@@ -40,7 +40,8 @@ pub struct AdaptArgs {
     /// The most memory a worker job asks for (a node's size).
     #[arg(long, value_name = "SIZE", default_value_t = Size(64 << 30))]
     max_mem: Size,
-    /// Memory a worker needs besides its jobs (the process, stacks, compiles).
+    /// Memory a worker needs besides its jobs' limits and the 12 MiB each
+    /// running job is reserved beside (the process, compiles).
     #[arg(long, value_name = "SIZE", default_value_t = Size(256 << 20))]
     overhead: Size,
     /// An option passed to every sbatch as it is (repeatable): your site's
@@ -129,7 +130,8 @@ pub fn run(args: AdaptArgs) -> anyhow::Result<ExitCode> {
         largest_job: args
             .max_mem
             .0
-            .min(args.max_mem.0.saturating_sub(args.overhead.0)),
+            .saturating_sub(args.overhead.0)
+            .saturating_sub(crate::sandbox::JOB_NATIVE_BYTES),
     };
     eprintln!(
         "peerwasm adapt: sizing the pool in {} to its backlog with Slurm jobs named {} ({}..{} workers of {} slot{})",

@@ -370,6 +370,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         ledger: LedgerConfig {
             memory: args.memory,
             reserve: args.reserve.0,
+            ..LedgerConfig::default()
         },
         gossip_interval: args.gossip_interval.0,
         tenants: match &args.tenants {

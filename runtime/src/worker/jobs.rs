@@ -343,25 +343,40 @@ fn check_guest_paths(spec: &JobSpec) -> Result<(), Refused> {
     Ok(())
 }
 
+/// `largest` in words, saying so when it is what the machine has for jobs
+/// less a job's native memory (in a cgroup of 1 GiB, jobs of 1012 MiB).
+fn at_most(w: &Worker, largest: u64) -> String {
+    let ledger = w.admission.ledger();
+    if largest == ledger.largest_job() && largest < ledger.capacity() {
+        format!(
+            "{} ({} less the {} of native stack and state a job may take beside its limit)",
+            Size(largest),
+            Size(ledger.capacity()),
+            Size(ledger.per_job())
+        )
+    } else {
+        Size(largest).to_string()
+    }
+}
+
 /// An admission refusal as the job's refusal: counted, and a warning for
 /// the operator when someone wants more memory than this worker lends.
 fn not_admitted(w: &Worker, r: NotAdmitted) -> Refused {
     match r {
         NotAdmitted::NeverFits { requested, largest } => {
             w.metrics.refused("never_fits");
+            let most = at_most(w, largest);
             w.warnings.event(
                 super::warnings::WarningKind::RefusedForMemory,
                 format!(
-                    "refused a job of {}: this worker can take at most {}",
-                    Size(requested),
-                    Size(largest)
+                    "refused a job of {}: this worker can take at most {most}",
+                    Size(requested)
                 ),
             );
             Refused::TooLarge {
                 message: format!(
-                    "the job asks for {} but this worker can take at most {}",
+                    "the job asks for {} but this worker can take at most {most}",
                     Size(requested),
-                    Size(largest)
                 ),
                 largest,
             }
@@ -514,18 +529,16 @@ async fn in_turn(turn: Turn) -> Result<JobResult, Refused> {
     Ok(result)
 }
 
-/// Host memory a compile takes, per byte of module: CPython's 95 MiB
-/// peaked at 2.08 GB of RSS while wasmtime compiled it (Cranelift's IR of
-/// every function in parallel), ~21×.
-pub const COMPILE_BYTES_PER_MODULE_BYTE: u64 = 24;
-
 /// The memory a job's module takes to compile, charged to the ledger (a
 /// [`Hold`] beside the reservations, taken even past its room: the compile
 /// happens either way, and what the worker offers others must say so) from
 /// when the job holds its slot until its module is loaded (`started`) or
 /// the job ends — and a compile in a child process is ended with its job
 /// (`runner::load` waits for that), so the charge lasts as long as the
-/// compile does. Only for a module this worker has not compiled yet, and
+/// compile does. It starts at what earlier compiles say a module of its
+/// size takes (`sandbox::compile_memory`) and grows with the compile
+/// child's resident memory, read every [`COMPILE_READING`], when that is
+/// more. Only for a module this worker has not compiled yet, and
 /// one compile of a tenant's at a time per two cores
 /// ([`compile_turns_per_tenant`]): a tenant's burst of new modules waits
 /// its turn rather than taking the machine.
@@ -533,6 +546,10 @@ struct CompileCharge {
     started: Arc<tokio::sync::Notify>,
     task: tokio::task::JoinHandle<()>,
 }
+
+/// How often a compile's charge is set against its child's resident
+/// memory.
+const COMPILE_READING: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// How many modules one tenant may have compiling at once here: half the
 /// compiles the cache runs at once (one per core), at least one.
@@ -567,12 +584,23 @@ impl CompileCharge {
             turn = turns.acquire_owned() => turn.ok(),
         };
         let hold = w.admission.ledger().hold(HoldKind::Compile);
-        hold.try_grow(bytes.saturating_mul(COMPILE_BYTES_PER_MODULE_BYTE), true);
+        hold.try_grow(w.runner.sandbox().compile_memory().estimate(bytes), true);
         let started = Arc::new(tokio::sync::Notify::new());
         let task = tokio::spawn({
-            let started = started.clone();
+            let (started, w, module) = (started.clone(), w.clone(), *module);
             async move {
-                started.notified().await;
+                let mut readings = tokio::time::interval(COMPILE_READING);
+                loop {
+                    tokio::select! {
+                        _ = started.notified() => break,
+                        _ = readings.tick() => {
+                            let live = w.runner.sandbox().compile_memory().live(&module);
+                            if let Some(more) = live.and_then(|l| l.checked_sub(hold.bytes())) {
+                                hold.try_grow(more, true);
+                            }
+                        }
+                    }
+                }
                 drop((hold, turn));
             }
         });

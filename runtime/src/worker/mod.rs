@@ -84,7 +84,6 @@ pub use fairshare::DEFAULT_HALF_LIFE;
 pub use filestore::DEFAULT_FILE_STORE;
 pub use history::DEFAULT_HISTORY_DAYS;
 pub use hostledger::{HostLedger, default_path as default_host_ledger};
-pub use jobs::COMPILE_BYTES_PER_MODULE_BYTE;
 pub use ledger::{DEFAULT_RESERVE, HoldKind, Ledger, LedgerConfig};
 pub use statedb::StateDb;
 pub use tenants::{Tenant, Tenants};

@@ -147,7 +147,7 @@ impl Worker {
                     "the cgroup's memory limit {} is lower than --memory {}: jobs get at most {}",
                     Size(cgroup),
                     Size(memory),
-                    Size(ledger.capacity())
+                    Size(ledger.largest_job())
                 )),
             );
         }
@@ -157,7 +157,7 @@ impl Worker {
         {
             self.warnings.condition(
                 WarningKind::MemoryAbovePhysical,
-                Some(format!("--memory {} is more than physical memory less --reserve ({}): jobs get at most {}", Size(memory), Size(physical_less_reserve), Size(ledger.capacity()))),
+                Some(format!("--memory {} is more than physical memory less --reserve ({}): jobs get at most {}", Size(memory), Size(physical_less_reserve), Size(ledger.largest_job()))),
             );
         }
     }

@@ -289,7 +289,7 @@ impl Admission {
     /// most one job may have if less (what it advertises as
     /// `Advert::largest_job`).
     pub fn largest_job(&self) -> u64 {
-        self.ledger.capacity().min(self.config.max_job_memory)
+        self.ledger.largest_job().min(self.config.max_job_memory)
     }
 
     /// The largest job `tenant` may ever run here: [`largest_job`]
@@ -524,6 +524,7 @@ mod tests {
             &LedgerConfig {
                 memory: Some(100 * MIB),
                 reserve: 0,
+                per_job: 0,
             },
             Box::new(FakeMemory::new(8 << 30, 8 << 30)),
         )
@@ -746,6 +747,7 @@ mod tests {
             &LedgerConfig {
                 memory: None,
                 reserve: 0,
+                per_job: 0,
             },
             Box::new(host),
         );

@@ -52,6 +52,10 @@ pub struct LedgerConfig {
     /// Memory always left to the host (`--reserve`). Default:
     /// [`DEFAULT_RESERVE`](crate::worker::DEFAULT_RESERVE).
     pub reserve: u64,
+    /// Host memory each running job may take outside its linear memory
+    /// (its native stack, its instance), reserved beside its limit.
+    /// Default: [`JOB_NATIVE_BYTES`](crate::sandbox::JOB_NATIVE_BYTES).
+    pub per_job: u64,
 }
 
 impl Default for LedgerConfig {
@@ -59,6 +63,7 @@ impl Default for LedgerConfig {
         LedgerConfig {
             memory: None,
             reserve: DEFAULT_RESERVE,
+            per_job: crate::sandbox::JOB_NATIVE_BYTES,
         }
     }
 }
@@ -93,6 +98,14 @@ pub struct Sizing {
 /// The ledger; see the module docs.
 pub struct Ledger {
     capacity: u64,
+    /// `--memory`: what jobs' limits (and holds) may add up to.
+    lend: Option<u64>,
+    /// What the machine has for jobs (the cgroup's limit, physical memory
+    /// less `--reserve`): their limits, the native memory beside each,
+    /// and holds must fit in it.
+    machine: u64,
+    /// Reserved beside each job's limit (`LedgerConfig::per_job`).
+    per_job: u64,
     sizing: Sizing,
     reserve: u64,
     state: Mutex<State>,
@@ -120,7 +133,10 @@ struct Shared {
 }
 
 struct State {
+    /// Σ reservations, each job's limit and its native memory.
     reserved: u64,
+    /// Σ the jobs' limits alone.
+    limits: u64,
     /// Σ holds.
     held: u64,
     /// Σ holds of each [`HoldKind`] (indexed by it).
@@ -134,11 +150,7 @@ struct State {
 impl hold::Account for Ledger {
     fn take(&self, kind: HoldKind, bytes: u64, force: bool) -> bool {
         let mut st = self.lock();
-        let free = self
-            .capacity
-            .saturating_sub(st.reserved)
-            .saturating_sub(st.held);
-        if !force && bytes > free {
+        if !force && bytes > self.room(&st, 0) {
             return false;
         }
         st.held += bytes;
@@ -156,11 +168,14 @@ impl hold::Account for Ledger {
     }
 }
 
-/// Memory held for one job; given back when dropped.
+/// Memory held for one job — its limit, and what it may take beside
+/// (`LedgerConfig::per_job`); given back when dropped.
 pub struct Reservation {
     ledger: Arc<Ledger>,
     id: u64,
     bytes: u64,
+    /// `bytes` and the job's native memory: what the ledger counts.
+    total: u64,
     meter: Arc<AtomicU64>,
 }
 
@@ -171,7 +186,7 @@ impl Reservation {
         self.meter.clone()
     }
 
-    /// The reserved bytes.
+    /// The job's memory limit, as reserved (without its native memory).
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
@@ -182,7 +197,8 @@ impl Drop for Reservation {
         {
             let mut st = self.ledger.lock();
             st.jobs.retain(|(id, _, _)| *id != self.id);
-            st.reserved -= self.bytes;
+            st.reserved -= self.total;
+            st.limits -= self.bytes;
         }
         // The other workers of the host see the memory free at once.
         self.ledger.publish();
@@ -200,17 +216,15 @@ impl Ledger {
     /// A ledger over `host`'s memory (a fake one in tests).
     pub fn with_host(config: &LedgerConfig, host: Box<dyn HostMemory>) -> Arc<Ledger> {
         let (physical, cgroup) = (host.physical(), host.cgroup_limit());
-        let capacity = [
-            config.memory,
-            cgroup,
-            Some(physical.saturating_sub(config.reserve)),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
-        .unwrap_or(0);
+        let machine = cgroup
+            .unwrap_or(u64::MAX)
+            .min(physical.saturating_sub(config.reserve));
+        let capacity = config.memory.unwrap_or(u64::MAX).min(machine);
         Arc::new(Ledger {
             capacity,
+            lend: config.memory,
+            machine,
+            per_job: config.per_job,
             sizing: Sizing {
                 requested: config.memory,
                 cgroup,
@@ -219,6 +233,7 @@ impl Ledger {
             reserve: config.reserve,
             state: Mutex::new(State {
                 reserved: 0,
+                limits: 0,
                 held: 0,
                 held_by: [0; HoldKind::ALL.len()],
                 high_water: 0,
@@ -298,9 +313,37 @@ impl Ledger {
             .sum()
     }
 
-    /// The most jobs may ever hold here: the largest job this worker can take.
+    /// The most jobs may ever hold here, their native memory included.
     pub fn capacity(&self) -> u64 {
         self.capacity
+    }
+
+    /// The largest job this worker can take: `--memory`, or what the
+    /// machine has for jobs less one job's native memory if less.
+    pub fn largest_job(&self) -> u64 {
+        self.lend
+            .unwrap_or(u64::MAX)
+            .min(self.machine.saturating_sub(self.per_job))
+    }
+
+    /// Room now for `native` bytes beside a limit of the result, among
+    /// reservations and holds: `--memory` bounds the limits (and holds),
+    /// the machine bounds them with their native memory.
+    fn room(&self, st: &State, native: u64) -> u64 {
+        let by_lend = self.lend.map_or(u64::MAX, |m| {
+            m.saturating_sub(st.limits).saturating_sub(st.held)
+        });
+        let by_machine = self
+            .machine
+            .saturating_sub(st.reserved)
+            .saturating_sub(st.held)
+            .saturating_sub(native);
+        by_lend.min(by_machine)
+    }
+
+    /// What each running job is reserved beside its limit.
+    pub fn per_job(&self) -> u64 {
+        self.per_job
     }
 
     /// What the capacity was taken from.
@@ -328,18 +371,17 @@ impl Ledger {
     /// its limit.
     fn offer_locked(&self, st: &State, host_available: u64, others: Others) -> u64 {
         let untouched = Self::untouched(st).saturating_add(others.untouched);
-        let by_capacity = self
-            .capacity
-            .saturating_sub(st.reserved)
-            .saturating_sub(st.held);
+        let by_capacity = self.room(st, self.per_job);
         let by_host = host_available
             .saturating_sub(untouched)
-            .saturating_sub(self.reserve);
+            .saturating_sub(self.reserve)
+            .saturating_sub(self.per_job);
         let by_domain = match self.shared.get() {
             Some(s) => s
                 .domain_limit
                 .saturating_sub(st.reserved + st.held)
-                .saturating_sub(others.taken_in_domain),
+                .saturating_sub(others.taken_in_domain)
+                .saturating_sub(self.per_job),
             None => u64::MAX,
         };
         by_capacity.min(by_host).min(by_domain)
@@ -364,10 +406,11 @@ impl Ledger {
             .iter()
             .map(|(_, _, used)| used.load(Ordering::Relaxed))
             .sum();
-        self.capacity.min(
+        self.largest_job().min(
             available
                 .saturating_add(in_use)
-                .saturating_sub(self.reserve),
+                .saturating_sub(self.reserve)
+                .saturating_sub(self.per_job),
         )
     }
 
@@ -424,17 +467,20 @@ impl Ledger {
         if bytes.saturating_add(keep) > self.offer_locked(st, available, others) {
             return None;
         }
-        st.reserved += bytes;
-        st.high_water = st.high_water.max(st.reserved);
-        debug_assert!(st.reserved <= self.capacity);
+        let total = bytes.saturating_add(self.per_job);
+        st.reserved += total;
+        st.limits += bytes;
+        st.high_water = st.high_water.max(st.limits);
+        debug_assert!(st.limits <= self.capacity && st.reserved <= self.machine);
         let id = st.next_id;
         st.next_id += 1;
         let meter = Arc::new(AtomicU64::new(0));
-        st.jobs.push((id, bytes, meter.clone()));
+        st.jobs.push((id, total, meter.clone()));
         Some(Reservation {
             ledger: self.clone(),
             id,
             bytes,
+            total,
             meter,
         })
     }
@@ -445,7 +491,7 @@ impl Ledger {
         let st = self.lock();
         LedgerSnapshot {
             capacity: self.capacity,
-            reserved: st.reserved,
+            reserved: st.limits,
             held: st.held,
             held_by: st.held_by,
             reserved_high_water: st.high_water,
@@ -477,9 +523,62 @@ mod tests {
     ) -> (Arc<Ledger>, Arc<FakeMemory>) {
         let host = FakeMemory::new(physical, available);
         (
-            Ledger::with_host(&LedgerConfig { memory, reserve }, Box::new(host.clone())),
+            Ledger::with_host(
+                &LedgerConfig {
+                    memory,
+                    reserve,
+                    per_job: 0,
+                },
+                Box::new(host.clone()),
+            ),
             host,
         )
+    }
+
+    /// Each job's native memory (12 MiB here) is reserved beside its limit:
+    /// `--memory` bounds the limits, the machine bounds limits and native
+    /// memory together.
+    #[test]
+    fn native_memory_is_reserved_beside_each_job_within_the_machine() {
+        let native = 12 * MIB;
+        let with = |memory: Option<u64>, physical: u64| {
+            Ledger::with_host(
+                &LedgerConfig {
+                    memory,
+                    reserve: 0,
+                    per_job: native,
+                },
+                Box::new(FakeMemory::new(physical, physical)),
+            )
+        };
+        // --memory 1 GiB on a large host: a 1 GiB job fits, as asked.
+        let lent = with(Some(GIB), 8 * GIB);
+        assert_eq!((lent.largest_job(), lent.offer()), (GIB, GIB));
+        let whole = lent.try_reserve(GIB).expect("--memory is the jobs' limits");
+        assert_eq!(whole.bytes(), GIB);
+        assert_eq!(lent.snapshot().reserved, GIB, "adverts show the limits");
+        drop(whole);
+        // A machine of 300 MiB (a cgroup): jobs of up to 288 MiB, and two
+        // of 100 MiB leave 300 − 2 × 112 − 12 for a third.
+        let machine = with(None, 300 * MIB);
+        assert_eq!(machine.largest_job(), 288 * MIB);
+        assert_eq!(machine.ceiling(), 288 * MIB);
+        assert!(machine.try_reserve(289 * MIB).is_none());
+        let a = machine.try_reserve(100 * MIB).unwrap();
+        let b = machine.try_reserve(100 * MIB).unwrap();
+        assert_eq!(machine.offer(), 64 * MIB);
+        assert!(machine.try_reserve(65 * MIB).is_none());
+        // A hold takes what is left beside the reservations and their
+        // native memory.
+        let hold = machine.hold(HoldKind::Output);
+        assert!(!hold.try_grow(77 * MIB, false));
+        assert!(hold.try_grow(76 * MIB, false));
+        assert_eq!(machine.offer(), 0);
+        drop((a, b, hold));
+        assert_eq!(machine.offer(), 288 * MIB, "all given back");
+        // --memory above what the machine has: the machine bounds.
+        let over = with(Some(GIB), 300 * MIB);
+        assert_eq!(over.largest_job(), 288 * MIB);
     }
 
     /// Two workers of one host, each lending 2900 MiB of a 3 GiB host:
@@ -590,6 +689,7 @@ mod tests {
             &LedgerConfig {
                 memory: Some(10 * GIB),
                 reserve: GIB,
+                per_job: 0,
             },
             Box::new(InCgroup),
         )
@@ -651,6 +751,7 @@ mod tests {
         let ledger = Ledger::new(&LedgerConfig {
             memory: None,
             reserve: DEFAULT_RESERVE,
+            per_job: 0,
         })
         .unwrap();
         let mut s = sysinfo::System::new().unwrap();
