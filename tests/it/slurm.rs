@@ -436,27 +436,8 @@ async fn adapt_grows_the_pool_for_a_map_and_shrinks_it_back_to_min() {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn adapt_shapes_workers_for_the_memory_of_the_jobs_that_wait() {
-    let Some(cluster) = cluster() else { return };
-    let _serial = serial().await;
-    // Large jobs, from zero workers: workers sized for them.
-    let pool = Elastic::start(
-        cluster,
-        "large",
-        &[
-            "--min",
-            "0",
-            "--max",
-            "2",
-            "--overhead",
-            "128MiB",
-            "--min-mem",
-            "256MiB",
-        ],
-    );
-    let out = pool.dir.path().join("large.jsonl");
-    let map = pool.map(&vec!["500".to_string(); 6], "1GiB", &out);
+/// Waits until `pool`'s controller has asked Slurm for a worker.
+async fn workers_asked(cluster: &Cluster, pool: &Elastic<'_>) {
     until(
         Duration::from_secs(20),
         "workers asked for",
@@ -464,6 +445,35 @@ async fn adapt_shapes_workers_for_the_memory_of_the_jobs_that_wait() {
         || pool.log(),
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn adapt_shapes_workers_for_the_memory_of_the_jobs_that_wait() {
+    let Some(cluster) = cluster() else { return };
+    let _serial = serial().await;
+    // Both pools: from zero workers, up to two, each asked with 128 MiB
+    // beside its jobs and at least 256 MiB.
+    let start = |name: &str| {
+        Elastic::start(
+            cluster,
+            name,
+            &[
+                "--min",
+                "0",
+                "--max",
+                "2",
+                "--overhead",
+                "128MiB",
+                "--min-mem",
+                "256MiB",
+            ],
+        )
+    };
+    // Large jobs: workers sized for them.
+    let pool = start("large");
+    let out = pool.dir.path().join("large.jsonl");
+    let map = pool.map(&vec!["500".to_string(); 6], "1GiB", &out);
+    workers_asked(cluster, &pool).await;
     for (_, _, mib) in cluster.jobs(&pool.name) {
         assert!(
             (1024 + 128..=1024 + 128 + 64).contains(&mib),
@@ -475,29 +485,10 @@ async fn adapt_shapes_workers_for_the_memory_of_the_jobs_that_wait() {
     check_results(&out, 6);
     drop(pool);
     // Small jobs: small workers, not large ones.
-    let pool = Elastic::start(
-        cluster,
-        "small",
-        &[
-            "--min",
-            "0",
-            "--max",
-            "2",
-            "--overhead",
-            "128MiB",
-            "--min-mem",
-            "256MiB",
-        ],
-    );
+    let pool = start("small");
     let out = pool.dir.path().join("small.jsonl");
     let map = pool.map(&vec!["300".to_string(); 20], "64MiB", &out);
-    until(
-        Duration::from_secs(20),
-        "workers asked for",
-        || !cluster.jobs(&pool.name).is_empty(),
-        || pool.log(),
-    )
-    .await;
+    workers_asked(cluster, &pool).await;
     for (_, _, mib) in cluster.jobs(&pool.name) {
         assert_eq!(
             mib,
