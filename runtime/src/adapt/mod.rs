@@ -3,7 +3,8 @@
 //!
 //! * `policy` — the decisions, pure: target, capacity coming, up at once
 //!   and down after an idle period, memory-shaped workers;
-//! * `slurm` — the batch-system seam ([`BatchSystem`]) and Slurm behind it.
+//! * `slurm` — the batch-system seam ([`BatchSystem`]) and Slurm behind it;
+//! * `status` — what it is doing, for `peerwasm status` and its metrics.
 //!
 //! This file is the loop: every poll it reads the pool view (the maps'
 //! backlog, the workers and which batch job lends each) and the batch
@@ -13,6 +14,7 @@
 
 pub mod policy;
 pub mod slurm;
+pub mod status;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,6 +27,7 @@ use crate::gossip::{Liveness, PeerView};
 use crate::proto::backlog::PoolBacklog;
 pub use policy::{Decision, Policy, PoolWorker, Shape};
 pub use slurm::{BatchJob, BatchSystem, Slurm};
+pub use status::AdaptStatus;
 
 /// How the controller runs.
 #[derive(Clone, Debug)]
@@ -131,12 +134,13 @@ struct Mine {
 }
 
 /// Runs the controller until `stop` is cancelled; then cancels every batch
-/// job it submitted.
+/// job it submitted. Each poll's figures and decisions go to `status`.
 pub async fn run(
     config: AdaptConfig,
     mut pool: PoolSource,
     batch: Arc<dyn BatchSystem>,
     stop: CancellationToken,
+    status: tokio::sync::watch::Sender<AdaptStatus>,
     mut on_decision: impl FnMut(&Decision) + Send,
 ) -> anyhow::Result<AdaptSummary> {
     let mut mine: HashMap<String, Mine> = HashMap::new();
@@ -171,12 +175,42 @@ pub async fn run(
             }
         };
         forget_ended(&mut mine, &known);
+        // Waiting for what never comes is not capacity coming: cancelled,
+        // counted as refused, and submissions back off as after a refusal.
+        for job in &known {
+            let Some(m) = mine.get_mut(&job.id).filter(|m| !m.cancelling) else {
+                continue;
+            };
+            let Some(why) = batch.never_starts(job) else {
+                continue;
+            };
+            let why = format!(
+                "batch job {}: {why}: cancelling it; asking again in {}",
+                job.id,
+                humantime::format_duration(backoff)
+            );
+            tracing::error!("{why}");
+            status.send_modify(|s| s.said(&why));
+            if let Err(e) = tokio::task::block_in_place(|| batch.cancel(&job.id)) {
+                tracing::warn!(batch_job = %job.id, "cannot cancel: {e:#}");
+                continue;
+            }
+            m.cancelling = true;
+            summary.refused += 1;
+            submit_after = Instant::now() + backoff;
+            backoff = (backoff * 2).min(Duration::from_secs(60));
+        }
         let mut workers = Vec::new();
         for p in &live {
             let Some(job) = p.advert.batch_job.as_ref() else {
                 continue;
             };
             let Some(m) = mine.get_mut(job) else { continue };
+            if m.worker.is_none() {
+                // A worker came all the way: what went wrong before (a
+                // refusal, a job that never starts) is behind us.
+                backoff = Duration::from_secs(1);
+            }
             m.worker = Some(p.advert.addr.clone());
             m.worked |= p.advert.jobs_run > 0 || p.advert.slots_busy > 0;
             if m.cancelling {
@@ -201,19 +235,33 @@ pub async fn run(
         let mut decision = config
             .policy
             .decide(&backlog, &workers, &pending, &mut memory, now_ms);
-        if Instant::now() < submit_after {
+        if Instant::now() < submit_after && !decision.submit.is_empty() {
+            // Backing off after a refusal: said when it asks again.
             decision.submit.clear();
+            if decision.cancel.is_empty() {
+                decision.why.clear();
+            }
         }
         if !decision.why.is_empty() {
             tracing::info!("{}", decision.why);
             on_decision(&decision);
         }
+        status.send_if_modified(|s| {
+            let before = s.clone();
+            s.target = decision.target;
+            s.workers = workers.len() as u32;
+            s.pending = pending.len() as u32;
+            s.backlog_jobs = backlog.jobs();
+            if !decision.why.is_empty() {
+                s.said(&decision.why);
+            }
+            *s != before
+        });
         for shape in &decision.submit {
             match tokio::task::block_in_place(|| batch.submit(shape)) {
                 Ok(id) => {
                     tracing::info!(batch_job = %id, "submitted a worker job");
                     summary.submitted += 1;
-                    backoff = Duration::from_secs(1);
                     mine.insert(
                         id,
                         Mine {
@@ -240,6 +288,11 @@ pub async fn run(
         for id in &decision.cancel {
             cancel(batch.as_ref(), &mut mine, id, &mut summary);
         }
+        status.send_if_modified(|s| {
+            let before = s.clone();
+            s.count(&summary);
+            *s != before
+        });
     }
     let ids: Vec<String> = mine
         .iter()

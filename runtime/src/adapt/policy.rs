@@ -137,7 +137,8 @@ impl Policy {
                         b.job_ms as f64 / 1000.0
                     }
             })
-            .sum()
+            // Not `sum()`: an empty f64 sum is -0.0, said as "~-0 slot-s".
+            .fold(0.0, |a, b| a + b)
     }
 
     /// The shape of a worker for the backlog as it is, given the largest
@@ -194,10 +195,16 @@ impl Policy {
             let largest = workers.iter().map(|w| w.largest_job).max().unwrap_or(0);
             let shape = self.shape(backlog, largest);
             let n = target - capacity;
-            return Decision {
-                submit: vec![shape; n as usize],
-                cancel: Vec::new(),
-                why: format!(
+            let why = if backlog.jobs() == 0 {
+                format!(
+                    "growing by {n} to --min {}: the pool has {} and {} coming; each asked with {}",
+                    self.min,
+                    workers.len(),
+                    pending.len(),
+                    crate::units::Bytes(shape.memory_bytes),
+                )
+            } else {
+                format!(
                     "growing by {n}: {} jobs to run (~{:.0} slot-s of work) want {target} worker{} of {} slot{}, \
                      the pool has {} and {} coming; each asked with {} for jobs of up to {}",
                     backlog.jobs(),
@@ -213,7 +220,12 @@ impl Policy {
                             / u64::from(shape.slots))
                         .saturating_sub(crate::sandbox::JOB_NATIVE_BYTES)
                     ),
-                ),
+                )
+            };
+            return Decision {
+                submit: vec![shape; n as usize],
+                cancel: Vec::new(),
+                why,
                 target,
             };
         }

@@ -25,6 +25,13 @@ pub trait BatchSystem: Send + Sync {
     fn cancel(&self, id: &str) -> anyhow::Result<()>;
     /// The jobs this controller submitted that the system still knows.
     fn jobs(&self) -> anyhow::Result<Vec<BatchJob>>;
+    /// Why `job`, waiting, will never start as it was asked (a limit or a
+    /// dependency it can never meet), in words; `None` if it may yet. Such
+    /// a job is cancelled and counted as refused, not as capacity coming.
+    fn never_starts(&self, job: &BatchJob) -> Option<String> {
+        let _ = job;
+        None
+    }
 }
 
 /// Slurm, through its commands.
@@ -119,17 +126,20 @@ impl BatchSystem for Slurm {
     }
 
     fn cancel(&self, id: &str) -> anyhow::Result<()> {
-        // SIGTERM to the job's steps: the worker drains, then leaves.
-        let out = Command::new("scancel")
-            .args(["--full", "--signal=TERM", id])
-            .output()?;
-        let pending_out = Command::new("scancel")
+        // A job still waiting is simply removed. A running one gets SIGTERM
+        // (its worker drains, then leaves). Each call filtered by state:
+        // `scancel --signal` on a pending job does not fail, it retries
+        // for about 95 s ("Job can not be altered now").
+        let pending = Command::new("scancel")
             .args(["--state=PENDING", id])
             .output()?;
-        if !out.status.success() && !pending_out.status.success() {
+        let running = Command::new("scancel")
+            .args(["--state=RUNNING", "--full", "--signal=TERM", id])
+            .output()?;
+        if !pending.status.success() && !running.status.success() {
             anyhow::bail!(
                 "scancel {id} failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
+                String::from_utf8_lossy(&running.stderr).trim()
             );
         }
         Ok(())
@@ -147,7 +157,52 @@ impl BatchSystem for Slurm {
         }
         Ok(parse_squeue(&String::from_utf8_lossy(&out.stdout)))
     }
+
+    fn never_starts(&self, job: &BatchJob) -> Option<String> {
+        if job.state != "PENDING" {
+            return None;
+        }
+        NEVER_STARTS
+            .iter()
+            .find(|(reason, _)| job.reason == *reason)
+            .map(|(reason, why)| {
+                format!(
+                    "Slurm will never start it ({reason}: {why}); check the --sbatch options ({})",
+                    if self.sbatch_args.is_empty() {
+                        "none given".to_string()
+                    } else {
+                        self.sbatch_args.join(" ")
+                    }
+                )
+            })
+    }
 }
+
+/// Slurm's pending reasons that mean a job never starts as it was asked,
+/// with what each means (squeue(1), JOB REASON CODES). Those that can pass
+/// by themselves (`Resources`, `Priority`, limits of the jobs running now,
+/// nodes down, a hold someone may release) are not here.
+const NEVER_STARTS: &[(&str, &str)] = &[
+    (
+        "PartitionConfig",
+        "it asks for more than its partition's nodes can give (nodes, cores or memory)",
+    ),
+    (
+        "PartitionNodeLimit",
+        "it asks for more nodes than its partition allows",
+    ),
+    (
+        "PartitionTimeLimit",
+        "its --time is over its partition's time limit",
+    ),
+    ("BadConstraints", "its constraints cannot be met"),
+    (
+        "DependencyNeverSatisfied",
+        "a job it depends on ended in a way that never satisfies the dependency",
+    ),
+    ("InvalidAccount", "its account is not valid"),
+    ("InvalidQOS", "its QOS is not valid"),
+];
 
 /// `squeue -o "%i|%T|%r"` lines as jobs.
 pub fn parse_squeue(text: &str) -> Vec<BatchJob> {
@@ -207,5 +262,39 @@ mod tests {
             }
         );
         assert_eq!(jobs[1].state, "RUNNING");
+    }
+
+    #[test]
+    fn a_job_pending_for_a_reason_that_never_passes_is_told_apart() {
+        let slurm = Slurm {
+            name: "x".into(),
+            sbatch_args: vec!["--nodes=9".into()],
+            worker_command: "w".into(),
+        };
+        let job = |state: &str, reason: &str| BatchJob {
+            id: "1".into(),
+            state: state.into(),
+            reason: reason.into(),
+        };
+        let why = slurm
+            .never_starts(&job("PENDING", "PartitionConfig"))
+            .unwrap();
+        assert!(
+            why.contains("PartitionConfig") && why.contains("--nodes=9"),
+            "{why}"
+        );
+        assert!(
+            slurm
+                .never_starts(&job("PENDING", "DependencyNeverSatisfied"))
+                .is_some()
+        );
+        for (state, reason) in [
+            ("PENDING", "Resources"),
+            ("PENDING", "Priority"),
+            ("PENDING", "JobHeldUser"),
+            ("RUNNING", "None"),
+        ] {
+            assert_eq!(slurm.never_starts(&job(state, reason)), None, "{reason}");
+        }
     }
 }

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::adapt::{AdaptConfig, Policy, PoolSource, Slurm};
+use crate::adapt::{AdaptConfig, AdaptStatus, Policy, PoolSource, Slurm};
 use crate::server::pooldir::{CONTROLLER_TTL, Controller};
 use crate::units::{Size, Span};
 
@@ -58,6 +58,10 @@ pub struct AdaptArgs {
     /// The Slurm job name of the worker jobs [default: peerwasm-adapt-PID].
     #[arg(long)]
     name: Option<String>,
+    /// Serve the controller's figures (target, workers, jobs submitted,
+    /// cancelled, refused) for Prometheus at http://ADDR/metrics.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 pub fn run(args: AdaptArgs) -> anyhow::Result<ExitCode> {
@@ -132,6 +136,7 @@ pub fn run(args: AdaptArgs) -> anyhow::Result<ExitCode> {
             .0
             .saturating_sub(args.overhead.0)
             .saturating_sub(crate::sandbox::JOB_NATIVE_BYTES),
+        status: Default::default(),
     };
     eprintln!(
         "peerwasm adapt: sizing the pool in {} to its backlog with Slurm jobs named {} ({}..{} workers of {} slot{})",
@@ -152,12 +157,18 @@ pub fn run(args: AdaptArgs) -> anyhow::Result<ExitCode> {
             super::worker::shutdown_signal().await;
             on_signal.cancel();
         });
+        let (status, mut changes) = tokio::sync::watch::channel(AdaptStatus::default());
+        if let Some(addr) = args.metrics {
+            serve_metrics(addr, changes.clone(), controller.name.clone()).await?;
+        }
         // Clients of the pool directory learn that the pool grows (and how
-        // large a job it can take) from this notice, renewed while it runs.
+        // large a job it can take) from this notice, renewed while it runs
+        // and whenever what it is doing changes (`peerwasm status`).
         let (notice, announcing) = (pool_dir.clone(), stop.clone());
-        let renew = controller.clone();
+        let mut renew = controller.clone();
         let announcer = tokio::spawn(async move {
             loop {
+                renew.status = changes.borrow_and_update().clone();
                 if let Err(e) = notice.announce(&renew) {
                     tracing::warn!(
                         "cannot write the controller's notice into the pool directory: {e:#}"
@@ -166,10 +177,11 @@ pub fn run(args: AdaptArgs) -> anyhow::Result<ExitCode> {
                 tokio::select! {
                     () = announcing.cancelled() => break,
                     () = tokio::time::sleep(CONTROLLER_TTL / 6) => {}
+                    _ = changes.changed() => {}
                 }
             }
         });
-        let out = crate::adapt::run(config, source, Arc::new(slurm), stop, |d| {
+        let out = crate::adapt::run(config, source, Arc::new(slurm), stop, status, |d| {
             eprintln!("peerwasm adapt: {}", d.why)
         })
         .await;
@@ -182,6 +194,42 @@ pub fn run(args: AdaptArgs) -> anyhow::Result<ExitCode> {
         summary.submitted, summary.cancelled, summary.cancelled_unused, summary.refused
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Serves `GET /metrics` on `addr` from the controller's status.
+async fn serve_metrics(
+    addr: std::net::SocketAddr,
+    status: tokio::sync::watch::Receiver<AdaptStatus>,
+    name: String,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot serve the metrics on {addr}: {e}"))?;
+    eprintln!(
+        "peerwasm adapt: metrics on http://{}/metrics",
+        listener.local_addr()?
+    );
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let text = status.borrow().metrics_text(&name);
+            async move {
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        crate::worker::metrics::CONTENT_TYPE,
+                    )],
+                    text,
+                )
+            }
+        }),
+    );
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::warn!("the metrics server stopped: {e}");
+        }
+    });
+    Ok(())
 }
 
 /// `s` quoted for the shell that runs the job's `--wrap`.

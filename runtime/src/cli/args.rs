@@ -236,11 +236,21 @@ impl ViewArgs {
         let Some(dir) = &self.pool_dir else {
             return Ok(());
         };
-        client_pool_dir(dir, &mut self.tls, &mut self.peers)?;
-        if self.peers.is_empty() {
-            anyhow::bail!("the pool in {} has no running worker", dir.display());
+        let pool = client_pool_dir(dir, &mut self.tls, &mut self.peers)?;
+        if self.peers.is_empty() && pool.controller().is_none() {
+            anyhow::bail!(
+                "the pool in {} has no running worker, and no controller (peerwasm adapt) is growing it",
+                dir.display()
+            );
         }
         Ok(())
+    }
+
+    /// The controller growing the pool of `--pool-dir`, if one is.
+    pub(super) fn controller(&self) -> Option<crate::server::pooldir::Controller> {
+        crate::server::pooldir::PoolDir::open(self.pool_dir.as_ref()?)
+            .ok()?
+            .controller()
     }
 
     /// Fetches the pool view from the first worker that answers.

@@ -11,7 +11,24 @@ pub struct StatusArgs {
     pub(super) view: ViewArgs,
 }
 
+/// The pool's status and, for `--pool-dir`, what its controller
+/// (`peerwasm adapt`) is doing: a pool at `--min 0` has a controller and
+/// no worker.
 pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
-    let status = PoolStatus::from_view(&args.view.fetch()?);
-    args.view.print(&status, &status)
+    let controller = args.view.controller();
+    let view = match (&controller, args.view.peers.is_empty()) {
+        (Some(_), true) => Vec::new(),
+        _ => args.view.fetch()?,
+    };
+    let status = PoolStatus::from_view(&view);
+    let Some(c) = controller else {
+        return args.view.print(&status, &status);
+    };
+    let mut json = serde_json::to_value(&status)?;
+    json["controller"] = serde_json::to_value(&c)?;
+    let text = format!(
+        "{status}\ngrown by peerwasm adapt {} (on {}, pid {}, up to {} workers): {}",
+        c.name, c.host, c.pid, c.max_workers, c.status
+    );
+    args.view.print(&json, text)
 }

@@ -4,6 +4,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::runner::RunnerConfig;
@@ -347,16 +348,16 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
             let host = advertised_host(args.listen, args.advertise.as_deref());
             let joining = pool.join(&host)?;
             cluster_key = Some(joining.key);
-            tls = Some(joining.tls);
+            tls = Some(joining.tls.clone());
             join.extend(joining.members);
-            Some(pool)
+            Some((pool, joining.tls))
         }
         None => None,
     };
     let config = WorkerConfig {
         listen: args.listen,
         join,
-        members: pool_dir.clone(),
+        members: pool_dir.as_ref().map(|(pool, _)| pool.clone()),
         runner: RunnerConfig {
             sandbox,
             slot_processes: match args.slot_processes {
@@ -424,12 +425,28 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         let _ = writeln!(stdout, "peerwasm worker listening on {}", worker.advertised)
             .and_then(|()| stdout.flush());
         drop(stdout);
-        // Listed in the pool directory while it serves.
-        let _member = match &pool_dir {
-            Some(pool) => Some(pool.register(&worker.advertised)?),
+        // Listed in the pool directory while it serves, renewed so that a
+        // worker killed without leaving is unlisted (`pooldir::MEMBER_TTL`).
+        let member = match &pool_dir {
+            Some((pool, own)) => Some(Arc::new(pool.register(&worker.advertised, Some(own))?)),
             None => None,
         };
+        if let Some(member) = &member {
+            let member = Arc::downgrade(member);
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(crate::server::pooldir::MEMBER_RENEW).await;
+                    let Some(member) = member.upgrade() else {
+                        break;
+                    };
+                    if let Err(e) = member.renew() {
+                        tracing::warn!("{e:#}");
+                    }
+                }
+            });
+        }
         worker.wait().await?;
+        drop(member);
         let _ = writeln!(std::io::stderr(), "peerwasm worker stopped");
         Ok(ExitCode::SUCCESS)
     })

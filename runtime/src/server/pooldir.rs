@@ -37,6 +37,8 @@ pub const MEMBERS: &str = "members";
 pub const BACKLOG: &str = "backlog";
 /// The controller's notice that it grows the pool.
 pub const CONTROLLER: &str = "controller.json";
+/// The most a controller notice may take (its status holds a few lines).
+const MAX_CONTROLLER_BYTES: usize = 16 << 10;
 /// A controller notice older than this is one whose controller is gone.
 pub const CONTROLLER_TTL: Duration = Duration::from_secs(30);
 /// How long a backlog file counts unless rewritten (its map renews it
@@ -44,6 +46,14 @@ pub const CONTROLLER_TTL: Duration = Duration::from_secs(30);
 pub const BACKLOG_FILE_TTL: Duration = Duration::from_millis(crate::proto::backlog::BACKLOG_TTL_MS);
 /// How long a certificate a worker issues itself at start is valid.
 pub const CERT_VALIDITY: Duration = Duration::from_secs(30 * 86_400);
+/// How often a running worker renews its entry in `members/`.
+pub const MEMBER_RENEW: Duration = Duration::from_secs(15);
+/// An entry in `members/` not renewed for this long is a worker that died
+/// without leaving (killed with -9, its node lost): it is no longer
+/// listed, and it is removed with the certificate its worker issued. Six
+/// renewals: a busy shared filesystem or a little clock skew between
+/// nodes (ages are file times) does not drop a live worker.
+pub const MEMBER_TTL: Duration = Duration::from_secs(90);
 
 /// A shared pool directory.
 #[derive(Clone, Debug)]
@@ -84,6 +94,7 @@ impl PoolDir {
     /// the members now listed.
     pub fn join(&self, host: &str) -> anyhow::Result<Joining> {
         self.prepare()?;
+        self.prune_expired_certificates();
         let key = self.dir.join(KEY_FILE);
         let now = SystemTime::now();
         let stem = format!(
@@ -143,29 +154,93 @@ impl PoolDir {
         Ok(())
     }
 
-    /// The addresses the running workers listed.
+    /// The addresses the running workers listed (renewed within
+    /// [`MEMBER_TTL`]). Entries past it are removed, with the certificate
+    /// their worker issued itself: a worker killed with -9 leaves neither
+    /// behind for long.
     pub fn members(&self) -> Vec<String> {
         let Ok(entries) = std::fs::read_dir(self.dir.join(MEMBERS)) else {
             return Vec::new();
         };
-        let mut out: Vec<String> = entries
-            .flatten()
-            .filter_map(|e| std::fs::read_to_string(e.path()).ok())
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty() && s.len() < 256)
-            .collect();
+        let mut out = Vec::new();
+        for e in entries.flatten() {
+            let Ok(text) = std::fs::read_to_string(e.path()) else {
+                continue;
+            };
+            let mut lines = text.lines();
+            let addr = lines.next().unwrap_or_default().trim();
+            if age(&e.path()) > MEMBER_TTL {
+                let _ = std::fs::remove_file(e.path());
+                if let Some(stem) = lines.next() {
+                    self.remove_certificate(stem.trim());
+                }
+                continue;
+            }
+            if !addr.is_empty() && addr.len() < 256 {
+                out.push(addr.to_string());
+            }
+        }
         out.sort();
         out.dedup();
         out
     }
 
-    /// Lists `addr` as a member until the guard is dropped.
-    pub fn register(&self, addr: &str) -> anyhow::Result<Member> {
-        let path = self.dir.join(MEMBERS).join(certs::file_stem(addr));
-        std::fs::write(&path, addr)
-            .with_context(|| format!("cannot list this worker in {}", path.display()))?;
-        Ok(Member { path })
+    /// Lists `addr` as a member until the guard is dropped (then its entry
+    /// goes, and with it `tls`, the certificate it issued itself, if any).
+    /// The worker renews it every [`MEMBER_RENEW`] ([`Member::renew`]).
+    pub fn register(
+        &self,
+        addr: &str,
+        tls: Option<&crate::net::tls::WorkerTls>,
+    ) -> anyhow::Result<Member> {
+        let member = Member {
+            path: self.dir.join(MEMBERS).join(certs::file_stem(addr)),
+            text: match tls.and_then(|t| t.cert.file_stem()) {
+                Some(stem) => format!("{addr}\n{}\n", stem.to_string_lossy()),
+                None => format!("{addr}\n"),
+            },
+            certificate: tls
+                .filter(|t| t.cert.parent() == Some(self.dir.as_path()))
+                .map(|t| (t.cert.clone(), t.key.clone())),
+        };
+        member.renew()?;
+        Ok(member)
     }
+
+    /// Removes `DIR/STEM.crt` and `DIR/STEM.key` if STEM names a
+    /// certificate a worker issued itself (`node-...`), nothing else.
+    fn remove_certificate(&self, stem: &str) {
+        if stem.starts_with("node-") && certs::file_stem(stem) == stem {
+            for ext in ["crt", "key"] {
+                let _ = std::fs::remove_file(self.dir.join(format!("{stem}.{ext}")));
+            }
+        }
+    }
+
+    /// Removes the workers' own certificates that have expired (left by
+    /// workers that could not clean up after themselves).
+    fn prune_expired_certificates(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(stem) = name.strip_suffix(".crt")
+                && age(&e.path()) > CERT_VALIDITY
+            {
+                self.remove_certificate(stem);
+            }
+        }
+    }
+}
+
+/// How long ago `path` was last written (zero if that cannot be read or
+/// is in the future).
+fn age(path: &Path) -> Duration {
+    std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .map(|t| t.elapsed().unwrap_or_default())
+        .unwrap_or_default()
 }
 
 /// The controller growing a pool, as it describes itself in
@@ -182,6 +257,9 @@ pub struct Controller {
     /// The largest job it can bring a worker for (`--max-mem` less the
     /// worker's overhead), in bytes.
     pub largest_job: u64,
+    /// What it is doing, as of its last poll (`peerwasm status` shows it).
+    #[serde(default)]
+    pub status: crate::adapt::AdaptStatus,
 }
 
 impl PoolDir {
@@ -215,7 +293,9 @@ impl PoolDir {
         if age > CONTROLLER_TTL {
             return None;
         }
-        let bytes = std::fs::read(&path).ok().filter(|b| b.len() <= 4096)?;
+        let bytes = std::fs::read(&path)
+            .ok()
+            .filter(|b| b.len() <= MAX_CONTROLLER_BYTES)?;
         serde_json::from_slice(&bytes).ok()
     }
 
@@ -279,15 +359,31 @@ impl PoolDir {
     }
 }
 
-/// A worker's entry in `members/`, removed when dropped (its worker stops).
+/// A worker's entry in `members/`, removed when dropped (its worker stops)
+/// with the certificate the worker issued itself.
 #[derive(Debug)]
 pub struct Member {
     path: PathBuf,
+    text: String,
+    certificate: Option<(PathBuf, PathBuf)>,
+}
+
+impl Member {
+    /// Writes the entry again: it stays listed for [`MEMBER_TTL`] more
+    /// (and comes back if something removed it).
+    pub fn renew(&self) -> anyhow::Result<()> {
+        std::fs::write(&self.path, &self.text)
+            .with_context(|| format!("cannot list this worker in {}", self.path.display()))
+    }
 }
 
 impl Drop for Member {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
+        if let Some((cert, key)) = &self.certificate {
+            let _ = std::fs::remove_file(cert);
+            let _ = std::fs::remove_file(key);
+        }
     }
 }
 
@@ -343,6 +439,7 @@ mod tests {
             pid: 7,
             max_workers: 8,
             largest_job: 1 << 30,
+            status: Default::default(),
         };
         pool.announce(&c).unwrap();
         assert_eq!(pool.controller(), Some(c.clone()));
@@ -384,12 +481,50 @@ mod tests {
     fn members_list_themselves_while_they_run() {
         let tmp = tempfile::tempdir().unwrap();
         let pool = PoolDir::open(tmp.path()).unwrap();
-        let a = pool.register("10.0.0.1:40001").unwrap();
-        let b = pool.register("node2:40002").unwrap();
+        let a = pool.register("10.0.0.1:40001", None).unwrap();
+        let b = pool.register("node2:40002", None).unwrap();
         assert_eq!(pool.members(), ["10.0.0.1:40001", "node2:40002"]);
         drop(a);
         assert_eq!(pool.members(), ["node2:40002"]);
         drop(b);
         assert!(pool.members().is_empty());
+    }
+
+    /// Backdates `path` by `by`.
+    fn backdate(path: &Path, by: Duration) {
+        let f = std::fs::File::options().write(true).open(path).unwrap();
+        f.set_modified(SystemTime::now() - by).unwrap();
+    }
+
+    #[test]
+    fn a_worker_that_died_without_leaving_is_unlisted_with_its_certificate() {
+        let tmp = tempfile::tempdir().unwrap();
+        let pool = PoolDir::open(tmp.path()).unwrap();
+        let (live, dead) = (pool.join("n1").unwrap(), pool.join("n2").unwrap());
+        let alive = pool.register("n1:40001", Some(&live.tls)).unwrap();
+        let killed = pool.register("n2:40002", Some(&dead.tls)).unwrap();
+        // Killed with -9: no drop ran, the entry just stopped being renewed.
+        std::mem::forget(killed);
+        let entry = |addr: &str| tmp.path().join(MEMBERS).join(certs::file_stem(addr));
+        backdate(&entry("n1:40001"), MEMBER_TTL - Duration::from_secs(10));
+        backdate(&entry("n2:40002"), MEMBER_TTL + Duration::from_secs(10));
+        assert_eq!(pool.members(), ["n1:40001"], "the stale one is not listed");
+        assert!(!entry("n2:40002").exists() && !dead.tls.cert.exists() && !dead.tls.key.exists());
+        assert!(live.tls.cert.exists(), "the live one's certificate stays");
+        // Renewed, a live worker is listed again even if its entry was lost.
+        std::fs::remove_file(entry("n1:40001")).unwrap();
+        alive.renew().unwrap();
+        assert_eq!(pool.members(), ["n1:40001"]);
+        // A clean stop takes its certificate with it.
+        drop(alive);
+        assert!(pool.members().is_empty() && !live.tls.cert.exists() && !live.tls.key.exists());
+        // Certificates past their validity go at the next join; the CA stays.
+        let old = pool.join("n3").unwrap();
+        backdate(&old.tls.cert, CERT_VALIDITY + Duration::from_secs(60));
+        let _ = pool.join("n4").unwrap();
+        assert!(!old.tls.cert.exists() && !old.tls.key.exists());
+        assert!(
+            tmp.path().join(certs::CA_CERT).exists() && tmp.path().join(certs::CA_KEY).exists()
+        );
     }
 }
