@@ -293,12 +293,14 @@ pub async fn round<R>(
 
 /// One round with every peer not known dead, rather than a random few:
 /// a leaving worker's last record (`draining`) reaches the whole pool at
-/// once, so that it disappears from every view within one round.
+/// once, so that it disappears from every view within one round. The
+/// addresses of those it did not reach.
 pub async fn farewell<R>(
     shared: &SharedNode<R>,
     transport: &dyn GossipTransport,
     refresh: &mut (impl FnMut(&mut GossipNode<R>) + Send),
-) where
+) -> Vec<String>
+where
     R: Clone + Serialize + DeserializeOwned,
 {
     let (targets, syn) = {
@@ -314,17 +316,25 @@ pub async fn farewell<R>(
         (targets, node.syn())
     };
     let exchanges = targets
+        .iter()
+        .map(|addr| exchange(shared, transport, addr.clone(), syn.clone()));
+    let reached = futures::future::join_all(exchanges).await;
+    targets
         .into_iter()
-        .map(|addr| exchange(shared, transport, addr, syn.clone()));
-    futures::future::join_all(exchanges).await;
+        .zip(reached)
+        .filter(|(_, ok)| !ok)
+        .map(|(addr, _)| addr)
+        .collect()
 }
 
+/// One exchange with `addr`; whether it went through.
 async fn exchange<R>(
     shared: &SharedNode<R>,
     transport: &dyn GossipTransport,
     addr: String,
     syn: Syn,
-) where
+) -> bool
+where
     R: Clone + Serialize + DeserializeOwned,
 {
     let result: Result<(), String> = async {
@@ -343,10 +353,14 @@ async fn exchange<R>(
     }
     .await;
     match result {
-        Ok(()) => GossipStats::add(&shared.stats.exchanges_ok, 1),
+        Ok(()) => {
+            GossipStats::add(&shared.stats.exchanges_ok, 1);
+            true
+        }
         Err(e) => {
             GossipStats::add(&shared.stats.exchanges_failed, 1);
             tracing::debug!(peer = %addr, "gossip exchange failed: {e}");
+            false
         }
     }
 }

@@ -69,6 +69,11 @@ pub struct Advert {
     /// will: it drains before then, and takes no job that asks for longer
     /// than is left.
     pub ends_at_ms: Option<u64>,
+    /// How long it has had nothing to do — no job running or waiting, no
+    /// detached map it owns — as of this advert; `None` while it has. A
+    /// duration, not a time: no clock is compared across machines, and an
+    /// advert that arrives late only understates it.
+    pub idle_ms: Option<u64>,
 }
 
 impl Advert {

@@ -220,6 +220,7 @@ pub async fn run(
                 addr: p.advert.addr.clone(),
                 batch_job: job.clone(),
                 busy: p.advert.slots_busy > 0 || p.advert.queue_len > 0 || p.advert.owned_maps > 0,
+                idle_ms: p.advert.idle_ms.unwrap_or(0),
                 largest_job: p.advert.largest_job(),
             });
         }

@@ -80,6 +80,11 @@ pub struct PoolWorker {
     pub busy: bool,
     /// The largest job it can hold.
     pub largest_job: u64,
+    /// How long it had had nothing to do when its advert was made (0 if
+    /// busy, or not said): its idle clock starts that much earlier than
+    /// the controller first sees it idle, since adverts reach the
+    /// controller through a gossip round or two.
+    pub idle_ms: u64,
 }
 
 /// What the controller asks a batch system for: one worker of this shape.
@@ -188,7 +193,12 @@ impl Policy {
             .idle_since
             .retain(|addr, _| workers.iter().any(|w| &w.addr == addr && !w.busy));
         for w in workers.iter().filter(|w| !w.busy) {
-            memory.idle_since.entry(w.addr.clone()).or_insert(now_ms);
+            let since = now_ms.saturating_sub(w.idle_ms);
+            memory
+                .idle_since
+                .entry(w.addr.clone())
+                .and_modify(|t| *t = (*t).min(since))
+                .or_insert(since);
         }
         if target > capacity {
             memory.below_since = None;
@@ -238,17 +248,24 @@ impl Policy {
         }
         let since = *memory.below_since.get_or_insert(now_ms);
         let idle_ms = self.idle_for.as_millis() as u64;
-        if now_ms.saturating_sub(since) < idle_ms {
+        let waited = now_ms.saturating_sub(since) >= idle_ms;
+        // With work left, the target must have stayed low for the idle
+        // period. With none, a worker's own idle clock is enough (it has
+        // had nothing to do for that long, by its advert): the backlog's
+        // end reaches the controller a gossip round or two late, and the
+        // pool would wait that long again.
+        if !waited && backlog.jobs() > 0 {
             return Decision {
                 target,
                 ..Decision::default()
             };
         }
-        // Let go of what is not needed: pending jobs first when nothing is
-        // left to do at all, then workers idle long enough, oldest idle first.
+        // Let go of what is not needed: pending jobs first when nothing has
+        // been left to do for the idle period, then workers idle long
+        // enough, oldest idle first.
         let mut excess = capacity - target.max(self.min);
         let mut cancel = Vec::new();
-        if backlog.jobs() == 0 {
+        if waited && backlog.jobs() == 0 {
             for id in pending.iter().take(excess as usize) {
                 cancel.push(id.clone());
                 excess -= 1;
@@ -328,6 +345,7 @@ mod tests {
             batch_job: format!("job-{addr}"),
             busy,
             largest_job: largest,
+            idle_ms: 0,
         }
     }
 
@@ -436,6 +454,23 @@ mod tests {
         assert_eq!(
             p.decide(&none, &[worker("a", false, GIB)], &[], &mut m, 18_000)
                 .cancel,
+            ["job-a"]
+        );
+        // Its advert says it has been idle 9 s already (it reached the
+        // controller late): 1 s more is enough.
+        let mut m = Memory::default();
+        let seen_late = PoolWorker {
+            idle_ms: 9_000,
+            ..worker("a", false, GIB)
+        };
+        p.decide(&none, &[seen_late.clone()], &[], &mut m, 30_000);
+        assert!(
+            p.decide(&none, &[seen_late.clone()], &[], &mut m, 30_500)
+                .cancel
+                .is_empty()
+        );
+        assert_eq!(
+            p.decide(&none, &[seen_late], &[], &mut m, 31_000).cancel,
             ["job-a"]
         );
         // A backlog arriving while it waited keeps it.

@@ -410,7 +410,8 @@ fn spawn_gossip(
 /// (they resume when it is back); it tells every peer at once that it is
 /// leaving (a farewell round: it leaves every view within one round), new
 /// jobs get 503, queued ones are cancelled so their clients go elsewhere;
-/// after two more gossip rounds it stops accepting; requests in flight —
+/// it stops accepting then (after two more gossip rounds if the farewell
+/// missed a peer); requests in flight —
 /// running jobs — finish before `serve` returns, or are cancelled after
 /// the grace.
 async fn drain(
@@ -453,12 +454,26 @@ async fn drain(
         );
     }
     let farewell_worker = worker.clone();
-    crate::gossip::transport::farewell(
+    let missed = crate::gossip::transport::farewell(
         &worker.gossip,
         transport.as_ref(),
         &mut |node: &mut GossipNode<Advert>| node.set_record(farewell_worker.gossip_advert()),
     )
     .await;
+    // Peers it missed that are leaving too (their own farewell said so:
+    // workers of a pool let go together) need not hear it.
+    let to_tell = {
+        let node = worker.gossip.lock();
+        missed
+            .iter()
+            .filter(|addr| {
+                !node
+                    .state()
+                    .iter()
+                    .any(|(id, s)| id.addr == **addr && s.record.draining)
+            })
+            .count()
+    };
     let reaper = worker.clone();
     tokio::spawn(async move {
         tokio::time::sleep(grace).await;
@@ -470,7 +485,14 @@ async fn drain(
             );
         }
     });
-    tokio::time::sleep(2 * interval).await;
+    // A peer the farewell missed learns of the drain from the others'
+    // gossip while this worker still answers (new jobs get 503, not a
+    // refused connection): two more rounds. When every peer that stays
+    // heard it, nobody is left to tell — a batch system waiting for the
+    // job to end (`scancel`) gets it back two rounds sooner.
+    if to_tell > 0 {
+        tokio::time::sleep(2 * interval).await;
+    }
 }
 
 /// Compiles `paths` one after another (`--precompile`), saying how each

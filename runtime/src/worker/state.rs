@@ -131,6 +131,13 @@ impl Worker {
             owned_maps: self.owned_maps.load(Ordering::Relaxed),
             batch_job: self.lifetime.batch_job.clone(),
             ends_at_ms: self.lifetime.ends_at_ms(),
+            idle_ms: match self.owned_maps.load(Ordering::Relaxed) {
+                0 => self
+                    .admission
+                    .idle_for()
+                    .map(|d| d.as_millis().min(u128::from(u64::MAX)) as u64),
+                _ => None,
+            },
         }
     }
 

@@ -120,6 +120,9 @@ pub struct Admission {
 
 struct State {
     busy: u32,
+    /// When a job last started or ended (or the worker started): with
+    /// nothing running or waiting, it has been idle since then.
+    last_activity: Instant,
     /// Waiting jobs, per tenant.
     queue: Queues<Answer>,
     running: HashMap<u64, Running>,
@@ -193,6 +196,7 @@ impl Drop for Ticket {
                 st.fair.record(&r.tenant.name, usage, now);
             }
             st.busy -= 1;
+            st.last_activity = now;
             // Give the memory back before dispatching, so waiters find it.
             drop(self.reservation.take());
         }
@@ -214,6 +218,7 @@ impl Admission {
             config,
             state: Mutex::new(State {
                 busy: 0,
+                last_activity: Instant::now(),
                 queue: Queues::default(),
                 running: HashMap::new(),
                 fair,
@@ -255,6 +260,13 @@ impl Admission {
     pub fn counts(&self) -> (u32, u32) {
         let st = self.lock();
         (st.busy, st.queue.len() as u32)
+    }
+
+    /// How long nothing has run or waited here; `None` while something
+    /// does. What a controller lets idle workers go by (`Advert::idle_ms`).
+    pub fn idle_for(&self) -> Option<std::time::Duration> {
+        let st = self.lock();
+        (st.busy == 0 && st.queue.len() == 0).then(|| st.last_activity.elapsed())
     }
 
     /// Jobs waiting, per tenant (tenants with none left out).
@@ -378,6 +390,7 @@ impl Admission {
                 let w = st.queue.take(pos);
                 tracing::debug!(tenant = %w.tenant.name, queued = st.queue.len(), "starting a job");
                 st.busy += 1;
+                st.last_activity = Instant::now();
                 st.next_id += 1;
                 let id = st.next_id;
                 st.running.insert(
