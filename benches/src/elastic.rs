@@ -1,16 +1,33 @@
 //! `elastic`: a pool that follows the work, on a real Slurm — `peerwasm
 //! adapt` against dask-jobqueue's `SLURMCluster(...).adapt()`, the same run,
-//! the same Slurm (`tests/slurm/cluster.sh`: four nodes of two cores), the
-//! same maximum workers (8 of one slot), the same work: 200 jobs of 0.5 s
-//! from zero workers.
+//! the same Slurm (`tests/slurm/cluster.sh`: four nodes of two cores and
+//! 4 GiB), the same maximum workers (8 of one slot), from zero workers, on
+//! two workloads:
+//!
+//! * **sleeps**: 200 jobs of 0.5 s;
+//! * **mix**, heavy-tailed memory: 48 jobs that hold their memory 2 s (as
+//!   I/O-bound analyses do), 64 MiB each but every 8th 768 MiB, the memory
+//!   following the input's size (the `hold` guest: 1,024 × its input's
+//!   bytes). peerwasm runs it twice — learning, then with the estimate the
+//!   first run saved — and asks `adapt --overhead 64MiB --min-mem 64MiB`
+//!   (the module is a few KiB: its compiles need little); dask's workers
+//!   are sized for the largest job (`memory="1.2GB"`), as its users must.
+//!   Each controller's asks are printed (adapt's decisions, dask's
+//!   `#SBATCH --mem`).
 //!
 //! For each: makespan (submit to the last result), time to the first
 //! worker, time from the last result until the batch queue holds none of
-//! its jobs (back to minimum), the batch jobs submitted, and, for peerwasm,
-//! the jobs cancelled without having run a job (adapt counts them; dask's
-//! adapt does not say). Needs root and Slurm (as the Slurm tests); dask-
-//! jobqueue is installed into a venv of its own (`target/benchvenv-jobqueue`).
-//! Skipped with `--quick`.
+//! its jobs (back to minimum), the batch jobs submitted, the jobs cancelled
+//! without having run a job (adapt counts them; dask's adapt does not
+//! say), and for the mix the memory-seconds the batch jobs held (their
+//! `--mem` × the time each ran, sampled from `squeue` every 100 ms) against
+//! those the work used (each job's memory × its 2 s).
+//!
+//! Before measuring, every node runs both programs once (this binary and
+//! the venv's Python importing dask): the cluster was just started, and
+//! its first jobs are slower for whichever controller goes first. Needs
+//! root and Slurm (as the Slurm tests); dask-jobqueue is installed into a
+//! venv of its own (`target/benchvenv-jobqueue`). Skipped with `--quick`.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -19,9 +36,76 @@ use std::time::{Duration, Instant};
 use crate::Sizes;
 use crate::summary::Summary;
 
-const JOBS: usize = 200;
-const JOB_MS: u64 = 500;
 const MAX_WORKERS: u32 = 8;
+const NODES: u32 = 4;
+
+/// A workload, as each controller's client gets it.
+struct Work {
+    name: &'static str,
+    /// peerwasm: the guest, one input per line, `--mem` if given.
+    guest: &'static str,
+    inputs: Vec<String>,
+    mem: Option<&'static str>,
+    /// adapt's options beyond the common ones.
+    adapt: &'static [&'static str],
+    /// dask: `(ms, bytes)` per task, and each worker's `memory=`.
+    tasks: Vec<(u64, u64)>,
+    dask_memory: &'static str,
+    /// The memory-seconds the work itself uses, in GiB·s (0: not counted).
+    used_gib_s: f64,
+}
+
+fn sleeps() -> Work {
+    let (jobs, ms) = (200, 500);
+    Work {
+        name: "200 jobs of 0.5 s",
+        guest: "sleep",
+        inputs: vec![ms.to_string(); jobs],
+        mem: Some("64MiB"),
+        adapt: &[],
+        tasks: vec![(ms, 0); jobs],
+        dask_memory: "512MB",
+        used_gib_s: 0.0,
+    }
+}
+
+const MIX_JOBS: usize = 48;
+const MIX_HOLD_MS: u64 = 2000;
+
+fn mix() -> Work {
+    let sizes: Vec<u64> = (0..MIX_JOBS)
+        .map(|i| if i % 8 == 7 { 768 << 20 } else { 64 << 20 })
+        .collect();
+    // `MS x1024 PADDING`: the line (and its newline) is 1/1024 of the
+    // memory the job holds.
+    let inputs = sizes
+        .iter()
+        .map(|&bytes| {
+            let head = format!("{MIX_HOLD_MS} x1024 ");
+            let len = (bytes / 1024) as usize - 1;
+            format!("{head}{}", "a".repeat(len - head.len()))
+        })
+        .collect();
+    let used =
+        sizes.iter().sum::<u64>() as f64 / f64::from(1u32 << 30) * (MIX_HOLD_MS as f64 / 1000.0);
+    Work {
+        name: "48 jobs holding 64 MiB (every 8th 768 MiB) for 2 s",
+        guest: "hold",
+        inputs,
+        mem: None,
+        adapt: &[
+            "--overhead",
+            "64MiB",
+            "--min-mem",
+            "64MiB",
+            "--max-mem",
+            "3900MiB",
+        ],
+        tasks: sizes.iter().map(|&b| (MIX_HOLD_MS, b)).collect(),
+        dask_memory: "1.2GB",
+        used_gib_s: used,
+    }
+}
 
 /// What one controller did with the work.
 #[derive(Debug, Default)]
@@ -31,11 +115,13 @@ struct Run {
     back_to_min: f64,
     submitted: u64,
     cancelled_unused: Option<u64>,
+    /// The batch jobs' memory × their running time, GiB·s.
+    held_gib_s: f64,
 }
 
 pub fn elastic(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     println!(
-        "\n## Elastic pool on Slurm: {JOBS} jobs of {JOB_MS} ms from zero workers, at most {MAX_WORKERS}"
+        "\n## Elastic pool on Slurm: from zero workers to at most {MAX_WORKERS}, peerwasm adapt vs dask-jobqueue"
     );
     if sizes.quick {
         println!("skipped with --quick (it starts a Slurm and installs dask-jobqueue)");
@@ -48,7 +134,7 @@ pub fn elastic(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
         .arg(&script)
         .arg("up")
         .arg(dir.path().join("slurm"))
-        .args(["4", "2", "4096"])
+        .args([&NODES.to_string(), "2", "4096"])
         .status()?;
     if !up.success() {
         println!(
@@ -57,41 +143,78 @@ pub fn elastic(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
         return Ok(());
     }
     let conf = dir.path().join("slurm/slurm.conf");
-    let result = (|| -> anyhow::Result<(Run, Option<Run>)> {
-        let ours = peerwasm_adapt(&conf, dir.path())?;
-        let dask = match dask_venv().and_then(|venv| dask_jobqueue(&venv, &conf, dir.path())) {
-            Ok(r) => Some(r),
-            Err(e) => {
-                println!("dask-jobqueue: not measured: {e:#}");
-                None
-            }
-        };
-        Ok((ours, dask))
+    let result = (|| -> anyhow::Result<()> {
+        let venv = dask_venv();
+        warm_up(&conf, venv.as_ref().ok().map(|v| v.as_path()))?;
+        let (sleeps, mix) = (sleeps(), mix());
+        let cache = dir.path().join("client-cache");
+        let ours = peerwasm_adapt(&conf, dir.path(), &sleeps, &cache, "a")?;
+        let dask = dask_or_said(&venv, &conf, dir.path(), &sleeps);
+        report_sleeps(&ours, dask.as_ref(), summary);
+        let learning = peerwasm_adapt(&conf, dir.path(), &mix, &cache, "b")?;
+        let informed = peerwasm_adapt(&conf, dir.path(), &mix, &cache, "c")?;
+        let dask = dask_or_said(&venv, &conf, dir.path(), &mix);
+        report_mix(&mix, &learning, &informed, dask.as_ref(), summary);
+        Ok(())
     })();
     let _ = Command::new("bash")
         .arg(&script)
         .arg("down")
         .arg(dir.path().join("slurm"))
         .status();
-    let (ours, dask) = result?;
-    println!(
-        "| controller | makespan | first worker | back to min after | Slurm jobs | cancelled unused |"
-    );
-    println!("|---|---|---|---|---|---|");
-    let row = |name: &str, r: &Run| {
-        println!(
-            "| {name} | {:.1} s | {:.1} s | {:.1} s | {} | {} |",
-            r.makespan,
-            r.first_worker,
-            r.back_to_min,
-            r.submitted,
-            r.cancelled_unused
-                .map_or("not said".into(), |n| n.to_string())
-        )
+    result
+}
+
+fn dask_or_said(
+    venv: &anyhow::Result<std::path::PathBuf>,
+    conf: &Path,
+    dir: &Path,
+    work: &Work,
+) -> Option<Run> {
+    let run = match venv {
+        Ok(venv) => dask_jobqueue(venv, conf, dir, work),
+        Err(e) => Err(anyhow::anyhow!("{e:#}")),
     };
-    row("peerwasm adapt", &ours);
-    let ideal = JOBS as f64 * JOB_MS as f64 / 1000.0 / f64::from(MAX_WORKERS);
-    println!("(ideal on {MAX_WORKERS} workers, counting no start-up: {ideal:.1} s)");
+    run.map_err(|e| println!("dask-jobqueue: not measured: {e:#}"))
+        .ok()
+}
+
+fn header() {
+    println!(
+        "| controller | makespan | first worker | back to min after | Slurm jobs | cancelled unused | memory held |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+}
+
+fn row(name: &str, r: &Run, used_gib_s: f64) {
+    let held = if used_gib_s > 0.0 {
+        format!(
+            "{:.0} GiB·s ({:.2}× used)",
+            r.held_gib_s,
+            r.held_gib_s / used_gib_s
+        )
+    } else {
+        format!("{:.0} GiB·s", r.held_gib_s)
+    };
+    println!(
+        "| {name} | {:.1} s | {:.1} s | {:.1} s | {} | {} | {held} |",
+        r.makespan,
+        r.first_worker,
+        r.back_to_min,
+        r.submitted,
+        r.cancelled_unused
+            .map_or("not said".into(), |n| n.to_string())
+    );
+}
+
+fn report_sleeps(ours: &Run, dask: Option<&Run>, summary: &mut Summary) {
+    println!("\n### 200 jobs of 0.5 s");
+    header();
+    row("peerwasm adapt", ours, 0.0);
+    if let Some(d) = dask {
+        row("dask-jobqueue adapt", d, 0.0);
+    }
+    println!("(ideal on {MAX_WORKERS} workers, counting no start-up: 12.5 s)");
     summary.goal(
         "elastic: jobs cancelled without having worked",
         ours.cancelled_unused.unwrap_or(0).to_string(),
@@ -101,7 +224,6 @@ pub fn elastic(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     );
     match dask {
         Some(d) => {
-            row("dask-jobqueue adapt", &d);
             let ratio = ours.makespan / d.makespan;
             println!(
                 "makespan {ratio:.2}× dask-jobqueue; back to minimum {:.1} s vs {:.1} s",
@@ -128,35 +250,137 @@ pub fn elastic(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
             None,
         ),
     }
+}
+
+fn report_mix(
+    work: &Work,
+    learning: &Run,
+    informed: &Run,
+    dask: Option<&Run>,
+    summary: &mut Summary,
+) {
+    println!(
+        "\n### Heavy-tailed memory: {} (the work uses {:.0} GiB·s)",
+        work.name, work.used_gib_s
+    );
+    header();
+    row("peerwasm adapt, learning", learning, work.used_gib_s);
+    row("peerwasm adapt, informed", informed, work.used_gib_s);
+    if let Some(d) = dask {
+        row("dask-jobqueue adapt", d, work.used_gib_s);
+    }
+    let ratio = informed.held_gib_s / work.used_gib_s;
+    summary.goal(
+        "elastic: memory held vs used, heavy-tailed mix (informed)",
+        format!(
+            "{ratio:.2}×{}",
+            dask.map_or(String::new(), |d| format!(
+                " (dask {:.2}×)",
+                d.held_gib_s / work.used_gib_s
+            ))
+        ),
+        "≤ 1.25×",
+        ratio <= 1.25,
+        None,
+    );
+}
+
+/// Runs both programs once on every node: the first jobs of a cluster
+/// just started, and the first loads of each binary, are slower.
+fn warm_up(conf: &Path, venv: Option<&Path>) -> anyhow::Result<()> {
+    let exe = std::env::current_exe()?;
+    let mut cmd = format!("{} peerwasm --version >/dev/null", exe.display());
+    if let Some(v) = venv {
+        cmd.push_str(&format!(
+            "; {} -c 'import dask_jobqueue, distributed'",
+            v.join("bin/python").display()
+        ));
+    }
+    let ok = Command::new("srun")
+        .env("SLURM_CONF", conf)
+        .args([
+            &format!("--nodes={NODES}"),
+            "--ntasks-per-node=1",
+            "--mem=512M",
+            "bash",
+            "-c",
+            &cmd,
+        ])
+        .stdout(Stdio::null())
+        .status()?
+        .success();
+    anyhow::ensure!(ok, "the warm-up job failed");
     Ok(())
 }
 
-/// Distinct Slurm jobs named `name` seen so far.
-fn squeue_ids(conf: &Path, name: &str) -> Vec<String> {
-    Command::new("squeue")
-        .env("SLURM_CONF", conf)
-        .args(["-h", "--name", name, "-o", "%i"])
-        .output()
-        .map(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .split_whitespace()
-                .map(String::from)
-                .collect()
-        })
-        .unwrap_or_default()
+/// The batch jobs of one controller, sampled: which were seen, and the
+/// memory-seconds those running held.
+#[derive(Default)]
+struct Queue {
+    seen: std::collections::BTreeSet<String>,
+    held_mib_s: f64,
+    last: Option<Instant>,
 }
 
-fn peerwasm_adapt(conf: &Path, dir: &Path) -> anyhow::Result<Run> {
-    let pool = dir.join("pool");
-    let name = "pwbench-adapt";
-    let log = dir.join("adapt.log");
+impl Queue {
+    /// One `squeue` sample of the jobs named `name`; how many there are.
+    fn sample(&mut self, conf: &Path, name: &str) -> usize {
+        let out = Command::new("squeue")
+            .env("SLURM_CONF", conf)
+            .args(["-h", "--name", name, "-o", "%i|%T|%m"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let now = Instant::now();
+        let dt = self.last.map_or(0.0, |t| (now - t).as_secs_f64());
+        self.last = Some(now);
+        let mut n = 0;
+        for line in out.lines() {
+            let f: Vec<&str> = line.trim().split('|').collect();
+            if f.len() != 3 {
+                continue;
+            }
+            n += 1;
+            self.seen.insert(f[0].to_string());
+            if f[1] == "RUNNING" {
+                self.held_mib_s += parse_mib(f[2]) * dt;
+            }
+        }
+        n
+    }
+}
+
+/// squeue's `%m` (`512M`, `1G`) in MiB.
+fn parse_mib(s: &str) -> f64 {
+    let (n, unit) = s.split_at(
+        s.find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(s.len()),
+    );
+    let n: f64 = n.parse().unwrap_or(0.0);
+    match unit {
+        "G" => n * 1024.0,
+        "T" => n * 1024.0 * 1024.0,
+        _ => n,
+    }
+}
+
+fn peerwasm_adapt(
+    conf: &Path,
+    dir: &Path,
+    work: &Work,
+    cache: &Path,
+    tag: &str,
+) -> anyhow::Result<Run> {
+    let pool = dir.join(format!("pool-{tag}"));
+    let name = format!("pwbench-adapt-{tag}");
+    let log = dir.join(format!("adapt-{tag}.log"));
     let mut adapt = crate::procs::peerwasm()
         .env("SLURM_CONF", conf)
         .args(["adapt", "--pool-dir"])
         .arg(&pool)
         .args([
             "--name",
-            name,
+            &name,
             "--min",
             "0",
             "--max",
@@ -166,6 +390,7 @@ fn peerwasm_adapt(conf: &Path, dir: &Path) -> anyhow::Result<Run> {
             "--poll",
             "500ms",
         ])
+        .args(work.adapt)
         .arg(format!("--sbatch=--output={}/%j.out", dir.display()))
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log)?)
@@ -178,25 +403,31 @@ fn peerwasm_adapt(conf: &Path, dir: &Path) -> anyhow::Result<Run> {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let inputs = dir.join("inputs.txt");
-    std::fs::write(&inputs, format!("{JOB_MS}\n").repeat(JOBS))?;
+    let inputs = dir.join(format!("inputs-{tag}.txt"));
+    std::fs::write(&inputs, work.inputs.join("\n") + "\n")?;
+    let out = dir.join(format!("out-{tag}.jsonl"));
     let start = Instant::now();
-    let mut map = crate::procs::peerwasm()
-        .arg("map")
-        .arg(peerwasm_testkit::guest_wasm("sleep"))
+    let mut map = crate::procs::peerwasm();
+    map.arg("map")
+        .arg(peerwasm_testkit::guest_wasm(work.guest))
         .arg(&inputs)
         .arg("--pool-dir")
         .arg(&pool)
-        .args(["--mem", "64MiB", "-o"])
-        .arg(dir.join("out.jsonl"))
+        .arg("--cache-dir")
+        .arg(cache)
+        .arg("-o")
+        .arg(&out)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let mut seen = std::collections::BTreeSet::new();
+        .stderr(std::fs::File::create(dir.join(format!("map-{tag}.err")))?);
+    if let Some(mem) = work.mem {
+        map.args(["--mem", mem]);
+    }
+    let mut map = map.spawn()?;
+    let mut queue = Queue::default();
     let mut first_worker = None;
     let members = || std::fs::read_dir(pool.join("members")).map_or(0, |d| d.count());
     let status = loop {
-        seen.extend(squeue_ids(conf, name));
+        queue.sample(conf, &name);
         if first_worker.is_none() && members() > 0 {
             first_worker = Some(start.elapsed().as_secs_f64());
         }
@@ -206,13 +437,23 @@ fn peerwasm_adapt(conf: &Path, dir: &Path) -> anyhow::Result<Run> {
         std::thread::sleep(Duration::from_millis(100));
     };
     let makespan = start.elapsed().as_secs_f64();
-    anyhow::ensure!(status.success(), "the map failed");
-    let lines = std::fs::read_to_string(dir.join("out.jsonl"))?
+    anyhow::ensure!(
+        status.success(),
+        "the map failed: {}",
+        std::fs::read_to_string(dir.join(format!("map-{tag}.err"))).unwrap_or_default()
+    );
+    let results: Vec<serde_json::Value> = std::fs::read_to_string(&out)?
         .lines()
-        .count();
-    anyhow::ensure!(lines == JOBS, "{lines} results of {JOBS}");
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    anyhow::ensure!(
+        results.len() == work.inputs.len() && results.iter().all(|r| r["exit_code"] == 0),
+        "{} results of {}, not all exited 0",
+        results.len(),
+        work.inputs.len()
+    );
     let ended = Instant::now();
-    while !squeue_ids(conf, name).is_empty() {
+    while queue.sample(conf, &name) > 0 {
         anyhow::ensure!(
             ended.elapsed() < Duration::from_secs(120),
             "the pool did not shrink back to zero"
@@ -226,6 +467,19 @@ fn peerwasm_adapt(conf: &Path, dir: &Path) -> anyhow::Result<Run> {
         .status()?;
     adapt.wait()?;
     let said = std::fs::read_to_string(&log)?;
+    if work.used_gib_s > 0.0 {
+        for l in said
+            .lines()
+            .filter(|l| l.starts_with("peerwasm adapt: growing"))
+        {
+            println!("  {tag}: {}", l.trim_start_matches("peerwasm adapt: "));
+        }
+        let err = std::fs::read_to_string(dir.join(format!("map-{tag}.err"))).unwrap_or_default();
+        let tail: Vec<&str> = err.lines().rev().take(3).collect();
+        for l in tail.into_iter().rev() {
+            println!("  {tag} map: {}", l.trim());
+        }
+    }
     let unused = said.lines().rev().find_map(|l| {
         l.split(" cancelled (")
             .nth(1)?
@@ -238,39 +492,55 @@ fn peerwasm_adapt(conf: &Path, dir: &Path) -> anyhow::Result<Run> {
         makespan,
         first_worker: first_worker.unwrap_or(makespan),
         back_to_min,
-        submitted: seen.len() as u64,
+        submitted: queue.seen.len() as u64,
         cancelled_unused: unused,
+        held_gib_s: queue.held_mib_s / 1024.0,
     })
 }
 
 /// The anchor, as its users run it: `SLURMCluster(cores=1, processes=1,
-/// memory="512MB").adapt(minimum=0, maximum=8)` and `client.map`.
+/// memory=...).adapt(minimum=0, maximum=8)` and `client.map` over tasks
+/// that hold `bytes` for `ms` (a sleep when 0).
 const DASK_SCRIPT: &str = r#"
 import json, subprocess, sys, threading, time
 from dask_jobqueue import SLURMCluster
 from distributed import Client
 
-jobs, ms, most, outdir = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+tasks, most, outdir, memory = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 name = "pwbench-dask"
-def ids():
-    out = subprocess.run(["squeue", "-h", "--name", name, "-o", "%i"], capture_output=True, text=True).stdout
-    return out.split()
-cluster = SLURMCluster(cores=1, processes=1, memory="512MB", walltime="00:30:00", job_name=name,
+def mib(s):
+    unit = s[-1]
+    n = float(s[:-1]) if unit.isalpha() else float(s)
+    return n * {"G": 1024, "T": 1024 * 1024}.get(unit, 1)
+def jobs():
+    out = subprocess.run(["squeue", "-h", "--name", name, "-o", "%i|%T|%m"], capture_output=True, text=True).stdout
+    return [l.split("|") for l in out.split() if l.count("|") == 2]
+cluster = SLURMCluster(cores=1, processes=1, memory=memory, walltime="00:30:00", job_name=name,
                        scheduler_options={"host": "10.77.0.1"},
                        job_extra_directives=[f"--output={outdir}/dask-%j.out"])
 cluster.adapt(minimum=0, maximum=most)
 client = Client(cluster)
-seen, stop = set(), False
+seen, held, stop = set(), [0.0], False
 def poll():
+    last = time.time()
     while not stop:
-        seen.update(ids())
+        now = time.time()
+        for i, state, m in jobs():
+            seen.add(i)
+            if state == "RUNNING":
+                held[0] += mib(m) * (now - last)
+        last = now
         time.sleep(0.1)
 threading.Thread(target=poll, daemon=True).start()
-def work(i):
+def work(task):
+    ms, n = task
+    block = bytearray(n)
+    for i in range(0, n, 4096):
+        block[i] = 1
     time.sleep(ms / 1000)
-    return i
+    return len(block)
 t0 = time.time()
-futures = client.map(work, range(jobs))
+futures = client.map(work, tasks, pure=False)
 first = None
 while first is None:
     if client.scheduler_info()["workers"]:
@@ -278,15 +548,17 @@ while first is None:
     time.sleep(0.05)
 results = client.gather(futures)
 makespan = time.time() - t0
-assert sorted(results) == list(range(jobs))
+assert results == [n for _, n in tasks]
 # Released, as a user's loop would: a worker holding results is never let go.
 del futures
 t1 = time.time()
-while ids() and time.time() - t1 < 120:
+while jobs() and time.time() - t1 < 120:
     time.sleep(0.1)
 back = time.time() - t1
 stop = True
-print(json.dumps({"makespan": makespan, "first_worker": first, "back_to_min": back, "submitted": len(seen)}))
+mem = [l.strip() for l in cluster.job_script().splitlines() if "--mem" in l]
+print(json.dumps({"makespan": makespan, "first_worker": first, "back_to_min": back, "submitted": len(seen),
+                  "held_gib_s": held[0] / 1024, "mem": mem}))
 client.close()
 cluster.close()
 "#;
@@ -317,18 +589,16 @@ fn dask_venv() -> anyhow::Result<std::path::PathBuf> {
     Ok(dir)
 }
 
-fn dask_jobqueue(venv: &Path, conf: &Path, dir: &Path) -> anyhow::Result<Run> {
+fn dask_jobqueue(venv: &Path, conf: &Path, dir: &Path, work: &Work) -> anyhow::Result<Run> {
     let script = dir.join("dask_adapt.py");
     std::fs::write(&script, DASK_SCRIPT)?;
     let out = Command::new(venv.join("bin/python"))
         .env("SLURM_CONF", conf)
         .arg(&script)
-        .args([
-            JOBS.to_string(),
-            JOB_MS.to_string(),
-            MAX_WORKERS.to_string(),
-        ])
+        .arg(serde_json::to_string(&work.tasks)?)
+        .arg(MAX_WORKERS.to_string())
         .arg(dir)
+        .arg(work.dask_memory)
         .current_dir(dir)
         .output()?;
     anyhow::ensure!(
@@ -344,11 +614,15 @@ fn dask_jobqueue(venv: &Path, conf: &Path, dir: &Path) -> anyhow::Result<Run> {
         .ok_or_else(|| anyhow::anyhow!("no figures from dask: {text}"))?;
     let v: serde_json::Value = serde_json::from_str(line)?;
     let f = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    if work.used_gib_s > 0.0 {
+        println!("  dask: each worker job {}", v["mem"]);
+    }
     Ok(Run {
         makespan: f("makespan"),
         first_worker: f("first_worker"),
         back_to_min: f("back_to_min"),
         submitted: f("submitted") as u64,
         cancelled_unused: None,
+        held_gib_s: f("held_gib_s"),
     })
 }

@@ -37,6 +37,10 @@ use crate::net::{HttpClient, Transport};
 use crate::proto::{JobSpec, ModuleHash, PROTOCOL_HEADER, PROTOCOL_VERSION};
 use crate::units::Bytes;
 
+/// The most members of a growing pool one view asks for their own record
+/// (those that joined since the last gossip reached the view's worker).
+const NEW_MEMBERS_ASKED: usize = 16;
+
 /// How a [`Pool`] behaves.
 #[derive(Clone, Debug)]
 pub struct PoolConfig {
@@ -170,10 +174,37 @@ impl Pool {
             }
             Err(e) => return Err(e),
         };
+        let peers = self.with_new_members(peers, &named).await;
         let peers = self.placeable(peers);
         view.peers = peers.clone();
         view.fetched = Some(Instant::now());
         Ok(peers)
+    }
+
+    /// A growing pool's members that `peers` (one worker's view) does not
+    /// have yet, asked for their own records: a worker that just joined
+    /// is in the pool directory at once but reaches the others' views only
+    /// after a gossip round or two, and a map waiting for workers should
+    /// not wait that long. At most [`NEW_MEMBERS_ASKED`] a time.
+    async fn with_new_members(&self, mut peers: Vec<PeerView>, named: &[String]) -> Vec<PeerView> {
+        let Some(growth) = &self.config.growth else {
+            return peers;
+        };
+        let members = (growth.members)();
+        let new: Vec<&String> = members
+            .iter()
+            .filter(|m| named.contains(m) && !peers.iter().any(|p| &p.advert.addr == *m))
+            .take(NEW_MEMBERS_ASKED)
+            .collect();
+        let asked = new.iter().map(|addr| async move {
+            let own = super::api::WorkerApi::new(&self.http, addr)
+                .peers()
+                .await
+                .ok()?;
+            own.into_iter().find(|p| &p.advert.addr == *addr)
+        });
+        peers.extend(futures::future::join_all(asked).await.into_iter().flatten());
+        peers
     }
 
     /// Tells the pool what a map still has to run: to the first worker

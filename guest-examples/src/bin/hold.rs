@@ -5,6 +5,8 @@
 //! Stdin's first line says how much and how long: `MS xF` holds F × the
 //! input's bytes (memory that follows the input, as a parser's does),
 //! `MS N` holds N MiB whatever the input; the rest of stdin is the input.
+//! An input of one line (as `peerwasm map` gives each line of its inputs
+//! file), `MS xF PADDING`, is its own input: F × the line's bytes.
 //! Prints the bytes it held.
 use std::io::Read;
 
@@ -28,7 +30,10 @@ fn main() {
         std::process::exit(2);
     };
     let bytes = match how.strip_prefix('x') {
-        Some(f) => (f.parse::<f64>().unwrap_or(1.0) * rest as f64) as usize,
+        Some(f) => {
+            let of = if rest > 0 { rest } else { input.len() };
+            (f.parse::<f64>().unwrap_or(1.0) * of as f64) as usize
+        }
         None => how.parse::<usize>().unwrap_or(0) << 20,
     };
     let mut block = vec![0u8; bytes];

@@ -125,6 +125,8 @@ impl PoolSource {
 /// One batch job of the controller's.
 struct Mine {
     submitted: Instant,
+    /// What it was asked with.
+    shape: Shape,
     /// Its worker's address once it joined the pool.
     worker: Option<String>,
     /// Whether its worker ever ran a job.
@@ -231,11 +233,22 @@ pub async fn run(
             .filter(|(id, m)| !m.cancelling && !in_pool.contains(id.as_str()))
             .map(|(id, _)| id.clone())
             .collect();
+        let coming_largest = pending
+            .iter()
+            .filter_map(|id| mine.get(id))
+            .map(|m| config.policy.largest_job_of(&m.shape))
+            .max()
+            .unwrap_or(0);
         say_stuck(&mut mine, &known, config.join_patience);
         let now_ms = started.elapsed().as_millis() as u64;
-        let mut decision = config
-            .policy
-            .decide(&backlog, &workers, &pending, &mut memory, now_ms);
+        let mut decision = config.policy.decide(
+            &backlog,
+            &workers,
+            &pending,
+            coming_largest,
+            &mut memory,
+            now_ms,
+        );
         if Instant::now() < submit_after && !decision.submit.is_empty() {
             // Backing off after a refusal: said when it asks again.
             decision.submit.clear();
@@ -267,6 +280,7 @@ pub async fn run(
                         id,
                         Mine {
                             submitted: Instant::now(),
+                            shape: *shape,
                             worker: None,
                             worked: false,
                             cancelling: false,

@@ -16,10 +16,11 @@
 //!   target has been below capacity for `idle_for`, and only a worker that
 //!   has had nothing to do (no job running or queued, no detached map it
 //!   owns) for that long. Never below `min`.
-//! * **Memory-shaped** (★): a worker asked for holds the largest job still
-//!   waiting that no worker of the pool could hold, else the typical job
-//!   of the map with the most work — `slots` of them — never more than the
-//!   backlog needs.
+//! * **Memory-shaped** (★): of the workers asked for at once, the first
+//!   holds the largest job still waiting that no worker of the pool (or
+//!   coming) could hold, the others the typical job of the map with the
+//!   most work — `slots` of them — never more than the backlog needs: a
+//!   heavy tail gets one large worker, not a pool of them.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -176,13 +177,22 @@ impl Policy {
         }
     }
 
+    /// The largest job a worker of `shape` holds (what [`Policy::shape`]
+    /// sized it for).
+    pub fn largest_job_of(&self, shape: &Shape) -> u64 {
+        (shape.memory_bytes.saturating_sub(self.overhead_bytes) / u64::from(shape.slots.max(1)))
+            .saturating_sub(crate::sandbox::JOB_NATIVE_BYTES)
+    }
+
     /// One poll at `now_ms`: `workers` are the controller's workers in the
-    /// pool, `pending` its batch jobs not (yet) in the pool.
+    /// pool, `pending` its batch jobs not (yet) in the pool, of which the
+    /// largest holds jobs of up to `coming_largest`.
     pub fn decide(
         &self,
         backlog: &PoolBacklog,
         workers: &[PoolWorker],
         pending: &[String],
+        coming_largest: u64,
         memory: &mut Memory,
         now_ms: u64,
     ) -> Decision {
@@ -202,9 +212,19 @@ impl Policy {
         }
         if target > capacity {
             memory.below_since = None;
-            let largest = workers.iter().map(|w| w.largest_job).max().unwrap_or(0);
-            let shape = self.shape(backlog, largest);
+            let largest = workers
+                .iter()
+                .map(|w| w.largest_job)
+                .max()
+                .unwrap_or(0)
+                .max(coming_largest);
+            // One worker for the largest job nobody holds (if any), the
+            // others for the typical job.
+            let first = self.shape(backlog, largest);
+            let shape = self.shape(backlog, u64::MAX);
             let n = target - capacity;
+            let mut submit = vec![first];
+            submit.extend(std::iter::repeat_n(shape, n as usize - 1));
             let why = if backlog.jobs() == 0 {
                 format!(
                     "growing by {n} to --min {}: the pool has {} and {} coming; each asked with {}",
@@ -216,7 +236,7 @@ impl Policy {
             } else {
                 format!(
                     "growing by {n}: {} jobs to run (~{:.0} slot-s of work) want {target} worker{} of {} slot{}, \
-                     the pool has {} and {} coming; each asked with {} for jobs of up to {}",
+                     the pool has {} and {} coming; {}",
                     backlog.jobs(),
                     self.work_seconds(backlog),
                     plural(target),
@@ -224,16 +244,26 @@ impl Policy {
                     plural(shape.slots),
                     workers.len(),
                     pending.len(),
-                    crate::units::Bytes(shape.memory_bytes),
-                    crate::units::Bytes(
-                        (shape.memory_bytes.saturating_sub(self.overhead_bytes)
-                            / u64::from(shape.slots))
-                        .saturating_sub(crate::sandbox::JOB_NATIVE_BYTES)
-                    ),
+                    if first == shape {
+                        format!(
+                            "each asked with {} for jobs of up to {}",
+                            crate::units::Bytes(shape.memory_bytes),
+                            crate::units::Bytes(self.largest_job_of(&shape))
+                        )
+                    } else {
+                        format!(
+                            "one asked with {} for jobs of up to {} (none holds them), {} with {} for jobs of up to {}",
+                            crate::units::Bytes(first.memory_bytes),
+                            crate::units::Bytes(self.largest_job_of(&first)),
+                            if n > 1 { "the rest" } else { "none" },
+                            crate::units::Bytes(shape.memory_bytes),
+                            crate::units::Bytes(self.largest_job_of(&shape))
+                        )
+                    },
                 )
             };
             return Decision {
-                submit: vec![shape; n as usize],
+                submit,
                 cancel: Vec::new(),
                 why,
                 target,
@@ -379,13 +409,13 @@ mod tests {
         let p = Policy::default();
         let b = backlog(&[(200, 0, 64 * MIB, 500)]);
         let mut m = Memory::default();
-        let d = p.decide(&b, &[], &[], &mut m, 0);
+        let d = p.decide(&b, &[], &[], 0, &mut m, 0);
         assert_eq!(d.submit.len(), 8, "{d:?}");
         assert!(d.why.starts_with("growing by 8"), "{}", d.why);
         // Nothing has started a second later: nothing more is asked for.
         let pending: Vec<String> = (0..8).map(|i| format!("j{i}")).collect();
         for t in [1_000, 5_000, 60_000] {
-            let d = p.decide(&b, &[], &pending, &mut m, t);
+            let d = p.decide(&b, &[], &pending, 0, &mut m, t);
             assert!(d.submit.is_empty() && d.cancel.is_empty(), "{d:?}");
         }
     }
@@ -405,19 +435,19 @@ mod tests {
         ];
         let mut m = Memory::default();
         assert_eq!(
-            p.decide(&none, &workers, &[], &mut m, 0),
+            p.decide(&none, &workers, &[], 0, &mut m, 0),
             Decision {
                 target: 1,
                 ..Decision::default()
             }
         );
         assert!(
-            p.decide(&none, &workers, &[], &mut m, 9_000)
+            p.decide(&none, &workers, &[], 0, &mut m, 9_000)
                 .cancel
                 .is_empty(),
             "not idle long enough"
         );
-        let d = p.decide(&none, &workers, &[], &mut m, 10_000);
+        let d = p.decide(&none, &workers, &[], 0, &mut m, 10_000);
         // Target 1 (--min), capacity 3: two could go, but b is busy.
         assert_eq!(d.cancel, ["job-a", "job-c"], "{d:?}");
         assert!(d.why.starts_with("shrinking by 2"), "{}", d.why);
@@ -428,9 +458,11 @@ mod tests {
             worker("c", false, GIB),
         ];
         let mut m = Memory::default();
-        p.decide(&none, &all_idle, &[], &mut m, 0);
+        p.decide(&none, &all_idle, &[], 0, &mut m, 0);
         assert_eq!(
-            p.decide(&none, &all_idle, &[], &mut m, 20_000).cancel.len(),
+            p.decide(&none, &all_idle, &[], 0, &mut m, 20_000)
+                .cancel
+                .len(),
             2
         );
     }
@@ -443,16 +475,16 @@ mod tests {
         };
         let none = PoolBacklog::default();
         let mut m = Memory::default();
-        p.decide(&none, &[worker("a", true, GIB)], &[], &mut m, 0);
+        p.decide(&none, &[worker("a", true, GIB)], &[], 0, &mut m, 0);
         // Idle from 8 s on: at 12 s it has been idle only 4 s.
-        p.decide(&none, &[worker("a", false, GIB)], &[], &mut m, 8_000);
+        p.decide(&none, &[worker("a", false, GIB)], &[], 0, &mut m, 8_000);
         assert!(
-            p.decide(&none, &[worker("a", false, GIB)], &[], &mut m, 12_000)
+            p.decide(&none, &[worker("a", false, GIB)], &[], 0, &mut m, 12_000)
                 .cancel
                 .is_empty()
         );
         assert_eq!(
-            p.decide(&none, &[worker("a", false, GIB)], &[], &mut m, 18_000)
+            p.decide(&none, &[worker("a", false, GIB)], &[], 0, &mut m, 18_000)
                 .cancel,
             ["job-a"]
         );
@@ -463,25 +495,65 @@ mod tests {
             idle_ms: 9_000,
             ..worker("a", false, GIB)
         };
-        p.decide(&none, &[seen_late.clone()], &[], &mut m, 30_000);
+        p.decide(&none, &[seen_late.clone()], &[], 0, &mut m, 30_000);
         assert!(
-            p.decide(&none, &[seen_late.clone()], &[], &mut m, 30_500)
+            p.decide(&none, &[seen_late.clone()], &[], 0, &mut m, 30_500)
                 .cancel
                 .is_empty()
         );
         assert_eq!(
-            p.decide(&none, &[seen_late], &[], &mut m, 31_000).cancel,
+            p.decide(&none, &[seen_late], &[], 0, &mut m, 31_000).cancel,
             ["job-a"]
         );
         // A backlog arriving while it waited keeps it.
         let mut m = Memory::default();
         let some = backlog(&[(1, 0, MIB, 100)]);
-        p.decide(&none, &[worker("a", false, GIB)], &[], &mut m, 0);
+        p.decide(&none, &[worker("a", false, GIB)], &[], 0, &mut m, 0);
         assert!(
-            p.decide(&some, &[worker("a", false, GIB)], &[], &mut m, 20_000)
+            p.decide(&some, &[worker("a", false, GIB)], &[], 0, &mut m, 20_000)
                 .cancel
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn a_heavy_tail_gets_one_large_worker_not_a_pool_of_them() {
+        let p = Policy {
+            max: 8,
+            overhead_bytes: 64 * MIB,
+            min_worker_bytes: 64 * MIB,
+            ..Policy::default()
+        };
+        // One map: typical jobs of 80 MiB, a few waiting of 960 MiB.
+        let mix = PoolBacklog::sum(&[Backlog {
+            id: "m".into(),
+            waiting: 48,
+            running: 0,
+            memory_bytes: 80 * MIB,
+            largest_bytes: 960 * MIB,
+            job_ms: 2000,
+        }]);
+        let d = p.decide(&mix, &[], &[], 0, &mut Memory::default(), 0);
+        assert_eq!(d.submit.len(), 8, "{d:?}");
+        assert_eq!(p.largest_job_of(&d.submit[0]), 960 * MIB, "{d:?}");
+        for s in &d.submit[1..] {
+            assert_eq!(p.largest_job_of(s), 80 * MIB, "{d:?}");
+        }
+        assert!(d.why.contains("one asked with"), "{}", d.why);
+        // A large one already coming (or in the pool): no second one.
+        let d = p.decide(&mix, &[], &[], 960 * MIB, &mut Memory::default(), 0);
+        assert!(
+            d.submit.iter().all(|s| p.largest_job_of(s) == 80 * MIB),
+            "{d:?}"
+        );
+        let big = worker("a", true, GIB);
+        let d = p.decide(&mix, &[big], &[], 0, &mut Memory::default(), 0);
+        assert_eq!(d.submit.len(), 7);
+        assert!(
+            d.submit.iter().all(|s| p.largest_job_of(s) == 80 * MIB),
+            "{d:?}"
+        );
+        assert!(d.why.contains("each asked with"), "{}", d.why);
     }
 
     #[test]
@@ -532,18 +604,18 @@ mod tests {
         let mut m = Memory::default();
         let pending = vec!["j1".to_string(), "j2".to_string()];
         let some = backlog(&[(1, 0, MIB, 100)]);
-        p.decide(&some, &[], &pending, &mut m, 0);
+        p.decide(&some, &[], &pending, 0, &mut m, 0);
         assert!(
-            p.decide(&some, &[], &pending, &mut m, 30_000)
+            p.decide(&some, &[], &pending, 0, &mut m, 30_000)
                 .cancel
                 .is_empty(),
             "one job still wants a worker: kept"
         );
         let mut m = Memory::default();
         let none = PoolBacklog::default();
-        p.decide(&none, &[], &pending, &mut m, 0);
+        p.decide(&none, &[], &pending, 0, &mut m, 0);
         assert_eq!(
-            p.decide(&none, &[], &pending, &mut m, 5_000).cancel,
+            p.decide(&none, &[], &pending, 0, &mut m, 5_000).cancel,
             ["j1", "j2"]
         );
     }

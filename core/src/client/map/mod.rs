@@ -416,8 +416,9 @@ impl<'a, T: Submitter> MapRun<'a, T> {
                 Some((id, answer)) = self.rx.recv() => self.on_answer(id, answer, observer)?,
                 _ = tick.tick() => {
                     self.check_lost(observer).await;
+                    self.follow_pool().await;
                     if self.last_report.is_none_or(|t| t.elapsed() >= BACKLOG_EVERY) {
-                        self.follow_pool().await;
+                        self.report_backlog();
                     }
                 }
             }
@@ -434,12 +435,12 @@ impl<'a, T: Submitter> MapRun<'a, T> {
         Ok(())
     }
 
-    /// Reads the pool's capacity again (a worker that joined gets work
-    /// from the next launch on; one that left or drains none, placement
-    /// skips it) and reports the backlog to the pool, without waiting for
-    /// the report (a slow worker must not stall the map).
+    /// Reads the pool's capacity again, every tick (a pool's view is
+    /// fetched at most every `PoolConfig::view_max_age`, so most reads are
+    /// answered from it): a worker that joined gets work from the next
+    /// launch on — a growing pool's new members within a tick or two —
+    /// one that left or drains none, placement skips it.
     async fn follow_pool(&mut self) {
-        self.last_report = Some(Instant::now());
         if let Ok(c) = self.target.capacity().await
             && c.workers > 0
             && c.slots > 0
@@ -453,6 +454,12 @@ impl<'a, T: Submitter> MapRun<'a, T> {
                 self.max_in_flight = 2 * c.slots as usize;
             }
         }
+    }
+
+    /// Reports the backlog to the pool, without waiting for the report (a
+    /// slow worker must not stall the map).
+    fn report_backlog(&mut self) {
+        self.last_report = Some(Instant::now());
         if self.reporting.as_ref().is_none_or(|r| r.is_finished()) {
             let (target, backlog) = (self.target.clone(), self.backlog());
             self.reporting = Some(tokio::spawn(
