@@ -21,6 +21,18 @@ fn sleep_job(ms: u64) -> (Vec<u8>, JobSpec) {
     (bytes, spec)
 }
 
+/// What `addr` says of its pool directory's controller.
+async fn controller_of(http: &peerwasm::net::HttpClient, addr: &str) -> serde_json::Value {
+    http.get(http.url(addr, peerwasm::proto::routes::CONTROLLER))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .map(|t| serde_json::from_str(&t).unwrap())
+        .unwrap()
+}
+
 fn backlog_of(v: &[PeerView]) -> peerwasm::proto::backlog::PoolBacklog {
     peerwasm::proto::backlog::PoolBacklog::sum(v.iter().flat_map(|p| p.advert.backlog.iter()))
 }
@@ -155,9 +167,18 @@ async fn workers_on_port_0_join_through_a_pool_directory_over_tls() {
         assert!(start.elapsed() < Duration::from_secs(10), "{v:#?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Each entry: the address, then the certificate its worker issued.
     let mut members: Vec<String> = std::fs::read_dir(pool_dir.join("members"))
         .unwrap()
-        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .map(|e| {
+            let text = std::fs::read_to_string(e.unwrap().path()).unwrap();
+            let (addr, cert) = text.split_once('\n').unwrap();
+            assert!(
+                pool_dir.join(format!("{}.crt", cert.trim())).exists(),
+                "{text}"
+            );
+            addr.to_string()
+        })
         .collect();
     members.sort();
     let mut both = vec![a.addr.clone(), b.addr.clone()];
@@ -175,6 +196,42 @@ async fn workers_on_port_0_join_through_a_pool_directory_over_tls() {
         .await
         .unwrap();
     assert_eq!(res.outcome, Outcome::Exited { code: 0 });
+
+    // No controller yet: null. Then one announces itself (as `peerwasm
+    // adapt` does) and the workers show what it does, to clients and on
+    // the status page.
+    assert!(controller_of(&http, &a.addr).await.is_null());
+    let mut status = peerwasm::server::controller::ControllerStatus {
+        target: 4,
+        workers: 2,
+        pending: 2,
+        backlog_jobs: 120,
+        ..Default::default()
+    };
+    status.said("growing by 2: 120 jobs to run want 4 workers");
+    peerwasm::server::pooldir::PoolDir::open(&pool_dir)
+        .unwrap()
+        .announce(&peerwasm::server::pooldir::Controller {
+            name: "peerwasm-adapt-test".into(),
+            host: "login1".into(),
+            pid: 42,
+            max_workers: 8,
+            largest_job: 1 << 30,
+            status,
+        })
+        .unwrap();
+    let c = controller_of(&http, &b.addr).await;
+    assert_eq!(c["name"], "peerwasm-adapt-test", "{c}");
+    assert_eq!(c["status"]["target"], 4, "{c}");
+    let url = format!("https://{}/", a.addr);
+    let dom = tokio::task::spawn_blocking(move || crate::observe::browse(&url, None))
+        .await
+        .unwrap();
+    assert!(
+        dom.contains("grown by peerwasm adapt peerwasm-adapt-test")
+            && dom.contains("growing by 2: 120 jobs to run want 4 workers"),
+        "the controller is not on the status page:\n{dom}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -43,13 +43,16 @@ pub const HISTORY: &str = "/v1/history";
 pub const GOSSIP: &str = "/v1/gossip";
 /// `GET` the pool as this worker sees it.
 pub const PEERS: &str = "/v1/peers";
+/// `GET` what the controller growing this worker's pool directory is doing
+/// (`peerwasm adapt`'s notice), or `null`.
+pub const CONTROLLER: &str = "/v1/pool/controller";
 /// `GET` Prometheus metrics.
 pub const METRICS: &str = "/metrics";
 /// `GET` the status page (HTML).
 pub const STATUS_PAGE: &str = "/";
 
 /// Every route, for checks that walk them all.
-pub const ALL: [&str; 17] = [
+pub const ALL: [&str; 18] = [
     MODULE,
     TREE,
     FILE,
@@ -65,6 +68,7 @@ pub const ALL: [&str; 17] = [
     BACKLOG,
     GOSSIP,
     PEERS,
+    CONTROLLER,
     METRICS,
     STATUS_PAGE,
 ];

@@ -4,7 +4,8 @@
 //! * `policy` — the decisions, pure: target, capacity coming, up at once
 //!   and down after an idle period, memory-shaped workers;
 //! * `slurm` — the batch-system seam ([`BatchSystem`]) and Slurm behind it;
-//! * `status` — what it is doing, for `peerwasm status` and its metrics.
+//! * `status` — its figures for Prometheus (`--metrics`); what it is doing
+//!   travels in its notice (`server::controller`).
 //!
 //! This file is the loop: every poll it reads the pool view (the maps'
 //! backlog, the workers and which batch job lends each) and the batch
@@ -25,9 +26,9 @@ use tokio_util::sync::CancellationToken;
 use crate::client::Pool;
 use crate::gossip::{Liveness, PeerView};
 use crate::proto::backlog::PoolBacklog;
+pub use crate::server::controller::ControllerStatus;
 pub use policy::{Decision, Policy, PoolWorker, Shape};
 pub use slurm::{BatchJob, BatchSystem, Slurm};
-pub use status::AdaptStatus;
 
 /// How the controller runs.
 #[derive(Clone, Debug)]
@@ -142,7 +143,7 @@ pub async fn run(
     mut pool: PoolSource,
     batch: Arc<dyn BatchSystem>,
     stop: CancellationToken,
-    status: tokio::sync::watch::Sender<AdaptStatus>,
+    status: tokio::sync::watch::Sender<ControllerStatus>,
     mut on_decision: impl FnMut(&Decision) + Send,
 ) -> anyhow::Result<AdaptSummary> {
     let mut mine: HashMap<String, Mine> = HashMap::new();
@@ -305,7 +306,10 @@ pub async fn run(
         }
         status.send_if_modified(|s| {
             let before = s.clone();
-            s.count(&summary);
+            s.submitted = summary.submitted;
+            s.cancelled = summary.cancelled;
+            s.cancelled_unused = summary.cancelled_unused;
+            s.refused = summary.refused;
             *s != before
         });
     }

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::adapt::{AdaptConfig, AdaptStatus, Policy, PoolSource, Slurm};
+use crate::adapt::{AdaptConfig, ControllerStatus, Policy, PoolSource, Slurm};
 use crate::server::pooldir::{CONTROLLER_TTL, Controller};
 use crate::units::{Size, Span};
 
@@ -157,7 +157,7 @@ pub fn run(args: AdaptArgs) -> anyhow::Result<ExitCode> {
             super::worker::shutdown_signal().await;
             on_signal.cancel();
         });
-        let (status, mut changes) = tokio::sync::watch::channel(AdaptStatus::default());
+        let (status, mut changes) = tokio::sync::watch::channel(ControllerStatus::default());
         if let Some(addr) = args.metrics {
             serve_metrics(addr, changes.clone(), controller.name.clone()).await?;
         }
@@ -199,7 +199,7 @@ pub fn run(args: AdaptArgs) -> anyhow::Result<ExitCode> {
 /// Serves `GET /metrics` on `addr` from the controller's status.
 async fn serve_metrics(
     addr: std::net::SocketAddr,
-    status: tokio::sync::watch::Receiver<AdaptStatus>,
+    status: tokio::sync::watch::Receiver<ControllerStatus>,
     name: String,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr)
@@ -212,7 +212,7 @@ async fn serve_metrics(
     let app = axum::Router::new().route(
         "/metrics",
         axum::routing::get(move || {
-            let text = status.borrow().metrics_text(&name);
+            let text = crate::adapt::status::metrics_text(&status.borrow(), &name);
             async move {
                 (
                     [(

@@ -15,6 +15,7 @@
 //!
 //! `config.rs` holds a worker's configuration and its defaults,
 //! `pooldir.rs` a pool joined through a shared directory (key, CA, members),
+//! `controller.rs` the notice of the controller growing it (`peerwasm adapt`),
 //! `router.rs` every route, `start.rs` assembles and starts a worker and
 //! holds the [`RunningWorker`] it gives back; this file only names them.
 //!
@@ -36,6 +37,7 @@ mod stream;
 mod submissions;
 
 mod config;
+pub mod controller;
 pub mod pooldir;
 mod router;
 mod start;

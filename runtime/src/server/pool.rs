@@ -168,6 +168,16 @@ pub async fn get_peers(
     }
 }
 
+/// What the controller growing this worker's pool directory is doing (its
+/// notice: figures and its last decisions), or `null` without one. Shown
+/// to whoever may see the pool view: it names no tenant.
+pub async fn get_controller(
+    Viewer(_sees): Viewer,
+    axum::Extension(pool_dir): axum::Extension<Option<super::pooldir::PoolDir>>,
+) -> Response {
+    json(&pool_dir.and_then(|d| d.controller()))
+}
+
 /// Metrics name tenants, so with `--tenants` they are an operator's.
 pub async fn get_metrics(State(w): State<Arc<Worker>>, Viewer(sees): Viewer) -> Response {
     if sees != Sees::All {

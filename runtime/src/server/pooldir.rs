@@ -29,6 +29,8 @@ use anyhow::Context;
 use crate::net::certs;
 use crate::proto::backlog::Backlog;
 
+pub use super::controller::{Controller, ControllerStatus};
+
 /// The pool's gossip key file in a pool directory.
 pub const KEY_FILE: &str = "pool.key";
 /// Where the running workers list their addresses.
@@ -241,25 +243,6 @@ fn age(path: &Path) -> Duration {
         .and_then(|m| m.modified())
         .map(|t| t.elapsed().unwrap_or_default())
         .unwrap_or_default()
-}
-
-/// The controller growing a pool, as it describes itself in
-/// `controller.json`.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Controller {
-    /// Its Slurm job name (how its worker jobs are found in `squeue`).
-    pub name: String,
-    /// The host and process it runs as.
-    pub host: String,
-    pub pid: u32,
-    /// The most workers it keeps.
-    pub max_workers: u32,
-    /// The largest job it can bring a worker for (`--max-mem` less the
-    /// worker's overhead), in bytes.
-    pub largest_job: u64,
-    /// What it is doing, as of its last poll (`peerwasm status` shows it).
-    #[serde(default)]
-    pub status: crate::adapt::AdaptStatus,
 }
 
 impl PoolDir {

@@ -11,8 +11,13 @@ use crate::owner::Owner;
 use crate::worker::state::Worker;
 
 /// Every route, behind the protocol check. The submission endpoints get
-/// the worker's [`Owner`] as an extension.
-pub(super) fn router(worker: Arc<Worker>, owner: Arc<Owner>) -> Router {
+/// the worker's [`Owner`] as an extension; the controller's, its pool
+/// directory (`--pool-dir`), if it has one.
+pub(super) fn router(
+    worker: Arc<Worker>,
+    owner: Arc<Owner>,
+    pool_dir: Option<super::pooldir::PoolDir>,
+) -> Router {
     use crate::proto::routes;
     // Requests with a tenant's body: the tenant first, then the body.
     let uploads = Router::new()
@@ -43,8 +48,10 @@ pub(super) fn router(worker: Arc<Worker>, owner: Arc<Owner>) -> Router {
         .route(routes::HISTORY, get(submissions::get_history))
         .route(routes::GOSSIP, post(pool::post_gossip))
         .route(routes::PEERS, get(pool::get_peers))
+        .route(routes::CONTROLLER, get(pool::get_controller))
         .route(routes::METRICS, get(pool::get_metrics))
         .layer(axum::Extension(owner))
+        .layer(axum::Extension(pool_dir))
         .layer(axum::middleware::from_fn(extract::protocol))
         .layer(axum::middleware::from_fn(super::response::nosniff))
         .layer(axum::middleware::from_fn(super::serve::in_flight))

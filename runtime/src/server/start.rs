@@ -99,7 +99,7 @@ pub async fn start(
         config.gossip_interval,
         config.members.clone(),
     )?;
-    let app = router(worker.clone(), owner.clone());
+    let app = router(worker.clone(), owner.clone(), config.members.clone());
     let drain = drain(
         worker.clone(),
         owner.clone(),
