@@ -300,3 +300,40 @@ async fn a_worker_ending_soon_gets_no_job_that_would_outlast_it_and_drains_befor
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_growing_pool_asks_new_members_directly_and_a_silent_one_holds_nothing_up() {
+    // A and B are not joined: B is in no gossip view A gives. A third
+    // member accepts connections and never answers (a node gone quiet
+    // whose entry has not expired yet).
+    let a = Worker::start("512MiB", 1, None);
+    let b = Worker::start("512MiB", 1, None);
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let members = vec![
+        a.addr.clone(),
+        b.addr.clone(),
+        silent.local_addr().unwrap().to_string(),
+    ];
+    let pool = peerwasm::client::Pool::new(peerwasm::client::PoolConfig {
+        growth: Some(peerwasm::client::growth::Growth {
+            members: std::sync::Arc::new(move || members.clone()),
+            largest_job: 512 * MIB,
+            patience: Duration::from_secs(60),
+            report: std::sync::Arc::new(|_| {}),
+        }),
+        ..peerwasm::client::PoolConfig::new(Vec::new())
+    })
+    .unwrap();
+    let t = Instant::now();
+    let v = pool.view().await.unwrap();
+    let took = t.elapsed();
+    let mut addrs: Vec<&str> = v.iter().map(|p| p.advert.addr.as_str()).collect();
+    addrs.sort();
+    let mut both = [a.addr.as_str(), b.addr.as_str()];
+    both.sort();
+    assert_eq!(addrs, both, "B's own record joins A's view");
+    assert!(
+        took < Duration::from_secs(5),
+        "the silent member held the view up for {took:?}"
+    );
+}

@@ -40,6 +40,12 @@ use crate::units::Bytes;
 /// The most members of a growing pool one view asks for their own record
 /// (those that joined since the last gossip reached the view's worker).
 const NEW_MEMBERS_ASKED: usize = 16;
+/// How long a new member may take to answer for its record: one that
+/// just joined answers in milliseconds; one that is gone (its entry not
+/// yet expired) must not hold up the map that asked.
+const NEW_MEMBER_PATIENCE: Duration = Duration::from_millis(300);
+/// How long a member that did not answer is not asked again.
+const NEW_MEMBER_RETRY: Duration = Duration::from_secs(10);
 
 /// How a [`Pool`] behaves.
 #[derive(Clone, Debug)]
@@ -96,6 +102,9 @@ pub struct Pool {
     vouched: Mutex<std::collections::HashSet<String>>,
     /// Unvouched workers already said in the log (once each).
     unvouched_said: Mutex<std::collections::HashSet<String>>,
+    /// Members of a growing pool that did not answer for their own record,
+    /// and since when (`with_new_members`).
+    silent_members: Mutex<std::collections::HashMap<String, Instant>>,
     view: tokio::sync::Mutex<View>,
     /// When we last uploaded each module (or tree) to each worker.
     uploaded: Mutex<HashMap<(String, ModuleHash), Arc<tokio::sync::Mutex<Option<Instant>>>>>,
@@ -129,6 +138,7 @@ impl Pool {
             http,
             vouched: Mutex::new(Default::default()),
             unvouched_said: Mutex::new(Default::default()),
+            silent_members: Mutex::new(Default::default()),
             view: tokio::sync::Mutex::new(View::default()),
             uploaded: Mutex::new(HashMap::new()),
             shipped: Default::default(),
@@ -191,19 +201,33 @@ impl Pool {
             return peers;
         };
         let members = (growth.members)();
-        let new: Vec<&String> = members
-            .iter()
-            .filter(|m| named.contains(m) && !peers.iter().any(|p| &p.advert.addr == *m))
-            .take(NEW_MEMBERS_ASKED)
-            .collect();
+        let new: Vec<String> = {
+            let mut silent = self.silent_members.lock();
+            silent.retain(|_, since| since.elapsed() < NEW_MEMBER_RETRY);
+            members
+                .into_iter()
+                .filter(|m| {
+                    named.contains(m)
+                        && !silent.contains_key(m)
+                        && !peers.iter().any(|p| &p.advert.addr == m)
+                })
+                .take(NEW_MEMBERS_ASKED)
+                .collect()
+        };
         let asked = new.iter().map(|addr| async move {
-            let own = super::api::WorkerApi::new(&self.http, addr)
-                .peers()
-                .await
-                .ok()?;
-            own.into_iter().find(|p| &p.advert.addr == *addr)
+            let api = super::api::WorkerApi::new(&self.http, addr);
+            let own = tokio::time::timeout(NEW_MEMBER_PATIENCE, api.peers()).await;
+            own.ok()?.ok()?.into_iter().find(|p| &p.advert.addr == addr)
         });
-        peers.extend(futures::future::join_all(asked).await.into_iter().flatten());
+        let records = futures::future::join_all(asked).await;
+        for (addr, record) in new.iter().zip(&records) {
+            if record.is_none() {
+                self.silent_members
+                    .lock()
+                    .insert(addr.clone(), Instant::now());
+            }
+        }
+        peers.extend(records.into_iter().flatten());
         peers
     }
 
