@@ -337,3 +337,27 @@ async fn a_growing_pool_asks_new_members_directly_and_a_silent_one_holds_nothing
         "the silent member held the view up for {took:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_seed_that_accepts_and_never_answers_delays_the_view_not_forever() {
+    // The first worker named was stopped (a laptop closed): its kernel
+    // still accepts connections, nothing answers them.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = Worker::start("512MiB", 1, None);
+    let pool = peerwasm::client::Pool::new(peerwasm::client::PoolConfig::new(vec![
+        silent.local_addr().unwrap().to_string(),
+        a.addr.clone(),
+    ]))
+    .unwrap();
+    let t = Instant::now();
+    let v = tokio::time::timeout(Duration::from_secs(30), pool.view())
+        .await
+        .expect("the view waited on the silent seed for 30 s")
+        .unwrap();
+    assert_eq!(v.len(), 1);
+    assert_eq!(v[0].advert.addr, a.addr);
+    assert!(
+        t.elapsed() >= Duration::from_secs(4),
+        "the silent seed was asked first"
+    );
+}

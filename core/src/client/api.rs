@@ -22,6 +22,9 @@ use crate::proto::submission::{HistoryRecord, ResultsPage, SubmissionInfo};
 use crate::proto::tree::FileHash;
 use crate::proto::{JobOutput, JobStatus, LARGEST_JOB_HEADER, ModuleHash, POSTCARD, routes};
 
+/// How long a worker may take to answer for its pool view.
+pub const PEERS_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// What went wrong in one exchange with one worker.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ApiError {
@@ -147,7 +150,11 @@ impl<'a> WorkerApi<'a> {
         let request = self
             .http
             .get(self.url(routes::PEERS))
-            .header(reqwest::header::ACCEPT, POSTCARD);
+            .header(reqwest::header::ACCEPT, POSTCARD)
+            // A worker answers its view at once; one that accepts and never
+            // answers (stopped, a laptop closed) must not hold a map's view
+            // forever: the next seed is asked.
+            .timeout(PEERS_TIMEOUT);
         let resp = Self::expect(request, StatusCode::OK).await?;
         self.postcard(resp, "a pool view").await
     }
