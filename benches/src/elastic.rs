@@ -117,6 +117,9 @@ struct Run {
     cancelled_unused: Option<u64>,
     /// The batch jobs' memory × their running time, GiB·s.
     held_gib_s: f64,
+    /// peerwasm: its jobs' memory limits × their wall times, GiB·s (what
+    /// smartmem asked; what the workers held beyond it is the controller's).
+    reserved_gib_s: Option<f64>,
 }
 
 pub fn elastic(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
@@ -268,6 +271,16 @@ fn report_mix(
     row("peerwasm adapt, informed", informed, work.used_gib_s);
     if let Some(d) = dask {
         row("dask-jobqueue adapt", d, work.used_gib_s);
+    }
+    for (name, r) in [("learning", learning), ("informed", informed)] {
+        if let Some(reserved) = r.reserved_gib_s {
+            println!(
+                "peerwasm {name}: its jobs (their last attempts) reserved {reserved:.0} GiB·s ({:.2}× used) of the {:.0} held ({:.2}× reserved)",
+                reserved / work.used_gib_s,
+                r.held_gib_s,
+                r.held_gib_s / reserved
+            );
+        }
     }
     let ratio = informed.held_gib_s / work.used_gib_s;
     summary.goal(
@@ -461,6 +474,15 @@ fn peerwasm_adapt(
         std::thread::sleep(Duration::from_millis(100));
     }
     let back_to_min = ended.elapsed().as_secs_f64();
+    let reserved_gib_s = results
+        .iter()
+        .map(|r| {
+            r["memory_limit_bytes"].as_f64().unwrap_or(0.0)
+                * r["wall_time_us"].as_f64().unwrap_or(0.0)
+                / 1e6
+        })
+        .sum::<f64>()
+        / f64::from(1u32 << 30);
     // Stopped as Ctrl-C would: it cancels what it submitted, and says so.
     Command::new("kill")
         .args(["-TERM", &adapt.id().to_string()])
@@ -495,6 +517,7 @@ fn peerwasm_adapt(
         submitted: queue.seen.len() as u64,
         cancelled_unused: unused,
         held_gib_s: queue.held_mib_s / 1024.0,
+        reserved_gib_s: Some(reserved_gib_s),
     })
 }
 
@@ -624,5 +647,6 @@ fn dask_jobqueue(venv: &Path, conf: &Path, dir: &Path, work: &Work) -> anyhow::R
         submitted: f("submitted") as u64,
         cancelled_unused: None,
         held_gib_s: f("held_gib_s"),
+        reserved_gib_s: None,
     })
 }

@@ -360,4 +360,13 @@ async fn a_seed_that_accepts_and_never_answers_delays_the_view_not_forever() {
         t.elapsed() >= Duration::from_secs(4),
         "the silent seed was asked first"
     );
+    // The next view asks it last: no wait.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let t = Instant::now();
+    assert_eq!(pool.view().await.unwrap().len(), 1);
+    assert!(
+        t.elapsed() < Duration::from_secs(4),
+        "the silent seed held the next view up for {:?}",
+        t.elapsed()
+    );
 }

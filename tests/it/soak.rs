@@ -131,9 +131,11 @@ async fn eight_submitters_never_overcommit_a_worker_and_rss_does_not_grow_with_j
         );
     }
 
-    // Phase 2: RSS across trivial jobs: 10,000 to warm up, then 10,000
-    // more must not grow it beyond a small bound (a leak of 1 KiB per job
-    // would add 10 MiB).
+    // Phase 2: RSS across trivial jobs: 10,000 to warm up, then two
+    // batches of 10,000 more, one of which must not grow it beyond a small
+    // bound. A leak grows both (1 KiB per job would add 10 MiB to each);
+    // a busy machine's noise (allocator arenas, a stack touched deeper)
+    // does not repeat, so one quiet batch of two is asked, not every one.
     let hello = Job::new(peerwasm_testkit::guest_wasm_bytes("hello"));
     let target = Target::pool(vec![a.addr.clone()]).unwrap();
     let config = MapConfig {
@@ -159,21 +161,29 @@ async fn eight_submitters_never_overcommit_a_worker_and_rss_does_not_grow_with_j
         }
     };
     let jobs = 10_000 * scale();
+    let rss =
+        || proc_status_bytes(a.child.id(), "VmRSS:") + proc_status_bytes(b.child.id(), "VmRSS:");
     run_many(jobs).await;
-    let before =
-        proc_status_bytes(a.child.id(), "VmRSS:") + proc_status_bytes(b.child.id(), "VmRSS:");
+    let before = rss();
     run_many(jobs).await;
-    let after =
-        proc_status_bytes(a.child.id(), "VmRSS:") + proc_status_bytes(b.child.id(), "VmRSS:");
-    let growth = after.saturating_sub(before);
+    let middle = rss();
+    run_many(jobs).await;
+    let after = rss();
+    let mib = |b: u64| b as f64 / MIB as f64;
     println!(
-        "RSS of both workers: {:.1} MiB before, {:.1} MiB after {jobs} more trivial jobs",
-        before as f64 / MIB as f64,
-        after as f64 / MIB as f64
+        "RSS of both workers: {:.1} MiB, then {:.1} MiB and {:.1} MiB after two batches of {jobs} trivial jobs",
+        mib(before),
+        mib(middle),
+        mib(after)
     );
+    let quietest = middle
+        .saturating_sub(before)
+        .min(after.saturating_sub(middle));
     assert!(
-        growth < 4 * MIB,
-        "RSS grew {:.1} MiB over {jobs} jobs",
-        growth as f64 / MIB as f64
+        quietest < 4 * MIB,
+        "RSS grew in both batches of {jobs} jobs: {:.1} MiB → {:.1} MiB → {:.1} MiB",
+        mib(before),
+        mib(middle),
+        mib(after)
     );
 }

@@ -8,12 +8,25 @@ pub async fn fetch_peers(
     http: &crate::net::HttpClient,
     peers: &[String],
 ) -> anyhow::Result<Vec<PeerView>> {
+    fetch_peers_noting(http, peers, &mut |_| {}).await
+}
+
+/// [`fetch_peers`], telling `silent` of each one asked that did not answer
+/// (so that a caller asking again can ask it last).
+pub async fn fetch_peers_noting(
+    http: &crate::net::HttpClient,
+    peers: &[String],
+    silent: &mut (dyn FnMut(&str) + Send),
+) -> anyhow::Result<Vec<PeerView>> {
     let mut errors = Vec::new();
     for addr in peers {
         match super::api::WorkerApi::new(http, addr).peers().await {
             Ok(view) => return Ok(view),
             Err(e @ super::api::ApiError::Unreadable(_)) => anyhow::bail!("{e}"),
-            Err(e) => errors.push(format!("{addr}: {e}")),
+            Err(e) => {
+                silent(addr);
+                errors.push(format!("{addr}: {e}"));
+            }
         }
     }
     anyhow::bail!("no peer answered ({})", errors.join("; "))

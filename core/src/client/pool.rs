@@ -44,8 +44,9 @@ const NEW_MEMBERS_ASKED: usize = 16;
 /// just joined answers in milliseconds; one that is gone (its entry not
 /// yet expired) must not hold up the map that asked.
 const NEW_MEMBER_PATIENCE: Duration = Duration::from_millis(300);
-/// How long a member that did not answer is not asked again.
-const NEW_MEMBER_RETRY: Duration = Duration::from_secs(10);
+/// How long a worker that did not answer for its view is asked last (a
+/// growing pool's new member: not at all).
+const SILENT_FOR: Duration = Duration::from_secs(10);
 
 /// How a [`Pool`] behaves.
 #[derive(Clone, Debug)]
@@ -102,8 +103,8 @@ pub struct Pool {
     vouched: Mutex<std::collections::HashSet<String>>,
     /// Unvouched workers already said in the log (once each).
     unvouched_said: Mutex<std::collections::HashSet<String>>,
-    /// Members of a growing pool that did not answer for their own record,
-    /// and since when (`with_new_members`).
+    /// Workers that did not answer for their view (or, new members of a
+    /// growing pool, their own record), and since when: asked last.
     silent_members: Mutex<std::collections::HashMap<String, Instant>>,
     view: tokio::sync::Mutex<View>,
     /// When we last uploaded each module (or tree) to each worker.
@@ -166,13 +167,29 @@ impl Pool {
                 ask.push(p.advert.addr.clone());
             }
         }
-        // Named workers are asked with the token, others only if trusted.
-        let (named, others): (Vec<String>, Vec<String>) =
+        // Named workers are asked with the token, others only if trusted;
+        // those that did not answer lately, last (a stopped worker that
+        // still accepts would make every view wait its timeout).
+        let (mut named, mut others): (Vec<String>, Vec<String>) =
             ask.into_iter().partition(|a| seeds.contains(a));
-        let fetched = match super::peers::fetch_peers(&self.http, &named).await {
+        {
+            let silent = self.silent_members.lock();
+            let quiet = |a: &String| silent.get(a).is_some_and(|t| t.elapsed() < SILENT_FOR);
+            named.sort_by_key(quiet);
+            others.sort_by_key(quiet);
+        }
+        let mut note = |addr: &str| {
+            self.silent_members
+                .lock()
+                .insert(addr.to_string(), Instant::now());
+        };
+        let fetched = match super::peers::fetch_peers_noting(&self.http, &named, &mut note).await {
             Ok(p) => Ok(p),
             Err(e) if others.is_empty() => Err(e),
-            Err(_) => super::peers::fetch_peers(self.client_for(&others[0]), &others).await,
+            Err(_) => {
+                super::peers::fetch_peers_noting(self.client_for(&others[0]), &others, &mut note)
+                    .await
+            }
         };
         let peers = match fetched {
             Ok(p) => p,
@@ -203,7 +220,7 @@ impl Pool {
         let members = (growth.members)();
         let new: Vec<String> = {
             let mut silent = self.silent_members.lock();
-            silent.retain(|_, since| since.elapsed() < NEW_MEMBER_RETRY);
+            silent.retain(|_, since| since.elapsed() < SILENT_FOR);
             members
                 .into_iter()
                 .filter(|m| {

@@ -1,6 +1,6 @@
 //! [`PeerView`]: one peer as a worker sees it — its latest advert and what
 //! gossip believes of it — as `GET /v1/peers` returns it, and the pool
-//! drawn as a table (`peerwasm peers`, `GET /v1/pool/peers`).
+//! drawn as a table (`peerwasm peers`, `GET /v1/peers`).
 
 use serde::{Deserialize, Serialize};
 

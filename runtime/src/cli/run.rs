@@ -228,7 +228,7 @@ fn job_of(
 /// Runs one job on the embedded worker, its output forwarded to ours as it
 /// is written if `stream`.
 ///
-/// This command's process is the job's slot (`worker::alone`), so its code
+/// This command's process is the job's slot (`TimeLimitMechanism::Off`), so its code
 /// runs without time-limit instrumentation (no fuel, no epochs: as fast as
 /// under `wasmtime run`, see docs/time-limits.md). A job asleep in a host
 /// call ends at its deadline or on Ctrl-C inside the sandbox, as on a

@@ -1,5 +1,5 @@
 //! `PUT /v1/modules/{sha256}`: module bytes, checked against their hash and
-//! kept within the worker's byte budget (`worker::modules`). An upload is
+//! kept within the worker's byte budget (`runner::modules`). An upload is
 //! also how a tenant shows it has a module: with `--tenants`, only tenants
 //! that did may run it (`state::Uploaders`), so the bytes are checked even
 //! when the worker has the module already. The answer is 201 the first

@@ -1,6 +1,6 @@
 //! A job's life on a worker, from its request to its result: the checks,
 //! admission, the run under the worker's limits, charging its tenant,
-//! cancelling it. No HTTP here: `http/` turns
+//! cancelling it. No HTTP here: `server/` turns
 //! requests into these calls and [`Refused`] into responses.
 //!
 //! Who ends a job:

@@ -38,7 +38,7 @@ pub struct Scrape<'a> {
     pub queued: &'a [(String, u32)],
     /// The module cache's counters.
     pub cache: CacheStats,
-    /// Module bytes held for compiling (`worker::modules`).
+    /// Module bytes held for compiling (`runner::modules`).
     pub module_bytes: u64,
     /// Bytes held outside reservations, by kind (`ledger::Hold`; indexed
     /// as [`HoldKind::ALL`](crate::worker::HoldKind::ALL)).
@@ -53,7 +53,7 @@ pub struct Scrape<'a> {
     pub connections_refused: u64,
     /// The file store's counters.
     pub files: FileStoreCounts,
-    /// Jobs whose code ran in a slot process (`worker::slotproc`).
+    /// Jobs whose code ran in a slot process (`runner::slotproc`).
     pub slot_process_jobs: u64,
     /// The pool's demand as this worker sees it: every live worker's
     /// backlog reports, each map once.

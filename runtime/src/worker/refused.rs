@@ -1,6 +1,6 @@
 //! [`Refused`]: why a worker did not run a job — the one error its job
-//! path, detached jobs and submissions give, and which `http/` turns into a
-//! status (`http/response.rs`).
+//! path, detached jobs and submissions give, and which `server/` turns into a
+//! status (`server/response.rs`).
 
 use crate::proto::ModuleHash;
 

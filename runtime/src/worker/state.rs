@@ -2,7 +2,7 @@
 //! ledger and admission, tenants, the job table, gossip, metrics and
 //! warnings — and what it derives from them: its advert, its metrics text,
 //! the pool's usage for fair share, and the operator's warnings. The HTTP
-//! edge (`http/`) and the job lifecycle (`jobs`) share it; it knows nothing
+//! edge (`server/`) and the job lifecycle (`jobs`) share it; it knows nothing
 //! of HTTP.
 
 use std::sync::Arc;
