@@ -44,6 +44,9 @@ const NEW_MEMBERS_ASKED: usize = 16;
 /// just joined answers in milliseconds; one that is gone (its entry not
 /// yet expired) must not hold up the map that asked.
 const NEW_MEMBER_PATIENCE: Duration = Duration::from_millis(300);
+/// How often a growing pool's cached view is checked against its
+/// directory's members (a directory read).
+const MEMBERS_LOOK: Duration = Duration::from_millis(100);
 /// How long a worker that did not answer for its view is asked last (a
 /// growing pool's new member: not at all).
 const SILENT_FOR: Duration = Duration::from_secs(10);
@@ -149,12 +152,15 @@ impl Pool {
         })
     }
 
-    /// The pool view, fetched again when older than `view_max_age`.
+    /// The pool view, fetched again when older than `view_max_age` — or,
+    /// for a growing pool, when its directory lists a member the view does
+    /// not have (looked at no more than every [`MEMBERS_LOOK`]): a worker
+    /// that joins gets work at once, not a view's age later.
     pub async fn view(&self) -> anyhow::Result<Vec<PeerView>> {
         let mut view = self.view.lock().await;
-        if view
-            .fetched
-            .is_some_and(|t| t.elapsed() <= self.config.view_max_age)
+        if let Some(fetched) = view.fetched
+            && fetched.elapsed() <= self.config.view_max_age
+            && !(fetched.elapsed() >= MEMBERS_LOOK && self.joined_since(&view.peers))
         {
             return Ok(view.peers.clone());
         }
@@ -206,6 +212,16 @@ impl Pool {
         view.peers = peers.clone();
         view.fetched = Some(Instant::now());
         Ok(peers)
+    }
+
+    /// Whether a growing pool's directory lists a member `peers` lacks.
+    fn joined_since(&self, peers: &[PeerView]) -> bool {
+        self.config.growth.as_ref().is_some_and(|g| {
+            let silent = self.silent_members.lock();
+            (g.members)()
+                .iter()
+                .any(|m| !silent.contains_key(m) && !peers.iter().any(|p| &p.advert.addr == m))
+        })
     }
 
     /// A growing pool's members that `peers` (one worker's view) does not
