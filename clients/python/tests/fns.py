@@ -5,10 +5,17 @@ import json
 
 import numpy as np
 
+import peerwasm  # the host's client: a host-only import, not in the sandbox
+
 
 def describe(a):
     """numpy in and out."""
     return {"mean": float(a.mean()), "doubled": a * 2, "dtype": str(a.dtype)}
+
+
+def names_the_client():
+    """Uses what only the host could import."""
+    return peerwasm.__name__
 
 
 def square(x):

@@ -28,6 +28,15 @@ def test_numpy_arrays_cross_both_ways():
     np.testing.assert_array_equal(out["doubled"], a * 2)
 
 
+def test_an_import_the_sandbox_cannot_do_is_named_when_the_function_uses_it():
+    # fns imports `peerwasm` (host-only): the functions that do not use it run.
+    assert peerwasm.map(fns.square, [3]) == [9]
+    with pytest.raises(peerwasm.RemoteError) as e:
+        peerwasm.run(fns.names_the_client)
+    assert e.value.type_name in ("ImportError", "ModuleNotFoundError"), e.value
+    assert "import peerwasm" in e.value.message and "uses what it imports" in e.value.message, e.value
+
+
 def test_run_calls_the_function_with_its_arguments():
     assert peerwasm.run(fns.add, 2, 3) == 5
     assert peerwasm.run(fns.add, [1], [2]) == [1, 2]

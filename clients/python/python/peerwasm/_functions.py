@@ -43,6 +43,19 @@ import traceback as _pw_traceback
 import types as _pw_types
 _pw_wire = _pw_types.ModuleType("_pw_wire")
 exec(compile({wire_source!r}, "peerwasm/_wire.py", "exec"), _pw_wire.__dict__)
+
+class _pw_Missing:
+    # A name the function's module imports that the sandbox could not:
+    # unused, it costs nothing (a host-only import); used, it raises the
+    # import's own error, naming the statement.
+    def __init__(self, statement, error):
+        object.__setattr__(self, "_pw_why", (statement, error))
+    def _pw_raise(self, *_args, **_kwargs):
+        statement, error = object.__getattribute__(self, "_pw_why")
+        raise type(error)(
+            f"the sandbox could not run `{{statement}}` ({{error}}), and the function uses what it imports"
+        )
+    __getattr__ = __call__ = __getitem__ = __iter__ = __len__ = __bool__ = _pw_raise
 {imports}
 {source}
 
@@ -108,8 +121,10 @@ def runtime_dir():
 
 
 def _imports(fn):
-    """The top-level import statements of `fn`'s module, each guarded: one
-    the sandbox cannot import (a host-only package) is skipped."""
+    """The top-level import statements of `fn`'s module, each guarded: the
+    names of one the sandbox cannot import (a host-only package) are bound
+    to a stand-in that raises its ImportError, naming it, when used — never
+    skipped in silence."""
     module = sys.modules.get(fn.__module__)
     try:
         tree = ast.parse(inspect.getsource(module)) if module is not None else None
@@ -122,7 +137,21 @@ def _imports(fn):
         if isinstance(node, (ast.Import, ast.ImportFrom)) and not (
             isinstance(node, ast.ImportFrom) and node.module == "__future__"
         ):
-            guarded.append("try:\n" + textwrap.indent(ast.unparse(node), "    ") + "\nexcept ImportError:\n    pass")
+            statement = ast.unparse(node)
+            if isinstance(node, ast.Import):
+                names = [a.asname or a.name.split(".")[0] for a in node.names]
+            else:
+                names = [a.asname or a.name for a in node.names if a.name != "*"]
+            stand_ins = [f"    {name} = _pw_Missing({statement!r}, _pw_e)" for name in names] or [
+                # `from m import *` names nothing to stand in for: said.
+                f"    _pw_sys.stderr.write('peerwasm: the sandbox could not run ' + {statement!r} + ': ' + str(_pw_e) + '\\n')"
+            ]
+            guarded.append(
+                "try:\n"
+                + textwrap.indent(statement, "    ")
+                + "\nexcept ImportError as _pw_e:\n"
+                + "\n".join(stand_ins)
+            )
     return "\n".join(guarded)
 
 
