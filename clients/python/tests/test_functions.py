@@ -37,6 +37,15 @@ def test_an_import_the_sandbox_cannot_do_is_named_when_the_function_uses_it():
     assert "import peerwasm" in e.value.message and "uses what it imports" in e.value.message, e.value
 
 
+def test_what_the_function_prints_comes_out_on_stderr_in_input_order(capsys):
+    assert peerwasm.map(fns.square, [3, 4]) == [9, 16]
+    err = capsys.readouterr().err
+    assert "squaring 3" in err and "squaring 4" in err, err
+    assert err.index("squaring 3") < err.index("squaring 4"), err
+    assert peerwasm.run(fns.square, 5) == 25
+    assert "squaring 5" in capsys.readouterr().err
+
+
 def test_run_calls_the_function_with_its_arguments():
     assert peerwasm.run(fns.add, 2, 3) == 5
     assert peerwasm.run(fns.add, [1], [2]) == [1, 2]

@@ -198,17 +198,28 @@ def _reply(result):
     return RemoteError(*value, result)
 
 
+def _forward(result):
+    """What the function printed (its stdout goes to the job's stderr, so
+    that it cannot spoil the reply) and what the guest wrote to stderr,
+    written to this process's stderr, as a local call's prints would be."""
+    text = getattr(result, "stderr", None)
+    if text:
+        sys.stderr.write(text if text.endswith("\n") else text + "\n")
+
+
 def run(fn, args, mem=None, timeout=None, peers=None, token=None):
     """`fn(*args)` in the sandbox; its return value, or its exception
-    raised as RemoteError."""
+    raised as RemoteError. What it prints comes out on stderr."""
     stdin = pickle.dumps(tuple(args), protocol=PROTOCOL)
     try:
         result = _peerwasm._run_python(runtime_dir(), program(fn), stdin, mem, timeout, peers, token)
     except _peerwasm.JobError as e:
+        _forward(e.result)
         reply = _reply_or_none(e.result)
         if isinstance(reply, RemoteError):
             raise reply from None
         raise
+    _forward(result)
     value = _reply(result)
     if isinstance(value, RemoteError):
         raise value
@@ -218,17 +229,21 @@ def run(fn, args, mem=None, timeout=None, peers=None, token=None):
 def map(fn, items, mem=None, timeout=None, peers=None, token=None, progress=False, keep_going=False, retries=0):
     """`[fn(item) for item in items]`, each in the sandbox; the first
     exception raised as RemoteError (with `keep_going`, exceptions are
-    returned in place of their values)."""
+    returned in place of their values). What the items print comes out on
+    stderr, in input order, once the map is done."""
     inputs = [pickle.dumps((item,), protocol=PROTOCOL) for item in items]
     try:
         results = _peerwasm._map_python(
             runtime_dir(), program(fn), inputs, mem, timeout, peers, token, progress, keep_going, retries
         )
     except _peerwasm.JobError as e:
+        _forward(e.result)
         reply = _reply_or_none(e.result)
         if isinstance(reply, RemoteError):
             raise reply from None
         raise
+    for r in results:
+        _forward(r)
     values = [_reply(r) for r in results]
     if not keep_going:
         for v in values:
