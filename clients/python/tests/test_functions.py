@@ -58,6 +58,7 @@ def test_an_exception_in_the_sandbox_arrives_with_its_traceback():
     assert err.type_name == "ValueError" and err.message == "bad input 2"
     assert "fails_on" in err.traceback and "raise ValueError" in err.traceback
     assert err.result.index == 1 and err.result.exit_code == 1
+    assert err.index == 1 and str(err).startswith("item 1 of the map: ValueError: bad input 2"), err
     out = peerwasm.map(fns.fails_on, [1, 2, 3], keep_going=True)
     assert out[0] == 1 and out[2] == 3 and isinstance(out[1], peerwasm.RemoteError)
     with pytest.raises(peerwasm.RemoteError, match="bad input 2"):

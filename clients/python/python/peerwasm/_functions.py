@@ -92,11 +92,14 @@ class RemoteError(Exception):
 
     `type_name` and `message` are the guest exception's; `traceback` is its
     traceback as the guest printed it; `result` is the job's `Result`
-    (peak memory, peer, ...).
+    (peak memory, peer, ...); `index` the item's position in a map (None
+    for `run`), which the error's text starts with.
     """
 
     def __init__(self, type_name, message, traceback, result):
-        super().__init__(f"{type_name}: {message}\n\nTraceback in the sandbox:\n{traceback}")
+        self.index = getattr(result, "index", None)
+        where = "" if self.index is None else f"item {self.index} of the map: "
+        super().__init__(f"{where}{type_name}: {message}\n\nTraceback in the sandbox:\n{traceback}")
         self.type_name = type_name
         self.message = message
         self.traceback = traceback
