@@ -46,6 +46,22 @@ def test_what_the_function_prints_comes_out_on_stderr_in_input_order(capsys):
     assert "squaring 5" in capsys.readouterr().err
 
 
+def test_a_function_defined_in_a_notebook_cell_takes_the_notebooks_imports():
+    # A real IPython session (what Jupyter runs): the imports are in an
+    # earlier cell than the function, beside a magic; the function's module
+    # is `__main__`, whose file is not the notebook.
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.run_cell("import json\nimport numpy as np\n%time _ = 1", store_history=True).raise_error()
+    shell.run_cell(
+        "def total(a):\n    return json.dumps({'total': int(np.sum(a))})", store_history=True
+    ).raise_error()
+    total = shell.user_ns["total"]
+    assert peerwasm.run(total, [1, 2, 3]) == '{"total": 6}'
+    assert peerwasm.map(total, [[1], [2, 3]]) == ['{"total": 1}', '{"total": 5}']
+
+
 def test_run_calls_the_function_with_its_arguments():
     assert peerwasm.run(fns.add, 2, 3) == 5
     assert peerwasm.run(fns.add, [1], [2]) == [1, 2]

@@ -124,23 +124,20 @@ def runtime_dir():
 
 
 def _imports(fn):
-    """The top-level import statements of `fn`'s module, each guarded: the
+    """The top-level import statements of `fn`'s module (or of the notebook
+    cells it was defined among: `_module_trees`), each guarded: the
     names of one the sandbox cannot import (a host-only package) are bound
     to a stand-in that raises its ImportError, naming it, when used — never
     skipped in silence."""
-    module = sys.modules.get(fn.__module__)
-    try:
-        tree = ast.parse(inspect.getsource(module)) if module is not None else None
-    except (OSError, TypeError, SyntaxError):
-        tree = None
-    if tree is None:
-        return ""
-    guarded = []
-    for node in tree.body:
+    guarded, seen = [], set()
+    for node in (n for tree in _module_trees(fn) for n in tree.body):
         if isinstance(node, (ast.Import, ast.ImportFrom)) and not (
             isinstance(node, ast.ImportFrom) and node.module == "__future__"
         ):
             statement = ast.unparse(node)
+            if statement in seen:
+                continue
+            seen.add(statement)
             if isinstance(node, ast.Import):
                 names = [a.asname or a.name.split(".")[0] for a in node.names]
             else:
@@ -156,6 +153,28 @@ def _imports(fn):
                 + "\n".join(stand_ins)
             )
     return "\n".join(guarded)
+
+
+def _module_trees(fn):
+    """The parsed source `fn`'s imports are read from: its module's file;
+    or, for a function defined in a notebook or an IPython session, every
+    cell run so far (IPython keeps them, magics already turned into
+    Python, in `In`; a cell that does not parse is passed over)."""
+    namespace = fn.__globals__
+    cells = namespace.get("In")
+    if fn.__module__ == "__main__" and "get_ipython" in namespace and isinstance(cells, list):
+        trees = []
+        for cell in cells:
+            try:
+                trees.append(ast.parse(cell))
+            except (SyntaxError, ValueError, TypeError):
+                continue
+        return trees
+    module = sys.modules.get(fn.__module__)
+    try:
+        return [ast.parse(inspect.getsource(module))] if module is not None else []
+    except (OSError, TypeError, SyntaxError):
+        return []
 
 
 def program(fn):
