@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 
+import localmod  # a module of the tests' own, beside this file
 import peerwasm  # the host's client: a host-only import, not in the sandbox
 
 
@@ -32,6 +33,10 @@ def _scaled(x):
 def uses_its_module(x):
     """A helper, constants (one built from another) and a class of its module."""
     return _scaled(x) + Point(x, -x).norm1()
+
+
+def uses_a_local_module(a, b):
+    return localmod.hypotenuse(a, b)
 
 
 def norm_of(p):

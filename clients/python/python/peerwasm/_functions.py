@@ -145,7 +145,7 @@ def _imports(fn):
     names of one the sandbox cannot import (a host-only package) are bound
     to a stand-in that raises its ImportError, naming it, when used — never
     skipped in silence."""
-    guarded, seen = [], set()
+    guarded, seen = [_local_modules(fn)], set()
     for node in (n for tree in _module_trees(fn) for n in tree.body):
         if isinstance(node, (ast.Import, ast.ImportFrom)) and not (
             isinstance(node, ast.ImportFrom) and node.module == "__future__"
@@ -169,6 +169,48 @@ def _imports(fn):
                 + "\n".join(stand_ins)
             )
     return "\n".join(guarded)
+
+
+def _local_modules(fn):
+    """The modules of the user's own that `fn`'s module imports (single
+    `.py` files beside it — or, for a notebook, in the working directory —
+    and those they import in turn), as code that makes each one in the
+    guest before the imports run, so that `import mylib` finds it there."""
+    module = sys.modules.get(fn.__module__)
+    home = os.path.dirname(os.path.abspath(getattr(module, "__file__", None) or os.path.join(os.getcwd(), "x")))
+    if fn.__module__ == "__main__" and "get_ipython" in fn.__globals__:
+        home = os.getcwd()
+    found, order, todo = {}, [], [t for t in _module_trees(fn)]
+    while todo:
+        for node in ast.walk(todo.pop()):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module]
+                if isinstance(node, ast.ImportFrom) and node.module and not node.level
+                else []
+            )
+            for name in names:
+                local = sys.modules.get(name)
+                path = getattr(local, "__file__", None)
+                if (
+                    name in found
+                    or not path
+                    or not path.endswith(".py")
+                    or os.path.basename(path) == "__init__.py"
+                    or os.path.dirname(os.path.abspath(path)) != home
+                ):
+                    continue
+                with open(path, encoding="utf-8") as f:
+                    found[name] = (path, f.read())
+                order.append(name)
+                todo.append(ast.parse(found[name][1]))
+    # Made in reverse order of discovery: what a module imports exists first.
+    return "\n".join(
+        f"_pw_sys.modules[{name!r}] = _pw_m = _pw_types.ModuleType({name!r})\n"
+        f"exec(compile({found[name][1]!r}, {found[name][0]!r}, 'exec'), _pw_m.__dict__)"
+        for name in reversed(order)
+    )
 
 
 def _module_trees(fn):
