@@ -65,6 +65,7 @@ def test_a_function_defined_in_a_notebook_cell_takes_the_notebooks_imports():
 def test_a_function_takes_its_modules_helpers_constants_and_classes():
     assert peerwasm.run(fns.uses_its_module, 2) == 2 * 3 + 30 + 4
     assert peerwasm.map(fns.norm_of, [fns.Point(1, -2), fns.Point(3, 4)]) == [3, 7]
+    assert peerwasm.map(fns.norm_of, (fns.Point(i, i) for i in range(3))) == [0, 2, 4]
     assert peerwasm.run(fns.uses_a_local_module, 3, 4) == 5.0
 
 

@@ -366,6 +366,9 @@ def map(fn, items, mem=None, timeout=None, peers=None, token=None, progress=Fals
     exception raised as RemoteError (with `keep_going`, exceptions are
     returned in place of their values). What the items print comes out on
     stderr, in input order, once the map is done."""
+    # Read once: an iterator's items are pickled and looked at for the
+    # classes that must travel (`program`).
+    items = list(items)
     inputs = [pickle.dumps((item,), protocol=PROTOCOL) for item in items]
     try:
         results = _peerwasm._map_python(
