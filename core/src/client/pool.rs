@@ -154,7 +154,7 @@ impl Pool {
 
     /// The pool view, fetched again when older than `view_max_age` — or,
     /// for a growing pool, when its directory lists a member the view does
-    /// not have (looked at no more than every [`MEMBERS_LOOK`]): a worker
+    /// not have (looked at no more than every `MEMBERS_LOOK`): a worker
     /// that joins gets work at once, not a view's age later.
     pub async fn view(&self) -> anyhow::Result<Vec<PeerView>> {
         let mut view = self.view.lock().await;

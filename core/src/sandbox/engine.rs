@@ -38,8 +38,8 @@ pub const MAX_WASM_STACK: usize = 8 << 20;
 pub const ASYNC_STACK: usize = MAX_WASM_STACK + (2 << 20);
 
 /// Host memory a running job may take outside its linear memory: its
-/// fiber stack ([`ASYNC_STACK`]: its wasm stack and the host calls made
-/// from it) and its instance's own state ([`MAX_CORE_INSTANCE_SIZE`]).
+/// fiber stack (`ASYNC_STACK`: its wasm stack and the host calls made
+/// from it) and its instance's own state (`MAX_CORE_INSTANCE_SIZE`).
 /// Both are touched only as far as the job goes (wasmtime does not say how
 /// far that was), but a job may go all the way — recurse 8 MiB deep — so a
 /// worker reserves this beside each running job's memory limit, and a

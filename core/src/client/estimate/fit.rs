@@ -56,7 +56,7 @@ pub fn grown(requested: u64) -> u64 {
 }
 
 /// The least a job that ran out of memory (`outgrown`) asks for next,
-/// model or not: what it tried to grow to (and [`BLIND_SLACK`] more), and
+/// model or not: what it tried to grow to (and `BLIND_SLACK` more), and
 /// twice its limit, that doubling stopping at `tail` (the largest peak
 /// known × the margin) while the job is under it.
 pub fn retry_floor(outgrown: Outgrown, tail: Option<u64>) -> u64 {
@@ -238,7 +238,7 @@ pub fn fit(obs: &[Observation], margin: f64, largest: u64) -> Option<Model> {
 
 /// What `model` would have reserved for `obs`: every request (at most
 /// `cap`), plus the retry of each input it was too small for (as if it
-/// had tried to grow straight to its peak), plus [`retry_overhead`] per retry.
+/// had tried to grow straight to its peak), plus `retry_overhead` per retry.
 pub fn cost(model: &Model, obs: &[Observation], margin: f64, cap: u64) -> f64 {
     let overhead = retry_overhead(obs);
     obs.iter()

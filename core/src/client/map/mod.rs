@@ -229,7 +229,7 @@ type Answer = (u64, Result<JobResult, SubmitError>);
 pub const PIPELINE_DEPTH: Duration = Duration::from_millis(20);
 
 /// Inputs read ahead to launch the largest first, when requests follow
-/// input size ([`MapRun::lookahead`]).
+/// input size (`MapRun::lookahead`).
 pub const LOOKAHEAD: usize = 64;
 
 /// The most submissions kept under way per slot by default.
