@@ -126,6 +126,8 @@ pub struct Pool {
 struct View {
     peers: Vec<PeerView>,
     fetched: Option<Instant>,
+    /// When a growing pool's directory was last compared with `peers`.
+    members_looked: Option<Instant>,
 }
 
 impl Pool {
@@ -160,7 +162,7 @@ impl Pool {
         let mut view = self.view.lock().await;
         if let Some(fetched) = view.fetched
             && fetched.elapsed() <= self.config.view_max_age
-            && !(fetched.elapsed() >= MEMBERS_LOOK && self.joined_since(&view.peers))
+            && !self.joined_since(&mut view)
         {
             return Ok(view.peers.clone());
         }
@@ -179,16 +181,13 @@ impl Pool {
         let (mut named, mut others): (Vec<String>, Vec<String>) =
             ask.into_iter().partition(|a| seeds.contains(a));
         {
-            let silent = self.silent_members.lock();
-            let quiet = |a: &String| silent.get(a).is_some_and(|t| t.elapsed() < SILENT_FOR);
+            let mut silent = self.silent_members.lock();
+            silent.retain(|_, since| since.elapsed() < SILENT_FOR);
+            let quiet = |a: &String| silent.contains_key(a);
             named.sort_by_key(quiet);
             others.sort_by_key(quiet);
         }
-        let mut note = |addr: &str| {
-            self.silent_members
-                .lock()
-                .insert(addr.to_string(), Instant::now());
-        };
+        let mut note = |addr: &str| self.mark_silent(addr);
         let fetched = match super::peers::fetch_peers_noting(&self.http, &named, &mut note).await {
             Ok(p) => Ok(p),
             Err(e) if others.is_empty() => Err(e),
@@ -214,14 +213,32 @@ impl Pool {
         Ok(peers)
     }
 
-    /// Whether a growing pool's directory lists a member `peers` lacks.
-    fn joined_since(&self, peers: &[PeerView]) -> bool {
-        self.config.growth.as_ref().is_some_and(|g| {
-            let silent = self.silent_members.lock();
-            (g.members)()
-                .iter()
-                .any(|m| !silent.contains_key(m) && !peers.iter().any(|p| &p.advert.addr == m))
-        })
+    /// Whether a growing pool's directory lists a member the cached view
+    /// lacks. The directory is read at most every `MEMBERS_LOOK`: `view`
+    /// is on the path of every job placed.
+    fn joined_since(&self, view: &mut View) -> bool {
+        let Some(growth) = &self.config.growth else {
+            return false;
+        };
+        if view
+            .members_looked
+            .is_some_and(|t| t.elapsed() < MEMBERS_LOOK)
+        {
+            return false;
+        }
+        view.members_looked = Some(Instant::now());
+        let silent = self.silent_members.lock();
+        (growth.members)()
+            .iter()
+            .any(|m| !silent.contains_key(m) && !view.peers.iter().any(|p| &p.advert.addr == m))
+    }
+
+    /// Notes that `addr` did not answer: asked last (or, a new member,
+    /// not at all) for `SILENT_FOR`.
+    fn mark_silent(&self, addr: &str) {
+        self.silent_members
+            .lock()
+            .insert(addr.to_string(), Instant::now());
     }
 
     /// A growing pool's members that `peers` (one worker's view) does not
@@ -255,9 +272,7 @@ impl Pool {
         let records = futures::future::join_all(asked).await;
         for (addr, record) in new.iter().zip(&records) {
             if record.is_none() {
-                self.silent_members
-                    .lock()
-                    .insert(addr.clone(), Instant::now());
+                self.mark_silent(addr);
             }
         }
         peers.extend(records.into_iter().flatten());

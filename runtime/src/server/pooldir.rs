@@ -267,13 +267,7 @@ impl PoolDir {
     /// [`CONTROLLER_TTL`].
     pub fn controller(&self) -> Option<Controller> {
         let path = self.dir.join(CONTROLLER);
-        let age = std::fs::metadata(&path)
-            .ok()?
-            .modified()
-            .ok()?
-            .elapsed()
-            .unwrap_or_default();
-        if age > CONTROLLER_TTL {
+        if age(&path) > CONTROLLER_TTL {
             return None;
         }
         let bytes = std::fs::read(&path)
@@ -312,13 +306,7 @@ impl PoolDir {
             if e.file_name().to_string_lossy().starts_with('.') {
                 continue;
             }
-            let Ok(age) = e
-                .metadata()
-                .and_then(|m| m.modified())
-                .map(|t| t.elapsed().unwrap_or_default())
-            else {
-                continue;
-            };
+            let age = age(&e.path());
             if age > 12 * BACKLOG_FILE_TTL {
                 let _ = std::fs::remove_file(e.path());
                 continue;

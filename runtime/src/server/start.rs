@@ -462,17 +462,14 @@ async fn drain(
     .await;
     // Peers it missed that are leaving too (their own farewell said so:
     // workers of a pool let go together) need not hear it.
-    let to_tell = {
+    let someone_to_tell = {
         let node = worker.gossip.lock();
-        missed
-            .iter()
-            .filter(|addr| {
-                !node
-                    .state()
-                    .iter()
-                    .any(|(id, s)| id.addr == **addr && s.record.draining)
-            })
-            .count()
+        missed.iter().any(|addr| {
+            !node
+                .state()
+                .iter()
+                .any(|(id, s)| id.addr == *addr && s.record.draining)
+        })
     };
     let reaper = worker.clone();
     tokio::spawn(async move {
@@ -490,7 +487,7 @@ async fn drain(
     // refused connection): two more rounds. When every peer that stays
     // heard it, nobody is left to tell — a batch system waiting for the
     // job to end (`scancel`) gets it back two rounds sooner.
-    if to_tell > 0 {
+    if someone_to_tell {
         tokio::time::sleep(2 * interval).await;
     }
 }
