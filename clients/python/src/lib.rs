@@ -486,7 +486,7 @@ fn _run_python(
 /// `map` of a Python program over pickled inputs: the driver
 /// `peerwasm.map(fn, ...)` writes.
 #[pyfunction]
-#[pyo3(signature = (runtime, source, inputs, mem=None, timeout=None, peers=None, token=None, progress=false, keep_going=false, retries=0))]
+#[pyo3(signature = (runtime, source, inputs, mem=None, timeout=None, peers=None, token=None, progress=false, keep_going=false, retries=0, warm=None))]
 #[allow(clippy::too_many_arguments)]
 fn _map_python(
     py: Python<'_>,
@@ -500,8 +500,11 @@ fn _map_python(
     progress: bool,
     keep_going: bool,
     retries: u32,
+    warm: Option<(String, String)>,
 ) -> PyResult<Vec<Result>> {
-    let pj = python_job(runtime, source, to_timeout(timeout)?)?;
+    let mut pj = python_job(runtime, source, to_timeout(timeout)?)?;
+    // Each item from a snapshot of the interpreter the prelude readied.
+    pj.job.warm = warm.map(|(prelude, turn)| peerwasm::proto::WarmStart { prelude, turn });
     let config = MapConfig {
         mem: to_size(mem)?,
         keep_going,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use super::estimate::DeclaredMemory;
-use crate::proto::{DirGrant, JobLimits, JobSpec, ModuleHash};
+use crate::proto::{DirGrant, JobLimits, JobSpec, ModuleHash, WarmStart};
 
 /// The module file at `path`, read straight into the buffer jobs share
 /// (a module of 20 MB is neither copied nor written twice on its way to
@@ -83,6 +83,9 @@ pub struct Job {
     /// The export to call instead of `_start` (`--invoke`); see
     /// [`JobSpec::invoke`].
     pub invoke: Option<String>,
+    /// Start each run from a snapshot of an interpreter made ready once;
+    /// see [`WarmStart`].
+    pub warm: Option<WarmStart>,
 }
 
 impl Job {
@@ -112,6 +115,7 @@ impl Job {
             limits: JobLimits::default(),
             dirs: Vec::new(),
             invoke: None,
+            warm: None,
         }
     }
 
@@ -238,6 +242,7 @@ impl Job {
             },
             tag: None,
             invoke: self.invoke.clone(),
+            warm: self.warm.clone(),
         }
     }
 }

@@ -57,9 +57,34 @@ pub struct JobSpec {
     /// `_initialize` is called first if exported, then this function with
     /// no arguments (the job's `args` are its WASI argv as always); an
     /// `i32` it returns is the job's exit code. Default: none (`_start`).
-    /// Last in the struct, so that a spec stored by protocol 4 decodes
-    /// (see [`JobSpec::from_stored`]).
+    /// (After `tag`, so that a spec stored by protocol 4 decodes: see
+    /// [`JobSpec::from_stored`].)
     pub invoke: Option<String>,
+    /// Start from a snapshot of an interpreter made ready once, rather than
+    /// from a cold one (see [`WarmStart`]). Default: none. Last in the
+    /// struct, so that a spec stored by protocol 9 decodes.
+    pub warm: Option<WarmStart>,
+}
+
+/// A warm start: how a job of a reactor that keeps an interpreter between
+/// calls — CPython for WASI, whose `turn(ptr, len)` export runs a piece of
+/// source in a persistent `__main__` — starts from a copy-on-write snapshot
+/// of memory rather than from a cold interpreter.
+///
+/// The worker runs `prelude` once as the first turn of a fresh instance
+/// (imports, definitions: what every job of a map shares), keeps a
+/// snapshot of the memory it left, and starts each job from that snapshot
+/// with `turn` as its one turn. A job so started sees exactly the state the
+/// prelude left, never another job's; its memory limit and peak count the
+/// snapshot's memory as its own. When no snapshot can be made (the prelude
+/// did not return 0), each job runs `prelude` and then `turn` in one fresh
+/// instance: the same result, at a cold start's cost.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct WarmStart {
+    /// Source run once, whose resulting state jobs start from.
+    pub prelude: String,
+    /// Source each job runs; its exit status is the job's exit code.
+    pub turn: String,
 }
 
 impl JobSpec {
@@ -75,14 +100,19 @@ impl JobSpec {
     }
 
     /// Decodes a spec kept in a state database, including one a worker of
-    /// protocol 4 wrote (before [`JobSpec::invoke`]: the same bytes less
-    /// the trailing `None`), so detached jobs and submissions survive the
-    /// upgrade.
+    /// protocol 4 to 9 wrote (before [`JobSpec::invoke`] and
+    /// [`JobSpec::warm`]: the same bytes less the trailing `None`s), so
+    /// detached jobs and submissions survive the upgrade.
     pub fn from_stored(bytes: &[u8]) -> Result<JobSpec, postcard::Error> {
         postcard::from_bytes(bytes).or_else(|e| {
             let mut older = bytes.to_vec();
-            older.push(0); // `invoke: None`
-            postcard::from_bytes(&older).map_err(|_| e)
+            // `warm: None` (protocol 9), then also `invoke: None` (4).
+            (0..2)
+                .find_map(|_| {
+                    older.push(0);
+                    postcard::from_bytes(&older).ok()
+                })
+                .ok_or(e)
         })
     }
 
@@ -99,6 +129,7 @@ impl JobSpec {
             limits: JobLimits::default(),
             tag: None,
             invoke: None,
+            warm: None,
         }
     }
 }
@@ -478,7 +509,7 @@ pub const PROTOCOL_HEADER: &str = "peerwasm-protocol";
 
 /// The protocol version of this build: bumped when a message's encoding
 /// changes incompatibly (postcard has no field tags to fall back on).
-pub const PROTOCOL_VERSION: &str = "9";
+pub const PROTOCOL_VERSION: &str = "10";
 
 /// The most a job's input (its stdin) may be, in bytes.
 pub const MAX_INPUT_BYTES: u64 = 64 << 20;

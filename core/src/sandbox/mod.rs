@@ -20,6 +20,8 @@
 //! * `cancel` — ending a job early, from outside;
 //! * `drive` — running a job's call to its end, deadline or cancel;
 //! * `stdio` — captured, capped, optionally streamed stdout/stderr;
+//! * `warm` — warm starts: jobs begun from a snapshot of an interpreter's
+//!   memory (a Python map's items);
 //! * `outcome` — classifying how a job ended.
 //!
 //! A job runs as an async wasmtime call on a Tokio runtime. That is what lets
@@ -48,6 +50,7 @@ mod spec;
 pub(crate) mod stdin;
 pub(crate) mod stdio;
 pub(crate) mod validate;
+mod warm;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -71,6 +74,7 @@ pub use job_state::JobState;
 pub use spec::RunSpec;
 pub use stdin::{StdinFeed, StdinSender};
 pub use stdio::{OutputBudget, OutputCapture, OutputChunk};
+pub use warm::WarmStats;
 
 use crate::proto::{CacheSource, JobResult, Outcome, StdStream};
 use crate::units::Bytes;
@@ -129,6 +133,8 @@ pub struct Sandbox {
     components: wasmtime::component::Linker<component::ComponentState>,
     cache: ModuleCache,
     config: SandboxConfig,
+    /// Snapshots of interpreters, and the engine jobs started from them run on.
+    warm: warm::WarmStarts,
 }
 
 impl Sandbox {
@@ -140,11 +146,14 @@ impl Sandbox {
             engine::start_epoch_ticker(&engine);
             engine::start_epoch_ticker(&component_engine);
         }
-        let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p1::add_to_linker_async(&mut linker, |s: &mut JobState| &mut s.wasi)
-            .and_then(|()| files::add_to_linker(&mut linker))
-            .and_then(|()| entry::add_host_stub(&mut linker))
-            .map_err(|e| anyhow::anyhow!("cannot link WASI: {e}"))?;
+        let linker = core_linker(&engine)?;
+        // Warm starts need memories of their own (see `warm`): the
+        // components' on-demand engine when the main one pools.
+        let warm = if config.pooling {
+            warm::WarmStarts::new(component_engine.clone(), core_linker(&component_engine)?)
+        } else {
+            warm::WarmStarts::new(engine.clone(), linker.clone())
+        };
         let components = component::linker(&component_engine)?;
         let cache = ModuleCache::new(engine.clone(), component_engine.clone(), &config)?;
         let scratch = config
@@ -158,7 +167,13 @@ impl Sandbox {
             components,
             cache,
             config,
+            warm,
         })
+    }
+
+    /// The warm starts' counters.
+    pub fn warm_stats(&self) -> WarmStats {
+        self.warm.stats()
     }
 
     /// The shared engine.
@@ -287,11 +302,15 @@ impl Sandbox {
             deadline,
             cancel: hooks.cancel.unwrap_or_default(),
         };
-        let ran = match prepared {
-            Prepared::Module { pre, opens_files } => {
+        let ran = match (prepared, &spec.warm, &module.code) {
+            (Prepared::Module { opens_files, .. }, Some(warm), Code::Module(m)) => {
+                self.run_warm(module.hash, m, *opens_files, warm, spec, io, bounds)
+                    .await
+            }
+            (Prepared::Module { pre, opens_files }, _, _) => {
                 self.run_module(pre, *opens_files, spec, io, bounds).await
             }
-            Prepared::Component { pre } => self.run_component(pre, spec, io, bounds).await,
+            (Prepared::Component { pre }, _, _) => self.run_component(pre, spec, io, bounds).await,
         };
         let ran = match ran {
             Ok(ran) => ran,
@@ -357,11 +376,15 @@ impl Sandbox {
             })?;
         // Per job, not per module: one module may be invoked by several names.
         match &module.code {
+            Code::Module(m) if spec.warm.is_some() => warm::check(m),
             Code::Module(m) => entry::check(m, spec.invoke.as_deref()),
             Code::Component(_) if spec.invoke.is_some() => Err(
                 "--invoke names an export of a core module; a component runs its `wasi:cli/run`"
                     .to_string(),
             ),
+            Code::Component(_) if spec.warm.is_some() => {
+                Err("a warm start needs a core module that keeps an interpreter (CPython for WASI)".to_string())
+            }
             Code::Component(_) => Ok(()),
         }
         .map_err(|reason| Outcome::InvalidModule { reason })?;
@@ -601,6 +624,17 @@ impl Sandbox {
             None => b.tempdir(),
         }
     }
+}
+
+/// A linker for core modules on `engine`: WASI preview 1 (with our file
+/// bounds) and `host::call`.
+fn core_linker(engine: &Engine) -> anyhow::Result<Linker<JobState>> {
+    let mut linker = Linker::new(engine);
+    wasmtime_wasi::p1::add_to_linker_async(&mut linker, |s: &mut JobState| &mut s.wasi)
+        .and_then(|()| files::add_to_linker(&mut linker))
+        .and_then(|()| entry::add_host_stub(&mut linker))
+        .map_err(|e| anyhow::anyhow!("cannot link WASI: {e}"))?;
+    Ok(linker)
 }
 
 /// A job's stdio, shared by both kinds of code.

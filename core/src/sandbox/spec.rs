@@ -12,7 +12,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::proto::{DirGrant, JobLimits, JobSpec, ModuleHash};
+use crate::proto::{DirGrant, JobLimits, JobSpec, ModuleHash, WarmStart};
 
 /// A job resolved to run on this machine.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -36,6 +36,14 @@ pub struct RunSpec {
     pub limits: JobLimits,
     /// The export to call instead of `_start` (`--invoke`).
     pub invoke: Option<String>,
+    /// Start from a snapshot of the prelude's state (see [`WarmStart`]).
+    pub warm: Option<WarmStart>,
+    /// Who may start from the snapshots this job's prelude makes: jobs of
+    /// the same scope only (a worker's tenant; empty on the embedded
+    /// worker, whose jobs are all its user's). A snapshot holds whatever
+    /// the prelude computed or read — another tenant's identical prelude
+    /// must not start from it.
+    pub warm_scope: String,
 }
 
 impl RunSpec {
@@ -64,6 +72,7 @@ impl RunSpec {
             mut limits,
             tag: _,
             invoke,
+            warm,
         } = spec;
         dirs.extend(mounted);
         limits.memory_bytes = memory_bytes;
@@ -76,6 +85,8 @@ impl RunSpec {
             dirs,
             limits,
             invoke,
+            warm,
+            warm_scope: String::new(),
         }
     }
 }

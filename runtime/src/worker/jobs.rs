@@ -483,13 +483,10 @@ async fn in_turn(turn: Turn) -> Result<JobResult, Refused> {
                 .as_ref()
                 .map(|m| m.grants.clone())
                 .unwrap_or_default();
-            let mut result = w
-                .runner
-                .run_resolved(
-                    crate::sandbox::RunSpec::resolved(spec, grants, memreq),
-                    hooks,
-                )
-                .await;
+            let mut run = crate::sandbox::RunSpec::resolved(spec, grants, memreq);
+            // A warm start's snapshot is shared by this tenant's jobs only.
+            run.warm_scope = tenant.name.clone();
+            let mut result = w.runner.run_resolved(run, hooks).await;
             if let Some(mounted) = mounted {
                 send_files_back(&w, mounted, &hold, &mut result).await;
             }

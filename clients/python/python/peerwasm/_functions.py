@@ -92,10 +92,53 @@ def _pw_main():
         code = 1
     reply_to.write(data)
     reply_to.flush()
+    _pw_sys.stderr.flush()
     return code
 
-_pw_sys.exit(_pw_main())
+def _pw_item():
+    # A map's item, begun from the snapshot the prelude (`_WARM_PRELUDE`)
+    # left: the random generators it seeded are seeded afresh, as a
+    # process of its own would be, so that items do not draw alike.
+    for name in ("random", "numpy.random"):
+        module = _pw_sys.modules.get(name)
+        if module is not None:
+            module.seed()
+    return _pw_main()
+
+if not globals().get("_pw_warm"):
+    _pw_sys.exit(_pw_main())
 """
+
+# A map's items start warm (the worker's snapshot of an interpreter made
+# ready once): the prelude runs the program's definitions and imports, in
+# `__main__`, once; each item's turn then runs `_pw_item`. A prelude that
+# leaves a file open exits 75: its state could not be carried to another
+# instance (the file is the host's), so each item runs it itself.
+_WARM_PRELUDE = """\
+_pw_warm = True
+with open({path!r}, "rb") as _pw_f:
+    _pw_code = compile(_pw_f.read(), {path!r}, "exec")
+del _pw_f
+exec(_pw_code)
+del _pw_code
+def _pw_files_open():
+    import os, stat
+    n = 0
+    for fd in range(3, 1024):
+        try:
+            if not stat.S_ISDIR(os.fstat(fd).st_mode):
+                n += 1
+        except OSError:
+            pass
+    return n
+if _pw_files_open():
+    _pw_sys.exit(75)
+del _pw_files_open
+"""
+_WARM_TURN = "_pw_sys.exit(_pw_item())\n"
+
+# Where the client mounts the program (`peerwasm.client.python`).
+_PROGRAM_PATH = "/script/job.py"
 
 
 def _wire_source():
@@ -372,7 +415,17 @@ def map(fn, items, mem=None, timeout=None, peers=None, token=None, progress=Fals
     inputs = [pickle.dumps((item,), protocol=PROTOCOL) for item in items]
     try:
         results = _peerwasm._map_python(
-            runtime_dir(), program(fn, items), inputs, mem, timeout, peers, token, progress, keep_going, retries
+            runtime_dir(),
+            program(fn, items),
+            inputs,
+            mem,
+            timeout,
+            peers,
+            token,
+            progress,
+            keep_going,
+            retries,
+            (_WARM_PRELUDE.format(path=_PROGRAM_PATH), _WARM_TURN),
         )
     except _peerwasm.JobError as e:
         _forward(e.result)

@@ -1,0 +1,467 @@
+//! Warm starts ([`WarmStart`]): jobs of a reactor that keeps an
+//! interpreter between calls start from a copy-on-write snapshot of the
+//! memory its prelude left, instead of from a cold interpreter.
+//!
+//! Why: an item of a Python map paid for starting CPython and importing
+//! its module's imports again — 50 ms bare, 2.6 s with scikit-learn —
+//! for a function that may take a millisecond. A process pool pays that
+//! once per process, and so does this: once per snapshot.
+//!
+//! How: CPython for WASI (`python.wasm`) exports `turn(ptr, len) -> i32`,
+//! which runs a piece of source in a persistent `__main__` and returns its
+//! exit status, and `host_alloc(len) -> ptr` for the source's bytes. The
+//! first job of a prelude runs it as its first turn in a fresh instance;
+//! if it returns 0, the job's linear memory is copied into a sealed
+//! in-memory file (a memfd, its zero pages left as holes) and the job goes
+//! on with its own turn. Every later job instantiates the module, grows
+//! its memory to the snapshot's size (through its limiter: the snapshot's
+//! memory is the job's own, counted in its limit and its peak) and maps
+//! the file over it privately — copy-on-write, so a job touches pages, not
+//! the whole image — then runs its turn. No job sees another's writes.
+//!
+//! What a snapshot can hold is only linear memory. That is all the state
+//! here: `python.wasm` has one mutable global (its stack pointer, back at
+//! its initial value whenever no call is running) and a table never
+//! written. Host state — open files, the WASI preopens — is not in it, so
+//! jobs of one snapshot get the same preopens, arguments and environment
+//! the prelude had (they are part of its key), and a prelude that leaves a
+//! file open should not return 0 (the Python client's checks).
+//!
+//! Why an engine of its own: mapping over a memory is sound only for a
+//! memory that is this store's alone and goes with it. The pooling
+//! allocator keeps memories for the next job and resets them on the
+//! assumption that it mapped them; an on-demand memory is an mmap
+//! unmapped when its store drops. The module is loaded once into the
+//! on-demand engine (the same settings, so the same compiled code).
+
+use std::collections::HashSet;
+use std::num::NonZeroUsize;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use lru::LruCache;
+use parking_lot::Mutex;
+use sha2::{Digest, Sha256};
+use wasmtime::{AsContextMut, Engine, ExternType, Instance, InstancePre, Linker, Memory, Module};
+
+use super::job_state::JobState;
+use super::spec::RunSpec;
+use crate::proto::{ModuleHash, WarmStart};
+
+/// The export that runs a turn: `turn(ptr, len) -> status`.
+pub const TURN: &str = "turn";
+/// The export that allocates a turn's source: `host_alloc(len) -> ptr`.
+pub const HOST_ALLOC: &str = "host_alloc";
+/// The memory a snapshot is taken of.
+pub const MEMORY: &str = "memory";
+
+/// Snapshots one process keeps (least recently used dropped first). Each
+/// holds the non-zero pages of an interpreter's memory: ~25 MiB for a
+/// bare CPython, ~90 MiB with pandas and scikit-learn imported.
+pub const SNAPSHOTS_KEPT: usize = 4;
+
+/// Modules kept loaded into the warm engine.
+const MODULES_KEPT: usize = 4;
+
+/// A wasm page.
+const WASM_PAGE: usize = 64 << 10;
+
+/// What a module must export to start warm; `Err` says what is missing.
+pub fn check(module: &Module) -> Result<(), String> {
+    let func = |name: &str, params: usize| match module.get_export(name) {
+        Some(ExternType::Func(f)) => f.params().len() == params && f.results().len() == 1,
+        _ => false,
+    };
+    let memory = matches!(module.get_export(MEMORY), Some(ExternType::Memory(_)));
+    if func(TURN, 2) && func(HOST_ALLOC, 1) && memory {
+        Ok(())
+    } else {
+        Err(format!(
+            "a warm start needs a reactor that keeps an interpreter between turns: exports \
+             `{TURN}(ptr, len) -> status`, `{HOST_ALLOC}(len) -> ptr` and `{MEMORY}` (as CPython for WASI has)"
+        ))
+    }
+}
+
+/// Counters a test or `/metrics` can read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WarmStats {
+    /// Snapshots made (preludes that returned 0 and were kept).
+    pub snapshots: u64,
+    /// Jobs started from a snapshot.
+    pub warm_starts: u64,
+    /// Jobs of a warm start that ran their prelude themselves.
+    pub cold_starts: u64,
+}
+
+/// A snapshot of an interpreter's memory, or the news that its prelude
+/// cannot make one.
+enum Snapshot {
+    Image { file: OwnedFd, len: usize },
+    /// The prelude did not return 0: its jobs run it themselves.
+    Refused,
+}
+
+/// What a job of a warm start begins from.
+pub(super) enum Start {
+    /// Map this image over the job's memory and run its turn.
+    From(Arc<SnapshotImage>),
+    /// Run the prelude first; `keep` says whether this job makes the
+    /// snapshot (the first of its key to get there).
+    Cold { keep: Option<Claim> },
+}
+
+/// A snapshot ready to map.
+pub(super) struct SnapshotImage(Arc<Snapshot>);
+
+/// The right to make a key's snapshot, given back when dropped.
+pub(super) struct Claim {
+    key: [u8; 32],
+    warm: Arc<WarmStartsInner>,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.warm.building.lock().remove(&self.key);
+    }
+}
+
+/// Snapshots by what made them, and the warm engine's modules.
+pub(super) struct WarmStarts {
+    engine: Engine,
+    linker: Linker<JobState>,
+    modules: Mutex<LruCache<ModuleHash, Arc<InstancePre<JobState>>>>,
+    inner: Arc<WarmStartsInner>,
+}
+
+struct WarmStartsInner {
+    snapshots: Mutex<LruCache<[u8; 32], Arc<Snapshot>>>,
+    building: Mutex<HashSet<[u8; 32]>>,
+    made: AtomicU64,
+    warm: AtomicU64,
+    cold: AtomicU64,
+}
+
+impl WarmStarts {
+    /// Warm starts on `engine` (on-demand allocation), whose core modules
+    /// link with `linker`.
+    pub(super) fn new(engine: Engine, linker: Linker<JobState>) -> WarmStarts {
+        let n = |k: usize| NonZeroUsize::new(k).expect("non-zero");
+        WarmStarts {
+            engine,
+            linker,
+            modules: Mutex::new(LruCache::new(n(MODULES_KEPT))),
+            inner: Arc::new(WarmStartsInner {
+                snapshots: Mutex::new(LruCache::new(n(SNAPSHOTS_KEPT))),
+                building: Mutex::new(HashSet::new()),
+                made: AtomicU64::new(0),
+                warm: AtomicU64::new(0),
+                cold: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The engine warm jobs run on.
+    pub(super) fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    pub(super) fn stats(&self) -> WarmStats {
+        WarmStats {
+            snapshots: self.inner.made.load(Ordering::Relaxed),
+            warm_starts: self.inner.warm.load(Ordering::Relaxed),
+            cold_starts: self.inner.cold.load(Ordering::Relaxed),
+        }
+    }
+
+    /// `module` ready to instantiate on the warm engine: itself if it was
+    /// compiled for it, else loaded into it once (its compiled code copied:
+    /// the engines share their settings, so nothing is compiled again).
+    pub(super) fn module(
+        &self,
+        hash: &ModuleHash,
+        module: &Module,
+    ) -> Result<Arc<InstancePre<JobState>>, String> {
+        if let Some(pre) = self.modules.lock().get(hash) {
+            return Ok(pre.clone());
+        }
+        let here = if Engine::same(module.engine(), &self.engine) {
+            module.clone()
+        } else {
+            let bytes = module
+                .serialize()
+                .map_err(|e| format!("cannot copy its compiled code for a warm start: {e}"))?;
+            // SAFETY: the bytes were serialized just now by this process's
+            // wasmtime from a module it compiled or loaded (never from a
+            // peer), for an engine of the same settings.
+            unsafe { Module::deserialize(&self.engine, bytes) }
+                .map_err(|e| format!("cannot load its compiled code for a warm start: {e}"))?
+        };
+        let pre = Arc::new(
+            self.linker
+                .instantiate_pre(&here)
+                .map_err(|e| format!("its imports cannot be satisfied: {e}"))?,
+        );
+        self.modules.lock().put(*hash, pre.clone());
+        Ok(pre)
+    }
+
+    /// Where a job of `spec` (with `warm`) begins: the snapshot its key
+    /// has, else cold — making the snapshot if no other job is.
+    pub(super) fn start(&self, spec: &RunSpec, warm: &WarmStart, scratch: bool) -> Start {
+        let key = key(spec, warm, scratch);
+        let found = self.inner.snapshots.lock().get(&key).cloned();
+        match found {
+            Some(s) if matches!(*s, Snapshot::Image { .. }) => {
+                self.inner.warm.fetch_add(1, Ordering::Relaxed);
+                Start::From(Arc::new(SnapshotImage(s)))
+            }
+            Some(_) => {
+                self.inner.cold.fetch_add(1, Ordering::Relaxed);
+                Start::Cold { keep: None }
+            }
+            None => {
+                self.inner.cold.fetch_add(1, Ordering::Relaxed);
+                let keep = self.inner.building.lock().insert(key).then(|| Claim {
+                    key,
+                    warm: self.inner.clone(),
+                });
+                Start::Cold { keep }
+            }
+        }
+    }
+
+    /// Keeps what `claim`'s prelude left: the memory's image if it returned
+    /// 0 (`status`), else the news that it cannot make one.
+    pub(super) fn keep(
+        &self,
+        claim: Claim,
+        status: i32,
+        memory: &[u8],
+    ) -> std::io::Result<()> {
+        let snapshot = if status == 0 {
+            let (file, len) = image_of(memory)?;
+            self.inner.made.fetch_add(1, Ordering::Relaxed);
+            Snapshot::Image { file, len }
+        } else {
+            Snapshot::Refused
+        };
+        self.inner
+            .snapshots
+            .lock()
+            .put(claim.key, Arc::new(snapshot));
+        Ok(())
+    }
+}
+
+/// What a snapshot is keyed by: everything its state may depend on — the
+/// module, the prelude, the arguments, environment and preopens the
+/// interpreter saw, and the scope that may share it. Not stdin, limits or
+/// the job's own turn.
+fn key(spec: &RunSpec, warm: &WarmStart, scratch: bool) -> [u8; 32] {
+    let parts = (
+        &spec.module,
+        &warm.prelude,
+        &spec.program_name,
+        &spec.args,
+        &spec.env,
+        &spec.dirs,
+        scratch,
+        &spec.warm_scope,
+    );
+    let bytes = postcard::to_allocvec(&parts).expect("encoding a key to memory cannot fail");
+    Sha256::digest(bytes).into()
+}
+
+/// Calls `instance`'s `turn` with `source`; its exit status (the low 8
+/// bits of what it returns: 256 and up mean the interpreter quit).
+pub(super) async fn turn(
+    mut store: impl AsContextMut<Data = JobState>,
+    instance: &Instance,
+    source: &str,
+) -> wasmtime::Result<i32> {
+    let alloc = instance.get_typed_func::<i32, i32>(&mut store, HOST_ALLOC)?;
+    let run = instance.get_typed_func::<(i32, i32), i32>(&mut store, TURN)?;
+    let memory = memory_of(&mut store, instance)?;
+    let len = i32::try_from(source.len())
+        .map_err(|_| wasmtime::format_err!("a turn's source is over 2 GiB"))?;
+    let at = alloc.call_async(&mut store, len).await?;
+    if at == 0 && len > 0 {
+        wasmtime::bail!("the interpreter has no memory left for the turn's source");
+    }
+    memory.write(&mut store, at as u32 as usize, source.as_bytes())?;
+    let status = run.call_async(&mut store, (at, len)).await?;
+    Ok(status & 0xFF)
+}
+
+/// The instance's exported memory.
+pub(super) fn memory_of(
+    mut store: impl AsContextMut<Data = JobState>,
+    instance: &Instance,
+) -> wasmtime::Result<Memory> {
+    instance
+        .get_memory(&mut store, MEMORY)
+        .ok_or_else(|| wasmtime::format_err!("the module exports no `{MEMORY}`"))
+}
+
+/// Gives `instance`'s memory the snapshot's contents: grown to its size
+/// through the store's limiter, then the image mapped over it privately.
+pub(super) async fn restore(
+    mut store: impl AsContextMut<Data = JobState>,
+    instance: &Instance,
+    image: &SnapshotImage,
+) -> wasmtime::Result<()> {
+    let Snapshot::Image { file, len } = &*image.0 else {
+        unreachable!("a SnapshotImage holds an image");
+    };
+    let memory = memory_of(&mut store, instance)?;
+    let have = memory.data_size(&store);
+    if *len > have {
+        memory
+            .grow_async(&mut store, ((*len - have) / WASM_PAGE) as u64)
+            .await?;
+    }
+    let base = memory.data_ptr(&store);
+    // SAFETY: `[base, base + len)` is accessible linear memory of this
+    // store's own instance, allocated on demand (`WarmStarts`: an mmap of
+    // its own, unmapped whole when the store drops; wasmtime keeps no
+    // view of its contents). No wasm runs while it is replaced, and the
+    // file is at least `len` long. The mapping is private: the job's
+    // writes never reach the file or another job.
+    let mapped = unsafe {
+        libc::mmap(
+            base.cast(),
+            *len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_FIXED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if mapped == libc::MAP_FAILED || mapped != base.cast() {
+        wasmtime::bail!(
+            "cannot map the snapshot into the job's memory: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(())
+}
+
+/// `memory` as a sealed memfd of its length, its all-zero pages left as
+/// holes (they read as zeros, and take nothing).
+fn image_of(memory: &[u8]) -> std::io::Result<(OwnedFd, usize)> {
+    use std::os::unix::fs::FileExt;
+    // SAFETY: a valid C string; the descriptor is owned at once.
+    let fd = unsafe {
+        libc::memfd_create(
+            c"peerwasm-snapshot".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just opened and is owned by nothing else.
+    let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    file.set_len(memory.len() as u64)?;
+    const CHUNK: usize = 64 << 10;
+    for (i, chunk) in memory.chunks(CHUNK).enumerate() {
+        if !all_zero(chunk) {
+            file.write_all_at(chunk, (i * CHUNK) as u64)?;
+        }
+    }
+    // Sealed: no one, this process included, can change the image that
+    // jobs map.
+    // SAFETY: fcntl on an open descriptor.
+    let sealed = unsafe {
+        libc::fcntl(
+            file.as_raw_fd(),
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_WRITE | libc::F_SEAL_GROW | libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL,
+        )
+    };
+    if sealed < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((OwnedFd::from(file), memory.len()))
+}
+
+fn all_zero(bytes: &[u8]) -> bool {
+    // SAFETY: every bit pattern is a valid u64.
+    let (head, words, tail) = unsafe { bytes.align_to::<u64>() };
+    head.iter().all(|&b| b == 0) && words.iter().all(|&w| w == 0) && tail.iter().all(|&b| b == 0)
+}
+
+impl super::Sandbox {
+    /// Runs a job of a warm start (see the module docs) in a fresh store
+    /// on the warm engine: from its snapshot, or its prelude first. `Err`
+    /// is why the job could not start.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn run_warm(
+        &self,
+        hash: ModuleHash,
+        module: &Module,
+        opens_files: bool,
+        warm: &WarmStart,
+        spec: &RunSpec,
+        io: super::JobIo<'_>,
+        bounds: super::Bounds,
+    ) -> Result<super::Ran, String> {
+        use super::outcome::Phase;
+        let pre = self.warm.module(&hash, module)?;
+        let scratch = opens_files
+            .then(|| self.scratch_dir())
+            .transpose()
+            .map_err(|e| format!("cannot make a scratch directory: {e}"))?;
+        let wasi = self
+            .build_wasi(spec, io, scratch.as_ref().map(|d| d.path()))?
+            .build_p1();
+        let mut store = self.store(self.warm.engine(), wasi, bounds.limiter);
+        let start = self.warm.start(spec, warm, opens_files);
+        let call = async {
+            let instance = pre
+                .instantiate_async(&mut store)
+                .await
+                .map_err(|e| (Phase::Instantiate, e))?;
+            match start {
+                Start::From(image) => restore(&mut store, &instance, &image)
+                    .await
+                    .map_err(|e| (Phase::Instantiate, e))?,
+                Start::Cold { keep } => {
+                    if let Ok(init) =
+                        instance.get_typed_func::<(), ()>(&mut store, super::entry::REACTOR_INIT)
+                    {
+                        init.call_async(&mut store, ())
+                            .await
+                            .map_err(|e| (Phase::Run, e))?;
+                    }
+                    let status = turn(&mut store, &instance, &warm.prelude)
+                        .await
+                        .map_err(|e| (Phase::Run, e))?;
+                    if let Some(claim) = keep {
+                        let memory = memory_of(&mut store, &instance).map_err(|e| (Phase::Run, e))?;
+                        if let Err(e) = self.warm.keep(claim, status, memory.data(&store)) {
+                            tracing::warn!("cannot keep a warm start's snapshot: {e}");
+                        }
+                    }
+                }
+            }
+            match turn(&mut store, &instance, &warm.turn)
+                .await
+                .map_err(|e| (Phase::Run, e))?
+            {
+                0 => Ok(()),
+                code => Err((Phase::Run, wasmtime_wasi::I32Exit(code).into())),
+            }
+        };
+        let (ended, wall_time_us, cpu_time_us) =
+            super::drive(call, bounds.deadline, &bounds.cancel).await;
+        Ok(super::Ran {
+            ended,
+            wall_time_us,
+            cpu_time_us,
+            limiter: store.into_data().limiter,
+        })
+    }
+}
