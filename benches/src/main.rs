@@ -40,6 +40,7 @@ mod hostledger;
 mod latency;
 mod procs;
 mod python;
+mod python_map;
 mod smartmem;
 mod smartmem_bound;
 mod submit;
@@ -167,7 +168,7 @@ fn main() -> ExitCode {
 }
 
 /// The benchmarks, in the order of issue 8; names select a subset.
-const NAMES: [&str; 15] = [
+const NAMES: [&str; 16] = [
     "dispatch",
     "latency",
     "compute",
@@ -181,6 +182,7 @@ const NAMES: [&str; 15] = [
     "hostledger",
     "smartmem",
     "python",
+    "python-map",
     "anchors",
     "elastic",
 ];
@@ -242,6 +244,9 @@ fn benchmarks(args: &[String]) -> anyhow::Result<()> {
     }
     if wanted("python") {
         python::python(&sizes, &mut summary)?;
+    }
+    if wanted("python-map") {
+        python_map::python_map(&sizes, &mut summary)?;
     }
     if wanted("anchors") {
         anchors::anchors(&sizes, &mut summary)?;

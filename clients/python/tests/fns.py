@@ -101,3 +101,42 @@ def frame(n):
     import pandas as pd
 
     return pd.DataFrame({"i": list(range(n)), "name": [f"row{i}" for i in range(n)], "x": [i / 2 for i in range(n)]})
+
+
+SEEN = []
+
+
+def leaks(i):
+    """Tries to leave state for the next item: its module's list, an
+    attribute of an imported module, a builtin; and draws from both global
+    random generators."""
+    import builtins
+    import random
+
+    SEEN.append(i)
+    before = (getattr(json, "_left_by", None), getattr(builtins, "_left_by", None))
+    json._left_by = builtins._left_by = i
+    return list(SEEN), before, random.random(), float(np.random.random())
+
+
+def grabs(mib):
+    """Holds `mib` MiB at once: its peak says so."""
+    block = bytearray(mib << 20)
+    return len(block)
+
+
+def _kept_open():
+    import tempfile
+
+    return tempfile.TemporaryFile()
+
+
+KEPT = _kept_open()  # a file its module keeps open: a snapshot cannot carry it
+
+
+def writes_to_a_kept_file(i):
+    KEPT.seek(0)
+    KEPT.truncate()
+    KEPT.write(str(i).encode())
+    KEPT.seek(0)
+    return KEPT.read().decode()

@@ -126,3 +126,48 @@ def test_a_guest_cannot_run_code_in_the_caller(tmp_path):
     # Honest data of the same kinds still comes back.
     frames = peerwasm.map(fns.frame, [3])
     assert list(frames[0]["name"]) == ["row0", "row1", "row2"] and list(frames[0]["x"]) == [0.0, 0.5, 1.0]
+
+
+def _map_results(fn, items):
+    """The map's Results themselves (peaks, wall times), as `map` runs it:
+    warm, from the prelude `map` sends."""
+    from peerwasm import _functions, _peerwasm
+
+    inputs = [_functions.pickle.dumps((i,), protocol=_functions.PROTOCOL) for i in items]
+    warm = (_functions._WARM_PRELUDE.format(path=_functions._PROGRAM_PATH), _functions._WARM_TURN)
+    return _peerwasm._map_python(_functions.runtime_dir(), _functions.program(fn, items), inputs, warm=warm)
+
+
+def _no_item_sees_another(out):
+    assert [o[0] for o in out] == [[i] for i in range(len(out))], out
+    assert all(o[1] == (None, None) for o in out), out
+    assert len({o[2] for o in out}) == len(out), "random is seeded afresh per item"
+    assert len({o[3] for o in out}) == len(out), "numpy's global generator too"
+
+
+def test_items_start_warm_and_none_sees_what_another_left():
+    out = peerwasm.map(fns.leaks, range(8))
+    _no_item_sees_another(out)
+
+
+def test_items_after_the_snapshot_start_without_the_imports_and_each_has_its_own_peak():
+    results = _map_results(fns.grabs, [0, 64, 0, 32, 0, 0])
+    walls = sorted(r.wall_s for r in results)
+    # Two slots: at most two items start cold (one makes the snapshot); the
+    # rest skip starting CPython and importing numpy.
+    assert walls[3] < 0.3 * walls[-1], walls
+    peaks = [r.peak_memory_bytes for r in results]
+    mib = 1 << 20
+    base = min(peaks)
+    assert all(abs(peaks[i] - base) <= mib for i in (0, 2, 4, 5)), peaks
+    assert abs(peaks[1] - base - 64 * mib) <= 2 * mib, peaks
+    assert abs(peaks[3] - base - 32 * mib) <= 2 * mib, peaks
+
+
+def test_a_module_that_keeps_a_file_open_runs_each_item_from_its_own_start():
+    assert peerwasm.map(fns.writes_to_a_kept_file, range(5)) == [str(i) for i in range(5)]
+
+
+def test_items_start_warm_on_a_pool_and_none_sees_what_another_left(pool):
+    out = peerwasm.map(fns.leaks, range(8), peers=pool[:1])
+    _no_item_sees_another(out)
