@@ -36,9 +36,9 @@ WORKLOADS = textwrap.dedent(
 
     def numpy_task(seed):
         rng = np.random.default_rng(seed)
-        a = rng.random((200, 200))
-        for _ in range(12):
-            a = np.tanh(a @ a.T / 200.0)
+        a = rng.random((500, 500))
+        for _ in range(20):
+            a = np.tanh(a @ a.T / 500.0)
         return float(a.sum())
 
 

@@ -38,11 +38,13 @@ pub struct RunSpec {
     pub invoke: Option<String>,
     /// Start from a snapshot of the prelude's state (see [`WarmStart`]).
     pub warm: Option<WarmStart>,
-    /// Who may start from the snapshots this job's prelude makes: jobs of
-    /// the same scope only (a worker's tenant; empty on the embedded
-    /// worker, whose jobs are all its user's). A snapshot holds whatever
-    /// the prelude computed or read — another tenant's identical prelude
-    /// must not start from it.
+    /// Which jobs may start from the snapshots this job's prelude makes:
+    /// those of the same scope only. Made from what the job's directories
+    /// hold ([`RunSpec::resolved`]: the trees' content hashes, the granted
+    /// directories' host paths — a job's trees are laid out afresh for
+    /// each job, so their paths say nothing), and on a worker prefixed with
+    /// the tenant: a snapshot holds whatever the prelude computed or read,
+    /// and another tenant's identical prelude must not start from it.
     pub warm_scope: String,
 }
 
@@ -68,12 +70,13 @@ impl RunSpec {
             env,
             stdin,
             mut dirs,
-            trees: _,
+            trees,
             mut limits,
             tag: _,
             invoke,
             warm,
         } = spec;
+        let warm_scope = content_scope(&trees, &dirs);
         dirs.extend(mounted);
         limits.memory_bytes = memory_bytes;
         RunSpec {
@@ -86,9 +89,18 @@ impl RunSpec {
             limits,
             invoke,
             warm,
-            warm_scope: String::new(),
+            warm_scope,
         }
     }
+}
+
+/// What a job's directories hold, as a short key: its shipped trees by
+/// content hash (and where they are mounted), its granted directories by
+/// host path.
+fn content_scope(trees: &[crate::proto::tree::TreeGrant], dirs: &[DirGrant]) -> String {
+    use sha2::{Digest, Sha256};
+    let bytes = postcard::to_allocvec(&(trees, dirs)).expect("encoding to memory cannot fail");
+    hex::encode(&Sha256::digest(bytes)[..16])
 }
 
 #[cfg(test)]

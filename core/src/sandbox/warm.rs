@@ -124,6 +124,7 @@ pub(super) struct Claim {
 impl Drop for Claim {
     fn drop(&mut self) {
         self.warm.building.lock().remove(&self.key);
+        self.warm.made_one.notify_waiters();
     }
 }
 
@@ -138,6 +139,8 @@ pub(super) struct WarmStarts {
 struct WarmStartsInner {
     snapshots: Mutex<LruCache<[u8; 32], Arc<Snapshot>>>,
     building: Mutex<HashSet<[u8; 32]>>,
+    /// Told when a claim ends: jobs waiting for a snapshot look again.
+    made_one: tokio::sync::Notify,
     made: AtomicU64,
     warm: AtomicU64,
     cold: AtomicU64,
@@ -155,6 +158,7 @@ impl WarmStarts {
             inner: Arc::new(WarmStartsInner {
                 snapshots: Mutex::new(LruCache::new(n(SNAPSHOTS_KEPT))),
                 building: Mutex::new(HashSet::new()),
+                made_one: tokio::sync::Notify::new(),
                 made: AtomicU64::new(0),
                 warm: AtomicU64::new(0),
                 cold: AtomicU64::new(0),
@@ -208,26 +212,43 @@ impl WarmStarts {
     }
 
     /// Where a job of `spec` (with `warm`) begins: the snapshot its key
-    /// has, else cold — making the snapshot if no other job is.
-    pub(super) fn start(&self, spec: &RunSpec, warm: &WarmStart, scratch: bool) -> Start {
+    /// has; else cold, making the snapshot. While another job is making
+    /// it, this one waits for it: it would take as long to run the prelude
+    /// itself, and then not start warm.
+    pub(super) async fn start(&self, spec: &RunSpec, warm: &WarmStart, scratch: bool) -> Start {
+        // What a prelude writes into a directory a job keeps would not be
+        // in the next job's copy of it: such jobs each start cold.
+        if spec.dirs.iter().any(|d| !d.read_only) {
+            self.inner.cold.fetch_add(1, Ordering::Relaxed);
+            return Start::Cold { keep: None };
+        }
         let key = key(spec, warm, scratch);
-        let found = self.inner.snapshots.lock().get(&key).cloned();
-        match found {
-            Some(s) if matches!(*s, Snapshot::Image { .. }) => {
-                self.inner.warm.fetch_add(1, Ordering::Relaxed);
-                Start::From(Arc::new(SnapshotImage(s)))
-            }
-            Some(_) => {
-                self.inner.cold.fetch_add(1, Ordering::Relaxed);
-                Start::Cold { keep: None }
-            }
-            None => {
-                self.inner.cold.fetch_add(1, Ordering::Relaxed);
-                let keep = self.inner.building.lock().insert(key).then(|| Claim {
-                    key,
-                    warm: self.inner.clone(),
-                });
-                Start::Cold { keep }
+        loop {
+            let made = self.inner.made_one.notified();
+            let found = self.inner.snapshots.lock().get(&key).cloned();
+            match found {
+                Some(s) if matches!(*s, Snapshot::Image { .. }) => {
+                    self.inner.warm.fetch_add(1, Ordering::Relaxed);
+                    return Start::From(Arc::new(SnapshotImage(s)));
+                }
+                Some(_) => {
+                    self.inner.cold.fetch_add(1, Ordering::Relaxed);
+                    return Start::Cold { keep: None };
+                }
+                None if self.inner.building.lock().insert(key) => {
+                    self.inner.cold.fetch_add(1, Ordering::Relaxed);
+                    let keep = Some(Claim {
+                        key,
+                        warm: self.inner.clone(),
+                    });
+                    return Start::Cold { keep };
+                }
+                // Woken when any claim ends (its snapshot kept, refused,
+                // or its job gone); the bound covers a wake-up missed
+                // between the look and the wait.
+                None => {
+                    let _ = tokio::time::timeout(std::time::Duration::from_millis(100), made).await;
+                }
             }
         }
     }
@@ -256,17 +277,23 @@ impl WarmStarts {
 }
 
 /// What a snapshot is keyed by: everything its state may depend on — the
-/// module, the prelude, the arguments, environment and preopens the
-/// interpreter saw, and the scope that may share it. Not stdin, limits or
-/// the job's own turn.
+/// module, the prelude, the arguments, environment and preopens (where
+/// they are mounted; what they hold is in the scope) the interpreter saw,
+/// and the scope that may share it. Not stdin, limits or the job's own
+/// turn.
 fn key(spec: &RunSpec, warm: &WarmStart, scratch: bool) -> [u8; 32] {
+    let preopens: Vec<(&str, bool)> = spec
+        .dirs
+        .iter()
+        .map(|d| (d.guest.as_str(), d.read_only))
+        .collect();
     let parts = (
         &spec.module,
         &warm.prelude,
         &spec.program_name,
         &spec.args,
         &spec.env,
-        &spec.dirs,
+        preopens,
         scratch,
         &spec.warm_scope,
     );
@@ -418,8 +445,8 @@ impl super::Sandbox {
             .build_wasi(spec, io, scratch.as_ref().map(|d| d.path()))?
             .build_p1();
         let mut store = self.store(self.warm.engine(), wasi, bounds.limiter);
-        let start = self.warm.start(spec, warm, opens_files);
         let call = async {
+            let start = self.warm.start(spec, warm, opens_files).await;
             let instance = pre
                 .instantiate_async(&mut store)
                 .await

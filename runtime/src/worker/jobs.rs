@@ -485,7 +485,7 @@ async fn in_turn(turn: Turn) -> Result<JobResult, Refused> {
                 .unwrap_or_default();
             let mut run = crate::sandbox::RunSpec::resolved(spec, grants, memreq);
             // A warm start's snapshot is shared by this tenant's jobs only.
-            run.warm_scope = tenant.name.clone();
+            run.warm_scope = format!("{}/{}", tenant.name, run.warm_scope);
             let mut result = w.runner.run_resolved(run, hooks).await;
             if let Some(mounted) = mounted {
                 send_files_back(&w, mounted, &hold, &mut result).await;

@@ -134,6 +134,11 @@ def _pw_files_open():
 if _pw_files_open():
     _pw_sys.exit(75)
 del _pw_files_open
+# What the prelude made lives as long as the snapshot: the collector need
+# not walk it again in every item (as a pre-fork server does).
+import gc as _pw_gc
+_pw_gc.collect()
+_pw_gc.freeze()
 """
 _WARM_TURN = "_pw_sys.exit(_pw_item())\n"
 
