@@ -397,6 +397,29 @@ impl ModuleCache {
         })
     }
 
+    /// A core module's artifact mapped from disk for `engine` (one of the
+    /// same settings as the cache's: the warm starts' on-demand engine),
+    /// if the disk cache has it: its code then shares the page cache with
+    /// the cache's own mapping, where a copy would take its size again.
+    pub(crate) fn map_for(&self, engine: &Engine, hash: &ModuleHash) -> Option<wasmtime::Module> {
+        // An artifact that does not load is removed as incompatible: ask
+        // only an engine the artifacts were written for.
+        let compat = |e: &Engine| {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            e.precompile_compatibility_hash().hash(&mut h);
+            h.finish()
+        };
+        if compat(engine) != compat(&self.engines.0) {
+            return None;
+        }
+        let engines = (engine.clone(), engine.clone());
+        match self.disk.as_ref()?.load(&engines, hash) {
+            Ok(Some(Code::Module(m))) => Some(m),
+            _ => None,
+        }
+    }
+
     fn load_from_disk(&self, hash: &ModuleHash) -> Option<Code> {
         match self.disk.as_ref()?.load(&self.engines, hash) {
             Ok(Some(module)) => {

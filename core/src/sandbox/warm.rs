@@ -180,18 +180,22 @@ impl WarmStarts {
     }
 
     /// `module` ready to instantiate on the warm engine: itself if it was
-    /// compiled for it, else loaded into it once (its compiled code copied:
-    /// the engines share their settings, so nothing is compiled again).
+    /// compiled for it, else loaded into it once — its artifact mapped
+    /// from the disk cache (`mapped`), or its compiled code copied (the
+    /// engines share their settings, so nothing is compiled again).
     pub(super) fn module(
         &self,
         hash: &ModuleHash,
         module: &Module,
+        mapped: impl FnOnce(&Engine) -> Option<Module>,
     ) -> Result<Arc<InstancePre<JobState>>, String> {
         if let Some(pre) = self.modules.lock().get(hash) {
             return Ok(pre.clone());
         }
         let here = if Engine::same(module.engine(), &self.engine) {
             module.clone()
+        } else if let Some(m) = mapped(&self.engine) {
+            m
         } else {
             let bytes = module
                 .serialize()
@@ -436,7 +440,9 @@ impl super::Sandbox {
         bounds: super::Bounds,
     ) -> Result<super::Ran, String> {
         use super::outcome::Phase;
-        let pre = self.warm.module(&hash, module)?;
+        let pre = self
+            .warm
+            .module(&hash, module, |engine| self.cache.map_for(engine, &hash))?;
         let scratch = opens_files
             .then(|| self.scratch_dir())
             .transpose()
