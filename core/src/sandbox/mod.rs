@@ -401,15 +401,8 @@ impl Sandbox {
         io: JobIo<'_>,
         bounds: Bounds,
     ) -> Result<Ran, String> {
-        // Dropped (and so deleted) when the job is done.
-        let scratch = opens_files
-            .then(|| self.scratch_dir())
-            .transpose()
-            .map_err(|e| format!("cannot make a scratch directory: {e}"))?;
-        let wasi = self
-            .build_wasi(spec, io, scratch.as_ref().map(|d| d.path()))?
-            .build_p1();
-        let mut store = self.store(&self.engine, wasi, bounds.limiter);
+        let (mut store, _scratch) =
+            self.core_store(&self.engine, opens_files, spec, io, bounds.limiter)?;
         let call = async {
             let instance = pre
                 .instantiate_async(&mut store)
@@ -469,6 +462,27 @@ impl Sandbox {
             cpu_time_us,
             limiter: store.into_data().limiter,
         })
+    }
+
+    /// A core module's job's store on `engine`, and its scratch directory
+    /// if it can open files (held by the caller: dropped, and so deleted,
+    /// when the job is done). `Err` is why the job cannot start.
+    fn core_store(
+        &self,
+        engine: &Engine,
+        opens_files: bool,
+        spec: &RunSpec,
+        io: JobIo<'_>,
+        limiter: MemoryLimiter,
+    ) -> Result<(Store<JobState>, Option<tempfile::TempDir>), String> {
+        let scratch = opens_files
+            .then(|| self.scratch_dir())
+            .transpose()
+            .map_err(|e| format!("cannot make a scratch directory: {e}"))?;
+        let wasi = self
+            .build_wasi(spec, io, scratch.as_ref().map(|d| d.path()))?
+            .build_p1();
+        Ok((self.store(engine, wasi, limiter), scratch))
     }
 
     /// A job's store: its WASI, its memory limiter, its file bounds and the
@@ -623,6 +637,74 @@ impl Sandbox {
             Some(root) => b.tempdir_in(root),
             None => b.tempdir(),
         }
+    }
+}
+
+impl Sandbox {
+    /// Runs a job of a warm start (see the module docs) in a fresh store
+    /// on the warm engine: from its snapshot, or its prelude first. `Err`
+    /// is why the job could not start.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_warm(
+        &self,
+        hash: crate::proto::ModuleHash,
+        module: &wasmtime::Module,
+        opens_files: bool,
+        warm: &crate::proto::WarmStart,
+        spec: &RunSpec,
+        io: JobIo<'_>,
+        bounds: Bounds,
+    ) -> Result<Ran, String> {
+        let pre = self
+            .warm
+            .module(&hash, module, |engine| self.cache.map_for(engine, &hash))?;
+        let (mut store, _scratch) =
+            self.core_store(self.warm.engine(), opens_files, spec, io, bounds.limiter)?;
+        let call = async {
+            let start = self.warm.start(spec, warm, opens_files).await;
+            let instance = pre
+                .instantiate_async(&mut store)
+                .await
+                .map_err(|e| (Phase::Instantiate, e))?;
+            match start {
+                warm::Start::From(image) => warm::restore(&mut store, &instance, &image)
+                    .await
+                    .map_err(|e| (Phase::Instantiate, e))?,
+                warm::Start::Cold { keep } => {
+                    if let Ok(init) =
+                        instance.get_typed_func::<(), ()>(&mut store, entry::REACTOR_INIT)
+                    {
+                        init.call_async(&mut store, ())
+                            .await
+                            .map_err(|e| (Phase::Run, e))?;
+                    }
+                    let status = warm::turn(&mut store, &instance, &warm.prelude)
+                        .await
+                        .map_err(|e| (Phase::Run, e))?;
+                    if let Some(claim) = keep {
+                        let memory = warm::memory_of(&mut store, &instance).map_err(|e| (Phase::Run, e))?;
+                        if let Err(e) = self.warm.keep(claim, status, memory.data(&store)) {
+                            tracing::warn!("cannot keep a warm start's snapshot: {e}");
+                        }
+                    }
+                }
+            }
+            match warm::turn(&mut store, &instance, &warm.turn)
+                .await
+                .map_err(|e| (Phase::Run, e))?
+            {
+                0 => Ok(()),
+                code => Err((Phase::Run, wasmtime_wasi::I32Exit(code).into())),
+            }
+        };
+        let (ended, wall_time_us, cpu_time_us) =
+            drive(call, bounds.deadline, &bounds.cancel).await;
+        Ok(Ran {
+            ended,
+            wall_time_us,
+            cpu_time_us,
+            limiter: store.into_data().limiter,
+        })
     }
 }
 
