@@ -104,13 +104,17 @@ out = ray.get(refs)
 """,
     "peerwasm embedded": """
 import peerwasm
-out = peerwasm.map(fn, items)
-first = time.time()
+out = []
+for r in peerwasm.imap(fn, items):
+    out.append(r)
+    first = first or time.time()
 """,
     "peerwasm pool (2)": """
 import peerwasm
-out = peerwasm.map(fn, items, peers=os.environ["PW_PEERS"].split(","))
-first = time.time()
+out = []
+for r in peerwasm.imap(fn, items, peers=os.environ["PW_PEERS"].split(",")):
+    out.append(r)
+    first = first or time.time()
 """,
 }
 

@@ -5,19 +5,22 @@
 //!
 //! Jobs run with the GIL released; Ctrl-C (SIGINT) raises
 //! `KeyboardInterrupt` within 100 ms, and dropping the run cancels its jobs
-//! (on a pool, their workers cancel them as the connections close).
+//! (on a pool, their workers cancel them as the connections close). A map
+//! is a [`stream::MapStream`]: its results are read as they come.
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use peerwasm::client::map::{MapObserver, Progress};
-use peerwasm::client::{Job, MapConfig, MapItem, Pool, PoolConfig, Target};
+mod stream;
+
+use peerwasm::client::{Job, MapConfig, Pool, PoolConfig, Target};
 use peerwasm::proto::JobResult;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyString};
+use stream::MapStream;
 
 create_exception!(
     _peerwasm,
@@ -108,9 +111,12 @@ fn to_result(
     })
 }
 
-/// A `JobError` carrying `result`.
+/// A `JobError` carrying `result`; a map's item says which it is.
 fn job_error(py: Python<'_>, result: Result) -> PyResult<PyErr> {
-    let message = format!("{}{}", result.message, stderr_tail(&result.stderr));
+    let item = result
+        .index
+        .map_or(String::new(), |i| format!("item {i} of the map: "));
+    let message = format!("{item}{}{}", result.message, stderr_tail(&result.stderr));
     let err = JobError::new_err(message);
     err.value(py).setattr("result", Py::new(py, result)?)?;
     Ok(err)
@@ -318,43 +324,19 @@ fn run_job(
     }
 }
 
-/// Prints a line of progress on stderr every second.
-struct Printer {
-    show: bool,
-    last: std::time::Instant,
-    items: Vec<MapItem>,
-}
-
-impl MapObserver for Printer {
-    fn result(&mut self, item: MapItem) -> anyhow::Result<()> {
-        self.items.push(item);
-        Ok(())
-    }
-
-    fn progress(&mut self, p: &Progress) {
-        if self.show && self.last.elapsed() >= Duration::from_secs(1) {
-            let total = p.total.map_or(String::new(), |t| format!("/{t}"));
-            eprintln!(
-                "peerwasm.map: {}{total} done · {} failed · {} retried",
-                p.done, p.failed, p.retried
-            );
-            self.last = std::time::Instant::now();
-        }
-    }
-}
-
-/// Runs `module` once per input and returns the Results in input order;
-/// raises JobError (carrying the first failed job's Result) if a job did
-/// not succeed, unless `keep_going`.
+/// Starts `module` once per input; a `MapStream` of the Results, in
+/// input order unless `ordered` is false (then as they arrive). A failed
+/// job raises `JobError` when the stream reaches it (ending it), unless
+/// `keep_going`.
 ///
 /// Each input is the job's stdin: bytes as they are, anything else as its
 /// JSON and a newline (what `peerwasm map` gives each line). Without `mem`,
 /// memory is learned from the jobs' exact peaks (smartmem). `retries`:
-/// runs of a failed job. `progress`: a line on stderr every second.
+/// runs of a failed job.
 #[pyfunction]
-#[pyo3(signature = (module, inputs, mem=None, timeout=None, peers=None, token=None, progress=false, keep_going=false, retries=0))]
+#[pyo3(signature = (module, inputs, mem=None, timeout=None, peers=None, token=None, keep_going=false, retries=0, ordered=true))]
 #[allow(clippy::too_many_arguments)]
-fn map(
+fn map_stream(
     py: Python<'_>,
     module: PathBuf,
     inputs: &Bound<'_, PyAny>,
@@ -362,10 +344,10 @@ fn map(
     timeout: Option<&Bound<'_, PyAny>>,
     peers: Option<Vec<String>>,
     token: Option<String>,
-    progress: bool,
     keep_going: bool,
     retries: u32,
-) -> PyResult<Vec<Result>> {
+    ordered: bool,
+) -> PyResult<MapStream> {
     let json = py.import("json")?;
     let mut stdins = Vec::new();
     for input in inputs.try_iter()? {
@@ -378,13 +360,24 @@ fn map(
         }
     }
     let job = job(module, Vec::new(), None, to_timeout(timeout)?)?;
-    let config = MapConfig {
+    let config = map_config(mem, keep_going, retries, ordered)?;
+    Ok(MapStream::start(job, stdins, config, target(peers, token)?))
+}
+
+/// A map's settings from the Python keywords.
+fn map_config(
+    mem: Option<&Bound<'_, PyAny>>,
+    keep_going: bool,
+    retries: u32,
+    ordered: bool,
+) -> PyResult<MapConfig> {
+    Ok(MapConfig {
         mem: to_size(mem)?,
         keep_going,
         retries,
+        ordered,
         ..MapConfig::default()
-    };
-    map_job(py, &job, stdins, &config, target(peers, token)?, progress)
+    })
 }
 
 /// What the last map in this process learned of its jobs' memory.
@@ -398,62 +391,23 @@ fn learned_memory() -> Option<String> {
     LEARNED.lock().map(|l| l.clone()).unwrap_or_default()
 }
 
-/// Runs `job` once per input; the Results in input order, or JobError
-/// for the first failed one (unless `config.keep_going`).
-fn map_job(
-    py: Python<'_>,
-    job: &Job,
-    stdins: Vec<Vec<u8>>,
-    config: &MapConfig,
-    target: Target,
-    progress: bool,
-) -> PyResult<Vec<Result>> {
-    let keep_going = config.keep_going;
-    let mut printer = Printer {
-        show: progress,
-        last: std::time::Instant::now(),
-        items: Vec::new(),
-    };
-    let summary = block_on(py, async {
-        peerwasm::client::map(&target, job, stdins, config, &mut printer).await
-    })?
-    .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))?;
-    let learned = summary.learned_model.map(|m| m.describe());
-    if progress && let Some(words) = &learned {
-        eprintln!("peerwasm: memory learned: {words}");
-    }
+/// Records what a map that ended learned (`learned_memory`).
+fn set_learned(words: Option<String>) {
     if let Ok(mut slot) = LEARNED.lock() {
-        *slot = learned;
+        *slot = words;
     }
-    let mut results = Vec::with_capacity(printer.items.len());
-    let mut first_failure = None;
-    for item in printer.items {
-        let failed = !item.succeeded();
-        let r = to_result(py, item.result, item.attempts, Some(item.index))?;
-        if failed && first_failure.is_none() && !keep_going {
-            first_failure = Some(r);
-            continue;
-        }
-        results.push(r);
-    }
-    if let Some(r) = first_failure {
-        return Err(job_error(py, r)?);
-    }
-    if summary.stopped.is_some() {
-        return Err(PyRuntimeError::new_err(
-            "the map stopped without a failed result",
-        ));
-    }
-    Ok(results)
 }
 
 /// A job that runs the Python program `source` on the CPython for WASI in
 /// `runtime` (a directory holding `python.wasm` and `python-stdlib.zip`),
-/// and the directory that holds its copy of the program while it runs.
+/// and the directory that holds its copy of the program while it runs;
+/// `dirs` (host, guest) are granted to it read-only (`files=`,
+/// `packages=`).
 fn python_job(
     runtime: PathBuf,
     source: &str,
     timeout_ms: Option<u64>,
+    dirs: Vec<(PathBuf, String)>,
 ) -> PyResult<peerwasm::client::python::PythonJob> {
     let err = |e: anyhow::Error| PyValueError::new_err(format!("{e:#}"));
     let rt = peerwasm::client::python::PythonRuntime::in_dir(&runtime).map_err(err)?;
@@ -462,12 +416,19 @@ fn python_job(
         peerwasm::client::python::python_source_job(&rt, "job.py", source.as_bytes(), &cache)
             .map_err(err)?;
     pj.job.limits.timeout_ms = timeout_ms;
+    pj.job
+        .dirs
+        .extend(dirs.into_iter().map(|(host, guest)| peerwasm::proto::DirGrant {
+            host,
+            guest,
+            read_only: true,
+        }));
     Ok(pj)
 }
 
 /// `run` of a Python program: the driver `peerwasm.run(fn, ...)` writes.
 #[pyfunction]
-#[pyo3(signature = (runtime, source, stdin, mem=None, timeout=None, peers=None, token=None))]
+#[pyo3(signature = (runtime, source, stdin, mem=None, timeout=None, peers=None, token=None, dirs=Vec::new()))]
 #[allow(clippy::too_many_arguments)]
 fn _run_python(
     py: Python<'_>,
@@ -478,18 +439,20 @@ fn _run_python(
     timeout: Option<&Bound<'_, PyAny>>,
     peers: Option<Vec<String>>,
     token: Option<String>,
+    dirs: Vec<(PathBuf, String)>,
 ) -> PyResult<Result> {
-    let pj = python_job(runtime, source, to_timeout(timeout)?)?;
-    run_job(py, &pj.job, stdin, to_size(mem)?, target(peers, token)?)
+    let pj = python_job(runtime, source, to_timeout(timeout)?, dirs)?;
+    let target = target(peers, token)?;
+    say_if_compiling(&target, &pj.job);
+    run_job(py, &pj.job, stdin, to_size(mem)?, target)
 }
 
 /// `map` of a Python program over pickled inputs: the driver
-/// `peerwasm.map(fn, ...)` writes.
+/// `peerwasm.map(fn, ...)` writes. A `MapStream`, as `map_stream`.
 #[pyfunction]
-#[pyo3(signature = (runtime, source, inputs, mem=None, timeout=None, peers=None, token=None, progress=false, keep_going=false, retries=0, warm=None))]
+#[pyo3(signature = (runtime, source, inputs, mem=None, timeout=None, peers=None, token=None, keep_going=false, retries=0, warm=None, ordered=true, dirs=Vec::new()))]
 #[allow(clippy::too_many_arguments)]
 fn _map_python(
-    py: Python<'_>,
     runtime: PathBuf,
     source: &str,
     inputs: Vec<Vec<u8>>,
@@ -497,38 +460,48 @@ fn _map_python(
     timeout: Option<&Bound<'_, PyAny>>,
     peers: Option<Vec<String>>,
     token: Option<String>,
-    progress: bool,
     keep_going: bool,
     retries: u32,
     warm: Option<(String, String)>,
-) -> PyResult<Vec<Result>> {
-    let mut pj = python_job(runtime, source, to_timeout(timeout)?)?;
+    ordered: bool,
+    dirs: Vec<(PathBuf, String)>,
+) -> PyResult<MapStream> {
+    let mut pj = python_job(runtime, source, to_timeout(timeout)?, dirs)?;
     // Each item from a snapshot of the interpreter the prelude readied.
     pj.job.warm = warm.map(|(prelude, turn)| peerwasm::proto::WarmStart { prelude, turn });
-    let config = MapConfig {
-        mem: to_size(mem)?,
-        keep_going,
-        retries,
-        ..MapConfig::default()
-    };
-    map_job(
-        py,
-        &pj.job,
-        inputs,
-        &config,
-        target(peers, token)?,
-        progress,
-    )
+    let config = map_config(mem, keep_going, retries, ordered)?;
+    let target = target(peers, token)?;
+    say_if_compiling(&target, &pj.job);
+    Ok(MapStream::start(pj.job, inputs, config, target))
+}
+
+/// Says on stderr, before the first job of CPython for WASI on the
+/// embedded worker, that its code is being compiled (a minute or two, once
+/// per machine: the result is cached on disk), so that the wait is not
+/// silent.
+fn say_if_compiling(target: &Target, job: &Job) {
+    if let Target::Embedded(runner) = target
+        && !runner.is_compiled(&job.hash())
+    {
+        let kept = dirs_cache().map_or(String::from("in memory"), |d| {
+            format!("in {}", d.join("modules").display())
+        });
+        eprintln!(
+            "peerwasm: compiling CPython for WASI for this machine, once \
+             (about 1–2 minutes; then kept {kept})"
+        );
+    }
 }
 
 #[pymodule]
 fn _peerwasm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run, m)?)?;
-    m.add_function(wrap_pyfunction!(map, m)?)?;
+    m.add_function(wrap_pyfunction!(map_stream, m)?)?;
     m.add_function(wrap_pyfunction!(learned_memory, m)?)?;
     m.add_function(wrap_pyfunction!(_run_python, m)?)?;
     m.add_function(wrap_pyfunction!(_map_python, m)?)?;
     m.add_class::<Result>()?;
+    m.add_class::<MapStream>()?;
     m.add("JobError", m.py().get_type::<JobError>())?;
     Ok(())
 }

@@ -140,3 +140,35 @@ def writes_to_a_kept_file(i):
     KEPT.write(str(i).encode())
     KEPT.seek(0)
     return KEPT.read().decode()
+
+
+def nap(seconds):
+    """Sleeps, then says so (on stderr: forwarded as the item is done)."""
+    import time
+
+    time.sleep(seconds)
+    print("napped", seconds)
+    return seconds
+
+
+def power(base, exponent=2, *, offset=0):
+    return base**exponent + offset
+
+
+def reads(path):
+    """A data file given with `files=`, read where the host has it."""
+    with open(path) as f:
+        return f.read()
+
+
+def uses_tinypkg(x):
+    """A package given with `packages=` (unknown to the host's Python)."""
+    import tinypkg
+
+    return tinypkg.triple(x), tinypkg.__name__
+
+
+def writes(path):
+    with open(path, "w") as f:
+        f.write("x")
+    return path

@@ -133,9 +133,9 @@ def _map_results(fn, items):
     warm, from the prelude `map` sends."""
     from peerwasm import _functions, _peerwasm
 
-    inputs = [_functions.pickle.dumps((i,), protocol=_functions.PROTOCOL) for i in items]
+    inputs = [_functions.pickle.dumps(((i,), {}), protocol=_functions.PROTOCOL) for i in items]
     warm = (_functions._WARM_PRELUDE.format(path=_functions._PROGRAM_PATH), _functions._WARM_TURN)
-    return _peerwasm._map_python(_functions.runtime_dir(), _functions.program(fn, items), inputs, warm=warm)
+    return list(_peerwasm._map_python(_functions.runtime_dir(), _functions.program(fn, items), inputs, warm=warm))
 
 
 def _no_item_sees_another(out):

@@ -39,6 +39,13 @@ pub const STDLIB_FILE: &str = "python-stdlib.zip";
 /// Where CPython 3.15 for WASI opens its standard library (its only
 /// `sys.path` entry; it ignores `PYTHONHOME` and `PYTHONPATH`).
 pub const STDLIB_GUEST_PATH: &str = "/usr/local/lib/python315.zip";
+/// matplotlib's data (`matplotlibrc`, fonts, styles) inside the stdlib:
+/// an archive in the archive, which matplotlib cannot read from there.
+const MPL_DATA_MEMBER: &str = "matplotlib/mpl-data.zip";
+/// Where matplotlib looks for its data: beside its `__init__`, which is in
+/// the stdlib zip. A directory mounted at this path (a longer prefix than
+/// the zip's folder) is what the guest finds there.
+const MPL_DATA_GUEST: &str = "/usr/local/lib/python315.zip/matplotlib/mpl-data";
 /// Where the script's directory is mounted in the guest.
 pub const SCRIPT_GUEST_DIR: &str = "/script";
 /// The reactor entry `python.wasm` exports.
@@ -163,6 +170,53 @@ impl PythonRuntime {
     }
 }
 
+/// matplotlib's data, unpacked from the stdlib once, beside the stdlib
+/// dir `dir` (not inside it: a pool would then ship it twice); `None` for
+/// a stdlib without matplotlib.
+fn mpl_data_dir(stdlib: &Path, dir: &Path) -> anyhow::Result<Option<PathBuf>> {
+    let name = dir.file_name().context("a stdlib dir has a name")?;
+    let out = dir.with_file_name(format!("{}{MPL_DATA_SUFFIX}", name.to_string_lossy()));
+    if out.is_dir() {
+        return Ok(Some(out));
+    }
+    let file =
+        std::fs::File::open(stdlib).with_context(|| format!("cannot read {}", stdlib.display()))?;
+    // Not a zip: CPython will say so when it starts; nothing to unpack.
+    let Ok(mut outer) = zip::ZipArchive::new(std::io::BufReader::new(file)) else {
+        return Ok(None);
+    };
+    let inner = match outer.by_name(MPL_DATA_MEMBER) {
+        Ok(mut member) => {
+            let mut bytes = Vec::with_capacity(member.size() as usize);
+            std::io::Read::read_to_end(&mut member, &mut bytes)?;
+            bytes
+        }
+        Err(zip::result::ZipError::FileNotFound) => return Ok(None),
+        Err(e) => return Err(e).context("cannot read matplotlib's data from the stdlib"),
+    };
+    let tmp = dir.with_file_name(format!(
+        ".{}{MPL_DATA_SUFFIX}.{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&tmp);
+    // `extract` keeps every entry inside `tmp` (no `..`, no absolute path).
+    zip::ZipArchive::new(std::io::Cursor::new(inner))
+        .and_then(|mut z| z.extract(&tmp))
+        .context("cannot unpack matplotlib's data")?;
+    if let Err(e) = std::fs::rename(&tmp, &out) {
+        let _ = std::fs::remove_dir_all(&tmp);
+        // Another process unpacked it first.
+        if !out.is_dir() {
+            return Err(e).context("cannot keep matplotlib's data");
+        }
+    }
+    Ok(Some(out))
+}
+
+/// What names a stdlib dir's unpacked matplotlib data: the dir's name and this.
+const MPL_DATA_SUFFIX: &str = "-mpl-data";
+
 /// What a stdlib dir was made from: the file's path and its stamp. Kept in
 /// the dir as [`SOURCE_RECORD`], whose change time says when a job last
 /// used the dir.
@@ -231,6 +285,7 @@ fn prune_stdlib_dirs(root: &Path, keep: &Path, unused: std::time::Duration) {
                 std::fs::metadata(path).is_ok_and(|m| super::tree::FileStamp::of(&m) == s.stamp)
             });
         if !still_current {
+            let _ = std::fs::remove_dir_all(dir.with_file_name(format!("{name}{MPL_DATA_SUFFIX}")));
             match std::fs::remove_dir_all(&dir) {
                 Ok(()) => {
                     tracing::debug!(dir = %dir.display(), "removed a stale Python stdlib dir")
@@ -304,11 +359,19 @@ pub fn python_job(
     let (lib_guest, _) = STDLIB_GUEST_PATH
         .rsplit_once('/')
         .expect("an absolute path");
+    let mpl_data = mpl_data_dir(&runtime.stdlib, &lib)?;
     job.dirs.push(DirGrant {
         host: lib,
         guest: lib_guest.into(),
         read_only: true,
     });
+    if let Some(data) = mpl_data {
+        job.dirs.push(DirGrant {
+            host: data,
+            guest: MPL_DATA_GUEST.into(),
+            read_only: true,
+        });
+    }
     let (script_dir, first) = if script == "-" {
         (None, "-".to_string())
     } else {
@@ -409,6 +472,53 @@ mod tests {
             (stdin.job.args.as_slice(), stdin.job.dirs.len()),
             (&["-".to_string()][..], 1)
         );
+    }
+
+    #[test]
+    fn matplotlibs_data_is_unpacked_once_and_mounted_where_matplotlib_looks() {
+        use std::io::Write;
+        let zip_of = |files: &[(&str, &[u8])]| {
+            let mut w = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+            let opts = zip::write::SimpleFileOptions::default()
+                .compression_method(zip::CompressionMethod::Stored);
+            for (name, bytes) in files {
+                w.start_file(*name, opts).unwrap();
+                w.write_all(bytes).unwrap();
+            }
+            w.finish().unwrap().into_inner()
+        };
+        let inner = zip_of(&[
+            ("matplotlibrc", b"backend: Agg\n"),
+            ("fonts/ttf/a.ttf", b"font"),
+        ]);
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(MODULE_FILE), b"\0asm\x01\0\0\0").unwrap();
+        std::fs::write(
+            dir.path().join(STDLIB_FILE),
+            zip_of(&[("os.pyc", b"x"), (MPL_DATA_MEMBER, &inner)]),
+        )
+        .unwrap();
+        let rt = PythonRuntime::in_dir(dir.path()).unwrap();
+        let cache = tempfile::tempdir().unwrap();
+        let pj = python_source_job(&rt, "job.py", b"", cache.path()).unwrap();
+        let guests: Vec<&str> = pj.job.dirs.iter().map(|d| d.guest.as_str()).collect();
+        assert_eq!(guests, ["/usr/local/lib", MPL_DATA_GUEST, "/script"]);
+        let data = &pj.job.dirs[1].host;
+        assert!(pj.job.dirs[1].read_only);
+        assert_eq!(
+            std::fs::read(data.join("matplotlibrc")).unwrap(),
+            b"backend: Agg\n"
+        );
+        assert_eq!(
+            std::fs::read(data.join("fonts/ttf/a.ttf")).unwrap(),
+            b"font"
+        );
+        assert!(
+            !data.starts_with(&pj.job.dirs[0].host),
+            "not inside the stdlib's tree"
+        );
+        let again = python_source_job(&rt, "job.py", b"", cache.path()).unwrap();
+        assert_eq!(&again.job.dirs[1].host, data, "unpacked once");
     }
 
     /// A runtime whose stdlib is `dir/python-stdlib.zip` holding `text`.

@@ -31,9 +31,13 @@ Values come back (not Results); an exception in the sandbox is raised as
 
 import os as _os
 
-from . import _functions
+from . import _functions, _maps
 from ._functions import RemoteError
-from ._peerwasm import JobError, Result, learned_memory
+from ._maps import Interrupted
+from ._peerwasm import JobError, MapStream, Result, learned_memory
+
+# The keywords `run(fn, ...)` keeps for itself; the function gets the rest.
+_RUN_OPTIONS = ("mem", "timeout", "peers", "token", "files", "packages")
 
 
 def _is_function(module):
@@ -41,24 +45,75 @@ def _is_function(module):
 
 
 def run(module, *args, **kwargs):
-    """Runs one job: a .wasm `module` (see `_peerwasm.run`: stdin, args,
-    env, mem, timeout, peers, token), its Result; or a Python function
-    `module(*args)` in the sandbox (mem, timeout, peers, token), its value."""
+    """Runs one job.
+
+    A Python function: `run(fn, *args, **kwargs)` calls `fn(*args,
+    **kwargs)` in the sandbox and returns its value (its exception raised
+    as `RemoteError`); the keywords `mem`, `timeout`, `peers` and `token`
+    (and `files`, `packages`: `peerwasm._mounts`) are peerwasm's, every
+    other goes to `fn`.
+
+    A .wasm `module`: its `Result` (keywords: stdin, args, env, mem,
+    timeout, peers, token; see `_peerwasm.run`)."""
     if _is_function(module):
-        return _functions.run(module, args, **kwargs)
+        options = {k: kwargs.pop(k) for k in _RUN_OPTIONS if k in kwargs}
+        return _functions.run(module, args, kwargs, **options)
     return _peerwasm_run(module, *args, **kwargs)
 
 
 def map(module, inputs, **kwargs):
     """Runs a .wasm `module` once per input, its Results in input order; or
     a Python function once per item in the sandbox, its values in order.
-    Keywords: mem, timeout, peers, token, progress, keep_going, retries."""
+
+    Keywords: mem, timeout, peers, token, progress (a progress bar: tqdm's
+    in a terminal or notebook), keep_going, retries; for a function also
+    files and packages (directories, wheels and modules it is given
+    read-only: `peerwasm._mounts`). Ctrl-C stops the map and raises
+    `Interrupted`, whose `.done` holds what was done."""
+    return _iterate(module, inputs, True, kwargs, collect=True)
+
+
+def imap(module, inputs, ordered=True, with_index=False, **kwargs):
+    """`map` as an iterator: each value (each Result for a .wasm module)
+    as soon as it is done — in input order, or as they finish with
+    `ordered=False` (`imap_unordered`); `with_index` yields `(index,
+    value)`. The map starts at once and runs ahead of the loop; leaving the
+    loop early (or Ctrl-C) cancels what is still under way."""
+    return _iterate(module, inputs, ordered, kwargs, with_index=with_index)
+
+
+def imap_unordered(module, inputs, with_index=False, **kwargs):
+    """`imap` with `ordered=False`: each value as soon as it is done."""
+    return imap(module, inputs, ordered=False, with_index=with_index, **kwargs)
+
+
+def _iterate(module, inputs, ordered, kwargs, collect=False, with_index=False):
     if _is_function(module):
-        return _functions.map(module, inputs, **kwargs)
-    return _peerwasm_map(module, inputs, **kwargs)
+        if collect:
+            return _functions.map(module, inputs, **kwargs)
+        return _functions.imap(module, inputs, ordered=ordered, with_index=with_index, **kwargs)
+    progress = kwargs.pop("progress", False)
+    inputs = list(inputs)
+    stream = _peerwasm.map_stream(module, inputs, ordered=ordered, **kwargs)
+    keep = lambda r: r  # noqa: E731 (a .wasm map's values are its Results)
+    if collect:
+        return _maps.collect(stream, len(inputs), progress, keep, keep)
+    pairs = _maps.iterate(stream, len(inputs), progress, keep, keep)
+    return pairs if with_index else (r for _, r in pairs)
 
 
-from ._peerwasm import map as _peerwasm_map  # noqa: E402
+from . import _peerwasm  # noqa: E402
 from ._peerwasm import run as _peerwasm_run  # noqa: E402
 
-__all__ = ["JobError", "RemoteError", "Result", "learned_memory", "map", "run"]
+__all__ = [
+    "Interrupted",
+    "JobError",
+    "MapStream",
+    "RemoteError",
+    "Result",
+    "imap",
+    "imap_unordered",
+    "learned_memory",
+    "map",
+    "run",
+]

@@ -26,7 +26,7 @@ import pickle
 import sys
 import textwrap
 
-from . import _peerwasm, _wire
+from . import _maps, _mounts, _peerwasm, _wire
 
 PROTOCOL = 4
 
@@ -57,6 +57,7 @@ class _pw_Missing:
             f"the sandbox could not run `{{statement}}` ({{error}}), and the function uses what it imports"
         )
     __getattr__ = __call__ = __getitem__ = __iter__ = __len__ = __bool__ = _pw_raise
+_pw_sys.path[:0] = {sys_path!r}
 {imports}
 
 {definitions}
@@ -78,10 +79,10 @@ class _pw_Unpickler(_pw_pickle.Unpickler):
 def _pw_main():
     reply_to = _pw_sys.stdout.buffer
     _pw_sys.stdout = _pw_sys.stderr
-    args = _pw_Unpickler(_pw_sys.stdin.buffer).load()
+    args, kwargs = _pw_Unpickler(_pw_sys.stdin.buffer).load()
     code = 0
     try:
-        reply = (True, {name}(*args))
+        reply = (True, {name}(*args, **kwargs))
     except BaseException as e:
         reply, code = (False, (type(e).__name__, str(e), _pw_traceback.format_exc())), 1
     try:
@@ -330,11 +331,12 @@ def _classes_of(fn, values):
     return names
 
 
-def program(fn, values=()):
+def program(fn, values=(), sys_path=()):
     """The program that runs `fn` in the sandbox (see `_DRIVER`): its
     source, its module's imports, and the module's definitions it uses (and
-    the classes of `values`, its arguments). Raises TypeError for what has
-    no source of its own to send."""
+    the classes of `values`, its arguments), with `sys_path` (the guest
+    paths of its `packages=`) first on `sys.path`. Raises TypeError for
+    what has no source of its own to send."""
     if not inspect.isfunction(fn):
         raise TypeError(f"{fn!r} is not a plain Python function: give a `def` function (or a .wasm path)")
     if fn.__name__ == "<lambda>":
@@ -361,6 +363,7 @@ def program(fn, values=()):
         definitions=_definitions(fn, node, _classes_of(fn, values)),
         source=source,
         name=fn.__name__,
+        sys_path=list(sys_path),
     )
 
 
@@ -381,71 +384,94 @@ def _reply(result):
     return RemoteError(*value, result)
 
 
-def _forward(result):
-    """What the function printed (its stdout goes to the job's stderr, so
-    that it cannot spoil the reply) and what the guest wrote to stderr,
-    written to this process's stderr, as a local call's prints would be."""
-    text = getattr(result, "stderr", None)
-    if text:
-        sys.stderr.write(text if text.endswith("\n") else text + "\n")
+def _failure(error):
+    """What a failed item of a map raises: the function's exception as a
+    RemoteError when it raised one, else the JobError (a limit hit, ...)."""
+    reply = _reply_or_none(error.result)
+    return reply if isinstance(reply, RemoteError) else error
 
 
-def run(fn, args, mem=None, timeout=None, peers=None, token=None):
-    """`fn(*args)` in the sandbox; its return value, or its exception
-    raised as RemoteError. What it prints comes out on stderr."""
-    stdin = pickle.dumps(tuple(args), protocol=PROTOCOL)
+def run(fn, args, kwargs, mem=None, timeout=None, peers=None, token=None, files=None, packages=None):
+    """`fn(*args, **kwargs)` in the sandbox; its return value, or its
+    exception raised as RemoteError. What it prints comes out on stderr.
+    `files`, `packages`: see `_mounts`."""
+    stdin = pickle.dumps((tuple(args), dict(kwargs)), protocol=PROTOCOL)
+    values = (*args, *kwargs.values())
+    mounts = _mounts.Mounts(files, packages)
     try:
-        result = _peerwasm._run_python(runtime_dir(), program(fn, args), stdin, mem, timeout, peers, token)
+        source = program(fn, values, mounts.sys_path)
+        result = _peerwasm._run_python(runtime_dir(), source, stdin, mem, timeout, peers, token, mounts.grants)
     except _peerwasm.JobError as e:
-        _forward(e.result)
-        reply = _reply_or_none(e.result)
-        if isinstance(reply, RemoteError):
-            raise reply from None
-        raise
-    _forward(result)
+        _maps.forward(e.result)
+        raise _failure(e) from None
+    finally:
+        mounts.close()
+    _maps.forward(result)
     value = _reply(result)
     if isinstance(value, RemoteError):
         raise value
     return value
 
 
-def map(fn, items, mem=None, timeout=None, peers=None, token=None, progress=False, keep_going=False, retries=0):
-    """`[fn(item) for item in items]`, each in the sandbox; the first
-    exception raised as RemoteError (with `keep_going`, exceptions are
-    returned in place of their values). What the items print comes out on
-    stderr, in input order, once the map is done."""
+def _start(fn, items, ordered, mem, timeout, peers, token, keep_going, retries, files, packages):
+    """The map of `fn` over `items` started: its stream, its size, and its
+    mounts (to be closed once the stream is done)."""
     # Read once: an iterator's items are pickled and looked at for the
     # classes that must travel (`program`).
     items = list(items)
-    inputs = [pickle.dumps((item,), protocol=PROTOCOL) for item in items]
+    inputs = [pickle.dumps(((item,), {}), protocol=PROTOCOL) for item in items]
+    mounts = _mounts.Mounts(files, packages)
     try:
-        results = _peerwasm._map_python(
+        stream = _peerwasm._map_python(
             runtime_dir(),
-            program(fn, items),
+            program(fn, items, mounts.sys_path),
             inputs,
             mem,
             timeout,
             peers,
             token,
-            progress,
             keep_going,
             retries,
             (_WARM_PRELUDE.format(path=_PROGRAM_PATH), _WARM_TURN),
+            ordered,
+            mounts.grants,
         )
-    except _peerwasm.JobError as e:
-        _forward(e.result)
-        reply = _reply_or_none(e.result)
-        if isinstance(reply, RemoteError):
-            raise reply from None
+    except BaseException:
+        mounts.close()
         raise
-    for r in results:
-        _forward(r)
-    values = [_reply(r) for r in results]
-    if not keep_going:
-        for v in values:
-            if isinstance(v, RemoteError):
-                raise v
-    return values
+    return stream, len(items), mounts
+
+
+def map(fn, items, mem=None, timeout=None, peers=None, token=None, progress=False, keep_going=False, retries=0,
+        files=None, packages=None):
+    """`[fn(item) for item in items]`, each in the sandbox; the first
+    exception raised as RemoteError (with `keep_going`, exceptions are
+    returned in place of their values). What the items print comes out on
+    stderr as each is done, in input order. Ctrl-C raises `Interrupted`,
+    holding the values done. `files`, `packages`: see `_mounts`."""
+    stream, total, mounts = _start(fn, items, True, mem, timeout, peers, token, keep_going, retries, files, packages)
+    try:
+        return _maps.collect(stream, total, progress, _reply, _failure)
+    finally:
+        mounts.close()
+
+
+def imap(fn, items, ordered=True, with_index=False, mem=None, timeout=None, peers=None, token=None,
+         progress=False, keep_going=False, retries=0, files=None, packages=None):
+    """`fn(item)` for each item, yielded as each is done: in input order,
+    or (`ordered=False`) as they finish; `with_index` yields `(index,
+    value)` pairs. The map starts at once and runs ahead of the reader;
+    leaving the loop early cancels what is still under way."""
+    stream, total, mounts = _start(fn, items, ordered, mem, timeout, peers, token, keep_going, retries, files, packages)
+
+    def values():
+        try:
+            for index, value in _maps.iterate(stream, total, progress, _reply, _failure):
+                yield (index, value) if with_index else value
+        finally:
+            mounts.close()
+
+    return values()
 
 
 def _reply_or_none(result):

@@ -48,20 +48,34 @@ def run(
 ) -> Result:
     """Runs one job; raises JobError if it did not succeed."""
 
-def map(
+class MapStream:
+    """A map's Results as they come (in input order unless it was started
+    unordered), each with its `index`. A failed job raises JobError when
+    the stream reaches it, unless the map keeps going; Ctrl-C raises
+    KeyboardInterrupt and stops the map."""
+
+    def __iter__(self) -> "MapStream": ...
+    def __next__(self) -> Result: ...
+    def close(self) -> None:
+        """Stops the map: nothing more is submitted, what is under way is cancelled."""
+    def rest(self) -> list[Result]:
+        """After an interrupt: the Results that were in; the stream is then over."""
+    progress: tuple[int, int, int, int]
+    """(done, failed, retried, in flight)."""
+
+def map_stream(
     module: _Path,
     inputs: Iterable[Any],
     mem: Optional[_Size] = None,
     timeout: Optional[_Seconds] = None,
     peers: Optional[Sequence[str]] = None,
     token: Optional[str] = None,
-    progress: bool = False,
     keep_going: bool = False,
     retries: int = 0,
-) -> list[Result]:
-    """Runs the job once per input (bytes as they are, anything else as JSON);
-    the Results in input order. Raises JobError for the first failed job
-    unless keep_going."""
+    ordered: bool = True,
+) -> MapStream:
+    """Starts the job once per input (bytes as they are, anything else as
+    JSON); its Results as they come (`peerwasm.map`, `imap`)."""
 
 def learned_memory() -> Optional[str]:
     """What the last map learned of its jobs' memory, in words; None before
@@ -87,9 +101,10 @@ def _map_python(
     timeout: Optional[_Seconds] = None,
     peers: Optional[Sequence[str]] = None,
     token: Optional[str] = None,
-    progress: bool = False,
     keep_going: bool = False,
     retries: int = 0,
-) -> list[Result]:
-    """Runs the Python program `source` once per input (used by
-    `peerwasm.map(fn, ...)`)."""
+    warm: Optional[tuple[str, str]] = None,
+    ordered: bool = True,
+) -> MapStream:
+    """Starts the Python program `source` once per input (used by
+    `peerwasm.map(fn, ...)` and `imap`)."""

@@ -28,7 +28,10 @@
 //!   it are done) unless `keep_going`; they are resubmitted only up to
 //!   `retries` times.
 //! * **Order**: results are handed to the observer in input order; results
-//!   that arrive early wait (at most `reorder_window` inputs ahead).
+//!   that arrive early wait (at most `reorder_window` inputs ahead). An
+//!   unordered map (`ordered: false`, Python's `imap_unordered`) hands each
+//!   over as it arrives instead, and holds at most `reorder_window` inputs
+//!   read but not done.
 //! * **Interrupt** (`interrupt`, Ctrl-C in `peerwasm map`): no more
 //!   submissions; the results already in are handed over (in input order,
 //!   with a gap where a job was still under way), and every submission
@@ -77,9 +80,13 @@ pub struct MapConfig {
     /// Added to 3 × the slowest round trip before a job counts as lost.
     /// Default: 10 s.
     pub lost_slack: Duration,
-    /// How far ahead of the next result to write the map may run.
-    /// Default: 10,000 inputs.
+    /// How far ahead of the next result to write the map may run
+    /// (unordered: how many inputs may be read and not done). Default:
+    /// 10,000 inputs.
     pub reorder_window: usize,
+    /// Whether results reach the observer in input order (else as they
+    /// arrive). Default: true.
+    pub ordered: bool,
     /// Where learned estimates are loaded from and saved to; `None` keeps
     /// them for this run only. Default: `None`.
     pub estimates: Option<EstimateStore>,
@@ -115,6 +122,7 @@ impl Default for MapConfig {
             keep_going: false,
             lost_slack: Duration::from_secs(10),
             reorder_window: 10_000,
+            ordered: true,
             estimates: None,
             interrupt: None,
             out_dir: None,
@@ -127,7 +135,8 @@ impl Default for MapConfig {
 
 /// Receives what a map produces.
 pub trait MapObserver {
-    /// Each input's result, in input order. An error stops the map.
+    /// Each input's result: in input order, or as it arrives when the map
+    /// is not `ordered`. An error stops the map.
     fn result(&mut self, item: MapItem) -> anyhow::Result<()>;
     /// After each result (in any order) and each resubmission.
     fn progress(&mut self, _progress: &Progress) {}
@@ -370,7 +379,7 @@ impl<'a, T: Submitter> MapRun<'a, T> {
                 while self.staged.len() < lookahead
                     && self.stop.is_none()
                     && !exhausted
-                    && next_index < self.next_emit + self.config.reorder_window
+                    && self.within_window(next_index)
                 {
                     let Some(stdin) = inputs.next() else {
                         exhausted = true;
@@ -738,6 +747,14 @@ impl<'a, T: Submitter> MapRun<'a, T> {
                 self.cut_after(index);
             }
         }
+        if !self.config.ordered {
+            // As it arrives; past a stop, only what the stop lets through.
+            if self.stop.as_ref().is_none_or(|st| index <= st.index) {
+                observer.result(item)?;
+            }
+            observer.progress(&self.progress());
+            return Ok(());
+        }
         self.ready.insert(index, item);
         while let Some(item) = self.ready.remove(&self.next_emit) {
             if self.stop.as_ref().is_some_and(|st| item.index > st.index) {
@@ -748,6 +765,17 @@ impl<'a, T: Submitter> MapRun<'a, T> {
         }
         observer.progress(&self.progress());
         Ok(())
+    }
+
+    /// Whether input `next_index` may be read: ordered, it lies within
+    /// `reorder_window` of the next result to hand over; unordered, fewer
+    /// than `reorder_window` inputs are read and not done.
+    fn within_window(&self, next_index: usize) -> bool {
+        if self.config.ordered {
+            next_index < self.next_emit + self.config.reorder_window
+        } else {
+            self.pending.len() < self.config.reorder_window
+        }
     }
 
     /// After a failure at `index` stops the map: nothing after it runs on.

@@ -582,6 +582,70 @@ async fn the_map_runs_at_most_the_reorder_window_ahead_of_its_next_result() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_unordered_map_hands_results_over_as_they_arrive_and_a_slow_input_holds_back_nothing() {
+    // Input 0 takes 10 s; the rest 10 ms, later ones faster still.
+    let fake = Fake::new(2, |c| {
+        if c.index == 0 {
+            ok(10_000)
+        } else {
+            ok(100 - 5 * c.index as u64)
+        }
+    });
+    let config = MapConfig {
+        ordered: false,
+        reorder_window: 4,
+        ..MapConfig::default()
+    };
+    let (summary, items) = run(&fake, 12, &config).await;
+    summary.unwrap();
+    let mut got = indexes(&items);
+    assert_eq!(got.last(), Some(&0), "the slow input last: {got:?}");
+    got.sort();
+    assert_eq!(got, (0..12).collect::<Vec<_>>(), "each input once");
+    for item in &items {
+        assert_eq!(
+            item.result.stdout,
+            format!("input {}", item.index).into_bytes()
+        );
+    }
+    let early = fake
+        .calls()
+        .iter()
+        .filter(|c| c.at < Duration::from_secs(10))
+        .count();
+    assert_eq!(
+        early, 12,
+        "the window counts what is not done, not what is not handed over"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unordered_map_stops_at_a_failure_and_hands_it_over() {
+    let fake = Fake::new(1, |c| {
+        if c.index == 3 {
+            Reply::Exit {
+                code: 1,
+                after: Duration::from_millis(10),
+                worker: "w1",
+                peak: MIB,
+            }
+        } else {
+            ok(10)
+        }
+    });
+    let config = MapConfig {
+        ordered: false,
+        max_in_flight: Some(1),
+        ..MapConfig::default()
+    };
+    let (summary, items) = run(&fake, 10, &config).await;
+    let summary = summary.unwrap();
+    assert_eq!(summary.stopped.map(|s| s.index), Some(3));
+    assert_eq!(indexes(&items), [0, 1, 2, 3], "nothing after the failure");
+    assert!(!items[3].succeeded());
+}
+
+#[tokio::test(start_paused = true)]
 async fn an_interrupt_hands_over_what_is_in_and_drops_what_is_under_way() {
     // Even inputs answer at once, odd ones after an hour.
     let fake = Fake::new(4, |c| {

@@ -1,0 +1,146 @@
+"""What a function is given besides its arguments: data directories
+(`files=`) and packages (`packages=`), as read-only directories of the
+sandbox.
+
+Each is a directory of the host granted to the jobs read-only: on the
+embedded worker the jobs read it in place; on a pool it is sent by content
+hash, once per worker, as any job's tree is. Nothing else of the host is
+visible to the function.
+
+* `files=`: directories, seen by the function at the same path as here —
+  an absolute path at itself, a relative one under `/` (the sandbox's
+  working directory), so `open("data/x.csv")` and
+  `open("/home/me/data/x.csv")` both work unchanged. A dict
+  `{guest_path: host_dir}` places them explicitly.
+* `packages=`: pure-Python code the function imports: a wheel (`.whl`,
+  unpacked here first; one of compiled code is refused, since the sandbox
+  runs WebAssembly, not this machine's code), a package's directory (one
+  holding `__init__.py`), a directory of packages (a `site-packages`) or a
+  single module (`.py`). Each goes on the guest's `sys.path`, ahead of the
+  sandbox's own packages.
+"""
+
+import os
+import posixpath
+import shutil
+import tempfile
+import zipfile
+
+# Where the sandbox already has something: never a data directory's place.
+_RESERVED = ("/script", "/usr", "/packages")
+_PACKAGES = "/packages"
+
+
+class Mounts:
+    """The directories a map's or a run's jobs are given: `grants`
+    (`(host_dir, guest_dir)` pairs), `sys_path` (guest paths put first on
+    `sys.path`). Holds the staged copies (unpacked wheels, single modules)
+    until `close`, which must come after the jobs are done."""
+
+    def __init__(self, files=None, packages=None):
+        self.grants, self.sys_path, self._staged = [], [], []
+        try:
+            for guest, host in _data_dirs(files):
+                self._grant(host, guest)
+            for i, package in enumerate(_as_list(packages, "packages")):
+                self._package(os.fspath(package), f"{_PACKAGES}/{i}")
+        except BaseException:
+            self.close()
+            raise
+
+    def _grant(self, host, guest):
+        for _, taken in self.grants:
+            if guest == taken or guest.startswith(taken + "/") or taken.startswith(guest + "/"):
+                raise ValueError(f"two directories would be seen at {guest} and {taken} in the sandbox: give each its own place")
+        self.grants.append((os.path.abspath(host), guest))
+
+    def _stage(self):
+        d = tempfile.mkdtemp(prefix="peerwasm-package-")
+        self._staged.append(d)
+        return d
+
+    def _package(self, path, guest):
+        if path.endswith(".whl"):
+            if not os.path.isfile(path):
+                raise ValueError(f"packages: no wheel at {path}")
+            tag = os.path.basename(path)[: -len(".whl")].split("-")[-3:]
+            if len(tag) != 3 or tag[1:] != ["none", "any"]:
+                raise ValueError(
+                    f"packages: {os.path.basename(path)} is built for one kind of machine "
+                    f"(tag {'-'.join(tag)}); the sandbox runs WebAssembly and takes pure-Python "
+                    "wheels only (…-none-any.whl)"
+                )
+            staged = self._stage()
+            with zipfile.ZipFile(path) as whl:
+                # extractall keeps every name inside `staged` (no `..`, no root).
+                whl.extractall(staged)
+            self._grant(staged, guest)
+            self.sys_path.append(guest)
+        elif os.path.isfile(path) and path.endswith(".py"):
+            staged = self._stage()
+            shutil.copy(path, staged)
+            self._grant(staged, guest)
+            self.sys_path.append(guest)
+        elif os.path.isdir(path):
+            path = os.path.abspath(path)
+            if os.path.isfile(os.path.join(path, "__init__.py")):
+                # A package: importable by its name from the directory above.
+                self._grant(path, f"{guest}/{os.path.basename(path)}")
+            else:
+                self._grant(path, guest)
+            self.sys_path.append(guest)
+        else:
+            raise ValueError(
+                f"packages: {path} is neither a wheel, a package's directory, a directory of packages nor a .py module"
+            )
+
+    def close(self):
+        for d in self._staged:
+            shutil.rmtree(d, ignore_errors=True)
+        self._staged = []
+
+
+def _as_list(value, name):
+    if value is None:
+        return []
+    if isinstance(value, (str, bytes, os.PathLike)):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    raise TypeError(f"{name}= takes a path or a list of paths, not {type(value).__name__}")
+
+
+def _data_dirs(files):
+    """`(guest, host)` for each data directory of `files=`."""
+    if isinstance(files, dict):
+        pairs = [(str(guest), os.fspath(host)) for guest, host in files.items()]
+        for guest, _ in pairs:
+            if not guest.startswith("/"):
+                raise ValueError(f"files: the sandbox's paths are absolute: {guest!r}")
+    else:
+        pairs = []
+        for host in _as_list(files, "files"):
+            host = os.fspath(host)
+            if os.path.isabs(host):
+                guest = host
+            else:
+                rel = os.path.normpath(host)
+                if rel == "." or rel.startswith(".."):
+                    raise ValueError(
+                        f"files: {host} is not below this directory: give its absolute path, "
+                        "or a dict {guest_path: directory}"
+                    )
+                guest = "/" + rel
+            pairs.append((guest.replace(os.sep, "/"), host))
+    out = []
+    for guest, host in pairs:
+        guest = posixpath.normpath(guest)
+        if not os.path.isdir(host):
+            raise ValueError(
+                f"files: {host} is not a directory (give the directory that holds the files: "
+                "the function sees all of it, read-only)"
+            )
+        if guest == "/" or any(guest == r or guest.startswith(r + "/") for r in _RESERVED):
+            raise ValueError(f"files: {guest} is the sandbox's own: place the directory elsewhere")
+        out.append((guest, host))
+    return out

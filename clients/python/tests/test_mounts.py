@@ -1,0 +1,98 @@
+"""What a function is given besides its arguments: data directories
+(`files=`) and pure-Python packages (`packages=`: a directory, a wheel, a
+module), embedded and on a pool; what cannot be given is refused, saying
+why."""
+
+import pathlib
+import sys
+import zipfile
+
+import pytest
+
+import peerwasm
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import fns  # noqa: E402
+from test_peerwasm import pool  # noqa: E402,F401  (the two-worker pool fixture)
+
+TINYPKG = "def triple(x):\n    return 3 * x\n"
+
+
+def _data(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.txt").write_text("alpha")
+    (data / "sub").mkdir()
+    (data / "sub" / "b.txt").write_text("beta")
+    return data
+
+
+def test_files_are_seen_where_the_host_has_them(tmp_path, monkeypatch):
+    data = _data(tmp_path)
+    # An absolute path: at itself.
+    assert peerwasm.map(fns.reads, [str(data / "a.txt"), str(data / "sub" / "b.txt")], files=[data]) == [
+        "alpha",
+        "beta",
+    ]
+    # A relative one: under the sandbox's working directory, as here.
+    monkeypatch.chdir(tmp_path)
+    assert peerwasm.run(fns.reads, "data/sub/b.txt", files="data") == "beta"
+    # Placed explicitly.
+    assert peerwasm.run(fns.reads, "/inputs/a.txt", files={"/inputs": data}) == "alpha"
+
+
+def test_without_files_the_host_is_not_there(tmp_path):
+    data = _data(tmp_path)
+    with pytest.raises(peerwasm.RemoteError) as e:
+        peerwasm.run(fns.reads, str(data / "a.txt"))
+    assert e.value.type_name in ("FileNotFoundError", "PermissionError", "OSError"), e.value
+
+
+def test_files_are_read_only(tmp_path):
+    data = _data(tmp_path)
+    with pytest.raises(peerwasm.RemoteError) as e:
+        peerwasm.run(fns.writes, str(data / "new.txt"), files=[data])
+    assert "OSError" in e.value.type_name or "Error" in e.value.type_name, e.value
+    assert not (data / "new.txt").exists()
+
+
+def test_a_package_directory_a_wheel_and_a_module_are_importable(tmp_path):
+    pkg = tmp_path / "src" / "tinypkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(TINYPKG)
+    assert peerwasm.map(fns.uses_tinypkg, [1, 2], packages=[pkg]) == [(3, "tinypkg"), (6, "tinypkg")]
+    # A directory of packages (a site-packages).
+    assert peerwasm.run(fns.uses_tinypkg, 5, packages=str(tmp_path / "src")) == (15, "tinypkg")
+    # A pure-Python wheel.
+    wheel = tmp_path / "tinypkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("tinypkg/__init__.py", TINYPKG)
+        z.writestr("tinypkg-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n")
+    assert peerwasm.run(fns.uses_tinypkg, 7, packages=[wheel]) == (21, "tinypkg")
+    # A single module.
+    module = tmp_path / "tinypkg.py"
+    module.write_text(TINYPKG)
+    assert peerwasm.run(fns.uses_tinypkg, 1, packages=module) == (3, "tinypkg")
+
+
+def test_a_package_goes_to_a_pool_by_content(pool, tmp_path):  # noqa: F811
+    pkg = tmp_path / "tinypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(TINYPKG)
+    data = _data(tmp_path)
+    assert peerwasm.map(fns.uses_tinypkg, range(4), packages=[pkg], peers=pool) == [(3 * i, "tinypkg") for i in range(4)]
+    assert peerwasm.map(fns.reads, [str(data / "a.txt")] * 3, files=[data], peers=pool) == ["alpha"] * 3
+
+
+def test_what_cannot_be_given_is_refused_saying_why(tmp_path):
+    native = tmp_path / "fast-1.0-cp312-cp312-manylinux_2_17_x86_64.whl"
+    with zipfile.ZipFile(native, "w") as z:
+        z.writestr("fast/__init__.py", "")
+    with pytest.raises(ValueError, match="pure-Python wheels only"):
+        peerwasm.run(fns.square, 2, packages=[native])
+    with pytest.raises(ValueError, match="not a directory"):
+        peerwasm.run(fns.square, 2, files=[tmp_path / "missing"])
+    with pytest.raises(ValueError, match="sandbox's own"):
+        peerwasm.run(fns.square, 2, files={"/usr/lib": tmp_path})
+    with pytest.raises(ValueError, match="not below this directory"):
+        peerwasm.run(fns.square, 2, files=["../elsewhere"])
