@@ -12,8 +12,8 @@
 
 use std::process::Command;
 
-use crate::summary::Summary;
 use crate::Sizes;
+use crate::summary::Summary;
 
 /// Interleaved rounds per runner and workload.
 const ROUNDS: usize = 3;
@@ -27,11 +27,24 @@ pub fn python_map(sizes: &Sizes, _summary: &mut Summary) -> anyhow::Result<()> {
     let root = peerwasm_testkit::workspace_root();
     let venv = root.join("target").join("benchvenv-pymap");
     if !venv.join("bin").join("python").exists() {
-        let ok = Command::new("python3").args(["-m", "venv"]).arg(&venv).status()?.success();
+        let ok = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()?
+            .success();
         anyhow::ensure!(ok, "python3 -m venv {} failed", venv.display());
     }
     let pip = Command::new(venv.join("bin").join("pip"))
-        .args(["install", "--quiet", "ray", "dask[distributed]", "joblib", "numpy", "pandas", "scikit-learn"])
+        .args([
+            "install",
+            "--quiet",
+            "ray",
+            "dask[distributed]",
+            "joblib",
+            "numpy",
+            "pandas",
+            "scikit-learn",
+        ])
         .arg(root.join("clients").join("python"))
         .env("MATURIN_PEP517_ARGS", "--profile dev")
         .output()?;

@@ -148,6 +148,12 @@ fn embedded() -> PyResult<Target> {
     }
     let mut sandbox = peerwasm::sandbox::SandboxConfig::default();
     sandbox.cache_dir = dirs_cache().map(|d| d.join("modules"));
+    // Epochs, not fuel: a job here must still end at its time limit and on
+    // Ctrl-C (this process is the caller's, it cannot be the job's slot as
+    // in `peerwasm run`), and counting fuel in every block of CPython's
+    // interpreter loop cost far more than a check at loop heads
+    // (clients/python/README.md has the figures).
+    sandbox.time_limit = peerwasm::sandbox::TimeLimitMechanism::Epoch;
     let runner = peerwasm::runner::JobRunner::new(peerwasm::runner::RunnerConfig {
         sandbox,
         ..Default::default()
@@ -314,8 +320,13 @@ fn run_job(
     target: Target,
 ) -> PyResult<Result> {
     let spec = job.spec(stdin, mem.unwrap_or(DEFAULT_MEMORY));
-    let result = block_on(py, async { target.run(job, spec).await })?
+    let mut result = block_on(py, async { target.run(job, spec).await })?
         .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+    // What it wrote into its writable directories, from a pool (the
+    // embedded worker's jobs write in place).
+    peerwasm::client::tree::write_back(&job.dirs, &mut result.files, None).map_err(|e| {
+        PyRuntimeError::new_err(format!("cannot write the files the job made: {e:#}"))
+    })?;
     let result = to_result(py, result, 1, None)?;
     if result.ok() {
         Ok(result)
@@ -361,7 +372,13 @@ fn map_stream(
     }
     let job = job(module, Vec::new(), None, to_timeout(timeout)?)?;
     let config = map_config(mem, keep_going, retries, ordered)?;
-    Ok(MapStream::start(job, stdins, config, target(peers, token)?))
+    Ok(MapStream::start(
+        job,
+        stdins,
+        config,
+        target(peers, token)?,
+        None,
+    ))
 }
 
 /// A map's settings from the Python keywords.
@@ -401,13 +418,13 @@ fn set_learned(words: Option<String>) {
 /// A job that runs the Python program `source` on the CPython for WASI in
 /// `runtime` (a directory holding `python.wasm` and `python-stdlib.zip`),
 /// and the directory that holds its copy of the program while it runs;
-/// `dirs` (host, guest) are granted to it read-only (`files=`,
-/// `packages=`).
+/// `dirs` (host, guest, read-only) are granted to it (`files=`,
+/// `packages=`, `outputs=`).
 fn python_job(
     runtime: PathBuf,
     source: &str,
     timeout_ms: Option<u64>,
-    dirs: Vec<(PathBuf, String)>,
+    dirs: Vec<(PathBuf, String, bool)>,
 ) -> PyResult<peerwasm::client::python::PythonJob> {
     let err = |e: anyhow::Error| PyValueError::new_err(format!("{e:#}"));
     let rt = peerwasm::client::python::PythonRuntime::in_dir(&runtime).map_err(err)?;
@@ -418,11 +435,14 @@ fn python_job(
     pj.job.limits.timeout_ms = timeout_ms;
     pj.job
         .dirs
-        .extend(dirs.into_iter().map(|(host, guest)| peerwasm::proto::DirGrant {
-            host,
-            guest,
-            read_only: true,
-        }));
+        .extend(
+            dirs.into_iter()
+                .map(|(host, guest, read_only)| peerwasm::proto::DirGrant {
+                    host,
+                    guest,
+                    read_only,
+                }),
+        );
     Ok(pj)
 }
 
@@ -439,7 +459,7 @@ fn _run_python(
     timeout: Option<&Bound<'_, PyAny>>,
     peers: Option<Vec<String>>,
     token: Option<String>,
-    dirs: Vec<(PathBuf, String)>,
+    dirs: Vec<(PathBuf, String, bool)>,
 ) -> PyResult<Result> {
     let pj = python_job(runtime, source, to_timeout(timeout)?, dirs)?;
     let target = target(peers, token)?;
@@ -464,7 +484,7 @@ fn _map_python(
     retries: u32,
     warm: Option<(String, String)>,
     ordered: bool,
-    dirs: Vec<(PathBuf, String)>,
+    dirs: Vec<(PathBuf, String, bool)>,
 ) -> PyResult<MapStream> {
     let mut pj = python_job(runtime, source, to_timeout(timeout)?, dirs)?;
     // Each item from a snapshot of the interpreter the prelude readied.
@@ -472,7 +492,11 @@ fn _map_python(
     let config = map_config(mem, keep_going, retries, ordered)?;
     let target = target(peers, token)?;
     say_if_compiling(&target, &pj.job);
-    Ok(MapStream::start(pj.job, inputs, config, target))
+    // The program's directory lives as long as the map's jobs may start.
+    let holds = pj
+        .script_dir
+        .map(|d| Box::new(d) as Box<dyn std::any::Any + Send + Sync>);
+    Ok(MapStream::start(pj.job, inputs, config, target, holds))
 }
 
 /// Says on stderr, before the first job of CPython for WASI on the

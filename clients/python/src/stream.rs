@@ -59,11 +59,20 @@ pub struct MapStream {
     keep_going: bool,
     /// Set once the stream has ended (raised its failure, or finished).
     ended: bool,
+    /// What must outlive the map's jobs (a Python program's directory).
+    _holds: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 impl MapStream {
-    /// Starts `job` over `stdins` on `target`.
-    pub fn start(job: Job, stdins: Vec<Vec<u8>>, mut config: MapConfig, target: Target) -> Self {
+    /// Starts `job` over `stdins` on `target`; `holds` is kept as long as
+    /// the stream is.
+    pub fn start(
+        job: Job,
+        stdins: Vec<Vec<u8>>,
+        mut config: MapConfig,
+        target: Target,
+        holds: Option<Box<dyn std::any::Any + Send + Sync>>,
+    ) -> Self {
         let interrupt = CancellationToken::new();
         config.interrupt = Some(interrupt.clone());
         let keep_going = config.keep_going;
@@ -86,6 +95,7 @@ impl MapStream {
             progress,
             keep_going,
             ended: false,
+            _holds: holds,
         }
     }
 

@@ -172,3 +172,34 @@ def writes(path):
     with open(path, "w") as f:
         f.write("x")
     return path
+
+
+def plots(n):
+    """A matplotlib figure, returned as PNG bytes."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(2, 2), dpi=50)
+    ax.plot(range(n), [i * i for i in range(n)])
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def saves_figure(path):
+    """A matplotlib figure written to a file (`outputs=`)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(2, 2), dpi=50)
+    ax.bar(["a", "b"], [1, 2])
+    fig.savefig(path)
+    plt.close(fig)
+    return path

@@ -96,3 +96,25 @@ def test_what_cannot_be_given_is_refused_saying_why(tmp_path):
         peerwasm.run(fns.square, 2, files={"/usr/lib": tmp_path})
     with pytest.raises(ValueError, match="not below this directory"):
         peerwasm.run(fns.square, 2, files=["../elsewhere"])
+
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_matplotlib_draws_and_a_figure_written_to_outputs_comes_back(tmp_path):
+    [png] = peerwasm.map(fns.plots, [5])
+    assert png.startswith(PNG)
+    figs = tmp_path / "figs"
+    paths = [str(figs / f"fig{i}.png") for i in range(2)]
+    assert peerwasm.map(fns.saves_figure, paths, outputs=[figs]) == paths
+    assert all(pathlib.Path(p).read_bytes().startswith(PNG) for p in paths)
+
+
+def test_a_figure_written_on_a_pool_comes_back(pool, tmp_path):  # noqa: F811
+    figs = tmp_path / "figs"
+    path = str(figs / "pool.png")
+    assert peerwasm.run(fns.saves_figure, path, outputs=[figs], peers=pool) == path
+    assert pathlib.Path(path).read_bytes().startswith(PNG)
+    paths = [str(figs / f"m{i}.png") for i in range(3)]
+    assert peerwasm.map(fns.saves_figure, paths, outputs=[figs], peers=pool) == paths
+    assert all(pathlib.Path(p).read_bytes().startswith(PNG) for p in paths)

@@ -382,9 +382,10 @@ impl Sandbox {
                 "--invoke names an export of a core module; a component runs its `wasi:cli/run`"
                     .to_string(),
             ),
-            Code::Component(_) if spec.warm.is_some() => {
-                Err("a warm start needs a core module that keeps an interpreter (CPython for WASI)".to_string())
-            }
+            Code::Component(_) if spec.warm.is_some() => Err(
+                "a warm start needs a core module that keeps an interpreter (CPython for WASI)"
+                    .to_string(),
+            ),
             Code::Component(_) => Ok(()),
         }
         .map_err(|reason| Outcome::InvalidModule { reason })?;
@@ -682,7 +683,8 @@ impl Sandbox {
                         .await
                         .map_err(|e| (Phase::Run, e))?;
                     if let Some(claim) = keep {
-                        let memory = warm::memory_of(&mut store, &instance).map_err(|e| (Phase::Run, e))?;
+                        let memory =
+                            warm::memory_of(&mut store, &instance).map_err(|e| (Phase::Run, e))?;
                         if let Err(e) = self.warm.keep(claim, status, memory.data(&store)) {
                             tracing::warn!("cannot keep a warm start's snapshot: {e}");
                         }
@@ -697,8 +699,7 @@ impl Sandbox {
                 code => Err((Phase::Run, wasmtime_wasi::I32Exit(code).into())),
             }
         };
-        let (ended, wall_time_us, cpu_time_us) =
-            drive(call, bounds.deadline, &bounds.cancel).await;
+        let (ended, wall_time_us, cpu_time_us) = drive(call, bounds.deadline, &bounds.cancel).await;
         Ok(Ran {
             ended,
             wall_time_us,

@@ -98,7 +98,10 @@ pub struct WarmStats {
 /// A snapshot of an interpreter's memory, or the news that its prelude
 /// cannot make one.
 enum Snapshot {
-    Image { file: OwnedFd, len: usize },
+    Image {
+        file: OwnedFd,
+        len: usize,
+    },
     /// The prelude did not return 0: its jobs run it themselves.
     Refused,
 }
@@ -259,12 +262,7 @@ impl WarmStarts {
 
     /// Keeps what `claim`'s prelude left: the memory's image if it returned
     /// 0 (`status`), else the news that it cannot make one.
-    pub(super) fn keep(
-        &self,
-        claim: Claim,
-        status: i32,
-        memory: &[u8],
-    ) -> std::io::Result<()> {
+    pub(super) fn keep(&self, claim: Claim, status: i32, memory: &[u8]) -> std::io::Result<()> {
         let snapshot = if status == 0 {
             let (file, len) = image_of(memory)?;
             self.inner.made.fetch_add(1, Ordering::Relaxed);
@@ -423,4 +421,3 @@ fn all_zero(bytes: &[u8]) -> bool {
     let (head, words, tail) = unsafe { bytes.align_to::<u64>() };
     head.iter().all(|&b| b == 0) && words.iter().all(|&w| w == 0) && tail.iter().all(|&b| b == 0)
 }
-

@@ -391,13 +391,13 @@ def _failure(error):
     return reply if isinstance(reply, RemoteError) else error
 
 
-def run(fn, args, kwargs, mem=None, timeout=None, peers=None, token=None, files=None, packages=None):
+def run(fn, args, kwargs, mem=None, timeout=None, peers=None, token=None, files=None, packages=None, outputs=None):
     """`fn(*args, **kwargs)` in the sandbox; its return value, or its
     exception raised as RemoteError. What it prints comes out on stderr.
-    `files`, `packages`: see `_mounts`."""
+    `files`, `packages`, `outputs`: see `_mounts`."""
     stdin = pickle.dumps((tuple(args), dict(kwargs)), protocol=PROTOCOL)
     values = (*args, *kwargs.values())
-    mounts = _mounts.Mounts(files, packages)
+    mounts = _mounts.Mounts(files, packages, outputs)
     try:
         source = program(fn, values, mounts.sys_path)
         result = _peerwasm._run_python(runtime_dir(), source, stdin, mem, timeout, peers, token, mounts.grants)
@@ -413,14 +413,14 @@ def run(fn, args, kwargs, mem=None, timeout=None, peers=None, token=None, files=
     return value
 
 
-def _start(fn, items, ordered, mem, timeout, peers, token, keep_going, retries, files, packages):
+def _start(fn, items, ordered, mem, timeout, peers, token, keep_going, retries, files, packages, outputs):
     """The map of `fn` over `items` started: its stream, its size, and its
     mounts (to be closed once the stream is done)."""
     # Read once: an iterator's items are pickled and looked at for the
     # classes that must travel (`program`).
     items = list(items)
     inputs = [pickle.dumps(((item,), {}), protocol=PROTOCOL) for item in items]
-    mounts = _mounts.Mounts(files, packages)
+    mounts = _mounts.Mounts(files, packages, outputs)
     try:
         stream = _peerwasm._map_python(
             runtime_dir(),
@@ -443,13 +443,15 @@ def _start(fn, items, ordered, mem, timeout, peers, token, keep_going, retries, 
 
 
 def map(fn, items, mem=None, timeout=None, peers=None, token=None, progress=False, keep_going=False, retries=0,
-        files=None, packages=None):
+        files=None, packages=None, outputs=None):
     """`[fn(item) for item in items]`, each in the sandbox; the first
     exception raised as RemoteError (with `keep_going`, exceptions are
     returned in place of their values). What the items print comes out on
     stderr as each is done, in input order. Ctrl-C raises `Interrupted`,
-    holding the values done. `files`, `packages`: see `_mounts`."""
-    stream, total, mounts = _start(fn, items, True, mem, timeout, peers, token, keep_going, retries, files, packages)
+    holding the values done. `files`, `packages`, `outputs`: see `_mounts`."""
+    stream, total, mounts = _start(
+        fn, items, True, mem, timeout, peers, token, keep_going, retries, files, packages, outputs
+    )
     try:
         return _maps.collect(stream, total, progress, _reply, _failure)
     finally:
@@ -457,12 +459,14 @@ def map(fn, items, mem=None, timeout=None, peers=None, token=None, progress=Fals
 
 
 def imap(fn, items, ordered=True, with_index=False, mem=None, timeout=None, peers=None, token=None,
-         progress=False, keep_going=False, retries=0, files=None, packages=None):
+         progress=False, keep_going=False, retries=0, files=None, packages=None, outputs=None):
     """`fn(item)` for each item, yielded as each is done: in input order,
     or (`ordered=False`) as they finish; `with_index` yields `(index,
     value)` pairs. The map starts at once and runs ahead of the reader;
     leaving the loop early cancels what is still under way."""
-    stream, total, mounts = _start(fn, items, ordered, mem, timeout, peers, token, keep_going, retries, files, packages)
+    stream, total, mounts = _start(
+        fn, items, ordered, mem, timeout, peers, token, keep_going, retries, files, packages, outputs
+    )
 
     def values():
         try:

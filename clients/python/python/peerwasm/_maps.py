@@ -47,8 +47,10 @@ class _Bar:
             self._line = (total, time.monotonic(), sys.stderr.isatty())
             self._last = 0.0
 
-    def update(self, progress):
+    def update(self, progress, handed_over):
         done, failed, retried, _in_flight = progress
+        # The map counts an item done just after handing it over.
+        done = max(done, handed_over)
         if self._tqdm is not None:
             if done > self._tqdm.n:
                 self._tqdm.update(done - self._tqdm.n)
@@ -92,6 +94,7 @@ def iterate(stream, total, progress, decode, failure):
     `failure(error)`. Closing the generator (a loop broken out of, or it
     being dropped) stops the map and cancels what is under way."""
     bar = _Bar(total, progress)
+    handed_over = 0
     try:
         while True:
             try:
@@ -99,11 +102,12 @@ def iterate(stream, total, progress, decode, failure):
             except StopIteration:
                 return
             except JobError as e:
-                bar.update(stream.progress)
+                bar.update(stream.progress, handed_over + 1)
                 forward(e.result)
                 raise failure(e) from None
+            handed_over += 1
             forward(result)
-            bar.update(stream.progress)
+            bar.update(stream.progress, handed_over)
             yield result.index, decode(result)
     finally:
         bar.close()

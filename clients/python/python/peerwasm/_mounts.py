@@ -12,6 +12,11 @@ visible to the function.
   working directory), so `open("data/x.csv")` and
   `open("/home/me/data/x.csv")` both work unchanged. A dict
   `{guest_path: host_dir}` places them explicitly.
+* `outputs=`: directories the function may write into (made if
+  missing), seen at the same path as here: what it writes there is in them
+  when its item is done — written in place on the embedded worker, sent
+  back from a pool. A map whose function has outputs starts each item cold
+  (a snapshot cannot know what the first item's start left there).
 * `packages=`: pure-Python code the function imports: a wheel (`.whl`,
   unpacked here first; one of compiled code is refused, since the sandbox
   runs WebAssembly, not this machine's code), a package's directory (one
@@ -33,26 +38,31 @@ _PACKAGES = "/packages"
 
 class Mounts:
     """The directories a map's or a run's jobs are given: `grants`
-    (`(host_dir, guest_dir)` pairs), `sys_path` (guest paths put first on
-    `sys.path`). Holds the staged copies (unpacked wheels, single modules)
+    (`(host_dir, guest_dir, read_only)`), `sys_path` (guest paths put first
+    on `sys.path`). Holds the staged copies (unpacked wheels, packages)
     until `close`, which must come after the jobs are done."""
 
-    def __init__(self, files=None, packages=None):
+    def __init__(self, files=None, packages=None, outputs=None):
         self.grants, self.sys_path, self._staged = [], [], []
         try:
-            for guest, host in _data_dirs(files):
+            for guest, host in _data_dirs(files, "files"):
                 self._grant(host, guest)
+            outputs = _as_list(outputs, "outputs")
+            for out in outputs:
+                os.makedirs(out, exist_ok=True)
+            for guest, host in _data_dirs(outputs, "outputs"):
+                self._grant(host, guest, read_only=False)
             for i, package in enumerate(_as_list(packages, "packages")):
                 self._package(os.fspath(package), f"{_PACKAGES}/{i}")
         except BaseException:
             self.close()
             raise
 
-    def _grant(self, host, guest):
-        for _, taken in self.grants:
+    def _grant(self, host, guest, read_only=True):
+        for _, taken, _ in self.grants:
             if guest == taken or guest.startswith(taken + "/") or taken.startswith(guest + "/"):
                 raise ValueError(f"two directories would be seen at {guest} and {taken} in the sandbox: give each its own place")
-        self.grants.append((os.path.abspath(host), guest))
+        self.grants.append((os.path.abspath(host), guest, read_only))
 
     def _stage(self):
         d = tempfile.mkdtemp(prefix="peerwasm-package-")
@@ -84,8 +94,16 @@ class Mounts:
         elif os.path.isdir(path):
             path = os.path.abspath(path)
             if os.path.isfile(os.path.join(path, "__init__.py")):
-                # A package: importable by its name from the directory above.
-                self._grant(path, f"{guest}/{os.path.basename(path)}")
+                # A package: importable by its name from a directory above
+                # it, which the sandbox must be able to list: a copy in one
+                # of its own (the host's own bytecode caches left out).
+                staged = self._stage()
+                shutil.copytree(
+                    path,
+                    os.path.join(staged, os.path.basename(path)),
+                    ignore=shutil.ignore_patterns("__pycache__"),
+                )
+                self._grant(staged, guest)
             else:
                 self._grant(path, guest)
             self.sys_path.append(guest)
@@ -110,16 +128,16 @@ def _as_list(value, name):
     raise TypeError(f"{name}= takes a path or a list of paths, not {type(value).__name__}")
 
 
-def _data_dirs(files):
-    """`(guest, host)` for each data directory of `files=`."""
+def _data_dirs(files, name):
+    """`(guest, host)` for each directory of `files=` (or `outputs=`)."""
     if isinstance(files, dict):
         pairs = [(str(guest), os.fspath(host)) for guest, host in files.items()]
         for guest, _ in pairs:
             if not guest.startswith("/"):
-                raise ValueError(f"files: the sandbox's paths are absolute: {guest!r}")
+                raise ValueError(f"{name}: the sandbox's paths are absolute: {guest!r}")
     else:
         pairs = []
-        for host in _as_list(files, "files"):
+        for host in _as_list(files, name):
             host = os.fspath(host)
             if os.path.isabs(host):
                 guest = host
@@ -127,7 +145,7 @@ def _data_dirs(files):
                 rel = os.path.normpath(host)
                 if rel == "." or rel.startswith(".."):
                     raise ValueError(
-                        f"files: {host} is not below this directory: give its absolute path, "
+                        f"{name}: {host} is not below this directory: give its absolute path, "
                         "or a dict {guest_path: directory}"
                     )
                 guest = "/" + rel
@@ -137,10 +155,10 @@ def _data_dirs(files):
         guest = posixpath.normpath(guest)
         if not os.path.isdir(host):
             raise ValueError(
-                f"files: {host} is not a directory (give the directory that holds the files: "
-                "the function sees all of it, read-only)"
+                f"{name}: {host} is not a directory (give the directory that holds the files: "
+                "the function sees all of it)"
             )
         if guest == "/" or any(guest == r or guest.startswith(r + "/") for r in _RESERVED):
-            raise ValueError(f"files: {guest} is the sandbox's own: place the directory elsewhere")
+            raise ValueError(f"{name}: {guest} is the sandbox's own: place the directory elsewhere")
         out.append((guest, host))
     return out
