@@ -6,7 +6,7 @@
 //! Jobs run with the GIL released; Ctrl-C (SIGINT) raises
 //! `KeyboardInterrupt` within 100 ms, and dropping the run cancels its jobs
 //! (on a pool, their workers cancel them as the connections close). A map
-//! is a [`stream::MapStream`]: its results are read as they come.
+//! is a `MapStream` (`stream.rs`): its results are read as they come.
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
