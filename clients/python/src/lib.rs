@@ -448,7 +448,7 @@ fn python_job(
 
 /// `run` of a Python program: the driver `peerwasm.run(fn, ...)` writes.
 #[pyfunction]
-#[pyo3(signature = (runtime, source, stdin, mem=None, timeout=None, peers=None, token=None, dirs=Vec::new()))]
+#[pyo3(signature = (runtime, source, stdin, mem=None, timeout=None, peers=None, token=None, dirs=Vec::new(), max_output=None))]
 #[allow(clippy::too_many_arguments)]
 fn _run_python(
     py: Python<'_>,
@@ -460,8 +460,10 @@ fn _run_python(
     peers: Option<Vec<String>>,
     token: Option<String>,
     dirs: Vec<(PathBuf, String, bool)>,
+    max_output: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Result> {
-    let pj = python_job(runtime, source, to_timeout(timeout)?, dirs)?;
+    let mut pj = python_job(runtime, source, to_timeout(timeout)?, dirs)?;
+    set_max_output(&mut pj.job, max_output)?;
     let target = target(peers, token)?;
     say_if_compiling(&target, &pj.job);
     run_job(py, &pj.job, stdin, to_size(mem)?, target)
@@ -470,7 +472,7 @@ fn _run_python(
 /// `map` of a Python program over pickled inputs: the driver
 /// `peerwasm.map(fn, ...)` writes. A `MapStream`, as `map_stream`.
 #[pyfunction]
-#[pyo3(signature = (runtime, source, inputs, mem=None, timeout=None, peers=None, token=None, keep_going=false, retries=0, warm=None, ordered=true, dirs=Vec::new()))]
+#[pyo3(signature = (runtime, source, inputs, mem=None, timeout=None, peers=None, token=None, keep_going=false, retries=0, warm=None, ordered=true, dirs=Vec::new(), max_output=None))]
 #[allow(clippy::too_many_arguments)]
 fn _map_python(
     runtime: PathBuf,
@@ -485,8 +487,10 @@ fn _map_python(
     warm: Option<(String, String)>,
     ordered: bool,
     dirs: Vec<(PathBuf, String, bool)>,
+    max_output: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<MapStream> {
     let mut pj = python_job(runtime, source, to_timeout(timeout)?, dirs)?;
+    set_max_output(&mut pj.job, max_output)?;
     // Each item from a snapshot of the interpreter the prelude readied.
     pj.job.warm = warm.map(|(prelude, turn)| peerwasm::proto::WarmStart { prelude, turn });
     let config = map_config(mem, keep_going, retries, ordered)?;
@@ -497,6 +501,16 @@ fn _map_python(
         .script_dir
         .map(|d| Box::new(d) as Box<dyn std::any::Any + Send + Sync>);
     Ok(MapStream::start(pj.job, inputs, config, target, holds))
+}
+
+/// The most a job may write on stdout (a Python function's reply), when
+/// given: bytes or "256MiB". A pool's workers keep at most their
+/// `--max-output` (64 MiB unless set) whatever a job asks.
+fn set_max_output(job: &mut Job, max_output: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+    if let Some(bytes) = to_size(max_output)? {
+        job.limits.stdout_bytes = bytes;
+    }
+    Ok(())
 }
 
 /// Says on stderr, before the first job of CPython for WASI on the
@@ -527,5 +541,7 @@ fn _peerwasm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Result>()?;
     m.add_class::<MapStream>()?;
     m.add("JobError", m.py().get_type::<JobError>())?;
+    // The most a job's input (its stdin) may be, embedded as on a pool.
+    m.add("MAX_INPUT_BYTES", peerwasm::proto::MAX_INPUT_BYTES)?;
     Ok(())
 }

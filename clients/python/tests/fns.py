@@ -203,3 +203,7 @@ def saves_figure(path):
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def big_result(mib):
+    return b"r" * (mib << 20)

@@ -103,3 +103,23 @@ def test_ctrl_c_keeps_what_was_done(tmp_path):
     assert report["done"] == [[1, 0], [2, 0], [3, 0]], report
     assert report["total"] == 4 and report["keyboard"], report
     assert report["after"] < 30, report
+
+
+def test_a_result_over_max_output_says_how_to_send_it_and_max_output_raises_the_limit():
+    with pytest.raises(peerwasm.JobError) as e:
+        peerwasm.run(fns.big_result, 2, max_output="1MiB")
+    assert e.value.result.outcome == "output_limit_exceeded", e.value
+    assert "max_output=" in str(e.value) and "outputs=" in str(e.value), e.value
+    assert len(peerwasm.run(fns.big_result, 2, max_output="3MiB")) == 2 << 20
+    with pytest.raises(peerwasm.JobError, match="item 1 of the map"):
+        peerwasm.map(fns.big_result, [0, 2], max_output="1MiB")
+
+
+def test_an_input_over_the_limit_is_refused_before_any_job_embedded_as_on_a_pool():
+    big = b"x" * (peerwasm._peerwasm.MAX_INPUT_BYTES + 1)
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="item 1's arguments pickle to 64.0 MiB.*files="):
+        peerwasm.map(fns.square, [1, big])
+    with pytest.raises(ValueError, match="the arguments pickle to"):
+        peerwasm.run(fns.square, big)
+    assert time.monotonic() - started < 10, "refused up front, not after running"

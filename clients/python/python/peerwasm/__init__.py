@@ -37,7 +37,7 @@ from ._maps import Interrupted
 from ._peerwasm import JobError, MapStream, Result, learned_memory
 
 # The keywords `run(fn, ...)` keeps for itself; the function gets the rest.
-_RUN_OPTIONS = ("mem", "timeout", "peers", "token", "files", "packages", "outputs")
+_RUN_OPTIONS = ("mem", "timeout", "peers", "token", "files", "packages", "outputs", "max_output")
 
 
 def _is_function(module):
@@ -50,7 +50,8 @@ def run(module, *args, **kwargs):
     A Python function: `run(fn, *args, **kwargs)` calls `fn(*args,
     **kwargs)` in the sandbox and returns its value (its exception raised
     as `RemoteError`); the keywords `mem`, `timeout`, `peers` and `token`
-    (and `files`, `packages`, `outputs`: `peerwasm._mounts`) are peerwasm's, every
+    (and `files`, `packages`, `outputs`: `peerwasm._mounts`; `max_output`:
+    the most its result may be, 64 MiB unless given) are peerwasm's, every
     other goes to `fn`.
 
     A .wasm `module`: its `Result` (keywords: stdin, args, env, mem,
@@ -68,7 +69,9 @@ def map(module, inputs, **kwargs):
     Keywords: mem, timeout, peers, token, progress (a progress bar: tqdm's
     in a terminal or notebook), keep_going, retries; for a function also
     files and packages (directories, wheels and modules it is given
-    read-only) and outputs (directories it writes into): `peerwasm._mounts`. Ctrl-C stops the map and raises
+    read-only) and outputs (directories it writes into): `peerwasm._mounts`;
+    max_output (the most a result may be: bytes or "256MiB", 64 MiB unless
+    given; a job's input is at most 64 MiB, embedded as on a pool). Ctrl-C stops the map and raises
     `Interrupted`, whose `.done` holds what was done."""
     return _iterate(module, inputs, True, kwargs, collect=True)
 

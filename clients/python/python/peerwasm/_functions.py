@@ -386,21 +386,51 @@ def _reply(result):
 
 def _failure(error):
     """What a failed item of a map raises: the function's exception as a
-    RemoteError when it raised one, else the JobError (a limit hit, ...)."""
+    RemoteError when it raised one, else the JobError (a limit hit, ...);
+    one whose reply outgrew `max_output` says what to do."""
     reply = _reply_or_none(error.result)
-    return reply if isinstance(reply, RemoteError) else error
+    if isinstance(reply, RemoteError):
+        return reply
+    if error.result.outcome == "output_limit_exceeded":
+        hinted = _peerwasm.JobError(
+            f"{error}: the function's result is larger than a job may send back "
+            "(max_output, 64 MiB unless given; a pool's workers keep at most their --max-output): "
+            "pass max_output=, or write large results to a directory given as outputs="
+        )
+        hinted.result = error.result
+        return hinted
+    return error
 
 
-def run(fn, args, kwargs, mem=None, timeout=None, peers=None, token=None, files=None, packages=None, outputs=None):
+def _check_inputs(inputs):
+    """Refuses, before any job starts, an item whose pickled arguments are
+    over what a job's input may be — embedded as on a pool, so that a map
+    that works here works on a pool too."""
+    limit = _peerwasm.MAX_INPUT_BYTES
+    for i, data in enumerate(inputs):
+        if len(data) > limit:
+            where = "the arguments" if len(inputs) == 1 else f"item {i}'s arguments"
+            raise ValueError(
+                f"{where} pickle to {len(data) / 2**20:.1f} MiB; a job's input is at most "
+                f"{limit >> 20} MiB, embedded and on a pool alike: put large data in a directory "
+                "given as files= and pass its path"
+            )
+
+
+def run(fn, args, kwargs, mem=None, timeout=None, peers=None, token=None, files=None, packages=None, outputs=None,
+        max_output=None):
     """`fn(*args, **kwargs)` in the sandbox; its return value, or its
     exception raised as RemoteError. What it prints comes out on stderr.
     `files`, `packages`, `outputs`: see `_mounts`."""
     stdin = pickle.dumps((tuple(args), dict(kwargs)), protocol=PROTOCOL)
+    _check_inputs([stdin])
     values = (*args, *kwargs.values())
     mounts = _mounts.Mounts(files, packages, outputs)
     try:
         source = program(fn, values, mounts.sys_path)
-        result = _peerwasm._run_python(runtime_dir(), source, stdin, mem, timeout, peers, token, mounts.grants)
+        result = _peerwasm._run_python(
+            runtime_dir(), source, stdin, mem, timeout, peers, token, mounts.grants, max_output
+        )
     except _peerwasm.JobError as e:
         _maps.forward(e.result)
         raise _failure(e) from None
@@ -413,13 +443,15 @@ def run(fn, args, kwargs, mem=None, timeout=None, peers=None, token=None, files=
     return value
 
 
-def _start(fn, items, ordered, mem, timeout, peers, token, keep_going, retries, files, packages, outputs):
+def _start(fn, items, ordered, mem, timeout, peers, token, keep_going, retries, files, packages, outputs,
+           max_output):
     """The map of `fn` over `items` started: its stream, its size, and its
     mounts (to be closed once the stream is done)."""
     # Read once: an iterator's items are pickled and looked at for the
     # classes that must travel (`program`).
     items = list(items)
     inputs = [pickle.dumps(((item,), {}), protocol=PROTOCOL) for item in items]
+    _check_inputs(inputs)
     mounts = _mounts.Mounts(files, packages, outputs)
     try:
         stream = _peerwasm._map_python(
@@ -435,6 +467,7 @@ def _start(fn, items, ordered, mem, timeout, peers, token, keep_going, retries, 
             (_WARM_PRELUDE.format(path=_PROGRAM_PATH), _WARM_TURN),
             ordered,
             mounts.grants,
+            max_output,
         )
     except BaseException:
         mounts.close()
@@ -443,14 +476,14 @@ def _start(fn, items, ordered, mem, timeout, peers, token, keep_going, retries, 
 
 
 def map(fn, items, mem=None, timeout=None, peers=None, token=None, progress=False, keep_going=False, retries=0,
-        files=None, packages=None, outputs=None):
+        files=None, packages=None, outputs=None, max_output=None):
     """`[fn(item) for item in items]`, each in the sandbox; the first
     exception raised as RemoteError (with `keep_going`, exceptions are
     returned in place of their values). What the items print comes out on
     stderr as each is done, in input order. Ctrl-C raises `Interrupted`,
     holding the values done. `files`, `packages`, `outputs`: see `_mounts`."""
     stream, total, mounts = _start(
-        fn, items, True, mem, timeout, peers, token, keep_going, retries, files, packages, outputs
+        fn, items, True, mem, timeout, peers, token, keep_going, retries, files, packages, outputs, max_output
     )
     try:
         return _maps.collect(stream, total, progress, _reply, _failure)
@@ -459,13 +492,13 @@ def map(fn, items, mem=None, timeout=None, peers=None, token=None, progress=Fals
 
 
 def imap(fn, items, ordered=True, with_index=False, mem=None, timeout=None, peers=None, token=None,
-         progress=False, keep_going=False, retries=0, files=None, packages=None, outputs=None):
+         progress=False, keep_going=False, retries=0, files=None, packages=None, outputs=None, max_output=None):
     """`fn(item)` for each item, yielded as each is done: in input order,
     or (`ordered=False`) as they finish; `with_index` yields `(index,
     value)` pairs. The map starts at once and runs ahead of the reader;
     leaving the loop early cancels what is still under way."""
     stream, total, mounts = _start(
-        fn, items, ordered, mem, timeout, peers, token, keep_going, retries, files, packages, outputs
+        fn, items, ordered, mem, timeout, peers, token, keep_going, retries, files, packages, outputs, max_output
     )
 
     def values():

@@ -31,6 +31,9 @@ class Result:
     ok: bool
     """Whether it exited with code 0."""
 
+MAX_INPUT_BYTES: int
+"""The most a job's input (its stdin) may be, embedded as on a pool."""
+
 class JobError(Exception):
     """A job that did not succeed."""
 
@@ -89,6 +92,8 @@ def _run_python(
     timeout: Optional[_Seconds] = None,
     peers: Optional[Sequence[str]] = None,
     token: Optional[str] = None,
+    dirs: Sequence[tuple[str, str, bool]] = (),
+    max_output: Optional[_Size] = None,
 ) -> Result:
     """Runs the Python program `source` once on the CPython for WASI in
     `runtime` (used by `peerwasm.run(fn, ...)`)."""
@@ -105,6 +110,8 @@ def _map_python(
     retries: int = 0,
     warm: Optional[tuple[str, str]] = None,
     ordered: bool = True,
+    dirs: Sequence[tuple[str, str, bool]] = (),
+    max_output: Optional[_Size] = None,
 ) -> MapStream:
     """Starts the Python program `source` once per input (used by
     `peerwasm.map(fn, ...)` and `imap`)."""
