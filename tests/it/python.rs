@@ -14,28 +14,6 @@ use std::time::Duration;
 use crate::support::{PEERWASM, WorkerProcess, output_within};
 
 /// Compiled artifacts shared by these tests and kept between runs.
-/// The bytes of matplotlib's data as the client unpacks it beside the
-/// stdlib (`client::python`): every Python job is given it.
-fn mpl_data_bytes() -> u64 {
-    fn size(p: &std::path::Path) -> u64 {
-        match std::fs::symlink_metadata(p) {
-            Ok(m) if m.is_dir() => std::fs::read_dir(p)
-                .unwrap()
-                .map(|e| size(&e.unwrap().path()))
-                .sum(),
-            Ok(m) => m.len(),
-            Err(_) => 0,
-        }
-    }
-    std::fs::read_dir(python_cache().join("python"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.to_string_lossy().ends_with("-mpl-data"))
-        .map(|p| size(&p))
-        .max()
-        .expect("matplotlib's data unpacked beside the stdlib")
-}
-
 fn python_cache() -> PathBuf {
     let dir = peerwasm_testkit::workspace_root()
         .join("target")
@@ -273,13 +251,10 @@ fn python_runs_on_a_two_worker_pool_its_stdlib_sent_once_per_worker_and_map_lear
         to_a < sent + 4096,
         "the first worker was sent the stdlib again: {to_a} bytes after {sent}"
     );
-    // matplotlib's data travels with the stdlib, once per worker too (its
-    // files of the same content, once in all: a little less than its size).
     let to_b = files_received(&b.addr);
-    let mpl = mpl_data_bytes();
     assert!(
-        to_b >= stdlib + mpl * 9 / 10 && to_b < stdlib + mpl + 4096,
-        "the second worker got the stdlib ({stdlib}) and matplotlib's data ({mpl}) once: {to_b} bytes"
+        to_b >= stdlib && to_b < stdlib + 4096,
+        "the second worker got the stdlib once: {to_b} bytes"
     );
 }
 

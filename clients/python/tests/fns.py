@@ -207,3 +207,10 @@ def saves_figure(path):
 
 def big_result(mib):
     return b"r" * (mib << 20)
+
+
+def draws_with_a_package(n):
+    """Its package plots; nothing here names the plotting library."""
+    import plotpkg
+
+    return plotpkg.png(n)

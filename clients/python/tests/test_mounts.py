@@ -118,3 +118,22 @@ def test_a_figure_written_on_a_pool_comes_back(pool, tmp_path):  # noqa: F811
     paths = [str(figs / f"m{i}.png") for i in range(3)]
     assert peerwasm.map(fns.saves_figure, paths, outputs=[figs], peers=pool) == paths
     assert all(pathlib.Path(p).read_bytes().startswith(PNG) for p in paths)
+
+
+def test_a_package_that_plots_gets_matplotlibs_data_too(tmp_path):
+    pkg = tmp_path / "plotpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "import io\n"
+        "def png(n):\n"
+        "    import matplotlib\n"
+        "    matplotlib.use('Agg')\n"
+        "    import matplotlib.pyplot as plt\n"
+        "    fig, ax = plt.subplots(figsize=(1, 1), dpi=40)\n"
+        "    ax.plot(range(n))\n"
+        "    buf = io.BytesIO()\n"
+        "    fig.savefig(buf, format='png')\n"
+        "    return buf.getvalue()\n"
+    )
+    [png] = peerwasm.map(fns.draws_with_a_package, [3], packages=[pkg])
+    assert png.startswith(PNG)

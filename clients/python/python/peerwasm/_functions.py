@@ -38,7 +38,7 @@ PROTOCOL = 4
 # its type, message and traceback, and exit code 1 (so a map stops at it,
 # or retries it).
 _DRIVER = """\
-import pickle as _pw_pickle
+{plots}import pickle as _pw_pickle
 import sys as _pw_sys
 import traceback as _pw_traceback
 import types as _pw_types
@@ -331,12 +331,14 @@ def _classes_of(fn, values):
     return names
 
 
-def program(fn, values=(), sys_path=()):
+def program(fn, values=(), sys_path=(), plots=False):
     """The program that runs `fn` in the sandbox (see `_DRIVER`): its
     source, its module's imports, and the module's definitions it uses (and
     the classes of `values`, its arguments), with `sys_path` (the guest
-    paths of its `packages=`) first on `sys.path`. Raises TypeError for
-    what has no source of its own to send."""
+    paths of its `packages=`) first on `sys.path`; `plots`: its packages
+    use matplotlib (the program then says so, and its jobs get
+    matplotlib's data). Raises TypeError for what has no source of its own
+    to send."""
     if not inspect.isfunction(fn):
         raise TypeError(f"{fn!r} is not a plain Python function: give a `def` function (or a .wasm path)")
     if fn.__name__ == "<lambda>":
@@ -358,6 +360,7 @@ def program(fn, values=(), sys_path=()):
         node.decorator_list = []
         source = ast.unparse(node)
     return _DRIVER.format(
+        plots="# the packages given use matplotlib\n" if plots else "",
         wire_source=_wire_source(),
         imports=_imports(fn),
         definitions=_definitions(fn, node, _classes_of(fn, values)),
@@ -427,7 +430,7 @@ def run(fn, args, kwargs, mem=None, timeout=None, peers=None, token=None, files=
     values = (*args, *kwargs.values())
     mounts = _mounts.Mounts(files, packages, outputs)
     try:
-        source = program(fn, values, mounts.sys_path)
+        source = program(fn, values, mounts.sys_path, mounts.may_plot())
         result = _peerwasm._run_python(
             runtime_dir(), source, stdin, mem, timeout, peers, token, mounts.grants, max_output
         )
@@ -456,7 +459,7 @@ def _start(fn, items, ordered, mem, timeout, peers, token, keep_going, retries, 
     try:
         stream = _peerwasm._map_python(
             runtime_dir(),
-            program(fn, items, mounts.sys_path),
+            program(fn, items, mounts.sys_path, mounts.may_plot()),
             inputs,
             mem,
             timeout,

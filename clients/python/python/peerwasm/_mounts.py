@@ -112,6 +112,26 @@ class Mounts:
                 f"packages: {path} is neither a wheel, a package's directory, a directory of packages nor a .py module"
             )
 
+    def may_plot(self):
+        """Whether code given as packages names matplotlib (or a library
+        drawn on it): the jobs then get matplotlib's data too, as a program
+        that names it does (`peerwasm::client::python::may_plot`)."""
+        for guest_root in self.sys_path:
+            for host, guest, _ in self.grants:
+                if guest != guest_root and not guest.startswith(guest_root + "/"):
+                    continue
+                for base, _, names in os.walk(host):
+                    for name in names:
+                        if name.endswith(".py"):
+                            try:
+                                with open(os.path.join(base, name), "rb") as f:
+                                    text = f.read()
+                            except OSError:
+                                continue
+                            if any(w in text for w in (b"matplotlib", b"seaborn", b"pylab", b"plotnine")):
+                                return True
+        return False
+
     def close(self):
         for d in self._staged:
             shutil.rmtree(d, ignore_errors=True)
