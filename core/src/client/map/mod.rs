@@ -11,7 +11,8 @@
 //!   the pool ([`Backlog`]), so that demand is visible to the pool view,
 //!   its metrics and `peerwasm adapt`.
 //! * **Flow**: at most `max_in_flight` submissions are under way. The
-//!   default follows Little's law: enough per slot to cover
+//!   default is one per slot on the embedded worker (no round trip to
+//!   cover); on a pool it follows Little's law: enough per slot to cover
 //!   [`PIPELINE_DEPTH`] of the jobs' measured wall time (at least two, at
 //!   most [`MAX_IN_FLIGHT_PER_SLOT`]), so a slot never idles during a
 //!   round trip, and short jobs fill the batches `pool` sends.
@@ -515,6 +516,14 @@ impl<'a, T: Submitter> MapRun<'a, T> {
     fn in_flight_limit(&self) -> usize {
         if self.config.max_in_flight.is_some() {
             return self.max_in_flight;
+        }
+        if self.target.in_process() {
+            // No round trip to cover: one submission per slot. Then the
+            // embedded worker never queues one, and inputs start in input
+            // order — queued submissions race to its slots, and a later,
+            // slow one could take a slot before an earlier one, holding
+            // back an ordered map's first result.
+            return self.slots.max(1) as usize;
         }
         if self.config.mem.is_none()
             && !self.estimator.learned()

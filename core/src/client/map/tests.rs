@@ -272,6 +272,24 @@ async fn two_submissions_per_slot_are_under_way_until_job_times_are_known() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn on_the_embedded_worker_one_submission_per_slot_is_under_way_in_input_order() {
+    let embedded = Fake(Arc::new(FakeState {
+        in_process: true,
+        ..Arc::into_inner(Fake::new(3, |c| ok(if c.index % 2 == 0 { 5 } else { 50 })).0).unwrap()
+    }));
+    let (summary, items) = run(&embedded, 30, &MapConfig::default()).await;
+    summary.unwrap();
+    assert_eq!(indexes(&items), (0..30).collect::<Vec<_>>());
+    assert_eq!(embedded.most_under_way(), 3, "no more under way than slots");
+    let launched: Vec<usize> = embedded.calls().iter().map(|c| c.index).collect();
+    assert_eq!(
+        launched,
+        (0..30).collect::<Vec<_>>(),
+        "launched in input order"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn short_jobs_get_more_submissions_under_way_per_slot() {
     // 1 ms jobs: 20 ms of work per slot is 20 jobs, once measured.
     let fake = Fake::new(2, |_| ok(1));
