@@ -259,10 +259,16 @@ pub fn compute(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
 }
 
 /// An `f64` that sorts (ratios are never NaN here).
-#[derive(Clone, Copy, PartialEq, PartialOrd)]
+#[derive(Clone, Copy, PartialEq)]
 pub struct Ratio(pub f64);
 
 impl Eq for Ratio {}
+
+impl PartialOrd for Ratio {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
 
 impl Ord for Ratio {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
