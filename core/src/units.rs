@@ -45,10 +45,11 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 /// Parses a duration: `30s`, `5m`, `1h 30m`, `250ms`; a bare number is seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
-    if let Ok(secs) = t.parse::<f64>() {
-        if secs.is_finite() && secs >= 0.0 {
-            return Ok(Duration::from_secs_f64(secs));
-        }
+    if let Ok(secs) = t.parse::<f64>()
+        && secs.is_finite()
+        && secs >= 0.0
+    {
+        return Ok(Duration::from_secs_f64(secs));
     }
     humantime::parse_duration(t).map_err(|e| format!("{s:?} is not a duration ({e}; try 30s, 5m)"))
 }
@@ -68,7 +69,7 @@ impl fmt::Display for Bytes {
         for (i, (name, size)) in UNITS.into_iter().enumerate() {
             if self.0 >= size {
                 let v = self.0 as f64 / size as f64;
-                if self.0 % size == 0 {
+                if self.0.is_multiple_of(size) {
                     return write!(f, "{} {name}", self.0 / size);
                 }
                 let shown = if v >= 100.0 {
@@ -111,7 +112,7 @@ impl fmt::Display for Size {
             ("MiB", 1 << 20),
             ("KiB", 1 << 10),
         ] {
-            if self.0 >= size && self.0 % size == 0 {
+            if self.0 >= size && self.0.is_multiple_of(size) {
                 return write!(f, "{}{name}", self.0 / size);
             }
         }
@@ -160,6 +161,14 @@ pub fn render_table<R: AsRef<[String]>>(rows: &[R]) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// Wall-clock milliseconds since the Unix epoch (0 before it): the time
+/// adverts and records carry between machines.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]
@@ -223,12 +232,4 @@ mod tests {
         assert_eq!(Bytes((4 << 30) - (12 << 20)).to_string(), "4084 MiB");
         assert_eq!(Bytes((2 << 30) + (20 << 20)).to_string(), "2068 MiB");
     }
-}
-
-/// Wall-clock milliseconds since the Unix epoch (0 before it): the time
-/// adverts and records carry between machines.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }

@@ -523,7 +523,7 @@ async fn tenants_see_only_their_own_usage_and_operators_see_all() {
         peerwasm::client::pool::http_client(Some("guess"), &peerwasm::net::Transport::plain())
             .unwrap();
     assert!(
-        peerwasm::client::fetch_peers(&bad, &[w.addr.clone()])
+        peerwasm::client::fetch_peers(&bad, std::slice::from_ref(&w.addr))
             .await
             .is_err(),
         "a wrong token is refused"

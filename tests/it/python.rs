@@ -186,7 +186,7 @@ fn python_runs_on_a_two_worker_pool_its_stdlib_sent_once_per_worker_and_map_lear
     let peak = result["peak_memory_bytes"].as_u64().unwrap();
     assert!(
         peak >= 40 << 20
-            && peak % 65536 == 0
+            && peak.is_multiple_of(65536)
             && peak < result["memory_limit_bytes"].as_u64().unwrap(),
         "{result}"
     );

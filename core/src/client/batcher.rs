@@ -254,15 +254,12 @@ mod tests {
         )
     }
 
+    /// What a lane sent, and when.
+    type SentLog = Arc<Mutex<Vec<(Vec<u8>, tokio::time::Instant)>>>;
+
     /// A lane whose batches are recorded (their jobs' first bytes, and
     /// when) instead of sent; `outstanding` jobs already on the worker.
-    fn lane(
-        slots: usize,
-        outstanding: usize,
-    ) -> (
-        mpsc::UnboundedSender<Waiting>,
-        Arc<Mutex<Vec<(Vec<u8>, tokio::time::Instant)>>>,
-    ) {
+    fn lane(slots: usize, outstanding: usize) -> (mpsc::UnboundedSender<Waiting>, SentLog) {
         let (tx, rx) = mpsc::unbounded_channel();
         let sent = Arc::new(Mutex::new(Vec::new()));
         let record = sent.clone();

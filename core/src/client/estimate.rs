@@ -368,7 +368,7 @@ mod tests {
         e.observe(0, 20 * MIB);
         let req = e.memreq();
         assert_eq!(req % WASM_PAGE, 0);
-        assert!(req >= 50 * MIB && req <= 50 * MIB + WASM_PAGE, "{req}");
+        assert!((50 * MIB..=50 * MIB + WASM_PAGE).contains(&req), "{req}");
         assert_eq!(e.peak_mean(), Some((70 * MIB + 1) / 3));
     }
 
@@ -447,7 +447,7 @@ mod tests {
             "a larger input asks for more"
         );
         let small = e.memreq_for(MIB / 4);
-        assert!(small >= 4 * MIB && small <= 5 * MIB, "{small}");
+        assert!((4 * MIB..=5 * MIB).contains(&small), "{small}");
         // A retry asks for twice the limit it ran out of, but no more than
         // the largest peak seen (82 MiB) × the margin while under it; once
         // over that, twice again.

@@ -51,6 +51,10 @@ const MEMBERS_LOOK: Duration = Duration::from_millis(100);
 /// growing pool's new member: not at all).
 const SILENT_FOR: Duration = Duration::from_secs(10);
 
+/// When a module (or tree) was last uploaded to a worker; locked while an
+/// upload is under way, so that it goes once.
+type UploadedAt = Arc<tokio::sync::Mutex<Option<Instant>>>;
+
 /// How a [`Pool`] behaves.
 #[derive(Clone, Debug)]
 pub struct PoolConfig {
@@ -111,7 +115,7 @@ pub struct Pool {
     silent_members: Mutex<std::collections::HashMap<String, Instant>>,
     view: tokio::sync::Mutex<View>,
     /// When we last uploaded each module (or tree) to each worker.
-    uploaded: Mutex<HashMap<(String, ModuleHash), Arc<tokio::sync::Mutex<Option<Instant>>>>>,
+    uploaded: Mutex<HashMap<(String, ModuleHash), UploadedAt>>,
     /// Host directories hashed for shipping, each once per pool.
     pub(super) shipped: ShippedTrees,
     /// Jobs of ours on each worker now (placement spreads by it).

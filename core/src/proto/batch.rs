@@ -61,7 +61,7 @@ mod tests {
     use crate::proto::{CacheSource, Outcome};
 
     fn item(index: u32) -> BatchItem {
-        let answer = if index % 2 == 0 {
+        let answer = if index.is_multiple_of(2) {
             BatchAnswer::Done(JobResult {
                 outcome: Outcome::Exited { code: 0 },
                 stdout: vec![b'x'; index as usize],

@@ -32,6 +32,9 @@ pub const MAX_HEAD: usize = 1 << 20;
 
 /// One event of a streamed job's answer.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+// `Done` is large, but there is one per job, and it is moved straight onto
+// the wire: a box would only add an allocation.
+#[allow(clippy::large_enum_variant)]
 pub enum StreamEvent {
     /// Bytes the job wrote, in order.
     Output { stream: StdStream, bytes: Vec<u8> },

@@ -128,6 +128,11 @@ impl OutputCapture {
         self.lock().len as u64
     }
 
+    /// Whether nothing was written so far.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Which stream this captures.
     pub fn stream(&self) -> StdStream {
         self.stream

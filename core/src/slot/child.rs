@@ -59,6 +59,7 @@ enum Request {
 
 /// An item for the writer: a frame, or a request to say when all before
 /// it are written.
+#[allow(clippy::large_enum_variant)] // as `FromSlot`: one large frame per job
 enum Out {
     Frame(FromSlot),
     Flushed(oneshot::Sender<()>),

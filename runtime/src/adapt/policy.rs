@@ -495,11 +495,25 @@ mod tests {
             idle_ms: 9_000,
             ..worker("a", false, GIB)
         };
-        p.decide(&none, &[seen_late.clone()], &[], 0, &mut m, 30_000);
+        p.decide(
+            &none,
+            std::slice::from_ref(&seen_late),
+            &[],
+            0,
+            &mut m,
+            30_000,
+        );
         assert!(
-            p.decide(&none, &[seen_late.clone()], &[], 0, &mut m, 30_500)
-                .cancel
-                .is_empty()
+            p.decide(
+                &none,
+                std::slice::from_ref(&seen_late),
+                &[],
+                0,
+                &mut m,
+                30_500
+            )
+            .cancel
+            .is_empty()
         );
         assert_eq!(
             p.decide(&none, &[seen_late], &[], 0, &mut m, 31_000).cancel,

@@ -360,7 +360,7 @@ pub(super) fn parse_env(items: &[String]) -> anyhow::Result<Vec<(String, String)
     items
         .iter()
         .map(|item| match item.split_once('=') {
-            Some((k, _)) if k.is_empty() => bail!("--env {item:?}: the name is empty"),
+            Some(("", _)) => bail!("--env {item:?}: the name is empty"),
             Some((k, v)) => Ok((k.to_string(), v.to_string())),
             None => match std::env::var(item) {
                 Ok(v) => Ok((item.clone(), v)),

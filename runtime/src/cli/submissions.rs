@@ -169,7 +169,7 @@ pub fn submissions(args: SubmissionsArgs) -> anyhow::Result<ExitCode> {
         let view = crate::client::fetch_peers(&http, &args.pool.peers).await?;
         let seeds = args.pool.workers_to_ask(&view);
         let (mut list, silent) = submit::list(&http, &view, &seeds).await?;
-        list.sort_by(|a, b| b.created_ms.cmp(&a.created_ms));
+        list.sort_by_key(|s| std::cmp::Reverse(s.created_ms));
         if args.json {
             say(&serde_json::to_string_pretty(&list)?);
         } else {

@@ -545,6 +545,25 @@ pub(super) async fn shutdown_signal() {
     }
 }
 
+/// The worker's TLS files, when it has a certificate (clap makes
+/// `--tls-cert` bring `--tls-key` and `--tls-ca`). A CA alone, as
+/// `PEERWASM_TLS_CA` exported for the clients of this shell gives, is said
+/// and ignored: without a certificate the worker serves plain HTTP.
+fn worker_tls(
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    ca: Option<PathBuf>,
+) -> Option<crate::net::tls::WorkerTls> {
+    match (cert, key, ca) {
+        (Some(cert), Some(key), Some(ca)) => Some(crate::net::tls::WorkerTls { cert, key, ca }),
+        (None, _, Some(ca)) => {
+            tracing::warn!(ca = %ca.display(), "a pool CA is given but no --tls-cert: this worker serves plain HTTP");
+            None
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     /// `peerwasm worker` with no flags is the library's documented
@@ -595,24 +614,5 @@ mod tests {
             (lib.usage_half_life, lib.hold_after)
         );
         assert_eq!(admission.queue_bytes_per_tenant, lib.max_queued_bytes);
-    }
-}
-
-/// The worker's TLS files, when it has a certificate (clap makes
-/// `--tls-cert` bring `--tls-key` and `--tls-ca`). A CA alone, as
-/// `PEERWASM_TLS_CA` exported for the clients of this shell gives, is said
-/// and ignored: without a certificate the worker serves plain HTTP.
-fn worker_tls(
-    cert: Option<PathBuf>,
-    key: Option<PathBuf>,
-    ca: Option<PathBuf>,
-) -> Option<crate::net::tls::WorkerTls> {
-    match (cert, key, ca) {
-        (Some(cert), Some(key), Some(ca)) => Some(crate::net::tls::WorkerTls { cert, key, ca }),
-        (None, _, Some(ca)) => {
-            tracing::warn!(ca = %ca.display(), "a pool CA is given but no --tls-cert: this worker serves plain HTTP");
-            None
-        }
-        _ => None,
     }
 }

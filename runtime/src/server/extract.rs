@@ -96,6 +96,9 @@ fn unauthorized(w: &Worker, e: AuthError) -> Response {
 /// The caller of a request with these headers, or the 401 to answer. A
 /// token the worker knows marks the request's connection as one that
 /// belongs (`serve::Trust`): it is never closed to make room.
+// The error is the answer itself (an axum `Response`): returned once, at
+// once, never carried around.
+#[allow(clippy::result_large_err)]
 fn authenticate(
     w: &Worker,
     parts: &axum::http::Extensions,

@@ -42,6 +42,7 @@ impl BodyKind for ManifestBody {
     }
 }
 
+#[allow(clippy::result_large_err)] // the error is the answer itself, returned at once
 fn parse_hash(hex: &str) -> Result<ModuleHash, Response> {
     ModuleHash::from_hex(hex)
         .ok_or_else(|| text(StatusCode::BAD_REQUEST, "the name must be a sha256 in hex"))

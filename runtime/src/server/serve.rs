@@ -228,7 +228,8 @@ impl Connections {
         let mut open = self.open.lock();
         let net = prefix(ip);
         let mut evicted = 0;
-        let groups: [(usize, &dyn Fn(&Open) -> bool); 3] = [
+        type Group<'a> = (usize, &'a dyn Fn(&Open) -> bool);
+        let groups: [Group<'_>; 3] = [
             (limits.per_address(), &|c: &Open| c.ip == ip),
             (limits.per_prefix(), &|c: &Open| prefix(c.ip) == net),
             (limits.max_connections.max(1), &|_: &Open| true),

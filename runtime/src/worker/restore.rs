@@ -70,7 +70,7 @@ fn restore_one(
         detached::ended(w, id, done.encoded.clone(), None);
         done
     };
-    let done = match result.map(|b| postcard::from_bytes::<JobResult>(b)) {
+    let done = match result.map(postcard::from_bytes::<JobResult>) {
         Some(Ok(r)) => Some(Finished::of(&r)),
         Some(Err(e)) => Some(never_ran(format!("its kept result cannot be read: {e}"))),
         None if !spec.trees.is_empty() => Some(never_ran(

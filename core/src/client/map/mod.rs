@@ -178,13 +178,13 @@ where
         })
         .await;
     run.estimator.refit();
-    if let (Some(store), Some(saved)) = (&config.estimates, run.estimator.to_saved()) {
-        if let Err(e) = store.save(&job.hash(), &saved) {
-            tracing::warn!(
-                "cannot save the learned estimate in {}: {e}",
-                store.dir().display()
-            );
-        }
+    if let (Some(store), Some(saved)) = (&config.estimates, run.estimator.to_saved())
+        && let Err(e) = store.save(&job.hash(), &saved)
+    {
+        tracing::warn!(
+            "cannot save the learned estimate in {}: {e}",
+            store.dir().display()
+        );
     }
     result?;
     Ok(run.finish())

@@ -57,6 +57,9 @@ pub enum ToSlot {
 
 /// Child to parent.
 #[derive(Debug, Serialize, Deserialize)]
+// The job's result is large, but there is one per job, moved straight onto
+// the wire: a box would only add an allocation.
+#[allow(clippy::large_enum_variant)]
 pub enum FromSlot {
     /// The child has neither the module's compiled form nor its bytes.
     NeedModule,

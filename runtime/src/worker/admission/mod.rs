@@ -266,7 +266,7 @@ impl Admission {
     /// does. What a controller lets idle workers go by (`Advert::idle_ms`).
     pub fn idle_for(&self) -> Option<std::time::Duration> {
         let st = self.lock();
-        (st.busy == 0 && st.queue.len() == 0).then(|| st.last_activity.elapsed())
+        (st.busy == 0 && st.queue.is_empty()).then(|| st.last_activity.elapsed())
     }
 
     /// Jobs waiting, per tenant (tenants with none left out).
