@@ -415,24 +415,44 @@ fn set_learned(words: Option<String>) {
     }
 }
 
+/// What a Python program's job is given besides its source (the Python
+/// client's keywords): directories (host, guest, read-only: `files=`,
+/// `packages=`, `outputs=`), the most it may reply (`max_output`), and
+/// whether code it imports plots (its `packages=` name matplotlib).
+struct Given<'py> {
+    dirs: Vec<(PathBuf, String, bool)>,
+    max_output: Option<&'py Bound<'py, PyAny>>,
+    plots: bool,
+}
+
 /// A job that runs the Python program `source` on the CPython for WASI in
 /// `runtime` (a directory holding `python.wasm` and `python-stdlib.zip`),
-/// and the directory that holds its copy of the program while it runs;
-/// `dirs` (host, guest, read-only) are granted to it (`files=`,
-/// `packages=`, `outputs=`).
+/// with what it is `given`, and the directory that holds its copy of the
+/// program while it runs.
 fn python_job(
     runtime: PathBuf,
     source: &str,
     timeout_ms: Option<u64>,
-    dirs: Vec<(PathBuf, String, bool)>,
+    given: Given<'_>,
 ) -> PyResult<peerwasm::client::python::PythonJob> {
     let err = |e: anyhow::Error| PyValueError::new_err(format!("{e:#}"));
     let rt = peerwasm::client::python::PythonRuntime::in_dir(&runtime).map_err(err)?;
     let cache = dirs_cache().unwrap_or_else(|| std::env::temp_dir().join("peerwasm-cache"));
-    let mut pj =
-        peerwasm::client::python::python_source_job(&rt, "job.py", source.as_bytes(), &cache)
-            .map_err(err)?;
+    let mut pj = peerwasm::client::python::python_source_job(
+        &rt,
+        "job.py",
+        source.as_bytes(),
+        &cache,
+        given.plots,
+    )
+    .map_err(err)?;
     pj.job.limits.timeout_ms = timeout_ms;
+    if let Some(bytes) = to_size(given.max_output)? {
+        // A pool's workers keep at most their `--max-output` (64 MiB
+        // unless set) whatever a job asks.
+        pj.job.limits.stdout_bytes = bytes;
+    }
+    let dirs = given.dirs;
     pj.job
         .dirs
         .extend(
@@ -448,7 +468,7 @@ fn python_job(
 
 /// `run` of a Python program: the driver `peerwasm.run(fn, ...)` writes.
 #[pyfunction]
-#[pyo3(signature = (runtime, source, stdin, mem=None, timeout=None, peers=None, token=None, dirs=Vec::new(), max_output=None))]
+#[pyo3(signature = (runtime, source, stdin, mem=None, timeout=None, peers=None, token=None, dirs=Vec::new(), max_output=None, plots=false))]
 #[allow(clippy::too_many_arguments)]
 fn _run_python(
     py: Python<'_>,
@@ -461,9 +481,14 @@ fn _run_python(
     token: Option<String>,
     dirs: Vec<(PathBuf, String, bool)>,
     max_output: Option<&Bound<'_, PyAny>>,
+    plots: bool,
 ) -> PyResult<Result> {
-    let mut pj = python_job(runtime, source, to_timeout(timeout)?, dirs)?;
-    set_max_output(&mut pj.job, max_output)?;
+    let given = Given {
+        dirs,
+        max_output,
+        plots,
+    };
+    let pj = python_job(runtime, source, to_timeout(timeout)?, given)?;
     let target = target(peers, token)?;
     say_if_compiling(&target, &pj.job);
     run_job(py, &pj.job, stdin, to_size(mem)?, target)
@@ -472,7 +497,7 @@ fn _run_python(
 /// `map` of a Python program over pickled inputs: the driver
 /// `peerwasm.map(fn, ...)` writes. A `MapStream`, as `map_stream`.
 #[pyfunction]
-#[pyo3(signature = (runtime, source, inputs, mem=None, timeout=None, peers=None, token=None, keep_going=false, retries=0, warm=None, ordered=true, dirs=Vec::new(), max_output=None))]
+#[pyo3(signature = (runtime, source, inputs, mem=None, timeout=None, peers=None, token=None, keep_going=false, retries=0, warm=None, ordered=true, dirs=Vec::new(), max_output=None, plots=false))]
 #[allow(clippy::too_many_arguments)]
 fn _map_python(
     runtime: PathBuf,
@@ -488,9 +513,14 @@ fn _map_python(
     ordered: bool,
     dirs: Vec<(PathBuf, String, bool)>,
     max_output: Option<&Bound<'_, PyAny>>,
+    plots: bool,
 ) -> PyResult<MapStream> {
-    let mut pj = python_job(runtime, source, to_timeout(timeout)?, dirs)?;
-    set_max_output(&mut pj.job, max_output)?;
+    let given = Given {
+        dirs,
+        max_output,
+        plots,
+    };
+    let mut pj = python_job(runtime, source, to_timeout(timeout)?, given)?;
     // Each item from a snapshot of the interpreter the prelude readied.
     pj.job.warm = warm.map(|(prelude, turn)| peerwasm::proto::WarmStart { prelude, turn });
     let config = map_config(mem, keep_going, retries, ordered)?;
@@ -501,16 +531,6 @@ fn _map_python(
         .script_dir
         .map(|d| Box::new(d) as Box<dyn std::any::Any + Send + Sync>);
     Ok(MapStream::start(pj.job, inputs, config, target, holds))
-}
-
-/// The most a job may write on stdout (a Python function's reply), when
-/// given: bytes or "256MiB". A pool's workers keep at most their
-/// `--max-output` (64 MiB unless set) whatever a job asks.
-fn set_max_output(job: &mut Job, max_output: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-    if let Some(bytes) = to_size(max_output)? {
-        job.limits.stdout_bytes = bytes;
-    }
-    Ok(())
 }
 
 /// Says on stderr, before the first job of CPython for WASI on the

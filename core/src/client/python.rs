@@ -376,14 +376,17 @@ pub fn python_job(
 }
 
 /// [`python_job`] for a program given as its source (the Python client's
-/// `map(fn, ...)`), named `name` in the guest, with no arguments.
+/// `map(fn, ...)`), named `name` in the guest, with no arguments. `plots`:
+/// the program may draw with matplotlib though its source does not say so
+/// ([`may_plot`]) — code it is given to import does.
 pub fn python_source_job(
     runtime: &PythonRuntime,
     name: &str,
     source: &[u8],
     cache: &Path,
+    plots: bool,
 ) -> anyhow::Result<PythonJob> {
-    let mut job = interpreter_job(runtime, cache, may_plot(source))?;
+    let mut job = interpreter_job(runtime, cache, plots || may_plot(source))?;
     let (dir, guest) = mount_script(&mut job, name, source)?;
     job.args = vec![guest];
     Ok(PythonJob {
@@ -500,7 +503,8 @@ mod tests {
             "print(1)",
             "only the script is mounted"
         );
-        let from_source = python_source_job(&rt, "job.py", b"print(2)", cache.path()).unwrap();
+        let from_source =
+            python_source_job(&rt, "job.py", b"print(2)", cache.path(), false).unwrap();
         assert_eq!(from_source.job.args, ["/script/job.py"]);
         assert_eq!(
             std::fs::read(from_source.job.dirs[1].host.join("job.py")).unwrap(),
@@ -540,7 +544,7 @@ mod tests {
         let rt = PythonRuntime::in_dir(dir.path()).unwrap();
         let cache = tempfile::tempdir().unwrap();
         let plots = b"import matplotlib.pyplot as plt\n";
-        let pj = python_source_job(&rt, "job.py", plots, cache.path()).unwrap();
+        let pj = python_source_job(&rt, "job.py", plots, cache.path(), false).unwrap();
         let guests: Vec<&str> = pj.job.dirs.iter().map(|d| d.guest.as_str()).collect();
         assert_eq!(guests, ["/usr/local/lib", MPL_DATA_GUEST, "/script"]);
         let data = &pj.job.dirs[1].host;
@@ -557,10 +561,16 @@ mod tests {
             !data.starts_with(&pj.job.dirs[0].host),
             "not inside the stdlib's tree"
         );
-        let again = python_source_job(&rt, "job.py", b"df.plot(x='a')", cache.path()).unwrap();
+        let again =
+            python_source_job(&rt, "job.py", b"df.plot(x='a')", cache.path(), false).unwrap();
         assert_eq!(&again.job.dirs[1].host, data, "unpacked once");
-        let plain = python_source_job(&rt, "job.py", b"import numpy", cache.path()).unwrap();
+        let plain = python_source_job(&rt, "job.py", b"import numpy", cache.path(), false).unwrap();
         assert_eq!(plain.job.dirs.len(), 2, "no plotting, no matplotlib data");
+        let told = python_source_job(&rt, "job.py", b"import mylib", cache.path(), true).unwrap();
+        assert_eq!(
+            told.job.dirs[1].guest, MPL_DATA_GUEST,
+            "code it imports plots"
+        );
         let stdin = python_job(&rt, "-", &[], cache.path()).unwrap();
         assert_eq!(
             stdin.job.dirs[1].guest, MPL_DATA_GUEST,

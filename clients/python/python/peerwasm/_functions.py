@@ -38,7 +38,7 @@ PROTOCOL = 4
 # its type, message and traceback, and exit code 1 (so a map stops at it,
 # or retries it).
 _DRIVER = """\
-{plots}import pickle as _pw_pickle
+import pickle as _pw_pickle
 import sys as _pw_sys
 import traceback as _pw_traceback
 import types as _pw_types
@@ -331,14 +331,12 @@ def _classes_of(fn, values):
     return names
 
 
-def program(fn, values=(), sys_path=(), plots=False):
+def program(fn, values=(), sys_path=()):
     """The program that runs `fn` in the sandbox (see `_DRIVER`): its
     source, its module's imports, and the module's definitions it uses (and
     the classes of `values`, its arguments), with `sys_path` (the guest
-    paths of its `packages=`) first on `sys.path`; `plots`: its packages
-    use matplotlib (the program then says so, and its jobs get
-    matplotlib's data). Raises TypeError for what has no source of its own
-    to send."""
+    paths of its `packages=`) first on `sys.path`. Raises TypeError for
+    what has no source of its own to send."""
     if not inspect.isfunction(fn):
         raise TypeError(f"{fn!r} is not a plain Python function: give a `def` function (or a .wasm path)")
     if fn.__name__ == "<lambda>":
@@ -360,7 +358,6 @@ def program(fn, values=(), sys_path=(), plots=False):
         node.decorator_list = []
         source = ast.unparse(node)
     return _DRIVER.format(
-        plots="# the packages given use matplotlib\n" if plots else "",
         wire_source=_wire_source(),
         imports=_imports(fn),
         definitions=_definitions(fn, node, _classes_of(fn, values)),
@@ -430,9 +427,9 @@ def run(fn, args, kwargs, mem=None, timeout=None, peers=None, token=None, files=
     values = (*args, *kwargs.values())
     mounts = _mounts.Mounts(files, packages, outputs)
     try:
-        source = program(fn, values, mounts.sys_path, mounts.may_plot())
+        source = program(fn, values, mounts.sys_path)
         result = _peerwasm._run_python(
-            runtime_dir(), source, stdin, mem, timeout, peers, token, mounts.grants, max_output
+            runtime_dir(), source, stdin, mem, timeout, peers, token, mounts.grants, max_output, mounts.may_plot()
         )
     except _peerwasm.JobError as e:
         _maps.forward(e.result)
@@ -459,7 +456,7 @@ def _start(fn, items, ordered, mem, timeout, peers, token, keep_going, retries, 
     try:
         stream = _peerwasm._map_python(
             runtime_dir(),
-            program(fn, items, mounts.sys_path, mounts.may_plot()),
+            program(fn, items, mounts.sys_path),
             inputs,
             mem,
             timeout,
@@ -471,6 +468,7 @@ def _start(fn, items, ordered, mem, timeout, peers, token, keep_going, retries, 
             ordered,
             mounts.grants,
             max_output,
+            mounts.may_plot(),
         )
     except BaseException:
         mounts.close()

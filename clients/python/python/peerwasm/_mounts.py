@@ -115,7 +115,8 @@ class Mounts:
     def may_plot(self):
         """Whether code given as packages names matplotlib (or a library
         drawn on it): the jobs then get matplotlib's data too, as a program
-        that names it does (`peerwasm::client::python::may_plot`)."""
+        that names it does (`peerwasm::client::python::may_plot`). Reads
+        the packages' `.py` files once per map (or run)."""
         for guest_root in self.sys_path:
             for host, guest, _ in self.grants:
                 if guest != guest_root and not guest.startswith(guest_root + "/"):

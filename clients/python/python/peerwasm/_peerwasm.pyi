@@ -94,6 +94,7 @@ def _run_python(
     token: Optional[str] = None,
     dirs: Sequence[tuple[str, str, bool]] = (),
     max_output: Optional[_Size] = None,
+    plots: bool = False,
 ) -> Result:
     """Runs the Python program `source` once on the CPython for WASI in
     `runtime` (used by `peerwasm.run(fn, ...)`)."""
@@ -112,6 +113,7 @@ def _map_python(
     ordered: bool = True,
     dirs: Sequence[tuple[str, str, bool]] = (),
     max_output: Optional[_Size] = None,
+    plots: bool = False,
 ) -> MapStream:
     """Starts the Python program `source` once per input (used by
     `peerwasm.map(fn, ...)` and `imap`)."""
