@@ -97,12 +97,18 @@ impl<'a> WorkerApi<'a> {
         self.http.url(self.addr, path)
     }
 
+    /// Sends `request` (over the network, or to an in-memory exchange: the
+    /// client's transport says).
+    async fn send(&self, request: RequestBuilder) -> Result<Response, ApiError> {
+        self.http.send(request).await.map_err(|e| ApiError::Transport {
+            connect: e.connect,
+            why: e.why,
+        })
+    }
+
     /// Sends `request`; its response if the status is `ok`.
-    async fn expect(request: RequestBuilder, ok: StatusCode) -> Result<Response, ApiError> {
-        let resp = request
-            .send()
-            .await
-            .map_err(|e| ApiError::from_reqwest(&e))?;
+    async fn expect(&self, request: RequestBuilder, ok: StatusCode) -> Result<Response, ApiError> {
+        let resp = self.send(request).await?;
         if resp.status() == ok {
             return Ok(resp);
         }
@@ -155,7 +161,7 @@ impl<'a> WorkerApi<'a> {
             // answers (stopped, a laptop closed) must not hold a map's view
             // forever: the next seed is asked.
             .timeout(PEERS_TIMEOUT);
-        let resp = Self::expect(request, StatusCode::OK).await?;
+        let resp = self.expect(request, StatusCode::OK).await?;
         self.postcard(resp, "a pool view").await
     }
 
@@ -166,10 +172,7 @@ impl<'a> WorkerApi<'a> {
             .put(self.url(&routes::path(routes::MODULE, &hash.to_hex())))
             .header(reqwest::header::CONTENT_TYPE, "application/wasm")
             .body(bytes);
-        let resp = request
-            .send()
-            .await
-            .map_err(|e| ApiError::from_reqwest(&e))?;
+        let resp = self.send(request).await?;
         match resp.status() {
             s if s.is_success() => Ok(()),
             status => Err(ApiError::Status {
@@ -192,7 +195,7 @@ impl<'a> WorkerApi<'a> {
             .put(self.url(&routes::path(routes::TREE, &manifest.to_hex())))
             .header(reqwest::header::CONTENT_TYPE, POSTCARD)
             .body(encoded);
-        let resp = Self::expect_success(request).await?;
+        let resp = self.expect_success(request).await?;
         self.postcard(resp, "an answer to a tree").await
     }
 
@@ -203,15 +206,12 @@ impl<'a> WorkerApi<'a> {
             .put(self.url(&routes::path(routes::FILE, &hash.to_hex())))
             .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
             .body(body);
-        Self::expect_success(request).await.map(drop)
+        self.expect_success(request).await.map(drop)
     }
 
     /// Sends `request`; its response if the status is a success (2xx).
-    async fn expect_success(request: RequestBuilder) -> Result<Response, ApiError> {
-        let resp = request
-            .send()
-            .await
-            .map_err(|e| ApiError::from_reqwest(&e))?;
+    async fn expect_success(&self, request: RequestBuilder) -> Result<Response, ApiError> {
+        let resp = self.send(request).await?;
         if resp.status().is_success() {
             return Ok(resp);
         }
@@ -237,7 +237,7 @@ impl<'a> WorkerApi<'a> {
             .post(self.url(path))
             .header(reqwest::header::CONTENT_TYPE, POSTCARD)
             .body(body);
-        Self::expect(request, accepted).await
+        self.expect(request, accepted).await
     }
 
     /// `POST /v1/backlog`: what a running map still has to run.
@@ -252,7 +252,7 @@ impl<'a> WorkerApi<'a> {
             .post(self.url(routes::BACKLOG))
             .header(reqwest::header::CONTENT_TYPE, POSTCARD)
             .body(body);
-        Self::expect(request, StatusCode::NO_CONTENT)
+        self.expect(request, StatusCode::NO_CONTENT)
             .await
             .map(drop)
     }
@@ -265,7 +265,7 @@ impl<'a> WorkerApi<'a> {
             .post(self.url(routes::BATCH))
             .header(reqwest::header::CONTENT_TYPE, POSTCARD)
             .body(body);
-        Self::expect(request, StatusCode::OK).await
+        self.expect(request, StatusCode::OK).await
     }
 
     /// `POST /v1/jobs/stream`: one job whose stdin is `body` as it comes;
@@ -276,19 +276,19 @@ impl<'a> WorkerApi<'a> {
             .post(self.url(routes::STREAM))
             .header(reqwest::header::CONTENT_TYPE, POSTCARD)
             .body(body);
-        Self::expect(request, StatusCode::OK).await
+        self.expect(request, StatusCode::OK).await
     }
 
     /// `GET /v1/jobs`: the caller's jobs here.
     pub async fn jobs(&self) -> Result<Vec<JobStatus>, ApiError> {
-        let resp = Self::expect(self.http.get(self.url(routes::JOBS)), StatusCode::OK).await?;
+        let resp = self.expect(self.http.get(self.url(routes::JOBS)), StatusCode::OK).await?;
         self.json(resp, "a list").await
     }
 
     /// `DELETE /v1/jobs/{id}`: cancels a job; what it was (`queued`,
     /// `running`, `done`). 409: it had ended; 404: not here.
     pub async fn cancel_job(&self, id: &str) -> Result<String, ApiError> {
-        let resp = Self::expect(
+        let resp = self.expect(
             self.http.delete(self.url(&routes::path(routes::JOB, id))),
             StatusCode::OK,
         )
@@ -305,13 +305,13 @@ impl<'a> WorkerApi<'a> {
             seen[0],
             seen[1]
         );
-        let resp = Self::expect(self.http.get(self.url(&path)), StatusCode::OK).await?;
+        let resp = self.expect(self.http.get(self.url(&path)), StatusCode::OK).await?;
         self.postcard(resp, "output").await
     }
 
     /// `GET /v1/submissions/{id}`: a submission's owner and progress.
     pub async fn submission(&self, id: &str) -> Result<SubmissionInfo, ApiError> {
-        let resp = Self::expect(
+        let resp = self.expect(
             self.http
                 .get(self.url(&routes::path(routes::SUBMISSION, id))),
             StatusCode::OK,
@@ -337,14 +337,14 @@ impl<'a> WorkerApi<'a> {
             .http
             .get(self.url(&path))
             .timeout(wait + Duration::from_secs(30));
-        let resp = Self::expect(request, StatusCode::OK).await?;
+        let resp = self.expect(request, StatusCode::OK).await?;
         self.postcard(resp, "results").await
     }
 
     /// `GET /v1/submissions`: the caller's submissions owned here.
     pub async fn submissions(&self) -> Result<Vec<SubmissionInfo>, ApiError> {
         let resp =
-            Self::expect(self.http.get(self.url(routes::SUBMISSIONS)), StatusCode::OK).await?;
+            self.expect(self.http.get(self.url(routes::SUBMISSIONS)), StatusCode::OK).await?;
         self.json(resp, "a list").await
     }
 
@@ -359,7 +359,7 @@ impl<'a> WorkerApi<'a> {
         if let Some(t) = tenant {
             path.push_str(&format!("&tenant={}", url_escape(t)));
         }
-        let resp = Self::expect(self.http.get(self.url(&path)), StatusCode::OK).await?;
+        let resp = self.expect(self.http.get(self.url(&path)), StatusCode::OK).await?;
         self.json(resp, "a list").await
     }
 
@@ -369,7 +369,7 @@ impl<'a> WorkerApi<'a> {
         let request = self
             .http
             .delete(self.url(&routes::path(routes::SUBMISSION, id)));
-        let resp = Self::expect(request, StatusCode::OK).await?;
+        let resp = self.expect(request, StatusCode::OK).await?;
         Ok(was(&resp.text().await.unwrap_or_default()))
     }
 }

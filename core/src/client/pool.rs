@@ -597,9 +597,8 @@ pub fn http_client(token: Option<&str>, transport: &Transport) -> anyhow::Result
     );
     let builder = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true)
-        .default_headers(headers);
-    transport.client(builder, token)
+        .tcp_nodelay(true);
+    transport.client(builder, headers, token)
 }
 
 #[cfg(test)]

@@ -365,14 +365,16 @@ where
     }
 }
 
-async fn post(http: &reqwest::Client, url: String, body: Vec<u8>) -> Result<Vec<u8>, String> {
-    let resp = http
+async fn post(
+    http: &crate::net::HttpClient,
+    url: String,
+    body: Vec<u8>,
+) -> Result<Vec<u8>, String> {
+    let request = http
         .post(url)
         .header(reqwest::header::CONTENT_TYPE, POSTCARD)
-        .body(body)
-        .send()
-        .await
-        .map_err(|e| crate::net::describe(&e))?;
+        .body(body);
+    let resp = http.send(request).await.map_err(|e| e.why)?;
     if !resp.status().is_success() {
         return Err(format!("{}", resp.status()));
     }

@@ -18,12 +18,15 @@
 //!   permissions, and a worker's check of its own certificate;
 //! * [`certs`] — `peerwasm tls init` and `issue`: a pool CA and worker
 //!   certificates (rcgen);
+//! * [`exchange`] — where a client's requests go instead of the network:
+//!   a worker's router in the same process, for tests;
 //! * [`errors`] — why a connection failed, in words (an expired
 //!   certificate, another CA, a worker that does not speak TLS).
 
 pub(crate) mod addr;
 pub mod certs;
 pub mod errors;
+pub mod exchange;
 pub mod tls;
 pub mod transport;
 

@@ -30,11 +30,15 @@ pub struct Transport {
     tls: Option<(Arc<rustls::ClientConfig>, PathBuf)>,
     /// A token may go in clear off loopback.
     insecure_http: bool,
+    /// Requests go to this in-process server instead of the network
+    /// ([`Transport::in_memory`]).
+    exchange: Option<Arc<dyn super::exchange::Exchange>>,
 }
 
 impl std::fmt::Debug for Transport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.tls {
+            _ if self.exchange.is_some() => write!(f, "Transport(in memory)"),
             Some((_, ca)) => write!(f, "Transport(tls, ca {})", ca.display()),
             None => write!(f, "Transport(http, insecure_http: {})", self.insecure_http),
         }
@@ -53,7 +57,25 @@ impl Transport {
         Ok(Transport {
             tls: Some((config, ca.to_path_buf())),
             insecure_http: false,
+            exchange: None,
         })
+    }
+
+    /// Plain HTTP whose requests never leave the process: each goes to
+    /// `exchange` (a worker's router served in memory, for tests), whatever
+    /// its address. Addresses keep their meaning for everything else (which
+    /// worker, whether a token may go there).
+    pub fn in_memory(exchange: Arc<dyn super::exchange::Exchange>) -> Transport {
+        Transport {
+            exchange: Some(exchange),
+            ..Transport::default()
+        }
+    }
+
+    /// Whether requests go to an in-process server
+    /// ([`in_memory`](Self::in_memory)).
+    pub fn is_in_memory(&self) -> bool {
+        self.exchange.is_some()
     }
 
     /// TLS if `ca` is given, else plain HTTP, which may carry a token off
@@ -119,16 +141,17 @@ impl Transport {
         }
     }
 
-    /// A client on this transport, from `builder` (timeouts, headers),
-    /// sending `token` (if any) as `Authorization: Bearer` on every
+    /// A client on this transport, from `builder` (timeouts), sending
+    /// `headers` and `token` (if any, as `Authorization: Bearer`) on every
     /// request: callers check [`HttpClient::may_send_to`] first.
     pub fn client(
         &self,
         builder: reqwest::ClientBuilder,
+        mut headers: reqwest::header::HeaderMap,
         token: Option<&str>,
     ) -> anyhow::Result<HttpClient> {
         super::tls::install_provider();
-        let mut builder = match &self.tls {
+        let builder = match &self.tls {
             // Only https: a plain URL would be a bug, never a fallback.
             Some((config, _)) => builder
                 .tls_backend_preconfigured((**config).clone())
@@ -139,14 +162,12 @@ impl Transport {
             let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
                 .map_err(|_| anyhow::anyhow!("the token must be printable ASCII"))?;
             value.set_sensitive(true);
-            let mut headers = reqwest::header::HeaderMap::new();
             headers.insert(reqwest::header::AUTHORIZATION, value);
-            builder = builder.default_headers(headers);
         }
         Ok(HttpClient {
-            inner: builder.build()?,
+            inner: builder.default_headers(headers.clone()).build()?,
             transport: self.clone(),
-            token: token.is_some(),
+            headers,
         })
     }
 }
@@ -158,8 +179,10 @@ impl Transport {
 pub struct HttpClient {
     inner: reqwest::Client,
     transport: Transport,
-    /// Whether every request carries a token.
-    token: bool,
+    /// The headers every request carries — the token's `Authorization`,
+    /// if any — which reqwest adds on the network and
+    /// [`send`](Self::send) adds on an in-memory exchange.
+    headers: reqwest::header::HeaderMap,
 }
 
 impl HttpClient {
@@ -171,12 +194,50 @@ impl HttpClient {
     /// Whether this client may send to `addr`: it carries no token, or
     /// its transport may carry one there.
     pub fn may_send_to(&self, addr: &str) -> bool {
-        !self.token || self.transport.may_carry_token_to(addr)
+        !self.carries_token() || self.transport.may_carry_token_to(addr)
     }
 
     /// Whether every request carries a token.
     pub fn carries_token(&self) -> bool {
-        self.token
+        self.headers.contains_key(reqwest::header::AUTHORIZATION)
+    }
+
+    /// Sends `request` (built on this client) and waits for its answer's
+    /// head: over the network, or to the transport's in-memory exchange
+    /// (with the request's timeout, as reqwest would apply it).
+    pub async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, super::exchange::SendError> {
+        use super::exchange::SendError;
+        let Some(exchange) = &self.transport.exchange else {
+            return request
+                .send()
+                .await
+                .map_err(|e| SendError::from_reqwest(&e));
+        };
+        let built = request.build().map_err(|e| SendError::from_reqwest(&e))?;
+        let timeout = built.timeout().copied();
+        let mut request: http::Request<reqwest::Body> =
+            built.try_into().map_err(|e| SendError::from_reqwest(&e))?;
+        for (name, value) in &self.headers {
+            if !request.headers().contains_key(name) {
+                request.headers_mut().insert(name, value.clone());
+            }
+        }
+        let answer = exchange.exchange(request);
+        let answer = match timeout {
+            Some(t) => tokio::time::timeout(t, answer)
+                .await
+                .unwrap_or_else(|_| Err(format!("no answer within {}", humantime::format_duration(t)))),
+            None => answer.await,
+        };
+        answer
+            .map(reqwest::Response::from)
+            .map_err(|why| SendError {
+                connect: false,
+                why,
+            })
     }
 
     /// The transport this client was built on.

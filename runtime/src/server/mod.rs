@@ -17,7 +17,8 @@
 //! `pooldir.rs` a pool joined through a shared directory (key, CA, members),
 //! `controller.rs` the notice of the controller growing it (`peerwasm adapt`),
 //! `router.rs` every route, `start.rs` assembles and starts a worker and
-//! holds the [`RunningWorker`] it gives back; this file only names them.
+//! holds the [`RunningWorker`] it gives back, [`memory`] serves the same
+//! assembled worker without a socket (for tests); this file only names them.
 //!
 //! `serve` accepts connections within limits (a header timeout, a
 //! connection cap), `extract` holds what every request passes through
@@ -37,6 +38,9 @@ mod stream;
 mod submissions;
 
 mod config;
+#[cfg(test)]
+mod contract;
+pub mod memory;
 pub mod controller;
 pub mod pooldir;
 mod router;

@@ -85,13 +85,8 @@ pub async fn start(
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
     let bound = listener.local_addr()?;
     let addr = advertised(config.advertise.as_deref(), bound);
-    let worker = build_worker(&config, &addr)?;
+    let Assembled { worker, owner, app } = assemble(&config, &addr, None)?;
     check_own_certificate(&config, &addr);
-    let owner = crate::owner::Owner::new(worker.clone());
-    worker.check_sizing();
-    worker.check_host_memory();
-    let advert = worker.gossip_advert();
-    worker.gossip.lock().set_record(advert);
     log_start(&config, &worker);
     let (gossip, transport) = spawn_gossip(
         &worker,
@@ -99,7 +94,6 @@ pub async fn start(
         config.gossip_interval,
         config.members.clone(),
     )?;
-    let app = router(worker.clone(), owner.clone(), config.members.clone());
     let drain = drain(
         worker.clone(),
         owner.clone(),
@@ -205,10 +199,42 @@ fn check_own_certificate(config: &WorkerConfig, addr: &str) {
     }
 }
 
+/// A worker's parts, built and wired, serving nothing yet: its core, the
+/// owner of its detached maps, and its router. What [`start`] serves on a
+/// socket, and `server::memory` in memory.
+pub(super) struct Assembled {
+    pub worker: Arc<Worker>,
+    pub owner: Arc<Owner>,
+    pub app: axum::Router,
+}
+
+/// Builds the worker `config` describes, known to others as `addr`, and
+/// reaching them over `transport` (else the one its TLS settings say), its
+/// owner and its router; raises the sizing warnings and puts its first
+/// advert in its gossip record. Opens no socket.
+pub(super) fn assemble(
+    config: &WorkerConfig,
+    addr: &str,
+    transport: Option<crate::net::Transport>,
+) -> anyhow::Result<Assembled> {
+    let worker = build_worker(config, addr, transport)?;
+    let owner = crate::owner::Owner::new(worker.clone());
+    worker.check_sizing();
+    worker.check_host_memory();
+    let advert = worker.gossip_advert();
+    worker.gossip.lock().set_record(advert);
+    let app = router(worker.clone(), owner.clone(), config.members.clone());
+    Ok(Assembled { worker, owner, app })
+}
+
 /// The worker's core as `config` describes it, known to others as `addr`:
 /// its runner, ledger (joined to the host's), admission, gossip node, file
 /// store and state database.
-fn build_worker(config: &WorkerConfig, addr: &str) -> anyhow::Result<Arc<Worker>> {
+fn build_worker(
+    config: &WorkerConfig,
+    addr: &str,
+    transport: Option<crate::net::Transport>,
+) -> anyhow::Result<Arc<Worker>> {
     let slots = config.runner.sandbox.slots.max(1);
     let runner = JobRunner::new(config.runner.clone())?;
     let ledger = Ledger::new(&config.ledger)?;
@@ -242,9 +268,10 @@ fn build_worker(config: &WorkerConfig, addr: &str) -> anyhow::Result<Arc<Worker>
         None => crate::worker::statedb::StateDb::temporary(None)?,
     });
     let key = gossip_key(config)?;
-    let transport = match &config.tls {
-        Some(tls) => tls.transport()?,
-        None => crate::net::Transport::new(None, config.insecure_http)?,
+    let transport = match (transport, &config.tls) {
+        (Some(given), _) => given,
+        (None, Some(tls)) => tls.transport()?,
+        (None, None) => crate::net::Transport::new(None, config.insecure_http)?,
     };
     Ok(Arc::new(Worker {
         addr: addr.to_string(),
@@ -363,19 +390,9 @@ fn spawn_gossip(
     interval: Duration,
     members: Option<super::pooldir::PoolDir>,
 ) -> anyhow::Result<(tokio::task::JoinHandle<()>, Arc<HttpTransport>)> {
-    let mut protocol = reqwest::header::HeaderMap::new();
-    protocol.insert(
-        PROTOCOL_HEADER,
-        reqwest::header::HeaderValue::from_static(PROTOCOL_VERSION),
-    );
-    let builder = reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .tcp_nodelay(true)
-        .default_headers(protocol);
-    let http = worker.transport.client(builder, None)?;
     let refresher = worker.clone();
     let owner = Arc::downgrade(owner);
-    let transport = Arc::new(HttpTransport::new(http));
+    let transport = gossip_transport(worker)?;
     let mut last_members = None;
     let rounds = tokio::spawn(run_rounds(
         worker.gossip.clone(),
@@ -392,17 +409,43 @@ fn spawn_gossip(
                     node.introduce(&addr);
                 }
             }
-            refresher.learn_pool_usage(node);
-            refresher.check_host_memory();
-            if let Some(owner) = owner.upgrade() {
-                refresher
-                    .owned_maps
-                    .store(owner.submissions.count() as u32, Ordering::Relaxed);
-            }
-            node.set_record(refresher.gossip_advert())
+            refresh_record(&refresher, &owner, node);
         },
     ));
     Ok((rounds, transport))
+}
+
+/// How `worker` sends gossip: its transport, the protocol header on every
+/// message, 5 s for an exchange.
+pub(super) fn gossip_transport(worker: &Worker) -> anyhow::Result<Arc<HttpTransport>> {
+    let mut protocol = reqwest::header::HeaderMap::new();
+    protocol.insert(
+        PROTOCOL_HEADER,
+        reqwest::header::HeaderValue::from_static(PROTOCOL_VERSION),
+    );
+    let builder = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .tcp_nodelay(true);
+    let http = worker.transport.client(builder, protocol, None)?;
+    Ok(Arc::new(HttpTransport::new(http)))
+}
+
+/// What a worker does to its gossip node before each round: learns the
+/// pool's usage (fair share) from it, checks host memory, counts the maps
+/// its owner runs, and puts its fresh advert in.
+pub(super) fn refresh_record(
+    worker: &Worker,
+    owner: &std::sync::Weak<Owner>,
+    node: &mut GossipNode<Advert>,
+) {
+    worker.learn_pool_usage(node);
+    worker.check_host_memory();
+    if let Some(owner) = owner.upgrade() {
+        worker
+            .owned_maps
+            .store(owner.submissions.count() as u32, Ordering::Relaxed);
+    }
+    node.set_record(worker.gossip_advert())
 }
 
 /// What happens on shutdown — or when the batch job lending this worker
@@ -523,7 +566,7 @@ fn precompile(w: &Worker, paths: &[std::path::PathBuf]) {
 /// What expired is forgotten, then kept detached jobs are put back: before
 /// the worker answers anyone, so a job it kept is never "no such job" just
 /// after a restart.
-async fn restore_state(o: &Arc<Owner>, keep_results: Duration) {
+pub(super) async fn restore_state(o: &Arc<Owner>, keep_results: Duration) {
     expire_state(o, keep_results).await;
     match crate::worker::restore::detached_jobs(&o.worker).await {
         Ok((0, 0)) => {}

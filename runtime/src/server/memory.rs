@@ -1,0 +1,169 @@
+//! Workers served in memory: [`MemoryWorker`], a worker built from a
+//! [`WorkerConfig`] exactly as [`start`](super::start) builds one — its core,
+//! its owner, its real router — but reached through a [`MemoryNetwork`]
+//! instead of a socket. Tests drive it with the real typed client
+//! ([`WorkerApi`](crate::client::WorkerApi), a [`Target`](crate::Target)
+//! over [`MemoryNetwork::transport`]), so the job path, the owner and every
+//! endpoint are tested in milliseconds, in one process, without ports.
+//!
+//! What is not there: the connection layer (`serve`: limits on
+//! connections, header timeouts, TLS) — each request arrives as from a
+//! fresh loopback connection — and the gossip rounds' timer: a test runs a
+//! round when it wants one ([`MemoryWorker::gossip_round`]), so liveness
+//! follows the test, not the wall clock. Several workers on one network
+//! reach each other (gossip, the jobs of maps an owner runs) through it.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, Ordering};
+
+use axum::http;
+use parking_lot::RwLock;
+
+use super::config::WorkerConfig;
+use super::serve::{Remote, Trust};
+use super::start::{Assembled, assemble, gossip_transport, refresh_record};
+use crate::gossip::transport::HttpTransport;
+use crate::net::Transport;
+use crate::net::exchange::{Exchange, ExchangeFuture};
+use crate::owner::Owner;
+use crate::worker::state::Worker;
+
+/// Workers in one process, each under its address: where requests to
+/// those addresses go ([`transport`](Self::transport)). Cheap to clone.
+#[derive(Clone, Default)]
+pub struct MemoryNetwork {
+    routers: Arc<RwLock<HashMap<String, axum::Router>>>,
+    /// The next port handed out (addresses are `127.0.0.1:port`, bound to
+    /// nothing).
+    next_port: Arc<AtomicU16>,
+}
+
+impl MemoryNetwork {
+    /// A network with nobody on it.
+    pub fn new() -> MemoryNetwork {
+        MemoryNetwork {
+            next_port: Arc::new(AtomicU16::new(1)),
+            ..MemoryNetwork::default()
+        }
+    }
+
+    /// A transport whose requests go to this network's workers: give it to
+    /// a [`PoolConfig`](crate::PoolConfig), or to
+    /// [`HttpClient`](crate::net::HttpClient)s.
+    pub fn transport(&self) -> Transport {
+        Transport::in_memory(Arc::new(self.clone()))
+    }
+
+    /// Takes `addr` off the network: requests to it fail as a refused
+    /// connection would (a worker that died).
+    pub fn unplug(&self, addr: &str) {
+        self.routers.write().remove(addr);
+    }
+
+    fn address(&self) -> String {
+        let port = self.next_port.fetch_add(1, Ordering::Relaxed).max(1);
+        format!("127.0.0.1:{port}")
+    }
+}
+
+impl Exchange for MemoryNetwork {
+    fn exchange(&self, request: http::Request<reqwest::Body>) -> ExchangeFuture {
+        let addr = request
+            .uri()
+            .authority()
+            .map(|a| a.as_str().to_string())
+            .unwrap_or_default();
+        let router = self.routers.read().get(&addr).cloned();
+        Box::pin(async move {
+            let Some(mut router) = router else {
+                return Err(format!("nothing listens at {addr} (in memory)"));
+            };
+            let (parts, body) = request.into_parts();
+            let mut request = http::Request::from_parts(parts, axum::body::Body::new(body));
+            // What `serve` gives every request of a connection.
+            request
+                .extensions_mut()
+                .insert(Remote(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+            request.extensions_mut().insert(Trust::default());
+            let response =
+                match tower_service::Service::call(&mut router, request).await {
+                    Ok(response) => response,
+                    Err(never) => match never {},
+                };
+            let (parts, body) = response.into_parts();
+            let body = reqwest::Body::wrap_stream(body.into_data_stream());
+            Ok(http::Response::from_parts(parts, body))
+        })
+    }
+}
+
+/// A worker served on a [`MemoryNetwork`]: built as `peerwasm worker`
+/// builds one, with no socket and no gossip timer.
+pub struct MemoryWorker {
+    /// Its address on the network.
+    pub addr: String,
+    worker: Arc<Worker>,
+    owner: Arc<Owner>,
+    gossip: Arc<HttpTransport>,
+    network: MemoryNetwork,
+}
+
+impl MemoryWorker {
+    /// Builds the worker `config` describes (its `listen` and `tls` are
+    /// ignored: it is reached through `network`, in clear), puts back what
+    /// its state directory kept, and puts it on `network` under a fresh
+    /// address.
+    pub async fn start(config: WorkerConfig, network: &MemoryNetwork) -> anyhow::Result<MemoryWorker> {
+        let addr = network.address();
+        let Assembled { worker, owner, app } =
+            assemble(&config, &addr, Some(network.transport()))?;
+        super::start::restore_state(&owner, config.keep_results).await;
+        let gossip = gossip_transport(&worker)?;
+        network.routers.write().insert(addr.clone(), app);
+        Ok(MemoryWorker {
+            addr,
+            worker,
+            owner,
+            gossip,
+            network: network.clone(),
+        })
+    }
+
+    /// One gossip round, as the worker's timer would run it: its record
+    /// refreshed, a digest sent to peers it knows (over the network).
+    pub async fn gossip_round(&self) {
+        let mut rng: rand::rngs::SmallRng = rand::SeedableRng::seed_from_u64(self.addr.len() as u64);
+        let owner = Arc::downgrade(&self.owner);
+        crate::gossip::transport::round(
+            &self.worker.gossip,
+            self.gossip.as_ref(),
+            &mut rng,
+            &mut |node| refresh_record(&self.worker, &owner, node),
+        )
+        .await;
+    }
+
+    /// The worker's core, for tests that look inside.
+    pub(crate) fn worker(&self) -> &Arc<Worker> {
+        &self.worker
+    }
+
+    /// Takes it off the network (requests to it fail), cancels what it
+    /// runs and closes its state database: a worker that died.
+    pub fn stop(&self) {
+        self.network.unplug(&self.addr);
+        self.owner.submissions.stop_all();
+        self.worker
+            .jobs
+            .cancel_all(crate::proto::CancelCause::Shutdown, false);
+        self.worker.db.close();
+    }
+}
+
+impl Drop for MemoryWorker {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
