@@ -39,6 +39,8 @@ use std::time::Duration;
 use rusqlite::{OptionalExtension, params};
 
 pub mod run;
+#[cfg(test)]
+mod tests;
 
 use crate::client::MapSummary;
 use crate::proto::JobSpec;

@@ -5,67 +5,18 @@
 //! passes in memory and fails over HTTP (or the other way round) is the
 //! seam drifting; what fails in both is the worker.
 //!
-//! The guests are WAT (they compile in milliseconds): `echo` writes what it
-//! reads, `spin` never ends.
+//! The guests are WAT (`server::testing`: they compile in milliseconds).
 
 use std::time::Duration;
 
 use crate::client::pool::http_client;
-use crate::client::{ApiError, Job, Pool, PoolConfig, Target, WorkerApi};
+use crate::client::{ApiError, Pool, PoolConfig, Target, WorkerApi};
 use crate::net::{HttpClient, Transport};
 use crate::proto::submission::{SubmissionState, SubmitConfig};
 use crate::proto::{LARGEST_JOB_HEADER, routes};
 
-use super::WorkerConfig;
 use super::memory::{MemoryNetwork, MemoryWorker};
-
-const MIB: u64 = 1 << 20;
-
-/// Reads up to 1 KiB of stdin, writes it to stdout.
-const ECHO: &str = r#"(module
-  (import "wasi_snapshot_preview1" "fd_read" (func $read (param i32 i32 i32 i32) (result i32)))
-  (import "wasi_snapshot_preview1" "fd_write" (func $write (param i32 i32 i32 i32) (result i32)))
-  (memory (export "memory") 1)
-  (func (export "_start")
-    (i32.store (i32.const 0) (i32.const 64))
-    (i32.store (i32.const 4) (i32.const 1024))
-    (drop (call $read (i32.const 0) (i32.const 0) (i32.const 1) (i32.const 8)))
-    (i32.store (i32.const 4) (i32.load (i32.const 8)))
-    (drop (call $write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#;
-
-/// Never ends (until cancelled or out of time).
-const SPIN: &str = r#"(module (memory (export "memory") 1) (func (export "_start") (loop (br 0))))"#;
-
-fn job(wat: &str) -> Job {
-    Job::new(wat::parse_str(wat).expect("the test's WAT parses"))
-}
-
-/// The tenants file of the multi-tenant worker: `alice` and `bob`, whose
-/// tokens are their names.
-fn tenants() -> crate::worker::tenants::Tenants {
-    let entry = |name: &str| {
-        let hash = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(name.as_bytes()));
-        format!("[[tenant]]\nname = \"{name}\"\ntoken_sha256 = \"{hash}\"\n")
-    };
-    crate::worker::tenants::Tenants::parse(&(entry("alice") + &entry("bob"))).unwrap()
-}
-
-/// A worker of 2 slots and 64 MiB, its state in `dir`; multi-tenant if
-/// `multi`.
-fn config(dir: &std::path::Path, multi: bool) -> WorkerConfig {
-    let mut config = WorkerConfig::new("127.0.0.1:0".parse().unwrap());
-    config.runner.sandbox.slots = 2;
-    config.ledger.memory = Some(64 * MIB);
-    config.ledger.reserve = 0;
-    config.state_dir = Some(dir.join("state"));
-    std::fs::create_dir_all(dir.join("scratch")).unwrap();
-    config.runner.sandbox.scratch_root = Some(dir.join("scratch"));
-    config.insecure_gossip = true;
-    if multi {
-        config.tenants = tenants();
-    }
-    config
-}
+use super::testing::{ECHO, MIB, SPIN, config, job};
 
 /// Which exchange a contract runs over.
 #[derive(Clone, Copy, Debug)]
@@ -309,7 +260,16 @@ async fn a_submission_is_stored_run_and_its_results_read(w: Served) {
     assert!(got.iter().enumerate().all(|(i, r)| r.index == i as u64));
     let listed = api.submissions().await.unwrap();
     assert!(listed.iter().any(|s| s.id == info.id), "{listed:?}");
-    let done = api.submission(&info.id).await.unwrap();
+    // Its state says so once its map has returned, a moment after its
+    // last result is readable.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let done = loop {
+        let done = api.submission(&info.id).await.unwrap();
+        if done.state != SubmissionState::Running || tokio::time::Instant::now() > deadline {
+            break done;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
     assert_eq!((done.done, done.state), (5, SubmissionState::Done));
     let history = api.history(0, None).await.unwrap();
     assert!(history.len() >= 5, "{history:?}");

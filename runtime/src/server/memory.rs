@@ -10,7 +10,8 @@
 //! connections, header timeouts, TLS) — each request arrives as from a
 //! fresh loopback connection — and the gossip rounds' timer: a test runs a
 //! round when it wants one ([`MemoryWorker::gossip_round`]), so liveness
-//! follows the test, not the wall clock. Several workers on one network
+//! follows the test, not the wall clock. What it kept is put back and its
+//! owned submissions resume, as at a real start. Several workers on one network
 //! reach each other (gossip, the jobs of maps an owner runs) through it.
 
 use std::collections::HashMap;
@@ -108,6 +109,8 @@ pub struct MemoryWorker {
     owner: Arc<Owner>,
     gossip: Arc<HttpTransport>,
     network: MemoryNetwork,
+    /// Resumes its owned submissions, then forgets what expires.
+    keeping: tokio::task::JoinHandle<()>,
 }
 
 impl MemoryWorker {
@@ -116,18 +119,45 @@ impl MemoryWorker {
     /// its state directory kept, and puts it on `network` under a fresh
     /// address.
     pub async fn start(config: WorkerConfig, network: &MemoryNetwork) -> anyhow::Result<MemoryWorker> {
-        let addr = network.address();
+        Self::start_at(config, network, network.address()).await
+    }
+
+    /// A worker that died ([`stop`](Self::stop)) started again from
+    /// `config` — its state directory — at the same address, as a restarted
+    /// process would be. Waits (up to 10 s) for what the old one was doing
+    /// to let go of its state directory's lock.
+    pub async fn restart(self, config: WorkerConfig) -> anyhow::Result<MemoryWorker> {
+        let (addr, network) = (self.addr.clone(), self.network.clone());
+        drop(self);
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match Self::start_at(config.clone(), &network, addr.clone()).await {
+                Err(e) if tokio::time::Instant::now() < deadline && format!("{e:#}").contains("in use by another") => {
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn start_at(
+        config: WorkerConfig,
+        network: &MemoryNetwork,
+        addr: String,
+    ) -> anyhow::Result<MemoryWorker> {
         let Assembled { worker, owner, app } =
             assemble(&config, &addr, Some(network.transport()))?;
         super::start::restore_state(&owner, config.keep_results).await;
         let gossip = gossip_transport(&worker)?;
         network.routers.write().insert(addr.clone(), app);
+        let keeping = tokio::spawn(super::start::keep_state(owner.clone(), config.keep_results));
         Ok(MemoryWorker {
             addr,
             worker,
             owner,
             gossip,
             network: network.clone(),
+            keeping,
         })
     }
 
@@ -146,6 +176,7 @@ impl MemoryWorker {
     }
 
     /// The worker's core, for tests that look inside.
+    #[cfg(test)]
     pub(crate) fn worker(&self) -> &Arc<Worker> {
         &self.worker
     }
@@ -154,6 +185,7 @@ impl MemoryWorker {
     /// runs and closes its state database: a worker that died.
     pub fn stop(&self) {
         self.network.unplug(&self.addr);
+        self.keeping.abort();
         self.owner.submissions.stop_all();
         self.worker
             .jobs

@@ -40,6 +40,8 @@ mod submissions;
 mod config;
 #[cfg(test)]
 mod contract;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod memory;
 pub mod controller;
 pub mod pooldir;

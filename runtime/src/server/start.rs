@@ -596,7 +596,7 @@ async fn expire_state(o: &Arc<Owner>, keep_results: Duration) {
 
 /// Resumes the submissions this worker owns (they submit to it, so it
 /// serves first); then, every [`EXPIRE_EVERY`], forgets what expired.
-async fn keep_state(o: Arc<Owner>, keep_results: Duration) {
+pub(super) async fn keep_state(o: Arc<Owner>, keep_results: Duration) {
     match crate::owner::run::resume_all(&o).await {
         Ok(0) => {}
         Ok(n) => {

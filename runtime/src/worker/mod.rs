@@ -88,3 +88,6 @@ pub use ledger::{DEFAULT_RESERVE, HoldKind, Ledger, LedgerConfig};
 pub use statedb::StateDb;
 pub use tenants::{Tenant, Tenants};
 pub use trees::DEFAULT_MAX_FILES_BACK;
+
+#[cfg(test)]
+mod tests;
