@@ -74,6 +74,18 @@ impl std::fmt::Display for ApiError {
 
 impl std::error::Error for ApiError {}
 
+/// The requests that carry a tenant's job, which a worker may answer by
+/// asking for its module or trees first (`Pool::post_providing`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobPost {
+    /// `POST /v1/jobs`: run it, answer its result.
+    Attached,
+    /// `POST /v1/jobs?detach=true`: start it, answer its id.
+    Detached,
+    /// `POST /v1/submissions`: own the map, answer it stored.
+    Submission,
+}
+
 /// One worker's API, through `http` (which carries the token, if any, and
 /// chooses the scheme).
 #[derive(Clone, Copy)]
@@ -100,10 +112,13 @@ impl<'a> WorkerApi<'a> {
     /// Sends `request` (over the network, or to an in-memory exchange: the
     /// client's transport says).
     async fn send(&self, request: RequestBuilder) -> Result<Response, ApiError> {
-        self.http.send(request).await.map_err(|e| ApiError::Transport {
-            connect: e.connect,
-            why: e.why,
-        })
+        self.http
+            .send(request)
+            .await
+            .map_err(|e| ApiError::Transport {
+                connect: e.connect,
+                why: e.why,
+            })
     }
 
     /// Sends `request`; its response if the status is `ok`.
@@ -223,21 +238,40 @@ impl<'a> WorkerApi<'a> {
         })
     }
 
-    /// `POST` of a job-carrying `body` (postcard) to `path` (`/v1/jobs`,
-    /// with `?detach=true`, or `/v1/submissions`); the response when the
-    /// status is `accepted`.
-    pub async fn post_job(
-        &self,
-        path: &str,
-        accepted: StatusCode,
-        body: Bytes,
-    ) -> Result<Response, ApiError> {
+    /// `POST /v1/jobs`: a job (a postcard `JobSpec`); the response once its
+    /// status is 200 (its result follows) or, `detach`ed, 202 (its id).
+    pub async fn post_job(&self, body: Bytes, detach: bool) -> Result<Response, ApiError> {
         let request = self
             .http
-            .post(self.url(path))
+            .post(self.url(routes::JOBS))
+            .query(&routes::PostJobQuery { detach })
             .header(reqwest::header::CONTENT_TYPE, POSTCARD)
             .body(body);
+        let accepted = match detach {
+            true => StatusCode::ACCEPTED,
+            false => StatusCode::OK,
+        };
         self.expect(request, accepted).await
+    }
+
+    /// One of the requests that carry a tenant's job, with `body`.
+    pub async fn post_carrying(&self, what: JobPost, body: Bytes) -> Result<Response, ApiError> {
+        match what {
+            JobPost::Attached => self.post_job(body, false).await,
+            JobPost::Detached => self.post_job(body, true).await,
+            JobPost::Submission => self.post_submission(body).await,
+        }
+    }
+
+    /// `POST /v1/submissions`: a map (a postcard `SubmissionSpec`) for this
+    /// worker to own; the response once it is stored (201).
+    pub async fn post_submission(&self, body: Bytes) -> Result<Response, ApiError> {
+        let request = self
+            .http
+            .post(self.url(routes::SUBMISSIONS))
+            .header(reqwest::header::CONTENT_TYPE, POSTCARD)
+            .body(body);
+        self.expect(request, StatusCode::CREATED).await
     }
 
     /// `POST /v1/backlog`: what a running map still has to run.
@@ -252,9 +286,7 @@ impl<'a> WorkerApi<'a> {
             .post(self.url(routes::BACKLOG))
             .header(reqwest::header::CONTENT_TYPE, POSTCARD)
             .body(body);
-        self.expect(request, StatusCode::NO_CONTENT)
-            .await
-            .map(drop)
+        self.expect(request, StatusCode::NO_CONTENT).await.map(drop)
     }
 
     /// `POST /v1/jobs/batch`: many jobs; the response streams their
@@ -281,42 +313,48 @@ impl<'a> WorkerApi<'a> {
 
     /// `GET /v1/jobs`: the caller's jobs here.
     pub async fn jobs(&self) -> Result<Vec<JobStatus>, ApiError> {
-        let resp = self.expect(self.http.get(self.url(routes::JOBS)), StatusCode::OK).await?;
+        let resp = self
+            .expect(self.http.get(self.url(routes::JOBS)), StatusCode::OK)
+            .await?;
         self.json(resp, "a list").await
     }
 
     /// `DELETE /v1/jobs/{id}`: cancels a job; what it was (`queued`,
     /// `running`, `done`). 409: it had ended; 404: not here.
     pub async fn cancel_job(&self, id: &str) -> Result<String, ApiError> {
-        let resp = self.expect(
-            self.http.delete(self.url(&routes::path(routes::JOB, id))),
-            StatusCode::OK,
-        )
-        .await?;
-        Ok(was(&resp.text().await.unwrap_or_default()))
+        let resp = self
+            .expect(
+                self.http.delete(self.url(&routes::path(routes::JOB, id))),
+                StatusCode::OK,
+            )
+            .await?;
+        let answer: routes::CancelAnswer = self.json(resp, "an answer to a cancel").await?;
+        Ok(answer.was)
     }
 
     /// `GET /v1/jobs/{id}/output`: a detached job's output past `seen`
     /// bytes of stdout and stderr, and its outcome once it has ended.
     pub async fn job_output(&self, id: &str, seen: [u64; 2]) -> Result<JobOutput, ApiError> {
-        let path = format!(
-            "{}?stdout={}&stderr={}",
-            routes::path(routes::JOB_OUTPUT, id),
-            seen[0],
-            seen[1]
-        );
-        let resp = self.expect(self.http.get(self.url(&path)), StatusCode::OK).await?;
+        let request = self
+            .http
+            .get(self.url(&routes::path(routes::JOB_OUTPUT, id)))
+            .query(&routes::OutputQuery {
+                stdout: seen[0],
+                stderr: seen[1],
+            });
+        let resp = self.expect(request, StatusCode::OK).await?;
         self.postcard(resp, "output").await
     }
 
     /// `GET /v1/submissions/{id}`: a submission's owner and progress.
     pub async fn submission(&self, id: &str) -> Result<SubmissionInfo, ApiError> {
-        let resp = self.expect(
-            self.http
-                .get(self.url(&routes::path(routes::SUBMISSION, id))),
-            StatusCode::OK,
-        )
-        .await?;
+        let resp = self
+            .expect(
+                self.http
+                    .get(self.url(&routes::path(routes::SUBMISSION, id))),
+                StatusCode::OK,
+            )
+            .await?;
         self.json(resp, "a submission").await
     }
 
@@ -328,14 +366,13 @@ impl<'a> WorkerApi<'a> {
         from: u64,
         wait: Duration,
     ) -> Result<ResultsPage, ApiError> {
-        let path = format!(
-            "{}?from={from}&wait_ms={}",
-            routes::path(routes::SUBMISSION_RESULTS, id),
-            wait.as_millis()
-        );
         let request = self
             .http
-            .get(self.url(&path))
+            .get(self.url(&routes::path(routes::SUBMISSION_RESULTS, id)))
+            .query(&routes::ResultsQuery {
+                from,
+                wait_ms: wait.as_millis() as u64,
+            })
             .timeout(wait + Duration::from_secs(30));
         let resp = self.expect(request, StatusCode::OK).await?;
         self.postcard(resp, "results").await
@@ -343,8 +380,9 @@ impl<'a> WorkerApi<'a> {
 
     /// `GET /v1/submissions`: the caller's submissions owned here.
     pub async fn submissions(&self) -> Result<Vec<SubmissionInfo>, ApiError> {
-        let resp =
-            self.expect(self.http.get(self.url(routes::SUBMISSIONS)), StatusCode::OK).await?;
+        let resp = self
+            .expect(self.http.get(self.url(routes::SUBMISSIONS)), StatusCode::OK)
+            .await?;
         self.json(resp, "a list").await
     }
 
@@ -355,11 +393,12 @@ impl<'a> WorkerApi<'a> {
         since_ms: u64,
         tenant: Option<&str>,
     ) -> Result<Vec<HistoryRecord>, ApiError> {
-        let mut path = format!("{}?since_ms={since_ms}", routes::HISTORY);
-        if let Some(t) = tenant {
-            path.push_str(&format!("&tenant={}", url_escape(t)));
-        }
-        let resp = self.expect(self.http.get(self.url(&path)), StatusCode::OK).await?;
+        let query = routes::HistoryQuery {
+            since_ms,
+            tenant: tenant.map(String::from),
+        };
+        let request = self.http.get(self.url(routes::HISTORY)).query(&query);
+        let resp = self.expect(request, StatusCode::OK).await?;
         self.json(resp, "a list").await
     }
 
@@ -370,36 +409,144 @@ impl<'a> WorkerApi<'a> {
             .http
             .delete(self.url(&routes::path(routes::SUBMISSION, id)));
         let resp = self.expect(request, StatusCode::OK).await?;
-        Ok(was(&resp.text().await.unwrap_or_default()))
+        let answer: routes::CancelAnswer = self.json(resp, "an answer to a cancel").await?;
+        Ok(answer.was)
     }
-}
-
-/// The `was` of a cancel's JSON answer (`{"id", "was"}`).
-fn was(body: &str) -> String {
-    serde_json::from_str::<serde_json::Value>(body)
-        .ok()
-        .and_then(|v| v.get("was")?.as_str().map(String::from))
-        .unwrap_or_default()
-}
-
-/// `s` as a URL query value.
-fn url_escape(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            b => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn a_tenant_name_is_escaped_in_a_query_and_a_cancel_answer_is_read() {
-        assert_eq!(super::url_escape("a b&c=d/é"), "a%20b%26c%3Dd%2F%C3%A9");
-        assert_eq!(super::was(r#"{"id":"j-1","was":"running"}"#), "running");
-        assert_eq!(super::was("not json"), "");
+    //! Every method of [`WorkerApi`] sends a request of the route table
+    //! (`proto::routes::TABLE`): its method, its path, a query exactly when
+    //! its row takes one, and the table names that method as the row's
+    //! client — walked through an exchange that records what it is sent.
+
+    use std::sync::Arc;
+
+    use parking_lot::Mutex;
+
+    use super::*;
+    use crate::net::exchange::{Exchange, ExchangeFuture};
+    use crate::proto::routes::{Method, TABLE};
+
+    /// Records each request's method, path and query; answers 500.
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<(String, String, Option<String>)>>);
+
+    impl Exchange for Recorder {
+        fn exchange(&self, request: http::Request<reqwest::Body>) -> ExchangeFuture {
+            let uri = request.uri();
+            self.0.lock().push((
+                request.method().to_string(),
+                uri.path().to_string(),
+                uri.query().map(String::from),
+            ));
+            Box::pin(async {
+                Ok(http::Response::builder()
+                    .status(500)
+                    .body(reqwest::Body::from("recorded"))
+                    .unwrap())
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn every_method_sends_a_request_of_the_route_table() {
+        let recorder = Arc::new(Recorder::default());
+        let transport = crate::net::Transport::in_memory(recorder.clone());
+        let http = crate::client::pool::http_client(None, &transport).unwrap();
+        let api = WorkerApi::new(&http, "127.0.0.1:9");
+        let hash = ModuleHash::of(b"m");
+        let calls: Vec<(&str, Result<(), ApiError>)> = vec![
+            ("peers", api.peers().await.map(drop)),
+            ("put_module", api.put_module(&hash, Bytes::new()).await),
+            (
+                "put_tree",
+                api.put_tree(&hash, Bytes::new()).await.map(drop),
+            ),
+            (
+                "put_file",
+                api.put_file(&FileHash::of(b"f"), reqwest::Body::from(""))
+                    .await,
+            ),
+            (
+                "post_job",
+                api.post_job(Bytes::new(), false).await.map(drop),
+            ),
+            ("post_job", api.post_job(Bytes::new(), true).await.map(drop)),
+            (
+                "post_submission",
+                api.post_submission(Bytes::new()).await.map(drop),
+            ),
+            ("post_backlog", api.post_backlog(&Default::default()).await),
+            ("post_batch", api.post_batch(Bytes::new()).await.map(drop)),
+            (
+                "post_stream",
+                api.post_stream(reqwest::Body::from("")).await.map(drop),
+            ),
+            ("jobs", api.jobs().await.map(drop)),
+            ("cancel_job", api.cancel_job("j-1").await.map(drop)),
+            ("job_output", api.job_output("j-1", [1, 2]).await.map(drop)),
+            ("submission", api.submission("s-1").await.map(drop)),
+            (
+                "submission_results",
+                api.submission_results("s-1", 3, Duration::ZERO)
+                    .await
+                    .map(drop),
+            ),
+            ("submissions", api.submissions().await.map(drop)),
+            ("history", api.history(5, Some("a b&c")).await.map(drop)),
+            (
+                "cancel_submission",
+                api.cancel_submission("s-1").await.map(drop),
+            ),
+        ];
+        let sent = recorder.0.lock().clone();
+        assert_eq!(sent.len(), calls.len(), "one request per call");
+        for ((name, answer), (method, path, query)) in calls.iter().zip(&sent) {
+            assert!(
+                answer
+                    .as_ref()
+                    .is_err_and(|e| e.status() == Some(StatusCode::INTERNAL_SERVER_ERROR)),
+                "{name}: the recorder's 500 comes back as a refusal: {answer:?}"
+            );
+            let method = [Method::Get, Method::Put, Method::Post, Method::Delete]
+                .into_iter()
+                .find(|m| m.as_str() == method)
+                .unwrap();
+            let row = routes::find(method, path)
+                .unwrap_or_else(|| panic!("{name}: {method:?} {path} is not in the route table"));
+            assert_eq!(
+                row.client,
+                format!("WorkerApi::{name}"),
+                "{name}: {method:?} {path}"
+            );
+            assert_eq!(
+                row.query.is_some(),
+                query.is_some(),
+                "{name}: query {query:?}"
+            );
+        }
+        // The queries, as the server's extractors read them.
+        let queries: Vec<_> = sent.iter().filter_map(|(_, _, q)| q.clone()).collect();
+        assert_eq!(
+            queries,
+            [
+                "detach=false",
+                "detach=true",
+                "stdout=1&stderr=2",
+                "from=3&wait_ms=0",
+                "since_ms=5&tenant=a+b%26c"
+            ]
+        );
+        // And every row the table gives to `WorkerApi` was called.
+        for row in TABLE.iter().filter(|r| r.client.starts_with("WorkerApi::")) {
+            let name = row.client.trim_start_matches("WorkerApi::");
+            assert!(
+                calls.iter().any(|(n, _)| *n == name),
+                "{} is not walked",
+                row.client
+            );
+        }
     }
 }

@@ -18,7 +18,7 @@ use super::job::Job;
 use super::pool::{Pool, backoff_wait};
 use super::ship::ShippedTree;
 use crate::gossip::PeerView;
-use crate::proto::{JOB_ID_HEADER, JobSpec, Outcome, StdStream, routes};
+use crate::proto::{JOB_ID_HEADER, JobSpec, Outcome, StdStream};
 
 /// How often a follower asks for more output.
 pub const FOLLOW_INTERVAL: Duration = Duration::from_millis(100);
@@ -77,14 +77,7 @@ impl Pool {
         body: bytes::Bytes,
     ) -> Result<String, PeerError> {
         let resp = self
-            .post_providing(
-                addr,
-                &format!("{}?detach=true", routes::JOBS),
-                StatusCode::ACCEPTED,
-                job,
-                trees,
-                body,
-            )
+            .post_providing(addr, super::api::JobPost::Detached, job, trees, body)
             .await?;
         let id = resp
             .headers()

@@ -42,15 +42,14 @@ impl Shipped<'_> {
 }
 
 impl Pool {
-    /// POSTs `body` (postcard) to `path` on `addr`; a worker that answers it
+    /// POSTs `body` (postcard) as `what` to `addr`; a worker that answers it
     /// lacks the module (404) or files of `trees` (424) is given them
     /// ([`provide`](Self::provide)) and asked again. Returns the response
-    /// once it has status `accepted`, else the refusal.
+    /// once it has the route's status of success, else the refusal.
     pub(super) async fn post_providing(
         &self,
         addr: &str,
-        path: &str,
-        accepted: StatusCode,
+        what: super::api::JobPost,
         job: &Job,
         trees: &[Arc<ShippedTree>],
         body: bytes::Bytes,
@@ -58,7 +57,7 @@ impl Pool {
         let api = WorkerApi::new(self.client_for(addr), addr);
         for attempt in 0..PROVIDE_ATTEMPTS {
             let sent = Instant::now();
-            match api.post_job(path, accepted, body.clone()).await {
+            match api.post_carrying(what, body.clone()).await {
                 Ok(resp) => return Ok(resp),
                 Err(ApiError::Status {
                     status,

@@ -18,7 +18,6 @@ use super::job::Job;
 use super::jobs::{CancelReport, trusted_workers};
 use super::pool::Pool;
 use crate::gossip::PeerView;
-use crate::proto::routes;
 use crate::proto::submission::{
     HistoryRecord, ResultsPage, SubmissionInfo, SubmissionSpec, SubmitConfig,
 };
@@ -69,14 +68,7 @@ impl Pool {
         body: bytes::Bytes,
     ) -> Result<SubmissionInfo, PeerError> {
         let resp = self
-            .post_providing(
-                addr,
-                routes::SUBMISSIONS,
-                StatusCode::CREATED,
-                job,
-                &[],
-                body,
-            )
+            .post_providing(addr, super::api::JobPost::Submission, job, &[], body)
             .await?;
         let text = resp.text().await.map_err(|e| PeerError::from_reqwest(&e))?;
         serde_json::from_str(&text).map_err(|e| {

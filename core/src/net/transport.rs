@@ -227,9 +227,12 @@ impl HttpClient {
         }
         let answer = exchange.exchange(request);
         let answer = match timeout {
-            Some(t) => tokio::time::timeout(t, answer)
-                .await
-                .unwrap_or_else(|_| Err(format!("no answer within {}", humantime::format_duration(t)))),
+            Some(t) => tokio::time::timeout(t, answer).await.unwrap_or_else(|_| {
+                Err(format!(
+                    "no answer within {}",
+                    humantime::format_duration(t)
+                ))
+            }),
             None => answer.await,
         };
         answer

@@ -104,7 +104,11 @@ async fn an_interrupted_map_resumes_where_it_stopped_and_runs_no_input_twice() {
     let done_before = info(&network, &worker.addr, &submitted.id).await.done;
     let worker = worker.restart(config(dir.path(), false)).await.unwrap();
     let all = results(&network, &worker.addr, &submitted.id, n as usize).await;
-    assert_eq!(&all[..some.len()], &some[..], "what was stored is kept as it was");
+    assert_eq!(
+        &all[..some.len()],
+        &some[..],
+        "what was stored is kept as it was"
+    );
     let outputs: Vec<_> = all.iter().map(|r| r.result.stdout.clone()).collect();
     assert_eq!(outputs, inputs(n), "every input once, in order");
     let info = ended(&network, &worker.addr, &submitted.id).await;
@@ -131,14 +135,20 @@ async fn a_cancelled_submission_stops_its_jobs_and_keeps_what_it_had() {
     // Both slots busy with its spinning jobs, then cancelled.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while worker.worker().admission.counts().0 < 2 {
-        assert!(tokio::time::Instant::now() < deadline, "its jobs never started");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "its jobs never started"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let was = api.cancel_submission(&submitted.id).await.unwrap();
     assert_eq!(was, "running");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while worker.worker().admission.counts() != (0, 0) {
-        assert!(tokio::time::Instant::now() < deadline, "its jobs still run after the cancel");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "its jobs still run after the cancel"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let info = api.submission(&submitted.id).await.unwrap();

@@ -34,16 +34,11 @@ use axum::response::{IntoResponse, Response};
 
 use super::extract::{Caller, JobBody, Postcard};
 use super::response::{json, postcard, text};
+use crate::proto::routes::{CancelAnswer, OutputQuery, PostJobQuery};
 use crate::proto::{JOB_ID_HEADER, JobSpec, POSTCARD};
 use crate::worker::jobs;
 use crate::worker::state::Worker;
 use crate::worker::table::{Cancelled, Lookup, READS_PER_TENANT};
-
-#[derive(serde::Deserialize)]
-pub struct PostParams {
-    #[serde(default)]
-    detach: bool,
-}
 
 fn with_id(mut resp: Response, id: &str) -> Response {
     if let Ok(v) = HeaderValue::from_str(id) {
@@ -54,7 +49,7 @@ fn with_id(mut resp: Response, id: &str) -> Response {
 
 pub async fn post_job(
     State(w): State<Arc<Worker>>,
-    Query(params): Query<PostParams>,
+    Query(params): Query<PostJobQuery>,
     Caller(tenant): Caller,
     Postcard(spec, charge, _): Postcard<JobSpec, JobBody>,
 ) -> Response {
@@ -82,19 +77,11 @@ pub async fn post_job(
 /// The most output of each stream one `GET /v1/jobs/{id}/output` returns.
 pub const OUTPUT_PAGE: usize = 4 << 20;
 
-#[derive(serde::Deserialize)]
-pub struct OutputParams {
-    #[serde(default)]
-    stdout: u64,
-    #[serde(default)]
-    stderr: u64,
-}
-
 pub async fn get_output(
     State(w): State<Arc<Worker>>,
     Caller(tenant): Caller,
     Path(id): Path<String>,
-    Query(from): Query<OutputParams>,
+    Query(from): Query<OutputQuery>,
 ) -> Response {
     match w
         .jobs
@@ -145,15 +132,6 @@ pub async fn get_job(
                 .into_response()
         }
     }
-}
-
-/// What `DELETE /v1/jobs/{id}` answers when it cancelled a job.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct CancelAnswer {
-    /// The job's id.
-    pub id: String,
-    /// What it was doing when cancelled: `queued` or `running`.
-    pub was: String,
 }
 
 pub async fn delete_job(

@@ -88,11 +88,10 @@ impl Exchange for MemoryNetwork {
                 .extensions_mut()
                 .insert(Remote(IpAddr::V4(Ipv4Addr::LOCALHOST)));
             request.extensions_mut().insert(Trust::default());
-            let response =
-                match tower_service::Service::call(&mut router, request).await {
-                    Ok(response) => response,
-                    Err(never) => match never {},
-                };
+            let response = match tower_service::Service::call(&mut router, request).await {
+                Ok(response) => response,
+                Err(never) => match never {},
+            };
             let (parts, body) = response.into_parts();
             let body = reqwest::Body::wrap_stream(body.into_data_stream());
             Ok(http::Response::from_parts(parts, body))
@@ -118,7 +117,10 @@ impl MemoryWorker {
     /// ignored: it is reached through `network`, in clear), puts back what
     /// its state directory kept, and puts it on `network` under a fresh
     /// address.
-    pub async fn start(config: WorkerConfig, network: &MemoryNetwork) -> anyhow::Result<MemoryWorker> {
+    pub async fn start(
+        config: WorkerConfig,
+        network: &MemoryNetwork,
+    ) -> anyhow::Result<MemoryWorker> {
         Self::start_at(config, network, network.address()).await
     }
 
@@ -132,7 +134,10 @@ impl MemoryWorker {
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
             match Self::start_at(config.clone(), &network, addr.clone()).await {
-                Err(e) if tokio::time::Instant::now() < deadline && format!("{e:#}").contains("in use by another") => {
+                Err(e)
+                    if tokio::time::Instant::now() < deadline
+                        && format!("{e:#}").contains("in use by another") =>
+                {
                     tokio::time::sleep(std::time::Duration::from_millis(10)).await
                 }
                 other => return other,
@@ -145,8 +150,7 @@ impl MemoryWorker {
         network: &MemoryNetwork,
         addr: String,
     ) -> anyhow::Result<MemoryWorker> {
-        let Assembled { worker, owner, app } =
-            assemble(&config, &addr, Some(network.transport()))?;
+        let Assembled { worker, owner, app } = assemble(&config, &addr, Some(network.transport()))?;
         super::start::restore_state(&owner, config.keep_results).await;
         let gossip = gossip_transport(&worker)?;
         network.routers.write().insert(addr.clone(), app);
@@ -164,7 +168,8 @@ impl MemoryWorker {
     /// One gossip round, as the worker's timer would run it: its record
     /// refreshed, a digest sent to peers it knows (over the network).
     pub async fn gossip_round(&self) {
-        let mut rng: rand::rngs::SmallRng = rand::SeedableRng::seed_from_u64(self.addr.len() as u64);
+        let mut rng: rand::rngs::SmallRng =
+            rand::SeedableRng::seed_from_u64(self.addr.len() as u64);
         let owner = Arc::downgrade(&self.owner);
         crate::gossip::transport::round(
             &self.worker.gossip,

@@ -40,13 +40,13 @@ mod submissions;
 mod config;
 #[cfg(test)]
 mod contract;
-#[cfg(test)]
-pub(crate) mod testing;
-pub mod memory;
 pub mod controller;
+pub mod memory;
 pub mod pooldir;
 mod router;
 mod start;
+#[cfg(test)]
+pub(crate) mod testing;
 
 pub use start::split_host_port;
 

@@ -23,9 +23,9 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::extract::{Caller, Postcard, SubmissionBody, bearer};
-use super::jobs::CancelAnswer;
 use super::response::{json, postcard, text};
 use crate::owner::Owner;
+use crate::proto::routes::{CancelAnswer, HistoryQuery, ResultsQuery};
 use crate::proto::submission::{SUBMISSION_ID_HEADER, SubmissionSpec};
 use crate::worker::state::Worker;
 
@@ -86,20 +86,12 @@ pub async fn get_submission(
     }
 }
 
-#[derive(serde::Deserialize)]
-pub struct ResultsParams {
-    #[serde(default)]
-    from: u64,
-    #[serde(default)]
-    wait_ms: u64,
-}
-
 pub async fn get_results(
     State(w): State<Arc<Worker>>,
     Extension(o): Extension<Arc<Owner>>,
     Caller(tenant): Caller,
     Path(id): Path<String>,
-    Query(p): Query<ResultsParams>,
+    Query(p): Query<ResultsQuery>,
 ) -> Response {
     let wait = Duration::from_millis(p.wait_ms);
     match o
@@ -128,17 +120,10 @@ pub async fn delete_submission(
     }
 }
 
-#[derive(serde::Deserialize)]
-pub struct HistoryParams {
-    #[serde(default)]
-    since_ms: u64,
-    tenant: Option<String>,
-}
-
 pub async fn get_history(
     State(w): State<Arc<Worker>>,
     Caller(caller): Caller,
-    Query(p): Query<HistoryParams>,
+    Query(p): Query<HistoryQuery>,
 ) -> Response {
     let tenant = match (caller.operator, p.tenant) {
         (true, wanted) => wanted,

@@ -21,7 +21,8 @@ pub const ECHO: &str = r#"(module
     (drop (call $write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#;
 
 /// Never ends (until cancelled or out of time).
-pub const SPIN: &str = r#"(module (memory (export "memory") 1) (func (export "_start") (loop (br 0))))"#;
+pub const SPIN: &str =
+    r#"(module (memory (export "memory") 1) (func (export "_start") (loop (br 0))))"#;
 
 pub fn job(wat: &str) -> Job {
     Job::new(wat::parse_str(wat).expect("the test's WAT parses"))
@@ -62,7 +63,6 @@ pub fn config(dir: &std::path::Path, multi: bool) -> WorkerConfig {
     }
     config
 }
-
 
 /// Counts down from 2^26 before it writes its stdin back: a job of some
 /// tens of milliseconds.

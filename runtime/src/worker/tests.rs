@@ -54,11 +54,21 @@ async fn two_workers_hear_each_other_and_a_map_runs_on_both() {
     let view = WorkerApi::new(&http, &a.addr).peers().await.unwrap();
     let mut seen: Vec<_> = view.iter().map(|p| p.advert.addr.clone()).collect();
     seen.sort();
-    assert_eq!(seen, [a.addr.clone(), b.addr.clone()], "a's view after one round each");
+    assert_eq!(
+        seen,
+        [a.addr.clone(), b.addr.clone()],
+        "a's view after one round each"
+    );
     let mut items = Vec::new();
-    map(&target(&network, &a.addr), &job(BUSY_ECHO), inputs(24), &config_of_map(), &mut items)
-        .await
-        .unwrap();
+    map(
+        &target(&network, &a.addr),
+        &job(BUSY_ECHO),
+        inputs(24),
+        &config_of_map(),
+        &mut items,
+    )
+    .await
+    .unwrap();
     let outputs: Vec<_> = items.iter().map(|i| i.result.stdout.clone()).collect();
     assert_eq!(outputs, inputs(24));
     let (ran_a, ran_b) = (
@@ -79,9 +89,15 @@ async fn a_worker_that_dies_under_a_map_loses_no_input() {
         let target = target(&network, &a.addr);
         tokio::spawn(async move {
             let mut items = Vec::new();
-            map(&target, &job(BUSY_ECHO), inputs(n), &config_of_map(), &mut items)
-                .await
-                .map(|_| items)
+            map(
+                &target,
+                &job(BUSY_ECHO),
+                inputs(n),
+                &config_of_map(),
+                &mut items,
+            )
+            .await
+            .map(|_| items)
         })
     };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -122,7 +138,10 @@ async fn a_detached_job_s_result_is_kept_across_a_restart() {
         .ended
         .is_none()
     {
-        assert!(tokio::time::Instant::now() < deadline, "the job never ended");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the job never ended"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let worker = worker.restart(config(dir.path(), false)).await.unwrap();
@@ -131,5 +150,8 @@ async fn a_detached_job_s_result_is_kept_across_a_restart() {
         .await
         .unwrap();
     assert_eq!(output.stdout, b"kept");
-    assert!(output.ended.as_ref().is_some_and(|o| o.is_success()), "{output:?}");
+    assert!(
+        output.ended.as_ref().is_some_and(|o| o.is_success()),
+        "{output:?}"
+    );
 }
