@@ -60,7 +60,7 @@ fn parse(text: &str) -> HashMap<String, f64> {
 /// `addr`'s metrics, scraped with the operator's token (`tenants::CAROL`):
 /// with `--tenants` they are an operator's to read.
 pub(crate) async fn scrape(addr: &str) -> HashMap<String, f64> {
-    let operator = peerwasm::client::pool::http_client(
+    let operator = peerwasm::client::http_client(
         Some(crate::tenants::CAROL),
         &peerwasm::net::Transport::plain(),
     )

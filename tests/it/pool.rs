@@ -25,7 +25,7 @@ pub(crate) async fn view(addr: &str) -> Vec<PeerView> {
 
 /// The tenants file's operator on `transport` (who sees every tenant's usage).
 pub(crate) fn operator(transport: &peerwasm::net::Transport) -> peerwasm::net::HttpClient {
-    peerwasm::client::pool::http_client(Some(crate::tenants::CAROL), transport).unwrap()
+    peerwasm::client::http_client(Some(crate::tenants::CAROL), transport).unwrap()
 }
 
 /// `addr`'s view, asked with `http`.

@@ -145,7 +145,7 @@ df['y'] = df.x ** 2\n\
 r = stats.spearmanr(df.x, df.y).statistic\n\
 print(json.dumps({'n': len(df), 'sum': int(df.y.sum()), 'rho': round(float(r), 6)}))\n";
 
-/// The bytes of shipped files a worker received (`PUT /v1/files`).
+/// The bytes of shipped files a worker received (`PUT /v1/files/{hash}`).
 fn files_received(addr: &str) -> u64 {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -89,8 +89,7 @@ pub(crate) async fn post(
 /// This worker's advert, as the operator sees it (every tenant's usage).
 pub(crate) async fn me(addr: &str) -> peerwasm::proto::Advert {
     let operator =
-        peerwasm::client::pool::http_client(Some(CAROL), &peerwasm::net::Transport::plain())
-            .unwrap();
+        peerwasm::client::http_client(Some(CAROL), &peerwasm::net::Transport::plain()).unwrap();
     let v: Vec<PeerView> = peerwasm::client::fetch_peers(&operator, &[addr.to_string()])
         .await
         .unwrap();

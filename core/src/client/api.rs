@@ -20,7 +20,10 @@ use crate::gossip::PeerView;
 use crate::net::HttpClient;
 use crate::proto::submission::{HistoryRecord, ResultsPage, SubmissionInfo};
 use crate::proto::tree::FileHash;
-use crate::proto::{JobOutput, JobStatus, LARGEST_JOB_HEADER, ModuleHash, POSTCARD, routes};
+use crate::proto::{
+    JobOutput, JobStatus, LARGEST_JOB_HEADER, ModuleHash, POSTCARD, PROTOCOL_HEADER,
+    PROTOCOL_VERSION, routes,
+};
 
 /// How long a worker may take to answer for its pool view.
 pub const PEERS_TIMEOUT: Duration = Duration::from_secs(5);
@@ -73,6 +76,23 @@ impl std::fmt::Display for ApiError {
 }
 
 impl std::error::Error for ApiError {}
+
+/// An HTTP client for talking to workers on `transport`: our protocol
+/// version and, if given, the tenant's token on every request.
+pub fn http_client(
+    token: Option<&str>,
+    transport: &crate::net::Transport,
+) -> anyhow::Result<HttpClient> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        PROTOCOL_HEADER,
+        reqwest::header::HeaderValue::from_static(PROTOCOL_VERSION),
+    );
+    let builder = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true);
+    transport.client(builder, headers, token)
+}
 
 /// The requests that carry a tenant's job, which a worker may answer by
 /// asking for its module or trees first (`Pool::post_providing`).
@@ -454,7 +474,7 @@ mod tests {
     async fn every_method_sends_a_request_of_the_route_table() {
         let recorder = Arc::new(Recorder::default());
         let transport = crate::net::Transport::in_memory(recorder.clone());
-        let http = crate::client::pool::http_client(None, &transport).unwrap();
+        let http = crate::client::http_client(None, &transport).unwrap();
         let api = WorkerApi::new(&http, "127.0.0.1:9");
         let hash = ModuleHash::of(b"m");
         let calls: Vec<(&str, Result<(), ApiError>)> = vec![

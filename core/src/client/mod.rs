@@ -79,7 +79,7 @@ pub(crate) mod submitter;
 pub(crate) mod target;
 pub mod tree;
 
-pub use api::{ApiError, WorkerApi};
+pub use api::{ApiError, WorkerApi, http_client};
 pub use errors::SubmitError;
 pub use job::Job;
 pub use map::{MapConfig, MapItem, MapObserver, MapSummary, map};

@@ -22,7 +22,10 @@
 //! * `stdio` — captured, capped, optionally streamed stdout/stderr;
 //! * `warm` — warm starts: jobs begun from a snapshot of an interpreter's
 //!   memory (a Python map's items);
-//! * `outcome` — classifying how a job ended.
+//! * `kinds` — how a component and a warm start run (a core module's run
+//!   is here);
+//! * `outcome` — classifying how a job ended;
+//! * `wasi_ctx` — a job's WASI context: args, env, stdio, directories.
 //!
 //! A job runs as an async wasmtime call on a Tokio runtime. That is what lets
 //! a wall-time limit end a job that is asleep in a host call: the sync WASI
@@ -44,6 +47,7 @@ pub(crate) mod engine;
 pub(crate) mod entry;
 pub mod files;
 mod job_state;
+mod kinds;
 pub(crate) mod limiter;
 pub(crate) mod outcome;
 mod spec;
@@ -51,6 +55,7 @@ pub(crate) mod stdin;
 pub(crate) mod stdio;
 pub(crate) mod validate;
 mod warm;
+mod wasi_ctx;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -58,8 +63,6 @@ use std::time::Duration;
 
 use tokio::sync::mpsc::UnboundedSender;
 use wasmtime::{Engine, Linker, Store};
-use wasmtime_wasi::p2::pipe::MemoryInputPipe;
-use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
 pub use cache::{CacheStats, CompiledModule, ModuleCache, max_compiles};
 pub use cancel::{Cancel, CancelOnDrop};
@@ -422,49 +425,6 @@ impl Sandbox {
         })
     }
 
-    /// Runs a component's `wasi:cli/run` in a fresh store: no scratch
-    /// directory, read-only granted directories only (see [`component`]).
-    async fn run_component(
-        &self,
-        pre: &component::CommandPre,
-        spec: &RunSpec,
-        io: JobIo<'_>,
-        bounds: Bounds,
-    ) -> Result<Ran, String> {
-        if let Some(d) = spec.dirs.iter().find(|d| !d.read_only) {
-            return Err(format!(
-                "a component gets read-only directories only, and {} is writable: grant it read-only (`:ro`) \
-                 or build the job for wasm32-wasip1",
-                d.guest
-            ));
-        }
-        let wasi = self.build_wasi(spec, io, None)?.build();
-        let wasi = component::ComponentWasi::new(wasi, self.config.max_open_files);
-        let limiter = bounds
-            .limiter
-            .allowing_instances(component::MAX_CORE_INSTANCES);
-        let mut store = self.store(&self.component_engine, wasi, limiter);
-        let call = async {
-            let command = pre
-                .instantiate_async(&mut store)
-                .await
-                .map_err(|e| (Phase::Instantiate, e))?;
-            match command.wasi_cli_run().call_run(&mut store).await {
-                Ok(Ok(())) => Ok(()),
-                // `run` returned its error: what a failing `main` exits with.
-                Ok(Err(())) => Err((Phase::Run, wasmtime_wasi::I32Exit(1).into())),
-                Err(e) => Err((Phase::Run, e)),
-            }
-        };
-        let (ended, wall_time_us, cpu_time_us) = drive(call, bounds.deadline, &bounds.cancel).await;
-        Ok(Ran {
-            ended,
-            wall_time_us,
-            cpu_time_us,
-            limiter: store.into_data().limiter,
-        })
-    }
-
     /// A core module's job's store on `engine`, and its scratch directory
     /// if it can open files (held by the caller: dropped, and so deleted,
     /// when the job is done). `Err` is why the job cannot start.
@@ -584,128 +544,6 @@ impl Sandbox {
             .map_err(|e| format!("its imports cannot be satisfied: {}", code::one_line(&e)))?;
         let opens_files = m.imports().any(|i| i.name() == "path_open");
         Ok(Prepared::Module { pre, opens_files })
-    }
-
-    /// The WASI context of one job: its args, env, stdio, scratch directory and
-    /// granted directories, and nothing else (no host env, no network).
-    fn build_wasi(
-        &self,
-        spec: &RunSpec,
-        io: JobIo<'_>,
-        scratch: Option<&std::path::Path>,
-    ) -> Result<WasiCtxBuilder, String> {
-        let mut b = WasiCtxBuilder::new();
-        // No network: a component's `wasi:sockets` calls are refused before a
-        // host socket is made (preview 1 has no way to make one).
-        b.allow_tcp(false)
-            .allow_udp(false)
-            .allow_ip_name_lookup(false);
-        b.allow_blocking_current_thread(self.config.file_io_on_job_thread);
-        b.arg(&spec.program_name);
-        b.args(&spec.args);
-        b.envs(&spec.env);
-        match io.stdin.and_then(|feed| feed.reader(spec.stdin.clone())) {
-            Some(reader) => b.stdin(wasmtime_wasi::cli::AsyncStdinStream::new(reader)),
-            None => b.stdin(MemoryInputPipe::new(spec.stdin.clone())),
-        };
-        b.stdout(io.stdout.clone());
-        b.stderr(io.stderr.clone());
-        if let Some(scratch) = scratch
-            && !spec.dirs.iter().any(|d| d.guest == SCRATCH_GUEST_PATH)
-        {
-            b.preopened_dir(scratch, SCRATCH_GUEST_PATH, FsPerms::ReadWrite)
-                .map_err(|e| format!("cannot open the scratch directory: {e}"))?;
-        }
-        for d in &spec.dirs {
-            let perms = if d.read_only {
-                FsPerms::ReadOnly
-            } else {
-                FsPerms::ReadWrite
-            };
-            b.preopened_dir(&d.host, &d.guest, perms).map_err(|e| {
-                format!(
-                    "cannot open directory {} for the job: {e}",
-                    d.host.display()
-                )
-            })?;
-        }
-        Ok(b)
-    }
-
-    fn scratch_dir(&self) -> std::io::Result<tempfile::TempDir> {
-        let b = tempfile::Builder::new().prefix("peerwasm-job-").to_owned();
-        match &self.config.scratch_root {
-            Some(root) => b.tempdir_in(root),
-            None => b.tempdir(),
-        }
-    }
-}
-
-impl Sandbox {
-    /// Runs a job of a warm start (see the module docs) in a fresh store
-    /// on the warm engine: from its snapshot, or its prelude first. `Err`
-    /// is why the job could not start.
-    #[allow(clippy::too_many_arguments)]
-    async fn run_warm(
-        &self,
-        hash: crate::proto::ModuleHash,
-        module: &wasmtime::Module,
-        opens_files: bool,
-        warm: &crate::proto::WarmStart,
-        spec: &RunSpec,
-        io: JobIo<'_>,
-        bounds: Bounds,
-    ) -> Result<Ran, String> {
-        let pre = self
-            .warm
-            .module(&hash, module, |engine| self.cache.map_for(engine, &hash))?;
-        let (mut store, _scratch) =
-            self.core_store(self.warm.engine(), opens_files, spec, io, bounds.limiter)?;
-        let call = async {
-            let start = self.warm.start(spec, warm, opens_files).await;
-            let instance = pre
-                .instantiate_async(&mut store)
-                .await
-                .map_err(|e| (Phase::Instantiate, e))?;
-            match start {
-                warm::Start::From(image) => warm::restore(&mut store, &instance, &image)
-                    .await
-                    .map_err(|e| (Phase::Instantiate, e))?,
-                warm::Start::Cold { keep } => {
-                    if let Ok(init) =
-                        instance.get_typed_func::<(), ()>(&mut store, entry::REACTOR_INIT)
-                    {
-                        init.call_async(&mut store, ())
-                            .await
-                            .map_err(|e| (Phase::Run, e))?;
-                    }
-                    let status = warm::turn(&mut store, &instance, &warm.prelude)
-                        .await
-                        .map_err(|e| (Phase::Run, e))?;
-                    if let Some(claim) = keep {
-                        let memory =
-                            warm::memory_of(&mut store, &instance).map_err(|e| (Phase::Run, e))?;
-                        if let Err(e) = self.warm.keep(claim, status, memory.data(&store)) {
-                            tracing::warn!("cannot keep a warm start's snapshot: {e}");
-                        }
-                    }
-                }
-            }
-            match warm::turn(&mut store, &instance, &warm.turn)
-                .await
-                .map_err(|e| (Phase::Run, e))?
-            {
-                0 => Ok(()),
-                code => Err((Phase::Run, wasmtime_wasi::I32Exit(code).into())),
-            }
-        };
-        let (ended, wall_time_us, cpu_time_us) = drive(call, bounds.deadline, &bounds.cancel).await;
-        Ok(Ran {
-            ended,
-            wall_time_us,
-            cpu_time_us,
-            limiter: store.into_data().limiter,
-        })
     }
 }
 

@@ -79,7 +79,7 @@ impl TlsArgs {
         if token.is_some() {
             transport.check_token_hops(peers)?;
         }
-        crate::client::pool::http_client(token, &transport)
+        crate::client::http_client(token, &transport)
     }
 }
 

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::client::{Pool, PoolConfig, WorkerApi, pool::http_client};
+use crate::client::{Pool, PoolConfig, WorkerApi, http_client};
 use crate::proto::submission::{SubmissionInfo, SubmissionState, SubmitConfig, SubmittedResult};
 use crate::server::memory::{MemoryNetwork, MemoryWorker};
 use crate::server::testing::{BUSY_ECHO, ECHO, MIB, SPIN, config, job};

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use crate::client::pool::http_client;
+use crate::client::http_client;
 use crate::client::{ApiError, Pool, PoolConfig, Target, WorkerApi};
 use crate::net::{HttpClient, Transport};
 use crate::proto::submission::{SubmissionState, SubmitConfig};

@@ -151,10 +151,10 @@ impl MemoryWorker {
         addr: String,
     ) -> anyhow::Result<MemoryWorker> {
         let Assembled { worker, owner, app } = assemble(&config, &addr, Some(network.transport()))?;
-        super::start::restore_state(&owner, config.keep_results).await;
+        super::kept::restore_state(&owner, config.keep_results).await;
         let gossip = gossip_transport(&worker)?;
         network.routers.write().insert(addr.clone(), app);
-        let keeping = tokio::spawn(super::start::keep_state(owner.clone(), config.keep_results));
+        let keeping = tokio::spawn(super::kept::keep_state(owner.clone(), config.keep_results));
         Ok(MemoryWorker {
             addr,
             worker,

@@ -17,7 +17,8 @@
 //! `pooldir.rs` a pool joined through a shared directory (key, CA, members),
 //! `controller.rs` the notice of the controller growing it (`peerwasm adapt`),
 //! `router.rs` every route, `start.rs` assembles and starts a worker and
-//! holds the [`RunningWorker`] it gives back, [`memory`] serves the same
+//! holds the [`RunningWorker`] it gives back, `kept.rs` what it puts back
+//! at start and forgets as it expires, [`memory`] serves the same
 //! assembled worker without a socket (for tests); this file only names them.
 //!
 //! `serve` accepts connections within limits (a header timeout, a
@@ -41,6 +42,7 @@ mod config;
 #[cfg(test)]
 mod contract;
 pub mod controller;
+mod kept;
 pub mod memory;
 pub mod pooldir;
 mod router;
@@ -55,9 +57,10 @@ pub use config::{
     DEFAULT_MAX_JOB_TIME, DEFAULT_MAX_OUTPUT, DEFAULT_MAX_RESULTS, DEFAULT_MAX_STORED,
     DEFAULT_SCRATCH, WorkerConfig,
 };
+pub use kept::EXPIRE_EVERY;
 pub use serve::{
     DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_PER_ADDRESS_SHARE,
     PRESSED_HEADER_TIMEOUT, Remote, ServeLimits, Trust,
 };
-pub use start::{EXPIRE_EVERY, HOST_LEDGER_REFRESH, RunningWorker, start};
+pub use start::{HOST_LEDGER_REFRESH, RunningWorker, start};
 pub use stream::DEFAULT_UNREAD_GRACE;

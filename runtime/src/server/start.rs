@@ -27,10 +27,6 @@ use crate::worker::warnings::Warnings;
 /// How often a worker refreshes its record in the host's ledger.
 pub const HOST_LEDGER_REFRESH: Duration = Duration::from_millis(250);
 
-/// How often what expired is forgotten (or more often, with a shorter
-/// `--keep-results`).
-pub const EXPIRE_EVERY: Duration = Duration::from_secs(3600);
-
 /// A bound, running worker.
 pub struct RunningWorker {
     /// The address it listens on.
@@ -103,7 +99,7 @@ pub async fn start(
         config.drain_grace,
     );
     let refused = worker.connections_refused.clone();
-    restore_state(&owner, config.keep_results).await;
+    super::kept::restore_state(&owner, config.keep_results).await;
     let serve = tokio::spawn(serve::serve(
         listener,
         tls,
@@ -112,7 +108,7 @@ pub async fn start(
         refused,
         drain,
     ));
-    tokio::spawn(keep_state(owner.clone(), config.keep_results));
+    tokio::spawn(super::kept::keep_state(owner.clone(), config.keep_results));
     if !config.precompile.is_empty() {
         let (w, paths) = (worker.clone(), config.precompile.clone());
         tokio::task::spawn_blocking(move || precompile(&w, &paths));
@@ -563,56 +559,6 @@ fn precompile(w: &Worker, paths: &[std::path::PathBuf]) {
     }
 }
 
-/// What expired is forgotten, then kept detached jobs are put back: before
-/// the worker answers anyone, so a job it kept is never "no such job" just
-/// after a restart.
-pub(super) async fn restore_state(o: &Arc<Owner>, keep_results: Duration) {
-    expire_state(o, keep_results).await;
-    match crate::worker::restore::detached_jobs(&o.worker).await {
-        Ok((0, 0)) => {}
-        Ok((results, rerun)) => tracing::info!(results, rerun, "restored kept detached jobs"),
-        Err(e) => tracing::error!("cannot restore the kept detached jobs: {e:#}"),
-    }
-}
-
-/// Forgets old history, and finished detached jobs and submissions older
-/// than `keep_results`.
-async fn expire_state(o: &Arc<Owner>, keep_results: Duration) {
-    let w = &o.worker;
-    w.history.expire();
-    w.uploaders.expire();
-    match crate::worker::detached::expire(w, keep_results).await {
-        Ok(0) => {}
-        Ok(n) => tracing::info!(
-            jobs = n,
-            "forgot detached jobs that ended past --keep-results"
-        ),
-        Err(e) => tracing::warn!("cannot forget old detached jobs: {e:#}"),
-    }
-    if let Err(e) = o.submissions.expire(keep_results).await {
-        tracing::warn!("cannot forget old submissions: {e:#}");
-    }
-}
-
-/// Resumes the submissions this worker owns (they submit to it, so it
-/// serves first); then, every [`EXPIRE_EVERY`], forgets what expired.
-pub(super) async fn keep_state(o: Arc<Owner>, keep_results: Duration) {
-    match crate::owner::run::resume_all(&o).await {
-        Ok(0) => {}
-        Ok(n) => {
-            tracing::info!(submissions = n, state_dir = %o.worker.db.dir().display(), "resumed owned submissions")
-        }
-        Err(e) => tracing::error!("cannot resume the owned submissions: {e:#}"),
-    }
-    let mut every =
-        tokio::time::interval(EXPIRE_EVERY.min(keep_results.max(Duration::from_secs(1))));
-    every.tick().await; // the first tick is now: expired at start
-    loop {
-        every.tick().await;
-        expire_state(&o, keep_results).await;
-    }
-}
-
 /// Joins the host's ledger at `path` (see `worker::hostledger`), or says
 /// loudly why it cannot and goes on deciding alone. Its figures are
 /// published every [`HOST_LEDGER_REFRESH`] (its jobs touch their memory as
@@ -647,18 +593,4 @@ fn join_host_ledger(ledger: &Arc<Ledger>, path: &std::path::Path, addr: &str) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_bare_host_or_port_0_advertises_the_port_bound() {
-        let bound: SocketAddr = "0.0.0.0:41234".parse().unwrap();
-        assert_eq!(advertised(None, bound), "0.0.0.0:41234");
-        assert_eq!(advertised(Some("node7"), bound), "node7:41234");
-        assert_eq!(advertised(Some("node7:0"), bound), "node7:41234");
-        assert_eq!(advertised(Some("node7:7070"), bound), "node7:7070");
-        assert_eq!(advertised(Some("[::1]"), bound), "[::1]:41234");
-        assert_eq!(advertised(Some("[::1]:9"), bound), "[::1]:9");
-        assert_eq!(split_host_port("10.0.0.1:80"), ("10.0.0.1", Some(80)));
-    }
-}
+mod tests;

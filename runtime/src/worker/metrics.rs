@@ -78,7 +78,7 @@ pub struct GossipCounts {
 /// The file store's counters, as a scrape reads them.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FileStoreCounts {
-    /// Files received (`PUT /v1/files`).
+    /// Files received (`PUT /v1/files/{hash}`).
     pub received: u64,
     /// Their bytes.
     pub received_bytes: u64,

@@ -17,6 +17,8 @@
 //!   specs, manifests), charged to who sent them and to the ledger;
 //! * `jobs` — a job's life: checks, admission, the run, charging,
 //!   cancelling;
+//! * `compile_charge` — what a job's compile takes of the host's memory,
+//!   charged while it runs, and each tenant's compile turns;
 //! * `table` — the jobs a worker holds, by id, with their cancel handles;
 //! * `admission` — slots, memory and per-tenant queues;
 //! * `ledger` — the host memory ledger (smartmem, exact);
@@ -55,6 +57,7 @@ pub(crate) mod admission;
 pub(crate) mod backlogs;
 pub(crate) mod budget;
 pub(crate) mod cgroup;
+pub(crate) mod compile_charge;
 pub(crate) mod detached;
 pub(crate) mod fairshare;
 pub(crate) mod filestore;

@@ -1,6 +1,6 @@
 //! What a worker puts back at start from its state database: detached jobs
 //! (their results served again, unfinished ones run again under the same
-//! id). Durable submissions resume in `submissions/run.rs`.
+//! id). Durable submissions resume in `owner/run.rs`.
 
 use std::sync::Arc;
 

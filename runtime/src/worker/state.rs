@@ -70,7 +70,7 @@ pub struct Worker {
     pub(crate) owned_maps: std::sync::atomic::AtomicU32,
     /// The batch-system job it runs in, and when that ends it.
     pub(crate) lifetime: super::lifetime::Lifetime,
-    /// Each tenant's compile turns (`jobs::compile_turns_per_tenant`).
+    /// Each tenant's compile turns (`compile_charge::compile_turns_per_tenant`).
     pub(crate) compile_turns:
         parking_lot::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }

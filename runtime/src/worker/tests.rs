@@ -6,7 +6,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::client::{MapConfig, Pool, PoolConfig, Target, WorkerApi, map, pool::http_client};
+use crate::client::{MapConfig, Pool, PoolConfig, Target, WorkerApi, http_client, map};
 use crate::server::memory::{MemoryNetwork, MemoryWorker};
 use crate::server::testing::{BUSY_ECHO, ECHO, MIB, config, job, second};
 

@@ -1,0 +1,233 @@
+//! What a map does with each answer: a result handed over (in input order,
+//! or as it comes), a job run again (out of memory we estimated, lost,
+//! failed within `retries`), a failure that stops the map — and how it
+//! notices a submission that will never answer.
+
+use std::time::Duration;
+
+use super::{MapItem, MapObserver, MapRun, Stopped, input_size};
+use crate::client::errors::SubmitError;
+use crate::client::submitter::Submitter;
+use crate::proto::{JobResult, Outcome};
+use crate::units::Bytes;
+
+impl<T: Submitter> MapRun<'_, T> {
+    pub(super) fn on_answer(
+        &mut self,
+        id: u64,
+        answer: Result<JobResult, SubmitError>,
+        observer: &mut (dyn MapObserver + Send),
+    ) -> anyhow::Result<()> {
+        let Some(attempt) = self.attempts.remove(&id) else {
+            return Ok(());
+        };
+        if !attempt.abandoned {
+            self.active -= 1;
+        }
+        let index = attempt.index;
+        let Some(p) = self.pending.get_mut(&index) else {
+            // This input already has its result (or the map stopped before it).
+            self.summary.late_answers += 1;
+            return Ok(());
+        };
+        if !attempt.abandoned {
+            p.live -= 1;
+        }
+        let result = match answer {
+            Ok(result) => result,
+            Err(SubmitError::Lost { peer, reason }) => {
+                if !attempt.abandoned {
+                    self.summary.lost += 1;
+                    observer.retry(index, &format!("lost with worker {peer}: {reason}"));
+                    if p.live == 0 {
+                        self.resubmit.push_front(index);
+                    }
+                }
+                return Ok(());
+            }
+            Err(SubmitError::Fatal(why)) => anyhow::bail!("{why}"),
+        };
+        if let Some((_, sent)) = attempt.placed.get() {
+            let rt = sent.elapsed();
+            self.slowest_round_trip = Some(self.slowest_round_trip.map_or(rt, |s| s.max(rt)));
+        }
+        let ceiling = self.estimator.ceiling();
+        let retry = match &result.outcome {
+            Outcome::MemoryLimitExceeded {
+                limit, requested, ..
+            } if self.config.mem.is_none() && *limit < ceiling => {
+                let outgrown = crate::client::estimate::Outgrown {
+                    limit: *limit,
+                    requested: *requested,
+                    first: p.memory_retries == 0,
+                };
+                p.memory_retries += 1;
+                p.memreq_floor = self.estimator.retry(input_size(p), outgrown);
+                self.summary.memory_retries += 1;
+                Some(format!(
+                    "{}; again with {}",
+                    result.outcome,
+                    Bytes(p.memreq_floor)
+                ))
+            }
+            outcome if !outcome.is_success() && p.retries_used < self.config.retries => {
+                p.retries_used += 1;
+                self.summary.failure_retries += 1;
+                Some(format!(
+                    "{outcome}; retry {} of {}",
+                    p.retries_used, self.config.retries
+                ))
+            }
+            _ => None,
+        };
+        if let Some(why) = retry {
+            // A peak cut short by the limit says only "more": not learned.
+            if result.peak_memory_bytes > 0
+                && !matches!(result.outcome, Outcome::MemoryLimitExceeded { .. })
+            {
+                self.estimator
+                    .observe(input_size(p), result.peak_memory_bytes);
+            }
+            observer.retry(index, &why);
+            if p.live == 0 {
+                self.resubmit.push_front(index);
+            }
+            return Ok(());
+        }
+        self.complete(index, result, observer)
+    }
+
+    pub(super) fn complete(
+        &mut self,
+        index: usize,
+        mut result: JobResult,
+        observer: &mut (dyn MapObserver + Send),
+    ) -> anyhow::Result<()> {
+        let Some(p) = self.pending.remove(&index) else {
+            return Ok(());
+        };
+        if !result.files.is_empty() {
+            // Small (a worker sends back at most --max-files-back), so
+            // written here, as each job ends.
+            let out = self
+                .config
+                .out_dir
+                .as_ref()
+                .map(|o| o.join(index.to_string()));
+            crate::client::tree::write_back(&self.job.dirs, &mut result.files, out.as_deref())
+                .map_err(|e| {
+                    anyhow::anyhow!("input {index}: cannot write the files it made: {e:#}")
+                })?;
+        }
+        let s = &mut self.summary;
+        s.jobs += 1;
+        s.cpu_time += Duration::from_micros(result.cpu_time_us);
+        *s.per_peer.entry(result.peer.clone()).or_default() += 1;
+        s.warned += u64::from(!result.warnings.is_empty());
+        self.wall_sum_us += result.wall_time_us as u128;
+        if (result.peak_memory_bytes > 0 || result.outcome.is_success())
+            && !matches!(result.outcome, Outcome::MemoryLimitExceeded { .. })
+        {
+            self.estimator
+                .observe(input_size(&p), result.peak_memory_bytes);
+        }
+        let item = MapItem {
+            index,
+            result,
+            attempts: p.attempts,
+        };
+        if !item.succeeded() {
+            s.failed += 1;
+            if !self.config.keep_going && self.stop.as_ref().is_none_or(|st| index < st.index) {
+                self.stop = Some(Stopped {
+                    index,
+                    message: item.failure_message(),
+                });
+                self.cut_after(index);
+            }
+        }
+        if !self.config.ordered {
+            // As it arrives; past a stop, only what the stop lets through.
+            if self.stop.as_ref().is_none_or(|st| index <= st.index) {
+                observer.result(item)?;
+            }
+            observer.progress(&self.progress());
+            return Ok(());
+        }
+        self.ready.insert(index, item);
+        while let Some(item) = self.ready.remove(&self.next_emit) {
+            if self.stop.as_ref().is_some_and(|st| item.index > st.index) {
+                break;
+            }
+            observer.result(item)?;
+            self.next_emit += 1;
+        }
+        observer.progress(&self.progress());
+        Ok(())
+    }
+
+    /// After a failure at `index` stops the map: nothing after it runs on.
+    pub(super) fn cut_after(&mut self, index: usize) {
+        self.pending.retain(|&i, _| i <= index);
+        self.resubmit.retain(|&i| i <= index);
+        self.staged.retain(|&i| i <= index);
+        self.ready.retain(|&i, _| i <= index);
+        for a in self
+            .attempts
+            .values_mut()
+            .filter(|a| a.index > index && !a.abandoned)
+        {
+            a.abort.abort();
+            a.abandoned = true;
+            self.active -= 1;
+        }
+    }
+
+    /// Gives up on submissions whose worker the pool calls dead, or that
+    /// are far slower than any answer so far; their inputs go out again.
+    pub(super) async fn check_lost(&mut self, observer: &mut (dyn MapObserver + Send)) {
+        if self.attempts.is_empty() {
+            return;
+        }
+        let dead = self.target.dead_workers().await;
+        let deadline = self
+            .slowest_round_trip
+            .map(|rt| 3 * rt + self.config.lost_slack);
+        let mut lost = Vec::new();
+        for (id, a) in &self.attempts {
+            if a.abandoned {
+                continue;
+            }
+            let Some((peer, sent)) = a.placed.get() else {
+                continue;
+            };
+            if dead.contains(&peer) {
+                lost.push((*id, format!("worker {peer} was declared dead")));
+            } else if deadline.is_some_and(|d| sent.elapsed() > d) {
+                lost.push((
+                    *id,
+                    format!(
+                        "no answer from {peer} in {:.1} s",
+                        sent.elapsed().as_secs_f64()
+                    ),
+                ));
+            }
+        }
+        for (id, why) in lost {
+            let Some(a) = self.attempts.get_mut(&id) else {
+                continue;
+            };
+            a.abandoned = true;
+            self.active -= 1;
+            let index = a.index;
+            if let Some(p) = self.pending.get_mut(&index) {
+                p.live -= 1;
+                self.summary.lost += 1;
+                observer.retry(index, &why);
+                if p.live == 0 {
+                    self.resubmit.push_back(index);
+                }
+            }
+        }
+    }
+}

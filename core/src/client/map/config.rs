@@ -1,0 +1,101 @@
+//! How a map runs ([`MapConfig`], its knobs and their defaults) and what
+//! receives what it produces ([`MapObserver`]).
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::report::{MapItem, Progress};
+use crate::client::estimate::{DEFAULT_MARGIN, EstimateStore};
+
+/// How a map runs. `Default` gives the documented defaults.
+#[derive(Clone, Debug)]
+pub struct MapConfig {
+    /// One fixed memory limit for every job; `None` learns it (smartmem).
+    /// Default: `None`.
+    pub mem: Option<u64>,
+    /// Never ask for less than this. Default: 0.
+    pub min_mem: u64,
+    /// Margin over the largest peak seen. Default: 1.25.
+    pub margin: f64,
+    /// How often a failed job is resubmitted. Default: 0.
+    pub retries: u32,
+    /// Submissions under way at once; `None`: two per slot of the target,
+    /// more for short jobs (see the module docs).
+    pub max_in_flight: Option<usize>,
+    /// Whether to go on after a job fails. Default: false.
+    pub keep_going: bool,
+    /// Added to 3 × the slowest round trip before a job counts as lost.
+    /// Default: 10 s.
+    pub lost_slack: Duration,
+    /// How far ahead of the next result to write the map may run
+    /// (unordered: how many inputs may be read and not done). Default:
+    /// 10,000 inputs.
+    pub reorder_window: usize,
+    /// Whether results reach the observer in input order (else as they
+    /// arrive). Default: true.
+    pub ordered: bool,
+    /// Where learned estimates are loaded from and saved to; `None` keeps
+    /// them for this run only. Default: `None`.
+    pub estimates: Option<EstimateStore>,
+    /// Cancelling this stops the map (see the module docs); the summary
+    /// then says it was interrupted. Default: none.
+    pub interrupt: Option<CancellationToken>,
+    /// Where files that jobs create or change in their writable
+    /// directories go, each input's under `out_dir/<index>/`; `None`: into
+    /// the directories themselves, as jobs finish. On a pool only (the
+    /// embedded worker's jobs write straight into their directories).
+    /// Default: none.
+    pub out_dir: Option<std::path::PathBuf>,
+    /// The index of the first input: a resumed map numbers its inputs (in
+    /// results, and in the tags its jobs carry) from where it left off.
+    /// Default: 0.
+    pub first_index: usize,
+    /// The submission this map runs for, named in every job's tag (and so
+    /// in the history of the workers that run them). Default: none.
+    pub submission: Option<String>,
+    /// Start from this estimate instead of the saved one (a resumed map
+    /// starts from the peaks of the results it already has). Default: none.
+    pub start_estimate: Option<crate::client::estimate::SavedEstimate>,
+}
+
+impl Default for MapConfig {
+    fn default() -> Self {
+        MapConfig {
+            mem: None,
+            min_mem: 0,
+            margin: DEFAULT_MARGIN,
+            retries: 0,
+            max_in_flight: None,
+            keep_going: false,
+            lost_slack: Duration::from_secs(10),
+            reorder_window: 10_000,
+            ordered: true,
+            estimates: None,
+            interrupt: None,
+            out_dir: None,
+            first_index: 0,
+            submission: None,
+            start_estimate: None,
+        }
+    }
+}
+
+/// Receives what a map produces.
+pub trait MapObserver {
+    /// Each input's result: in input order, or as it arrives when the map
+    /// is not `ordered`. An error stops the map.
+    fn result(&mut self, item: MapItem) -> anyhow::Result<()>;
+    /// After each result (in any order) and each resubmission.
+    fn progress(&mut self, _progress: &Progress) {}
+    /// When an input is submitted again, and why.
+    fn retry(&mut self, _index: usize, _why: &str) {}
+}
+
+/// Collects the items in order: the simplest observer.
+impl MapObserver for Vec<MapItem> {
+    fn result(&mut self, item: MapItem) -> anyhow::Result<()> {
+        self.push(item);
+        Ok(())
+    }
+}

@@ -1,0 +1,253 @@
+use super::*;
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// A ledger of `memory` (and `reserve`) on a host of `physical` bytes
+/// with `available` free.
+fn ledger(
+    memory: Option<u64>,
+    reserve: u64,
+    physical: u64,
+    available: u64,
+) -> (Arc<Ledger>, Arc<FakeMemory>) {
+    let host = FakeMemory::new(physical, available);
+    (
+        Ledger::with_host(
+            &LedgerConfig {
+                memory,
+                reserve,
+                per_job: 0,
+            },
+            Box::new(host.clone()),
+        ),
+        host,
+    )
+}
+
+/// Each job's native memory (12 MiB here) is reserved beside its limit:
+/// `--memory` bounds the limits, the machine bounds limits and native
+/// memory together.
+#[test]
+fn native_memory_is_reserved_beside_each_job_within_the_machine() {
+    let native = 12 * MIB;
+    let with = |memory: Option<u64>, physical: u64| {
+        Ledger::with_host(
+            &LedgerConfig {
+                memory,
+                reserve: 0,
+                per_job: native,
+            },
+            Box::new(FakeMemory::new(physical, physical)),
+        )
+    };
+    // --memory 1 GiB on a large host: a 1 GiB job fits, as asked.
+    let lent = with(Some(GIB), 8 * GIB);
+    assert_eq!((lent.largest_job(), lent.offer()), (GIB, GIB));
+    let whole = lent.try_reserve(GIB).expect("--memory is the jobs' limits");
+    assert_eq!(whole.bytes(), GIB);
+    assert_eq!(lent.snapshot().reserved, GIB, "adverts show the limits");
+    drop(whole);
+    // A machine of 300 MiB (a cgroup): jobs of up to 288 MiB, and two
+    // of 100 MiB leave 300 − 2 × 112 − 12 for a third.
+    let machine = with(None, 300 * MIB);
+    assert_eq!(machine.largest_job(), 288 * MIB);
+    assert_eq!(machine.ceiling(), 288 * MIB);
+    assert!(machine.try_reserve(289 * MIB).is_none());
+    let a = machine.try_reserve(100 * MIB).unwrap();
+    let b = machine.try_reserve(100 * MIB).unwrap();
+    assert_eq!(machine.offer(), 64 * MIB);
+    assert!(machine.try_reserve(65 * MIB).is_none());
+    // A hold takes what is left beside the reservations and their
+    // native memory.
+    let hold = machine.hold(HoldKind::Output);
+    assert!(!hold.try_grow(77 * MIB, false));
+    assert!(hold.try_grow(76 * MIB, false));
+    assert_eq!(machine.offer(), 0);
+    drop((a, b, hold));
+    assert_eq!(machine.offer(), 288 * MIB, "all given back");
+    // --memory above what the machine has: the machine bounds.
+    let over = with(Some(GIB), 300 * MIB);
+    assert_eq!(over.largest_job(), 288 * MIB);
+}
+
+/// Two workers of one host, each lending 2900 MiB of a 3 GiB host:
+/// with the host's ledger shared, the second cannot take a 2 GiB job
+/// while the first holds one, sees the memory again the moment it is
+/// given back, and says so in its offer meanwhile.
+#[test]
+fn workers_sharing_the_host_ledger_never_over_commit_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger");
+    let worker = |name: &str| {
+        let (l, _) = ledger(Some(2900 * MIB), 0, 3 * GIB, 3 * GIB);
+        l.join_host(
+            crate::worker::hostledger::HostLedger::open(&path, "host".into(), u64::MAX).unwrap(),
+            name,
+        );
+        l
+    };
+    let (a, b) = (worker("a"), worker("b"));
+    let first = a.try_reserve(2 * GIB).expect("the host is free");
+    assert!(
+        b.try_reserve(2 * GIB).is_none(),
+        "2 + 2 GiB on a 3 GiB host"
+    );
+    b.publish();
+    assert_eq!(b.offer(), GIB, "b offers what the host has left");
+    let small = b.try_reserve(GIB).expect("1 GiB fits beside");
+    drop(small);
+    drop(first);
+    assert!(b.try_reserve(2 * GIB).is_some(), "given back, seen at once");
+    // Decided alone (no shared ledger), both would have taken 2 GiB.
+    let (c, _) = ledger(Some(2900 * MIB), 0, 3 * GIB, 3 * GIB);
+    let (d, _) = ledger(Some(2900 * MIB), 0, 3 * GIB, 3 * GIB);
+    assert!(c.try_reserve(2 * GIB).is_some() && d.try_reserve(2 * GIB).is_some());
+}
+
+#[test]
+fn reservations_never_exceed_capacity_and_are_given_back() {
+    let (ledger, _) = ledger(Some(100 * MIB), 0, 8 * GIB, 8 * GIB);
+    assert_eq!(ledger.capacity(), 100 * MIB);
+    let a = ledger.try_reserve(60 * MIB).expect("fits");
+    assert!(ledger.try_reserve(50 * MIB).is_none(), "60 + 50 > 100");
+    let b = ledger.try_reserve(40 * MIB).expect("fits exactly");
+    assert_eq!(ledger.snapshot().reserved, 100 * MIB);
+    assert_eq!(ledger.offer(), 0);
+    drop(a);
+    assert_eq!(ledger.snapshot().reserved, 40 * MIB);
+    assert_eq!(ledger.snapshot().reserved_high_water, 100 * MIB);
+    drop(b);
+    assert_eq!(ledger.offer(), 100 * MIB);
+}
+
+#[test]
+fn untouched_reservations_count_against_host_memory() {
+    // Capacity above what the host has free: the host term decides.
+    let (ledger, host) = ledger(None, 0, 8 * GIB, 4 * GIB);
+    assert_eq!(ledger.capacity(), 8 * GIB);
+    assert_eq!(ledger.offer(), 4 * GIB);
+    let r = ledger
+        .try_reserve(2 * GIB)
+        .expect("half the free memory fits");
+    // The job has touched nothing yet: the whole reservation is taken.
+    assert_eq!(ledger.offer(), 2 * GIB);
+    // Once it holds its memory, the OS's own figure shows it; the
+    // ledger does not count it twice.
+    r.meter().store(2 * GIB, Ordering::Relaxed);
+    host.available.store(2 * GIB, Ordering::Relaxed);
+    assert_eq!(ledger.offer(), 2 * GIB);
+    assert_eq!(ledger.snapshot().used, 2 * GIB);
+    // The host's other users take memory: the offer shrinks with it,
+    // and so does the largest job that could ever start.
+    host.available.store(GIB, Ordering::Relaxed);
+    assert_eq!(ledger.offer(), GIB);
+    assert_eq!(ledger.ceiling(), 3 * GIB, "free + what our job holds");
+    assert!(ledger.try_reserve(GIB + MIB).is_none());
+}
+
+#[test]
+fn the_reserve_is_always_left_to_the_host() {
+    let (ledger, _) = ledger(None, GIB, 8 * GIB, 3 * GIB);
+    assert_eq!(ledger.capacity(), 7 * GIB, "physical less the reserve");
+    assert_eq!(ledger.offer(), 2 * GIB, "free less the reserve");
+    assert_eq!(ledger.ceiling(), 2 * GIB);
+    assert_eq!(
+        in_a_cgroup().capacity(),
+        3 * GIB,
+        "the cgroup's limit is below --memory and physical"
+    );
+}
+
+/// A ledger (`--memory 10G --reserve 1G`) in a cgroup of 3 GiB on a
+/// 64 GiB machine.
+fn in_a_cgroup() -> Arc<Ledger> {
+    struct InCgroup;
+    impl HostMemory for InCgroup {
+        fn physical(&self) -> u64 {
+            64 * GIB
+        }
+        fn cgroup_limit(&self) -> Option<u64> {
+            Some(3 * GIB)
+        }
+        fn available(&self) -> u64 {
+            32 * GIB
+        }
+    }
+    Ledger::with_host(
+        &LedgerConfig {
+            memory: Some(10 * GIB),
+            reserve: GIB,
+            per_job: 0,
+        },
+        Box::new(InCgroup),
+    )
+}
+
+#[test]
+fn holds_come_out_of_capacity_beside_reservations() {
+    let (ledger, _) = ledger(Some(100 * MIB), 0, 8 * GIB, 8 * GIB);
+    let r = ledger.try_reserve(60 * MIB).unwrap();
+    let hold = ledger.hold(HoldKind::Output);
+    assert!(hold.try_grow(30 * MIB, false));
+    assert_eq!(ledger.offer(), 10 * MIB, "100 - 60 reserved - 30 held");
+    assert!(!hold.try_grow(20 * MIB, false), "only 10 MiB are free");
+    assert!(
+        hold.try_grow(20 * MIB, true),
+        "the allowance is taken regardless"
+    );
+    assert_eq!(ledger.snapshot().held, 50 * MIB);
+    assert_eq!(ledger.offer(), 0);
+    hold.shrink_to(5 * MIB);
+    assert_eq!(ledger.snapshot().held, 5 * MIB);
+    drop(r);
+    assert_eq!(ledger.offer(), 95 * MIB);
+    drop(hold);
+    assert_eq!(ledger.snapshot().held, 0);
+    assert_eq!(ledger.offer(), 100 * MIB);
+}
+
+#[test]
+fn holds_are_counted_by_kind_and_all_of_them_come_out_of_capacity() {
+    let (ledger, _) = ledger(Some(100 * MIB), 0, 8 * GIB, 8 * GIB);
+    let (output, request, compile) = (
+        ledger.hold(HoldKind::Output),
+        ledger.hold(HoldKind::Request),
+        ledger.hold(HoldKind::Compile),
+    );
+    assert!(
+        output.try_grow(10 * MIB, false)
+            && request.try_grow(20 * MIB, false)
+            && compile.try_grow(30 * MIB, false)
+    );
+    let s = ledger.snapshot();
+    assert_eq!(
+        (s.held, s.held_by),
+        (60 * MIB, [10 * MIB, 20 * MIB, 30 * MIB])
+    );
+    assert_eq!(ledger.offer(), 40 * MIB);
+    request.release(5 * MIB);
+    output.shrink_to(MIB);
+    drop(compile);
+    let s = ledger.snapshot();
+    assert_eq!((s.held, s.held_by), (16 * MIB, [MIB, 15 * MIB, 0]));
+    drop((output, request));
+    assert_eq!(ledger.snapshot().held_by, [0, 0, 0]);
+}
+
+#[test]
+fn on_this_machine_capacity_is_capped_by_physical_memory_less_the_reserve() {
+    let ledger = Ledger::new(&LedgerConfig {
+        memory: None,
+        reserve: DEFAULT_RESERVE,
+        per_job: 0,
+    })
+    .unwrap();
+    let mut s = sysinfo::System::new().unwrap();
+    s.refresh_memory();
+    assert!(ledger.capacity() <= s.total_memory() - (1 << 30));
+    assert!(
+        ledger.snapshot().host_available > 0,
+        "the machine's free memory is read"
+    );
+}
