@@ -53,6 +53,45 @@ struct KnownModule {
     declared: DeclaredMemory,
 }
 
+/// Every limit of a job's runs but their memory (each run asks for its
+/// own: [`Job::spec`]); the wire's [`JobLimits`] less `memory_bytes`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunLimits {
+    /// Wall-time limit of each run, in ms; `None`: none. Default: none.
+    pub timeout_ms: Option<u64>,
+    /// Bytes of stdout kept; writing more ends the run. Default: 64 MiB.
+    pub stdout_bytes: u64,
+    /// Bytes of stderr kept; writing more ends the run. Default: 16 MiB.
+    pub stderr_bytes: u64,
+}
+
+impl Default for RunLimits {
+    fn default() -> Self {
+        RunLimits::of(&JobLimits::default())
+    }
+}
+
+impl RunLimits {
+    /// Those of `limits`, without its memory.
+    pub fn of(limits: &JobLimits) -> RunLimits {
+        RunLimits {
+            timeout_ms: limits.timeout_ms,
+            stdout_bytes: limits.stdout_bytes,
+            stderr_bytes: limits.stderr_bytes,
+        }
+    }
+
+    /// The wire's limits of a run that asks for `memory_bytes`.
+    pub fn with_memory(&self, memory_bytes: u64) -> JobLimits {
+        JobLimits {
+            memory_bytes,
+            timeout_ms: self.timeout_ms,
+            stdout_bytes: self.stdout_bytes,
+            stderr_bytes: self.stderr_bytes,
+        }
+    }
+}
+
 /// A job module ready to submit any number of times.
 ///
 /// ```no_run
@@ -75,8 +114,9 @@ pub struct Job {
     pub args: Vec<String>,
     /// The guest's whole environment.
     pub env: Vec<(String, String)>,
-    /// Limits; `memory_bytes` is replaced by each run's request.
-    pub limits: JobLimits,
+    /// Every limit of a run but its memory, which each run asks for
+    /// itself ([`spec`](Self::spec)).
+    pub limits: RunLimits,
     /// Host directories granted to every run (`--dir`): mounted as they
     /// are on the embedded worker, shipped by content hash to a pool.
     pub dirs: Vec<DirGrant>,
@@ -112,7 +152,7 @@ impl Job {
             program_name: "job.wasm".into(),
             args: Vec::new(),
             env: Vec::new(),
-            limits: JobLimits::default(),
+            limits: RunLimits::default(),
             dirs: Vec::new(),
             invoke: None,
             warm: None,
@@ -236,10 +276,7 @@ impl Job {
             stdin,
             dirs: self.dirs.clone(),
             trees: Vec::new(),
-            limits: JobLimits {
-                memory_bytes: memreq,
-                ..self.limits.clone()
-            },
+            limits: self.limits.with_memory(memreq),
             tag: None,
             invoke: self.invoke.clone(),
             warm: self.warm.clone(),

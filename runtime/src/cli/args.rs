@@ -1,5 +1,6 @@
 //! What the commands share: where jobs go (`--peers`, the token), the
-//! sandbox's settings, how a job starts (`--invoke`, `--python`), what a
+//! sandbox's settings, the job `run` and `map` run (how it starts, its
+//! time limit, environment and directories), what a
 //! view of the pool asks, and the exit codes that are not a job's.
 
 use std::path::PathBuf;
@@ -308,10 +309,28 @@ pub struct SandboxArgs {
     pub(super) no_disk_cache: bool,
 }
 
-/// How a job starts: its module's `_start`, a named export (`--invoke`),
-/// or a Python script (`--python`). Shared by `run` and `map`.
+/// The job `run` and `map` run, from the flags they share: how it starts
+/// — its module's `_start`, a named export (`--invoke`), or a Python script
+/// (`--python`) — and what every run of it gets: a time limit, its
+/// environment, host directories. (`--mem` is each command's own: `run`
+/// asks a fixed request, `map` learns one.)
 #[derive(clap::Args, Debug)]
-pub struct EntryArgs {
+pub struct JobArgs {
+    /// Wall-time limit per job, e.g. 30s, 5m [default: none].
+    #[arg(long, value_name = "DUR", value_parser = crate::units::parse_duration)]
+    pub(super) timeout: Option<std::time::Duration>,
+    /// Set an environment variable for the job; NAME alone passes this
+    /// process's value. The job sees no other variables.
+    #[arg(long = "env", value_name = "NAME[=VAL]")]
+    pub(super) env: Vec<String>,
+    /// Grant the job a host directory, seen by the job at GUEST (default:
+    /// the same path), read-write like `wasmtime run --dir`, or read-only
+    /// with `:ro`. On a pool it is shipped by content hash — only files a
+    /// worker lacks are sent, once per worker however many jobs use it —
+    /// and what a job creates or changes in it is written back when it
+    /// ends.
+    #[arg(long = "dir", value_name = "HOST[::GUEST][:ro]")]
+    pub(super) dirs: Vec<String>,
     /// Call this exported function instead of `_start` (a reactor module,
     /// as `wasmtime run --invoke`): `_initialize` first if it is exported,
     /// then NAME with no arguments; an i32 it returns is the exit code.
@@ -326,26 +345,83 @@ pub struct EntryArgs {
     pub(super) python: bool,
 }
 
-impl EntryArgs {
-    /// The job of `module` (with `--python`: the script) and `args`, and
-    /// the directory holding the script's copy, which must outlive its runs.
+impl JobArgs {
+    /// The job of `module` (with `--python`: the script) and `args`, with
+    /// `--timeout`, `--env` and `--dir`; and the directory holding the
+    /// script's copy, which must outlive its runs.
     pub(super) fn job(
         &self,
         module: &str,
         args: &[String],
         cache: Option<PathBuf>,
     ) -> anyhow::Result<(crate::client::Job, Option<tempfile::TempDir>)> {
-        if self.python {
+        // What the flags say is checked before anything is read.
+        let env = parse_env(&self.env)?;
+        let dirs = parse_dirs(&self.dirs)?;
+        let (mut job, script) = if self.python {
             let cache = cache.unwrap_or_else(|| std::env::temp_dir().join("peerwasm-cache"));
             let runtime = crate::client::python::PythonRuntime::find_cached(Some(&cache))?;
             let pj = crate::client::python::python_job(&runtime, module, args, &cache)?;
-            return Ok((pj.job, pj.script_dir));
-        }
-        let mut job = crate::client::Job::from_file_cached(module, cache.as_deref())?;
-        job.args = args.to_vec();
-        job.invoke = self.invoke.clone();
-        Ok((job, None))
+            (pj.job, pj.script_dir)
+        } else {
+            let mut job = crate::client::Job::from_file_cached(module, cache.as_deref())?;
+            job.args = args.to_vec();
+            job.invoke = self.invoke.clone();
+            (job, None)
+        };
+        job.env = env;
+        job.dirs.extend(dirs);
+        job.limits.timeout_ms = self.timeout.map(|d| d.as_millis().max(1) as u64);
+        Ok((job, script))
     }
+}
+
+/// `--env NAME=VAL` or `--env NAME` (this process's value).
+fn parse_env(items: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+    items
+        .iter()
+        .map(|item| match item.split_once('=') {
+            Some(("", _)) => anyhow::bail!("--env {item:?}: the name is empty"),
+            Some((k, v)) => Ok((k.to_string(), v.to_string())),
+            None => match std::env::var(item) {
+                Ok(v) => Ok((item.clone(), v)),
+                Err(_) => {
+                    anyhow::bail!(
+                        "--env {item}: {item} is not set here; give a value with {item}=VALUE"
+                    )
+                }
+            },
+        })
+        .collect()
+}
+
+/// `--dir HOST[::GUEST][:ro]`, each an existing directory.
+fn parse_dirs(items: &[String]) -> anyhow::Result<Vec<crate::proto::DirGrant>> {
+    items
+        .iter()
+        .map(|item| {
+            let (spec, read_only) = match item.strip_suffix(":ro") {
+                Some(rest) => (rest, true),
+                None => (item.as_str(), false),
+            };
+            let (host, guest) = match spec.split_once("::") {
+                Some((h, g)) => (h, g),
+                None => (spec, spec),
+            };
+            if host.is_empty() || guest.is_empty() {
+                anyhow::bail!("--dir {item:?}: expected HOST, HOST::GUEST, or either with :ro");
+            }
+            let host = PathBuf::from(host);
+            if !host.is_dir() {
+                anyhow::bail!("--dir {item}: {} is not a directory", host.display());
+            }
+            Ok(crate::proto::DirGrant {
+                host,
+                guest: guest.to_string(),
+                read_only,
+            })
+        })
+        .collect()
 }
 
 impl SandboxArgs {
@@ -420,4 +496,39 @@ pub(super) fn slot_program() -> anyhow::Result<crate::runner::slotproc::SlotProg
     let mut args = INVOKED_WITH.get().cloned().unwrap_or_default();
     args.push("slot".into());
     Ok(crate::runner::slotproc::SlotProgram { exe, args })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dirs_parse_with_and_without_guest_paths_and_ro() {
+        let here = std::env::temp_dir();
+        let h = here.display();
+        let d = parse_dirs(&[
+            format!("{h}"),
+            format!("{h}::/data"),
+            format!("{h}::/in:ro"),
+            format!("{h}:ro"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (d[0].guest.as_str(), d[0].read_only),
+            (h.to_string().as_str(), false)
+        );
+        assert_eq!((d[1].guest.as_str(), d[1].read_only), ("/data", false));
+        assert_eq!((d[2].guest.as_str(), d[2].read_only), ("/in", true));
+        assert_eq!(
+            (d[3].guest.as_str(), d[3].read_only),
+            (h.to_string().as_str(), true)
+        );
+        assert!(parse_dirs(&["::/x".into()]).is_err());
+        assert!(
+            parse_dirs(&["/no/such/dir::/x".into()])
+                .unwrap_err()
+                .to_string()
+                .contains("not a directory")
+        );
+    }
 }

@@ -7,7 +7,6 @@ use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
@@ -17,7 +16,7 @@ use super::progress::MapPrinter;
 use crate::client::estimate::EstimateStore;
 use crate::client::{Job, MapConfig, Target, map};
 use crate::runner::{JobRunner, RunnerConfig};
-use crate::units::{parse_duration, parse_size};
+use crate::units::parse_size;
 
 #[derive(clap::Args, Debug)]
 pub struct MapArgs {
@@ -28,9 +27,6 @@ pub struct MapArgs {
     /// Never ask for less memory than this when learning.
     #[arg(long, value_name = "SIZE", value_parser = parse_size, conflicts_with = "mem")]
     min_mem: Option<u64>,
-    /// Wall-time limit per job, e.g. 30s, 5m [default: none].
-    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
-    timeout: Option<Duration>,
     /// Run a failed job again up to N times.
     #[arg(long, value_name = "N", default_value_t = 0)]
     retries: u32,
@@ -46,15 +42,6 @@ pub struct MapArgs {
     /// Write the results here instead of stdout.
     #[arg(short, long, value_name = "OUT.jsonl")]
     output: Option<PathBuf>,
-    /// Set an environment variable for every job (NAME=VAL, or NAME to pass
-    /// this process's value).
-    #[arg(long = "env", value_name = "NAME[=VAL]")]
-    env: Vec<String>,
-    /// Grant every job a host directory, as `peerwasm run --dir`
-    /// (HOST[::GUEST][:ro]). On a pool it is shipped by content hash: once
-    /// per worker, however many inputs use it.
-    #[arg(long = "dir", value_name = "HOST[::GUEST][:ro]")]
-    dirs: Vec<String>,
     /// Write the files each job creates or changes in its writable --dir
     /// into OUT_DIR/<index>/ instead of into the --dir itself (on a pool).
     #[arg(long, value_name = "OUT_DIR")]
@@ -77,7 +64,7 @@ pub struct MapArgs {
     #[arg(long)]
     no_progress: bool,
     #[command(flatten)]
-    entry: super::args::EntryArgs,
+    job: super::args::JobArgs,
     #[command(flatten)]
     pub(super) pool: super::args::PoolArgs,
     #[command(flatten)]
@@ -92,10 +79,7 @@ pub struct MapArgs {
 
 pub fn run(args: MapArgs) -> anyhow::Result<ExitCode> {
     let module = args.module.to_string_lossy();
-    let (mut job, _script) = args.entry.job(&module, &[], args.sandbox.cache_root())?;
-    job.env = super::run::parse_env(&args.env)?;
-    job.dirs.extend(super::run::parse_dirs(&args.dirs)?);
-    job.limits.timeout_ms = args.timeout.map(|d| d.as_millis().max(1) as u64);
+    let (job, _script) = args.job.job(&module, &[], args.sandbox.cache_root())?;
     let mut inputs = read_inputs(&args.inputs)?;
     let total = inputs.len() as u64;
 

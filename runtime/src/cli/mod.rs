@@ -20,7 +20,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use args::INVOKED_WITH;
-pub use args::{EXIT_INTERRUPTED, EXIT_USAGE, EntryArgs, PoolArgs, SandboxArgs, ViewArgs};
+pub use args::{EXIT_INTERRUPTED, EXIT_USAGE, JobArgs, PoolArgs, SandboxArgs, ViewArgs};
 
 /// Run WebAssembly (wasm32-wasip1) jobs with exact memory limits, locally or
 /// on a pool of peer machines.

@@ -3,19 +3,16 @@
 //! exit code as ours.
 
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::{Context, bail};
 
 use super::args::SandboxArgs;
-use crate::client::Job;
-use crate::proto::{CacheSource, CancelCause, DirGrant, JobResult, JobSpec, Outcome, StdStream};
+use crate::proto::{CacheSource, CancelCause, JobResult, JobSpec, Outcome, StdStream};
 use crate::runner::{JobRunner, RunnerConfig};
 use crate::sandbox::StdinFeed;
 use crate::slot::{Alone, AloneJob, Event, run_alone};
-use crate::units::{Bytes, parse_duration, parse_size};
+use crate::units::{Bytes, parse_size};
 
 /// The most stdin `run` reads and hands to the job.
 pub const MAX_STDIN_BYTES: u64 = 256 << 20;
@@ -25,20 +22,6 @@ pub struct RunArgs {
     /// Linear-memory limit for the job, e.g. 64MiB, 2GiB, 1.5G [default: 1GiB].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     mem: Option<u64>,
-    /// Wall-time limit, e.g. 30s, 5m [default: none].
-    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
-    timeout: Option<Duration>,
-    /// Set an environment variable for the job; NAME alone passes this
-    /// process's value. The job sees no other variables.
-    #[arg(long = "env", value_name = "NAME[=VAL]")]
-    env: Vec<String>,
-    /// Grant the job a host directory, seen by the job at GUEST (default:
-    /// the same path), read-write like `wasmtime run --dir`, or read-only
-    /// with `:ro`. With --peers it is shipped to the worker by content hash
-    /// (only files the worker lacks are sent), and what the job creates or
-    /// changes in it is written back here when it ends.
-    #[arg(long = "dir", value_name = "HOST[::GUEST][:ro]")]
-    dirs: Vec<String>,
     /// Print peak memory, wall and CPU time to stderr when the job ends.
     #[arg(long, conflicts_with = "json")]
     stats: bool,
@@ -52,7 +35,7 @@ pub struct RunArgs {
     #[arg(long, conflicts_with_all = ["json", "stats"])]
     detach: bool,
     #[command(flatten)]
-    entry: super::args::EntryArgs,
+    job: super::args::JobArgs,
     #[command(flatten)]
     pub(super) pool: super::args::PoolArgs,
     #[command(flatten)]
@@ -73,11 +56,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .module_and_args
         .split_first()
         .context("no job module given")?;
-    let env = parse_env(&args.env)?;
     if args.detach {
-        return detach(&args, module_path, job_args, env);
+        return detach(&args, module_path, job_args);
     }
-    let (job, _script) = job_of(&args, module_path, job_args, env)?;
+    let (job, _script) = args
+        .job
+        .job(module_path, job_args, args.sandbox.cache_root())?;
     let stdin = stream_stdin();
     let spec = job.spec(
         Vec::new(),
@@ -164,19 +148,16 @@ fn exit_byte(result: &JobResult) -> u8 {
 }
 
 /// `run --detach`: submits, prints the id, returns.
-fn detach(
-    args: &RunArgs,
-    module_path: &str,
-    job_args: &[String],
-    env: Vec<(String, String)>,
-) -> anyhow::Result<ExitCode> {
+fn detach(args: &RunArgs, module_path: &str, job_args: &[String]) -> anyhow::Result<ExitCode> {
     let Some(crate::client::Target::Pool(pool)) = args.pool.target(args.sandbox.cache_root())?
     else {
         bail!(
             "--detach needs a pool (--peers or PEERWASM_PEERS): a job of the embedded worker ends with its command"
         );
     };
-    let (job, _script) = job_of(args, module_path, job_args, env)?;
+    let (job, _script) = args
+        .job
+        .job(module_path, job_args, args.sandbox.cache_root())?;
     let stdin = if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
         Vec::new()
     } else {
@@ -204,25 +185,6 @@ fn detach(
         "peerwasm: detached on {worker}: follow it with `peerwasm logs -f {id}`, discard its result with `peerwasm cancel {id}`"
     );
     Ok(ExitCode::SUCCESS)
-}
-
-/// The job the command line describes: the module with its arguments, or
-/// with `--python` the Python runtime running the script; then `--dir`,
-/// `--env`, `--timeout` and `--invoke`. The second value holds the
-/// script's copy for as long as the job may run.
-fn job_of(
-    args: &RunArgs,
-    module_path: &str,
-    job_args: &[String],
-    env: Vec<(String, String)>,
-) -> anyhow::Result<(Job, Option<tempfile::TempDir>)> {
-    let (mut job, script) = args
-        .entry
-        .job(module_path, job_args, args.sandbox.cache_root())?;
-    job.dirs.extend(parse_dirs(&args.dirs)?);
-    job.env = env;
-    job.limits.timeout_ms = args.timeout.map(|d| d.as_millis().max(1) as u64);
-    Ok((job, script))
 }
 
 /// Runs one job on the embedded worker, its output forwarded to ours as it
@@ -354,84 +316,4 @@ fn stream_stdin() -> StdinFeed {
         tracing::warn!("cannot read stdin: {e}; the job gets none");
     }
     feed
-}
-
-pub(super) fn parse_env(items: &[String]) -> anyhow::Result<Vec<(String, String)>> {
-    items
-        .iter()
-        .map(|item| match item.split_once('=') {
-            Some(("", _)) => bail!("--env {item:?}: the name is empty"),
-            Some((k, v)) => Ok((k.to_string(), v.to_string())),
-            None => match std::env::var(item) {
-                Ok(v) => Ok((item.clone(), v)),
-                Err(_) => {
-                    bail!("--env {item}: {item} is not set here; give a value with {item}=VALUE")
-                }
-            },
-        })
-        .collect()
-}
-
-/// `--dir HOST[::GUEST][:ro]`, each an existing directory.
-pub(super) fn parse_dirs(items: &[String]) -> anyhow::Result<Vec<DirGrant>> {
-    items
-        .iter()
-        .map(|item| {
-            let (spec, read_only) = match item.strip_suffix(":ro") {
-                Some(rest) => (rest, true),
-                None => (item.as_str(), false),
-            };
-            let (host, guest) = match spec.split_once("::") {
-                Some((h, g)) => (h, g),
-                None => (spec, spec),
-            };
-            if host.is_empty() || guest.is_empty() {
-                bail!("--dir {item:?}: expected HOST, HOST::GUEST, or either with :ro");
-            }
-            let host = PathBuf::from(host);
-            if !Path::new(&host).is_dir() {
-                bail!("--dir {item}: {} is not a directory", host.display());
-            }
-            Ok(DirGrant {
-                host,
-                guest: guest.to_string(),
-                read_only,
-            })
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn dirs_parse_with_and_without_guest_paths_and_ro() {
-        let here = std::env::temp_dir();
-        let h = here.display();
-        let d = parse_dirs(&[
-            format!("{h}"),
-            format!("{h}::/data"),
-            format!("{h}::/in:ro"),
-            format!("{h}:ro"),
-        ])
-        .unwrap();
-        assert_eq!(
-            (d[0].guest.as_str(), d[0].read_only),
-            (h.to_string().as_str(), false)
-        );
-        assert_eq!((d[1].guest.as_str(), d[1].read_only), ("/data", false));
-        assert_eq!((d[2].guest.as_str(), d[2].read_only), ("/in", true));
-        assert_eq!(
-            (d[3].guest.as_str(), d[3].read_only),
-            (h.to_string().as_str(), true)
-        );
-        assert!(parse_dirs(&["::/x".into()]).is_err());
-        assert!(
-            parse_dirs(&["/no/such/dir::/x".into()])
-                .unwrap_err()
-                .to_string()
-                .contains("not a directory")
-        );
-    }
 }

@@ -218,7 +218,7 @@ async fn run_map(o: &Arc<Owner>, s: &Stored) -> anyhow::Result<MapSummary> {
     job.program_name = s.job.program_name.clone();
     job.args = s.job.args.clone();
     job.env = s.job.env.clone();
-    job.limits = s.job.limits.clone();
+    job.limits = crate::client::RunLimits::of(&s.job.limits);
     let id = s.id.clone();
     let (done, total, peak) = this
         .db

@@ -5,9 +5,9 @@
 
 use std::path::{Path, PathBuf};
 
-use peerwasm::proto::{CacheSource, JobSpec, Outcome};
-use peerwasm::runner::JobRunner;
-use peerwasm::sandbox::SandboxConfig;
+use peerwasm_core::proto::{CacheSource, JobSpec, Outcome};
+use peerwasm_core::runner::JobRunner;
+use peerwasm_core::sandbox::SandboxConfig;
 
 use crate::support::*;
 
@@ -40,7 +40,8 @@ fn artifacts(dir: &Path) -> Vec<PathBuf> {
 
 /// The artifact file of guest `name` under `dir`.
 fn artifact_of(dir: &Path, name: &str) -> PathBuf {
-    let hash = peerwasm::proto::ModuleHash::of(&peerwasm_testkit::guest_wasm_bytes(name)).to_hex();
+    let hash =
+        peerwasm_core::proto::ModuleHash::of(&peerwasm_testkit::guest_wasm_bytes(name)).to_hex();
     artifacts(dir)
         .into_iter()
         .find(|p| p.to_string_lossy().contains(&hash))
@@ -192,7 +193,7 @@ async fn a_foreign_artifact_is_recompiled() {
     let r = with_disk(dir.path());
     // Not counted as having the module: a worker asks the client for it
     // (404, upload) instead of failing the job when the file is refused.
-    let hash = peerwasm::proto::ModuleHash::of(&peerwasm_testkit::guest_wasm_bytes("hello"));
+    let hash = peerwasm_core::proto::ModuleHash::of(&peerwasm_testkit::guest_wasm_bytes("hello"));
     assert!(
         !r.has_module(&hash),
         "a planted artifact passed for the module"
@@ -274,7 +275,7 @@ async fn the_disk_cache_keeps_to_its_budget_dropping_the_least_recently_used() {
         artifacts(dir.path())
             .iter()
             .all(|p| !p.to_string_lossy().contains(
-                &peerwasm::proto::ModuleHash::of(&peerwasm_testkit::guest_wasm_bytes("hello"))
+                &peerwasm_core::proto::ModuleHash::of(&peerwasm_testkit::guest_wasm_bytes("hello"))
                     .to_hex()
             )),
         "the oldest went first"

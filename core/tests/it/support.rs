@@ -2,9 +2,9 @@
 
 use std::sync::OnceLock;
 
-use peerwasm::proto::{JobResult, JobSpec};
-use peerwasm::runner::{JobRunner, RunnerConfig};
-use peerwasm::sandbox::SandboxConfig;
+use peerwasm_core::proto::{JobResult, JobSpec};
+use peerwasm_core::runner::{JobRunner, RunnerConfig};
+use peerwasm_core::sandbox::SandboxConfig;
 
 pub const MIB: u64 = 1 << 20;
 

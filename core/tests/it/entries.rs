@@ -3,11 +3,11 @@
 //! `host::call` import and an 8 MiB wasm stack. (`tests/it/python.rs` runs
 //! the real `python.wasm` across processes.)
 
-use peerwasm::proto::Outcome;
+use peerwasm_core::proto::Outcome;
 
 use crate::support::{runner, shared, wat_job};
 
-fn invalid_reason(res: &peerwasm::proto::JobResult) -> String {
+fn invalid_reason(res: &peerwasm_core::proto::JobResult) -> String {
     match &res.outcome {
         Outcome::InvalidModule { reason } => reason.clone(),
         other => panic!("expected an invalid module, got {other:?}"),
@@ -156,10 +156,10 @@ async fn the_wasm_stack_is_8_mib_deep_and_overflowing_it_still_traps() {
         other => panic!("expected a stack overflow, got {other:?}"),
     }
     // The same on a sandbox without fuel or pooling (the embedded `run`).
-    let plain = runner(peerwasm::sandbox::SandboxConfig {
+    let plain = runner(peerwasm_core::sandbox::SandboxConfig {
         slots: 1,
         pooling: false,
-        time_limit: peerwasm::sandbox::TimeLimitMechanism::Off,
+        time_limit: peerwasm_core::sandbox::TimeLimitMechanism::Off,
         ..Default::default()
     });
     assert_eq!(

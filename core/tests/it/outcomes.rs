@@ -2,8 +2,8 @@
 
 use std::time::{Duration, Instant};
 
-use peerwasm::proto::{DirGrant, Outcome, StdStream};
-use peerwasm::sandbox::SandboxConfig;
+use peerwasm_core::proto::{DirGrant, Outcome, StdStream};
+use peerwasm_core::sandbox::SandboxConfig;
 
 use crate::support::*;
 
@@ -290,7 +290,7 @@ async fn a_bare_module_peaks_at_its_initial_memory() {
     assert_eq!(res.peak_memory_bytes, 3 * 65536);
 }
 
-fn invalid_reason(res: &peerwasm::proto::JobResult) -> &str {
+fn invalid_reason(res: &peerwasm_core::proto::JobResult) -> &str {
     match &res.outcome {
         Outcome::InvalidModule { reason } => reason,
         other => panic!("expected an invalid module, got {other:?}"),
@@ -301,7 +301,7 @@ fn invalid_reason(res: &peerwasm::proto::JobResult) -> &str {
 async fn invalid_modules_are_named() {
     let r = shared();
     let run_bytes = |bytes: Vec<u8>| {
-        let spec = peerwasm::proto::JobSpec::new(r.add_module(bytes));
+        let spec = peerwasm_core::proto::JobSpec::new(r.add_module(bytes));
         r.run(spec, None)
     };
     let text = run_bytes(b"this is a text file, not a module\n".to_vec()).await;
