@@ -95,8 +95,16 @@ pub fn run(args: MapArgs) -> anyhow::Result<ExitCode> {
             ..RunnerConfig::default()
         })?)),
     };
+    let knobs = MapConfig {
+        mem: args.mem,
+        min_mem: args.min_mem.unwrap_or(0),
+        retries: args.retries,
+        max_in_flight: args.max_in_flight,
+        keep_going: args.keep_going,
+        ..MapConfig::default()
+    };
     if let (true, Target::Pool(pool)) = (args.detach, &target) {
-        return detach(pool, &job, inputs, &args);
+        return detach(pool, &job, inputs, (&knobs).into(), args.owner.as_deref());
     }
     // With --resume, the inputs the results file already answers are skipped.
     let first_index = match (&args.output, args.resume) {
@@ -121,17 +129,12 @@ pub fn run(args: MapArgs) -> anyhow::Result<ExitCode> {
     }
     let config = MapConfig {
         first_index,
-        mem: args.mem,
-        min_mem: args.min_mem.unwrap_or(0),
-        retries: args.retries,
-        max_in_flight: args.max_in_flight,
-        keep_going: args.keep_going,
         estimates: args
             .sandbox
             .cache_root()
             .map(|root| EstimateStore::new(root.join("estimates"))),
         out_dir: args.out_dir.clone(),
-        ..MapConfig::default()
+        ..knobs
     };
     let to_file = args.output.is_some();
     let mut printer = printer(&args, total - first_index as u64)?;
@@ -232,20 +235,14 @@ fn detach(
     pool: &crate::client::Pool,
     job: &Job,
     inputs: Vec<Vec<u8>>,
-    args: &MapArgs,
+    config: crate::proto::submission::SubmitConfig,
+    owner: Option<&str>,
 ) -> anyhow::Result<ExitCode> {
-    let config = crate::proto::submission::SubmitConfig {
-        mem: args.mem,
-        min_mem: args.min_mem.unwrap_or(0),
-        retries: args.retries,
-        max_in_flight: args.max_in_flight.map(|n| n as u64),
-        keep_going: args.keep_going,
-    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let n = inputs.len();
-    let info = runtime.block_on(pool.submit_map(job, inputs, config, args.owner.as_deref()))?;
+    let info = runtime.block_on(pool.submit_map(job, inputs, config, owner))?;
     super::args::say(&info.id);
     eprintln!(
         "peerwasm map: {n} inputs submitted to {}; `peerwasm results {}` writes their results as they come",

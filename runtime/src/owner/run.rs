@@ -279,11 +279,6 @@ async fn run_map(o: &Arc<Owner>, s: &Stored) -> anyhow::Result<MapSummary> {
         ..PoolConfig::new(vec![w.addr.clone()])
     })?;
     let config = MapConfig {
-        mem: s.config.mem,
-        min_mem: s.config.min_mem,
-        retries: s.config.retries,
-        max_in_flight: s.config.max_in_flight.map(|n| n as usize),
-        keep_going: s.config.keep_going,
         first_index: done,
         submission: Some(s.id.clone()),
         start_estimate,
@@ -291,7 +286,8 @@ async fn run_map(o: &Arc<Owner>, s: &Stored) -> anyhow::Result<MapSummary> {
         // how many the owner holds in memory for one map.
         reorder_window: OWNED_REORDER_WINDOW,
         ..MapConfig::default()
-    };
+    }
+    .with_submitted(&s.config);
     let mut sink = Sink::new(o, &s.id);
     let summary = crate::client::map(
         &Target::Pool(Arc::new(pool)),

@@ -7,6 +7,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::report::{MapItem, Progress};
 use crate::client::estimate::{DEFAULT_MARGIN, EstimateStore};
+use crate::proto::submission::SubmitConfig;
 
 /// How a map runs. `Default` gives the documented defaults.
 #[derive(Clone, Debug)]
@@ -97,5 +98,75 @@ impl MapObserver for Vec<MapItem> {
     fn result(&mut self, item: MapItem) -> anyhow::Result<()> {
         self.push(item);
         Ok(())
+    }
+}
+
+/// The knobs of a map that travel with it to an owner (`map --detach`):
+/// [`SubmitConfig`] is their wire form, and these two are the only
+/// translations between it and [`MapConfig`] — the command line builds one
+/// `MapConfig` whether the map runs here or on an owner, and the owner
+/// gets it back.
+impl From<&MapConfig> for SubmitConfig {
+    fn from(c: &MapConfig) -> SubmitConfig {
+        SubmitConfig {
+            mem: c.mem,
+            min_mem: c.min_mem,
+            retries: c.retries,
+            max_in_flight: c.max_in_flight.map(|n| n as u64),
+            keep_going: c.keep_going,
+        }
+    }
+}
+
+impl MapConfig {
+    /// `self` with the knobs a submission carries (see
+    /// [`SubmitConfig`]'s `From`).
+    pub fn with_submitted(self, s: &SubmitConfig) -> MapConfig {
+        MapConfig {
+            mem: s.mem,
+            min_mem: s.min_mem,
+            retries: s.retries,
+            max_in_flight: s
+                .max_in_flight
+                .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+            keep_going: s.keep_going,
+            ..self
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_submitted_map_keeps_every_knob_it_travels_with() {
+        let here = MapConfig {
+            mem: Some(3 << 20),
+            min_mem: 1 << 20,
+            retries: 2,
+            max_in_flight: Some(7),
+            keep_going: true,
+            ..MapConfig::default()
+        };
+        let wire = SubmitConfig::from(&here);
+        let back = MapConfig::default().with_submitted(&wire);
+        assert_eq!(
+            (
+                back.mem,
+                back.min_mem,
+                back.retries,
+                back.max_in_flight,
+                back.keep_going
+            ),
+            (
+                here.mem,
+                here.min_mem,
+                here.retries,
+                here.max_in_flight,
+                here.keep_going
+            )
+        );
+        assert_eq!(SubmitConfig::from(&back), wire);
     }
 }
