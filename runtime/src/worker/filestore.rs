@@ -24,6 +24,7 @@ use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 
 use lru::LruCache;
 
@@ -31,6 +32,8 @@ use crate::proto::ModuleHash;
 use crate::proto::tree::{FileHash, Manifest, TreeGrant};
 use crate::sandbox::files::{NEW_INODE_BYTES, ScratchPool};
 use crate::units::Bytes;
+
+use super::layouts::Kept;
 
 /// Bytes of files a worker keeps unless `--file-store` says otherwise.
 pub const DEFAULT_FILE_STORE: u64 = 10 << 30;
@@ -83,6 +86,8 @@ struct Inner {
     shown: HashMap<ModuleHash, HashSet<String>>,
     /// Files received, and their bytes (`/metrics`, tests).
     received: (u64, u64),
+    /// Read-only trees laid out once and shared (`worker::layouts`).
+    layouts: HashMap<ModuleHash, Kept>,
 }
 
 impl FileStore {
@@ -115,6 +120,7 @@ impl FileStore {
                 manifests: Default::default(),
                 shown: HashMap::new(),
                 received: (0, 0),
+                layouts: HashMap::new(),
             }),
         })
     }
@@ -213,7 +219,8 @@ impl FileStore {
         })
     }
 
-    /// Takes `bytes` of the disk total, evicting unpinned files if need be.
+    /// Takes `bytes` of the disk total, evicting unpinned files if need be
+    /// (and, for that, dropping the shared layouts no job uses).
     fn charge(&self, bytes: u64) -> bool {
         let Some(disk) = &self.disk else { return true };
         loop {
@@ -221,10 +228,77 @@ impl FileStore {
                 return true;
             }
             let mut inner = self.lock();
-            if !self.evict_one(&mut inner, None) {
+            if !self.evict_one(&mut inner, None) && !drop_layouts(&mut inner, Kept::idle) {
                 return false;
             }
         }
+    }
+
+    /// The shared read-only layout of the tree `manifest` (whose hash is
+    /// `hash`), laid out now if none is kept: its directory, for the caller
+    /// to hold while its job runs. `Ok(None)`: it cannot be shared (lay it
+    /// out for the job alone). The caller has the tree's files pinned.
+    /// Blocking. See `worker::layouts`.
+    pub fn shared_layout(
+        &self,
+        hash: ModuleHash,
+        manifest: &Manifest,
+    ) -> Result<Option<Arc<tempfile::TempDir>>, String> {
+        let now = Instant::now();
+        {
+            let mut inner = self.lock();
+            drop_layouts(&mut inner, |k| {
+                k.idle() && now.duration_since(k.used) > super::layouts::IDLE
+            });
+            if let Some(kept) = inner.layouts.get_mut(&hash) {
+                kept.used = now;
+                return Ok(Some(kept.dir.clone()));
+            }
+        }
+        let parent = self.dir.path().join("layouts");
+        if std::fs::create_dir_all(&parent).is_err() {
+            return Ok(None);
+        }
+        let Some(dir) = super::layouts::lay_out(&parent, manifest, |h| self.path_of(h))? else {
+            return Ok(None);
+        };
+        let mut inner = self.lock();
+        if let Some(kept) = inner.layouts.get_mut(&hash) {
+            // Laid out by another job meanwhile: theirs is kept, ours goes.
+            kept.used = now;
+            return Ok(Some(kept.dir.clone()));
+        }
+        let dir = Arc::new(dir);
+        if inner.layouts.len() >= super::layouts::MAX_KEPT {
+            let oldest = inner
+                .layouts
+                .iter()
+                .filter(|(_, k)| k.idle())
+                .min_by_key(|(_, k)| k.used)
+                .map(|(h, _)| *h);
+            let Some(oldest) = oldest else {
+                // Every kept one is in use: this one serves its job alone.
+                return Ok(Some(dir));
+            };
+            if let Some(kept) = inner.layouts.remove(&oldest) {
+                for f in &kept.files {
+                    unpin(&mut inner, f);
+                }
+            }
+        }
+        let files: Vec<FileHash> = manifest.files().map(|(_, h, _)| h).collect();
+        for h in &files {
+            *inner.pins.entry(*h).or_insert(0) += 1;
+        }
+        inner.layouts.insert(
+            hash,
+            Kept {
+                dir: dir.clone(),
+                files,
+                used: now,
+            },
+        );
+        Ok(Some(dir))
     }
 
     fn uncharge(&self, bytes: u64) {
@@ -310,19 +384,45 @@ pub struct TreePins {
     pub manifests: Vec<Arc<Manifest>>,
 }
 
+/// One pin of `h` fewer.
+fn unpin(inner: &mut Inner, h: &FileHash) {
+    if let Some(n) = inner.pins.get_mut(h) {
+        *n -= 1;
+        if *n == 0 {
+            inner.pins.remove(h);
+        }
+    }
+}
+
+/// Drops the kept layouts `which` says, unpinning their files; whether any
+/// was. (A job holding one keeps its directory until it ends.)
+fn drop_layouts(inner: &mut Inner, which: impl Fn(&Kept) -> bool) -> bool {
+    let gone: Vec<ModuleHash> = inner
+        .layouts
+        .iter()
+        .filter(|(_, k)| which(k))
+        .map(|(h, _)| *h)
+        .collect();
+    for h in &gone {
+        if let Some(kept) = inner.layouts.remove(h) {
+            for f in &kept.files {
+                unpin(inner, f);
+            }
+        }
+    }
+    !gone.is_empty()
+}
+
 impl Drop for TreePins {
     fn drop(&mut self) {
         let mut inner = self.store.lock();
         for h in &self.pinned {
-            if let Some(n) = inner.pins.get_mut(h) {
-                *n -= 1;
-                if *n == 0 {
-                    inner.pins.remove(h);
-                }
-            }
+            unpin(&mut inner, h);
         }
         let store = &self.store;
-        while inner.held > store.budget && store.evict_one(&mut inner, None) {}
+        while inner.held > store.budget
+            && (store.evict_one(&mut inner, None) || drop_layouts(&mut inner, Kept::idle))
+        {}
     }
 }
 
@@ -392,7 +492,10 @@ impl Incoming {
         inner.held += cost;
         self.charged = 0; // now the store's, given back when it is evicted
         let hash = self.hash;
-        while inner.held > store.budget && store.evict_one(&mut inner, Some(&hash)) {}
+        while inner.held > store.budget
+            && (store.evict_one(&mut inner, Some(&hash)) || drop_layouts(&mut inner, Kept::idle))
+        {
+        }
         Ok(())
     }
 }
@@ -406,123 +509,4 @@ impl Drop for Incoming {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::proto::tree::{EntryKind, TreeEntry};
-
-    fn put(store: &Arc<FileStore>, tenant: &str, bytes: &[u8]) -> Result<FileHash, StoreError> {
-        let hash = FileHash::of(bytes);
-        let mut incoming = store.receive(hash)?;
-        incoming.write(bytes)?;
-        incoming.finish(tenant)?;
-        Ok(hash)
-    }
-
-    fn tree_of(files: &[&[u8]]) -> (ModuleHash, Manifest) {
-        let entries = files
-            .iter()
-            .enumerate()
-            .map(|(i, b)| TreeEntry {
-                path: format!("f{i}"),
-                kind: EntryKind::File {
-                    hash: FileHash::of(b),
-                    size: b.len() as u64,
-                },
-            })
-            .collect();
-        let m = Manifest { entries };
-        (m.hash(), m)
-    }
-
-    #[test]
-    fn files_are_kept_by_hash_and_the_least_recently_used_go_unless_pinned() {
-        // Each file takes its 1000 bytes and a block and an inode.
-        let cost = 1000 + NEW_INODE_BYTES;
-        let disk = Arc::new(ScratchPool::new(10 * cost));
-        let store = Arc::new(FileStore::new(None, 3 * cost, Some(disk.clone()), false).unwrap());
-        let (a, b, c) = (vec![1u8; 1000], vec![2u8; 1000], vec![3u8; 1000]);
-        let (tree, manifest) = tree_of(&[&a]);
-        assert_eq!(
-            store.put_manifest("t", tree, manifest).unwrap(),
-            vec![FileHash::of(&a)]
-        );
-        put(&store, "t", &a).unwrap();
-        let grant = TreeGrant {
-            manifest: tree,
-            guest: "/d".into(),
-            read_only: true,
-        };
-        let pins = store.pin_trees("t", std::slice::from_ref(&grant)).unwrap();
-        put(&store, "t", &b).unwrap();
-        put(&store, "t", &c).unwrap();
-        put(&store, "t", &[4u8; 1000]).unwrap(); // over budget: b goes, a is pinned
-        assert!(store.has_file("t", &FileHash::of(&a)) && !store.has_file("t", &FileHash::of(&b)));
-        assert_eq!((store.held(), disk.in_use()), (3 * cost, 3 * cost));
-        assert_eq!(std::fs::read(store.path_of(&FileHash::of(&a))).unwrap(), a);
-        drop(pins);
-        put(&store, "t", &[5u8; 1000]).unwrap();
-        assert!(
-            !store.has_file("t", &FileHash::of(&a)),
-            "unpinned, the least recently used goes"
-        );
-        assert!(
-            store
-                .pin_trees("t", &[grant])
-                .unwrap_err()
-                .contains("is not here")
-        );
-    }
-
-    #[test]
-    fn bytes_that_do_not_match_their_name_are_not_kept_and_their_disk_is_given_back() {
-        let disk = Arc::new(ScratchPool::new(10_000));
-        let store = Arc::new(FileStore::new(None, 5000, Some(disk.clone()), false).unwrap());
-        let mut incoming = store.receive(FileHash::of(b"what was promised")).unwrap();
-        incoming.write(b"something else").unwrap();
-        assert!(matches!(incoming.finish("t"), Err(StoreError::Invalid(_))));
-        assert_eq!((store.held(), disk.in_use()), (0, 0));
-        let mut big = store.receive(FileHash::of(b"x")).unwrap();
-        assert!(matches!(
-            big.write(&[0u8; 6000]),
-            Err(StoreError::TooLarge(_))
-        ));
-    }
-
-    #[test]
-    fn with_tenants_a_file_is_usable_only_by_those_who_sent_it() {
-        let store = Arc::new(FileStore::new(None, 5000, None, true).unwrap());
-        let data = b"alice's data";
-        let (tree, manifest) = tree_of(&[data]);
-        store.put_manifest("alice", tree, manifest.clone()).unwrap();
-        put(&store, "alice", data).unwrap();
-        let grant = TreeGrant {
-            manifest: tree,
-            guest: "/d".into(),
-            read_only: true,
-        };
-        assert!(
-            store
-                .pin_trees("alice", std::slice::from_ref(&grant))
-                .is_ok()
-        );
-        assert!(
-            store
-                .pin_trees("bob", std::slice::from_ref(&grant))
-                .unwrap_err()
-                .contains("not sent by you")
-        );
-        // Bob knows the hashes; he must still send the bytes.
-        assert_eq!(
-            store.put_manifest("bob", tree, manifest).unwrap(),
-            vec![FileHash::of(data)]
-        );
-        assert!(
-            store
-                .pin_trees("bob", std::slice::from_ref(&grant))
-                .unwrap_err()
-                .contains("is not here")
-        );
-        put(&store, "bob", data).unwrap();
-        assert!(store.pin_trees("bob", &[grant]).is_ok());
-    }
-}
+mod tests;

@@ -11,6 +11,8 @@
 //!   tenant;
 //! * `trees` — a job's shipped trees laid out for it, and the files it
 //!   wrote read back;
+//! * `layouts` — read-only trees laid out once and shared by the jobs
+//!   that mount them;
 //! * `uploaders` — which tenants showed which module, kept across
 //!   restarts;
 //! * `budget` — what requests make the worker hold (bodies, waiting
@@ -64,6 +66,7 @@ pub(crate) mod filestore;
 pub(crate) mod history;
 pub(crate) mod hostledger;
 pub(crate) mod jobs;
+pub(crate) mod layouts;
 pub(crate) mod ledger;
 pub(crate) mod lifetime;
 pub(crate) mod manifests;

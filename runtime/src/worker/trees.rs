@@ -4,7 +4,8 @@
 //!
 //! A read-only tree is made of hard links to the store's files (no bytes
 //! copied, however large; the guest's read-only grant and the files' mode
-//! keep it from changing them). A writable tree is a copy, charged to the
+//! keep it from changing them), laid out once and shared by the jobs that
+//! mount it (`worker::layouts`). A writable tree is a copy, charged to the
 //! worker's disk total while the job runs — by each stored file's real
 //! size (which must be what the manifest says), plus a block and an inode
 //! per file and directory: the guest may change it freely without
@@ -38,6 +39,9 @@ pub struct Mounted {
     /// The directories to grant the job, in the order of its trees.
     pub grants: Vec<DirGrant>,
     writable: Vec<Writable>,
+    /// The shared layouts of its read-only trees (`worker::layouts`), held
+    /// while it runs.
+    shared: Vec<Arc<tempfile::TempDir>>,
     disk: Option<Arc<ScratchPool>>,
     charged: u64,
 }
@@ -70,10 +74,22 @@ pub fn mount(
         dir: None,
         grants: Vec::new(),
         writable: Vec::new(),
+        shared: Vec::new(),
         disk,
         charged: 0,
     };
     for (i, (grant, manifest)) in trees.iter().zip(manifests).enumerate() {
+        if grant.read_only
+            && let Some(shared) = store.shared_layout(grant.manifest, manifest)?
+        {
+            mounted.grants.push(DirGrant {
+                host: shared.path().to_path_buf(),
+                guest: grant.guest.clone(),
+                read_only: true,
+            });
+            mounted.shared.push(shared);
+            continue;
+        }
         let tree_root = dir.path().join(i.to_string());
         std::fs::create_dir(&tree_root)
             .map_err(|e| format!("cannot lay out the job's tree: {e}"))?;
