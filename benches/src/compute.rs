@@ -176,7 +176,7 @@ pub fn compute(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
         let mut specs = Vec::new();
         for r in &runners {
             let mut spec = job(r, kernel.guest, &kernel.stdin);
-            spec.limits.memory_bytes = (mib + 64) << 20;
+            spec.limits.memory = peerwasm::proto::MemoryRequest::from((mib + 64) << 20);
             let warm = r.run_blocking(spec.clone());
             anyhow::ensure!(
                 warm.outcome.is_success(),

@@ -17,7 +17,7 @@ fn sleep_job(ms: u64) -> (Vec<u8>, JobSpec) {
     let bytes = peerwasm_testkit::guest_wasm_bytes("sleep");
     let mut spec = JobSpec::new(ModuleHash::of(&bytes));
     spec.stdin = ms.to_string().into_bytes();
-    spec.limits.memory_bytes = 64 * MIB;
+    spec.limits.memory = peerwasm::proto::MemoryRequest::from(64 * MIB);
     (bytes, spec)
 }
 

@@ -100,7 +100,7 @@ fn job(name: &str, stdin: &str, mem: u64) -> (Vec<u8>, JobSpec) {
     let bytes = peerwasm_testkit::guest_wasm_bytes(name);
     let mut spec = JobSpec::new(ModuleHash::of(&bytes));
     spec.stdin = stdin.as_bytes().to_vec();
-    spec.limits.memory_bytes = mem;
+    spec.limits.memory = peerwasm::proto::MemoryRequest::from(mem);
     (bytes, spec)
 }
 
@@ -397,7 +397,7 @@ async fn bad_bytes_get_a_4xx_and_the_worker_goes_on() {
         .send()
         .await
         .unwrap();
-    spec.limits.memory_bytes = 2 * GIB;
+    spec.limits.memory = peerwasm::proto::MemoryRequest::from(2 * GIB);
     let r = http
         .post(url("/v1/jobs"))
         .body(postcard::to_allocvec(&spec).unwrap())
@@ -411,7 +411,7 @@ async fn bad_bytes_get_a_4xx_and_the_worker_goes_on() {
     );
 
     // Still serving.
-    spec.limits.memory_bytes = 64 * MIB;
+    spec.limits.memory = peerwasm::proto::MemoryRequest::from(64 * MIB);
     let r = http
         .post(url("/v1/jobs"))
         .body(postcard::to_allocvec(&spec).unwrap())

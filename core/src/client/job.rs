@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use super::estimate::DeclaredMemory;
-use crate::proto::{DirGrant, JobLimits, JobSpec, ModuleHash, WarmStart};
+use crate::proto::{DirGrant, JobLimits, JobSpec, MemoryRequest, ModuleHash, WarmStart};
 
 /// The module file at `path`, read straight into the buffer jobs share
 /// (a module of 20 MB is neither copied nor written twice on its way to
@@ -81,10 +81,10 @@ impl RunLimits {
         }
     }
 
-    /// The wire's limits of a run that asks for `memory_bytes`.
-    pub fn with_memory(&self, memory_bytes: u64) -> JobLimits {
+    /// The wire's limits of a run that asks for `memory`.
+    pub fn with_memory(&self, memory: impl Into<MemoryRequest>) -> JobLimits {
         JobLimits {
-            memory_bytes,
+            memory: memory.into(),
             timeout_ms: self.timeout_ms,
             stdout_bytes: self.stdout_bytes,
             stderr_bytes: self.stderr_bytes,
@@ -266,8 +266,8 @@ impl Job {
         self.declared
     }
 
-    /// The spec of one run: this job with `stdin` and a limit of `memreq`.
-    pub fn spec(&self, stdin: Vec<u8>, memreq: u64) -> JobSpec {
+    /// The spec of one run: this job with `stdin`, asking for `memory`.
+    pub fn spec(&self, stdin: Vec<u8>, memory: impl Into<MemoryRequest>) -> JobSpec {
         JobSpec {
             module: self.hash,
             program_name: self.program_name.clone(),
@@ -276,7 +276,7 @@ impl Job {
             stdin,
             dirs: self.dirs.clone(),
             trees: Vec::new(),
-            limits: self.limits.with_memory(memreq),
+            limits: self.limits.with_memory(memory),
             tag: None,
             invoke: self.invoke.clone(),
             warm: self.warm.clone(),

@@ -149,12 +149,48 @@ pub struct DirGrant {
 /// without `--mem`, a library [`JobSpec`], `map`'s first estimate).
 pub const DEFAULT_JOB_MEMORY: u64 = 1 << 30;
 
+/// What a job asks for of linear memory (summed over all its memories),
+/// in bytes: the one carrier of a job's memory request from the command
+/// line (`--mem`, or what `map` learned) to the sandbox's limiter. The
+/// worker reserves it in its ledger before the job starts, and the limiter
+/// enforces it exactly; the job's result reports it back as
+/// `memory_limit_bytes`. On the wire it is the bare number.
+///
+/// ```
+/// use peerwasm_core::proto::MemoryRequest;
+/// let asked = MemoryRequest::from(64u64 << 20);
+/// assert_eq!(asked.bytes(), 64 << 20);
+/// assert_eq!(asked.to_string(), "64 MiB");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct MemoryRequest(pub u64);
+
+impl MemoryRequest {
+    /// The bytes asked for.
+    pub fn bytes(self) -> u64 {
+        self.0
+    }
+}
+
+impl From<u64> for MemoryRequest {
+    fn from(bytes: u64) -> MemoryRequest {
+        MemoryRequest(bytes)
+    }
+}
+
+impl std::fmt::Display for MemoryRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        crate::units::Bytes(self.0).fmt(f)
+    }
+}
+
 /// Per-job limits. Every field is enforced by the sandbox.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobLimits {
-    /// Linear memory, summed over all memories of the job, in bytes.
-    /// Default: [`DEFAULT_JOB_MEMORY`].
-    pub memory_bytes: u64,
+    /// The job's memory request. Default: [`DEFAULT_JOB_MEMORY`].
+    #[serde(rename = "memory_bytes")]
+    pub memory: MemoryRequest,
     /// Wall-clock time; `None` means no limit. Default: none.
     pub timeout_ms: Option<u64>,
     /// Bytes of stdout kept; writing more ends the job. Default: 64 MiB.
@@ -166,7 +202,7 @@ pub struct JobLimits {
 impl Default for JobLimits {
     fn default() -> Self {
         JobLimits {
-            memory_bytes: DEFAULT_JOB_MEMORY,
+            memory: MemoryRequest(DEFAULT_JOB_MEMORY),
             timeout_ms: None,
             stdout_bytes: 64 << 20,
             stderr_bytes: 16 << 20,

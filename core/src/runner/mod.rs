@@ -196,7 +196,7 @@ impl JobRunner {
     /// embedded worker runs it ([`RunSpec::local`]): one naming shipped
     /// trees is rejected.
     pub async fn run_with(&self, spec: JobSpec, hooks: RunHooks) -> JobResult {
-        let limit = spec.limits.memory_bytes;
+        let limit = spec.limits.memory.bytes();
         match RunSpec::local(spec) {
             Ok(spec) => self.run_resolved(spec, hooks).await,
             Err(reason) => JobResult::never_ran(limit, Outcome::Rejected { reason }),
@@ -212,7 +212,7 @@ impl JobRunner {
     /// waits for a slot, compiles or runs.
     pub async fn run_resolved(&self, spec: RunSpec, mut hooks: RunHooks) -> JobResult {
         let bytes = self.lock_modules().get(&spec.module);
-        let limit = spec.limits.memory_bytes;
+        let limit = spec.limits.memory.bytes();
         let sandbox = self.sandbox.clone();
         let slots = self.slots.clone();
         let long = self.long.clone();

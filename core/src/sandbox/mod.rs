@@ -277,7 +277,7 @@ impl Sandbox {
         let limits = &spec.limits;
         let mut result = JobResult {
             cache,
-            ..JobResult::never_ran(limits.memory_bytes, Outcome::Exited { code: 0 })
+            ..JobResult::never_ran(limits.memory.bytes(), Outcome::Exited { code: 0 })
         };
         let prepared = match self.ready_to_run(module, spec) {
             Ok(prepared) => prepared,
@@ -301,7 +301,7 @@ impl Sandbox {
         };
         let (deadline, worker_limit) = self.deadline(limits.timeout_ms);
         let bounds = Bounds {
-            limiter: MemoryLimiter::new(limits.memory_bytes).with_meter(hooks.memory_meter),
+            limiter: MemoryLimiter::new(limits.memory.bytes()).with_meter(hooks.memory_meter),
             deadline,
             cancel: hooks.cancel.unwrap_or_default(),
         };
@@ -340,14 +340,14 @@ impl Sandbox {
         };
         result.stdout = stdout.take();
         result.stderr = stderr.take();
-        if result.peak_memory_bytes as f64 > PEAK_WARNING_SHARE * limits.memory_bytes as f64
+        if result.peak_memory_bytes as f64 > PEAK_WARNING_SHARE * limits.memory.bytes() as f64
             && !matches!(result.outcome, Outcome::MemoryLimitExceeded { .. })
         {
             result.warnings.push(format!(
                 "peak memory {} is over {:.0}% of the {} limit; the next run may need more",
                 Bytes(result.peak_memory_bytes),
                 PEAK_WARNING_SHARE * 100.0,
-                Bytes(limits.memory_bytes)
+                Bytes(limits.memory.bytes())
             ));
         }
         result
@@ -361,11 +361,11 @@ impl Sandbox {
         module: &'m CompiledModule,
         spec: &RunSpec,
     ) -> Result<&'m Prepared, Outcome> {
-        if spec.limits.memory_bytes > self.config.max_job_memory {
+        if spec.limits.memory.bytes() > self.config.max_job_memory {
             return Err(Outcome::Rejected {
                 reason: format!(
                     "a memory limit of {} is more than the {} a job may have here",
-                    Bytes(spec.limits.memory_bytes),
+                    Bytes(spec.limits.memory.bytes()),
                     Bytes(self.config.max_job_memory)
                 ),
             });

@@ -55,7 +55,7 @@ impl RunSpec {
         if !spec.trees.is_empty() {
             return Err("the job names shipped trees, which only a remote worker lays out: grant host directories (`dirs`) here".into());
         }
-        let memory = spec.limits.memory_bytes;
+        let memory = spec.limits.memory.bytes();
         Ok(RunSpec::resolved(spec, Vec::new(), memory))
     }
 
@@ -78,7 +78,7 @@ impl RunSpec {
         } = spec;
         let warm_scope = content_scope(&trees, &dirs);
         dirs.extend(mounted);
-        limits.memory_bytes = memory_bytes;
+        limits.memory = crate::proto::MemoryRequest::from(memory_bytes);
         RunSpec {
             module,
             program_name,
@@ -111,11 +111,11 @@ mod tests {
     #[test]
     fn trees_are_laid_out_or_refused_and_the_limit_is_the_reservation() {
         let mut spec = JobSpec::new(ModuleHash::of(b"m"));
-        spec.limits.memory_bytes = 64 << 20;
+        spec.limits.memory = crate::proto::MemoryRequest::from(64 << 20);
         spec.args = vec!["a".into()];
         let local = RunSpec::local(spec.clone()).unwrap();
         assert_eq!(
-            (local.args.clone(), local.limits.memory_bytes),
+            (local.args.clone(), local.limits.memory.bytes()),
             (vec!["a".to_string()], 64 << 20)
         );
 
@@ -137,7 +137,7 @@ mod tests {
         let resolved = RunSpec::resolved(spec, vec![grant.clone()], 48 << 20);
         assert_eq!(resolved.dirs, vec![grant]);
         assert_eq!(
-            resolved.limits.memory_bytes,
+            resolved.limits.memory.bytes(),
             48 << 20,
             "the reservation, not the request"
         );

@@ -91,7 +91,7 @@ pub async fn run_alone(
         captures,
     } = job;
     let (timeout, worker_limit) = runner.sandbox().deadline(spec.limits.timeout_ms);
-    let memory_limit = spec.limits.memory_bytes;
+    let memory_limit = spec.limits.memory.bytes();
     let cancel = Cancel::new();
     let started = Arc::new(Notify::new());
     let (tee, mut output) = tokio::sync::mpsc::unbounded_channel::<OutputChunk>();

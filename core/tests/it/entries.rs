@@ -187,7 +187,7 @@ async fn a_gc_heap_counts_against_the_memory_limit() {
         )
     };
     let mut big = wat_job(r, &array(100_000_000));
-    big.limits.memory_bytes = 64 << 20;
+    big.limits.memory = peerwasm_core::proto::MemoryRequest::from(64 << 20);
     let res = r.run(big, None).await;
     assert!(
         matches!(res.outcome, Outcome::MemoryLimitExceeded { .. }),
@@ -196,7 +196,7 @@ async fn a_gc_heap_counts_against_the_memory_limit() {
     );
     assert_eq!(res.outcome.exit_code(), 137);
     let mut small = wat_job(r, &array(1_000_000));
-    small.limits.memory_bytes = 64 << 20;
+    small.limits.memory = peerwasm_core::proto::MemoryRequest::from(64 << 20);
     let res = r.run(small, None).await;
     assert_eq!(
         res.outcome,

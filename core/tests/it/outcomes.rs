@@ -78,7 +78,7 @@ async fn memhog_peak_is_exact() {
 async fn over_its_memory_limit_a_job_ends_and_the_runner_goes_on() {
     let r = shared();
     let mut spec = guest_job(r, "memhog", "64");
-    spec.limits.memory_bytes = 32 * MIB;
+    spec.limits.memory = peerwasm_core::proto::MemoryRequest::from(32 * MIB);
     let res = r.run(spec, None).await;
     match res.outcome {
         Outcome::MemoryLimitExceeded {
@@ -108,7 +108,7 @@ async fn over_its_memory_limit_a_job_ends_and_the_runner_goes_on() {
 async fn unbounded_growth_hits_the_limit() {
     let r = shared();
     let mut spec = guest_job(r, "hostile-grow", "");
-    spec.limits.memory_bytes = 64 * MIB;
+    spec.limits.memory = peerwasm_core::proto::MemoryRequest::from(64 * MIB);
     let res = r.run(spec, None).await;
     assert!(
         matches!(res.outcome, Outcome::MemoryLimitExceeded { limit, .. } if limit == 64 * MIB),
@@ -268,7 +268,7 @@ async fn initial_memory_over_the_limit_is_a_memory_limit() {
     let r = shared();
     // 4 GiB initial memory: 65536 pages.
     let mut spec = wat_job(r, r#"(module (memory 65536) (func (export "_start")))"#);
-    spec.limits.memory_bytes = 16 * MIB;
+    spec.limits.memory = peerwasm_core::proto::MemoryRequest::from(16 * MIB);
     let res = r.run(spec, None).await;
     assert!(
         matches!(res.outcome, Outcome::MemoryLimitExceeded { peak: 0, requested, .. } if requested == 4 << 30),
@@ -359,7 +359,7 @@ async fn too_large_is_rejected() {
 
     let r = shared();
     let mut spec = guest_job(r, "hello", "");
-    spec.limits.memory_bytes = 64 << 30;
+    spec.limits.memory = peerwasm_core::proto::MemoryRequest::from(64 << 30);
     let res = r.run(spec, None).await;
     assert!(
         matches!(&res.outcome, Outcome::Rejected { reason } if reason.contains("64 GiB")),
@@ -429,7 +429,7 @@ async fn scratch_directories_are_removed_after_the_job() {
 async fn a_peak_close_to_the_limit_warns() {
     let r = shared();
     let mut spec = guest_job(r, "memhog", "20");
-    spec.limits.memory_bytes = 22 * MIB;
+    spec.limits.memory = peerwasm_core::proto::MemoryRequest::from(22 * MIB);
     let res = r.run(spec, None).await;
     assert_eq!(res.outcome, Outcome::Exited { code: 0 });
     assert!(

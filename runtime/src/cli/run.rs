@@ -199,7 +199,7 @@ fn detach(args: &RunArgs, module_path: &str, job_args: &[String]) -> anyhow::Res
 /// reported as the sandbox would have: time limit (exit 124) or cancelled
 /// (130), its peak memory and output so far.
 async fn run_embedded(runner: &JobRunner, spec: JobSpec, stdin: StdinFeed, stream: bool) -> Alone {
-    let limit = spec.limits.memory_bytes;
+    let limit = spec.limits.memory.bytes();
     let spec = match crate::sandbox::RunSpec::local(spec) {
         Ok(spec) => spec,
         Err(reason) => {

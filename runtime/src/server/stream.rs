@@ -192,7 +192,7 @@ impl Attached {
                 c.close();
             }
         };
-        let (memreq, peer, grace) = (spec.limits.memory_bytes, w.addr.clone(), w.unread_grace);
+        let (memreq, peer, grace) = (spec.limits.memory.bytes(), w.addr.clone(), w.unread_grace);
         let queued = std::sync::atomic::AtomicBool::new(false);
         let streams = Streams {
             tee: Some(tee),

@@ -82,7 +82,7 @@ pub async fn run_attached(
     let cancel = Cancel::new();
     let id = w
         .jobs
-        .insert(&tenant.name, spec.limits.memory_bytes, cancel.clone());
+        .insert(&tenant.name, spec.limits.memory.bytes(), cancel.clone());
     let _forget = Forget {
         table: &w.jobs,
         id: id.clone(),
@@ -176,7 +176,7 @@ fn spawn_detached(
     let ran = postcard::to_allocvec(&spec).ok();
     spec.stdin = stdin;
     let cancel = Cancel::new();
-    let memreq = spec.limits.memory_bytes;
+    let memreq = spec.limits.memory.bytes();
     w.jobs
         .insert_with_id(id, &tenant.name, memreq, cancel.clone());
     let live = LiveOutput::default();
@@ -256,7 +256,7 @@ fn admit(w: &Worker, tenant: &Arc<Tenant>, spec: &JobSpec) -> Result<(Queued, Pi
     };
     let queued = w
         .admission
-        .enqueue(tenant, spec.limits.memory_bytes, spec.encoded_len())
+        .enqueue(tenant, spec.limits.memory.bytes(), spec.encoded_len())
         .map_err(|r| not_admitted(w, r))?;
     Ok((queued, pins))
 }
@@ -441,7 +441,7 @@ async fn in_turn(turn: Turn) -> Result<JobResult, Refused> {
         cause = cancel.cancelled() => {
             // Out of the queue at once; it held nothing, so nothing is charged.
             w.metrics.cancelled_in_queue(&tenant.name);
-            let mut r = JobResult::never_ran(spec.limits.memory_bytes, Outcome::Cancelled { cause });
+            let mut r = JobResult::never_ran(spec.limits.memory.bytes(), Outcome::Cancelled { cause });
             r.peer = w.addr.clone();
             return Ok(r);
         }

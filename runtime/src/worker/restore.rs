@@ -61,7 +61,7 @@ fn restore_one(
         tracing::error!(job = %id, "a kept detached job cannot be read by this peerwasm: left as it is");
         return None;
     };
-    let memreq = spec.limits.memory_bytes;
+    let memreq = spec.limits.memory.bytes();
     // A result that says why the job cannot run again, kept as its result.
     let never_ran = |reason: String| {
         let mut r = JobResult::never_ran(memreq, Outcome::Rejected { reason });

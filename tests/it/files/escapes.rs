@@ -87,7 +87,7 @@ async fn trees_that_leave_their_root_or_their_limits_are_refused() {
     .send()
     .await
     .unwrap();
-    spec.limits.memory_bytes = 64 << 20;
+    spec.limits.memory = peerwasm::proto::MemoryRequest::from(64 << 20);
     spec.trees = vec![TreeGrant {
         manifest: m.hash(),
         guest: "/d".into(),

@@ -402,7 +402,7 @@ async fn a_writable_tree_is_charged_by_its_files_real_size_not_by_its_manifests_
     .send()
     .await
     .unwrap();
-    spec.limits.memory_bytes = 64 << 20;
+    spec.limits.memory = peerwasm::proto::MemoryRequest::from(64 << 20);
     spec.stdin = b"/d\n".to_vec();
     spec.trees = vec![TreeGrant {
         manifest: lying.hash(),

@@ -189,7 +189,7 @@ impl SlotProcesses {
         hooks: RunHooks,
     ) -> JobResult {
         self.jobs.fetch_add(1, Ordering::Relaxed);
-        let limit = spec.limits.memory_bytes;
+        let limit = spec.limits.memory.bytes();
         let (deadline, worker_limit) = sandbox.deadline(spec.limits.timeout_ms);
         let (mut child, mut reused) = match self.idle_or_new().await {
             Ok(got) => got,

@@ -147,7 +147,7 @@ impl Submitter for Fake {
         let call = Call {
             index: tag.index as usize,
             attempt: tag.attempt,
-            memreq: spec.limits.memory_bytes,
+            memreq: spec.limits.memory.bytes(),
             at: s.started.elapsed(),
             size: spec.stdin.len() as u64,
         };
@@ -163,7 +163,7 @@ impl Submitter for Fake {
         };
         placed.set(Some(worker));
         tokio::time::sleep(after).await;
-        let memreq = spec.limits.memory_bytes;
+        let memreq = spec.limits.memory.bytes();
         let (outcome, peak) = match reply {
             Reply::Exit { code, peak, .. } => (Outcome::Exited { code }, peak),
             Reply::OverLimit { peak, .. } => (
