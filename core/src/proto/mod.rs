@@ -15,6 +15,7 @@ pub mod batch;
 pub mod frame;
 mod hash;
 pub mod routes;
+pub mod stored;
 pub mod stream;
 pub mod submission;
 pub mod tree;
@@ -42,8 +43,10 @@ pub struct JobSpec {
     /// encoding, copied whole instead of byte by byte.)
     #[serde(with = "serde_bytes")]
     pub stdin: Vec<u8>,
-    /// Host directories granted to the job (embedded worker only: a
-    /// remote worker refuses them; the client ships them as `trees`).
+    /// Host directories granted to the job, on the embedded worker: never
+    /// on the wire (a pool gets them as `trees`, by content hash), so a
+    /// worker cannot be asked to open a path of its own host.
+    #[serde(skip)]
     pub dirs: Vec<DirGrant>,
     /// Directory trees shipped to the worker by content hash, mounted for
     /// the job (see [`tree`]).
@@ -57,12 +60,9 @@ pub struct JobSpec {
     /// `_initialize` is called first if exported, then this function with
     /// no arguments (the job's `args` are its WASI argv as always); an
     /// `i32` it returns is the job's exit code. Default: none (`_start`).
-    /// (After `tag`, so that a spec stored by protocol 4 decodes: see
-    /// [`JobSpec::from_stored`].)
     pub invoke: Option<String>,
     /// Start from a snapshot of an interpreter made ready once, rather than
-    /// from a cold one (see [`WarmStart`]). Default: none. Last in the
-    /// struct, so that a spec stored by protocol 9 decodes.
+    /// from a cold one (see [`WarmStart`]). Default: none.
     pub warm: Option<WarmStart>,
 }
 
@@ -97,23 +97,6 @@ impl JobSpec {
             postcard::ser_flavors::Size::default(),
         )
         .map_or(u64::MAX, |n| n as u64)
-    }
-
-    /// Decodes a spec kept in a state database, including one a worker of
-    /// protocol 4 to 9 wrote (before [`JobSpec::invoke`] and
-    /// [`JobSpec::warm`]: the same bytes less the trailing `None`s), so
-    /// detached jobs and submissions survive the upgrade.
-    pub fn from_stored(bytes: &[u8]) -> Result<JobSpec, postcard::Error> {
-        postcard::from_bytes(bytes).or_else(|e| {
-            let mut older = bytes.to_vec();
-            // `warm: None` (protocol 9), then also `invoke: None` (4).
-            (0..2)
-                .find_map(|_| {
-                    older.push(0);
-                    postcard::from_bytes(&older).ok()
-                })
-                .ok_or(e)
-        })
     }
 
     /// A job of `module` with no arguments, no input and default limits.
@@ -545,7 +528,7 @@ pub const PROTOCOL_HEADER: &str = "peerwasm-protocol";
 
 /// The protocol version of this build: bumped when a message's encoding
 /// changes incompatibly (postcard has no field tags to fall back on).
-pub const PROTOCOL_VERSION: &str = "10";
+pub const PROTOCOL_VERSION: &str = "11";
 
 /// The most a job's input (its stdin) may be, in bytes.
 pub const MAX_INPUT_BYTES: u64 = 64 << 20;

@@ -89,16 +89,50 @@ fn specs_stored_by_protocol_4_still_decode() {
         invoke: Some("run".into()),
         ..spec
     };
-    let stored = postcard::to_allocvec(&now).unwrap();
+    let stored = now.to_stored().unwrap();
     assert_eq!(JobSpec::from_stored(&stored).unwrap(), now);
-    // Protocol 9 stored no `warm`: the same bytes less its `None`.
-    assert_eq!(
-        JobSpec::from_stored(&stored[..stored.len() - 1]).unwrap(),
-        now
-    );
+    // Protocol 10 kept its wire form, `dirs` and all; protocol 9 the same
+    // bytes less its `warm: None`.
+    #[derive(Serialize)]
+    struct SpecV10<'a> {
+        v4: SpecV4<'a>,
+        invoke: Option<&'a str>,
+        warm: Option<WarmStart>,
+    }
+    let v10 = postcard::to_allocvec(&SpecV10 {
+        v4: old,
+        invoke: Some("run"),
+        warm: None,
+    })
+    .unwrap();
+    assert_eq!(JobSpec::from_stored(&v10).unwrap(), now);
+    assert_eq!(JobSpec::from_stored(&v10[..v10.len() - 1]).unwrap(), now);
     assert!(
-        JobSpec::from_stored(b"\x01").is_err(),
+        JobSpec::from_stored(b"\x01").is_err() && JobSpec::from_stored(b"pws1\x01").is_err(),
         "junk is still refused"
+    );
+}
+
+/// Host directories never go on the wire: a spec that names one arrives
+/// without it, so no client can make a worker open a path of its host.
+#[test]
+fn a_host_directory_never_crosses_the_wire() {
+    let spec = JobSpec {
+        dirs: vec![DirGrant {
+            host: "/etc".into(),
+            guest: "/etc".into(),
+            read_only: true,
+        }],
+        ..JobSpec::new(ModuleHash([2; 32]))
+    };
+    let arrived = postcard::from_bytes::<JobSpec>(&postcard::to_allocvec(&spec).unwrap()).unwrap();
+    assert!(arrived.dirs.is_empty());
+    assert_eq!(
+        JobSpec {
+            dirs: Vec::new(),
+            ..spec
+        },
+        arrived
     );
 }
 

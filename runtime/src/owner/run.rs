@@ -88,7 +88,10 @@ pub async fn create(
         stored.tenant.clone(),
         stored.token.clone(),
         stored.job.module.to_hex(),
-        postcard::to_allocvec(&stored.job).map_err(|e| Refused::Internal(e.to_string()))?,
+        stored
+            .job
+            .to_stored()
+            .map_err(|e| Refused::Internal(e.to_string()))?,
         postcard::to_allocvec(&stored.config).map_err(|e| Refused::Internal(e.to_string()))?,
         spec.inputs.len() as i64,
         now_ms() as i64,

@@ -38,7 +38,7 @@ pub async fn keep(
         id.to_string(),
         tenant.name.clone(),
         spec.module.to_hex(),
-        postcard::to_allocvec(spec).map_err(|e| internal(e.to_string()))?,
+        spec.to_stored().map_err(|e| internal(e.to_string()))?,
         now_ms() as i64,
     );
     w.db.write(move |c| {

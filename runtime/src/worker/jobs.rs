@@ -173,7 +173,7 @@ fn spawn_detached(
 ) {
     // What is kept of the spec once the job has run: all but its input.
     let stdin = std::mem::take(&mut spec.stdin);
-    let ran = postcard::to_allocvec(&spec).ok();
+    let ran = spec.to_stored().ok();
     spec.stdin = stdin;
     let cancel = Cancel::new();
     let memreq = spec.limits.memory.bytes();
@@ -272,11 +272,6 @@ fn check(w: &Worker, tenant: &Tenant, spec: &JobSpec) -> Result<(), Refused> {
             Size(spec.stdin.len() as u64),
             Size(MAX_INPUT_BYTES)
         )));
-    }
-    if !spec.dirs.is_empty() {
-        return Err(Refused::Invalid(
-            "a remote worker cannot grant host directories: ship them as trees".into(),
-        ));
     }
     check_guest_paths(spec)?;
     if let Some(tag) = &spec.tag

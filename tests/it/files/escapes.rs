@@ -100,20 +100,32 @@ async fn trees_that_leave_their_root_or_their_limits_are_refused() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 424);
-    // Host paths are never taken from a remote client.
+    // Host paths are never taken from a remote client: a spec naming one
+    // arrives without it (it is not on the wire), and its job sees nothing
+    // of the worker's host.
     spec.trees.clear();
     spec.dirs = vec![peerwasm::proto::DirGrant {
         host: "/".into(),
         guest: "/".into(),
         read_only: true,
     }];
+    spec.stdin = b"/etc\n".to_vec();
     let resp = http
         .post(format!("http://{}/v1/jobs", w.addr))
         .body(postcard::to_allocvec(&spec).unwrap())
         .send()
         .await
         .unwrap();
-    assert_eq!(resp.status(), 400);
+    assert_eq!(resp.status(), 200);
+    let res: peerwasm::proto::JobResult =
+        postcard::from_bytes(&resp.bytes().await.unwrap()).unwrap();
+    assert_eq!(
+        res.outcome,
+        Outcome::Exited { code: 1 },
+        "{}",
+        String::from_utf8_lossy(&res.stdout)
+    );
+    assert!(String::from_utf8_lossy(&res.stderr).contains("cannot list /etc"));
     // Still serving.
     spec.dirs.clear();
     spec.stdin = b"/tmp\n".to_vec(); // its scratch directory
