@@ -68,17 +68,32 @@ fn mem(m: u64) -> SubmitConfig {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_finished_submission_and_its_results_survive_a_restart() {
+/// A worker in memory (its state in a new directory) that owns a map of
+/// `wat` over `n` inputs, just submitted.
+async fn owning(
+    wat: &str,
+    n: u8,
+) -> (
+    tempfile::TempDir,
+    MemoryNetwork,
+    MemoryWorker,
+    SubmissionInfo,
+) {
     let dir = tempfile::tempdir().unwrap();
     let network = MemoryNetwork::new();
     let worker = MemoryWorker::start(config(dir.path(), false), &network)
         .await
         .unwrap();
     let submitted = pool(&network, &worker.addr)
-        .submit_map(&job(ECHO), inputs(6), mem(4 * MIB), None)
+        .submit_map(&job(wat), inputs(n), mem(4 * MIB), None)
         .await
         .unwrap();
+    (dir, network, worker, submitted)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_submission_and_its_results_survive_a_restart() {
+    let (dir, network, worker, submitted) = owning(ECHO, 6).await;
     let before = results(&network, &worker.addr, &submitted.id, 6).await;
     let worker = worker.restart(config(dir.path(), false)).await.unwrap();
     let after = results(&network, &worker.addr, &submitted.id, 6).await;
@@ -89,16 +104,8 @@ async fn a_finished_submission_and_its_results_survive_a_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupted_map_resumes_where_it_stopped_and_runs_no_input_twice() {
-    let dir = tempfile::tempdir().unwrap();
-    let network = MemoryNetwork::new();
-    let worker = MemoryWorker::start(config(dir.path(), false), &network)
-        .await
-        .unwrap();
     let n = 24;
-    let submitted = pool(&network, &worker.addr)
-        .submit_map(&job(BUSY_ECHO), inputs(n), mem(4 * MIB), None)
-        .await
-        .unwrap();
+    let (dir, network, worker, submitted) = owning(BUSY_ECHO, n).await;
     // Stopped once some results are in, before all are.
     let some = results(&network, &worker.addr, &submitted.id, 2).await;
     let done_before = info(&network, &worker.addr, &submitted.id).await.done;
@@ -121,15 +128,7 @@ async fn an_interrupted_map_resumes_where_it_stopped_and_runs_no_input_twice() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_submission_stops_its_jobs_and_keeps_what_it_had() {
-    let dir = tempfile::tempdir().unwrap();
-    let network = MemoryNetwork::new();
-    let worker = MemoryWorker::start(config(dir.path(), false), &network)
-        .await
-        .unwrap();
-    let submitted = pool(&network, &worker.addr)
-        .submit_map(&job(SPIN), inputs(4), mem(4 * MIB), None)
-        .await
-        .unwrap();
+    let (_dir, network, worker, submitted) = owning(SPIN, 4).await;
     let http = http_client(None, &network.transport()).unwrap();
     let api = WorkerApi::new(&http, &worker.addr);
     // Both slots busy with its spinning jobs, then cancelled.
