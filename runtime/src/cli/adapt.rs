@@ -224,13 +224,28 @@ async fn serve_metrics(
             }
         }),
     );
+    // Served as a worker's API is (`server::serve`): a few connections at
+    // once, fewer per address, headers within the timeout — a scraper is
+    // one client, and whoever else reaches the port cannot hold it.
+    let limits = crate::server::ServeLimits {
+        max_connections: METRICS_CONNECTIONS,
+        ..crate::server::ServeLimits::default()
+    };
     tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
+        let refused = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let forever = std::future::pending::<()>();
+        if let Err(e) =
+            crate::server::serve::serve(listener, None, app, limits, refused, forever).await
+        {
             tracing::warn!("the metrics server stopped: {e}");
         }
     });
     Ok(())
 }
+
+/// Connections `adapt --metrics` serves at once (a quarter of them from one
+/// address).
+const METRICS_CONNECTIONS: usize = 16;
 
 /// `s` quoted for the shell that runs the job's `--wrap`.
 fn shell_quote(s: &str) -> String {
