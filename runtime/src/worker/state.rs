@@ -96,7 +96,8 @@ impl Worker {
     /// This worker's advert, fresh.
     pub(crate) fn advert(&self) -> Advert {
         let snap = self.admission.ledger().snapshot();
-        let (busy, queued) = self.admission.counts();
+        let view = self.admission.view();
+        let (busy, queued) = (view.busy, view.queued);
         Advert {
             addr: self.addr.clone(),
             host_id: self.host_id.clone(),
@@ -125,16 +126,15 @@ impl Worker {
                 .map(|d| d.as_millis() as u64),
             gossip_keyed: self.gossip.is_keyed(),
             multi_tenant: self.tenants.is_multi(),
-            tenants: self.admission.tenant_report(),
+            tenants: view.tenants,
             warnings: self.warnings.current(),
             backlog: self.backlogs.current(),
             owned_maps: self.owned_maps.load(Ordering::Relaxed),
             batch_job: self.lifetime.batch_job.clone(),
             ends_at_ms: self.lifetime.ends_at_ms(),
             idle_ms: match self.owned_maps.load(Ordering::Relaxed) {
-                0 => self
-                    .admission
-                    .idle_for()
+                0 => view
+                    .idle_for
                     .map(|d| d.as_millis().min(u128::from(u64::MAX)) as u64),
                 _ => None,
             },

@@ -111,6 +111,20 @@ pub enum NotAdmitted {
 /// What a waiting job is answered with.
 type Answer = Result<Ticket, NotAdmitted>;
 
+/// Admission as an advert shows it, read at one instant
+/// ([`Admission::view`]).
+#[derive(Clone, Debug)]
+pub struct AdmissionView {
+    /// Slots running a job.
+    pub busy: u32,
+    /// Jobs waiting for a slot.
+    pub queued: u32,
+    /// How long nothing has run or waited; `None` while something does.
+    pub idle_for: Option<std::time::Duration>,
+    /// Each tenant's usage here and account.
+    pub tenants: Vec<TenantUsage>,
+}
+
 /// Slots, queues and fair share of one worker.
 pub struct Admission {
     ledger: Arc<Ledger>,
@@ -256,7 +270,8 @@ impl Admission {
         &self.ledger
     }
 
-    /// (slots busy, jobs queued) now.
+    /// (slots busy, jobs queued) now (tests; adverts read [`view`](Self::view)).
+    #[cfg(test)]
     pub fn counts(&self) -> (u32, u32) {
         let st = self.lock();
         (st.busy, st.queue.len() as u32)
@@ -264,9 +279,23 @@ impl Admission {
 
     /// How long nothing has run or waited here; `None` while something
     /// does. What a controller lets idle workers go by (`Advert::idle_ms`).
-    pub fn idle_for(&self) -> Option<std::time::Duration> {
-        let st = self.lock();
+    fn idle(st: &State) -> Option<std::time::Duration> {
         (st.busy == 0 && st.queue.is_empty()).then(|| st.last_activity.elapsed())
+    }
+
+    /// What an advert says of admission, read at one instant (one lock):
+    /// slots busy, jobs queued, how long it has been idle, and each
+    /// tenant's usage — so that an advert never says, say, idle with a job
+    /// queued.
+    pub fn view(&self) -> AdmissionView {
+        let now = Instant::now();
+        let st = self.lock();
+        AdmissionView {
+            busy: st.busy,
+            queued: st.queue.len() as u32,
+            idle_for: Self::idle(&st),
+            tenants: st.fair.report(&st.running_usage(now), now),
+        }
     }
 
     /// Jobs waiting, per tenant (tenants with none left out).
@@ -279,7 +308,9 @@ impl Admission {
         self.config.slots
     }
 
-    /// Per tenant: usage here (running jobs included) and account.
+    /// Per tenant: usage here (running jobs included) and account (tests;
+    /// adverts read [`view`](Self::view)).
+    #[cfg(test)]
     pub fn tenant_report(&self) -> Vec<TenantUsage> {
         let now = Instant::now();
         let st = self.lock();
