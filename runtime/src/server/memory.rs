@@ -11,8 +11,27 @@
 //! fresh loopback connection — and the gossip rounds' timer: a test runs a
 //! round when it wants one ([`MemoryWorker::gossip_round`]), so liveness
 //! follows the test, not the wall clock. What it kept is put back and its
-//! owned submissions resume, as at a real start. Several workers on one network
-//! reach each other (gossip, the jobs of maps an owner runs) through it.
+//! owned submissions resume, as at a real start. Several workers on one
+//! network reach each other (gossip, the jobs of maps an owner runs)
+//! through it.
+//!
+//! ```no_run
+//! use peerwasm::server::WorkerConfig;
+//! use peerwasm::server::memory::{MemoryNetwork, MemoryWorker};
+//! use peerwasm::{Job, Pool, PoolConfig, Target};
+//!
+//! # async fn demo() -> anyhow::Result<()> {
+//! let network = MemoryNetwork::new();
+//! let worker = MemoryWorker::start(WorkerConfig::new("127.0.0.1:0".parse()?), &network).await?;
+//! let pool = Pool::new(PoolConfig {
+//!     transport: network.transport(),
+//!     ..PoolConfig::new(vec![worker.addr.clone()])
+//! })?;
+//! let job = Job::from_file("hello.wasm")?;
+//! let result = Target::Pool(pool.into()).run(&job, job.spec(b"hi".to_vec(), 64u64 << 20)).await?;
+//! assert!(result.outcome.is_success());
+//! # Ok(()) }
+//! ```
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
