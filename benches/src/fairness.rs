@@ -35,7 +35,7 @@ async fn sleep_map(
     let start = Instant::now();
     let target = Target::pool_as(vec![addr.to_string()], Some(token.into()))?;
     let config = MapConfig {
-        mem: Some(32 * MIB),
+        mem: Some((32 * MIB).into()),
         ..MapConfig::default()
     };
     let mut items: Vec<MapItem> = Vec::new();

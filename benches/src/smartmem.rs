@@ -50,7 +50,7 @@ pub fn smartmem(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
     // every later time): the whole map once, untimed, at a fixed request.
     let warm = MapConfig {
         estimates: None,
-        mem: Some(256 * MIB),
+        mem: Some((256 * MIB).into()),
         ..MapConfig::default()
     };
     runtime.block_on(map(

@@ -64,7 +64,7 @@ pub fn memory_bound(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> 
         // Warm the workers' module caches (untimed, a fixed request).
         let warm = MapConfig {
             estimates: None,
-            mem: Some(200 * MIB),
+            mem: Some((200 * MIB).into()),
             ..MapConfig::default()
         };
         runtime.block_on(map(

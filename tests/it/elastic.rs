@@ -43,7 +43,7 @@ async fn a_map_spreads_onto_workers_that_join_while_it_runs_and_its_backlog_is_s
     let target = Target::pool(vec![a.addr.clone()]).unwrap();
     let job = Job::new(peerwasm_testkit::guest_wasm_bytes("sleep"));
     let config = MapConfig {
-        mem: Some(64 * MIB),
+        mem: Some((64 * MIB).into()),
         ..MapConfig::default()
     };
     let running = tokio::spawn(async move {

@@ -19,7 +19,7 @@ async fn answers(target: &Target, job: &Job, inputs: &[&str]) -> Vec<(i32, Strin
     let mut items: Vec<MapItem> = Vec::new();
     let config = MapConfig {
         keep_going: true,
-        mem: Some(256 << 20),
+        mem: Some((256 << 20).into()),
         ..MapConfig::default()
     };
     map(

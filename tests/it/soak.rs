@@ -139,7 +139,7 @@ async fn eight_submitters_never_overcommit_a_worker_and_rss_does_not_grow_with_j
     let hello = Job::new(peerwasm_testkit::guest_wasm_bytes("hello"));
     let target = Target::pool(vec![a.addr.clone()]).unwrap();
     let config = MapConfig {
-        mem: Some(16 * MIB),
+        mem: Some((16 * MIB).into()),
         ..MapConfig::default()
     };
     let addrs = [a.addr.clone(), b.addr.clone()];

@@ -283,7 +283,7 @@ async fn sleep_map(addr: &str, token: &str, count: usize, ms: u64) -> Instant {
     let target = Target::pool_as(vec![addr.to_string()], Some(token.to_string())).unwrap();
     let inputs = vec![format!("{ms}\n").into_bytes(); count];
     let config = MapConfig {
-        mem: Some(32 * MIB),
+        mem: Some((32 * MIB).into()),
         ..MapConfig::default()
     };
     let mut finish = Finish(Arc::new(Mutex::new(Vec::new())));

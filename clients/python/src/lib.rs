@@ -389,7 +389,7 @@ fn map_config(
     ordered: bool,
 ) -> PyResult<MapConfig> {
     Ok(MapConfig {
-        mem: to_size(mem)?,
+        mem: to_size(mem)?.map(Into::into),
         keep_going,
         retries,
         ordered,

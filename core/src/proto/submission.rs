@@ -61,8 +61,8 @@ pub struct JobTag {
 /// client would give on its command line.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SubmitConfig {
-    /// One fixed memory limit for every job; `None` learns it.
-    pub mem: Option<u64>,
+    /// One fixed memory request for every job; `None` learns it.
+    pub mem: Option<super::MemoryRequest>,
     /// Never ask for less than this when learning.
     pub min_mem: u64,
     /// How often a failed job is run again.

@@ -96,7 +96,7 @@ pub fn run(args: MapArgs) -> anyhow::Result<ExitCode> {
         })?)),
     };
     let knobs = MapConfig {
-        mem: args.mem,
+        mem: args.mem.map(Into::into),
         min_mem: args.min_mem.unwrap_or(0),
         retries: args.retries,
         max_in_flight: args.max_in_flight,

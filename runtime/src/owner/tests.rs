@@ -63,7 +63,7 @@ async fn ended(network: &MemoryNetwork, addr: &str, id: &str) -> SubmissionInfo 
 
 fn mem(m: u64) -> SubmitConfig {
     SubmitConfig {
-        mem: Some(m),
+        mem: Some((m).into()),
         ..SubmitConfig::default()
     }
 }

@@ -124,7 +124,7 @@ async fn a_map_comes_back_whole_and_in_order(w: Served) {
     let mut items = Vec::new();
     let config = crate::client::MapConfig {
         estimates: None,
-        mem: Some(4 * MIB),
+        mem: Some((4 * MIB).into()),
         ..Default::default()
     };
     crate::client::map(&target, &job(ECHO), inputs.clone(), &config, &mut items)
@@ -245,7 +245,7 @@ async fn a_submission_is_stored_run_and_its_results_read(w: Served) {
     let echo = job(ECHO);
     let inputs: Vec<Vec<u8>> = (0..5).map(|i| vec![b'a' + i]).collect();
     let config = SubmitConfig {
-        mem: Some(4 * MIB),
+        mem: Some((4 * MIB).into()),
         ..SubmitConfig::default()
     };
     let info = pool

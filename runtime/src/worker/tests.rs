@@ -40,7 +40,7 @@ fn inputs(n: usize) -> Vec<Vec<u8>> {
 fn config_of_map() -> MapConfig {
     MapConfig {
         estimates: None,
-        mem: Some(4 * MIB),
+        mem: Some((4 * MIB).into()),
         ..MapConfig::default()
     }
 }

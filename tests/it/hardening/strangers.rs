@@ -424,7 +424,7 @@ async fn a_token_goes_only_to_named_workers_unless_the_pool_is_keyed() {
         let target = Target::pool_as(vec![w1.addr.clone()], Some(ALICE.into())).unwrap();
         let job = crate::tenants::sleep_job();
         let config = MapConfig {
-            mem: Some(16 * MIB),
+            mem: Some((16 * MIB).into()),
             ..MapConfig::default()
         };
         let mut items: Vec<MapItem> = Vec::new();

@@ -249,7 +249,7 @@ async fn dropping_a_map_in_process_cancels_its_jobs_on_the_workers() {
     let target = Target::pool(vec![w.addr.clone()]).unwrap();
     let job = sleep_job();
     let config = MapConfig {
-        mem: Some(32 * MIB),
+        mem: Some((32 * MIB).into()),
         ..MapConfig::default()
     };
     let running = tokio::spawn(async move {

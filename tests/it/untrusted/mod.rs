@@ -98,7 +98,7 @@ async fn peers_of_a_map(seed: &str, n: usize) -> Vec<String> {
     let hello = Job::new(peerwasm_testkit::guest_wasm_bytes("hello"));
     let mut items: Vec<MapItem> = Vec::new();
     let config = MapConfig {
-        mem: Some(16 * MIB),
+        mem: Some((16 * MIB).into()),
         ..MapConfig::default()
     };
     let summary = tokio::time::timeout(

@@ -7,14 +7,15 @@ use tokio_util::sync::CancellationToken;
 
 use super::report::{MapItem, Progress};
 use crate::client::estimate::{DEFAULT_MARGIN, EstimateStore};
+use crate::proto::MemoryRequest;
 use crate::proto::submission::SubmitConfig;
 
 /// How a map runs. `Default` gives the documented defaults.
 #[derive(Clone, Debug)]
 pub struct MapConfig {
-    /// One fixed memory limit for every job; `None` learns it (smartmem).
-    /// Default: `None`.
-    pub mem: Option<u64>,
+    /// One fixed memory request for every job; `None` learns it
+    /// (smartmem). Default: `None`.
+    pub mem: Option<MemoryRequest>,
     /// Never ask for less than this. Default: 0.
     pub min_mem: u64,
     /// Margin over the largest peak seen. Default: 1.25.
@@ -142,7 +143,7 @@ mod tests {
     #[test]
     fn a_submitted_map_keeps_every_knob_it_travels_with() {
         let here = MapConfig {
-            mem: Some(3 << 20),
+            mem: Some((3 << 20).into()),
             min_mem: 1 << 20,
             retries: 2,
             max_in_flight: Some(7),

@@ -215,11 +215,10 @@ impl<'a, T: Submitter> MapRun<'a, T> {
             anyhow::bail!("no live worker in the pool");
         }
         if let Some(mem) = config.mem
-            && mem > capacity.largest_job
+            && mem.bytes() > capacity.largest_job
         {
             anyhow::bail!(
-                "no peer can hold a job of {}: the largest the pool can take is {}",
-                Bytes(mem),
+                "no peer can hold a job of {mem}: the largest the pool can take is {}",
                 Bytes(capacity.largest_job)
             );
         }
@@ -365,7 +364,7 @@ impl<'a, T: Submitter> MapRun<'a, T> {
     /// line, `usize::MAX`: a typical input's).
     fn memreq(&self, index: usize) -> u64 {
         match (self.config.mem, self.pending.get(&index)) {
-            (Some(mem), _) => mem,
+            (Some(mem), _) => mem.bytes(),
             (None, Some(p)) => self
                 .estimator
                 .clamp(self.estimator.memreq_for(input_size(p)).max(p.memreq_floor)),

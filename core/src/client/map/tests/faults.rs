@@ -181,7 +181,7 @@ async fn an_interrupt_hands_over_what_is_in_and_drops_what_is_under_way() {
 async fn what_no_input_can_get_past_is_an_error_up_front() {
     let fake = Fake::new(2, |_| ok(1));
     let config = MapConfig {
-        mem: Some(8 << 30),
+        mem: Some((8 << 30).into()),
         ..MapConfig::default()
     };
     let e = run(&fake, 1, &config).await.0.unwrap_err().to_string();

@@ -127,7 +127,7 @@ async fn a_fixed_memory_limit_is_never_raised() {
         peak: 100 * MIB,
     });
     let config = MapConfig {
-        mem: Some(100 * MIB),
+        mem: Some((100 * MIB).into()),
         ..MapConfig::default()
     };
     let (summary, items) = run(&fake, 3, &config).await;
