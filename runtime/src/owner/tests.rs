@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::client::{Pool, PoolConfig, WorkerApi, http_client};
 use crate::proto::submission::{SubmissionInfo, SubmissionState, SubmitConfig, SubmittedResult};
 use crate::server::memory::{MemoryNetwork, MemoryWorker};
-use crate::server::testing::{BUSY_ECHO, ECHO, MIB, SPIN, config, job};
+use crate::server::testing::{BUSY_ECHO, ECHO, MIB, SPIN, config, job, until};
 
 fn pool(network: &MemoryNetwork, addr: &str) -> Pool {
     Pool::new(PoolConfig {
@@ -51,14 +51,11 @@ async fn info(network: &MemoryNetwork, addr: &str, id: &str) -> SubmissionInfo {
 /// The submission once it is no longer running (its last results are
 /// readable a moment before its state says so).
 async fn ended(network: &MemoryNetwork, addr: &str, id: &str) -> SubmissionInfo {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let info = info(network, addr, id).await;
-        if info.state != SubmissionState::Running || tokio::time::Instant::now() > deadline {
-            return info;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until("the submission's map returns", async || {
+        info(network, addr, id).await.state != SubmissionState::Running
+    })
+    .await;
+    info(network, addr, id).await
 }
 
 fn mem(m: u64) -> SubmitConfig {
@@ -132,24 +129,16 @@ async fn a_cancelled_submission_stops_its_jobs_and_keeps_what_it_had() {
     let http = http_client(None, &network.transport()).unwrap();
     let api = WorkerApi::new(&http, &worker.addr);
     // Both slots busy with its spinning jobs, then cancelled.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while worker.worker().admission.counts().0 < 2 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "its jobs never started"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until("its jobs start", async || {
+        worker.worker().admission.counts().0 == 2
+    })
+    .await;
     let was = api.cancel_submission(&submitted.id).await.unwrap();
     assert_eq!(was, "running");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while worker.worker().admission.counts() != (0, 0) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "its jobs still run after the cancel"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until("its jobs end after the cancel", async || {
+        worker.worker().admission.counts() == (0, 0)
+    })
+    .await;
     let info = api.submission(&submitted.id).await.unwrap();
     assert_eq!((info.state, info.done), (SubmissionState::Cancelled, 0));
 }

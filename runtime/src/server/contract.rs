@@ -16,7 +16,7 @@ use crate::proto::submission::{SubmissionState, SubmitConfig};
 use crate::proto::{LARGEST_JOB_HEADER, routes};
 
 use super::memory::{MemoryNetwork, MemoryWorker};
-use super::testing::{ECHO, MIB, SPIN, config, job};
+use super::testing::{ECHO, MIB, SPIN, config, job, until};
 
 /// Which exchange a contract runs over.
 #[derive(Clone, Copy, Debug)]
@@ -212,18 +212,11 @@ async fn a_detached_job_s_output_is_read_from_where_it_was_seen(w: Served) {
         .unwrap();
     let http = w.http(None);
     let api = WorkerApi::new(&http, &w.addr);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let output = loop {
-        let output = api.job_output(&id, [0, 0]).await.unwrap();
-        if output.ended.is_some() {
-            break output;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the job never ended"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    until("the job ends", async || {
+        api.job_output(&id, [0, 0]).await.unwrap().ended.is_some()
+    })
+    .await;
+    let output = api.job_output(&id, [0, 0]).await.unwrap();
     assert_eq!(output.stdout, b"0123456789");
     let rest = api.job_output(&id, [4, 0]).await.unwrap();
     assert_eq!(rest.stdout, b"456789", "from the offset seen");
@@ -275,14 +268,11 @@ async fn a_submission_is_stored_run_and_its_results_read(w: Served) {
     assert!(listed.iter().any(|s| s.id == info.id), "{listed:?}");
     // Its state says so once its map has returned, a moment after its
     // last result is readable.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let done = loop {
-        let done = api.submission(&info.id).await.unwrap();
-        if done.state != SubmissionState::Running || tokio::time::Instant::now() > deadline {
-            break done;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    until("the submission's map returns", async || {
+        api.submission(&info.id).await.unwrap().state != SubmissionState::Running
+    })
+    .await;
+    let done = api.submission(&info.id).await.unwrap();
     assert_eq!((done.done, done.state), (5, SubmissionState::Done));
     let history = api.history(0, None).await.unwrap();
     assert!(history.len() >= 5, "{history:?}");

@@ -88,3 +88,13 @@ pub fn second(mut config: WorkerConfig, dir: &std::path::Path, name: &str) -> Wo
     config.runner.sandbox.scratch_root = Some(scratch);
     config
 }
+
+/// Waits until `done` says so, asking every 10 ms; fails the test naming
+/// `what` if it has not within 30 s.
+pub async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !done().await {
+        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}

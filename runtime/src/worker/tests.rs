@@ -4,11 +4,10 @@
 //! no process or socket. The gossip rounds run when the test says.
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use crate::client::{MapConfig, Pool, PoolConfig, Target, WorkerApi, http_client, map};
 use crate::server::memory::{MemoryNetwork, MemoryWorker};
-use crate::server::testing::{BUSY_ECHO, ECHO, MIB, config, job, second};
+use crate::server::testing::{BUSY_ECHO, ECHO, MIB, config, job, second, until};
 
 fn target(network: &MemoryNetwork, seed: &str) -> Target {
     let pool = Pool::new(PoolConfig {
@@ -100,11 +99,10 @@ async fn a_worker_that_dies_under_a_map_loses_no_input() {
             .map(|_| items)
         })
     };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while b.worker().jobs_run.load(Ordering::Relaxed) == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "b never got a job");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until("b gets a job", async || {
+        b.worker().jobs_run.load(Ordering::Relaxed) > 0
+    })
+    .await;
     b.stop();
     let items = running.await.unwrap().unwrap();
     let outputs: Vec<_> = items.iter().map(|i| i.result.stdout.clone()).collect();
@@ -130,20 +128,11 @@ async fn a_detached_job_s_result_is_kept_across_a_restart() {
         .await
         .unwrap();
     let http = http_client(None, &network.transport()).unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while WorkerApi::new(&http, &worker.addr)
-        .job_output(&id, [0, 0])
-        .await
-        .unwrap()
-        .ended
-        .is_none()
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the job never ended"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let api = WorkerApi::new(&http, &worker.addr);
+    until("the job ends", async || {
+        api.job_output(&id, [0, 0]).await.unwrap().ended.is_some()
+    })
+    .await;
     let worker = worker.restart(config(dir.path(), false)).await.unwrap();
     let output = WorkerApi::new(&http, &worker.addr)
         .job_output(&id, [0, 0])
