@@ -72,12 +72,6 @@ impl Transport {
         }
     }
 
-    /// Whether requests go to an in-process server
-    /// ([`in_memory`](Self::in_memory)).
-    pub fn is_in_memory(&self) -> bool {
-        self.exchange.is_some()
-    }
-
     /// TLS if `ca` is given, else plain HTTP, which may carry a token off
     /// loopback if `insecure_http`.
     pub fn new(ca: Option<&Path>, insecure_http: bool) -> anyhow::Result<Transport> {

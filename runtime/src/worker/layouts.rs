@@ -64,15 +64,7 @@ pub(super) fn lay_out(
             EntryKind::Dir => std::fs::create_dir_all(&dest),
             EntryKind::File { hash, size } => {
                 let src = path_of(&hash);
-                let real = std::fs::metadata(&src)
-                    .map_err(|e| format!("cannot lay out {:?} of the job's tree: {e}", entry.path))?
-                    .len();
-                if real != size {
-                    return Err(format!(
-                        "the tree's manifest says {:?} has {size} bytes, but the file it names has {real}",
-                        entry.path
-                    ));
-                }
+                super::trees::stored_size(&src, &entry.path, size)?;
                 dest.parent()
                     .map_or(Ok(()), std::fs::create_dir_all)
                     .and_then(|()| std::fs::hard_link(&src, &dest))

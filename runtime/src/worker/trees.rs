@@ -117,19 +117,7 @@ pub fn mount(
                             .map_err(|e| format!("cannot lay out the job's tree: {e}"))?;
                     }
                     let src = store.path_of(&hash);
-                    // What a copy takes is the stored file's real size,
-                    // never what the manifest claims; the two must agree.
-                    let real = std::fs::metadata(&src)
-                        .map_err(|e| {
-                            format!("cannot lay out {:?} of the job's tree: {e}", entry.path)
-                        })?
-                        .len();
-                    if real != size {
-                        return Err(format!(
-                            "the tree's manifest says {:?} has {size} bytes, but the file it names has {real}",
-                            entry.path
-                        ));
-                    }
+                    let real = stored_size(&src, &entry.path, size)?;
                     if grant.read_only && std::fs::hard_link(&src, &dest).is_ok() {
                         Ok(())
                     } else {
@@ -169,6 +157,22 @@ pub fn mount(
     }
     mounted.dir = Some(dir);
     Ok(mounted)
+}
+
+/// The real size of the stored file `src`, which the tree names `path` and
+/// its manifest says has `size` bytes: what a copy takes is the stored
+/// file's real size, never what the manifest claims, and the two must
+/// agree.
+pub(super) fn stored_size(src: &Path, path: &str, size: u64) -> Result<u64, String> {
+    let real = std::fs::metadata(src)
+        .map_err(|e| format!("cannot lay out {path:?} of the job's tree: {e}"))?
+        .len();
+    if real != size {
+        return Err(format!(
+            "the tree's manifest says {path:?} has {size} bytes, but the file it names has {real}"
+        ));
+    }
+    Ok(real)
 }
 
 /// A file's size and modification time.
