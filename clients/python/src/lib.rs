@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+mod command;
 mod stream;
 
 use peerwasm::client::{Job, MapConfig, Pool, PoolConfig, Target};
@@ -148,20 +149,48 @@ fn embedded() -> PyResult<Target> {
     }
     let mut sandbox = peerwasm::sandbox::SandboxConfig::default();
     sandbox.cache_dir = dirs_cache().map(|d| d.join("modules"));
-    // Epochs, not fuel: a job here must still end at its time limit and on
-    // Ctrl-C (this process is the caller's, it cannot be the job's slot as
-    // in `peerwasm run`), and counting fuel in every block of CPython's
-    // interpreter loop cost far more than a check at loop heads
-    // (clients/python/README.md has the figures).
+    // Jobs in this process give their thread back with epochs, not fuel:
+    // a job here must still end at its time limit and on Ctrl-C (this
+    // process is the caller's, it cannot be the job's slot as in `peerwasm
+    // run`), and counting fuel in every block of CPython's interpreter
+    // loop cost far more than a check at loop heads.
     sandbox.time_limit = peerwasm::sandbox::TimeLimitMechanism::Epoch;
     let runner = peerwasm::runner::JobRunner::new(peerwasm::runner::RunnerConfig {
         sandbox,
-        ..Default::default()
+        slot_processes: slot_processes(),
     })
     .map_err(|e| PyRuntimeError::new_err(format!("cannot start the embedded worker: {e:#}")))?;
     Ok(EMBEDDED
         .get_or_init(|| Target::Embedded(Arc::new(runner)))
         .clone())
+}
+
+/// Slot processes for the embedded worker, as a pool's worker has them:
+/// this environment's Python running the package's command (`python -m
+/// peerwasm slot`). Large modules — CPython for WASI — and jobs learned
+/// to compute long run there with no time-limit instrumentation at all
+/// (epochs cost a pure-Python loop 37% and numpy's matrix product 2.2×,
+/// measured here), and are still stopped at their limit and on Ctrl-C:
+/// the child ends itself, or is killed. Their code is compiled for the
+/// engine `peerwasm run` and a worker's slot processes use, so CPython is
+/// compiled once per machine whichever of them runs it first. None when
+/// this Python has no executable to start (an embedding application).
+fn slot_processes() -> Option<peerwasm::runner::slotproc::SlotProcessConfig> {
+    let exe = Python::attach(|py| {
+        py.import("sys")
+            .and_then(|sys| sys.getattr("executable"))
+            .and_then(|exe| exe.extract::<Option<PathBuf>>())
+            .ok()
+            .flatten()
+    })
+    .filter(|exe| !exe.as_os_str().is_empty())?;
+    Some(peerwasm::runner::slotproc::SlotProcessConfig {
+        program: peerwasm::runner::slotproc::SlotProgram {
+            exe,
+            args: vec!["-m".into(), "peerwasm".into(), "slot".into()],
+        },
+        policy: peerwasm::runner::slotproc::SlotPolicy::Auto,
+    })
 }
 
 /// `$PEERWASM_CACHE_DIR`, else `$XDG_CACHE_HOME/peerwasm` or `~/.cache/peerwasm`.
@@ -558,6 +587,7 @@ fn _peerwasm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(learned_memory, m)?)?;
     m.add_function(wrap_pyfunction!(_run_python, m)?)?;
     m.add_function(wrap_pyfunction!(_map_python, m)?)?;
+    m.add_function(wrap_pyfunction!(command::command, m)?)?;
     m.add_class::<Result>()?;
     m.add_class::<MapStream>()?;
     m.add("JobError", m.py().get_type::<JobError>())?;

@@ -166,9 +166,15 @@ impl JobRunner {
 
     /// Whether this module's code is ready to run without compiling: a job
     /// of it has run here (in this process or a slot process), or its
-    /// compiled form is in this process's memory or disk cache.
+    /// compiled form is in this process's memory or disk cache, or in the
+    /// disk cache for the slot processes' engine.
     pub fn is_compiled(&self, hash: &ModuleHash) -> bool {
-        self.lock_long().contains_key(hash) || self.sandbox.has_compiled(hash)
+        self.lock_long().contains_key(hash)
+            || self.sandbox.has_compiled(hash)
+            || self
+                .children
+                .as_ref()
+                .is_some_and(|(children, _)| children.has_compiled(hash))
     }
 
     /// The module's bytes, if this runner holds them (after a restart it

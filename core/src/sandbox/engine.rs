@@ -133,3 +133,50 @@ pub fn start_epoch_ticker(engine: &Engine) {
         })
         .expect("spawning the epoch ticker thread");
 }
+
+
+/// What the disk cache files code compiled for `config`'s engine under
+/// (wasmtime's compatibility hash): equal keys share one artifact.
+#[cfg(test)]
+pub(crate) fn code_key(config: &SandboxConfig) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    build(config)
+        .expect("engine")
+        .precompile_compatibility_hash()
+        .hash(&mut h);
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(time_limit: TimeLimitMechanism, pooling: bool, slots: usize) -> SandboxConfig {
+        SandboxConfig {
+            time_limit,
+            pooling,
+            slots,
+            ..SandboxConfig::default()
+        }
+    }
+
+    #[test]
+    fn the_instance_pool_does_not_change_what_code_is_code_key() {
+        use TimeLimitMechanism::*;
+        for mechanism in [Off, Epoch, Fuel] {
+            assert_eq!(
+                code_key(&with(mechanism, false, 1)),
+                code_key(&with(mechanism, true, 8)),
+                "{mechanism:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn each_time_limit_mechanism_compiles_code_of_its_own() {
+        use TimeLimitMechanism::*;
+        let [off, epoch, fuel] = [Off, Epoch, Fuel].map(|m| code_key(&with(m, true, 2)));
+        assert!(off != epoch && epoch != fuel && off != fuel);
+    }
+}

@@ -72,7 +72,10 @@ pub use config::{
     CompileProgram, DEFAULT_CACHE_MAX, DEFAULT_MAX_MODULE_BYTES, DEFAULT_MODULE_BYTES_HELD,
     SandboxConfig, TimeLimitMechanism,
 };
+pub use artifacts::compiled_on_disk;
 pub use engine::JOB_NATIVE_BYTES;
+#[cfg(test)]
+pub(crate) use engine::code_key;
 pub use job_state::JobState;
 pub use spec::RunSpec;
 pub use stdin::{StdinFeed, StdinSender};

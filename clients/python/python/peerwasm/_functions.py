@@ -26,7 +26,7 @@ import pickle
 import sys
 import textwrap
 
-from . import _maps, _mounts, _peerwasm, _wire
+from . import _maps, _mounts, _peerwasm, _sources, _wire
 
 PROTOCOL = 4
 
@@ -190,12 +190,12 @@ def runtime_dir():
 
 def _imports(fn):
     """The top-level import statements of `fn`'s module (or of the notebook
-    cells it was defined among: `_module_trees`), each guarded: the
+    cells it was defined among: `_sources.module_trees`), each guarded: the
     names of one the sandbox cannot import (a host-only package) are bound
     to a stand-in that raises its ImportError, naming it, when used — never
     skipped in silence."""
     guarded, seen = [_local_modules(fn)], set()
-    for node in (n for tree in _module_trees(fn) for n in tree.body):
+    for node in (n for tree in _sources.module_trees(fn) for n in tree.body):
         if isinstance(node, (ast.Import, ast.ImportFrom)) and not (
             isinstance(node, ast.ImportFrom) and node.module == "__future__"
         ):
@@ -229,7 +229,7 @@ def _local_modules(fn):
     home = os.path.dirname(os.path.abspath(getattr(module, "__file__", None) or os.path.join(os.getcwd(), "x")))
     if fn.__module__ == "__main__" and "get_ipython" in fn.__globals__:
         home = os.getcwd()
-    found, order, todo = {}, [], [t for t in _module_trees(fn)]
+    found, order, todo = {}, [], [t for t in _sources.module_trees(fn)]
     while todo:
         for node in ast.walk(todo.pop()):
             names = (
@@ -262,28 +262,6 @@ def _local_modules(fn):
     )
 
 
-def _module_trees(fn):
-    """The parsed source `fn`'s imports are read from: its module's file;
-    or, for a function defined in a notebook or an IPython session, every
-    cell run so far (IPython keeps them, magics already turned into
-    Python, in `In`; a cell that does not parse is passed over)."""
-    namespace = fn.__globals__
-    cells = namespace.get("In")
-    if fn.__module__ == "__main__" and "get_ipython" in namespace and isinstance(cells, list):
-        trees = []
-        for cell in cells:
-            try:
-                trees.append(ast.parse(cell))
-            except (SyntaxError, ValueError, TypeError):
-                continue
-        return trees
-    module = sys.modules.get(fn.__module__)
-    try:
-        return [ast.parse(inspect.getsource(module))] if module is not None else []
-    except (OSError, TypeError, SyntaxError):
-        return []
-
-
 def _defined(node):
     """The names a top-level statement defines."""
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -303,7 +281,7 @@ def _definitions(fn, fn_node, extra=()):
     order they were written. The last definition of a name wins, as it
     would at run time."""
     defs, order = {}, 0
-    for tree in _module_trees(fn):
+    for tree in _sources.module_trees(fn):
         for node in tree.body:
             for name in _defined(node):
                 defs[name] = (order, node)
@@ -347,10 +325,7 @@ def program(fn, values=(), sys_path=()):
             f"{fn.__name__} uses variables of the function around it ({names}): "
             "define it at the top level of a module and pass what it needs as arguments"
         )
-    try:
-        source = textwrap.dedent(inspect.getsource(fn))
-    except OSError as e:
-        raise TypeError(f"the source of {fn.__name__} cannot be read ({e}): define it in a file") from None
+    source = _sources.function_source(fn)
     # Decorators would run again in the sandbox: send the `def` alone.
     tree = ast.parse(source)
     node = tree.body[0]

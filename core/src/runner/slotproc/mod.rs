@@ -172,6 +172,13 @@ impl SlotProcesses {
             .map_err(|outcome| outcome.to_string())
     }
 
+    /// Whether the disk cache holds `hash` compiled for the slot
+    /// processes' engine (which is not this process's when it runs jobs
+    /// with fuel or epochs).
+    pub fn has_compiled(&self, hash: &ModuleHash) -> bool {
+        crate::sandbox::compiled_on_disk(&self.setup, hash)
+    }
+
     /// Jobs run in slot processes so far.
     pub fn jobs(&self) -> u64 {
         self.jobs.load(Ordering::Relaxed)
@@ -304,12 +311,19 @@ impl SlotProcesses {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true);
-        // SAFETY: prctl is async-signal-safe; it only asks the kernel to
-        // kill the child if the worker dies (even by SIGKILL), so no slot
-        // process outlives its worker.
+        // SAFETY: prctl and signal are async-signal-safe. The first asks
+        // the kernel to kill the child if the worker dies (even by
+        // SIGKILL), so no slot process outlives its worker. The second
+        // leaves Ctrl-C to the worker: it reaches the terminal's whole
+        // process group, and the worker (or the Python caller the runner
+        // is embedded in) decides what it means — drain, or cancel — where
+        // a child ended by it would turn its job into a failure first.
         unsafe {
             command.pre_exec(|| {
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::signal(libc::SIGINT, libc::SIG_IGN) == libc::SIG_ERR {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())

@@ -94,3 +94,31 @@ pub fn child_sandbox(worker: &SandboxConfig, scratch_root: Option<PathBuf>) -> S
         ..worker.clone()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::child_sandbox;
+    use crate::sandbox::{SandboxConfig, TimeLimitMechanism, code_key};
+
+    #[test]
+    fn slot_processes_compile_for_the_engine_a_whole_process_run_uses() {
+        // `peerwasm run` (one job, its process the slot: no instrumentation),
+        // a worker's slot processes and the Python client's: one artifact
+        // of CPython per machine, whoever compiled it first.
+        let whole_process = SandboxConfig {
+            time_limit: TimeLimitMechanism::Off,
+            pooling: false,
+            slots: 1,
+            ..SandboxConfig::default()
+        };
+        for time_limit in [TimeLimitMechanism::Fuel, TimeLimitMechanism::Epoch] {
+            let worker = SandboxConfig {
+                time_limit,
+                slots: 4,
+                ..SandboxConfig::default()
+            };
+            let child = child_sandbox(&worker, None);
+            assert_eq!(code_key(&child), code_key(&whole_process), "{time_limit:?}");
+        }
+    }
+}

@@ -1,0 +1,216 @@
+"""Where a function's source is read from, to be sent into the sandbox:
+its module's file; the cells of the notebook or IPython session it was
+defined in; or — for a script that has no file — the text Python ran.
+
+A script with no file of its own is common on a cluster: a batch script's
+`python - <<EOF … EOF`, `cat analysis.py | python`, `python -c '…'`, or
+the plain `python` prompt. Python keeps none of those texts, so `inspect`
+cannot find a function's source there; this module finds it:
+
+* `python -c CODE`: CODE is in `sys.orig_argv`;
+* a script read from stdin that is a file (`python - < script.py`, a
+  large here-document): it is read again, from its start;
+* a script read from a pipe: the pipe is gone once Python has read it, so
+  the package installs a start-up hook (`peerwasm-stdin.pth`, module
+  `_peerwasm_stdin`) that, in a Python whose script comes from a pipe and
+  only then, reads the pipe first, keeps the text, and gives Python the
+  same bytes from a file of its own (what Python reads is unchanged);
+* the interactive prompt: the lines typed, from readline's history (a
+  prompt of Python 3.13 or later keeps each input in `linecache`, which
+  `inspect` reads).
+
+Text found this way is used only if it compiles to the very function (and
+helper) being sent — the same bytecode — so a stale history line or a
+different script is never sent in its place: the error then says to put
+the function in a file.
+"""
+
+import __future__
+import ast
+import inspect
+import io
+import linecache
+import os
+import stat
+import sys
+import textwrap
+import tokenize
+
+# The compiler flags of `from __future__ import …`: a function's code
+# carries those its script was compiled with.
+_FUTURE_FLAGS = 0
+for _name in __future__.all_feature_names:
+    _FUTURE_FLAGS |= getattr(__future__, _name).compiler_flag
+
+
+def function_source(fn):
+    """The source of `fn`'s `def` (with its decorators), dedented. Raises
+    TypeError, saying what to do, when it cannot be found."""
+    try:
+        return textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError) as e:
+        why = e
+    for text in _scriptless_texts(fn):
+        found = _definition_in(text, fn)
+        if found is not None:
+            return found
+    raise TypeError(
+        f"the source of {fn.__name__} cannot be read ({why}): define it in a file, a notebook cell, "
+        "or a script (a file, or one piped on stdin to a Python where peerwasm is installed)"
+    )
+
+
+def module_trees(fn):
+    """The parsed source `fn`'s imports and module-level definitions are
+    read from: its module's file; every cell of the notebook or IPython
+    session it was defined in (IPython keeps them, magics already turned
+    into Python, in `In`; a cell that does not parse is passed over); or
+    the text of the script that has no file."""
+    namespace = fn.__globals__
+    cells = namespace.get("In")
+    if fn.__module__ == "__main__" and "get_ipython" in namespace and isinstance(cells, list):
+        return _parsed(cells)
+    module = sys.modules.get(fn.__module__)
+    if module is None:
+        return []
+    try:
+        return [ast.parse(inspect.getsource(module))]
+    except (OSError, TypeError, SyntaxError):
+        pass
+    return _parsed(_scriptless_texts(fn)) if fn.__module__ == "__main__" else []
+
+
+def same_code(source, fn):
+    """Whether the `def` in `source` compiles to `fn`'s code: the same
+    bytecode, constants and names (line numbers aside)."""
+    try:
+        flags = fn.__code__.co_flags & _FUTURE_FLAGS
+        code = compile(source, fn.__code__.co_filename, "exec", flags=flags, dont_inherit=True)
+    except (SyntaxError, ValueError):
+        return False
+    return any(_alike(c, fn.__code__) for c in code.co_consts if inspect.iscode(c) and c.co_name == fn.__name__)
+
+
+def _alike(a, b):
+    if (a.co_code, a.co_names, a.co_varnames, a.co_freevars) != (b.co_code, b.co_names, b.co_varnames, b.co_freevars):
+        return False
+    if len(a.co_consts) != len(b.co_consts):
+        return False
+    return all(
+        _alike(x, y) if inspect.iscode(x) and inspect.iscode(y) else type(x) is type(y) and x == y
+        for x, y in zip(a.co_consts, b.co_consts)
+    )
+
+
+def _parsed(texts):
+    trees = []
+    for text in texts:
+        try:
+            trees.append(ast.parse(text))
+        except (SyntaxError, ValueError, TypeError):
+            continue
+    return trees
+
+
+def _definition_in(text, fn):
+    """`fn`'s definition in `text` (a script, or one input at the prompt),
+    if `text` holds one that compiles to `fn`: the last such, as the last
+    definition of a name is the one that runs."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+    lines = text.splitlines(keepends=True)
+    for node in reversed([n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]):
+        if node.name != fn.__name__:
+            continue
+        first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        source = textwrap.dedent("".join(lines[first - 1 : node.end_lineno]))
+        if same_code(source, fn):
+            return source
+    return None
+
+
+def _scriptless_texts(fn):
+    """The texts that may hold `fn` when its file does not exist: the
+    script of `-c`, the script read from stdin, or the inputs typed at the
+    prompt (oldest first)."""
+    filename = fn.__code__.co_filename
+    if filename == "<string>":
+        code = _command_text()
+        return [code] if code is not None else []
+    if filename == "<stdin>":
+        if hasattr(sys, "ps1") or sys.flags.interactive:
+            return _typed_inputs()
+        script = _stdin_script()
+        return [script] if script is not None else []
+    if filename.startswith("<python-input-"):
+        # The prompt of Python 3.13 and later: each input is in linecache.
+        def number(name):
+            digits = name[len("<python-input-") : -1]
+            return int(digits) if digits.isdigit() else -1
+
+        names = sorted((n for n in linecache.cache if n.startswith("<python-input-")), key=number)
+        return ["".join(linecache.getlines(n)) for n in names]
+    return []
+
+
+def _command_text():
+    """The CODE of `python -c CODE`."""
+    argv = getattr(sys, "orig_argv", None)
+    if argv is None:
+        try:
+            with open("/proc/self/cmdline", "rb") as f:
+                argv = [os.fsdecode(a) for a in f.read().split(b"\0")]
+        except OSError:
+            return None
+    for i, arg in enumerate(argv[1:-1], start=1):
+        if arg == "-c":
+            return argv[i + 1]
+        if arg.startswith("-c") and not arg.startswith("--"):
+            return arg[2:]
+    return None
+
+
+def _stdin_script():
+    """The script Python read from stdin: kept by the start-up hook when
+    it came through a pipe, else read again from the start of the file
+    stdin is."""
+    kept = getattr(sys.modules.get("_peerwasm_stdin"), "script", None)
+    data = kept
+    if data is None:
+        try:
+            st = os.fstat(0)
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            data = os.pread(0, st.st_size, 0)
+        except (OSError, AttributeError):
+            return None
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        return data.decode(encoding)
+    except (SyntaxError, UnicodeDecodeError, LookupError):
+        return None
+
+
+def _typed_inputs():
+    """What was typed at the prompt, from readline's history, cut into
+    top-level statements (a line that does not start with a space begins
+    one, but for the `else:`/`except` kind and a decorated `def`)."""
+    try:
+        import readline
+    except ImportError:
+        return []
+    lines = [readline.get_history_item(i) for i in range(1, readline.get_current_history_length() + 1)]
+    inputs, current = [], []
+    continuing = ("else", "elif", "except", "finally", "case", ")", "]", "}")
+    for line in (x for x in lines if x is not None):
+        starts = line[:1] not in ("", " ", "\t") and not line.startswith(continuing)
+        decorated = current and all(x.startswith("@") for x in current)
+        if starts and current and not decorated:
+            inputs.append("\n".join(current) + "\n")
+            current = []
+        current.append(line)
+    if current:
+        inputs.append("\n".join(current) + "\n")
+    return inputs

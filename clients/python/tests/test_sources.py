@@ -1,0 +1,126 @@
+"""Functions defined where Python keeps no file: a script piped on stdin (a
+batch script's here-document), one redirected from a file, `python -c`,
+and the interactive prompt. Each runs as a user would run it: a fresh
+Python of the venv the package is installed in (its start-up hook
+included), whole."""
+
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+
+import pytest
+
+# A script whose function uses a helper and a constant of its own, and an
+# import, as a script on a cluster would.
+SCRIPT = """\
+import math
+import peerwasm
+
+SCALE = 10
+
+def helper(x):
+    return math.floor(x * SCALE)
+
+def f(x):
+    return helper(x) + 1
+
+print("RESULT", peerwasm.map(f, [0.25, 1.5]), peerwasm.run(f, 2))
+"""
+EXPECTED = "RESULT [3, 16] 21"
+
+
+def _python(args, **kwargs):
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, **kwargs)
+
+
+def _result(p):
+    assert p.returncode == 0, p.stderr[-3000:]
+    return [line for line in p.stdout.splitlines() if line.startswith("RESULT")]
+
+
+@pytest.mark.parametrize("args", [[], ["-"]], ids=["python", "python -"])
+def test_a_function_of_a_script_piped_on_stdin_runs(args):
+    assert _result(_python(args, input=SCRIPT)) == [EXPECTED]
+
+
+def test_a_function_of_a_script_redirected_from_a_file_runs(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    with open(script) as stdin:
+        assert _result(_python(["-"], stdin=stdin)) == [EXPECTED]
+
+
+def test_a_function_of_python_dash_c_runs():
+    assert _result(_python(["-c", SCRIPT])) == [EXPECTED]
+
+
+def test_what_the_piped_script_reads_from_stdin_is_unchanged():
+    # Python reads the whole script before running it: stdin is at its end
+    # for the script, with the hook as without it.
+    script = "import sys\nprint('RESULT', repr(sys.stdin.read()), sys.stdin.isatty())\n"
+    assert _result(_python([], input=script)) == ["RESULT '' False"]
+
+
+def test_code_made_at_run_time_is_refused_not_sent_in_another_functions_place():
+    # `exec` names its code "<string>", as `-c` does; the -c text holds a
+    # `g` too, but not this one: refused, never the wrong source.
+    script = (
+        "import peerwasm\n"
+        "def g(x):\n    return 'the -c one'\n"
+        "exec('def g(x):\\n    return x * 2')\n"
+        "try:\n    peerwasm.run(g, 1)\nexcept TypeError as e:\n    print('RESULT', e)\n"
+    )
+    [line] = _result(_python(["-c", script]))
+    assert "the source of g cannot be read" in line and "define it in a file" in line, line
+
+
+def _prompt(lines, env):
+    """Types `lines` at Python's interactive prompt (a terminal of its own)
+    and returns what the terminal showed."""
+    master, slave = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-q"], stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
+    os.close(slave)
+    out = b""
+    try:
+        for line in lines:
+            os.write(master, (line + "\n").encode())
+            time.sleep(0.05)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and b"DONE" not in out.replace(b"'DONE'", b""):
+            if select.select([master], [], [], 1)[0]:
+                try:
+                    out += os.read(master, 65536)
+                except OSError:
+                    break
+    finally:
+        p.kill()
+        p.wait()
+        os.close(master)
+    return out.decode(errors="replace")
+
+
+def test_a_function_typed_at_the_prompt_runs_and_its_last_definition_is_the_one_sent(tmp_path):
+    env = dict(os.environ, HOME=str(tmp_path), TERM="dumb")
+    shown = _prompt(
+        [
+            "import peerwasm",
+            "OFFSET = 5",
+            "def g(x):",
+            "    return x - OFFSET",
+            "",
+            "def g(x):",
+            "    return x + OFFSET",
+            "",
+            "def h(x):",
+            "    y = g(x)",
+            "    return y * 2",
+            "",
+            "print('RESULT', peerwasm.map(h, [1, 2]))",
+            "print('DONE')",
+        ],
+        env,
+    )
+    assert "RESULT [12, 14]" in shown, shown[-3000:]
