@@ -107,7 +107,10 @@ impl Target {
     ) -> Result<JobResult, SubmitError> {
         match self {
             Target::Embedded(runner) => {
-                if !runner.has_module(&job.hash()) {
+                // The bytes, even when a compiled form is cached: where a
+                // job runs (a slot process for a large module) is decided
+                // from them.
+                if runner.module_bytes(&job.hash()).is_none() {
                     runner.add_module_hashed(job.hash(), job.bytes().clone());
                 }
                 Ok(runner.run(spec, None).await)
