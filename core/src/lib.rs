@@ -44,6 +44,7 @@ pub use proto::{JobLimits, JobResult, JobSpec, Outcome};
 pub use runner::{JobRunner, RunnerConfig};
 pub use sandbox::{RunSpec, SandboxConfig};
 
+pub mod child;
 pub mod client;
 pub mod gossip;
 pub mod net;

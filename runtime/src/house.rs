@@ -9,9 +9,10 @@
 
 /// Bottom up: each may use only those before it. The first nine are
 /// `peerwasm-core`'s.
-const LAYERS: [&str; 14] = [
+const LAYERS: [&str; 15] = [
     "units",
     "private_path",
+    "child",
     "net",
     "proto",
     "gossip",

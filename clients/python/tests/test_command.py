@@ -81,3 +81,24 @@ def test_cpython_is_compiled_once_for_the_command_and_the_package(tmp_path):
     digest = hashlib.sha256(python_wasm.read_bytes()).hexdigest()
     artifacts = glob.glob(str(tmp_path / "cache" / "modules" / "engine-*" / f"{digest}.cwasm"))
     assert len(artifacts) == 1, (artifacts, took)
+
+
+def test_slot_processes_start_without_running_the_hosts_fork_handlers():
+    # A host library's fork handler (scipy's OpenBLAS has one that waits
+    # for its threads, and could wait forever: a map hung) must not run
+    # when the embedded worker starts its slot processes: they are spawned,
+    # not forked. The handler here only counts.
+    script = """
+import ctypes, peerwasm
+calls = []
+HANDLER = ctypes.CFUNCTYPE(None)(lambda: calls.append(1))
+# pthread_atfork, as glibc exports it (the name itself is linked statically).
+libc = ctypes.CDLL("libc.so.6")
+assert libc.__register_atfork(HANDLER, None, None, None) == 0
+def f(x):
+    return x * 2
+print("RESULT", peerwasm.map(f, [1, 2, 3]), len(calls))
+"""
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "RESULT [2, 4, 6] 0" in p.stdout, (p.stdout, p.stderr[-2000:])

@@ -38,6 +38,9 @@ use super::config::{CompileProgram, SandboxConfig};
 /// before it is encoded), owned coming in.
 #[derive(Serialize)]
 struct Request<'a> {
+    /// Seconds of CPU the compile may take (its RLIMIT_CPU; the hard limit
+    /// 2 s above it).
+    cpu_secs: u64,
     config: &'a SandboxConfig,
     #[serde(with = "serde_bytes")]
     bytes: &'a [u8],
@@ -46,6 +49,7 @@ struct Request<'a> {
 /// [`Request`], as the child reads it.
 #[derive(Deserialize)]
 struct Received {
+    cpu_secs: u64,
     config: SandboxConfig,
     #[serde(with = "serde_bytes")]
     bytes: Vec<u8>,
@@ -93,28 +97,13 @@ pub fn compile_in_child(
     wanted: &dyn Fn() -> bool,
     resident: &AtomicU64,
 ) -> ChildCompile {
-    use std::os::unix::process::CommandExt;
     let secs = cpu_limit.as_secs().max(1);
-    let mut cmd = std::process::Command::new(&program.exe);
-    cmd.args(&program.args)
-        .stdin(std::process::Stdio::piped())
+    // Started without `pre_exec` (`crate::child`): the child ties itself
+    // to this process, and takes its CPU limit from the request.
+    let mut cmd = crate::child::command(&program.exe, &program.args);
+    cmd.stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::inherit());
-    // SAFETY: only async-signal-safe calls (prctl, setrlimit) between fork
-    // and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            // It dies with its parent: a worker killed with -9 leaves no
-            // compile behind.
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            let limit = libc::rlimit {
-                rlim_cur: secs,
-                rlim_max: secs + 2,
-            };
-            libc::setrlimit(libc::RLIMIT_CPU, &limit);
-            Ok(())
-        });
-    }
     let mut child = match cmd.spawn() {
         Ok(child) => child,
         Err(e) => {
@@ -125,7 +114,11 @@ pub fn compile_in_child(
         }
     };
     let pid = child.id() as libc::pid_t;
-    let request = match postcard::to_allocvec(&Request { config, bytes }) {
+    let request = match postcard::to_allocvec(&Request {
+        cpu_secs: secs,
+        config,
+        bytes,
+    }) {
         Ok(r) => r,
         Err(e) => return ChildCompile::Failed(format!("cannot encode the compile request: {e}")),
     };
@@ -247,11 +240,20 @@ fn reap(pid: libc::pid_t, block: bool) -> Option<(i32, CompileUsage)> {
 /// stdin, compiles it, writes the answer on stdout. Never gets a job to
 /// run: it builds no store and no instance, only code.
 pub fn serve() -> anyhow::Result<()> {
+    crate::child::start()?;
     let mut input = Vec::new();
     std::io::stdin().read_to_end(&mut input)?;
     let request: Received =
         postcard::from_bytes(&input).map_err(|e| anyhow::anyhow!("bad compile request: {e}"))?;
     drop(input);
+    let limit = libc::rlimit {
+        rlim_cur: request.cpu_secs,
+        rlim_max: request.cpu_secs + 2,
+    };
+    // SAFETY: setrlimit reads the struct it is given, nothing else.
+    if unsafe { libc::setrlimit(libc::RLIMIT_CPU, &limit) } != 0 {
+        anyhow::bail!("cannot limit the compile's CPU: {}", std::io::Error::last_os_error());
+    }
     let engines = (
         super::engine::build(&request.config)?,
         super::engine::build_for_components(&request.config)?,

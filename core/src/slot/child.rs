@@ -6,6 +6,7 @@
 //! stdout, nothing else (its logs go to stderr). Its parent going away
 //! (stdin closed) cancels the job that runs and ends the process.
 
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -27,6 +28,7 @@ const MEMORY_REPORT_INTERVAL: Duration = Duration::from_millis(10);
 /// Serves jobs until the parent closes stdin; never returns after an
 /// overrun (the process exits).
 pub fn serve() -> anyhow::Result<()> {
+    crate::child::start()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -165,7 +167,7 @@ async fn serve_async() -> anyhow::Result<()> {
 /// parent going away: the running job is cancelled and the loop told.
 async fn read_frames(requests: mpsc::UnboundedSender<Request>) {
     let mut cur = Current::default();
-    let mut stdin = tokio::io::stdin();
+    let mut stdin = from_parent();
     let mut frames = FrameReader::default();
     let mut buf = vec![0u8; 64 << 10];
     loop {
@@ -286,9 +288,37 @@ async fn report_memory(memory: Arc<AtomicU64>, out: mpsc::UnboundedSender<Out>) 
     }
 }
 
+/// The pipe the parent writes to (stdin), read with epoll on this
+/// thread. Tokio's own stdin and stdout hand every read and write to a
+/// blocking thread: two thread hops per frame, each a wake-up and a
+/// switch, and on a job of a millisecond those were a large part of its
+/// cost. Not a pipe (a test run by hand): tokio's stdin.
+fn from_parent() -> std::pin::Pin<Box<dyn tokio::io::AsyncRead + Send>> {
+    match std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .and_then(tokio::net::unix::pipe::Receiver::from_owned_fd)
+    {
+        Ok(pipe) => Box::pin(pipe),
+        Err(_) => Box::pin(tokio::io::stdin()),
+    }
+}
+
+/// The pipe to the parent (stdout), as [`from_parent`].
+fn to_parent() -> std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>> {
+    match std::io::stdout()
+        .as_fd()
+        .try_clone_to_owned()
+        .and_then(tokio::net::unix::pipe::Sender::from_owned_fd)
+    {
+        Ok(pipe) => Box::pin(pipe),
+        Err(_) => Box::pin(tokio::io::stdout()),
+    }
+}
+
 /// Writes frames to stdout in order.
 async fn write_frames(mut items: mpsc::UnboundedReceiver<Out>) {
-    let mut stdout = tokio::io::stdout();
+    let mut stdout = to_parent();
     while let Some(item) = items.recv().await {
         match item {
             Out::Frame(msg) => {

@@ -304,31 +304,17 @@ impl SlotProcesses {
         let scratch = tempfile::Builder::new()
             .prefix("peerwasm-slot-")
             .tempdir_in(&self.scratch_root)?;
-        let mut command = tokio::process::Command::new(&self.program.exe);
+        // Started without `pre_exec` (`crate::child`): the child ties
+        // itself to this process and leaves Ctrl-C to it.
+        let mut command = tokio::process::Command::from(crate::child::command(
+            &self.program.exe,
+            &self.program.args,
+        ));
         command
-            .args(&self.program.args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true);
-        // SAFETY: prctl and signal are async-signal-safe. The first asks
-        // the kernel to kill the child if the worker dies (even by
-        // SIGKILL), so no slot process outlives its worker. The second
-        // leaves Ctrl-C to the worker: it reaches the terminal's whole
-        // process group, and the worker (or the Python caller the runner
-        // is embedded in) decides what it means — drain, or cancel — where
-        // a child ended by it would turn its job into a failure first.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                if libc::signal(libc::SIGINT, libc::SIG_IGN) == libc::SIG_ERR {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
         let mut process = command
             .spawn()
             .map_err(|e| anyhow::anyhow!("{}: {e}", self.program.exe.display()))?;
