@@ -52,7 +52,9 @@ pub fn start() -> anyhow::Result<()> {
         libc::signal(libc::SIGINT, libc::SIG_IGN);
         // Told, and the parent now is another: the one that started us
         // died before the line above took effect.
-        let told = std::env::var(PARENT_ENV).ok().and_then(|p| p.parse::<i32>().ok());
+        let told = std::env::var(PARENT_ENV)
+            .ok()
+            .and_then(|p| p.parse::<i32>().ok());
         if let Some(parent) = told
             && libc::getppid() != parent
         {

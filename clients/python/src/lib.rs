@@ -13,8 +13,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 mod command;
+mod embedded;
 mod stream;
 
+use embedded::{compile_first, dirs_cache, embedded};
 use peerwasm::client::{Job, MapConfig, Pool, PoolConfig, Target};
 use peerwasm::proto::JobResult;
 use pyo3::create_exception;
@@ -140,68 +142,6 @@ fn runtime() -> &'static tokio::runtime::Runtime {
             .build()
             .expect("a tokio runtime")
     })
-}
-
-fn embedded() -> PyResult<Target> {
-    static EMBEDDED: OnceLock<Target> = OnceLock::new();
-    if let Some(t) = EMBEDDED.get() {
-        return Ok(t.clone());
-    }
-    let mut sandbox = peerwasm::sandbox::SandboxConfig::default();
-    sandbox.cache_dir = dirs_cache().map(|d| d.join("modules"));
-    // Jobs in this process give their thread back with epochs, not fuel:
-    // a job here must still end at its time limit and on Ctrl-C (this
-    // process is the caller's, it cannot be the job's slot as in `peerwasm
-    // run`), and counting fuel in every block of CPython's interpreter
-    // loop cost far more than a check at loop heads.
-    sandbox.time_limit = peerwasm::sandbox::TimeLimitMechanism::Epoch;
-    let runner = peerwasm::runner::JobRunner::new(peerwasm::runner::RunnerConfig {
-        sandbox,
-        slot_processes: slot_processes(),
-    })
-    .map_err(|e| PyRuntimeError::new_err(format!("cannot start the embedded worker: {e:#}")))?;
-    Ok(EMBEDDED
-        .get_or_init(|| Target::Embedded(Arc::new(runner)))
-        .clone())
-}
-
-/// Slot processes for the embedded worker, as a pool's worker has them:
-/// this environment's Python running the package's command (`python -m
-/// peerwasm slot`). Large modules — CPython for WASI — and jobs learned
-/// to compute long run there with no time-limit instrumentation at all
-/// (epochs cost a pure-Python loop 37% and numpy's matrix product 2.2×,
-/// measured here), and are still stopped at their limit and on Ctrl-C:
-/// the child ends itself, or is killed. Their code is compiled for the
-/// engine `peerwasm run` and a worker's slot processes use, so CPython is
-/// compiled once per machine whichever of them runs it first. None when
-/// this Python has no executable to start (an embedding application).
-fn slot_processes() -> Option<peerwasm::runner::slotproc::SlotProcessConfig> {
-    let exe = Python::attach(|py| {
-        py.import("sys")
-            .and_then(|sys| sys.getattr("executable"))
-            .and_then(|exe| exe.extract::<Option<PathBuf>>())
-            .ok()
-            .flatten()
-    })
-    .filter(|exe| !exe.as_os_str().is_empty())?;
-    Some(peerwasm::runner::slotproc::SlotProcessConfig {
-        program: peerwasm::runner::slotproc::SlotProgram {
-            exe,
-            args: vec!["-m".into(), "peerwasm".into(), "slot".into()],
-        },
-        policy: peerwasm::runner::slotproc::SlotPolicy::Auto,
-    })
-}
-
-/// `$PEERWASM_CACHE_DIR`, else `$XDG_CACHE_HOME/peerwasm` or `~/.cache/peerwasm`.
-fn dirs_cache() -> Option<PathBuf> {
-    if let Some(d) = std::env::var_os("PEERWASM_CACHE_DIR") {
-        return Some(d.into());
-    }
-    std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .map(|d| d.join("peerwasm"))
 }
 
 fn target(peers: Option<Vec<String>>, token: Option<String>) -> PyResult<Target> {
@@ -519,7 +459,7 @@ fn _run_python(
     };
     let pj = python_job(runtime, source, to_timeout(timeout)?, given)?;
     let target = target(peers, token)?;
-    say_if_compiling(&target, &pj.job);
+    compile_first(py, &target, &pj.job)?;
     run_job(py, &pj.job, stdin, to_size(mem)?, target)
 }
 
@@ -529,6 +469,7 @@ fn _run_python(
 #[pyo3(signature = (runtime, source, inputs, mem=None, timeout=None, peers=None, token=None, keep_going=false, retries=0, warm=None, ordered=true, dirs=Vec::new(), max_output=None, plots=false))]
 #[allow(clippy::too_many_arguments)]
 fn _map_python(
+    py: Python<'_>,
     runtime: PathBuf,
     source: &str,
     inputs: Vec<Vec<u8>>,
@@ -554,30 +495,12 @@ fn _map_python(
     pj.job.warm = warm.map(|(prelude, turn)| peerwasm::proto::WarmStart { prelude, turn });
     let config = map_config(mem, keep_going, retries, ordered)?;
     let target = target(peers, token)?;
-    say_if_compiling(&target, &pj.job);
+    compile_first(py, &target, &pj.job)?;
     // The program's directory lives as long as the map's jobs may start.
     let holds = pj
         .script_dir
         .map(|d| Box::new(d) as Box<dyn std::any::Any + Send + Sync>);
     Ok(MapStream::start(pj.job, inputs, config, target, holds))
-}
-
-/// Says on stderr, before the first job of CPython for WASI on the
-/// embedded worker, that its code is being compiled (a minute or two, once
-/// per machine: the result is cached on disk), so that the wait is not
-/// silent.
-fn say_if_compiling(target: &Target, job: &Job) {
-    if let Target::Embedded(runner) = target
-        && !runner.is_compiled(&job.hash())
-    {
-        let kept = dirs_cache().map_or(String::from("in memory"), |d| {
-            format!("in {}", d.join("modules").display())
-        });
-        eprintln!(
-            "peerwasm: compiling CPython for WASI for this machine, once \
-             (about 1–2 minutes; then kept {kept})"
-        );
-    }
 }
 
 #[pymodule]

@@ -65,14 +65,14 @@ def test_cpython_is_compiled_once_for_the_command_and_the_package(tmp_path):
     script = tmp_path / "job.py"
     script.write_text("import sys\nprint('from the command', sys.version_info[:2])\n")
     client = subprocess.run(
-        [sys.executable, "-c", "import peerwasm\ndef f(x):\n    return x + 1\nprint('RESULT', peerwasm.run(f, 41))"],
+        [sys.executable, "-c", "import peerwasm\ndef f(x):\n    return x + 1\nprint('RESULT', peerwasm.run(f, 41), peerwasm.map(f, [1, 2, 3, 4]))"],
         capture_output=True,
         text=True,
         env=env,
         timeout=900,
     )
-    assert client.returncode == 0 and "RESULT 42" in client.stdout, client.stderr[-3000:]
-    assert "compiling CPython" in client.stderr, "the first run says that it compiles"
+    assert client.returncode == 0 and "RESULT 42 [2, 3, 4, 5]" in client.stdout, client.stderr[-3000:]
+    assert client.stderr.count("compiling CPython") == 1, "the first run says that it compiles, once"
     started = time.monotonic()
     command = _command(["run", "--python", str(script)], env=env)
     took = time.monotonic() - started

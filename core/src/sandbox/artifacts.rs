@@ -119,7 +119,10 @@ pub struct ArtifactStore {
 /// `config` makes — another process's, such as a slot process's — found
 /// without making that engine's instance pool (the pool does not change
 /// what code is compiled for, as `engine`'s tests show).
-pub fn compiled_on_disk(config: &super::config::SandboxConfig, hash: &crate::proto::ModuleHash) -> bool {
+pub fn compiled_on_disk(
+    config: &super::config::SandboxConfig,
+    hash: &crate::proto::ModuleHash,
+) -> bool {
     let Some(dir) = config.cache_dir.as_deref() else {
         return false;
     };

@@ -252,7 +252,10 @@ pub fn serve() -> anyhow::Result<()> {
     };
     // SAFETY: setrlimit reads the struct it is given, nothing else.
     if unsafe { libc::setrlimit(libc::RLIMIT_CPU, &limit) } != 0 {
-        anyhow::bail!("cannot limit the compile's CPU: {}", std::io::Error::last_os_error());
+        anyhow::bail!(
+            "cannot limit the compile's CPU: {}",
+            std::io::Error::last_os_error()
+        );
     }
     let engines = (
         super::engine::build(&request.config)?,

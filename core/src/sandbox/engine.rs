@@ -134,7 +134,6 @@ pub fn start_epoch_ticker(engine: &Engine) {
         .expect("spawning the epoch ticker thread");
 }
 
-
 /// What the disk cache files code compiled for `config`'s engine under
 /// (wasmtime's compatibility hash): equal keys share one artifact.
 #[cfg(test)]

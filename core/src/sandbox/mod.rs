@@ -64,6 +64,7 @@ use std::time::Duration;
 use tokio::sync::mpsc::UnboundedSender;
 use wasmtime::{Engine, Linker, Store};
 
+pub use artifacts::compiled_on_disk;
 pub use cache::{CacheStats, CompiledModule, ModuleCache, max_compiles};
 pub use cancel::{Cancel, CancelOnDrop};
 pub use code::Code;
@@ -72,7 +73,6 @@ pub use config::{
     CompileProgram, DEFAULT_CACHE_MAX, DEFAULT_MAX_MODULE_BYTES, DEFAULT_MODULE_BYTES_HELD,
     SandboxConfig, TimeLimitMechanism,
 };
-pub use artifacts::compiled_on_disk;
 pub use engine::JOB_NATIVE_BYTES;
 #[cfg(test)]
 pub(crate) use engine::code_key;

@@ -107,8 +107,11 @@ where
     let before = std::env::args_os()
         .skip(1)
         .take(std::env::args_os().count().saturating_sub(args.len()));
-    let program = std::env::current_exe()
-        .map(|exe| std::iter::once(exe.into_os_string()).chain(before).collect());
+    let program = std::env::current_exe().map(|exe| {
+        std::iter::once(exe.into_os_string())
+            .chain(before)
+            .collect()
+    });
     main_as(program, args)
 }
 
