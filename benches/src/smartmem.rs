@@ -119,8 +119,8 @@ pub fn smartmem(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
             format!("{:.2}", retries as f64 / wrong as f64)
         },
         learned
-            .learned_memreq
-            .map_or("-".into(), |b| format!("{} MiB", b / MIB))
+            .learned_request
+            .map_or("-".into(), |r| format!("{} MiB", r.bytes() / MIB))
     );
     summary.goal(
         "smartmem vs an oracle that knew every peak (heavy-tailed memhog map)",
@@ -149,14 +149,14 @@ pub(crate) fn oracle(
         futures::stream::iter(inputs.iter().zip(peaks))
             .map(|(input, &peak)| {
                 let (target, job) = (target.clone(), job.clone());
-                let memreq = peak.div_ceil(64 << 10) * (64 << 10);
+                let asked = peak.div_ceil(64 << 10) * (64 << 10);
                 async move {
                     // A job lost with its connection (a worker refusing a
                     // body over its request budget closes it) runs again,
                     // as `map` would run it.
                     let mut tries = 0;
                     loop {
-                        match target.run(&job, job.spec(input.clone(), memreq)).await {
+                        match target.run(&job, job.spec(input.clone(), asked)).await {
                             Err(peerwasm::client::SubmitError::Lost { .. }) if tries < 5 => {
                                 tries += 1
                             }

@@ -117,7 +117,7 @@ fn map_primes_on_the_embedded_worker_in_order() {
     );
     let err = stderr(&out);
     assert!(err.contains("200 jobs, 0 failed"), "{err}");
-    assert!(err.contains("memreq learned"), "{err}");
+    assert!(err.contains("memory request learned"), "{err}");
     assert!(err.contains("jobs per peer: embedded 200"), "{err}");
 }
 
@@ -197,7 +197,7 @@ async fn learned_estimates_shrink_requests_and_are_saved_for_the_next_map() {
         );
     }
     let err = stderr(&out);
-    assert!(err.contains("memreq learned"), "{err}");
+    assert!(err.contains("memory request learned"), "{err}");
 
     // The second map of the same module starts from the saved estimate.
     let saved = cache.path().join("estimates").join(format!(

@@ -278,7 +278,7 @@ async fn reservations_never_exceed_capacity_under_concurrent_submitters() {
         tokio::spawn(async move {
             let mut outcomes = Vec::new();
             for i in 0..5u64 {
-                // Pseudo-random memreqs from 128 MiB to 1 GiB.
+                // Pseudo-random requests from 128 MiB to 1 GiB.
                 let mem = (128 + (s * 7919 + i * 104729) % 897) * MIB;
                 let (bytes, spec) = job("sleep", "50", mem);
                 // Both queues full at once: the client waits for room.

@@ -240,7 +240,7 @@ fn python_runs_on_a_two_worker_pool_its_stdlib_sent_once_per_worker_and_map_lear
         .collect();
     assert_eq!(answers, (1..=40).map(|i| i * i).collect::<Vec<_>>());
     let summary = text(&out.stderr);
-    assert!(summary.contains("memreq learned"), "{summary}");
+    assert!(summary.contains("memory request learned"), "{summary}");
     assert!(
         summary.contains(&a.addr) && summary.contains(&b.addr),
         "both workers ran jobs: {summary}"

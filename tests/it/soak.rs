@@ -55,45 +55,45 @@ async fn eight_submitters_never_overcommit_a_worker_and_rss_does_not_grow_with_j
             let mut rng = rand::rngs::SmallRng::seed_from_u64(s);
             let mut outcomes = Vec::new();
             for _ in 0..per_submitter {
-                let (mib, memreq) = (
+                let (mib, asked) = (
                     rng.random_range(1..=48u64),
                     rng.random_range(8..=96u64) * MIB,
                 );
                 let r = target
-                    .run(&job, job.spec(mib.to_string().into_bytes(), memreq))
+                    .run(&job, job.spec(mib.to_string().into_bytes(), asked))
                     .await
                     .unwrap();
-                outcomes.push((mib, memreq, r));
+                outcomes.push((mib, asked, r));
             }
             outcomes
         }));
     }
     let (mut ok, mut over) = (0, 0);
     for t in tasks {
-        for (mib, memreq, r) in t.await.unwrap() {
+        for (mib, asked, r) in t.await.unwrap() {
             match &r.outcome {
                 Outcome::Exited { code: 0 } => {
                     ok += 1;
                     assert!(
-                        r.peak_memory_bytes <= memreq,
+                        r.peak_memory_bytes <= asked,
                         "a job peaked above its limit: {r:?}"
                     );
-                    assert!(mib * MIB <= memreq, "{mib} MiB cannot fit in {memreq}");
+                    assert!(mib * MIB <= asked, "{mib} MiB cannot fit in {asked}");
                 }
                 Outcome::MemoryLimitExceeded {
                     limit, requested, ..
                 } => {
                     over += 1;
-                    assert_eq!(*limit, memreq);
+                    assert_eq!(*limit, asked);
                     assert!(requested > limit);
                     // A job well within its request must not fail.
                     assert!(
-                        (mib + 8) * MIB > memreq,
-                        "memhog {mib} MiB failed in {memreq}: {}",
+                        (mib + 8) * MIB > asked,
+                        "memhog {mib} MiB failed in {asked}: {}",
                         r.outcome
                     );
                 }
-                other => panic!("memhog {mib} MiB in {memreq}: {other}"),
+                other => panic!("memhog {mib} MiB in {asked}: {other}"),
             }
         }
     }

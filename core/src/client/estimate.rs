@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::proto::ModuleHash;
+use crate::proto::{MemoryRequest, ModuleHash};
 
 pub mod fit;
 
@@ -229,16 +229,16 @@ impl MemoryEstimator {
 
     /// The request for the next job of a typical input (the median size
     /// seen at the last fit; the progress line asks it after every result,
-    /// so nothing is sorted here): see [`memreq_for`](Self::memreq_for).
-    pub fn memreq(&self) -> u64 {
-        self.memreq_for(self.typical_size)
+    /// so nothing is sorted here): see [`request_for`](Self::request_for).
+    pub fn request(&self) -> MemoryRequest {
+        self.request_for(self.typical_size)
     }
 
     /// The request for a job whose input is `size` bytes: the model's once
     /// there is one; else `max(peaks) × margin` in whole pages once
     /// something was measured; else the starting request. Then clamped to
     /// `[max(min, initial memory), min(cap, declared max)]`.
-    pub fn memreq_for(&self, size: u64) -> u64 {
+    pub fn request_for(&self, size: u64) -> MemoryRequest {
         let raw = match (self.model, self.peak_max) {
             (Some(model), _) => model.request(size),
             (None, Some(peak)) => {
@@ -246,7 +246,7 @@ impl MemoryEstimator {
             }
             (None, None) => self.start,
         };
-        self.clamp(raw)
+        MemoryRequest::from(self.clamp(raw))
     }
 
     /// The request for a job of `size` that ran out of memory
@@ -255,14 +255,14 @@ impl MemoryEstimator {
     /// tried to grow to ([`fit::grown`]), whichever is more — in both
     /// cases the doubling stops at the tail, the largest peak known × the
     /// margin, while the job has not outgrown that too; clamped.
-    pub fn retry(&self, size: u64, outgrown: Outgrown) -> u64 {
+    pub fn retry(&self, size: u64, outgrown: Outgrown) -> MemoryRequest {
         let known = self.peak_max.unwrap_or(0).max(self.saved_peak);
         let tail = (known > 0).then(|| round_to_pages((known as f64 * self.margin).ceil() as u64));
         let raw = match self.model {
             Some(model) => model.retry(size, outgrown, self.margin, tail),
             None => fit::retry_floor(outgrown, tail),
         };
-        self.clamp(raw)
+        MemoryRequest::from(self.clamp(raw))
     }
 
     /// Clamps any request (the estimate, or a retry's larger one) to what
@@ -301,7 +301,7 @@ impl MemoryEstimator {
         let peak = self.peak_max?.max(self.saved_peak);
         Some(SavedEstimate {
             peak_bytes: peak,
-            memreq_bytes: self.memreq(),
+            memreq_bytes: self.request().bytes(),
             jobs: self.jobs,
             model: self.model,
         })
@@ -362,11 +362,11 @@ mod tests {
     #[test]
     fn learns_max_peak_times_margin_in_pages() {
         let mut e = MemoryEstimator::new(DeclaredMemory::default(), None, 0, 8 << 30, 1.25);
-        assert_eq!(e.memreq(), DEFAULT_MEMREQ);
+        assert_eq!(e.request().bytes(), DEFAULT_MEMREQ);
         e.observe(0, 10 * MIB);
         e.observe(0, 40 * MIB + 1);
         e.observe(0, 20 * MIB);
-        let req = e.memreq();
+        let req = e.request().bytes();
         assert_eq!(req % WASM_PAGE, 0);
         assert!((50 * MIB..=50 * MIB + WASM_PAGE).contains(&req), "{req}");
         assert_eq!(e.peak_mean(), Some((70 * MIB + 1) / 3));
@@ -380,15 +380,19 @@ mod tests {
         };
         let e = MemoryEstimator::new(declared, None, 0, 8 << 30, 1.25);
         assert_eq!(
-            e.memreq(),
+            e.request().bytes(),
             64 * MIB,
             "the default is capped by the declared max"
         );
         let mut e =
             MemoryEstimator::new(DeclaredMemory::default(), None, 16 * MIB, 512 * MIB, 1.25);
-        assert_eq!(e.memreq(), 512 * MIB, "the default is capped by the pool");
+        assert_eq!(
+            e.request().bytes(),
+            512 * MIB,
+            "the default is capped by the pool"
+        );
         e.observe(0, MIB);
-        assert_eq!(e.memreq(), 16 * MIB, "never below --min-mem");
+        assert_eq!(e.request().bytes(), 16 * MIB, "never below --min-mem");
         let e = MemoryEstimator::new(declared, None, 0, 8 << 30, 1.25);
         assert_eq!(e.clamp(0), 2 * MIB, "never below the initial memory");
     }
@@ -402,12 +406,12 @@ mod tests {
             model: None,
         };
         let e = MemoryEstimator::new(DeclaredMemory::default(), Some(&saved), 0, 8 << 30, 1.25);
-        assert_eq!(e.memreq(), 5 * MIB);
+        assert_eq!(e.request().bytes(), 5 * MIB);
         assert!(e.started_from_saved());
         let mut e = e;
         e.observe(0, MIB);
         assert_eq!(
-            e.memreq(),
+            e.request().bytes(),
             5 * MIB,
             "a small job does not make it forget the saved peak"
         );
@@ -443,11 +447,11 @@ mod tests {
             panic!("{:?}", e.model())
         };
         assert!(
-            e.memreq_for(MIB / 4) < e.memreq_for(4 * MIB),
+            e.request_for(MIB / 4) < e.request_for(4 * MIB),
             "a larger input asks for more"
         );
-        let small = e.memreq_for(MIB / 4);
-        assert!((4 * MIB..=5 * MIB).contains(&small), "{small}");
+        let small = e.request_for(MIB / 4);
+        assert!((4 * MIB..=5 * MIB).contains(&small.bytes()), "{small}");
         // A retry asks for twice the limit it ran out of, but no more than
         // the largest peak seen (82 MiB) × the margin while under it; once
         // over that, twice again.
@@ -461,7 +465,7 @@ mod tests {
                     first: true
                 }
             ),
-            64 * MIB
+            MemoryRequest::from(64 * MIB)
         );
         assert_eq!(
             e.retry(
@@ -472,7 +476,7 @@ mod tests {
                     first: true
                 }
             ),
-            tail
+            MemoryRequest::from(tail)
         );
         assert_eq!(
             e.retry(
@@ -483,7 +487,7 @@ mod tests {
                     first: true
                 }
             ),
-            128 * MIB,
+            MemoryRequest::from(128 * MIB),
             "past the tail: twice"
         );
         assert_eq!(
@@ -495,7 +499,7 @@ mod tests {
                     first: false
                 }
             ),
-            2 * tail
+            MemoryRequest::from(2 * tail)
         );
         // Saved (JSON), and the next run's first jobs ask per input.
         let saved = e.to_saved().unwrap();
@@ -504,7 +508,7 @@ mod tests {
         assert_eq!(back, saved);
         let next = MemoryEstimator::new(DeclaredMemory::default(), Some(&back), 0, 8 << 30, 1.25);
         assert_eq!(
-            next.memreq_for(MIB / 4),
+            next.request_for(MIB / 4),
             small,
             "informed from its first job"
         );

@@ -14,6 +14,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::proto::MemoryRequest;
 use crate::proto::backlog::Backlog;
 
 /// How a pool grows, for a client that uses it. Built by whoever knows the
@@ -43,8 +44,8 @@ impl std::fmt::Debug for Growth {
 }
 
 impl Growth {
-    /// Whether a job of `memreq` bytes may wait for the pool to grow.
-    pub fn can_bring(&self, memreq: u64) -> bool {
-        memreq <= self.largest_job
+    /// Whether a job that asks `request` may wait for the pool to grow.
+    pub fn can_bring(&self, request: MemoryRequest) -> bool {
+        request.bytes() <= self.largest_job
     }
 }

@@ -6,6 +6,7 @@
 
 use crate::gossip::Liveness;
 use crate::gossip::PeerView;
+use crate::proto::MemoryRequest;
 use crate::units::Bytes;
 
 /// Why no peer can take a job.
@@ -84,15 +85,19 @@ pub fn allowing_time(
     )))
 }
 
-/// The addresses to try for a job of `memreq` bytes, best first; or why
+/// The addresses to try for a job that asks `request`, best first; or why
 /// no peer can take it.
-pub fn candidates(peers: &[PeerView], memreq: u64) -> Result<Vec<String>, NoPlace> {
+pub fn candidates(
+    peers: &[PeerView],
+    request: impl Into<MemoryRequest>,
+) -> Result<Vec<String>, NoPlace> {
+    let asked = request.into().bytes();
     let live: Vec<&PeerView> = live(peers).collect();
     if live.is_empty() {
         return Err(NoPlace::NoLivePeer);
     }
     let largest_ever = largest_job(peers);
-    if memreq > largest_ever {
+    if asked > largest_ever {
         // Say so when the largest is less than that worker's memory (what
         // it keeps beside each job, or its most per job): else 288 MiB
         // from a worker of 300 MiB reads as a mistake.
@@ -111,18 +116,18 @@ pub fn candidates(peers: &[PeerView], memreq: u64) -> Result<Vec<String>, NoPlac
             .unwrap_or_default();
         return Err(NoPlace::NeverFits(format!(
             "no peer can hold a job of {}: the largest the pool can take is {}{beside}",
-            Bytes(memreq),
+            Bytes(asked),
             Bytes(largest_ever)
         )));
     }
     let mut fitting: Vec<&PeerView> = live
         .iter()
         .copied()
-        .filter(|p| p.advert.fits_now(memreq))
+        .filter(|p| p.advert.fits_now(asked))
         .collect();
     fitting.sort_by_key(|p| {
         (
-            p.advert.largest_fit_bytes - memreq,
+            p.advert.largest_fit_bytes - asked,
             p.advert.queue_len,
             p.advert.addr.clone(),
         )
@@ -132,9 +137,9 @@ pub fn candidates(peers: &[PeerView], memreq: u64) -> Result<Vec<String>, NoPlac
     let mut busy: Vec<&PeerView> = live
         .iter()
         .copied()
-        .filter(|p| !p.advert.fits_now(memreq) && p.advert.could_ever_fit(memreq))
+        .filter(|p| !p.advert.fits_now(asked) && p.advert.could_ever_fit(asked))
         .collect();
-    busy.sort_by_key(|p| (p.advert.queue_len, p.advert.capacity_bytes - memreq));
+    busy.sort_by_key(|p| (p.advert.queue_len, p.advert.capacity_bytes - asked));
     Ok(fitting
         .into_iter()
         .chain(busy)

@@ -334,7 +334,7 @@ impl Pool {
             && view
                 .iter()
                 .all(|p| p.liveness != Liveness::Alive || p.advert.draining);
-        let candidates = match placement::candidates(&view, spec.limits.memory.bytes()) {
+        let candidates = match placement::candidates(&view, spec.limits.memory) {
             Ok(c) => {
                 *no_peer_since = None;
                 c
@@ -345,7 +345,7 @@ impl Pool {
                     .config
                     .growth
                     .as_ref()
-                    .filter(|g| g.can_bring(spec.limits.memory.bytes()))
+                    .filter(|g| g.can_bring(spec.limits.memory))
                 else {
                     return Err(SubmitError::Fatal(why));
                 };

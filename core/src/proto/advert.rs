@@ -86,14 +86,14 @@ impl Advert {
             .min(self.max_job_bytes.unwrap_or(u64::MAX))
     }
 
-    /// Whether a job of `memreq` bytes could ever run here, now or later.
-    pub fn could_ever_fit(&self, memreq: u64) -> bool {
-        memreq <= self.largest_job()
+    /// Whether a job asking `bytes` could ever run here, now or later.
+    pub fn could_ever_fit(&self, bytes: u64) -> bool {
+        bytes <= self.largest_job()
     }
 
-    /// Whether a job of `memreq` bytes would be admitted now.
-    pub fn fits_now(&self, memreq: u64) -> bool {
-        memreq <= self.largest_fit_bytes
+    /// Whether a job asking `bytes` would be admitted now.
+    pub fn fits_now(&self, bytes: u64) -> bool {
+        bytes <= self.largest_fit_bytes
     }
 
     /// Whether a gossiped advert is one a worker could have sent: bounded

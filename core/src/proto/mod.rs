@@ -156,6 +156,13 @@ impl MemoryRequest {
     }
 }
 
+/// [`DEFAULT_JOB_MEMORY`]: what a job asks when nobody said.
+impl Default for MemoryRequest {
+    fn default() -> MemoryRequest {
+        MemoryRequest(DEFAULT_JOB_MEMORY)
+    }
+}
+
 impl From<u64> for MemoryRequest {
     fn from(bytes: u64) -> MemoryRequest {
         MemoryRequest(bytes)

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::client::map::{MapItem, MapObserver, Progress};
-use crate::units::Bytes;
 
 /// How often a line of progress is printed when stderr is not a terminal.
 const PLAIN_EVERY: Duration = Duration::from_secs(5);
@@ -73,7 +72,7 @@ impl MapPrinter {
     }
 }
 
-/// `12/200 · 0 failed · 1 retried · 85 jobs/s · ETA 2s · memreq 7.4 MiB`
+/// `12/200 · 0 failed · 1 retried · 85 jobs/s · ETA 2s · mem 7.4 MiB`
 fn describe(p: &Progress, with_counts: bool) -> String {
     let mut parts = Vec::new();
     if with_counts {
@@ -91,7 +90,7 @@ fn describe(p: &Progress, with_counts: bool) -> String {
             humantime::format_duration(Duration::from_secs(eta.as_secs().max(1)))
         ));
     }
-    parts.push(format!("memreq {}", Bytes(p.memreq)));
+    parts.push(format!("mem {}", p.request));
     parts.join(" · ")
 }
 

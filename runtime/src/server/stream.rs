@@ -192,7 +192,7 @@ impl Attached {
                 c.close();
             }
         };
-        let (memreq, peer, grace) = (spec.limits.memory.bytes(), w.addr.clone(), w.unread_grace);
+        let (asked, peer, grace) = (spec.limits.memory.bytes(), w.addr.clone(), w.unread_grace);
         let queued = std::sync::atomic::AtomicBool::new(false);
         let streams = Streams {
             tee: Some(tee),
@@ -239,7 +239,7 @@ impl Attached {
                 // Refused after waiting in the queue: the answer has begun.
                 true => {
                     let mut r = JobResult::never_ran(
-                        memreq,
+                        asked,
                         Outcome::Rejected {
                             reason: refusal.to_string(),
                         },

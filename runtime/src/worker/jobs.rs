@@ -176,9 +176,9 @@ fn spawn_detached(
     let ran = spec.to_stored().ok();
     spec.stdin = stdin;
     let cancel = Cancel::new();
-    let memreq = spec.limits.memory.bytes();
+    let asked = spec.limits.memory.bytes();
     w.jobs
-        .insert_with_id(id, &tenant.name, memreq, cancel.clone());
+        .insert_with_id(id, &tenant.name, asked, cancel.clone());
     let live = LiveOutput::default();
     w.jobs.set_live(id, live.clone());
     let (w, tenant, id2) = (w.clone(), tenant.clone(), id.to_string());
@@ -205,7 +205,7 @@ fn spawn_detached(
             // Refused after it was queued: it waited past the hold bound and
             // the host can never hold it.
             let mut r = JobResult::never_ran(
-                memreq,
+                asked,
                 Outcome::Rejected {
                     reason: refused.to_string(),
                 },
@@ -256,7 +256,7 @@ fn admit(w: &Worker, tenant: &Arc<Tenant>, spec: &JobSpec) -> Result<(Queued, Pi
     };
     let queued = w
         .admission
-        .enqueue(tenant, spec.limits.memory.bytes(), spec.encoded_len())
+        .enqueue(tenant, spec.limits.memory, spec.encoded_len())
         .map_err(|r| not_admitted(w, r))?;
     Ok((queued, pins))
 }
@@ -448,7 +448,7 @@ async fn in_turn(turn: Turn) -> Result<JobResult, Refused> {
     let held = Instant::now();
     // The sandbox enforces what the ticket reserved: one number, from
     // admission to the limiter.
-    let memreq = ticket.reservation().bytes();
+    let asked = ticket.reservation().bytes();
     // Cancelled while it waited for a compile turn, it still held its slot:
     // ended as a cancelled job, and accounted as one below.
     let (compile, waited) =
@@ -479,7 +479,7 @@ async fn in_turn(turn: Turn) -> Result<JobResult, Refused> {
                 .as_ref()
                 .map(|m| m.grants.clone())
                 .unwrap_or_default();
-            let mut run = crate::sandbox::RunSpec::resolved(spec, grants, memreq);
+            let mut run = crate::sandbox::RunSpec::resolved(spec, grants, asked);
             // A warm start's snapshot is shared by this tenant's jobs only.
             run.warm_scope = format!("{}/{}", tenant.name, run.warm_scope);
             let mut result = w.runner.run_resolved(run, hooks).await;
@@ -488,7 +488,7 @@ async fn in_turn(turn: Turn) -> Result<JobResult, Refused> {
             }
             result
         }
-        Err(outcome) => JobResult::never_ran(memreq, outcome),
+        Err(outcome) => JobResult::never_ran(asked, outcome),
     };
     drop((pins, compile));
     let files: usize = result.files.iter().map(|f| f.contents.len()).sum();

@@ -61,10 +61,10 @@ fn restore_one(
         tracing::error!(job = %id, "a kept detached job cannot be read by this peerwasm: left as it is");
         return None;
     };
-    let memreq = spec.limits.memory.bytes();
+    let asked = spec.limits.memory.bytes();
     // A result that says why the job cannot run again, kept as its result.
     let never_ran = |reason: String| {
-        let mut r = JobResult::never_ran(memreq, Outcome::Rejected { reason });
+        let mut r = JobResult::never_ran(asked, Outcome::Rejected { reason });
         r.peer = w.addr.clone();
         let done = Finished::of(&r);
         detached::ended(w, id, done.encoded.clone(), None);
@@ -81,7 +81,7 @@ fn restore_one(
         None => None,
     };
     if let Some(done) = done {
-        put_done(w, id, &tenant.name, memreq, done);
+        put_done(w, id, &tenant.name, asked, done);
         return Some(true);
     }
     if !w.runner.has_module(&spec.module) {
@@ -91,7 +91,7 @@ fn restore_one(
                 let done = never_ran(format!(
                     "its module was not kept across the worker's restart: {e}"
                 ));
-                put_done(w, id, &tenant.name, memreq, done);
+                put_done(w, id, &tenant.name, asked, done);
                 return Some(true);
             }
         }
@@ -102,7 +102,7 @@ fn restore_one(
             let done = never_ran(format!(
                 "not run again after the worker's restart: {refused}"
             ));
-            put_done(w, id, &tenant.name, memreq, done);
+            put_done(w, id, &tenant.name, asked, done);
             Some(true)
         }
     }

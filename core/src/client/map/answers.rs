@@ -9,7 +9,6 @@ use super::{MapItem, MapObserver, MapRun, Stopped, input_size};
 use crate::client::errors::SubmitError;
 use crate::client::submitter::Submitter;
 use crate::proto::{JobResult, Outcome};
-use crate::units::Bytes;
 
 impl<T: Submitter> MapRun<'_, T> {
     pub(super) fn on_answer(
@@ -62,13 +61,9 @@ impl<T: Submitter> MapRun<'_, T> {
                     first: p.memory_retries == 0,
                 };
                 p.memory_retries += 1;
-                p.memreq_floor = self.estimator.retry(input_size(p), outgrown);
+                p.floor = self.estimator.retry(input_size(p), outgrown);
                 self.summary.memory_retries += 1;
-                Some(format!(
-                    "{}; again with {}",
-                    result.outcome,
-                    Bytes(p.memreq_floor)
-                ))
+                Some(format!("{}; again with {}", result.outcome, p.floor))
             }
             outcome if !outcome.is_success() && p.retries_used < self.config.retries => {
                 p.retries_used += 1;

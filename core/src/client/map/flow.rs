@@ -52,10 +52,10 @@ impl<T: Submitter> MapRun<'_, T> {
             .filter(|(_, p)| p.live == 0)
             .map(|(i, _)| *i)
             .collect();
-        let memory = self.memreq(usize::MAX);
+        let memory = self.request(usize::MAX).bytes();
         let largest = waiting
             .iter()
-            .map(|&i| self.memreq(i))
+            .map(|&i| self.request(i).bytes())
             .max()
             .unwrap_or(0)
             .max(memory);
@@ -98,7 +98,7 @@ impl<T: Submitter> MapRun<'_, T> {
             // request (1 GiB, capped by the pool). More in flight than the
             // pool can run at that request only queues jobs that have
             // already asked for too much; the first results set the rest.
-            let fit_at_start = (self.largest_job / self.estimator.memreq().max(1)).max(1);
+            let fit_at_start = (self.largest_job / self.estimator.request().bytes().max(1)).max(1);
             return (self.workers as u64 * fit_at_start).min(2 * self.slots.max(1) as u64) as usize;
         }
         let per_slot = if self.summary.jobs == 0 {
@@ -130,7 +130,7 @@ impl<T: Submitter> MapRun<'_, T> {
             let asks = self
                 .pending
                 .get(&i)
-                .map_or(0, |p| self.estimator.memreq_for(input_size(p)));
+                .map_or(0, |p| self.estimator.request_for(input_size(p)).bytes());
             (asks, std::cmp::Reverse(i))
         })?;
         Some(self.staged.remove(at))

@@ -65,8 +65,8 @@ use super::errors::SubmitError;
 use super::estimate::MemoryEstimator;
 use super::job::Job;
 use super::submitter::{Placed, Submitter};
-use crate::proto::JobResult;
 use crate::proto::backlog::{BACKLOG_EVERY, Backlog};
+use crate::proto::{JobResult, MemoryRequest};
 use crate::units::Bytes;
 
 /// Runs `job` once per input (each input is the job's stdin) on `target`.
@@ -135,7 +135,7 @@ struct Pending {
     /// Times it ran out of a request we made.
     memory_retries: u32,
     /// The least the next submission asks for (after a memory retry).
-    memreq_floor: u64,
+    floor: MemoryRequest,
     /// Submissions of it that are neither answered nor given up on.
     live: u32,
 }
@@ -308,7 +308,7 @@ impl<'a, T: Submitter> MapRun<'a, T> {
                             attempts: 0,
                             retries_used: 0,
                             memory_retries: 0,
-                            memreq_floor: 0,
+                            floor: MemoryRequest::from(0),
                             live: 0,
                         },
                     );
@@ -362,24 +362,25 @@ impl<'a, T: Submitter> MapRun<'a, T> {
 
     /// The request for the next submission of `index` (for the progress
     /// line, `usize::MAX`: a typical input's).
-    fn memreq(&self, index: usize) -> u64 {
+    fn request(&self, index: usize) -> MemoryRequest {
         match (self.config.mem, self.pending.get(&index)) {
-            (Some(mem), _) => mem.bytes(),
-            (None, Some(p)) => self
-                .estimator
-                .clamp(self.estimator.memreq_for(input_size(p)).max(p.memreq_floor)),
-            (None, None) => self.estimator.memreq(),
+            (Some(mem), _) => mem,
+            (None, Some(p)) => MemoryRequest::from(
+                self.estimator
+                    .clamp((self.estimator.request_for(input_size(p)).max(p.floor)).bytes()),
+            ),
+            (None, None) => self.estimator.request(),
         }
     }
 
     fn launch(&mut self, index: usize) {
-        let memreq = self.memreq(index);
+        let request = self.request(index);
         let Some(p) = self.pending.get_mut(&index) else {
             return;
         };
         p.attempts += 1;
         p.live += 1;
-        let mut spec = self.job.spec(p.stdin.clone(), memreq);
+        let mut spec = self.job.spec(p.stdin.clone(), request);
         spec.tag = Some(crate::proto::submission::JobTag {
             submission: self.config.submission.clone().unwrap_or_default(),
             index: index as u64,
@@ -427,7 +428,7 @@ impl<'a, T: Submitter> MapRun<'a, T> {
             in_flight: self.active,
             elapsed: self.started.elapsed(),
             eta,
-            memreq: self.memreq(usize::MAX),
+            request: self.request(usize::MAX),
         }
     }
 
@@ -439,13 +440,13 @@ impl<'a, T: Submitter> MapRun<'a, T> {
         s.peak_mean = self.estimator.peak_mean().unwrap_or(0);
         s.started_from_saved = self.estimator.started_from_saved();
         if self.config.mem.is_none() && self.estimator.learned() {
-            let learned = self.estimator.memreq();
-            s.learned_memreq = Some(learned);
+            let learned = self.estimator.request();
+            s.learned_request = Some(learned);
             s.learned_model = self.estimator.model();
-            if learned > self.typical_job {
+            if learned.bytes() > self.typical_job {
                 s.warnings.push(format!(
                     "the learned memory request {} is larger than most workers can take ({}): jobs will queue on the few that can",
-                    Bytes(learned),
+                    learned,
                     Bytes(self.typical_job)
                 ));
             }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::proto::{JobResult, Outcome};
+use crate::proto::{JobResult, MemoryRequest, Outcome};
 use crate::units::Bytes;
 
 /// One input's result.
@@ -107,8 +107,8 @@ pub struct Progress {
     pub elapsed: Duration,
     /// Time left, from the mean measured job time and the slots in use.
     pub eta: Option<Duration>,
-    /// The memory request jobs go out with now, in bytes.
-    pub memreq: u64,
+    /// The memory request jobs go out with now.
+    pub request: MemoryRequest,
 }
 
 impl Progress {
@@ -151,7 +151,7 @@ pub struct MapSummary {
     pub peak_mean: u64,
     /// The memory request learned (`None` when `--mem` fixed it), for a
     /// typical input.
-    pub learned_memreq: Option<u64>,
+    pub learned_request: Option<MemoryRequest>,
     /// What the memory of its jobs was learned to follow, once results
     /// enough came in (`Model::describe` says it in words).
     pub learned_model: Option<crate::client::estimate::Model>,
@@ -209,11 +209,11 @@ impl fmt::Display for MapSummary {
             Bytes(self.peak_max),
             Bytes(self.peak_mean)
         )?;
-        match self.learned_memreq {
+        match self.learned_request {
             Some(m) => writeln!(
                 f,
-                " · memreq learned {}{}",
-                Bytes(m),
+                " · memory request learned {}{}",
+                m,
                 if self.started_from_saved {
                     " (started from the saved estimate)"
                 } else {

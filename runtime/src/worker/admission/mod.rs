@@ -36,7 +36,7 @@ use tokio::sync::oneshot;
 use super::fairshare::{FairShare, JobUsage, PoolSize, Usage};
 use super::ledger::{Ledger, Reservation};
 use super::tenants::Tenant;
-use crate::proto::TenantUsage;
+use crate::proto::{MemoryRequest, TenantUsage};
 use queue::{Place, Queues, Waiter};
 
 /// How often waiting jobs re-check host memory.
@@ -342,19 +342,19 @@ impl Admission {
             .min(tenant.max_job_memory.unwrap_or(u64::MAX))
     }
 
-    /// Waits for a slot and `memreq` bytes for `tenant`, or refuses. A
+    /// Waits for a slot and the memory `request` asks for `tenant`, or refuses. A
     /// cancelled wait leaves the queue. (The worker enqueues with what the
     /// job holds while it waits; the tests use this.)
     #[cfg(test)]
     pub async fn admit(
         self: &Arc<Self>,
         tenant: &Arc<Tenant>,
-        memreq: u64,
+        request: impl Into<MemoryRequest>,
     ) -> Result<Ticket, NotAdmitted> {
-        self.enqueue(tenant, memreq, 0)?.ticket().await
+        self.enqueue(tenant, request, 0)?.ticket().await
     }
 
-    /// Queues a job of `memreq` bytes for `tenant`, holding `held` bytes
+    /// Queues a job that asks `request` for `tenant`, holding `held` bytes
     /// (its spec) while it waits — or refuses it at once when it could
     /// never fit, or it cannot start now and its tenant's queue is full (in
     /// jobs or in bytes). The job's place is given up when the returned
@@ -362,13 +362,14 @@ impl Admission {
     pub fn enqueue(
         self: &Arc<Self>,
         tenant: &Arc<Tenant>,
-        memreq: u64,
+        request: impl Into<MemoryRequest>,
         held: u64,
     ) -> Result<Queued, NotAdmitted> {
+        let asked = request.into().bytes();
         let largest = self.largest_for(tenant);
-        if memreq > largest {
+        if asked > largest {
             return Err(NotAdmitted::NeverFits {
-                requested: memreq,
+                requested: asked,
                 largest,
             });
         }
@@ -381,7 +382,7 @@ impl Admission {
             // A job that can start at once needs no room in the queue; one
             // that must wait (for a slot, or for memory) does.
             // (The ledger's offer reads host memory: only asked when full.)
-            if full && !(st.busy < self.config.slots && memreq <= self.ledger.offer()) {
+            if full && !(st.busy < self.config.slots && asked <= self.ledger.offer()) {
                 return Err(NotAdmitted::Busy);
             }
             st.next_id += 1;
@@ -389,7 +390,7 @@ impl Admission {
             st.queue.push(Waiter {
                 id,
                 tenant: tenant.clone(),
-                memreq,
+                asked,
                 held,
                 since: Instant::now(),
                 tx,
@@ -428,7 +429,7 @@ impl Admission {
                     id,
                     Running {
                         tenant: w.tenant.clone(),
-                        reserved: w.memreq,
+                        reserved: w.asked,
                         started: now,
                     },
                 );
@@ -463,10 +464,10 @@ impl Admission {
             return;
         }
         let ceiling = self.ledger.ceiling();
-        for w in st.queue.take_hopeless(overdue, |w| w.memreq > ceiling) {
-            tracing::info!(tenant = %w.tenant.name, memreq = w.memreq, ceiling, "refusing a job the host cannot hold");
+        for w in st.queue.take_hopeless(overdue, |w| w.asked > ceiling) {
+            tracing::info!(tenant = %w.tenant.name, asked = w.asked, ceiling, "refusing a job the host cannot hold");
             let _ = w.tx.send(Err(NotAdmitted::NeverFits {
-                requested: w.memreq,
+                requested: w.asked,
                 largest: ceiling,
             }));
         }
@@ -507,15 +508,15 @@ impl Admission {
                 .filter(|(_, w)| self.overdue(w, now))
         });
         let keep = match held {
-            Some((i, w)) => match self.ledger.try_reserve(w.memreq) {
+            Some((i, w)) => match self.ledger.try_reserve(w.asked) {
                 Some(r) => return Step::Start(i, r),
-                None => w.memreq,
+                None => w.asked,
             },
             None => 0,
         };
         for &(t, _) in &tenants {
             for (place, w) in st.queue.waiting(t) {
-                if let Some(r) = self.ledger.try_reserve_beside(w.memreq, keep) {
+                if let Some(r) = self.ledger.try_reserve_beside(w.asked, keep) {
                     return Step::Start(place, r);
                 }
             }

@@ -26,7 +26,7 @@ pub(super) struct Waiter<A> {
     pub id: u64,
     pub tenant: Arc<Tenant>,
     /// The memory it asks for.
-    pub memreq: u64,
+    pub asked: u64,
     /// Bytes it holds while it waits (its input).
     pub held: u64,
     /// When it was queued.
@@ -206,7 +206,7 @@ mod tests {
         Waiter {
             id,
             tenant: tenant.clone(),
-            memreq: id,
+            asked: id,
             held,
             since: Instant::now(),
             tx,
@@ -269,9 +269,9 @@ mod tests {
         ] {
             q.push(waiter(id, t, 0));
         }
-        // Overdue: ids up to 4. Hopeless: even ids (memreq is the id here).
+        // Overdue: ids up to 4. Hopeless: even ids (asked is the id here).
         // c loses its only job, and with it its queue.
-        let taken = q.take_hopeless(|w| w.id <= 4, |w| w.memreq % 2 == 0);
+        let taken = q.take_hopeless(|w| w.id <= 4, |w| w.asked % 2 == 0);
         let mut ids: Vec<u64> = taken.iter().map(|w| w.id).collect();
         ids.sort();
         assert_eq!(ids, [0, 2, 4]);

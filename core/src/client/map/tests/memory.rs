@@ -8,10 +8,10 @@ use super::*;
 async fn a_job_over_an_estimated_limit_goes_again_with_double_without_using_a_retry() {
     // Starts from a saved 100 MiB; the job needs 300 MiB.
     let fake = Fake::new(2, |c| {
-        if c.memreq < 300 * MIB {
+        if c.asked < 300 * MIB {
             Reply::OverLimit {
                 after: Duration::from_millis(5),
-                peak: c.memreq,
+                peak: c.asked,
             }
         } else {
             Reply::Exit {
@@ -34,7 +34,7 @@ async fn a_job_over_an_estimated_limit_goes_again_with_double_without_using_a_re
     };
     let (summary, items) = run(&fake, 1, &config).await;
     let summary = summary.unwrap();
-    let asked: Vec<u64> = fake.attempts_of(0).iter().map(|c| c.memreq / MIB).collect();
+    let asked: Vec<u64> = fake.attempts_of(0).iter().map(|c| c.asked / MIB).collect();
     assert_eq!(
         asked,
         [100, 200, 400],
@@ -50,7 +50,11 @@ async fn a_job_over_an_estimated_limit_goes_again_with_double_without_using_a_re
     );
     assert!(items[0].succeeded());
     assert_eq!(items[0].attempts, 3);
-    assert_eq!(summary.learned_memreq, Some(350 * MIB), "280 MiB × 1.25");
+    assert_eq!(
+        summary.learned_request,
+        Some(MemoryRequest::from(350 * MIB)),
+        "280 MiB × 1.25"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -60,10 +64,10 @@ async fn requests_follow_the_input_size_once_it_predicts_memory() {
     let peak_of = |size: u64| 8 * size + MIB;
     let fake = Fake::new(4, move |c| {
         let peak = peak_of(c.size);
-        if c.memreq < peak {
+        if c.asked < peak {
             Reply::OverLimit {
                 after: Duration::from_millis(5),
-                peak: c.memreq,
+                peak: c.asked,
             }
         } else {
             Reply::Exit {
@@ -103,18 +107,18 @@ async fn requests_follow_the_input_size_once_it_predicts_memory() {
     for c in &late {
         let peak = peak_of(c.size);
         assert!(
-            c.memreq >= peak && c.memreq <= peak + 128 * 1024,
+            c.asked >= peak && c.asked <= peak + 128 * 1024,
             "input {} of {} B asked {} for a peak of {peak}",
             c.index,
             c.size,
-            c.memreq
+            c.asked
         );
     }
     // A small input asks for less than a large one.
     let asks = |size: u64| {
         late.iter()
             .find(|c| c.size == size)
-            .map(|c| c.memreq)
+            .map(|c| c.asked)
             .unwrap()
     };
     assert!(asks(64 << 10) * 4 < asks(1 << 20));

@@ -51,7 +51,7 @@ fn ok(after_ms: u64) -> Reply {
 struct Call {
     index: usize,
     attempt: u32,
-    memreq: u64,
+    asked: u64,
     at: Duration,
     /// Its input's bytes.
     size: u64,
@@ -147,7 +147,7 @@ impl Submitter for Fake {
         let call = Call {
             index: tag.index as usize,
             attempt: tag.attempt,
-            memreq: spec.limits.memory.bytes(),
+            asked: spec.limits.memory.bytes(),
             at: s.started.elapsed(),
             size: spec.stdin.len() as u64,
         };
@@ -163,14 +163,14 @@ impl Submitter for Fake {
         };
         placed.set(Some(worker));
         tokio::time::sleep(after).await;
-        let memreq = spec.limits.memory.bytes();
+        let asked = spec.limits.memory.bytes();
         let (outcome, peak) = match reply {
             Reply::Exit { code, peak, .. } => (Outcome::Exited { code }, peak),
             Reply::OverLimit { peak, .. } => (
                 Outcome::MemoryLimitExceeded {
-                    limit: memreq,
-                    peak: memreq,
-                    requested: memreq + 64 * 1024,
+                    limit: asked,
+                    peak: asked,
+                    requested: asked + 64 * 1024,
                 },
                 peak,
             ),
@@ -182,7 +182,7 @@ impl Submitter for Fake {
             }
             Reply::Fatal => return Err(SubmitError::Fatal("the request is wrong".into())),
         };
-        let mut result = JobResult::never_ran(memreq, outcome);
+        let mut result = JobResult::never_ran(asked, outcome);
         result.stdout = spec.stdin;
         result.peak_memory_bytes = peak;
         result.wall_time_us = after.as_micros() as u64;
