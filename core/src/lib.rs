@@ -3,7 +3,7 @@
 //! it, TLS, and the client that places jobs on a pool. Crate `peerwasm`
 //! (the worker, its HTTP server, the command line) builds on this one and
 //! re-exports every module, so `peerwasm::client` is this crate's
-//! `client`; the Python client links this crate alone.
+//! `client`; a program that only submits jobs links this crate alone.
 //!
 //! # Layout
 //!
@@ -25,6 +25,8 @@
 //!   [`JobResult`] and [`Outcome`] out;
 //! * [`net`] — plain HTTP or TLS with the pool's CA
 //!   ([`Transport`]), certificates, failures in words;
+//! * [`child`] — child processes of ours (slot processes, a compile
+//!   apart): started without fork handlers, tied to their parent;
 //! * [`private_path`] — files and directories that must be this user's
 //!   alone (a TLS key, a worker's state dir);
 //! * [`units`] — sizes, durations and tables as people write and read them.
