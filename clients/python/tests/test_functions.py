@@ -4,6 +4,7 @@ guest's exceptions with their tracebacks, the memory limit."""
 
 import pathlib
 import subprocess
+import time
 import sys
 
 import numpy as np
@@ -171,3 +172,35 @@ def test_a_module_that_keeps_a_file_open_runs_each_item_from_its_own_start():
 def test_items_start_warm_on_a_pool_and_none_sees_what_another_left(pool):
     out = peerwasm.map(fns.leaks, range(8), peers=pool[:1])
     _no_item_sees_another(out)
+
+
+def test_the_next_process_starts_warm_from_the_snapshot_kept_on_disk(tmp_path):
+    # A fresh process maps a function whose module imports numpy: its first
+    # items run the imports (the prelude); a second fresh process, same
+    # program, starts its items from the snapshot the first kept on disk.
+    # (A constant of its own makes the program one no earlier run kept.)
+    module = tmp_path / "kept.py"
+    module.write_text(
+        "import numpy as np\n"
+        f"TAG = {time.time_ns()}\n"
+        "def total(x):\n"
+        "    return int(np.arange(x).sum()) + TAG * 0\n"
+    )
+    script = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(tmp_path)!r})\n"
+        "from kept import total\n"
+        "from peerwasm import _functions, _peerwasm\n"
+        "items = [3, 4, 5, 6]\n"
+        "inputs = [_functions.pickle.dumps(((i,), {}), protocol=_functions.PROTOCOL) for i in items]\n"
+        "warm = (_functions._WARM_PRELUDE.format(path=_functions._PROGRAM_PATH), _functions._WARM_TURN)\n"
+        "rs = list(_peerwasm._map_python(_functions.runtime_dir(), _functions.program(total, items), inputs, warm=warm))\n"
+        "print('WALLS', max(r.wall_s for r in rs))\n"
+    )
+    walls = []
+    for _ in range(2):
+        p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr[-3000:]
+        walls.append(float(p.stdout.split("WALLS")[1]))
+    # Measured here: 0.22 s cold, 0.04 s from the kept snapshot.
+    assert walls[1] < 0.5 * walls[0], f"the second process ran the imports again: {walls}"

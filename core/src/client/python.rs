@@ -387,12 +387,88 @@ pub fn python_source_job(
     plots: bool,
 ) -> anyhow::Result<PythonJob> {
     let mut job = interpreter_job(runtime, cache, plots || may_plot(source))?;
-    let (dir, guest) = mount_script(&mut job, name, source)?;
-    job.args = vec![guest];
-    Ok(PythonJob {
-        job,
-        script_dir: Some(dir),
-    })
+    // In the cache, named by its content: the same program mounts the
+    // same directory in every process, so a warm start's snapshot (keyed
+    // by what its jobs see) is found again by the next run.
+    match kept_script_dir(cache, name, source) {
+        Ok(dir) => {
+            job.dirs.push(DirGrant {
+                host: dir,
+                guest: SCRIPT_GUEST_DIR.into(),
+                read_only: true,
+            });
+            job.args = vec![format!("{SCRIPT_GUEST_DIR}/{name}")];
+            Ok(PythonJob {
+                job,
+                script_dir: None,
+            })
+        }
+        Err(e) => {
+            tracing::debug!("the program's copy is temporary: {e:#}");
+            let (dir, guest) = mount_script(&mut job, name, source)?;
+            job.args = vec![guest];
+            Ok(PythonJob {
+                job,
+                script_dir: Some(dir),
+            })
+        }
+    }
+}
+
+/// How long a kept program's directory stays unused before it is removed.
+const KEPT_SCRIPT_UNUSED: std::time::Duration = std::time::Duration::from_secs(14 * 24 * 3600);
+
+/// A directory holding `source` as `name`, under `cache/scripts/`, named
+/// by the hash of both; made once (in a temporary directory renamed into
+/// place, so it is whole), checked when found. Directories unused for
+/// [`KEPT_SCRIPT_UNUSED`] are removed when a new one is made.
+fn kept_script_dir(cache: &Path, name: &str, source: &[u8]) -> anyhow::Result<PathBuf> {
+    use sha2::{Digest, Sha256};
+    let root = cache.join("scripts");
+    crate::private_path::private_dir(&root)?;
+    let digest = Sha256::new()
+        .chain_update(name.as_bytes())
+        .chain_update([0])
+        .chain_update(source)
+        .finalize();
+    let dir = root.join(hex::encode(&digest[..16]));
+    if let Ok(found) = std::fs::read(dir.join(name)) {
+        anyhow::ensure!(found == source, "{} holds another program", dir.display());
+        let _ =
+            std::fs::File::open(&dir).and_then(|d| d.set_modified(std::time::SystemTime::now()));
+        return Ok(dir);
+    }
+    let made = tempfile::Builder::new()
+        .prefix(".partial-")
+        .tempdir_in(&root)?;
+    std::fs::write(made.path().join(name), source)?;
+    match std::fs::rename(made.path(), &dir) {
+        Ok(()) => {
+            let _ = made.keep();
+        }
+        // Made by another process meanwhile: theirs is the same.
+        Err(_) if dir.join(name).is_file() => {}
+        Err(e) => return Err(e.into()),
+    }
+    remove_unused(&root, KEPT_SCRIPT_UNUSED);
+    Ok(dir)
+}
+
+fn remove_unused(root: &Path, unused: std::time::Duration) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > unused);
+        if old && entry.path().is_dir() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 /// `python.wasm` with its stdlib mounted, and matplotlib's data when the

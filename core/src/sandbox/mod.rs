@@ -55,6 +55,7 @@ pub(crate) mod stdin;
 pub(crate) mod stdio;
 pub(crate) mod validate;
 mod warm;
+mod warm_disk;
 mod wasi_ctx;
 
 use std::sync::Arc;
@@ -155,10 +156,16 @@ impl Sandbox {
         let linker = core_linker(&engine)?;
         // Warm starts need memories of their own (see `warm`): the
         // components' on-demand engine when the main one pools.
+        // Their snapshots also kept beside the compiled modules.
+        let kept = config.cache_dir.as_ref().map(|d| d.join("snapshots"));
         let warm = if config.pooling {
-            warm::WarmStarts::new(component_engine.clone(), core_linker(&component_engine)?)
+            warm::WarmStarts::new(
+                component_engine.clone(),
+                core_linker(&component_engine)?,
+                kept,
+            )
         } else {
-            warm::WarmStarts::new(engine.clone(), linker.clone())
+            warm::WarmStarts::new(engine.clone(), linker.clone(), kept)
         };
         let components = component::linker(&component_engine)?;
         let cache = ModuleCache::new(engine.clone(), component_engine.clone(), &config)?;

@@ -47,6 +47,7 @@ use wasmtime::{AsContextMut, Engine, ExternType, Instance, InstancePre, Linker, 
 
 use super::job_state::JobState;
 use super::spec::RunSpec;
+use super::warm_disk::{SnapshotDir, WASM_PAGE, all_zero};
 use crate::proto::{ModuleHash, WarmStart};
 
 /// The export that runs a turn: `turn(ptr, len) -> status`.
@@ -63,9 +64,6 @@ pub const SNAPSHOTS_KEPT: usize = 4;
 
 /// Modules kept loaded into the warm engine.
 const MODULES_KEPT: usize = 4;
-
-/// A wasm page.
-const WASM_PAGE: usize = 64 << 10;
 
 /// What a module must export to start warm; `Err` says what is missing.
 pub fn check(module: &Module) -> Result<(), String> {
@@ -137,6 +135,8 @@ pub(super) struct WarmStarts {
     linker: Linker<JobState>,
     modules: Mutex<LruCache<ModuleHash, Arc<InstancePre<JobState>>>>,
     inner: Arc<WarmStartsInner>,
+    /// Where snapshots are also kept for the next process (`disk`).
+    disk: Option<SnapshotDir>,
 }
 
 struct WarmStartsInner {
@@ -151,8 +151,13 @@ struct WarmStartsInner {
 
 impl WarmStarts {
     /// Warm starts on `engine` (on-demand allocation), whose core modules
-    /// link with `linker`.
-    pub(super) fn new(engine: Engine, linker: Linker<JobState>) -> WarmStarts {
+    /// link with `linker`; snapshots also kept in `disk`, if given, for
+    /// the next process.
+    pub(super) fn new(
+        engine: Engine,
+        linker: Linker<JobState>,
+        disk: Option<std::path::PathBuf>,
+    ) -> WarmStarts {
         let n = |k: usize| NonZeroUsize::new(k).expect("non-zero");
         WarmStarts {
             engine,
@@ -165,6 +170,13 @@ impl WarmStarts {
                 made: AtomicU64::new(0),
                 warm: AtomicU64::new(0),
                 cold: AtomicU64::new(0),
+            }),
+            disk: disk.and_then(|dir| match SnapshotDir::open(dir) {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    tracing::warn!("snapshots are kept in memory only: {e:#}");
+                    None
+                }
             }),
         }
     }
@@ -243,12 +255,22 @@ impl WarmStarts {
                     return Start::Cold { keep: None };
                 }
                 None if self.inner.building.lock().insert(key) => {
-                    self.inner.cold.fetch_add(1, Ordering::Relaxed);
-                    let keep = Some(Claim {
+                    let claim = Claim {
                         key,
                         warm: self.inner.clone(),
-                    });
-                    return Start::Cold { keep };
+                    };
+                    // An earlier process's, kept on disk: read once here
+                    // (others wait for it as for a prelude).
+                    let kept = self.disk.as_ref().and_then(|d| d.load(&key));
+                    if let Some(Ok((file, len))) = kept.map(|memory| image_of(&memory)) {
+                        let image = Arc::new(Snapshot::Image { file, len });
+                        self.inner.snapshots.lock().put(key, image.clone());
+                        drop(claim);
+                        self.inner.warm.fetch_add(1, Ordering::Relaxed);
+                        return Start::From(Arc::new(SnapshotImage(image)));
+                    }
+                    self.inner.cold.fetch_add(1, Ordering::Relaxed);
+                    return Start::Cold { keep: Some(claim) };
                 }
                 // Woken when any claim ends (its snapshot kept, refused,
                 // or its job gone); the bound covers a wake-up missed
@@ -266,6 +288,11 @@ impl WarmStarts {
         let snapshot = if status == 0 {
             let (file, len) = image_of(memory)?;
             self.inner.made.fetch_add(1, Ordering::Relaxed);
+            if let Some(disk) = &self.disk
+                && let Err(e) = disk.save(&claim.key, memory)
+            {
+                tracing::warn!("cannot keep a warm start's snapshot on disk: {e}");
+            }
             Snapshot::Image { file, len }
         } else {
             Snapshot::Refused
@@ -414,10 +441,4 @@ fn image_of(memory: &[u8]) -> std::io::Result<(OwnedFd, usize)> {
         return Err(std::io::Error::last_os_error());
     }
     Ok((OwnedFd::from(file), memory.len()))
-}
-
-fn all_zero(bytes: &[u8]) -> bool {
-    // SAFETY: every bit pattern is a valid u64.
-    let (head, words, tail) = unsafe { bytes.align_to::<u64>() };
-    head.iter().all(|&b| b == 0) && words.iter().all(|&w| w == 0) && tail.iter().all(|&b| b == 0)
 }

@@ -1,0 +1,153 @@
+//! Warm-start snapshots kept on disk, so that the next process starts warm
+//! too: a fresh `python script.py` that maps a function over its embedded
+//! worker ran its module's imports again in each slot process (numpy and
+//! scikit-learn: ~2 s in the sandbox) before its first item, where a
+//! pool's long-lived workers had kept their snapshot in memory.
+//!
+//! A snapshot is the non-zero pages of an interpreter's linear memory,
+//! named by its key (`warm::key`: the module, the prelude, what the
+//! interpreter saw, the scope that may share it), in a directory of this
+//! user's alone (`0700`, checked: `private_path`). It is written to a
+//! temporary file and renamed into place, so a file under its name is
+//! whole. It is not mapped from here: a file that someone shortened while
+//! mapped would fault the process. It is read back whole, and `warm` makes
+//! it a sealed in-memory file, as a snapshot made here is — a tenth of a second for
+//! ~90 MiB, against seconds of imports. It holds only guest memory, run
+//! only inside the sandbox: no code of the host's.
+//!
+//! At most [`SNAPSHOTS_ON_DISK`] are kept: the least recently used (by
+//! modification time, which a load refreshes) are removed first.
+
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+
+/// A wasm page.
+pub(super) const WASM_PAGE: usize = 64 << 10;
+
+/// Snapshots one directory keeps.
+pub const SNAPSHOTS_ON_DISK: usize = 4;
+
+/// The largest snapshot read back (a wasm32 memory).
+const LARGEST: u64 = 4 << 30;
+
+/// A directory of snapshots.
+pub(super) struct SnapshotDir {
+    dir: PathBuf,
+}
+
+impl SnapshotDir {
+    /// `dir`, made (`0700`) if missing; `Err` when it is not this user's
+    /// alone.
+    pub(super) fn open(dir: PathBuf) -> anyhow::Result<SnapshotDir> {
+        crate::private_path::private_dir(&dir)?;
+        Ok(SnapshotDir { dir })
+    }
+
+    fn path(&self, key: &[u8; 32]) -> PathBuf {
+        self.dir.join(format!("{}.snap", hex::encode(key)))
+    }
+
+    /// The memory kept under `key`, if there is a whole one.
+    pub(super) fn load(&self, key: &[u8; 32]) -> Option<Vec<u8>> {
+        let mut file = std::fs::File::open(self.path(key)).ok()?;
+        let meta = file.metadata().ok()?;
+        let len = meta.len();
+        if !meta.is_file() || len == 0 || len > LARGEST || len % WASM_PAGE as u64 != 0 {
+            return None;
+        }
+        let mut memory = Vec::with_capacity(len as usize);
+        if file.read_to_end(&mut memory).is_err() || memory.len() as u64 != len {
+            return None;
+        }
+        let _ = file.set_modified(std::time::SystemTime::now());
+        Some(memory)
+    }
+
+    /// Keeps `memory` under `key` (its zero pages as holes), then removes
+    /// the least recently used beyond [`SNAPSHOTS_ON_DISK`].
+    pub(super) fn save(&self, key: &[u8; 32], memory: &[u8]) -> std::io::Result<()> {
+        let tmp = tempfile::Builder::new()
+            .prefix(".partial-")
+            .tempfile_in(&self.dir)?;
+        tmp.as_file().set_len(memory.len() as u64)?;
+        const CHUNK: usize = 64 << 10;
+        for (i, chunk) in memory.chunks(CHUNK).enumerate() {
+            if !all_zero(chunk) {
+                tmp.as_file().write_all_at(chunk, (i * CHUNK) as u64)?;
+            }
+        }
+        tmp.persist(self.path(key)).map_err(|e| e.error)?;
+        self.evict();
+        Ok(())
+    }
+
+    fn evict(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        let mut kept: Vec<(std::time::SystemTime, PathBuf)> = entries
+            .filter_map(Result::ok)
+            .filter(|e| e.path().extension().is_some_and(|x| x == "snap"))
+            .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+            .collect();
+        kept.sort();
+        let excess = kept.len().saturating_sub(SNAPSHOTS_ON_DISK);
+        for (_, path) in kept.into_iter().take(excess) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Whether `bytes` are all zero (a page left as a hole).
+pub(super) fn all_zero(bytes: &[u8]) -> bool {
+    // SAFETY: every bit pattern is a valid u64.
+    let (head, words, tail) = unsafe { bytes.align_to::<u64>() };
+    head.iter().all(|&b| b == 0) && words.iter().all(|&w| w == 0) && tail.iter().all(|&b| b == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn memory(seed: u8) -> Vec<u8> {
+        let mut m = vec![0u8; 4 * WASM_PAGE];
+        m[10] = seed;
+        m[3 * WASM_PAGE + 5] = seed.wrapping_add(1);
+        m
+    }
+
+    #[test]
+    fn a_kept_snapshot_is_read_back_whole_and_only_the_last_few_stay() {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = SnapshotDir::open(dir.path().join("snapshots")).unwrap();
+        let key = [7u8; 32];
+        assert!(disk.load(&key).is_none());
+        disk.save(&key, &memory(1)).unwrap();
+        assert_eq!(disk.load(&key), Some(memory(1)), "read back whole");
+        // A file of another length than whole pages is not a snapshot.
+        std::fs::write(disk.path(&[8u8; 32]), b"short").unwrap();
+        assert!(disk.load(&[8u8; 32]).is_none());
+        // Beyond the bound, the least recently used go.
+        for k in 0..(SNAPSHOTS_ON_DISK as u8 + 2) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            disk.save(&[100 + k; 32], &memory(k)).unwrap();
+        }
+        let left = std::fs::read_dir(dir.path().join("snapshots"))
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .path()
+                    .extension()
+                    .is_some_and(|x| x == "snap")
+            })
+            .count();
+        assert_eq!(left, SNAPSHOTS_ON_DISK);
+        assert!(disk.load(&key).is_none(), "the oldest went first");
+        assert!(
+            disk.load(&[100 + SNAPSHOTS_ON_DISK as u8 + 1; 32])
+                .is_some()
+        );
+    }
+}
