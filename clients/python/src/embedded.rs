@@ -19,6 +19,9 @@ pub fn embedded() -> PyResult<Target> {
     }
     let mut sandbox = peerwasm::sandbox::SandboxConfig::default();
     sandbox.cache_dir = dirs_cache().map(|d| d.join("modules"));
+    // This user's own machine: the next process starts warm (its slot
+    // processes inherit the setting).
+    sandbox.keep_snapshots_on_disk = true;
     // Jobs in this process give their thread back with epochs, not fuel:
     // a job here must still end at its time limit and on Ctrl-C (this
     // process is the caller's, it cannot be the job's slot as in `peerwasm

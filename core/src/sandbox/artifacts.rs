@@ -115,27 +115,23 @@ pub struct ArtifactStore {
     max_bytes: u64,
 }
 
-/// Whether the disk cache of `config` holds `hash` compiled for the engine
-/// `config` makes — another process's, such as a slot process's — found
-/// without making that engine's instance pool (the pool does not change
-/// what code is compiled for, as `engine`'s tests show).
-pub fn compiled_on_disk(
-    config: &super::config::SandboxConfig,
-    hash: &crate::proto::ModuleHash,
-) -> bool {
-    let Some(dir) = config.cache_dir.as_deref() else {
-        return false;
-    };
-    let probe = super::config::SandboxConfig {
-        pooling: false,
-        ..config.clone()
-    };
-    super::engine::build(&probe)
-        .and_then(|engine| ArtifactStore::open(dir, &engine, config.cache_max_bytes))
-        .is_ok_and(|store| store.has(hash))
-}
-
 impl ArtifactStore {
+    /// The disk cache of `config` for the engine `config` makes — another
+    /// process's, such as a slot process's — opened without making that
+    /// engine's instance pool (the pool does not change what code is
+    /// compiled for, as `engine`'s tests show). `None` without a cache dir
+    /// or when it cannot be opened.
+    pub fn for_config(config: &super::config::SandboxConfig) -> Option<ArtifactStore> {
+        let dir = config.cache_dir.as_deref()?;
+        let probe = super::config::SandboxConfig {
+            pooling: false,
+            ..config.clone()
+        };
+        super::engine::build(&probe)
+            .and_then(|engine| ArtifactStore::open(dir, &engine, config.cache_max_bytes))
+            .ok()
+    }
+
     /// The store under `root` for `engine`, at most `max_bytes` in all;
     /// makes the directory (0700) and the secret (0600) if they are missing.
     pub fn open(root: &Path, engine: &Engine, max_bytes: u64) -> anyhow::Result<ArtifactStore> {

@@ -102,6 +102,14 @@ pub struct SandboxConfig {
     /// stdlib zip — 0.1 s faster. Default: false (a worker's jobs share
     /// its threads).
     pub file_io_on_job_thread: bool,
+    /// Whether warm-start snapshots are also kept on disk, under
+    /// `cache_dir` (`warm_disk`), for the next process. Right for a
+    /// machine's own user (the Python client's embedded worker: the next
+    /// `python script.py` starts warm); not for a worker, whose disk they
+    /// would take on its tenants' behalf without being charged to them.
+    /// Default: false.
+    #[serde(default)]
+    pub keep_snapshots_on_disk: bool,
     /// The most stdout, and the most stderr, a job's output is buffered to,
     /// whatever the job asks (a worker's `--max-output`); past it the job
     /// ends with *output limit*. Default: none (the job's own limits).
@@ -141,6 +149,7 @@ impl Default for SandboxConfig {
             scratch_total_bytes: None,
             max_output_bytes: None,
             file_io_on_job_thread: false,
+            keep_snapshots_on_disk: false,
         }
     }
 }

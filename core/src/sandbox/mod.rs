@@ -65,7 +65,7 @@ use std::time::Duration;
 use tokio::sync::mpsc::UnboundedSender;
 use wasmtime::{Engine, Linker, Store};
 
-pub use artifacts::compiled_on_disk;
+pub(crate) use artifacts::ArtifactStore;
 pub use cache::{CacheStats, CompiledModule, ModuleCache, max_compiles};
 pub use cancel::{Cancel, CancelOnDrop};
 pub use code::Code;
@@ -156,8 +156,12 @@ impl Sandbox {
         let linker = core_linker(&engine)?;
         // Warm starts need memories of their own (see `warm`): the
         // components' on-demand engine when the main one pools.
-        // Their snapshots also kept beside the compiled modules.
-        let kept = config.cache_dir.as_ref().map(|d| d.join("snapshots"));
+        // Their snapshots also kept beside the compiled modules, if asked.
+        let kept = config
+            .cache_dir
+            .as_ref()
+            .filter(|_| config.keep_snapshots_on_disk)
+            .map(|d| d.join("snapshots"));
         let warm = if config.pooling {
             warm::WarmStarts::new(
                 component_engine.clone(),

@@ -115,6 +115,8 @@ pub struct SlotProcesses {
     scratch: Option<Arc<ScratchPool>>,
     idle: Mutex<Vec<SlotChild>>,
     max_idle: usize,
+    /// The disk cache as the children's engine sees it, once asked.
+    artifacts: std::sync::OnceLock<Option<crate::sandbox::ArtifactStore>>,
     /// Jobs run in a child so far.
     jobs: AtomicU64,
 }
@@ -151,6 +153,7 @@ impl SlotProcesses {
             scratch: sandbox.scratch_pool(),
             idle: Mutex::new(Vec::new()),
             max_idle: config.slots.max(1),
+            artifacts: std::sync::OnceLock::new(),
             jobs: AtomicU64::new(0),
         }
     }
@@ -176,7 +179,11 @@ impl SlotProcesses {
     /// processes' engine (which is not this process's when it runs jobs
     /// with fuel or epochs).
     pub fn has_compiled(&self, hash: &ModuleHash) -> bool {
-        crate::sandbox::compiled_on_disk(&self.setup, hash)
+        // Opened once (it builds an engine): a worker asks per job.
+        self.artifacts
+            .get_or_init(|| crate::sandbox::ArtifactStore::for_config(&self.setup))
+            .as_ref()
+            .is_some_and(|store| store.has(hash))
     }
 
     /// Jobs run in slot processes so far.
