@@ -47,7 +47,7 @@ use crate::proto::JobSpec;
 use crate::proto::submission::{
     ResultsPage, SubmissionInfo, SubmissionState, SubmitConfig, SubmittedResult,
 };
-use crate::worker::state::Worker;
+use crate::worker::job_path::JobPath;
 use crate::worker::statedb::{StateDb, now_ms};
 
 /// Submissions one tenant may have running on one owner.
@@ -59,21 +59,25 @@ pub const RESULTS_PAGE_BYTES: usize = 16 << 20;
 /// The longest a results request waits for the next result.
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
 
-/// A worker as the owner of submissions: its store, and the worker whose
-/// tenants, modules and pool the maps use.
+/// A worker as the owner of submissions: its store, and the job path of
+/// the worker whose tenants, modules and address the maps use.
 pub struct Owner {
-    /// The worker the maps run from.
-    pub worker: Arc<Worker>,
+    /// The job path of the worker the maps run from.
+    pub jobs: Arc<JobPath>,
+    /// How the maps reach the pool's workers (the worker's own transport).
+    pub transport: crate::net::Transport,
     /// The submissions it owns.
     pub submissions: Submissions,
 }
 
 impl Owner {
-    /// The owner of the submissions stored in `worker`'s state database.
-    pub fn new(worker: Arc<Worker>) -> Arc<Owner> {
+    /// The owner of the submissions stored in `jobs`' state database,
+    /// running their maps over `transport`.
+    pub fn new(jobs: Arc<JobPath>, transport: crate::net::Transport) -> Arc<Owner> {
         Arc::new(Owner {
-            submissions: Submissions::new(worker.db.clone()),
-            worker,
+            submissions: Submissions::new(jobs.kept.db.clone()),
+            jobs,
+            transport,
         })
     }
 }

@@ -31,7 +31,7 @@ pub async fn create(
     token: Option<String>,
     spec: SubmissionSpec,
 ) -> Result<SubmissionInfo, Refused> {
-    let (w, this) = (&o.worker, &o.submissions);
+    let (w, this) = (&o.jobs, &o.submissions);
     let job = &spec.job;
     check_spec(&spec)?;
     let shown = !w.tenants.is_multi() || w.uploaders.has_shown(&job.module, &tenant.name);
@@ -56,7 +56,7 @@ pub async fn create(
     let adding = spec.inputs.iter().map(|i| i.len() as u64).sum::<u64>()
         + job.encoded_len()
         + rows * ROW_BYTES;
-    crate::worker::stored::check(w, &tenant.name, adding, "submission").await?;
+    crate::worker::stored::check(&w.kept, &w.metrics, &tenant.name, adding, "submission").await?;
     if running >= MAX_RUNNING_PER_TENANT {
         return Err(Refused::Busy(format!(
             "you have {running} submissions running on this worker, the most it takes: wait for one to end or cancel one"
@@ -212,7 +212,7 @@ fn start(o: &Arc<Owner>, stored: Stored) {
 /// Runs a stored submission's map on the pool from its first input
 /// without a result.
 async fn run_map(o: &Arc<Owner>, s: &Stored) -> anyhow::Result<MapSummary> {
-    let (w, this) = (&o.worker, &o.submissions);
+    let (w, this) = (&o.jobs, &o.submissions);
     let path = this.db.module_path(&s.job.module);
     let bytes = tokio::fs::read(&path)
         .await
@@ -278,7 +278,7 @@ async fn run_map(o: &Arc<Owner>, s: &Stored) -> anyhow::Result<MapSummary> {
     });
     let pool = Pool::new(PoolConfig {
         token: s.token.clone(),
-        transport: w.transport.clone(),
+        transport: o.transport.clone(),
         ..PoolConfig::new(vec![w.addr.clone()])
     })?;
     let config = MapConfig {

@@ -130,13 +130,13 @@ async fn a_cancelled_submission_stops_its_jobs_and_keeps_what_it_had() {
     let api = WorkerApi::new(&http, &worker.addr);
     // Both slots busy with its spinning jobs, then cancelled.
     until("its jobs start", async || {
-        worker.worker().admission.counts().0 == 2
+        worker.worker().jobs.admission.counts().0 == 2
     })
     .await;
     let was = api.cancel_submission(&submitted.id).await.unwrap();
     assert_eq!(was, "running");
     until("its jobs end after the cancel", async || {
-        worker.worker().admission.counts() == (0, 0)
+        worker.worker().jobs.admission.counts() == (0, 0)
     })
     .await;
     let info = api.submission(&submitted.id).await.unwrap();

@@ -41,11 +41,11 @@ pub async fn post_batch(
             ),
         );
     }
-    if w.draining.load(std::sync::atomic::Ordering::Relaxed) {
-        w.metrics.refused("draining");
+    if w.jobs.gate.draining() {
+        w.jobs.metrics.refused("draining");
         return Refused::Busy("this worker is shutting down".into()).into_response();
     }
-    w.metrics.batch_received(specs.len());
+    w.jobs.metrics.batch_received(specs.len());
     // The request's charge covers its bytes until its jobs are queued: then
     // their specs are the queue's (bounded by `--max-queued-bytes`), and a
     // job must never wait for memory its own request holds. So the charge
@@ -57,10 +57,10 @@ pub async fn post_batch(
             .into_iter()
             .enumerate()
             .map(|(index, spec)| {
-                let (w, tenant) = (w.clone(), tenant.clone());
+                let (jobs_path, tenant) = (w.jobs.clone(), tenant.clone());
                 async move {
                     let answer = match jobs::run_attached(
-                        &w,
+                        &jobs_path,
                         &tenant,
                         spec,
                         jobs::Streams::default(),

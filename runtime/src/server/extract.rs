@@ -80,7 +80,7 @@ fn token(headers: &axum::http::HeaderMap) -> Option<&str> {
 
 /// The 401 for `e`, counted.
 fn unauthorized(w: &Worker, e: AuthError) -> Response {
-    w.metrics.refused("unauthorized");
+    w.jobs.metrics.refused("unauthorized");
     let why = match e {
         AuthError::Missing => "this worker needs a tenant token: give --token or PEERWASM_TOKEN",
         AuthError::Unknown => "the tenant token is not known here",
@@ -105,11 +105,12 @@ fn authenticate(
     headers: &axum::http::HeaderMap,
 ) -> Result<Caller, Response> {
     let caller = w
+        .jobs
         .tenants
         .authenticate(token(headers))
         .map(Caller)
         .map_err(|e| unauthorized(w, e))?;
-    if w.tenants.is_multi()
+    if w.jobs.tenants.is_multi()
         && let Some(trust) = parts.get::<super::serve::Trust>()
     {
         trust.grant();
@@ -126,11 +127,12 @@ impl FromRequestParts<Arc<Worker>> for Viewer {
 
     async fn from_request_parts(parts: &mut Parts, w: &Arc<Worker>) -> Result<Viewer, Response> {
         let sees = w
+            .jobs
             .tenants
             .sees(token(&parts.headers))
             .map_err(|e| unauthorized(w, e))?;
         // A known token proves the connection belongs (`serve::Trust`).
-        if w.tenants.is_multi()
+        if w.jobs.tenants.is_multi()
             && sees != Sees::Nobody
             && let Some(trust) = parts.extensions.get::<super::serve::Trust>()
         {
@@ -251,7 +253,7 @@ body_kind!(
 );
 body_kind!(BacklogBody, "backlog report", |_w| BACKLOG_BODY);
 body_kind!(ModuleBody, "module", |w| usize::try_from(
-    w.runner.sandbox().config().max_module_bytes
+    w.jobs.runner.sandbox().config().max_module_bytes
 )
 .unwrap_or(usize::MAX));
 
@@ -267,7 +269,7 @@ pub fn payer(parts: &axum::http::Extensions) -> Payer {
 
 /// A 503 for a charge that did not fit, counted.
 pub fn over_budget(w: &Worker, e: ChargeRefused) -> Response {
-    w.metrics.refused("request_bytes");
+    w.jobs.metrics.refused("request_bytes");
     let mut resp = text(StatusCode::SERVICE_UNAVAILABLE, e.to_string());
     resp.headers_mut()
         .insert(header::RETRY_AFTER, header::HeaderValue::from(1));
@@ -384,7 +386,7 @@ impl<K: BodyKind> FromRequest<Arc<Worker>> for Body<K> {
     type Rejection = Response;
 
     async fn from_request(req: Request, w: &Arc<Worker>) -> Result<Body<K>, Response> {
-        let mut charge = w.budgets.charge(payer(req.extensions()));
+        let mut charge = w.requests.budgets.charge(payer(req.extensions()));
         let bytes = read_charged(
             w,
             req.into_body(),

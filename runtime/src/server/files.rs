@@ -76,11 +76,11 @@ pub async fn put_tree(
     }
     // Checked on a blocking thread: a manifest of 100,000 deep paths is
     // milliseconds of work the async threads must not do.
-    let (files, name) = (w.files.clone(), tenant.name.clone());
+    let (files, name) = (w.jobs.files.clone(), tenant.name.clone());
     match tokio::task::spawn_blocking(move || files.put_manifest(&name, hash, manifest)).await {
         Ok(Ok(missing)) => postcard(&missing),
         Ok(Err(e)) => {
-            w.metrics.refused("bad_tree");
+            w.jobs.metrics.refused("bad_tree");
             store_error(e)
         }
         Err(e) => text(
@@ -100,14 +100,17 @@ pub async fn put_file(
         Ok(h) => h,
         Err(r) => return r,
     };
-    if w.files.has_file(&tenant.name, &hash) {
+    if w.jobs.files.has_file(&tenant.name, &hash) {
         return StatusCode::OK.into_response();
     }
-    let mut incoming = match w.files.receive(hash) {
+    let mut incoming = match w.jobs.files.receive(hash) {
         Ok(i) => i,
         Err(e) => return store_error(e),
     };
-    let mut charge = w.budgets.charge(super::extract::payer(req.extensions()));
+    let mut charge = w
+        .requests
+        .budgets
+        .charge(super::extract::payer(req.extensions()));
     if let Err(e) = charge.grow(WRITE_CHUNK as u64) {
         return super::extract::over_budget(&w, e);
     }

@@ -58,13 +58,13 @@ pub async fn post_job(
     // offers must not wait for the memory its own request holds.
     drop(charge);
     if params.detach {
-        return match jobs::submit_detached(&w, &tenant, spec).await {
+        return match jobs::submit_detached(&w.jobs, &tenant, spec).await {
             Ok(id) => with_id((StatusCode::ACCEPTED, id.clone()).into_response(), &id),
             Err(refused) => refused.into_response(),
         };
     }
     let mut job_id = String::new();
-    match jobs::run_attached(&w, &tenant, spec, jobs::Streams::default(), |id| {
+    match jobs::run_attached(&w.jobs, &tenant, spec, jobs::Streams::default(), |id| {
         job_id = id.to_string()
     })
     .await
@@ -85,6 +85,7 @@ pub async fn get_output(
 ) -> Response {
     match w
         .jobs
+        .table
         .output(&tenant.name, &id, [from.stdout, from.stderr], OUTPUT_PAGE)
     {
         Some(output) => postcard(&output),
@@ -97,7 +98,7 @@ pub async fn get_job(
     Caller(tenant): Caller,
     Path(id): Path<String>,
 ) -> Response {
-    match w.jobs.result(&tenant.name, &id) {
+    match w.jobs.table.result(&tenant.name, &id) {
         Lookup::NotFound => text(StatusCode::NOT_FOUND, "no such job"),
         Lookup::NotDone => {
             let mut resp = text(StatusCode::ACCEPTED, "not done yet");
@@ -105,7 +106,7 @@ pub async fn get_job(
             resp
         }
         Lookup::Done(encoded) => {
-            let Some(permit) = w.jobs.read_permit(&tenant.name) else {
+            let Some(permit) = w.jobs.table.read_permit(&tenant.name) else {
                 let mut resp = text(
                     StatusCode::SERVICE_UNAVAILABLE,
                     format!(
@@ -139,14 +140,14 @@ pub async fn delete_job(
     Caller(tenant): Caller,
     Path(id): Path<String>,
 ) -> Response {
-    match w.jobs.cancel(&tenant.name, &id) {
+    match w.jobs.table.cancel(&tenant.name, &id) {
         Cancelled::NotFound => text(StatusCode::NOT_FOUND, "no such job"),
         Cancelled::AlreadyEnded(outcome) => text(
             StatusCode::CONFLICT,
             format!("the job had already ended: {outcome}"),
         ),
         Cancelled::Discarded(_) => {
-            if let Err(e) = crate::worker::detached::discarded(&w, &id).await {
+            if let Err(e) = crate::worker::detached::discarded(&w.jobs.kept.db, &id).await {
                 tracing::error!(job = %id, "cannot forget a discarded result: {e:#}");
                 return text(
                     StatusCode::INTERNAL_SERVER_ERROR,
@@ -169,5 +170,5 @@ pub async fn delete_job(
 }
 
 pub async fn list_jobs(State(w): State<Arc<Worker>>, Caller(tenant): Caller) -> Response {
-    json(&w.jobs.list(&tenant.name))
+    json(&w.jobs.table.list(&tenant.name))
 }

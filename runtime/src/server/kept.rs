@@ -17,7 +17,7 @@ pub const EXPIRE_EVERY: Duration = Duration::from_secs(3600);
 /// after a restart.
 pub(super) async fn restore_state(o: &Arc<Owner>, keep_results: Duration) {
     expire_state(o, keep_results).await;
-    match crate::worker::restore::detached_jobs(&o.worker).await {
+    match crate::worker::restore::detached_jobs(&o.jobs).await {
         Ok((0, 0)) => {}
         Ok((results, rerun)) => tracing::info!(results, rerun, "restored kept detached jobs"),
         Err(e) => tracing::error!("cannot restore the kept detached jobs: {e:#}"),
@@ -27,8 +27,8 @@ pub(super) async fn restore_state(o: &Arc<Owner>, keep_results: Duration) {
 /// Forgets old history, and finished detached jobs and submissions older
 /// than `keep_results`.
 async fn expire_state(o: &Arc<Owner>, keep_results: Duration) {
-    let w = &o.worker;
-    w.history.expire();
+    let w = &o.jobs;
+    w.kept.history.expire();
     w.uploaders.expire();
     match crate::worker::detached::expire(w, keep_results).await {
         Ok(0) => {}
@@ -49,7 +49,7 @@ pub(super) async fn keep_state(o: Arc<Owner>, keep_results: Duration) {
     match crate::owner::run::resume_all(&o).await {
         Ok(0) => {}
         Ok(n) => {
-            tracing::info!(submissions = n, state_dir = %o.worker.db.dir().display(), "resumed owned submissions")
+            tracing::info!(submissions = n, state_dir = %o.jobs.kept.db.dir().display(), "resumed owned submissions")
         }
         Err(e) => tracing::error!("cannot resume the owned submissions: {e:#}"),
     }

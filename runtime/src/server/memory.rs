@@ -191,7 +191,7 @@ impl MemoryWorker {
             rand::SeedableRng::seed_from_u64(self.addr.len() as u64);
         let owner = Arc::downgrade(&self.owner);
         crate::gossip::transport::round(
-            &self.worker.gossip,
+            &self.worker.node.gossip,
             self.gossip.as_ref(),
             &mut rng,
             &mut |node| refresh_record(&self.worker, &owner, node),
@@ -213,8 +213,9 @@ impl MemoryWorker {
         self.owner.submissions.stop_all();
         self.worker
             .jobs
+            .table
             .cancel_all(crate::proto::CancelCause::Shutdown, false);
-        self.worker.db.close();
+        self.worker.jobs.kept.db.close();
     }
 }
 

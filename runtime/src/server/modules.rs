@@ -39,15 +39,15 @@ pub async fn put_module(
     // The answer, and the count gossiped, say whether *this tenant* had
     // shown the module before, never whether another had: that would be
     // an oracle on other tenants' modules.
-    let first = w.uploaders.record(hash, &tenant.name);
+    let first = w.jobs.uploaders.record(hash, &tenant.name);
     // Compiled is enough for jobs, but the bytes are kept when sent: a
     // submission this worker owns stores them to hand on to other workers.
-    if w.runner.module_bytes(&hash).is_none() {
-        w.runner.add_module_hashed(hash, body.to_vec());
+    if w.jobs.runner.module_bytes(&hash).is_none() {
+        w.jobs.runner.add_module_hashed(hash, body.to_vec());
     }
     if !first {
         return StatusCode::OK.into_response();
     }
-    w.modules_received.fetch_add(1, Ordering::Relaxed);
+    w.jobs.modules_received.fetch_add(1, Ordering::Relaxed);
     StatusCode::CREATED.into_response()
 }

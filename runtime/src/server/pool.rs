@@ -30,7 +30,7 @@ pub async fn post_gossip(State(w): State<Arc<Worker>>, req: axum::extract::Reque
         Ok(read) => read,
         Err(refusal) => return refusal,
     };
-    match w.gossip.handle(&body) {
+    match w.node.gossip.handle(&body) {
         Ok(reply) => ([(header::CONTENT_TYPE, POSTCARD)], reply).into_response(),
         Err(e @ GossipError::Malformed(_)) => text(StatusCode::BAD_REQUEST, e.to_string()),
         Err(e @ GossipError::Unauthenticated(_)) => text(StatusCode::UNAUTHORIZED, e.to_string()),
@@ -55,7 +55,7 @@ async fn read_gossip(
         .get::<Remote>()
         .map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |r| r.0);
     let trust = req.extensions().get::<Trust>().cloned();
-    let mut stranger = w.budgets.charge(Payer::Address(ip));
+    let mut stranger = w.requests.budgets.charge(Payer::Address(ip));
     let mut body = req.into_body();
     let what = "gossip message";
     let too_large = || {
@@ -73,7 +73,7 @@ async fn read_gossip(
     {
         return Err(refuse_too_large(body, what, GOSSIP_BODY, STRANGER_PACE).await);
     }
-    if !w.gossip.is_keyed() {
+    if !w.node.gossip.is_keyed() {
         let bytes = read_charged(
             w,
             body,
@@ -99,7 +99,7 @@ async fn read_gossip(
             .map_err(|e| over_budget(w, e))?;
         buf.extend_from_slice(&data);
     }
-    let len = match w.gossip.precheck(&buf) {
+    let len = match w.node.gossip.precheck(&buf) {
         Ok(len) => len.unwrap_or(0),
         Err(e @ GossipError::Unauthenticated(_)) => {
             return Err(text(StatusCode::UNAUTHORIZED, e.to_string()));
@@ -113,7 +113,7 @@ async fn read_gossip(
     if let Some(trust) = trust {
         trust.grant();
     }
-    let mut peer = w.budgets.charge(Payer::Peer(ip));
+    let mut peer = w.requests.budgets.charge(Payer::Peer(ip));
     peer.grow(total).map_err(|e| over_budget(w, e))?;
     drop(stranger);
     buf.reserve_exact((total as usize).saturating_sub(buf.len()));
@@ -141,7 +141,7 @@ pub async fn post_backlog(
     >,
 ) -> Response {
     use crate::worker::backlogs::Refused;
-    match w.backlogs.report(&tenant.name, backlog) {
+    match w.node.backlogs.report(&tenant.name, backlog) {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(Refused::Invalid(why)) => text(StatusCode::BAD_REQUEST, why),
         Err(Refused::Full(why)) => text(StatusCode::SERVICE_UNAVAILABLE, why),

@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::config::WorkerConfig;
@@ -17,12 +17,10 @@ use crate::proto::{Advert, CancelCause, PROTOCOL_HEADER, PROTOCOL_VERSION};
 use crate::runner::JobRunner;
 use crate::units::Bytes as Size;
 use crate::worker::admission::{Admission, AdmissionConfig};
+use crate::worker::job_path::{JobPath, Kept};
 use crate::worker::ledger::Ledger;
-use crate::worker::metrics::Metrics;
-use crate::worker::state::Worker;
-use crate::worker::table::JobTable;
+use crate::worker::state::{Node, Requests, Worker};
 use crate::worker::tenants::Tenants;
-use crate::worker::warnings::Warnings;
 
 /// How often a worker refreshes its record in the host's ledger.
 pub const HOST_LEDGER_REFRESH: Duration = Duration::from_millis(250);
@@ -51,17 +49,20 @@ impl RunningWorker {
         // Detached jobs have no request keeping `serve` open: wait for
         // them too, within what is left of the grace.
         let deadline = tokio::time::Instant::now() + self.grace;
-        while self.worker.jobs.active() > 0 && tokio::time::Instant::now() < deadline {
+        while self.worker.jobs.table.active() > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        self.worker.jobs.cancel_all(CancelCause::Shutdown, false);
+        self.worker
+            .jobs
+            .table
+            .cancel_all(CancelCause::Shutdown, false);
         let stop = tokio::time::Instant::now() + Duration::from_secs(5);
-        while self.worker.jobs.active() > 0 && tokio::time::Instant::now() < stop {
+        while self.worker.jobs.table.active() > 0 && tokio::time::Instant::now() < stop {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         self.gossip.abort();
         // What is queued for the state database is committed before exit.
-        self.worker.db.close();
+        self.worker.jobs.kept.db.close();
         result??;
         Ok(())
     }
@@ -98,7 +99,7 @@ pub async fn start(
         config.gossip_interval,
         config.drain_grace,
     );
-    let refused = worker.connections_refused.clone();
+    let refused = worker.requests.connections_refused.clone();
     super::kept::restore_state(&owner, config.keep_results).await;
     let serve = tokio::spawn(serve::serve(
         listener,
@@ -214,11 +215,11 @@ pub(super) fn assemble(
     transport: Option<crate::net::Transport>,
 ) -> anyhow::Result<Assembled> {
     let worker = build_worker(config, addr, transport)?;
-    let owner = crate::owner::Owner::new(worker.clone());
+    let owner = crate::owner::Owner::new(worker.jobs.clone(), worker.node.transport.clone());
     worker.check_sizing();
     worker.check_host_memory();
     let advert = worker.gossip_advert();
-    worker.gossip.lock().set_record(advert);
+    worker.node.gossip.lock().set_record(advert);
     let app = router(worker.clone(), owner.clone(), config.members.clone());
     Ok(Assembled { worker, owner, app })
 }
@@ -263,6 +264,23 @@ fn build_worker(
         Some(dir) => crate::worker::statedb::StateDb::open(dir)?,
         None => crate::worker::statedb::StateDb::temporary(None)?,
     });
+    let kept = Kept {
+        history: crate::worker::history::History::new(db.clone(), config.history_keep),
+        db: db.clone(),
+        max_results: config.max_results,
+        max_stored: config.max_stored,
+    };
+    let jobs = JobPath::new(
+        addr,
+        runner,
+        admission,
+        config.tenants.clone(),
+        files,
+        crate::worker::uploaders::Uploaders::load(db)?,
+        kept,
+        config.lifetime.clone(),
+        config.max_files_back,
+    );
     let key = gossip_key(config)?;
     let transport = match (transport, &config.tls) {
         (Some(given), _) => given,
@@ -270,34 +288,20 @@ fn build_worker(
         (None, None) => crate::net::Transport::new(None, config.insecure_http)?,
     };
     Ok(Arc::new(Worker {
-        addr: addr.to_string(),
-        transport,
-        runner,
-        admission,
-        tenants: config.tenants.clone(),
-        jobs: JobTable::default(),
-        gossip: SharedNode::new(gossip_node(config, addr), key),
-        host_id: sysinfo::System::host_name().unwrap_or_else(|_| "unknown".into()),
-        jobs_run: AtomicU64::new(0),
-        modules_received: AtomicU64::new(0),
-        uploaders: crate::worker::uploaders::Uploaders::load(db.clone())?,
-        max_results: config.max_results,
-        max_stored: config.max_stored,
-        budgets,
-        files,
-        max_files_back: config.max_files_back,
-        draining: AtomicBool::new(false),
-        connections_refused: Default::default(),
-        metrics: Metrics::new(),
-        warnings: Warnings::default(),
-        history: crate::worker::history::History::new(db.clone(), config.history_keep),
-        db,
-        unsent_output: crate::worker::ledger::Shares::new(unsent_share(capacity)),
-        unread_grace: config.unread_grace,
-        compile_turns: Default::default(),
-        backlogs: Default::default(),
-        owned_maps: Default::default(),
-        lifetime: config.lifetime.clone(),
+        jobs: Arc::new(jobs),
+        node: Node {
+            transport,
+            gossip: SharedNode::new(gossip_node(config, addr), key),
+            host_id: sysinfo::System::host_name().unwrap_or_else(|_| "unknown".into()),
+            backlogs: Default::default(),
+            owned_maps: Default::default(),
+        },
+        requests: Requests {
+            budgets,
+            unsent_output: crate::worker::ledger::Shares::new(unsent_share(capacity)),
+            unread_grace: config.unread_grace,
+            connections_refused: Default::default(),
+        },
     }))
 }
 
@@ -358,8 +362,8 @@ fn log_start(config: &WorkerConfig, worker: &Worker) {
         .sandbox
         .max_job_time
         .map(|d| humantime::format_duration(d).to_string());
-    tracing::info!(addr = %worker.addr, slots = config.runner.sandbox.slots.max(1),
-        capacity = %Size(worker.admission.ledger().capacity()),
+    tracing::info!(addr = %worker.jobs.addr, slots = config.runner.sandbox.slots.max(1),
+        capacity = %Size(worker.jobs.admission.ledger().capacity()),
         max_job_time = max_job_time.as_deref().unwrap_or("none"), "worker started");
     match &config.tenants {
         Tenants::Single(_) => {
@@ -391,7 +395,7 @@ fn spawn_gossip(
     let transport = gossip_transport(worker)?;
     let mut last_members = None;
     let rounds = tokio::spawn(run_rounds(
-        worker.gossip.clone(),
+        worker.node.gossip.clone(),
         transport.clone(),
         interval,
         move |node| {
@@ -422,7 +426,7 @@ pub(super) fn gossip_transport(worker: &Worker) -> anyhow::Result<Arc<HttpTransp
     let builder = reqwest::Client::builder()
         .timeout(Duration::from_secs(5))
         .tcp_nodelay(true);
-    let http = worker.transport.client(builder, protocol, None)?;
+    let http = worker.node.transport.client(builder, protocol, None)?;
     Ok(Arc::new(HttpTransport::new(http)))
 }
 
@@ -438,6 +442,7 @@ pub(super) fn refresh_record(
     worker.check_host_memory();
     if let Some(owner) = owner.upgrade() {
         worker
+            .node
             .owned_maps
             .store(owner.submissions.count() as u32, Ordering::Relaxed);
     }
@@ -461,7 +466,7 @@ async fn drain(
     interval: Duration,
     grace: Duration,
 ) {
-    let ends = worker.lifetime.drain_at().map(|at| {
+    let ends = worker.jobs.gate.lifetime.drain_at().map(|at| {
         at.duration_since(std::time::SystemTime::now())
             .unwrap_or_default()
     });
@@ -469,9 +474,9 @@ async fn drain(
         () = shutdown => {}
         () = tokio::time::sleep(ends.unwrap_or(Duration::MAX / 4)), if ends.is_some() => {
             tracing::warn!(
-                batch_job = worker.lifetime.batch_job.as_deref().unwrap_or("-"),
+                batch_job = worker.jobs.gate.lifetime.batch_job.as_deref().unwrap_or("-"),
                 "the batch job lending this worker ends in {}: draining before it does",
-                humantime::format_duration(Duration::from_secs(worker.lifetime.drain_before.as_secs()))
+                humantime::format_duration(Duration::from_secs(worker.jobs.gate.lifetime.drain_before.as_secs()))
             );
         }
     }
@@ -483,9 +488,9 @@ async fn drain(
         );
     }
     tracing::info!(grace = %humantime::format_duration(grace), "shutting down: finishing running jobs, leaving the pool");
-    worker.draining.store(true, Ordering::Relaxed);
+    worker.jobs.gate.drain();
     // Queued jobs first: their clients send them elsewhere at once.
-    let queued = worker.jobs.cancel_all(CancelCause::Shutdown, true);
+    let queued = worker.jobs.table.cancel_all(CancelCause::Shutdown, true);
     if queued > 0 {
         tracing::info!(
             queued,
@@ -494,7 +499,7 @@ async fn drain(
     }
     let farewell_worker = worker.clone();
     let missed = crate::gossip::transport::farewell(
-        &worker.gossip,
+        &worker.node.gossip,
         transport.as_ref(),
         &mut |node: &mut GossipNode<Advert>| node.set_record(farewell_worker.gossip_advert()),
     )
@@ -502,7 +507,7 @@ async fn drain(
     // Peers it missed that are leaving too (their own farewell said so:
     // workers of a pool let go together) need not hear it.
     let someone_to_tell = {
-        let node = worker.gossip.lock();
+        let node = worker.node.gossip.lock();
         missed.iter().any(|addr| {
             !node
                 .state()
@@ -513,7 +518,7 @@ async fn drain(
     let reaper = worker.clone();
     tokio::spawn(async move {
         tokio::time::sleep(grace).await;
-        let n = reaper.jobs.cancel_all(CancelCause::Shutdown, false);
+        let n = reaper.jobs.table.cancel_all(CancelCause::Shutdown, false);
         if n > 0 {
             tracing::warn!(
                 jobs = n,
@@ -544,7 +549,7 @@ fn precompile(w: &Worker, paths: &[std::path::PathBuf]) {
                 continue;
             }
         };
-        match w.runner.precompile(bytes.into()) {
+        match w.jobs.runner.precompile(bytes.into()) {
             Ok((hash, in_children, source)) => tracing::info!(
                 path = %path.display(),
                 module = %hash,

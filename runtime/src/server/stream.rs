@@ -85,9 +85,10 @@ pub async fn post_stream(
     // the job writes it (within its output cap) and given back as sent.
     let (tee, output) = mpsc::unbounded_channel();
     let (events, answer) = mpsc::channel::<(Bytes, u64)>(EVENTS_IN_FLIGHT);
-    let share = w.unsent_output.of(&tenant.name);
+    let share = w.requests.unsent_output.of(&tenant.name);
     let hold = Arc::new(
-        w.admission
+        w.jobs
+            .admission
             .ledger()
             .hold(crate::worker::HoldKind::Output)
             .within(share),
@@ -192,7 +193,11 @@ impl Attached {
                 c.close();
             }
         };
-        let (asked, peer, grace) = (spec.limits.memory.bytes(), w.addr.clone(), w.unread_grace);
+        let (asked, peer, grace) = (
+            spec.limits.memory.bytes(),
+            w.jobs.addr.clone(),
+            w.requests.unread_grace,
+        );
         let queued = std::sync::atomic::AtomicBool::new(false);
         let streams = Streams {
             tee: Some(tee),
@@ -201,7 +206,7 @@ impl Attached {
             hold: Some(hold),
             forward_only: true,
         };
-        let run = jobs::run_attached(&w, &tenant, spec, streams, |id| {
+        let run = jobs::run_attached(&w.jobs, &tenant, spec, streams, |id| {
             queued.store(true, std::sync::atomic::Ordering::Relaxed);
             let _ = admitted_tx.send(id.to_string());
         });
@@ -215,7 +220,7 @@ impl Attached {
                         Ok(false) => return, // the client went: dropping `run` cancels the job
                         Err(_) => {
                             // It stopped reading: dropped, as if it had gone.
-                            w.metrics.refused("unread_stream");
+                            w.jobs.metrics.refused("unread_stream");
                             tracing::warn!(tenant = %tenant.name, "a streamed job's client read nothing for {}: \
                                 its stream is dropped and the job cancelled", humantime::format_duration(grace));
                             drop_stream();
@@ -262,7 +267,7 @@ impl Attached {
             send(&events, &StreamEvent::Done(result), 0).await;
         };
         if tokio::time::timeout(grace, rest).await.is_err() {
-            w.metrics.refused("unread_stream");
+            w.jobs.metrics.refused("unread_stream");
             tracing::debug!("a streamed job's client did not read its output: dropped");
             drop_stream();
         }

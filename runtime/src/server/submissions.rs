@@ -40,7 +40,7 @@ pub async fn post_submission(
     headers: HeaderMap,
     Postcard(spec, _charge, _): Postcard<SubmissionSpec, SubmissionBody>,
 ) -> Response {
-    if w.draining.load(std::sync::atomic::Ordering::Relaxed) {
+    if w.jobs.gate.draining() {
         return text(
             StatusCode::SERVICE_UNAVAILABLE,
             "this worker is shutting down",
@@ -63,7 +63,7 @@ pub async fn list_submissions(
     Extension(o): Extension<Arc<Owner>>,
     Caller(tenant): Caller,
 ) -> Response {
-    match o.submissions.list(&w.addr, tenant.name.clone()).await {
+    match o.submissions.list(&w.jobs.addr, tenant.name.clone()).await {
         Ok(list) => json(&list),
         Err(e) => failed(e),
     }
@@ -77,7 +77,7 @@ pub async fn get_submission(
 ) -> Response {
     match o
         .submissions
-        .info(&w.addr, Some(tenant.name.clone()), &id)
+        .info(&w.jobs.addr, Some(tenant.name.clone()), &id)
         .await
     {
         Ok(Some(info)) => json(&info),
@@ -96,7 +96,7 @@ pub async fn get_results(
     let wait = Duration::from_millis(p.wait_ms);
     match o
         .submissions
-        .results(&w.addr, tenant.name.clone(), &id, p.from, wait)
+        .results(&w.jobs.addr, tenant.name.clone(), &id, p.from, wait)
         .await
     {
         Ok(Some(page)) => postcard(&page),
@@ -136,8 +136,12 @@ pub async fn get_history(
         (false, _) => Some(caller.name.clone()),
     };
     // Without --tenants everyone is the one tenant: its history is all.
-    let tenant = if w.tenants.is_multi() { tenant } else { None };
-    match w.history.query(p.since_ms, tenant).await {
+    let tenant = if w.jobs.tenants.is_multi() {
+        tenant
+    } else {
+        None
+    };
+    match w.jobs.kept.history.query(p.since_ms, tenant).await {
         Ok(rows) => {
             let mut resp = json(&rows);
             resp.headers_mut()

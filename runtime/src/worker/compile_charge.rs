@@ -1,11 +1,11 @@
 //! What a job's compile takes of the host's memory, charged to the ledger
-//! while it runs ([`CompileCharge`]), and how many compiles one tenant may
-//! run at once ([`compile_turns_per_tenant`]).
+//! while it runs ([`CompileCharge`]), once its tenant has a compile turn
+//! (`compile_turns`).
 
 use std::sync::Arc;
 
+use super::job_path::JobPath;
 use super::ledger::HoldKind;
-use super::state::Worker;
 use crate::sandbox::Cancel;
 
 /// The memory a job's module takes to compile, charged to the ledger (a
@@ -19,7 +19,7 @@ use crate::sandbox::Cancel;
 /// child's resident memory, read every [`COMPILE_READING`], when that is
 /// more. Only for a module this worker has not compiled yet, and
 /// one compile of a tenant's at a time per two cores
-/// ([`compile_turns_per_tenant`]): a tenant's burst of new modules waits
+/// (`compile_turns`): a tenant's burst of new modules waits
 /// its turn rather than taking the machine.
 pub(super) struct CompileCharge {
     pub(super) started: Arc<tokio::sync::Notify>,
@@ -30,17 +30,11 @@ pub(super) struct CompileCharge {
 /// memory.
 const COMPILE_READING: std::time::Duration = std::time::Duration::from_millis(20);
 
-/// How many modules one tenant may have compiling at once here: half the
-/// compiles the cache runs at once (one per core), at least one.
-pub fn compile_turns_per_tenant() -> usize {
-    (crate::sandbox::max_compiles() / 2).max(1)
-}
-
 impl CompileCharge {
     /// The charge for `module`'s compile, once `tenant` has a compile turn
     /// (`Err`: the job was cancelled while it waited).
     pub(super) async fn for_module(
-        w: &Arc<Worker>,
+        w: &Arc<JobPath>,
         tenant: &str,
         module: &crate::proto::ModuleHash,
         cancel: &Cancel,
@@ -51,12 +45,7 @@ impl CompileCharge {
         let Some(bytes) = w.runner.module_bytes(module).map(|b| b.len() as u64) else {
             return Ok(None);
         };
-        let turns = w
-            .compile_turns
-            .lock()
-            .entry(tenant.to_string())
-            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(compile_turns_per_tenant())))
-            .clone();
+        let turns = w.compile_turns.of(tenant);
         let turn = tokio::select! {
             biased;
             cause = cancel.cancelled() => return Err(cause),

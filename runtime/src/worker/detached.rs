@@ -9,26 +9,19 @@
 //! start, under the same id (`restore.rs`). A job with shipped directories cannot: the
 //! files are not kept across a restart, so its result says so.
 
-use std::sync::Arc;
-
 use rusqlite::params;
 
+use super::job_path::JobPath;
 use super::refused::Refused;
-use super::state::Worker;
-use super::statedb::now_ms;
+use super::statedb::{StateDb, now_ms};
 use super::tenants::Tenant;
 use crate::proto::JobSpec;
 
 /// Commits a detached job before its id is answered.
-pub async fn keep(
-    w: &Arc<Worker>,
-    id: &str,
-    tenant: &Tenant,
-    spec: &JobSpec,
-) -> Result<(), Refused> {
+pub async fn keep(w: &JobPath, id: &str, tenant: &Tenant, spec: &JobSpec) -> Result<(), Refused> {
     let internal = |e: String| Refused::Internal(format!("cannot keep the detached job: {e}"));
     if let Some(bytes) = w.runner.module_bytes(&spec.module) {
-        let (db, hash) = (w.db.clone(), spec.module);
+        let (db, hash) = (w.kept.db.clone(), spec.module);
         tokio::task::spawn_blocking(move || db.keep_module(&hash, &bytes))
             .await
             .map_err(|e| internal(e.to_string()))?
@@ -41,7 +34,7 @@ pub async fn keep(
         spec.to_stored().map_err(|e| internal(e.to_string()))?,
         now_ms() as i64,
     );
-    w.db.write(move |c| {
+    w.kept.db.write(move |c| {
         let (id, tenant, module, spec, created) = row;
         c.execute(
             "INSERT INTO detached (id, tenant, module, spec, created_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -56,9 +49,9 @@ pub async fn keep(
 /// Records a detached job's result, `encoded` (committed with the next
 /// group), and when it ended; `spec`, the job's spec without its input,
 /// replaces the kept one (the input is not needed once the job has run).
-pub fn ended(w: &Worker, id: &str, encoded: bytes::Bytes, spec: Option<Vec<u8>>) {
+pub fn ended(db: &StateDb, id: &str, encoded: bytes::Bytes, spec: Option<Vec<u8>>) {
     let id = id.to_string();
-    w.db.write_later(move |c| {
+    db.write_later(move |c| {
         c.execute(
             "UPDATE detached SET result = ?1, spec = coalesce(?2, spec), ended_ms = ?3 WHERE id = ?4",
             params![&encoded[..], spec, now_ms() as i64, id],
@@ -70,10 +63,12 @@ pub fn ended(w: &Worker, id: &str, encoded: bytes::Bytes, spec: Option<Vec<u8>>)
 /// Forgets the detached jobs that ended longer than `keep` ago (the
 /// worker's `--keep-results`), in the state database and in the job
 /// table; returns how many.
-pub async fn expire(w: &Worker, keep: std::time::Duration) -> anyhow::Result<usize> {
+pub async fn expire(w: &JobPath, keep: std::time::Duration) -> anyhow::Result<usize> {
     let before = now_ms().saturating_sub(keep.as_millis() as u64) as i64;
-    let ids: Vec<String> =
-        w.db.read(move |c| {
+    let ids: Vec<String> = w
+        .kept
+        .db
+        .read(move |c| {
             let mut stmt = c.prepare("SELECT id FROM detached WHERE ended_ms < ?1")?;
             let rows = stmt.query_map([before], |r| r.get(0))?;
             rows.collect()
@@ -82,13 +77,15 @@ pub async fn expire(w: &Worker, keep: std::time::Duration) -> anyhow::Result<usi
     if ids.is_empty() {
         return Ok(0);
     }
-    w.db.write(move |c| {
-        c.execute("DELETE FROM detached WHERE ended_ms < ?1", [before])
-            .map(drop)
-    })
-    .await?;
+    w.kept
+        .db
+        .write(move |c| {
+            c.execute("DELETE FROM detached WHERE ended_ms < ?1", [before])
+                .map(drop)
+        })
+        .await?;
     for id in &ids {
-        w.jobs.forget_done(id);
+        w.table.forget_done(id);
     }
     Ok(ids.len())
 }
@@ -96,9 +93,9 @@ pub async fn expire(w: &Worker, keep: std::time::Duration) -> anyhow::Result<usi
 /// Forgets a detached job whose result was discarded, returning once that
 /// is committed: the owner is told "discarded" only when a restart cannot
 /// bring the job back.
-pub async fn discarded(w: &Worker, id: &str) -> anyhow::Result<()> {
+pub async fn discarded(db: &StateDb, id: &str) -> anyhow::Result<()> {
     let id = id.to_string();
-    w.db.write(move |c| {
+    db.write(move |c| {
         c.execute("DELETE FROM detached WHERE id = ?1", [id])
             .map(drop)
     })

@@ -24,9 +24,9 @@ use super::admission::{NotAdmitted, Queued};
 use super::compile_charge::CompileCharge;
 use super::fairshare::JobUsage;
 use super::filestore::TreePins;
+use super::job_path::JobPath;
 use super::ledger::{Hold, HoldKind};
 use super::refused::Refused;
-use super::state::Worker;
 use super::table::{JobState, JobTable};
 use super::tenants::Tenant;
 use super::trees::{self, Mounted};
@@ -72,7 +72,7 @@ pub struct Streams {
 /// id as soon as it is queued. Dropping the future cancels the job (its
 /// client went away).
 pub async fn run_attached(
-    w: &Arc<Worker>,
+    w: &Arc<JobPath>,
     tenant: &Arc<Tenant>,
     spec: JobSpec,
     streams: Streams,
@@ -81,10 +81,10 @@ pub async fn run_attached(
     let (queued, pins) = admit(w, tenant, &spec)?;
     let cancel = Cancel::new();
     let id = w
-        .jobs
+        .table
         .insert(&tenant.name, spec.limits.memory.bytes(), cancel.clone());
     let _forget = Forget {
-        table: &w.jobs,
+        table: &w.table,
         id: id.clone(),
     };
     on_id(&id);
@@ -116,18 +116,18 @@ pub async fn run_attached(
 /// until taken. Refusals that are known at once (the queue is full, it can
 /// never fit) are returned now, so the client can go elsewhere.
 pub async fn submit_detached(
-    w: &Arc<Worker>,
+    w: &Arc<JobPath>,
     tenant: &Arc<Tenant>,
     spec: JobSpec,
 ) -> Result<String, Refused> {
-    let held = w.jobs.held_bytes(&tenant.name);
-    if held >= w.max_results {
+    let held = w.table.held_bytes(&tenant.name);
+    if held >= w.kept.max_results {
         w.metrics.refused("results_held");
         return Err(Refused::Busy(format!(
             "this worker holds {} of your finished jobs' results (its --max-results is {}): \
              read them (GET /v1/jobs/ID) and discard them (DELETE /v1/jobs/ID, or peerwasm cancel ID)",
             Size(held),
-            Size(w.max_results)
+            Size(w.kept.max_results)
         )));
     }
     if spec.trees.iter().any(|t| !t.read_only) {
@@ -137,7 +137,8 @@ pub async fn submit_detached(
         ));
     }
     super::stored::check(
-        w,
+        &w.kept,
+        &w.metrics,
         &tenant.name,
         spec.encoded_len() + super::stored::ROW_BYTES,
         "detached job",
@@ -153,7 +154,7 @@ pub async fn submit_detached(
 
 /// Queues a kept detached job again under its id (after a restart).
 pub(crate) fn start_detached(
-    w: &Arc<Worker>,
+    w: &Arc<JobPath>,
     tenant: &Arc<Tenant>,
     spec: JobSpec,
     id: &str,
@@ -164,7 +165,7 @@ pub(crate) fn start_detached(
 }
 
 fn spawn_detached(
-    w: &Arc<Worker>,
+    w: &Arc<JobPath>,
     tenant: &Arc<Tenant>,
     mut spec: JobSpec,
     queued: Queued,
@@ -177,10 +178,10 @@ fn spawn_detached(
     spec.stdin = stdin;
     let cancel = Cancel::new();
     let asked = spec.limits.memory.bytes();
-    w.jobs
+    w.table
         .insert_with_id(id, &tenant.name, asked, cancel.clone());
     let live = LiveOutput::default();
-    w.jobs.set_live(id, live.clone());
+    w.table.set_live(id, live.clone());
     let (w, tenant, id2) = (w.clone(), tenant.clone(), id.to_string());
     tokio::spawn(async move {
         // Held (and counted against the worker's memory) until the result
@@ -225,9 +226,9 @@ fn spawn_detached(
                 cause: CancelCause::Shutdown
             }
         ) {
-            super::detached::ended(&w, &id2, done.encoded.clone(), ran);
+            super::detached::ended(&w.kept.db, &id2, done.encoded.clone(), ran);
         }
-        w.jobs.set_done(&id2, done, hold);
+        w.table.set_done(&id2, done, hold);
     });
 }
 
@@ -240,7 +241,7 @@ pub struct Pins {
 
 /// The checks made before a job is queued, then its place in the queue,
 /// with its module and its trees' files pinned until the job is done.
-fn admit(w: &Worker, tenant: &Arc<Tenant>, spec: &JobSpec) -> Result<(Queued, Pins), Refused> {
+fn admit(w: &JobPath, tenant: &Arc<Tenant>, spec: &JobSpec) -> Result<(Queued, Pins), Refused> {
     check(w, tenant, spec)?;
     let trees = match spec.trees.is_empty() {
         true => None,
@@ -265,7 +266,7 @@ fn admit(w: &Worker, tenant: &Arc<Tenant>, spec: &JobSpec) -> Result<(Queued, Pi
 /// host directories, a time limit this worker allows, not draining, the
 /// module known — and, with tenants, shown by this tenant (a 404 asks its
 /// client to upload it, which proves it has the bytes).
-fn check(w: &Worker, tenant: &Tenant, spec: &JobSpec) -> Result<(), Refused> {
+fn check(w: &JobPath, tenant: &Tenant, spec: &JobSpec) -> Result<(), Refused> {
     if spec.stdin.len() as u64 > MAX_INPUT_BYTES {
         return Err(Refused::InputTooLarge(format!(
             "the job's input is {}; inputs may be at most {}",
@@ -293,12 +294,13 @@ fn check(w: &Worker, tenant: &Tenant, spec: &JobSpec) -> Result<(), Refused> {
             humantime::format_duration(max)
         )));
     }
-    if w.draining.load(Ordering::Relaxed) {
+    if w.gate.draining() {
         w.metrics.refused("draining");
         return Err(Refused::Busy("this worker is shutting down".into()));
     }
     if let Some(asked) = spec.limits.timeout_ms
         && let Some(why) = w
+            .gate
             .lifetime
             .refuses(Duration::from_millis(asked), std::time::SystemTime::now())
     {
@@ -341,7 +343,7 @@ fn check_guest_paths(spec: &JobSpec) -> Result<(), Refused> {
 
 /// `largest` in words, saying so when it is what the machine has for jobs
 /// less a job's native memory (in a cgroup of 1 GiB, jobs of 1012 MiB).
-fn at_most(w: &Worker, largest: u64) -> String {
+fn at_most(w: &JobPath, largest: u64) -> String {
     let ledger = w.admission.ledger();
     if largest == ledger.largest_job() && largest < ledger.capacity() {
         format!(
@@ -357,7 +359,7 @@ fn at_most(w: &Worker, largest: u64) -> String {
 
 /// An admission refusal as the job's refusal: counted, and a warning for
 /// the operator when someone wants more memory than this worker lends.
-fn not_admitted(w: &Worker, r: NotAdmitted) -> Refused {
+fn not_admitted(w: &JobPath, r: NotAdmitted) -> Refused {
     match r {
         NotAdmitted::NeverFits { requested, largest } => {
             w.metrics.refused("never_fits");
@@ -402,7 +404,7 @@ async fn run_queued(turn: Turn) -> Result<JobResult, Refused> {
 /// A job in the queue, with everything it runs with: what
 /// [`run_queued`] hands to the runner's slot threads.
 struct Turn {
-    w: Arc<Worker>,
+    w: Arc<JobPath>,
     tenant: Arc<Tenant>,
     /// Its id in the job table.
     id: String,
@@ -442,7 +444,7 @@ async fn in_turn(turn: Turn) -> Result<JobResult, Refused> {
         }
         ticket = queued.ticket() => ticket.map_err(|r| not_admitted(&w, r))?,
     };
-    w.jobs.set(&id, JobState::Running);
+    w.table.set(&id, JobState::Running);
     let (module, tag) = (spec.module, spec.tag.take());
     let streams_forwarded = streams.forward_only;
     let held = Instant::now();
@@ -506,7 +508,7 @@ async fn in_turn(turn: Turn) -> Result<JobResult, Refused> {
         },
     );
     w.metrics.job_ended(&ticket.tenant().name, &result);
-    w.history.record(
+    w.kept.history.record(
         &ticket.tenant().name,
         &module,
         tag.as_ref(),
@@ -525,7 +527,7 @@ async fn in_turn(turn: Turn) -> Result<JobResult, Refused> {
 /// Lays out the job's trees, if it has any, on a blocking thread (their
 /// files stay pinned by `pins` until the job is done).
 async fn mount_trees(
-    w: &Arc<Worker>,
+    w: &Arc<JobPath>,
     pins: &Pins,
     spec: &JobSpec,
 ) -> Result<Option<Mounted>, String> {
@@ -552,7 +554,7 @@ async fn mount_trees(
 /// Reads back what the job wrote into its writable trees (held against
 /// the worker's memory with its output), into its result.
 async fn send_files_back(
-    w: &Arc<Worker>,
+    w: &Arc<JobPath>,
     mounted: Mounted,
     hold: &Arc<Hold>,
     result: &mut JobResult,

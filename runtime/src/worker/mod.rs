@@ -17,10 +17,14 @@
 //!   restarts;
 //! * `budget` — what requests make the worker hold (bodies, waiting
 //!   specs, manifests), charged to who sent them and to the ledger;
+//! * `job_path` — what a job needs of its worker, from its checks to its
+//!   result: the handle the job path, the detached jobs and the owner take,
+//!   not the whole worker;
 //! * `jobs` — a job's life: checks, admission, the run, charging,
 //!   cancelling;
 //! * `compile_charge` — what a job's compile takes of the host's memory,
-//!   charged while it runs, and each tenant's compile turns;
+//!   charged while it runs;
+//! * `compile_turns` — how many modules one tenant may compile at once;
 //! * `table` — the jobs a worker holds, by id, with their cancel handles;
 //! * `admission` — slots, memory and per-tenant queues;
 //! * `ledger` — the host memory ledger (smartmem, exact);
@@ -31,8 +35,9 @@
 //! * `fairshare` — decayed dominant-resource usage (smartshare) and
 //!   accounts;
 //! * `tenants` — who may submit (`--tenants`), with weights and limits;
-//! * `state` — what a running worker holds and derives (its advert,
-//!   metrics, the pool's usage), shared by the HTTP edge and gossip;
+//! * `state` — what a running worker holds (its job path, its place in the
+//!   pool, what requests may hold) and derives (its advert, metrics, the
+//!   pool's usage), shared by the HTTP edge and gossip;
 //! * `statedb` — the state database (SQLite, WAL) in `--state-dir`:
 //!   what outlives the process, committed in groups by one writer thread;
 //! * `stored` — what each tenant keeps in the state database
@@ -50,9 +55,8 @@
 //! * `metrics` — `GET /metrics` in Prometheus' text format.
 //!
 //! Arrows point one way (no file imports one that imports it back):
-//! `restore` uses `jobs` and `state`; `jobs` uses `state`, `table`,
-//! `detached`, admission and the runner; `state` uses `table`, admission
-//! and the runner; admission, the ledger, fair share and tenants import
+//! `restore` uses `jobs` and `job_path`; `jobs` uses `job_path`, `table`,
+//! `detached`, admission and the runner; `state` uses `job_path`; admission, the ledger, fair share and tenants import
 //! nothing of HTTP.
 
 pub(crate) mod admission;
@@ -60,11 +64,13 @@ pub(crate) mod backlogs;
 pub(crate) mod budget;
 pub(crate) mod cgroup;
 pub(crate) mod compile_charge;
+pub(crate) mod compile_turns;
 pub(crate) mod detached;
 pub(crate) mod fairshare;
 pub(crate) mod filestore;
 pub(crate) mod history;
 pub(crate) mod hostledger;
+pub(crate) mod job_path;
 pub(crate) mod jobs;
 pub(crate) mod layouts;
 pub(crate) mod ledger;

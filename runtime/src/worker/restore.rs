@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::detached;
-use super::state::Worker;
+use super::job_path::JobPath;
 use super::table::Finished;
 use crate::proto::{JobResult, JobSpec, Outcome};
 
@@ -13,11 +13,12 @@ use crate::proto::{JobResult, JobSpec, Outcome};
 /// job table, unfinished jobs into their queues. Returns how many of each.
 /// Read a page at a time, so a large state database is not all in memory
 /// at once.
-pub async fn detached_jobs(w: &Arc<Worker>) -> anyhow::Result<(usize, usize)> {
+pub async fn detached_jobs(w: &Arc<JobPath>) -> anyhow::Result<(usize, usize)> {
     type Row = (i64, String, String, Vec<u8>, Option<Vec<u8>>);
     let (mut results, mut rerun, mut after) = (0, 0, 0i64);
     loop {
         let rows: Vec<Row> = w
+            .kept
             .db
             .read(move |c| {
                 let mut stmt = c.prepare_cached(
@@ -47,7 +48,7 @@ const PAGE: i64 = 256;
 /// it cannot run again), `Some(false)` queued to run again, `None` left in
 /// the database as it is.
 fn restore_one(
-    w: &Arc<Worker>,
+    w: &Arc<JobPath>,
     id: &str,
     tenant_name: &str,
     spec: &[u8],
@@ -67,7 +68,7 @@ fn restore_one(
         let mut r = JobResult::never_ran(asked, Outcome::Rejected { reason });
         r.peer = w.addr.clone();
         let done = Finished::of(&r);
-        detached::ended(w, id, done.encoded.clone(), None);
+        detached::ended(&w.kept.db, id, done.encoded.clone(), None);
         done
     };
     let done = match result.map(postcard::from_bytes::<JobResult>) {
@@ -85,7 +86,7 @@ fn restore_one(
         return Some(true);
     }
     if !w.runner.has_module(&spec.module) {
-        match std::fs::read(w.db.module_path(&spec.module)) {
+        match std::fs::read(w.kept.db.module_path(&spec.module)) {
             Ok(bytes) => w.runner.add_module_hashed(spec.module, bytes),
             Err(e) => {
                 let done = never_ran(format!(
@@ -109,8 +110,8 @@ fn restore_one(
 }
 
 /// Puts a kept result into the job table, its bytes held.
-fn put_done(w: &Worker, id: &str, tenant: &str, memory_bytes: u64, done: Finished) {
+fn put_done(w: &JobPath, id: &str, tenant: &str, memory_bytes: u64, done: Finished) {
     let hold = Arc::new(w.admission.ledger().hold(super::ledger::HoldKind::Output));
     hold.try_grow(done.encoded.len() as u64, true);
-    w.jobs.insert_done(id, tenant, memory_bytes, done, hold);
+    w.table.insert_done(id, tenant, memory_bytes, done, hold);
 }

@@ -1,78 +1,64 @@
-//! [`Worker`]: what a running `peerwasm worker` holds — the runner, the
-//! ledger and admission, tenants, the job table, gossip, metrics and
-//! warnings — and what it derives from them: its advert, its metrics text,
-//! the pool's usage for fair share, and the operator's warnings. The HTTP
-//! edge (`server/`) and the job lifecycle (`jobs`) share it; it knows nothing
-//! of HTTP.
+//! [`Worker`]: what a running `peerwasm worker` holds, as three handles —
+//! its job path ([`JobPath`]: runner, admission, tenants, the job table,
+//! what tenants keep), its place in the pool ([`Node`]: transport, gossip,
+//! backlogs) and what requests may make it hold ([`Requests`]) — and what
+//! it derives from them: its advert, its metrics text, the pool's usage
+//! for fair share, and the operator's warnings. The HTTP edge (`server/`)
+//! holds the whole; the job's life (`jobs`), the detached jobs and the
+//! owner take only the job path. It knows nothing of HTTP.
 
 use std::sync::Arc;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::admission::Admission;
 use super::fairshare::{PoolSize, Usage};
-use super::metrics::Metrics;
-use super::table::JobTable;
-use super::tenants::{Sees, Tenants};
-use super::warnings::{WarningKind, Warnings};
+use super::job_path::JobPath;
+use super::tenants::Sees;
+use super::warnings::WarningKind;
 use crate::gossip::PeerView;
 use crate::gossip::transport::SharedNode;
 use crate::gossip::{GossipNode, Liveness};
 use crate::proto::Advert;
-use crate::runner::JobRunner;
 use crate::units::Bytes as Size;
 
-/// What a running worker holds, shared by every request and by gossip.
+/// What a running worker holds, shared by every request and by gossip:
+/// its job path, its place in the pool, and what requests may make it hold.
 pub struct Worker {
-    pub(crate) addr: String,
+    /// What a job needs, from its checks to its result.
+    pub(crate) jobs: Arc<JobPath>,
+    /// The worker as a member of the pool.
+    pub(crate) node: Node,
+    /// What requests may make it hold, and how long a reader may stall.
+    pub(crate) requests: Requests,
+}
+
+/// A worker as a member of the pool: how it reaches its peers, its gossip,
+/// and what it tells them beyond its jobs.
+pub struct Node {
     /// How this worker reaches its peers (gossip, the jobs of maps it
     /// owns): TLS with the pool's CA, or plain HTTP.
     pub(crate) transport: crate::net::Transport,
-    pub(crate) runner: JobRunner,
-    pub(crate) admission: Arc<Admission>,
-    pub(crate) tenants: Tenants,
-    pub(crate) jobs: JobTable,
     pub(crate) gossip: Arc<SharedNode<Advert>>,
+    /// The machine's name, in the advert.
     pub(crate) host_id: String,
-    pub(crate) jobs_run: AtomicU64,
-    pub(crate) modules_received: AtomicU64,
-    /// Which tenants proved they have each module (by uploading it).
-    pub(crate) uploaders: super::uploaders::Uploaders,
-    /// Bytes of detached results one tenant may hold (`--max-results`).
-    pub(crate) max_results: u64,
-    /// Bytes of submissions one tenant may keep (`--max-stored`).
-    pub(crate) max_stored: u64,
-    /// What requests make the worker hold, charged to who sent them.
+    /// The maps that report their backlog here (gossiped in the advert).
+    pub(crate) backlogs: super::backlogs::Backlogs,
+    /// Detached maps its owner runs now (set by the gossip rounds).
+    pub(crate) owned_maps: std::sync::atomic::AtomicU32,
+}
+
+/// What requests may make a worker hold, charged to who sent them.
+pub struct Requests {
+    /// Bodies, waiting specs and manifests, per payer.
     pub(crate) budgets: Arc<super::budget::RequestBudgets>,
-    /// Files of shipped trees (`--file-store`).
-    pub(crate) files: Arc<super::filestore::FileStore>,
-    /// The most bytes of files a job sends back (`--max-files-back`).
-    pub(crate) max_files_back: u64,
-    pub(crate) draining: AtomicBool,
-    /// Connections closed because `--max-connections` were open.
-    pub(crate) connections_refused: Arc<AtomicU64>,
-    pub(crate) metrics: Metrics,
-    pub(crate) warnings: Warnings,
-    /// The jobs it ran.
-    pub(crate) history: super::history::History,
-    /// The state database (`--state-dir`): history, detached jobs, and
-    /// the submissions its owner keeps (`crate::owner`).
-    pub(crate) db: Arc<super::statedb::StateDb>,
     /// What each tenant's streamed jobs may hold of output their clients
     /// have not read (`server::stream`).
     pub(crate) unsent_output: super::ledger::Shares,
     /// How long a stream may take nothing before it is dropped
     /// (`--unread-grace`).
     pub(crate) unread_grace: std::time::Duration,
-    /// The maps that report their backlog here (gossiped in the advert).
-    pub(crate) backlogs: super::backlogs::Backlogs,
-    /// Detached maps its owner runs now (set by the gossip rounds).
-    pub(crate) owned_maps: std::sync::atomic::AtomicU32,
-    /// The batch-system job it runs in, and when that ends it.
-    pub(crate) lifetime: super::lifetime::Lifetime,
-    /// Each tenant's compile turns (`compile_charge::compile_turns_per_tenant`).
-    pub(crate) compile_turns:
-        parking_lot::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>>,
+    /// Connections closed because `--max-connections` were open.
+    pub(crate) connections_refused: Arc<AtomicU64>,
 }
 
 impl Worker {
@@ -81,8 +67,8 @@ impl Worker {
     /// anyone who reaches the port may ask for it.
     pub(crate) fn gossip_advert(&self) -> Advert {
         let mut advert = self.advert();
-        if !self.gossip.is_keyed()
-            && let Some(pseudonyms) = self.tenants.pseudonyms()
+        if !self.node.gossip.is_keyed()
+            && let Some(pseudonyms) = self.jobs.tenants.pseudonyms()
         {
             for t in &mut advert.tenants {
                 if let Some(p) = pseudonyms.get(&t.tenant) {
@@ -95,44 +81,45 @@ impl Worker {
 
     /// This worker's advert, fresh.
     pub(crate) fn advert(&self) -> Advert {
-        let snap = self.admission.ledger().snapshot();
-        let view = self.admission.view();
+        let (jobs, node) = (&self.jobs, &self.node);
+        let snap = jobs.admission.ledger().snapshot();
+        let view = jobs.admission.view();
         let (busy, queued) = (view.busy, view.queued);
         Advert {
-            addr: self.addr.clone(),
-            host_id: self.host_id.clone(),
+            addr: jobs.addr.clone(),
+            host_id: node.host_id.clone(),
             capacity_bytes: snap.capacity,
             reserved_bytes: snap.reserved,
             reserved_high_water_bytes: snap.reserved_high_water,
             used_bytes: snap.used,
             host_available_bytes: snap.host_available,
-            largest_fit_bytes: if busy >= self.admission.slots() {
+            largest_fit_bytes: if busy >= jobs.admission.slots() {
                 0
             } else {
-                snap.offer.min(self.admission.largest_job())
+                snap.offer.min(jobs.admission.largest_job())
             },
-            max_job_bytes: Some(self.admission.largest_job()).filter(|&most| most < snap.capacity),
-            slots_total: self.admission.slots(),
+            max_job_bytes: Some(jobs.admission.largest_job()).filter(|&most| most < snap.capacity),
+            slots_total: jobs.admission.slots(),
             slots_busy: busy,
             queue_len: queued,
-            jobs_run: self.jobs_run.load(Ordering::Relaxed),
-            modules_received: self.modules_received.load(Ordering::Relaxed),
-            draining: self.draining.load(Ordering::Relaxed),
-            max_job_time_ms: self
+            jobs_run: jobs.jobs_run.load(Ordering::Relaxed),
+            modules_received: jobs.modules_received.load(Ordering::Relaxed),
+            draining: jobs.gate.draining(),
+            max_job_time_ms: jobs
                 .runner
                 .sandbox()
                 .config()
                 .max_job_time
                 .map(|d| d.as_millis() as u64),
-            gossip_keyed: self.gossip.is_keyed(),
-            multi_tenant: self.tenants.is_multi(),
+            gossip_keyed: node.gossip.is_keyed(),
+            multi_tenant: jobs.tenants.is_multi(),
             tenants: view.tenants,
-            warnings: self.warnings.current(),
-            backlog: self.backlogs.current(),
-            owned_maps: self.owned_maps.load(Ordering::Relaxed),
-            batch_job: self.lifetime.batch_job.clone(),
-            ends_at_ms: self.lifetime.ends_at_ms(),
-            idle_ms: match self.owned_maps.load(Ordering::Relaxed) {
+            warnings: jobs.warnings.current(),
+            backlog: node.backlogs.current(),
+            owned_maps: node.owned_maps.load(Ordering::Relaxed),
+            batch_job: jobs.gate.lifetime.batch_job.clone(),
+            ends_at_ms: jobs.gate.lifetime.ends_at_ms(),
+            idle_ms: match node.owned_maps.load(Ordering::Relaxed) {
                 0 => view
                     .idle_for
                     .map(|d| d.as_millis().min(u128::from(u64::MAX)) as u64),
@@ -143,12 +130,12 @@ impl Worker {
 
     /// Raises the warnings that depend on how memory was sized.
     pub(crate) fn check_sizing(&self) {
-        let ledger = self.admission.ledger();
+        let ledger = self.jobs.admission.ledger();
         let sizing = ledger.sizing();
         if let (Some(cgroup), Some(memory)) = (sizing.cgroup, sizing.requested)
             && cgroup < memory
         {
-            self.warnings.condition(
+            self.jobs.warnings.condition(
                 WarningKind::CgroupBelowMemory,
                 Some(format!(
                     "the cgroup's memory limit {} is lower than --memory {}: jobs get at most {}",
@@ -162,7 +149,7 @@ impl Worker {
         if let Some(memory) = sizing.requested
             && memory > physical_less_reserve
         {
-            self.warnings.condition(
+            self.jobs.warnings.condition(
                 WarningKind::MemoryAbovePhysical,
                 Some(format!("--memory {} is more than physical memory less --reserve ({}): jobs get at most {}", Size(memory), Size(physical_less_reserve), Size(ledger.largest_job()))),
             );
@@ -171,8 +158,8 @@ impl Worker {
 
     /// Raises (or ends) the host-memory-low warning.
     pub(crate) fn check_host_memory(&self) {
-        let snap = self.admission.ledger().snapshot();
-        let reserve = self.admission.ledger().reserve();
+        let snap = self.jobs.admission.ledger().snapshot();
+        let reserve = self.jobs.admission.ledger().reserve();
         let low = (snap.host_available < reserve).then(|| {
             format!(
                 "host available memory {} is below the reserve of {}: no job can start until it frees up",
@@ -180,37 +167,40 @@ impl Worker {
                 Size(reserve)
             )
         });
-        self.warnings.condition(WarningKind::HostMemoryLow, low);
+        self.jobs
+            .warnings
+            .condition(WarningKind::HostMemoryLow, low);
     }
 
     /// The `/metrics` text.
     pub(crate) fn metrics_text(&self) -> String {
+        let (jobs, node) = (&self.jobs, &self.node);
         let advert = self.advert();
-        let queued = self.admission.queued_by_tenant();
-        let g = &self.gossip.stats;
+        let queued = jobs.admission.queued_by_tenant();
+        let g = &node.gossip.stats;
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let now = self.gossip.now_ms();
+        let now = node.gossip.now_ms();
         let (peers, dropped): (Vec<Liveness>, u64) = {
-            let node = self.gossip.lock();
-            let peers = node
+            let gossip = node.gossip.lock();
+            let peers = gossip
                 .state()
                 .iter()
-                .map(|(id, _)| node.liveness(id, now).unwrap_or(Liveness::Alive))
+                .map(|(id, _)| gossip.liveness(id, now).unwrap_or(Liveness::Alive))
                 .collect();
-            (peers, node.dropped())
+            (peers, gossip.dropped())
         };
-        let warnings: Vec<(&'static str, u64)> = self
+        let warnings: Vec<(&'static str, u64)> = jobs
             .warnings
             .counts()
             .into_iter()
             .map(|(k, n)| (k.label(), n))
             .collect();
-        self.metrics.render(&super::metrics::Scrape {
+        jobs.metrics.render(&super::metrics::Scrape {
             advert: &advert,
             queued: &queued,
-            cache: self.runner.sandbox().cache_stats(),
-            module_bytes: self.runner.module_bytes_held(),
-            held_by: self.admission.ledger().snapshot().held_by,
+            cache: jobs.runner.sandbox().cache_stats(),
+            module_bytes: jobs.runner.module_bytes_held(),
+            held_by: jobs.admission.ledger().snapshot().held_by,
             gossip: super::metrics::GossipCounts {
                 rounds: load(&g.rounds),
                 exchanges_ok: load(&g.exchanges_ok),
@@ -222,16 +212,16 @@ impl Worker {
             },
             peers: &peers,
             warnings: &warnings,
-            connections_refused: self.connections_refused.load(Ordering::Relaxed),
+            connections_refused: self.requests.connections_refused.load(Ordering::Relaxed),
             files: {
-                let (received, received_bytes) = self.files.received();
+                let (received, received_bytes) = jobs.files.received();
                 super::metrics::FileStoreCounts {
                     received,
                     received_bytes,
-                    held: self.files.held(),
+                    held: jobs.files.held(),
                 }
             },
-            slot_process_jobs: self.runner.slot_process_jobs(),
+            slot_process_jobs: jobs.runner.slot_process_jobs(),
             backlog: &self.pool_backlog(),
         })
     }
@@ -251,8 +241,8 @@ impl Worker {
     /// Hands the rest of the pool's per-tenant usage to fair share, so
     /// tenants are ranked by what they use across the pool.
     pub(crate) fn learn_pool_usage(&self, node: &GossipNode<Advert>) {
-        let now = self.gossip.now_ms();
-        let names = self.tenants.names();
+        let now = self.node.gossip.now_ms();
+        let names = self.jobs.tenants.names();
         let mut remote: std::collections::HashMap<String, Usage> = Default::default();
         let mut pool = PoolSize {
             slots: 0.0,
@@ -264,7 +254,7 @@ impl Worker {
             }
             pool.slots += s.record.slots_total as f64;
             pool.capacity_gib += s.record.capacity_bytes as f64 / (1u64 << 30) as f64;
-            if s.record.addr == self.addr {
+            if s.record.addr == self.jobs.addr {
                 continue;
             }
             for t in &s.record.tenants {
@@ -274,17 +264,17 @@ impl Worker {
                 u.gib_seconds += t.gib_seconds;
             }
         }
-        self.admission.set_pool_usage(remote, pool);
+        self.jobs.admission.set_pool_usage(remote, pool);
     }
 
     /// The pool as this worker sees it, its own line fresh, showing only
     /// the tenants' usage the caller `sees`.
     pub(crate) fn peer_views(&self, sees: &Sees) -> Vec<PeerView> {
-        let now = self.gossip.now_ms();
-        let node = self.gossip.lock();
+        let now = self.node.gossip.now_ms();
+        let node = self.node.gossip.lock();
         // Sealed gossip is the only way into a keyed node's state: it
         // vouches for every record; an unkeyed one for itself alone.
-        let keyed = self.gossip.is_keyed();
+        let keyed = self.node.gossip.is_keyed();
         let mut views: Vec<PeerView> = node
             .state()
             .iter()
@@ -293,17 +283,17 @@ impl Worker {
                 advert: s.record.clone(),
                 liveness: node.liveness(id, now).unwrap_or(Liveness::Alive),
                 last_heard_ms: node.silent_ms(id, now),
-                vouched: keyed || s.record.addr == self.addr,
+                vouched: keyed || s.record.addr == self.jobs.addr,
             })
             .collect();
         drop(node);
-        for v in views.iter_mut().filter(|v| v.advert.addr == self.addr) {
+        for v in views.iter_mut().filter(|v| v.advert.addr == self.jobs.addr) {
             v.advert = self.advert();
         }
         // A worker that drains has left the pool: it takes no job, and its
         // running ones end with their own requests.
         views.retain(|v| !v.advert.draining);
-        let names = self.tenants.names();
+        let names = self.jobs.tenants.names();
         for v in &mut views {
             for t in &mut v.advert.tenants {
                 if let Some(name) = names.get(&t.tenant) {

@@ -11,8 +11,10 @@
 
 use rusqlite::params;
 
+use super::job_path::Kept;
+use super::metrics::Metrics;
 use super::refused::Refused;
-use super::state::Worker;
+use super::statedb::StateDb;
 use crate::units::Bytes as Size;
 
 /// What one row costs beyond its blobs: ids, keys, index entries, page
@@ -21,10 +23,9 @@ use crate::units::Bytes as Size;
 pub const ROW_BYTES: u64 = 256;
 
 /// The bytes `tenant` keeps in the state database now.
-pub async fn stored_by(w: &Worker, tenant: &str) -> anyhow::Result<u64> {
+pub async fn stored_by(db: &StateDb, tenant: &str) -> anyhow::Result<u64> {
     let tenant = tenant.to_string();
-    let n: i64 = w
-        .db
+    let n: i64 = db
         .read(move |c| {
             c.query_row(
                 "SELECT \
@@ -44,18 +45,24 @@ pub async fn stored_by(w: &Worker, tenant: &str) -> anyhow::Result<u64> {
 }
 
 /// Refuses `adding` more bytes of `tenant`'s past `--max-stored`.
-pub async fn check(w: &Worker, tenant: &str, adding: u64, what: &str) -> Result<(), Refused> {
-    let stored = stored_by(w, tenant)
+pub async fn check(
+    kept: &Kept,
+    metrics: &Metrics,
+    tenant: &str,
+    adding: u64,
+    what: &str,
+) -> Result<(), Refused> {
+    let stored = stored_by(&kept.db, tenant)
         .await
         .map_err(|e| Refused::Internal(format!("{e:#}")))?;
-    if stored.saturating_add(adding) > w.max_stored {
-        w.metrics.refused("stored");
+    if stored.saturating_add(adding) > kept.max_stored {
+        metrics.refused("stored");
         return Err(Refused::Busy(format!(
             "you keep {} in this worker's state database and this {what} adds {}, past its --max-stored of {}: \
              discard finished submissions and detached jobs (peerwasm cancel ID), or wait for them to expire",
             Size(stored),
             Size(adding),
-            Size(w.max_stored)
+            Size(kept.max_stored)
         )));
     }
     Ok(())

@@ -71,8 +71,8 @@ async fn two_workers_hear_each_other_and_a_map_runs_on_both() {
     let outputs: Vec<_> = items.iter().map(|i| i.result.stdout.clone()).collect();
     assert_eq!(outputs, inputs(24));
     let (ran_a, ran_b) = (
-        a.worker().jobs_run.load(Ordering::Relaxed),
-        b.worker().jobs_run.load(Ordering::Relaxed),
+        a.worker().jobs.jobs_run.load(Ordering::Relaxed),
+        b.worker().jobs.jobs_run.load(Ordering::Relaxed),
     );
     assert_eq!(ran_a + ran_b, 24, "each input once");
     assert!(ran_a > 0 && ran_b > 0, "both worked: {ran_a} and {ran_b}");
@@ -100,7 +100,7 @@ async fn a_worker_that_dies_under_a_map_loses_no_input() {
         })
     };
     until("b gets a job", async || {
-        b.worker().jobs_run.load(Ordering::Relaxed) > 0
+        b.worker().jobs.jobs_run.load(Ordering::Relaxed) > 0
     })
     .await;
     b.stop();
