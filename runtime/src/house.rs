@@ -5,7 +5,9 @@
 //! * what the docs name exists: a module path in backticks
 //!   (`worker::admission`), a source file (`owner/run.rs`), a route
 //!   (`/v1/jobs/{id}`) — `cargo doc` checks intra-doc links, this the rest;
-//! * no source file grows past 600 lines without a reason at its top.
+//! * no source file grows past 600 lines without a reason at its top;
+//! * the job's path and the owner take the handle they need
+//!   (`worker::job_path`), never the whole worker (`worker::state`).
 
 /// Bottom up: each may use only those before it. The first nine are
 /// `peerwasm-core`'s.
@@ -375,6 +377,50 @@ fn what_the_docs_name_exists() {
 }
 
 /// The most lines a source file has without saying why at its top.
+/// The files that may hold the whole worker (`worker::state::Worker`):
+/// the file that defines it; above them, `server/` (the HTTP edge serves
+/// it whole, as its router's state).
+const HOLD_THE_WHOLE_WORKER: [&str; 1] = ["worker/state.rs"];
+
+/// The job's path (`worker/`) and the owner (`owner/`) take
+/// `worker::job_path::JobPath` — or less — so that what each can touch is
+/// what its signature names, and a test builds them without a server.
+#[test]
+fn the_job_path_and_the_owner_never_take_the_whole_worker() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut whole = Vec::new();
+    for room in ["worker", "owner"] {
+        for entry in walkdir::WalkDir::new(src.join(room)) {
+            let path = entry.expect("reading src").into_path();
+            let relative = path
+                .strip_prefix(&src)
+                .unwrap()
+                .to_string_lossy()
+                .to_string();
+            if path.extension().is_none_or(|e| e != "rs")
+                || HOLD_THE_WHOLE_WORKER.contains(&relative.as_str())
+            {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            for (n, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or_default();
+                if code.contains("state::Worker")
+                    || code.contains("Arc<Worker>")
+                    || code.contains("&Worker")
+                {
+                    whole.push(format!("{relative}:{}: {}", n + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(
+        whole.is_empty(),
+        "the whole worker taken where its job path is enough:\n{}",
+        whole.join("\n")
+    );
+}
+
 const LONGEST: usize = 600;
 
 #[test]

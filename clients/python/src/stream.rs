@@ -5,11 +5,14 @@
 //! Python does something else with the results it has; its observer sends
 //! each finished item down a channel (in input order, or as it arrives),
 //! and `__next__` waits for the next one with the GIL released, checking
-//! for Ctrl-C every 100 ms. Ctrl-C (or `close`, or the stream being
+//! for Ctrl-C every 100 ms. Results sent and not yet taken count in the
+//! map's window (`MapObserver::unread`): a Python loop slower than the map
+//! holds it at `reorder_window` results, not at every result of the map. Ctrl-C (or `close`, or the stream being
 //! dropped) interrupts the map: nothing more is submitted, what is under
 //! way is cancelled, and the results already in are still handed over
 //! (`rest`), so a caller keeps what was done.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -28,15 +31,24 @@ const REST_WAIT: Duration = Duration::from_secs(5);
 /// Sends each item to the stream; keeps the latest progress for it.
 struct Sender {
     tx: mpsc::UnboundedSender<MapItem>,
+    /// Items sent that Python has not taken: the map waits for them
+    /// past its window (`MapObserver::unread`), so the channel holds at
+    /// most that many, however slowly Python reads.
+    unread: Arc<AtomicUsize>,
     progress: Arc<Mutex<Progress>>,
 }
 
 impl MapObserver for Sender {
     fn result(&mut self, item: MapItem) -> anyhow::Result<()> {
         // The stream gone (dropped by Python): the map stops here.
+        self.unread.fetch_add(1, Ordering::Relaxed);
         self.tx
             .send(item)
             .map_err(|_| anyhow::anyhow!("the map's reader is gone"))
+    }
+
+    fn unread(&self) -> usize {
+        self.unread.load(Ordering::Relaxed)
     }
 
     fn progress(&mut self, p: &Progress) {
@@ -53,6 +65,8 @@ impl MapObserver for Sender {
 #[pyclass(module = "peerwasm")]
 pub struct MapStream {
     rx: mpsc::UnboundedReceiver<MapItem>,
+    /// Items in `rx` (the map's [`Sender`] counts them in).
+    unread: Arc<AtomicUsize>,
     task: Option<tokio::task::JoinHandle<anyhow::Result<MapSummary>>>,
     interrupt: CancellationToken,
     progress: Arc<Mutex<Progress>>,
@@ -81,8 +95,10 @@ impl MapStream {
             total: Some(stdins.len() as u64),
             ..Progress::default()
         }));
+        let unread = Arc::new(AtomicUsize::new(0));
         let mut sender = Sender {
             tx,
+            unread: unread.clone(),
             progress: progress.clone(),
         };
         let task = runtime().spawn(async move {
@@ -90,6 +106,7 @@ impl MapStream {
         });
         MapStream {
             rx,
+            unread,
             task: Some(task),
             interrupt,
             progress,
@@ -150,6 +167,7 @@ impl MapStream {
             self.finish(py)?;
             return Ok(None);
         };
+        self.unread.fetch_sub(1, Ordering::Relaxed);
         let failed = !item.succeeded();
         let result = to_result(py, item.result, item.attempts, Some(item.index))?;
         if failed && !self.keep_going {

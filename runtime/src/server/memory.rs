@@ -41,9 +41,10 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use axum::http;
 use parking_lot::RwLock;
 
+use super::assemble::{Assembled, assemble};
 use super::config::WorkerConfig;
 use super::serve::{Remote, Trust};
-use super::start::{Assembled, assemble, gossip_transport, refresh_record};
+use super::start::{gossip_transport, refresh_record};
 use crate::gossip::transport::HttpTransport;
 use crate::net::Transport;
 use crate::net::exchange::{Exchange, ExchangeFuture};

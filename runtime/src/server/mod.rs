@@ -16,17 +16,20 @@
 //! `config.rs` holds a worker's configuration and its defaults,
 //! `pooldir.rs` a pool joined through a shared directory (key, CA, members),
 //! `controller.rs` the notice of the controller growing it (`peerwasm adapt`),
-//! `router.rs` every route, `start.rs` assembles and starts a worker and
-//! holds the [`RunningWorker`] it gives back, `kept.rs` what it puts back
+//! `router.rs` every route, `assemble.rs` builds a worker and its owner
+//! from its configuration with no socket, `start.rs` binds and starts one
+//! and holds the [`RunningWorker`] it gives back, `kept.rs` what it puts back
 //! at start and forgets as it expires, [`memory`] serves the same
 //! assembled worker without a socket (for tests); this file only names them.
 //!
 //! `serve` accepts connections within limits (a header timeout, a
 //! connection cap), `extract` holds what every request passes through
 //! first (protocol version, tenant, capped body) and `response` how
-//! refusals are answered. The handlers are thin: the job's life is `worker::jobs`, the
-//! worker's state `worker::state`; neither knows HTTP.
+//! refusals are answered. The handlers are thin: the job's life is `worker::jobs` (on
+//! the worker's `worker::job_path`), the worker's state `worker::state`;
+//! neither knows HTTP.
 
+mod assemble;
 mod batch;
 mod extract;
 mod files;
@@ -52,6 +55,7 @@ pub(crate) mod testing;
 
 pub use start::split_host_port;
 
+pub use assemble::HOST_LEDGER_REFRESH;
 pub use config::{
     DEFAULT_DRAIN_GRACE, DEFAULT_GOSSIP_INTERVAL, DEFAULT_KEEP_RESULTS, DEFAULT_MAX_COMPILE_TIME,
     DEFAULT_MAX_JOB_TIME, DEFAULT_MAX_OUTPUT, DEFAULT_MAX_RESULTS, DEFAULT_MAX_STORED,
@@ -62,5 +66,5 @@ pub use serve::{
     DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_PER_ADDRESS_SHARE,
     PRESSED_HEADER_TIMEOUT, Remote, ServeLimits, Trust,
 };
-pub use start::{HOST_LEDGER_REFRESH, RunningWorker, start};
+pub use start::{RunningWorker, start};
 pub use stream::DEFAULT_UNREAD_GRACE;

@@ -30,9 +30,9 @@ pub struct MapConfig {
     /// Added to 3 × the slowest round trip before a job counts as lost.
     /// Default: 10 s.
     pub lost_slack: Duration,
-    /// How far ahead of the next result to write the map may run
-    /// (unordered: how many inputs may be read and not done). Default:
-    /// 10,000 inputs.
+    /// How far ahead of the oldest result its reader has not taken the
+    /// map may run (unordered: how many inputs may be read and not yet
+    /// taken; see [`MapObserver::unread`]). Default: 10,000 inputs.
     pub reorder_window: usize,
     /// Whether results reach the observer in input order (else as they
     /// arrive). Default: true.
@@ -92,6 +92,14 @@ pub trait MapObserver {
     fn progress(&mut self, _progress: &Progress) {}
     /// When an input is submitted again, and why.
     fn retry(&mut self, _index: usize, _why: &str) {}
+    /// How many of the results it was handed its reader has not taken
+    /// yet (a stream read as it goes). The map counts them in its
+    /// `reorder_window`, so a reader slower than the map holds at most
+    /// that many results, not every one: the map waits for it. Default:
+    /// none (every result is taken as it is handed over).
+    fn unread(&self) -> usize {
+        0
+    }
 }
 
 /// Collects the items in order: the simplest observer.

@@ -137,13 +137,15 @@ impl<T: Submitter> MapRun<'_, T> {
     }
 
     /// Whether input `next_index` may be read: ordered, it lies within
-    /// `reorder_window` of the next result to hand over; unordered, fewer
-    /// than `reorder_window` inputs are read and not done.
-    pub(super) fn within_window(&self, next_index: usize) -> bool {
+    /// `reorder_window` of the oldest result its reader has not taken
+    /// (`unread` of those handed over, before the next to hand over);
+    /// unordered, fewer than `reorder_window` inputs are read and not done
+    /// or done and not taken.
+    pub(super) fn within_window(&self, next_index: usize, unread: usize) -> bool {
         if self.config.ordered {
-            next_index < self.next_emit + self.config.reorder_window
+            next_index + unread < self.next_emit + self.config.reorder_window
         } else {
-            self.pending.len() < self.config.reorder_window
+            self.pending.len() + unread < self.config.reorder_window
         }
     }
 }

@@ -295,7 +295,7 @@ impl<'a, T: Submitter> MapRun<'a, T> {
                 while self.staged.len() < lookahead
                     && self.stop.is_none()
                     && !exhausted
-                    && self.within_window(next_index)
+                    && self.within_window(next_index, observer.unread())
                 {
                     let Some(stdin) = inputs.next() else {
                         exhausted = true;

@@ -325,6 +325,61 @@ async fn the_map_runs_at_most_the_reorder_window_ahead_of_its_next_result() {
     );
 }
 
+/// Takes nothing it is handed until `reads_at`, then everything.
+struct SlowReader {
+    reads_at: tokio::time::Instant,
+    items: Vec<MapItem>,
+}
+
+impl MapObserver for SlowReader {
+    fn result(&mut self, item: MapItem) -> anyhow::Result<()> {
+        self.items.push(item);
+        Ok(())
+    }
+
+    fn unread(&self) -> usize {
+        match tokio::time::Instant::now() < self.reads_at {
+            true => self.items.len(),
+            false => 0,
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reader_slower_than_the_map_holds_it_to_the_window_ordered_or_not() {
+    for ordered in [true, false] {
+        let fake = Fake::new(8, |_| ok(10));
+        let config = MapConfig {
+            reorder_window: 4,
+            ordered,
+            ..MapConfig::default()
+        };
+        let mut reader = SlowReader {
+            reads_at: tokio::time::Instant::now() + Duration::from_secs(10),
+            items: Vec::new(),
+        };
+        map(&fake, &job(), inputs(12), &config, &mut reader)
+            .await
+            .unwrap();
+        let mut done: Vec<usize> = reader.items.iter().map(|i| i.index).collect();
+        done.sort();
+        assert_eq!(
+            done,
+            (0..12).collect::<Vec<_>>(),
+            "every input, once the reader reads"
+        );
+        let early = fake
+            .calls()
+            .iter()
+            .filter(|c| c.at < Duration::from_secs(10))
+            .count();
+        assert_eq!(
+            early, 4,
+            "ordered {ordered}: nothing launched past 4 results the reader has not taken"
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_unordered_map_hands_results_over_as_they_arrive_and_a_slow_input_holds_back_nothing() {
     // Input 0 takes 10 s; the rest 10 ms, later ones faster still.
