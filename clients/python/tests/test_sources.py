@@ -124,3 +124,55 @@ def test_a_function_typed_at_the_prompt_runs_and_its_last_definition_is_the_one_
         env,
     )
     assert "RESULT [12, 14]" in shown, shown[-3000:]
+
+
+def test_a_helper_only_an_earlier_sessions_history_defines_is_not_sent(tmp_path):
+    # The prompt loads ~/.python_history, so what was typed in an earlier
+    # session is in the history this one reads: its helper must not travel
+    # (here the function would fail with NameError, and so must it there).
+    (tmp_path / ".python_history").write_text("def helper(x):\n    return x * 100\n")
+    env = dict(os.environ, HOME=str(tmp_path), TERM="dumb")
+    shown = _prompt(
+        [
+            "import peerwasm",
+            "def h(x):",
+            "    return helper(x) + 1",
+            "",
+            "try:",
+            "    print('RESULT', peerwasm.map(h, [1, 2]))",
+            "except Exception as e:",
+            "    print('FAIL' + 'ED', type(e).__name__, str(e)[-300:])",
+            "",
+            "print('DONE')",
+        ],
+        env,
+    )
+    assert "RESULT [" not in shown, shown[-3000:]
+    failed = shown[shown.index("FAILED") :] if "FAILED" in shown else ""
+    assert "NameError" in failed and "helper" in failed, shown[-3000:]
+
+
+def test_a_helper_whose_file_changed_since_it_was_imported_is_refused_not_sent(tmp_path):
+    (tmp_path / "analysis.py").write_text("def helper(x):\n    return x + 1\n\ndef f(x):\n    return helper(x)\n")
+    script = (
+        "import pathlib, sys, peerwasm\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "import analysis\n"
+        "pathlib.Path(sys.argv[1], 'analysis.py').write_text("
+        "'def helper(x):\\n    return x * 1000\\n\\ndef f(x):\\n    return helper(x)\\n')\n"
+        "try:\n"
+        "    print('RESULT', peerwasm.map(analysis.f, [1]))\n"
+        "except TypeError as e:\n"
+        "    print('REFUSED', e)\n"
+    )
+    p = _python(["-c", script, str(tmp_path)])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "RESULT" not in p.stdout, p.stdout
+    assert "REFUSED" in p.stdout and "helper" in p.stdout, p.stdout
+
+
+def test_a_piped_function_calling_an_imported_modules_function_is_found():
+    # Python 3.11 compiles `math.floor(x)` otherwise when `math` is imported
+    # in the same text: the definition is checked in its script's context.
+    script = "import math\nimport peerwasm\n\ndef f(x):\n    return math.floor(x * 2)\n\nprint('RESULT', peerwasm.map(f, [1.3, 2.6]))\n"
+    assert _result(_python([], input=script)) == ["RESULT [2, 5]"]

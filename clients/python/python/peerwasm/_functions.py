@@ -282,19 +282,99 @@ def _definitions(fn, fn_node, extra=()):
     would at run time."""
     defs, order = {}, 0
     for tree in _sources.module_trees(fn):
+        context = _sources.import_context(tree)
         for node in tree.body:
             for name in _defined(node):
-                defs[name] = (order, node)
+                defs.setdefault(name, []).append((order, node, context))
             order += 1
     needed, todo = {}, [*_names_in(fn_node), *extra]
     while todo:
         name = todo.pop()
         if name in needed or name == fn.__name__ or name not in defs:
             continue
-        needed[name] = defs[name]
-        todo.extend(_names_in(defs[name][1]))
+        running = _as_running(fn, name, defs[name])
+        if running is None:
+            continue
+        needed[name] = running[:2]
+        todo.extend(_names_in(running[1]))
     nodes = {id(node): (o, node) for o, node in needed.values()}
     return "\n\n".join(ast.unparse(node) for _, node in sorted(nodes.values(), key=lambda x: x[0]))
+
+
+def _as_running(fn, name, candidates):
+    """Which of `candidates` — the definitions of `name` in `fn`'s module
+    text, oldest first, each `(order, node, the imports of its text)` — is
+    the one `fn` would find now, or None when none
+    should travel. The text can hold definitions that do not run: a
+    prompt's history keeps earlier sessions' lines, and a module's file can
+    change after it was imported. So a name `fn`'s globals do not hold is
+    not sent (the guest then fails as the host would); a function must
+    compile to the very code that runs, and a class's methods to its
+    methods; a function or class that came from elsewhere (an import) is
+    left to its import. Raises TypeError when the running definition of a
+    helper of `fn`'s own is not in the text."""
+    namespace = fn.__globals__
+    if name not in namespace:
+        return None
+    live = namespace[name]
+    target = inspect.unwrap(live) if inspect.isfunction(live) else live
+    ours = getattr(target, "__module__", None) == fn.__module__
+    named = getattr(target, "__name__", None) == name
+    if inspect.isfunction(target) and named:
+        matches = [
+            c for c in candidates
+            if isinstance(c[1], (ast.FunctionDef, ast.AsyncFunctionDef))
+            and _sources.same_code(ast.unparse(c[1]), target, c[2])
+        ]
+    elif inspect.isclass(target) and named:
+        flags = fn.__code__.co_flags & _sources.FUTURE_FLAGS
+        matches = [c for c in candidates if isinstance(c[1], ast.ClassDef) and _same_methods(c[1], target, flags, c[2])]
+    elif inspect.isfunction(target) or inspect.isclass(target):
+        # A wrapper a decorator made, or another function bound to the
+        # name: nothing to check it against; sent as written.
+        return candidates[-1]
+    else:
+        return next((c for c in reversed(candidates) if not isinstance(c[1], _DEFINITIONS)), None)
+    if matches:
+        return matches[-1]
+    if not isinstance(candidates[-1][1], _DEFINITIONS):
+        # Bound last by an assignment (`helper = cache(helper)`), which
+        # cannot be checked: sent as written, as before any check.
+        return candidates[-1]
+    if not ours:
+        return None
+    raise TypeError(
+        f"{fn.__name__} uses {name}, whose source as it runs now cannot be read (the text found defines it "
+        "otherwise: an earlier session's history, or a file changed since it was imported): "
+        "define them in a file, and import it afresh"
+    )
+
+
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _same_methods(node, cls, flags, context):
+    """Whether the class `node` defines is `cls` as it runs: the same name,
+    the same methods, each compiled to `cls`'s own code (compiled within
+    the class, as `super()` needs, after `context`, the imports of its
+    text)."""
+    if node.name != cls.__name__:
+        return False
+    try:
+        module = compile(context + ast.unparse(node), "<class>", "exec", flags=flags, dont_inherit=True)
+    except (SyntaxError, ValueError):
+        return False
+    body = next((c for c in module.co_consts if inspect.iscode(c) and c.co_name == node.name), None)
+    if body is None:
+        return False
+    for code in (c for c in body.co_consts if inspect.iscode(c) and c.co_name.isidentifier()):
+        if code.co_name not in cls.__dict__:
+            return False
+        method = cls.__dict__[code.co_name]
+        method = getattr(method, "__func__", method)
+        if inspect.isfunction(method) and not _sources.alike(code, inspect.unwrap(method).__code__):
+            return False
+    return True
 
 
 def _classes_of(fn, values):

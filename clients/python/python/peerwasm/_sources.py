@@ -38,9 +38,9 @@ import tokenize
 
 # The compiler flags of `from __future__ import …`: a function's code
 # carries those its script was compiled with.
-_FUTURE_FLAGS = 0
+FUTURE_FLAGS = 0
 for _name in __future__.all_feature_names:
-    _FUTURE_FLAGS |= getattr(__future__, _name).compiler_flag
+    FUTURE_FLAGS |= getattr(__future__, _name).compiler_flag
 
 
 def function_source(fn):
@@ -80,24 +80,49 @@ def module_trees(fn):
     return _parsed(_scriptless_texts(fn)) if fn.__module__ == "__main__" else []
 
 
-def same_code(source, fn):
+def same_code(source, fn, context=""):
     """Whether the `def` in `source` compiles to `fn`'s code: the same
-    bytecode, constants and names (line numbers aside)."""
+    bytecode, constants and names (line numbers aside). `context`: the
+    imports of the text it was compiled in (`import_context`), compiled
+    ahead of it as they were then."""
     try:
-        flags = fn.__code__.co_flags & _FUTURE_FLAGS
-        code = compile(source, fn.__code__.co_filename, "exec", flags=flags, dont_inherit=True)
+        flags = fn.__code__.co_flags & FUTURE_FLAGS
+        code = compile(context + source, fn.__code__.co_filename, "exec", flags=flags, dont_inherit=True)
     except (SyntaxError, ValueError):
         return False
-    return any(_alike(c, fn.__code__) for c in code.co_consts if inspect.iscode(c) and c.co_name == fn.__name__)
+    return any(alike(c, fn.__code__) for c in code.co_consts if inspect.iscode(c) and c.co_name == fn.__name__)
 
 
-def _alike(a, b):
+def import_context(tree):
+    """The import statements of `tree`'s module scope (in its `if`, `try`
+    and `with` blocks too; not in functions or classes), as source. A
+    definition taken out of its text compiles as it did in it only with
+    these ahead of it: since Python 3.11 a call on an attribute of an
+    imported module (`math.floor(x)`) compiles otherwise than one on any
+    other name. `from __future__` imports are left out (their flags are
+    given to the compiler apart)."""
+    found, todo = [], list(tree.body)
+    while todo:
+        node = todo.pop(0)
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            if not (isinstance(node, ast.ImportFrom) and node.module == "__future__"):
+                found.append(ast.unparse(node) + "\n")
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            todo.extend(
+                n for n in ast.iter_child_nodes(node) if isinstance(n, (ast.stmt, ast.excepthandler, ast.match_case))
+            )
+    return "".join(found)
+
+
+def alike(a, b):
+    """Whether two code objects are the same code: bytecode, names,
+    constants (nested code compared alike), line numbers aside."""
     if (a.co_code, a.co_names, a.co_varnames, a.co_freevars) != (b.co_code, b.co_names, b.co_varnames, b.co_freevars):
         return False
     if len(a.co_consts) != len(b.co_consts):
         return False
     return all(
-        _alike(x, y) if inspect.iscode(x) and inspect.iscode(y) else type(x) is type(y) and x == y
+        alike(x, y) if inspect.iscode(x) and inspect.iscode(y) else type(x) is type(y) and x == y
         for x, y in zip(a.co_consts, b.co_consts)
     )
 
@@ -121,12 +146,13 @@ def _definition_in(text, fn):
     except (SyntaxError, ValueError):
         return None
     lines = text.splitlines(keepends=True)
+    context = import_context(tree)
     for node in reversed([n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]):
         if node.name != fn.__name__:
             continue
         first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
         source = textwrap.dedent("".join(lines[first - 1 : node.end_lineno]))
-        if same_code(source, fn):
+        if same_code(source, fn, context):
             return source
     return None
 
