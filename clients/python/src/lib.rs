@@ -503,6 +503,14 @@ fn _map_python(
     Ok(MapStream::start(pj.job, inputs, config, target, holds))
 }
 
+/// The directory the client keeps what it made for later runs in
+/// (compiled modules, programs, staged packages): `PEERWASM_CACHE_DIR`,
+/// else the user's cache directory; `None` without one.
+#[pyfunction]
+fn _cache_dir() -> Option<PathBuf> {
+    dirs_cache()
+}
+
 #[pymodule]
 fn _peerwasm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run, m)?)?;
@@ -511,6 +519,7 @@ fn _peerwasm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_run_python, m)?)?;
     m.add_function(wrap_pyfunction!(_map_python, m)?)?;
     m.add_function(wrap_pyfunction!(command::command, m)?)?;
+    m.add_function(wrap_pyfunction!(_cache_dir, m)?)?;
     m.add_class::<Result>()?;
     m.add_class::<MapStream>()?;
     m.add("JobError", m.py().get_type::<JobError>())?;

@@ -137,3 +137,35 @@ def test_a_package_that_plots_gets_matplotlibs_data_too(tmp_path):
     )
     [png] = peerwasm.map(fns.draws_with_a_package, [3], packages=[pkg])
     assert png.startswith(PNG)
+
+
+def test_a_staged_package_is_kept_by_its_content_and_checked_when_found(tmp_path):
+    from peerwasm import _mounts, _peerwasm
+
+    kept = pathlib.Path(_peerwasm._cache_dir()) / "packages"
+    pkg = tmp_path / "tinypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(TINYPKG)
+
+    def staged():
+        m = _mounts.Mounts(packages=[str(pkg)])
+        try:
+            return m.grants[0][0]
+        finally:
+            m.close()
+
+    first = staged()
+    assert pathlib.Path(first).parent == kept, first
+    assert (pathlib.Path(first) / "tinypkg" / "__init__.py").read_text() == TINYPKG, "kept after close"
+    assert staged() == first, "the same content, the same directory: the next map finds its snapshot"
+    # A kept copy changed behind its name is made again.
+    (pathlib.Path(first) / "tinypkg" / "__init__.py").write_text("oops = 1\n")
+    assert staged() == first
+    assert (pathlib.Path(first) / "tinypkg" / "__init__.py").read_text() == TINYPKG
+    # Other content, another directory; no partial copy left behind.
+    (pkg / "__init__.py").write_text(TINYPKG + "X = 2\n")
+    assert staged() != first
+    left = [p.name for p in kept.iterdir() if p.name.startswith(".partial")]
+    assert left == []
+    # The function imports it from the kept copy, as from a fresh one.
+    assert peerwasm.map(fns.uses_tinypkg, [1, 2], packages=[pkg]) == [(3, "tinypkg"), (6, "tinypkg")]

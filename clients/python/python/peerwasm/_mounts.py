@@ -23,17 +23,32 @@ visible to the function.
   holding `__init__.py`), a directory of packages (a `site-packages`) or a
   single module (`.py`). Each goes on the guest's `sys.path`, ahead of the
   sandbox's own packages.
+
+What a package is staged as (an unpacked wheel, a package's directory
+copied to be listable, a module in a directory of its own) is kept in the
+cache (`<cache>/packages/<hash of its content>`), not in a new temporary
+directory per call: the embedded worker's warm starts are keyed by what
+their jobs see, host paths included, so the next map of the same function
+with the same packages starts from its snapshot instead of cold. A kept
+copy is checked against its hash when it is found again, and one unused
+for 14 days is removed when another is made.
 """
 
+import hashlib
 import os
 import posixpath
 import shutil
 import tempfile
+import time
 import zipfile
+
+from . import _peerwasm
 
 # Where the sandbox already has something: never a data directory's place.
 _RESERVED = ("/script", "/usr", "/packages")
 _PACKAGES = "/packages"
+# How long a kept package copy stays unused before it is removed.
+_KEPT_UNUSED_S = 14 * 24 * 3600
 
 
 class Mounts:
@@ -65,9 +80,48 @@ class Mounts:
         self.grants.append((os.path.abspath(host), guest, read_only))
 
     def _stage(self):
-        d = tempfile.mkdtemp(prefix="peerwasm-package-")
+        """A new directory to stage a package in: in the cache's
+        `packages/` (so that `_keep` can rename it into place), else a
+        temporary one."""
+        root = _kept_root()
+        d = None
+        if root is not None:
+            try:
+                d = tempfile.mkdtemp(prefix=".partial-", dir=root)
+            except OSError:
+                d = None
+        if d is None:
+            d = tempfile.mkdtemp(prefix="peerwasm-package-")
         self._staged.append(d)
         return d
+
+    def _keep(self, staged):
+        """Where the staged copy is granted from: the kept copy of the same
+        content in the cache (this one then goes), or this one itself when
+        it cannot be kept (no cache, another filesystem, a full disk); the
+        latter is removed at `close`."""
+        root = _kept_root()
+        if root is None or os.path.dirname(staged) != root:
+            return staged
+        key = _tree_digest(staged)
+        kept = os.path.join(root, key)
+        if os.path.isdir(kept) and _tree_digest(kept) == key:
+            shutil.rmtree(staged, ignore_errors=True)
+            self._staged.remove(staged)
+            os.utime(kept)
+            return kept
+        # Absent, or not what its name says (damaged): made anew.
+        shutil.rmtree(kept, ignore_errors=True)
+        try:
+            os.rename(staged, kept)
+        except OSError:
+            if not os.path.isdir(kept):
+                return staged
+            # Made by another process meanwhile, of the same content.
+            shutil.rmtree(staged, ignore_errors=True)
+        self._staged.remove(staged)
+        _remove_unused(root)
+        return kept
 
     def _package(self, path, guest):
         if path.endswith(".whl"):
@@ -84,12 +138,12 @@ class Mounts:
             with zipfile.ZipFile(path) as whl:
                 # extractall keeps every name inside `staged` (no `..`, no root).
                 whl.extractall(staged)
-            self._grant(staged, guest)
+            self._grant(self._keep(staged), guest)
             self.sys_path.append(guest)
         elif os.path.isfile(path) and path.endswith(".py"):
             staged = self._stage()
             shutil.copy(path, staged)
-            self._grant(staged, guest)
+            self._grant(self._keep(staged), guest)
             self.sys_path.append(guest)
         elif os.path.isdir(path):
             path = os.path.abspath(path)
@@ -103,7 +157,7 @@ class Mounts:
                     os.path.join(staged, os.path.basename(path)),
                     ignore=shutil.ignore_patterns("__pycache__"),
                 )
-                self._grant(staged, guest)
+                self._grant(self._keep(staged), guest)
             else:
                 self._grant(path, guest)
             self.sys_path.append(guest)
@@ -137,6 +191,58 @@ class Mounts:
         for d in self._staged:
             shutil.rmtree(d, ignore_errors=True)
         self._staged = []
+
+
+def _kept_root():
+    """`<cache>/packages`, made private to this user, or None without a
+    cache."""
+    cache = _peerwasm._cache_dir()
+    if cache is None:
+        return None
+    root = os.path.join(cache, "packages")
+    try:
+        os.makedirs(root, mode=0o700, exist_ok=True)
+    except OSError:
+        return None
+    return root
+
+
+def _tree_digest(root):
+    """A hash of the tree under `root`: each file's path, size and bytes,
+    each directory's path, in a fixed order."""
+    h = hashlib.sha256()
+    for base, dirs, names in os.walk(root):
+        dirs.sort()
+        rel = os.path.relpath(base, root)
+        h.update(b"d" + rel.encode("utf-8", "surrogateescape") + b"\0")
+        for name in sorted(names):
+            path = os.path.join(base, name)
+            h.update(b"f" + name.encode("utf-8", "surrogateescape") + b"\0")
+            if os.path.islink(path):
+                h.update(b"l" + os.fsencode(os.readlink(path)) + b"\0")
+                continue
+            h.update(os.path.getsize(path).to_bytes(8, "little"))
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+    return h.hexdigest()[:32]
+
+
+def _remove_unused(root):
+    """Removes kept copies unused for `_KEPT_UNUSED_S` (and partial ones as
+    old, left by a process that died)."""
+    now = time.time()
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            old = now - entry.stat(follow_symlinks=False).st_mtime > _KEPT_UNUSED_S
+        except OSError:
+            continue
+        if old and entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
 
 
 def _as_list(value, name):
