@@ -105,13 +105,16 @@ class Mounts:
             return staged
         key = _tree_digest(staged)
         kept = os.path.join(root, key)
-        if os.path.isdir(kept) and _tree_digest(kept) == key:
-            shutil.rmtree(staged, ignore_errors=True)
-            self._staged.remove(staged)
-            os.utime(kept)
-            return kept
-        # Absent, or not what its name says (damaged): made anew.
-        shutil.rmtree(kept, ignore_errors=True)
+        if os.path.isdir(kept):
+            if _tree_digest(kept) == key:
+                shutil.rmtree(staged, ignore_errors=True)
+                self._staged.remove(staged)
+                os.utime(kept)
+                return kept
+            # Not what its name says (changed in place): made anew. Only
+            # then removed: one that was absent a moment ago may be another
+            # process's, just renamed into place and in use.
+            shutil.rmtree(kept, ignore_errors=True)
         try:
             os.rename(staged, kept)
         except OSError:

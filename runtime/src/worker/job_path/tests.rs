@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 use super::{JobPath, Kept};
 use crate::proto::{JobSpec, Outcome};
 use crate::runner::{JobRunner, RunnerConfig};
+use crate::server::testing::{ECHO, MIB};
 use crate::worker::admission::{Admission, AdmissionConfig};
 use crate::worker::filestore::FileStore;
 use crate::worker::history::History;
@@ -21,20 +22,6 @@ use crate::worker::statedb::StateDb;
 use crate::worker::table::Lookup;
 use crate::worker::tenants::{Tenant, Tenants};
 use crate::worker::uploaders::Uploaders;
-
-const MIB: u64 = 1 << 20;
-
-/// Reads up to 1 KiB of stdin, writes it to stdout.
-const ECHO: &str = r#"(module
-  (import "wasi_snapshot_preview1" "fd_read" (func $read (param i32 i32 i32 i32) (result i32)))
-  (import "wasi_snapshot_preview1" "fd_write" (func $write (param i32 i32 i32 i32) (result i32)))
-  (memory (export "memory") 1)
-  (func (export "_start")
-    (i32.store (i32.const 0) (i32.const 64))
-    (i32.store (i32.const 4) (i32.const 1024))
-    (drop (call $read (i32.const 0) (i32.const 0) (i32.const 1) (i32.const 8)))
-    (i32.store (i32.const 4) (i32.load (i32.const 8)))
-    (drop (call $write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#;
 
 /// A job path of 2 slots and 64 MiB, its scratch, files and state under
 /// `dir`, lent until `lifetime` ends.
