@@ -176,3 +176,23 @@ def test_a_piped_function_calling_an_imported_modules_function_is_found():
     # in the same text: the definition is checked in its script's context.
     script = "import math\nimport peerwasm\n\ndef f(x):\n    return math.floor(x * 2)\n\nprint('RESULT', peerwasm.map(f, [1.3, 2.6]))\n"
     assert _result(_python([], input=script)) == ["RESULT [2, 5]"]
+
+
+def test_a_function_whose_file_changed_since_it_was_imported_is_refused_not_sent(tmp_path):
+    (tmp_path / "analysis.py").write_text("import math\n\ndef f(x):\n    return math.floor(x) + 1\n")
+    script = (
+        "import pathlib, sys, peerwasm\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "import analysis\n"
+        "print('BEFORE', peerwasm.map(analysis.f, [1.5]))\n"
+        "pathlib.Path(sys.argv[1], 'analysis.py').write_text("
+        "'import math\\n\\ndef f(x):\\n    return math.floor(x) * 1000\\n')\n"
+        "try:\n"
+        "    print('RESULT', peerwasm.map(analysis.f, [1.5]))\n"
+        "except TypeError as e:\n"
+        "    print('REFUSED', e)\n"
+    )
+    p = _python(["-c", script, str(tmp_path)])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "BEFORE [2]" in p.stdout and "RESULT" not in p.stdout, p.stdout
+    assert "REFUSED" in p.stdout and "importlib.reload" in p.stdout, p.stdout

@@ -47,9 +47,12 @@ def function_source(fn):
     """The source of `fn`'s `def` (with its decorators), dedented. Raises
     TypeError, saying what to do, when it cannot be found."""
     try:
-        return textwrap.dedent(inspect.getsource(fn))
+        source = textwrap.dedent(inspect.getsource(fn))
     except (OSError, TypeError) as e:
         why = e
+    else:
+        _check_running(source, fn)
+        return source
     for text in _scriptless_texts(fn):
         found = _definition_in(text, fn)
         if found is not None:
@@ -58,6 +61,27 @@ def function_source(fn):
         f"the source of {fn.__name__} cannot be read ({why}): define it in a file, a notebook cell, "
         "or a script (a file, or one piped on stdin to a Python where peerwasm is installed)"
     )
+
+
+def _check_running(source, fn):
+    """Raises TypeError when `source`, read from `fn`'s file (or notebook
+    cell) now, is not the code that runs: the file was edited since it was
+    imported, and the sandbox would run other code than this process. Not
+    checked where the two differ by design or cannot be compared: a
+    decorator's wrapper, a function not at its module's top level, a text
+    that no longer parses."""
+    if hasattr(fn, "__wrapped__") or fn.__qualname__ != fn.__name__:
+        return
+    filename = fn.__code__.co_filename
+    try:
+        tree = ast.parse("".join(linecache.getlines(filename, fn.__globals__)))
+    except (SyntaxError, ValueError):
+        return
+    if not same_code(source, fn, import_context(tree)):
+        raise TypeError(
+            f"the source of {fn.__name__} in {filename} is not the code that runs here (the file changed since "
+            "it was imported): import it afresh (importlib.reload, or restart) and call again"
+        )
 
 
 def module_trees(fn):
