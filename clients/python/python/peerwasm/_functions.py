@@ -304,8 +304,7 @@ def _definitions(fn, fn_node, extra=()):
 def _as_running(fn, name, candidates):
     """Which of `candidates` — the definitions of `name` in `fn`'s module
     text, oldest first, each `(order, node, the imports of its text)` — is
-    the one `fn` would find now, or None when none
-    should travel. The text can hold definitions that do not run: a
+    the one `fn` would find now, or None when none should travel. The text can hold definitions that do not run: a
     prompt's history keeps earlier sessions' lines, and a module's file can
     change after it was imported. So a name `fn`'s globals do not hold is
     not sent (the guest then fails as the host would); a function must
@@ -323,7 +322,7 @@ def _as_running(fn, name, candidates):
     if inspect.isfunction(target) and named:
         matches = [
             c for c in candidates
-            if isinstance(c[1], (ast.FunctionDef, ast.AsyncFunctionDef))
+            if isinstance(c[1], _FUNCTIONS)
             and _sources.same_code(ast.unparse(c[1]), target, c[2])
         ]
     elif inspect.isclass(target) and named:
@@ -350,7 +349,8 @@ def _as_running(fn, name, candidates):
     )
 
 
-_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+_DEFINITIONS = (*_FUNCTIONS, ast.ClassDef)
 
 
 def _same_methods(node, cls, flags, context):
