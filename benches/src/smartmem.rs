@@ -187,10 +187,19 @@ pub(crate) struct Usage {
 
 impl Usage {
     pub(crate) fn of<'r>(results: impl Iterator<Item = &'r peerwasm::proto::JobResult>) -> Usage {
+        Usage::reserving(results.map(|r| (r, None)))
+    }
+
+    /// As [`of`](Self::of), for results that ran under a reserve: the
+    /// worker held the reserve, or the peak when it lent past it.
+    pub(crate) fn reserving<'r>(
+        results: impl Iterator<Item = (&'r peerwasm::proto::JobResult, Option<u64>)>,
+    ) -> Usage {
         let gib_s = |bytes: u64, us: u64| bytes as f64 / (1u64 << 30) as f64 * us as f64 / 1e6;
         let (mut reserved, mut used) = (0.0, 0.0);
-        for r in results {
-            reserved += gib_s(r.memory_limit_bytes, r.wall_time_us);
+        for (r, reserve) in results {
+            let held = reserve.map_or(r.memory_limit_bytes, |v| v.max(r.peak_memory_bytes));
+            reserved += gib_s(held, r.wall_time_us);
             used += gib_s(r.peak_memory_bytes, r.wall_time_us);
         }
         Usage { reserved, used }

@@ -184,7 +184,11 @@ fn run_map(
     );
     Ok(Run {
         makespan,
-        usage: Usage::of(items.iter().map(|i| &i.result)),
+        usage: Usage::reserving(
+            items
+                .iter()
+                .map(|i| (&i.result, i.reserve.map(|r| r.bytes()))),
+        ),
         attempts: items.iter().map(|i| i.attempts as usize).sum(),
         wrong: items.iter().filter(|i| i.attempts > 1).count(),
         peaks: items.iter().map(|i| i.result.peak_memory_bytes).collect(),

@@ -23,6 +23,7 @@ mod map;
 mod observe;
 mod pool;
 mod python;
+mod reserve;
 mod slots;
 mod slurm;
 mod soak;

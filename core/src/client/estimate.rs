@@ -249,6 +249,15 @@ impl MemoryEstimator {
         MemoryRequest::from(self.clamp(raw))
     }
 
+    /// What the worker should reserve for a job of `size` before it
+    /// starts, below its request (its limit): the by-size model's reserve
+    /// ([`Model::reserve`]), clamped; none without such a model. Past it
+    /// the job grows on memory its worker lends.
+    pub fn reserve_for(&self, size: u64) -> Option<MemoryRequest> {
+        let reserve = self.model?.reserve(size)?;
+        Some(MemoryRequest::from(self.clamp(reserve)))
+    }
+
     /// The request for a job of `size` that ran out of memory
     /// (`outgrown`): what the model says such an input may need
     /// ([`Model::retry`]); without a model, twice its limit or what it

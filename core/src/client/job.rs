@@ -280,6 +280,7 @@ impl Job {
             tag: None,
             invoke: self.invoke.clone(),
             warm: self.warm.clone(),
+            memory_reserve: None,
         }
     }
 }

@@ -64,6 +64,12 @@ pub struct JobSpec {
     /// Start from a snapshot of an interpreter made ready once, rather than
     /// from a cold one (see [`WarmStart`]). Default: none.
     pub warm: Option<WarmStart>,
+    /// What the worker reserves before the job starts, if less than its
+    /// limit (a Kubernetes pod's request beside its limit): past it the job
+    /// grows on memory the worker promised no one, or ends out of memory
+    /// ([`JobResult::ran_out_of_lent_memory`]). Default: none, the whole
+    /// limit. Last, so that a spec kept before it existed still decodes.
+    pub memory_reserve: Option<MemoryRequest>,
 }
 
 /// A warm start: how a job of a reactor that keeps an interpreter between
@@ -113,7 +119,25 @@ impl JobSpec {
             tag: None,
             invoke: None,
             warm: None,
+            memory_reserve: None,
         }
+    }
+
+    /// What the worker reserves before the job starts: `memory_reserve`,
+    /// never more than the limit; the limit when no reserve is given.
+    ///
+    /// ```
+    /// use peerwasm_core::proto::{JobSpec, MemoryRequest, ModuleHash};
+    /// let mut spec = JobSpec::new(ModuleHash::of(b"\0asm"));
+    /// spec.limits.memory = MemoryRequest::from(96u64 << 20);
+    /// spec.memory_reserve = Some(MemoryRequest::from(64u64 << 20));
+    /// assert_eq!(spec.reserved().bytes(), 64 << 20);
+    /// spec.memory_reserve = Some(MemoryRequest::from(128u64 << 20));
+    /// assert_eq!(spec.reserved().bytes(), 96 << 20, "never past the limit");
+    /// ```
+    pub fn reserved(&self) -> MemoryRequest {
+        self.memory_reserve
+            .map_or(self.limits.memory, |r| r.min(self.limits.memory))
     }
 }
 
@@ -486,6 +510,16 @@ impl JobResult {
         )
     }
 
+    /// Whether the job ran out of memory below its limit: it ran under a
+    /// reserve ([`JobSpec::memory_reserve`]), grew past it, and the worker
+    /// had nothing left to lend. It may well fit its limit where memory is
+    /// free (reserved whole, say): unlike reaching its limit, this says
+    /// nothing of what it needs beyond `requested`.
+    pub fn ran_out_of_lent_memory(&self) -> bool {
+        matches!(self.outcome, Outcome::MemoryLimitExceeded { limit, .. }
+            if limit < self.memory_limit_bytes)
+    }
+
     /// The result of a job that ended as `outcome` without running (refused,
     /// cancelled in its queue, its module unknown), under a memory limit of
     /// `memory_limit_bytes`.
@@ -535,7 +569,7 @@ pub const PROTOCOL_HEADER: &str = "peerwasm-protocol";
 
 /// The protocol version of this build: bumped when a message's encoding
 /// changes incompatibly (postcard has no field tags to fall back on).
-pub const PROTOCOL_VERSION: &str = "11";
+pub const PROTOCOL_VERSION: &str = "12";
 
 /// The most a job's input (its stdin) may be, in bytes.
 pub const MAX_INPUT_BYTES: u64 = 64 << 20;

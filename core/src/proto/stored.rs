@@ -5,7 +5,8 @@
 //! the `dirs` the wire then carried (always empty: workers refused any),
 //! and without the fields added since (`invoke` after protocol 4, `warm`
 //! after 9) — and is still read, so kept jobs and submissions survive an
-//! upgrade.
+//! upgrade. A spec kept by protocol 11 (`pws1` without `memory_reserve`,
+//! the last field) reads as one with no reserve.
 
 use serde::Deserialize;
 
@@ -45,7 +46,12 @@ impl JobSpec {
     /// worker of protocol 4 to 10 (see the module docs).
     pub fn from_stored(bytes: &[u8]) -> Result<JobSpec, postcard::Error> {
         if let Some(kept) = bytes.strip_prefix(STORED) {
-            return postcard::from_bytes(kept);
+            // Kept before `memory_reserve` (its last field) existed: none.
+            return postcard::from_bytes(kept).or_else(|e| {
+                let mut older = kept.to_vec();
+                older.push(0);
+                postcard::from_bytes(&older).map_err(|_| e)
+            });
         }
         let old: Protocol10 = postcard::from_bytes(bytes).or_else(|e| {
             let mut older = bytes.to_vec();
@@ -69,6 +75,7 @@ impl JobSpec {
             tag: old.tag,
             invoke: old.invoke,
             warm: old.warm,
+            memory_reserve: None,
         })
     }
 }

@@ -107,6 +107,19 @@ fn specs_stored_by_protocol_4_still_decode() {
     .unwrap();
     assert_eq!(JobSpec::from_stored(&v10).unwrap(), now);
     assert_eq!(JobSpec::from_stored(&v10[..v10.len() - 1]).unwrap(), now);
+    // Protocol 11 kept `pws1` and the spec less its last field,
+    // `memory_reserve`: it reads as none.
+    let v11 = now.to_stored().unwrap();
+    assert_eq!(v11.last(), Some(&0), "memory_reserve: None is one 0 byte");
+    assert_eq!(JobSpec::from_stored(&v11[..v11.len() - 1]).unwrap(), now);
+    let reserved = JobSpec {
+        memory_reserve: Some(MemoryRequest::from(3u64 << 20)),
+        ..now
+    };
+    assert_eq!(
+        JobSpec::from_stored(&reserved.to_stored().unwrap()).unwrap(),
+        reserved
+    );
     assert!(
         JobSpec::from_stored(b"\x01").is_err() && JobSpec::from_stored(b"pws1\x01").is_err(),
         "junk is still refused"

@@ -78,6 +78,7 @@ pub use engine::JOB_NATIVE_BYTES;
 #[cfg(test)]
 pub(crate) use engine::code_key;
 pub use job_state::JobState;
+pub use limiter::MemoryLender;
 pub use spec::RunSpec;
 pub use stdin::{StdinFeed, StdinSender};
 pub use stdio::{OutputBudget, OutputCapture, OutputChunk};
@@ -104,6 +105,8 @@ pub struct RunHooks {
     pub tee: Option<UnboundedSender<OutputChunk>>,
     /// Holds the job's current linear memory in bytes while it runs.
     pub memory_meter: Option<Arc<AtomicU64>>,
+    /// Lends the job memory past its reserve; none: the reserve bounds it.
+    pub memory_lender: Option<Arc<dyn MemoryLender>>,
     /// Ends the job early when cancelled (outcome `cancelled`).
     pub cancel: Option<Cancel>,
     /// Host memory the job's buffered output is charged to (a worker's
@@ -315,7 +318,8 @@ impl Sandbox {
         };
         let (deadline, worker_limit) = self.deadline(limits.timeout_ms);
         let bounds = Bounds {
-            limiter: MemoryLimiter::new(limits.memory.bytes()).with_meter(hooks.memory_meter),
+            limiter: MemoryLimiter::of(limits, spec.memory_reserve, hooks.memory_lender)
+                .with_meter(hooks.memory_meter),
             deadline,
             cancel: hooks.cancel.unwrap_or_default(),
         };

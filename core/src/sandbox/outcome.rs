@@ -34,7 +34,7 @@ pub fn classify(
     }
     if let Some(requested) = limiter.refused() {
         return Outcome::MemoryLimitExceeded {
-            limit: limiter.limit(),
+            limit: limiter.refused_at(),
             peak: limiter.peak(),
             requested,
         };

@@ -32,8 +32,13 @@ pub struct RunSpec {
     /// worker's layout of the trees it was shipped.
     pub dirs: Vec<DirGrant>,
     /// What the job may use; on a worker, its memory limit is the
-    /// reservation admission made for it.
+    /// reservation admission made for it, unless it runs under a reserve.
     pub limits: JobLimits,
+    /// What the job may hold without asking, when less than its limit: it
+    /// asks its [`RunHooks::memory_lender`](super::RunHooks) for more
+    /// (see [`JobSpec::memory_reserve`]). None: its whole limit.
+    #[serde(default)]
+    pub memory_reserve: Option<u64>,
     /// The export to call instead of `_start` (`--invoke`).
     pub invoke: Option<String>,
     /// Start from a snapshot of the prelude's state (see [`WarmStart`]).
@@ -55,14 +60,21 @@ impl RunSpec {
         if !spec.trees.is_empty() {
             return Err("the job names shipped trees, which only a remote worker lays out: grant host directories (`dirs`) here".into());
         }
+        // Nothing else shares the embedded worker's memory: no reserve.
         let memory = spec.limits.memory.bytes();
+        let spec = JobSpec {
+            memory_reserve: None,
+            ..spec
+        };
         Ok(RunSpec::resolved(spec, Vec::new(), memory))
     }
 
     /// `spec` as a worker runs it: its trees laid out as `mounted` (host
-    /// directories, after any it was granted), its memory limit
-    /// `memory_bytes` (the reservation).
+    /// directories, after any it was granted), `memory_bytes` reserved for
+    /// it — its limit, or its reserve when it asked for one below its
+    /// limit (the limit is then the spec's).
     pub fn resolved(spec: JobSpec, mounted: Vec<DirGrant>, memory_bytes: u64) -> RunSpec {
+        let under_reserve = spec.memory_reserve.is_some() && spec.reserved() < spec.limits.memory;
         let JobSpec {
             module,
             program_name,
@@ -75,10 +87,16 @@ impl RunSpec {
             tag: _,
             invoke,
             warm,
+            memory_reserve: _,
         } = spec;
         let warm_scope = content_scope(&trees, &dirs);
         dirs.extend(mounted);
-        limits.memory = crate::proto::MemoryRequest::from(memory_bytes);
+        let memory_reserve = if under_reserve {
+            Some(memory_bytes.min(limits.memory.bytes()))
+        } else {
+            limits.memory = crate::proto::MemoryRequest::from(memory_bytes);
+            None
+        };
         RunSpec {
             module,
             program_name,
@@ -87,6 +105,7 @@ impl RunSpec {
             stdin,
             dirs,
             limits,
+            memory_reserve,
             invoke,
             warm,
             warm_scope,

@@ -76,6 +76,7 @@ pub fn results(args: ResultsArgs) -> anyhow::Result<ExitCode> {
                     index: item.index as usize,
                     result: item.result,
                     attempts: item.attempts,
+                    reserve: None,
                 };
                 failed += u64::from(!item.succeeded());
                 written += 1;

@@ -257,7 +257,7 @@ fn admit(w: &JobPath, tenant: &Arc<Tenant>, spec: &JobSpec) -> Result<(Queued, P
     };
     let queued = w
         .admission
-        .enqueue(tenant, spec.limits.memory, spec.encoded_len())
+        .enqueue(tenant, spec.reserved(), spec.encoded_len())
         .map_err(|r| not_admitted(w, r))?;
     Ok((queued, pins))
 }
@@ -449,8 +449,10 @@ async fn in_turn(turn: Turn) -> Result<JobResult, Refused> {
     let streams_forwarded = streams.forward_only;
     let held = Instant::now();
     // The sandbox enforces what the ticket reserved: one number, from
-    // admission to the limiter.
+    // admission to the limiter (the job's reserve, when it runs under one:
+    // its limit is then the spec's, and the ticket's ledger lends the rest).
     let asked = ticket.reservation().bytes();
+    let limit = spec.limits.memory.bytes().max(asked);
     // Cancelled while it waited for a compile turn, it still held its slot:
     // ended as a cancelled job, and accounted as one below.
     let (compile, waited) =
@@ -463,6 +465,7 @@ async fn in_turn(turn: Turn) -> Result<JobResult, Refused> {
         stdin: streams.stdin,
         captures: streams.captures,
         memory_meter: Some(ticket.reservation().meter()),
+        memory_lender: Some(ticket.reservation().lender()),
         cancel: Some(cancel),
         output_budget: Some(hold.clone()),
         started: compile.as_ref().map(|c| c.started.clone()),
@@ -490,7 +493,7 @@ async fn in_turn(turn: Turn) -> Result<JobResult, Refused> {
             }
             result
         }
-        Err(outcome) => JobResult::never_ran(asked, outcome),
+        Err(outcome) => JobResult::never_ran(limit, outcome),
     };
     drop((pins, compile));
     let files: usize = result.files.iter().map(|f| f.contents.len()).sum();
@@ -503,7 +506,7 @@ async fn in_turn(turn: Turn) -> Result<JobResult, Refused> {
             cpu: Duration::from_micros(result.cpu_time_us),
             held: held.elapsed(),
             wall: Duration::from_micros(result.wall_time_us),
-            reserved_bytes: ticket.reservation().bytes(),
+            reserved_bytes: ticket.reservation().with_loans(),
             peak_bytes: result.peak_memory_bytes,
         },
     );
@@ -513,7 +516,7 @@ async fn in_turn(turn: Turn) -> Result<JobResult, Refused> {
         &module,
         tag.as_ref(),
         &result,
-        ticket.reservation().bytes(),
+        ticket.reservation().with_loans(),
         &w.addr,
     );
     // Fair share is charged as the ticket goes, before its slot is

@@ -41,6 +41,13 @@ pub const MIN_OBSERVATIONS: usize = 12;
 /// input in fifty runs twice.
 pub const COVER_QUANTILE: f64 = 0.98;
 
+/// The share of the history the by-size model's *reserve* reaches: what a
+/// job is sure of, while its request (× `cover`) is its limit. Past its
+/// reserve a job grows on memory its worker lends (promised to no one):
+/// the jobs' noises around the line pool on a worker, so each holding
+/// what it uses costs far less than each reserving the top of the noise.
+pub const RESERVE_QUANTILE: f64 = 0.5;
+
 /// Pairs sampled for the Theil–Sen slope (of `n(n−1)/2`).
 const SLOPE_PAIRS: usize = 4096;
 
@@ -98,8 +105,13 @@ pub enum Model {
         slope: f64,
         /// Bytes of peak at size 0.
         intercept: f64,
-        /// The requests' factor over the fit (≥ 1).
+        /// The requests' factor over the fit (≥ 1): the jobs' limits.
         cover: f64,
+        /// The reserves' factor over the fit (≤ `cover`): what each job's
+        /// worker reserves for it before it starts (0 in files saved before
+        /// it existed: the whole request is reserved).
+        #[serde(default)]
+        center: f64,
         /// The largest `peak ÷ fit` seen: a retry asks for at least this.
         worst: f64,
         /// The smallest input it was fitted to: a smaller one asks as this
@@ -146,6 +158,28 @@ impl Model {
         }
     }
 
+    /// What the worker should reserve for an input of `size` bytes before
+    /// it starts, if less than [`request`](Self::request) (whole pages):
+    /// the line × `center`. `None` for a blind model (its request is
+    /// chosen against retries already) or a model saved without a center.
+    pub fn reserve(&self, size: u64) -> Option<u64> {
+        match *self {
+            Model::BySize {
+                slope,
+                intercept,
+                center,
+                smallest,
+                ..
+            } if center > 0.0 => Some(
+                round_to_pages(
+                    (Model::line(slope, intercept, size.max(smallest)) * center).ceil() as u64,
+                )
+                .min(self.request(size)),
+            ),
+            _ => None,
+        }
+    }
+
     /// The request for an input of `size` that ran out of memory
     /// (`outgrown`), when the largest peak known × the margin is `tail`
     /// (`None` before any): never less than [`retry_floor`]; for a by-size
@@ -189,11 +223,17 @@ impl Model {
                 slope,
                 intercept,
                 cover,
+                center,
                 ..
             } => {
                 let sign = if intercept < 0.0 { "−" } else { "+" };
+                let reserve = if center > 0.0 {
+                    format!(", reserve × {center:.2}")
+                } else {
+                    String::new()
+                };
                 format!(
-                    "peak ≈ {slope:.2} × input bytes {sign} {} (requests cover it × {cover:.2})",
+                    "peak ≈ {slope:.2} × input bytes {sign} {} (requests cover it × {cover:.2}{reserve})",
                     mib(intercept.abs())
                 )
             }
@@ -333,6 +373,7 @@ fn fit_by_size(obs: &[Observation]) -> Option<Model> {
         .collect();
     ratios.sort_unstable_by(f64::total_cmp);
     let cover = quantile(&ratios, COVER_QUANTILE).max(1.0);
+    let center = quantile(&ratios, RESERVE_QUANTILE).min(cover);
     let worst = ratios.last().copied().unwrap_or(1.0).max(cover);
     let smallest = obs.iter().map(|o| o.size).min().unwrap_or(0);
     let largest = obs.iter().map(|o| o.size).max().unwrap_or(0);
@@ -340,6 +381,7 @@ fn fit_by_size(obs: &[Observation]) -> Option<Model> {
         slope,
         intercept,
         cover,
+        center,
         worst,
         smallest,
         largest,

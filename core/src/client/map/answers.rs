@@ -8,7 +8,8 @@ use std::time::Duration;
 use super::{MapItem, MapObserver, MapRun, Stopped, input_size};
 use crate::client::errors::SubmitError;
 use crate::client::submitter::Submitter;
-use crate::proto::{JobResult, Outcome};
+use crate::proto::{JobResult, MemoryRequest, Outcome};
+use crate::units::Bytes;
 
 impl<T: Submitter> MapRun<'_, T> {
     pub(super) fn on_answer(
@@ -52,6 +53,24 @@ impl<T: Submitter> MapRun<'_, T> {
         }
         let ceiling = self.estimator.ceiling();
         let retry = match &result.outcome {
+            Outcome::MemoryLimitExceeded {
+                limit, requested, ..
+            } if self.config.mem.is_none() && result.ran_out_of_lent_memory() => {
+                // It did not reach its limit: its worker had nothing more to
+                // lend past its reserve. Nothing is learned of its need; it
+                // runs again with its whole request reserved.
+                p.memory_retries += 1;
+                p.floor = MemoryRequest::from(result.memory_limit_bytes);
+                self.summary.memory_retries += 1;
+                self.summary.lend_retries += 1;
+                Some(format!(
+                    "outgrew its reserve and its worker had no more memory to lend past {} \
+                     (asked for {}); again with {} reserved whole",
+                    Bytes(*limit),
+                    Bytes(*requested),
+                    p.floor
+                ))
+            }
             Outcome::MemoryLimitExceeded {
                 limit, requested, ..
             } if self.config.mem.is_none() && *limit < ceiling => {
@@ -130,6 +149,7 @@ impl<T: Submitter> MapRun<'_, T> {
             index,
             result,
             attempts: p.attempts,
+            reserve: p.reserve,
         };
         if !item.succeeded() {
             s.failed += 1;

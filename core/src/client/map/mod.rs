@@ -136,6 +136,8 @@ struct Pending {
     memory_retries: u32,
     /// The least the next submission asks for (after a memory retry).
     floor: MemoryRequest,
+    /// The reserve its last submission ran under, if any.
+    reserve: Option<MemoryRequest>,
     /// Submissions of it that are neither answered nor given up on.
     live: u32,
 }
@@ -309,6 +311,7 @@ impl<'a, T: Submitter> MapRun<'a, T> {
                             retries_used: 0,
                             memory_retries: 0,
                             floor: MemoryRequest::from(0),
+                            reserve: None,
                             live: 0,
                         },
                     );
@@ -373,14 +376,31 @@ impl<'a, T: Submitter> MapRun<'a, T> {
         }
     }
 
+    /// What the worker should reserve for `index` before it starts, when
+    /// less than its request: the learned reserve for its size, on its
+    /// first attempt only — one that ran out of memory, or out of what its
+    /// worker could lend, runs again with its whole request reserved.
+    fn reserve(&self, index: usize, request: MemoryRequest) -> Option<MemoryRequest> {
+        let p = self.pending.get(&index)?;
+        if self.config.mem.is_some() || p.memory_retries > 0 {
+            return None;
+        }
+        self.estimator
+            .reserve_for(input_size(p))
+            .filter(|&r| r < request)
+    }
+
     fn launch(&mut self, index: usize) {
         let request = self.request(index);
+        let reserve = self.reserve(index, request);
         let Some(p) = self.pending.get_mut(&index) else {
             return;
         };
         p.attempts += 1;
         p.live += 1;
+        p.reserve = reserve;
         let mut spec = self.job.spec(p.stdin.clone(), request);
+        spec.memory_reserve = reserve;
         spec.tag = Some(crate::proto::submission::JobTag {
             submission: self.config.submission.clone().unwrap_or_default(),
             index: index as u64,

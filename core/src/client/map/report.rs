@@ -19,6 +19,11 @@ pub struct MapItem {
     pub result: JobResult,
     /// How many times it was submitted.
     pub attempts: u32,
+    /// The reserve its last run asked its worker for, below its limit
+    /// (`JobSpec::memory_reserve`): the worker held this, or its peak if
+    /// more (lent past it). `None`: its whole limit was reserved — or, for
+    /// a detached map's results, not known.
+    pub reserve: Option<MemoryRequest>,
 }
 
 /// The JSON line `peerwasm map` writes for one input.
@@ -136,6 +141,10 @@ pub struct MapSummary {
     pub failed: u64,
     /// Resubmissions after a memory limit we had estimated.
     pub memory_retries: u64,
+    /// Of those, inputs that outgrew their reserve where their worker had
+    /// no memory left to lend (`JobSpec::memory_reserve`): run again with
+    /// their whole request reserved.
+    pub lend_retries: u64,
     /// Resubmissions after a worker lost the job.
     pub lost: u64,
     /// Resubmissions of failed jobs (`--retries`).
@@ -224,6 +233,13 @@ impl fmt::Display for MapSummary {
         }
         if let Some(model) = &self.learned_model {
             writeln!(f, "memory learned: {}", model.describe())?;
+        }
+        if self.lend_retries > 0 {
+            writeln!(
+                f,
+                "{} of the memory retries outgrew their reserve where the worker had nothing to lend",
+                self.lend_retries
+            )?;
         }
         let peers: Vec<String> = self
             .per_peer

@@ -204,6 +204,15 @@ impl SlotProcesses {
     ) -> JobResult {
         self.jobs.fetch_add(1, Ordering::Relaxed);
         let limit = spec.limits.memory.bytes();
+        // The child cannot ask the worker's ledger as it grows: a job under
+        // a reserve is lent the rest of its limit now if the worker has it,
+        // else runs bounded by its reserve.
+        let mut spec = spec;
+        if let (Some(reserve), Some(lender)) = (spec.memory_reserve, &hooks.memory_lender)
+            && lender.lend(limit.saturating_sub(reserve))
+        {
+            spec.memory_reserve = None;
+        }
         let (deadline, worker_limit) = sandbox.deadline(spec.limits.timeout_ms);
         let (mut child, mut reused) = match self.idle_or_new().await {
             Ok(got) => got,

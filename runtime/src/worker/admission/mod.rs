@@ -415,6 +415,8 @@ impl Admission {
             let now = Instant::now();
             let mut st = self.lock();
             self.refuse_hopeless(&mut st, now);
+            // `pick` holds memory back from loans while a job is overdue.
+            self.ledger.hold_back_from_loans(0);
             while st.busy < self.config.slots && !st.queue.is_empty() {
                 let Step::Start(pos, reservation) = self.pick(&st, now) else {
                     break;
@@ -509,11 +511,16 @@ impl Admission {
         });
         let keep = match held {
             Some((i, w)) => match self.ledger.try_reserve(w.asked) {
-                Some(r) => return Step::Start(i, r),
+                Some(r) => {
+                    self.ledger.hold_back_from_loans(0);
+                    return Step::Start(i, r);
+                }
                 None => w.asked,
             },
             None => 0,
         };
+        // Nor is it lent to running jobs past their reserves meanwhile.
+        self.ledger.hold_back_from_loans(keep);
         for &(t, _) in &tenants {
             for (place, w) in st.queue.waiting(t) {
                 if let Some(r) = self.ledger.try_reserve_beside(w.asked, keep) {

@@ -30,6 +30,7 @@
 
 mod hold;
 mod host;
+mod lend;
 
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -117,6 +118,9 @@ pub struct Ledger {
     /// shrinks), so that jobs waiting for it start at once rather than at
     /// admission's next periodic re-check.
     freed: tokio::sync::Notify,
+    /// Memory admission holds back for a job that has waited too long
+    /// (`Admission::pick`): not lent to running jobs either.
+    kept_back: AtomicU64,
 }
 
 /// This worker's part in the host's ledger (`hostledger.rs`).
@@ -142,9 +146,20 @@ struct State {
     /// Σ holds of each [`HoldKind`] (indexed by it).
     held_by: [u64; HoldKind::ALL.len()],
     high_water: u64,
-    /// Each running job's reservation and the meter of its actual use.
-    jobs: Vec<(u64, u64, Arc<AtomicU64>)>,
+    /// Each running job's reservation.
+    jobs: Vec<Reserved>,
     next_id: u64,
+}
+
+/// One running job's entry: what it holds, grown by what it is lent.
+struct Reserved {
+    id: u64,
+    /// Its limit's part: what it reserved and was lent since.
+    limit: u64,
+    /// `limit` and its native memory: what `State::reserved` counts.
+    total: u64,
+    /// Its actual linear memory, kept by the sandbox.
+    used: Arc<AtomicU64>,
 }
 
 impl hold::Account for Ledger {
@@ -168,14 +183,14 @@ impl hold::Account for Ledger {
     }
 }
 
-/// Memory held for one job — its limit, and what it may take beside
-/// (`LedgerConfig::per_job`); given back when dropped.
+/// Memory held for one job — its limit (or its reserve, when it runs
+/// under one), what it may take beside (`LedgerConfig::per_job`), and
+/// what it was lent past its reserve ([`Reservation::lender`]); given
+/// back when dropped.
 pub struct Reservation {
     ledger: Arc<Ledger>,
     id: u64,
     bytes: u64,
-    /// `bytes` and the job's native memory: what the ledger counts.
-    total: u64,
     meter: Arc<AtomicU64>,
 }
 
@@ -186,7 +201,8 @@ impl Reservation {
         self.meter.clone()
     }
 
-    /// The job's memory limit, as reserved (without its native memory).
+    /// The job's memory as reserved when it was admitted (without its
+    /// native memory, nor what it was lent since).
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
@@ -196,9 +212,11 @@ impl Drop for Reservation {
     fn drop(&mut self) {
         {
             let mut st = self.ledger.lock();
-            st.jobs.retain(|(id, _, _)| *id != self.id);
-            st.reserved -= self.total;
-            st.limits -= self.bytes;
+            if let Some(i) = st.jobs.iter().position(|j| j.id == self.id) {
+                let job = st.jobs.swap_remove(i);
+                st.reserved -= job.total;
+                st.limits -= job.limit;
+            }
         }
         // The other workers of the host see the memory free at once.
         self.ledger.publish();
@@ -243,6 +261,7 @@ impl Ledger {
             host,
             shared: std::sync::OnceLock::new(),
             freed: tokio::sync::Notify::new(),
+            kept_back: AtomicU64::new(0),
         })
     }
 
@@ -309,7 +328,7 @@ impl Ledger {
     fn untouched(st: &State) -> u64 {
         st.jobs
             .iter()
-            .map(|(_, res, used)| res.saturating_sub(used.load(Ordering::Relaxed)))
+            .map(|j| j.total.saturating_sub(j.used.load(Ordering::Relaxed)))
             .sum()
     }
 
@@ -370,18 +389,24 @@ impl Ledger {
     /// available, and what all workers of this domain take stays within
     /// its limit.
     fn offer_locked(&self, st: &State, host_available: u64, others: Others) -> u64 {
+        self.room_beside(st, host_available, others, self.per_job)
+    }
+
+    /// Linear memory that fits now beside `native` bytes of native memory
+    /// (a new job's; none for a loan to a running one).
+    fn room_beside(&self, st: &State, host_available: u64, others: Others, native: u64) -> u64 {
         let untouched = Self::untouched(st).saturating_add(others.untouched);
-        let by_capacity = self.room(st, self.per_job);
+        let by_capacity = self.room(st, native);
         let by_host = host_available
             .saturating_sub(untouched)
             .saturating_sub(self.reserve)
-            .saturating_sub(self.per_job);
+            .saturating_sub(native);
         let by_domain = match self.shared.get() {
             Some(s) => s
                 .domain_limit
                 .saturating_sub(st.reserved + st.held)
                 .saturating_sub(others.taken_in_domain)
-                .saturating_sub(self.per_job),
+                .saturating_sub(native),
             None => u64::MAX,
         };
         by_capacity.min(by_host).min(by_domain)
@@ -401,11 +426,7 @@ impl Ledger {
     pub fn ceiling(&self) -> u64 {
         let available = self.host_available();
         let st = self.lock();
-        let in_use: u64 = st
-            .jobs
-            .iter()
-            .map(|(_, _, used)| used.load(Ordering::Relaxed))
-            .sum();
+        let in_use: u64 = st.jobs.iter().map(|j| j.used.load(Ordering::Relaxed)).sum();
         self.largest_job().min(
             available
                 .saturating_add(in_use)
@@ -475,12 +496,16 @@ impl Ledger {
         let id = st.next_id;
         st.next_id += 1;
         let meter = Arc::new(AtomicU64::new(0));
-        st.jobs.push((id, total, meter.clone()));
+        st.jobs.push(Reserved {
+            id,
+            limit: bytes,
+            total,
+            used: meter.clone(),
+        });
         Some(Reservation {
             ledger: self.clone(),
             id,
             bytes,
-            total,
             meter,
         })
     }
@@ -495,11 +520,7 @@ impl Ledger {
             held: st.held,
             held_by: st.held_by,
             reserved_high_water: st.high_water,
-            used: st
-                .jobs
-                .iter()
-                .map(|(_, _, u)| u.load(Ordering::Relaxed))
-                .sum(),
+            used: st.jobs.iter().map(|j| j.used.load(Ordering::Relaxed)).sum(),
             host_available: available,
             offer: self.offer_locked(&st, available, self.others()),
         }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::sandbox::MemoryLender;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -250,4 +251,44 @@ fn on_this_machine_capacity_is_capped_by_physical_memory_less_the_reserve() {
         ledger.snapshot().host_available > 0,
         "the machine's free memory is read"
     );
+}
+
+/// A job under a reserve is lent only memory promised to no one: what a
+/// new job would be offered (no native memory of its own), less what is
+/// held back for an overdue job; the loan joins its reservation until it
+/// ends, so the ledger never promises more than its capacity.
+#[test]
+fn a_loan_past_the_reserve_takes_only_unpromised_memory_and_ends_with_the_job() {
+    let native = 12 * MIB;
+    let ledger = Ledger::with_host(
+        &LedgerConfig {
+            memory: Some(100 * MIB),
+            reserve: 0,
+            per_job: native,
+        },
+        Box::new(FakeMemory::new(8 * GIB, 8 * GIB)),
+    );
+    let a = ledger.try_reserve(40 * MIB).unwrap();
+    let b = ledger.try_reserve(40 * MIB).unwrap();
+    assert_eq!(ledger.offer(), 20 * MIB);
+    let lend_a = a.lender();
+    assert!(lend_a.lend(15 * MIB), "15 of the 20 MiB nobody holds");
+    assert_eq!((a.bytes(), a.with_loans()), (40 * MIB, 55 * MIB));
+    assert_eq!(ledger.snapshot().reserved, 95 * MIB);
+    assert_eq!(ledger.offer(), 5 * MIB);
+    assert!(!b.lender().lend(6 * MIB), "6 MiB are not there");
+    assert!(b.lender().lend(5 * MIB), "the last 5 are");
+    assert!(!lend_a.lend(1), "nothing left: --memory is never passed");
+    drop(b);
+    // b's reservation and its loan are free again; a's loan is still held.
+    assert_eq!(ledger.snapshot().reserved, 55 * MIB);
+    // Memory held back for a job that waited too long is not lent.
+    ledger.hold_back_from_loans(40 * MIB);
+    assert!(!lend_a.lend(6 * MIB));
+    assert!(lend_a.lend(5 * MIB));
+    ledger.hold_back_from_loans(0);
+    drop(a);
+    assert_eq!(ledger.snapshot().reserved, 0);
+    assert!(!lend_a.lend(MIB), "a job that ended is lent nothing");
+    assert_eq!(ledger.snapshot().reserved, 0);
 }

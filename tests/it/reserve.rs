@@ -1,0 +1,139 @@
+//! Jobs under a memory reserve below their limit (`JobSpec::memory_reserve`):
+//! a real worker lends one memory nobody was promised, never memory another
+//! job holds, and says so when it has none; a map learns the reserves from
+//! the sizes of its inputs and runs every input whole.
+
+use std::time::Duration;
+
+use peerwasm::client::estimate::EstimateStore;
+use peerwasm::client::{Job, MapConfig, MapItem, Target, map};
+use peerwasm::proto::{MemoryRequest, Outcome};
+use rand::{Rng, SeedableRng};
+
+use crate::pool::wait_for;
+use crate::support::{MIB, WorkerProcess};
+
+/// `hold` holding `mib` MiB for `ms`, limit `limit`, under `reserve`.
+fn hold(job: &Job, ms: u64, mib: u64, limit: u64, reserve: Option<u64>) -> peerwasm::JobSpec {
+    let mut spec = job.spec(format!("{ms} {mib}\n").into_bytes(), limit);
+    spec.memory_reserve = reserve.map(MemoryRequest::from);
+    spec
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_grows_past_its_reserve_on_lent_memory_but_never_on_memory_another_holds() {
+    let w = WorkerProcess::start_with("100MiB", 4, None, &["--slot-processes", "never"]);
+    let target = Target::pool(vec![w.addr.clone()]).unwrap();
+    let job = Job::new(peerwasm_testkit::guest_wasm_bytes("hold"));
+
+    // Alone: reserves 20 MiB, is lent what it grows to past them (40 MiB
+    // held, within its limit of 64 MiB).
+    let alone = target
+        .run(&job, hold(&job, 0, 40, 64 * MIB, Some(20 * MIB)))
+        .await
+        .unwrap();
+    assert_eq!(alone.outcome, Outcome::Exited { code: 0 }, "{alone:?}");
+    assert!(alone.peak_memory_bytes > 40 * MIB && alone.peak_memory_bytes <= 64 * MIB);
+    assert_eq!(alone.memory_limit_bytes, 64 * MIB);
+
+    // Beside a job that reserved 64 of the worker's 100 MiB (and holds
+    // 1 MiB of it: the rest is still promised to it), the same job is
+    // admitted on its 20 MiB reserve, then finds 16 MiB to borrow where it
+    // needs ~21: refused below its limit, at what it held.
+    let big = {
+        let (target, job) = (target.clone(), job.clone());
+        let spec = hold(&job, 4000, 1, 64 * MIB, None);
+        tokio::spawn(async move { target.run(&job, spec).await })
+    };
+    wait_for(&w.addr, Duration::from_secs(20), |v| {
+        v.iter().any(|p| p.advert.reserved_bytes >= 64 * MIB)
+    })
+    .await;
+    let squeezed = target
+        .run(&job, hold(&job, 0, 40, 64 * MIB, Some(20 * MIB)))
+        .await
+        .unwrap();
+    let Outcome::MemoryLimitExceeded {
+        limit, requested, ..
+    } = squeezed.outcome
+    else {
+        panic!("expected out of lent memory, got {squeezed:?}");
+    };
+    assert!(squeezed.ran_out_of_lent_memory(), "{squeezed:?}");
+    assert!(
+        (20 * MIB..=36 * MIB).contains(&limit) && requested > limit && requested < 64 * MIB,
+        "held {limit} (reserve 20 MiB, at most the 36 MiB nobody else holds), asked {requested}"
+    );
+    assert!(squeezed.peak_memory_bytes <= 36 * MIB);
+    let big = big.await.unwrap().unwrap();
+    assert_eq!(big.outcome, Outcome::Exited { code: 0 }, "{big:?}");
+
+    // With the big job gone, every loan came back: the same job fits again.
+    let again = target
+        .run(&job, hold(&job, 0, 40, 64 * MIB, Some(20 * MIB)))
+        .await
+        .unwrap();
+    assert_eq!(again.outcome, Outcome::Exited { code: 0 }, "{again:?}");
+    wait_for(&w.addr, Duration::from_secs(20), |v| {
+        v.iter().all(|p| p.advert.reserved_bytes == 0)
+    })
+    .await;
+}
+
+/// A map whose peaks follow its inputs' sizes with noise learns a reserve
+/// near the line and a limit over its noise: later inputs run under a
+/// reserve, those over it on lent memory, and every input succeeds; one
+/// that finds nothing to lend runs again with its whole request reserved.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_map_learns_reserves_and_its_inputs_over_them_run_on_lent_memory() {
+    let w = WorkerProcess::start_with("512MiB", 4, None, &["--slot-processes", "never"]);
+    let target = Target::pool(vec![w.addr.clone()]).unwrap();
+    let job = Job::new(peerwasm_testkit::guest_wasm_bytes("hold"));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(46);
+    let inputs: Vec<Vec<u8>> = (0..60)
+        .map(|_| {
+            let kib = rng.random_range(256..1024usize);
+            let factor = 12.0 * (0.9 + 0.2 * rng.random::<f64>());
+            let mut input = format!("0 x{factor:.3}\n").into_bytes();
+            input.resize(input.len() + (kib << 10), b'a');
+            input
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let config = MapConfig {
+        estimates: Some(EstimateStore::new(dir.path())),
+        ..MapConfig::default()
+    };
+    let mut items: Vec<MapItem> = Vec::new();
+    let summary = map(&target, &job, inputs, &config, &mut items)
+        .await
+        .unwrap();
+    assert!(items.iter().all(MapItem::succeeded), "{summary}");
+    let under: Vec<&MapItem> = items.iter().filter(|i| i.reserve.is_some()).collect();
+    assert!(
+        under.len() >= 20,
+        "{} of 60 ran under a reserve: {summary}",
+        under.len()
+    );
+    for i in &under {
+        let r = i.reserve.unwrap().bytes();
+        assert!(
+            r < i.result.memory_limit_bytes,
+            "a reserve is below its limit"
+        );
+    }
+    let lent = under
+        .iter()
+        .filter(|i| i.result.peak_memory_bytes > i.reserve.unwrap().bytes())
+        .count();
+    assert!(
+        lent >= 3,
+        "about half of those under a reserve peak over it and ran on lent memory: {lent} of {}",
+        under.len()
+    );
+    let text = summary.to_string();
+    assert!(
+        text.contains("reserve ×"),
+        "the summary says what is reserved: {text}"
+    );
+}
