@@ -343,3 +343,49 @@ fn a_change_of_regime_is_followed_once_the_history_is_the_new_one() {
         );
     }
 }
+
+/// The reserve sits on the line's middle — half the inputs over it, each
+/// then borrowing a little — and under the request, the limit; Σ
+/// max(reserve, peak) is within a few percent of Σ peaks, where Σ
+/// requests is the top of the noise. A blind model reserves its request.
+#[test]
+fn the_reserve_is_the_middle_of_the_noise_and_costs_a_few_percent_over_the_peaks() {
+    let model = fit(&proportional(200, 1), 1.25, 0).unwrap();
+    let seen = proportional(1000, 3);
+    let (mut over, mut held, mut asked, mut used) = (0, 0u64, 0u64, 0u64);
+    for o in &seen {
+        let reserve = model.reserve(o.size).expect("a by-size model reserves");
+        assert!(reserve <= model.request(o.size));
+        over += usize::from(o.peak > reserve);
+        held += reserve.max(o.peak);
+        asked += model.request(o.size);
+        used += o.peak;
+    }
+    let share_over = over as f64 / seen.len() as f64;
+    assert!(
+        (0.3..0.7).contains(&share_over),
+        "{share_over} over their reserve"
+    );
+    let held = held as f64 / used as f64;
+    assert!(held < 1.05, "max(reserve, peak) ÷ peak {held}");
+    assert!(
+        held < asked as f64 / used as f64 - 0.03,
+        "the requests cost more"
+    );
+    assert!(
+        model.describe().contains("reserve × 1.0") || model.describe().contains("reserve × 0.9"),
+        "{}",
+        model.describe()
+    );
+    // A model saved before reserves existed (no center) reserves the request.
+    let mut old = model;
+    if let Model::BySize { center, .. } = &mut old {
+        *center = 0.0;
+    }
+    assert_eq!(old.reserve(MIB), None);
+    let blind = Model::Blind {
+        request: 10 * MIB,
+        tail: 100 * MIB,
+    };
+    assert_eq!(blind.reserve(MIB), None);
+}
