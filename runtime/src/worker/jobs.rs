@@ -255,6 +255,18 @@ fn admit(w: &JobPath, tenant: &Arc<Tenant>, spec: &JobSpec) -> Result<(Queued, P
         _module: w.runner.pin_module(&spec.module),
         trees,
     };
+    // Its limit must fit (the tenant's --max-job-memory too): a job under
+    // a smaller reserve may be lent up to it.
+    let largest = w.admission.largest_for(tenant);
+    if spec.limits.memory.bytes() > largest {
+        return Err(not_admitted(
+            w,
+            NotAdmitted::NeverFits {
+                requested: spec.limits.memory.bytes(),
+                largest,
+            },
+        ));
+    }
     let queued = w
         .admission
         .enqueue(tenant, spec.reserved(), spec.encoded_len())
@@ -465,7 +477,7 @@ async fn in_turn(turn: Turn) -> Result<JobResult, Refused> {
         stdin: streams.stdin,
         captures: streams.captures,
         memory_meter: Some(ticket.reservation().meter()),
-        memory_lender: Some(ticket.reservation().lender()),
+        memory_lender: Some(ticket.reservation().lender(&ticket.tenant().name)),
         cancel: Some(cancel),
         output_budget: Some(hold.clone()),
         started: compile.as_ref().map(|c| c.started.clone()),

@@ -34,7 +34,7 @@ use tokio::time::Instant;
 use tokio::sync::oneshot;
 
 use super::fairshare::{FairShare, JobUsage, PoolSize, Usage};
-use super::ledger::{Ledger, Reservation};
+use super::ledger::{HeldBack, Ledger, Reservation};
 use super::tenants::Tenant;
 use crate::proto::{MemoryRequest, TenantUsage};
 use queue::{Place, Queues, Waiter};
@@ -415,8 +415,8 @@ impl Admission {
             let now = Instant::now();
             let mut st = self.lock();
             self.refuse_hopeless(&mut st, now);
-            // `pick` holds memory back from loans while a job is overdue.
-            self.ledger.hold_back_from_loans(0);
+            // `pick` holds memory back from loans for the jobs that wait.
+            self.ledger.hold_back_from_loans(HeldBack::default());
             while st.busy < self.config.slots && !st.queue.is_empty() {
                 let Step::Start(pos, reservation) = self.pick(&st, now) else {
                     break;
@@ -511,16 +511,11 @@ impl Admission {
         });
         let keep = match held {
             Some((i, w)) => match self.ledger.try_reserve(w.asked) {
-                Some(r) => {
-                    self.ledger.hold_back_from_loans(0);
-                    return Step::Start(i, r);
-                }
+                Some(r) => return Step::Start(i, r),
                 None => w.asked,
             },
             None => 0,
         };
-        // Nor is it lent to running jobs past their reserves meanwhile.
-        self.ledger.hold_back_from_loans(keep);
         for &(t, _) in &tenants {
             for (place, w) in st.queue.waiting(t) {
                 if let Some(r) = self.ledger.try_reserve_beside(w.asked, keep) {
@@ -528,6 +523,18 @@ impl Admission {
                 }
             }
         }
+        // What waits for memory is not lent to running jobs meanwhile: the
+        // overdue job's to anyone, each tenant's first to other tenants.
+        self.ledger.hold_back_from_loans(HeldBack {
+            overdue: keep,
+            waiting: tenants
+                .iter()
+                .filter_map(|&(t, tenant)| {
+                    let (_, w) = st.queue.waiting(t).next()?;
+                    Some((tenant.name.clone(), w.asked))
+                })
+                .collect(),
+        });
         Step::Wait
     }
 }

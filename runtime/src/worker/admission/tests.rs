@@ -295,3 +295,33 @@ async fn the_tenant_with_less_usage_goes_first_and_limits_hold() {
     );
     assert!(report[0].slot_seconds > report[1].slot_seconds);
 }
+
+/// A tenant whose job runs under a tiny reserve cannot borrow its way past
+/// another tenant's job waiting for memory; its own waiting jobs do not
+/// stop it, and once the other's job starts the memory left is lent again.
+#[tokio::test(start_paused = true)]
+async fn a_loan_never_takes_memory_another_tenants_waiting_job_needs() {
+    use crate::sandbox::MemoryLender;
+    let adm = admission(4, 4);
+    let (alice, bob) = (Arc::new(Tenant::new("alice")), Arc::new(Tenant::new("bob")));
+    let small = adm.admit(&alice, MIB).await.unwrap();
+    let big = adm.admit(&alice, 60 * MIB).await.unwrap();
+    let lender = small.reservation().lender(&alice.name);
+    // Alice's own job waiting for 50 MiB (39 free) does not stop her loans.
+    let (adm2, a2) = (adm.clone(), alice.clone());
+    let hers = tokio::spawn(async move { adm2.admit(&a2, 50 * MIB).await.map(|_| ()) });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(lender.lend(4 * MIB), "35 MiB left");
+    // Bob's job waits for 38 MiB of the 35: none is lent to Alice now.
+    let (adm2, b2) = (adm.clone(), bob.clone());
+    let his = tokio::spawn(async move { adm2.admit(&b2, 38 * MIB).await.map(drop) });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(adm.counts(), (2, 2));
+    assert!(!lender.lend(MIB), "Bob's waiting job keeps what is free");
+    // Alice's big job ends: both waiting jobs start (50 + 38 of 95), and
+    // the 7 MiB left may be lent again.
+    drop(big);
+    his.await.unwrap().expect("Bob's job starts");
+    hers.await.unwrap().expect("and Alice's");
+    assert!(lender.lend(5 * MIB), "nothing of another tenant waits now");
+}

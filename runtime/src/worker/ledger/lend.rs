@@ -6,10 +6,16 @@
 //! it the sandbox's limiter asks its [`Lender`] for the difference. The
 //! ledger lends only what it would offer a new job now — memory promised to
 //! no running job, within `--memory`, the host's free memory and the host's
-//! shared ledger, less what admission holds back for a job that has waited
-//! too long — and the loan joins the job's reservation until it ends, so
-//! Σ reservations still never exceeds capacity and no job can take memory
-//! another was promised.
+//! shared ledger — less what admission holds back ([`HeldBack`]), and the
+//! loan joins the job's reservation until it ends, so Σ reservations still
+//! never exceeds capacity and no job can take memory another was promised.
+//!
+//! Held back: the memory a job that has waited too long needs (from
+//! everyone), and that of each other tenant's first job waiting for memory
+//! (from this tenant): a tenant whose jobs ask for tiny reserves is
+//! admitted sooner, but cannot then borrow its way past another tenant's
+//! job that waits in fair-share order. Its job runs out of lent memory
+//! instead and queues again, its whole request reserved.
 //!
 //! Why lend at all: a submitter that knows a job's peak only to within a
 //! noise (smartmem's fit, ±10 %) must otherwise reserve the noise's top
@@ -18,7 +24,6 @@
 //! jobs' noises, pooled, cost a few percent instead of the top of each.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use super::{Ledger, Others, Reservation, State};
 use crate::sandbox::MemoryLender;
@@ -27,14 +32,42 @@ use crate::sandbox::MemoryLender;
 pub struct Lender {
     ledger: Arc<Ledger>,
     id: u64,
+    /// The job's tenant: another tenant's waiting job is not overtaken.
+    tenant: String,
+}
+
+/// What admission holds back from loans, set at each dispatch.
+#[derive(Clone, Debug, Default)]
+pub struct HeldBack {
+    /// Memory kept for a job that has waited too long: lent to no one.
+    pub overdue: u64,
+    /// Each tenant's first job waiting for memory: what it asks, lent to
+    /// no other tenant.
+    pub waiting: Vec<(String, u64)>,
+}
+
+impl HeldBack {
+    /// What a loan to a job of `tenant` must leave.
+    fn from(&self, tenant: &str) -> u64 {
+        let others = self
+            .waiting
+            .iter()
+            .filter(|(t, _)| t != tenant)
+            .map(|(_, asked)| *asked)
+            .max()
+            .unwrap_or(0);
+        self.overdue.max(others)
+    }
 }
 
 impl Reservation {
-    /// What the job's limiter asks for memory past its reserve.
-    pub fn lender(&self) -> Arc<dyn MemoryLender> {
+    /// What the job's limiter asks for memory past its reserve; the job is
+    /// `tenant`'s.
+    pub fn lender(&self, tenant: &str) -> Arc<dyn MemoryLender> {
         Arc::new(Lender {
             ledger: self.ledger.clone(),
             id: self.id,
+            tenant: tenant.to_string(),
         })
     }
 }
@@ -57,7 +90,7 @@ impl MemoryLender for Lender {
         let lent = match ledger.shared.get() {
             None => ledger.lend_locked(
                 &mut ledger.lock(),
-                self.id,
+                self,
                 bytes,
                 available,
                 Others::default(),
@@ -69,7 +102,7 @@ impl MemoryLender for Lender {
                 let decided = shared.host.transact(&shared.addr, |others| {
                     *shared.last.lock() = others;
                     let mut st = ledger.lock();
-                    let lent = ledger.lend_locked(&mut st, self.id, bytes, available, others);
+                    let lent = ledger.lend_locked(&mut st, self, bytes, available, others);
                     (lent, lent.then(|| ledger.published(&st)))
                 });
                 // The host's ledger cannot be read: lend nothing rather
@@ -85,24 +118,24 @@ impl MemoryLender for Lender {
 }
 
 impl Ledger {
-    /// Lends job `id` `bytes` more if a new job of that size would be
-    /// offered them now (less what is held back for an overdue job): the
-    /// loan needs no native memory of its own, the job has it already.
+    /// Lends `to`'s job `bytes` more if a new job of that size would be
+    /// offered them now, less what is held back from its tenant: the loan
+    /// needs no native memory of its own, the job has it already.
     fn lend_locked(
         &self,
         st: &mut State,
-        id: u64,
+        to: &Lender,
         bytes: u64,
         available: u64,
         others: Others,
     ) -> bool {
         let room = self
             .room_beside(st, available, others, 0)
-            .saturating_sub(self.kept_back.load(Ordering::Relaxed));
+            .saturating_sub(self.held_back.lock().from(&to.tenant));
         if bytes > room {
             return false;
         }
-        let Some(job) = st.jobs.iter_mut().find(|j| j.id == id) else {
+        let Some(job) = st.jobs.iter_mut().find(|j| j.id == to.id) else {
             return false; // ended: nothing to lend to
         };
         job.limit += bytes;
@@ -114,9 +147,9 @@ impl Ledger {
         true
     }
 
-    /// Holds `bytes` back from loans: admission keeps them for a job that
-    /// has waited too long (0: nothing held back).
-    pub fn hold_back_from_loans(&self, bytes: u64) {
-        self.kept_back.store(bytes, Ordering::Relaxed);
+    /// Holds memory back from loans: admission's view of the jobs waiting
+    /// for it (replaced at each dispatch).
+    pub fn hold_back_from_loans(&self, held: HeldBack) {
+        *self.held_back.lock() = held;
     }
 }

@@ -41,6 +41,7 @@ pub use hold::{Hold, HoldKind, Shares};
 #[cfg(test)]
 pub(crate) use host::FakeMemory;
 pub use host::{HostMemory, SystemMemory};
+pub use lend::HeldBack;
 
 /// Memory always left to the host and its users by default (`--reserve`).
 pub const DEFAULT_RESERVE: u64 = 1 << 30;
@@ -118,9 +119,9 @@ pub struct Ledger {
     /// shrinks), so that jobs waiting for it start at once rather than at
     /// admission's next periodic re-check.
     freed: tokio::sync::Notify,
-    /// Memory admission holds back for a job that has waited too long
-    /// (`Admission::pick`): not lent to running jobs either.
-    kept_back: AtomicU64,
+    /// What admission holds back from loans for jobs waiting for memory
+    /// (`Admission::pick`).
+    held_back: Mutex<lend::HeldBack>,
 }
 
 /// This worker's part in the host's ledger (`hostledger.rs`).
@@ -261,7 +262,7 @@ impl Ledger {
             host,
             shared: std::sync::OnceLock::new(),
             freed: tokio::sync::Notify::new(),
-            kept_back: AtomicU64::new(0),
+            held_back: Mutex::new(lend::HeldBack::default()),
         })
     }
 

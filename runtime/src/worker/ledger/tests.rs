@@ -271,22 +271,39 @@ fn a_loan_past_the_reserve_takes_only_unpromised_memory_and_ends_with_the_job() 
     let a = ledger.try_reserve(40 * MIB).unwrap();
     let b = ledger.try_reserve(40 * MIB).unwrap();
     assert_eq!(ledger.offer(), 20 * MIB);
-    let lend_a = a.lender();
+    let lend_a = a.lender("alice");
     assert!(lend_a.lend(15 * MIB), "15 of the 20 MiB nobody holds");
     assert_eq!((a.bytes(), a.with_loans()), (40 * MIB, 55 * MIB));
     assert_eq!(ledger.snapshot().reserved, 95 * MIB);
     assert_eq!(ledger.offer(), 5 * MIB);
-    assert!(!b.lender().lend(6 * MIB), "6 MiB are not there");
-    assert!(b.lender().lend(5 * MIB), "the last 5 are");
+    assert!(!b.lender("bob").lend(6 * MIB), "6 MiB are not there");
+    assert!(b.lender("bob").lend(5 * MIB), "the last 5 are");
     assert!(!lend_a.lend(1), "nothing left: --memory is never passed");
     drop(b);
     // b's reservation and its loan are free again; a's loan is still held.
     assert_eq!(ledger.snapshot().reserved, 55 * MIB);
-    // Memory held back for a job that waited too long is not lent.
-    ledger.hold_back_from_loans(40 * MIB);
+    // Memory held back for a job that waited too long is lent to no one;
+    // for another tenant's first waiting job, to no one of another tenant.
+    ledger.hold_back_from_loans(HeldBack {
+        overdue: 40 * MIB,
+        waiting: Vec::new(),
+    });
     assert!(!lend_a.lend(6 * MIB));
-    assert!(lend_a.lend(5 * MIB));
-    ledger.hold_back_from_loans(0);
+    assert!(lend_a.lend(MIB));
+    ledger.hold_back_from_loans(HeldBack {
+        overdue: 0,
+        waiting: vec![("bob".into(), 42 * MIB), ("alice".into(), 90 * MIB)],
+    });
+    assert!(
+        !lend_a.lend(4 * MIB),
+        "bob's job waits for 42 of the 44 MiB"
+    );
+    assert!(
+        lend_a.lend(2 * MIB),
+        "alice's own waiting job does not stop her"
+    );
+    ledger.hold_back_from_loans(HeldBack::default());
+    assert!(lend_a.lend(2 * MIB));
     drop(a);
     assert_eq!(ledger.snapshot().reserved, 0);
     assert!(!lend_a.lend(MIB), "a job that ended is lent nothing");
