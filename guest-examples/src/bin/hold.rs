@@ -7,6 +7,7 @@
 //! `MS N` holds N MiB whatever the input; the rest of stdin is the input.
 //! An input of one line (as `peerwasm map` gives each line of its inputs
 //! file), `MS xF PADDING`, is its own input: F × the line's bytes.
+//! `MS N +D` waits D ms before it allocates (a job that grows late).
 //! Prints the bytes it held.
 use std::io::Read;
 
@@ -29,6 +30,13 @@ fn main() {
         eprintln!("error: the first line must be `MS xF` or `MS N`, got {head:?}");
         std::process::exit(2);
     };
+    if let Some(delay) = words
+        .next()
+        .and_then(|w| w.strip_prefix('+'))
+        .and_then(|d| d.parse::<u64>().ok())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(delay));
+    }
     let bytes = match how.strip_prefix('x') {
         Some(f) => {
             let of = if rest > 0 { rest } else { input.len() };

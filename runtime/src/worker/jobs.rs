@@ -255,21 +255,15 @@ fn admit(w: &JobPath, tenant: &Arc<Tenant>, spec: &JobSpec) -> Result<(Queued, P
         _module: w.runner.pin_module(&spec.module),
         trees,
     };
-    // Its limit must fit (the tenant's --max-job-memory too): a job under
-    // a smaller reserve may be lent up to it.
-    let largest = w.admission.largest_for(tenant);
-    if spec.limits.memory.bytes() > largest {
-        return Err(not_admitted(
-            w,
-            NotAdmitted::NeverFits {
-                requested: spec.limits.memory.bytes(),
-                largest,
-            },
-        ));
-    }
+    // It starts where its limit fits, and reserves its reserve.
     let queued = w
         .admission
-        .enqueue(tenant, spec.reserved(), spec.encoded_len())
+        .enqueue_reserving(
+            tenant,
+            spec.reserved(),
+            spec.limits.memory,
+            spec.encoded_len(),
+        )
         .map_err(|r| not_admitted(w, r))?;
     Ok((queued, pins))
 }

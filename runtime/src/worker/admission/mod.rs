@@ -359,17 +359,33 @@ impl Admission {
     /// never fit, or it cannot start now and its tenant's queue is full (in
     /// jobs or in bytes). The job's place is given up when the returned
     /// [`Queued`] is dropped.
+    #[cfg(test)]
     pub fn enqueue(
         self: &Arc<Self>,
         tenant: &Arc<Tenant>,
         request: impl Into<MemoryRequest>,
         held: u64,
     ) -> Result<Queued, NotAdmitted> {
-        let asked = request.into().bytes();
+        let request = request.into();
+        self.enqueue_reserving(tenant, request, request, held)
+    }
+
+    /// [`enqueue`](Self::enqueue) for a job whose `limit` must fit for it to
+    /// start, but which reserves only `reserve` (at most `limit`): past it,
+    /// its worker lends it what it grows to. Starting only where the limit
+    /// fits leaves room for the loan, and a tiny reserve jumps no queue.
+    pub fn enqueue_reserving(
+        self: &Arc<Self>,
+        tenant: &Arc<Tenant>,
+        reserve: MemoryRequest,
+        limit: MemoryRequest,
+        held: u64,
+    ) -> Result<Queued, NotAdmitted> {
+        let (asked, starts_at) = (reserve.min(limit).bytes(), limit.bytes());
         let largest = self.largest_for(tenant);
-        if asked > largest {
+        if starts_at > largest {
             return Err(NotAdmitted::NeverFits {
-                requested: asked,
+                requested: starts_at,
                 largest,
             });
         }
@@ -382,7 +398,7 @@ impl Admission {
             // A job that can start at once needs no room in the queue; one
             // that must wait (for a slot, or for memory) does.
             // (The ledger's offer reads host memory: only asked when full.)
-            if full && !(st.busy < self.config.slots && asked <= self.ledger.offer()) {
+            if full && !(st.busy < self.config.slots && starts_at <= self.ledger.offer()) {
                 return Err(NotAdmitted::Busy);
             }
             st.next_id += 1;
@@ -391,6 +407,7 @@ impl Admission {
                 id,
                 tenant: tenant.clone(),
                 asked,
+                starts_at,
                 held,
                 since: Instant::now(),
                 tx,
@@ -466,10 +483,10 @@ impl Admission {
             return;
         }
         let ceiling = self.ledger.ceiling();
-        for w in st.queue.take_hopeless(overdue, |w| w.asked > ceiling) {
-            tracing::info!(tenant = %w.tenant.name, asked = w.asked, ceiling, "refusing a job the host cannot hold");
+        for w in st.queue.take_hopeless(overdue, |w| w.starts_at > ceiling) {
+            tracing::info!(tenant = %w.tenant.name, asked = w.starts_at, ceiling, "refusing a job the host cannot hold");
             let _ = w.tx.send(Err(NotAdmitted::NeverFits {
-                requested: w.asked,
+                requested: w.starts_at,
                 largest: ceiling,
             }));
         }
@@ -510,15 +527,15 @@ impl Admission {
                 .filter(|(_, w)| self.overdue(w, now))
         });
         let keep = match held {
-            Some((i, w)) => match self.ledger.try_reserve(w.asked) {
+            Some((i, w)) => match self.ledger.try_reserve_fitting(w.asked, w.starts_at, 0) {
                 Some(r) => return Step::Start(i, r),
-                None => w.asked,
+                None => w.starts_at,
             },
             None => 0,
         };
         for &(t, _) in &tenants {
             for (place, w) in st.queue.waiting(t) {
-                if let Some(r) = self.ledger.try_reserve_beside(w.asked, keep) {
+                if let Some(r) = self.ledger.try_reserve_fitting(w.asked, w.starts_at, keep) {
                     return Step::Start(place, r);
                 }
             }
@@ -531,7 +548,7 @@ impl Admission {
                 .iter()
                 .filter_map(|&(t, tenant)| {
                     let (_, w) = st.queue.waiting(t).next()?;
-                    Some((tenant.name.clone(), w.asked))
+                    Some((tenant.name.clone(), w.starts_at))
                 })
                 .collect(),
         });

@@ -25,8 +25,11 @@ pub(super) struct Waiter<A> {
     /// Its id: ids grow with time, so each tenant's queue is sorted by id.
     pub id: u64,
     pub tenant: Arc<Tenant>,
-    /// The memory it asks for.
+    /// The memory it asks for: reserved when it starts.
     pub asked: u64,
+    /// The memory that must fit for it to start: its limit, which may be
+    /// more than `asked` (a job under a reserve is lent the rest).
+    pub starts_at: u64,
     /// Bytes it holds while it waits (its input).
     pub held: u64,
     /// When it was queued.
@@ -207,6 +210,7 @@ mod tests {
             id,
             tenant: tenant.clone(),
             asked: id,
+            starts_at: id,
             held,
             since: Instant::now(),
             tx,

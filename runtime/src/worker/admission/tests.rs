@@ -325,3 +325,39 @@ async fn a_loan_never_takes_memory_another_tenants_waiting_job_needs() {
     hers.await.unwrap().expect("and Alice's");
     assert!(lender.lend(5 * MIB), "nothing of another tenant waits now");
 }
+
+/// A job under a reserve starts only where its limit fits, and then holds
+/// its reserve: the rest is left for its loan and for other jobs.
+#[tokio::test(start_paused = true)]
+async fn a_job_under_a_reserve_starts_where_its_limit_fits_and_holds_its_reserve() {
+    let adm = admission(4, 4);
+    let t = Arc::new(Tenant::new("t"));
+    let (reserve, limit) = (MemoryRequest::from(10 * MIB), MemoryRequest::from(50 * MIB));
+    let first = adm.admit(&t, 60 * MIB).await.unwrap();
+    let (adm2, t2) = (adm.clone(), t.clone());
+    let under = tokio::spawn(async move {
+        adm2.enqueue_reserving(&t2, reserve, limit, 0)
+            .unwrap()
+            .ticket()
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(
+        adm.counts(),
+        (1, 1),
+        "40 MiB free: its 50 MiB limit does not fit"
+    );
+    drop(first);
+    let ticket = under.await.unwrap().unwrap();
+    assert_eq!(ticket.reservation().bytes(), 10 * MIB);
+    assert_eq!(adm.ledger().offer(), 90 * MIB, "it holds its reserve only");
+    assert_eq!(
+        adm.enqueue_reserving(&t, reserve, MemoryRequest::from(200 * MIB), 0)
+            .err(),
+        Some(NotAdmitted::NeverFits {
+            requested: 200 * MIB,
+            largest: 100 * MIB
+        }),
+        "a limit no worker's bound allows is refused, whatever its reserve"
+    );
+}

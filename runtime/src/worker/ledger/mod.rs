@@ -449,6 +449,18 @@ impl Ledger {
     /// Reserves `bytes` if they fit now with `keep` bytes still free beside
     /// them (memory held for a job that has waited too long).
     pub fn try_reserve_beside(self: &Arc<Self>, bytes: u64, keep: u64) -> Option<Reservation> {
+        self.try_reserve_fitting(bytes, bytes, keep)
+    }
+
+    /// Reserves `bytes` if `fits` (at least `bytes`: a job's limit, when it
+    /// reserves less) fit now with `keep` bytes still free beside them.
+    pub fn try_reserve_fitting(
+        self: &Arc<Self>,
+        bytes: u64,
+        fits: u64,
+        keep: u64,
+    ) -> Option<Reservation> {
+        let keep = keep.saturating_add(fits.saturating_sub(bytes));
         let available = self.host_available();
         let Some(shared) = self.shared.get() else {
             return self.reserve_locked(
