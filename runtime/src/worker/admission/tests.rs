@@ -301,7 +301,6 @@ async fn the_tenant_with_less_usage_goes_first_and_limits_hold() {
 /// stop it, and once the other's job starts the memory left is lent again.
 #[tokio::test(start_paused = true)]
 async fn a_loan_never_takes_memory_another_tenants_waiting_job_needs() {
-    use crate::sandbox::MemoryLender;
     let adm = admission(4, 4);
     let (alice, bob) = (Arc::new(Tenant::new("alice")), Arc::new(Tenant::new("bob")));
     let small = adm.admit(&alice, MIB).await.unwrap();

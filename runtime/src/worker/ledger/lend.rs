@@ -25,7 +25,7 @@
 
 use std::sync::Arc;
 
-use super::{Ledger, Others, Reservation, State};
+use super::{HeldBack, Ledger, Others, Reservation, State};
 use crate::sandbox::MemoryLender;
 
 /// Lends one job's reservation more ([`Reservation::lender`]).
@@ -34,30 +34,6 @@ pub struct Lender {
     id: u64,
     /// The job's tenant: another tenant's waiting job is not overtaken.
     tenant: String,
-}
-
-/// What admission holds back from loans, set at each dispatch.
-#[derive(Clone, Debug, Default)]
-pub struct HeldBack {
-    /// Memory kept for a job that has waited too long: lent to no one.
-    pub overdue: u64,
-    /// Each tenant's first job waiting for memory: what it asks, lent to
-    /// no other tenant.
-    pub waiting: Vec<(String, u64)>,
-}
-
-impl HeldBack {
-    /// What a loan to a job of `tenant` must leave.
-    fn from(&self, tenant: &str) -> u64 {
-        let others = self
-            .waiting
-            .iter()
-            .filter(|(t, _)| t != tenant)
-            .map(|(_, asked)| *asked)
-            .max()
-            .unwrap_or(0);
-        self.overdue.max(others)
-    }
 }
 
 impl Reservation {

@@ -41,7 +41,6 @@ pub use hold::{Hold, HoldKind, Shares};
 #[cfg(test)]
 pub(crate) use host::FakeMemory;
 pub use host::{HostMemory, SystemMemory};
-pub use lend::HeldBack;
 
 /// Memory always left to the host and its users by default (`--reserve`).
 pub const DEFAULT_RESERVE: u64 = 1 << 30;
@@ -121,7 +120,7 @@ pub struct Ledger {
     freed: tokio::sync::Notify,
     /// What admission holds back from loans for jobs waiting for memory
     /// (`Admission::pick`).
-    held_back: Mutex<lend::HeldBack>,
+    held_back: Mutex<HeldBack>,
 }
 
 /// This worker's part in the host's ledger (`hostledger.rs`).
@@ -150,6 +149,30 @@ struct State {
     /// Each running job's reservation.
     jobs: Vec<Reserved>,
     next_id: u64,
+}
+
+/// What admission holds back from loans (`lend.rs`), set at each dispatch.
+#[derive(Clone, Debug, Default)]
+pub struct HeldBack {
+    /// Memory kept for a job that has waited too long: lent to no one.
+    pub overdue: u64,
+    /// Each tenant's first job waiting for memory: what it asks, lent to
+    /// no other tenant.
+    pub waiting: Vec<(String, u64)>,
+}
+
+impl HeldBack {
+    /// What a loan to a job of `tenant` must leave.
+    pub(super) fn from(&self, tenant: &str) -> u64 {
+        let others = self
+            .waiting
+            .iter()
+            .filter(|(t, _)| t != tenant)
+            .map(|(_, asked)| *asked)
+            .max()
+            .unwrap_or(0);
+        self.overdue.max(others)
+    }
 }
 
 /// One running job's entry: what it holds, grown by what it is lent.
@@ -262,7 +285,7 @@ impl Ledger {
             host,
             shared: std::sync::OnceLock::new(),
             freed: tokio::sync::Notify::new(),
-            held_back: Mutex::new(lend::HeldBack::default()),
+            held_back: Mutex::new(HeldBack::default()),
         })
     }
 

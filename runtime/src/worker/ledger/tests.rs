@@ -1,5 +1,4 @@
 use super::*;
-use crate::sandbox::MemoryLender;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
