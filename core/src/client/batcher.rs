@@ -30,6 +30,13 @@ const ABANDON_CHECK: Duration = Duration::from_millis(50);
 
 /// The most jobs a client puts in one batch.
 const BATCH_JOBS: usize = 512;
+
+/// The most bytes of specs (inputs included) a client puts in one batch,
+/// unless one job alone is more: a worker charges a body to its memory
+/// before it holds it, and a body that does not fit beside its jobs is
+/// refused — a refusal of a few MiB costs a retry, one of hundreds a lost
+/// connection mid-body and every job of it sent again.
+const BATCH_BYTES: usize = 4 << 20;
 const _: () = assert!(BATCH_JOBS <= MAX_BATCH_JOBS);
 
 /// One job waiting to be sent: its postcard `JobSpec`, and who wants the answer.
@@ -122,19 +129,39 @@ async fn gather(
     slots: Arc<AtomicUsize>,
     mut dispatch: impl FnMut(Vec<Waiting>),
 ) {
-    while let Some(first) = rx.recv().await {
+    // A job that would take its batch past `BATCH_BYTES` starts the next.
+    let mut carried: Option<Waiting> = None;
+    loop {
+        let first = match carried.take() {
+            Some(w) => w,
+            None => match rx.recv().await {
+                Some(w) => w,
+                None => break,
+            },
+        };
+        let mut bytes = first.spec.len();
         let mut batch = vec![first];
-        while batch.len() < BATCH_JOBS {
+        let mut add = |w: Waiting, batch: &mut Vec<Waiting>| -> Option<Waiting> {
+            if bytes + w.spec.len() > BATCH_BYTES {
+                return Some(w);
+            }
+            bytes += w.spec.len();
+            batch.push(w);
+            None
+        };
+        while batch.len() < BATCH_JOBS && carried.is_none() {
             match rx.try_recv() {
-                Ok(w) => batch.push(w),
+                Ok(w) => carried = add(w, &mut batch),
                 Err(_) => break,
             }
         }
-        if outstanding.load(Ordering::Relaxed) >= 2 * slots.load(Ordering::Relaxed) {
+        if carried.is_none()
+            && outstanding.load(Ordering::Relaxed) >= 2 * slots.load(Ordering::Relaxed)
+        {
             let deadline = tokio::time::Instant::now() + LINGER;
-            while batch.len() < BATCH_JOBS {
+            while batch.len() < BATCH_JOBS && carried.is_none() {
                 match tokio::time::timeout_at(deadline, rx.recv()).await {
-                    Ok(Some(w)) => batch.push(w),
+                    Ok(Some(w)) => carried = add(w, &mut batch),
                     Ok(None) | Err(_) => break,
                 }
             }
@@ -276,6 +303,28 @@ mod tests {
             dispatch,
         ));
         (tx, sent)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_stops_short_of_its_byte_cap_and_the_next_job_starts_the_next() {
+        let (tx, sent) = lane(64, 0);
+        let big = |n: u8| {
+            let (reply, rx) = oneshot::channel();
+            let spec = bytes::Bytes::from(vec![n; 3 << 20]);
+            (Waiting { spec, reply }, rx)
+        };
+        let (jobs, _replies): (Vec<_>, Vec<_>) =
+            [big(1), big(2), big(3), waiting(4)].into_iter().unzip();
+        for job in jobs {
+            tx.send(job).unwrap();
+        }
+        tokio::task::yield_now().await;
+        let sent: Vec<Vec<u8>> = sent.lock().iter().map(|(jobs, _)| jobs.clone()).collect();
+        assert_eq!(
+            sent,
+            [vec![1], vec![2], vec![3, 4]],
+            "3 + 3 MiB is over the 4 MiB cap"
+        );
     }
 
     #[tokio::test(start_paused = true)]
