@@ -46,9 +46,7 @@ impl Reservation {
             tenant: tenant.to_string(),
         })
     }
-}
 
-impl Reservation {
     /// What the job holds now: what it reserved and what it was lent.
     pub fn with_loans(&self) -> u64 {
         let st = self.ledger.lock();

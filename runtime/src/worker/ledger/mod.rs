@@ -466,17 +466,12 @@ impl Ledger {
 
     /// Reserves `bytes` if they fit now.
     pub fn try_reserve(self: &Arc<Self>, bytes: u64) -> Option<Reservation> {
-        self.try_reserve_beside(bytes, 0)
-    }
-
-    /// Reserves `bytes` if they fit now with `keep` bytes still free beside
-    /// them (memory held for a job that has waited too long).
-    pub fn try_reserve_beside(self: &Arc<Self>, bytes: u64, keep: u64) -> Option<Reservation> {
-        self.try_reserve_fitting(bytes, bytes, keep)
+        self.try_reserve_fitting(bytes, bytes, 0)
     }
 
     /// Reserves `bytes` if `fits` (at least `bytes`: a job's limit, when it
-    /// reserves less) fit now with `keep` bytes still free beside them.
+    /// reserves less) fit now with `keep` bytes still free beside them
+    /// (memory held for a job that has waited too long).
     pub fn try_reserve_fitting(
         self: &Arc<Self>,
         bytes: u64,
