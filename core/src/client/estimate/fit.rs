@@ -41,8 +41,9 @@ pub const MIN_OBSERVATIONS: usize = 12;
 /// input in fifty runs twice.
 pub const COVER_QUANTILE: f64 = 0.98;
 
-/// The share of the history the by-size model's *reserve* reaches: what a
-/// job is sure of, while its request (× `cover`) is its limit. Past its
+/// The share of the history a model's *reserve* reaches (the by-size
+/// model's over its line, the blind one's of the peaks): what a job is
+/// sure of, while its request is its limit. Past its
 /// reserve a job grows on memory its worker lends (promised to no one):
 /// the jobs' noises around the line pool on a worker, so each holding
 /// what it uses costs far less than each reserving the top of the noise.
@@ -133,6 +134,12 @@ pub enum Model {
         request: u64,
         /// Bytes an input asks for after running out of `request`.
         tail: u64,
+        /// Bytes each input's worker reserves before it starts (the
+        /// [`RESERVE_QUANTILE`] of the peaks, at most `request`): past it
+        /// the job grows on lent memory, up to `request`. 0 in files saved
+        /// before it existed: the whole request is reserved.
+        #[serde(default)]
+        reserve: u64,
     },
 }
 
@@ -160,8 +167,8 @@ impl Model {
 
     /// What the worker should reserve for an input of `size` bytes before
     /// it starts, if less than [`request`](Self::request) (whole pages):
-    /// the line × `center`. `None` for a blind model (its request is
-    /// chosen against retries already) or a model saved without a center.
+    /// the line × `center`; for a blind model, its `reserve` (the peaks'
+    /// middle). `None` for a model saved without one.
     pub fn reserve(&self, size: u64) -> Option<u64> {
         match *self {
             Model::BySize {
@@ -176,6 +183,9 @@ impl Model {
                 )
                 .min(self.request(size)),
             ),
+            Model::Blind {
+                request, reserve, ..
+            } if reserve > 0 => Some(reserve.min(request)),
             _ => None,
         }
     }
@@ -237,9 +247,18 @@ impl Model {
                     mib(intercept.abs())
                 )
             }
-            Model::Blind { request, tail } => {
+            Model::Blind {
+                request,
+                tail,
+                reserve,
+            } => {
+                let reserved = if reserve > 0 && reserve < request {
+                    format!(" (reserve {})", mib(reserve as f64))
+                } else {
+                    String::new()
+                };
                 format!(
-                    "peak does not follow input size: {} per job, {} after a memory limit",
+                    "peak does not follow input size: {} per job{reserved}, {} after a memory limit",
                     mib(request as f64),
                     mib(tail as f64)
                 )
@@ -316,6 +335,8 @@ fn fit_blind(obs: &[Observation], margin: f64, largest: u64) -> Model {
     let tail = round_to_pages((largest as f64 * margin).ceil() as u64);
     // Asking for peaks[k] (a little over: pages) covers the k+1 smallest;
     // the others run again (see `cost`). The cheapest wins.
+    let sorted: Vec<f64> = peaks.iter().map(|&p| p as f64).collect();
+    let center = round_to_pages(quantile(&sorted, RESERVE_QUANTILE).ceil() as u64);
     let mut best: Option<(f64, Model)> = None;
     let mut last = 0;
     for &peak in &peaks {
@@ -324,7 +345,11 @@ fn fit_blind(obs: &[Observation], margin: f64, largest: u64) -> Model {
             continue;
         }
         last = request;
-        let model = Model::Blind { request, tail };
+        let model = Model::Blind {
+            request,
+            tail,
+            reserve: center.min(request),
+        };
         let cost = cost(&model, obs, margin, tail);
         if best.as_ref().is_none_or(|(c, _)| cost < *c) {
             best = Some((cost, model));
@@ -334,6 +359,7 @@ fn fit_blind(obs: &[Observation], margin: f64, largest: u64) -> Model {
         Model::Blind {
             request: tail,
             tail,
+            reserve: center.min(tail),
         },
         |(_, m)| m,
     )

@@ -25,6 +25,7 @@ impl<T: Submitter> MapRun<'_, T> {
             self.active -= 1;
         }
         let index = attempt.index;
+        let learning = self.learning();
         let Some(p) = self.pending.get_mut(&index) else {
             // This input already has its result (or the map stopped before it).
             self.summary.late_answers += 1;
@@ -55,7 +56,7 @@ impl<T: Submitter> MapRun<'_, T> {
         let retry = match &result.outcome {
             Outcome::MemoryLimitExceeded {
                 limit, requested, ..
-            } if self.config.mem.is_none() && result.ran_out_of_lent_memory() => {
+            } if learning && result.ran_out_of_lent_memory() => {
                 // It did not reach its limit: its worker had nothing more to
                 // lend past its reserve. Nothing is learned of its need; it
                 // runs again with its whole request reserved.
@@ -73,7 +74,7 @@ impl<T: Submitter> MapRun<'_, T> {
             }
             Outcome::MemoryLimitExceeded {
                 limit, requested, ..
-            } if self.config.mem.is_none() && *limit < ceiling => {
+            } if learning && *limit < ceiling => {
                 let outgrown = crate::client::estimate::Outgrown {
                     limit: *limit,
                     requested: *requested,

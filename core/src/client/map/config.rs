@@ -16,6 +16,13 @@ pub struct MapConfig {
     /// One fixed memory request for every job; `None` learns it
     /// (smartmem). Default: `None`.
     pub mem: Option<MemoryRequest>,
+    /// Each input's own memory request, when its submitter knows it (in
+    /// input order, the first for input `first_index`): the map asks for
+    /// exactly that, as with `mem`, and learns nothing; inputs past its
+    /// end take `mem`, else what is learned. Scheduling is as with a
+    /// learned per-input model: the largest of the inputs read ahead
+    /// goes first. Default: `None`.
+    pub mem_per_input: Option<std::sync::Arc<[MemoryRequest]>>,
     /// Never ask for less than this. Default: 0.
     pub min_mem: u64,
     /// Margin over the largest peak seen. Default: 1.25.
@@ -65,6 +72,7 @@ impl Default for MapConfig {
     fn default() -> Self {
         MapConfig {
             mem: None,
+            mem_per_input: None,
             min_mem: 0,
             margin: DEFAULT_MARGIN,
             retries: 0,

@@ -5,7 +5,7 @@
 
 use tokio::time::Instant;
 
-use super::{LOOKAHEAD, MAX_IN_FLIGHT_PER_SLOT, MapRun, PIPELINE_DEPTH, input_size};
+use super::{LOOKAHEAD, MAX_IN_FLIGHT_PER_SLOT, MapRun, PIPELINE_DEPTH};
 use crate::client::submitter::Submitter;
 use crate::proto::backlog::Backlog;
 
@@ -90,7 +90,7 @@ impl<T: Submitter> MapRun<'_, T> {
             // back an ordered map's first result.
             return self.slots.max(1) as usize;
         }
-        if self.config.mem.is_none()
+        if self.learning()
             && !self.estimator.learned()
             && self.estimator.model().is_none()
         {
@@ -111,14 +111,19 @@ impl<T: Submitter> MapRun<'_, T> {
     }
 
     /// How many inputs read but not launched the next launch chooses
-    /// from: with a model that sizes requests by input, enough to launch
-    /// the largest first (longest-processing-time first: a large job
+    /// from: with requests sized per input (a learned by-size model, or
+    /// `mem_per_input`), enough to launch the largest first (longest-processing-time first: a large job
     /// started last holds the map's end while it waits for room); else one
     /// (input order).
     pub(super) fn lookahead(&self) -> usize {
-        match (self.config.mem, self.estimator.model()) {
-            (None, Some(crate::client::estimate::Model::BySize { .. })) => LOOKAHEAD,
-            _ => 1,
+        let by_size = matches!(
+            self.estimator.model(),
+            Some(crate::client::estimate::Model::BySize { .. })
+        );
+        if self.config.mem_per_input.is_some() || (self.learning() && by_size) {
+            LOOKAHEAD
+        } else {
+            1
         }
     }
 
@@ -127,11 +132,7 @@ impl<T: Submitter> MapRun<'_, T> {
     pub(super) fn next_staged(&mut self) -> Option<usize> {
         let at = (0..self.staged.len()).max_by_key(|&k| {
             let i = self.staged[k];
-            let asks = self
-                .pending
-                .get(&i)
-                .map_or(0, |p| self.estimator.request_for(input_size(p)).bytes());
-            (asks, std::cmp::Reverse(i))
+            (self.request(i).bytes(), std::cmp::Reverse(i))
         })?;
         Some(self.staged.remove(at))
     }

@@ -216,7 +216,8 @@ impl<'a, T: Submitter> MapRun<'a, T> {
         if capacity.workers == 0 || capacity.slots == 0 {
             anyhow::bail!("no live worker in the pool");
         }
-        if let Some(mem) = config.mem
+        let given = config.mem.iter().chain(config.mem_per_input.iter().flat_map(|m| m.iter()));
+        if let Some(mem) = given.max_by_key(|m| m.bytes())
             && mem.bytes() > capacity.largest_job
         {
             anyhow::bail!(
@@ -366,14 +367,31 @@ impl<'a, T: Submitter> MapRun<'a, T> {
     /// The request for the next submission of `index` (for the progress
     /// line, `usize::MAX`: a typical input's).
     fn request(&self, index: usize) -> MemoryRequest {
-        match (self.config.mem, self.pending.get(&index)) {
-            (Some(mem), _) => mem,
-            (None, Some(p)) => MemoryRequest::from(
+        if let Some(given) = self.given(index) {
+            return given;
+        }
+        match self.pending.get(&index) {
+            Some(p) => MemoryRequest::from(
                 self.estimator
                     .clamp((self.estimator.request_for(input_size(p)).max(p.floor)).bytes()),
             ),
-            (None, None) => self.estimator.request(),
+            None => self.estimator.request(),
         }
+    }
+
+    /// The request its submitter gave `index`: its own in
+    /// `mem_per_input`, else `mem`.
+    fn given(&self, index: usize) -> Option<MemoryRequest> {
+        index
+            .checked_sub(self.config.first_index)
+            .and_then(|k| self.config.mem_per_input.as_ref()?.get(k).copied())
+            .or(self.config.mem)
+    }
+
+    /// Whether this map learns its requests (neither `mem` nor
+    /// `mem_per_input` given).
+    fn learning(&self) -> bool {
+        self.config.mem.is_none() && self.config.mem_per_input.is_none()
     }
 
     /// What the worker should reserve for `index` before it starts, when
@@ -382,7 +400,7 @@ impl<'a, T: Submitter> MapRun<'a, T> {
     /// worker could lend, runs again with its whole request reserved.
     fn reserve(&self, index: usize, request: MemoryRequest) -> Option<MemoryRequest> {
         let p = self.pending.get(&index)?;
-        if self.config.mem.is_some() || p.memory_retries > 0 {
+        if !self.learning() || p.memory_retries > 0 {
             return None;
         }
         self.estimator
@@ -459,7 +477,7 @@ impl<'a, T: Submitter> MapRun<'a, T> {
         s.peak_max = self.estimator.peak_max().unwrap_or(0);
         s.peak_mean = self.estimator.peak_mean().unwrap_or(0);
         s.started_from_saved = self.estimator.started_from_saved();
-        if self.config.mem.is_none() && self.estimator.learned() {
+        if self.learning() && self.estimator.learned() {
             let learned = self.estimator.request();
             s.learned_request = Some(learned);
             s.learned_model = self.estimator.model();

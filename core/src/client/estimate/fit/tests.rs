@@ -90,7 +90,7 @@ fn a_peak_unrelated_to_the_input_falls_back_to_one_request() {
         })
         .collect();
     let model = fit(&history, 1.25, 0).unwrap();
-    let Model::Blind { request, tail } = model else {
+    let Model::Blind { request, tail, .. } = model else {
         panic!("sizes do not predict these peaks: {model:?}")
     };
     assert!(
@@ -386,6 +386,43 @@ fn the_reserve_is_the_middle_of_the_noise_and_costs_a_few_percent_over_the_peaks
     let blind = Model::Blind {
         request: 10 * MIB,
         tail: 100 * MIB,
+        reserve: 0,
     };
-    assert_eq!(blind.reserve(MIB), None);
+    assert_eq!(blind.reserve(MIB), None, "a blind model saved before reserves");
+}
+
+#[test]
+fn a_blind_model_reserves_the_peaks_middle_and_asks_for_more_as_its_limit() {
+    // Peaks unrelated to size: 4..=20 MiB, spread evenly, each input 1 KiB.
+    let history: Vec<Observation> = (0..100u64)
+        .map(|i| Observation {
+            size: 1024 + (i * 7919) % 512,
+            peak: 4 * MIB + (i * 37 % 100) * 16 * MIB / 100,
+        })
+        .collect();
+    let model = fit(&history, 1.25, 0).unwrap();
+    let Model::Blind {
+        request, reserve, ..
+    } = model
+    else {
+        panic!("sizes do not predict these peaks: {model:?}")
+    };
+    let reserved = model.reserve(1024).expect("a blind model reserves");
+    assert_eq!(reserved, reserve);
+    assert!(
+        (11 * MIB..=13 * MIB).contains(&reserved),
+        "the middle of 4..20 MiB: {reserved}"
+    );
+    assert!(reserved < request, "{reserved} !< {request}");
+    assert!(
+        model.describe().contains(" (reserve 11.9 MiB)"),
+        "{}",
+        model.describe()
+    );
+    // Saved and read back, the reserve stays; a file from before it reads 0.
+    let json = serde_json::to_string(&model).unwrap();
+    assert_eq!(serde_json::from_str::<Model>(&json).unwrap(), model);
+    let old: Model =
+        serde_json::from_str(r#"{"Blind":{"request":1048576,"tail":4194304}}"#).unwrap();
+    assert_eq!(old.reserve(1), None);
 }

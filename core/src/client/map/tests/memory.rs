@@ -1,6 +1,6 @@
 //! Smartmem in a map: a job over a limit we estimated goes again with
 //! more, requests follow input size once it predicts memory, a fixed limit
-//! is never raised.
+//! is never raised, nor is each input's own given request.
 
 use super::*;
 
@@ -144,4 +144,54 @@ async fn a_fixed_memory_limit_is_never_raised() {
         "the first failure stops the map"
     );
     assert_eq!(indexes(&items), [0]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_input_asks_for_the_memory_its_submitter_gave_it_largest_first_and_never_more() {
+    // Input 2 peaks over what it was given: it fails, as under `mem`.
+    let fake = Fake::new(1, |c| {
+        if c.index == 2 {
+            Reply::OverLimit {
+                after: Duration::from_millis(5),
+                peak: c.asked,
+            }
+        } else {
+            ok(5)
+        }
+    });
+    let given: Vec<MemoryRequest> = [3, 9, 1, 7, 5, 2]
+        .into_iter()
+        .map(|mib| (mib * MIB).into())
+        .collect();
+    let config = MapConfig {
+        mem_per_input: Some(given.into()),
+        keep_going: true,
+        ..MapConfig::default()
+    };
+    let (summary, items) = run(&fake, 6, &config).await;
+    let summary = summary.unwrap();
+    let asked: Vec<(usize, u64)> = fake
+        .calls()
+        .iter()
+        .map(|c| (c.index, c.asked / MIB))
+        .collect();
+    // Two under way on one slot: the largest of those read goes first.
+    assert_eq!(&asked[..2], [(1, 9), (3, 7)], "{asked:?}");
+    let mut each: Vec<(usize, u64)> = asked.clone();
+    each.sort();
+    assert_eq!(each, [(0, 3), (1, 9), (2, 1), (3, 7), (4, 5), (5, 2)]);
+    assert_eq!(summary.memory_retries, 0, "a given request is never raised");
+    assert_eq!(summary.failed, 1);
+    assert_eq!(indexes(&items), [0, 1, 2, 3, 4, 5]);
+    assert!(summary.learned_request.is_none(), "nothing is learned");
+
+    // One input no worker can hold is an error before anything runs.
+    let too_big = MapConfig {
+        mem_per_input: Some(vec![MIB.into(), (8u64 << 30).into()].into()),
+        ..MapConfig::default()
+    };
+    let fake = Fake::new(1, |_| ok(1));
+    let e = run(&fake, 2, &too_big).await.0.unwrap_err().to_string();
+    assert!(e.starts_with("no peer can hold a job of 8 GiB"), "{e}");
+    assert!(fake.calls().is_empty());
 }
