@@ -218,7 +218,8 @@ pub struct WorkerArgs {
     #[arg(long, value_name = "DUR", default_value_t = Span(crate::server::DEFAULT_DRAIN_GRACE))]
     drain_grace: Span,
     /// A job that has waited this long gets memory held for it, so large
-    /// jobs are not starved by a stream of small ones.
+    /// jobs are not starved by a stream of small ones (sooner where jobs
+    /// are short: after 3 × the mean time of recent jobs, at least 250 ms).
     #[arg(long, value_name = "DUR", default_value_t = Span(crate::worker::DEFAULT_HOLD_AFTER))]
     hold_after: Span,
     /// Files and directories one job may hold open; past it, opening gives

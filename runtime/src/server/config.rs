@@ -71,8 +71,8 @@ pub struct WorkerConfig {
     /// Half-life of tenants' usage. Default:
     /// [`DEFAULT_HALF_LIFE`](crate::worker::DEFAULT_HALF_LIFE).
     pub usage_half_life: Duration,
-    /// A job waiting longer than this gets memory held for it
-    /// (`AdmissionConfig::hold_after`). Default:
+    /// A job waiting longer than this gets memory held for it, sooner
+    /// where jobs are short (`AdmissionConfig::hold_after`). Default:
     /// [`DEFAULT_HOLD_AFTER`](crate::worker::DEFAULT_HOLD_AFTER).
     pub hold_after: Duration,
     /// The key gossip is authenticated with (`--cluster-key`). Default:

@@ -9,8 +9,9 @@
 //! When a slot frees, the scheduler starts the first fitting job of the
 //! tenant with the lowest fair share (see [`super::fairshare`]) — or, with
 //! fair share off, the oldest fitting job. Small jobs may pass a waiting
-//! large one, but a job that has waited longer than `hold_after` has memory
-//! held for it: other jobs start only if they fit beside it, so the memory
+//! large one, but a job that has waited longer than `hold_after` — or than
+//! a few of this worker's recent jobs took, if sooner (`hold.rs`) — has
+//! memory held for it: other jobs start only if they fit beside it, so the memory
 //! it needs gathers as running jobs end and large jobs are not starved. The
 //! hold never wedges the worker: a job is held only if it fits in what the
 //! host could ever offer ([`Ledger::ceiling`]) — otherwise it is refused,
@@ -22,6 +23,7 @@
 //! The waiting jobs are kept per tenant (`queue.rs`), so that a deep queue
 //! costs nothing per job.
 
+mod hold;
 mod queue;
 
 use parking_lot::Mutex;
@@ -74,7 +76,9 @@ pub struct AdmissionConfig {
     /// Usage halves every this long. Default:
     /// [`DEFAULT_HALF_LIFE`](super::fairshare::DEFAULT_HALF_LIFE).
     pub half_life: Duration,
-    /// A job waiting longer than this gets memory held for it. Default:
+    /// A job waiting longer than this gets memory held for it — sooner on
+    /// a worker of short jobs: after 3 × their mean time, at least
+    /// 250 ms (`hold.rs`). Default:
     /// [`DEFAULT_HOLD_AFTER`].
     pub hold_after: Duration,
     /// The most memory one job may have, whatever the capacity: the
@@ -141,6 +145,8 @@ struct State {
     queue: Queues<Answer>,
     running: HashMap<u64, Running>,
     fair: FairShare,
+    /// Recent jobs' times: how soon a passed-over job is held.
+    times: hold::JobTimes,
     next_id: u64,
 }
 
@@ -206,7 +212,9 @@ impl Drop for Ticket {
         {
             let mut st = self.admission.lock();
             if let Some(r) = st.running.remove(&self.id) {
-                let usage = Usage::of_job(now.saturating_duration_since(r.started), r.reserved);
+                let took = now.saturating_duration_since(r.started);
+                st.times.record(took);
+                let usage = Usage::of_job(took, r.reserved);
                 st.fair.record(&r.tenant.name, usage, now);
             }
             st.busy -= 1;
@@ -236,6 +244,7 @@ impl Admission {
                 queue: Queues::default(),
                 running: HashMap::new(),
                 fair,
+                times: hold::JobTimes::default(),
                 next_id: 0,
             }),
         });
@@ -467,16 +476,12 @@ impl Admission {
         drop(unwanted);
     }
 
-    /// Whether `w` has waited past the bound that gets memory held for it.
-    fn overdue(&self, w: &Waiter<Answer>, now: Instant) -> bool {
-        now.saturating_duration_since(w.since) > self.config.hold_after
-    }
-
     /// Refuses the overdue jobs that the host could not hold even with
     /// nothing else running: holding memory for them would stop every other
     /// job for nothing.
     fn refuse_hopeless(&self, st: &mut State, now: Instant) {
-        let overdue = |w: &Waiter<Answer>| self.overdue(w, now);
+        let hold_after = st.times.hold_after(self.config.hold_after);
+        let overdue = |w: &Waiter<Answer>| hold::overdue(w.since, now, hold_after);
         // Each tenant's oldest job is its longest waiting: the usual case
         // (none overdue) looks at one job per tenant and reads no host memory.
         if !st.queue.oldest().any(overdue) {
@@ -517,6 +522,7 @@ impl Admission {
     /// The job to start now, with its reservation.
     fn pick(&self, st: &State, now: Instant) -> Step {
         let tenants = self.ranked_tenants(st, now);
+        let hold_after = st.times.hold_after(self.config.hold_after);
         // The first overdue job, in fair-share order, has memory held: it
         // starts if it fits, and others only if they fit beside it. (A
         // tenant's oldest job is the first of its to be overdue.)
@@ -524,7 +530,7 @@ impl Admission {
             st.queue
                 .waiting(t)
                 .next()
-                .filter(|(_, w)| self.overdue(w, now))
+                .filter(|(_, w)| hold::overdue(w.since, now, hold_after))
         });
         let keep = match held {
             Some((i, w)) => match self.ledger.try_reserve_fitting(w.asked, w.starts_at, 0) {
@@ -540,10 +546,9 @@ impl Admission {
                 }
             }
         }
-        // What waits for memory is not lent to running jobs meanwhile: the
-        // overdue job's to anyone, each tenant's first to other tenants.
+        // What waits for memory is not lent meanwhile to other tenants'
+        // running jobs: each tenant's first (the held one among them).
         self.ledger.hold_back_from_loans(HeldBack {
-            overdue: keep,
             waiting: tenants
                 .iter()
                 .filter_map(|&(t, tenant)| {

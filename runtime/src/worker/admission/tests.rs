@@ -152,6 +152,36 @@ async fn a_large_job_that_waited_too_long_has_memory_held_for_it() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn on_a_worker_of_short_jobs_a_passed_over_job_is_held_after_a_few_of_their_times() {
+    // The configured bound is the default 30 s; the jobs take 300 ms.
+    let adm = Admission::new(ledger(), AdmissionConfig::new(3));
+    let t = Arc::new(Tenant::new("t"));
+    for _ in 0..20 {
+        let job = adm.admit(&t, 10 * MIB).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        drop(job);
+    }
+    let running = adm.admit(&t, 60 * MIB).await.unwrap();
+    let (adm2, t2) = (adm.clone(), t.clone());
+    let large = tokio::spawn(async move { adm2.admit(&t2, 80 * MIB).await.map(|_| ()) });
+    // Within three job times a small job still passes the large one...
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(adm.admit(&t, 10 * MIB).await.unwrap());
+    // ...past them (0.9 s, not 30 s), small jobs wait for it.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let (adm3, t3) = (adm.clone(), t.clone());
+    let small = tokio::spawn(async move { adm3.admit(&t3, 10 * MIB).await.map(|_| ()) });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        !small.is_finished(),
+        "the small job must wait behind the memory held for the large one"
+    );
+    drop(running);
+    large.await.unwrap().unwrap();
+    small.await.unwrap().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
 async fn queue_limits_hold_when_memory_is_the_bottleneck_and_count_bytes() {
     let ledger = ledger();
     let config = AdmissionConfig {

@@ -154,24 +154,24 @@ struct State {
 /// What admission holds back from loans (`lend.rs`), set at each dispatch.
 #[derive(Clone, Debug, Default)]
 pub struct HeldBack {
-    /// Memory kept for a job that has waited too long: lent to no one.
-    pub overdue: u64,
-    /// Each tenant's first job waiting for memory: what it asks, lent to
-    /// no other tenant.
+    /// Each tenant's first job waiting for memory (a held, overdue one
+    /// among them): what it asks, lent to no other tenant. Its own
+    /// tenant's running jobs may still borrow it: refusing a loan ends a
+    /// running job and loses its work, while lending delays the waiting
+    /// job by that job's remaining time at most (and a hold lets no new
+    /// job start meanwhile, so the memory still gathers).
     pub waiting: Vec<(String, u64)>,
 }
 
 impl HeldBack {
     /// What a loan to a job of `tenant` must leave.
     pub(super) fn from(&self, tenant: &str) -> u64 {
-        let others = self
-            .waiting
+        self.waiting
             .iter()
             .filter(|(t, _)| t != tenant)
             .map(|(_, asked)| *asked)
             .max()
-            .unwrap_or(0);
-        self.overdue.max(others)
+            .unwrap_or(0)
     }
 }
 
