@@ -90,10 +90,7 @@ impl<T: Submitter> MapRun<'_, T> {
             // back an ordered map's first result.
             return self.slots.max(1) as usize;
         }
-        if self.learning()
-            && !self.estimator.learned()
-            && self.estimator.model().is_none()
-        {
+        if self.learning() && !self.estimator.learned() && self.estimator.model().is_none() {
             // Nothing learned yet: every job goes out at the starting
             // request (1 GiB, capped by the pool). More in flight than the
             // pool can run at that request only queues jobs that have

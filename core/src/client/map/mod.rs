@@ -216,7 +216,10 @@ impl<'a, T: Submitter> MapRun<'a, T> {
         if capacity.workers == 0 || capacity.slots == 0 {
             anyhow::bail!("no live worker in the pool");
         }
-        let given = config.mem.iter().chain(config.mem_per_input.iter().flat_map(|m| m.iter()));
+        let given = config
+            .mem
+            .iter()
+            .chain(config.mem_per_input.iter().flat_map(|m| m.iter()));
         if let Some(mem) = given.max_by_key(|m| m.bytes())
             && mem.bytes() > capacity.largest_job
         {

@@ -1,7 +1,11 @@
-//! When a waiting job gets memory held for it ([`JobTimes::hold_after`]):
-//! after `--hold-after` (30 s by default), or sooner on a worker whose
-//! jobs are short — after [`HOLD_AFTER_JOBS`] × the mean time of its
-//! recent jobs, never sooner than [`MIN_HOLD_AFTER`].
+//! When a waiting job gets memory held for it: after `--hold-after` (30 s
+//! by default; it then also starts first if it fits), or — if it waits
+//! because it does not fit — sooner on a worker whose jobs are short:
+//! after [`HOLD_AFTER_JOBS`] × the mean time of its recent jobs
+//! ([`JobTimes::hold_after`]), never sooner than [`MIN_HOLD_AFTER`]
+//! ([`gathering`]). Only memory gathers for it then; it keeps its
+//! fair-share turn, so a job waiting for a slot is never moved ahead of a
+//! tenant with less usage.
 //!
 //! Why: small jobs may pass a large one that does not fit yet (backfill);
 //! a hold then stops them, so the memory the large one needs gathers as
@@ -57,6 +61,32 @@ impl JobTimes {
     }
 }
 
+/// Memory to gather for the first of `firsts` (each tenant's first
+/// waiting job: since when, and what it needs to start; in fair-share
+/// order) passed over for longer than `bound` because it does not fit:
+/// others start only beside it, but it keeps its fair-share turn — a job
+/// that waits for a slot, not for memory, is not moved ahead. 0 if none,
+/// or none the host could ever hold (`room`: what a job is offered now,
+/// and the most it could ever be; read only if some job is that late):
+/// those wait for `--hold-after`, then are refused.
+pub(super) fn gathering(
+    firsts: impl Iterator<Item = (Instant, u64)>,
+    now: Instant,
+    bound: Duration,
+    room: impl FnOnce() -> (u64, u64),
+) -> u64 {
+    let mut late = firsts
+        .filter(|&(since, _)| overdue(since, now, bound))
+        .map(|(_, need)| need)
+        .peekable();
+    if late.peek().is_none() {
+        return 0; // the usual case reads no host memory
+    }
+    let (offer, ceiling) = room();
+    late.find(|&need| need > offer && need <= ceiling)
+        .unwrap_or(0)
+}
+
 /// Whether a job waiting `since` has waited past `hold_after` (the
 /// [`JobTimes::hold_after`] of this pass) and gets memory held for it.
 pub(super) fn overdue(since: Instant, now: Instant, hold_after: Duration) -> bool {
@@ -94,6 +124,35 @@ mod tests {
         assert_eq!(
             times.hold_after(Duration::from_millis(50)),
             Duration::from_millis(50)
+        );
+    }
+
+    #[test]
+    fn memory_gathers_for_the_first_late_job_that_does_not_fit() {
+        let now = Instant::now();
+        let ago = |ms| now - Duration::from_millis(ms);
+        let bound = Duration::from_millis(500);
+        let room = || (100, 1000);
+        // None late: nothing, and host memory is not read.
+        let unread = || -> (u64, u64) { panic!("read host memory") };
+        assert_eq!(
+            gathering([(ago(100), 400)].into_iter(), now, bound, unread),
+            0
+        );
+        // Late but fitting (it waits for a slot): nothing.
+        assert_eq!(gathering([(ago(900), 50)].into_iter(), now, bound, room), 0);
+        // The first late one that does not fit, in the order given.
+        let firsts = [
+            (ago(900), 50),
+            (ago(100), 300),
+            (ago(700), 400),
+            (ago(800), 600),
+        ];
+        assert_eq!(gathering(firsts.into_iter(), now, bound, room), 400);
+        // One the host could never hold is not gathered for.
+        assert_eq!(
+            gathering([(ago(900), 2000)].into_iter(), now, bound, room),
+            0
         );
     }
 

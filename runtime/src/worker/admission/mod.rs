@@ -9,10 +9,11 @@
 //! When a slot frees, the scheduler starts the first fitting job of the
 //! tenant with the lowest fair share (see [`super::fairshare`]) — or, with
 //! fair share off, the oldest fitting job. Small jobs may pass a waiting
-//! large one, but a job that has waited longer than `hold_after` — or than
-//! a few of this worker's recent jobs took, if sooner (`hold.rs`) — has
-//! memory held for it: other jobs start only if they fit beside it, so the memory
-//! it needs gathers as running jobs end and large jobs are not starved. The
+//! large one, but a job that has waited longer than `hold_after` has memory
+//! held for it: other jobs start only if they fit beside it, so the memory
+//! it needs gathers as running jobs end and large jobs are not starved
+//! (sooner for a job that does not fit on a worker of short jobs:
+//! `hold.rs`). The
 //! hold never wedges the worker: a job is held only if it fits in what the
 //! host could ever offer ([`Ledger::ceiling`]) — otherwise it is refused,
 //! naming the largest that fits — and only while its tenant is below its
@@ -76,10 +77,8 @@ pub struct AdmissionConfig {
     /// Usage halves every this long. Default:
     /// [`DEFAULT_HALF_LIFE`](super::fairshare::DEFAULT_HALF_LIFE).
     pub half_life: Duration,
-    /// A job waiting longer than this gets memory held for it — sooner on
-    /// a worker of short jobs: after 3 × their mean time, at least
-    /// 250 ms (`hold.rs`). Default:
-    /// [`DEFAULT_HOLD_AFTER`].
+    /// A job waiting longer than this gets memory held for it (sooner if it
+    /// does not fit, on a worker of short jobs: `hold.rs`). Default: [`DEFAULT_HOLD_AFTER`].
     pub hold_after: Duration,
     /// The most memory one job may have, whatever the capacity: the
     /// sandbox's ceiling (`SandboxConfig::max_job_memory`), so that a job
@@ -480,8 +479,7 @@ impl Admission {
     /// nothing else running: holding memory for them would stop every other
     /// job for nothing.
     fn refuse_hopeless(&self, st: &mut State, now: Instant) {
-        let hold_after = st.times.hold_after(self.config.hold_after);
-        let overdue = |w: &Waiter<Answer>| hold::overdue(w.since, now, hold_after);
+        let overdue = |w: &Waiter<Answer>| hold::overdue(w.since, now, self.config.hold_after);
         // Each tenant's oldest job is its longest waiting: the usual case
         // (none overdue) looks at one job per tenant and reads no host memory.
         if !st.queue.oldest().any(overdue) {
@@ -522,22 +520,28 @@ impl Admission {
     /// The job to start now, with its reservation.
     fn pick(&self, st: &State, now: Instant) -> Step {
         let tenants = self.ranked_tenants(st, now);
-        let hold_after = st.times.hold_after(self.config.hold_after);
-        // The first overdue job, in fair-share order, has memory held: it
-        // starts if it fits, and others only if they fit beside it. (A
-        // tenant's oldest job is the first of its to be overdue.)
+        // The first job past `--hold-after`, in fair-share order (a tenant's
+        // oldest is its first to be), starts if it fits; else has memory held.
         let held = tenants.iter().find_map(|&(t, _)| {
             st.queue
                 .waiting(t)
                 .next()
-                .filter(|(_, w)| hold::overdue(w.since, now, hold_after))
+                .filter(|(_, w)| hold::overdue(w.since, now, self.config.hold_after))
         });
         let keep = match held {
             Some((i, w)) => match self.ledger.try_reserve_fitting(w.asked, w.starts_at, 0) {
                 Some(r) => return Step::Start(i, r),
                 None => w.starts_at,
             },
-            None => 0,
+            None => hold::gathering(
+                tenants
+                    .iter()
+                    .filter_map(|&(t, _)| st.queue.waiting(t).next())
+                    .map(|(_, w)| (w.since, w.starts_at)),
+                now,
+                st.times.hold_after(self.config.hold_after),
+                || (self.ledger.offer(), self.ledger.ceiling()),
+            ),
         };
         for &(t, _) in &tenants {
             for (place, w) in st.queue.waiting(t) {

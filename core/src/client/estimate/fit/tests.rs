@@ -388,7 +388,11 @@ fn the_reserve_is_the_middle_of_the_noise_and_costs_a_few_percent_over_the_peaks
         tail: 100 * MIB,
         reserve: 0,
     };
-    assert_eq!(blind.reserve(MIB), None, "a blind model saved before reserves");
+    assert_eq!(
+        blind.reserve(MIB),
+        None,
+        "a blind model saved before reserves"
+    );
 }
 
 #[test]
