@@ -464,3 +464,48 @@ async fn map_warns_when_its_estimate_is_larger_than_most_workers_take() {
     );
     drop(b);
 }
+
+#[test]
+fn each_input_runs_under_the_memory_given_for_it_never_raised() {
+    let cache = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let given = dir.path().join("mem.txt");
+    let mem = |s: &str| {
+        std::fs::write(&given, s).unwrap();
+        given.to_str().unwrap().to_owned()
+    };
+    // memhog allocates as many MiB as its input says.
+    let inputs = "8\n40\n8\n";
+    let mib = |v: &Value| v["memory_limit_bytes"].as_u64().unwrap() >> 20;
+
+    let file = mem("24MiB\n64MiB\n16MiB\n");
+    let (out, lines) = peerwasm_map("memhog", &["--mem-per-input", &file], inputs, cache.path());
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let limits: Vec<u64> = lines.iter().map(mib).collect();
+    assert_eq!(limits, [24, 64, 16]);
+    assert!(lines.iter().all(|l| l["attempts"] == 1));
+
+    // Too little for input 1: it fails at what was given, not run larger;
+    // input 2, past the file's end, learns as usual.
+    let file = mem("24MiB\n16MiB\n");
+    let (out, lines) = peerwasm_map(
+        "memhog",
+        &["--mem-per-input", &file, "--keep-going"],
+        inputs,
+        cache.path(),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert_eq!(
+        (mib(&lines[1]), &lines[1]["attempts"]),
+        (16, &Value::from(1))
+    );
+    assert_ne!(lines[1]["exit_code"], 0);
+    assert_eq!(lines[2]["exit_code"], 0, "{}", lines[2]);
+
+    // A line that is not a size is an error naming it, before any job.
+    let file = mem("24MiB\nlots\n");
+    let (out, lines) = peerwasm_map("memhog", &["--mem-per-input", &file], inputs, cache.path());
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("mem.txt line 2"), "{}", stderr(&out));
+    assert!(lines.is_empty());
+}

@@ -15,6 +15,7 @@ use super::args::SandboxArgs;
 use super::progress::MapPrinter;
 use crate::client::estimate::EstimateStore;
 use crate::client::{Job, MapConfig, Target, map};
+use crate::proto::MemoryRequest;
 use crate::runner::{JobRunner, RunnerConfig};
 use crate::units::parse_size;
 
@@ -27,6 +28,12 @@ pub struct MapArgs {
     /// Never ask for less memory than this when learning.
     #[arg(long, value_name = "SIZE", value_parser = parse_size, conflicts_with = "mem")]
     min_mem: Option<u64>,
+    /// Each input's memory limit when you know it: one size per line of
+    /// FILE (e.g. 64MiB), line i for input i. Each is asked exactly and
+    /// never raised, the largest go first; inputs past its end take --mem,
+    /// else what is learned.
+    #[arg(long, value_name = "FILE", conflicts_with = "detach")]
+    mem_per_input: Option<PathBuf>,
     /// Run a failed job again up to N times.
     #[arg(long, value_name = "N", default_value_t = 0)]
     retries: u32,
@@ -127,8 +134,14 @@ pub fn run(args: MapArgs) -> anyhow::Result<ExitCode> {
             inputs.len()
         );
     }
+    let given = args
+        .mem_per_input
+        .as_deref()
+        .map(read_mem_per_input)
+        .transpose()?;
     let config = MapConfig {
         first_index,
+        mem_per_input: given.map(|g| g[first_index.min(g.len())..].into()),
         estimates: args
             .sandbox
             .cache_root()
@@ -296,6 +309,21 @@ fn results_written(path: &PathBuf, total: u64) -> anyhow::Result<usize> {
 
 /// The lines of `path` (or stdin for `-`), each with its newline, as a job
 /// reading stdin with `echo LINE |` would see it.
+/// `--mem-per-input`: a size per line; a line that is not one is an error
+/// naming it.
+fn read_mem_per_input(path: &std::path::Path) -> anyhow::Result<Vec<MemoryRequest>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read --mem-per-input {}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .map(|(i, line)| {
+            parse_size(line.trim())
+                .map(MemoryRequest::from)
+                .map_err(|e| anyhow::anyhow!("{} line {}: {e}", path.display(), i + 1))
+        })
+        .collect()
+}
+
 fn read_inputs(path: &PathBuf) -> anyhow::Result<Vec<Vec<u8>>> {
     let mut text = Vec::new();
     if path.as_os_str() == "-" {

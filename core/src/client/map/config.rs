@@ -21,7 +21,9 @@ pub struct MapConfig {
     /// exactly that, as with `mem`, and learns nothing; inputs past its
     /// end take `mem`, else what is learned. Scheduling is as with a
     /// learned per-input model: the largest of the inputs read ahead
-    /// goes first. Default: `None`.
+    /// goes first. A detached map (`SubmitConfig`) does not carry it (the
+    /// command line refuses `--mem-per-input` with `--detach`). Default:
+    /// `None`.
     pub mem_per_input: Option<std::sync::Arc<[MemoryRequest]>>,
     /// Never ask for less than this. Default: 0.
     pub min_mem: u64,
