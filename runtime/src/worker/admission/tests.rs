@@ -130,25 +130,9 @@ async fn a_large_job_that_waited_too_long_has_memory_held_for_it() {
     };
     let adm = Admission::new(ledger, config);
     let t = Arc::new(Tenant::new("t"));
-    let running = adm.admit(&t, 60 * MIB).await.unwrap();
-    let (adm2, t2) = (adm.clone(), t.clone());
-    let large = tokio::spawn(async move { adm2.admit(&t2, 80 * MIB).await.map(|_| ()) });
-    // Before the bound, a small job passes the waiting large one...
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    drop(adm.admit(&t, 10 * MIB).await.unwrap());
-    // ...after it, small jobs wait until the large one has run.
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    let (adm3, t3) = (adm.clone(), t.clone());
-    let small = tokio::spawn(async move { adm3.admit(&t3, 10 * MIB).await.map(|_| ()) });
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(
-        !small.is_finished(),
-        "the small job must wait behind the held memory"
-    );
-    assert_eq!(adm.counts(), (1, 2));
-    drop(running);
-    large.await.unwrap().unwrap();
-    small.await.unwrap().unwrap();
+    // Before the bound, a small job passes the waiting large one; after
+    // it, small jobs wait until the large one has run.
+    passes_then_waits(&adm, &t, 20, 150).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -161,14 +145,21 @@ async fn on_a_worker_of_short_jobs_a_passed_over_job_is_held_after_a_few_of_thei
         tokio::time::sleep(Duration::from_millis(300)).await;
         drop(job);
     }
-    let running = adm.admit(&t, 60 * MIB).await.unwrap();
+    // Within three job times a small job still passes the large one; past
+    // them (0.9 s, not 30 s), small jobs wait for it.
+    passes_then_waits(&adm, &t, 500, 600).await;
+}
+
+/// With 60 of the 100 MiB running, an 80 MiB job waits: a 10 MiB job sent
+/// `pass_ms` later passes it, one sent `wait_ms` after that waits behind
+/// the memory held for it; then all three run.
+async fn passes_then_waits(adm: &Arc<Admission>, t: &Arc<Tenant>, pass_ms: u64, wait_ms: u64) {
+    let running = adm.admit(t, 60 * MIB).await.unwrap();
     let (adm2, t2) = (adm.clone(), t.clone());
     let large = tokio::spawn(async move { adm2.admit(&t2, 80 * MIB).await.map(|_| ()) });
-    // Within three job times a small job still passes the large one...
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    drop(adm.admit(&t, 10 * MIB).await.unwrap());
-    // ...past them (0.9 s, not 30 s), small jobs wait for it.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::time::sleep(Duration::from_millis(pass_ms)).await;
+    drop(adm.admit(t, 10 * MIB).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(wait_ms)).await;
     let (adm3, t3) = (adm.clone(), t.clone());
     let small = tokio::spawn(async move { adm3.admit(&t3, 10 * MIB).await.map(|_| ()) });
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -176,6 +167,7 @@ async fn on_a_worker_of_short_jobs_a_passed_over_job_is_held_after_a_few_of_thei
         !small.is_finished(),
         "the small job must wait behind the memory held for the large one"
     );
+    assert_eq!(adm.counts(), (1, 2));
     drop(running);
     large.await.unwrap().unwrap();
     small.await.unwrap().unwrap();
