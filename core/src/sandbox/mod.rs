@@ -22,6 +22,9 @@
 //! * `stdio` — captured, capped, optionally streamed stdout/stderr;
 //! * `warm` — warm starts: jobs begun from a snapshot of an interpreter's
 //!   memory (a Python map's items);
+//! * `resident` — the instance such a job leaves, its memory put back to
+//!   the snapshot, for the next job of the snapshot;
+//! * `store` — a job's store: WASI, limiter, file bounds, time limit armed;
 //! * `kinds` — how a component and a warm start run (a core module's run
 //!   is here);
 //! * `outcome` — classifying how a job ended;
@@ -50,9 +53,11 @@ mod job_state;
 mod kinds;
 pub(crate) mod limiter;
 pub(crate) mod outcome;
+mod resident;
 mod spec;
 pub(crate) mod stdin;
 pub(crate) mod stdio;
+mod store;
 pub(crate) mod validate;
 mod warm;
 mod warm_disk;
@@ -63,7 +68,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use tokio::sync::mpsc::UnboundedSender;
-use wasmtime::{Engine, Linker, Store};
+use wasmtime::{Engine, Linker};
 
 pub(crate) use artifacts::ArtifactStore;
 pub use cache::{CacheStats, CompiledModule, ModuleCache, max_compiles};
@@ -441,64 +446,6 @@ impl Sandbox {
             cpu_time_us,
             limiter: store.into_data().limiter,
         })
-    }
-
-    /// A core module's job's store on `engine`, and its scratch directory
-    /// if it can open files (held by the caller: dropped, and so deleted,
-    /// when the job is done). `Err` is why the job cannot start.
-    fn core_store(
-        &self,
-        engine: &Engine,
-        opens_files: bool,
-        spec: &RunSpec,
-        io: JobIo<'_>,
-        limiter: MemoryLimiter,
-    ) -> Result<(Store<JobState>, Option<tempfile::TempDir>), String> {
-        let scratch = opens_files
-            .then(|| self.scratch_dir())
-            .transpose()
-            .map_err(|e| format!("cannot make a scratch directory: {e}"))?;
-        let wasi = self
-            .build_wasi(spec, io, scratch.as_ref().map(|d| d.path()))?
-            .build_p1();
-        Ok((self.store(engine, wasi, limiter), scratch))
-    }
-
-    /// A job's store: its WASI, its memory limiter, its file bounds and the
-    /// time-limit mechanism armed.
-    fn store<W: 'static>(
-        &self,
-        engine: &Engine,
-        wasi: W,
-        limiter: MemoryLimiter,
-    ) -> Store<JobState<W>> {
-        let files = files::FileUse::new(
-            self.config.max_open_files,
-            self.config.max_scratch_bytes.unwrap_or(u64::MAX),
-            self.scratch.clone(),
-        );
-        let mut store = Store::new(
-            engine,
-            JobState {
-                wasi,
-                limiter,
-                files,
-            },
-        );
-        store.limiter(|s| &mut s.limiter);
-        match self.config.time_limit {
-            TimeLimitMechanism::Epoch => {
-                store.set_epoch_deadline(1);
-                store.epoch_deadline_async_yield_and_update(1);
-            }
-            TimeLimitMechanism::Fuel => {
-                // Both only fail when fuel is not configured, which it is.
-                let _ = store.set_fuel(u64::MAX);
-                let _ = store.fuel_async_yield_interval(Some(engine::FUEL_YIELD_INTERVAL));
-            }
-            TimeLimitMechanism::Off => {}
-        }
-        store
     }
 
     /// A job's stdout and stderr captures: the caps it asked for, within

@@ -46,6 +46,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::{AsContextMut, Engine, ExternType, Instance, InstancePre, Linker, Memory, Module};
 
 use super::job_state::JobState;
+use super::resident::Residents;
 use super::spec::RunSpec;
 use super::warm_disk::{SnapshotDir, WASM_PAGE, all_zero};
 use crate::proto::{ModuleHash, WarmStart};
@@ -91,6 +92,11 @@ pub struct WarmStats {
     pub warm_starts: u64,
     /// Jobs of a warm start that ran their prelude themselves.
     pub cold_starts: u64,
+    /// Of the warm starts, those that ran in the instance a job of the
+    /// same snapshot left, its memory put back to the snapshot's
+    /// ([`resident`](super::resident)): no instantiation, no page faults
+    /// for the pages the last job also touched.
+    pub resident_starts: u64,
 }
 
 /// A snapshot of an interpreter's memory, or the news that its prelude
@@ -116,6 +122,16 @@ pub(super) enum Start {
 /// A snapshot ready to map.
 pub(super) struct SnapshotImage(Arc<Snapshot>);
 
+impl SnapshotImage {
+    /// The sealed file holding the image, and its length in bytes.
+    pub(super) fn file(&self) -> (&OwnedFd, usize) {
+        match &*self.0 {
+            Snapshot::Image { file, len } => (file, *len),
+            Snapshot::Refused => unreachable!("a SnapshotImage holds an image"),
+        }
+    }
+}
+
 /// The right to make a key's snapshot, given back when dropped.
 pub(super) struct Claim {
     key: [u8; 32],
@@ -135,6 +151,8 @@ pub(super) struct WarmStarts {
     linker: Linker<JobState>,
     modules: Mutex<LruCache<ModuleHash, Arc<InstancePre<JobState>>>>,
     inner: Arc<WarmStartsInner>,
+    /// Instances the jobs of a snapshot left, for the next of them.
+    residents: Residents,
     /// Where snapshots are also kept for the next process (`disk`).
     disk: Option<SnapshotDir>,
 }
@@ -163,6 +181,7 @@ impl WarmStarts {
             engine,
             linker,
             modules: Mutex::new(LruCache::new(n(MODULES_KEPT))),
+            residents: Residents::default(),
             inner: Arc::new(WarmStartsInner {
                 snapshots: Mutex::new(LruCache::new(n(SNAPSHOTS_KEPT))),
                 building: Mutex::new(HashSet::new()),
@@ -181,6 +200,11 @@ impl WarmStarts {
         }
     }
 
+    /// The instances jobs left for the next job of their snapshot.
+    pub(super) fn residents(&self) -> &Residents {
+        &self.residents
+    }
+
     /// The engine warm jobs run on.
     pub(super) fn engine(&self) -> &Engine {
         &self.engine
@@ -191,6 +215,7 @@ impl WarmStarts {
             snapshots: self.inner.made.load(Ordering::Relaxed),
             warm_starts: self.inner.warm.load(Ordering::Relaxed),
             cold_starts: self.inner.cold.load(Ordering::Relaxed),
+            resident_starts: self.residents.started(),
         }
     }
 
@@ -234,14 +259,11 @@ impl WarmStarts {
     /// has; else cold, making the snapshot. While another job is making
     /// it, this one waits for it: it would take as long to run the prelude
     /// itself, and then not start warm.
-    pub(super) async fn start(&self, spec: &RunSpec, warm: &WarmStart, scratch: bool) -> Start {
-        // What a prelude writes into a directory a job keeps would not be
-        // in the next job's copy of it: such jobs each start cold.
-        if spec.dirs.iter().any(|d| !d.read_only) {
+    pub(super) async fn start(&self, key: Option<[u8; 32]>) -> Start {
+        let Some(key) = key else {
             self.inner.cold.fetch_add(1, Ordering::Relaxed);
             return Start::Cold { keep: None };
-        }
-        let key = key(spec, warm, scratch);
+        };
         loop {
             let made = self.inner.made_one.notified();
             let found = self.inner.snapshots.lock().get(&key).cloned();
@@ -309,8 +331,12 @@ impl WarmStarts {
 /// module, the prelude, the arguments, environment and preopens (where
 /// they are mounted; what they hold is in the scope) the interpreter saw,
 /// and the scope that may share it. Not stdin, limits or the job's own
-/// turn.
-fn key(spec: &RunSpec, warm: &WarmStart, scratch: bool) -> [u8; 32] {
+/// turn. None for a job that must start cold: what a prelude writes into
+/// a directory a job keeps would not be in the next job's copy of it.
+pub(super) fn key(spec: &RunSpec, warm: &WarmStart, scratch: bool) -> Option<[u8; 32]> {
+    if spec.dirs.iter().any(|d| !d.read_only) {
+        return None;
+    }
     let preopens: Vec<(&str, bool)> = spec
         .dirs
         .iter()
@@ -327,7 +353,7 @@ fn key(spec: &RunSpec, warm: &WarmStart, scratch: bool) -> [u8; 32] {
         &spec.warm_scope,
     );
     let bytes = postcard::to_allocvec(&parts).expect("encoding a key to memory cannot fail");
-    Sha256::digest(bytes).into()
+    Some(Sha256::digest(bytes).into())
 }
 
 /// Calls `instance`'s `turn` with `source`; its exit status (the low 8
@@ -368,14 +394,12 @@ pub(super) async fn restore(
     instance: &Instance,
     image: &SnapshotImage,
 ) -> wasmtime::Result<()> {
-    let Snapshot::Image { file, len } = &*image.0 else {
-        unreachable!("a SnapshotImage holds an image");
-    };
+    let (file, len) = image.file();
     let memory = memory_of(&mut store, instance)?;
     let have = memory.data_size(&store);
-    if *len > have {
+    if len > have {
         memory
-            .grow_async(&mut store, ((*len - have) / WASM_PAGE) as u64)
+            .grow_async(&mut store, ((len - have) / WASM_PAGE) as u64)
             .await?;
     }
     let base = memory.data_ptr(&store);
@@ -385,10 +409,25 @@ pub(super) async fn restore(
     // view of its contents). No wasm runs while it is replaced, and the
     // file is at least `len` long. The mapping is private: the job's
     // writes never reach the file or another job.
+    unsafe { map_image(base, len, file) }
+        .map_err(|e| wasmtime::format_err!("cannot map the snapshot into the job's memory: {e}"))
+}
+
+/// Maps `file`'s first `len` bytes privately over `[base, base + len)`:
+/// the memory reads as the image, and a write copies the page it lands on
+/// for this mapping alone.
+///
+/// # Safety
+///
+/// `[base, base + len)` is mapped memory that nothing reads or writes while
+/// this runs and that may be replaced (its old pages are gone after); `file`
+/// is at least `len` long.
+pub(super) unsafe fn map_image(base: *mut u8, len: usize, file: &OwnedFd) -> std::io::Result<()> {
+    // SAFETY: as the caller promised.
     let mapped = unsafe {
         libc::mmap(
             base.cast(),
-            *len,
+            len,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_PRIVATE | libc::MAP_FIXED,
             file.as_raw_fd(),
@@ -396,10 +435,7 @@ pub(super) async fn restore(
         )
     };
     if mapped == libc::MAP_FAILED || mapped != base.cast() {
-        wasmtime::bail!(
-            "cannot map the snapshot into the job's memory: {}",
-            std::io::Error::last_os_error()
-        );
+        return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }

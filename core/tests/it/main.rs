@@ -10,3 +10,4 @@ mod cache;
 mod entries;
 mod outcomes;
 mod support;
+mod warm;
