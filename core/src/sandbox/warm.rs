@@ -18,6 +18,8 @@
 //! memory is the job's own, counted in its limit and its peak) and maps
 //! the file over it privately — copy-on-write, so a job touches pages, not
 //! the whole image — then runs its turn. No job sees another's writes.
+//! A job whose turn returned leaves its instance for the next job of the
+//! same snapshot, its memory put back to the image ([`resident`](super::resident)).
 //!
 //! What a snapshot can hold is only linear memory. That is all the state
 //! here: `python.wasm` has one mutable global (its stack pointer, back at
