@@ -150,6 +150,8 @@ pub struct Sandbox {
     config: SandboxConfig,
     /// Snapshots of interpreters, and the engine jobs started from them run on.
     warm: warm::WarmStarts,
+    /// Instances jobs of a snapshot left, for the next of them.
+    residents: resident::Residents,
 }
 
 impl Sandbox {
@@ -193,12 +195,16 @@ impl Sandbox {
             cache,
             config,
             warm,
+            residents: resident::Residents::default(),
         })
     }
 
     /// The warm starts' counters.
     pub fn warm_stats(&self) -> WarmStats {
-        self.warm.stats()
+        WarmStats {
+            resident_starts: self.residents.started(),
+            ..self.warm.stats()
+        }
     }
 
     /// The shared engine.

@@ -48,7 +48,6 @@ use sha2::{Digest, Sha256};
 use wasmtime::{AsContextMut, Engine, ExternType, Instance, InstancePre, Linker, Memory, Module};
 
 use super::job_state::JobState;
-use super::resident::Residents;
 use super::spec::RunSpec;
 use super::warm_disk::{SnapshotDir, WASM_PAGE, all_zero};
 use crate::proto::{ModuleHash, WarmStart};
@@ -153,8 +152,6 @@ pub(super) struct WarmStarts {
     linker: Linker<JobState>,
     modules: Mutex<LruCache<ModuleHash, Arc<InstancePre<JobState>>>>,
     inner: Arc<WarmStartsInner>,
-    /// Instances the jobs of a snapshot left, for the next of them.
-    residents: Residents,
     /// Where snapshots are also kept for the next process (`disk`).
     disk: Option<SnapshotDir>,
 }
@@ -183,7 +180,6 @@ impl WarmStarts {
             engine,
             linker,
             modules: Mutex::new(LruCache::new(n(MODULES_KEPT))),
-            residents: Residents::default(),
             inner: Arc::new(WarmStartsInner {
                 snapshots: Mutex::new(LruCache::new(n(SNAPSHOTS_KEPT))),
                 building: Mutex::new(HashSet::new()),
@@ -202,11 +198,6 @@ impl WarmStarts {
         }
     }
 
-    /// The instances jobs left for the next job of their snapshot.
-    pub(super) fn residents(&self) -> &Residents {
-        &self.residents
-    }
-
     /// The engine warm jobs run on.
     pub(super) fn engine(&self) -> &Engine {
         &self.engine
@@ -217,7 +208,8 @@ impl WarmStarts {
             snapshots: self.inner.made.load(Ordering::Relaxed),
             warm_starts: self.inner.warm.load(Ordering::Relaxed),
             cold_starts: self.inner.cold.load(Ordering::Relaxed),
-            resident_starts: self.residents.started(),
+            // The sandbox's count (`resident`).
+            resident_starts: 0,
         }
     }
 
