@@ -14,6 +14,7 @@ import peerwasm
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import fns  # noqa: E402
+import plugins  # noqa: E402
 from test_peerwasm import pool  # noqa: E402,F401  (the two-worker pool fixture)
 
 
@@ -163,6 +164,14 @@ def test_items_after_the_snapshot_start_without_the_imports_and_each_has_its_own
     assert all(abs(peaks[i] - base) <= mib for i in (0, 2, 4, 5)), peaks
     assert abs(peaks[1] - base - 64 * mib) <= 2 * mib, peaks
     assert abs(peaks[3] - base - 32 * mib) <= 2 * mib, peaks
+
+
+def test_entry_points_are_read_into_the_snapshot_and_still_follow_sys_path():
+    # Each item finds no `pw.test` plugin (none an earlier item installed
+    # reaches it), then its own once it puts it on sys.path; the lookups
+    # came from the reading the prelude kept.
+    out = peerwasm.map(plugins.seen, range(3))
+    assert out == [([], [f"item{i}"], True) for i in range(3)], out
 
 
 def test_a_module_that_keeps_a_file_open_runs_each_item_from_its_own_start():

@@ -143,8 +143,46 @@ _pw_gc.freeze()
 """
 _WARM_TURN = "_pw_sys.exit(_pw_item())\n"
 
+# Added to the prelude of a map whose snapshot is kept (no `outputs=`):
+# libraries that look for plugins (narwhals, which scikit-learn calls on
+# every fit) ask importlib.metadata for entry points, which parses the
+# METADATA of every distribution in the stdlib zip — ~60 ms, in every item,
+# since no item keeps what the one before found. The distributions are
+# read-only in the sandbox: they are read once, into the snapshot, and each
+# item's lookups select from that (per sys.path: an item that changes it
+# gets its own reading). Only when the program's imports brought
+# importlib.metadata in: others never pay for it.
+_WARM_ENTRY_POINTS = """\
+if "importlib.metadata" in _pw_sys.modules:
+    def _pw_entry_points():
+        import importlib.metadata as metadata
+        every = metadata.entry_points
+        found = {}
+        def entry_points(**params):
+            key = tuple(_pw_sys.path)
+            if key not in found:
+                found[key] = every()
+            return found[key].select(**params) if params else found[key]
+        entry_points.__doc__ = every.__doc__
+        metadata.entry_points = entry_points
+        entry_points()
+    _pw_entry_points()
+    del _pw_entry_points
+"""
+
 # Where the client mounts the program (`peerwasm.client.python`).
 _PROGRAM_PATH = "/script/job.py"
+
+
+def _warm_prelude(outputs):
+    """A map's prelude; entry points read into the snapshot when it is
+    kept (a map with `outputs=` starts each item cold: it would only cost)."""
+    prelude = _WARM_PRELUDE.format(path=_PROGRAM_PATH)
+    if outputs:
+        return prelude
+    # Before the collector freezes what the prelude made.
+    at = prelude.index("# What the prelude made lives")
+    return prelude[:at] + _WARM_ENTRY_POINTS + prelude[at:]
 
 
 def _wire_source():
@@ -519,7 +557,7 @@ def _start(fn, items, ordered, mem, timeout, peers, token, keep_going, retries, 
             token,
             keep_going,
             retries,
-            (_WARM_PRELUDE.format(path=_PROGRAM_PATH), _WARM_TURN),
+            (_warm_prelude(outputs), _WARM_TURN),
             ordered,
             mounts.grants,
             max_output,
