@@ -95,7 +95,7 @@ pub struct WarmStats {
     pub cold_starts: u64,
     /// Of the warm starts, those that ran in the instance a job of the
     /// same snapshot left, its memory put back to the snapshot's
-    /// ([`resident`](super::resident)): no instantiation, no page faults
+    /// (`sandbox/resident.rs`): no instantiation, no page faults
     /// for the pages the last job also touched.
     pub resident_starts: u64,
 }
