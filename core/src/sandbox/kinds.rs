@@ -75,7 +75,7 @@ impl super::Sandbox {
             .warm
             .module(&hash, module, |engine| self.cache.map_for(engine, &hash))?;
         let key = warm_key(spec, warm, opens_files);
-        let resident = key.and_then(|k| self.residents.take(&k));
+        let resident = key.and_then(|k| self.residents.take(&k, |k| self.warm.holds(k)));
         let (state, _scratch) = self.core_state(opens_files, spec, io, bounds.limiter)?;
         let (mut store, mut resident, view) = match resident {
             Some(r) => {
@@ -113,7 +113,9 @@ impl super::Sandbox {
         // The job's own state goes now: its descriptors, limits, lender.
         let limiter = std::mem::replace(store.data_mut(), blank_state()).limiter;
         if let (Some(key), Some((instance, image))) = (key, returned) {
-            self.residents.keep(key, store, instance, image, view);
+            let warm = &self.warm;
+            self.residents
+                .keep(key, store, instance, image, view, |k| warm.holds(k));
         }
         Ok(Ran {
             ended,

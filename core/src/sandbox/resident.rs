@@ -88,9 +88,15 @@ pub(super) struct Residents {
 }
 
 impl Residents {
-    /// The resident instance of `key`, taken out (no other job can have it).
-    pub(super) fn take(&self, key: &[u8; 32]) -> Option<Resident> {
+    /// The resident instance of `key`, taken out (no other job can have
+    /// it). Those of snapshots no longer kept (`kept_snapshot`) go first.
+    pub(super) fn take(
+        &self,
+        key: &[u8; 32],
+        kept_snapshot: impl Fn(&[u8; 32]) -> bool,
+    ) -> Option<Resident> {
         let mut kept = self.kept.lock();
+        kept.retain(|r| kept_snapshot(&r.key));
         let at = kept.iter().rposition(|r| &r.key == key)?;
         self.started.fetch_add(1, Ordering::Relaxed);
         kept.remove(at)
@@ -103,7 +109,9 @@ impl Residents {
 
     /// Keeps `instance` for the next job of `key` if its memory is still
     /// the image's size, after putting it back to the image; else drops it.
-    /// `view` is the image's read-only view if this instance had one.
+    /// `view` is the image's read-only view if this instance had one. Only
+    /// instances of snapshots still kept (`kept_snapshot`) stay: one must
+    /// not hold an image the snapshots' cache let go.
     pub(super) fn keep(
         &self,
         key: [u8; 32],
@@ -111,7 +119,12 @@ impl Residents {
         instance: Instance,
         image: Arc<SnapshotImage>,
         view: Option<ImageView>,
+        kept_snapshot: impl Fn(&[u8; 32]) -> bool,
     ) {
+        self.kept.lock().retain(|r| kept_snapshot(&r.key));
+        if !kept_snapshot(&key) {
+            return;
+        }
         let Ok(memory) = memory_of(&mut store, &instance) else {
             return;
         };

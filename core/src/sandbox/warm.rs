@@ -198,6 +198,12 @@ impl WarmStarts {
         }
     }
 
+    /// Whether `key`'s snapshot is still kept: an instance left for it
+    /// must not hold on to a snapshot the cache let go.
+    pub(super) fn holds(&self, key: &[u8; 32]) -> bool {
+        self.inner.snapshots.lock().peek(key).is_some()
+    }
+
     /// The engine warm jobs run on.
     pub(super) fn engine(&self) -> &Engine {
         &self.engine

@@ -165,3 +165,28 @@ fn a_resident_instance_serves_only_its_own_snapshot_and_within_the_job_s_limit()
     let (outcome, _, stats) = run(&runner, "r");
     assert_eq!((outcome, stats.resident_starts), (exited(0), 2));
 }
+
+#[test]
+fn an_instance_is_not_kept_past_its_snapshot() {
+    let runner = runner(SandboxConfig::default());
+    // Cold, from the snapshot (then kept), in the kept instance.
+    for _ in 0..3 {
+        assert_eq!(run(&runner, "r").0, exited(0));
+    }
+    assert_eq!(runner.sandbox().warm_stats().resident_starts, 1);
+    // Four other preludes: the first snapshot leaves the cache (it keeps
+    // four), and with it the instance its jobs left.
+    for other in ["p1", "p2", "p3", "p4"] {
+        assert_eq!(
+            runner.run_blocking(job(&runner, other, "r")).outcome,
+            exited(0)
+        );
+    }
+    let (outcome, _, stats) = run(&runner, "r");
+    assert_eq!(outcome, exited(0));
+    assert_eq!(
+        (stats.snapshots, stats.resident_starts),
+        (6, 1),
+        "the first prelude ran again, in a fresh instance"
+    );
+}
