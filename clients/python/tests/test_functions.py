@@ -136,7 +136,7 @@ def _map_results(fn, items):
     from peerwasm import _functions, _peerwasm
 
     inputs = [_functions.pickle.dumps(((i,), {}), protocol=_functions.PROTOCOL) for i in items]
-    warm = (_functions._WARM_PRELUDE.format(path=_functions._PROGRAM_PATH), _functions._WARM_TURN)
+    warm = (_functions._warm_prelude(None), _functions._WARM_TURN)
     return list(_peerwasm._map_python(_functions.runtime_dir(), _functions.program(fn, items), inputs, warm=warm))
 
 
@@ -202,7 +202,7 @@ def test_the_next_process_starts_warm_from_the_snapshot_kept_on_disk(tmp_path):
         "from peerwasm import _functions, _peerwasm\n"
         "items = [3, 4, 5, 6]\n"
         "inputs = [_functions.pickle.dumps(((i,), {}), protocol=_functions.PROTOCOL) for i in items]\n"
-        "warm = (_functions._WARM_PRELUDE.format(path=_functions._PROGRAM_PATH), _functions._WARM_TURN)\n"
+        "warm = (_functions._warm_prelude(None), _functions._WARM_TURN)\n"
         "rs = list(_peerwasm._map_python(_functions.runtime_dir(), _functions.program(total, items), inputs, warm=warm))\n"
         "print('WALLS', max(r.wall_s for r in rs))\n"
     )

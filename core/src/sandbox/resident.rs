@@ -121,7 +121,6 @@ impl Residents {
         view: Option<ImageView>,
         kept_snapshot: impl Fn(&[u8; 32]) -> bool,
     ) {
-        self.kept.lock().retain(|r| kept_snapshot(&r.key));
         if !kept_snapshot(&key) {
             return;
         }
@@ -152,6 +151,7 @@ impl Residents {
             return;
         }
         let mut kept = self.kept.lock();
+        kept.retain(|r| kept_snapshot(&r.key));
         if kept.len() >= RESIDENTS_KEPT {
             kept.pop_front();
         }

@@ -135,8 +135,10 @@ def _pw_files_open():
 if _pw_files_open():
     _pw_sys.exit(75)
 del _pw_files_open
-# What the prelude made lives as long as the snapshot: the collector need
-# not walk it again in every item (as a pre-fork server does).
+"""
+# The prelude's end: what it made lives as long as the snapshot, so the
+# collector need not walk it again in every item (as a pre-fork server does).
+_WARM_FREEZE = """\
 import gc as _pw_gc
 _pw_gc.collect()
 _pw_gc.freeze()
@@ -178,11 +180,7 @@ def _warm_prelude(outputs):
     """A map's prelude; entry points read into the snapshot when it is
     kept (a map with `outputs=` starts each item cold: it would only cost)."""
     prelude = _WARM_PRELUDE.format(path=_PROGRAM_PATH)
-    if outputs:
-        return prelude
-    # Before the collector freezes what the prelude made.
-    at = prelude.index("# What the prelude made lives")
-    return prelude[:at] + _WARM_ENTRY_POINTS + prelude[at:]
+    return prelude + ("" if outputs else _WARM_ENTRY_POINTS) + _WARM_FREEZE
 
 
 def _wire_source():
