@@ -9,8 +9,10 @@
 //!   I/O-bound analyses do), 64 MiB each but every 8th 768 MiB, the memory
 //!   following the input's size (the `hold` guest: 1,024 × its input's
 //!   bytes). peerwasm runs it twice — learning, then with the estimate the
-//!   first run saved — and asks `adapt --overhead 64MiB --min-mem 64MiB`
-//!   (the module is a few KiB: its compiles need little); dask's workers
+//!   first run saved — and asks `adapt --overhead 40MiB --min-mem 64MiB`
+//!   (a worker's own processes take 4–17 MiB of its Slurm job's cgroup
+//!   beside its jobs, measured; the module is a few KiB: its compiles need
+//!   little); dask's workers
 //!   are sized for the largest job (`memory="1.2GB"`), as its users must.
 //!   Each controller's asks are printed (adapt's decisions, dask's
 //!   `#SBATCH --mem`).
@@ -98,7 +100,7 @@ fn mix() -> Work {
         mem: None,
         adapt: &[
             "--overhead",
-            "64MiB",
+            "40MiB",
             "--min-mem",
             "64MiB",
             "--max-mem",

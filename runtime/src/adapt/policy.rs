@@ -46,7 +46,7 @@ pub struct Policy {
     pub idle_for: Duration,
     /// Memory a worker needs besides its jobs' limits and the native
     /// memory reserved beside each (`sandbox::JOB_NATIVE_BYTES`): the
-    /// process, compiles. Default: 256 MiB.
+    /// process, compiles (the worker is told to keep it). Default: 64 MiB.
     pub overhead_bytes: u64,
     /// The least and most memory one worker is asked with (`--min-mem`,
     /// `--max-mem`: a node's size). Default: 256 MiB and 64 GiB.
@@ -63,7 +63,7 @@ impl Default for Policy {
             target_duration: Duration::from_secs(5),
             unknown_job_time: Duration::from_secs(1),
             idle_for: Duration::from_secs(10),
-            overhead_bytes: 256 << 20,
+            overhead_bytes: 64 << 20,
             min_worker_bytes: 256 << 20,
             max_worker_bytes: 64 << 30,
         }

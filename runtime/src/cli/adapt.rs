@@ -41,8 +41,9 @@ pub struct AdaptArgs {
     #[arg(long, value_name = "SIZE", default_value_t = Size(64 << 30))]
     max_mem: Size,
     /// Memory a worker needs besides its jobs' limits and the 12 MiB each
-    /// running job is reserved beside (the process, compiles).
-    #[arg(long, value_name = "SIZE", default_value_t = Size(256 << 20))]
+    /// running job is reserved beside (the process, compiles): added to
+    /// each worker's --mem, and passed to the worker as its --overhead.
+    #[arg(long, value_name = "SIZE", default_value_t = Size(64 << 20))]
     overhead: Size,
     /// An option passed to every sbatch as it is (repeatable): your site's
     /// --partition=, --account=, --qos=, --time=, --constraint=.
@@ -79,6 +80,11 @@ pub fn run(args: AdaptArgs) -> anyhow::Result<ExitCode> {
         format!("--pool-dir {}", shell_quote(&dir.to_string_lossy())),
         "--slurm".into(),
     ]);
+    // Each worker keeps for itself what its job was sized with beside its
+    // jobs, and lends the rest: the jobs it was asked for, no more.
+    if !args.worker_args.iter().any(|a| a.starts_with("--overhead")) {
+        worker.push(format!("--overhead {}", args.overhead.0));
+    }
     worker.extend(args.worker_args.iter().map(|a| shell_quote(a)));
     let slurm = Slurm {
         name: args

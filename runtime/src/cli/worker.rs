@@ -39,6 +39,12 @@ pub struct WorkerArgs {
     /// Memory always left to the host and its users.
     #[arg(long, value_name = "SIZE", default_value_t = Size(crate::worker::ledger::DEFAULT_RESERVE))]
     reserve: Size,
+    /// In a cgroup with a memory limit (a Slurm job's --mem, a container's),
+    /// what of it this worker keeps for itself — its process and its slot
+    /// processes, which the cgroup counts beside the jobs — and does not
+    /// lend [default: 32 MiB + 4 MiB per slot].
+    #[arg(long, value_name = "SIZE")]
+    overhead: Option<Size>,
     /// Where compiled modules are cached, under modules/ [default:
     /// ~/.cache/peerwasm].
     #[arg(long, value_name = "DIR", env = "PEERWASM_CACHE_DIR")]
@@ -328,6 +334,10 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     sandbox.compile_program = Some(super::args::compile_program()?);
     sandbox.max_output_bytes = Some(args.max_output.0);
     raise_descriptor_limit(args.slots.unwrap_or(sandbox.slots), args.max_open_files);
+    let overhead = args.overhead.map_or_else(
+        || crate::worker::ledger::default_overhead(sandbox.slots),
+        |o| o.0,
+    );
     let drain_before = args.drain_before.unwrap_or(args.drain_grace.0);
     let lifetime = match (args.slurm, args.ends_in) {
         (true, _) => super::batch::slurm_lifetime(drain_before)?,
@@ -372,6 +382,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         ledger: LedgerConfig {
             memory: args.memory,
             reserve: args.reserve.0,
+            overhead,
             ..LedgerConfig::default()
         },
         gossip_interval: args.gossip_interval.0,

@@ -195,8 +195,24 @@ fn log_start(config: &WorkerConfig, worker: &Worker) {
         .sandbox
         .max_job_time
         .map(|d| humantime::format_duration(d).to_string());
+    let ledger = worker.jobs.admission.ledger();
+    let sizing = ledger.sizing();
+    let from = match sizing.cgroup {
+        _ if sizing.requested == Some(ledger.capacity()) => "--memory".to_string(),
+        Some(limit) => format!(
+            "the cgroup's limit {} less --overhead {}",
+            Size(limit),
+            Size(sizing.overhead)
+        ),
+        None => format!(
+            "physical memory {} less --reserve {}",
+            Size(sizing.physical),
+            Size(ledger.reserve())
+        ),
+    };
     tracing::info!(addr = %worker.jobs.addr, slots = config.runner.sandbox.slots.max(1),
-        capacity = %Size(worker.jobs.admission.ledger().capacity()),
+        capacity = %Size(ledger.capacity()),
+        memory = %from,
         max_job_time = max_job_time.as_deref().unwrap_or("none"), "worker started");
     match &config.tenants {
         Tenants::Single(_) => {

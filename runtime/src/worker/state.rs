@@ -133,13 +133,14 @@ impl Worker {
         let ledger = self.jobs.admission.ledger();
         let sizing = ledger.sizing();
         if let (Some(cgroup), Some(memory)) = (sizing.cgroup, sizing.requested)
-            && cgroup < memory
+            && cgroup.saturating_sub(sizing.overhead) < memory
         {
             self.jobs.warnings.condition(
                 WarningKind::CgroupBelowMemory,
                 Some(format!(
-                    "the cgroup's memory limit {} is lower than --memory {}: jobs get at most {}",
+                    "the cgroup's memory limit {} less --overhead {} is lower than --memory {}: jobs get at most {}",
                     Size(cgroup),
+                    Size(sizing.overhead),
                     Size(memory),
                     Size(ledger.largest_job())
                 )),

@@ -110,6 +110,40 @@ async fn adapt_grows_the_pool_for_a_map_and_shrinks_it_back_to_min() {
     .await;
 }
 
+/// Every worker of `pool` (once one is in its view) lends its batch job's
+/// `--mem` less the controller's `--overhead`, which adapt passes on to it:
+/// the jobs it was sized for, and none of what its own processes take.
+async fn lend_their_mem_less(cluster: &Cluster, pool: &Elastic<'_>, overhead_mib: u64) {
+    let view = || -> Vec<serde_json::Value> {
+        let out = std::process::Command::new(crate::support::PEERWASM)
+            .args(["peers", "--json", "--pool-dir"])
+            .arg(pool.pool())
+            .output()
+            .unwrap();
+        serde_json::from_slice(&out.stdout).unwrap_or_default()
+    };
+    until(
+        Duration::from_secs(20),
+        "a worker in the pool's view",
+        || !view().is_empty(),
+        || pool.log(),
+    )
+    .await;
+    let jobs = cluster.jobs(&pool.name);
+    for p in view() {
+        let advert = &p["advert"];
+        let job = advert["batch_job"].as_str().unwrap_or_default();
+        let Some((_, _, mib)) = jobs.iter().find(|(id, _, _)| id == job) else {
+            panic!("a worker of no job of the controller's: {advert}\n{jobs:?}");
+        };
+        assert_eq!(
+            advert["capacity_bytes"].as_u64(),
+            Some((mib - overhead_mib) << 20),
+            "{advert}"
+        );
+    }
+}
+
 /// Waits until `pool`'s controller has asked Slurm for a worker.
 async fn workers_asked(cluster: &Cluster, pool: &Elastic<'_>) {
     until(
@@ -155,6 +189,7 @@ async fn adapt_shapes_workers_for_the_memory_of_the_jobs_that_wait() {
             pool.log()
         );
     }
+    lend_their_mem_less(cluster, &pool, 128).await;
     finished(map, Duration::from_secs(90));
     check_results(&out, 6);
     drop(pool);

@@ -11,6 +11,7 @@ fn ledger() -> Arc<Ledger> {
             memory: Some(100 * MIB),
             reserve: 0,
             per_job: 0,
+            overhead: 0,
         },
         Box::new(FakeMemory::new(8 << 30, 8 << 30)),
     )
@@ -256,6 +257,7 @@ async fn an_overdue_job_the_host_can_never_hold_is_refused() {
             memory: None,
             reserve: 0,
             per_job: 0,
+            overhead: 0,
         },
         Box::new(host),
     );

@@ -90,6 +90,7 @@ impl HostMemory for SystemMemory {
 pub(crate) struct FakeMemory {
     pub physical: u64,
     pub available: AtomicU64,
+    pub cgroup: Option<u64>,
 }
 
 #[cfg(test)]
@@ -99,6 +100,16 @@ impl FakeMemory {
         Arc::new(FakeMemory {
             physical,
             available: AtomicU64::new(available),
+            cgroup: None,
+        })
+    }
+
+    /// The same host, the worker in a cgroup limited to `limit`.
+    pub fn in_cgroup(physical: u64, available: u64, limit: u64) -> Arc<FakeMemory> {
+        Arc::new(FakeMemory {
+            physical,
+            available: AtomicU64::new(available),
+            cgroup: Some(limit),
         })
     }
 }
@@ -110,7 +121,7 @@ impl HostMemory for Arc<FakeMemory> {
     }
 
     fn cgroup_limit(&self) -> Option<u64> {
-        None
+        self.cgroup
     }
 
     fn available(&self) -> u64 {

@@ -45,6 +45,20 @@ pub use host::{HostMemory, SystemMemory};
 /// Memory always left to the host and its users by default (`--reserve`).
 pub const DEFAULT_RESERVE: u64 = 1 << 30;
 
+/// What a worker keeps of a cgroup's limit for itself by default
+/// (`--overhead`): a base, and as much again for each slot (a slot
+/// process's own runtime beside its job). Measured in a Slurm job's cgroup
+/// (cgroup v1, release build): an idle worker is charged 4–7 MiB, one
+/// running two jobs in slot processes 12 MiB beyond the jobs' memory.
+pub const OVERHEAD_BASE: u64 = 32 << 20;
+/// See [`OVERHEAD_BASE`].
+pub const OVERHEAD_PER_SLOT: u64 = 4 << 20;
+
+/// The default `--overhead` of a worker of `slots` slots.
+pub fn default_overhead(slots: usize) -> u64 {
+    OVERHEAD_BASE.saturating_add(OVERHEAD_PER_SLOT.saturating_mul(slots as u64))
+}
+
 /// How the ledger is sized. Defaults in `Default`.
 #[derive(Clone, Debug)]
 pub struct LedgerConfig {
@@ -57,6 +71,14 @@ pub struct LedgerConfig {
     /// (its native stack, its instance), reserved beside its limit.
     /// Default: [`JOB_NATIVE_BYTES`](crate::sandbox::JOB_NATIVE_BYTES).
     pub per_job: u64,
+    /// Memory kept out of a cgroup's limit (a Slurm job's `--mem`) for the
+    /// worker itself — its process and its slot processes, which the
+    /// cgroup charges beside the jobs — so that a job the worker takes
+    /// never pushes the cgroup past its limit, where the kernel kills the
+    /// largest process in it: the worker (`--overhead`). Not taken from
+    /// physical memory (`reserve` leaves the host room). Default:
+    /// [`default_overhead`] of one slot.
+    pub overhead: u64,
 }
 
 impl Default for LedgerConfig {
@@ -65,6 +87,7 @@ impl Default for LedgerConfig {
             memory: None,
             reserve: DEFAULT_RESERVE,
             per_job: crate::sandbox::JOB_NATIVE_BYTES,
+            overhead: default_overhead(1),
         }
     }
 }
@@ -92,8 +115,20 @@ pub struct Sizing {
     pub requested: Option<u64>,
     /// The memory limit of the cgroup this process runs in, if any.
     pub cgroup: Option<u64>,
+    /// What of the cgroup's limit the worker keeps for itself.
+    pub overhead: u64,
     /// The machine's physical memory.
     pub physical: u64,
+}
+
+impl Sizing {
+    /// What the machine has for jobs: the cgroup's limit less the worker's
+    /// own overhead, or physical memory less `reserve`, whichever is less.
+    fn for_jobs(&self, reserve: u64) -> u64 {
+        self.cgroup
+            .map_or(u64::MAX, |c| c.saturating_sub(self.overhead))
+            .min(self.physical.saturating_sub(reserve))
+    }
 }
 
 /// The ledger; see the module docs.
@@ -101,9 +136,9 @@ pub struct Ledger {
     capacity: u64,
     /// `--memory`: what jobs' limits (and holds) may add up to.
     lend: Option<u64>,
-    /// What the machine has for jobs (the cgroup's limit, physical memory
-    /// less `--reserve`): their limits, the native memory beside each,
-    /// and holds must fit in it.
+    /// What the machine has for jobs (the cgroup's limit less the worker's
+    /// overhead, physical memory less `--reserve`): their limits, the
+    /// native memory beside each, and holds must fit in it.
     machine: u64,
     /// Reserved beside each job's limit (`LedgerConfig::per_job`).
     per_job: u64,
@@ -257,21 +292,20 @@ impl Ledger {
 
     /// A ledger over `host`'s memory (a fake one in tests).
     pub fn with_host(config: &LedgerConfig, host: Box<dyn HostMemory>) -> Arc<Ledger> {
-        let (physical, cgroup) = (host.physical(), host.cgroup_limit());
-        let machine = cgroup
-            .unwrap_or(u64::MAX)
-            .min(physical.saturating_sub(config.reserve));
+        let sizing = Sizing {
+            requested: config.memory,
+            cgroup: host.cgroup_limit(),
+            overhead: config.overhead,
+            physical: host.physical(),
+        };
+        let machine = sizing.for_jobs(config.reserve);
         let capacity = config.memory.unwrap_or(u64::MAX).min(machine);
         Arc::new(Ledger {
             capacity,
             lend: config.memory,
             machine,
             per_job: config.per_job,
-            sizing: Sizing {
-                requested: config.memory,
-                cgroup,
-                physical,
-            },
+            sizing,
             reserve: config.reserve,
             state: Mutex::new(State {
                 reserved: 0,
@@ -293,8 +327,7 @@ impl Ledger {
     /// machine (see `hostledger.rs`): from now on a reservation is decided
     /// with theirs in view. `addr` names this worker in its record.
     pub fn join_host(&self, host: super::hostledger::HostLedger, addr: &str) {
-        let cgroup = self.sizing.cgroup.unwrap_or(u64::MAX);
-        let domain_limit = cgroup.min(self.sizing.physical.saturating_sub(self.reserve));
+        let domain_limit = self.sizing.for_jobs(self.reserve);
         let shared = Shared {
             host,
             addr: addr.to_string(),

@@ -18,6 +18,7 @@ fn ledger(
                 memory,
                 reserve,
                 per_job: 0,
+                overhead: 0,
             },
             Box::new(host.clone()),
         ),
@@ -37,6 +38,7 @@ fn native_memory_is_reserved_beside_each_job_within_the_machine() {
                 memory,
                 reserve: 0,
                 per_job: native,
+                overhead: 0,
             },
             Box::new(FakeMemory::new(physical, physical)),
         )
@@ -159,29 +161,62 @@ fn the_reserve_is_always_left_to_the_host() {
     );
 }
 
-/// A ledger (`--memory 10G --reserve 1G`) in a cgroup of 3 GiB on a
-/// 64 GiB machine.
+/// A ledger (`--memory 10G --reserve 1G`, no overhead) in a cgroup of
+/// 3 GiB on a 64 GiB machine.
 fn in_a_cgroup() -> Arc<Ledger> {
-    struct InCgroup;
-    impl HostMemory for InCgroup {
-        fn physical(&self) -> u64 {
-            64 * GIB
-        }
-        fn cgroup_limit(&self) -> Option<u64> {
-            Some(3 * GIB)
-        }
-        fn available(&self) -> u64 {
-            32 * GIB
-        }
-    }
     Ledger::with_host(
         &LedgerConfig {
             memory: Some(10 * GIB),
             reserve: GIB,
             per_job: 0,
+            overhead: 0,
         },
-        Box::new(InCgroup),
+        Box::new(FakeMemory::in_cgroup(64 * GIB, 32 * GIB, 3 * GIB)),
     )
+}
+
+/// In a cgroup (a Slurm job's `--mem`) the worker's own process counts
+/// beside its jobs: it keeps its overhead out of the limit, so a job of
+/// the largest size it offers cannot push the cgroup past its limit (where
+/// the kernel kills the worker). Physical memory is left `reserve`, not
+/// the overhead.
+#[test]
+fn in_a_cgroup_the_worker_keeps_its_overhead_out_of_what_it_lends() {
+    let native = 12 * MIB;
+    let with = |memory: Option<u64>, host: Arc<FakeMemory>| {
+        Ledger::with_host(
+            &LedgerConfig {
+                memory,
+                reserve: GIB,
+                per_job: native,
+                overhead: 40 * MIB,
+            },
+            Box::new(host),
+        )
+    };
+    // --mem=160M: jobs of up to 160 − 40 − 12 = 108 MiB.
+    let slurm = with(None, FakeMemory::in_cgroup(24 * GIB, 20 * GIB, 160 * MIB));
+    assert_eq!(slurm.capacity(), 120 * MIB);
+    assert_eq!(slurm.largest_job(), 108 * MIB);
+    assert_eq!(slurm.offer(), 108 * MIB);
+    assert!(slurm.try_reserve(109 * MIB).is_none());
+    let job = slurm
+        .try_reserve(108 * MIB)
+        .expect("the largest job it offers");
+    assert_eq!(slurm.offer(), 0);
+    drop(job);
+    // --memory below the cgroup less the overhead still binds.
+    assert_eq!(
+        with(
+            Some(64 * MIB),
+            FakeMemory::in_cgroup(24 * GIB, 20 * GIB, 160 * MIB)
+        )
+        .largest_job(),
+        64 * MIB
+    );
+    // No cgroup: physical less the reserve, the overhead not taken.
+    let host = with(None, FakeMemory::new(8 * GIB, 8 * GIB));
+    assert_eq!(host.capacity(), 7 * GIB);
 }
 
 #[test]
@@ -241,6 +276,7 @@ fn on_this_machine_capacity_is_capped_by_physical_memory_less_the_reserve() {
         memory: None,
         reserve: DEFAULT_RESERVE,
         per_job: 0,
+        overhead: 0,
     })
     .unwrap();
     let mut s = sysinfo::System::new().unwrap();
@@ -264,6 +300,7 @@ fn a_loan_past_the_reserve_takes_only_unpromised_memory_and_ends_with_the_job() 
             memory: Some(100 * MIB),
             reserve: 0,
             per_job: native,
+            overhead: 0,
         },
         Box::new(FakeMemory::new(8 * GIB, 8 * GIB)),
     );
