@@ -1,6 +1,9 @@
 //! The memory limit of the cgroup this process runs in: under Slurm (or
 //! any batch system, or a container), the memory the job was granted. A
-//! worker never lends more than that, whatever `--memory` says.
+//! worker never lends more than that, whatever `--memory` says; and what
+//! the cgroup's processes hold now ([`working_set`]), so that memory taken
+//! in it beside the jobs — the worker's own, another program of the same
+//! batch job — shrinks what the worker offers.
 //!
 //! Read from `/proc/self/cgroup` and the cgroup filesystem, both layouts:
 //! v2 (`0::/path`, file `memory.max`) and v1 (the `memory` controller's
@@ -77,6 +80,37 @@ fn along(base: &Path, path: &str, file: &str) -> Vec<(u64, PathBuf)> {
         .collect()
 }
 
+/// What the processes of the cgroup at `dir` hold now that the kernel
+/// could not simply drop: its usage less its inactive file pages (as
+/// Kubernetes' "working set"). Anonymous memory, shared memory (memfds)
+/// and recently used file pages count; v1 (`memory.usage_in_bytes`,
+/// `total_inactive_file`) or v2 (`memory.current`, `inactive_file`).
+pub fn working_set(dir: &Path) -> Option<u64> {
+    let number = |file: &str| -> Option<u64> {
+        std::fs::read_to_string(dir.join(file))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    let (usage, key) = match number("memory.current") {
+        Some(current) => (current, "inactive_file"),
+        None => (number("memory.usage_in_bytes")?, "total_inactive_file"),
+    };
+    let stat = std::fs::read_to_string(dir.join("memory.stat")).unwrap_or_default();
+    let inactive = stat
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(key)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .unwrap_or(0);
+    Some(usage.saturating_sub(inactive))
+}
+
 /// One limit file: a number of bytes, or `max` / a huge number for none.
 fn read_limit(file: &Path) -> Option<u64> {
     let text = std::fs::read_to_string(file).ok()?;
@@ -140,6 +174,36 @@ mod tests {
         );
         let own = format!("12:pids:/{step}\n4:memory:/{step}\n1:name=systemd:/init.scope\n");
         assert_eq!(memory_limit_in(root.path(), &own), Some(2 * GIB));
+    }
+
+    /// The working set: usage less inactive file pages, v1 and v2 (each
+    /// names its own keys; `inactive_file` in v1 is the cgroup's alone).
+    #[test]
+    fn working_set_is_usage_less_inactive_file_pages() {
+        let v1 = tempfile::tempdir().unwrap();
+        write(
+            v1.path(),
+            "memory.usage_in_bytes",
+            &format!("{}\n", 300 << 20),
+        );
+        write(
+            v1.path(),
+            "memory.stat",
+            &format!(
+                "cache 1\ninactive_file 7\ntotal_rss 5\ntotal_inactive_file {}\n",
+                100 << 20
+            ),
+        );
+        assert_eq!(working_set(v1.path()), Some(200 << 20));
+        let v2 = tempfile::tempdir().unwrap();
+        write(v2.path(), "memory.current", &format!("{}\n", 300 << 20));
+        write(
+            v2.path(),
+            "memory.stat",
+            &format!("anon 5\nactive_file 9\ninactive_file {}\n", 50 << 20),
+        );
+        assert_eq!(working_set(v2.path()), Some(250 << 20));
+        assert_eq!(working_set(&v2.path().join("gone")), None);
     }
 
     #[test]

@@ -93,6 +93,8 @@ pub struct Others {
     pub taken_in_domain: u64,
     /// Σ untouched by every other worker of the host.
     pub untouched: u64,
+    /// Σ untouched by the workers of the same domain.
+    pub untouched_in_domain: u64,
     /// How many other workers are live.
     pub workers: usize,
 }
@@ -215,6 +217,11 @@ impl HostLedger {
                 .map(|r| r.taken)
                 .sum(),
             untouched: records.iter().map(|r| r.untouched).sum(),
+            untouched_in_domain: records
+                .iter()
+                .filter(|r| r.domain == self.domain)
+                .map(|r| r.untouched)
+                .sum(),
             workers: records.len(),
         };
         let (answer, update) = decide(others);
@@ -501,6 +508,7 @@ mod tests {
             Others {
                 taken_in_domain: 2 * GIB,
                 untouched: 3 * GIB,
+                untouched_in_domain: GIB,
                 workers: 2
             }
         );

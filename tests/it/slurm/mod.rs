@@ -1,9 +1,9 @@
 //! peerwasm on a real Slurm: slurmctld and four slurmd, each node in a
 //! network namespace of its own, started by `tests/slurm/cluster.sh` once
 //! for this test binary (and taken down when it exits). Here: the harness,
-//! the static recipe (`contrib/slurm/peerwasm-pool.sbatch`), a worker
-//! draining before its walltime, and one lending its allocation less its
-//! own memory; `adapt.rs`: `peerwasm adapt` growing and
+//! the static recipe (`contrib/slurm/peerwasm-pool.sbatch`) and a worker
+//! draining before its walltime; `memory.rs`: what a worker lends of its
+//! allocation; `adapt.rs`: `peerwasm adapt` growing and
 //! shrinking a pool for a map, memory-shaped workers, a worker killed by
 //! Slurm mid-map, a worker job Slurm will never start.
 //!
@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use crate::support::PEERWASM;
 
 mod adapt;
+mod memory;
 
 /// The cluster of this test binary, if this machine can run one.
 struct Cluster {
@@ -467,104 +468,6 @@ async fn a_worker_drains_before_its_walltime_and_takes_no_job_it_cannot_finish()
         "{}",
         log()
     );
-}
-
-/// A worker lends its Slurm job's `--mem` less its own overhead: its
-/// process is in the job's cgroup beside the jobs, so a job as large as the
-/// worker offers, run inside the worker's own process, ends well rather
-/// than pushing the cgroup past its limit (where the kernel kills the
-/// worker, as it did when the whole limit was lent); a job larger than
-/// that is refused in words before it is sent.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_worker_lends_its_allocation_less_its_own_memory_and_survives_its_largest_job() {
-    let Some(cluster) = cluster() else { return };
-    let _serial = serial().await;
-    let dir = tempfile::tempdir().unwrap();
-    let pool = dir.path().join("pool");
-    let name = format!("pwtest-overhead-{}", std::process::id());
-    let wrap = format!(
-        "--wrap=exec {PEERWASM} worker --listen 0.0.0.0:0 --advertise \"$SLURMD_NODENAME\" --pool-dir {} --slurm --slots 1 --slot-processes never",
-        pool.display()
-    );
-    let id = cluster
-        .run(
-            "sbatch",
-            &[
-                "--parsable",
-                &format!("--job-name={name}"),
-                "--mem=160M",
-                &format!("--output={}/%j.out", dir.path().display()),
-                &wrap,
-            ],
-        )
-        .trim()
-        .to_string();
-    let log = || std::fs::read_to_string(dir.path().join(format!("{id}.out"))).unwrap_or_default();
-    until(
-        Duration::from_secs(20),
-        "the worker joins",
-        || members_in(&pool) == 1,
-        log,
-    )
-    .await;
-    let out = Command::new(PEERWASM)
-        .args(["peers", "--json", "--pool-dir"])
-        .arg(&pool)
-        .output()
-        .unwrap();
-    let view: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
-    let advert = &view[0]["advert"];
-    // 160 MiB less the default overhead of one slot (36 MiB) and one job's
-    // native memory (12 MiB).
-    const MIB: u64 = 1 << 20;
-    assert_eq!(
-        advert["capacity_bytes"].as_u64(),
-        Some(124 * MIB),
-        "{advert}"
-    );
-    let largest = advert["largest_fit_bytes"].as_u64().unwrap();
-    assert_eq!(largest, 112 * MIB, "{advert}");
-    let run = |mem: u64, hold: u64| {
-        let child = Command::new(PEERWASM)
-            .args(["run", "--pool-dir"])
-            .arg(&pool)
-            .args(["--mem", &format!("{}MiB", mem / MIB)])
-            .arg(guest("hold"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        write_stdin(child, format!("500 {}", hold / MIB).as_bytes()).unwrap()
-    };
-    // The largest job it offers, touching all of it (the guest's own
-    // memory is the rest of its limit).
-    let o = run(largest, largest - 2 * MIB);
-    assert!(
-        o.status.success(),
-        "the largest job offered runs: {}\n{}",
-        String::from_utf8_lossy(&o.stderr),
-        log()
-    );
-    // One the whole allocation would have held is refused in words.
-    let o = run(148 * MIB, 146 * MIB);
-    let said = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        !o.status.success() && said.contains("no peer can hold a job of 148 MiB"),
-        "{said}"
-    );
-    // The worker is still there, and was never near its limit.
-    assert_eq!(members_in(&pool), 1, "{}", log());
-    assert!(!log().contains("oom-kill"), "{}", log());
-    assert_eq!(cluster.running(&name), 1);
-    cluster.run("scancel", &[&id]);
-    until(
-        Duration::from_secs(20),
-        "scancel ends the worker",
-        || cluster.jobs(&name).is_empty(),
-        log,
-    )
-    .await;
 }
 
 fn write_stdin(mut child: Child, input: &[u8]) -> Option<std::process::Output> {

@@ -27,6 +27,36 @@ pub trait HostMemory: Send + Sync {
     /// Memory the host has available now, in bytes. Called on every
     /// reservation: an implementation that reads the OS caches.
     fn available(&self) -> u64;
+    /// What the cgroup whose limit binds this process has free now (its
+    /// limit less its working set), if there is one: memory taken in it
+    /// beside the jobs, by this worker's processes or others of the same
+    /// batch job, is not the jobs'. Read as often as `available`.
+    fn cgroup_free(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// What the capacity was taken from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sizing {
+    /// `--memory`, if given.
+    pub requested: Option<u64>,
+    /// The memory limit of the cgroup this process runs in, if any.
+    pub cgroup: Option<u64>,
+    /// What of the cgroup's limit the worker keeps for itself.
+    pub overhead: u64,
+    /// The machine's physical memory.
+    pub physical: u64,
+}
+
+impl Sizing {
+    /// What the machine has for jobs: the cgroup's limit less the worker's
+    /// own overhead, or physical memory less `reserve`, whichever is less.
+    pub(super) fn for_jobs(&self, reserve: u64) -> u64 {
+        self.cgroup
+            .map_or(u64::MAX, |c| c.saturating_sub(self.overhead))
+            .min(self.physical.saturating_sub(reserve))
+    }
 }
 
 /// The machine's memory, as the OS reports it (sysinfo) and the cgroups
@@ -36,7 +66,18 @@ pub trait HostMemory: Send + Sync {
 pub struct SystemMemory {
     physical: u64,
     cgroup: Option<u64>,
-    now: Mutex<(System, Instant, u64)>,
+    /// The binding cgroup's limit and directory (our reader's), for its
+    /// working set.
+    domain: Option<(u64, std::path::PathBuf)>,
+    now: Mutex<Reading>,
+}
+
+/// The last reading: when, the host's available memory, the cgroup's free.
+struct Reading {
+    system: System,
+    at: Instant,
+    available: u64,
+    cgroup_free: Option<u64>,
 }
 
 impl SystemMemory {
@@ -56,12 +97,37 @@ impl SystemMemory {
         .flatten()
         .min();
         let (physical, available) = (system.total_memory(), system.available_memory());
+        let domain = crate::worker::cgroup::binding_limit();
+        let cgroup_free = domain.as_ref().and_then(free_in);
         Ok(SystemMemory {
             physical,
             cgroup,
-            now: Mutex::new((system, Instant::now(), available)),
+            domain,
+            now: Mutex::new(Reading {
+                system,
+                at: Instant::now(),
+                available,
+                cgroup_free,
+            }),
         })
     }
+
+    /// The reading, re-read if older than [`HOST_REFRESH`].
+    fn read<T>(&self, f: impl FnOnce(&Reading) -> T) -> T {
+        let mut now = self.now.lock();
+        if now.at.elapsed() >= HOST_REFRESH {
+            now.system.refresh_memory();
+            now.available = now.system.available_memory();
+            now.cgroup_free = self.domain.as_ref().and_then(free_in);
+            now.at = Instant::now();
+        }
+        f(&now)
+    }
+}
+
+/// A cgroup's limit less its working set.
+fn free_in((limit, dir): &(u64, std::path::PathBuf)) -> Option<u64> {
+    crate::worker::cgroup::working_set(dir).map(|used| limit.saturating_sub(used))
 }
 
 impl HostMemory for SystemMemory {
@@ -74,14 +140,11 @@ impl HostMemory for SystemMemory {
     }
 
     fn available(&self) -> u64 {
-        let mut now = self.now.lock();
-        let (system, read_at, available) = &mut *now;
-        if read_at.elapsed() >= HOST_REFRESH {
-            system.refresh_memory();
-            *available = system.available_memory();
-            *read_at = Instant::now();
-        }
-        *available
+        self.read(|r| r.available)
+    }
+
+    fn cgroup_free(&self) -> Option<u64> {
+        self.read(|r| r.cgroup_free)
     }
 }
 
@@ -91,6 +154,8 @@ pub(crate) struct FakeMemory {
     pub physical: u64,
     pub available: AtomicU64,
     pub cgroup: Option<u64>,
+    /// The cgroup's free memory now (`u64::MAX`: not read).
+    pub cgroup_free: AtomicU64,
 }
 
 #[cfg(test)]
@@ -101,6 +166,7 @@ impl FakeMemory {
             physical,
             available: AtomicU64::new(available),
             cgroup: None,
+            cgroup_free: AtomicU64::new(u64::MAX),
         })
     }
 
@@ -110,6 +176,7 @@ impl FakeMemory {
             physical,
             available: AtomicU64::new(available),
             cgroup: Some(limit),
+            cgroup_free: AtomicU64::new(u64::MAX),
         })
     }
 }
@@ -126,5 +193,9 @@ impl HostMemory for Arc<FakeMemory> {
 
     fn available(&self) -> u64 {
         self.available.load(Ordering::Relaxed)
+    }
+
+    fn cgroup_free(&self) -> Option<u64> {
+        Some(self.cgroup_free.load(Ordering::Relaxed)).filter(|&f| f != u64::MAX)
     }
 }

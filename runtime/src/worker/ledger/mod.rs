@@ -8,12 +8,17 @@
 //!
 //! ```text
 //! min(capacity − Σ reservations,
-//!     host available now − Σ (reservation − in use) − reserve)
+//!     host available now − Σ (reservation − in use) − reserve,
+//!     cgroup free now − Σ (reservation − in use))      (in a cgroup)
 //! ```
 //!
 //! so memory the host's interactive users take shrinks the offer, and
 //! memory a running job has not touched yet is still counted as taken.
-//! Σ reservations never exceeds capacity.
+//! Σ reservations never exceeds capacity. In a cgroup (a Slurm job's
+//! `--mem`), capacity is its limit less `--overhead`, what the worker's
+//! own processes take in it; the cgroup's free memory (its limit less its
+//! working set, read with the host's) shrinks the offer further when they,
+//! or another program of the same batch job, take more.
 //!
 //! Bytes the worker holds *for* jobs outside their linear memory — the
 //! output they buffer, and detached results waiting to be fetched — are
@@ -40,7 +45,7 @@ pub use super::hostledger::Others;
 pub use hold::{Hold, HoldKind, Shares};
 #[cfg(test)]
 pub(crate) use host::FakeMemory;
-pub use host::{HostMemory, SystemMemory};
+pub use host::{HostMemory, Sizing, SystemMemory};
 
 /// Memory always left to the host and its users by default (`--reserve`).
 pub const DEFAULT_RESERVE: u64 = 1 << 30;
@@ -106,29 +111,6 @@ pub struct LedgerSnapshot {
     pub used: u64,
     pub host_available: u64,
     pub offer: u64,
-}
-
-/// What the capacity was taken from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Sizing {
-    /// `--memory`, if given.
-    pub requested: Option<u64>,
-    /// The memory limit of the cgroup this process runs in, if any.
-    pub cgroup: Option<u64>,
-    /// What of the cgroup's limit the worker keeps for itself.
-    pub overhead: u64,
-    /// The machine's physical memory.
-    pub physical: u64,
-}
-
-impl Sizing {
-    /// What the machine has for jobs: the cgroup's limit less the worker's
-    /// own overhead, or physical memory less `reserve`, whichever is less.
-    fn for_jobs(&self, reserve: u64) -> u64 {
-        self.cgroup
-            .map_or(u64::MAX, |c| c.saturating_sub(self.overhead))
-            .min(self.physical.saturating_sub(reserve))
-    }
 }
 
 /// The ledger; see the module docs.
@@ -466,7 +448,17 @@ impl Ledger {
                 .saturating_sub(native),
             None => u64::MAX,
         };
-        by_capacity.min(by_host).min(by_domain)
+        // The cgroup as it is now: what its processes hold beside the jobs'
+        // touched memory (this worker's own, a program of the same batch
+        // job) is not for jobs, nor is what the domain's jobs may still
+        // touch.
+        let by_cgroup = match self.host.cgroup_free() {
+            Some(free) => free
+                .saturating_sub(Self::untouched(st).saturating_add(others.untouched_in_domain))
+                .saturating_sub(native),
+            None => u64::MAX,
+        };
+        by_capacity.min(by_host).min(by_domain).min(by_cgroup)
     }
 
     /// The largest job that would be admitted now (the host's other
@@ -482,14 +474,21 @@ impl Ledger {
     /// job larger than this waits in vain until the host frees memory.
     pub fn ceiling(&self) -> u64 {
         let available = self.host_available();
+        let cgroup_free = self.host.cgroup_free().unwrap_or(u64::MAX);
         let st = self.lock();
         let in_use: u64 = st.jobs.iter().map(|j| j.used.load(Ordering::Relaxed)).sum();
-        self.largest_job().min(
-            available
-                .saturating_add(in_use)
-                .saturating_sub(self.reserve)
-                .saturating_sub(self.per_job),
-        )
+        self.largest_job()
+            .min(
+                available
+                    .saturating_add(in_use)
+                    .saturating_sub(self.reserve)
+                    .saturating_sub(self.per_job),
+            )
+            .min(
+                cgroup_free
+                    .saturating_add(in_use)
+                    .saturating_sub(self.per_job),
+            )
     }
 
     /// A hold of nothing yet, for what `kind` says.

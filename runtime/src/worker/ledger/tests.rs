@@ -219,6 +219,45 @@ fn in_a_cgroup_the_worker_keeps_its_overhead_out_of_what_it_lends() {
     assert_eq!(host.capacity(), 7 * GIB);
 }
 
+/// What a cgroup holds now beside the jobs' touched memory — the worker's
+/// processes past its overhead, a program of the same batch job — shrinks
+/// the offer: the cgroup's free memory less what the jobs may still touch.
+#[test]
+fn in_a_cgroup_memory_taken_beside_the_jobs_shrinks_the_offer() {
+    let host = FakeMemory::in_cgroup(24 * GIB, 20 * GIB, GIB);
+    let ledger = Ledger::with_host(
+        &LedgerConfig {
+            memory: None,
+            reserve: GIB,
+            per_job: 12 * MIB,
+            overhead: 40 * MIB,
+        },
+        Box::new(host.clone()),
+    );
+    let free = |mib: u64| host.cgroup_free.store(mib * MIB, Ordering::Relaxed);
+    // The worker holds 20 MiB of its 40 MiB overhead: capacity rules.
+    free(1004);
+    assert_eq!(ledger.offer(), 972 * MIB, "1024 − 40 − 12");
+    // Another program of the batch job takes 500 MiB.
+    free(504);
+    assert_eq!(ledger.offer(), 492 * MIB);
+    assert_eq!(ledger.ceiling(), 492 * MIB);
+    // A job of 200 MiB, untouched yet: what it may touch (with its 12 MiB
+    // of native memory) is taken too.
+    let job = ledger.try_reserve(200 * MIB).unwrap();
+    assert_eq!(ledger.offer(), 280 * MIB, "504 − 212 − 12");
+    assert!(ledger.try_reserve(281 * MIB).is_none());
+    // It touches 150 MiB: the cgroup has that much less free, and the job
+    // that much less to touch — the offer stays.
+    job.meter().store(150 * MIB, Ordering::Relaxed);
+    free(354);
+    assert_eq!(ledger.offer(), 280 * MIB);
+    assert_eq!(ledger.ceiling(), 492 * MIB, "once the job ends");
+    drop(job);
+    free(504);
+    assert_eq!(ledger.offer(), 492 * MIB);
+}
+
 #[test]
 fn holds_come_out_of_capacity_beside_reservations() {
     let (ledger, _) = ledger(Some(100 * MIB), 0, 8 * GIB, 8 * GIB);
