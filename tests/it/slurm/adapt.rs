@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Cluster, Elastic, check_results, cluster, finished, serial, until};
+use super::{Cluster, Elastic, check_results, cluster, finished, pool_view, serial, until};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn adapt_grows_the_pool_for_a_map_and_shrinks_it_back_to_min() {
@@ -114,14 +114,7 @@ async fn adapt_grows_the_pool_for_a_map_and_shrinks_it_back_to_min() {
 /// `--mem` less the controller's `--overhead`, which adapt passes on to it:
 /// the jobs it was sized for, and none of what its own processes take.
 async fn lend_their_mem_less(cluster: &Cluster, pool: &Elastic<'_>, overhead_mib: u64) {
-    let view = || -> Vec<serde_json::Value> {
-        let out = std::process::Command::new(crate::support::PEERWASM)
-            .args(["peers", "--json", "--pool-dir"])
-            .arg(pool.pool())
-            .output()
-            .unwrap();
-        serde_json::from_slice(&out.stdout).unwrap_or_default()
-    };
+    let view = || pool_view(&pool.pool());
     until(
         Duration::from_secs(20),
         "a worker in the pool's view",

@@ -7,7 +7,7 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use super::{cluster, guest, members_in, serial, until, write_stdin};
+use super::{cluster, guest, job_log, members_in, pool_view, serial, until, write_stdin};
 use crate::support::PEERWASM;
 
 /// A worker lends its Slurm job's `--mem` less its own overhead: its
@@ -32,20 +32,8 @@ async fn a_worker_lends_its_allocation_less_its_own_memory_and_survives_its_larg
         pool.display(),
         go = go.display()
     );
-    let id = cluster
-        .run(
-            "sbatch",
-            &[
-                "--parsable",
-                &format!("--job-name={name}"),
-                "--mem=160M",
-                &format!("--output={}/%j.out", dir.path().display()),
-                &wrap,
-            ],
-        )
-        .trim()
-        .to_string();
-    let log = || std::fs::read_to_string(dir.path().join(format!("{id}.out"))).unwrap_or_default();
+    let id = cluster.sbatch_wrap(&name, &["--mem=160M"], dir.path(), &wrap);
+    let log = || job_log(dir.path(), &id);
     until(
         Duration::from_secs(20),
         "the worker joins",
@@ -54,13 +42,10 @@ async fn a_worker_lends_its_allocation_less_its_own_memory_and_survives_its_larg
     )
     .await;
     let read_advert = || {
-        let out = Command::new(PEERWASM)
-            .args(["peers", "--json", "--pool-dir"])
-            .arg(&pool)
-            .output()
-            .unwrap();
-        let view: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
-        view[0]["advert"].clone()
+        pool_view(&pool)
+            .first()
+            .map(|p| p["advert"].clone())
+            .unwrap_or_default()
     };
     let advert = read_advert();
     // 160 MiB less the default overhead of one slot (36 MiB) and one job's

@@ -94,12 +94,42 @@ impl Cluster {
             .collect()
     }
 
+    /// Submits `wrap` (`--wrap=…`) as a batch job named `name` with
+    /// `options`, its output in `dir`; its id.
+    fn sbatch_wrap(&self, name: &str, options: &[&str], dir: &Path, wrap: &str) -> String {
+        let (job_name, output) = (
+            format!("--job-name={name}"),
+            format!("--output={}/%j.out", dir.display()),
+        );
+        let mut args = vec!["--parsable", &job_name, &output];
+        args.extend(options);
+        args.push(wrap);
+        self.run("sbatch", &args).trim().to_string()
+    }
+
     fn running(&self, name: &str) -> usize {
         self.jobs(name)
             .iter()
             .filter(|(_, s, _)| s == "RUNNING")
             .count()
     }
+}
+
+/// What batch job `id` (submitted with `Cluster::sbatch_wrap`) wrote to
+/// `dir` so far.
+fn job_log(dir: &Path, id: &str) -> String {
+    std::fs::read_to_string(dir.join(format!("{id}.out"))).unwrap_or_default()
+}
+
+/// The pool in `pool_dir` as `peerwasm peers --json` shows it (empty if
+/// nobody answers).
+fn pool_view(pool_dir: &Path) -> Vec<serde_json::Value> {
+    let out = Command::new(PEERWASM)
+        .args(["peers", "--json", "--pool-dir"])
+        .arg(pool_dir)
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_default()
 }
 
 /// squeue's `%m` (`512M`, `1G`) in MiB.
@@ -320,14 +350,7 @@ async fn a_static_allocation_lends_every_node_and_drains_on_scancel() {
     )
     .await;
     // One pool of four, each lending its cgroup: 1 GiB and 2 slots.
-    let view = || {
-        let out = Command::new(PEERWASM)
-            .args(["peers", "--json", "--pool-dir"])
-            .arg(&pool)
-            .output()
-            .unwrap();
-        serde_json::from_slice::<Vec<serde_json::Value>>(&out.stdout).unwrap_or_default()
-    };
+    let view = || pool_view(&pool);
     until(
         Duration::from_secs(15),
         "every worker sees the other three",
@@ -388,21 +411,8 @@ async fn a_worker_drains_before_its_walltime_and_takes_no_job_it_cannot_finish()
         "--wrap=exec {PEERWASM} worker --listen 0.0.0.0:0 --advertise \"$SLURMD_NODENAME\" --pool-dir {} --slurm --drain-before 45s",
         pool.display()
     );
-    let id = cluster
-        .run(
-            "sbatch",
-            &[
-                "--parsable",
-                &format!("--job-name={name}"),
-                "--time=1",
-                "--mem=512M",
-                &format!("--output={}/%j.out", dir.path().display()),
-                &wrap,
-            ],
-        )
-        .trim()
-        .to_string();
-    let log = || std::fs::read_to_string(dir.path().join(format!("{id}.out"))).unwrap_or_default();
+    let id = cluster.sbatch_wrap(&name, &["--time=1", "--mem=512M"], dir.path(), &wrap);
+    let log = || job_log(dir.path(), &id);
     let members = || members_in(&pool);
     until(
         Duration::from_secs(20),

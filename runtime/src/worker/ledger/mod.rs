@@ -82,7 +82,7 @@ pub struct LedgerConfig {
     /// never pushes the cgroup past its limit, where the kernel kills the
     /// largest process in it: the worker (`--overhead`). Not taken from
     /// physical memory (`reserve` leaves the host room). Default:
-    /// [`default_overhead`] of one slot.
+    /// `default_overhead(1)`, 36 MiB.
     pub overhead: u64,
 }
 
