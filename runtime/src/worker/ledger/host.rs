@@ -36,6 +36,15 @@ pub trait HostMemory: Send + Sync {
     }
 }
 
+/// What the host and the cgroup had free at one reading.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct HostNow {
+    /// The host's available memory.
+    pub available: u64,
+    /// The binding cgroup's limit less its working set, if in one.
+    pub cgroup_free: Option<u64>,
+}
+
 /// What the capacity was taken from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sizing {

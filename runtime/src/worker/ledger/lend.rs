@@ -60,7 +60,7 @@ impl Reservation {
 impl MemoryLender for Lender {
     fn lend(&self, bytes: u64) -> bool {
         let ledger = &self.ledger;
-        let available = ledger.host_available();
+        let available = ledger.host_now();
         let lent = match ledger.shared.get() {
             None => ledger.lend_locked(
                 &mut ledger.lock(),
@@ -100,7 +100,7 @@ impl Ledger {
         st: &mut State,
         to: &Lender,
         bytes: u64,
-        available: u64,
+        available: super::host::HostNow,
         others: Others,
     ) -> bool {
         let room = self

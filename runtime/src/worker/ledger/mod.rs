@@ -45,6 +45,7 @@ pub use super::hostledger::Others;
 pub use hold::{Hold, HoldKind, Shares};
 #[cfg(test)]
 pub(crate) use host::FakeMemory;
+use host::HostNow;
 pub use host::{HostMemory, Sizing, SystemMemory};
 
 /// Memory always left to the host and its users by default (`--reserve`).
@@ -418,25 +419,30 @@ impl Ledger {
         self.state.lock()
     }
 
-    /// Host memory available now (re-read at most once per [`HOST_REFRESH`]).
-    fn host_available(&self) -> u64 {
-        self.host.available()
+    /// What the host (and the cgroup) have free now, read before any lock
+    /// is taken (re-read at most once per [`HOST_REFRESH`]).
+    fn host_now(&self) -> HostNow {
+        HostNow {
+            available: self.host.available(),
+            cgroup_free: self.host.cgroup_free(),
+        }
     }
 
     /// The offer, with `others` (the host's other workers) in view:
     /// their untouched reservations come out of what the host has
     /// available, and what all workers of this domain take stays within
     /// its limit.
-    fn offer_locked(&self, st: &State, host_available: u64, others: Others) -> u64 {
-        self.room_beside(st, host_available, others, self.per_job)
+    fn offer_locked(&self, st: &State, host: HostNow, others: Others) -> u64 {
+        self.room_beside(st, host, others, self.per_job)
     }
 
     /// Linear memory that fits now beside `native` bytes of native memory
     /// (a new job's; none for a loan to a running one).
-    fn room_beside(&self, st: &State, host_available: u64, others: Others, native: u64) -> u64 {
+    fn room_beside(&self, st: &State, host: HostNow, others: Others, native: u64) -> u64 {
         let untouched = Self::untouched(st).saturating_add(others.untouched);
         let by_capacity = self.room(st, native);
-        let by_host = host_available
+        let by_host = host
+            .available
             .saturating_sub(untouched)
             .saturating_sub(self.reserve)
             .saturating_sub(native);
@@ -452,7 +458,7 @@ impl Ledger {
         // touched memory (this worker's own, a program of the same batch
         // job) is not for jobs, nor is what the domain's jobs may still
         // touch.
-        let by_cgroup = match self.host.cgroup_free() {
+        let by_cgroup = match host.cgroup_free {
             Some(free) => free
                 .saturating_sub(Self::untouched(st).saturating_add(others.untouched_in_domain))
                 .saturating_sub(native),
@@ -464,7 +470,7 @@ impl Ledger {
     /// The largest job that would be admitted now (the host's other
     /// workers as last read).
     pub fn offer(&self) -> u64 {
-        let available = self.host_available();
+        let available = self.host_now();
         self.offer_locked(&self.lock(), available, self.others())
     }
 
@@ -473,19 +479,19 @@ impl Ledger {
     /// other users hold memory (`host available + Σ in use − reserve`). A
     /// job larger than this waits in vain until the host frees memory.
     pub fn ceiling(&self) -> u64 {
-        let available = self.host_available();
-        let cgroup_free = self.host.cgroup_free().unwrap_or(u64::MAX);
+        let now = self.host_now();
         let st = self.lock();
         let in_use: u64 = st.jobs.iter().map(|j| j.used.load(Ordering::Relaxed)).sum();
         self.largest_job()
             .min(
-                available
+                now.available
                     .saturating_add(in_use)
                     .saturating_sub(self.reserve)
                     .saturating_sub(self.per_job),
             )
             .min(
-                cgroup_free
+                now.cgroup_free
+                    .unwrap_or(u64::MAX)
                     .saturating_add(in_use)
                     .saturating_sub(self.per_job),
             )
@@ -511,7 +517,7 @@ impl Ledger {
         keep: u64,
     ) -> Option<Reservation> {
         let keep = keep.saturating_add(fits.saturating_sub(bytes));
-        let available = self.host_available();
+        let available = self.host_now();
         let Some(shared) = self.shared.get() else {
             return self.reserve_locked(
                 &mut self.lock(),
@@ -545,7 +551,7 @@ impl Ledger {
         st: &mut State,
         bytes: u64,
         keep: u64,
-        available: u64,
+        available: HostNow,
         others: Others,
     ) -> Option<Reservation> {
         if bytes.saturating_add(keep) > self.offer_locked(st, available, others) {
@@ -575,7 +581,7 @@ impl Ledger {
 
     /// The figures now.
     pub fn snapshot(&self) -> LedgerSnapshot {
-        let available = self.host_available();
+        let available = self.host_now();
         let st = self.lock();
         LedgerSnapshot {
             capacity: self.capacity,
@@ -584,7 +590,7 @@ impl Ledger {
             held_by: st.held_by,
             reserved_high_water: st.high_water,
             used: st.jobs.iter().map(|j| j.used.load(Ordering::Relaxed)).sum(),
-            host_available: available,
+            host_available: available.available,
             offer: self.offer_locked(&st, available, self.others()),
         }
     }
