@@ -34,6 +34,12 @@ pub trait HostMemory: Send + Sync {
     fn cgroup_free(&self) -> Option<u64> {
         None
     }
+    /// Reads again now if the last reading is older than `older_than`;
+    /// whether it did.
+    fn refresh(&self, older_than: Duration) -> bool {
+        let _ = older_than;
+        false
+    }
 }
 
 /// What the host and the cgroup had free at one reading.
@@ -121,16 +127,17 @@ impl SystemMemory {
         })
     }
 
-    /// The reading, re-read if older than [`HOST_REFRESH`].
-    fn read<T>(&self, f: impl FnOnce(&Reading) -> T) -> T {
+    /// The reading, re-read if older than `older_than`, and whether it was.
+    fn read<T>(&self, older_than: Duration, f: impl FnOnce(&Reading) -> T) -> (T, bool) {
         let mut now = self.now.lock();
-        if now.at.elapsed() >= HOST_REFRESH {
+        let stale = now.at.elapsed() >= older_than;
+        if stale {
             now.system.refresh_memory();
             now.available = now.system.available_memory();
             now.cgroup_free = self.domain.as_ref().and_then(free_in);
             now.at = Instant::now();
         }
-        f(&now)
+        (f(&now), stale)
     }
 }
 
@@ -149,11 +156,15 @@ impl HostMemory for SystemMemory {
     }
 
     fn available(&self) -> u64 {
-        self.read(|r| r.available)
+        self.read(HOST_REFRESH, |r| r.available).0
     }
 
     fn cgroup_free(&self) -> Option<u64> {
-        self.read(|r| r.cgroup_free)
+        self.read(HOST_REFRESH, |r| r.cgroup_free).0
+    }
+
+    fn refresh(&self, older_than: Duration) -> bool {
+        self.read(older_than, |_| ()).1
     }
 }
 
@@ -165,6 +176,8 @@ pub(crate) struct FakeMemory {
     pub cgroup: Option<u64>,
     /// The cgroup's free memory now (`u64::MAX`: not read).
     pub cgroup_free: AtomicU64,
+    /// What a fresh reading of it would find (`u64::MAX`: no fresher one).
+    pub cgroup_free_fresh: AtomicU64,
 }
 
 #[cfg(test)]
@@ -176,6 +189,7 @@ impl FakeMemory {
             available: AtomicU64::new(available),
             cgroup: None,
             cgroup_free: AtomicU64::new(u64::MAX),
+            cgroup_free_fresh: AtomicU64::new(u64::MAX),
         })
     }
 
@@ -186,6 +200,7 @@ impl FakeMemory {
             available: AtomicU64::new(available),
             cgroup: Some(limit),
             cgroup_free: AtomicU64::new(u64::MAX),
+            cgroup_free_fresh: AtomicU64::new(u64::MAX),
         })
     }
 }
@@ -206,5 +221,13 @@ impl HostMemory for Arc<FakeMemory> {
 
     fn cgroup_free(&self) -> Option<u64> {
         Some(self.cgroup_free.load(Ordering::Relaxed)).filter(|&f| f != u64::MAX)
+    }
+
+    fn refresh(&self, _older_than: Duration) -> bool {
+        let fresh = self.cgroup_free_fresh.swap(u64::MAX, Ordering::Relaxed);
+        if fresh != u64::MAX {
+            self.cgroup_free.store(fresh, Ordering::Relaxed);
+        }
+        fresh != u64::MAX
     }
 }

@@ -60,7 +60,18 @@ impl Reservation {
 impl MemoryLender for Lender {
     fn lend(&self, bytes: u64) -> bool {
         let ledger = &self.ledger;
-        let available = ledger.host_now();
+        // A refusal on a stale reading of the cgroup is decided again on a
+        // fresh one (`fresh.rs`).
+        self.lend_with(bytes, ledger.host_now())
+            || ledger
+                .read_again()
+                .is_some_and(|fresh| self.lend_with(bytes, fresh))
+    }
+}
+
+impl Lender {
+    fn lend_with(&self, bytes: u64, available: super::host::HostNow) -> bool {
+        let ledger = &self.ledger;
         let lent = match ledger.shared.get() {
             None => ledger.lend_locked(
                 &mut ledger.lock(),

@@ -33,6 +33,7 @@
 //! (a cgroup, or the host) together take no more than its limit. What the
 //! host has is read in `host.rs`.
 
+mod fresh;
 mod hold;
 mod host;
 mod lend;
@@ -505,45 +506,6 @@ impl Ledger {
     /// Reserves `bytes` if they fit now.
     pub fn try_reserve(self: &Arc<Self>, bytes: u64) -> Option<Reservation> {
         self.try_reserve_fitting(bytes, bytes, 0)
-    }
-
-    /// Reserves `bytes` if `fits` (at least `bytes`: a job's limit, when it
-    /// reserves less) fit now with `keep` bytes still free beside them
-    /// (memory held for a job that has waited too long).
-    pub fn try_reserve_fitting(
-        self: &Arc<Self>,
-        bytes: u64,
-        fits: u64,
-        keep: u64,
-    ) -> Option<Reservation> {
-        let keep = keep.saturating_add(fits.saturating_sub(bytes));
-        let available = self.host_now();
-        let Some(shared) = self.shared.get() else {
-            return self.reserve_locked(
-                &mut self.lock(),
-                bytes,
-                keep,
-                available,
-                Others::default(),
-            );
-        };
-        // Decided under the host ledger's lock, the others read afresh,
-        // and this worker's record written in the same breath: two
-        // workers cannot both take the last of the host.
-        let decided = shared.host.transact(&shared.addr, |others| {
-            *shared.last.lock() = others;
-            let mut st = self.lock();
-            let r = self.reserve_locked(&mut st, bytes, keep, available, others);
-            let update = r.as_ref().map(|_| self.published(&st));
-            (r, update)
-        });
-        match decided {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(path = %shared.host.path().display(), "cannot read the host's ledger ({e}): deciding alone");
-                self.reserve_locked(&mut self.lock(), bytes, keep, available, self.others())
-            }
-        }
     }
 
     fn reserve_locked(

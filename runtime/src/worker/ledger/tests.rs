@@ -258,6 +258,34 @@ fn in_a_cgroup_memory_taken_beside_the_jobs_shrinks_the_offer() {
     assert_eq!(ledger.offer(), 492 * MIB);
 }
 
+/// A cgroup reading taken while a job held its memory still counts it
+/// after the job has ended: a reservation it refuses is decided again on a
+/// fresh reading, not a second later.
+#[test]
+fn a_reservation_a_stale_cgroup_reading_refuses_is_decided_on_a_fresh_one() {
+    let host = FakeMemory::in_cgroup(24 * GIB, 20 * GIB, GIB);
+    let ledger = Ledger::with_host(
+        &LedgerConfig {
+            memory: None,
+            reserve: GIB,
+            per_job: 12 * MIB,
+            overhead: 40 * MIB,
+        },
+        Box::new(host.clone()),
+    );
+    // Read while the last job's 800 MiB were still touched.
+    host.cgroup_free.store(180 * MIB, Ordering::Relaxed);
+    host.cgroup_free_fresh.store(1000 * MIB, Ordering::Relaxed);
+    let job = ledger
+        .try_reserve(800 * MIB)
+        .expect("decided on a fresh reading");
+    assert_eq!(host.cgroup_free.load(Ordering::Relaxed), 1000 * MIB);
+    drop(job);
+    // Nothing fresher: a refusal stands.
+    host.cgroup_free.store(180 * MIB, Ordering::Relaxed);
+    assert!(ledger.try_reserve(800 * MIB).is_none());
+}
+
 #[test]
 fn holds_come_out_of_capacity_beside_reservations() {
     let (ledger, _) = ledger(Some(100 * MIB), 0, 8 * GIB, 8 * GIB);
