@@ -219,21 +219,25 @@ fn in_a_cgroup_the_worker_keeps_its_overhead_out_of_what_it_lends() {
     assert_eq!(host.capacity(), 7 * GIB);
 }
 
+/// A worker (12 MiB beside each job, 40 MiB overhead) in a Slurm job of
+/// 1 GiB on a 24 GiB node.
+fn in_a_slurm_job() -> (Arc<Ledger>, Arc<FakeMemory>) {
+    let host = FakeMemory::in_cgroup(24 * GIB, 20 * GIB, GIB);
+    let config = LedgerConfig {
+        memory: None,
+        reserve: GIB,
+        per_job: 12 * MIB,
+        overhead: 40 * MIB,
+    };
+    (Ledger::with_host(&config, Box::new(host.clone())), host)
+}
+
 /// What a cgroup holds now beside the jobs' touched memory — the worker's
 /// processes past its overhead, a program of the same batch job — shrinks
 /// the offer: the cgroup's free memory less what the jobs may still touch.
 #[test]
 fn in_a_cgroup_memory_taken_beside_the_jobs_shrinks_the_offer() {
-    let host = FakeMemory::in_cgroup(24 * GIB, 20 * GIB, GIB);
-    let ledger = Ledger::with_host(
-        &LedgerConfig {
-            memory: None,
-            reserve: GIB,
-            per_job: 12 * MIB,
-            overhead: 40 * MIB,
-        },
-        Box::new(host.clone()),
-    );
+    let (ledger, host) = in_a_slurm_job();
     let free = |mib: u64| host.cgroup_free.store(mib * MIB, Ordering::Relaxed);
     // The worker holds 20 MiB of its 40 MiB overhead: capacity rules.
     free(1004);
@@ -263,16 +267,7 @@ fn in_a_cgroup_memory_taken_beside_the_jobs_shrinks_the_offer() {
 /// fresh reading, not a second later.
 #[test]
 fn a_reservation_a_stale_cgroup_reading_refuses_is_decided_on_a_fresh_one() {
-    let host = FakeMemory::in_cgroup(24 * GIB, 20 * GIB, GIB);
-    let ledger = Ledger::with_host(
-        &LedgerConfig {
-            memory: None,
-            reserve: GIB,
-            per_job: 12 * MIB,
-            overhead: 40 * MIB,
-        },
-        Box::new(host.clone()),
-    );
+    let (ledger, host) = in_a_slurm_job();
     // Read while the last job's 800 MiB were still touched.
     host.cgroup_free.store(180 * MIB, Ordering::Relaxed);
     host.cgroup_free_fresh.store(1000 * MIB, Ordering::Relaxed);
