@@ -34,17 +34,23 @@ pub trait HostMemory: Send + Sync {
     fn cgroup_free(&self) -> Option<u64> {
         None
     }
-    /// Reads again now if the last reading is older than `older_than`;
+    /// Both, from one reading.
+    fn now(&self) -> HostNow {
+        HostNow {
+            available: self.available(),
+            cgroup_free: self.cgroup_free(),
+        }
+    }
+    /// Reads again now if the last reading is older than `_older_than`;
     /// whether it did.
-    fn refresh(&self, older_than: Duration) -> bool {
-        let _ = older_than;
+    fn refresh(&self, _older_than: Duration) -> bool {
         false
     }
 }
 
 /// What the host and the cgroup had free at one reading.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct HostNow {
+pub struct HostNow {
     /// The host's available memory.
     pub available: u64,
     /// The binding cgroup's limit less its working set, if in one.
@@ -161,6 +167,14 @@ impl HostMemory for SystemMemory {
 
     fn cgroup_free(&self) -> Option<u64> {
         self.read(HOST_REFRESH, |r| r.cgroup_free).0
+    }
+
+    fn now(&self) -> HostNow {
+        self.read(HOST_REFRESH, |r| HostNow {
+            available: r.available,
+            cgroup_free: r.cgroup_free,
+        })
+        .0
     }
 
     fn refresh(&self, older_than: Duration) -> bool {

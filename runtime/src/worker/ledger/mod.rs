@@ -423,10 +423,7 @@ impl Ledger {
     /// What the host (and the cgroup) have free now, read before any lock
     /// is taken (re-read at most once per [`HOST_REFRESH`]).
     fn host_now(&self) -> HostNow {
-        HostNow {
-            available: self.host.available(),
-            cgroup_free: self.host.cgroup_free(),
-        }
+        self.host.now()
     }
 
     /// The offer, with `others` (the host's other workers) in view:
