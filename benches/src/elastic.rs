@@ -8,8 +8,9 @@
 //! * **mix**, heavy-tailed memory: 48 jobs that hold their memory 2 s (as
 //!   I/O-bound analyses do), 64 MiB each but every 8th 768 MiB, the memory
 //!   following the input's size (the `hold` guest: 1,024 × its input's
-//!   bytes). peerwasm runs it twice — learning, then with the estimate the
-//!   first run saved — and asks `adapt --overhead 40MiB --min-mem 64MiB`
+//!   bytes). peerwasm runs it three times — learning, then with the
+//!   estimate the first run saved, then so again with workers of two slots
+//!   (at most four: the same cores) — and asks `adapt --overhead 40MiB --min-mem 64MiB`
 //!   (a worker's own processes take 4–17 MiB of its Slurm job's cgroup
 //!   beside its jobs, measured; the module is a few KiB: its compiles need
 //!   little); dask's workers
@@ -156,13 +157,19 @@ pub fn elastic(sizes: &Sizes, summary: &mut Summary) -> anyhow::Result<()> {
         warm_up(&conf, venv.as_ref().ok().map(|v| v.as_path()))?;
         let (sleeps, mix) = (sleeps(), mix());
         let cache = dir.path().join("client-cache");
-        let ours = peerwasm_adapt(&conf, dir.path(), &sleeps, &cache, "a")?;
+        let ours = peerwasm_adapt(&conf, dir.path(), &sleeps, &cache, "a", 1)?;
         let dask = dask_or_said(&venv, &conf, dir.path(), &sleeps);
         report_sleeps(&ours, dask.as_ref(), summary);
-        let learning = peerwasm_adapt(&conf, dir.path(), &mix, &cache, "b")?;
-        let informed = peerwasm_adapt(&conf, dir.path(), &mix, &cache, "c")?;
+        let learning = peerwasm_adapt(&conf, dir.path(), &mix, &cache, "b", 1)?;
+        let informed = peerwasm_adapt(&conf, dir.path(), &mix, &cache, "c", 1)?;
+        let two_slots = peerwasm_adapt(&conf, dir.path(), &mix, &cache, "d", 2)?;
         let dask = dask_or_said(&venv, &conf, dir.path(), &mix);
-        report_mix(&mix, &learning, &informed, dask.as_ref(), summary);
+        report_mix(
+            &mix,
+            [&learning, &informed, &two_slots],
+            dask.as_ref(),
+            summary,
+        );
         Ok(())
     })();
     let _ = Command::new("bash")
@@ -260,24 +267,26 @@ fn report_sleeps(ours: &Run, dask: Option<&Run>, summary: &mut Summary) {
     }
 }
 
-fn report_mix(
-    work: &Work,
-    learning: &Run,
-    informed: &Run,
-    dask: Option<&Run>,
-    summary: &mut Summary,
-) {
+/// The mix's peerwasm runs: learning, informed, informed with workers of
+/// two slots (half as many: the same cores).
+fn report_mix(work: &Work, ours: [&Run; 3], dask: Option<&Run>, summary: &mut Summary) {
+    let names = [
+        "learning",
+        "informed",
+        "informed, workers of 2 slots",
+    ];
     println!(
         "\n### Heavy-tailed memory: {} (the work uses {:.0} GiB·s)",
         work.name, work.used_gib_s
     );
     header();
-    row("peerwasm adapt, learning", learning, work.used_gib_s);
-    row("peerwasm adapt, informed", informed, work.used_gib_s);
+    for (name, r) in names.iter().zip(ours) {
+        row(&format!("peerwasm adapt, {name}"), r, work.used_gib_s);
+    }
     if let Some(d) = dask {
         row("dask-jobqueue adapt", d, work.used_gib_s);
     }
-    for (name, r) in [("learning", learning), ("informed", informed)] {
+    for (name, r) in names.iter().zip(ours) {
         if let Some(reserved) = r.reserved_gib_s {
             println!(
                 "peerwasm {name}: its jobs (their last attempts) reserved {reserved:.0} GiB·s ({:.2}× used) of the {:.0} held ({:.2}× reserved)",
@@ -287,11 +296,14 @@ fn report_mix(
             );
         }
     }
-    let ratio = informed.held_gib_s / work.used_gib_s;
+    // The goal on the like-for-like run (8 workers of one slot, as dask's);
+    // the same cores in workers of two slots said beside it.
+    let ratio = ours[1].held_gib_s / work.used_gib_s;
     summary.goal(
         "elastic: memory held vs used, heavy-tailed mix (informed)",
         format!(
-            "{ratio:.2}×{}",
+            "{ratio:.2}× (workers of 2 slots {:.2}×){}",
+            ours[2].held_gib_s / work.used_gib_s,
             dask.map_or(String::new(), |d| format!(
                 " (dask {:.2}×)",
                 d.held_gib_s / work.used_gib_s
@@ -388,6 +400,7 @@ fn peerwasm_adapt(
     work: &Work,
     cache: &Path,
     tag: &str,
+    slots: u32,
 ) -> anyhow::Result<Run> {
     let pool = dir.join(format!("pool-{tag}"));
     let name = format!("pwbench-adapt-{tag}");
@@ -402,7 +415,9 @@ fn peerwasm_adapt(
             "--min",
             "0",
             "--max",
-            &MAX_WORKERS.to_string(),
+            &(MAX_WORKERS / slots).to_string(),
+            "--slots",
+            &slots.to_string(),
             "--idle",
             "3s",
             "--poll",

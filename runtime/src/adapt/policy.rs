@@ -16,11 +16,13 @@
 //!   target has been below capacity for `idle_for`, and only a worker that
 //!   has had nothing to do (no job running or queued, no detached map it
 //!   owns) for that long. Never below `min`.
-//! * **Memory-shaped** (★): of the workers asked for at once, the first
-//!   holds the largest job still waiting that no worker of the pool (or
-//!   coming) could hold, the others the typical job of the map with the
-//!   most work — `slots` of them — never more than the backlog needs: a
-//!   heavy tail gets one large worker, not a pool of them.
+//! * **Memory-shaped** (★): a worker's slots hold the typical job of the
+//!   map with the most work (no more slots than jobs wait); of the workers
+//!   asked for at once, the first also holds, alone, the largest job still
+//!   waiting that no worker of the pool (or coming) could hold — never
+//!   more than the backlog needs: a heavy tail gets one large worker, not
+//!   a pool of them, and that worker runs its slots of small jobs when no
+//!   large one waits.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -149,38 +151,54 @@ impl Policy {
 
     /// The shape of a worker for the backlog as it is, given the largest
     /// job any worker of the pool (or coming) can hold.
+    ///
+    /// Its slots hold the typical job of the map with the most work — no
+    /// more slots than jobs wait. A job larger than the pool holds is
+    /// added as what the worker must also hold alone: one of it when it
+    /// is its map's tail (its typical job is smaller), a slot's worth of
+    /// them when the map's jobs are all that large. So a heavy tail gets
+    /// one worker that holds one large job *or* its slots of small ones,
+    /// not slots × the largest.
     pub fn shape(&self, backlog: &PoolBacklog, pool_largest: u64) -> Shape {
+        let native = crate::sandbox::JOB_NATIVE_BYTES;
         let waiting = backlog.reports.iter().filter(|b| b.waiting > 0);
-        // A job nobody can hold comes first; else the map with most work.
-        let per_job = match waiting
-            .clone()
-            .filter(|b| b.largest_bytes > pool_largest)
-            .map(|b| b.largest_bytes)
-            .max()
-        {
-            Some(largest) => largest,
-            None => waiting
-                .max_by_key(|b| (b.waiting + b.running).saturating_mul(b.job_ms.max(1)))
-                .map_or(0, |b| b.memory_bytes),
+        let slots = match backlog.waiting {
+            0 => u64::from(self.slots.max(1)),
+            waiting => u64::from(self.slots.max(1)).min(waiting),
         };
-        // Each job's limit, and what a worker reserves beside it.
-        let jobs = per_job
-            .saturating_add(crate::sandbox::JOB_NATIVE_BYTES)
-            .saturating_mul(u64::from(self.slots.max(1)));
+        let typical = waiting
+            .clone()
+            .max_by_key(|b| (b.waiting + b.running).saturating_mul(b.job_ms.max(1)))
+            .map_or(0, |b| b.memory_bytes);
+        let mut jobs = typical.saturating_add(native).saturating_mul(slots);
+        // A job nobody can hold: the worker holds it too.
+        if let Some(b) = waiting
+            .filter(|b| b.largest_bytes > pool_largest)
+            .max_by_key(|b| b.largest_bytes)
+        {
+            let of_them = if b.memory_bytes < b.largest_bytes {
+                1
+            } else {
+                slots.min(b.waiting)
+            };
+            jobs = jobs.max(b.largest_bytes.saturating_add(native).saturating_mul(of_them));
+        }
         let memory = jobs.saturating_add(self.overhead_bytes).clamp(
             self.min_worker_bytes,
             self.max_worker_bytes.max(self.min_worker_bytes),
         );
         Shape {
-            slots: self.slots.max(1),
+            slots: slots as u32,
             memory_bytes: round_up_mib(memory),
         }
     }
 
-    /// The largest job a worker of `shape` holds (what [`Policy::shape`]
-    /// sized it for).
+    /// The largest job a worker of `shape` holds alone (what
+    /// [`Policy::shape`] sized it for at the least).
     pub fn largest_job_of(&self, shape: &Shape) -> u64 {
-        (shape.memory_bytes.saturating_sub(self.overhead_bytes) / u64::from(shape.slots.max(1)))
+        shape
+            .memory_bytes
+            .saturating_sub(self.overhead_bytes)
             .saturating_sub(crate::sandbox::JOB_NATIVE_BYTES)
     }
 

@@ -261,6 +261,53 @@ fn workers_are_shaped_by_the_jobs_that_wait() {
 }
 
 #[test]
+fn a_worker_of_several_slots_holds_one_large_job_or_its_slots_of_small_ones() {
+    use crate::sandbox::JOB_NATIVE_BYTES as NATIVE;
+    let p = Policy {
+        slots: 4,
+        overhead_bytes: 64 * MIB,
+        min_worker_bytes: 64 * MIB,
+        ..Policy::default()
+    };
+    // A heavy tail: typical 80 MiB, the largest 960 MiB, nobody holds it.
+    let tail = |waiting| {
+        PoolBacklog::sum(&[Backlog {
+            id: "m".into(),
+            waiting,
+            running: 0,
+            memory_bytes: 80 * MIB,
+            largest_bytes: 960 * MIB,
+            job_ms: 2000,
+        }])
+    };
+    // The large job alone, or four small ones: not 4 × 960 MiB.
+    let first = p.shape(&tail(48), 0);
+    assert_eq!(
+        first,
+        Shape {
+            slots: 4,
+            memory_bytes: 960 * MIB + NATIVE + 64 * MIB
+        }
+    );
+    assert_eq!(p.largest_job_of(&first), 960 * MIB);
+    // Once a worker holds it, the others are sized by their slots of
+    // small jobs, and hold a job of up to their whole memory alone.
+    let other = p.shape(&tail(48), 960 * MIB);
+    assert_eq!(other.memory_bytes, 4 * (80 * MIB + NATIVE) + 64 * MIB);
+    assert_eq!(p.largest_job_of(&other), 4 * 80 * MIB + 3 * NATIVE);
+    // No more slots than jobs wait.
+    assert_eq!(
+        p.shape(&backlog(&[(3, 5, 80 * MIB, 2000)]), 0),
+        Shape {
+            slots: 3,
+            memory_bytes: 3 * (80 * MIB + NATIVE) + 64 * MIB
+        }
+    );
+    // Growing to --min with nothing to run: the configured slots.
+    assert_eq!(p.shape(&backlog(&[]), 0).slots, 4);
+}
+
+#[test]
 fn pending_jobs_are_let_go_only_when_nothing_is_left_to_do() {
     let p = Policy {
         idle_for: Duration::from_secs(5),
