@@ -92,6 +92,31 @@ down() {
     fi
 }
 
+# What a test cluster whose owner was killed left behind (called under the
+# lock: no other test cluster is live). A daemon still running in a node's
+# namespace keeps the namespace, and its veth, alive after `ip netns del`:
+# the next `ip link add pwsv1` would fail with "File exists".
+leftovers() {
+    local pid conf ns link
+    # Our daemons: started with -f a conf naming our cluster, or since deleted.
+    for pid in $(pgrep -x 'slurmd|slurmctld' || true); do
+        conf="$(tr '\0' '\n' < "/proc/$pid/cmdline" 2>/dev/null | sed -n '/^-f$/{n;p;q}')"
+        [ -n "$conf" ] || continue
+        if [ ! -e "$conf" ] || grep -qx 'ClusterName=peerwasm-test' "$conf" 2>/dev/null; then
+            say "killing a daemon a previous test cluster left running: $(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null)"
+            kill -9 "$pid" 2>/dev/null || true
+        fi
+    done
+    for ns in $(ip netns list 2>/dev/null | awk '/^pwslurm-/ {print $1}'); do
+        ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+        ip netns del "$ns" 2>/dev/null || true
+    done
+    for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | grep -x 'pwsv[0-9]*' || true); do
+        ip link del "$link" 2>/dev/null || true
+    done
+    ip link del "$BRIDGE" 2>/dev/null || true
+}
+
 up() {
     local dir="$1" nodes="${2:-4}" cpus="${3:-2}" mem="${4:-4096}" watch="${5:-}"
     [ "$(id -u)" = 0 ] || cannot "needs root (network namespaces, slurmd); skipped"
@@ -120,9 +145,7 @@ up() {
     done
     trap 'say "starting failed; taking it down"; down "$dir"' ERR
 
-    # Leftovers of a cluster whose owner was killed.
-    for ns in $(ip netns list 2>/dev/null | awk '/^pwslurm-/ {print $1}'); do ip netns del "$ns" || true; done
-    ip link del "$BRIDGE" 2>/dev/null || true
+    leftovers
 
     # munge: the one already running, else ours.
     if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then

@@ -18,11 +18,10 @@
 //!   owns) for that long. Never below `min`.
 //! * **Memory-shaped** (★): a worker's slots hold the typical job of the
 //!   map with the most work (no more slots than jobs wait); of the workers
-//!   asked for at once, the first also holds, alone, the largest job still
-//!   waiting that no worker of the pool (or coming) could hold — never
-//!   more than the backlog needs: a heavy tail gets one large worker, not
-//!   a pool of them, and that worker runs its slots of small jobs when no
-//!   large one waits.
+//!   asked for at once, the first holds in one of its slots the largest
+//!   job still waiting that no worker of the pool (or coming) could hold —
+//!   never more than the backlog needs: a heavy tail gets one large worker,
+//!   not a pool of them, whose other slots run small jobs beside it.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -153,12 +152,11 @@ impl Policy {
     /// job any worker of the pool (or coming) can hold.
     ///
     /// Its slots hold the typical job of the map with the most work — no
-    /// more slots than jobs wait. A job larger than the pool holds is
-    /// added as what the worker must also hold alone: one of it when it
-    /// is its map's tail (its typical job is smaller), a slot's worth of
-    /// them when the map's jobs are all that large. So a heavy tail gets
-    /// one worker that holds one large job *or* its slots of small ones,
-    /// not slots × the largest.
+    /// more slots than jobs wait. A job larger than the pool holds takes
+    /// a slot of its own: one slot when it is its map's tail (its typical
+    /// job is smaller), every slot when the map's jobs are all that large.
+    /// So a heavy tail gets one worker that holds one large job beside its
+    /// other slots' small ones, not slots × the largest.
     pub fn shape(&self, backlog: &PoolBacklog, pool_largest: u64) -> Shape {
         let native = crate::sandbox::JOB_NATIVE_BYTES;
         let waiting = backlog.reports.iter().filter(|b| b.waiting > 0);
@@ -181,7 +179,13 @@ impl Policy {
             } else {
                 slots.min(b.waiting)
             };
-            jobs = jobs.max(b.largest_bytes.saturating_add(native).saturating_mul(of_them));
+            // Its other slots keep their typical jobs: a slot beside a
+            // large job that no small one fits would be a core held idle.
+            let large = b.largest_bytes.saturating_add(native).saturating_mul(of_them);
+            let beside = typical
+                .saturating_add(native)
+                .saturating_mul(slots - of_them);
+            jobs = jobs.max(large.saturating_add(beside));
         }
         let memory = jobs.saturating_add(self.overhead_bytes).clamp(
             self.min_worker_bytes,

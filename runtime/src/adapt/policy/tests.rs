@@ -261,7 +261,7 @@ fn workers_are_shaped_by_the_jobs_that_wait() {
 }
 
 #[test]
-fn a_worker_of_several_slots_holds_one_large_job_or_its_slots_of_small_ones() {
+fn a_worker_of_several_slots_holds_one_large_job_beside_its_other_slots_small_ones() {
     use crate::sandbox::JOB_NATIVE_BYTES as NATIVE;
     let p = Policy {
         slots: 4,
@@ -280,16 +280,16 @@ fn a_worker_of_several_slots_holds_one_large_job_or_its_slots_of_small_ones() {
             job_ms: 2000,
         }])
     };
-    // The large job alone, or four small ones: not 4 × 960 MiB.
+    // The large job and three small ones beside it: not 4 × 960 MiB.
     let first = p.shape(&tail(48), 0);
     assert_eq!(
         first,
         Shape {
             slots: 4,
-            memory_bytes: 960 * MIB + NATIVE + 64 * MIB
+            memory_bytes: 960 * MIB + 3 * 80 * MIB + 4 * NATIVE + 64 * MIB
         }
     );
-    assert_eq!(p.largest_job_of(&first), 960 * MIB);
+    assert_eq!(p.largest_job_of(&first), 960 * MIB + 3 * (80 * MIB + NATIVE));
     // Once a worker holds it, the others are sized by their slots of
     // small jobs, and hold a job of up to their whole memory alone.
     let other = p.shape(&tail(48), 960 * MIB);
