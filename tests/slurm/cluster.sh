@@ -76,10 +76,8 @@ down() {
         kill "$(cat "$dir/run/munged.pid")" 2>/dev/null || true
         rm -f "$dir/run/munged.pid"
     fi
-    for ns in $(ip netns list 2>/dev/null | awk '/^pwslurm-/ {print $1}'); do
-        ip netns del "$ns" 2>/dev/null || true
-    done
-    ip link del "$BRIDGE" 2>/dev/null || true
+    # And any daemon without a pidfile (one killed before writing it).
+    leftovers
     if grep -q "$HOSTS_MARK" /etc/hosts 2>/dev/null; then
         # /etc/hosts may be a bind mount: rewrite it in place.
         local kept
@@ -103,7 +101,7 @@ leftovers() {
         conf="$(tr '\0' '\n' < "/proc/$pid/cmdline" 2>/dev/null | sed -n '/^-f$/{n;p;q}')"
         [ -n "$conf" ] || continue
         if [ ! -e "$conf" ] || grep -qx 'ClusterName=peerwasm-test' "$conf" 2>/dev/null; then
-            say "killing a daemon a previous test cluster left running: $(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null)"
+            say "killing a test cluster's daemon that no pidfile named: $(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null)"
             kill -9 "$pid" 2>/dev/null || true
         fi
     done
