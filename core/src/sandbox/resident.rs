@@ -25,7 +25,7 @@
 //!   with userfaultfd's asynchronous write protection (`PAGEMAP_SCAN`'s
 //!   `PM_SCAN_WP_MATCHING`) was tried and measured slower — a one-line
 //!   Python function × 1,000 on two slots 1.44–1.55 s → 1.85–2.41 s, 48
-//!   scikit-learn fits 0.34–0.48 → 0.49–0.58 s — since an item rewrites
+//!   scikit-learn fits 0.34–0.48 → 0.49–0.58 s — most likely because an item rewrites
 //!   most of the pages the items before it wrote, and each such write then
 //!   takes a fault and each reset a protection change. A memory that grew past the image is never kept:
 //!   wasm memory cannot shrink, and the next job must start at the
