@@ -20,14 +20,15 @@
 //!   job touching the same pages takes no fault. When the scan is not
 //!   there or there is more to copy than [`COPY_BACK_MAX`], the image is
 //!   mapped afresh over the whole range instead — the same state, at a
-//!   fresh start's cost. Copying back every private page, not only those
-//!   the last job wrote, is on purpose: tracking the last job's writes
-//!   with userfaultfd's asynchronous write protection (`PAGEMAP_SCAN`'s
-//!   `PM_SCAN_WP_MATCHING`) was tried and measured slower — a one-line
-//!   Python function × 1,000 on two slots 1.44–1.55 s → 1.85–2.41 s, 48
-//!   scikit-learn fits 0.34–0.48 → 0.49–0.58 s — most likely because an item rewrites
-//!   most of the pages the items before it wrote, and each such write then
-//!   takes a fault and each reset a protection change. A memory that grew past the image is never kept:
+//!   fresh start's cost. Copying back every private page, not only those the
+//!   last job wrote, is on purpose: tracking the last job's writes with
+//!   userfaultfd's asynchronous write protection (`PAGEMAP_SCAN`'s
+//!   `PM_SCAN_WP_MATCHING`) was tried and measured slower — a one-line Python
+//!   function × 1,000 on two slots 1.44–1.55 s → 1.85–2.41 s, 48 scikit-learn
+//!   fits 0.34–0.48 → 0.49–0.58 s — most likely because an item rewrites most
+//!   of the pages the items before it wrote, and each such write then takes a
+//!   fault and each reset a protection change. A memory that grew past the
+//!   image is never kept:
 //!   wasm memory cannot shrink, and the next job must start at the
 //!   snapshot's size (its peak and limit count from there).
 //! * **Globals and table.** Kept only after `turn` *returned*: a trap, a
