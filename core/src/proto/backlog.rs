@@ -36,7 +36,8 @@ pub struct Backlog {
     /// The memory a typical waiting job asks for, as smartmem learned it
     /// (the starting request before anything is learned), in bytes.
     pub memory_bytes: u64,
-    /// The most any waiting job asks for, in bytes.
+    /// The most any job without a result asks for (waiting, or under way
+    /// and perhaps waiting for a worker that can hold it), in bytes.
     pub largest_bytes: u64,
     /// Mean wall time of its jobs so far, in milliseconds; 0: none ended yet.
     pub job_ms: u64,
@@ -90,7 +91,7 @@ pub struct PoolBacklog {
     /// Σ waiting × the memory each asks for, in bytes: what the backlog
     /// would hold if it all ran at once.
     pub memory_bytes: u64,
-    /// The most any waiting job asks for, in bytes.
+    /// The most any job without a result asks for, in bytes.
     pub largest_bytes: u64,
     /// Σ (waiting + running) × mean job time, in seconds: the work left,
     /// in slot-seconds. Maps with no job time yet count none.
@@ -114,7 +115,7 @@ impl PoolBacklog {
             out.memory_bytes = out
                 .memory_bytes
                 .saturating_add(b.waiting.saturating_mul(b.memory_bytes));
-            if b.waiting > 0 {
+            if !b.is_empty() {
                 out.largest_bytes = out.largest_bytes.max(b.largest_bytes);
             }
             out.work_seconds += (b.waiting + b.running) as f64 * b.job_ms as f64 / 1000.0;

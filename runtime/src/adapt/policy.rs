@@ -169,19 +169,25 @@ impl Policy {
             .max_by_key(|b| (b.waiting + b.running).saturating_mul(b.job_ms.max(1)))
             .map_or(0, |b| b.memory_bytes);
         let mut jobs = typical.saturating_add(native).saturating_mul(slots);
-        // A job nobody can hold: the worker holds it too.
-        if let Some(b) = waiting
-            .filter(|b| b.largest_bytes > pool_largest)
+        // A job nobody can hold (waiting, or under way waiting for a
+        // worker): the worker holds it too.
+        if let Some(b) = backlog
+            .reports
+            .iter()
+            .filter(|b| !b.is_empty() && b.largest_bytes > pool_largest)
             .max_by_key(|b| b.largest_bytes)
         {
             let of_them = if b.memory_bytes < b.largest_bytes {
                 1
             } else {
-                slots.min(b.waiting)
+                slots.min(b.waiting).max(1)
             };
             // Its other slots keep their typical jobs: a slot beside a
             // large job that no small one fits would be a core held idle.
-            let large = b.largest_bytes.saturating_add(native).saturating_mul(of_them);
+            let large = b
+                .largest_bytes
+                .saturating_add(native)
+                .saturating_mul(of_them);
             let beside = typical
                 .saturating_add(native)
                 .saturating_mul(slots - of_them);
@@ -232,14 +238,14 @@ impl Policy {
                 .and_modify(|t| *t = (*t).min(since))
                 .or_insert(since);
         }
+        let largest = workers
+            .iter()
+            .map(|w| w.largest_job)
+            .max()
+            .unwrap_or(0)
+            .max(coming_largest);
         if target > capacity {
             memory.below_since = None;
-            let largest = workers
-                .iter()
-                .map(|w| w.largest_job)
-                .max()
-                .unwrap_or(0)
-                .max(coming_largest);
             // One worker for the largest job nobody holds (if any), the
             // others for the typical job.
             let first = self.shape(backlog, largest);
@@ -291,6 +297,13 @@ impl Policy {
                 target,
             };
         }
+        let idle_ms = self.idle_for.as_millis() as u64;
+        if let Some(d) =
+            self.for_a_job_nobody_holds(backlog, workers, largest, capacity, memory, now_ms)
+        {
+            memory.below_since = None;
+            return Decision { target, ..d };
+        }
         if target == capacity {
             memory.below_since = None;
             return Decision {
@@ -299,7 +312,6 @@ impl Policy {
             };
         }
         let since = *memory.below_since.get_or_insert(now_ms);
-        let idle_ms = self.idle_for.as_millis() as u64;
         let waited = now_ms.saturating_sub(since) >= idle_ms;
         // With work left, the target must have stayed low for the idle
         // period. With none, a worker's own idle clock is enough (it has
@@ -356,6 +368,65 @@ impl Policy {
             why,
             target,
         }
+    }
+}
+
+impl Policy {
+    /// A waiting job larger than any worker of the pool (or coming) holds
+    /// gets a worker shaped for it even when the target in workers is met
+    /// (the job was read after the pool grew, or the pool is at its
+    /// size): one more below `--max`; at `--max`, in place of a worker
+    /// that has had nothing to do for `--idle`. Otherwise it would wait
+    /// for a worker that never comes. Nothing when no worker this policy
+    /// may ask for holds it (the map says so at once).
+    fn for_a_job_nobody_holds(
+        &self,
+        backlog: &PoolBacklog,
+        workers: &[PoolWorker],
+        largest: u64,
+        capacity: u32,
+        memory: &Memory,
+        now_ms: u64,
+    ) -> Option<Decision> {
+        let job = backlog
+            .reports
+            .iter()
+            .filter(|b| !b.is_empty() && b.largest_bytes > largest)
+            .map(|b| b.largest_bytes)
+            .max()?;
+        let shape = self.shape(backlog, largest);
+        if self.largest_job_of(&shape) < job {
+            return None;
+        }
+        let idle_ms = self.idle_for.as_millis() as u64;
+        let mut cancel = Vec::new();
+        if capacity >= self.max.max(self.min) {
+            let (idle, _) = workers
+                .iter()
+                .filter(|w| !w.busy)
+                .filter_map(|w| memory.idle_since.get(&w.addr).map(|t| (w, *t)))
+                .filter(|(_, t)| now_ms.saturating_sub(*t) >= idle_ms)
+                .min_by_key(|(w, t)| (*t, w.addr.clone()))?;
+            cancel.push(idle.batch_job.clone());
+        }
+        let why = format!(
+            "{}: a job of {} waits that no worker holds (the largest holds {}); asked with {} for jobs of up to {}",
+            if cancel.is_empty() {
+                "growing by 1".to_string()
+            } else {
+                format!("replacing an idle worker at --max {}", self.max)
+            },
+            crate::units::Bytes(job),
+            crate::units::Bytes(largest),
+            crate::units::Bytes(shape.memory_bytes),
+            crate::units::Bytes(self.largest_job_of(&shape)),
+        );
+        Some(Decision {
+            submit: vec![shape],
+            cancel,
+            why,
+            target: 0,
+        })
     }
 }
 

@@ -53,8 +53,12 @@ impl<T: Submitter> MapRun<'_, T> {
             .map(|(i, _)| *i)
             .collect();
         let memory = self.request(usize::MAX).bytes();
-        let largest = waiting
-            .iter()
+        // Over every input without a result, under way too: one whose
+        // submission waits for a worker that can hold it (none can yet) is
+        // under way, and is what a controller must grow for.
+        let largest = self
+            .pending
+            .keys()
             .map(|&i| self.request(i).bytes())
             .max()
             .unwrap_or(0)

@@ -289,7 +289,10 @@ fn a_worker_of_several_slots_holds_one_large_job_beside_its_other_slots_small_on
             memory_bytes: 960 * MIB + 3 * 80 * MIB + 4 * NATIVE + 64 * MIB
         }
     );
-    assert_eq!(p.largest_job_of(&first), 960 * MIB + 3 * (80 * MIB + NATIVE));
+    assert_eq!(
+        p.largest_job_of(&first),
+        960 * MIB + 3 * (80 * MIB + NATIVE)
+    );
     // Once a worker holds it, the others are sized by their slots of
     // small jobs, and hold a job of up to their whole memory alone.
     let other = p.shape(&tail(48), 960 * MIB);
@@ -330,4 +333,53 @@ fn pending_jobs_are_let_go_only_when_nothing_is_left_to_do() {
         p.decide(&none, &[], &pending, 0, &mut m, 5_000).cancel,
         ["j1", "j2"]
     );
+}
+
+#[test]
+fn a_job_nobody_holds_gets_a_worker_even_when_the_target_is_met() {
+    let p = Policy {
+        max: 3,
+        slots: 2,
+        idle_for: std::time::Duration::from_secs(3),
+        overhead_bytes: 40 * MIB,
+        min_worker_bytes: 64 * MIB,
+        max_worker_bytes: GIB,
+        ..Policy::default()
+    };
+    // Read after the pool grew: two jobs of 280 MiB wait, the workers
+    // hold jobs of up to 175 MiB; two jobs want one worker of two slots.
+    let late = PoolBacklog::sum(&[Backlog {
+        id: "m".into(),
+        waiting: 2,
+        running: 0,
+        memory_bytes: 40 * MIB,
+        largest_bytes: 280 * MIB,
+        job_ms: 2000,
+    }]);
+    let small = [worker("a", false, 175 * MIB), worker("b", false, 175 * MIB)];
+    let mut memory = Memory::default();
+    let d = p.decide(&late, &small, &[], 0, &mut memory, 0);
+    assert_eq!((d.submit.len(), d.cancel.len()), (1, 0), "{d:?}");
+    assert!(p.largest_job_of(&d.submit[0]) >= 280 * MIB, "{d:?}");
+    assert!(d.why.contains("no worker holds"), "{}", d.why);
+    // Coming: asked once, not again.
+    let coming = p.largest_job_of(&d.submit[0]);
+    let d = p.decide(&late, &small, &["j".into()], coming, &mut memory, 500);
+    assert!(d.submit.is_empty(), "{d:?}");
+    // At --max: only in place of a worker idle for --idle, and then at once.
+    let at_max = Policy { max: 2, ..p.clone() };
+    let mut memory = Memory::default();
+    let d = at_max.decide(&late, &small, &[], 0, &mut memory, 0);
+    assert!(d.submit.is_empty() && d.cancel.is_empty(), "{d:?}");
+    let d = at_max.decide(&late, &small, &[], 0, &mut memory, 3_000);
+    assert_eq!(d.cancel, vec!["job-a".to_string()], "{d:?}");
+    assert_eq!(d.submit.len(), 1, "{d:?}");
+    assert!(d.why.contains("replacing an idle worker"), "{}", d.why);
+    // Never a worker that could not hold it either (past --max-mem).
+    let huge = PoolBacklog::sum(&[Backlog {
+        largest_bytes: 2 * GIB,
+        ..late.reports[0].clone()
+    }]);
+    let d = p.decide(&huge, &small, &[], 0, &mut Memory::default(), 0);
+    assert!(d.submit.is_empty(), "{d:?}");
 }
