@@ -270,11 +270,7 @@ fn report_sleeps(ours: &Run, dask: Option<&Run>, summary: &mut Summary) {
 /// The mix's peerwasm runs: learning, informed, informed with workers of
 /// two slots (half as many: the same cores).
 fn report_mix(work: &Work, ours: [&Run; 3], dask: Option<&Run>, summary: &mut Summary) {
-    let names = [
-        "learning",
-        "informed",
-        "informed, workers of 2 slots",
-    ];
+    let names = ["learning", "informed", "informed, workers of 2 slots"];
     println!(
         "\n### Heavy-tailed memory: {} (the work uses {:.0} GiB·s)",
         work.name, work.used_gib_s

@@ -91,7 +91,7 @@ pub struct PoolBacklog {
     /// Σ waiting × the memory each asks for, in bytes: what the backlog
     /// would hold if it all ran at once.
     pub memory_bytes: u64,
-    /// The most any job without a result asks for, in bytes.
+    /// The most any waiting job asks for, in bytes.
     pub largest_bytes: u64,
     /// Σ (waiting + running) × mean job time, in seconds: the work left,
     /// in slot-seconds. Maps with no job time yet count none.
@@ -115,7 +115,7 @@ impl PoolBacklog {
             out.memory_bytes = out
                 .memory_bytes
                 .saturating_add(b.waiting.saturating_mul(b.memory_bytes));
-            if !b.is_empty() {
+            if b.waiting > 0 {
                 out.largest_bytes = out.largest_bytes.max(b.largest_bytes);
             }
             out.work_seconds += (b.waiting + b.running) as f64 * b.job_ms as f64 / 1000.0;

@@ -367,7 +367,10 @@ fn a_job_nobody_holds_gets_a_worker_even_when_the_target_is_met() {
     let d = p.decide(&late, &small, &["j".into()], coming, &mut memory, 500);
     assert!(d.submit.is_empty(), "{d:?}");
     // At --max: only in place of a worker idle for --idle, and then at once.
-    let at_max = Policy { max: 2, ..p.clone() };
+    let at_max = Policy {
+        max: 2,
+        ..p.clone()
+    };
     let mut memory = Memory::default();
     let d = at_max.decide(&late, &small, &[], 0, &mut memory, 0);
     assert!(d.submit.is_empty() && d.cancel.is_empty(), "{d:?}");
