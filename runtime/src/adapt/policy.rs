@@ -171,12 +171,7 @@ impl Policy {
         let mut jobs = typical.saturating_add(native).saturating_mul(slots);
         // A job nobody can hold (waiting, or under way waiting for a
         // worker): the worker holds it too.
-        if let Some(b) = backlog
-            .reports
-            .iter()
-            .filter(|b| !b.is_empty() && b.largest_bytes > pool_largest)
-            .max_by_key(|b| b.largest_bytes)
-        {
+        if let Some(b) = unheld(backlog, pool_largest) {
             let of_them = if b.memory_bytes < b.largest_bytes {
                 1
             } else {
@@ -335,14 +330,10 @@ impl Policy {
                 excess -= 1;
             }
         }
-        let mut idle: Vec<(&PoolWorker, u64)> = workers
-            .iter()
-            .filter(|w| !w.busy)
-            .filter_map(|w| memory.idle_since.get(&w.addr).map(|t| (w, *t)))
-            .filter(|(_, t)| now_ms.saturating_sub(*t) >= idle_ms)
-            .collect();
-        idle.sort_by_key(|(w, t)| (*t, w.addr.clone()));
-        for (w, _) in idle.into_iter().take(excess as usize) {
+        for w in idle_longer_than(workers, memory, idle_ms, now_ms)
+            .into_iter()
+            .take(excess as usize)
+        {
             cancel.push(w.batch_job.clone());
         }
         if cancel.is_empty() {
@@ -388,26 +379,16 @@ impl Policy {
         memory: &Memory,
         now_ms: u64,
     ) -> Option<Decision> {
-        let job = backlog
-            .reports
-            .iter()
-            .filter(|b| !b.is_empty() && b.largest_bytes > largest)
-            .map(|b| b.largest_bytes)
-            .max()?;
+        let job = unheld(backlog, largest)?.largest_bytes;
         let shape = self.shape(backlog, largest);
         if self.largest_job_of(&shape) < job {
             return None;
         }
-        let idle_ms = self.idle_for.as_millis() as u64;
         let mut cancel = Vec::new();
         if capacity >= self.max.max(self.min) {
-            let (idle, _) = workers
-                .iter()
-                .filter(|w| !w.busy)
-                .filter_map(|w| memory.idle_since.get(&w.addr).map(|t| (w, *t)))
-                .filter(|(_, t)| now_ms.saturating_sub(*t) >= idle_ms)
-                .min_by_key(|(w, t)| (*t, w.addr.clone()))?;
-            cancel.push(idle.batch_job.clone());
+            let idle_ms = self.idle_for.as_millis() as u64;
+            let longest = *idle_longer_than(workers, memory, idle_ms, now_ms).first()?;
+            cancel.push(longest.batch_job.clone());
         }
         let why = format!(
             "{}: a job of {} waits that no worker holds (the largest holds {}); asked with {} for jobs of up to {}",
@@ -428,6 +409,35 @@ impl Policy {
             target: 0,
         })
     }
+}
+
+/// The map whose largest job no worker of the pool (or coming) holds,
+/// `pool_largest` being the most any holds: waiting, or under way waiting
+/// for a worker. The largest such first.
+fn unheld(backlog: &PoolBacklog, pool_largest: u64) -> Option<&crate::proto::backlog::Backlog> {
+    backlog
+        .reports
+        .iter()
+        .filter(|b| !b.is_empty() && b.largest_bytes > pool_largest)
+        .max_by_key(|b| b.largest_bytes)
+}
+
+/// The workers that have had nothing to do for `idle_ms` by `now_ms`,
+/// longest idle first.
+fn idle_longer_than<'a>(
+    workers: &'a [PoolWorker],
+    memory: &Memory,
+    idle_ms: u64,
+    now_ms: u64,
+) -> Vec<&'a PoolWorker> {
+    let mut idle: Vec<(&PoolWorker, u64)> = workers
+        .iter()
+        .filter(|w| !w.busy)
+        .filter_map(|w| memory.idle_since.get(&w.addr).map(|t| (w, *t)))
+        .filter(|(_, t)| now_ms.saturating_sub(*t) >= idle_ms)
+        .collect();
+    idle.sort_by_key(|(w, t)| (*t, w.addr.clone()));
+    idle.into_iter().map(|(w, _)| w).collect()
 }
 
 fn plural(n: u32) -> &'static str {

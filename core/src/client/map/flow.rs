@@ -46,12 +46,7 @@ impl<T: Submitter> MapRun<'_, T> {
     /// What this map still has to run, as the pool is told it.
     pub(super) fn backlog(&self) -> Backlog {
         let unread = self.total.map_or(0, |t| t.saturating_sub(self.read as u64));
-        let waiting: Vec<usize> = self
-            .pending
-            .iter()
-            .filter(|(_, p)| p.live == 0)
-            .map(|(i, _)| *i)
-            .collect();
+        let waiting = self.pending.values().filter(|p| p.live == 0).count();
         let memory = self.request(usize::MAX).bytes();
         // Over every input without a result, under way too: one whose
         // submission waits for a worker that can hold it (none can yet) is
@@ -65,7 +60,7 @@ impl<T: Submitter> MapRun<'_, T> {
             .max(memory);
         Backlog {
             id: self.id.clone(),
-            waiting: waiting.len() as u64 + unread,
+            waiting: waiting as u64 + unread,
             running: self.active as u64,
             memory_bytes: memory,
             largest_bytes: largest,
