@@ -30,9 +30,48 @@ pub(super) fn trusted_workers<'v>(
     seeds: &[String],
     http: &HttpClient,
 ) -> (Vec<&'v String>, Vec<String>) {
+    trusted_of(
+        view.iter().filter(|p| p.liveness != Liveness::Dead),
+        seeds,
+        view,
+        http,
+    )
+}
+
+/// Where to look for one id: [`trusted_workers`], then the addresses of the
+/// dead ones that no live worker holds. A worker killed and started again
+/// on the same address (and state) holds its ids again at once, but the
+/// view it is looked up in may still call it dead for a round or more (its
+/// old generation fell silent, its new one has not gossiped yet): asked
+/// last, it answers for itself; a truly dead one only fails to connect.
+pub(super) fn lookup_order<'v>(
+    view: &'v [PeerView],
+    seeds: &[String],
+    http: &HttpClient,
+) -> (Vec<&'v String>, Vec<String>) {
+    let (mut ask, mut skipped) = trusted_workers(view, seeds, http);
+    let dead = view.iter().filter(|p| p.liveness == Liveness::Dead);
+    let (again, more) = trusted_of(dead, seeds, view, http);
+    for addr in again {
+        if !ask.contains(&addr) {
+            ask.push(addr);
+        }
+    }
+    skipped.extend(more);
+    (ask, skipped)
+}
+
+/// The addresses of `peers` that may be sent the token (`super::trusted`
+/// against `view`); the others are named in the second list.
+fn trusted_of<'v>(
+    peers: impl Iterator<Item = &'v PeerView>,
+    seeds: &[String],
+    view: &[PeerView],
+    http: &HttpClient,
+) -> (Vec<&'v String>, Vec<String>) {
     let mut ask = Vec::new();
     let mut skipped = Vec::new();
-    for p in view.iter().filter(|p| p.liveness != Liveness::Dead) {
+    for p in peers {
         let addr = &p.advert.addr;
         if !http.may_send_to(addr) {
             skipped.push(format!("{addr}: not asked, the token would cross the network in clear (give --tls-ca, or --insecure-http)"));
@@ -90,7 +129,7 @@ pub async fn cancel(
     id: &str,
 ) -> anyhow::Result<CancelReport> {
     let mut answered = 0;
-    let (ask, mut errors) = trusted_workers(view, seeds, http);
+    let (ask, mut errors) = lookup_order(view, seeds, http);
     for worker in ask {
         match WorkerApi::new(http, worker).cancel_job(id).await {
             Ok(was) => {

@@ -15,7 +15,7 @@ use reqwest::StatusCode;
 
 use super::errors::PeerError;
 use super::job::Job;
-use super::jobs::{CancelReport, trusted_workers};
+use super::jobs::{CancelReport, lookup_order, trusted_workers};
 use super::pool::Pool;
 use crate::gossip::PeerView;
 use crate::proto::submission::{
@@ -80,15 +80,16 @@ impl Pool {
 }
 
 /// Finds submission `id` on the workers of `view` (those that may be sent
-/// the token): its owner and how it is now. `None` if no live worker knows
-/// it (or it is another tenant's).
+/// the token; the dead ones' addresses last, where a restarted owner may
+/// be back before the view knows): its owner and how it is now. `None` if
+/// no worker asked knows it (or it is another tenant's).
 pub async fn find(
     http: &HttpClient,
     view: &[PeerView],
     seeds: &[String],
     id: &str,
 ) -> anyhow::Result<Option<SubmissionInfo>> {
-    let (ask, mut errors) = trusted_workers(view, seeds, http);
+    let (ask, mut errors) = lookup_order(view, seeds, http);
     let mut answered = 0;
     for worker in ask {
         match WorkerApi::new(http, worker).submission(id).await {

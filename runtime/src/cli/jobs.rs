@@ -109,7 +109,7 @@ pub fn logs(args: LogsArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// What a submission id no live worker knows is told.
-pub(super) const NO_SUCH_SUBMISSION: &str = "no such submission of yours on any live worker (a submission lives on \
+pub(super) const NO_SUCH_SUBMISSION: &str = "no such submission of yours on any worker of the pool (a submission lives on \
      the worker that owns it: if that worker is down, it is back when the worker is)";
 
 #[derive(clap::Args, Debug)]
@@ -155,7 +155,9 @@ pub fn cancel_jobs(args: CancelArgs) -> anyhow::Result<ExitCode> {
                     match crate::proto::submission::is_submission_id(id) {
                         true => eprintln!("peerwasm: {id}: {NO_SUCH_SUBMISSION}"),
                         false => {
-                            eprintln!("peerwasm: {id}: no such job of yours on any live worker")
+                            eprintln!(
+                                "peerwasm: {id}: no such job of yours on any worker of the pool"
+                            )
                         }
                     }
                 }

@@ -343,3 +343,51 @@ fn a_tenants_detached_job_and_map_go_on_after_a_restart() {
     );
     assert_eq!(stdout(&out).lines().count(), 12);
 }
+
+/// The owner killed and started again, and the pool not yet told: the view
+/// the client looks its submission up in still has the owner dead (here it
+/// comes back without `--join`, so it gossips to nobody). `results` asks
+/// the dead workers' addresses last, finds the owner back there, and gives
+/// every result.
+#[test]
+fn results_find_an_owner_back_before_the_pool_knows() {
+    let root = tempfile::tempdir().unwrap();
+    let helper = WorkerProcess::start("1GiB", 2, None);
+    let mut owner = Owner::new(root.path(), Some(&helper.addr));
+    owner.start();
+    let ns: Vec<usize> = (0..40).map(|i| 20_000 + 7 * i).collect();
+    let inputs = root.path().join("in.jsonl");
+    std::fs::write(
+        &inputs,
+        ns.iter()
+            .map(|n| format!("{{\"n\": {n}}}\n"))
+            .collect::<String>(),
+    )
+    .unwrap();
+    let id = detach(&owner.addr, &wasm("primes"), &inputs, &[]);
+    owner.kill();
+    let addr = owner.addr.clone();
+    let dead = || {
+        let out = run(&["peers", "--json", "--peers", &helper.addr]);
+        let view: Vec<serde_json::Value> = serde_json::from_str(&stdout(&out)).unwrap_or_default();
+        view.iter()
+            .any(|p| p["advert"]["addr"] == addr.as_str() && p["liveness"] == "dead")
+    };
+    let t = Instant::now();
+    while !dead() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the helper never saw the owner dead"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    owner.join = None;
+    owner.start();
+    assert!(
+        dead(),
+        "the owner came back to the helper's view without gossip"
+    );
+    let out = run(&["results", "--peers", &helper.addr, &id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    check_primes_results(&stdout(&out), &ns);
+}
