@@ -173,7 +173,7 @@ impl super::Sandbox {
 fn memory_minimum(module: &wasmtime::Module) -> usize {
     match module.get_export(super::warm::MEMORY) {
         Some(wasmtime::ExternType::Memory(m)) => {
-            (m.minimum() as usize).saturating_mul(super::warm_disk::WASM_PAGE)
+            (m.minimum() as usize).saturating_mul(super::image::WASM_PAGE)
         }
         _ => 0,
     }

@@ -22,6 +22,8 @@
 //! * `stdio` — captured, capped, optionally streamed stdout/stderr;
 //! * `warm` — warm starts: jobs begun from a snapshot of an interpreter's
 //!   memory (a Python map's items);
+//! * `image` — a snapshot's memory as a sealed in-memory file, made from
+//!   a memory or from a file kept on disk;
 //! * `resident` — the instance such a job leaves, its memory put back to
 //!   the snapshot, for the next job of the snapshot;
 //! * `store` — a job's store: WASI, limiter, file bounds, time limit armed;
@@ -49,6 +51,7 @@ mod drive;
 pub(crate) mod engine;
 pub(crate) mod entry;
 pub mod files;
+mod image;
 mod job_state;
 mod kinds;
 pub(crate) mod limiter;

@@ -38,7 +38,7 @@
 
 use std::collections::HashSet;
 use std::num::NonZeroUsize;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -47,9 +47,10 @@ use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 use wasmtime::{AsContextMut, Engine, ExternType, Instance, InstancePre, Linker, Memory, Module};
 
+use super::image::WASM_PAGE;
 use super::job_state::JobState;
 use super::spec::RunSpec;
-use super::warm_disk::{SnapshotDir, WASM_PAGE, all_zero};
+use super::warm_disk::SnapshotDir;
 use crate::proto::{ModuleHash, WarmStart};
 
 /// The export that runs a turn: `turn(ptr, len) -> status`.
@@ -284,7 +285,7 @@ impl WarmStarts {
                     // An earlier process's, kept on disk: read once here
                     // (others wait for it as for a prelude).
                     let kept = self.disk.as_ref().and_then(|d| d.load(&key));
-                    if let Some(Ok((file, len))) = kept.map(|memory| image_of(&memory)) {
+                    if let Some((file, len)) = kept {
                         let image = Arc::new(Snapshot::Image { file, len });
                         self.inner.snapshots.lock().put(key, image.clone());
                         drop(claim);
@@ -308,7 +309,7 @@ impl WarmStarts {
     /// 0 (`status`), else the news that it cannot make one.
     pub(super) fn keep(&self, claim: Claim, status: i32, memory: &[u8]) -> std::io::Result<()> {
         let snapshot = if status == 0 {
-            let (file, len) = image_of(memory)?;
+            let (file, len) = super::image::of_memory(memory)?;
             self.inner.made.fetch_add(1, Ordering::Relaxed);
             if let Some(disk) = &self.disk
                 && let Err(e) = disk.save(&claim.key, memory)
@@ -438,43 +439,4 @@ pub(super) unsafe fn map_image(base: *mut u8, len: usize, file: &OwnedFd) -> std
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
-}
-
-/// `memory` as a sealed memfd of its length, its all-zero pages left as
-/// holes (they read as zeros, and take nothing).
-fn image_of(memory: &[u8]) -> std::io::Result<(OwnedFd, usize)> {
-    use std::os::unix::fs::FileExt;
-    // SAFETY: a valid C string; the descriptor is owned at once.
-    let fd = unsafe {
-        libc::memfd_create(
-            c"peerwasm-snapshot".as_ptr(),
-            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just opened and is owned by nothing else.
-    let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-    file.set_len(memory.len() as u64)?;
-    const CHUNK: usize = 64 << 10;
-    for (i, chunk) in memory.chunks(CHUNK).enumerate() {
-        if !all_zero(chunk) {
-            file.write_all_at(chunk, (i * CHUNK) as u64)?;
-        }
-    }
-    // Sealed: no one, this process included, can change the image that
-    // jobs map.
-    // SAFETY: fcntl on an open descriptor.
-    let sealed = unsafe {
-        libc::fcntl(
-            file.as_raw_fd(),
-            libc::F_ADD_SEALS,
-            libc::F_SEAL_WRITE | libc::F_SEAL_GROW | libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL,
-        )
-    };
-    if sealed < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok((OwnedFd::from(file), memory.len()))
 }

@@ -10,20 +10,19 @@
 //! user's alone (`0700`, checked: `private_path`). It is written to a
 //! temporary file and renamed into place, so a file under its name is
 //! whole. It is not mapped from here: a file that someone shortened while
-//! mapped would fault the process. It is read back whole, and `warm` makes
-//! it a sealed in-memory file, as a snapshot made here is — a tenth of a second for
-//! ~90 MiB, against seconds of imports. It holds only guest memory, run
-//! only inside the sandbox: no code of the host's.
+//! mapped would fault the process. Its data is copied into a sealed
+//! in-memory file (`image::of_file`), as a snapshot made here is — a tenth
+//! of a second for ~90 MiB, against seconds of imports. It holds only
+//! guest memory, run only inside the sandbox: no code of the host's.
 //!
 //! At most [`SNAPSHOTS_ON_DISK`] are kept: the least recently used (by
 //! modification time, which a load refreshes) are removed first.
 
-use std::io::Read;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
-/// A wasm page.
-pub(super) const WASM_PAGE: usize = 64 << 10;
+use super::image::{WASM_PAGE, all_zero};
 
 /// Snapshots one directory keeps.
 pub const SNAPSHOTS_ON_DISK: usize = 4;
@@ -48,20 +47,18 @@ impl SnapshotDir {
         self.dir.join(format!("{}.snap", hex::encode(key)))
     }
 
-    /// The memory kept under `key`, if there is a whole one.
-    pub(super) fn load(&self, key: &[u8; 32]) -> Option<Vec<u8>> {
-        let mut file = std::fs::File::open(self.path(key)).ok()?;
+    /// The memory kept under `key` as a sealed image (and its length), if
+    /// there is a whole one.
+    pub(super) fn load(&self, key: &[u8; 32]) -> Option<(OwnedFd, usize)> {
+        let file = std::fs::File::open(self.path(key)).ok()?;
         let meta = file.metadata().ok()?;
         let len = meta.len();
         if !meta.is_file() || len == 0 || len > LARGEST || len % WASM_PAGE as u64 != 0 {
             return None;
         }
-        let mut memory = Vec::with_capacity(len as usize);
-        if file.read_to_end(&mut memory).is_err() || memory.len() as u64 != len {
-            return None;
-        }
+        let image = super::image::of_file(&file, len as usize).ok()?;
         let _ = file.set_modified(std::time::SystemTime::now());
-        Some(memory)
+        Some(image)
     }
 
     /// Keeps `memory` under `key` (its zero pages as holes), then removes
@@ -99,13 +96,6 @@ impl SnapshotDir {
     }
 }
 
-/// Whether `bytes` are all zero (a page left as a hole).
-pub(super) fn all_zero(bytes: &[u8]) -> bool {
-    // SAFETY: every bit pattern is a valid u64.
-    let (head, words, tail) = unsafe { bytes.align_to::<u64>() };
-    head.iter().all(|&b| b == 0) && words.iter().all(|&w| w == 0) && tail.iter().all(|&b| b == 0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,6 +107,13 @@ mod tests {
         m
     }
 
+    fn read(image: Option<(OwnedFd, usize)>) -> Option<Vec<u8>> {
+        let (fd, len) = image?;
+        let mut out = vec![0u8; len];
+        std::fs::File::from(fd).read_exact_at(&mut out, 0).unwrap();
+        Some(out)
+    }
+
     #[test]
     fn a_kept_snapshot_is_read_back_whole_and_only_the_last_few_stay() {
         let dir = tempfile::tempdir().unwrap();
@@ -124,7 +121,7 @@ mod tests {
         let key = [7u8; 32];
         assert!(disk.load(&key).is_none());
         disk.save(&key, &memory(1)).unwrap();
-        assert_eq!(disk.load(&key), Some(memory(1)), "read back whole");
+        assert_eq!(read(disk.load(&key)), Some(memory(1)), "read back whole");
         // A file of another length than whole pages is not a snapshot.
         std::fs::write(disk.path(&[8u8; 32]), b"short").unwrap();
         assert!(disk.load(&[8u8; 32]).is_none());

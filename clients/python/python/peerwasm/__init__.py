@@ -31,10 +31,24 @@ Values come back (not Results); an exception in the sandbox is raised as
 
 import os as _os
 
-from . import _functions, _maps
-from ._functions import RemoteError
+from . import _maps
 from ._maps import Interrupted
 from ._peerwasm import JobError, MapStream, Result, learned_memory
+
+# Python functions' half (`_functions`: inspect, ast, pickle, the wire) is
+# imported on first use: `python -m peerwasm` — every slot process of the
+# embedded worker, before a map's first item — needs none of it, and it
+# took 60-140 ms to import there.
+_LAZY = {"RemoteError": "_functions", "_functions": None, "_mounts": None, "_sources": None, "_wire": None}
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'peerwasm' has no attribute {name!r}")
+    import importlib
+
+    module = importlib.import_module(f".{_LAZY[name] or name}", __name__)
+    return module if _LAZY[name] is None else getattr(module, name)
 
 # The keywords `run(fn, ...)` keeps for itself; the function gets the rest.
 _RUN_OPTIONS = ("mem", "timeout", "peers", "token", "files", "packages", "outputs", "max_output")
@@ -57,6 +71,8 @@ def run(module, *args, **kwargs):
     A .wasm `module`: its `Result` (keywords: stdin, args, env, mem,
     timeout, peers, token; see `_peerwasm.run`)."""
     if _is_function(module):
+        from . import _functions
+
         options = {k: kwargs.pop(k) for k in _RUN_OPTIONS if k in kwargs}
         return _functions.run(module, args, kwargs, **options)
     return _peerwasm_run(module, *args, **kwargs)
@@ -92,6 +108,8 @@ def imap_unordered(module, inputs, with_index=False, **kwargs):
 
 def _iterate(module, inputs, ordered, kwargs, collect=False, with_index=False):
     if _is_function(module):
+        from . import _functions
+
         if collect:
             return _functions.map(module, inputs, **kwargs)
         return _functions.imap(module, inputs, ordered=ordered, with_index=with_index, **kwargs)
