@@ -4,6 +4,14 @@
 
 use super::*;
 
+/// `ns` as the primes guest's inputs, one JSON line each, in `dir/in.jsonl`.
+fn primes_inputs(dir: &Path, ns: &[usize]) -> PathBuf {
+    let inputs = dir.join("in.jsonl");
+    let lines: String = ns.iter().map(|n| format!("{{\"n\": {n}}}\n")).collect();
+    std::fs::write(&inputs, lines).unwrap();
+    inputs
+}
+
 #[test]
 fn a_detached_map_survives_its_owner_killed_twice() {
     let root = tempfile::tempdir().unwrap();
@@ -11,14 +19,7 @@ fn a_detached_map_survives_its_owner_killed_twice() {
     let mut owner = Owner::new(root.path(), Some(&helper.addr));
     owner.start();
     let ns: Vec<usize> = (0..1000).map(|i| 2_000_000 + 7 * i).collect();
-    let inputs = root.path().join("in.jsonl");
-    std::fs::write(
-        &inputs,
-        ns.iter()
-            .map(|n| format!("{{\"n\": {n}}}\n"))
-            .collect::<String>(),
-    )
-    .unwrap();
+    let inputs = primes_inputs(root.path(), &ns);
     let id = detach(&owner.addr, &wasm("primes"), &inputs, &[]);
 
     // Killed -9 twice at moments that vary from run to run, restarted on
@@ -53,14 +54,7 @@ fn an_attached_map_resumes_from_its_results_file() {
     let root = tempfile::tempdir().unwrap();
     let w = WorkerProcess::start("1GiB", 2, None);
     let ns: Vec<usize> = (0..300).map(|i| 200_000 + 13 * i).collect();
-    let inputs = root.path().join("in.jsonl");
-    std::fs::write(
-        &inputs,
-        ns.iter()
-            .map(|n| format!("{{\"n\": {n}}}\n"))
-            .collect::<String>(),
-    )
-    .unwrap();
+    let inputs = primes_inputs(root.path(), &ns);
     let out_file = root.path().join("out.jsonl");
     let (inputs_s, out_s) = (inputs.to_str().unwrap(), out_file.to_str().unwrap());
     let mut client = peerwasm()
@@ -356,14 +350,7 @@ fn results_find_an_owner_back_before_the_pool_knows() {
     let mut owner = Owner::new(root.path(), Some(&helper.addr));
     owner.start();
     let ns: Vec<usize> = (0..40).map(|i| 20_000 + 7 * i).collect();
-    let inputs = root.path().join("in.jsonl");
-    std::fs::write(
-        &inputs,
-        ns.iter()
-            .map(|n| format!("{{\"n\": {n}}}\n"))
-            .collect::<String>(),
-    )
-    .unwrap();
+    let inputs = primes_inputs(root.path(), &ns);
     let id = detach(&owner.addr, &wasm("primes"), &inputs, &[]);
     owner.kill();
     let addr = owner.addr.clone();
