@@ -287,8 +287,14 @@ async fn a_host_cut_off_is_declared_dead_avoided_and_rejoins_when_its_link_retur
         &"20\n".repeat(600),
         client.path(),
     );
-    tokio::time::sleep(Duration::from_millis(1000)).await;
-    // Pull the cable: no RST, no FIN; its jobs in flight hang.
+    // Once the host has run jobs of the map (a fixed second was not always
+    // enough on a loaded machine: CI saw 0 of 600 by then), pull the
+    // cable: no RST, no FIN; its jobs in flight hang.
+    wait_for(&seed, Duration::from_secs(30), |v| {
+        v.iter()
+            .any(|p| p.advert.addr == cut && p.advert.jobs_run > 0)
+    })
+    .await;
     net.link(1, false);
     wait_for(&seed, Duration::from_secs(15), |v| {
         v.iter()
