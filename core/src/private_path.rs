@@ -212,6 +212,28 @@ pub fn private_secret(path: &Path, what: &str, bytes: usize) -> anyhow::Result<V
 /// agree on one file and none ever reads half of one. `Ok(false)`: another
 /// got there first (its file is left as it is).
 pub fn create_once(path: &Path, contents: &[u8]) -> std::io::Result<bool> {
+    match staged(path, contents, 0o600)?.persist_noclobber(path) {
+        Ok(_) => Ok(true),
+        Err(e) if e.error.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(e.error),
+    }
+}
+
+/// Makes `path` hold `contents` with permission bits `mode`, replacing
+/// what was there in one step: written whole in a temporary file beside
+/// it, then renamed over it. A reader (another worker, a client starting
+/// meanwhile) sees the old file or the new one, never an empty or half
+/// written one, as it would between `open(O_TRUNC)` and `write`.
+pub fn replace(path: &Path, contents: &[u8], mode: u32) -> std::io::Result<()> {
+    staged(path, contents, mode)?
+        .persist(path)
+        .map(drop)
+        .map_err(|e| e.error)
+}
+
+/// `contents` written and synced in a temporary file (mode `mode`) in
+/// `path`'s directory, removed if it is dropped unpersisted.
+fn staged(path: &Path, contents: &[u8], mode: u32) -> std::io::Result<tempfile::NamedTempFile> {
     use std::io::Write;
     use std::os::unix::fs::PermissionsExt;
     let dir = path
@@ -219,15 +241,12 @@ pub fn create_once(path: &Path, contents: &[u8]) -> std::io::Result<bool> {
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     let mut tmp = tempfile::Builder::new()
-        .permissions(std::fs::Permissions::from_mode(0o600))
+        .prefix(".peerwasm-")
+        .permissions(std::fs::Permissions::from_mode(mode))
         .tempfile_in(dir)?;
     tmp.write_all(contents)?;
     tmp.as_file().sync_all()?;
-    match tmp.persist_noclobber(path) {
-        Ok(_) => Ok(true),
-        Err(e) if e.error.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
-        Err(e) => Err(e.error),
-    }
+    Ok(tmp)
 }
 
 /// Checks that `path` belongs to the user this process runs as, and makes
@@ -265,6 +284,31 @@ mod tests {
 
     fn mode(path: &Path) -> u32 {
         std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn replace_swaps_the_whole_file_in_with_its_mode_and_leaves_nothing_beside() {
+        let dir = tempfile::tempdir().unwrap();
+        let cert = dir.path().join("ca.crt");
+        replace(&cert, b"first", 0o644).unwrap();
+        assert_eq!(std::fs::read(&cert).unwrap(), b"first");
+        assert_eq!(mode(&cert), 0o644);
+        // A reader holding the old file keeps reading it whole: the new
+        // one is another inode, renamed over the name.
+        let mut held = std::fs::File::open(&cert).unwrap();
+        replace(&cert, b"second", 0o600).unwrap();
+        let mut old = String::new();
+        std::io::Read::read_to_string(&mut held, &mut old).unwrap();
+        assert_eq!(old, "first");
+        assert_eq!(std::fs::read(&cert).unwrap(), b"second");
+        assert_eq!(mode(&cert), 0o600);
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["ca.crt"], "no temporary file is left");
+        // Into a directory that is not there: an error, nothing made.
+        assert!(replace(&dir.path().join("no/such"), b"x", 0o600).is_err());
     }
 
     #[test]

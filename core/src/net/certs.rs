@@ -9,7 +9,6 @@
 //! made `0700`. An existing CA is never overwritten: a new one would make
 //! every certificate issued so far worthless.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -172,20 +171,13 @@ fn private_dir(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Writes `text` to a new file at `path` with `mode` (replacing a file
-/// that was there: a worker's certificate is issued anew when it expires).
+/// Writes `text` to `path` with `mode`, whole and in one step (replacing a
+/// file that was there: a worker's certificate is issued anew when it
+/// expires): a worker starting or a client reading `ca.crt` meanwhile
+/// never sees it empty or half written.
 fn write_file(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let _ = std::fs::remove_file(path);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(path)
-        .with_context(|| format!("cannot create {}", path.display()))?;
-    file.write_all(text.as_bytes())
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
+    crate::private_path::replace(path, text.as_bytes(), mode)
+        .with_context(|| format!("cannot write {}", path.display()))
 }
 
 #[cfg(test)]

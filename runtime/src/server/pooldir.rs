@@ -166,6 +166,14 @@ impl PoolDir {
         };
         let mut out = Vec::new();
         for e in entries.flatten() {
+            if e.file_name().as_encoded_bytes().starts_with(b".") {
+                // An entry being written (`private_path::replace`), or one
+                // a killed worker left half made.
+                if age(&e.path()) > MEMBER_TTL {
+                    let _ = std::fs::remove_file(e.path());
+                }
+                continue;
+            }
             let Ok(text) = std::fs::read_to_string(e.path()) else {
                 continue;
             };
@@ -343,7 +351,7 @@ impl Member {
     /// Writes the entry again: it stays listed for [`MEMBER_TTL`] more
     /// (and comes back if something removed it).
     pub fn renew(&self) -> anyhow::Result<()> {
-        std::fs::write(&self.path, &self.text)
+        crate::private_path::replace(&self.path, self.text.as_bytes(), 0o644)
             .with_context(|| format!("cannot list this worker in {}", self.path.display()))
     }
 }
@@ -455,6 +463,15 @@ mod tests {
         let a = pool.register("10.0.0.1:40001", None).unwrap();
         let b = pool.register("node2:40002", None).unwrap();
         assert_eq!(pool.members(), ["10.0.0.1:40001", "node2:40002"]);
+        // An entry being written is not read half made; one a killed
+        // worker left goes after the entries' time to live.
+        let writing = tmp.path().join(MEMBERS).join(".peerwasm-half");
+        std::fs::write(&writing, "10.0.").unwrap();
+        assert_eq!(pool.members(), ["10.0.0.1:40001", "node2:40002"]);
+        assert!(writing.exists());
+        backdate(&writing, MEMBER_TTL + Duration::from_secs(10));
+        pool.members();
+        assert!(!writing.exists());
         drop(a);
         assert_eq!(pool.members(), ["node2:40002"]);
         drop(b);
