@@ -91,6 +91,11 @@ impl Pool {
 /// Prints (through `on_output`) job `id`'s output, wherever in `view` it is,
 /// and with `follow` goes on until the job ends. Returns the worker and the
 /// outcome if the job has ended; `Ok(None)` if no worker knows the id.
+///
+/// Workers are asked in [`lookup_order`](super::jobs::lookup_order): one
+/// killed and started again on its address holds its detached jobs again
+/// before the view says it is back. One that cannot be reached before the
+/// job is found is passed over; `Err` if none answered at all.
 pub async fn follow(
     http: &HttpClient,
     view: &[PeerView],
@@ -99,7 +104,9 @@ pub async fn follow(
     follow: bool,
     on_output: &mut (dyn FnMut(StdStream, &[u8]) + Send),
 ) -> anyhow::Result<Option<(String, Option<Outcome>)>> {
-    for worker in super::jobs::trusted_workers(view, seeds, http).0 {
+    let (ask, mut unanswered) = super::jobs::lookup_order(view, seeds, http);
+    let mut answered = 0;
+    for worker in ask {
         let mut seen = [0u64; 2];
         loop {
             let out = match WorkerApi::new(http, worker).job_output(id, seen).await {
@@ -107,8 +114,17 @@ pub async fn follow(
                 Err(ApiError::Status {
                     status: StatusCode::NOT_FOUND,
                     ..
-                }) if seen == [0, 0] => break, // not this worker's
+                }) if seen == [0, 0] => {
+                    answered += 1;
+                    break; // not this worker's
+                }
                 Err(e @ ApiError::Unreadable(_)) => anyhow::bail!("{e}"),
+                Err(e @ ApiError::Status { .. }) => anyhow::bail!("{worker}: {e}"),
+                // Not reached yet: a dead address, or one gone a moment.
+                Err(e) if seen == [0, 0] => {
+                    unanswered.push(format!("{worker}: {e}"));
+                    break;
+                }
                 Err(e) => anyhow::bail!("{worker}: {e}"),
             };
             for (i, (stream, bytes)) in [
@@ -133,6 +149,9 @@ pub async fn follow(
                 None => tokio::time::sleep(FOLLOW_INTERVAL).await,
             }
         }
+    }
+    if answered == 0 && !unanswered.is_empty() {
+        anyhow::bail!("no worker answered ({})", unanswered.join("; "));
     }
     Ok(None)
 }

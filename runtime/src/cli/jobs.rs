@@ -92,7 +92,7 @@ pub fn logs(args: LogsArgs) -> anyhow::Result<ExitCode> {
         {
             None => {
                 eprintln!(
-                    "peerwasm: {}: no such detached job of yours on any live worker",
+                    "peerwasm: {}: no such detached job of yours on any worker of the pool",
                     args.id
                 );
                 Ok(ExitCode::from(1))

@@ -342,16 +342,32 @@ fn a_tenants_detached_job_and_map_go_on_after_a_restart() {
 /// the client looks its submission up in still has the owner dead (here it
 /// comes back without `--join`, so it gossips to nobody). `results` asks
 /// the dead workers' addresses last, finds the owner back there, and gives
-/// every result.
+/// every result; `logs` finds a detached job there the same way.
 #[test]
 fn results_find_an_owner_back_before_the_pool_knows() {
     let root = tempfile::tempdir().unwrap();
-    let helper = WorkerProcess::start("1GiB", 2, None);
+    // The helper is too small for the detached job below: it runs on the
+    // owner.
+    let helper = WorkerProcess::start("256MiB", 2, None);
     let mut owner = Owner::new(root.path(), Some(&helper.addr));
     owner.start();
     let ns: Vec<usize> = (0..40).map(|i| 20_000 + 7 * i).collect();
     let inputs = primes_inputs(root.path(), &ns);
     let id = detach(&owner.addr, &wasm("primes"), &inputs, &[]);
+    let out = run(&[
+        "run",
+        "--detach",
+        "--peers",
+        &owner.addr,
+        "--mem",
+        "512MiB",
+        &wasm("hello"),
+        "kept",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let job = stdout(&out).trim().to_string();
+    let out = run(&["logs", "-f", "--peers", &owner.addr, &job]);
+    assert_eq!(stdout(&out), "kept\n", "{}", stderr(&out));
     owner.kill();
     let addr = owner.addr.clone();
     let dead = || {
@@ -377,4 +393,7 @@ fn results_find_an_owner_back_before_the_pool_knows() {
     let out = run(&["results", "--peers", &helper.addr, &id]);
     assert!(out.status.success(), "{}", stderr(&out));
     check_primes_results(&stdout(&out), &ns);
+    // A detached job's output too, from the owner's state database.
+    let out = run(&["logs", "--peers", &helper.addr, &job]);
+    assert_eq!(stdout(&out), "kept\n", "{}", stderr(&out));
 }
