@@ -355,10 +355,8 @@ impl EstimateStore {
     /// Saves `estimate` for `module`, atomically (write, then rename).
     pub fn save(&self, module: &ModuleHash, estimate: &SavedEstimate) -> std::io::Result<()> {
         std::fs::create_dir_all(&self.dir)?;
-        let mut tmp = tempfile::NamedTempFile::new_in(&self.dir)?;
-        serde_json::to_writer_pretty(&mut tmp, estimate)?;
-        tmp.persist(self.path(module)).map_err(|e| e.error)?;
-        Ok(())
+        let text = serde_json::to_vec_pretty(estimate)?;
+        crate::private_path::replace(&self.path(module), &text, 0o600)
     }
 }
 

@@ -216,12 +216,8 @@ impl Job {
         };
         // A record that cannot be kept only costs reading and hashing next time.
         let _ = std::fs::create_dir_all(kept.parent().expect("has a parent")).and_then(|()| {
-            let mut tmp = tempfile::NamedTempFile::new_in(kept.parent().expect("has a parent"))?;
-            std::io::Write::write_all(
-                &mut tmp,
-                &postcard::to_allocvec(&record).unwrap_or_default(),
-            )?;
-            tmp.persist(&kept).map(drop).map_err(|e| e.error)
+            let record = postcard::to_allocvec(&record).unwrap_or_default();
+            crate::private_path::replace(&kept, &record, 0o600)
         });
         Ok(job)
     }

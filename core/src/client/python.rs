@@ -118,7 +118,9 @@ impl PythonRuntime {
                     // next run the same question.
                     let _ =
                         std::fs::create_dir_all(record.parent().expect("a record has a parent"))
-                            .and_then(|()| std::fs::write(&record, dir.as_bytes()));
+                            .and_then(|()| {
+                                crate::private_path::replace(&record, dir.as_bytes(), 0o600)
+                            });
                 }
                 Ok(rt)
             }
@@ -243,7 +245,7 @@ fn mark_used(dir: &Path, source: &[u8]) {
         .open(&record)
         .and_then(|f| f.set_modified(std::time::SystemTime::now()));
     if touched.is_err() {
-        let _ = std::fs::write(&record, source);
+        let _ = crate::private_path::replace(&record, source, 0o600);
     }
 }
 

@@ -170,7 +170,12 @@ pub fn scan(dir: &DirGrant, cache: Option<&Path>) -> anyhow::Result<ShippedTree>
     {
         // A cache that cannot be written only costs hashing next time.
         let _ = std::fs::create_dir_all(f.parent().expect("has a parent")).and_then(|()| {
-            std::fs::write(f, postcard::to_allocvec(&now_known).unwrap_or_default())
+            // Whole or not at all: two maps of the same tree write it at once.
+            crate::private_path::replace(
+                f,
+                &postcard::to_allocvec(&now_known).unwrap_or_default(),
+                0o600,
+            )
         });
     }
     let manifest = Manifest { entries };
