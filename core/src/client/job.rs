@@ -4,45 +4,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::Context;
-
 use super::estimate::DeclaredMemory;
 use crate::proto::{DirGrant, JobLimits, JobSpec, MemoryRequest, ModuleHash, WarmStart};
-
-/// The module file at `path`, read straight into the buffer jobs share
-/// (a module of 20 MB is neither copied nor written twice on its way to
-/// the engine), and its metadata as it was when opened.
-fn read_module(path: &Path) -> anyhow::Result<(Arc<[u8]>, std::fs::Metadata)> {
-    let read = || -> std::io::Result<_> {
-        let mut file = std::fs::File::open(path)?;
-        let metadata = file.metadata()?;
-        if !metadata.is_file() {
-            // A pipe (`run <(curl ...)`) has no length to read to.
-            let mut bytes = Vec::new();
-            std::io::Read::read_to_end(&mut file, &mut bytes)?;
-            return Ok((bytes.into(), metadata));
-        }
-        let len = usize::try_from(metadata.len()).map_err(std::io::Error::other)?;
-        // SAFETY: all zeros is a valid `u8`.
-        let mut bytes = unsafe { Arc::<[u8]>::new_zeroed_slice(len).assume_init() };
-        std::io::Read::read_exact(&mut file, Arc::get_mut(&mut bytes).expect("not shared yet"))?;
-        Ok((bytes, metadata))
-    };
-    read().with_context(|| format!("cannot read {}", path.display()))
-}
-
-/// A job's module bytes: in hand, or in a file whose hash is known by its
-/// stamp, read the first time they are needed (a compile or an upload). A
-/// `peerwasm run` of a module whose compiled code is cached never reads
-/// it: CPython's 95 MB took 63 ms of a 132 ms start to read.
-#[derive(Clone, Debug)]
-enum Bytes {
-    InHand(Arc<[u8]>),
-    InFile {
-        path: std::path::PathBuf,
-        read: Arc<std::sync::OnceLock<Arc<[u8]>>>,
-    },
-}
+use crate::runner::ModuleSource;
+use crate::runner::source::read_module;
 
 /// What `module-hashes/` keeps about a module file: enough to use it
 /// without reading it while its stamp is unchanged.
@@ -105,7 +70,7 @@ impl RunLimits {
 /// ```
 #[derive(Clone, Debug)]
 pub struct Job {
-    bytes: Bytes,
+    source: ModuleSource,
     hash: ModuleHash,
     declared: DeclaredMemory,
     /// `argv[0]` as the guest sees it.
@@ -140,15 +105,15 @@ impl Job {
     fn hashed(bytes: Arc<[u8]>, hash: ModuleHash) -> Job {
         Job {
             declared: DeclaredMemory::of(&bytes),
-            ..Job::of(Bytes::InHand(bytes), hash)
+            ..Job::of(ModuleSource::in_hand(bytes), hash)
         }
     }
 
-    fn of(bytes: Bytes, hash: ModuleHash) -> Job {
+    fn of(source: ModuleSource, hash: ModuleHash) -> Job {
         Job {
             hash,
             declared: DeclaredMemory::default(),
-            bytes,
+            source,
             program_name: "job.wasm".into(),
             args: Vec::new(),
             env: Vec::new(),
@@ -188,13 +153,10 @@ impl Job {
             && metadata.is_file()
             && super::tree::FileStamp::of(&metadata) == known.stamp
         {
-            let bytes = Bytes::InFile {
-                path: path.to_path_buf(),
-                read: Arc::default(),
-            };
+            let source = ModuleSource::in_file(path.to_path_buf(), metadata.len());
             return Ok(Job {
                 declared: known.declared,
-                ..Job::of(bytes, known.hash)
+                ..Job::of(source, known.hash)
             }
             .named_after(path));
         }
@@ -232,24 +194,18 @@ impl Job {
     /// file that can no longer be read gives no bytes (whoever needs them
     /// then says the module does not match its hash).
     pub fn bytes(&self) -> &Arc<[u8]> {
-        match &self.bytes {
-            Bytes::InHand(bytes) => bytes,
-            Bytes::InFile { path, read } => read.get_or_init(|| match read_module(path) {
-                Ok((bytes, _)) => bytes,
-                Err(e) => {
-                    tracing::warn!("{e:#}");
-                    Arc::from(&[][..])
-                }
-            }),
-        }
+        self.source.bytes()
     }
 
     /// Whether the bytes are in hand (or were read since).
     pub fn bytes_read(&self) -> bool {
-        match &self.bytes {
-            Bytes::InHand(_) => true,
-            Bytes::InFile { read, .. } => read.get().is_some(),
-        }
+        self.source.is_read()
+    }
+
+    /// The module's bytes as they are held: in hand, or left in their file
+    /// until something needs them ([`JobRunner::add_module_source`](crate::runner::JobRunner::add_module_source)).
+    pub fn source(&self) -> &ModuleSource {
+        &self.source
     }
 
     /// The module's sha256.
@@ -354,5 +310,47 @@ mod tests {
         assert_eq!(again.declared_memory().maximum_bytes, Some(9 * 65536));
         assert_eq!(&again.bytes()[..], &wasm[..], "read when asked for");
         assert!(again.bytes_read());
+    }
+
+    #[test]
+    fn the_embedded_worker_reads_a_module_left_in_its_file_only_to_compile_it() {
+        use super::super::Target;
+        use crate::runner::{JobRunner, RunnerConfig};
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("cache");
+        let path = dir.path().join("m.wasm");
+        let wasm = wat::parse_str("(module (memory 1) (func (export \"_start\")))").unwrap();
+        std::fs::write(&path, &wasm).unwrap();
+        Job::from_file_cached(&path, Some(&cache)).unwrap(); // keeps its hash
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        // An embedded worker as a process starts one: compiled code kept
+        // on disk under `cache`.
+        let embedded = || {
+            let mut config = RunnerConfig::default();
+            config.sandbox.slots = 1;
+            config.sandbox.cache_dir = Some(cache.clone());
+            Target::Embedded(Arc::new(JobRunner::new(config).unwrap()))
+        };
+        let run = |target: &Target, job: &Job| {
+            let result = runtime
+                .block_on(target.run(job, job.spec(Vec::new(), 16 << 20)))
+                .unwrap();
+            assert!(
+                matches!(result.outcome, crate::proto::Outcome::Exited { code: 0 }),
+                "{:?}",
+                result.outcome
+            );
+        };
+        // Nothing compiled yet: read for the compile.
+        let compiles = Job::from_file_cached(&path, Some(&cache)).unwrap();
+        assert!(!compiles.bytes_read());
+        run(&embedded(), &compiles);
+        assert!(compiles.bytes_read(), "read to compile it");
+        // The next process finds it compiled: its jobs run without a read.
+        let compiled = Job::from_file_cached(&path, Some(&cache)).unwrap();
+        let next = embedded();
+        run(&next, &compiled);
+        run(&next, &compiled);
+        assert!(!compiled.bytes_read(), "its compiled code was on disk");
     }
 }

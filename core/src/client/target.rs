@@ -107,12 +107,11 @@ impl Target {
     ) -> Result<JobResult, SubmitError> {
         match self {
             Target::Embedded(runner) => {
-                // The bytes, even when a compiled form is cached: where a
-                // job runs (a slot process for a large module) is decided
-                // from them.
-                if runner.module_bytes(&job.hash()).is_none() {
-                    runner.add_module_hashed(job.hash(), job.bytes().clone());
-                }
+                // The module's source even when a compiled form is cached:
+                // where a job runs (a slot process for a large module) is
+                // decided from its length. Left in its file, it is read
+                // only if a compile needs it.
+                runner.add_module_source(job.hash(), job.source().clone());
                 Ok(runner.run(spec, None).await)
             }
             Target::Pool(pool) => pool.run(job, &spec, placed).await,

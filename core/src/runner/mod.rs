@@ -6,6 +6,8 @@
 //! * this file — the runner: slots, the module store, which jobs go to a
 //!   slot process;
 //! * `modules` — module bytes held for compiling, within a byte budget;
+//! * [`source`] — a module's bytes in hand, or left in their file until a
+//!   compile needs them;
 //! * [`slotproc`] — slot processes as the worker sees them: children that
 //!   run jobs with no time-limit instrumentation, killed at their deadline
 //!   (`peerwasm slot`; the child's side is [`crate::slot`], a floor above).
@@ -36,6 +38,9 @@ use tokio::sync::mpsc::UnboundedSender;
 
 pub(crate) mod modules;
 pub mod slotproc;
+pub mod source;
+
+pub use source::ModuleSource;
 
 use crate::proto::{CacheSource, CancelCause, JobResult, JobSpec, ModuleHash, Outcome};
 use crate::sandbox::RunSpec;
@@ -126,7 +131,15 @@ impl JobRunner {
     /// has already computed (or verified). A wrong hash is caught when the
     /// module is compiled: the cache checks it again then.
     pub fn add_module_hashed(&self, hash: ModuleHash, bytes: impl Into<Arc<[u8]>>) {
-        self.lock_modules().insert(hash, bytes.into());
+        self.add_module_source(hash, ModuleSource::in_hand(bytes.into()));
+    }
+
+    /// [`add_module_hashed`](Self::add_module_hashed) for a module that may
+    /// still be in its file ([`Job::source`](crate::client::Job::source)):
+    /// read only if a job of it needs compiling or a slot process lacks it.
+    /// A no-op if the runner holds it already.
+    pub fn add_module_source(&self, hash: ModuleHash, source: ModuleSource) {
+        self.lock_modules().insert(hash, source);
     }
 
     /// Whether the runner can run this module: it has its bytes, or its
@@ -180,7 +193,8 @@ impl JobRunner {
     /// The module's bytes, if this runner holds them (after a restart it
     /// may hold only the compiled form).
     pub fn module_bytes(&self, hash: &ModuleHash) -> Option<Arc<[u8]>> {
-        self.lock_modules().get(hash)
+        let source = self.lock_modules().get(hash)?;
+        Some(source.bytes().clone()).filter(|b| !b.is_empty())
     }
 
     /// Runs one job when a slot is free and returns how it ended. Output is
@@ -217,13 +231,13 @@ impl JobRunner {
     /// `hooks.cancel`, whoever holds that handle can end it too, while it
     /// waits for a slot, compiles or runs.
     pub async fn run_resolved(&self, spec: RunSpec, mut hooks: RunHooks) -> JobResult {
-        let bytes = self.lock_modules().get(&spec.module);
+        let source = self.lock_modules().get(&spec.module);
         let limit = spec.limits.memory.bytes();
         let sandbox = self.sandbox.clone();
         let slots = self.slots.clone();
         let long = self.long.clone();
         let hash = spec.module;
-        let child = self.slot_processes_for(&hash, bytes.as_deref());
+        let child = self.slot_processes_for(&hash, source.as_ref().map(ModuleSource::len));
         let cancel = hooks.cancel.get_or_insert_with(Cancel::new).clone();
         let abandoned = cancel.on_drop(CancelCause::ClientGone);
         let task = async move {
@@ -237,9 +251,9 @@ impl JobRunner {
                 return JobResult::host_failure(limit, "the runner is shutting down");
             };
             if let Some(children) = child {
-                return children.run(&sandbox, spec, bytes, hooks).await;
+                return children.run(&sandbox, spec, source, hooks).await;
             }
-            match load(&sandbox, spec.module, bytes, &cancel, limit).await {
+            match load(&sandbox, spec.module, source, &cancel, limit).await {
                 Ok((module, source)) => sandbox.run(&module, &spec, source, hooks).await,
                 Err(ended) => ended,
             }
@@ -269,23 +283,24 @@ impl JobRunner {
 
     /// The slot processes a job of module `hash` runs in, if it goes to
     /// them: always, never, or (auto) a large module or one whose jobs
-    /// were long. Without the bytes (a restarted worker that kept only the
+    /// were long. `len`: the length of the module's bytes, if the runner
+    /// holds them; without them (a restarted worker that kept only the
     /// compiled form), only this process's cache can run it.
     fn slot_processes_for(
         &self,
         hash: &ModuleHash,
-        bytes: Option<&[u8]>,
+        len: Option<u64>,
     ) -> Option<Arc<SlotProcesses>> {
         let (children, policy) = self.children.as_ref()?;
         let go = match policy {
             SlotPolicy::Always => true,
             SlotPolicy::Auto => {
-                bytes.is_some_and(|b| b.len() >= LARGE_MODULE_BYTES)
+                len.is_some_and(|n| n >= LARGE_MODULE_BYTES as u64)
                     || self.lock_long().get(hash).copied().unwrap_or(false)
             }
             SlotPolicy::Never => false,
         };
-        (go && bytes.is_some()).then(|| children.clone())
+        (go && len.is_some()).then(|| children.clone())
     }
 
     /// Runs `task` on the slot threads, where [`run_with`](Self::run_with)
@@ -365,7 +380,7 @@ impl Drop for JobRunner {
 async fn load(
     sandbox: &Arc<Sandbox>,
     hash: ModuleHash,
-    bytes: Option<Arc<[u8]>>,
+    source: Option<ModuleSource>,
     cancel: &Cancel,
     limit: u64,
 ) -> Result<(Arc<crate::sandbox::CompiledModule>, CacheSource), JobResult> {
@@ -373,8 +388,18 @@ async fn load(
         return Ok((module, CacheSource::Memory));
     }
     let (loader, wants) = (sandbox.clone(), cancel.clone());
-    let mut loaded = tokio::task::spawn_blocking(move || match bytes {
-        Some(bytes) => loader.load_for(&hash, &bytes, Some(&wants)).map(Some),
+    // A module still in its file is read only if neither memory nor disk
+    // has its compiled code (a new process's first job finds it on disk).
+    let mut loaded = tokio::task::spawn_blocking(move || match source {
+        Some(source) => match (!source.is_read())
+            .then(|| loader.load_cached(&hash))
+            .flatten()
+        {
+            Some(found) => Ok(Some(found)),
+            None => loader
+                .load_for(&hash, source.bytes(), Some(&wants))
+                .map(Some),
+        },
         None => Ok(loader.load_cached(&hash)),
     });
     let loaded = tokio::select! {

@@ -1,5 +1,5 @@
 //! The module bytes a runner holds, for compiling on a cache miss, within a
-//! byte budget.
+//! byte budget (a module left in its file counts its length too).
 //!
 //! Why a budget: a worker accepts uploads from every client, and without a
 //! bound a client (or many) could fill its memory with modules of up to
@@ -15,17 +15,17 @@
 //! bytes may take the store over its budget; the queue limits bound them.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use lru::LruCache;
 
+use super::source::ModuleSource;
 use crate::proto::ModuleHash;
 
 /// Module bytes by hash, least recently used first out.
 pub struct ModuleBytes {
     budget: u64,
     held: u64,
-    modules: LruCache<ModuleHash, Arc<[u8]>>,
+    modules: LruCache<ModuleHash, ModuleSource>,
     /// Jobs that need each module, for those that any job needs.
     pins: HashMap<ModuleHash, u32>,
 }
@@ -42,13 +42,14 @@ impl ModuleBytes {
     }
 
     /// Adds a module (a no-op if it is here), dropping the least recently
-    /// used others while over budget.
-    pub fn insert(&mut self, hash: ModuleHash, bytes: Arc<[u8]>) {
+    /// used others while over budget. One left in its file counts its
+    /// whole length: it is read when a job needs it.
+    pub fn insert(&mut self, hash: ModuleHash, source: ModuleSource) {
         if self.modules.get(&hash).is_some() {
             return;
         }
-        self.held += bytes.len() as u64;
-        self.modules.put(hash, bytes);
+        self.held += source.len();
+        self.modules.put(hash, source);
         self.shrink(&hash);
     }
 
@@ -64,7 +65,7 @@ impl ModuleBytes {
                 .find(|h| h != keep && !self.pins.contains_key(h));
             let Some(victim) = victim else { return };
             if let Some(dropped) = self.modules.pop(&victim) {
-                self.held -= dropped.len() as u64;
+                self.held -= dropped.len();
             }
         }
     }
@@ -85,8 +86,8 @@ impl ModuleBytes {
         self.shrink(hash);
     }
 
-    /// A module's bytes, marking it used.
-    pub fn get(&mut self, hash: &ModuleHash) -> Option<Arc<[u8]>> {
+    /// A module's source, marking it used.
+    pub fn get(&mut self, hash: &ModuleHash) -> Option<ModuleSource> {
         self.modules.get(hash).cloned()
     }
 
@@ -105,9 +106,9 @@ impl ModuleBytes {
 mod tests {
     use super::*;
 
-    fn module(i: u8, len: usize) -> (ModuleHash, Arc<[u8]>) {
-        let bytes: Arc<[u8]> = vec![i; len].into();
-        (ModuleHash::of(&bytes), bytes)
+    fn module(i: u8, len: usize) -> (ModuleHash, ModuleSource) {
+        let bytes = vec![i; len];
+        (ModuleHash::of(&bytes), bytes.into())
     }
 
     #[test]

@@ -103,10 +103,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             ..RunnerConfig::default()
         })?;
         // Compiled code in the cache (checked, not read): the module's
-        // bytes are not needed, and not read.
-        if !runner.has_module(&job.hash()) {
-            runner.add_module_hashed(job.hash(), job.bytes().clone());
-        }
+        // bytes are not needed, and not read (left in its file, the module
+        // is read only for a compile).
+        runner.add_module_source(job.hash(), job.source().clone());
         match runtime.block_on(run_embedded(&runner, spec, stdin, !args.json)) {
             Alone::Ended(result) => result,
             Alone::Overran(result) => {

@@ -35,6 +35,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
+use super::source::ModuleSource;
 use crate::proto::frame::{FrameReader, encode_frame};
 use crate::proto::{CacheSource, CancelCause, JobResult, ModuleHash, Outcome, StdStream};
 use crate::sandbox::RunSpec;
@@ -199,7 +200,7 @@ impl SlotProcesses {
         &self,
         sandbox: &Sandbox,
         spec: RunSpec,
-        bytes: Option<Arc<[u8]>>,
+        bytes: Option<ModuleSource>,
         hooks: RunHooks,
     ) -> JobResult {
         self.jobs.fetch_add(1, Ordering::Relaxed);
@@ -457,7 +458,7 @@ struct Talk<'a> {
     deadline: Option<Duration>,
     worker_limit: bool,
     limit: u64,
-    bytes: Option<Arc<[u8]>>,
+    bytes: Option<ModuleSource>,
 }
 
 impl Talk<'_> {
@@ -503,7 +504,9 @@ impl Talk<'_> {
                         return (result, if reusable { Ended::Reusable } else { Ended::Spent });
                     }
                     Some(FromSlot::NeedModule) => {
-                        let bytes = self.bytes.take().map(|b| b.to_vec());
+                        // Read now if still in its file: the child will
+                        // compile it, which takes far longer.
+                        let bytes = self.bytes.take().map(|s| s.bytes().to_vec());
                         if let Err(e) = self.child.send(&ToSlot::Module(bytes)).await {
                             failed_send = Some(e);
                         }
