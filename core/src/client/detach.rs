@@ -92,7 +92,7 @@ impl Pool {
 /// and with `follow` goes on until the job ends. Returns the worker and the
 /// outcome if the job has ended; `Ok(None)` if no worker knows the id.
 ///
-/// Workers are asked in [`lookup_order`](super::jobs::lookup_order): one
+/// Workers are asked live ones first, the dead ones' addresses last: one
 /// killed and started again on its address holds its detached jobs again
 /// before the view says it is back. One that cannot be reached before the
 /// job is found is passed over; `Err` if none answered at all.
