@@ -504,9 +504,14 @@ impl Talk<'_> {
                         return (result, if reusable { Ended::Reusable } else { Ended::Spent });
                     }
                     Some(FromSlot::NeedModule) => {
-                        // Read now if still in its file: the child will
-                        // compile it, which takes far longer.
-                        let bytes = self.bytes.take().map(|s| s.bytes().to_vec());
+                        // Read now if still in its file (on a blocking
+                        // thread: the other slots' jobs go on meanwhile).
+                        let bytes = match self.bytes.take() {
+                            Some(s) => tokio::task::spawn_blocking(move || s.bytes().to_vec())
+                                .await
+                                .ok(),
+                            None => None,
+                        };
                         if let Err(e) = self.child.send(&ToSlot::Module(bytes)).await {
                             failed_send = Some(e);
                         }
