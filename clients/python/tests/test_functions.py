@@ -194,33 +194,58 @@ def test_items_start_warm_on_a_pool_and_none_sees_what_another_left(pool):
     _no_item_sees_another(out)
 
 
+def _kept_snapshots():
+    """The snapshots the embedded worker keeps on disk, by name: their bytes' hash."""
+    import hashlib
+    import os
+
+    base = os.environ.get("PEERWASM_CACHE_DIR")
+    if base is None:
+        base = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "peerwasm")
+    folder = pathlib.Path(base) / "modules" / "snapshots"
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.glob("*.snap")}
+
+
 def test_the_next_process_starts_warm_from_the_snapshot_kept_on_disk(tmp_path):
     # A fresh process maps a function whose module imports numpy: its first
     # items run the imports (the prelude); a second fresh process, same
-    # program, starts its items from the snapshot the first kept on disk.
+    # program, starts its items from the snapshot the first kept on disk —
+    # mapped from its file in each slot process — with the same answers,
+    # no item seeing what another left, and the file as it was.
     # (A constant of its own makes the program one no earlier run kept.)
     module = tmp_path / "kept.py"
     module.write_text(
         "import numpy as np\n"
         f"TAG = {time.time_ns()}\n"
+        "SEEN = []\n"
         "def total(x):\n"
-        "    return int(np.arange(x).sum()) + TAG * 0\n"
+        "    SEEN.append(x)\n"
+        "    return int(np.arange(x).sum()) + TAG * 0, list(SEEN)\n"
     )
     script = (
         "import sys\n"
         f"sys.path.insert(0, {str(tmp_path)!r})\n"
         "from kept import total\n"
         "from peerwasm import _functions, _peerwasm\n"
-        "items = [3, 4, 5, 6]\n"
+        "items = [3, 4, 5, 6, 7, 8, 9, 10]\n"
         "inputs = [_functions.pickle.dumps(((i,), {}), protocol=_functions.PROTOCOL) for i in items]\n"
         "warm = (_functions._warm_prelude(None), _functions._WARM_TURN)\n"
         "rs = list(_peerwasm._map_python(_functions.runtime_dir(), _functions.program(total, items), inputs, warm=warm))\n"
+        "print('VALUES', [_functions._reply(r) for r in rs])\n"
         "print('WALLS', max(r.wall_s for r in rs))\n"
     )
     walls = []
+    kept = []
     for _ in range(2):
         p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
         assert p.returncode == 0, p.stderr[-3000:]
         walls.append(float(p.stdout.split("WALLS")[1]))
+        values = p.stdout.split("VALUES")[1].split("WALLS")[0].strip()
+        want = [(sum(range(i)), [i]) for i in range(3, 11)]
+        assert values == repr(want), values
+        kept.append(_kept_snapshots())
     # Measured here: 0.22 s cold, 0.04 s from the kept snapshot.
     assert walls[1] < 0.5 * walls[0], f"the second process ran the imports again: {walls}"
+    new = set(kept[1]) & set(kept[0])
+    assert new, f"no snapshot was kept: {kept}"
+    assert all(kept[0][n] == kept[1][n] for n in new), "a kept snapshot changed under the jobs mapped from it"

@@ -180,9 +180,15 @@ impl Sandbox {
                 component_engine.clone(),
                 core_linker(&component_engine)?,
                 kept,
+                config.map_kept_snapshots,
             )
         } else {
-            warm::WarmStarts::new(engine.clone(), linker.clone(), kept)
+            warm::WarmStarts::new(
+                engine.clone(),
+                linker.clone(),
+                kept,
+                config.map_kept_snapshots,
+            )
         };
         let components = component::linker(&component_engine)?;
         let cache = ModuleCache::new(engine.clone(), component_engine.clone(), &config)?;

@@ -202,13 +202,16 @@ pub(super) struct ImageView {
     len: usize,
 }
 
-// SAFETY: a read-only mapping of a sealed file, owned by this value alone.
+// SAFETY: a read-only mapping of the image's file (sealed, or a kept file
+// nothing writes in place: `warm_disk`), owned by this value alone.
 unsafe impl Send for ImageView {}
 
 impl ImageView {
     fn of(file: &OwnedFd, len: usize) -> std::io::Result<ImageView> {
         // SAFETY: a new read-only shared mapping of `len` bytes of `file`
-        // (sealed against writes, so it never changes under the view).
+        // (sealed against writes, or a kept snapshot that is replaced by
+        // renaming, never written in place: it does not change under the
+        // view).
         let at = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),

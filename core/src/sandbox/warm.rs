@@ -125,7 +125,8 @@ pub(super) enum Start {
 pub(super) struct SnapshotImage(Arc<Snapshot>);
 
 impl SnapshotImage {
-    /// The sealed file holding the image, and its length in bytes.
+    /// The file holding the image (a sealed memfd, or a kept snapshot's
+    /// file in a slot process: `warm_disk`), and its length in bytes.
     pub(super) fn file(&self) -> (&OwnedFd, usize) {
         match &*self.0 {
             Snapshot::Image { file, len } => (file, *len),
@@ -170,11 +171,13 @@ struct WarmStartsInner {
 impl WarmStarts {
     /// Warm starts on `engine` (on-demand allocation), whose core modules
     /// link with `linker`; snapshots also kept in `disk`, if given, for
-    /// the next process.
+    /// the next process, and mapped from there as they are if
+    /// `map_kept` (`SandboxConfig::map_kept_snapshots`).
     pub(super) fn new(
         engine: Engine,
         linker: Linker<JobState>,
         disk: Option<std::path::PathBuf>,
+        map_kept: bool,
     ) -> WarmStarts {
         let n = |k: usize| NonZeroUsize::new(k).expect("non-zero");
         WarmStarts {
@@ -189,7 +192,7 @@ impl WarmStarts {
                 warm: AtomicU64::new(0),
                 cold: AtomicU64::new(0),
             }),
-            disk: disk.and_then(|dir| match SnapshotDir::open(dir) {
+            disk: disk.and_then(|dir| match SnapshotDir::open(dir, map_kept) {
                 Ok(d) => Some(d),
                 Err(e) => {
                     tracing::warn!("snapshots are kept in memory only: {e:#}");

@@ -9,11 +9,17 @@
 //! interpreter saw, the scope that may share it), in a directory of this
 //! user's alone (`0700`, checked: `private_path`). It is written to a
 //! temporary file and renamed into place, so a file under its name is
-//! whole. It is not mapped from here: a file that someone shortened while
-//! mapped would fault the process. Its data is copied into a sealed
-//! in-memory file (`image::of_file`), as a snapshot made here is — a tenth
-//! of a second for ~90 MiB, against seconds of imports. It holds only
-//! guest memory, run only inside the sandbox: no code of the host's.
+//! whole. A worker's own process does not map it from here: a file that
+//! someone shortened while mapped would fault the process. Its data is
+//! copied into a sealed in-memory file (`image::of_file`), as a snapshot
+//! made here is — ~40 ms for ~90 MiB, against seconds of imports. A slot
+//! process maps the file as it is (`SandboxConfig::map_kept_snapshots`):
+//! such a fault would end only that child, which its worker reports and
+//! replaces, and its first item no longer waits for the copy — nor do its
+//! slots each hold one: they share the file's page cache. Nothing of
+//! ours writes a kept file in place (it is renamed in whole, and removed
+//! by name), so a mapping never sees another snapshot's bytes. It holds
+//! only guest memory, run only inside the sandbox: no code of the host's.
 //!
 //! At most [`SNAPSHOTS_ON_DISK`] are kept: the least recently used (by
 //! modification time, which a load refreshes) are removed first.
@@ -33,22 +39,27 @@ const LARGEST: u64 = 4 << 30;
 /// A directory of snapshots.
 pub(super) struct SnapshotDir {
     dir: PathBuf,
+    /// Whether a kept file is handed out to be mapped as it is, rather
+    /// than copied into a sealed memfd.
+    map_in_place: bool,
 }
 
 impl SnapshotDir {
     /// `dir`, made (`0700`) if missing; `Err` when it is not this user's
-    /// alone.
-    pub(super) fn open(dir: PathBuf) -> anyhow::Result<SnapshotDir> {
+    /// alone. With `map_in_place`, [`load`](Self::load) hands out the kept
+    /// file itself.
+    pub(super) fn open(dir: PathBuf, map_in_place: bool) -> anyhow::Result<SnapshotDir> {
         crate::private_path::private_dir(&dir)?;
-        Ok(SnapshotDir { dir })
+        Ok(SnapshotDir { dir, map_in_place })
     }
 
     fn path(&self, key: &[u8; 32]) -> PathBuf {
         self.dir.join(format!("{}.snap", hex::encode(key)))
     }
 
-    /// The memory kept under `key` as a sealed image (and its length), if
-    /// there is a whole one.
+    /// The memory kept under `key` as an image to map (and its length), if
+    /// there is a whole one: a sealed copy, or the file opened read-only
+    /// if this directory maps in place.
     pub(super) fn load(&self, key: &[u8; 32]) -> Option<(OwnedFd, usize)> {
         let file = std::fs::File::open(self.path(key)).ok()?;
         let meta = file.metadata().ok()?;
@@ -56,9 +67,11 @@ impl SnapshotDir {
         if !meta.is_file() || len == 0 || len > LARGEST || len % WASM_PAGE as u64 != 0 {
             return None;
         }
-        let image = super::image::of_file(&file, len as usize).ok()?;
         let _ = file.set_modified(std::time::SystemTime::now());
-        Some(image)
+        if self.map_in_place {
+            return Some((OwnedFd::from(file), len as usize));
+        }
+        super::image::of_file(&file, len as usize).ok()
     }
 
     /// Keeps `memory` under `key` (its zero pages as holes), then removes
@@ -115,9 +128,35 @@ mod tests {
     }
 
     #[test]
+    fn a_directory_that_maps_in_place_hands_out_the_kept_file_itself() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let copies = SnapshotDir::open(dir.path().join("snapshots"), false).unwrap();
+        let mapped = SnapshotDir::open(dir.path().join("snapshots"), true).unwrap();
+        let key = [9u8; 32];
+        copies.save(&key, &memory(3)).unwrap();
+        let on_disk = std::fs::metadata(copies.path(&key)).unwrap().ino();
+        let inode = |image: &Option<(OwnedFd, usize)>| {
+            let (fd, _) = image.as_ref().unwrap();
+            std::fs::File::from(fd.try_clone().unwrap())
+                .metadata()
+                .unwrap()
+                .ino()
+        };
+        let (copy, file) = (copies.load(&key), mapped.load(&key));
+        assert_ne!(inode(&copy), on_disk, "copied into a memfd of its own");
+        assert_eq!(inode(&file), on_disk, "the kept file, opened");
+        assert_eq!(read(file), Some(memory(3)));
+        assert_eq!(read(copy), Some(memory(3)));
+        // What is not a snapshot is not handed out either way.
+        std::fs::write(mapped.path(&[8u8; 32]), b"short").unwrap();
+        assert!(mapped.load(&[8u8; 32]).is_none());
+    }
+
+    #[test]
     fn a_kept_snapshot_is_read_back_whole_and_only_the_last_few_stay() {
         let dir = tempfile::tempdir().unwrap();
-        let disk = SnapshotDir::open(dir.path().join("snapshots")).unwrap();
+        let disk = SnapshotDir::open(dir.path().join("snapshots"), false).unwrap();
         let key = [7u8; 32];
         assert!(disk.load(&key).is_none());
         disk.save(&key, &memory(1)).unwrap();

@@ -78,19 +78,24 @@ pub enum FromSlot {
 
 /// The sandbox a slot process runs its worker's jobs in: the worker's
 /// own settings, with one slot, no time-limit instrumentation and file
-/// operations on the job's thread (the process is the slot), its scratch directories under `scratch_root` (the child's
-/// own directory, which the worker removes whatever way the child ends),
-/// and no scratch total of its own (the worker takes each job's share from
-/// its total and sends it with the job).
+/// operations on the job's thread (the process is the slot), its scratch
+/// directories under `scratch_root` (the child's own directory, which the
+/// worker removes whatever way the child ends), and no scratch total of
+/// its own (the worker takes each job's share from its total and sends it
+/// with the job). Instances on demand, not pooled: a slot runs one job at
+/// a time, and warm starts need an on-demand engine (so a pooling one
+/// loaded CPython twice). Kept snapshots mapped from their files
+/// (`SandboxConfig::map_kept_snapshots`).
 pub fn child_sandbox(worker: &SandboxConfig, scratch_root: Option<PathBuf>) -> SandboxConfig {
     SandboxConfig {
         slots: 1,
-        pooling: true,
+        pooling: false,
         time_limit: TimeLimitMechanism::Off,
         file_io_on_job_thread: true,
         module_bytes_held: worker.max_module_bytes,
         scratch_root,
         scratch_total_bytes: Some(u64::MAX),
+        map_kept_snapshots: true,
         ..worker.clone()
     }
 }
