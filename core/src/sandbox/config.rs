@@ -115,9 +115,13 @@ pub struct SandboxConfig {
     /// (`warm_disk`). Right for a slot process (`runner::slotproc`): its
     /// first item does not wait for the copy (~40 ms for CPython with
     /// scikit-learn), and its slots share the file's page cache instead of
-    /// holding a private copy each; a file shortened under it (by this
-    /// user, never by a job) would fault the child, which its worker
-    /// reports and replaces. Not for a worker's own process. Default: false.
+    /// holding a private copy each. Only on a filesystem of this machine's
+    /// own (on NFS another machine's process removing the file leaves the
+    /// mapping stale). A file shortened under it — by this user's hand,
+    /// never by a job or by peerwasm, which replaces kept files whole —
+    /// would fault the child: its job ends with a host error saying so,
+    /// and its worker starts another child. Not for a worker's own
+    /// process. Default: false.
     #[serde(default)]
     pub map_kept_snapshots: bool,
     /// The most stdout, and the most stderr, a job's output is buffered to,

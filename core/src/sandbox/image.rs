@@ -30,7 +30,7 @@ pub(super) fn of_memory(memory: &[u8]) -> std::io::Result<(OwnedFd, usize)> {
     sealed(memory.len(), |image| write_nonzero(image, memory, 0))
 }
 
-/// The `len` bytes of `file` (a snapshot kept on disk, its zero pages
+/// The first `len` bytes of `file` (a snapshot kept on disk, its zero pages
 /// holes or zeros) as a sealed memfd of that length. Only the file's data
 /// extents are read where the filesystem says where they are; the whole
 /// file otherwise.
@@ -57,8 +57,9 @@ pub(super) fn of_file(file: &File, len: usize) -> std::io::Result<(OwnedFd, usiz
             }
             at = end;
         }
-        // A file shortened while it was read (its end read as holes).
-        if file.metadata()?.len() != len as u64 {
+        // A file shortened while it was read (its end read as holes). It
+        // may go on past `len` (a kept snapshot's trailer).
+        if file.metadata()?.len() < len as u64 {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
                 "the snapshot file changed length while it was read",
