@@ -160,7 +160,7 @@ impl MemoryEstimator {
         MemoryEstimator {
             margin: margin.max(1.0),
             min,
-            cap: cap.max(WASM_PAGE),
+            cap: (cap / WASM_PAGE * WASM_PAGE).max(WASM_PAGE),
             declared,
             start,
             started_from_saved: saved.is_some(),
@@ -283,9 +283,10 @@ impl MemoryEstimator {
     }
 
     /// Follows the pool as it is now: `cap` is the largest job it can take
-    /// (workers join and leave while a map runs).
+    /// (workers join and leave while a map runs), in whole pages below it
+    /// (a worker keeping results takes less than its capacity).
     pub fn set_cap(&mut self, cap: u64) {
-        self.cap = cap.max(WASM_PAGE);
+        self.cap = (cap / WASM_PAGE * WASM_PAGE).max(WASM_PAGE);
     }
 
     /// The largest request worth making: the pool's largest job, or the

@@ -108,7 +108,8 @@ pub fn candidates(
             })
             .map(|p| {
                 format!(
-                    " (a worker of {} takes jobs of up to {})",
+                    " (a worker of {} takes jobs of up to {}: its memory less what it keeps \
+                     beside each job, its most per job, or the detached jobs' results it keeps)",
                     Bytes(p.advert.capacity_bytes),
                     Bytes(largest_ever)
                 )
@@ -221,7 +222,8 @@ mod tests {
             err,
             NoPlace::NeverFits(
                 "no peer can hold a job of 8 GiB: the largest the pool can take is 4 GiB \
-                 (a worker of 22 GiB takes jobs of up to 4 GiB)"
+                 (a worker of 22 GiB takes jobs of up to 4 GiB: its memory less what it keeps \
+                 beside each job, its most per job, or the detached jobs' results it keeps)"
                     .into()
             ),
             "never placed where it would be rejected"

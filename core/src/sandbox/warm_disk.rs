@@ -49,17 +49,13 @@ const TRAILER_BYTES: usize = 48;
 /// The trailer's first bytes (and its version).
 const TRAILER_MAGIC: &[u8; 8] = b"PWSNAP1\0";
 
-/// A kept snapshot's trailer.
-struct Trailer;
-
-impl Trailer {
-    fn of(key: &[u8; 32], len: u64) -> [u8; TRAILER_BYTES] {
-        let mut t = [0u8; TRAILER_BYTES];
-        t[..8].copy_from_slice(TRAILER_MAGIC);
-        t[8..16].copy_from_slice(&len.to_le_bytes());
-        t[16..].copy_from_slice(key);
-        t
-    }
+/// The trailer of `len` bytes of memory kept under `key`.
+fn trailer(key: &[u8; 32], len: u64) -> [u8; TRAILER_BYTES] {
+    let mut t = [0u8; TRAILER_BYTES];
+    t[..8].copy_from_slice(TRAILER_MAGIC);
+    t[8..16].copy_from_slice(&len.to_le_bytes());
+    t[16..].copy_from_slice(key);
+    t
 }
 
 /// A directory of snapshots.
@@ -96,9 +92,9 @@ impl SnapshotDir {
         if !meta.is_file() || len == 0 || len > LARGEST || len % WASM_PAGE as u64 != 0 {
             return None;
         }
-        let mut trailer = [0u8; TRAILER_BYTES];
-        file.read_exact_at(&mut trailer, len).ok()?;
-        if trailer != Trailer::of(key, len) {
+        let mut found = [0u8; TRAILER_BYTES];
+        file.read_exact_at(&mut found, len).ok()?;
+        if found != trailer(key, len) {
             tracing::debug!("a kept snapshot's trailer does not match it: ignored");
             return None;
         }
@@ -124,7 +120,11 @@ impl SnapshotDir {
                 tmp.as_file().write_all_at(chunk, (i * CHUNK) as u64)?;
             }
         }
-        tmp.as_file().write_all_at(&Trailer::of(key, len), len)?;
+        tmp.as_file().write_all_at(&trailer(key, len), len)?;
+        // On disk before its name is: a crash must not leave a named file
+        // whose pages never got there (once per program, beside the
+        // seconds its prelude took).
+        tmp.as_file().sync_data()?;
         tmp.persist(self.path(key)).map_err(|e| e.error)?;
         self.evict();
         Ok(())

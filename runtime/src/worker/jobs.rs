@@ -219,7 +219,10 @@ fn spawn_detached(
         // Encoded once: the state database and every reader share the bytes.
         let done = super::table::Finished::of(&result);
         drop(result);
-        hold.shrink_to(done.encoded.len() as u64);
+        // Kept now: held as a result (`HoldKind::Result`), not as output.
+        let kept = Arc::new(w.admission.ledger().hold(HoldKind::Result));
+        kept.try_grow(done.encoded.len() as u64, true);
+        drop(hold);
         if !matches!(
             done.outcome,
             Outcome::Cancelled {
@@ -228,7 +231,7 @@ fn spawn_detached(
         ) {
             super::detached::ended(&w.kept.db, &id2, done.encoded.clone(), ran);
         }
-        w.table.set_done(&id2, done, hold);
+        w.table.set_done(&id2, done, kept);
     });
 }
 

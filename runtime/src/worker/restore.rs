@@ -111,7 +111,7 @@ fn restore_one(
 
 /// Puts a kept result into the job table, its bytes held.
 fn put_done(w: &JobPath, id: &str, tenant: &str, memory_bytes: u64, done: Finished) {
-    let hold = Arc::new(w.admission.ledger().hold(super::ledger::HoldKind::Output));
+    let hold = Arc::new(w.admission.ledger().hold(super::ledger::HoldKind::Result));
     hold.try_grow(done.encoded.len() as u64, true);
     w.table.insert_done(id, tenant, memory_bytes, done, hold);
 }

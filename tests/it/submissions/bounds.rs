@@ -1,8 +1,80 @@
 //! What a tenant keeps in a worker's state database, bounded and
 //! expired; a full state disk that pauses a map and loses nothing; listing
-//! commands whose reader goes away.
+//! commands whose reader goes away; a kept result that leaves no job
+//! waiting in vain.
 
 use super::*;
+
+#[test]
+fn a_kept_result_leaves_no_job_waiting_for_the_whole_worker() {
+    // A detached job's result stays on its worker (5 bytes here) until it
+    // is discarded. A map that knows nothing yet asks the pool's largest
+    // job for its first jobs: before, that was the whole 1 GiB, which could
+    // never start beside those 5 bytes, and the map waited for ever.
+    let root = tempfile::tempdir().unwrap();
+    let w = WorkerProcess::start("1GiB", 2, None);
+    let out = run(&[
+        "run",
+        "--detach",
+        "--peers",
+        &w.addr,
+        "--mem",
+        "512MiB",
+        &wasm("hello"),
+        "kept",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let job = stdout(&out).trim().to_string();
+    let out = run(&["logs", "-f", "--peers", &w.addr, &job]);
+    assert_eq!(stdout(&out), "kept\n", "{}", stderr(&out));
+    let ns = [1000, 2000, 3000];
+    let inputs = root.path().join("in.jsonl");
+    let lines: String = ns.iter().map(|n| format!("{{\"n\": {n}}}\n")).collect();
+    std::fs::write(&inputs, lines).unwrap();
+    // A client with nothing learned of `primes` (a cache of its own).
+    let mut map = peerwasm();
+    map.env("PEERWASM_CACHE_DIR", root.path().join("client-cache"))
+        .args(["map", "--peers", &w.addr, &wasm("primes")])
+        .arg(&inputs);
+    let out = crate::support::output_within(&mut map, b"", Duration::from_secs(60));
+    assert!(out.status.success(), "{}", stderr(&out));
+    check_primes_results(&stdout(&out), &ns);
+    // Asked for by name, the whole worker is refused at once, saying why.
+    let out = run_within(
+        Duration::from_secs(60),
+        &[
+            "run",
+            "--peers",
+            &w.addr,
+            "--mem",
+            "1GiB",
+            &wasm("hello"),
+            "whole",
+        ],
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("results it keeps"),
+        "{}",
+        stderr(&out)
+    );
+    // Discarded, the result gives the worker back whole.
+    let out = run(&["cancel", "--peers", &w.addr, &job]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = run_within(
+        Duration::from_secs(60),
+        &[
+            "run",
+            "--peers",
+            &w.addr,
+            "--mem",
+            "1GiB",
+            &wasm("hello"),
+            "whole",
+        ],
+    );
+    assert_eq!(stdout(&out), "whole\n", "{}", stderr(&out));
+}
 
 #[test]
 fn what_a_tenant_keeps_in_the_state_database_is_bounded() {

@@ -9,9 +9,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// What a `Hold` is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HoldKind {
-    /// A job's output while it runs, then its result until it is fetched
-    /// or discarded.
+    /// A job's output while it runs, then its result until it is sent.
     Output,
+    /// A finished detached job's result, kept until its owner discards it
+    /// or `--keep-results` passes: no job's end gives it back, so it is
+    /// taken from the largest job this worker can take
+    /// (`Ledger::largest_job`), not only from what is free now — else a
+    /// job asking the whole capacity would wait behind a few kept bytes
+    /// until they expire.
+    Result,
     /// A request's bytes while the worker reads and acts on them (the
     /// request budget's charges).
     Request,
@@ -21,12 +27,18 @@ pub enum HoldKind {
 
 impl HoldKind {
     /// Every kind, in the order of `LedgerSnapshot::held_by`.
-    pub const ALL: [HoldKind; 3] = [HoldKind::Output, HoldKind::Request, HoldKind::Compile];
+    pub const ALL: [HoldKind; 4] = [
+        HoldKind::Output,
+        HoldKind::Result,
+        HoldKind::Request,
+        HoldKind::Compile,
+    ];
 
     /// Its name in metrics (`peerwasm_memory_bytes{kind="<label>_held"}`).
     pub fn label(self) -> &'static str {
         match self {
             HoldKind::Output => "output",
+            HoldKind::Result => "result",
             HoldKind::Request => "request",
             HoldKind::Compile => "compile",
         }

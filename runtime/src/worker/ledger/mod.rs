@@ -379,11 +379,19 @@ impl Ledger {
     }
 
     /// The largest job this worker can take: `--memory`, or what the
-    /// machine has for jobs less one job's native memory if less.
+    /// machine has for jobs less one job's native memory if less — less
+    /// the kept results it holds ([`HoldKind::Result`]), which no job's end
+    /// gives back.
     pub fn largest_job(&self) -> u64 {
+        self.largest_job_locked(&self.lock())
+    }
+
+    /// [`largest_job`](Self::largest_job), its state already locked.
+    fn largest_job_locked(&self, st: &State) -> u64 {
         self.lend
             .unwrap_or(u64::MAX)
             .min(self.machine.saturating_sub(self.per_job))
+            .saturating_sub(st.held_by[HoldKind::Result.index()])
     }
 
     /// Room now for `native` bytes beside a limit of the result, among
@@ -480,7 +488,7 @@ impl Ledger {
         let now = self.host_now();
         let st = self.lock();
         let in_use: u64 = st.jobs.iter().map(|j| j.used.load(Ordering::Relaxed)).sum();
-        self.largest_job()
+        self.largest_job_locked(&st)
             .min(
                 now.available
                     .saturating_add(in_use)

@@ -320,16 +320,33 @@ fn holds_are_counted_by_kind_and_all_of_them_come_out_of_capacity() {
     let s = ledger.snapshot();
     assert_eq!(
         (s.held, s.held_by),
-        (60 * MIB, [10 * MIB, 20 * MIB, 30 * MIB])
+        (60 * MIB, [10 * MIB, 0, 20 * MIB, 30 * MIB])
     );
     assert_eq!(ledger.offer(), 40 * MIB);
     request.release(5 * MIB);
     output.shrink_to(MIB);
     drop(compile);
     let s = ledger.snapshot();
-    assert_eq!((s.held, s.held_by), (16 * MIB, [MIB, 15 * MIB, 0]));
+    assert_eq!((s.held, s.held_by), (16 * MIB, [MIB, 0, 15 * MIB, 0]));
     drop((output, request));
-    assert_eq!(ledger.snapshot().held_by, [0, 0, 0]);
+    assert_eq!(ledger.snapshot().held_by, [0, 0, 0, 0]);
+}
+
+#[test]
+fn kept_results_come_out_of_the_largest_job_and_other_holds_do_not() {
+    // A detached job's kept result stays until it is discarded or expires:
+    // a job asking the whole capacity could never start beside it, so the
+    // worker must not take such a job (nor advertise that it could).
+    let (ledger, _) = ledger(Some(GIB), 0, 8 * GIB, 8 * GIB);
+    let output = ledger.hold(HoldKind::Output);
+    assert!(output.try_grow(MIB, false));
+    assert_eq!(ledger.largest_job(), GIB, "output is sent, then given back");
+    let kept = ledger.hold(HoldKind::Result);
+    assert!(kept.try_grow(5, true));
+    assert_eq!(ledger.largest_job(), GIB - 5);
+    assert_eq!(ledger.ceiling(), GIB - 5);
+    drop(kept);
+    assert_eq!((ledger.largest_job(), ledger.ceiling()), (GIB, GIB));
 }
 
 #[test]
