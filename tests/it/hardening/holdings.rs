@@ -382,7 +382,8 @@ async fn buffered_output_and_held_results_count_against_the_workers_memory() {
     assert_eq!(r.status(), StatusCode::ACCEPTED);
     let id = r.text().await.unwrap();
     let start = Instant::now();
-    loop {
+    // The result as kept: its encoding, which the worker holds.
+    let kept = loop {
         let r = http()
             .get(format!("http://{}/v1/jobs/{id}", w.addr))
             .bearer_auth(ALICE)
@@ -390,7 +391,8 @@ async fn buffered_output_and_held_results_count_against_the_workers_memory() {
             .await
             .unwrap();
         if r.status() == StatusCode::OK {
-            let result: JobResult = postcard::from_bytes(&r.bytes().await.unwrap()).unwrap();
+            let encoded = r.bytes().await.unwrap();
+            let result: JobResult = postcard::from_bytes(&encoded).unwrap();
             assert_eq!(
                 result.outcome,
                 Outcome::OutputLimitExceeded {
@@ -398,14 +400,15 @@ async fn buffered_output_and_held_results_count_against_the_workers_memory() {
                     limit: 100 * MIB
                 }
             );
-            break;
+            break encoded.len() as u64;
         }
         assert!(
             start.elapsed() < Duration::from_secs(30),
             "the flood never ended"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    };
+    assert!((100 * MIB..100 * MIB + 4096).contains(&kept), "{kept}");
     let offer = me(&w.addr).await.largest_fit_bytes;
     println!(
         "with 100 MiB of results held, a 256 MiB worker offers {} MiB",
@@ -413,13 +416,13 @@ async fn buffered_output_and_held_results_count_against_the_workers_memory() {
     );
     assert_eq!(
         offer,
-        156 * MIB,
+        256 * MIB - kept,
         "the held result must come out of the offer"
     );
     let m = crate::observe::scrape(&w.addr).await;
     assert_eq!(
-        crate::observe::get(&m, "peerwasm_memory_bytes{kind=\"output_held\"}"),
-        (100 * MIB) as f64
+        crate::observe::get(&m, "peerwasm_memory_bytes{kind=\"result_held\"}"),
+        kept as f64
     );
     let probe = serves_others(&w, Some(BOB)).await;
     println!(
@@ -451,7 +454,7 @@ async fn buffered_output_and_held_results_count_against_the_workers_memory() {
     assert_eq!(r.outcome.exit_code(), 137);
     assert_eq!(
         me(&w.addr).await.largest_fit_bytes,
-        156 * MIB,
+        256 * MIB - kept,
         "bob's output was given back"
     );
     // Discarding alice's result gives its memory back.
