@@ -13,24 +13,9 @@ fn a_kept_result_leaves_no_job_waiting_for_the_whole_worker() {
     // never start beside those 5 bytes, and the map waited for ever.
     let root = tempfile::tempdir().unwrap();
     let w = WorkerProcess::start("1GiB", 2, None);
-    let out = run(&[
-        "run",
-        "--detach",
-        "--peers",
-        &w.addr,
-        "--mem",
-        "512MiB",
-        &wasm("hello"),
-        "kept",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let job = stdout(&out).trim().to_string();
-    let out = run(&["logs", "-f", "--peers", &w.addr, &job]);
-    assert_eq!(stdout(&out), "kept\n", "{}", stderr(&out));
+    let job = detached_hello(&w.addr);
     let ns = [1000, 2000, 3000];
-    let inputs = root.path().join("in.jsonl");
-    let lines: String = ns.iter().map(|n| format!("{{\"n\": {n}}}\n")).collect();
-    std::fs::write(&inputs, lines).unwrap();
+    let inputs = primes_inputs(root.path(), &ns);
     // A client with nothing learned of `primes` (a cache of its own).
     let mut map = peerwasm();
     map.env("PEERWASM_CACHE_DIR", root.path().join("client-cache"))
@@ -39,10 +24,8 @@ fn a_kept_result_leaves_no_job_waiting_for_the_whole_worker() {
     let out = crate::support::output_within(&mut map, b"", Duration::from_secs(60));
     assert!(out.status.success(), "{}", stderr(&out));
     check_primes_results(&stdout(&out), &ns);
-    // Asked for by name, the whole worker is refused at once, saying why.
-    let out = run_within(
-        Duration::from_secs(60),
-        &[
+    let whole = || {
+        let args = [
             "run",
             "--peers",
             &w.addr,
@@ -50,8 +33,11 @@ fn a_kept_result_leaves_no_job_waiting_for_the_whole_worker() {
             "1GiB",
             &wasm("hello"),
             "whole",
-        ],
-    );
+        ];
+        run_within(Duration::from_secs(60), &args)
+    };
+    // Asked for by name, the whole worker is refused at once, saying why.
+    let out = whole();
     assert!(!out.status.success());
     assert!(
         stderr(&out).contains("results it keeps"),
@@ -61,19 +47,7 @@ fn a_kept_result_leaves_no_job_waiting_for_the_whole_worker() {
     // Discarded, the result gives the worker back whole.
     let out = run(&["cancel", "--peers", &w.addr, &job]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let out = run_within(
-        Duration::from_secs(60),
-        &[
-            "run",
-            "--peers",
-            &w.addr,
-            "--mem",
-            "1GiB",
-            &wasm("hello"),
-            "whole",
-        ],
-    );
-    assert_eq!(stdout(&out), "whole\n", "{}", stderr(&out));
+    assert_eq!(stdout(&whole()), "whole\n");
 }
 
 #[test]

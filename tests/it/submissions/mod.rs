@@ -126,6 +126,34 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// `{"n": N}` lines for `primes`, one per `ns`, in `dir/in.jsonl`.
+fn primes_inputs(dir: &Path, ns: &[usize]) -> PathBuf {
+    let inputs = dir.join("in.jsonl");
+    let lines: String = ns.iter().map(|n| format!("{{\"n\": {n}}}\n")).collect();
+    std::fs::write(&inputs, lines).unwrap();
+    inputs
+}
+
+/// A detached `hello kept` of 512 MiB on `peers`, followed to its end: its
+/// id (its result, `kept\n`, stays on its worker until discarded).
+fn detached_hello(peers: &str) -> String {
+    let out = run(&[
+        "run",
+        "--detach",
+        "--peers",
+        peers,
+        "--mem",
+        "512MiB",
+        &wasm("hello"),
+        "kept",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let job = stdout(&out).trim().to_string();
+    let out = run(&["logs", "-f", "--peers", peers, &job]);
+    assert_eq!(stdout(&out), "kept\n", "{}", stderr(&out));
+    job
+}
+
 /// `peerwasm map --detach`, which must exit at once and print only the id.
 fn detach(peers: &str, module: &str, inputs: &Path, extra: &[&str]) -> String {
     let start = Instant::now();

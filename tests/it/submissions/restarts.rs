@@ -5,13 +5,6 @@
 use super::*;
 
 /// `ns` as the primes guest's inputs, one JSON line each, in `dir/in.jsonl`.
-fn primes_inputs(dir: &Path, ns: &[usize]) -> PathBuf {
-    let inputs = dir.join("in.jsonl");
-    let lines: String = ns.iter().map(|n| format!("{{\"n\": {n}}}\n")).collect();
-    std::fs::write(&inputs, lines).unwrap();
-    inputs
-}
-
 #[test]
 fn a_detached_map_survives_its_owner_killed_twice() {
     let root = tempfile::tempdir().unwrap();
@@ -354,20 +347,7 @@ fn results_find_an_owner_back_before_the_pool_knows() {
     let ns: Vec<usize> = (0..40).map(|i| 20_000 + 7 * i).collect();
     let inputs = primes_inputs(root.path(), &ns);
     let id = detach(&owner.addr, &wasm("primes"), &inputs, &[]);
-    let out = run(&[
-        "run",
-        "--detach",
-        "--peers",
-        &owner.addr,
-        "--mem",
-        "512MiB",
-        &wasm("hello"),
-        "kept",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let job = stdout(&out).trim().to_string();
-    let out = run(&["logs", "-f", "--peers", &owner.addr, &job]);
-    assert_eq!(stdout(&out), "kept\n", "{}", stderr(&out));
+    let job = detached_hello(&owner.addr);
     owner.kill();
     let addr = owner.addr.clone();
     let dead = || {
