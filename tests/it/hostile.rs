@@ -154,6 +154,7 @@ fn outcome_label(r: &Result<JobResult, SubmitError>) -> String {
             Outcome::OutputMemoryExhausted { .. } => "output memory".into(),
             Outcome::Cancelled { .. } => "cancelled".into(),
             Outcome::FilesBackTooLarge { .. } => "files back too large".into(),
+            Outcome::Lost { .. } => "lost".into(),
         },
         Err(SubmitError::Fatal(_)) => "refused".into(),
         Err(SubmitError::Lost { .. }) => "lost".into(),

@@ -2,9 +2,10 @@
 //! processes and their real children: a job run in a child gives the
 //! answers, limits, streams and peak it gives in the worker's process; its
 //! time limit, a cancel, a client going and a drain end it though it
-//! computes with no fuel; a child killed under its job is a host error and
-//! the worker goes on; no child outlives its worker; and `auto` sends only
-//! modules that compute long.
+//! computes with no fuel; a child killed under its job loses the job (a
+//! map runs it again, and gives up after `max_lost`) and the worker goes
+//! on; no child outlives its worker; and `auto` sends only modules that
+//! compute long.
 
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -320,7 +321,7 @@ async fn time_limits_cancel_and_a_gone_client_end_computing_jobs_in_slot_process
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_slot_process_killed_under_its_job_is_a_host_error_and_none_outlives_its_worker() {
+async fn a_slot_process_killed_under_its_job_loses_it_and_none_outlives_its_worker() {
     let mut w = always(1, &[]);
     let sleep = Job::new(peerwasm_testkit::guest_wasm_bytes("sleep"));
     let id = detach(&w.addr, &sleep, b"600000").await;
@@ -330,15 +331,12 @@ async fn a_slot_process_killed_under_its_job_is_a_host_error_and_none_outlives_i
     unsafe { libc::kill(children[0], libc::SIGKILL) };
     idle_within(&w.addr, Duration::from_secs(2)).await;
     match result_of(&w.addr, &id).await.outcome {
-        Outcome::Trapped { trap, message, .. } => {
-            assert_eq!(trap, "host error");
-            assert!(
-                message.contains("slot process ended without a result")
-                    && message.contains("SIGKILL"),
-                "{message}"
-            );
-        }
-        other => panic!("expected a host error, got {other:?}"),
+        Outcome::Lost { reason } => assert!(
+            reason.contains("slot process running it ended without a result")
+                && reason.contains("SIGKILL"),
+            "{reason}"
+        ),
+        other => panic!("expected the job lost, got {other:?}"),
     }
     // A new child serves the next job.
     let (code, _) = exit_within(
@@ -519,4 +517,77 @@ async fn a_precompiled_module_starts_its_first_job_without_compiling() {
             "{policy}: the first job compiled its module"
         );
     }
+}
+
+/// Kills the worker's slot process once a job runs in it, `times` times:
+/// each time a child not killed before, once a job has reported its
+/// memory (which a child does only after the job started in it).
+async fn kill_slot_processes_under_jobs(w: &WorkerProcess, times: usize) {
+    let mut killed = Vec::new();
+    let start = Instant::now();
+    while killed.len() < times {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "killed only {killed:?}"
+        );
+        let fresh: Vec<i32> = slot_children(w)
+            .into_iter()
+            .filter(|c| !killed.contains(c) && !gone(*c))
+            .collect();
+        if fresh.len() != 1 || crate::tenants::me(&w.addr).await.used_bytes == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            continue;
+        }
+        // SAFETY: kill(2) on our worker's child.
+        unsafe { libc::kill(fresh[0], libc::SIGKILL) };
+        killed.push(fresh[0]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_map_runs_a_job_whose_slot_process_was_killed_again_and_gives_it_up_after_max_lost() {
+    let w = always(1, &[]);
+    let pool = Target::pool(vec![w.addr.clone()]).unwrap();
+    let sleep = Job::new(peerwasm_testkit::guest_wasm_bytes("sleep"));
+    let config = peerwasm::client::MapConfig {
+        mem: Some((32 * MIB).into()),
+        ..Default::default()
+    };
+    // One input of 1.5 s under a killer of `kills` slot processes.
+    let (pool, sleep, config, w) = (&pool, &sleep, &config, &w);
+    let map_killing = |kills| async move {
+        let mut items = Vec::new();
+        let inputs = std::iter::once(b"1500".to_vec());
+        let map = peerwasm::client::map(pool, sleep, inputs, config, &mut items);
+        let (summary, ()) = tokio::join!(map, kill_slot_processes_under_jobs(w, kills));
+        (summary.unwrap(), items)
+    };
+
+    // Killed once: run again, and the map ends with its result.
+    let (summary, items) = map_killing(1).await;
+    assert!(items[0].succeeded(), "{:?}", items[0].result.outcome);
+    assert_eq!((items[0].attempts, summary.lost), (2, 1));
+    assert_eq!(items[0].result.stdout, b"slept 1500 ms\n");
+
+    // Killed every time: given up after max_lost (3), not run for ever;
+    // the map says why, and the worker serves the next map.
+    let (summary, items) = map_killing(3).await;
+    assert_eq!(
+        summary.stopped.expect("the lost input stops the map").index,
+        0
+    );
+    assert_eq!(items[0].attempts, 3);
+    match &items[0].result.outcome {
+        Outcome::Lost { reason } => assert!(
+            reason.starts_with("lost 3 times with the process running it")
+                && reason.contains("SIGKILL"),
+            "{reason}"
+        ),
+        other => panic!("expected lost, got {other:?}"),
+    }
+    let mut items = Vec::new();
+    let inputs = [b"10".to_vec(), b"20".to_vec()].into_iter();
+    let summary = peerwasm::client::map(pool, sleep, inputs, config, &mut items).await;
+    assert!(summary.unwrap().stopped.is_none());
+    assert!(items.len() == 2 && items.iter().all(|i| i.succeeded()));
 }

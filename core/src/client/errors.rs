@@ -5,10 +5,18 @@
 /// Why a submission produced no result.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SubmitError {
-    /// The job was on `peer` when the connection broke (or the peer was
-    /// declared dead): it may or may not have run; submit it again.
+    /// The job was on `peer` when the connection broke, the process
+    /// running it died, or the peer was declared dead (`killed`), or the
+    /// worker shut down under it (not `killed`): it may or may not have
+    /// run; submit it again. A map gives up on an input that was `killed`
+    /// with it [`MapConfig::max_lost`](crate::client::MapConfig::max_lost)
+    /// times (as Dask's `allowed-failures`).
     #[error("lost with worker {peer}: {reason}")]
-    Lost { peer: String, reason: String },
+    Lost {
+        peer: String,
+        reason: String,
+        killed: bool,
+    },
     /// No worker will ever run it as asked (too large for the pool, a bad
     /// request, no live worker for a long time).
     #[error("{0}")]

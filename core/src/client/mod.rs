@@ -82,7 +82,7 @@ pub mod tree;
 pub use api::{ApiError, WorkerApi, http_client};
 pub use errors::SubmitError;
 pub use job::{Job, RunLimits};
-pub use map::{MapConfig, MapItem, MapObserver, MapSummary, map};
+pub use map::{DEFAULT_MAX_LOST, MapConfig, MapItem, MapObserver, MapSummary, map};
 pub use peers::{fetch_peers, trusted};
 pub use pool::{Pool, PoolConfig};
 pub use submitter::{Capacity, Placed, Submitter};

@@ -76,6 +76,16 @@ impl Pool {
             }) => Err(SubmitError::Lost {
                 peer: addr.into(),
                 reason: "the worker shut down".into(),
+                killed: false,
+            }),
+            // The process running it died under it: lost too.
+            Ok(JobResult {
+                outcome: Outcome::Lost { reason },
+                ..
+            }) => Err(SubmitError::Lost {
+                peer: addr.into(),
+                reason,
+                killed: true,
             }),
             Ok(result) => Ok(Some(result)),
             Err(PeerError::Declined(why)) => {
@@ -92,6 +102,7 @@ impl Pool {
                 Err(SubmitError::Lost {
                     peer: addr.into(),
                     reason: why,
+                    killed: true,
                 })
             }
             Err(PeerError::Fatal(why)) => Err(SubmitError::Fatal(format!("{addr}: {why}"))),
@@ -213,14 +224,24 @@ mod tests {
         });
         assert!(matches!(
             pool.settle("a:1", Ok(shutdown), &mut declined),
-            Err(SubmitError::Lost { .. })
+            Err(SubmitError::Lost { killed: false, .. })
         ));
+        // The process running it died under it: lost, and counted.
+        let died = result(Outcome::Lost {
+            reason: "the slot process running it ended without a result: signal: 9 (SIGKILL)"
+                .into(),
+        });
+        assert!(matches!(
+            pool.settle("a:1", Ok(died), &mut declined),
+            Err(SubmitError::Lost { killed: true, ref reason, .. }) if reason.contains("SIGKILL")
+        ));
+        assert!(!avoided(&pool, "a:1"), "its worker is alive");
         let lost = pool.settle(
             "c:3",
             Err(PeerError::Lost("connection reset".into())),
             &mut declined,
         );
-        assert!(matches!(lost, Err(SubmitError::Lost { peer, .. }) if peer == "c:3"));
+        assert!(matches!(lost, Err(SubmitError::Lost { peer, killed: true, .. }) if peer == "c:3"));
         assert!(avoided(&pool, "c:3"));
         let fatal = pool.settle(
             "a:1",

@@ -8,7 +8,7 @@ use super::job::Job;
 use super::pool::{Pool, PoolConfig};
 use super::submitter::{Capacity, Placed, Submitter};
 use crate::gossip::Liveness;
-use crate::proto::{JobResult, JobSpec};
+use crate::proto::{JobResult, JobSpec, Outcome};
 use crate::runner::{JobRunner, RunnerConfig};
 use crate::sandbox::SandboxConfig;
 
@@ -112,7 +112,16 @@ impl Target {
                 // decided from its length. Left in its file, it is read
                 // only if a compile needs it.
                 runner.add_module_source(job.hash(), job.source().clone());
-                Ok(runner.run(spec, None).await)
+                let result = runner.run(spec, None).await;
+                match result.outcome {
+                    // Its slot process died under it: lost, as on a pool.
+                    Outcome::Lost { reason } => Err(SubmitError::Lost {
+                        peer: result.peer,
+                        reason,
+                        killed: true,
+                    }),
+                    _ => Ok(result),
+                }
             }
             Target::Pool(pool) => pool.run(job, &spec, placed).await,
         }

@@ -37,6 +37,14 @@ pub struct MapArgs {
     /// Run a failed job again up to N times.
     #[arg(long, value_name = "N", default_value_t = 0)]
     retries: u32,
+    /// Give an input up (it fails with outcome `lost`) once the process
+    /// running it died under it N times — its worker killed or declared
+    /// dead, its slot process killed: a job that kills whatever runs it
+    /// does not go round the pool for ever. A worker's orderly shutdown
+    /// does not count. Not carried by --detach (the owner uses 3).
+    #[arg(long, value_name = "N", default_value_t = crate::client::DEFAULT_MAX_LOST,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_lost: u32,
     /// Jobs submitted at once [default: two per slot of the pool, more for
     /// short jobs: enough to cover 20 ms of their work per slot, at most 128
     /// per slot].
@@ -106,6 +114,7 @@ pub fn run(args: MapArgs) -> anyhow::Result<ExitCode> {
         mem: args.mem.map(Into::into),
         min_mem: args.min_mem.unwrap_or(0),
         retries: args.retries,
+        max_lost: args.max_lost,
         max_in_flight: args.max_in_flight,
         keep_going: args.keep_going,
         ..MapConfig::default()

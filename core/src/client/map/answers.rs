@@ -36,15 +36,18 @@ impl<T: Submitter> MapRun<'_, T> {
         }
         let result = match answer {
             Ok(result) => result,
-            Err(SubmitError::Lost { peer, reason }) => {
-                if !attempt.abandoned {
-                    self.summary.lost += 1;
-                    observer.retry(index, &format!("lost with worker {peer}: {reason}"));
-                    if p.live == 0 {
-                        self.resubmit.push_front(index);
-                    }
+            Err(SubmitError::Lost {
+                peer,
+                reason,
+                killed,
+            }) => {
+                if attempt.abandoned {
+                    return Ok(());
                 }
-                return Ok(());
+                self.summary.lost += 1;
+                p.lost += u32::from(killed);
+                let why = format!("lost with worker {peer}: {reason}");
+                return self.after_loss(index, (&peer, &why, killed), observer);
             }
             Err(SubmitError::Fatal(why)) => anyhow::bail!("{why}"),
         };
@@ -112,6 +115,40 @@ impl<T: Submitter> MapRun<'_, T> {
         self.complete(index, result, observer)
     }
 
+    /// After `index` was lost with `peer` (`killed`: the process running
+    /// it died, counted in its `lost`): submitted again once nothing else
+    /// of it is under way, or given up — ended with outcome `lost` — when
+    /// the process running it died for the `max_lost`-th time.
+    fn after_loss(
+        &mut self,
+        index: usize,
+        (peer, why, killed): (&str, &str, bool),
+        observer: &mut (dyn MapObserver + Send),
+    ) -> anyhow::Result<()> {
+        let Some(p) = self.pending.get(&index) else {
+            return Ok(());
+        };
+        if p.live > 0 {
+            // Another submission of it may still answer.
+            observer.retry(index, why);
+            return Ok(());
+        }
+        if p.lost < self.config.max_lost || !killed {
+            observer.retry(index, why);
+            self.resubmit.push_back(index);
+            return Ok(());
+        }
+        let reason = format!(
+            "lost {} times with the process running it, the last: {why}; not run again \
+             (a job that ends whatever runs it fails rather than go round the pool: max_lost {})",
+            p.lost, self.config.max_lost
+        );
+        let mut result =
+            JobResult::never_ran(self.request(index).bytes(), Outcome::Lost { reason });
+        result.peer = peer.to_string();
+        self.complete(index, result, observer)
+    }
+
     pub(super) fn complete(
         &mut self,
         index: usize,
@@ -121,6 +158,9 @@ impl<T: Submitter> MapRun<'_, T> {
         let Some(p) = self.pending.remove(&index) else {
             return Ok(());
         };
+        if p.attempts > 1 {
+            self.cancel_attempts_of(index);
+        }
         if !result.files.is_empty() {
             // Small (a worker sends back at most --max-files-back), so
             // written here, as each job ends.
@@ -182,6 +222,21 @@ impl<T: Submitter> MapRun<'_, T> {
         Ok(())
     }
 
+    /// Cancels every submission of `index` still under way (it has its
+    /// result): dropped, its job is cancelled where it runs.
+    fn cancel_attempts_of(&mut self, index: usize) {
+        let mut active = self.active;
+        self.attempts.retain(|_, a| {
+            if a.index != index {
+                return true;
+            }
+            a.abort.abort();
+            active -= usize::from(!a.abandoned);
+            false
+        });
+        self.active = active;
+    }
+
     /// After a failure at `index` stops the map: nothing after it runs on.
     pub(super) fn cut_after(&mut self, index: usize) {
         self.pending.retain(|&i, _| i <= index);
@@ -199,11 +254,16 @@ impl<T: Submitter> MapRun<'_, T> {
         }
     }
 
-    /// Gives up on submissions whose worker the pool calls dead, or that
-    /// are far slower than any answer so far; their inputs go out again.
-    pub(super) async fn check_lost(&mut self, observer: &mut (dyn MapObserver + Send)) {
+    /// Gives up on submissions whose worker the pool calls dead (a loss,
+    /// counted), and sends one copy of an input whose submission is far
+    /// slower than any answer so far (not counted: its first submission
+    /// goes on, and whichever answers first is used).
+    pub(super) async fn check_lost(
+        &mut self,
+        observer: &mut (dyn MapObserver + Send),
+    ) -> anyhow::Result<()> {
         if self.attempts.is_empty() {
-            return;
+            return Ok(());
         }
         let dead = self.target.dead_workers().await;
         let deadline = self
@@ -218,26 +278,41 @@ impl<T: Submitter> MapRun<'_, T> {
                 continue;
             };
             if dead.contains(&peer) {
-                lost.push((*id, format!("worker {peer} was declared dead")));
-            } else if deadline.is_some_and(|d| sent.elapsed() > d) {
                 lost.push((
                     *id,
-                    format!(
-                        "no answer from {peer} in {:.1} s",
-                        sent.elapsed().as_secs_f64()
-                    ),
+                    peer.clone(),
+                    format!("worker {peer} was declared dead"),
+                    true,
                 ));
+            } else if deadline.is_some_and(|d| sent.elapsed() > d)
+                && self.pending.get(&a.index).is_some_and(|p| !p.copied)
+            {
+                let waited = sent.elapsed().as_secs_f64();
+                let why =
+                    format!("no answer from {peer} in {waited:.1} s: one copy sent elsewhere");
+                lost.push((*id, peer, why, false));
             }
         }
-        for (id, why) in lost {
+        for (id, peer, why, killed) in lost {
             let Some(a) = self.attempts.get_mut(&id) else {
                 continue;
             };
+            if a.abandoned {
+                continue;
+            }
             a.abandoned = true;
             self.active -= 1;
             let index = a.index;
-            if let Some(p) = self.pending.get_mut(&index) {
-                p.live -= 1;
+            let Some(p) = self.pending.get_mut(&index) else {
+                continue;
+            };
+            p.live -= 1;
+            if killed {
+                p.lost += 1;
+                self.summary.lost += 1;
+                self.after_loss(index, (&peer, &why, true), observer)?;
+            } else {
+                p.copied = true;
                 self.summary.lost += 1;
                 observer.retry(index, &why);
                 if p.live == 0 {
@@ -245,5 +320,6 @@ impl<T: Submitter> MapRun<'_, T> {
                 }
             }
         }
+        Ok(())
     }
 }

@@ -10,6 +10,10 @@ use crate::client::estimate::{DEFAULT_MARGIN, EstimateStore};
 use crate::proto::MemoryRequest;
 use crate::proto::submission::SubmitConfig;
 
+/// Losses an input may have before a map gives it up
+/// ([`MapConfig::max_lost`]).
+pub const DEFAULT_MAX_LOST: u32 = 3;
+
 /// How a map runs. `Default` gives the documented defaults.
 #[derive(Clone, Debug)]
 pub struct MapConfig {
@@ -31,6 +35,14 @@ pub struct MapConfig {
     pub margin: f64,
     /// How often a failed job is resubmitted. Default: 0.
     pub retries: u32,
+    /// How many times an input may be lost with the process running it —
+    /// its worker died or was declared dead, its connection broke, its
+    /// slot process was killed — before the map gives it up: it then ends
+    /// with outcome `lost` (a failure, as any other). A job that kills
+    /// whatever runs it would otherwise go round the pool for ever. Losses
+    /// to a worker's orderly shutdown are not counted, nor a slow answer.
+    /// As Dask's `allowed-failures`. Default: [`DEFAULT_MAX_LOST`].
+    pub max_lost: u32,
     /// Submissions under way at once; `None`: two per slot of the target,
     /// more for short jobs (see the module docs).
     pub max_in_flight: Option<usize>,
@@ -78,6 +90,7 @@ impl Default for MapConfig {
             min_mem: 0,
             margin: DEFAULT_MARGIN,
             retries: 0,
+            max_lost: DEFAULT_MAX_LOST,
             max_in_flight: None,
             keep_going: false,
             lost_slack: Duration::from_secs(10),

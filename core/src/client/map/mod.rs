@@ -21,10 +21,19 @@
 //!   it asked for), up to the largest the pool can take, and that does not
 //!   count against `--retries`.
 //! * **Lost jobs**: a broken connection, a worker the gossip declares dead,
-//!   or no answer within 3 × the slowest round trip seen + slack: the input
-//!   is resubmitted elsewhere. The old submission is not cancelled — if its
-//!   answer comes first it is used — and whichever answer comes second is
-//!   dropped, so each input gets exactly one result.
+//!   a slot process that died under its job, or a worker's shutdown: the
+//!   input is resubmitted elsewhere. One lost with the process running it
+//!   `max_lost` times (not counting shutdowns) is given up — it fails with
+//!   outcome `lost` — so a job that kills whatever runs it cannot go round
+//!   the pool for ever (Dask's `KilledWorker`).
+//! * **Slow answers**: no answer within 3 × the slowest round trip seen +
+//!   slack (a worker stuck without breaking its connection, or a job far
+//!   longer than the others) sends *one* copy of the input elsewhere, never
+//!   a second: a long job is not copied over the pool every few seconds.
+//!   The first submission is not cancelled — whichever answers first is
+//!   used — and when an input has its result every other submission of it
+//!   is cancelled, so each input gets exactly one result and no slot keeps
+//!   computing one that is done.
 //! * **Failures** of the job itself stop the map (after the inputs before
 //!   it are done) unless `keep_going`; they are resubmitted only up to
 //!   `retries` times.
@@ -58,7 +67,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-pub use config::{MapConfig, MapObserver};
+pub use config::{DEFAULT_MAX_LOST, MapConfig, MapObserver};
 pub use report::{MapItem, MapSummary, Progress, Stopped};
 
 use super::errors::SubmitError;
@@ -140,6 +149,12 @@ struct Pending {
     reserve: Option<MemoryRequest>,
     /// Submissions of it that are neither answered nor given up on.
     live: u32,
+    /// Times it was lost with the process running it (`max_lost`).
+    lost: u32,
+    /// Whether a second submission of it runs because the first was slow
+    /// to answer (one such copy at most: a long job is not copied again
+    /// and again).
+    copied: bool,
 }
 
 /// One submission under way.
@@ -317,6 +332,8 @@ impl<'a, T: Submitter> MapRun<'a, T> {
                             floor: MemoryRequest::from(0),
                             reserve: None,
                             live: 0,
+                            lost: 0,
+                            copied: false,
                         },
                     );
                     self.staged.push(next_index);
@@ -347,7 +364,7 @@ impl<'a, T: Submitter> MapRun<'a, T> {
                 }
                 Some((id, answer)) = self.rx.recv() => self.on_answer(id, answer, observer)?,
                 _ = tick.tick() => {
-                    self.check_lost(observer).await;
+                    self.check_lost(observer).await?;
                     self.follow_pool().await;
                     if self.last_report.is_none_or(|t| t.elapsed() >= BACKLOG_EVERY) {
                         self.report_backlog();

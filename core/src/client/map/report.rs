@@ -145,7 +145,8 @@ pub struct MapSummary {
     /// no memory left to lend (`JobSpec::memory_reserve`): run again with
     /// their whole request reserved.
     pub lend_retries: u64,
-    /// Resubmissions after a worker lost the job.
+    /// Resubmissions after a worker lost the job, or was slow to answer
+    /// (one copy sent elsewhere).
     pub lost: u64,
     /// Resubmissions of failed jobs (`--retries`).
     pub failure_retries: u64,

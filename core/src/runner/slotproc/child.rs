@@ -220,8 +220,17 @@ impl Talk<'_> {
                     }
                     Some(FromSlot::StdinTaken) => credit += 1,
                     None => {
+                        // Killed from outside, by the out-of-memory killer,
+                        // or crashed: the job did not end, it was lost (a
+                        // map runs it again, a bounded number of times).
                         let status = self.child.end().await;
-                        let mut result = JobResult::host_failure(self.limit, &format!("the job's slot process ended without a result: {status}"));
+                        let outcome = match cancelled {
+                            Some(cause) => Outcome::Cancelled { cause },
+                            None => Outcome::Lost {
+                                reason: format!("the slot process running it ended without a result: {status}"),
+                            },
+                        };
+                        let mut result = JobResult::never_ran(self.limit, outcome);
                         result.peak_memory_bytes = peak;
                         if started.is_none() && !fed && cancelled.is_none() {
                             return (result, Ended::Unstarted(stdin));

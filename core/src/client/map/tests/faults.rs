@@ -83,10 +83,11 @@ async fn a_job_lost_with_its_worker_goes_again_without_using_a_retry() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_job_on_a_worker_declared_dead_goes_again_and_its_late_answer_is_dropped() {
-    // Input 0's first try sits on w-dead, which answers only after 5 s;
-    // the pool calls w-dead dead at 1 s. Input 1 keeps the map going
-    // past 5 s, so the late answer does arrive.
+async fn a_job_on_a_worker_declared_dead_goes_again_and_its_first_submission_is_dropped() {
+    // Input 0's first try sits on w-dead, which would answer only after
+    // 5 s; the pool calls w-dead dead at 1 s. Input 1 keeps the map going
+    // past 5 s, so a late answer would arrive — but the first submission
+    // is dropped as soon as the second answers.
     let fake = Fake::new(2, |c| match (c.index, c.attempt) {
         (0, 1) => Reply::Exit {
             code: 0,
@@ -113,7 +114,14 @@ async fn a_job_on_a_worker_declared_dead_goes_again_and_its_late_answer_is_dropp
         "{:?}",
         again.at
     );
-    assert_eq!((summary.lost, summary.late_answers), (1, 1));
+    assert_eq!((summary.lost, summary.late_answers), (1, 0));
+    let dropped = fake.0.dropped.lock().unwrap().clone();
+    assert!(
+        dropped
+            .iter()
+            .any(|&(i, attempt, at)| (i, attempt) == (0, 1) && at < Duration::from_millis(1400)),
+        "{dropped:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -222,4 +230,107 @@ async fn what_no_input_can_get_past_is_an_error_up_front() {
         embedded.calls().is_empty() && none.calls().is_empty(),
         "nothing was submitted"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_input_lost_with_whatever_runs_it_is_given_up_after_max_lost() {
+    // Input 2 is lost every time (its worker dies under it, say).
+    let script = |c: &Call| {
+        if c.index == 2 {
+            Reply::Lost {
+                after: Duration::from_millis(30),
+            }
+        } else {
+            ok(10)
+        }
+    };
+    let fake = Fake::new(2, script);
+    let (summary, items) = run(&fake, 6, &MapConfig::default()).await;
+    let summary = summary.unwrap();
+    assert_eq!(
+        fake.attempts_of(2).len(),
+        DEFAULT_MAX_LOST as usize,
+        "run again until it was lost max_lost times, then not again"
+    );
+    assert_eq!(indexes(&items), [0, 1, 2], "it stops the map as a failure");
+    match &items[2].result.outcome {
+        Outcome::Lost { reason } => assert!(
+            reason.starts_with("lost 3 times with the process running it, the last: lost with worker w1: connection reset"),
+            "{reason}"
+        ),
+        other => panic!("expected lost, got {other:?}"),
+    }
+    assert_eq!(items[2].attempts, 3);
+    let stopped = summary.stopped.expect("stopped");
+    assert!(
+        stopped.message.contains("job lost: lost 3 times"),
+        "{}",
+        stopped.message
+    );
+
+    // With keep_going the others all get theirs; max_lost is a knob.
+    let fake = Fake::new(2, script);
+    let config = MapConfig {
+        keep_going: true,
+        max_lost: 1,
+        ..MapConfig::default()
+    };
+    let (summary, items) = run(&fake, 6, &config).await;
+    let summary = summary.unwrap();
+    assert_eq!(indexes(&items), (0..6).collect::<Vec<_>>());
+    assert_eq!(fake.attempts_of(2).len(), 1);
+    assert_eq!((summary.failed, summary.lost), (1, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_shutting_down_under_a_job_does_not_count_against_max_lost() {
+    // Input 1's first five workers drain under it; the sixth runs it.
+    let fake = Fake::new(2, |c| match (c.index, c.attempt) {
+        (1, 1..=5) => Reply::Drained {
+            after: Duration::from_millis(30),
+        },
+        _ => ok(10),
+    });
+    let (summary, items) = run(&fake, 3, &MapConfig::default()).await;
+    let summary = summary.unwrap();
+    assert_eq!(indexes(&items), [0, 1, 2]);
+    assert!(items[1].succeeded(), "{:?}", items[1].result.outcome);
+    assert_eq!(items[1].attempts, 6);
+    assert_eq!((summary.lost, summary.failed), (5, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_long_job_gets_one_copy_not_one_every_few_seconds_and_the_copy_ends_with_it() {
+    // Input 5 computes a minute, amid jobs of a second: with 10 s of slack
+    // it is slow after 13 s. Input 7 keeps the map going for two minutes.
+    let fake = Fake::new(2, |c| match c.index {
+        5 => ok(60_000),
+        7 => ok(120_000),
+        _ => ok(1000),
+    });
+    let (summary, items) = run(&fake, 8, &MapConfig::default()).await;
+    let summary = summary.unwrap();
+    assert_eq!(indexes(&items), (0..8).collect::<Vec<_>>());
+    assert!(items.iter().all(MapItem::succeeded));
+    let tries = fake.attempts_of(5);
+    assert_eq!(tries.len(), 2, "one copy, not one every 13 s: {tries:?}");
+    assert!(
+        tries[1].at > Duration::from_secs(13) && tries[1].at < Duration::from_secs(20),
+        "{:?}",
+        tries[1].at
+    );
+    // The first answered at ~61 s; the copy was cancelled then, not left
+    // computing until the map's end at ~121 s.
+    let dropped = fake.0.dropped.lock().unwrap().clone();
+    let copy = dropped
+        .iter()
+        .find(|(i, attempt, _)| (*i, *attempt) == (5, 2))
+        .expect("the copy was cancelled");
+    assert!(
+        copy.2 > Duration::from_secs(60) && copy.2 < Duration::from_secs(63),
+        "{dropped:?}"
+    );
+    // Input 7, slow too, got its one copy.
+    assert_eq!(fake.attempts_of(7).len(), 2);
+    assert_eq!(summary.lost, 2);
 }

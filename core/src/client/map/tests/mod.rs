@@ -31,8 +31,10 @@ enum Reply {
     },
     /// Refused at its limit (what a worker answers to a job over its limit).
     OverLimit { after: Duration, peak: u64 },
-    /// The connection broke after `after`.
+    /// The connection broke after `after` (or the process running it died).
     Lost { after: Duration },
+    /// Its worker shut down under it after `after` (an orderly loss).
+    Drained { after: Duration },
     /// No worker will take it.
     Fatal,
 }
@@ -76,6 +78,8 @@ struct FakeState {
     dead: Mutex<Vec<(&'static str, Duration)>>,
     under_way: AtomicUsize,
     most_under_way: AtomicUsize,
+    /// Submissions dropped before they answered: (index, attempt, when).
+    dropped: Mutex<Vec<(usize, u32, Duration)>>,
 }
 
 impl Fake {
@@ -95,6 +99,7 @@ impl Fake {
             dead: Mutex::new(Vec::new()),
             under_way: AtomicUsize::new(0),
             most_under_way: AtomicUsize::new(0),
+            dropped: Mutex::new(Vec::new()),
         }))
     }
 
@@ -114,12 +119,26 @@ impl Fake {
     }
 }
 
-/// Counts a submission as under way until it is answered or dropped.
-struct UnderWay<'a>(&'a AtomicUsize);
+/// Counts a submission as under way until it is answered or dropped, and
+/// records it if it was dropped first.
+struct UnderWay<'a> {
+    state: &'a FakeState,
+    call: Call,
+    answered: bool,
+}
 
 impl Drop for UnderWay<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        self.state.under_way.fetch_sub(1, Ordering::SeqCst);
+        if !self.answered {
+            let at = self.state.started.elapsed();
+            let (index, attempt) = (self.call.index, self.call.attempt);
+            self.state
+                .dropped
+                .lock()
+                .unwrap()
+                .push((index, attempt, at));
+        }
     }
 }
 
@@ -154,15 +173,22 @@ impl Submitter for Fake {
         s.calls.lock().unwrap().push(call.clone());
         let now = s.under_way.fetch_add(1, Ordering::SeqCst) + 1;
         s.most_under_way.fetch_max(now, Ordering::SeqCst);
-        let _counted = UnderWay(&s.under_way);
+        let mut counted = UnderWay {
+            state: s,
+            call: call.clone(),
+            answered: false,
+        };
         let reply = (s.script)(&call);
         let (after, worker) = match &reply {
             Reply::Exit { after, worker, .. } => (*after, *worker),
-            Reply::OverLimit { after, .. } | Reply::Lost { after } => (*after, "w1"),
+            Reply::OverLimit { after, .. } | Reply::Lost { after } | Reply::Drained { after } => {
+                (*after, "w1")
+            }
             Reply::Fatal => (Duration::ZERO, "w1"),
         };
         placed.set(Some(worker));
         tokio::time::sleep(after).await;
+        counted.answered = true;
         let asked = spec.limits.memory.bytes();
         let (outcome, peak) = match reply {
             Reply::Exit { code, peak, .. } => (Outcome::Exited { code }, peak),
@@ -174,10 +200,17 @@ impl Submitter for Fake {
                 },
                 peak,
             ),
-            Reply::Lost { .. } => {
+            Reply::Lost { .. } | Reply::Drained { .. } => {
+                let killed = matches!(reply, Reply::Lost { .. });
                 return Err(SubmitError::Lost {
                     peer: worker.into(),
-                    reason: "connection reset".into(),
+                    reason: if killed {
+                        "connection reset"
+                    } else {
+                        "the worker shut down"
+                    }
+                    .into(),
+                    killed,
                 });
             }
             Reply::Fatal => return Err(SubmitError::Fatal("the request is wrong".into())),
