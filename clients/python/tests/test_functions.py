@@ -14,6 +14,7 @@ import peerwasm
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import fns  # noqa: E402
+import fns_shared  # noqa: E402
 import plugins  # noqa: E402
 from test_peerwasm import pool  # noqa: E402,F401  (the two-worker pool fixture)
 
@@ -37,6 +38,26 @@ def test_an_import_the_sandbox_cannot_do_is_named_when_the_function_uses_it():
         peerwasm.run(fns.names_the_client)
     assert e.value.type_name in ("ImportError", "ModuleNotFoundError"), e.value
     assert "import peerwasm" in e.value.message and "uses what it imports" in e.value.message, e.value
+
+
+def test_a_host_only_import_stands_in_alone_not_for_the_others_of_its_statement():
+    # `import dataclasses, os, peerwasm`: only `peerwasm` is missing in the
+    # sandbox, and the dataclass defined with the others works there.
+    pairs = [fns_shared.Pair(1, 2), fns_shared.Pair(3, 4)]
+    assert peerwasm.map(fns_shared.total, pairs) == [3, 7]
+    assert peerwasm.run(fns_shared.total, pairs[1]) == 7
+
+
+def test_a_module_that_cannot_load_in_the_sandbox_fails_each_item_with_its_error():
+    # The constant the function uses reads a file only the host has: every
+    # item of a map (warm: the prelude fails) and a run (cold) say so alike,
+    # never a NameError of the map's own machinery.
+    for call in (lambda: peerwasm.map(fns_shared.local_lines, [1, 2]), lambda: peerwasm.run(fns_shared.local_lines, 1)):
+        with pytest.raises(peerwasm.JobError) as e:
+            call()
+        message = str(e.value)
+        assert "FileNotFoundError" in message and "localmod.py" in message, message
+        assert "_pw_" not in message, message
 
 
 def test_what_the_function_prints_comes_out_on_stderr_in_input_order(capsys):

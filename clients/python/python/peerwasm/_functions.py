@@ -114,9 +114,16 @@ if not globals().get("_pw_warm"):
 # ready once): the prelude runs the program's definitions and imports, in
 # `__main__`, once; each item's turn then runs `_pw_item`. A prelude that
 # leaves a file open exits 75: its state could not be carried to another
-# instance (the file is the host's), so each item runs it itself.
+# instance (the file is the host's), so each item runs it itself. One whose
+# program raised (an import or a definition failed in the sandbox) keeps
+# no snapshot, and each item fails with that error, not a NameError.
 _WARM_PRELUDE = """\
 _pw_warm = True
+def _pw_item():
+    # The program's own replaces this as it loads: left, the program failed
+    # to load (its error is above, on stderr), and so does each item.
+    return 1
+__file__ = {path!r}  # as when the program runs as the script
 with open({path!r}, "rb") as _pw_f:
     _pw_code = compile(_pw_f.read(), {path!r}, "exec")
 del _pw_f
@@ -252,7 +259,7 @@ def _imports(fn):
     to a stand-in that raises its ImportError, naming it, when used — never
     skipped in silence."""
     guarded, seen = [_local_modules(fn)], set()
-    for node in (n for tree in _sources.module_trees(fn) for n in tree.body):
+    for node in (n for tree in _sources.module_trees(fn) for n in _one_name_each(tree.body)):
         if isinstance(node, (ast.Import, ast.ImportFrom)) and not (
             isinstance(node, ast.ImportFrom) and node.module == "__future__"
         ):
@@ -275,6 +282,20 @@ def _imports(fn):
                 + "\n".join(stand_ins)
             )
     return "\n".join(guarded)
+
+
+def _one_name_each(body):
+    """The statements of `body`, an import of several names split into one
+    import per name (`import dataclasses, peerwasm` → two), so that a name
+    the sandbox cannot import (here `peerwasm`, a host-only package) stands
+    in for itself alone, not for the others of its statement too."""
+    for node in body:
+        if isinstance(node, ast.Import) and len(node.names) > 1:
+            yield from (ast.Import(names=[alias]) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and len(node.names) > 1:
+            yield from (ast.ImportFrom(module=node.module, names=[alias], level=node.level) for alias in node.names)
+        else:
+            yield node
 
 
 def _local_modules(fn):
