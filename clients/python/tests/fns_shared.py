@@ -1,8 +1,10 @@
 """A module as scientists write them: a host-only import sharing its
-statement with one the sandbox has, and a constant made from a file only
-the host has (`peerwasm.map` sends what a function uses of it)."""
+statement with one the sandbox has, a constant made from a file only the
+host has (`peerwasm.map` sends what a function uses of it), decorated
+functions, and functions that cannot be mapped (a generator, a coroutine)."""
 
 import dataclasses, os, peerwasm  # noqa: E401,F401  (one statement, on purpose)
+import functools
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # Beside this file on the host; in the sandbox the program is /script/job.py
@@ -22,3 +24,29 @@ def total(p):
 
 def local_lines(_):
     return len(LOCAL_SOURCE.splitlines())
+
+
+def doubled(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return 2 * fn(*args, **kwargs)
+
+    return wrapper
+
+
+@doubled
+def twice_square(x):
+    return x * x
+
+
+@functools.lru_cache(maxsize=None)
+def cached_cube(x):
+    return x**3
+
+
+def gives_one_by_one(n):
+    yield from range(n)
+
+
+async def awaits(x):
+    return x

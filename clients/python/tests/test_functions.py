@@ -48,6 +48,17 @@ def test_a_host_only_import_stands_in_alone_not_for_the_others_of_its_statement(
     assert peerwasm.run(fns_shared.total, pairs[1]) == 7
 
 
+def test_a_decorated_function_runs_as_its_decorators_made_it():
+    # The module's name is bound to what the decorators made: the sandbox
+    # runs the definition with its decorators, so the name means the same.
+    assert peerwasm.map(fns_shared.twice_square, [3, 4]) == [18, 32]
+    assert peerwasm.run(fns_shared.twice_square, 5) == 50
+    assert peerwasm.map(fns_shared.cached_cube, [2, 3]) == [8, 27]
+    for fn, says in ((fns_shared.gives_one_by_one, "generator function"), (fns_shared.awaits, "async function")):
+        with pytest.raises(TypeError, match=says):
+            peerwasm.map(fn, [1])
+
+
 def test_a_module_that_cannot_load_in_the_sandbox_fails_each_item_with_its_error():
     # The constant the function uses reads a file only the host has: every
     # item of a map (warm: the prelude fails) and a run (cold) say so alike,

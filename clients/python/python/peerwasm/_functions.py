@@ -473,10 +473,45 @@ def program(fn, values=(), sys_path=()):
     the classes of `values`, its arguments), with `sys_path` (the guest
     paths of its `packages=`) first on `sys.path`. Raises TypeError for
     what has no source of its own to send."""
+    inner = _decorated_def(fn)
+    if inner is not None:
+        return _program_of(inner, values, sys_path, decorated=True)
+    return _program_of(fn, values, sys_path, decorated=False)
+
+
+def _decorated_def(fn):
+    """The `def` under `fn` when `fn` is what a decorated definition at its
+    module's top level made (`@timer def f` with `functools.wraps`,
+    `@functools.lru_cache def f`): that definition, decorators and all, is
+    then what the sandbox runs, so that `f` there is what `f` is here. None
+    for anything else."""
+    if not hasattr(fn, "__wrapped__"):
+        return None
+    try:
+        inner = inspect.unwrap(fn)
+    except ValueError:  # a cycle of __wrapped__
+        return None
+    if inner is fn or not inspect.isfunction(inner) or inner.__globals__.get(inner.__name__) is not fn:
+        return None
+    return inner
+
+
+def _program_of(fn, values, sys_path, decorated):
+    """`program` of a plain function: its `def` with its decorators when
+    `decorated` (the module's name for it is what they made), else alone."""
     if not inspect.isfunction(fn):
         raise TypeError(f"{fn!r} is not a plain Python function: give a `def` function (or a .wasm path)")
     if fn.__name__ == "<lambda>":
         raise TypeError("a lambda cannot be sent to the sandbox: define it with `def` at the top level of a module")
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        raise TypeError(
+            f"{fn.__name__} is an async function: give a plain `def` (one that calls asyncio.run itself if it awaits)"
+        )
+    if inspect.isgeneratorfunction(fn):
+        raise TypeError(
+            f"{fn.__name__} is a generator function: what it yields cannot come back one by one; "
+            "return a list (`return list(...)`) instead"
+        )
     if fn.__closure__:
         names = ", ".join(fn.__code__.co_freevars)
         raise TypeError(
@@ -484,10 +519,12 @@ def program(fn, values=(), sys_path=()):
             "define it at the top level of a module and pass what it needs as arguments"
         )
     source = _sources.function_source(fn)
-    # Decorators would run again in the sandbox: send the `def` alone.
+    # A plain function's decorators left it as it is (they registered it,
+    # say): they would only run again in the sandbox, so the `def` goes
+    # alone.
     tree = ast.parse(source)
     node = tree.body[0]
-    if getattr(node, "decorator_list", None):
+    if not decorated and getattr(node, "decorator_list", None):
         node.decorator_list = []
         source = ast.unparse(node)
     return _DRIVER.format(
