@@ -113,6 +113,15 @@ impl JobRunner {
         self.children.as_ref().map_or(0, |(c, _)| c.jobs())
     }
 
+    /// What this runner holds between jobs for the jobs to come — warm
+    /// starts' kept snapshots and resident instances, in this process and
+    /// in its slot processes — in bytes. No job's limit counts it: a worker
+    /// charges it to its ledger.
+    pub fn warm_held_bytes(&self) -> u64 {
+        let children = self.children.as_ref().map_or(0, |(c, _)| c.warm_held());
+        self.sandbox.warm_stats().held_bytes + children
+    }
+
     /// How many jobs run at once.
     pub fn slots(&self) -> usize {
         self.sandbox.config().slots.max(1)

@@ -210,9 +210,11 @@ impl Sandbox {
 
     /// The warm starts' counters.
     pub fn warm_stats(&self) -> WarmStats {
+        let warm = self.warm.stats();
         WarmStats {
             resident_starts: self.residents.started(),
-            ..self.warm.stats()
+            held_bytes: warm.held_bytes + self.residents.held_bytes(|k| self.warm.holds(k)),
+            ..warm
         }
     }
 

@@ -78,6 +78,9 @@ pub(super) struct Resident {
     instance: Instance,
     image: Arc<SnapshotImage>,
     view: ImageView,
+    /// Its memory's pages of its own (copied back by its reset): what it
+    /// holds beyond the image.
+    private: usize,
 }
 
 impl Resident {
@@ -113,6 +116,14 @@ impl Residents {
     /// Jobs that started in a resident instance.
     pub(super) fn started(&self) -> u64 {
         self.started.load(Ordering::Relaxed)
+    }
+
+    /// The pages the kept instances of snapshots still kept
+    /// (`kept_snapshot`) hold of their own, in bytes.
+    pub(super) fn held_bytes(&self, kept_snapshot: impl Fn(&[u8; 32]) -> bool) -> u64 {
+        let mut kept = self.kept.lock();
+        kept.retain(|r| kept_snapshot(&r.key));
+        kept.iter().map(|r| r.private as u64).sum()
     }
 
     /// Keeps `instance` for the next job of `key` if its memory is still
@@ -154,10 +165,13 @@ impl Residents {
         // the image mapped privately over it (`warm::restore`; its size
         // checked above); no wasm runs in the store while it is reset, and
         // wasmtime keeps no view of its contents.
-        if let Err(e) = unsafe { reset(base, file, &view) } {
-            tracing::debug!("no resident instance: cannot reset its memory: {e}");
-            return;
-        }
+        let private = match unsafe { reset(base, file, &view) } {
+            Ok(private) => private,
+            Err(e) => {
+                tracing::debug!("no resident instance: cannot reset its memory: {e}");
+                return;
+            }
+        };
         let mut kept = self.kept.lock();
         kept.retain(|r| kept_snapshot(&r.key));
         if kept.len() >= RESIDENTS_KEPT {
@@ -169,6 +183,7 @@ impl Residents {
             instance,
             image,
             view,
+            private,
         });
     }
 }
@@ -238,16 +253,18 @@ impl Drop for ImageView {
 
 /// Puts `[base, base + view.len)` back to the image: the pages written
 /// since it was mapped copied back from `view`, or the image mapped afresh.
+/// Returns the bytes of the range that are its own pages now (those
+/// copied back; none after a fresh mapping).
 ///
 /// # Safety
 ///
 /// As [`map_image`]'s: the range is mapped memory nothing else uses while
 /// this runs, over which `file` was mapped privately.
-unsafe fn reset(base: *mut u8, file: &OwnedFd, view: &ImageView) -> std::io::Result<()> {
+unsafe fn reset(base: *mut u8, file: &OwnedFd, view: &ImageView) -> std::io::Result<usize> {
     let len = view.len;
-    if let Some(pages) = written_pages(base as usize, len)
-        .filter(|p| p.iter().map(|(s, e)| e - s).sum::<usize>() <= COPY_BACK_MAX)
-    {
+    let private = |p: &Vec<(usize, usize)>| p.iter().map(|(s, e)| e - s).sum::<usize>();
+    if let Some(pages) = written_pages(base as usize, len).filter(|p| private(p) <= COPY_BACK_MAX) {
+        let copied = private(&pages);
         for (start, end) in pages {
             let offset = start - base as usize;
             // SAFETY: `[start, end)` lies within the memory and the view
@@ -256,10 +273,10 @@ unsafe fn reset(base: *mut u8, file: &OwnedFd, view: &ImageView) -> std::io::Res
                 std::ptr::copy_nonoverlapping(view.at.add(offset), start as *mut u8, end - start)
             };
         }
-        return Ok(());
+        return Ok(copied);
     }
     // SAFETY: as the caller promised.
-    unsafe { map_image(base, len, file) }
+    unsafe { map_image(base, len, file) }.map(|()| 0)
 }
 
 /// `PAGEMAP_SCAN`'s ABI (`linux/fs.h`, Linux 6.7).
@@ -383,7 +400,8 @@ mod tests {
             vec![(b + 3 * page, b + 4 * page), (b + 40 * page, b + 42 * page)]
         );
         let view = ImageView::of(&file, len).unwrap();
-        unsafe { reset(base, &file, &view) }.unwrap();
+        let private = unsafe { reset(base, &file, &view) }.unwrap();
+        assert_eq!(private, 3 * page, "the pages copied back stay its own");
         assert!(
             (0..len).all(|i| unsafe { *base.add(i) } == 7),
             "every byte back"

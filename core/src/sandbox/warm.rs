@@ -99,6 +99,11 @@ pub struct WarmStats {
     /// (`sandbox/resident.rs`): no instantiation, no page faults
     /// for the pages the last job also touched.
     pub resident_starts: u64,
+    /// Memory held now between jobs, for the jobs to come: the kept
+    /// snapshots' images (the pages their files hold) and the resident
+    /// instances' own pages (those a reset copied back). No job's limit
+    /// counts it; a worker charges it to its ledger (`warm_held`).
+    pub held_bytes: u64,
 }
 
 /// A snapshot of an interpreter's memory, or the news that its prelude
@@ -107,6 +112,8 @@ enum Snapshot {
     Image {
         file: OwnedFd,
         len: usize,
+        /// The memory its file takes (its data pages, not its holes).
+        held: u64,
     },
     /// The prelude did not return 0: its jobs run it themselves.
     Refused,
@@ -129,7 +136,7 @@ impl SnapshotImage {
     /// file in a slot process: `warm_disk`), and its length in bytes.
     pub(super) fn file(&self) -> (&OwnedFd, usize) {
         match &*self.0 {
-            Snapshot::Image { file, len } => (file, *len),
+            Snapshot::Image { file, len, .. } => (file, *len),
             Snapshot::Refused => unreachable!("a SnapshotImage holds an image"),
         }
     }
@@ -214,12 +221,23 @@ impl WarmStarts {
     }
 
     pub(super) fn stats(&self) -> WarmStats {
+        let held_bytes = self
+            .inner
+            .snapshots
+            .lock()
+            .iter()
+            .map(|(_, s)| match &**s {
+                Snapshot::Image { held, .. } => *held,
+                Snapshot::Refused => 0,
+            })
+            .sum();
         WarmStats {
             snapshots: self.inner.made.load(Ordering::Relaxed),
             warm_starts: self.inner.warm.load(Ordering::Relaxed),
             cold_starts: self.inner.cold.load(Ordering::Relaxed),
-            // The sandbox's count (`resident`).
+            // The sandbox's count and pages (`resident`).
             resident_starts: 0,
+            held_bytes,
         }
     }
 
@@ -289,7 +307,8 @@ impl WarmStarts {
                     // (others wait for it as for a prelude).
                     let kept = self.disk.as_ref().and_then(|d| d.load(&key));
                     if let Some((file, len)) = kept {
-                        let image = Arc::new(Snapshot::Image { file, len });
+                        let held = allocated_bytes(&file);
+                        let image = Arc::new(Snapshot::Image { file, len, held });
                         self.inner.snapshots.lock().put(key, image.clone());
                         drop(claim);
                         self.inner.warm.fetch_add(1, Ordering::Relaxed);
@@ -319,7 +338,8 @@ impl WarmStarts {
             {
                 tracing::warn!("cannot keep a warm start's snapshot on disk: {e}");
             }
-            Snapshot::Image { file, len }
+            let held = allocated_bytes(&file);
+            Snapshot::Image { file, len, held }
         } else {
             Snapshot::Refused
         };
@@ -442,4 +462,15 @@ pub(super) unsafe fn map_image(base: *mut u8, len: usize, file: &OwnedFd) -> std
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// The memory `file` takes: its allocated blocks (a memfd's or a kept
+/// file's data pages; its holes take none).
+fn allocated_bytes(file: &OwnedFd) -> u64 {
+    // SAFETY: fstat(2) on a descriptor we own, into a zeroed struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(file.as_raw_fd(), &mut st) } != 0 {
+        return 0;
+    }
+    u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512)
 }

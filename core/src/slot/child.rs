@@ -141,7 +141,12 @@ async fn serve_async() -> anyhow::Result<()> {
             Alone::Ended(result) => (result, false),
             Alone::Overran(result) => (result, true),
         };
-        send(FromSlot::Done { result, overran });
+        let warm_held = runner.sandbox().warm_stats().held_bytes;
+        send(FromSlot::Done {
+            result,
+            overran,
+            warm_held,
+        });
         if overran {
             // The job still computes on the slot thread: say so, then end.
             let (flushed, written) = oneshot::channel();

@@ -190,3 +190,30 @@ fn an_instance_is_not_kept_past_its_snapshot() {
         "the first prelude ran again, in a fresh instance"
     );
 }
+
+#[test]
+fn what_warm_starts_hold_between_jobs_is_counted_and_goes_with_its_snapshot() {
+    let runner = runner(SandboxConfig::default());
+    assert_eq!(runner.warm_held_bytes(), 0);
+    // The snapshot: the prelude's two marked pages (its zero pages are
+    // holes in its file and take nothing).
+    assert_eq!(run(&runner, "r").0, exited(0));
+    let image = runner.warm_held_bytes();
+    assert!((2 * 4096..=2 * PAGE).contains(&image), "{image}");
+    assert_eq!(runner.sandbox().warm_stats().held_bytes, image);
+    // A job that writes three pages leaves its instance, those pages put
+    // back and now its own: they are counted too (where the kernel can
+    // list them; else its memory is mapped afresh and holds nothing).
+    assert_eq!(run(&runner, "w").0, exited(0));
+    let resident = runner.warm_held_bytes() - image;
+    assert!(resident == 3 * 4096 || resident == 0, "{resident}");
+    // Four other preludes push the snapshot out, and with it its instance:
+    // what is held is theirs alone, each the size of the first's.
+    for other in ["p1", "p2", "p3", "p4"] {
+        assert_eq!(
+            runner.run_blocking(job(&runner, other, "r")).outcome,
+            exited(0)
+        );
+    }
+    assert_eq!(runner.warm_held_bytes(), 4 * image);
+}

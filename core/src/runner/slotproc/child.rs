@@ -7,7 +7,8 @@
 //! child runs a job and what becomes of it after; this file owns what
 //! happens while it runs, which is one `select!` with its own state.
 
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -39,6 +40,10 @@ pub(super) struct SlotChild {
     buf: Box<[u8]>,
     /// The child's scratch root: removed when the child is dropped.
     _scratch: tempfile::TempDir,
+    /// What the child holds for the jobs to come (its last `Done` said),
+    /// counted by [`SlotProcesses::warm_held`](super::SlotProcesses::warm_held)
+    /// while the child lives.
+    pub(super) warm_held: Arc<AtomicU64>,
 }
 
 impl SlotChild {
@@ -57,6 +62,7 @@ impl SlotChild {
             frames: FrameReader::default(),
             buf: vec![0; READ_CHUNK].into(),
             _scratch: scratch,
+            warm_held: Arc::default(),
         }
     }
 
@@ -168,7 +174,8 @@ impl Talk<'_> {
             tokio::select! {
                 biased;
                 msg = self.child.next() => match msg {
-                    Some(FromSlot::Done { result, overran }) => {
+                    Some(FromSlot::Done { result, overran, warm_held }) => {
+                        self.child.warm_held.store(warm_held, Ordering::Relaxed);
                         if overran {
                             self.child.end().await;
                         }

@@ -115,6 +115,9 @@ pub struct SlotProcesses {
     artifacts: std::sync::OnceLock<Option<crate::sandbox::ArtifactStore>>,
     /// Jobs run in a child so far.
     jobs: AtomicU64,
+    /// Each child's figure of what it holds for the jobs to come; a child
+    /// gone drops its own.
+    warm: Mutex<Vec<std::sync::Weak<AtomicU64>>>,
 }
 
 impl SlotProcesses {
@@ -134,6 +137,7 @@ impl SlotProcesses {
             max_idle: config.slots.max(1),
             artifacts: std::sync::OnceLock::new(),
             jobs: AtomicU64::new(0),
+            warm: Mutex::new(Vec::new()),
         }
     }
 
@@ -168,6 +172,18 @@ impl SlotProcesses {
     /// Jobs run in slot processes so far.
     pub fn jobs(&self) -> u64 {
         self.jobs.load(Ordering::Relaxed)
+    }
+
+    /// What the living children hold for the jobs to come (kept snapshots,
+    /// resident instances: `WarmStats::held_bytes`), in bytes, as each said
+    /// after its last job.
+    pub fn warm_held(&self) -> u64 {
+        let mut warm = self.warm.lock();
+        warm.retain(|w| w.strong_count() > 0);
+        warm.iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .map(|w| w.load(Ordering::Relaxed))
+            .sum()
     }
 
     /// Runs `spec` in a slot process (an idle one, or a new one), with the
@@ -317,6 +333,7 @@ impl SlotProcesses {
             anyhow::bail!("the slot process has no pipes");
         };
         let mut child = SlotChild::new(process, to, from, scratch);
+        self.warm.lock().push(Arc::downgrade(&child.warm_held));
         let setup = SandboxConfig {
             scratch_root: Some(child.scratch().to_path_buf()),
             ..self.setup.clone()

@@ -72,8 +72,14 @@ pub enum FromSlot {
     /// The job took a stdin chunk: one more may be sent.
     StdinTaken,
     /// How the job ended; with `overran`, the child is ending too (the job
-    /// was still computing).
-    Done { result: JobResult, overran: bool },
+    /// was still computing). `warm_held`: what the child holds for the
+    /// jobs to come now (`WarmStats::held_bytes`: its kept snapshots and
+    /// resident instances), which its worker charges.
+    Done {
+        result: JobResult,
+        overran: bool,
+        warm_held: u64,
+    },
 }
 
 /// The sandbox a slot process runs its worker's jobs in: the worker's
