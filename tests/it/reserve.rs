@@ -141,3 +141,65 @@ async fn a_map_learns_reserves_and_its_inputs_over_them_run_on_lent_memory() {
         "the summary says what is reserved: {text}"
     );
 }
+
+/// A reactor (as CPython for WASI is one: `memory`, `host_alloc`, `turn`)
+/// whose prelude `p` grows its memory by 40 MiB and fills it: its
+/// snapshot holds 40 MiB of pages.
+const FILLING_REACTOR: &str = r#"
+(module
+  (memory (export "memory") 1)
+  (func (export "host_alloc") (param i32) (result i32) (i32.const 1024))
+  (func (export "turn") (param $p i32) (param $n i32) (result i32)
+    (if (i32.eq (i32.load8_u (local.get $p)) (i32.const 112)) (then
+      (drop (memory.grow (i32.const 640)))
+      (memory.fill (i32.const 65536) (i32.const 1) (i32.const 41943040))))
+    (i32.const 0)))
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn what_warm_starts_keep_is_charged_and_let_go_for_a_job_that_needs_the_memory() {
+    let reactor = Job::new(wat::parse_str(FILLING_REACTOR).unwrap());
+    let hello = Job::new(peerwasm_testkit::guest_wasm_bytes("hello"));
+    for mode in ["never", "always"] {
+        let w = WorkerProcess::start_with("80MiB", 1, None, &["--slot-processes", mode]);
+        let target = Target::pool(vec![w.addr.clone()]).unwrap();
+        // A warm job: its snapshot (40 MiB of pages) outlives it, charged.
+        let mut spec = reactor.spec(Vec::new(), 48 * MIB);
+        spec.warm = Some(peerwasm::proto::WarmStart {
+            prelude: "p".into(),
+            turn: "t".into(),
+        });
+        let warm = target.run(&reactor, spec).await.unwrap();
+        assert_eq!(
+            warm.outcome,
+            Outcome::Exited { code: 0 },
+            "{mode}: {warm:?}"
+        );
+        let held = |m: &std::collections::HashMap<String, f64>| {
+            crate::observe::get(m, "peerwasm_memory_bytes{kind=\"warm_held\"}") as u64
+        };
+        let kept = held(&crate::observe::scrape(&w.addr).await);
+        assert!((40 * MIB..48 * MIB).contains(&kept), "{mode}: {kept}");
+
+        // A job of 64 MiB fits the worker, not beside the snapshot: it is
+        // not refused, it waits a moment, the snapshot is let go, it runs.
+        let started = std::time::Instant::now();
+        let big = tokio::time::timeout(
+            Duration::from_secs(20),
+            target.run(&hello, hello.spec(b"big".to_vec(), 64 * MIB)),
+        )
+        .await
+        .expect("the job waits for ever behind what warm starts keep")
+        .unwrap();
+        assert_eq!(big.outcome, Outcome::Exited { code: 0 }, "{mode}: {big:?}");
+        println!(
+            "{mode}: a 64 MiB job beside a 40 MiB snapshot ran after {:?}",
+            started.elapsed()
+        );
+        let freed = held(&crate::observe::scrape(&w.addr).await);
+        assert!(
+            freed < 40 * MIB,
+            "{mode}: the snapshot stays charged: {freed}"
+        );
+    }
+}

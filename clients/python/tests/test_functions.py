@@ -225,12 +225,13 @@ def test_items_start_warm_on_a_pool_and_none_sees_what_another_left(pool):
     out = peerwasm.map(fns.leaks, range(8), peers=pool[:1])
     _no_item_sees_another(out)
     # What the worker keeps for the next items (the snapshot of CPython
-    # with numpy imported, the resident interpreters) shows in its metrics.
+    # with numpy imported, the resident interpreters) is charged to its
+    # ledger, and shows in its metrics.
     import urllib.request
 
     with urllib.request.urlopen(f"http://{pool[0]}/metrics") as r:
         metrics = r.read().decode()
-    [warm] = [line for line in metrics.splitlines() if line.startswith('peerwasm_memory_bytes{kind="warm_bytes"}')]
+    [warm] = [line for line in metrics.splitlines() if line.startswith('peerwasm_memory_bytes{kind="warm_held"}')]
     assert 16 << 20 <= float(warm.split()[-1]) <= 1 << 30, warm
 
 

@@ -122,6 +122,16 @@ impl JobRunner {
         self.sandbox.warm_stats().held_bytes + children
     }
 
+    /// Lets go of what [`warm_held_bytes`](Self::warm_held_bytes) counts:
+    /// this process's snapshots and resident instances, and its idle slot
+    /// processes (a busy one keeps its own until its job ends).
+    pub fn drop_warm(&self) {
+        self.sandbox.drop_warm();
+        if let Some((children, _)) = &self.children {
+            children.drop_idle();
+        }
+    }
+
     /// How many jobs run at once.
     pub fn slots(&self) -> usize {
         self.sandbox.config().slots.max(1)

@@ -208,6 +208,14 @@ impl Sandbox {
         })
     }
 
+    /// Lets go of what warm starts keep for the next jobs — snapshots,
+    /// resident instances — when the memory is wanted: the next job of
+    /// each snapshot makes it again (from the disk, where kept).
+    pub fn drop_warm(&self) {
+        self.residents.clear();
+        self.warm.drop_snapshots();
+    }
+
     /// The warm starts' counters.
     pub fn warm_stats(&self) -> WarmStats {
         let warm = self.warm.stats();

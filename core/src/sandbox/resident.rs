@@ -113,6 +113,11 @@ impl Residents {
         kept.remove(at)
     }
 
+    /// Drops every kept instance.
+    pub(super) fn clear(&self) {
+        self.kept.lock().clear();
+    }
+
     /// Jobs that started in a resident instance.
     pub(super) fn started(&self) -> u64 {
         self.started.load(Ordering::Relaxed)

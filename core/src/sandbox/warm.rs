@@ -215,6 +215,12 @@ impl WarmStarts {
         self.inner.snapshots.lock().peek(key).is_some()
     }
 
+    /// Lets go of every kept snapshot (jobs running from one keep theirs
+    /// until they end); the next job of each makes it again.
+    pub(super) fn drop_snapshots(&self) {
+        self.inner.snapshots.lock().clear();
+    }
+
     /// The engine warm jobs run on.
     pub(super) fn engine(&self) -> &Engine {
         &self.engine

@@ -112,8 +112,10 @@ fn build_worker(
         (None, Some(tls)) => tls.transport()?,
         (None, None) => crate::net::Transport::new(None, config.insecure_http)?,
     };
+    let jobs = Arc::new(jobs);
+    jobs.start_warm_charge();
     Ok(Arc::new(Worker {
-        jobs: Arc::new(jobs),
+        jobs,
         node: Node {
             transport,
             gossip: SharedNode::new(gossip_node(config, addr), key),

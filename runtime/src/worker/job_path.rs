@@ -60,6 +60,8 @@ pub struct JobPath {
     pub(crate) max_files_back: u64,
     /// Each tenant's compile turns.
     pub(crate) compile_turns: CompileTurns,
+    /// What warm starts keep for the next jobs, charged to the ledger.
+    pub(crate) warm: super::warm_charge::WarmCharge,
 }
 
 /// What tenants keep on this worker, and how much they may.
@@ -120,6 +122,7 @@ impl JobPath {
         max_files_back: u64,
     ) -> JobPath {
         JobPath {
+            warm: super::warm_charge::WarmCharge::new(&admission),
             addr: addr.to_string(),
             runner,
             admission,
@@ -136,6 +139,24 @@ impl JobPath {
             max_files_back,
             compile_turns: CompileTurns::default(),
         }
+    }
+
+    /// Starts following what warm starts keep (`warm_charge`), every
+    /// [`WARM_READING`](super::warm_charge::WARM_READING) while the job
+    /// path lives; nothing outside a Tokio runtime.
+    pub fn start_warm_charge(self: &Arc<Self>) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let weak = Arc::downgrade(self);
+        rt.spawn(async move {
+            let mut readings = tokio::time::interval(super::warm_charge::WARM_READING);
+            loop {
+                readings.tick().await;
+                let Some(w) = weak.upgrade() else { return };
+                w.warm.tick(&w.runner, &w.admission);
+            }
+        });
     }
 }
 

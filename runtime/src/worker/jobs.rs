@@ -497,6 +497,7 @@ async fn in_turn(turn: Turn) -> Result<JobResult, Refused> {
             // A warm start's snapshot is shared by this tenant's jobs only.
             run.warm_scope = format!("{}/{}", tenant.name, run.warm_scope);
             let mut result = w.runner.run_resolved(run, hooks).await;
+            w.warm.follow(&w.runner);
             if let Some(mounted) = mounted {
                 send_files_back(&w, mounted, &hold, &mut result).await;
             }

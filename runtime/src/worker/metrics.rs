@@ -40,10 +40,6 @@ pub struct Scrape<'a> {
     pub cache: CacheStats,
     /// Module bytes held for compiling (`runner::modules`).
     pub module_bytes: u64,
-    /// What warm starts hold between jobs — kept snapshots and resident
-    /// instances, in the worker's process and its slot processes
-    /// (`JobRunner::warm_held_bytes`). Shown, not charged to the ledger.
-    pub warm_bytes: u64,
     /// Bytes held outside reservations, by kind (`ledger::Hold`; indexed
     /// as [`HoldKind::ALL`](crate::worker::HoldKind::ALL)).
     pub held_by: [u64; crate::worker::HoldKind::ALL.len()],
@@ -258,7 +254,7 @@ impl Live {
             ),
             family(
                 "memory_bytes",
-                "Memory: capacity, reserved, used by jobs, host available, largest job that fits now, module bytes held, warm starts' snapshots and resident instances; held outside reservations: jobs' output and results, requests being read, compiles",
+                "Memory: capacity, reserved, used by jobs, host available, largest job that fits now, module bytes held; held outside reservations: jobs' output and results, requests being read, compiles, warm starts' snapshots and interpreters",
                 {
                     let mut values = by(
                         "kind",
@@ -269,7 +265,6 @@ impl Live {
                             ("host_available", level(a.host_available_bytes)),
                             ("largest_fit", level(a.largest_fit_bytes)),
                             ("module_bytes", level(s.module_bytes)),
-                            ("warm_bytes", level(s.warm_bytes)),
                         ],
                     );
                     for (kind, bytes) in crate::worker::HoldKind::ALL.iter().zip(s.held_by) {
@@ -525,7 +520,6 @@ mod tests {
                 ..CacheStats::default()
             },
             module_bytes: 0,
-            warm_bytes: 0,
             files: FileStoreCounts::default(),
             slot_process_jobs: 2,
             held_by: [0; crate::worker::HoldKind::ALL.len()],

@@ -25,6 +25,8 @@
 //! * `compile_charge` — what a job's compile takes of the host's memory,
 //!   charged while it runs;
 //! * `compile_turns` — how many modules one tenant may compile at once;
+//! * `warm_charge` — what warm starts keep for the next jobs, charged,
+//!   and let go when a job waits for the memory;
 //! * `table` — the jobs a worker holds, by id, with their cancel handles;
 //! * `admission` — slots, memory and per-tenant queues;
 //! * `ledger` — the host memory ledger (smartmem, exact);
@@ -86,6 +88,7 @@ pub(crate) mod table;
 pub(crate) mod tenants;
 pub(crate) mod trees;
 pub(crate) mod uploaders;
+pub(crate) mod warm_charge;
 pub(crate) mod warnings;
 
 // What is reached from outside the crate (the benchmarks, the tests): the

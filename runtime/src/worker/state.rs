@@ -201,7 +201,6 @@ impl Worker {
             queued: &queued,
             cache: jobs.runner.sandbox().cache_stats(),
             module_bytes: jobs.runner.module_bytes_held(),
-            warm_bytes: jobs.runner.warm_held_bytes(),
             held_by: jobs.admission.ledger().snapshot().held_by,
             gossip: super::metrics::GossipCounts {
                 rounds: load(&g.rounds),

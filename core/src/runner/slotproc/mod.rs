@@ -174,6 +174,12 @@ impl SlotProcesses {
         self.jobs.load(Ordering::Relaxed)
     }
 
+    /// Ends the idle children, and with them what they keep warm; busy
+    /// ones keep theirs until their job ends.
+    pub fn drop_idle(&self) {
+        self.idle.lock().clear();
+    }
+
     /// What the living children hold for the jobs to come (kept snapshots,
     /// resident instances: `WarmStats::held_bytes`), in bytes, as each said
     /// after its last job.

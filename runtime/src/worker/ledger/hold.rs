@@ -1,6 +1,6 @@
 //! Holds: bytes the worker keeps *for* jobs outside their reservations —
 //! their output and results, the requests it is reading, the modules it is
-//! compiling — charged to the ledger beside the reservations, each under a
+//! compiling, the interpreters it keeps warm — charged to the ledger beside the reservations, each under a
 //! [`HoldKind`] so that the metrics say which.
 
 use std::sync::Arc;
@@ -23,15 +23,21 @@ pub enum HoldKind {
     Request,
     /// The memory a module's compile takes, from its slot to its start.
     Compile,
+    /// What warm starts keep for the next jobs (snapshots, resident
+    /// interpreters: `JobRunner::warm_held_bytes`), in this process and
+    /// its slot processes — let go when a job waits for the memory
+    /// (`worker::warm_charge`), so it is not taken from the largest job.
+    Warm,
 }
 
 impl HoldKind {
     /// Every kind, in the order of `LedgerSnapshot::held_by`.
-    pub const ALL: [HoldKind; 4] = [
+    pub const ALL: [HoldKind; 5] = [
         HoldKind::Output,
         HoldKind::Result,
         HoldKind::Request,
         HoldKind::Compile,
+        HoldKind::Warm,
     ];
 
     /// Its name in metrics (`peerwasm_memory_bytes{kind="<label>_held"}`).
@@ -41,6 +47,7 @@ impl HoldKind {
             HoldKind::Result => "result",
             HoldKind::Request => "request",
             HoldKind::Compile => "compile",
+            HoldKind::Warm => "warm",
         }
     }
 

@@ -320,16 +320,16 @@ fn holds_are_counted_by_kind_and_all_of_them_come_out_of_capacity() {
     let s = ledger.snapshot();
     assert_eq!(
         (s.held, s.held_by),
-        (60 * MIB, [10 * MIB, 0, 20 * MIB, 30 * MIB])
+        (60 * MIB, [10 * MIB, 0, 20 * MIB, 30 * MIB, 0])
     );
     assert_eq!(ledger.offer(), 40 * MIB);
     request.release(5 * MIB);
     output.shrink_to(MIB);
     drop(compile);
     let s = ledger.snapshot();
-    assert_eq!((s.held, s.held_by), (16 * MIB, [MIB, 0, 15 * MIB, 0]));
+    assert_eq!((s.held, s.held_by), (16 * MIB, [MIB, 0, 15 * MIB, 0, 0]));
     drop((output, request));
-    assert_eq!(ledger.snapshot().held_by, [0, 0, 0, 0]);
+    assert_eq!(ledger.snapshot().held_by, [0; 5]);
 }
 
 #[test]
