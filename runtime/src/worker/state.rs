@@ -85,6 +85,15 @@ impl Worker {
         let snap = jobs.admission.ledger().snapshot();
         let view = jobs.admission.view();
         let (busy, queued) = (view.busy, view.queued);
+        // The largest job offered leaves out what warm starts keep: a
+        // learning map's first jobs ask the largest job, and one that did
+        // not fit beside a snapshot would have it let go (`warm_charge`)
+        // and start every such map cold. A job sent here asking more still
+        // runs: the warm state is let go for it.
+        let largest = jobs
+            .admission
+            .largest_job()
+            .saturating_sub(snap.held_of(crate::worker::HoldKind::Warm));
         Advert {
             addr: jobs.addr.clone(),
             host_id: node.host_id.clone(),
@@ -96,9 +105,9 @@ impl Worker {
             largest_fit_bytes: if busy >= jobs.admission.slots() {
                 0
             } else {
-                snap.offer.min(jobs.admission.largest_job())
+                snap.offer.min(largest)
             },
-            max_job_bytes: Some(jobs.admission.largest_job()).filter(|&most| most < snap.capacity),
+            max_job_bytes: Some(largest).filter(|&most| most < snap.capacity),
             slots_total: jobs.admission.slots(),
             slots_busy: busy,
             queue_len: queued,

@@ -8,10 +8,14 @@
 //! that made it, and no job's limit counts it; uncharged, a worker lent
 //! its whole `--memory` to jobs beside it. Charged but never let go, it
 //! would keep a job that needs the worker's whole memory waiting for
-//! ever — so it is charged as room, not taken from the largest job, and a
-//! job that waits with a slot free (for memory, then) has the warm state
-//! dropped: the next job of each snapshot makes it again. Under memory
-//! pressure a map then runs cold, which is correct, only slower.
+//! ever — so it is charged as room, and a job that waits with a slot free
+//! (for memory, then) has the warm state dropped: the next job of each
+//! snapshot makes it again. Under memory pressure a map then runs cold,
+//! which is correct, only slower. The largest job the worker *offers*
+//! leaves it out (`state.rs`): a learning map's first jobs ask the largest
+//! job, and each would otherwise have the snapshot dropped and start cold.
+//! An idle worker lets it go after [`KEEP_IDLE`] and offers its whole
+//! memory again.
 
 use std::time::{Duration, Instant};
 
@@ -28,6 +32,11 @@ pub const WARM_READING: Duration = Duration::from_millis(100);
 /// How long a job must have waited with a slot free before what warm
 /// starts keep is let go (not a job queued a moment before its dispatch).
 pub const RECLAIM_AFTER: Duration = Duration::from_millis(200);
+
+/// How long a worker with nothing to run keeps its warm state: it is left
+/// out of the largest job the worker offers, so a worker idle this long
+/// lets it go and offers its whole memory again.
+pub const KEEP_IDLE: Duration = Duration::from_secs(10 * 60);
 
 /// The hold of what warm starts keep, and since when a job has waited with
 /// a slot free.
@@ -59,25 +68,58 @@ impl WarmCharge {
     }
 
     /// Follows `runner`, and lets go of its warm state when a job has
-    /// waited [`RECLAIM_AFTER`] with a slot free while some is kept.
+    /// waited [`RECLAIM_AFTER`] with a slot free, or the worker has been
+    /// idle [`KEEP_IDLE`], while some is kept ([`let_go`]).
     pub fn tick(&self, runner: &JobRunner, admission: &Admission) {
         self.follow(runner);
         let view = admission.view();
         let waiting = view.queued > 0 && view.busy < admission.slots();
         let mut since = self.waiting_since.lock();
-        match (*since, waiting) {
-            (_, false) => *since = None,
-            (None, true) => *since = Some(Instant::now()),
-            (Some(t), true) if t.elapsed() >= RECLAIM_AFTER && self.hold.bytes() > 0 => {
-                tracing::info!(
-                    held = self.hold.bytes(),
-                    "a job waits for memory that warm starts keep: letting it go"
-                );
-                runner.drop_warm();
-                self.follow(runner);
-                *since = None;
-            }
-            (Some(_), true) => {}
+        *since = match (*since, waiting) {
+            (_, false) => None,
+            (None, true) => Some(Instant::now()),
+            (t, true) => t,
+        };
+        if let Some(why) = let_go(since.map(|t| t.elapsed()), view.idle_for, self.hold.bytes()) {
+            tracing::info!(
+                held = self.hold.bytes(),
+                "{why}: letting go of what warm starts keep"
+            );
+            runner.drop_warm();
+            self.follow(runner);
+            *since = None;
         }
+    }
+}
+
+/// Why the warm state should go now, if it should: a job has waited
+/// `waiting` with a slot free (for memory, then) at least
+/// [`RECLAIM_AFTER`], or the worker has been idle at least [`KEEP_IDLE`] —
+/// and `held` bytes are kept.
+fn let_go(waiting: Option<Duration>, idle: Option<Duration>, held: u64) -> Option<&'static str> {
+    if held == 0 {
+        None
+    } else if waiting.is_some_and(|w| w >= RECLAIM_AFTER) {
+        Some("a job waits for the memory")
+    } else if idle.is_some_and(|i| i >= KEEP_IDLE) {
+        Some("the worker has been idle")
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warm_state_goes_for_a_job_that_waits_or_after_a_long_idle_and_only_if_there_is_some() {
+        let ms = Duration::from_millis;
+        assert_eq!(let_go(Some(ms(199)), None, 1), None, "queued a moment");
+        assert!(let_go(Some(RECLAIM_AFTER), None, 1).is_some());
+        assert_eq!(let_go(Some(RECLAIM_AFTER), None, 0), None, "nothing kept");
+        assert_eq!(let_go(None, Some(KEEP_IDLE - ms(1)), 1), None);
+        assert!(let_go(None, Some(KEEP_IDLE), 1).is_some());
+        assert_eq!(let_go(None, None, 1), None, "busy, nothing waiting");
     }
 }

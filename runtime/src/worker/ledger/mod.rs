@@ -115,6 +115,13 @@ pub struct LedgerSnapshot {
     pub offer: u64,
 }
 
+impl LedgerSnapshot {
+    /// The bytes held of `kind`.
+    pub fn held_of(&self, kind: HoldKind) -> u64 {
+        self.held_by[kind.index()]
+    }
+}
+
 /// The ledger; see the module docs.
 pub struct Ledger {
     capacity: u64,
