@@ -109,7 +109,7 @@ pub fn candidates(
             .map(|p| {
                 format!(
                     " (a worker of {} takes jobs of up to {}: its memory less what it keeps \
-                     beside each job, its most per job, or the detached jobs' results it keeps)",
+                     beside each job, its most per job, the detached jobs' results it keeps, or the interpreters it keeps warm)",
                     Bytes(p.advert.capacity_bytes),
                     Bytes(largest_ever)
                 )
@@ -223,7 +223,7 @@ mod tests {
             NoPlace::NeverFits(
                 "no peer can hold a job of 8 GiB: the largest the pool can take is 4 GiB \
                  (a worker of 22 GiB takes jobs of up to 4 GiB: its memory less what it keeps \
-                 beside each job, its most per job, or the detached jobs' results it keeps)"
+                 beside each job, its most per job, the detached jobs' results it keeps, or the interpreters it keeps warm)"
                     .into()
             ),
             "never placed where it would be rejected"
