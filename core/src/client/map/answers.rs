@@ -47,7 +47,7 @@ impl<T: Submitter> MapRun<'_, T> {
                 self.summary.lost += 1;
                 p.lost += u32::from(killed);
                 let why = format!("lost with worker {peer}: {reason}");
-                return self.after_loss(index, (&peer, &why, killed), observer);
+                return self.after_loss(index, &peer, &why, killed, observer);
             }
             Err(SubmitError::Fatal(why)) => anyhow::bail!("{why}"),
         };
@@ -122,7 +122,9 @@ impl<T: Submitter> MapRun<'_, T> {
     fn after_loss(
         &mut self,
         index: usize,
-        (peer, why, killed): (&str, &str, bool),
+        peer: &str,
+        why: &str,
+        killed: bool,
         observer: &mut (dyn MapObserver + Send),
     ) -> anyhow::Result<()> {
         let Some(p) = self.pending.get(&index) else {
@@ -310,7 +312,7 @@ impl<T: Submitter> MapRun<'_, T> {
             if killed {
                 p.lost += 1;
                 self.summary.lost += 1;
-                self.after_loss(index, (&peer, &why, true), observer)?;
+                self.after_loss(index, &peer, &why, true, observer)?;
             } else {
                 p.copied = true;
                 self.summary.lost += 1;

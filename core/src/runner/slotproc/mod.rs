@@ -184,12 +184,13 @@ impl SlotProcesses {
     /// resident instances: `WarmStats::held_bytes`), in bytes, as each said
     /// after its last job.
     pub fn warm_held(&self) -> u64 {
-        let mut warm = self.warm.lock();
-        warm.retain(|w| w.strong_count() > 0);
-        warm.iter()
-            .filter_map(std::sync::Weak::upgrade)
-            .map(|w| w.load(Ordering::Relaxed))
-            .sum()
+        let mut held = 0;
+        self.warm.lock().retain(|w| {
+            w.upgrade()
+                .map(|child| held += child.load(Ordering::Relaxed))
+                .is_some()
+        });
+        held
     }
 
     /// Runs `spec` in a slot process (an idle one, or a new one), with the
