@@ -181,28 +181,30 @@ async fn what_warm_starts_keep_is_charged_and_let_go_for_a_job_that_needs_the_me
         let kept = held(&crate::observe::scrape(&w.addr).await);
         assert!((40 * MIB..48 * MIB).contains(&kept), "{mode}: {kept}");
 
-        // The largest job offered leaves the snapshot out (a learning
-        // map's first jobs, which ask it, start beside it, warm)...
-        let offered = crate::tenants::me(&w.addr).await.largest_job();
-        assert!(offered <= 80 * MIB - kept, "{mode}: {offered}");
-        // ...and a job of 64 MiB sent to this worker, which fits it but not
-        // beside the snapshot, is not refused: it waits a moment, the
-        // snapshot is let go, it runs.
+        // The advert says what warm starts keep: a learning map's first
+        // jobs ask the largest job beside it (and start warm)...
+        let advert = crate::tenants::me(&w.addr).await;
+        assert_eq!(advert.warm_bytes, kept, "{mode}");
         assert!(
-            crate::tenants::upload(&w.addr, &hello, None)
-                .await
-                .is_success()
+            advert.largest_beside_warm() <= 80 * MIB - kept,
+            "{mode}: {advert:?}"
         );
+        // ...while the largest job stays the worker's: a job of 64 MiB,
+        // which fits this worker but not beside the snapshot, is sent here
+        // by the client (not refused as too large for the pool), waits a
+        // moment, the snapshot is let go, it runs.
+        assert!(advert.largest_job() >= 64 * MIB, "{mode}: {advert:?}");
         let started = std::time::Instant::now();
-        let r = tokio::time::timeout(
+        let big = tokio::time::timeout(
             Duration::from_secs(20),
-            crate::tenants::post(&w.addr, &hello.spec(b"big".to_vec(), 64 * MIB), None, false),
+            // A fresh client: its first view of the pool has the snapshot.
+            Target::pool(vec![w.addr.clone()])
+                .unwrap()
+                .run(&hello, hello.spec(b"big".to_vec(), 64 * MIB)),
         )
         .await
-        .expect("the job waits for ever behind what warm starts keep");
-        assert!(r.status().is_success(), "{mode}: {}", r.status());
-        let big: peerwasm::proto::JobResult =
-            postcard::from_bytes(&r.bytes().await.unwrap()).unwrap();
+        .expect("the job waits for ever behind what warm starts keep")
+        .unwrap();
         assert_eq!(big.outcome, Outcome::Exited { code: 0 }, "{mode}: {big:?}");
         println!(
             "{mode}: a 64 MiB job beside a 40 MiB snapshot ran after {:?}",

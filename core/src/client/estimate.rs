@@ -121,6 +121,9 @@ pub struct MemoryEstimator {
     margin: f64,
     min: u64,
     cap: u64,
+    /// The most a first request asks (the guess before anything is known):
+    /// the largest job a worker takes beside what its warm starts keep.
+    start_cap: u64,
     declared: DeclaredMemory,
     start: u64,
     started_from_saved: bool,
@@ -161,6 +164,7 @@ impl MemoryEstimator {
             margin: margin.max(1.0),
             min,
             cap: (cap / WASM_PAGE * WASM_PAGE).max(WASM_PAGE),
+            start_cap: u64::MAX,
             declared,
             start,
             started_from_saved: saved.is_some(),
@@ -244,7 +248,8 @@ impl MemoryEstimator {
             (None, Some(peak)) => {
                 round_to_pages((peak.max(self.saved_peak) as f64 * self.margin).ceil() as u64)
             }
-            (None, None) => self.start,
+            (None, None) if self.started_from_saved => self.start,
+            (None, None) => self.start.min(self.start_cap),
         };
         MemoryRequest::from(self.clamp(raw))
     }
@@ -284,9 +289,15 @@ impl MemoryEstimator {
 
     /// Follows the pool as it is now: `cap` is the largest job it can take
     /// (workers join and leave while a map runs), in whole pages below it
-    /// (a worker keeping results takes less than its capacity).
-    pub fn set_cap(&mut self, cap: u64) {
+    /// (a worker keeping results takes less than its capacity);
+    /// `beside_warm` the largest it takes beside what its warm starts keep,
+    /// which bounds the guess made before anything is known (a saved
+    /// estimate is known): a guess that did not fit beside them would have
+    /// the worker let its snapshots go, and the map start cold. A job that
+    /// outgrows the guess is retried up to `cap`.
+    pub fn set_caps(&mut self, cap: u64, beside_warm: u64) {
         self.cap = (cap / WASM_PAGE * WASM_PAGE).max(WASM_PAGE);
+        self.start_cap = (beside_warm / WASM_PAGE * WASM_PAGE).max(WASM_PAGE);
     }
 
     /// The largest request worth making: the pool's largest job, or the
@@ -403,6 +414,32 @@ mod tests {
         assert_eq!(e.request().bytes(), 16 * MIB, "never below --min-mem");
         let e = MemoryEstimator::new(declared, None, 0, 8 << 30, 1.25);
         assert_eq!(e.clamp(0), 2 * MIB, "never below the initial memory");
+    }
+
+    #[test]
+    fn the_first_guess_fits_beside_warm_state_and_a_retry_may_ask_past_it() {
+        // A worker of 1 GiB keeping 97 MiB warm: the guess asks what fits
+        // beside it; a job that outgrows that may ask the whole GiB.
+        let mut e = MemoryEstimator::new(DeclaredMemory::default(), None, 0, 1 << 30, 1.25);
+        e.set_caps(1 << 30, (1 << 30) - 97 * MIB);
+        assert_eq!(e.request().bytes(), (1 << 30) - 97 * MIB);
+        assert_eq!(e.ceiling(), 1 << 30);
+        let outgrown = Outgrown {
+            limit: (1 << 30) - 97 * MIB,
+            requested: (1 << 30) - 90 * MIB,
+            first: true,
+        };
+        assert_eq!(e.retry(0, outgrown).bytes(), 1 << 30);
+        // A saved estimate is knowledge, not a guess: asked as it is.
+        let saved = SavedEstimate {
+            peak_bytes: 900 * MIB,
+            memreq_bytes: 1000 * MIB,
+            jobs: 3,
+            model: None,
+        };
+        let mut e = MemoryEstimator::new(DeclaredMemory::default(), Some(&saved), 0, 1 << 30, 1.25);
+        e.set_caps(1 << 30, (1 << 30) - 97 * MIB);
+        assert_eq!(e.request().bytes(), 1000 * MIB);
     }
 
     #[test]

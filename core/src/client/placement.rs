@@ -109,7 +109,7 @@ pub fn candidates(
             .map(|p| {
                 format!(
                     " (a worker of {} takes jobs of up to {}: its memory less what it keeps \
-                     beside each job, its most per job, the detached jobs' results it keeps, or the interpreters it keeps warm)",
+                     beside each job, its most per job, or the detached jobs' results it keeps)",
                     Bytes(p.advert.capacity_bytes),
                     Bytes(largest_ever)
                 )
@@ -223,7 +223,7 @@ mod tests {
             NoPlace::NeverFits(
                 "no peer can hold a job of 8 GiB: the largest the pool can take is 4 GiB \
                  (a worker of 22 GiB takes jobs of up to 4 GiB: its memory less what it keeps \
-                 beside each job, its most per job, the detached jobs' results it keeps, or the interpreters it keeps warm)"
+                 beside each job, its most per job, or the detached jobs' results it keeps)"
                     .into()
             ),
             "never placed where it would be rejected"
@@ -239,6 +239,32 @@ mod tests {
             overoffered.check().is_err(),
             "offers more than a job may have"
         );
+    }
+
+    #[test]
+    fn what_warm_starts_keep_does_not_shrink_the_largest_job() {
+        // 97 MiB of snapshots on a 1 GiB worker: a job of the whole GiB is
+        // still placed there (the worker lets the snapshots go for it),
+        // after the peers it fits beside theirs.
+        const MIB: u64 = 1 << 20;
+        let warm = |addr: &str, capacity: u64, warm: u64| PeerView {
+            advert: Advert {
+                warm_bytes: warm,
+                ..peer(addr, capacity, capacity - warm, 0, Liveness::Alive).advert
+            },
+            ..peer(addr, capacity, capacity - warm, 0, Liveness::Alive)
+        };
+        let peers = [warm("warm", GIB, 97 * MIB), warm("cold", 960 * MIB, 0)];
+        assert_eq!(largest_job(&peers), GIB);
+        assert_eq!(peers[0].advert.largest_beside_warm(), GIB - 97 * MIB);
+        assert_eq!(candidates(&peers, GIB).unwrap(), ["warm"]);
+        assert_eq!(candidates(&peers, 950 * MIB).unwrap(), ["cold", "warm"]);
+        assert!(peers[0].advert.check().is_ok());
+        let overheld = Advert {
+            warm_bytes: 2 * GIB,
+            ..peers[0].advert.clone()
+        };
+        assert!(overheld.check().is_err(), "holds more than it has");
     }
 
     #[test]

@@ -70,6 +70,10 @@ pub struct Capacity {
     pub slots: u32,
     /// The largest job any worker could hold, in bytes.
     pub largest_job: u64,
+    /// The largest job any worker holds beside what its warm starts keep,
+    /// in bytes (≤ `largest_job`): what a map asks before it has learned
+    /// anything, so that its first jobs do not cost a worker its snapshots.
+    pub largest_beside_warm: u64,
     /// The largest job that at least half the workers could hold.
     pub typical_job: u64,
     /// Live workers (1 for the embedded worker).

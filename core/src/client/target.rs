@@ -55,6 +55,7 @@ impl Target {
                 Ok(Capacity {
                     slots: runner.slots() as u32,
                     largest_job: largest,
+                    largest_beside_warm: largest,
                     typical_job: largest,
                     workers: 1,
                 })
@@ -70,6 +71,11 @@ impl Target {
                 let now = Capacity {
                     slots: live.iter().map(|p| p.advert.slots_total).sum(),
                     largest_job: caps.last().copied().unwrap_or(0),
+                    largest_beside_warm: live
+                        .iter()
+                        .map(|p| p.advert.largest_beside_warm())
+                        .max()
+                        .unwrap_or(0),
                     // The median's upper neighbour: at least half hold it.
                     typical_job: caps
                         .get(caps.len().saturating_sub(1) / 2)
@@ -85,6 +91,7 @@ impl Target {
                         slots: now.slots.max(1),
                         workers: now.workers.max(1),
                         largest_job: now.largest_job.max(g.largest_job),
+                        largest_beside_warm: now.largest_beside_warm.max(g.largest_job),
                         typical_job: now.typical_job.max(1),
                     },
                     None => now,

@@ -27,8 +27,16 @@ pub struct Advert {
     pub largest_fit_bytes: u64,
     /// The most memory one job may have here when that is less than the
     /// capacity: the sandbox's ceiling (4 GiB, all a wasm32 memory
-    /// addresses). `None`: the capacity alone bounds a job.
+    /// addresses), less what it keeps beside each job and the detached
+    /// jobs' results it keeps. `None`: the capacity alone bounds a job.
     pub max_job_bytes: Option<u64>,
+    /// Memory held for warm starts now (the snapshots of initialised
+    /// interpreters and the instances kept between jobs), in bytes. Let go
+    /// for a job that needs it: a job up to
+    /// [`largest_job`](Self::largest_job) still runs here; one up to
+    /// [`largest_beside_warm`](Self::largest_beside_warm) runs without
+    /// costing the next warm start its snapshot.
+    pub warm_bytes: u64,
     /// Jobs that may run at once.
     pub slots_total: u32,
     /// Jobs running now.
@@ -86,6 +94,14 @@ impl Advert {
             .min(self.max_job_bytes.unwrap_or(u64::MAX))
     }
 
+    /// The largest job that runs here beside what warm starts keep
+    /// ([`warm_bytes`](Self::warm_bytes)): what a map that has learned
+    /// nothing yet asks, so that its first jobs start warm rather than have
+    /// the worker let its snapshots go.
+    pub fn largest_beside_warm(&self) -> u64 {
+        self.largest_job().saturating_sub(self.warm_bytes)
+    }
+
     /// Whether a job asking `bytes` could ever run here, now or later.
     pub fn could_ever_fit(&self, bytes: u64) -> bool {
         bytes <= self.largest_job()
@@ -123,7 +139,9 @@ impl Advert {
                 self.slots_busy, self.slots_total
             ));
         }
-        if self.reserved_bytes > self.capacity_bytes || self.largest_fit_bytes > self.largest_job()
+        if self.reserved_bytes > self.capacity_bytes
+            || self.warm_bytes > self.capacity_bytes
+            || self.largest_fit_bytes > self.largest_job()
         {
             return Err(
                 "more reserved or offered than the capacity, or offered more than a job may have"

@@ -85,15 +85,13 @@ impl Worker {
         let snap = jobs.admission.ledger().snapshot();
         let view = jobs.admission.view();
         let (busy, queued) = (view.busy, view.queued);
-        // The largest job offered leaves out what warm starts keep: a
-        // learning map's first jobs ask the largest job, and one that did
-        // not fit beside a snapshot would have it let go (`warm_charge`)
-        // and start every such map cold. A job sent here asking more still
-        // runs: the warm state is let go for it.
-        let largest = jobs
-            .admission
-            .largest_job()
-            .saturating_sub(snap.held_of(crate::worker::HoldKind::Warm));
+        // What warm starts keep is let go for a job that needs it
+        // (`warm_charge`): the largest job stays the worker's, and the
+        // advert says how much of it warm starts hold now, so that a
+        // learning map's first jobs (which ask the largest job beside it)
+        // start warm, and a larger job is still sent here.
+        let largest = jobs.admission.largest_job();
+        let warm = snap.held_of(crate::worker::HoldKind::Warm);
         Advert {
             addr: jobs.addr.clone(),
             host_id: node.host_id.clone(),
@@ -105,9 +103,10 @@ impl Worker {
             largest_fit_bytes: if busy >= jobs.admission.slots() {
                 0
             } else {
-                snap.offer.min(largest)
+                snap.offer.min(largest.saturating_sub(warm))
             },
             max_job_bytes: Some(largest).filter(|&most| most < snap.capacity),
+            warm_bytes: warm.min(snap.capacity),
             slots_total: jobs.admission.slots(),
             slots_busy: busy,
             queue_len: queued,

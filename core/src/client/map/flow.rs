@@ -24,7 +24,8 @@ impl<T: Submitter> MapRun<'_, T> {
             self.workers = c.workers;
             self.largest_job = c.largest_job;
             self.typical_job = c.typical_job;
-            self.estimator.set_cap(c.largest_job);
+            self.estimator
+                .set_caps(c.largest_job, c.largest_beside_warm);
             if self.config.max_in_flight.is_none() {
                 self.max_in_flight = 2 * c.slots as usize;
             }

@@ -247,13 +247,14 @@ impl<'a, T: Submitter> MapRun<'a, T> {
             .start_estimate
             .clone()
             .or_else(|| config.estimates.as_ref().and_then(|s| s.load(&job.hash())));
-        let estimator = MemoryEstimator::new(
+        let mut estimator = MemoryEstimator::new(
             job.declared_memory(),
             saved.as_ref(),
             config.min_mem,
             capacity.largest_job,
             config.margin,
         );
+        estimator.set_caps(capacity.largest_job, capacity.largest_beside_warm);
         let (tx, rx) = mpsc::unbounded_channel();
         Ok(MapRun {
             target,

@@ -202,6 +202,7 @@ async fn what_no_input_can_get_past_is_an_error_up_front() {
         capacity: Mutex::new(Capacity {
             slots: 0,
             largest_job: 0,
+            largest_beside_warm: 0,
             typical_job: 0,
             workers: 0,
         }),

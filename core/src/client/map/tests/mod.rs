@@ -88,6 +88,7 @@ impl Fake {
             capacity: Mutex::new(Capacity {
                 slots,
                 largest_job: 4 << 30,
+                largest_beside_warm: 4 << 30,
                 typical_job: 4 << 30,
                 workers: 1,
             }),
@@ -488,6 +489,7 @@ async fn a_worker_that_joins_mid_map_gets_work_and_the_backlog_is_reported() {
         *grower.0.capacity.lock().unwrap() = Capacity {
             slots: 4,
             largest_job: 4 << 30,
+            largest_beside_warm: 4 << 30,
             typical_job: 4 << 30,
             workers: 4,
         };
@@ -539,6 +541,7 @@ async fn a_shrinking_pool_narrows_the_window() {
         *shrinker.0.capacity.lock().unwrap() = Capacity {
             slots: 1,
             largest_job: 4 << 30,
+            largest_beside_warm: 4 << 30,
             typical_job: 4 << 30,
             workers: 1,
         };
