@@ -314,7 +314,7 @@ fn run_job(
 /// memory is learned from the jobs' exact peaks (smartmem). `retries`:
 /// runs of a failed job.
 #[pyfunction]
-#[pyo3(signature = (module, inputs, mem=None, timeout=None, peers=None, token=None, keep_going=false, retries=0, ordered=true))]
+#[pyo3(signature = (module, inputs, mem=None, timeout=None, peers=None, token=None, keep_going=false, retries=0, ordered=true, max_lost=peerwasm::client::DEFAULT_MAX_LOST))]
 #[allow(clippy::too_many_arguments)]
 fn map_stream(
     py: Python<'_>,
@@ -327,6 +327,7 @@ fn map_stream(
     keep_going: bool,
     retries: u32,
     ordered: bool,
+    max_lost: u32,
 ) -> PyResult<MapStream> {
     let json = py.import("json")?;
     let mut stdins = Vec::new();
@@ -340,7 +341,7 @@ fn map_stream(
         }
     }
     let job = job(module, Vec::new(), None, to_timeout(timeout)?)?;
-    let config = map_config(mem, keep_going, retries, ordered)?;
+    let config = map_config(mem, stdins.len(), keep_going, retries, ordered, max_lost)?;
     Ok(MapStream::start(
         job,
         stdins,
@@ -350,20 +351,63 @@ fn map_stream(
     ))
 }
 
-/// A map's settings from the Python keywords.
+/// A map's settings from the Python keywords. `mem`: one size for every
+/// job, or a sequence of one per input (what the caller knows of each:
+/// nothing is learned then); `max_lost`: how often an input may be lost
+/// with the process running it before it is given up.
 fn map_config(
     mem: Option<&Bound<'_, PyAny>>,
+    inputs: usize,
     keep_going: bool,
     retries: u32,
     ordered: bool,
+    max_lost: u32,
 ) -> PyResult<MapConfig> {
+    let per_input = match mem {
+        Some(m) if !m.is_instance_of::<pyo3::types::PyString>() && m.extract::<u64>().is_err() => {
+            Some(per_input_sizes(m, inputs)?)
+        }
+        _ => None,
+    };
     Ok(MapConfig {
-        mem: to_size(mem)?.map(Into::into),
+        mem: if per_input.is_some() {
+            None
+        } else {
+            to_size(mem)?.map(Into::into)
+        },
+        mem_per_input: per_input,
         keep_going,
         retries,
         ordered,
+        max_lost: max_lost.max(1),
         ..MapConfig::default()
     })
+}
+
+/// `mem` given per input: one size each, as many as there are inputs.
+fn per_input_sizes(
+    mem: &Bound<'_, PyAny>,
+    inputs: usize,
+) -> PyResult<std::sync::Arc<[peerwasm::proto::MemoryRequest]>> {
+    let iter = mem.try_iter().map_err(|_| {
+        PyValueError::new_err(
+            "mem must be a number of bytes, a size such as \"64MiB\", or one of those per input",
+        )
+    })?;
+    let mut sizes = Vec::with_capacity(inputs);
+    for (i, m) in iter.enumerate() {
+        let size = to_size(Some(&m?))
+            .map_err(|e| PyValueError::new_err(format!("mem[{i}]: {e}")))?
+            .unwrap_or(0);
+        sizes.push(peerwasm::proto::MemoryRequest::from(size));
+    }
+    if sizes.len() != inputs {
+        return Err(PyValueError::new_err(format!(
+            "mem gives {} sizes for {inputs} inputs: give one per input, or one size for all",
+            sizes.len()
+        )));
+    }
+    Ok(sizes.into())
 }
 
 /// What the last map in this process learned of its jobs' memory.
@@ -466,7 +510,7 @@ fn _run_python(
 /// `map` of a Python program over pickled inputs: the driver
 /// `peerwasm.map(fn, ...)` writes. A `MapStream`, as `map_stream`.
 #[pyfunction]
-#[pyo3(signature = (runtime, source, inputs, mem=None, timeout=None, peers=None, token=None, keep_going=false, retries=0, warm=None, ordered=true, dirs=Vec::new(), max_output=None, plots=false))]
+#[pyo3(signature = (runtime, source, inputs, mem=None, timeout=None, peers=None, token=None, keep_going=false, retries=0, warm=None, ordered=true, dirs=Vec::new(), max_output=None, plots=false, max_lost=peerwasm::client::DEFAULT_MAX_LOST))]
 #[allow(clippy::too_many_arguments)]
 fn _map_python(
     py: Python<'_>,
@@ -484,6 +528,7 @@ fn _map_python(
     dirs: Vec<(PathBuf, String, bool)>,
     max_output: Option<&Bound<'_, PyAny>>,
     plots: bool,
+    max_lost: u32,
 ) -> PyResult<MapStream> {
     let given = Given {
         dirs,
@@ -493,7 +538,7 @@ fn _map_python(
     let mut pj = python_job(runtime, source, to_timeout(timeout)?, given)?;
     // Each item from a snapshot of the interpreter the prelude readied.
     pj.job.warm = warm.map(|(prelude, turn)| peerwasm::proto::WarmStart { prelude, turn });
-    let config = map_config(mem, keep_going, retries, ordered)?;
+    let config = map_config(mem, inputs.len(), keep_going, retries, ordered, max_lost)?;
     let target = target(peers, token)?;
     compile_first(py, &target, &pj.job)?;
     // The program's directory lives as long as the map's jobs may start.

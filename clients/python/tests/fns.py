@@ -159,6 +159,16 @@ def nap(seconds):
     return seconds
 
 
+def spin(seconds):
+    """Keeps its CPU busy for `seconds`."""
+    import time
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+    return seconds
+
+
 def power(base, exponent=2, *, offset=0):
     return base**exponent + offset
 

@@ -2,7 +2,9 @@
 embedded worker and on a pool: values and numpy arrays in and out, the
 guest's exceptions with their tracebacks, the memory limit."""
 
+import os
 import pathlib
+import signal
 import subprocess
 import time
 import sys
@@ -290,3 +292,90 @@ def test_the_next_process_starts_warm_from_the_snapshot_kept_on_disk(tmp_path):
     new = set(kept[1]) & set(kept[0])
     assert new, f"no snapshot was kept: {kept}"
     assert all(kept[0][n] == kept[1][n] for n in new), "a kept snapshot changed under the jobs mapped from it"
+
+
+def test_mem_may_be_given_per_item():
+    out = peerwasm.map(fns.grows, [8, 200], mem=["256MiB", "128MiB"], keep_going=True)
+    assert out[0] == 8 << 20
+    assert isinstance(out[1], peerwasm.JobError) and out[1].result.outcome == "memory_limit_exceeded", out[1]
+    assert out[1].result.memory_limit_bytes == 128 << 20
+    with pytest.raises(ValueError, match="1 sizes for 2 inputs"):
+        peerwasm.map(fns.grows, [8, 9], mem=["256MiB"])
+    with pytest.raises(ValueError, match=r"mem\[1\]"):
+        peerwasm.map(fns.grows, [8, 9], mem=["256MiB", "lots"])
+
+
+def _slot_processes():
+    """This process's slot processes (`python -m peerwasm slot`): where the
+    embedded worker runs a Python map's items."""
+    found = []
+    me = str(os.getpid())
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if fields[1] == me and b"peerwasm\0slot" in cmdline:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _kill_slot_processes_while(busy_for, done):
+    """Kills every slot process once it has run for `busy_for` seconds (an
+    item naps that long in it), until `done` is set: each item run in one
+    is lost with it."""
+    seen = {}
+    while not done.is_set():
+        now = time.monotonic()
+        for pid in _slot_processes():
+            if now - seen.setdefault(pid, now) > busy_for:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        time.sleep(0.05)
+
+
+def test_an_item_lost_with_its_slot_process_runs_again_and_is_given_up_after_max_lost():
+    import threading
+
+    done = threading.Event()
+    killer = threading.Thread(target=_kill_slot_processes_while, args=(1.0, done), daemon=True)
+    killer.start()
+    try:
+        out = peerwasm.map(fns.nap, [30], keep_going=True, max_lost=2)
+    finally:
+        done.set()
+        killer.join()
+    assert isinstance(out[0], peerwasm.JobError), out
+    assert out[0].result.outcome == "lost" and "lost 2 times" in str(out[0]), out[0]
+    # Killed once, under its item, the item is run again and its value
+    # comes back.
+    killed = []
+
+    def cpu(pid):
+        try:
+            fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0
+        return int(fields[11]) + int(fields[12])
+
+    def once():
+        while not killed and not done.is_set():
+            busy = [p for p in _slot_processes() if cpu(p) > 30]  # 0.3 s of CPU: running the item
+            if busy:
+                os.kill(busy[0], signal.SIGKILL)
+                killed.append(busy[0])
+            time.sleep(0.05)
+
+    done.clear()
+    killer = threading.Thread(target=once, daemon=True)
+    killer.start()
+    try:
+        out = _map_results(fns.spin, [2.0])
+    finally:
+        done.set()
+        killer.join()
+    assert killed, "no slot process ran the item"
+    assert out[0].ok and out[0].attempts == 2, out[0]

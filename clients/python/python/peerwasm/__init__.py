@@ -82,8 +82,12 @@ def map(module, inputs, **kwargs):
     """Runs a .wasm `module` once per input, its Results in input order; or
     a Python function once per item in the sandbox, its values in order.
 
-    Keywords: mem, timeout, peers, token, progress (a progress bar: tqdm's
-    in a terminal or notebook), keep_going, retries; for a function also
+    Keywords: mem (one size for every job, or a list of one per input;
+    learned from the jobs' exact peaks when not given), timeout, peers,
+    token, progress (a progress bar: tqdm's in a terminal or notebook),
+    keep_going, retries, max_lost (how often an input may be lost with the
+    process running it — killed, its worker dead — before it fails with
+    outcome `lost`; 3); for a function also
     files and packages (directories, wheels and modules it is given
     read-only) and outputs (directories it writes into): `peerwasm._mounts`;
     max_output (the most a result may be: bytes or "256MiB", 64 MiB unless

@@ -554,6 +554,22 @@ def _reply(result):
     return RemoteError(*value, result)
 
 
+def _value(result):
+    """A map item's value: the function's return value, its exception as a
+    RemoteError — or, for an item that failed with no reply to read (a
+    limit hit, lost with its worker) in a map that keeps going, what a map
+    that does not would raise, in its place."""
+    try:
+        return _reply(result)
+    except RuntimeError:
+        if result.ok:
+            raise  # a reply that is not one: never read as a value
+        tail = result.stderr.strip().splitlines()[-1:] if result.stderr else []
+        error = _peerwasm.JobError(f"item {result.index} of the map: {result.message}" + "".join(f": {t}" for t in tail))
+        error.result = result
+        return _failure(error)
+
+
 def _failure(error):
     """What a failed item of a map raises: the function's exception as a
     RemoteError when it raised one, else the JobError (a limit hit, ...);
@@ -613,32 +629,27 @@ def run(fn, args, kwargs, mem=None, timeout=None, peers=None, token=None, files=
     return value
 
 
-def _start(fn, items, ordered, mem, timeout, peers, token, keep_going, retries, files, packages, outputs,
-           max_output):
+def _start(fn, items, ordered, options):
     """The map of `fn` over `items` started: its stream, its size, and its
-    mounts (to be closed once the stream is done)."""
+    mounts (to be closed once the stream is done). `options`: the map's
+    keywords (see `map`)."""
     # Read once: an iterator's items are pickled and looked at for the
     # classes that must travel (`program`).
     items = list(items)
     inputs = [pickle.dumps(((item,), {}), protocol=PROTOCOL) for item in items]
     _check_inputs(inputs)
-    mounts = _mounts.Mounts(files, packages, outputs)
+    outputs = options.pop("outputs")
+    mounts = _mounts.Mounts(options.pop("files"), options.pop("packages"), outputs)
     try:
         stream = _peerwasm._map_python(
             runtime_dir(),
             program(fn, items, mounts.sys_path),
             inputs,
-            mem,
-            timeout,
-            peers,
-            token,
-            keep_going,
-            retries,
-            (_warm_prelude(outputs), _WARM_TURN),
-            ordered,
-            mounts.grants,
-            max_output,
-            mounts.may_plot(),
+            warm=(_warm_prelude(outputs), _WARM_TURN),
+            ordered=ordered,
+            dirs=mounts.grants,
+            plots=mounts.may_plot(),
+            **options,
         )
     except BaseException:
         mounts.close()
@@ -647,34 +658,40 @@ def _start(fn, items, ordered, mem, timeout, peers, token, keep_going, retries, 
 
 
 def map(fn, items, mem=None, timeout=None, peers=None, token=None, progress=False, keep_going=False, retries=0,
-        files=None, packages=None, outputs=None, max_output=None):
+        files=None, packages=None, outputs=None, max_output=None, max_lost=3):
     """`[fn(item) for item in items]`, each in the sandbox; the first
     exception raised as RemoteError (with `keep_going`, exceptions are
     returned in place of their values). What the items print comes out on
     stderr as each is done, in input order. Ctrl-C raises `Interrupted`,
-    holding the values done. `files`, `packages`, `outputs`: see `_mounts`."""
-    stream, total, mounts = _start(
-        fn, items, True, mem, timeout, peers, token, keep_going, retries, files, packages, outputs, max_output
-    )
+    holding the values done. `files`, `packages`, `outputs`: see `_mounts`.
+    `mem`: one size for every item, or a list of one per item; learned
+    from the items' exact peaks when not given. `max_lost`: how often an
+    item may be lost with the process running it (killed, its worker
+    dead) before it fails with outcome `lost`."""
+    options = dict(mem=mem, timeout=timeout, peers=peers, token=token, keep_going=keep_going, retries=retries,
+                   files=files, packages=packages, outputs=outputs, max_output=max_output, max_lost=max_lost)
+    stream, total, mounts = _start(fn, items, True, options)
     try:
-        return _maps.collect(stream, total, progress, _reply, _failure)
+        return _maps.collect(stream, total, progress, _value, _failure)
     finally:
         mounts.close()
 
 
 def imap(fn, items, ordered=True, with_index=False, mem=None, timeout=None, peers=None, token=None,
-         progress=False, keep_going=False, retries=0, files=None, packages=None, outputs=None, max_output=None):
+         progress=False, keep_going=False, retries=0, files=None, packages=None, outputs=None, max_output=None,
+         max_lost=3):
     """`fn(item)` for each item, yielded as each is done: in input order,
     or (`ordered=False`) as they finish; `with_index` yields `(index,
     value)` pairs. The map starts at once and runs ahead of the reader;
-    leaving the loop early cancels what is still under way."""
-    stream, total, mounts = _start(
-        fn, items, ordered, mem, timeout, peers, token, keep_going, retries, files, packages, outputs, max_output
-    )
+    leaving the loop early cancels what is still under way. Keywords as
+    `map`'s."""
+    options = dict(mem=mem, timeout=timeout, peers=peers, token=token, keep_going=keep_going, retries=retries,
+                   files=files, packages=packages, outputs=outputs, max_output=max_output, max_lost=max_lost)
+    stream, total, mounts = _start(fn, items, ordered, options)
 
     def values():
         try:
-            for index, value in _maps.iterate(stream, total, progress, _reply, _failure):
+            for index, value in _maps.iterate(stream, total, progress, _value, _failure):
                 yield (index, value) if with_index else value
         finally:
             mounts.close()

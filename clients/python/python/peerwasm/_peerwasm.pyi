@@ -69,16 +69,20 @@ class MapStream:
 def map_stream(
     module: _Path,
     inputs: Iterable[Any],
-    mem: Optional[_Size] = None,
+    mem: Optional[Union[_Size, Sequence[_Size]]] = None,
     timeout: Optional[_Seconds] = None,
     peers: Optional[Sequence[str]] = None,
     token: Optional[str] = None,
     keep_going: bool = False,
     retries: int = 0,
     ordered: bool = True,
+    max_lost: int = 3,
 ) -> MapStream:
     """Starts the job once per input (bytes as they are, anything else as
-    JSON); its Results as they come (`peerwasm.map`, `imap`)."""
+    JSON); its Results as they come (`peerwasm.map`, `imap`). `mem`: one
+    size for every job, or one per input (nothing is learned then);
+    `max_lost`: losses with the process running an input before it is
+    given up (outcome `lost`)."""
 
 def learned_memory() -> Optional[str]:
     """What the last map learned of its jobs' memory, in words; None before
@@ -103,7 +107,7 @@ def _map_python(
     runtime: _Path,
     source: str,
     inputs: Sequence[bytes],
-    mem: Optional[_Size] = None,
+    mem: Optional[Union[_Size, Sequence[_Size]]] = None,
     timeout: Optional[_Seconds] = None,
     peers: Optional[Sequence[str]] = None,
     token: Optional[str] = None,
@@ -114,6 +118,7 @@ def _map_python(
     dirs: Sequence[tuple[str, str, bool]] = (),
     max_output: Optional[_Size] = None,
     plots: bool = False,
+    max_lost: int = 3,
 ) -> MapStream:
     """Starts the Python program `source` once per input (used by
     `peerwasm.map(fn, ...)` and `imap`)."""
