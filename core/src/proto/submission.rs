@@ -57,9 +57,14 @@ pub struct JobTag {
     pub attempt: u32,
 }
 
+/// Losses with the process running it an input may have before its map
+/// gives it up (`MapConfig::max_lost`, [`SubmitConfig::max_lost`]).
+pub const DEFAULT_MAX_LOST: u32 = 3;
+
 /// How the owner runs a submission's map: the map's own settings that a
-/// client would give on its command line.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// client would give on its command line. `Default` gives the map's
+/// defaults.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SubmitConfig {
     /// One fixed memory request for every job; `None` learns it.
     pub mem: Option<super::MemoryRequest>,
@@ -71,6 +76,37 @@ pub struct SubmitConfig {
     pub max_in_flight: Option<u64>,
     /// Go on after a job fails.
     pub keep_going: bool,
+    /// Losses with the process running it before an input is given up
+    /// (its last field: a config kept before protocol 14 had none, and
+    /// reads as [`DEFAULT_MAX_LOST`], see [`from_stored`](Self::from_stored)).
+    pub max_lost: u32,
+}
+
+impl Default for SubmitConfig {
+    fn default() -> Self {
+        SubmitConfig {
+            mem: None,
+            min_mem: 0,
+            retries: 0,
+            max_in_flight: None,
+            keep_going: false,
+            max_lost: DEFAULT_MAX_LOST,
+        }
+    }
+}
+
+impl SubmitConfig {
+    /// Decodes a config kept in a state database by this build, or by one
+    /// before `max_lost` (its last field) existed: that reads as the
+    /// default, so submissions kept across an upgrade still resume.
+    pub fn from_stored(bytes: &[u8]) -> Result<SubmitConfig, postcard::Error> {
+        postcard::from_bytes(bytes).or_else(|e| {
+            let mut older = bytes.to_vec();
+            // One byte: postcard's varint of a u32 below 128.
+            older.push(DEFAULT_MAX_LOST as u8);
+            postcard::from_bytes(&older).map_err(|_| e)
+        })
+    }
 }
 
 /// A whole map, as handed to its owner.

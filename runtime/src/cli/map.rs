@@ -41,7 +41,7 @@ pub struct MapArgs {
     /// running it died under it N times — its worker killed or declared
     /// dead, its slot process killed: a job that kills whatever runs it
     /// does not go round the pool for ever. A worker's orderly shutdown
-    /// does not count. Not carried by --detach (the owner uses 3).
+    /// does not count.
     #[arg(long, value_name = "N", default_value_t = crate::client::DEFAULT_MAX_LOST,
           value_parser = clap::value_parser!(u32).range(1..))]
     max_lost: u32,

@@ -15,7 +15,8 @@ use super::{MAX_RUNNING_PER_TENANT, Owner, Stored};
 use crate::client::estimate::{DEFAULT_MARGIN, MemoryEstimator};
 use crate::client::{Job, MapConfig, MapItem, MapObserver, MapSummary, Pool, PoolConfig, Target};
 use crate::proto::submission::{
-    MAX_SUBMISSION_INPUTS, SUBMISSION_PREFIX, SubmissionInfo, SubmissionSpec, SubmittedResult,
+    MAX_SUBMISSION_INPUTS, SUBMISSION_PREFIX, SubmissionInfo, SubmissionSpec, SubmitConfig,
+    SubmittedResult,
 };
 use crate::proto::{JobSpec, MAX_INPUT_BYTES};
 use crate::worker::refused::Refused;
@@ -176,8 +177,10 @@ pub async fn resume_all(o: &Arc<Owner>) -> anyhow::Result<usize> {
         .await?;
     let n = stored.len();
     for (id, tenant, token, job, config) in stored {
-        let (Ok(job), Ok(config)) = (JobSpec::from_stored(&job), postcard::from_bytes(&config))
-        else {
+        let (Ok(job), Ok(config)) = (
+            JobSpec::from_stored(&job),
+            SubmitConfig::from_stored(&config),
+        ) else {
             tracing::error!(submission = %id, "a stored submission cannot be read by this peerwasm: left as it is");
             continue;
         };

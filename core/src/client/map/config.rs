@@ -10,9 +10,7 @@ use crate::client::estimate::{DEFAULT_MARGIN, EstimateStore};
 use crate::proto::MemoryRequest;
 use crate::proto::submission::SubmitConfig;
 
-/// Losses an input may have before a map gives it up
-/// ([`MapConfig::max_lost`]).
-pub const DEFAULT_MAX_LOST: u32 = 3;
+pub use crate::proto::submission::DEFAULT_MAX_LOST;
 
 /// How a map runs. `Default` gives the documented defaults.
 #[derive(Clone, Debug)]
@@ -146,6 +144,7 @@ impl From<&MapConfig> for SubmitConfig {
             retries: c.retries,
             max_in_flight: c.max_in_flight.map(|n| n as u64),
             keep_going: c.keep_going,
+            max_lost: c.max_lost,
         }
     }
 }
@@ -162,6 +161,7 @@ impl MapConfig {
                 .max_in_flight
                 .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
             keep_going: s.keep_going,
+            max_lost: s.max_lost.max(1),
             ..self
         }
     }
@@ -179,6 +179,7 @@ mod tests {
             retries: 2,
             max_in_flight: Some(7),
             keep_going: true,
+            max_lost: 5,
             ..MapConfig::default()
         };
         let wire = SubmitConfig::from(&here);
@@ -189,16 +190,32 @@ mod tests {
                 back.min_mem,
                 back.retries,
                 back.max_in_flight,
-                back.keep_going
+                back.keep_going,
+                back.max_lost
             ),
             (
                 here.mem,
                 here.min_mem,
                 here.retries,
                 here.max_in_flight,
-                here.keep_going
+                here.keep_going,
+                here.max_lost
             )
         );
         assert_eq!(SubmitConfig::from(&back), wire);
+        // A config kept before `max_lost` travelled reads as the default.
+        let mut kept = postcard::to_allocvec(&wire).unwrap();
+        kept.pop();
+        assert_eq!(
+            SubmitConfig::from_stored(&kept).unwrap(),
+            SubmitConfig {
+                max_lost: DEFAULT_MAX_LOST,
+                ..wire.clone()
+            }
+        );
+        assert_eq!(
+            SubmitConfig::from_stored(&postcard::to_allocvec(&wire).unwrap()).unwrap(),
+            wire
+        );
     }
 }
