@@ -11,11 +11,11 @@
 //! ever — so it is charged as room, and a job that waits with a slot free
 //! (for memory, then) has the warm state dropped: the next job of each
 //! snapshot makes it again. Under memory pressure a map then runs cold,
-//! which is correct, only slower. The largest job the worker *offers*
-//! leaves it out (`state.rs`): a learning map's first jobs ask the largest
-//! job, and each would otherwise have the snapshot dropped and start cold.
-//! An idle worker lets it go after [`KEEP_IDLE`] and offers its whole
-//! memory again.
+//! which is correct, only slower. The worker's advert says how much it
+//! holds (`warm_bytes`, `state.rs`): a learning map's first jobs ask the
+//! largest job beside it — else each would have the snapshot dropped and
+//! start cold — while a job that needs more is still sent here. An idle
+//! worker lets it go after [`KEEP_IDLE`].
 
 use std::time::{Duration, Instant};
 
@@ -33,9 +33,8 @@ pub const WARM_READING: Duration = Duration::from_millis(100);
 /// starts keep is let go (not a job queued a moment before its dispatch).
 pub const RECLAIM_AFTER: Duration = Duration::from_millis(200);
 
-/// How long a worker with nothing to run keeps its warm state: it is left
-/// out of the largest job the worker offers, so a worker idle this long
-/// lets it go and offers its whole memory again.
+/// How long a worker with nothing to run keeps its warm state: memory the
+/// host gets back from a worker idle this long.
 pub const KEEP_IDLE: Duration = Duration::from_secs(10 * 60);
 
 /// The hold of what warm starts keep, and since when a job has waited with
