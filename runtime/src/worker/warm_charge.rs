@@ -8,8 +8,8 @@
 //! that made it, and no job's limit counts it; uncharged, a worker lent
 //! its whole `--memory` to jobs beside it. Charged but never let go, it
 //! would keep a job that needs the worker's whole memory waiting for
-//! ever — so it is charged as room, and a job that waits with a slot free
-//! (for memory, then) has the warm state dropped: the next job of each
+//! ever — so it is charged as room, and a job that waits for memory alone
+//! (a slot free, its tenant below its slot limit) has the warm state dropped: the next job of each
 //! snapshot makes it again. Under memory pressure a map then runs cold,
 //! which is correct, only slower. The worker's advert says how much it
 //! holds (`warm_bytes`, `state.rs`): a learning map's first jobs ask the
@@ -29,7 +29,7 @@ use crate::runner::JobRunner;
 /// job waiting for the memory.
 pub const WARM_READING: Duration = Duration::from_millis(100);
 
-/// How long a job must have waited with a slot free before what warm
+/// How long a job must have waited for memory alone before what warm
 /// starts keep is let go (not a job queued a moment before its dispatch).
 pub const RECLAIM_AFTER: Duration = Duration::from_millis(200);
 
@@ -37,8 +37,8 @@ pub const RECLAIM_AFTER: Duration = Duration::from_millis(200);
 /// host gets back from a worker idle this long.
 pub const KEEP_IDLE: Duration = Duration::from_secs(10 * 60);
 
-/// The hold of what warm starts keep, and since when a job has waited with
-/// a slot free.
+/// The hold of what warm starts keep, and since when a job has waited for
+/// memory alone.
 pub struct WarmCharge {
     hold: Hold,
     waiting_since: Mutex<Option<Instant>>,
@@ -67,12 +67,12 @@ impl WarmCharge {
     }
 
     /// Follows `runner`, and lets go of its warm state when a job has
-    /// waited [`RECLAIM_AFTER`] with a slot free, or the worker has been
+    /// waited [`RECLAIM_AFTER`] for memory alone, or the worker has been
     /// idle [`KEEP_IDLE`], while some is kept ([`let_go`]).
     pub fn tick(&self, runner: &JobRunner, admission: &Admission) {
         self.follow(runner);
         let view = admission.view();
-        let waiting = view.queued > 0 && view.busy < admission.slots();
+        let waiting = view.waits_for_memory;
         let mut since = self.waiting_since.lock();
         *since = match (*since, waiting) {
             (_, false) => None,
@@ -92,7 +92,7 @@ impl WarmCharge {
 }
 
 /// Why the warm state should go now, if it should: a job has waited
-/// `waiting` with a slot free (for memory, then) at least
+/// `waiting` for memory alone (a slot free, its tenant below its limit) at least
 /// [`RECLAIM_AFTER`], or the worker has been idle at least [`KEEP_IDLE`] —
 /// and `held` bytes are kept.
 fn let_go(waiting: Option<Duration>, idle: Option<Duration>, held: u64) -> Option<&'static str> {

@@ -26,6 +26,9 @@
 
 mod hold;
 mod queue;
+mod view;
+
+pub use view::AdmissionView;
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -39,7 +42,7 @@ use tokio::sync::oneshot;
 use super::fairshare::{FairShare, JobUsage, PoolSize, Usage};
 use super::ledger::{HeldBack, Ledger, Reservation};
 use super::tenants::Tenant;
-use crate::proto::{MemoryRequest, TenantUsage};
+use crate::proto::MemoryRequest;
 use queue::{Place, Queues, Waiter};
 
 /// How often waiting jobs re-check host memory.
@@ -114,20 +117,6 @@ pub enum NotAdmitted {
 /// What a waiting job is answered with.
 type Answer = Result<Ticket, NotAdmitted>;
 
-/// Admission as an advert shows it, read at one instant
-/// ([`Admission::view`]).
-#[derive(Clone, Debug)]
-pub struct AdmissionView {
-    /// Slots running a job.
-    pub busy: u32,
-    /// Jobs waiting for a slot.
-    pub queued: u32,
-    /// How long nothing has run or waited; `None` while something does.
-    pub idle_for: Option<std::time::Duration>,
-    /// Each tenant's usage here and account.
-    pub tenants: Vec<TenantUsage>,
-}
-
 /// Slots, queues and fair share of one worker.
 pub struct Admission {
     ledger: Arc<Ledger>,
@@ -181,6 +170,13 @@ impl State {
             .values()
             .filter(|r| r.tenant.name == tenant)
             .count() as u32
+    }
+
+    /// Whether `tenant` may start another job (below its slot limit).
+    fn may_start(&self, tenant: &Tenant) -> bool {
+        tenant
+            .max_slots
+            .is_none_or(|max| self.running_of(&tenant.name) < max)
     }
 }
 
@@ -292,15 +288,17 @@ impl Admission {
     }
 
     /// What an advert says of admission, read at one instant (one lock):
-    /// slots busy, jobs queued, how long it has been idle, and each
-    /// tenant's usage — so that an advert never says, say, idle with a job
-    /// queued.
+    /// slots busy, jobs queued, whether one waits only for memory, how long
+    /// it has been idle, and each tenant's usage — so that an advert never
+    /// says, say, idle with a job queued.
     pub fn view(&self) -> AdmissionView {
         let now = Instant::now();
         let st = self.lock();
         AdmissionView {
             busy: st.busy,
             queued: st.queue.len() as u32,
+            waits_for_memory: st.busy < self.config.slots
+                && st.queue.oldest().any(|w| st.may_start(&w.tenant)),
             idle_for: Self::idle(&st),
             tenants: st.fair.report(&st.running_usage(now), now),
         }
@@ -319,7 +317,7 @@ impl Admission {
     /// Per tenant: usage here (running jobs included) and account (tests;
     /// adverts read [`view`](Self::view)).
     #[cfg(test)]
-    pub fn tenant_report(&self) -> Vec<TenantUsage> {
+    pub fn tenant_report(&self) -> Vec<crate::proto::TenantUsage> {
         let now = Instant::now();
         let st = self.lock();
         st.fair.report(&st.running_usage(now), now)
@@ -500,7 +498,7 @@ impl Admission {
     /// Each comes with its index in the queues.
     fn ranked_tenants<'s>(&self, st: &'s State, now: Instant) -> Vec<(usize, &'s Arc<Tenant>)> {
         let mut tenants: Vec<(usize, &Arc<Tenant>)> = st.queue.tenants().collect();
-        tenants.retain(|(_, t)| t.max_slots.is_none_or(|max| st.running_of(&t.name) < max));
+        tenants.retain(|(_, t)| st.may_start(t));
         if self.config.fair_share && tenants.len() > 1 {
             let running = st.running_usage(now);
             let share = |t: &Tenant| {

@@ -384,3 +384,27 @@ async fn a_job_under_a_reserve_starts_where_its_limit_fits_and_holds_its_reserve
         "a limit no worker's bound allows is refused, whatever its reserve"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_job_waits_for_memory_alone_only_when_its_tenant_may_start_it() {
+    let adm = admission(4, 8);
+    let capped = Arc::new(Tenant {
+        max_slots: Some(1),
+        ..Tenant::new("capped")
+    });
+    let other = Arc::new(Tenant::new("other"));
+    // Its tenant's slot limit holds it back, three slots free: memory
+    // would not start it (warm state is kept).
+    let running = adm.admit(&capped, 10 * MIB).await.unwrap();
+    let limited = adm.enqueue(&capped, 10 * MIB, 0).unwrap();
+    let view = adm.view();
+    assert_eq!((view.queued, view.waits_for_memory), (1, false));
+    // A job of another tenant that does not fit beside 10 MiB: memory alone.
+    let large = adm.enqueue(&other, 95 * MIB, 0).unwrap();
+    assert!(adm.view().waits_for_memory);
+    drop(large);
+    drop(running);
+    let started = limited.ticket().await.unwrap();
+    assert!(!adm.view().waits_for_memory, "nothing waits");
+    drop(started);
+}
