@@ -379,3 +379,75 @@ async fn a_restarted_worker_serves_its_modules_from_its_disk_cache_without_compi
         "the artifact served the job: nothing was uploaded again"
     );
 }
+
+/// A job that ends each worker it runs on (here: a killer that SIGKILLs any
+/// worker with a busy slot): every broken connection is counted, since
+/// its worker no longer answers while the others do, and the map gives the
+/// input up after `max_lost` instead of killing the whole pool.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_whose_workers_die_under_it_is_given_up_after_max_lost() {
+    use crate::support::WorkerProcess;
+    let a = WorkerProcess::start("256MiB", 1, None);
+    let b = WorkerProcess::start("256MiB", 1, Some(&a.addr));
+    let c = WorkerProcess::start("256MiB", 1, Some(&a.addr));
+    wait_for(&a.addr, Duration::from_secs(10), |v| alive(v) == 3).await;
+    let addrs: Vec<String> = [&a, &b, &c].iter().map(|w| w.addr.clone()).collect();
+    let target = Target::pool(addrs.clone()).unwrap();
+    let sleep = Job::new(peerwasm_testkit::guest_wasm_bytes("sleep"));
+    let config = peerwasm::client::MapConfig {
+        mem: Some((32 * MIB).into()),
+        max_lost: 2,
+        ..Default::default()
+    };
+    let workers = std::sync::Mutex::new(vec![a, b, c]);
+    let killed = AtomicU32::new(0);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let operator = crate::pool::operator(&peerwasm::net::Transport::plain());
+    let killer =
+        async {
+            while !done.load(Ordering::Relaxed) {
+                for (i, addr) in addrs.iter().enumerate() {
+                    let busy =
+                        match peerwasm::client::fetch_peers(&operator, std::slice::from_ref(addr))
+                            .await
+                        {
+                            Ok(v) => v
+                                .iter()
+                                .any(|p| p.advert.addr == *addr && p.advert.slots_busy > 0),
+                            Err(_) => false,
+                        };
+                    if busy {
+                        workers.lock().unwrap()[i].kill();
+                        killed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+    let mut items = Vec::new();
+    let map = async {
+        let inputs = std::iter::once(b"30000".to_vec());
+        let summary = peerwasm::client::map(&target, &sleep, inputs, &config, &mut items).await;
+        done.store(true, Ordering::Relaxed);
+        summary
+    };
+    let (summary, ()) =
+        tokio::time::timeout(Duration::from_secs(60), async { tokio::join!(map, killer) })
+            .await
+            .expect("the map goes on killing workers");
+    let summary = summary.unwrap();
+    assert_eq!(killed.load(Ordering::Relaxed), 2, "one worker left alive");
+    assert_eq!(
+        summary.stopped.expect("the lost input stops the map").index,
+        0
+    );
+    match &items[0].result.outcome {
+        peerwasm::proto::Outcome::Lost { reason } => {
+            assert!(
+                reason.starts_with("lost 2 times with the process running it"),
+                "{reason}"
+            )
+        }
+        other => panic!("expected lost, got {other:?}"),
+    }
+}

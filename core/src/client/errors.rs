@@ -5,8 +5,9 @@
 /// Why a submission produced no result.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SubmitError {
-    /// The job was on `peer` when the connection broke, the process
-    /// running it died, or the peer was declared dead (`killed`), or the
+    /// The job was on `peer` when the process running it died, or the
+    /// peer was declared dead, or the connection broke and the peer no
+    /// longer answers (`killed`); or the connection broke otherwise, or the
     /// worker shut down under it (not `killed`): it may or may not have
     /// run; submit it again. A map gives up on an input that was `killed`
     /// with it [`MapConfig::max_lost`](crate::client::MapConfig::max_lost)

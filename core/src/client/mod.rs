@@ -16,6 +16,8 @@
 //!   method per route, typed answers; everything above keeps only policy;
 //! * `send` — one job on the pool: try candidates in order, provide what a
 //!   worker lacks, wait when all are busy;
+//! * `loss` — whether a broken connection lost the job with its worker (a
+//!   map counts it) or only with the network (it does not);
 //! * `batcher` — the jobs bound for one worker, sent together while it is
 //!   busy (`POST /v1/jobs/batch`);
 //! * `ship` — shipping a job's directories to a worker: the trees and the
@@ -38,8 +40,8 @@
 //! * [`submit`] — handing a whole map to a worker that owns it durably
 //!   (`map --detach`), and its results, list, cancel and the pool's history.
 //!
-//! No file here imports one that imports it back; `send`, `ship`, `stream`
-//! and `detach` add methods to [`Pool`] from their own files.
+//! No file here imports one that imports it back; `send`, `loss`, `ship`,
+//! `stream` and `detach` add methods to [`Pool`] from their own files.
 //!
 //! `peerwasm run` and `peerwasm map` are thin shells over these; a program
 //! can do the same:
@@ -65,6 +67,7 @@ pub mod estimate;
 pub mod growth;
 pub(crate) mod job;
 pub mod jobs;
+mod loss;
 pub mod map;
 pub(crate) mod peers;
 pub mod placement;

@@ -41,7 +41,7 @@ impl Pool {
                     .submit_to(&addr, slots, job, &shipped.trees, body.clone())
                     .await;
                 self.add_load(&addr, -1);
-                if let Some(result) = self.settle(&addr, outcome, &mut declined)? {
+                if let Some(result) = self.settle(&addr, outcome, &mut declined).await? {
                     return Ok(result);
                 }
             }
@@ -58,7 +58,7 @@ impl Pool {
     /// (`Some`), try the next worker (`None`; a refusal is noted in
     /// `declined`, an unreachable worker avoided for a while), or give up
     /// (`Err`: lost with its worker, or a request no worker would take).
-    pub(super) fn settle(
+    pub(super) async fn settle(
         &self,
         addr: &str,
         answer: Result<JobResult, PeerError>,
@@ -97,12 +97,15 @@ impl Pool {
                 self.avoid(addr);
                 Ok(None)
             }
+            // The connection broke: counted only if the worker is gone
+            // (`loss.rs`), not for a network that went away.
             Err(PeerError::Lost(why)) => {
                 self.avoid(addr);
+                let broken = self.judge_broken(addr).await;
                 Err(SubmitError::Lost {
                     peer: addr.into(),
-                    reason: why,
-                    killed: true,
+                    reason: format!("{why}{}", broken.said()),
+                    killed: broken.counts(),
                 })
             }
             Err(PeerError::Fatal(why)) => Err(SubmitError::Fatal(format!("{addr}: {why}"))),
@@ -175,8 +178,8 @@ mod tests {
         pool.order_by_load(vec![addr.to_string()], &view).is_empty()
     }
 
-    #[test]
-    fn a_result_is_kept_a_refusal_moves_on_and_a_broken_worker_is_avoided() {
+    #[tokio::test]
+    async fn a_result_is_kept_a_refusal_moves_on_and_a_broken_worker_is_avoided() {
         let pool = Pool::new(PoolConfig::new(vec!["a:1".into()])).unwrap();
         let mut declined = Vec::new();
         let ok = pool
@@ -185,6 +188,7 @@ mod tests {
                 Ok(result(Outcome::Exited { code: 0 })),
                 &mut declined,
             )
+            .await
             .unwrap();
         assert!(ok.is_some(), "a result is the answer");
         let next = pool
@@ -193,6 +197,7 @@ mod tests {
                 Err(PeerError::Declined("too large here".into())),
                 &mut declined,
             )
+            .await
             .unwrap();
         assert!(
             next.is_none() && declined == ["a:1: too large here"],
@@ -206,6 +211,7 @@ mod tests {
                 Err(PeerError::Unreachable("refused".into())),
                 &mut declined
             )
+            .await
             .unwrap()
             .is_none()
         );
@@ -215,15 +221,15 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_job_lost_or_ended_by_a_shutdown_is_run_again_and_a_bad_request_is_fatal() {
+    #[tokio::test]
+    async fn a_job_lost_or_ended_by_a_shutdown_is_run_again_and_a_bad_request_is_fatal() {
         let pool = Pool::new(PoolConfig::new(vec!["a:1".into()])).unwrap();
         let mut declined = Vec::new();
         let shutdown = result(Outcome::Cancelled {
             cause: CancelCause::Shutdown,
         });
         assert!(matches!(
-            pool.settle("a:1", Ok(shutdown), &mut declined),
+            pool.settle("a:1", Ok(shutdown), &mut declined).await,
             Err(SubmitError::Lost { killed: false, .. })
         ));
         // The process running it died under it: lost, and counted.
@@ -232,26 +238,89 @@ mod tests {
                 .into(),
         });
         assert!(matches!(
-            pool.settle("a:1", Ok(died), &mut declined),
+            pool.settle("a:1", Ok(died), &mut declined).await,
             Err(SubmitError::Lost { killed: true, ref reason, .. }) if reason.contains("SIGKILL")
         ));
         assert!(!avoided(&pool, "a:1"), "its worker is alive");
-        let lost = pool.settle(
-            "c:3",
-            Err(PeerError::Lost("connection reset".into())),
-            &mut declined,
-        );
-        assert!(matches!(lost, Err(SubmitError::Lost { peer, killed: true, .. }) if peer == "c:3"));
+        // A broken connection, nobody answering: not counted (see below).
+        let lost = pool
+            .settle(
+                "c:3",
+                Err(PeerError::Lost("connection reset".into())),
+                &mut declined,
+            )
+            .await;
+        assert!(matches!(lost, Err(SubmitError::Lost { peer, .. }) if peer == "c:3"));
         assert!(avoided(&pool, "c:3"));
-        let fatal = pool.settle(
-            "a:1",
-            Err(PeerError::Fatal("bad spec".into())),
-            &mut declined,
-        );
+        let fatal = pool
+            .settle(
+                "a:1",
+                Err(PeerError::Fatal("bad spec".into())),
+                &mut declined,
+            )
+            .await;
         assert_eq!(
             fatal.unwrap_err(),
             SubmitError::Fatal("a:1: bad spec".into())
         );
         assert!(declined.is_empty());
+    }
+
+    /// A worker at `127.0.0.1:port` that answers every request with a
+    /// status (a refusal is an answer), or a port nothing listens on.
+    async fn answering() -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let mut buf = [0u8; 4096];
+                    let _ = conn.read(&mut buf).await;
+                    let _ = conn
+                        .write_all(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n")
+                        .await;
+                });
+            }
+        });
+        addr
+    }
+
+    fn silent() -> String {
+        let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        socket.local_addr().unwrap().to_string()
+    }
+
+    #[tokio::test]
+    async fn a_broken_connection_counts_only_when_its_worker_is_gone_and_the_pool_answers() {
+        let broken = |pool: Pool, addr: String| async move {
+            let mut declined = Vec::new();
+            match pool
+                .settle(
+                    &addr,
+                    Err(PeerError::Lost("connection reset".into())),
+                    &mut declined,
+                )
+                .await
+            {
+                Err(SubmitError::Lost { killed, reason, .. }) => (killed, reason),
+                other => panic!("{other:?}"),
+            }
+        };
+        // Its worker still answers: the network lost the connection.
+        let alive = answering().await;
+        let pool = Pool::new(PoolConfig::new(vec![alive.clone()])).unwrap();
+        let (killed, reason) = broken(pool, alive.clone()).await;
+        assert!(!killed && reason.contains("still answers"), "{reason}");
+        // Its worker is gone and another answers: counted.
+        let gone = silent();
+        let pool = Pool::new(PoolConfig::new(vec![gone.clone(), alive])).unwrap();
+        let (killed, reason) = broken(pool, gone.clone()).await;
+        assert!(killed, "{reason}");
+        assert_eq!(reason, "connection reset");
+        // Nobody answers: this client may be the one cut off.
+        let pool = Pool::new(PoolConfig::new(vec![gone.clone(), silent()])).unwrap();
+        let (killed, reason) = broken(pool, gone).await;
+        assert!(!killed && reason.contains("cut off"), "{reason}");
     }
 }

@@ -67,7 +67,7 @@ impl Pool {
                     )
                     .await;
                 self.add_load(&addr, -1);
-                if let Some(result) = self.settle(&addr, answer, &mut declined)? {
+                if let Some(result) = self.settle(&addr, answer, &mut declined).await? {
                     return Ok(result);
                 }
             }

@@ -34,11 +34,13 @@ pub struct MapConfig {
     /// How often a failed job is resubmitted. Default: 0.
     pub retries: u32,
     /// How many times an input may be lost with the process running it —
-    /// its worker died or was declared dead, its connection broke, its
-    /// slot process was killed — before the map gives it up: it then ends
-    /// with outcome `lost` (a failure, as any other). A job that kills
-    /// whatever runs it would otherwise go round the pool for ever. Losses
-    /// to a worker's orderly shutdown are not counted, nor a slow answer.
+    /// its worker died (its connection broke and it no longer answers
+    /// while others do) or was declared dead, its slot process was killed
+    /// — before the map gives it up: it then ends with outcome `lost` (a
+    /// failure, as any other). A job that kills whatever runs it would
+    /// otherwise go round the pool for ever. Losses to a worker's orderly
+    /// shutdown are not counted, nor a slow answer, nor a connection the
+    /// network lost (`client::loss`).
     /// As Dask's `allowed-failures`. Default: [`DEFAULT_MAX_LOST`].
     pub max_lost: u32,
     /// Submissions under way at once; `None`: two per slot of the target,

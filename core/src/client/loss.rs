@@ -1,0 +1,109 @@
+//! Whether a job whose connection broke was lost with its worker
+//! ([`Pool::judge_broken`]): what a map counts against `max_lost`.
+//!
+//! Why: a map gives up an input lost `max_lost` times with the process
+//! running it, so that a job that kills whatever runs it does not go round
+//! the pool for ever. A broken connection says only that *something*
+//! between the client and the job went away: the worker's process (which
+//! the job may have ended: counted), or the network — the worker's, or
+//! this client's own (a laptop closed, a Wi-Fi that changed, a VPN that
+//! dropped), which says nothing about the job. Counting those, three
+//! network blips would have given up every input in flight. So the worker
+//! is asked whether it is still there: one that answers lost only a
+//! connection; one that does not, while another worker answers, is gone
+//! (counted); and when no worker answers, this client is the one cut off
+//! (not counted). Either way the input runs again.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+
+use super::api::WorkerApi;
+use super::pool::Pool;
+use crate::gossip::Liveness;
+
+/// How long a worker may take to answer whether it is there.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Other workers asked, when the lost one does not answer, whether this
+/// client still reaches the pool.
+const OTHERS_ASKED: usize = 3;
+
+/// What a broken connection to a worker says about the job it carried.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Broken {
+    /// The worker does not answer and another does: its process (or its
+    /// machine) is gone, perhaps ended by the job. Counted.
+    WorkerGone,
+    /// The worker still answers: only the connection was lost.
+    WorkerAnswers,
+    /// No worker answers: this client may be cut off from the pool.
+    NobodyAnswers,
+}
+
+impl Broken {
+    /// Whether a map counts the loss against the input's `max_lost`.
+    pub(crate) fn counts(&self) -> bool {
+        *self == Broken::WorkerGone
+    }
+
+    /// What to add to the loss's reason, in words.
+    pub(crate) fn said(&self) -> &'static str {
+        match self {
+            Broken::WorkerGone => "",
+            Broken::WorkerAnswers => {
+                " (the worker still answers: the connection was lost, not its process)"
+            }
+            Broken::NobodyAnswers => {
+                " (no worker answers: this client may be cut off from the pool)"
+            }
+        }
+    }
+}
+
+impl Pool {
+    /// After the connection to `addr` broke under a job: whether the worker
+    /// is gone, still there, or whether nobody answers (see the module
+    /// docs).
+    pub(crate) async fn judge_broken(&self, addr: &str) -> Broken {
+        if self.answers(addr).await {
+            return Broken::WorkerAnswers;
+        }
+        let mut others: Vec<String> = Vec::new();
+        let alive = match self.view().await {
+            Ok(view) => view
+                .into_iter()
+                .filter(|p| p.liveness == Liveness::Alive)
+                .map(|p| p.advert.addr)
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        for other in self.seeds().into_iter().chain(alive) {
+            if other != addr && !others.contains(&other) {
+                others.push(other);
+            }
+        }
+        let mut asked: futures::stream::FuturesUnordered<_> = others
+            .iter()
+            .take(OTHERS_ASKED)
+            .map(|o| self.answers(o))
+            .collect();
+        while let Some(answered) = asked.next().await {
+            if answered {
+                return Broken::WorkerGone;
+            }
+        }
+        Broken::NobodyAnswers
+    }
+
+    /// Whether `addr` answers at all (any status: a refusal is an answer)
+    /// within [`PROBE_TIMEOUT`].
+    async fn answers(&self, addr: &str) -> bool {
+        let api = WorkerApi::new(self.client_for(addr), addr);
+        match tokio::time::timeout(PROBE_TIMEOUT, api.peers()).await {
+            Ok(Ok(_)) => true,
+            Ok(Err(e)) => !matches!(e, super::api::ApiError::Transport { .. }),
+            Err(_) => false,
+        }
+    }
+}
