@@ -22,6 +22,11 @@ def total(p):
     return p.a + p.b
 
 
+def shifted(p, by):
+    """Names no class: a `Pair` bound by a partial must travel with it."""
+    return p.a + p.b + by
+
+
 def local_lines(_):
     return len(LOCAL_SOURCE.splitlines())
 

@@ -379,3 +379,17 @@ def test_an_item_lost_with_its_slot_process_runs_again_and_is_given_up_after_max
         killer.join()
     assert killed, "no slot process ran the item"
     assert out[0].ok and out[0].attempts == 2, out[0]
+
+
+def test_a_partial_travels_with_the_arguments_it_binds():
+    import functools
+
+    cube = functools.partial(fns.power, exponent=3)
+    assert peerwasm.map(cube, [2, 3]) == [8, 27]
+    tenfold = functools.partial(functools.partial(fns.add, 1), scale=10)
+    assert peerwasm.map(tenfold, [2]) == [30]
+    assert peerwasm.run(tenfold, 2, scale=2) == 6, "the call's keywords win, as a partial's do"
+    # The classes of a partial's arguments travel too.
+    assert peerwasm.map(functools.partial(fns_shared.shifted, fns_shared.Pair(1, 2)), [10, 20]) == [13, 23]
+    with pytest.raises(TypeError, match="lambda"):
+        peerwasm.map(functools.partial(lambda a, b: a + b, 1), [1])

@@ -20,6 +20,7 @@ anything else is a TypeError in the guest naming the type.
 """
 
 import ast
+import functools
 import inspect
 import os
 import pickle
@@ -467,6 +468,18 @@ def _classes_of(fn, values):
     return names
 
 
+def _unpartial(fn):
+    """`fn` without its `functools.partial` layers: the function, and the
+    arguments the partials give it before each call's own (their keywords
+    under the call's), which then travel with each call's arguments — as a
+    process pool pickles a partial with each task."""
+    bound, keywords = (), {}
+    while isinstance(fn, functools.partial):
+        bound, keywords = (*fn.args, *bound), {**fn.keywords, **keywords}
+        fn = fn.func
+    return fn, bound, keywords
+
+
 def program(fn, values=(), sys_path=()):
     """The program that runs `fn` in the sandbox (see `_DRIVER`): its
     source, its module's imports, and the module's definitions it uses (and
@@ -608,6 +621,8 @@ def run(fn, args, kwargs, mem=None, timeout=None, peers=None, token=None, files=
     """`fn(*args, **kwargs)` in the sandbox; its return value, or its
     exception raised as RemoteError. What it prints comes out on stderr.
     `files`, `packages`, `outputs`: see `_mounts`."""
+    fn, bound, keywords = _unpartial(fn)
+    args, kwargs = (*bound, *args), {**keywords, **kwargs}
     stdin = pickle.dumps((tuple(args), dict(kwargs)), protocol=PROTOCOL)
     _check_inputs([stdin])
     values = (*args, *kwargs.values())
@@ -636,14 +651,15 @@ def _start(fn, items, ordered, options):
     # Read once: an iterator's items are pickled and looked at for the
     # classes that must travel (`program`).
     items = list(items)
-    inputs = [pickle.dumps(((item,), {}), protocol=PROTOCOL) for item in items]
+    fn, bound, keywords = _unpartial(fn)
+    inputs = [pickle.dumps(((*bound, item), keywords), protocol=PROTOCOL) for item in items]
     _check_inputs(inputs)
     outputs = options.pop("outputs")
     mounts = _mounts.Mounts(options.pop("files"), options.pop("packages"), outputs)
     try:
         stream = _peerwasm._map_python(
             runtime_dir(),
-            program(fn, items, mounts.sys_path),
+            program(fn, [*items, *bound, *keywords.values()], mounts.sys_path),
             inputs,
             warm=(_warm_prelude(outputs), _WARM_TURN),
             ordered=ordered,
