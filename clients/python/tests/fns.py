@@ -232,3 +232,23 @@ def draws_with_a_package(n):
     import plotpkg
 
     return plotpkg.png(n)
+
+
+class Scaler:
+    """A class whose bound methods are mapped: its instance travels with
+    each call, and the method runs as the class defines it."""
+
+    def __init__(self, factor):
+        self.factor = factor
+
+    def apply(self, x):
+        return _scaled(x) * self.factor
+
+    def __hidden(self, x):
+        return -x
+
+    def hidden(self):
+        return self.__hidden
+
+    def steps(self, n):
+        yield from range(n)

@@ -393,3 +393,19 @@ def test_a_partial_travels_with_the_arguments_it_binds():
     assert peerwasm.map(functools.partial(fns_shared.shifted, fns_shared.Pair(1, 2)), [10, 20]) == [13, 23]
     with pytest.raises(TypeError, match="lambda"):
         peerwasm.map(functools.partial(lambda a, b: a + b, 1), [1])
+
+
+def test_a_bound_method_runs_on_its_instance_as_its_class_defines_it():
+    import fractions
+
+    double = fns.Scaler(2)
+    assert peerwasm.map(double.apply, [1, 2]) == [2 * fns._scaled(1), 2 * fns._scaled(2)]
+    assert peerwasm.run(fns.Scaler(3).apply, 1) == 3 * fns._scaled(1)
+    assert peerwasm.map(double.hidden(), [5]) == [-5], "a private method, by its mangled name"
+    # A library class's instance: the class comes by import, as pickle has it.
+    third = fractions.Fraction(1, 3)
+    assert peerwasm.run(third.as_integer_ratio) == (1, 3)
+    with pytest.raises(peerwasm.RemoteError, match="the result of Fraction.limit_denominator cannot be sent back"):
+        peerwasm.map(third.limit_denominator, [10])
+    with pytest.raises(TypeError, match="generator"):
+        peerwasm.map(double.steps, [2])

@@ -25,6 +25,7 @@ import inspect
 import os
 import pickle
 import sys
+import sysconfig
 import textwrap
 
 from . import _maps, _mounts, _peerwasm, _sources, _wire
@@ -89,7 +90,7 @@ def _pw_main():
     try:
         data = _pw_wire.dumps(reply)
     except Exception as e:
-        why = "the result of {name} cannot be sent back: " + str(e)
+        why = "the result of {label} cannot be sent back: " + str(e)
         data = _pw_wire.dumps((False, (type(e).__name__, why, _pw_traceback.format_exc())))
         code = 1
     reply_to.write(data)
@@ -353,12 +354,13 @@ def _names_in(node):
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
 
-def _definitions(fn, fn_node, extra=()):
+def _definitions(fn, fn_node, extra=(), own=None):
     """The top-level definitions of `fn`'s module (or notebook) that it
     uses — helpers, constants, classes, and what they use in turn — and
     those named in `extra` (classes of its arguments), as source, in the
-    order they were written. The last definition of a name wins, as it
-    would at run time."""
+    order they were written; not `own` (the name the program defines
+    itself: `fn`'s, unless given). The last definition of a name wins, as
+    it would at run time."""
     defs, order = {}, 0
     for tree in _sources.module_trees(fn):
         context = _sources.import_context(tree)
@@ -369,7 +371,7 @@ def _definitions(fn, fn_node, extra=()):
     needed, todo = {}, [*_names_in(fn_node), *extra]
     while todo:
         name = todo.pop()
-        if name in needed or name == fn.__name__ or name not in defs:
+        if name in needed or name == (own or fn.__name__) or name not in defs:
             continue
         running = _as_running(fn, name, defs[name])
         if running is None:
@@ -447,9 +449,10 @@ def _same_methods(node, cls, flags, context):
     if body is None:
         return False
     for code in (c for c in body.co_consts if inspect.iscode(c) and c.co_name.isidentifier()):
-        if code.co_name not in cls.__dict__:
+        attr = _mangled(cls, code.co_name)
+        if attr not in cls.__dict__:
             return False
-        method = cls.__dict__[code.co_name]
+        method = cls.__dict__[attr]
         method = getattr(method, "__func__", method)
         if inspect.isfunction(method) and not _sources.alike(code, inspect.unwrap(method).__code__):
             return False
@@ -468,16 +471,44 @@ def _classes_of(fn, values):
     return names
 
 
-def _unpartial(fn):
-    """`fn` without its `functools.partial` layers: the function, and the
-    arguments the partials give it before each call's own (their keywords
-    under the call's), which then travel with each call's arguments — as a
-    process pool pickles a partial with each task."""
+def _mangled(cls, name):
+    """The attribute `name`, defined in `cls`'s body, is stored as: a
+    private `__name` as `_Class__name`."""
+    if name.startswith("__") and not name.endswith("__"):
+        return f"_{cls.__name__.lstrip('_')}{name}"
+    return name
+
+
+class _Method:
+    """A bound method's function, called on its instance by name in the
+    sandbox (`_method_program`)."""
+
+    def __init__(self, method):
+        self.func, cls = method.__func__, type(method.__self__)
+        self.attr = _mangled(cls, self.func.__name__)
+        if "." in cls.__qualname__:
+            raise TypeError(
+                f"{method!r} is a method of {cls.__qualname__}, a class defined inside a function: "
+                "define the class at the top level of a module"
+            )
+
+
+def _unbind(fn):
+    """`fn` without what binds arguments to it — `functools.partial`
+    layers, a bound method's instance: the function (a bound method's as a
+    `_Method`), and the arguments bound before each call's own (their
+    keywords under the call's), which then travel with each call's
+    arguments — as a process pool pickles them with each task."""
     bound, keywords = (), {}
-    while isinstance(fn, functools.partial):
-        bound, keywords = (*fn.args, *bound), {**fn.keywords, **keywords}
-        fn = fn.func
-    return fn, bound, keywords
+    while True:
+        if isinstance(fn, functools.partial):
+            bound, keywords = (*fn.args, *bound), {**fn.keywords, **keywords}
+            fn = fn.func
+        elif inspect.ismethod(fn) and not isinstance(fn.__self__, type) and inspect.isfunction(fn.__func__):
+            bound = (fn.__self__, *bound)
+            return _Method(fn), bound, keywords
+        else:
+            return fn, bound, keywords
 
 
 def program(fn, values=(), sys_path=()):
@@ -486,6 +517,8 @@ def program(fn, values=(), sys_path=()):
     the classes of `values`, its arguments), with `sys_path` (the guest
     paths of its `packages=`) first on `sys.path`. Raises TypeError for
     what has no source of its own to send."""
+    if isinstance(fn, _Method):
+        return _method_program(fn, values, sys_path)
     inner = _decorated_def(fn)
     if inner is not None:
         return _program_of(inner, values, sys_path, decorated=True)
@@ -512,19 +545,7 @@ def _decorated_def(fn):
 def _program_of(fn, values, sys_path, decorated):
     """`program` of a plain function: its `def` with its decorators when
     `decorated` (the module's name for it is what they made), else alone."""
-    if not inspect.isfunction(fn):
-        raise TypeError(f"{fn!r} is not a plain Python function: give a `def` function (or a .wasm path)")
-    if fn.__name__ == "<lambda>":
-        raise TypeError("a lambda cannot be sent to the sandbox: define it with `def` at the top level of a module")
-    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
-        raise TypeError(
-            f"{fn.__name__} is an async function: give a plain `def` (one that calls asyncio.run itself if it awaits)"
-        )
-    if inspect.isgeneratorfunction(fn):
-        raise TypeError(
-            f"{fn.__name__} is a generator function: what it yields cannot come back one by one; "
-            "return a list (`return list(...)`) instead"
-        )
+    _refuse_unsendable(fn)
     if fn.__closure__:
         names = ", ".join(fn.__code__.co_freevars)
         raise TypeError(
@@ -540,14 +561,66 @@ def _program_of(fn, values, sys_path, decorated):
     if not decorated and getattr(node, "decorator_list", None):
         node.decorator_list = []
         source = ast.unparse(node)
+    return _driver(fn, node, source, fn.__name__, values, sys_path)
+
+
+def _method_program(method, values, sys_path):
+    """`program` of a bound method: a function that calls it on its
+    instance (the call's first argument) by name, so that the method runs
+    as its class — which travels with the instance — defines it."""
+    _refuse_unsendable(method.func)
+    source = f"def _pw_method(_pw_self, *args, **kwargs):\n    return getattr(_pw_self, {method.attr!r})(*args, **kwargs)\n"
+    # A class of the standard library or an installed package (a fitted
+    # model's `predict`) comes by import in the sandbox, as its instance's
+    # pickle names it: nothing of its module is sent.
+    own = not _installed(method.func)
+    label = f"{method.func.__qualname__}"
+    return _driver(method.func, ast.parse(source).body[0], source, "_pw_method", values, sys_path, own, label)
+
+
+def _installed(fn):
+    """Whether `fn` comes from the standard library or an installed package
+    rather than the caller's own code (a script, a notebook, a project's
+    modules, an editable install)."""
+    file = getattr(sys.modules.get(fn.__module__), "__file__", None)
+    if not file:
+        return False
+    file = os.path.realpath(file)
+    roots = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return any(root and file.startswith(os.path.realpath(root) + os.sep) for root in roots)
+
+
+def _driver(fn, node, source, name, values, sys_path, own=True, label=None):
+    """`_DRIVER` filled for calling `name`, defined by `source` (parsed:
+    `node`), with what it uses of `fn`'s module when that is the caller's
+    `own` code; `label`: what its messages call it (`name`)."""
     return _DRIVER.format(
         wire_source=_wire_source(),
-        imports=_imports(fn),
-        definitions=_definitions(fn, node, _classes_of(fn, values)),
+        imports=_imports(fn) if own else "",
+        definitions=_definitions(fn, node, _classes_of(fn, values), own=name) if own else "",
         source=source,
-        name=fn.__name__,
+        name=name,
+        label=label or name,
         sys_path=list(sys_path),
     )
+
+
+def _refuse_unsendable(fn):
+    """TypeError, saying why, for what cannot run as itself in the sandbox:
+    not a `def`, a lambda, an async or generator function."""
+    if not inspect.isfunction(fn):
+        raise TypeError(f"{fn!r} is not a plain Python function: give a `def` function (or a .wasm path)")
+    if fn.__name__ == "<lambda>":
+        raise TypeError("a lambda cannot be sent to the sandbox: define it with `def` at the top level of a module")
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        raise TypeError(
+            f"{fn.__name__} is an async function: give a plain `def` (one that calls asyncio.run itself if it awaits)"
+        )
+    if inspect.isgeneratorfunction(fn):
+        raise TypeError(
+            f"{fn.__name__} is a generator function: what it yields cannot come back one by one; "
+            "return a list (`return list(...)`) instead"
+        )
 
 
 def _reply(result):
@@ -621,7 +694,7 @@ def run(fn, args, kwargs, mem=None, timeout=None, peers=None, token=None, files=
     """`fn(*args, **kwargs)` in the sandbox; its return value, or its
     exception raised as RemoteError. What it prints comes out on stderr.
     `files`, `packages`, `outputs`: see `_mounts`."""
-    fn, bound, keywords = _unpartial(fn)
+    fn, bound, keywords = _unbind(fn)
     args, kwargs = (*bound, *args), {**keywords, **kwargs}
     stdin = pickle.dumps((tuple(args), dict(kwargs)), protocol=PROTOCOL)
     _check_inputs([stdin])
@@ -651,7 +724,7 @@ def _start(fn, items, ordered, options):
     # Read once: an iterator's items are pickled and looked at for the
     # classes that must travel (`program`).
     items = list(items)
-    fn, bound, keywords = _unpartial(fn)
+    fn, bound, keywords = _unbind(fn)
     inputs = [pickle.dumps(((*bound, item), keywords), protocol=PROTOCOL) for item in items]
     _check_inputs(inputs)
     outputs = options.pop("outputs")
