@@ -5,7 +5,8 @@
 //! (`peerwasm cancel ID`), so following it again, or after a lost answer,
 //! gives the same bytes. Its output is read by offset
 //! (`GET /v1/jobs/{id}/output`), polled every [`FOLLOW_INTERVAL`] while it
-//! runs.
+//! runs; a follower waits out its worker's restart and reads the run the
+//! restarted worker begins from its start.
 
 use super::api::{ApiError, WorkerApi};
 use crate::net::HttpClient;
@@ -22,6 +23,13 @@ use crate::proto::{JOB_ID_HEADER, JobSpec, Outcome, StdStream};
 
 /// How often a follower asks for more output.
 pub const FOLLOW_INTERVAL: Duration = Duration::from_millis(100);
+
+/// How long a follower waits for the worker of the job it follows to answer
+/// again (restarting, or the network back) before it gives up.
+pub const FOLLOW_GONE_MAX: Duration = Duration::from_secs(300);
+
+/// How often a follower asks a worker that stopped answering.
+const GONE_RETRY: Duration = Duration::from_millis(500);
 
 impl Pool {
     /// Submits a detached job: placed as any job, then the worker answers
@@ -96,6 +104,11 @@ impl Pool {
 /// killed and started again on its address holds its detached jobs again
 /// before the view says it is back. One that cannot be reached before the
 /// job is found is passed over; `Err` if none answered at all.
+///
+/// Following, a worker that stops answering is waited for (its detached
+/// jobs come back with it when it restarts), up to [`FOLLOW_GONE_MAX`];
+/// a job it took again after a restart is followed from its start. Both are
+/// said through `on_notice`.
 pub async fn follow(
     http: &HttpClient,
     view: &[PeerView],
@@ -103,30 +116,65 @@ pub async fn follow(
     id: &str,
     follow: bool,
     on_output: &mut (dyn FnMut(StdStream, &[u8]) + Send),
+    on_notice: &mut (dyn FnMut(&str) + Send),
 ) -> anyhow::Result<Option<(String, Option<Outcome>)>> {
     let (ask, mut unanswered) = super::jobs::lookup_order(view, seeds, http);
     let mut answered = 0;
     for worker in ask {
         let mut seen = [0u64; 2];
+        // The run being read (`JobOutput::run`), once the worker has the job.
+        let mut run: Option<u64> = None;
+        let mut gone_since: Option<std::time::Instant> = None;
         loop {
             let out = match WorkerApi::new(http, worker).job_output(id, seen).await {
                 Ok(out) => out,
                 Err(ApiError::Status {
                     status: StatusCode::NOT_FOUND,
                     ..
-                }) if seen == [0, 0] => {
+                }) if run.is_none() => {
                     answered += 1;
                     break; // not this worker's
                 }
                 Err(e @ ApiError::Unreadable(_)) => anyhow::bail!("{e}"),
                 Err(e @ ApiError::Status { .. }) => anyhow::bail!("{worker}: {e}"),
                 // Not reached yet: a dead address, or one gone a moment.
-                Err(e) if seen == [0, 0] => {
+                Err(e) if run.is_none() => {
                     unanswered.push(format!("{worker}: {e}"));
                     break;
                 }
+                // Gone under the job followed: restarting, or the network.
+                Err(e) if follow => {
+                    let since = *gone_since.get_or_insert_with(|| {
+                        on_notice(&format!(
+                            "{worker} does not answer ({e}); waiting for it to come back"
+                        ));
+                        std::time::Instant::now()
+                    });
+                    if since.elapsed() > FOLLOW_GONE_MAX {
+                        anyhow::bail!(
+                            "{worker}: {e} (for {})",
+                            humantime::format_duration(FOLLOW_GONE_MAX)
+                        );
+                    }
+                    tokio::time::sleep(GONE_RETRY).await;
+                    continue;
+                }
                 Err(e) => anyhow::bail!("{worker}: {e}"),
             };
+            if gone_since.take().is_some() {
+                on_notice(&format!("{worker} answers again"));
+            }
+            match run {
+                Some(r) if out.run != 0 && out.run != r => {
+                    on_notice(
+                        "the job started again (its worker restarted): its output from the start",
+                    );
+                    (run, seen) = (Some(out.run), [0, 0]);
+                    continue;
+                }
+                Some(_) => {}
+                None => run = Some(out.run),
+            }
             for (i, (stream, bytes)) in [
                 (StdStream::Stdout, &out.stdout),
                 (StdStream::Stderr, &out.stderr),

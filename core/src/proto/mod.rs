@@ -252,6 +252,12 @@ pub struct JobOutput {
     pub stderr: Vec<u8>,
     /// How the job ended; `None` while it is queued or running.
     pub ended: Option<Outcome>,
+    /// Which run of the job the output is of: a token the worker draws when
+    /// it takes the job — again, under the same id, after it restarted, the
+    /// output then starting over — or 0 for a result kept across a restart
+    /// (the whole output of the run that ended). A follower that sees
+    /// another token reads the output again from its start.
+    pub run: u64,
 }
 
 /// What a worker sends back for one job.

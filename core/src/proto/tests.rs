@@ -10,16 +10,19 @@ fn byte_fields_encode_as_byte_sequences_did() {
         stdout: &'a [u8],
         stderr: Vec<u8>,
         ended: Option<Outcome>,
+        run: u64,
     }
     let out = JobOutput {
         stdout: (0..=255).collect(),
         stderr: b"err".to_vec(),
         ended: None,
+        run: 7,
     };
     let seq = AsSequence {
         stdout: &out.stdout,
         stderr: out.stderr.clone(),
         ended: None,
+        run: 7,
     };
     let (bytes, seq_bytes) = (
         postcard::to_allocvec(&out).unwrap(),

@@ -87,9 +87,17 @@ pub fn logs(args: LogsArgs) -> anyhow::Result<ExitCode> {
         let view = crate::client::fetch_peers(&http, &args.pool.peers).await?;
         let seeds = args.pool.workers_to_ask(&view);
         let mut print = |stream, bytes: &[u8]| super::run::print_output(stream, bytes);
-        match crate::client::detach::follow(&http, &view, &seeds, &args.id, args.follow, &mut print)
-            .await?
-        {
+        let mut notice = |what: &str| eprintln!("peerwasm: {what}");
+        let found = crate::client::detach::follow(
+            &http,
+            &view,
+            &seeds,
+            &args.id,
+            args.follow,
+            &mut print,
+            &mut notice,
+        );
+        match found.await? {
             None => {
                 eprintln!(
                     "peerwasm: {}: no such detached job of yours on any worker of the pool",

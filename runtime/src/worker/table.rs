@@ -85,6 +85,9 @@ struct Entry {
     hold: Option<Arc<Hold>>,
     /// A detached job's output while it runs.
     live: Option<LiveOutput>,
+    /// This run's token (`JobOutput::run`): drawn when the job is taken, 0
+    /// for a result kept across a restart.
+    run: u64,
 }
 
 /// What became of a cancel request.
@@ -167,6 +170,7 @@ impl JobTable {
                 cancel,
                 hold: None,
                 live: None,
+                run: rand::random::<u64>() | 1,
             },
         );
     }
@@ -187,6 +191,7 @@ impl JobTable {
             cancel: Cancel::new(),
             hold: Some(hold),
             live: None,
+            run: 0,
         };
         self.lock().insert(id.into(), entry);
     }
@@ -221,6 +226,7 @@ impl JobTable {
                     stdout: slice(stdout, from[0]),
                     stderr: slice(stderr, from[1]),
                     ended: Some(done.outcome.clone()),
+                    run: e.run,
                 }
             }
             _ => {
@@ -230,8 +236,12 @@ impl JobTable {
                         stdout: out.read_from(from[0], max),
                         stderr: err.read_from(from[1], max),
                         ended: None,
+                        run: e.run,
                     },
-                    None => JobOutput::default(),
+                    None => JobOutput {
+                        run: e.run,
+                        ..JobOutput::default()
+                    },
                 }
             }
         })

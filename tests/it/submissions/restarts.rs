@@ -377,3 +377,62 @@ fn results_find_an_owner_back_before_the_pool_knows() {
     let out = run(&["logs", "--peers", &helper.addr, &job]);
     assert_eq!(stdout(&out), "kept\n", "{}", stderr(&out));
 }
+
+/// `logs -f` on a detached job whose worker is killed and started again:
+/// the follower waits for it, says so, and follows the run the restarted
+/// worker begins from its start, to its end and exit code.
+#[test]
+fn a_follower_waits_out_its_workers_restart_and_reads_the_new_run_from_its_start() {
+    let root = tempfile::tempdir().unwrap();
+    let mut owner = Owner::new(root.path(), None);
+    owner.start();
+    let out = run(&[
+        "run",
+        "--detach",
+        "--mem",
+        "64MiB",
+        "--peers",
+        &owner.addr,
+        &wasm("ticks"),
+        "4",
+        "700",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = stdout(&out).trim().to_string();
+    let mut follower = peerwasm()
+        .args(["logs", "-f", "--peers", &owner.addr, &id])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = crate::streams::lines(follower.stdout.take().unwrap());
+    let (_, first) = lines.recv_timeout(Duration::from_secs(20)).unwrap();
+    assert_eq!(first, "tick 1");
+    owner.kill();
+    std::thread::sleep(Duration::from_millis(1500)); // down a while
+    owner.start();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = follower.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = follower.kill();
+            panic!("the follower did not end within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let rest: Vec<String> = lines.iter().map(|(_, l)| l).collect(); // to EOF
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut follower.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "{err}");
+    assert!(
+        err.contains("does not answer") && err.contains("answers again"),
+        "{err}"
+    );
+    assert!(err.contains("the job started again"), "{err}");
+    assert!(
+        rest.ends_with(&["tick 1", "tick 2", "tick 3", "tick 4"].map(String::from)),
+        "the new run from its start: {rest:?} ({err})"
+    );
+}
