@@ -9,10 +9,12 @@
 //! this client's own (a laptop closed, a Wi-Fi that changed, a VPN that
 //! dropped), which says nothing about the job. Counting those, three
 //! network blips would have given up every input in flight. So the worker
-//! is asked whether it is still there: one that answers lost only a
-//! connection; one that does not, while another worker answers, is gone
-//! (counted); and when no worker answers, this client is the one cut off
-//! (not counted). Either way the input runs again.
+//! is asked whether it is still there: one that answers as the same
+//! process (its generation unchanged) lost only a connection; one that does
+//! not answer while another worker does, or answers as a new process (a
+//! supervisor restarted it), is gone (counted); and when no worker answers,
+//! this client is the one cut off (not counted). Either way the input runs
+//! again.
 
 use std::time::Duration;
 
@@ -32,8 +34,9 @@ const OTHERS_ASKED: usize = 3;
 /// What a broken connection to a worker says about the job it carried.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Broken {
-    /// The worker does not answer and another does: its process (or its
-    /// machine) is gone, perhaps ended by the job. Counted.
+    /// The worker does not answer and another does, or another process of
+    /// it answers on its address: the one that had the job is gone,
+    /// perhaps ended by it. Counted.
     WorkerGone,
     /// The worker still answers: only the connection was lost.
     WorkerAnswers,
@@ -66,8 +69,13 @@ impl Pool {
     /// is gone, still there, or whether nobody answers (see the module
     /// docs).
     pub(crate) async fn judge_broken(&self, addr: &str) -> Broken {
-        if self.answers(addr).await {
-            return Broken::WorkerAnswers;
+        let before = self.known_generation(addr).await;
+        match self.ask(addr).await {
+            // Another process on its address: it restarted (a supervisor
+            // brought it back) since the job was sent.
+            Some(Some(now)) if before.is_some_and(|b| b != now) => return Broken::WorkerGone,
+            Some(_) => return Broken::WorkerAnswers,
+            None => {}
         }
         let mut others: Vec<String> = Vec::new();
         let alive = match self.view().await {
@@ -86,24 +94,29 @@ impl Pool {
         let mut asked: futures::stream::FuturesUnordered<_> = others
             .iter()
             .take(OTHERS_ASKED)
-            .map(|o| self.answers(o))
+            .map(|o| self.ask(o))
             .collect();
         while let Some(answered) = asked.next().await {
-            if answered {
+            if answered.is_some() {
                 return Broken::WorkerGone;
             }
         }
         Broken::NobodyAnswers
     }
 
-    /// Whether `addr` answers at all (any status: a refusal is an answer)
-    /// within [`PROBE_TIMEOUT`].
-    async fn answers(&self, addr: &str) -> bool {
+    /// Whether `addr` answers at all within [`PROBE_TIMEOUT`] (`None` if
+    /// not; any status is an answer), with the generation it gives itself
+    /// when it sends its view.
+    async fn ask(&self, addr: &str) -> Option<Option<u64>> {
         let api = WorkerApi::new(self.client_for(addr), addr);
         match tokio::time::timeout(PROBE_TIMEOUT, api.peers()).await {
-            Ok(Ok(_)) => true,
-            Ok(Err(e)) => !matches!(e, super::api::ApiError::Transport { .. }),
-            Err(_) => false,
+            Ok(Ok(view)) => Some(
+                view.iter()
+                    .find(|p| p.advert.addr == addr)
+                    .map(|p| p.id.generation),
+            ),
+            Ok(Err(super::api::ApiError::Transport { .. })) | Err(_) => None,
+            Ok(Err(_)) => Some(None),
         }
     }
 }

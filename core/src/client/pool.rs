@@ -473,6 +473,13 @@ impl Pool {
         }
     }
 
+    /// The generation the last view gave `addr` (not asked again).
+    pub(super) async fn known_generation(&self, addr: &str) -> Option<u64> {
+        let view = self.view.lock().await;
+        let known = view.peers.iter().find(|p| p.advert.addr == addr);
+        known.map(|p| p.id.generation)
+    }
+
     pub(super) fn add_load(&self, addr: &str, delta: i32) {
         let mut load = self.load.lock();
         let n = load.entry(addr.to_string()).or_insert(0);

@@ -157,7 +157,9 @@ mod tests {
     //! What one worker's answer means for a job being placed.
 
     use super::*;
+    use crate::client::loss::Broken;
     use crate::client::pool::PoolConfig;
+    use std::sync::atomic::{AtomicU64, Ordering};
 
     fn result(outcome: Outcome) -> JobResult {
         JobResult::never_ran(1 << 20, outcome)
@@ -267,19 +269,61 @@ mod tests {
     }
 
     /// A worker at `127.0.0.1:port` that answers every request with a
-    /// status (a refusal is an answer), or a port nothing listens on.
+    /// status (a refusal is an answer).
     async fn answering() -> String {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        serving(|_| (503, Vec::new())).await
+    }
+
+    /// A worker that answers its view, itself of the generation in `generation`
+    /// (another process on the same address when it changes).
+    async fn of_generation(generation: Arc<AtomicU64>) -> String {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap().to_string();
+        drop(listener);
+        let me = addr.clone();
+        serving_on(&addr, move |_| {
+            let view = vec![crate::gossip::PeerView {
+                id: crate::gossip::NodeId::new(me.clone(), generation.load(Ordering::Relaxed)),
+                advert: crate::proto::Advert {
+                    addr: me.clone(),
+                    slots_total: 1,
+                    ..Default::default()
+                },
+                liveness: crate::gossip::Liveness::Alive,
+                last_heard_ms: 0,
+                vouched: true,
+            }];
+            (200, postcard::to_allocvec(&view).unwrap())
+        })
+        .await
+    }
+
+    async fn serving(answer: impl Fn(&[u8]) -> (u16, Vec<u8>) + Send + Sync + 'static) -> String {
+        serving_on("127.0.0.1:0", answer).await
+    }
+
+    /// Answers each request (one per connection) with `answer`'s status and body.
+    async fn serving_on(
+        at: &str,
+        answer: impl Fn(&[u8]) -> (u16, Vec<u8>) + Send + Sync + 'static,
+    ) -> String {
+        let listener = tokio::net::TcpListener::bind(at).await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let answer = Arc::new(answer);
         tokio::spawn(async move {
             while let Ok((mut conn, _)) = listener.accept().await {
+                let answer = answer.clone();
                 tokio::spawn(async move {
                     use tokio::io::{AsyncReadExt, AsyncWriteExt};
                     let mut buf = [0u8; 4096];
-                    let _ = conn.read(&mut buf).await;
-                    let _ = conn
-                        .write_all(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n")
-                        .await;
+                    let n = conn.read(&mut buf).await.unwrap_or(0);
+                    let (status, body) = answer(&buf[..n]);
+                    let head = format!(
+                        "HTTP/1.1 {status} X\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = conn.write_all(head.as_bytes()).await;
+                    let _ = conn.write_all(&body).await;
                 });
             }
         });
@@ -322,5 +366,14 @@ mod tests {
         let pool = Pool::new(PoolConfig::new(vec![gone.clone(), silent()])).unwrap();
         let (killed, reason) = broken(pool, gone).await;
         assert!(!killed && reason.contains("cut off"), "{reason}");
+        // It answers, as the process the job was sent to: not counted; as
+        // another one (restarted by a supervisor): counted.
+        let generation = Arc::new(AtomicU64::new(1));
+        let restarting = of_generation(generation.clone()).await;
+        let pool = Pool::new(PoolConfig::new(vec![restarting.clone()])).unwrap();
+        pool.view().await.unwrap();
+        assert_eq!(pool.judge_broken(&restarting).await, Broken::WorkerAnswers);
+        generation.store(2, Ordering::Relaxed);
+        assert_eq!(pool.judge_broken(&restarting).await, Broken::WorkerGone);
     }
 }
