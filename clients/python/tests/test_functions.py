@@ -409,3 +409,9 @@ def test_a_bound_method_runs_on_its_instance_as_its_class_defines_it():
         peerwasm.map(third.limit_denominator, [10])
     with pytest.raises(TypeError, match="generator"):
         peerwasm.map(double.steps, [2])
+
+
+def test_the_classes_of_objects_inside_the_arguments_travel_too():
+    # A Point inside a dict inside a Holder: a pickle that names both.
+    assert peerwasm.map(fns.inner_norm, [fns.Holder(fns.Point(1, -2))]) == [3]
+    assert peerwasm.run(fns.inner_norm, fns.Holder(fns.Point(3, 4))) == 7

@@ -22,6 +22,7 @@ anything else is a TypeError in the guest naming the type.
 import ast
 import functools
 import inspect
+import io
 import os
 import pickle
 import sys
@@ -459,16 +460,31 @@ def _same_methods(node, cls, flags, context):
     return True
 
 
-def _classes_of(fn, values):
-    """Names of the classes of `values` (and of their items, one level
-    down) that `fn`'s own module defines: they travel with it."""
-    names = set()
-    for v in values:
-        for x in (v, *(v if isinstance(v, (list, tuple, set, frozenset)) else ())):
-            t = type(x)
-            if t.__module__ == fn.__module__ and "." not in t.__qualname__:
-                names.add(t.__name__)
-    return names
+class _ClassFinder(pickle.Pickler):
+    """A pickler that notes the class of every object it pickles (and every
+    class pickled as a value): what an argument's pickle will ask the guest
+    to find, however deep in it — an attribute's attribute, a dict's value."""
+
+    def __init__(self, file, found):
+        super().__init__(file, protocol=PROTOCOL)
+        self.found = found
+
+    def reducer_override(self, obj):
+        self.found.add(obj if isinstance(obj, type) else type(obj))
+        return NotImplemented
+
+
+def _pickled(obj, found):
+    """`obj`'s pickle, the classes in it added to `found`."""
+    out = io.BytesIO()
+    _ClassFinder(out, found).dump(obj)
+    return out.getvalue()
+
+
+def _classes_of(fn, classes):
+    """Names of `classes` (those arguments' pickles name) that `fn`'s own
+    module defines at its top level: they travel with it."""
+    return {t.__name__ for t in classes if t.__module__ == fn.__module__ and "." not in t.__qualname__}
 
 
 def _mangled(cls, name):
@@ -511,18 +527,22 @@ def _unbind(fn):
             return fn, bound, keywords
 
 
-def program(fn, values=(), sys_path=()):
+def program(fn, values=(), sys_path=(), classes=None):
     """The program that runs `fn` in the sandbox (see `_DRIVER`): its
     source, its module's imports, and the module's definitions it uses (and
     the classes of `values`, its arguments), with `sys_path` (the guest
     paths of its `packages=`) first on `sys.path`. Raises TypeError for
-    what has no source of its own to send."""
+    what has no source of its own to send. `classes`: those the arguments'
+    pickles name, when they were pickled already (else found in `values`)."""
+    if classes is None:
+        classes = set()
+        _pickled(tuple(values), classes)
     if isinstance(fn, _Method):
-        return _method_program(fn, values, sys_path)
+        return _method_program(fn, classes, sys_path)
     inner = _decorated_def(fn)
     if inner is not None:
-        return _program_of(inner, values, sys_path, decorated=True)
-    return _program_of(fn, values, sys_path, decorated=False)
+        return _program_of(inner, classes, sys_path, decorated=True)
+    return _program_of(fn, classes, sys_path, decorated=False)
 
 
 def _decorated_def(fn):
@@ -542,7 +562,7 @@ def _decorated_def(fn):
     return inner
 
 
-def _program_of(fn, values, sys_path, decorated):
+def _program_of(fn, classes, sys_path, decorated):
     """`program` of a plain function: its `def` with its decorators when
     `decorated` (the module's name for it is what they made), else alone."""
     _refuse_unsendable(fn)
@@ -561,10 +581,10 @@ def _program_of(fn, values, sys_path, decorated):
     if not decorated and getattr(node, "decorator_list", None):
         node.decorator_list = []
         source = ast.unparse(node)
-    return _driver(fn, node, source, fn.__name__, values, sys_path)
+    return _driver(fn, node, source, fn.__name__, classes, sys_path)
 
 
-def _method_program(method, values, sys_path):
+def _method_program(method, classes, sys_path):
     """`program` of a bound method: a function that calls it on its
     instance (the call's first argument) by name, so that the method runs
     as its class — which travels with the instance — defines it."""
@@ -575,7 +595,7 @@ def _method_program(method, values, sys_path):
     # pickle names it: nothing of its module is sent.
     own = not _installed(method.func)
     label = f"{method.func.__qualname__}"
-    return _driver(method.func, ast.parse(source).body[0], source, "_pw_method", values, sys_path, own, label)
+    return _driver(method.func, ast.parse(source).body[0], source, "_pw_method", classes, sys_path, own, label)
 
 
 def _installed(fn):
@@ -590,14 +610,14 @@ def _installed(fn):
     return any(root and file.startswith(os.path.realpath(root) + os.sep) for root in roots)
 
 
-def _driver(fn, node, source, name, values, sys_path, own=True, label=None):
+def _driver(fn, node, source, name, classes, sys_path, own=True, label=None):
     """`_DRIVER` filled for calling `name`, defined by `source` (parsed:
     `node`), with what it uses of `fn`'s module when that is the caller's
     `own` code; `label`: what its messages call it (`name`)."""
     return _DRIVER.format(
         wire_source=_wire_source(),
         imports=_imports(fn) if own else "",
-        definitions=_definitions(fn, node, _classes_of(fn, values), own=name) if own else "",
+        definitions=_definitions(fn, node, _classes_of(fn, classes), own=name) if own else "",
         source=source,
         name=name,
         label=label or name,
@@ -696,12 +716,12 @@ def run(fn, args, kwargs, mem=None, timeout=None, peers=None, token=None, files=
     `files`, `packages`, `outputs`: see `_mounts`."""
     fn, bound, keywords = _unbind(fn)
     args, kwargs = (*bound, *args), {**keywords, **kwargs}
-    stdin = pickle.dumps((tuple(args), dict(kwargs)), protocol=PROTOCOL)
+    classes = set()
+    stdin = _pickled((tuple(args), dict(kwargs)), classes)
     _check_inputs([stdin])
-    values = (*args, *kwargs.values())
     mounts = _mounts.Mounts(files, packages, outputs)
     try:
-        source = program(fn, values, mounts.sys_path)
+        source = program(fn, sys_path=mounts.sys_path, classes=classes)
         result = _peerwasm._run_python(
             runtime_dir(), source, stdin, mem, timeout, peers, token, mounts.grants, max_output, mounts.may_plot()
         )
@@ -725,14 +745,15 @@ def _start(fn, items, ordered, options):
     # classes that must travel (`program`).
     items = list(items)
     fn, bound, keywords = _unbind(fn)
-    inputs = [pickle.dumps(((*bound, item), keywords), protocol=PROTOCOL) for item in items]
+    classes = set()
+    inputs = [_pickled(((*bound, item), keywords), classes) for item in items]
     _check_inputs(inputs)
     outputs = options.pop("outputs")
     mounts = _mounts.Mounts(options.pop("files"), options.pop("packages"), outputs)
     try:
         stream = _peerwasm._map_python(
             runtime_dir(),
-            program(fn, [*items, *bound, *keywords.values()], mounts.sys_path),
+            program(fn, sys_path=mounts.sys_path, classes=classes),
             inputs,
             warm=(_warm_prelude(outputs), _WARM_TURN),
             ordered=ordered,
