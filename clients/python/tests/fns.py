@@ -253,6 +253,10 @@ class Scaler:
     def steps(self, n):
         yield from range(n)
 
+    @classmethod
+    def of(cls, factor):
+        return cls(factor).factor * 10
+
 
 class Holder:
     """Holds a `Point`: its class travels though nothing here names it in

@@ -409,6 +409,7 @@ def test_a_bound_method_runs_on_its_instance_as_its_class_defines_it():
         peerwasm.map(third.limit_denominator, [10])
     with pytest.raises(TypeError, match="generator"):
         peerwasm.map(double.steps, [2])
+    assert peerwasm.map(fns.Scaler.of, [4]) == [40], "a class method, on its class"
 
 
 def test_the_classes_of_objects_inside_the_arguments_travel_too():

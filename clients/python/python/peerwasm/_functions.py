@@ -496,11 +496,13 @@ def _mangled(cls, name):
 
 
 class _Method:
-    """A bound method's function, called on its instance by name in the
-    sandbox (`_method_program`)."""
+    """A bound method's function (of an instance, or a class method's of
+    its class), called on what it is bound to by name in the sandbox
+    (`_method_program`)."""
 
     def __init__(self, method):
-        self.func, cls = method.__func__, type(method.__self__)
+        owner = method.__self__
+        self.func, cls = method.__func__, owner if isinstance(owner, type) else type(owner)
         self.attr = _mangled(cls, self.func.__name__)
         if "." in cls.__qualname__:
             raise TypeError(
@@ -520,7 +522,7 @@ def _unbind(fn):
         if isinstance(fn, functools.partial):
             bound, keywords = (*fn.args, *bound), {**fn.keywords, **keywords}
             fn = fn.func
-        elif inspect.ismethod(fn) and not isinstance(fn.__self__, type) and inspect.isfunction(fn.__func__):
+        elif inspect.ismethod(fn) and inspect.isfunction(fn.__func__):
             bound = (fn.__self__, *bound)
             return _Method(fn), bound, keywords
         else:
@@ -586,8 +588,8 @@ def _program_of(fn, classes, sys_path, decorated):
 
 def _method_program(method, classes, sys_path):
     """`program` of a bound method: a function that calls it on its
-    instance (the call's first argument) by name, so that the method runs
-    as its class — which travels with the instance — defines it."""
+    instance or class (the call's first argument) by name, so that the
+    method runs as its class — which travels with it — defines it."""
     _refuse_unsendable(method.func)
     source = f"def _pw_method(_pw_self, *args, **kwargs):\n    return getattr(_pw_self, {method.attr!r})(*args, **kwargs)\n"
     # A class of the standard library or an installed package (a fitted
