@@ -416,3 +416,17 @@ def test_the_classes_of_objects_inside_the_arguments_travel_too():
     # A Point inside a dict inside a Holder: a pickle that names both.
     assert peerwasm.map(fns.inner_norm, [fns.Holder(fns.Point(1, -2))]) == [3]
     assert peerwasm.run(fns.inner_norm, fns.Holder(fns.Point(3, 4))) == 7
+
+
+def test_a_library_function_is_imported_in_the_sandbox_by_its_names():
+    import json
+
+    # A builtin, a ufunc, a library `def`: found again by module and name,
+    # as pickle finds them for a process pool; nothing of theirs is sent.
+    assert peerwasm.map(abs, [-1, 2]) == [1, 2]
+    assert peerwasm.map(np.sqrt, [4.0]) == [2.0]
+    assert peerwasm.run(json.dumps, {"a": 1}, sort_keys=True) == '{"a": 1}'
+    with pytest.raises(peerwasm.RemoteError, match="expected 2 arguments"):
+        import operator
+
+        peerwasm.map(operator.add, [1])

@@ -541,6 +541,9 @@ def program(fn, values=(), sys_path=(), classes=None):
         _pickled(tuple(values), classes)
     if isinstance(fn, _Method):
         return _method_program(fn, classes, sys_path)
+    path = _import_path(fn)
+    if path is not None:
+        return _import_program(path, classes, sys_path)
     inner = _decorated_def(fn)
     if inner is not None:
         return _program_of(inner, classes, sys_path, decorated=True)
@@ -598,6 +601,49 @@ def _method_program(method, classes, sys_path):
     own = not _installed(method.func)
     label = f"{method.func.__qualname__}"
     return _driver(method.func, ast.parse(source).body[0], source, "_pw_method", classes, sys_path, own, label)
+
+
+def _import_path(fn):
+    """`(module, qualname)` for a function of the standard library or an
+    installed package — a builtin (`abs`), a ufunc (`np.sqrt`), a library
+    `def` (`json.dumps`) — that the sandbox imports by those names, as
+    pickle would; None for the caller's own functions and what cannot be
+    found again by its names."""
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str) or module == "__main__":
+        return None
+    if inspect.isfunction(fn) and not _installed(fn):
+        return None
+    if not (inspect.isfunction(fn) or inspect.isbuiltin(fn) or type(fn).__name__ == "ufunc"):
+        return None
+    found = sys.modules.get(module)
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return (module, qualname) if found is fn else None
+
+
+def _import_program(path, classes, sys_path):
+    """`program` of a library function: imported in the sandbox by its
+    names (`_import_path`) and called; nothing of its module is sent."""
+    module, qualname = path
+    source = (
+        "def _pw_imported(*args, **kwargs):\n"
+        "    import importlib\n"
+        f"    target = importlib.import_module({module!r})\n"
+        f"    for part in {qualname.split('.')!r}:\n"
+        "        target = getattr(target, part)\n"
+        "    return target(*args, **kwargs)\n"
+    )
+    return _DRIVER.format(
+        wire_source=_wire_source(),
+        imports="",
+        definitions="",
+        source=source,
+        name="_pw_imported",
+        label=f"{module}.{qualname}",
+        sys_path=list(sys_path),
+    )
 
 
 def _installed(fn):
