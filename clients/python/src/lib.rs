@@ -314,7 +314,7 @@ fn run_job(
 /// memory is learned from the jobs' exact peaks (smartmem). `retries`:
 /// runs of a failed job.
 #[pyfunction]
-#[pyo3(signature = (module, inputs, mem=None, timeout=None, peers=None, token=None, keep_going=false, retries=0, ordered=true, max_lost=peerwasm::client::DEFAULT_MAX_LOST))]
+#[pyo3(signature = (module, inputs, mem=None, timeout=None, peers=None, token=None, keep_going=false, retries=0, ordered=true, max_lost=peerwasm::client::DEFAULT_MAX_LOST as i64))]
 #[allow(clippy::too_many_arguments)]
 fn map_stream(
     py: Python<'_>,
@@ -327,7 +327,7 @@ fn map_stream(
     keep_going: bool,
     retries: u32,
     ordered: bool,
-    max_lost: u32,
+    max_lost: i64,
 ) -> PyResult<MapStream> {
     let json = py.import("json")?;
     let mut stdins = Vec::new();
@@ -361,8 +361,14 @@ fn map_config(
     keep_going: bool,
     retries: u32,
     ordered: bool,
-    max_lost: u32,
+    max_lost: i64,
 ) -> PyResult<MapConfig> {
+    let max_lost = u32::try_from(max_lost)
+        .ok()
+        .filter(|&n| n >= 1)
+        .ok_or_else(|| {
+            PyValueError::new_err(format!("max_lost must be at least 1, not {max_lost}"))
+        })?;
     let per_input = match mem {
         Some(m) if !m.is_instance_of::<pyo3::types::PyString>() && m.extract::<u64>().is_err() => {
             Some(per_input_sizes(m, inputs)?)
@@ -379,7 +385,7 @@ fn map_config(
         keep_going,
         retries,
         ordered,
-        max_lost: max_lost.max(1),
+        max_lost,
         ..MapConfig::default()
     })
 }
@@ -510,7 +516,7 @@ fn _run_python(
 /// `map` of a Python program over pickled inputs: the driver
 /// `peerwasm.map(fn, ...)` writes. A `MapStream`, as `map_stream`.
 #[pyfunction]
-#[pyo3(signature = (runtime, source, inputs, mem=None, timeout=None, peers=None, token=None, keep_going=false, retries=0, warm=None, ordered=true, dirs=Vec::new(), max_output=None, plots=false, max_lost=peerwasm::client::DEFAULT_MAX_LOST))]
+#[pyo3(signature = (runtime, source, inputs, mem=None, timeout=None, peers=None, token=None, keep_going=false, retries=0, warm=None, ordered=true, dirs=Vec::new(), max_output=None, plots=false, max_lost=peerwasm::client::DEFAULT_MAX_LOST as i64))]
 #[allow(clippy::too_many_arguments)]
 fn _map_python(
     py: Python<'_>,
@@ -528,7 +534,7 @@ fn _map_python(
     dirs: Vec<(PathBuf, String, bool)>,
     max_output: Option<&Bound<'_, PyAny>>,
     plots: bool,
-    max_lost: u32,
+    max_lost: i64,
 ) -> PyResult<MapStream> {
     let given = Given {
         dirs,

@@ -303,6 +303,9 @@ def test_mem_may_be_given_per_item():
         peerwasm.map(fns.grows, [8, 9], mem=["256MiB"])
     with pytest.raises(ValueError, match=r"mem\[1\]"):
         peerwasm.map(fns.grows, [8, 9], mem=["256MiB", "lots"])
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="max_lost must be at least 1"):
+            peerwasm.map(fns.grows, [8], max_lost=bad)
 
 
 def _slot_processes():
