@@ -433,3 +433,19 @@ def test_a_library_function_is_imported_in_the_sandbox_by_its_names():
         import operator
 
         peerwasm.map(operator.add, [1])
+
+
+def test_a_notebooks_class_travels_with_its_instances_bound_method():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.run_cell("import numpy as np", store_history=True).raise_error()
+    shell.run_cell(
+        "class Model:\n"
+        "    def __init__(self, w):\n        self.w = np.asarray(w)\n"
+        "    def __score(self, x):\n        return float(self.w @ np.asarray(x))\n"
+        "    def predict(self, x):\n        return self.__score(x)\n",
+        store_history=True,
+    ).raise_error()
+    shell.run_cell("m = Model([1.0, 2.0])", store_history=True).raise_error()
+    assert peerwasm.map(shell.user_ns["m"].predict, [[1, 1], [2, 0]]) == [3.0, 2.0]
