@@ -342,11 +342,14 @@ impl Policy {
                 ..Decision::default()
             };
         }
+        let demand = match backlog.jobs() {
+            0 => "no job waits: the pool wants".to_string(),
+            n => format!("{n} jobs to run want"),
+        };
         let why = format!(
-            "shrinking by {}: {} jobs to run want {target} worker{} (at least --min {}), the pool has {} and {} coming; \
+            "shrinking by {}: {demand} {target} worker{} (at least --min {}), the pool has {} and {} coming; \
              letting go of those idle for {}",
             cancel.len(),
-            backlog.jobs(),
             plural(target),
             self.min,
             workers.len(),

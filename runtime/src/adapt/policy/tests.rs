@@ -101,7 +101,13 @@ fn it_shrinks_only_after_the_idle_period_never_a_busy_worker_nor_below_min() {
     let d = p.decide(&none, &workers, &[], 0, &mut m, 10_000);
     // Target 1 (--min), capacity 3: two could go, but b is busy.
     assert_eq!(d.cancel, ["job-a", "job-c"], "{d:?}");
-    assert!(d.why.starts_with("shrinking by 2"), "{}", d.why);
+    assert!(
+        d.why.starts_with(
+            "shrinking by 2: no job waits: the pool wants 1 worker (at least --min 1)"
+        ),
+        "{}",
+        d.why
+    );
     // With b idle too, still one is kept.
     let all_idle = vec![
         worker("a", false, GIB),
