@@ -599,8 +599,8 @@ def _method_program(method, classes, sys_path):
     # model's `predict`) comes by import in the sandbox, as its instance's
     # pickle names it: nothing of its module is sent.
     own = not _installed(method.func)
-    label = f"{method.func.__qualname__}"
-    return _driver(method.func, ast.parse(source).body[0], source, "_pw_method", classes, sys_path, own, label)
+    node = ast.parse(source).body[0]
+    return _driver(method.func, node, source, "_pw_method", classes, sys_path, own, method.func.__qualname__)
 
 
 def _import_path(fn):
@@ -635,15 +635,7 @@ def _import_program(path, classes, sys_path):
         "        target = getattr(target, part)\n"
         "    return target(*args, **kwargs)\n"
     )
-    return _DRIVER.format(
-        wire_source=_wire_source(),
-        imports="",
-        definitions="",
-        source=source,
-        name="_pw_imported",
-        label=f"{module}.{qualname}",
-        sys_path=list(sys_path),
-    )
+    return _driver(None, None, source, "_pw_imported", classes, sys_path, own=False, label=f"{module}.{qualname}")
 
 
 def _installed(fn):
@@ -661,7 +653,8 @@ def _installed(fn):
 def _driver(fn, node, source, name, classes, sys_path, own=True, label=None):
     """`_DRIVER` filled for calling `name`, defined by `source` (parsed:
     `node`), with what it uses of `fn`'s module when that is the caller's
-    `own` code; `label`: what its messages call it (`name`)."""
+    `own` code (else `fn` and `node` are not read); `label`: what its
+    messages call it (`name`)."""
     return _DRIVER.format(
         wire_source=_wire_source(),
         imports=_imports(fn) if own else "",
