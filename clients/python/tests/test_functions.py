@@ -16,6 +16,8 @@ import peerwasm
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import fns  # noqa: E402
+import fns_random  # noqa: E402
+import fns_seeded  # noqa: E402
 import fns_shared  # noqa: E402
 import plugins  # noqa: E402
 from test_peerwasm import pool  # noqa: E402,F401  (the two-worker pool fixture)
@@ -167,10 +169,10 @@ def test_a_guest_cannot_run_code_in_the_caller(tmp_path):
 def _map_results(fn, items):
     """The map's Results themselves (peaks, wall times), as `map` runs it:
     warm, from the prelude `map` sends."""
-    from peerwasm import _functions, _peerwasm
+    from peerwasm import _functions, _peerwasm, _warm
 
     inputs = [_functions.pickle.dumps(((i,), {}), protocol=_functions.PROTOCOL) for i in items]
-    warm = (_functions._warm_prelude(None), _functions._WARM_TURN)
+    warm = (_warm.prelude(None), _warm.TURN)
     return list(_peerwasm._map_python(_functions.runtime_dir(), _functions.program(fn, items), inputs, warm=warm))
 
 
@@ -184,6 +186,29 @@ def _no_item_sees_another(out):
 def test_items_start_warm_and_none_sees_what_another_left():
     out = peerwasm.map(fns.leaks, range(8))
     _no_item_sees_another(out)
+
+
+def test_generators_seeded_from_entropy_draw_afresh_in_each_item():
+    # Made as the module loaded, i.e. in the snapshot every item starts
+    # from: a Monte-Carlo map must not compute one sample eight times.
+    out = peerwasm.map(fns_random.draws_unseeded, range(8))
+    for column in range(len(out[0])):
+        drawn = [o[column] for o in out]
+        assert len(set(drawn)) == len(drawn), (column, drawn)
+
+
+def test_generators_seeded_with_a_value_start_each_item_from_it_as_a_process_would():
+    import random
+
+    expected = [
+        float(np.random.default_rng(7).normal()),
+        float(np.random.RandomState(42).rand()),
+        random.Random(5).random(),
+    ]
+    assert peerwasm.map(fns_random.draws_seeded, range(6)) == [expected] * 6
+    # numpy's and random's own, seeded by a local module as it loads.
+    own = (float(np.random.RandomState(3).rand()), random.Random(5).random())
+    assert peerwasm.map(fns_seeded.draws_from_the_seeded_globals, range(6)) == [own] * 6
 
 
 def test_items_after_the_snapshot_start_without_the_imports_and_each_has_its_own_peak():
@@ -269,10 +294,10 @@ def test_the_next_process_starts_warm_from_the_snapshot_kept_on_disk(tmp_path):
         "import sys\n"
         f"sys.path.insert(0, {str(tmp_path)!r})\n"
         "from kept import total\n"
-        "from peerwasm import _functions, _peerwasm\n"
+        "from peerwasm import _functions, _peerwasm, _warm\n"
         "items = [3, 4, 5, 6, 7, 8, 9, 10]\n"
         "inputs = [_functions.pickle.dumps(((i,), {}), protocol=_functions.PROTOCOL) for i in items]\n"
-        "warm = (_functions._warm_prelude(None), _functions._WARM_TURN)\n"
+        "warm = (_warm.prelude(None), _warm.TURN)\n"
         "rs = list(_peerwasm._map_python(_functions.runtime_dir(), _functions.program(total, items), inputs, warm=warm))\n"
         "print('VALUES', [_functions._reply(r) for r in rs])\n"
         "print('WALLS', max(r.wall_s for r in rs))\n"

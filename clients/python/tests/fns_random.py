@@ -1,0 +1,38 @@
+"""Functions that draw random numbers, for the tests of what a map's items
+start from: a snapshot of the prelude, where these generators were made."""
+
+import random
+
+import numpy as np
+
+# Seeded from entropy as the module loads: each item must draw afresh, as
+# a process of its own would.
+FRESH_RNG = np.random.default_rng()
+FRESH_STATE = np.random.RandomState()
+FRESH_RANDOM = random.Random()
+# Made from entropy, then drawn from as the module loads: still its stream.
+ADVANCED_RNG = np.random.default_rng()
+ADVANCED_FIRST = ADVANCED_RNG.random()
+# A bootstrap's data, drawn from numpy's own generator as the module loads.
+DATA = np.random.randn(50)
+
+# Seeded with a value: each item starts from that value's state.
+SEEDED_RNG = np.random.default_rng(7)
+SEEDED_STATE = np.random.RandomState(42)
+SEEDED_RANDOM = random.Random(5)
+
+
+def draws_unseeded(i):
+    assert ADVANCED_FIRST >= 0
+    return [
+        float(FRESH_RNG.normal()),
+        float(FRESH_STATE.rand()),
+        FRESH_RANDOM.random(),
+        float(ADVANCED_RNG.random()),
+        float(np.random.choice(DATA) + np.random.random()),
+        random.random(),
+    ]
+
+
+def draws_seeded(i):
+    return [float(SEEDED_RNG.normal()), float(SEEDED_STATE.rand()), SEEDED_RANDOM.random()]
