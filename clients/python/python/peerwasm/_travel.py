@@ -1,0 +1,233 @@
+"""What of a function's module travels with it into the sandbox: the
+module's top-level imports (guarded, so that a host-only one is named when
+used, never skipped), the user's own modules beside it, and the top-level
+definitions the function uses — helpers, constants, classes — as the text
+that defines them *as they run now* (a module's file or a prompt's history
+can hold definitions that no longer do).
+
+Source travels, not pickled code: the caller's Python and the sandbox's
+(3.15) need not match (see `_functions`).
+"""
+
+import ast
+import inspect
+import os
+import sys
+import textwrap
+
+from . import _sources
+
+
+def imports(fn):
+    """The top-level import statements of `fn`'s module (or of the notebook
+    cells it was defined among: `_sources.module_trees`), each guarded: the
+    names of one the sandbox cannot import (a host-only package) are bound
+    to a stand-in that raises its ImportError, naming it, when used — never
+    skipped in silence."""
+    guarded, seen = [_local_modules(fn)], set()
+    for node in (n for tree in _sources.module_trees(fn) for n in _one_name_each(tree.body)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and not (
+            isinstance(node, ast.ImportFrom) and node.module == "__future__"
+        ):
+            statement = ast.unparse(node)
+            if statement in seen:
+                continue
+            seen.add(statement)
+            if isinstance(node, ast.Import):
+                names = [a.asname or a.name.split(".")[0] for a in node.names]
+            else:
+                names = [a.asname or a.name for a in node.names if a.name != "*"]
+            stand_ins = [f"    {name} = _pw_Missing({statement!r}, _pw_e)" for name in names] or [
+                # `from m import *` names nothing to stand in for: said.
+                f"    _pw_sys.stderr.write('peerwasm: the sandbox could not run ' + {statement!r} + ': ' + str(_pw_e) + '\\n')"
+            ]
+            guarded.append(
+                "try:\n"
+                + textwrap.indent(statement, "    ")
+                + "\nexcept ImportError as _pw_e:\n"
+                + "\n".join(stand_ins)
+            )
+    return "\n".join(guarded)
+
+
+def _one_name_each(body):
+    """The statements of `body`, an import of several names split into one
+    import per name (`import dataclasses, peerwasm` → two), so that a name
+    the sandbox cannot import (here `peerwasm`, a host-only package) stands
+    in for itself alone, not for the others of its statement too."""
+    for node in body:
+        if isinstance(node, ast.Import) and len(node.names) > 1:
+            yield from (ast.Import(names=[alias]) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and len(node.names) > 1:
+            yield from (ast.ImportFrom(module=node.module, names=[alias], level=node.level) for alias in node.names)
+        else:
+            yield node
+
+
+def _local_modules(fn):
+    """The modules of the user's own that `fn`'s module imports (single
+    `.py` files beside it — or, for a notebook, in the working directory —
+    and those they import in turn), as code that makes each one in the
+    guest before the imports run, so that `import mylib` finds it there."""
+    module = sys.modules.get(fn.__module__)
+    home = os.path.dirname(os.path.abspath(getattr(module, "__file__", None) or os.path.join(os.getcwd(), "x")))
+    if fn.__module__ == "__main__" and "get_ipython" in fn.__globals__:
+        home = os.getcwd()
+    found, order, todo = {}, [], [t for t in _sources.module_trees(fn)]
+    while todo:
+        for node in ast.walk(todo.pop()):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module]
+                if isinstance(node, ast.ImportFrom) and node.module and not node.level
+                else []
+            )
+            for name in names:
+                local = sys.modules.get(name)
+                path = getattr(local, "__file__", None)
+                if (
+                    name in found
+                    or not path
+                    or not path.endswith(".py")
+                    or os.path.basename(path) == "__init__.py"
+                    or os.path.dirname(os.path.abspath(path)) != home
+                ):
+                    continue
+                with open(path, encoding="utf-8") as f:
+                    found[name] = (path, f.read())
+                order.append(name)
+                todo.append(ast.parse(found[name][1]))
+    # Made in reverse order of discovery: what a module imports exists first.
+    return "\n".join(
+        f"_pw_sys.modules[{name!r}] = _pw_m = _pw_types.ModuleType({name!r})\n"
+        f"exec(compile({found[name][1]!r}, {found[name][0]!r}, 'exec'), _pw_m.__dict__)"
+        for name in reversed(order)
+    )
+
+
+def _defined(node):
+    """The names a top-level statement defines."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) and node.value else []
+    return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+
+
+def _names_in(node):
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def definitions(fn, fn_node, extra=(), own=None):
+    """The top-level definitions of `fn`'s module (or notebook) that it
+    uses — helpers, constants, classes, and what they use in turn — and
+    those named in `extra` (classes of its arguments), as source, in the
+    order they were written; not `own` (the name the program defines
+    itself: `fn`'s, unless given). The last definition of a name wins, as
+    it would at run time."""
+    defs, order = {}, 0
+    for tree in _sources.module_trees(fn):
+        context = _sources.import_context(tree)
+        for node in tree.body:
+            for name in _defined(node):
+                defs.setdefault(name, []).append((order, node, context))
+            order += 1
+    needed, todo = {}, [*_names_in(fn_node), *extra]
+    while todo:
+        name = todo.pop()
+        if name in needed or name == (own or fn.__name__) or name not in defs:
+            continue
+        running = _as_running(fn, name, defs[name])
+        if running is None:
+            continue
+        needed[name] = running[:2]
+        todo.extend(_names_in(running[1]))
+    nodes = {id(node): (o, node) for o, node in needed.values()}
+    return "\n\n".join(ast.unparse(node) for _, node in sorted(nodes.values(), key=lambda x: x[0]))
+
+
+def _as_running(fn, name, candidates):
+    """Which of `candidates` — the definitions of `name` in `fn`'s module
+    text, oldest first, each `(order, node, the imports of its text)` — is
+    the one `fn` would find now, or None when none should travel. The text can hold definitions that do not run: a
+    prompt's history keeps earlier sessions' lines, and a module's file can
+    change after it was imported. So a name `fn`'s globals do not hold is
+    not sent (the guest then fails as the host would); a function must
+    compile to the very code that runs, and a class's methods to its
+    methods; a function or class that came from elsewhere (an import) is
+    left to its import. Raises TypeError when the running definition of a
+    helper of `fn`'s own is not in the text."""
+    namespace = fn.__globals__
+    if name not in namespace:
+        return None
+    live = namespace[name]
+    target = inspect.unwrap(live) if inspect.isfunction(live) else live
+    ours = getattr(target, "__module__", None) == fn.__module__
+    named = getattr(target, "__name__", None) == name
+    if inspect.isfunction(target) and named:
+        matches = [
+            c for c in candidates
+            if isinstance(c[1], _FUNCTIONS)
+            and _sources.same_code(ast.unparse(c[1]), target, c[2])
+        ]
+    elif inspect.isclass(target) and named:
+        flags = fn.__code__.co_flags & _sources.FUTURE_FLAGS
+        matches = [c for c in candidates if isinstance(c[1], ast.ClassDef) and _same_methods(c[1], target, flags, c[2])]
+    elif inspect.isfunction(target) or inspect.isclass(target):
+        # A wrapper a decorator made, or another function bound to the
+        # name: nothing to check it against; sent as written.
+        return candidates[-1]
+    else:
+        return next((c for c in reversed(candidates) if not isinstance(c[1], _DEFINITIONS)), None)
+    if matches:
+        return matches[-1]
+    if not isinstance(candidates[-1][1], _DEFINITIONS):
+        # Bound last by an assignment (`helper = cache(helper)`), which
+        # cannot be checked: sent as written, as before any check.
+        return candidates[-1]
+    if not ours:
+        return None
+    raise TypeError(
+        f"{fn.__name__} uses {name}, whose source as it runs now cannot be read (the text found defines it "
+        "otherwise: an earlier session's history, or a file changed since it was imported): "
+        "define them in a file, and import it afresh"
+    )
+
+
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+_DEFINITIONS = (*_FUNCTIONS, ast.ClassDef)
+
+
+def _same_methods(node, cls, flags, context):
+    """Whether the class `node` defines is `cls` as it runs: the same name,
+    the same methods, each compiled to `cls`'s own code (compiled within
+    the class, as `super()` needs, after `context`, the imports of its
+    text)."""
+    if node.name != cls.__name__:
+        return False
+    try:
+        module = compile(context + ast.unparse(node), "<class>", "exec", flags=flags, dont_inherit=True)
+    except (SyntaxError, ValueError):
+        return False
+    body = next((c for c in module.co_consts if inspect.iscode(c) and c.co_name == node.name), None)
+    if body is None:
+        return False
+    for code in (c for c in body.co_consts if inspect.iscode(c) and c.co_name.isidentifier()):
+        attr = mangled(cls, code.co_name)
+        if attr not in cls.__dict__:
+            return False
+        method = cls.__dict__[attr]
+        method = getattr(method, "__func__", method)
+        if inspect.isfunction(method) and not _sources.alike(code, inspect.unwrap(method).__code__):
+            return False
+    return True
+
+
+def mangled(cls, name):
+    """The attribute `name`, defined in `cls`'s body, is stored as: a
+    private `__name` as `_Class__name`."""
+    if name.startswith("__") and not name.endswith("__"):
+        return f"_{cls.__name__.lstrip('_')}{name}"
+    return name
