@@ -59,3 +59,36 @@ impl PeerError {
         }
     }
 }
+
+/// What a broken connection to a worker says about the job it carried.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Broken {
+    /// The worker does not answer and another does, or another process of
+    /// it answers on its address: the one that had the job is gone,
+    /// perhaps ended by it. Counted.
+    WorkerGone,
+    /// The worker still answers: only the connection was lost.
+    WorkerAnswers,
+    /// No worker answers: this client may be cut off from the pool.
+    NobodyAnswers,
+}
+
+impl Broken {
+    /// Whether a map counts the loss against the input's `max_lost`.
+    pub(crate) fn counts(&self) -> bool {
+        *self == Broken::WorkerGone
+    }
+
+    /// What to add to the loss's reason, in words.
+    pub(crate) fn said(&self) -> &'static str {
+        match self {
+            Broken::WorkerGone => "",
+            Broken::WorkerAnswers => {
+                " (the worker still answers: the connection was lost, not its process)"
+            }
+            Broken::NobodyAnswers => {
+                " (no worker answers: this client may be cut off from the pool)"
+            }
+        }
+    }
+}

@@ -16,11 +16,13 @@
 //! this client is the one cut off (not counted). Either way the input runs
 //! again.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 
 use super::api::WorkerApi;
+use super::errors::Broken;
 use super::pool::Pool;
 use crate::gossip::Liveness;
 
@@ -31,44 +33,33 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 /// client still reaches the pool.
 const OTHERS_ASKED: usize = 3;
 
-/// What a broken connection to a worker says about the job it carried.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Broken {
-    /// The worker does not answer and another does, or another process of
-    /// it answers on its address: the one that had the job is gone,
-    /// perhaps ended by it. Counted.
-    WorkerGone,
-    /// The worker still answers: only the connection was lost.
-    WorkerAnswers,
-    /// No worker answers: this client may be cut off from the pool.
-    NobodyAnswers,
-}
-
-impl Broken {
-    /// Whether a map counts the loss against the input's `max_lost`.
-    pub(crate) fn counts(&self) -> bool {
-        *self == Broken::WorkerGone
-    }
-
-    /// What to add to the loss's reason, in words.
-    pub(crate) fn said(&self) -> &'static str {
-        match self {
-            Broken::WorkerGone => "",
-            Broken::WorkerAnswers => {
-                " (the worker still answers: the connection was lost, not its process)"
-            }
-            Broken::NobodyAnswers => {
-                " (no worker answers: this client may be cut off from the pool)"
-            }
-        }
-    }
-}
-
 impl Pool {
     /// After the connection to `addr` broke under a job: whether the worker
     /// is gone, still there, or whether nobody answers (see the module
     /// docs).
+    ///
+    /// Many connections to one worker break together — one batch's
+    /// connection, one worker's death, this client's network — and each of
+    /// their jobs asks: they share the probe in flight for that worker,
+    /// rather than send a thousand probes into a dead network. A probe
+    /// that has answered is not reused: a later break is asked afresh.
     pub(crate) async fn judge_broken(&self, addr: &str) -> Broken {
+        let probe = {
+            let mut probes = self.probes.lock();
+            probes.retain(|_, p| p.get().is_none());
+            probes.entry(addr.to_string()).or_default().clone()
+        };
+        let verdict = probe.get_or_init(|| self.probe(addr)).await.clone();
+        // Let go of the answered probe (it stays only while in flight).
+        let mut probes = self.probes.lock();
+        if probes.get(addr).is_some_and(|p| Arc::ptr_eq(p, &probe)) {
+            probes.remove(addr);
+        }
+        verdict
+    }
+
+    /// One probe of `addr` and, when it does not answer, of others.
+    async fn probe(&self, addr: &str) -> Broken {
         let before = self.known_generation(addr).await;
         match self.ask(addr).await {
             // Another process on its address: it restarted (a supervisor

@@ -27,12 +27,11 @@ use reqwest::StatusCode;
 
 use super::api::{ApiError, WorkerApi, http_client};
 use super::batcher::Batchers;
-use super::errors::{PeerError, SubmitError};
+use super::errors::{Broken, PeerError, SubmitError};
 use super::job::Job;
 use super::placement;
 use super::tree::ShippedTrees;
-use crate::gossip::Liveness;
-use crate::gossip::PeerView;
+use crate::gossip::{Liveness, PeerView};
 use crate::net::{HttpClient, Transport};
 use crate::proto::{JobSpec, ModuleHash};
 use crate::units::Bytes;
@@ -124,6 +123,8 @@ pub struct Pool {
     avoid: Mutex<HashMap<String, Instant>>,
     /// Jobs on their way to each worker, sent in batches.
     pub(super) batchers: Batchers,
+    /// Probes in flight of workers whose connections broke (`loss.rs`).
+    pub(super) probes: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<Broken>>>>,
 }
 
 #[derive(Default)]
@@ -155,6 +156,7 @@ impl Pool {
             load: Mutex::new(HashMap::new()),
             avoid: Mutex::new(HashMap::new()),
             batchers: Batchers::new(),
+            probes: Mutex::new(HashMap::new()),
         })
     }
 

@@ -157,7 +157,7 @@ mod tests {
     //! What one worker's answer means for a job being placed.
 
     use super::*;
-    use crate::client::loss::Broken;
+    use crate::client::errors::Broken;
     use crate::client::pool::PoolConfig;
     use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -266,6 +266,33 @@ mod tests {
             SubmitError::Fatal("a:1: bad spec".into())
         );
         assert!(declined.is_empty());
+    }
+
+    #[tokio::test]
+    async fn jobs_whose_connections_broke_together_share_one_probe() {
+        // A hundred jobs lost with one worker, whose address refuses now;
+        // another answers (and counts what it is asked).
+        let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = asked.clone();
+        let other = serving(move |_| {
+            counter.fetch_add(1, Ordering::Relaxed);
+            (503, Vec::new())
+        })
+        .await;
+        let gone = silent();
+        let pool = Pool::new(PoolConfig::new(vec![gone.clone(), other])).unwrap();
+        let verdicts = futures::future::join_all((0..100).map(|_| pool.judge_broken(&gone))).await;
+        assert!(
+            verdicts.iter().all(|v| *v == Broken::WorkerGone),
+            "{verdicts:?}"
+        );
+        // One probe: the view it reads and the other worker asked; not a
+        // hundred of each.
+        let probes = asked.load(Ordering::Relaxed);
+        assert!((1..=4).contains(&probes), "{probes} requests");
+        // A break after the answer is asked afresh.
+        assert_eq!(pool.judge_broken(&gone).await, Broken::WorkerGone);
+        assert!(asked.load(Ordering::Relaxed) > probes);
     }
 
     /// A worker at `127.0.0.1:port` that answers every request with a
