@@ -33,7 +33,7 @@ import pickle
 import sys
 import sysconfig
 
-from . import _maps, _mounts, _peerwasm, _sources, _travel, _warm, _wire
+from . import _arrays, _maps, _mounts, _peerwasm, _sources, _travel, _warm, _wire
 
 PROTOCOL = 4
 
@@ -72,6 +72,18 @@ _pw_sys.path[:0] = {sys_path!r}
 {source}
 
 class _pw_Unpickler(_pw_pickle.Unpickler):
+    # A large numpy array the caller moved as a file (peerwasm/_arrays.py):
+    # loaded once per array the input names.
+    def persistent_load(self, pid):
+        tag, name, index = pid
+        if tag != {array_tag!r} or "/" in name:
+            raise _pw_pickle.UnpicklingError("unknown persistent id " + repr(tag))
+        loaded = self.__dict__.setdefault("_pw_loaded", {{}})
+        if index not in loaded:
+            import numpy
+            loaded[index] = numpy.load({arrays_dir!r} + "/" + name, allow_pickle=False)
+        return loaded[index]
+
     # A class of the caller's module (`mymodule.Point` in an argument) is
     # this program's own copy: its definition travelled with the function.
     def find_class(self, module, name):
@@ -160,19 +172,24 @@ class _ClassFinder(pickle.Pickler):
     class pickled as a value): what an argument's pickle will ask the guest
     to find, however deep in it — an attribute's attribute, a dict's value."""
 
-    def __init__(self, file, found):
+    def __init__(self, file, found, arrays=None):
         super().__init__(file, protocol=PROTOCOL)
-        self.found = found
+        self.found, self.arrays = found, arrays
+
+    def persistent_id(self, obj):
+        # A large array goes as a file, by its content's hash (`_arrays`).
+        return self.arrays.persistent_id(obj) if self.arrays is not None else None
 
     def reducer_override(self, obj):
         self.found.add(obj if isinstance(obj, type) else type(obj))
         return NotImplemented
 
 
-def _pickled(obj, found):
-    """`obj`'s pickle, the classes in it added to `found`."""
+def _pickled(obj, found, arrays=None):
+    """`obj`'s pickle, the classes in it added to `found`, its large arrays
+    to `arrays` (an `_arrays.Arrays`; none: all inside the pickle)."""
     out = io.BytesIO()
-    _ClassFinder(out, found).dump(obj)
+    _ClassFinder(out, found, arrays).dump(obj)
     return out.getvalue()
 
 
@@ -350,6 +367,8 @@ def _driver(fn, node, source, name, classes, sys_path, own=True, label=None):
         name=name,
         label=label or name,
         sys_path=list(sys_path),
+        array_tag=_arrays.TAG,
+        arrays_dir=_arrays.GUEST,
     )
 
 
@@ -422,6 +441,22 @@ def _failure(error):
     return error
 
 
+def _inputs(calls, files, packages, outputs):
+    """Each call's `(args, kwargs)` pickled — its large numpy arrays moved
+    as files (`_arrays`) — the classes they name, and the mounts their jobs
+    are given, which must be closed after the jobs are done."""
+    classes, arrays = set(), _arrays.Arrays()
+    try:
+        inputs = [_pickled(call, classes, arrays) for call in calls]
+        _check_inputs(inputs)
+        arrays.finish()
+        mounts = _mounts.Mounts(files, packages, outputs, arrays=arrays)
+    except BaseException:
+        arrays.close()
+        raise
+    return inputs, classes, mounts
+
+
 def _check_inputs(inputs):
     """Refuses, before any job starts, an item whose pickled arguments are
     over what a job's input may be — embedded as on a pool, so that a map
@@ -431,9 +466,9 @@ def _check_inputs(inputs):
         if len(data) > limit:
             where = "the arguments" if len(inputs) == 1 else f"item {i}'s arguments"
             raise ValueError(
-                f"{where} pickle to {len(data) / 2**20:.1f} MiB; a job's input is at most "
-                f"{limit >> 20} MiB, embedded and on a pool alike: put large data in a directory "
-                "given as files= and pass its path"
+                f"{where} pickle to {len(data) / 2**20:.1f} MiB besides the numpy arrays moved as files; "
+                f"a job's input is at most {limit >> 20} MiB, embedded and on a pool alike: make large data "
+                "a numpy array, or put it in a directory given as files= and pass its path"
             )
 
 
@@ -443,11 +478,8 @@ def run(fn, args, kwargs, mem=None, timeout=None, peers=None, token=None, files=
     exception raised as RemoteError. What it prints comes out on stderr.
     `files`, `packages`, `outputs`: see `_mounts`."""
     fn, bound, keywords = _unbind(fn)
-    args, kwargs = (*bound, *args), {**keywords, **kwargs}
-    classes = set()
-    stdin = _pickled((tuple(args), dict(kwargs)), classes)
-    _check_inputs([stdin])
-    mounts = _mounts.Mounts(files, packages, outputs)
+    call = ((*bound, *args), {**keywords, **kwargs})
+    (stdin,), classes, mounts = _inputs([call], files, packages, outputs)
     try:
         source = program(fn, sys_path=mounts.sys_path, classes=classes)
         result = _peerwasm._run_python(
@@ -473,11 +505,9 @@ def _start(fn, items, ordered, options):
     # classes that must travel (`program`).
     items = list(items)
     fn, bound, keywords = _unbind(fn)
-    classes = set()
-    inputs = [_pickled(((*bound, item), keywords), classes) for item in items]
-    _check_inputs(inputs)
     outputs = options.pop("outputs")
-    mounts = _mounts.Mounts(options.pop("files"), options.pop("packages"), outputs)
+    calls = (((*bound, item), keywords) for item in items)
+    inputs, classes, mounts = _inputs(calls, options.pop("files"), options.pop("packages"), outputs)
     try:
         stream = _peerwasm._map_python(
             runtime_dir(),

@@ -39,13 +39,12 @@ import os
 import posixpath
 import shutil
 import tempfile
-import time
 import zipfile
 
-from . import _peerwasm
+from . import _arrays, _peerwasm
 
 # Where the sandbox already has something: never a data directory's place.
-_RESERVED = ("/script", "/usr", "/packages")
+_RESERVED = ("/script", "/usr", "/packages", _arrays.GUEST)
 _PACKAGES = "/packages"
 # How long a kept package copy stays unused before it is removed.
 _KEPT_UNUSED_S = 14 * 24 * 3600
@@ -55,11 +54,15 @@ class Mounts:
     """The directories a map's or a run's jobs are given: `grants`
     (`(host_dir, guest_dir, read_only)`), `sys_path` (guest paths put first
     on `sys.path`). Holds the staged copies (unpacked wheels, packages)
-    until `close`, which must come after the jobs are done."""
+    and the arguments' large arrays (`arrays`, an `_arrays.Arrays`, granted
+    at its `GUEST`) until `close`, which must come after the jobs are done."""
 
-    def __init__(self, files=None, packages=None, outputs=None):
+    def __init__(self, files=None, packages=None, outputs=None, arrays=None):
         self.grants, self.sys_path, self._staged = [], [], []
+        self._arrays = arrays
         try:
+            if arrays is not None and arrays.dir is not None:
+                self._grant(arrays.dir, _arrays.GUEST)
             for guest, host in _data_dirs(files, "files"):
                 self._grant(host, guest)
             outputs = _as_list(outputs, "outputs")
@@ -194,6 +197,8 @@ class Mounts:
         for d in self._staged:
             shutil.rmtree(d, ignore_errors=True)
         self._staged = []
+        if self._arrays is not None:
+            self._arrays.close()
 
 
 def _kept_root():
@@ -234,18 +239,8 @@ def _tree_digest(root):
 def _remove_unused(root):
     """Removes kept copies unused for `_KEPT_UNUSED_S` (and partial ones as
     old, left by a process that died)."""
-    now = time.time()
-    try:
-        entries = list(os.scandir(root))
-    except OSError:
-        return
-    for entry in entries:
-        try:
-            old = now - entry.stat(follow_symlinks=False).st_mtime > _KEPT_UNUSED_S
-        except OSError:
-            continue
-        if old and entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path, ignore_errors=True)
+    for path in _arrays.old_directories(root, _KEPT_UNUSED_S):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _as_list(value, name):

@@ -1,0 +1,95 @@
+"""Large numpy arrays in the arguments travel as files by content hash
+(`peerwasm/_arrays.py`): past the 64 MiB input limit, once per map however
+many items share them, embedded and on a pool."""
+
+import functools
+import os
+import time
+
+import numpy as np
+import pytest
+
+import peerwasm
+from peerwasm import _arrays, _functions
+
+import fns_arrays
+from test_peerwasm import pool  # noqa: F401  (the two-worker pool fixture)
+
+
+def _kept():
+    root = os.path.join(os.environ["PEERWASM_CACHE_DIR"], "arrays")
+    return sorted(os.listdir(root)) if os.path.isdir(root) else []
+
+
+def test_an_array_over_the_input_limit_arrives_whole_and_its_file_goes_after():
+    big = np.arange(10_000_000, dtype=np.float64)  # 80 MB: over the 64 MiB a job's input may be
+    before = _kept()
+    got = peerwasm.run(fns_arrays.summary, big, again=big, mem="768MiB")
+    assert got == (float(big.sum()), [10_000_000], "float64", True, True)
+    assert _kept() == before, "the arrays' directory is removed once the jobs are done"
+
+
+def test_an_array_bound_to_every_item_travels_once_not_in_each_item():
+    X = np.random.default_rng(1).random((1500, 1000))  # 12 MB
+    calls = [((i,), {"X": X}) for i in range(50)]
+    inputs, _, mounts = _functions._inputs(calls, None, None, None)
+    try:
+        assert max(len(i) for i in inputs) < 1024, [len(i) for i in inputs[:3]]
+        [(host, guest, read_only)] = mounts.grants
+        assert guest == _arrays.GUEST and read_only
+        assert [n for n in os.listdir(host) if n.endswith(".npy")] and len(os.listdir(host)) == 1
+    finally:
+        mounts.close()
+    out = peerwasm.map(functools.partial(fns_arrays.row_sum, X=X), range(50))
+    assert np.allclose(out, X[:50].sum(axis=1))
+
+
+def test_large_arrays_reach_a_pool_by_content_hash(pool):  # noqa: F811
+    X = np.random.default_rng(2).random((1200, 1000))
+    out = peerwasm.map(functools.partial(fns_arrays.row_sum, X=X), range(8), peers=pool[:1])
+    assert np.allclose(out, X[:8].sum(axis=1))
+    big = np.ones(9_000_000, dtype=np.float64)
+    got = peerwasm.run(fns_arrays.summary, big, mem="768MiB", peers=pool[:1])
+    assert got[:3] == (9_000_000.0, [9_000_000], "float64")
+
+
+def test_the_directory_of_arrays_lives_while_any_map_holds_it():
+    x = np.arange(300_000, dtype=np.int64)  # 2.4 MB
+    first, second = _arrays.Arrays(), _arrays.Arrays()
+    for arrays in (first, second):
+        assert arrays.persistent_id(x)[0] == _arrays.TAG
+        assert arrays.persistent_id(np.arange(10)) is None  # small: inside the pickle
+        arrays.finish()
+    assert first.dir == second.dir and os.path.isdir(first.dir)
+    first.close()
+    assert os.path.isdir(second.dir), "still held by the second map"
+    second.close()
+    assert not os.path.exists(second.dir)
+
+
+def test_what_a_dead_map_left_is_swept_but_not_what_a_live_one_holds():
+    root = _arrays._root()
+    orphan = os.path.join(root, "0" * 32)
+    os.makedirs(orphan, exist_ok=True)
+    held = _arrays.Arrays()
+    held.persistent_id(np.zeros(200_000))
+    held.finish()
+    old = time.time() - 2 * _arrays._ORPHAN_AGE_S
+    for d in (orphan, held.dir):
+        os.utime(d, (old, old))
+    try:
+        other = _arrays.Arrays()
+        other.persistent_id(np.ones(200_000))
+        other.finish()
+        other.close()
+        assert not os.path.exists(orphan), "left by a map that died: swept"
+        assert os.path.isdir(held.dir), "held by a live map: kept"
+    finally:
+        held.close()
+
+
+def test_other_large_arguments_are_refused_before_any_job_saying_what_to_do():
+    blob = b"x" * (peerwasm._peerwasm.MAX_INPUT_BYTES + 1)
+    with pytest.raises(ValueError, match="files="):
+        peerwasm.run(fns_arrays.summary, blob)
+    assert not [d for d in _kept() if d.startswith(".partial-")], "nothing staged is left behind"
