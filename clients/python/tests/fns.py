@@ -268,3 +268,25 @@ class Holder:
 
 def inner_norm(h):
     return h.inner["p"].norm1()
+
+
+SHADOWED = peerwasm.__name__  # host-only: computing it in the sandbox fails
+
+
+def doubles(SHADOWED):
+    """Its parameter is named like a module global it never reads."""
+    return SHADOWED * 2
+
+
+TOTAL = 10
+TOTAL += 5
+WEIGHTS = {"a": 1}
+WEIGHTS["b"] = TOTAL
+WEIGHTS.update(c=3)
+NAMES = ["x"]
+NAMES.append("y")
+
+
+def reads_changed_globals(key):
+    """Module globals changed after their definitions, as the module ran."""
+    return TOTAL, WEIGHTS[key], NAMES

@@ -107,6 +107,16 @@ def test_a_function_takes_its_modules_helpers_constants_and_classes():
     assert peerwasm.run(fns.uses_a_local_module, 3, 4) == 5.0
 
 
+def test_a_parameter_named_like_a_global_does_not_bring_the_global():
+    # The global (computable only on the host) stays home: the function
+    # never reads it.
+    assert peerwasm.map(fns.doubles, [1, 2]) == [2, 4]
+
+
+def test_globals_changed_after_their_definitions_arrive_as_the_module_made_them():
+    assert peerwasm.map(fns.reads_changed_globals, ["b", "c"]) == [(15, 15, ["x", "y"]), (15, 3, ["x", "y"])]
+
+
 def test_run_calls_the_function_with_its_arguments():
     assert peerwasm.run(fns.add, 2, 3) == 5
     assert peerwasm.run(fns.add, [1], [2]) == [1, 2]

@@ -12,6 +12,7 @@ Source travels, not pickled code: the caller's Python and the sandbox's
 import ast
 import inspect
 import os
+import symtable
 import sys
 import textwrap
 
@@ -107,30 +108,88 @@ def _local_modules(fn):
 
 
 def _defined(node):
-    """The names a top-level statement defines."""
+    """The names a top-level statement binds: a def's or class's name, an
+    assignment's targets (each of `a, b = ...`) — not a name only indexed
+    or given an attribute (`TABLE[1] = 5`: see `_changed`)."""
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return [node.name]
     targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) and node.value else []
-    return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+    return [name for t in targets for name in _bound(t)]
+
+
+def _bound(target):
+    if isinstance(target, ast.Name):
+        yield target.id
+    elif isinstance(target, (ast.Tuple, ast.List)):
+        for element in target.elts:
+            yield from _bound(element)
+    elif isinstance(target, ast.Starred):
+        yield from _bound(target.value)
+
+
+def _changed(node):
+    """The names a top-level statement changes without binding them anew —
+    `N += 1`, `TABLE[1] = 5`, `CONFIG.path = p`, `del CACHE[k]`,
+    `ITEMS.append(x)`: each goes with the definition it changes, after it,
+    so that the sandbox computes the value the caller's module holds."""
+    if isinstance(node, ast.AugAssign):
+        targets = [node.target]
+    elif isinstance(node, (ast.Assign, ast.Delete)):
+        targets = [t for t in node.targets if not isinstance(t, ast.Name)]
+    elif isinstance(node, ast.AnnAssign) and node.value is not None:
+        targets = [node.target]
+    elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Attribute):
+        targets = [node.value.func.value]  # a method called on it
+    else:
+        return []
+    names = []
+    for target in targets:
+        while isinstance(target, (ast.Subscript, ast.Attribute, ast.Starred)):
+            target = target.value
+        if isinstance(target, ast.Name) and (target is not getattr(node, "target", None) or isinstance(node, ast.AugAssign)):
+            names.append(target.id)
+    return names
 
 
 def _names_in(node):
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    """The module-level names a top-level statement reads: every name read
+    at the top level, and within a function or class only those it does not
+    bind itself — a parameter or local named like a module global (`def
+    f(df)` beside a global `df`) is not that global, and the global's
+    definition does not travel for it."""
+    try:
+        table = symtable.symtable(ast.unparse(node), "<definition>", "exec")
+    except SyntaxError:
+        return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    names = set()
+
+    def read(scope, top):
+        for symbol in scope.get_symbols():
+            if symbol.is_referenced() if top else symbol.is_global():
+                names.add(symbol.get_name())
+        for inner in scope.get_children():
+            read(inner, False)
+
+    read(table, True)
+    return names
 
 
 def definitions(fn, fn_node, extra=(), own=None):
     """The top-level definitions of `fn`'s module (or notebook) that it
-    uses — helpers, constants, classes, and what they use in turn — and
-    those named in `extra` (classes of its arguments), as source, in the
-    order they were written; not `own` (the name the program defines
-    itself: `fn`'s, unless given). The last definition of a name wins, as
-    it would at run time."""
-    defs, order = {}, 0
+    uses — helpers, constants, classes, and what they use in turn, each
+    with the statements after it that change it (`_changed`) — and those
+    named in `extra` (classes of its arguments), as source, in the order
+    they were written; not `own` (the name the program defines itself:
+    `fn`'s, unless given). The last definition of a name wins, as it would
+    at run time."""
+    defs, changes, order = {}, {}, 0
     for tree in _sources.module_trees(fn):
         context = _sources.import_context(tree)
         for node in tree.body:
             for name in _defined(node):
                 defs.setdefault(name, []).append((order, node, context))
+            for name in _changed(node):
+                changes.setdefault(name, []).append((order, node))
             order += 1
     needed, todo = {}, [*_names_in(fn_node), *extra]
     while todo:
@@ -140,9 +199,11 @@ def definitions(fn, fn_node, extra=(), own=None):
         running = _as_running(fn, name, defs[name])
         if running is None:
             continue
-        needed[name] = running[:2]
-        todo.extend(_names_in(running[1]))
-    nodes = {id(node): (o, node) for o, node in needed.values()}
+        rebound = min((o for o, _, _ in defs[name] if o > running[0]), default=order)
+        needed[name] = [running[:2], *((o, n) for o, n in changes.get(name, ()) if running[0] < o < rebound)]
+        for _, node in needed[name]:
+            todo.extend(_names_in(node))
+    nodes = {id(node): (o, node) for statements in needed.values() for o, node in statements}
     return "\n\n".join(ast.unparse(node) for _, node in sorted(nodes.values(), key=lambda x: x[0]))
 
 
