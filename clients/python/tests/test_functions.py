@@ -16,6 +16,7 @@ import peerwasm
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import fns  # noqa: E402
+import fns_blocks  # noqa: E402
 import fns_random  # noqa: E402
 import fns_seeded  # noqa: E402
 import fns_shared  # noqa: E402
@@ -115,6 +116,13 @@ def test_a_parameter_named_like_a_global_does_not_bring_the_global():
 
 def test_globals_changed_after_their_definitions_arrive_as_the_module_made_them():
     assert peerwasm.map(fns.reads_changed_globals, ["b", "c"]) == [(15, 15, ["x", "y"]), (15, 3, ["x", "y"])]
+
+
+def test_globals_bound_inside_top_level_blocks_travel_with_their_block():
+    # `try: import ujson as json / except ImportError: import json`, a
+    # constant and a function an `if` defines, a loop's last value; the
+    # `if __name__ == "__main__":` block stays home.
+    assert peerwasm.map(fns_blocks.encodes, [1]) == ['{"x": 1, "mode": "PY3", "last": 2}']
 
 
 def test_run_calls_the_function_with_its_arguments():

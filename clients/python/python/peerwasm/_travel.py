@@ -113,8 +113,47 @@ def _defined(node):
     or given an attribute (`TABLE[1] = 5`: see `_changed`)."""
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return [node.name]
+    if isinstance(node, _BLOCKS):
+        return [] if _is_main_guard(node) else sorted(_bound_within(node))
     targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) and node.value else []
     return [name for t in targets for name in _bound(t)]
+
+
+# Top-level statements that bind names inside them (`try: import ujson as
+# json` / `except ImportError: import json`; `if FAST: MODE = ...`): such a
+# statement travels whole when the function uses a name it binds.
+_BLOCKS = tuple(
+    getattr(ast, kind)
+    for kind in ("If", "Try", "TryStar", "With", "AsyncWith", "For", "AsyncFor", "While", "Match")
+    if hasattr(ast, kind)
+)
+
+
+def _is_main_guard(node):
+    """`if __name__ == "__main__":` — the script's own run, never sent."""
+    test = node.test if isinstance(node, ast.If) else None
+    return isinstance(test, ast.Compare) and {
+        n.id for n in ast.walk(test) if isinstance(n, ast.Name)
+    } == {"__name__"} and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in ast.walk(test))
+
+
+def _bound_within(block):
+    """The names a block binds at its module's level (not those local to a
+    function or class inside it: only their own names)."""
+    names = set()
+    for child in ast.iter_child_nodes(block):
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(child.name)
+            continue
+        if isinstance(child, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in child.names if a.name != "*")
+        elif isinstance(child, ast.Name) and isinstance(child.ctx, ast.Store):
+            names.add(child.id)
+        elif isinstance(child, ast.ExceptHandler) and child.name:
+            names.add(child.name)
+        if not isinstance(child, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            names |= _bound_within(child)
+    return names
 
 
 def _bound(target):
