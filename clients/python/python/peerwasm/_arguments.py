@@ -1,0 +1,121 @@
+"""What a call's arguments become on their way into the sandbox: what
+binds arguments to the function taken off (`unbind`: a partial's, a bound
+method's instance), each call's arguments pickled — the classes they name
+noted, to travel with the function, and large numpy arrays moved as files
+(`_arrays`) — checked against what a job's input may be, and the mounts
+the jobs are given (`inputs`).
+
+Pickles go only this way, into the sandbox, where a pickle can do no more
+than the function itself; results come back as data (`_wire`).
+"""
+
+import functools
+import inspect
+import io
+import pickle
+
+from . import _arrays, _mounts, _peerwasm, _travel
+
+
+PROTOCOL = 4
+
+
+class ClassFinder(pickle.Pickler):
+    """A pickler that notes the class of every object it pickles (and every
+    class pickled as a value): what an argument's pickle will ask the guest
+    to find, however deep in it — an attribute's attribute, a dict's value."""
+
+    def __init__(self, file, found, arrays=None):
+        super().__init__(file, protocol=PROTOCOL)
+        self.found, self.arrays = found, arrays
+
+    def persistent_id(self, obj):
+        # A large array goes as a file, by its content's hash (`_arrays`).
+        return self.arrays.persistent_id(obj) if self.arrays is not None else None
+
+    def reducer_override(self, obj):
+        self.found.add(obj if isinstance(obj, type) else type(obj))
+        return NotImplemented
+
+
+def pickled(obj, found, arrays=None):
+    """`obj`'s pickle, the classes in it added to `found`, its large arrays
+    to `arrays` (an `_arrays.Arrays`; none: all inside the pickle)."""
+    out = io.BytesIO()
+    ClassFinder(out, found, arrays).dump(obj)
+    return out.getvalue()
+
+
+class Method:
+    """A bound method's function (of an instance, or a class method's of
+    its class), called on what it is bound to by name in the sandbox
+    (`_method_program`)."""
+
+    def __init__(self, method):
+        owner = method.__self__
+        self.func, cls = method.__func__, owner if isinstance(owner, type) else type(owner)
+        self.attr = _travel.mangled(cls, self.func.__name__)
+        if "." in cls.__qualname__:
+            raise TypeError(
+                f"{method!r} is a method of {cls.__qualname__}, a class defined inside a function: "
+                "define the class at the top level of a module"
+            )
+
+
+def unbind(fn):
+    """`fn` without what binds arguments to it — `functools.partial`
+    layers, a bound method's instance: the function (a bound method's as a
+    `Method`), and the arguments bound before each call's own (their
+    keywords under the call's), which then travel with each call's
+    arguments — as a process pool pickles them with each task."""
+    bound, keywords = (), {}
+    while True:
+        if isinstance(fn, functools.partial):
+            bound, keywords = (*fn.args, *bound), {**fn.keywords, **keywords}
+            fn = fn.func
+        elif inspect.ismethod(fn) and inspect.isfunction(fn.__func__):
+            bound = (fn.__self__, *bound)
+            return Method(fn), bound, keywords
+        else:
+            return fn, bound, keywords
+
+
+def inputs(fn, calls, files, packages, outputs):
+    """Each call's `(args, kwargs)` pickled — its large numpy arrays moved
+    as files (`_arrays`) — the classes they name, and the mounts the jobs
+    of `fn` are given (with the packages of the caller's own it needs),
+    which must be closed after the jobs are done."""
+    classes, arrays = set(), _arrays.Arrays()
+    try:
+        inputs = [pickled(call, classes, arrays) for call in calls]
+        _check_inputs(inputs)
+        arrays.finish()
+        mounts = _mounts.Mounts(files, packages, outputs, arrays=arrays, local=_local_packages(fn))
+    except BaseException:
+        arrays.close()
+        raise
+    return inputs, classes, mounts
+
+
+def _local_packages(fn):
+    """The directories of the caller's own packages `fn` imports or is
+    defined in (`_travel.local_packages`); none for a library's function."""
+    target = fn.func if isinstance(fn, Method) else fn
+    if not inspect.isfunction(target) or _travel.installed(target):
+        return []
+    return _travel.local_packages(target)
+
+
+def _check_inputs(inputs):
+    """Refuses, before any job starts, an item whose pickled arguments are
+    over what a job's input may be — embedded as on a pool, so that a map
+    that works here works on a pool too."""
+    limit = _peerwasm.MAX_INPUT_BYTES
+    for i, data in enumerate(inputs):
+        if len(data) > limit:
+            where = "the arguments" if len(inputs) == 1 else f"item {i}'s arguments"
+            raise ValueError(
+                f"{where} pickle to {len(data) / 2**20:.1f} MiB besides the numpy arrays moved as files; "
+                f"a job's input is at most {limit >> 20} MiB, embedded and on a pool alike: make large data "
+                "a numpy array, or put it in a directory given as files= and pass its path"
+            )

@@ -1,0 +1,13 @@
+import os
+
+from .scaling import scale
+
+
+def fit(x):
+    """Defined in the package: imported there by its names."""
+    return scale(x) + 1
+
+
+def shipped():
+    """What of the package reached the sandbox."""
+    return sorted(n for n in os.listdir(os.path.dirname(__file__)) if n != "__pycache__")
