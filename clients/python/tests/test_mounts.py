@@ -39,6 +39,21 @@ def test_files_are_seen_where_the_host_has_them(tmp_path, monkeypatch):
     assert peerwasm.run(fns.reads, "data/sub/b.txt", files="data") == "beta"
     # Placed explicitly.
     assert peerwasm.run(fns.reads, "/inputs/a.txt", files={"/inputs": data}) == "alpha"
+    # This directory, or one above it: at its own path, and the function
+    # starts here, so a path relative to here means the same there.
+    monkeypatch.chdir(data)
+    assert peerwasm.run(fns.reads, "a.txt", files=".") == "alpha"
+    monkeypatch.chdir(data / "sub")
+    assert peerwasm.map(fns.reads, ["b.txt", "../a.txt"], files="..") == ["beta", "alpha"]
+
+
+def test_a_file_the_functions_module_reads_as_it_loads_is_named_with_what_to_do():
+    import fns_loads
+
+    with pytest.raises(peerwasm.JobError, match="opened '.*localmod.py' as it loaded.*files="):
+        peerwasm.map(fns_loads.first_line, [0])
+    here = str(pathlib.Path(__file__).parent)
+    assert peerwasm.map(fns_loads.first_line, [0], files=[here]) == [fns_loads.LINES[0]]
 
 
 def test_without_files_the_host_is_not_there(tmp_path):
@@ -94,8 +109,11 @@ def test_what_cannot_be_given_is_refused_saying_why(tmp_path):
         peerwasm.run(fns.square, 2, files=[tmp_path / "missing"])
     with pytest.raises(ValueError, match="sandbox's own"):
         peerwasm.run(fns.square, 2, files={"/usr/lib": tmp_path})
-    with pytest.raises(ValueError, match="not below this directory"):
-        peerwasm.run(fns.square, 2, files=["../elsewhere"])
+    with pytest.raises(ValueError, match="paths are absolute"):
+        peerwasm.run(fns.square, 2, files={"inputs": tmp_path})
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(ValueError, match="would be seen at"):
+        peerwasm.run(fns.square, 2, files=[tmp_path, tmp_path / "sub"])
 
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -61,10 +61,24 @@ class _pw_Missing:
             f"the sandbox could not run `{{statement}}` ({{error}}), and the function uses what it imports"
         )
     __getattr__ = __call__ = __getitem__ = __iter__ = __len__ = __bool__ = _pw_raise
-_pw_sys.path[:0] = {sys_path!r}
+{place}
+def _pw_while_loading(kind, error, traceback):
+    # What the function's module does as it loads runs here, in the
+    # sandbox: a file it reads then (`df = pd.read_csv(...)`) is not here
+    # unless given. Said under the error, which stays the module's own.
+    if isinstance(error, OSError):
+        what = repr(error.filename) if error.filename is not None else "a file"
+        error.add_note(
+            f"peerwasm: {{type(error).__name__}}: the function's module opened {{what}} as it loaded, in the "
+            "sandbox, which sees only the directories it is given: give its directory as files= ('.' for "
+            "this one), or read the data inside the function, or pass it as an argument"
+        )
+    _pw_sys.__excepthook__(kind, error, traceback)
+_pw_sys.excepthook = _pw_while_loading
 {imports}
 
 {definitions}
+_pw_sys.excepthook = _pw_sys.__excepthook__
 
 {source}
 
@@ -170,25 +184,30 @@ def _classes_of(fn, classes):
     return {t.__name__ for t in classes if t.__module__ == fn.__module__ and "." not in t.__qualname__}
 
 
-def program(fn, values=(), sys_path=(), classes=None):
+def program(fn, values=(), sys_path=(), classes=None, workdir=None):
     """The program that runs `fn` in the sandbox (see `_DRIVER`): its
     source, its module's imports, and the module's definitions it uses (and
     the classes of `values`, its arguments), with `sys_path` (the guest
-    paths of its `packages=`) first on `sys.path`. Raises TypeError for
-    what has no source of its own to send. `classes`: those the arguments'
-    pickles name, when they were pickled already (else found in `values`)."""
+    paths of its `packages=`) first on `sys.path`, in `workdir` (the
+    caller's working directory, when the sandbox sees it: `_mounts`).
+    Raises TypeError for what has no source of its own to send. `classes`:
+    those the arguments' pickles name, when they were pickled already (else
+    found in `values`)."""
+    place = f"_pw_sys.path[:0] = {list(sys_path)!r}\n"
+    if workdir is not None:
+        place += f"__import__('os').chdir({workdir!r})\n"
     if classes is None:
         classes = set()
         _arguments.pickled(tuple(values), classes)
     if isinstance(fn, _arguments.Method):
-        return _method_program(fn, classes, sys_path)
+        return _method_program(fn, classes, place)
     path = _import_path(fn)
     if path is not None:
-        return _import_program(path, classes, sys_path)
+        return _import_program(path, classes, place)
     inner = _decorated_def(fn)
     if inner is not None:
-        return _program_of(inner, classes, sys_path, decorated=True)
-    return _program_of(fn, classes, sys_path, decorated=False)
+        return _program_of(inner, classes, place, decorated=True)
+    return _program_of(fn, classes, place, decorated=False)
 
 
 def _decorated_def(fn):
@@ -208,7 +227,7 @@ def _decorated_def(fn):
     return inner
 
 
-def _program_of(fn, classes, sys_path, decorated):
+def _program_of(fn, classes, place, decorated):
     """`program` of a plain function: its `def` with its decorators when
     `decorated` (the module's name for it is what they made), else alone."""
     _refuse_unsendable(fn)
@@ -227,10 +246,10 @@ def _program_of(fn, classes, sys_path, decorated):
     if not decorated and getattr(node, "decorator_list", None):
         node.decorator_list = []
         source = ast.unparse(node)
-    return _driver(fn, node, source, fn.__name__, classes, sys_path)
+    return _driver(fn, node, source, fn.__name__, classes, place)
 
 
-def _method_program(method, classes, sys_path):
+def _method_program(method, classes, place):
     """`program` of a bound method: a function that calls it on its
     instance or class (the call's first argument) by name, so that the
     method runs as its class — which travels with it — defines it."""
@@ -241,7 +260,7 @@ def _method_program(method, classes, sys_path):
     # pickle names it: nothing of its module is sent.
     own = not _travel.installed(method.func)
     node = ast.parse(source).body[0]
-    return _driver(method.func, node, source, "_pw_method", classes, sys_path, own, method.func.__qualname__)
+    return _driver(method.func, node, source, "_pw_method", classes, place, own, method.func.__qualname__)
 
 
 def _import_path(fn):
@@ -264,7 +283,7 @@ def _import_path(fn):
     return (module, qualname) if found is fn else None
 
 
-def _import_program(path, classes, sys_path):
+def _import_program(path, classes, place):
     """`program` of a library function (or one of a package of the
     caller's own, which travels: `_travel.local_packages`): imported in the
     sandbox by its names (`_import_path`) as the program loads — so a
@@ -287,14 +306,20 @@ def _import_program(path, classes, sys_path):
         "def _pw_imported(*args, **kwargs):\n"
         "    return _pw_target(*args, **kwargs)\n"
     )
-    return _driver(None, None, source, "_pw_imported", classes, sys_path, own=False, label=f"{module}.{qualname}")
+    return _driver(None, None, source, "_pw_imported", classes, place, own=False, label=f"{module}.{qualname}")
 
 
-def _driver(fn, node, source, name, classes, sys_path, own=True, label=None):
+def _driver(fn, node, source, name, classes, place, own=True, label=None):
     """`_DRIVER` filled for calling `name`, defined by `source` (parsed:
     `node`), with what it uses of `fn`'s module when that is the caller's
-    `own` code (else `fn` and `node` are not read); `label`: what its
+    `own` code (else `fn` and `node` are not read), placed by `place` (its
+    `sys.path` and working directory: `program`); `label`: what its
     messages call it (`name`)."""
+    module_file = getattr(sys.modules.get(fn.__module__), "__file__", None) if own else None
+    if module_file:
+        # As on the host, so that a path made from it (`Path(__file__).parent
+        # / "data.csv"`) is the host's, found when its directory is given.
+        place += f"__file__ = {os.path.abspath(module_file)!r}\n"
     return _DRIVER.format(
         wire_source=_wire_source(),
         imports=_travel.imports(fn) if own else "",
@@ -302,7 +327,7 @@ def _driver(fn, node, source, name, classes, sys_path, own=True, label=None):
         source=source,
         name=name,
         label=label or name,
-        sys_path=list(sys_path),
+        place=place,
         array_tag=_arrays.TAG,
         arrays_dir=_arrays.GUEST,
     )
@@ -386,7 +411,7 @@ def run(fn, args, kwargs, mem=None, timeout=None, peers=None, token=None, files=
     call = ((*bound, *args), {**keywords, **kwargs})
     (stdin,), classes, mounts = _arguments.inputs(fn, [call], files, packages, outputs)
     try:
-        source = program(fn, sys_path=mounts.sys_path, classes=classes)
+        source = program(fn, sys_path=mounts.sys_path, classes=classes, workdir=mounts.workdir)
         result = _peerwasm._run_python(
             runtime_dir(), source, stdin, mem, timeout, peers, token, mounts.grants, max_output, mounts.may_plot()
         )
@@ -416,7 +441,7 @@ def _start(fn, items, ordered, options):
     try:
         stream = _peerwasm._map_python(
             runtime_dir(),
-            program(fn, sys_path=mounts.sys_path, classes=classes),
+            program(fn, sys_path=mounts.sys_path, classes=classes, workdir=mounts.workdir),
             inputs,
             warm=(_warm.prelude(outputs), _warm.TURN),
             ordered=ordered,

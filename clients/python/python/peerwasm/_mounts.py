@@ -10,7 +10,9 @@ visible to the function.
 * `files=`: directories, seen by the function at the same path as here —
   an absolute path at itself, a relative one under `/` (the sandbox's
   working directory), so `open("data/x.csv")` and
-  `open("/home/me/data/x.csv")` both work unchanged. A dict
+  `open("/home/me/data/x.csv")` both work unchanged; `"."` (or a directory
+  above this one) at its own absolute path, and the function then starts
+  in this directory, so `open("x.csv")` works too. A dict
   `{guest_path: host_dir}` places them explicitly.
 * `outputs=`: directories the function may write into (made if
   missing), seen at the same path as here: what it writes there is in them
@@ -81,6 +83,19 @@ class Mounts:
         except BaseException:
             self.close()
             raise
+
+    @property
+    def workdir(self):
+        """This process's working directory when the jobs see it at the
+        same path (it, or a directory above it, given as `files=` or
+        `outputs=` by an absolute path or as "."): the function starts
+        there, so that `open("results.csv")` means what it means here.
+        None otherwise (it starts at `/`, where `files=["data"]` is)."""
+        here = os.getcwd()
+        for host, guest, _ in self.grants:
+            if guest == host and (here == guest or here.startswith(guest.rstrip("/") + "/")):
+                return here
+        return None
 
     def _grant(self, host, guest, read_only=True):
         for _, taken, _ in self.grants:
@@ -280,12 +295,10 @@ def _data_dirs(files, name):
                 guest = host
             else:
                 rel = os.path.normpath(host)
-                if rel == "." or rel.startswith(".."):
-                    raise ValueError(
-                        f"{name}: {host} is not below this directory: give its absolute path, "
-                        "or a dict {guest_path: directory}"
-                    )
-                guest = "/" + rel
+                # This directory or one above it: at its own path, where
+                # the function also starts (`Mounts.workdir`), so that
+                # relative paths mean there what they mean here.
+                guest = os.path.abspath(host) if rel == "." or rel.startswith("..") else "/" + rel
             pairs.append((guest.replace(os.sep, "/"), host))
     out = []
     for guest, host in pairs:

@@ -150,6 +150,7 @@ def _local_modules(fn):
     # Made in reverse order of discovery: what a module imports exists first.
     return "\n".join(
         f"_pw_sys.modules[{name!r}] = _pw_m = _pw_types.ModuleType({name!r})\n"
+        f"_pw_m.__file__ = {os.path.abspath(path)!r}\n"
         f"exec(compile({source!r}, {path!r}, 'exec'), _pw_m.__dict__)"
         for name, (path, source) in reversed(list(found.items()))
     )
