@@ -29,3 +29,13 @@ def encodes(x):
 
 if __name__ == "__main__":
     raise SystemExit("the script's own run never travels")
+
+
+SQUARES = []
+for _n in range(4):
+    SQUARES.append(_n * _n)
+
+
+def squares(i):
+    """A list a top-level loop filled."""
+    return SQUARES[i]

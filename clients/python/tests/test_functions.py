@@ -125,6 +125,8 @@ def test_globals_bound_inside_top_level_blocks_travel_with_their_block():
     # constant and a function an `if` defines, a loop's last value; the
     # `if __name__ == "__main__":` block stays home.
     assert peerwasm.map(fns_blocks.encodes, [1]) == ['{"x": 1, "mode": "PY3", "last": 2}']
+    # A global a top-level loop fills, after its definition.
+    assert peerwasm.map(fns_blocks.squares, [1, 3]) == [1, 9]
 
 
 def test_a_package_of_ones_own_travels_with_the_functions_that_need_it():

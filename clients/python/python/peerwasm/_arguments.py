@@ -87,14 +87,14 @@ def inputs(fn, calls, files, packages, outputs):
     which must be closed after the jobs are done."""
     classes, arrays = set(), _arrays.Arrays()
     try:
-        inputs = [pickled(call, classes, arrays) for call in calls]
-        _check_inputs(inputs)
+        pickles = [pickled(call, classes, arrays) for call in calls]
+        _check_inputs(pickles)
         arrays.finish()
         mounts = _mounts.Mounts(files, packages, outputs, arrays=arrays, local=_local_packages(fn))
     except BaseException:
         arrays.close()
         raise
-    return inputs, classes, mounts
+    return pickles, classes, mounts
 
 
 def _local_packages(fn):

@@ -178,6 +178,18 @@ _BLOCKS = tuple(
 )
 
 
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _inside_scope(statement, block):
+    """Whether `statement` lies in a function or class defined in `block`
+    (its changes are that scope's, not the module's)."""
+    for scope in ast.walk(block):
+        if isinstance(scope, _SCOPES) and any(n is statement for n in ast.walk(scope)):
+            return True
+    return False
+
+
 def _is_main_guard(node):
     """`if __name__ == "__main__":` — the script's own run, never sent."""
     test = node.test if isinstance(node, ast.If) else None
@@ -219,7 +231,14 @@ def _changed(node):
     """The names a top-level statement changes without binding them anew —
     `N += 1`, `TABLE[1] = 5`, `CONFIG.path = p`, `del CACHE[k]`,
     `ITEMS.append(x)`: each goes with the definition it changes, after it,
-    so that the sandbox computes the value the caller's module holds."""
+    so that the sandbox computes the value the caller's module holds. A
+    block (`for x in DATA: ITEMS.append(x)`) goes whole with what any of its
+    statements changes."""
+    if isinstance(node, _BLOCKS):
+        if _is_main_guard(node):
+            return []
+        inner = [n for n in ast.walk(node) if isinstance(n, ast.stmt) and n is not node and not isinstance(n, _SCOPES)]
+        return sorted({name for n in inner if not _inside_scope(n, node) for name in _changed(n)})
     if isinstance(node, ast.AugAssign):
         targets = [node.target]
     elif isinstance(node, (ast.Assign, ast.Delete)):
