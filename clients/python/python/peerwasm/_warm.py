@@ -78,6 +78,7 @@ def _pw_watch_seeds():
 
     def numpy_loaded(nr):
         numpy_own["fresh"] = True  # made from entropy as numpy.random loaded
+        numpy_own["entropy"] = getattr(getattr(nr.mtrand._rand._bit_generator, "seed_seq", None), "entropy", None)
         nr_seed, nr_set_state = nr.seed, nr.set_state
         def watched_np_seed(seed=None):
             nr_seed(seed)
@@ -143,6 +144,9 @@ def _pw_watch_seeds():
 
     def numpy_reseeds(nr):
         own = nr.mtrand._rand
+        reseed = [own.seed] if numpy_own.get("fresh") else []  # its cached normal let go too
+        if not given - {numpy_own.get("entropy")}:
+            return reseed  # no other generator was made from entropy: none to look for
         states, bits = [], []
         for o in gc.get_objects():
             if isinstance(o, nr.RandomState):
@@ -150,11 +154,10 @@ def _pw_watch_seeds():
             elif isinstance(o, nr.BitGenerator):
                 bits.append(o)
         inside = {id(s._bit_generator) for s in states}
-        reseed = []
         for s in states:
             try:
-                if numpy_own.get("fresh") if s is own else from_entropy(s._bit_generator, nr):
-                    reseed.append(s.seed)  # from entropy; its cached normal let go
+                if s is not own and from_entropy(s._bit_generator, nr):
+                    reseed.append(s.seed)
             except Exception:
                 pass  # a generator of its own kind: left as it is
         for bg in bits:
@@ -179,7 +182,7 @@ def _pw_watch_seeds():
             module, (nr_seed, nr_set_state) = finder.restore
             module.seed, module.set_state = nr_seed, nr_set_state
         nr = sys.modules.get("numpy.random")
-        if nr is not None and given:
+        if nr is not None and finder.restore is not None:
             reseed += numpy_reseeds(nr)
 
         def reseed_all():
