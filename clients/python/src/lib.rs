@@ -576,5 +576,6 @@ fn _peerwasm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("JobError", m.py().get_type::<JobError>())?;
     // The most a job's input (its stdin) may be, embedded as on a pool.
     m.add("MAX_INPUT_BYTES", peerwasm::proto::MAX_INPUT_BYTES)?;
+    m.add("TURN_ONLY_DIR", peerwasm::proto::TURN_ONLY_DIR)?;
     Ok(())
 }

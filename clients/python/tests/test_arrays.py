@@ -53,6 +53,24 @@ def test_large_arrays_reach_a_pool_by_content_hash(pool):  # noqa: F811
     assert got[:3] == (9_000_000.0, [9_000_000], "float64")
 
 
+def test_a_map_over_new_arrays_starts_from_the_snapshot_the_last_one_made():
+    # Only items read the arrays: a new set of them is no reason to run the
+    # module's imports again (the embedded worker keeps its snapshots on disk).
+    snapshots = os.path.join(os.environ["PEERWASM_CACHE_DIR"], "modules", "snapshots")
+
+    def kept():
+        return set(os.listdir(snapshots)) if os.path.isdir(snapshots) else set()
+
+    rng = np.random.default_rng()
+    first = rng.random((400, 1000))
+    assert np.allclose(peerwasm.map(functools.partial(fns_arrays.row_sum, X=first), range(4)), first[:4].sum(axis=1))
+    before = kept()
+    assert before, "the first map kept its snapshot"
+    second = rng.random((400, 1000))
+    assert np.allclose(peerwasm.map(functools.partial(fns_arrays.row_sum, X=second), range(4)), second[:4].sum(axis=1))
+    assert kept() <= before, "a new snapshot for new arrays"
+
+
 def test_the_directory_of_arrays_lives_while_any_map_holds_it():
     x = np.arange(300_000, dtype=np.int64)  # 2.4 MB
     first, second = _arrays.Arrays(), _arrays.Arrays()

@@ -94,6 +94,14 @@ pub struct WarmStart {
     pub turn: String,
 }
 
+/// Where a job's directories that only its turn reads are mounted: at this
+/// guest path or under it (the Python client's arguments moved as files,
+/// `peerwasm/_arrays.py`). What they hold is not part of a warm snapshot's
+/// scope (`RunSpec::warm_scope`): a prelude does not read them, and a map
+/// over new data starts from the snapshot the last one made, not from a
+/// cold interpreter.
+pub const TURN_ONLY_DIR: &str = "/_pw_arrays";
+
 impl JobSpec {
     /// Its size as encoded on the wire: what a worker holds while the job
     /// waits (args, env, stdin, tag and all), and what

@@ -115,9 +115,22 @@ impl RunSpec {
 
 /// What a job's directories hold, as a short key: its shipped trees by
 /// content hash (and where they are mounted), its granted directories by
-/// host path.
+/// host path — but not those only its turn reads
+/// ([`TURN_ONLY_DIR`](crate::proto::TURN_ONLY_DIR)).
 fn content_scope(trees: &[crate::proto::tree::TreeGrant], dirs: &[DirGrant]) -> String {
     use sha2::{Digest, Sha256};
+    let turn_only = |guest: &str, read_only: bool| {
+        let only = crate::proto::TURN_ONLY_DIR;
+        read_only && (guest == only || guest.strip_prefix(only).is_some_and(|r| r.starts_with('/')))
+    };
+    let trees: Vec<_> = trees
+        .iter()
+        .filter(|t| !turn_only(&t.guest, t.read_only))
+        .collect();
+    let dirs: Vec<_> = dirs
+        .iter()
+        .filter(|d| !turn_only(&d.guest, d.read_only))
+        .collect();
     let bytes = postcard::to_allocvec(&(trees, dirs)).expect("encoding to memory cannot fail");
     hex::encode(&Sha256::digest(bytes)[..16])
 }
@@ -159,6 +172,42 @@ mod tests {
             resolved.limits.memory.bytes(),
             48 << 20,
             "the reservation, not the request"
+        );
+    }
+
+    #[test]
+    fn what_only_the_turn_reads_is_not_part_of_the_warm_scope() {
+        let scope = |host: &str, guest: &str, read_only: bool| {
+            let mut spec = JobSpec::new(ModuleHash::of(b"m"));
+            spec.dirs = vec![
+                DirGrant {
+                    host: "/home/me/data".into(),
+                    guest: "/data".into(),
+                    read_only: true,
+                },
+                DirGrant {
+                    host: host.into(),
+                    guest: guest.into(),
+                    read_only,
+                },
+            ];
+            RunSpec::local(spec).unwrap().warm_scope
+        };
+        let only = crate::proto::TURN_ONLY_DIR;
+        // New arguments moved as files: the same snapshot.
+        assert_eq!(
+            scope("/c/arrays/1", only, true),
+            scope("/c/arrays/2", only, true)
+        );
+        // Anything else a prelude may read: its own.
+        assert_ne!(scope("/c/a", "/other", true), scope("/c/b", "/other", true));
+        assert_ne!(
+            scope("/c/arrays/1", &format!("{only}x"), true),
+            scope("/c/arrays/2", &format!("{only}x"), true)
+        );
+        assert_ne!(
+            scope("/c/arrays/1", only, false),
+            scope("/c/arrays/2", only, false)
         );
     }
 }

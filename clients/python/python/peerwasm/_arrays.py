@@ -14,8 +14,8 @@ unpickles (`_functions._DRIVER`), once per object the input names, so two
 references to one array are still one array there.
 
 The directory is named by what it holds (`<cache>/arrays/<hash of its
-files' names>`): the next run of the same map over the same data finds the
-same directory, and so the warm snapshot its jobs' directories key. It
+files' names>`), and is left out of what keys a warm snapshot (only items
+read it): a map over new arrays starts warm, as one without them does. It
 lives while a map uses it — each user holds a shared lock on it — and the
 last to let it go removes it: arrays can be large, and the cache is not
 the place to keep a copy of every one ever passed.
@@ -33,8 +33,10 @@ from . import _peerwasm
 
 # Arrays this large or larger travel as files.
 ARRAY_AS_FILE = 1 << 20
-# Where the jobs see them.
-GUEST = "/_pw_arrays"
+# Where the jobs see them: a directory only items read, so not part of
+# what keys a warm snapshot (`proto::TURN_ONLY_DIR`) — a map over new
+# arrays starts from the snapshot the last one made.
+GUEST = _peerwasm.TURN_ONLY_DIR
 # The persistent id's tag in a pickle.
 TAG = "pw-array"
 

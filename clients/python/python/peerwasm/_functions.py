@@ -184,18 +184,22 @@ def _classes_of(fn, classes):
     return {t.__name__ for t in classes if t.__module__ == fn.__module__ and "." not in t.__qualname__}
 
 
-def program(fn, values=(), sys_path=(), classes=None, workdir=None):
+def program(fn, values=(), sys_path=(), classes=None, workdir=None, arrays=False):
     """The program that runs `fn` in the sandbox (see `_DRIVER`): its
     source, its module's imports, and the module's definitions it uses (and
     the classes of `values`, its arguments), with `sys_path` (the guest
     paths of its `packages=`) first on `sys.path`, in `workdir` (the
-    caller's working directory, when the sandbox sees it: `_mounts`).
+    caller's working directory, when the sandbox sees it: `_mounts`);
+    numpy imported as it loads when `arrays` were moved as files (each
+    item's arguments then load them: in a map, from its snapshot).
     Raises TypeError for what has no source of its own to send. `classes`:
     those the arguments' pickles name, when they were pickled already (else
     found in `values`)."""
     place = f"_pw_sys.path[:0] = {list(sys_path)!r}\n"
     if workdir is not None:
         place += f"__import__('os').chdir({workdir!r})\n"
+    if arrays:
+        place += "__import__('numpy')\n"
     if classes is None:
         classes = set()
         _arguments.pickled(tuple(values), classes)
@@ -411,7 +415,7 @@ def run(fn, args, kwargs, mem=None, timeout=None, peers=None, token=None, files=
     call = ((*bound, *args), {**keywords, **kwargs})
     (stdin,), classes, mounts = _arguments.inputs(fn, [call], files, packages, outputs)
     try:
-        source = program(fn, sys_path=mounts.sys_path, classes=classes, workdir=mounts.workdir)
+        source = program(fn, sys_path=mounts.sys_path, classes=classes, workdir=mounts.workdir, arrays=mounts.arrays)
         result = _peerwasm._run_python(
             runtime_dir(), source, stdin, mem, timeout, peers, token, mounts.grants, max_output, mounts.may_plot()
         )
@@ -441,7 +445,7 @@ def _start(fn, items, ordered, options):
     try:
         stream = _peerwasm._map_python(
             runtime_dir(),
-            program(fn, sys_path=mounts.sys_path, classes=classes, workdir=mounts.workdir),
+            program(fn, sys_path=mounts.sys_path, classes=classes, workdir=mounts.workdir, arrays=mounts.arrays),
             inputs,
             warm=(_warm.prelude(outputs), _warm.TURN),
             ordered=ordered,

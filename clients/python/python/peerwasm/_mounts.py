@@ -85,6 +85,11 @@ class Mounts:
             raise
 
     @property
+    def arrays(self):
+        """Whether the arguments' arrays were moved as files (`_arrays`)."""
+        return self._arrays is not None and self._arrays.dir is not None
+
+    @property
     def workdir(self):
         """This process's working directory when the jobs see it at the
         same path (it, or a directory above it, given as `files=` or

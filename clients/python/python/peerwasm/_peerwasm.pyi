@@ -32,6 +32,7 @@ class Result:
     """Whether it exited with code 0."""
 
 MAX_INPUT_BYTES: int
+TURN_ONLY_DIR: str
 """The most a job's input (its stdin) may be, embedded as on a pool."""
 
 class JobError(Exception):
