@@ -61,6 +61,15 @@ pub struct JobTag {
 /// gives it up (`MapConfig::max_lost`, [`SubmitConfig::max_lost`]).
 pub const DEFAULT_MAX_LOST: u32 = 3;
 
+/// The most a submission's [`SubmitConfig::retries`] and
+/// [`SubmitConfig::max_lost`] may be: its owner runs the map in its own
+/// process, for as long as its inputs keep failing.
+pub const MOST_ATTEMPTS: u32 = 100;
+
+/// The most a submission's [`SubmitConfig::max_in_flight`] may be: the
+/// submissions its owner keeps under way at once, each held in its memory.
+pub const MOST_IN_FLIGHT: u64 = 65_536;
+
 /// How the owner runs a submission's map: the map's own settings that a
 /// client would give on its command line. `Default` gives the map's
 /// defaults.
@@ -70,14 +79,15 @@ pub struct SubmitConfig {
     pub mem: Option<super::MemoryRequest>,
     /// Never ask for less than this when learning.
     pub min_mem: u64,
-    /// How often a failed job is run again.
+    /// How often a failed job is run again (at most [`MOST_ATTEMPTS`]).
     pub retries: u32,
-    /// Submissions under way at once; `None`: the map's default.
+    /// Submissions under way at once (1 to [`MOST_IN_FLIGHT`]); `None`:
+    /// the map's default.
     pub max_in_flight: Option<u64>,
     /// Go on after a job fails.
     pub keep_going: bool,
     /// Losses with the process running it before an input is given up
-    /// (its last field: a config kept before protocol 14 had none, and
+    /// (1 to [`MOST_ATTEMPTS`]; its last field: a config kept before protocol 14 had none, and
     /// reads as [`DEFAULT_MAX_LOST`], see [`from_stored`](Self::from_stored)).
     pub max_lost: u32,
 }

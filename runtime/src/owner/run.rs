@@ -15,8 +15,8 @@ use super::{MAX_RUNNING_PER_TENANT, Owner, Stored};
 use crate::client::estimate::{DEFAULT_MARGIN, MemoryEstimator};
 use crate::client::{Job, MapConfig, MapItem, MapObserver, MapSummary, Pool, PoolConfig, Target};
 use crate::proto::submission::{
-    MAX_SUBMISSION_INPUTS, SUBMISSION_PREFIX, SubmissionInfo, SubmissionSpec, SubmitConfig,
-    SubmittedResult,
+    MAX_SUBMISSION_INPUTS, MOST_ATTEMPTS, MOST_IN_FLIGHT, SUBMISSION_PREFIX, SubmissionInfo,
+    SubmissionSpec, SubmitConfig, SubmittedResult,
 };
 use crate::proto::{JobSpec, MAX_INPUT_BYTES};
 use crate::worker::refused::Refused;
@@ -123,7 +123,7 @@ pub async fn create(
 }
 
 /// What a submission must be, whoever sends it: some inputs, none too
-/// large, no directories.
+/// large, a map that holds its owner within bounds, no directories.
 fn check_spec(spec: &SubmissionSpec) -> Result<(), Refused> {
     if spec.inputs.is_empty() {
         return Err(Refused::Invalid(
@@ -143,6 +143,26 @@ fn check_spec(spec: &SubmissionSpec) -> Result<(), Refused> {
         return Err(Refused::InputTooLarge(format!(
             "input {i} is over the {} a job's input may be",
             crate::units::Bytes(MAX_INPUT_BYTES)
+        )));
+    }
+    let c = &spec.config;
+    if c.retries > MOST_ATTEMPTS {
+        return Err(Refused::Invalid(format!(
+            "retries {}: a detached map retries a failed job at most {MOST_ATTEMPTS} times",
+            c.retries
+        )));
+    }
+    if !(1..=MOST_ATTEMPTS).contains(&c.max_lost) {
+        return Err(Refused::Invalid(format!(
+            "max_lost {}: a detached map gives an input up after 1 to {MOST_ATTEMPTS} losses",
+            c.max_lost
+        )));
+    }
+    if let Some(n) = c.max_in_flight
+        && !(1..=MOST_IN_FLIGHT).contains(&n)
+    {
+        return Err(Refused::Invalid(format!(
+            "max_in_flight {n}: a detached map keeps 1 to {MOST_IN_FLIGHT} jobs in flight"
         )));
     }
     if !spec.job.dirs.is_empty() || !spec.job.trees.is_empty() {

@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use crate::client::{Pool, PoolConfig, WorkerApi, http_client};
-use crate::proto::submission::{SubmissionInfo, SubmissionState, SubmitConfig, SubmittedResult};
+use crate::proto::submission::{
+    MOST_ATTEMPTS, MOST_IN_FLIGHT, SubmissionInfo, SubmissionState, SubmitConfig, SubmittedResult,
+};
 use crate::server::memory::{MemoryNetwork, MemoryWorker};
 use crate::server::testing::{BUSY_ECHO, ECHO, MIB, SPIN, config, job, until};
 
@@ -141,4 +143,46 @@ async fn a_cancelled_submission_stops_its_jobs_and_keeps_what_it_had() {
     .await;
     let info = api.submission(&submitted.id).await.unwrap();
     assert_eq!((info.state, info.done), (SubmissionState::Cancelled, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_map_that_would_hold_its_owner_without_bound_is_refused_saying_which_knob() {
+    let dir = tempfile::tempdir().unwrap();
+    let network = MemoryNetwork::new();
+    let worker = MemoryWorker::start(config(dir.path(), false), &network)
+        .await
+        .unwrap();
+    let pool = pool(&network, &worker.addr);
+    let with = |f: fn(&mut SubmitConfig)| {
+        let mut c = mem(4 * MIB);
+        f(&mut c);
+        c
+    };
+    for (config, named) in [
+        (with(|c| c.retries = u32::MAX), "retries 4294967295"),
+        (with(|c| c.max_lost = 0), "max_lost 0"),
+        (with(|c| c.max_lost = MOST_ATTEMPTS + 1), "max_lost 101"),
+        (with(|c| c.max_in_flight = Some(0)), "max_in_flight 0"),
+        (
+            with(|c| c.max_in_flight = Some(u64::MAX)),
+            "max_in_flight 18446744073709551615",
+        ),
+    ] {
+        let refused = pool
+            .submit_map(&job(ECHO), inputs(2), config, None)
+            .await
+            .unwrap_err();
+        assert!(format!("{refused:#}").contains(named), "{refused:#}");
+    }
+    // At the bounds: taken, and run.
+    let taken = with(|c| {
+        c.retries = MOST_ATTEMPTS;
+        c.max_lost = MOST_ATTEMPTS;
+        c.max_in_flight = Some(MOST_IN_FLIGHT);
+    });
+    let submitted = pool
+        .submit_map(&job(ECHO), inputs(2), taken, None)
+        .await
+        .unwrap();
+    assert_eq!(ended(&network, &worker.addr, &submitted.id).await.done, 2);
 }
