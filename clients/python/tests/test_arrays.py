@@ -29,6 +29,20 @@ def test_an_array_over_the_input_limit_arrives_whole_and_its_file_goes_after():
     assert _kept() == before, "the arrays' directory is removed once the jobs are done"
 
 
+def test_arrays_of_every_plain_dtype_travel_as_files():
+    n = 200_000
+    arrays = [
+        np.arange(n).astype("datetime64[s]"),
+        np.arange(n).astype("timedelta64[ms]"),
+        np.zeros(n, dtype=[("a", "<f8"), ("b", "<i4")]),
+        np.ones(n, dtype=">f8"),
+        np.asfortranarray(np.arange(300_000, dtype=np.float64).reshape(1000, 300)),
+    ]
+    for a in arrays:
+        assert a.nbytes >= _arrays.ARRAY_AS_FILE
+        assert peerwasm.run(fns_arrays.same_values, a, a.tolist()[:5]) == [str(a.dtype), list(a.shape), True]
+
+
 def test_an_array_bound_to_every_item_travels_once_not_in_each_item():
     X = np.random.default_rng(1).random((1500, 1000))  # 12 MB
     calls = [((i,), {"X": X}) for i in range(50)]

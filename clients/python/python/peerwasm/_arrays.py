@@ -71,7 +71,7 @@ class Arrays:
         its file's name."""
         data = numpy.ascontiguousarray(array)
         h = hashlib.sha256(repr((data.dtype.str, data.shape)).encode())
-        h.update(memoryview(data).cast("B"))
+        h.update(data.reshape(-1).view(numpy.uint8).data)  # any dtype's bytes (a buffer cannot hold datetime64's)
         name = h.hexdigest()[:40] + ".npy"
         if self._staging is None:
             self._staging = tempfile.mkdtemp(prefix=".partial-", dir=_root())
