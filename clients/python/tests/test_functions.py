@@ -135,6 +135,8 @@ def test_a_package_of_ones_own_travels_with_the_functions_that_need_it():
     # Imported by the function's module; a function defined in it (with a
     # relative import), imported there by its names; its .py files only.
     assert peerwasm.map(fns_lab.uses_the_package, [1, 2]) == [9, 19]
+    # One in a src/ directory, found through sys.path.
+    assert peerwasm.map(fns_lab.uses_the_src_package, [4]) == [8]
     assert peerwasm.map(labpkg.models.fit, [1, 2]) == [11, 21]
     assert peerwasm.run(labpkg.models.shipped) == ["__init__.py", "models.py", "scaling.py"]
 

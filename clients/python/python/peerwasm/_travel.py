@@ -80,25 +80,45 @@ def _home(fn):
     return home
 
 
-def _local_package(name, home):
+def _local_package(name):
     """The directory of `name`'s top-level package when it is one of the
-    user's own (a directory with `__init__.py` in `home`), else None."""
+    user's own — a directory with `__init__.py` outside every place Python
+    and installed packages live (`_installed_path`): beside the script, in
+    a project's `src/`, an editable install, a checkout on PYTHONPATH —
+    else None."""
     top = sys.modules.get(name.split(".")[0])
     file = getattr(top, "__file__", None)
     if not file or os.path.basename(file) != "__init__.py":
         return None
     package = os.path.dirname(os.path.abspath(file))
-    return package if os.path.dirname(package) == home else None
+    return None if _installed_path(package) else package
+
+
+def _installed_path(path):
+    """Whether `path` lies where Python and installed packages live: the
+    standard library, this environment's and the user's site-packages, the
+    interpreter's prefixes' `lib` directories."""
+    import site
+
+    roots = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}:
+        roots.update(os.path.join(prefix, lib) for lib in ("lib", "lib64"))
+    try:
+        roots.add(site.getusersitepackages())
+    except Exception:
+        pass
+    path = os.path.realpath(path)
+    return any(root and (path + os.sep).startswith(os.path.realpath(root) + os.sep) for root in roots)
 
 
 def _local(fn):
     """The user's own modules and packages `fn`'s module imports (and those
     its local modules import in turn): `(modules, packages)` — single `.py`
     files beside it, `{name: (path, source)}` in the order found, and the
-    directories of packages beside it (`_local_package`)."""
+    directories of packages of the user's own (`_local_package`)."""
     home = _home(fn)
     found, packages, todo = {}, set(), [t for t in _sources.module_trees(fn)]
-    own = _local_package(fn.__module__, home)
+    own = _local_package(fn.__module__)
     if own is not None:
         packages.add(own)
     while todo:
@@ -111,7 +131,7 @@ def _local(fn):
                 else []
             )
             for name in names:
-                package = _local_package(name, home)
+                package = _local_package(name)
                 if package is not None:
                     packages.add(package)
                     continue
@@ -139,7 +159,7 @@ def local_packages(fn):
 def in_local_package(fn):
     """Whether `fn` is defined in a package of the user's own: the package
     travels (`local_packages`), and `fn` is imported there by its names."""
-    return _local_package(fn.__module__, _home(fn)) is not None
+    return _local_package(fn.__module__) is not None
 
 
 def _local_modules(fn):
