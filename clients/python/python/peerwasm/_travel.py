@@ -11,6 +11,7 @@ Source travels, not pickled code: the caller's Python and the sandbox's
 """
 
 import ast
+import functools
 import inspect
 import os
 import symtable
@@ -98,17 +99,31 @@ def _installed_path(path):
     """Whether `path` lies where Python and installed packages live: the
     standard library, this environment's and the user's site-packages, the
     interpreter's prefixes' `lib` directories."""
-    import site
+    return _under(path, _roots(everywhere=True))
 
+
+@functools.lru_cache(maxsize=2)
+def _roots(everywhere):
+    """Where this interpreter keeps the standard library and installed
+    packages (`sysconfig`); `everywhere`: also the user's site-packages and
+    the prefixes' `lib` directories. Real paths; one interpreter's for its
+    life, so found once."""
     roots = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}:
-        roots.update(os.path.join(prefix, lib) for lib in ("lib", "lib64"))
-    try:
-        roots.add(site.getusersitepackages())
-    except Exception:
-        pass
+    if everywhere:
+        import site
+
+        for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}:
+            roots.update(os.path.join(prefix, lib) for lib in ("lib", "lib64"))
+        try:
+            roots.add(site.getusersitepackages())
+        except Exception:
+            pass
+    return tuple(os.path.realpath(r) for r in roots if r)
+
+
+def _under(path, roots):
     path = os.path.realpath(path)
-    return any(root and (path + os.sep).startswith(os.path.realpath(root) + os.sep) for root in roots)
+    return any((path + os.sep).startswith(root + os.sep) for root in roots)
 
 
 def _local(fn):
@@ -426,8 +441,4 @@ def installed(fn):
     rather than the caller's own code (a script, a notebook, a project's
     modules, an editable install)."""
     file = getattr(sys.modules.get(fn.__module__), "__file__", None)
-    if not file:
-        return False
-    file = os.path.realpath(file)
-    roots = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    return any(root and file.startswith(os.path.realpath(root) + os.sep) for root in roots)
+    return bool(file) and _under(file, _roots(everywhere=False))
