@@ -138,7 +138,17 @@ def test_a_package_of_ones_own_travels_with_the_functions_that_need_it():
     # One in a src/ directory, found through sys.path.
     assert peerwasm.map(fns_lab.uses_the_src_package, [4]) == [8]
     assert peerwasm.map(labpkg.models.fit, [1, 2]) == [11, 21]
-    assert peerwasm.run(labpkg.models.shipped) == ["__init__.py", "models.py", "scaling.py"]
+    assert peerwasm.run(labpkg.models.shipped) == ["__init__.py", "__main__.py", "models.py", "scaling.py"]
+
+
+def test_a_script_run_as_a_packages_module_keeps_its_relative_imports():
+    # `python -m labpkg.models` and `python -m labpkg`: the functions are
+    # `__main__`'s, their `from .scaling import scale` the package's.
+    here = os.path.dirname(os.path.abspath(__file__))
+    for module, want in (("labpkg.models", [11, 21]), ("labpkg", [100, 200])):
+        p = subprocess.run([sys.executable, "-m", module], cwd=here, capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert p.stdout.split("VALUES")[1].strip() == repr(want), p.stdout
 
 
 def test_run_calls_the_function_with_its_arguments():

@@ -320,6 +320,10 @@ def _driver(fn, node, source, name, classes, place, own=True, label=None):
     `sys.path` and working directory: `program`); `label`: what its
     messages call it (`name`)."""
     module_file = getattr(sys.modules.get(fn.__module__), "__file__", None) if own else None
+    package = _travel.package_of(fn) if own else None
+    if package:
+        # `python -m pkg.script`: its relative imports are `pkg`'s.
+        place += f"__package__ = {package!r}\n"
     if module_file:
         # As on the host, so that a path made from it (`Path(__file__).parent
         # / "data.csv"`) is the host's, found when its directory is given.

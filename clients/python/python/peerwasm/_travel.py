@@ -68,6 +68,28 @@ def _one_name_each(body):
             yield node
 
 
+def module_name(fn):
+    """The name `fn`'s module is imported by: its own, except for a script
+    run as `python -m pkg.script` — `__main__` then, though its relative
+    imports and its package are `pkg.script`'s (the name it was run by)."""
+    if fn.__module__ == "__main__" and "get_ipython" not in fn.__globals__:
+        main = sys.modules.get("__main__")
+        spec = getattr(main, "__spec__", None)
+        if spec is not None and getattr(main, "__dict__", None) is fn.__globals__ and spec.name:
+            return spec.name
+    return fn.__module__
+
+
+def package_of(fn):
+    """The package a script run as `python -m pkg.script` belongs to
+    (`pkg`), which its relative imports (`from .helpers import f`) are
+    resolved in — in the sandbox too, where the package travels
+    (`local_packages`); None for anything else."""
+    if fn.__module__ != "__main__" or module_name(fn) == "__main__":
+        return None
+    return sys.modules["__main__"].__spec__.parent or None
+
+
 def _home(fn):
     """The directory of the user's own code beside `fn`: its module's (for
     a function of a package of theirs, the directory holding the package),
@@ -75,8 +97,9 @@ def _home(fn):
     if fn.__module__ == "__main__" and "get_ipython" in fn.__globals__:
         return os.getcwd()
     module = sys.modules.get(fn.__module__)
-    home = os.path.dirname(os.path.abspath(getattr(module, "__file__", None) or os.path.join(os.getcwd(), "x")))
-    for _ in range(fn.__module__.count(".") + (os.path.basename(getattr(module, "__file__", "") or "") == "__init__.py")):
+    file = getattr(module, "__file__", None) or ""
+    home = os.path.dirname(os.path.abspath(file or os.path.join(os.getcwd(), "x")))
+    for _ in range(module_name(fn).count(".") + (os.path.basename(file) == "__init__.py")):
         home = os.path.dirname(home)
     return home
 
@@ -133,7 +156,7 @@ def _local(fn):
     directories of packages of the user's own (`_local_package`)."""
     home = _home(fn)
     found, packages, todo = {}, set(), [t for t in _sources.module_trees(fn)]
-    own = _local_package(fn.__module__)
+    own = _local_package(module_name(fn))
     if own is not None:
         packages.add(own)
     while todo:

@@ -11,3 +11,11 @@ def fit(x):
 def shipped():
     """What of the package reached the sandbox."""
     return sorted(n for n in os.listdir(os.path.dirname(__file__)) if n != "__pycache__")
+
+
+if __name__ == "__main__":
+    # `python -m labpkg.models`: `fit` is then `__main__`'s, its relative
+    # import still `labpkg`'s (test_functions).
+    import peerwasm
+
+    print("VALUES", peerwasm.map(fit, [1, 2]))
