@@ -1,6 +1,8 @@
 """Functions the tests send into the sandbox (defined in a file, as
 `peerwasm.map(fn, ...)` needs: their source is what crosses)."""
 
+import collections
+import dataclasses
 import json
 
 import numpy as np
@@ -290,3 +292,28 @@ NAMES.append("y")
 def reads_changed_globals(key):
     """Module globals changed after their definitions, as the module ran."""
     return TOTAL, WEIGHTS[key], NAMES
+
+
+@dataclasses.dataclass
+class Measurement:
+    """Returned by `measure`: rebuilt as this very class in the caller."""
+
+    value: float
+    unit: object
+    bounds: object = None
+
+    def __post_init__(self):
+        if self.value < 0:
+            raise ValueError("a measurement is not negative")
+
+
+Bounds = collections.namedtuple("Bounds", "low high")
+
+
+def measure(i):
+    return Measurement(i * 1.5, localmod.Unit.METRE, Bounds(i - 1, i + 1))
+
+
+def make_point(x):
+    """A plain class's instance: not data, refused."""
+    return Point(x, x)

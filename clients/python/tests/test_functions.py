@@ -151,6 +151,19 @@ def test_a_script_run_as_a_packages_module_keeps_its_relative_imports():
         assert p.stdout.split("VALUES")[1].strip() == repr(want), p.stdout
 
 
+def test_dataclasses_named_tuples_and_enums_come_back_as_the_callers_own_classes():
+    import localmod
+
+    out = peerwasm.map(fns.measure, [1, 2])
+    assert out == [fns.Measurement(1.5, localmod.Unit.METRE, fns.Bounds(0, 2)),
+                   fns.Measurement(3.0, localmod.Unit.METRE, fns.Bounds(1, 3))]
+    assert type(out[0]) is fns.Measurement and type(out[0].bounds) is fns.Bounds
+    assert out[0].unit is localmod.Unit.METRE
+    # What is not data is still named from the value itself.
+    with pytest.raises(peerwasm.RemoteError, match=r"cannot be sent back: result is a fns.Point,"):
+        peerwasm.run(fns.make_point, 1)
+
+
 def test_run_calls_the_function_with_its_arguments():
     assert peerwasm.run(fns.add, 2, 3) == 5
     assert peerwasm.run(fns.add, [1], [2]) == [1, 2]
@@ -477,8 +490,11 @@ def test_a_bound_method_runs_on_its_instance_as_its_class_defines_it():
     # A library class's instance: the class comes by import, as pickle has it.
     third = fractions.Fraction(1, 3)
     assert peerwasm.run(third.as_integer_ratio) == (1, 3)
-    with pytest.raises(peerwasm.RemoteError, match="the result of Fraction.limit_denominator cannot be sent back"):
-        peerwasm.map(third.limit_denominator, [10])
+    assert peerwasm.map(third.limit_denominator, [10]) == [third]
+    import collections
+
+    with pytest.raises(peerwasm.RemoteError, match="the result of Counter.copy cannot be sent back"):
+        peerwasm.run(collections.Counter("aab").copy)
     with pytest.raises(TypeError, match="generator"):
         peerwasm.map(double.steps, [2])
     assert peerwasm.map(fns.Scaler.of, [4]) == [40], "a class method, on its class"

@@ -2,9 +2,16 @@
 code: what a result may be round-trips, and hostile bytes are refused with
 a WireError, never executed and never allowed to allocate what they claim."""
 
+import collections
+import dataclasses
 import datetime
 import decimal
+import enum
+import fractions
+import pathlib
 import pickle
+import sys
+import uuid
 
 import numpy as np
 import pytest
@@ -18,7 +25,8 @@ from peerwasm import _wire
         None, True, 0, -(2**70), 2**200, 1.5, 1 + 2j, "héllo", b"\x00x", bytearray(b"y"),
         [1, [2, (3,)]], {"a": {1: {2, 3}}, (1, 2): frozenset([1])},
         datetime.datetime(2020, 1, 2, 3, 4, 5, 6), datetime.date(2020, 1, 1), datetime.time(1, 2),
-        datetime.timedelta(days=-1, seconds=5), decimal.Decimal("1.10"),
+        datetime.timedelta(days=-1, seconds=5), decimal.Decimal("1.10"), fractions.Fraction(-2, 6),
+        uuid.UUID(int=12345), pathlib.Path("/a/b.png"), pathlib.PurePosixPath("c/d"),
     ],
 )
 def test_plain_values_round_trip(value):
@@ -75,3 +83,81 @@ def test_what_is_not_data_is_refused_naming_its_type_and_place():
 def test_hostile_bytes_are_refused_as_data(junk, why):
     with pytest.raises(_wire.WireError, match=why):
         _wire.loads(junk)
+
+
+@dataclasses.dataclass
+class Point:
+    x: float
+    tags: list = dataclasses.field(default_factory=list)
+
+    def __post_init__(self):
+        Point.made += 1
+
+
+Point.made = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Frozen:
+    a: int
+    b: str
+
+
+class Color(enum.Enum):
+    RED = "r"
+    BLUE = "b"
+
+
+Pair = collections.namedtuple("Pair", "left right")
+
+
+class Guarded:
+    """Not a dataclass, named tuple or Enum: bytes naming it are refused."""
+
+    def __init__(self):
+        raise AssertionError("never called")
+
+
+def test_dataclasses_named_tuples_and_enums_round_trip_as_this_processs_own_classes():
+    value = {"p": Point(1.5, [Color.RED]), "f": Frozen(2, "x"), "pair": Pair(Color.BLUE, (1, 2)), "e": Color.BLUE}
+    made = Point.made
+    back = _wire.loads(_wire.dumps(value))
+    assert back == value
+    assert type(back["p"]) is Point and type(back["f"]) is Frozen and type(back["pair"]) is Pair
+    assert back["e"] is Color.BLUE and back["p"].tags[0] is Color.RED
+    # Rebuilt without running the class's code: no __post_init__.
+    assert Point.made == made
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        back["f"].a = 3
+
+
+def _record(kind, module, qualname, fields):
+    out = bytearray(b"PWV1R" + kind)
+    for text in (module, qualname):
+        _wire._blob(text.encode(), out)
+    return bytes(out) + _wire.dumps(fields)[4:]
+
+
+@pytest.mark.parametrize(
+    "kind, module, qualname, fields, why",
+    [
+        # A class of a module this process has not loaded: never imported.
+        (b"C", "antigravity", "Anything", {}, "not a class of that kind"),
+        # Loaded, but not of the kind the bytes claim: not built.
+        (b"C", "os", "_wrap_close", {}, "not a class of that kind|not a dataclass"),
+        (b"C", __name__, "Guarded", {}, "not a dataclass"),
+        (b"Q", "subprocess", "Popen", ["true"], "not a class of that kind"),
+        (b"E", __name__, "Point", "x", "not a class of that kind"),
+        # Functions are not classes, whatever the bytes call them.
+        (b"C", "os", "system", {"command": "true"}, "not a class of that kind"),
+        # Fields the class does not declare, members it does not have.
+        (b"C", __name__, "Point", {"x": 1, "__class__": 2}, "not a dataclass with those fields"),
+        (b"E", __name__, "Color", "GREEN", "no member 'GREEN'"),
+        (b"Q", __name__, "Pair", [1], "not a named tuple of 1 fields"),
+    ],
+)
+def test_records_naming_what_is_not_the_callers_own_kind_are_refused(kind, module, qualname, fields, why):
+    assert "antigravity" not in sys.modules
+    with pytest.raises(_wire.WireError, match=why):
+        _wire.loads(_record(kind, module, qualname, fields))
+    assert "antigravity" not in sys.modules

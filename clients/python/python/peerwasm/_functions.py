@@ -48,6 +48,7 @@ import traceback as _pw_traceback
 import types as _pw_types
 _pw_wire = _pw_types.ModuleType("_pw_wire")
 exec(compile({wire_source!r}, "peerwasm/_wire.py", "exec"), _pw_wire.__dict__)
+_pw_wire.HOME = {home!r}
 
 class _pw_Missing:
     # A name the function's module imports that the sandbox could not:
@@ -116,10 +117,10 @@ def _pw_main():
     except BaseException as e:
         reply, code = (False, (type(e).__name__, str(e), _pw_traceback.format_exc())), 1
     try:
-        data = _pw_wire.dumps(reply)
+        data = _pw_wire.dumps_reply(*reply)
     except Exception as e:
         why = "the result of {label} cannot be sent back: " + str(e)
-        data = _pw_wire.dumps((False, (type(e).__name__, why, _pw_traceback.format_exc())))
+        data = _pw_wire.dumps_reply(False, (type(e).__name__, why, _pw_traceback.format_exc()))
         code = 1
     reply_to.write(data)
     reply_to.flush()
@@ -333,6 +334,7 @@ def _driver(fn, node, source, name, classes, place, own=True, label=None):
         imports=_travel.imports(fn) if own else "",
         definitions=_travel.definitions(fn, node, _classes_of(fn, classes), own=name) if own else "",
         source=source,
+        home=fn.__module__ if own else None,
         name=name,
         label=label or name,
         place=place,

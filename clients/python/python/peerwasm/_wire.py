@@ -21,21 +21,37 @@ naming the type and where it sits in the result):
   object or structured arrays): dtype, shape and raw bytes;
 * pandas DataFrame, Series and Index (also RangeIndex, MultiIndex,
   categorical and timezone-aware columns, and the nullable extension
-  dtypes), column by column as the above.
+  dtypes), column by column as the above;
+* fractions.Fraction, uuid.UUID, pathlib paths;
+* instances of dataclasses, named tuples and Enums: their class's module
+  and name, and their fields as the above. The caller rebuilds one only as
+  a class it has loaded itself (nothing is imported, no constructor,
+  `__post_init__` or property runs: `_record`), so the bytes choose among
+  the caller's own classes of those three kinds, never code.
 
 The decoder checks every length against the bytes it has, every dtype
 against a plain-dtype pattern, every shape against the bytes it covers, and
 the nesting depth; what fails is a `WireError` naming what is wrong.
 numpy and pandas are imported only when a value needs them.
 
+Past 600 lines because the encoder and the decoder are one file on
+purpose: it is sent whole into the sandbox as the guest's encoder.
+
 Layout: `b"PWV1"`, then one value: a tag byte, then the tag's fields. Sizes
 and counts are unsigned LEB128 varints.
 """
 
+import dataclasses as _dataclasses
 import datetime as _datetime
 import decimal as _decimal
+import enum as _enum
+import fractions as _fractions
+import inspect as _inspect
+import pathlib as _pathlib
 import re as _re
 import struct as _struct
+import sys as _sys
+import uuid as _uuid
 
 MAGIC = b"PWV1"
 
@@ -54,9 +70,15 @@ _PANDAS_DTYPES = frozenset(
 )
 
 WHAT_IT_MAY_BE = (
-    "a result may be numbers, strings, bytes, lists, tuples, dicts, sets, dates and times, Decimals, "
-    "numpy arrays of a plain dtype, and pandas frames, series and indexes"
+    "a result may be numbers, strings, bytes, lists, tuples, dicts, sets, dates and times, Decimals, Fractions, "
+    "UUIDs, paths, numpy arrays of a plain dtype, pandas frames, series and indexes, and dataclasses, named "
+    "tuples and Enums"
 )
+
+#: The module the caller knows the guest program's own definitions by
+#: (they run in the guest's `__main__`; the caller's function may live in
+#: `mymodule`). Set by the program in the guest; None elsewhere.
+HOME = None
 
 
 class WireError(ValueError):
@@ -89,9 +111,19 @@ def dumps(value):
     return bytes(out)
 
 
+def dumps_reply(ok, value):
+    """A job's reply, `(ok, value)`, as `dumps` writes it — what is not data
+    in `value` named from the value itself (`result[2]`), not the pair."""
+    out = bytearray(MAGIC)
+    out += b"t\x02" + (b"T" if ok else b"F")
+    _encode(value, out, "result", 1)
+    return bytes(out)
+
+
 def _not_data(value, where, why=""):
     t = type(value)
-    name = t.__qualname__ if t.__module__ in ("builtins", None) else f"{t.__module__}.{t.__qualname__}"
+    module = HOME if t.__module__ == "__main__" and HOME else t.__module__
+    name = t.__qualname__ if module in ("builtins", None) else f"{module}.{t.__qualname__}"
     raise TypeError(
         f"{where} is a {name}{why}, which cannot be sent back: {WHAT_IT_MAY_BE}. "
         "Convert it to one of those first (e.g. a dict of its fields)"
@@ -148,12 +180,42 @@ def _encode(v, out, where, depth):
     elif t is _decimal.Decimal:
         out += b"m"
         _blob(str(v).encode(), out)
+    elif t is _fractions.Fraction:
+        out += b"q"
+        _encode(v.numerator, out, where, depth + 1)
+        _encode(v.denominator, out, where, depth + 1)
+    elif t is _uuid.UUID:
+        out += b"u"
+        _blob(v.bytes, out)
+    elif isinstance(v, _pathlib.PurePath) and t.__module__ == "pathlib":
+        out += b"p" if isinstance(v, _pathlib.Path) else b"o"
+        _blob(str(v).encode("utf-8", "surrogateescape"), out)
     elif t.__module__.split(".")[0] == "numpy":
         _encode_numpy(v, out, where, depth)
     elif t.__module__.split(".")[0] == "pandas":
         _encode_pandas(v, out, where, depth)
     else:
+        _encode_record(v, out, where, depth)
+
+
+def _encode_record(v, out, where, depth):
+    """An Enum member (by name), a named tuple (its items) or a dataclass
+    instance (its fields by name), after its class's module and name."""
+    t = type(v)
+    if isinstance(v, _enum.Enum):
+        kind, fields = b"E", v.name
+    elif isinstance(v, tuple) and isinstance(getattr(t, "_fields", None), tuple):
+        kind, fields = b"Q", list(v)
+    elif _dataclasses.is_dataclass(t):
+        kind, fields = b"C", {f.name: getattr(v, f.name) for f in _dataclasses.fields(v) if hasattr(v, f.name)}
+    else:
         _not_data(v, where)
+    if "<locals>" in t.__qualname__:
+        _not_data(v, where, " (a class defined inside a function)")
+    out += b"R" + kind
+    _blob((HOME if t.__module__ == "__main__" and HOME else t.__module__).encode(), out)
+    _blob(t.__qualname__.encode(), out)
+    _encode(fields, out, where, depth + 1)
 
 
 def _encode_numpy(v, out, where, depth):
@@ -359,6 +421,16 @@ def _decode(r, depth):
         return _datetime.timedelta(days=days, seconds=seconds, microseconds=micros)
     if tag == b"m":
         return _decimal.Decimal(r.text("a Decimal"))
+    if tag == b"q":
+        numerator, denominator = _int(r, depth), _int(r, depth)
+        return _fractions.Fraction(numerator, denominator)
+    if tag == b"u":
+        return _uuid.UUID(bytes=r.blob("a UUID"))
+    if tag in (b"p", b"o"):
+        text = r.blob("a path").decode("utf-8", "surrogateescape")
+        return (_pathlib.Path if tag == b"p" else _pathlib.PurePosixPath)(text)
+    if tag == b"R":
+        return _record(r, depth)
     if tag == b"a":
         return _array(r)
     if tag == b"g":
@@ -387,6 +459,47 @@ def _str(r, depth):
     if type(v) is not str:
         raise WireError(f"expected a str, found a {type(v).__name__}")
     return v
+
+
+def _record(r, depth):
+    """A dataclass instance, named tuple or Enum member, rebuilt as the
+    class of that module and name this process has loaded — looked up in
+    namespaces, never imported, never run: no `__init__`, `__new__` or
+    `__post_init__` is called, fields are stored as they are (a slot's
+    own descriptor, else the instance's dict)."""
+    kind = bytes([r.byte("a record's kind")])
+    module, qualname = r.text("a module"), r.text("a class name")
+    cls = _sys.modules.get(module)
+    for part in qualname.split("."):
+        cls = vars(cls).get(part) if cls is not None and hasattr(cls, "__dict__") else None
+    fields = _decode(r, depth + 1)
+    want = {b"E": _enum.Enum, b"Q": tuple, b"C": object}.get(kind)
+    if want is None or not isinstance(cls, type) or not issubclass(cls, want):
+        raise WireError(
+            f"the result holds a {module}.{qualname}, which is not a class of that kind this process has loaded "
+            f"(import {module} to read it)"
+        )
+    if kind == b"E":
+        member = vars(cls).get("_member_map_", {}).get(fields) if type(fields) is str else None
+        if member is None:
+            raise WireError(f"{qualname} has no member {fields!r}")
+        return member
+    if kind == b"Q":
+        names = _inspect.getattr_static(cls, "_fields", None)
+        if not isinstance(names, tuple) or type(fields) is not list or len(fields) != len(names):
+            raise WireError(f"{qualname} is not a named tuple of {len(fields)} fields here")
+        return tuple.__new__(cls, fields)
+    declared = _inspect.getattr_static(cls, "__dataclass_fields__", None)
+    if type(declared) is not dict or type(fields) is not dict or not set(fields) <= set(declared):
+        raise WireError(f"{qualname} is not a dataclass with those fields here")
+    obj = object.__new__(cls)
+    for name, value in fields.items():
+        slot = _inspect.getattr_static(cls, name, None)
+        if type(slot).__name__ == "member_descriptor":
+            slot.__set__(obj, value)
+        else:
+            vars(obj)[name] = value
+    return obj
 
 
 def _numpy():
