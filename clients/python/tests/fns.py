@@ -317,3 +317,19 @@ def measure(i):
 def make_point(x):
     """A plain class's instance: not data, refused."""
     return Point(x, x)
+
+
+def plants_links(directory):
+    """Links made in a directory the caller gave as outputs=: which the
+    sandbox made (one pointing out must not be: the caller's own programs
+    would follow it)."""
+    import os
+
+    made = []
+    for name, target in (("up", "../../../../../../etc/passwd"), ("abs", "/etc/passwd"), ("down", "sub/x.txt")):
+        try:
+            os.symlink(target, os.path.join(directory, name))
+            made.append(name)
+        except OSError:
+            pass
+    return made

@@ -128,6 +128,16 @@ def test_matplotlib_draws_and_a_figure_written_to_outputs_comes_back(tmp_path):
     assert all(pathlib.Path(p).read_bytes().startswith(PNG) for p in paths)
 
 
+def test_a_link_pointing_out_of_outputs_is_never_planted_on_the_host(tmp_path):
+    # The directory is written in place (embedded): a link the guest made
+    # there would be followed by this process's own programs later.
+    out = tmp_path / "out"
+    out.mkdir()
+    assert peerwasm.run(fns.plants_links, str(out), outputs=[out]) == ["down"]
+    assert sorted(p.name for p in out.iterdir()) == ["down"]
+    assert (out / "down").is_symlink() and str((out / "down").readlink()) == "sub/x.txt"
+
+
 def test_a_figure_written_on_a_pool_comes_back(pool, tmp_path):  # noqa: F811
     figs = tmp_path / "figs"
     path = str(figs / "pool.png")

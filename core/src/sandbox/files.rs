@@ -27,6 +27,11 @@
 //!   within the worker's total too (a job's share is given back when it
 //!   ends and its scratch directory is removed).
 //!
+//! A symbolic link that could point out of its directory (an absolute
+//! target, a `..` in it) is not made at all ([`points_out`]): WASI never
+//! follows one out, but the host's own programs would, in a directory a
+//! job wrote in place.
+//!
 //! Whether a write lands on disk is decided by what the descriptor *is*,
 //! never by its number: descriptors 0–2 are the job's stdio (captured in
 //! memory, within their own caps) only until the job closes one or
@@ -151,9 +156,12 @@ pub fn add_to_linker(linker: &mut Linker<JobState>) -> wasmtime::Result<()> {
     // Calls that create a name: each takes its charge first, and gives it
     // back if the call failed.
     macro_rules! counted_name {
-        ($name:literal, $func:ident, $charge:expr, ($($arg:ident: $ty:ty),*)) => {
+        ($name:literal, $func:ident, $charge:expr, ($($arg:ident: $ty:ty),*) $(, refused_if $guard:ident($($garg:ident),*))?) => {
             linker.func_wrap_async(MODULE, $name, |mut caller: Caller<'_, JobState>, ($($arg,)*): ($($ty,)*)| {
                 Box::new(async move {
+                    $(if $guard(&mut caller, $($garg),*) {
+                        return Ok(Errno::Perm as i32);
+                    })?
                     let charge: u64 = $charge;
                     if !caller.data_mut().files.take(charge) {
                         return Ok(Errno::Nospc as i32);
@@ -171,7 +179,8 @@ pub fn add_to_linker(linker: &mut Linker<JobState>) -> wasmtime::Result<()> {
         "path_symlink",
         path_symlink,
         NEW_INODE_BYTES,
-        (old_path: i32, old_path_len: i32, fd: i32, new_path: i32, new_path_len: i32)
+        (old_path: i32, old_path_len: i32, fd: i32, new_path: i32, new_path_len: i32),
+        refused_if link_points_out(old_path, old_path_len)
     );
     counted_name!(
         "path_link",
@@ -210,6 +219,31 @@ pub fn add_to_linker(linker: &mut Linker<JobState>) -> wasmtime::Result<()> {
     counted_write!("fd_pwrite", fd_pwrite, (offset: i64));
     linker.allow_shadowing(false);
     Ok(())
+}
+
+/// Whether a symbolic link to `target` could lead out of the directory it
+/// is made in, for whoever follows it later on the host — the caller of an
+/// embedded job reading its `outputs=` directory, a tool working in a
+/// writable `--dir`: an absolute target, or one with a `..` component.
+/// WASI itself never follows a link out, but the host's own programs do.
+/// A link that only points down cannot lead out however links are chained
+/// or moved; one with `..` can (`s -> .`, then `t -> s/s/../..`), so none
+/// is made (`EPERM`, as for an absolute target).
+pub fn points_out(target: &[u8]) -> bool {
+    target.first() == Some(&b'/') || target.split(|&b| b == b'/').any(|part| part == b"..")
+}
+
+/// [`points_out`] for the target a guest's `path_symlink` names at
+/// `at..at + len` of its memory (false when that is out of bounds: the
+/// call itself then fails).
+fn link_points_out(caller: &mut Caller<'_, JobState>, at: i32, len: i32) -> bool {
+    let Some(Extern::Memory(m)) = caller.get_export("memory") else {
+        return false;
+    };
+    let (at, len) = (at as u32 as usize, len as u32 as usize);
+    m.data(&*caller)
+        .get(at..at.saturating_add(len))
+        .is_some_and(points_out)
 }
 
 /// After a write that took `taken` bytes: keeps what it wrote (the count
@@ -258,5 +292,20 @@ fn closed(caller: &mut Caller<'_, JobState>, errno: i32) {
     if errno == Errno::Success as i32 {
         let files = &mut caller.data_mut().files;
         files.open = files.open.saturating_sub(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::points_out;
+
+    #[test]
+    fn links_that_could_lead_out_of_their_directory_are_told_apart() {
+        for out in ["/etc", "..", "../x", "a/../../x", "a/..", "s/s/../..", "/"] {
+            assert!(points_out(out.as_bytes()), "{out}");
+        }
+        for inside in ["x", "a/b", "./a", ".", "", "a/..b", "..a/b", "a//b"] {
+            assert!(!points_out(inside.as_bytes()), "{inside}");
+        }
     }
 }
