@@ -14,3 +14,9 @@ def row_sum(row, X):
 def same_values(a, first):
     """Its dtype, shape, and whether its first values are those given."""
     return [str(a.dtype), list(a.shape), a.tolist()[:5] == first]
+
+
+def dot_with_row(item, X):
+    """An array of the item's own against a row of one all items share."""
+    index, a = item
+    return float(a @ X[index])

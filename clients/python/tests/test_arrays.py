@@ -125,3 +125,30 @@ def test_other_large_arguments_are_refused_before_any_job_saying_what_to_do():
     with pytest.raises(ValueError, match="files="):
         peerwasm.run(fns_arrays.summary, blob)
     assert not [d for d in _kept() if d.startswith(".partial-")], "nothing staged is left behind"
+
+
+def test_on_a_pool_an_array_only_its_item_has_goes_inside_its_pickle():
+    # A directory of per-item arrays would go whole to every worker before
+    # its first item; each item's own array goes only where it runs.
+    rng = np.random.default_rng(3)
+    X = rng.random((300, 1000))  # 2.4 MB, shared by every item
+    own = [rng.random(300_000) for _ in range(4)]  # 2.4 MB each, one per item
+    huge = np.ones(9_000_000)  # 72 MB: cannot go inside an input
+    calls = [((a,), {"X": X}) for a in own] + [((huge,), {"X": X})]
+    for pool, inside in ((True, [True] * 4 + [False]), (False, [False] * 5)):
+        inputs, _, mounts = _arguments.inputs(fns_arrays.row_sum, calls, None, None, None, pool=pool)
+        try:
+            assert [len(i) > own[0].nbytes for i in inputs] == inside, (pool, [len(i) for i in inputs])
+            [(host, _, _)] = mounts.grants
+            files = sorted(n for n in os.listdir(host) if n.endswith(".npy"))
+            assert len(files) == (2 if pool else 6), files  # X and huge; or every one
+        finally:
+            mounts.close()
+
+
+def test_a_map_over_arrays_of_their_own_runs_on_a_pool(pool):  # noqa: F811
+    rng = np.random.default_rng(4)
+    own = [rng.random(200_000) for _ in range(6)]
+    X = rng.random((6, 200_000))
+    out = peerwasm.map(functools.partial(fns_arrays.dot_with_row, X=X), list(enumerate(own)), peers=pool)
+    assert np.allclose(out, [float(own[i] @ X[i]) for i in range(6)])

@@ -80,14 +80,18 @@ def unbind(fn):
             return fn, bound, keywords
 
 
-def inputs(fn, calls, files, packages, outputs):
+def inputs(fn, calls, files, packages, outputs, pool=False):
     """Each call's `(args, kwargs)` pickled — its large numpy arrays moved
-    as files (`_arrays`) — the classes they name, and the mounts the jobs
-    of `fn` are given (with the packages of the caller's own it needs),
-    which must be closed after the jobs are done."""
+    as files (`_arrays`; on a `pool`, only those calls share, or too large
+    to go inside: `_pool_pickles`) — the classes they name, and the mounts
+    the jobs of `fn` are given (with the packages of the caller's own it
+    needs), which must be closed after the jobs are done."""
     classes, arrays = set(), _arrays.Arrays()
     try:
-        pickles = [pickled(call, classes, arrays) for call in calls]
+        if pool:
+            pickles = _pool_pickles(list(calls), classes, arrays)
+        else:
+            pickles = [pickled(call, classes, arrays) for call in calls]
         _check_inputs(pickles)
         arrays.finish()
         mounts = _mounts.Mounts(files, packages, outputs, arrays=arrays, local=_local_packages(fn))
@@ -95,6 +99,28 @@ def inputs(fn, calls, files, packages, outputs):
         arrays.close()
         raise
     return pickles, classes, mounts
+
+
+def _pool_pickles(calls, classes, arrays):
+    """Each call pickled for a pool: a large array that several calls share
+    goes as a file, once per worker; one only its own call has goes inside
+    that call's pickle (so only to the worker that runs it), unless the
+    pickle would then be over what an input may be — then as a file too.
+    Calls without a large array are pickled once; the others twice (the
+    first time with each array a stand-in: `_arrays.Census`)."""
+    census, first = _arrays.Census(), []
+    for call in calls:
+        census.begin()
+        first.append(pickled(call, classes, census))
+    shared = census.shared()
+    out = []
+    for call, data, mine in zip(calls, first, census.per_call):
+        if mine:
+            data = pickled(call, classes, _arrays.Only(arrays, shared))
+            if len(data) > _peerwasm.MAX_INPUT_BYTES:
+                data = pickled(call, classes, arrays)
+        out.append(data)
+    return out
 
 
 def _local_packages(fn):

@@ -1,6 +1,14 @@
 """Large numpy arrays in a function's arguments, moved as files by content
 hash rather than inside each item's pickle.
 
+Which ones: an array several items share (one bound to every item, a
+partial's, a bound method's instance's) is a file, sent once; one that
+only its own item has stays inside that item's pickle on a pool — where
+it then goes only to the worker that runs the item, while a directory of
+them would go whole to every worker before its first item — unless that
+would be over what an input may be; embedded, every large array is a file
+(read in place, not held in this process: `_arguments.inputs`).
+
 Why: an item's arguments are its job's input — at most 64 MiB, embedded
 as on a pool — and each item carries its own. An array over that could not
 be passed at all, and one bound to every item (`partial(fit, X)`, a bound
@@ -56,9 +64,9 @@ class Arrays:
         self.dir = None
 
     def persistent_id(self, obj):
-        numpy = sys.modules.get("numpy")
-        if numpy is None or type(obj) is not numpy.ndarray or obj.dtype.hasobject or obj.nbytes < ARRAY_AS_FILE:
+        if not large(obj):
             return None
+        numpy = sys.modules["numpy"]
         found = self._ids.get(id(obj))
         if found is None:
             found = self._ids[id(obj)] = (len(self._names), obj)
@@ -128,6 +136,56 @@ class Arrays:
         finally:
             os.close(held)
         self._ids.clear()
+
+
+class Only:
+    """`arrays`' `persistent_id` for the arrays of `ids` alone: the others
+    stay inside the pickle."""
+
+    def __init__(self, arrays, ids):
+        self.arrays, self.ids = arrays, ids
+
+    def persistent_id(self, obj):
+        return self.arrays.persistent_id(obj) if id(obj) in self.ids else None
+
+
+class Census:
+    """Which large arrays each call's arguments hold, found by a first
+    pickling that moves nothing (each array a stand-in there): `shared`,
+    those of more than one call. `begin` before each call's pickling."""
+
+    def __init__(self):
+        self.per_call = []  # the ids of the large arrays of each call
+        self._held = {}  # id -> array: kept, so that its id stays its own
+
+    def begin(self):
+        self.per_call.append(set())
+
+    def persistent_id(self, obj):
+        if not large(obj):
+            return None
+        self._held[id(obj)] = obj
+        self.per_call[-1].add(id(obj))
+        return ("census", id(obj))
+
+    def shared(self):
+        seen, shared = set(), set()
+        for ids in self.per_call:
+            shared |= seen & ids
+            seen |= ids
+        return shared
+
+
+def large(obj):
+    """Whether `obj` is a numpy array that may travel as a file: an exact
+    ndarray of a plain dtype, `ARRAY_AS_FILE` or more."""
+    numpy = sys.modules.get("numpy")
+    return (
+        numpy is not None
+        and type(obj) is numpy.ndarray
+        and not obj.dtype.hasobject
+        and obj.nbytes >= ARRAY_AS_FILE
+    )
 
 
 def _root():

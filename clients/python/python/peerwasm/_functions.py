@@ -419,7 +419,7 @@ def run(fn, args, kwargs, mem=None, timeout=None, peers=None, token=None, files=
     `files`, `packages`, `outputs`: see `_mounts`."""
     fn, bound, keywords = _arguments.unbind(fn)
     call = ((*bound, *args), {**keywords, **kwargs})
-    (stdin,), classes, mounts = _arguments.inputs(fn, [call], files, packages, outputs)
+    (stdin,), classes, mounts = _arguments.inputs(fn, [call], files, packages, outputs, pool=_on_pool(peers))
     try:
         source = program(fn, sys_path=mounts.sys_path, classes=classes, workdir=mounts.workdir, arrays=mounts.arrays)
         result = _peerwasm._run_python(
@@ -437,6 +437,14 @@ def run(fn, args, kwargs, mem=None, timeout=None, peers=None, token=None, files=
     return value
 
 
+def _on_pool(peers):
+    """Whether the jobs go to a pool: `peers` given, else PEERWASM_PEERS
+    naming one — as the extension's `target` decides."""
+    if peers is None:
+        peers = [p for p in os.environ.get("PEERWASM_PEERS", "").split(",") if p.strip()]
+    return bool(peers)
+
+
 def _start(fn, items, ordered, options):
     """The map of `fn` over `items` started: its stream, its size, and its
     mounts (to be closed once the stream is done). `options`: the map's
@@ -447,7 +455,9 @@ def _start(fn, items, ordered, options):
     fn, bound, keywords = _arguments.unbind(fn)
     outputs = options.pop("outputs")
     calls = (((*bound, item), keywords) for item in items)
-    inputs, classes, mounts = _arguments.inputs(fn, calls, options.pop("files"), options.pop("packages"), outputs)
+    inputs, classes, mounts = _arguments.inputs(
+        fn, calls, options.pop("files"), options.pop("packages"), outputs, pool=_on_pool(options["peers"])
+    )
     try:
         stream = _peerwasm._map_python(
             runtime_dir(),
