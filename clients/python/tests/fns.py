@@ -333,3 +333,17 @@ def plants_links(directory):
         except OSError:
             pass
     return made
+
+
+def starts_a_pool(kind):
+    """A pool of threads or processes started inside the function: neither
+    exists in the sandbox."""
+    if kind == "threads":
+        import concurrent.futures
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            return list(pool.map(abs, [-1, -2]))
+    import multiprocessing
+
+    with multiprocessing.Pool(2) as pool:
+        return pool.map(abs, [-1, -2])

@@ -164,6 +164,17 @@ def test_dataclasses_named_tuples_and_enums_come_back_as_the_callers_own_classes
         peerwasm.run(fns.make_point, 1)
 
 
+def test_a_pool_started_inside_the_function_fails_saying_why_and_what_to_do():
+    for kind in ("threads", "processes"):
+        with pytest.raises(peerwasm.RemoteError, match="the sandbox runs one thread and starts no processes") as e:
+            peerwasm.run(fns.starts_a_pool, kind)
+        assert e.value.type_name in ("RuntimeError", "AttributeError", "OSError", "NotImplementedError"), e.value
+    # Other errors are left as they are.
+    with pytest.raises(peerwasm.RemoteError) as e:
+        peerwasm.run(fns.fails_on, 2)
+    assert "starts no processes" not in str(e.value)
+
+
 def test_run_calls_the_function_with_its_arguments():
     assert peerwasm.run(fns.add, 2, 3) == 5
     assert peerwasm.run(fns.add, [1], [2]) == [1, 2]

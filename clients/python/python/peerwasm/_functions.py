@@ -107,6 +107,19 @@ class _pw_Unpickler(_pw_pickle.Unpickler):
                 return found
             raise
 
+def _pw_parallel(error):
+    # Threads and processes do not exist in the sandbox (WebAssembly: one
+    # thread), so a pool started inside the function fails somewhere deep
+    # in the standard library (`os.pipe` missing, "can't start new
+    # thread"): said, with what to do, when the error came from there.
+    files = [f.f_code.co_filename for f, _ in _pw_traceback.walk_tb(error.__traceback__)]
+    if any(w in f for f in files for w in ("multiprocessing", "concurrent/futures", "threading.py")):
+        return (
+            " (peerwasm: the sandbox runs one thread and starts no processes; run the work one piece after "
+            "another inside the function (n_jobs=1) and let peerwasm.map spread the items over cores and machines)"
+        )
+    return ""
+
 def _pw_main():
     reply_to = _pw_sys.stdout.buffer
     _pw_sys.stdout = _pw_sys.stderr
@@ -115,7 +128,7 @@ def _pw_main():
     try:
         reply = (True, {name}(*args, **kwargs))
     except BaseException as e:
-        reply, code = (False, (type(e).__name__, str(e), _pw_traceback.format_exc())), 1
+        reply, code = (False, (type(e).__name__, str(e) + _pw_parallel(e), _pw_traceback.format_exc())), 1
     try:
         data = _pw_wire.dumps_reply(*reply)
     except Exception as e:
