@@ -54,6 +54,27 @@ def test_pandas_frames_round_trip():
     pd.testing.assert_series_equal(_wire.loads(_wire.dumps(s)), s)
 
 
+def test_pandas_scalars_and_interval_and_period_columns_round_trip():
+    pd = pytest.importorskip("pandas")
+    stamps = pd.Series(pd.date_range("2020-03-29", periods=4, freq="h", tz="Europe/Berlin"))
+    scalars = [stamps.max(), stamps.max().tz_localize(None).as_unit("s"), stamps.max() - stamps.min(), pd.NaT,
+               pd.Period("2020-03", "M"), pd.Interval(0.5, 2.0, "left")]
+    back = _wire.loads(_wire.dumps(scalars))
+    assert back == scalars and [type(b) for b in back] == [type(v) for v in scalars]
+    assert back[0].tz is not None and str(back[0].tz) == "Europe/Berlin" and back[1].unit == "s"
+    assert back[3] is pd.NaT
+    # `describe()` of a frame with times: an object column of Timestamps.
+    frame = pd.DataFrame({"t": stamps, "x": [1.0, 2.0, 3.0, None]})
+    pd.testing.assert_frame_equal(_wire.loads(_wire.dumps(frame.describe(include="all"))), frame.describe(include="all"))
+    # `pd.cut(...).value_counts()`: an index of intervals; periods by month.
+    counts = pd.cut(pd.Series([1, 2, 3, 7, 9]), 3).value_counts()
+    pd.testing.assert_series_equal(_wire.loads(_wire.dumps(counts)), counts)
+    monthly = pd.Series([1, 2], index=pd.period_range("2020-01", periods=2, freq="M"))
+    pd.testing.assert_series_equal(_wire.loads(_wire.dumps(monthly)), monthly)
+    with pytest.raises(_wire.WireError, match="closed on 'sideways'"):
+        _wire.loads(b"PWV1V" + _wire.dumps(1)[4:] + _wire.dumps(2)[4:] + _wire.dumps("sideways")[4:])
+
+
 def test_what_is_not_data_is_refused_naming_its_type_and_place():
     class Reduces:
         def __reduce__(self):

@@ -20,8 +20,9 @@ naming the type and where it sits in the result):
   complex, datetime64/timedelta64, fixed-width bytes and unicode; not
   object or structured arrays): dtype, shape and raw bytes;
 * pandas DataFrame, Series and Index (also RangeIndex, MultiIndex,
-  categorical and timezone-aware columns, and the nullable extension
-  dtypes), column by column as the above;
+  categorical, timezone-aware, interval and period columns, and the
+  nullable extension dtypes), column by column as the above; pandas'
+  Timestamp, Timedelta, NaT, Period and Interval;
 * fractions.Fraction, uuid.UUID, pathlib paths;
 * instances of dataclasses, named tuples and Enums: their class's module
   and name, and their fields as the above. The caller rebuilds one only as
@@ -62,6 +63,9 @@ MAX_DEPTH = 200
 #: No object ('O'), void or structured dtypes: those would need more than
 #: bytes to rebuild.
 _PLAIN_DTYPE = _re.compile(r"^[<>|=]?[biufcmMSU][0-9]{1,4}(\[[0-9]*[a-zA-Z]{1,2}\])?$")
+
+#: The sides an interval may be closed on.
+_CLOSED = frozenset(["left", "right", "both", "neither"])
 
 #: pandas extension dtypes a column may have, by name (rebuilt with
 #: `pd.array(values, dtype=name)`: a registry look-up, no code).
@@ -256,6 +260,33 @@ def _encode_pandas(v, out, where, depth):
         out += b"I"
         _encode_index(v, out, where, depth)
     else:
+        _encode_pandas_scalar(v, out, where, depth)
+
+
+def _encode_pandas_scalar(v, out, where, depth):
+    """pandas' own scalars: `Timestamp` (nanoseconds since the epoch, in
+    UTC when it has a zone, its unit and zone), `Timedelta`, `NaT`,
+    `Period` (its ordinal and frequency), `Interval` (its ends and side)."""
+    import pandas as pd
+
+    if v is pd.NaT:
+        out += b"Z"
+    elif isinstance(v, pd.Timestamp):
+        out += b"W"
+        for part in (int(v.value), v.unit, None if v.tz is None else str(v.tz)):
+            _encode(part, out, where, depth + 1)
+    elif isinstance(v, pd.Timedelta):
+        out += b"J"
+        _encode(int(v.value), out, where, depth + 1)
+    elif isinstance(v, pd.Period):
+        out += b"O"
+        _encode(int(v.ordinal), out, where, depth + 1)
+        _encode(v.freqstr, out, where, depth + 1)
+    elif isinstance(v, pd.Interval):
+        out += b"V"
+        for part in (v.left, v.right, v.closed):
+            _encode(part, out, where, depth + 1)
+    else:
         _not_data(v, where)
 
 
@@ -300,6 +331,17 @@ def _encode_values(values, out, where, depth):
     elif isinstance(dtype, np.dtype) and dtype != object:
         out += b"n"
         _encode_numpy(np.asarray(values), out, where, depth)
+    elif isinstance(dtype, pd.IntervalDtype):
+        out += b"i"
+        intervals = pd.arrays.IntervalArray(values)
+        _encode(intervals.closed, out, where, depth + 1)
+        _encode_values(intervals.left, out, f"{where} left ends", depth)
+        _encode_values(intervals.right, out, f"{where} right ends", depth)
+    elif isinstance(dtype, pd.PeriodDtype):
+        out += b"d"
+        # As `Period` spells it ("M"; the offset's own spelling is "ME").
+        _encode(str(dtype)[len("period[") : -1], out, where, depth + 1)
+        _encode_numpy(np.asarray(pd.arrays.PeriodArray(values).asi8), out, where, depth)
     elif str(dtype) in _PANDAS_DTYPES or dtype == object:
         out += b"o"
         _encode(str(dtype), out, where, depth + 1)
@@ -444,7 +486,31 @@ def _decode(r, depth):
         return pd.Series(_values(r, depth), index=index, name=name, copy=False)
     if tag == b"I":
         return _index(r, depth)
+    if tag in (b"Z", b"W", b"J", b"O", b"V"):
+        return _pandas_scalar(tag, r, depth)
     raise WireError(f"unknown tag {tag!r}")
+
+
+def _pandas_scalar(tag, r, depth):
+    """`_encode_pandas_scalar`'s scalars."""
+    pd = _pandas()
+    if tag == b"Z":
+        return pd.NaT
+    if tag == b"W":
+        ns, unit, tz = _int(r, depth), _str(r, depth), _decode(r, depth + 1)
+        if unit not in ("s", "ms", "us", "ns") or not (tz is None or type(tz) is str):
+            raise WireError(f"a Timestamp of unit {unit!r} and zone {tz!r}")
+        stamp = pd.Timestamp(ns, unit="ns")
+        stamp = stamp if tz is None else stamp.tz_localize("UTC").tz_convert(tz)
+        return stamp.as_unit(unit)
+    if tag == b"J":
+        return pd.Timedelta(_int(r, depth), unit="ns")
+    if tag == b"O":
+        return pd.Period(ordinal=_int(r, depth), freq=_str(r, depth))
+    left, right, closed = _decode(r, depth + 1), _decode(r, depth + 1), _str(r, depth)
+    if closed not in _CLOSED:
+        raise WireError(f"an interval closed on {closed!r}")
+    return pd.Interval(left, right, closed)
 
 
 def _int(r, depth):
@@ -575,6 +641,20 @@ def _values(r, depth):
         if dtype not in _PANDAS_DTYPES:
             raise WireError(f"pandas dtype {dtype!r} is not one a result may have")
         return pd.array(items, dtype=dtype)
+    if kind == b"i":
+        closed = _str(r, depth)
+        if closed not in _CLOSED:
+            raise WireError(f"intervals closed on {closed!r}")
+        left, right = _values(r, depth), _values(r, depth)
+        return pd.arrays.IntervalArray.from_arrays(left, right, closed=closed)
+    if kind == b"d":
+        freq = _str(r, depth)
+        if bytes([r.byte("an array")]) != b"a":
+            raise WireError("a period column's values are not an array")
+        ordinals = _array(r)
+        if ordinals.dtype != np.int64:
+            raise WireError("a period column's ordinals are not 64-bit integers")
+        return pd.arrays.PeriodArray(ordinals, dtype=pd.PeriodDtype(freq))
     raise WireError(f"unknown column kind {kind!r}")
 
 
