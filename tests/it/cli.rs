@@ -198,6 +198,24 @@ fn bad_input_gets_one_clear_line_and_exit_2() {
         text(&out.stderr)
     );
     assert!(text(&out.stderr).contains("invalid module: not a WebAssembly module"));
+    // The common mistakes say what to do: a Python script, a native build.
+    let script = dir.path().join("analysis.py");
+    std::fs::write(&script, "import numpy as np\nprint(np.pi)\n").unwrap();
+    let out = peerwasm(&["run", script.to_str().unwrap()], b"");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("peerwasm run --python"),
+        "{}",
+        text(&out.stderr)
+    );
+    let native = dir.path().join("job");
+    std::fs::write(&native, b"\x7fELF\x02\x01\x01\0\0\0\0\0\0\0\0\0").unwrap();
+    let out = peerwasm(&["run", native.to_str().unwrap()], b"");
+    assert!(
+        text(&out.stderr).contains("--target wasm32-wasip1"),
+        "{}",
+        text(&out.stderr)
+    );
 
     let out = peerwasm(&["run", "/nonexistent/job.wasm"], b"");
     assert_eq!(out.status.code(), Some(2));

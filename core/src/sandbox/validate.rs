@@ -25,7 +25,39 @@ pub fn check_header(bytes: &[u8]) -> Result<(), String> {
     if bytes.is_empty() {
         return Err("the file is empty".into());
     }
+    if bytes.starts_with(b"\x7fELF") || bytes.starts_with(b"MZ") || is_mach_o(bytes) {
+        return Err(
+            "this is a native executable, not WebAssembly; build it for the sandbox with \
+             `cargo build --target wasm32-wasip1` (or your compiler's wasm32-wasi target)"
+                .into(),
+        );
+    }
+    if looks_like_python(&text) {
+        return Err(
+            "this looks like a Python script, not WebAssembly; run it with \
+             `peerwasm run --python SCRIPT.py`"
+                .into(),
+        );
+    }
     Err("not a WebAssembly module (it does not start with \\0asm)".into())
+}
+
+/// A Mach-O binary's magic, either byte order, 32 or 64 bits.
+fn is_mach_o(bytes: &[u8]) -> bool {
+    bytes.len() >= 4
+        && matches!(
+            u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
+            0xfeed_face | 0xfeed_facf | 0xcefa_edfe | 0xcffa_edfe
+        )
+}
+
+/// Whether the start of a text file reads like a Python script: a
+/// `python` shebang, or a first line that imports.
+fn looks_like_python(start: &str) -> bool {
+    let first = start.trim_start().lines().next().unwrap_or("");
+    (first.starts_with("#!") && first.contains("python"))
+        || first.starts_with("import ")
+        || first.starts_with("from ")
 }
 
 #[cfg(test)]
@@ -53,5 +85,24 @@ mod tests {
                 .contains("not a WebAssembly module")
         );
         assert!(check_header(b"").unwrap_err().contains("empty"));
+        for native in [
+            &b"\x7fELF\x02\x01\x01"[..],
+            b"MZ\x90\0",
+            b"\xcf\xfa\xed\xfe\x07",
+        ] {
+            assert!(check_header(native).unwrap_err().contains("wasm32-wasip1"));
+        }
+        for script in [
+            &b"#!/usr/bin/env python3\nprint(1)"[..],
+            b"import numpy as np\n",
+            b"\nfrom x import y",
+        ] {
+            assert!(check_header(script).unwrap_err().contains("--python"));
+        }
+        assert!(
+            check_header(b"print('hello')")
+                .unwrap_err()
+                .contains("not a WebAssembly module")
+        );
     }
 }
