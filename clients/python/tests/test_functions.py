@@ -175,6 +175,17 @@ def test_a_pool_started_inside_the_function_fails_saying_why_and_what_to_do():
     assert "starts no processes" not in str(e.value)
 
 
+def test_an_argument_the_sandbox_cannot_unpickle_is_an_error_naming_what_is_missing():
+    # An object of a class of a package the sandbox does not have (here
+    # the host-only client itself): said, with what to do — not a bare
+    # traceback from the guest's unpickler.
+    stranger = peerwasm.Interrupted({}, 3)
+    with pytest.raises(peerwasm.RemoteError, match="could not unpickle the item's arguments: 'peerwasm' is not in"):
+        peerwasm.run(fns.add, stranger, 1)
+    out = peerwasm.map(fns.power, [2, stranger], keep_going=True)
+    assert out[0] == 4 and isinstance(out[1], peerwasm.RemoteError) and out[1].index == 1, out
+
+
 def test_run_calls_the_function_with_its_arguments():
     assert peerwasm.run(fns.add, 2, 3) == 5
     assert peerwasm.run(fns.add, [1], [2]) == [1, 2]

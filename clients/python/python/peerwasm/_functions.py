@@ -120,15 +120,38 @@ def _pw_parallel(error):
         )
     return ""
 
+def _pw_unpickling(error):
+    # Why an argument's pickle does not load here, and what to do: its
+    # class's package is not in the sandbox, or the sandbox's version of
+    # it reads it differently.
+    if isinstance(error, ModuleNotFoundError) and error.name:
+        return (
+            f"{{error.name!r}} is not in the sandbox (an argument is an object of one of its classes): give "
+            "it with packages= if it is pure Python, or pass plainer data (numbers, strings, numpy arrays, "
+            "lists, dicts)"
+        )
+    loaded = [f"{{m}} {{_pw_sys.modules[m].__version__}}" for m in ("numpy", "pandas") if m in _pw_sys.modules]
+    return (
+        f"{{type(error).__name__}}: {{error}} (the sandbox has Python {{_pw_sys.version.split()[0]}}"
+        + "".join(", " + v for v in loaded)
+        + "; an object pickled by a newer version of its library than the sandbox's may not load: pass "
+        "plainer data, or match the versions)"
+    )
+
 def _pw_main():
     reply_to = _pw_sys.stdout.buffer
     _pw_sys.stdout = _pw_sys.stderr
-    args, kwargs = _pw_Unpickler(_pw_sys.stdin.buffer).load()
     code = 0
     try:
-        reply = (True, {name}(*args, **kwargs))
-    except BaseException as e:
-        reply, code = (False, (type(e).__name__, str(e) + _pw_parallel(e), _pw_traceback.format_exc())), 1
+        args, kwargs = _pw_Unpickler(_pw_sys.stdin.buffer).load()
+    except Exception as e:
+        why = "the sandbox could not unpickle the item's arguments: " + _pw_unpickling(e)
+        reply, code = (False, (type(e).__name__, why, _pw_traceback.format_exc())), 1
+    else:
+        try:
+            reply = (True, {name}(*args, **kwargs))
+        except BaseException as e:
+            reply, code = (False, (type(e).__name__, str(e) + _pw_parallel(e), _pw_traceback.format_exc())), 1
     try:
         data = _pw_wire.dumps_reply(*reply)
     except Exception as e:
