@@ -4,19 +4,23 @@
 //! and CPython compiled once before its first job.
 
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use peerwasm::client::{Job, Target};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
 use crate::block_on;
+use crate::per_process::PerProcess;
 
 pub fn embedded() -> PyResult<Target> {
-    static EMBEDDED: OnceLock<Target> = OnceLock::new();
-    if let Some(t) = EMBEDDED.get() {
-        return Ok(t.clone());
-    }
+    // Per process: a forked child's slot processes would be its parent's.
+    static EMBEDDED: PerProcess<Target> = PerProcess::new();
+    EMBEDDED.get_or_try_init(start).cloned()
+}
+
+/// The embedded worker started: its runner, with slot processes of its own.
+fn start() -> PyResult<Target> {
     let mut sandbox = peerwasm::sandbox::SandboxConfig::default();
     sandbox.cache_dir = dirs_cache().map(|d| d.join("modules"));
     // This user's own machine: the next process starts warm (its slot
@@ -33,9 +37,7 @@ pub fn embedded() -> PyResult<Target> {
         slot_processes: slot_processes(),
     })
     .map_err(|e| PyRuntimeError::new_err(format!("cannot start the embedded worker: {e:#}")))?;
-    Ok(EMBEDDED
-        .get_or_init(|| Target::Embedded(Arc::new(runner)))
-        .clone())
+    Ok(Target::Embedded(Arc::new(runner)))
 }
 
 /// Slot processes for the embedded worker, as a pool's worker has them:

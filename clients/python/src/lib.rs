@@ -9,16 +9,18 @@
 //! is a `MapStream` (`stream.rs`): its results are read as they come.
 
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 mod command;
 mod embedded;
+mod per_process;
 mod stream;
 
 use embedded::{compile_first, dirs_cache, embedded};
 use peerwasm::client::{Job, MapConfig, Pool, PoolConfig, Target};
 use peerwasm::proto::JobResult;
+use per_process::PerProcess;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -135,13 +137,13 @@ fn stderr_tail(stderr: &str) -> String {
 /// The runtime every call runs on, and the embedded worker (one per
 /// process, so compiled modules and threads are reused between calls).
 fn runtime() -> &'static tokio::runtime::Runtime {
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| {
+    static RT: PerProcess<tokio::runtime::Runtime> = PerProcess::new();
+    RT.get_or_try_init(|| {
         tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
-            .expect("a tokio runtime")
     })
+    .expect("a tokio runtime")
 }
 
 fn target(peers: Option<Vec<String>>, token: Option<String>) -> PyResult<Target> {

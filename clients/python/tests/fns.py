@@ -347,3 +347,9 @@ def starts_a_pool(kind):
 
     with multiprocessing.Pool(2) as pool:
         return pool.map(abs, [-1, -2])
+
+
+def power_in_the_sandbox(x):
+    """Called in a forked child of a process that used peerwasm: runs
+    `power` in the sandbox from there."""
+    return peerwasm.run(power, x)

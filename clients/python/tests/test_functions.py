@@ -186,6 +186,17 @@ def test_an_argument_the_sandbox_cannot_unpickle_is_an_error_naming_what_is_miss
     assert out[0] == 4 and isinstance(out[1], peerwasm.RemoteError) and out[1].index == 1, out
 
 
+def test_a_forked_child_of_a_process_that_used_peerwasm_can_use_it_too():
+    # multiprocessing's fork (Linux's default before Python 3.14): the
+    # child inherits no threads and no slot processes, so it makes its own
+    # (was: its first call waited for ever on its parent's runtime).
+    import multiprocessing
+
+    assert peerwasm.run(fns.power, 3) == 9
+    with multiprocessing.get_context("fork").Pool(2) as children:
+        assert children.map_async(fns.power_in_the_sandbox, [4, 5]).get(timeout=300) == [16, 25]
+
+
 def test_run_calls_the_function_with_its_arguments():
     assert peerwasm.run(fns.add, 2, 3) == 5
     assert peerwasm.run(fns.add, [1], [2]) == [1, 2]
