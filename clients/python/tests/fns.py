@@ -353,3 +353,24 @@ def power_in_the_sandbox(x):
     """Called in a forked child of a process that used peerwasm: runs
     `power` in the sandbox from there."""
     return peerwasm.run(power, x)
+
+
+class PlainError(Exception):
+    """Caught as itself in the caller."""
+
+
+class CustomError(Exception):
+    """Made with arguments of its own: stays a plain RemoteError."""
+
+    def __init__(self, code, detail):
+        super().__init__(f"{code}: {detail}")
+
+
+def raises_own(kind):
+    if kind == "plain":
+        raise PlainError("plain")
+    if kind == "key":
+        raise KeyError("missing")
+    if kind == "custom":
+        raise CustomError(3, "custom")
+    return b"\xff".decode("utf-8")  # UnicodeDecodeError: made from five arguments

@@ -197,6 +197,22 @@ def test_a_forked_child_of_a_process_that_used_peerwasm_can_use_it_too():
         assert children.map_async(fns.power_in_the_sandbox, [4, 5]).get(timeout=300) == [16, 25]
 
 
+def test_the_functions_exception_is_caught_as_its_own_type_where_this_process_has_it():
+    # A builtin type and one of the function's module: `except` catches
+    # them as with a process pool; the error stays a RemoteError.
+    with pytest.raises(ValueError, match="bad input 2") as e:
+        peerwasm.run(fns.fails_on, 2)
+    assert isinstance(e.value, peerwasm.RemoteError) and e.value.type_name == "ValueError"
+    assert str(e.value).startswith("ValueError: bad input 2"), str(e.value)
+    out = peerwasm.map(fns.raises_own, ["plain", "key", "custom", "bytes"], keep_going=True)
+    assert isinstance(out[0], fns.PlainError) and isinstance(out[0], peerwasm.RemoteError)
+    assert isinstance(out[1], KeyError) and str(out[1]).startswith("item 1 of the map: KeyError:"), str(out[1])
+    # One whose class runs code of its own as it is made is not made:
+    # a plain RemoteError, named.
+    assert not isinstance(out[2], fns.CustomError) and out[2].type_name == "CustomError"
+    assert type(out[3]) is peerwasm.RemoteError and out[3].type_name == "UnicodeDecodeError"
+
+
 def test_run_calls_the_function_with_its_arguments():
     assert peerwasm.run(fns.add, 2, 3) == 5
     assert peerwasm.run(fns.add, [1], [2]) == [1, 2]

@@ -31,6 +31,7 @@ import os
 import sys
 
 from . import _arguments, _arrays, _maps, _peerwasm, _sources, _travel, _warm, _wire
+from ._remote import RemoteError, remote_error
 from ._arguments import PROTOCOL  # noqa: F401  (the arguments' pickle protocol, for callers)
 
 
@@ -120,6 +121,12 @@ def _pw_parallel(error):
         )
     return ""
 
+def _pw_error_reply(error, message):
+    # An exception as the caller gets it: its type's name, the message,
+    # the traceback, and its class as the caller knows it (`_remote`).
+    module, qualname = _pw_wire.class_name(type(error))
+    return (type(error).__name__, message, _pw_traceback.format_exc(), module + ":" + qualname)
+
 def _pw_unpickling(error):
     # Why an argument's pickle does not load here, and what to do: its
     # class's package is not in the sandbox, or the sandbox's version of
@@ -146,17 +153,17 @@ def _pw_main():
         args, kwargs = _pw_Unpickler(_pw_sys.stdin.buffer).load()
     except Exception as e:
         why = "the sandbox could not unpickle the item's arguments: " + _pw_unpickling(e)
-        reply, code = (False, (type(e).__name__, why, _pw_traceback.format_exc())), 1
+        reply, code = (False, _pw_error_reply(e, why)), 1
     else:
         try:
             reply = (True, {name}(*args, **kwargs))
         except BaseException as e:
-            reply, code = (False, (type(e).__name__, str(e) + _pw_parallel(e), _pw_traceback.format_exc())), 1
+            reply, code = (False, _pw_error_reply(e, str(e) + _pw_parallel(e))), 1
     try:
         data = _pw_wire.dumps_reply(*reply)
     except Exception as e:
         why = "the result of {label} cannot be sent back: " + str(e)
-        data = _pw_wire.dumps_reply(False, (type(e).__name__, why, _pw_traceback.format_exc()))
+        data = _pw_wire.dumps_reply(False, _pw_error_reply(e, why))
         code = 1
     reply_to.write(data)
     reply_to.flush()
@@ -177,25 +184,6 @@ if not globals().get("_pw_warm"):
 def _wire_source():
     with open(_wire.__file__, encoding="utf-8") as f:
         return f.read()
-
-
-class RemoteError(Exception):
-    """An exception raised by a function inside the sandbox.
-
-    `type_name` and `message` are the guest exception's; `traceback` is its
-    traceback as the guest printed it; `result` is the job's `Result`
-    (peak memory, peer, ...); `index` the item's position in a map (None
-    for `run`), which the error's text starts with.
-    """
-
-    def __init__(self, type_name, message, traceback, result):
-        self.index = getattr(result, "index", None)
-        where = "" if self.index is None else f"item {self.index} of the map: "
-        super().__init__(f"{where}{type_name}: {message}\n\nTraceback in the sandbox:\n{traceback}")
-        self.type_name = type_name
-        self.message = message
-        self.traceback = traceback
-        self.result = result
 
 
 def runtime_dir():
@@ -403,7 +391,7 @@ def _reply(result):
     try:
         reply = _wire.loads(result.stdout)
         ok, value = reply if type(reply) is tuple and len(reply) == 2 and type(reply[0]) is bool else (None, None)
-        if ok is None or (not ok and not (type(value) is tuple and len(value) == 3 and all(type(v) is str for v in value))):
+        if ok is None or (not ok and not (type(value) is tuple and len(value) == 4 and all(type(v) is str for v in value))):
             raise _wire.WireError("the reply is not (ok, value)")
     except _wire.WireError as e:
         raise RuntimeError(
@@ -411,7 +399,8 @@ def _reply(result):
         ) from None
     if ok:
         return value
-    return RemoteError(*value, result)
+    type_name, message, traceback, kind = value
+    return remote_error(type_name, message, traceback, result, kind)
 
 
 def _value(result):

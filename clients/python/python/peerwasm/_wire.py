@@ -125,13 +125,18 @@ def dumps_reply(ok, value):
 
 
 def _not_data(value, where, why=""):
-    t = type(value)
-    module = HOME if t.__module__ == "__main__" and HOME else t.__module__
-    name = t.__qualname__ if module in ("builtins", None) else f"{module}.{t.__qualname__}"
+    module, qualname = class_name(type(value))
+    name = qualname if module in ("builtins", None) else f"{module}.{qualname}"
     raise TypeError(
         f"{where} is a {name}{why}, which cannot be sent back: {WHAT_IT_MAY_BE}. "
         "Convert it to one of those first (e.g. a dict of its fields)"
     )
+
+
+def class_name(t):
+    """`(module, qualname)` of the class `t` as the caller knows it: one of
+    the guest program's own (`__main__` there) by `HOME`."""
+    return (HOME if t.__module__ == "__main__" and HOME else t.__module__), t.__qualname__
 
 
 def _encode(v, out, where, depth):
@@ -217,8 +222,8 @@ def _encode_record(v, out, where, depth):
     if "<locals>" in t.__qualname__:
         _not_data(v, where, " (a class defined inside a function)")
     out += b"R" + kind
-    _blob((HOME if t.__module__ == "__main__" and HOME else t.__module__).encode(), out)
-    _blob(t.__qualname__.encode(), out)
+    for name in class_name(t):
+        _blob(name.encode(), out)
     _encode(fields, out, where, depth + 1)
 
 
@@ -527,6 +532,16 @@ def _str(r, depth):
     return v
 
 
+def loaded_class(module, qualname):
+    """The class `module.qualname` names among the modules this process
+    has loaded — looked up in their namespaces: never imported, no module
+    `__getattr__` run — or None."""
+    found = _sys.modules.get(module)
+    for part in qualname.split("."):
+        found = vars(found).get(part) if found is not None and hasattr(found, "__dict__") else None
+    return found if isinstance(found, type) else None
+
+
 def _record(r, depth):
     """A dataclass instance, named tuple or Enum member, rebuilt as the
     class of that module and name this process has loaded — looked up in
@@ -535,9 +550,7 @@ def _record(r, depth):
     own descriptor, else the instance's dict)."""
     kind = bytes([r.byte("a record's kind")])
     module, qualname = r.text("a module"), r.text("a class name")
-    cls = _sys.modules.get(module)
-    for part in qualname.split("."):
-        cls = vars(cls).get(part) if cls is not None and hasattr(cls, "__dict__") else None
+    cls = loaded_class(module, qualname)
     fields = _decode(r, depth + 1)
     want = {b"E": _enum.Enum, b"Q": tuple, b"C": object}.get(kind)
     if want is None or not isinstance(cls, type) or not issubclass(cls, want):
