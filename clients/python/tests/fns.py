@@ -374,3 +374,9 @@ def raises_own(kind):
     if kind == "custom":
         raise CustomError(3, "custom")
     return b"\xff".decode("utf-8")  # UnicodeDecodeError: made from five arguments
+
+
+def row_total(row):
+    """A row of `DataFrame.itertuples()`: a named tuple of a class pandas
+    makes on the fly."""
+    return float(row.a + row.b), type(row).__name__

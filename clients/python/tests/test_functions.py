@@ -213,6 +213,13 @@ def test_the_functions_exception_is_caught_as_its_own_type_where_this_process_ha
     assert type(out[3]) is peerwasm.RemoteError and out[3].type_name == "UnicodeDecodeError"
 
 
+def test_rows_of_itertuples_travel_though_their_class_was_made_on_the_fly():
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"a": [1, 2], "b": [0.5, 0.25]})
+    assert peerwasm.map(fns.row_total, frame.itertuples()) == [(1.5, "Pandas"), (2.25, "Pandas")]
+    assert peerwasm.map(fns.row_total, frame.itertuples(name="Row")) == [(1.5, "Row"), (2.25, "Row")]
+
+
 def test_run_calls_the_function_with_its_arguments():
     assert peerwasm.run(fns.add, 2, 3) == 5
     assert peerwasm.run(fns.add, [1], [2]) == [1, 2]

@@ -9,10 +9,12 @@ Pickles go only this way, into the sandbox, where a pickle can do no more
 than the function itself; results come back as data (`_wire`).
 """
 
+import collections
 import functools
 import inspect
 import io
 import pickle
+import sys
 
 from . import _arrays, _mounts, _peerwasm, _travel
 
@@ -35,7 +37,22 @@ class ClassFinder(pickle.Pickler):
 
     def reducer_override(self, obj):
         self.found.add(obj if isinstance(obj, type) else type(obj))
+        if isinstance(obj, type) and _made_on_the_fly(obj):
+            # Made again in the sandbox, once per pickle (pickle memoizes it).
+            return collections.namedtuple, (obj.__name__, obj._fields)
         return NotImplemented
+
+
+def _made_on_the_fly(cls):
+    """Whether `cls` is a named tuple class that cannot be found again by
+    its names — made at run time, as `DataFrame.itertuples()` makes its
+    rows' — which pickle would refuse: it travels as its name and fields."""
+    if not (issubclass(cls, tuple) and isinstance(getattr(cls, "_fields", None), tuple)):
+        return False
+    found = sys.modules.get(cls.__module__)
+    for part in cls.__qualname__.split("."):
+        found = getattr(found, part, None)
+    return found is not cls
 
 
 def pickled(obj, found, arrays=None):
