@@ -33,6 +33,24 @@ def test_plain_values_round_trip(value):
     assert repr(_wire.loads(_wire.dumps(value))) == repr(value)
 
 
+def test_long_lists_of_numbers_go_as_one_block_and_come_back_as_they_were():
+    floats = [float(i) / 3 for i in range(1000)] + [float("inf"), -0.0, 1e-310]
+    ints = list(range(-500, 500)) + [2**63 - 1, -(2**63)]
+    for value in (floats, tuple(floats), ints, tuple(ints)):
+        data = _wire.dumps(value)
+        assert data[4:5] == b"L" and len(data) < 8 * len(value) + 16, data[:8]
+        back = _wire.loads(data)
+        assert type(back) is type(value) and back == value
+        assert [type(x) for x in back] == [type(x) for x in value]
+    assert str(_wire.loads(_wire.dumps([float("nan")] * 20))[0]) == "nan"
+    # Anything else goes item by item, as it is: a big int, bools, a mix.
+    for value in ([2**64] + list(range(20)), [True] * 20, [1.0] * 10 + [1] * 10, [1] * 15):
+        data = _wire.dumps(value)
+        assert data[4:5] == b"l"
+        back = _wire.loads(data)
+        assert back == value and [type(x) for x in back] == [type(x) for x in value]
+
+
 def test_numpy_arrays_and_scalars_round_trip_with_their_dtype():
     for a in [np.arange(6.0).reshape(2, 3), np.array([1, 2], dtype=">i4"), np.array(["ab", "c"]),
               np.array(["2020-01-01"], dtype="M8[D]"), np.zeros((0, 3)), np.arange(12).reshape(3, 4).T,
@@ -99,6 +117,9 @@ def test_what_is_not_data_is_refused_naming_its_type_and_place():
         (b"PWV1e\x01l\x00", "unhashable"),
         (b"PWV1NN", "after the value"),
         (b"PWV1Q", "unknown tag"),
+        (b"PWV1Lxd\x00", "packed list of kind"),
+        (b"PWV1Lld\x03abc", "not 8 per number"),
+        (b"PWV1Llq\xff\xff\xff\xff\x0f", "truncated"),
     ],
 )
 def test_hostile_bytes_are_refused_as_data(junk, why):

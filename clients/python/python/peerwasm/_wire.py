@@ -42,6 +42,7 @@ Layout: `b"PWV1"`, then one value: a tag byte, then the tag's fields. Sizes
 and counts are unsigned LEB128 varints.
 """
 
+import array as _pyarray
 import dataclasses as _dataclasses
 import datetime as _datetime
 import decimal as _decimal
@@ -58,6 +59,10 @@ MAGIC = b"PWV1"
 
 #: How deep containers may nest (the decoder refuses deeper bytes).
 MAX_DEPTH = 200
+
+#: Lists and tuples of numbers this long or longer go as one block
+#: (`_packed`).
+_PACKED_FROM = 16
 
 #: A plain numpy dtype: byte order, kind, item size, and a datetime unit.
 #: No object ('O'), void or structured dtypes: those would need more than
@@ -160,6 +165,8 @@ def _encode(v, out, where, depth):
     elif t is bytes or t is bytearray:
         out += b"b" if t is bytes else b"B"
         _blob(bytes(v), out)
+    elif t in (list, tuple) and len(v) >= _PACKED_FROM and _packed(v, out):
+        pass
     elif t in (list, tuple, set, frozenset):
         out += {list: b"l", tuple: b"t", set: b"e", frozenset: b"z"}[t]
         _varint(len(v), out)
@@ -205,6 +212,29 @@ def _encode(v, out, where, depth):
         _encode_pandas(v, out, where, depth)
     else:
         _encode_record(v, out, where, depth)
+
+
+def _packed(v, out):
+    """A long list or tuple of floats only, or of ints only that fit in 64
+    bits, as one block of 8-byte numbers (tag `L`: its kind, `l` or `t`,
+    then `d` or `q`), not item by item — a million floats in milliseconds,
+    not seconds. False (nothing written) for any other."""
+    first = type(v[0])
+    if first is float and all(type(x) is float for x in v):
+        code = "d"
+    elif first is int and all(type(x) is int for x in v):
+        code = "q"
+    else:
+        return False
+    try:
+        block = _pyarray.array(code, v)
+    except OverflowError:
+        return False
+    if _sys.byteorder != "little":
+        block.byteswap()
+    out += b"L" + (b"l" if type(v) is list else b"t") + code.encode()
+    _blob(block.tobytes(), out)
+    return True
 
 
 def _encode_record(v, out, where, depth):
@@ -446,6 +476,8 @@ def _decode(r, depth):
         return r.blob("bytes")
     if tag == b"B":
         return bytearray(r.blob("a bytearray"))
+    if tag == b"L":
+        return _unpacked(r)
     if tag in (b"l", b"t", b"e", b"z"):
         n = r.count("a container")
         items = [_decode(r, depth + 1) for _ in range(n)]
@@ -516,6 +548,21 @@ def _pandas_scalar(tag, r, depth):
     if closed not in _CLOSED:
         raise WireError(f"an interval closed on {closed!r}")
     return pd.Interval(left, right, closed)
+
+
+def _unpacked(r):
+    """A list or tuple `_packed` wrote."""
+    kind, code = bytes([r.byte("a packed list's kind")]), chr(r.byte("a packed list's numbers"))
+    if kind not in (b"l", b"t") or code not in ("d", "q"):
+        raise WireError(f"a packed list of kind {kind!r} and numbers {code!r}")
+    data = r.blob("a packed list")
+    if len(data) % 8:
+        raise WireError(f"a packed list of {len(data)} bytes, not 8 per number")
+    block = _pyarray.array(code)
+    block.frombytes(data)
+    if _sys.byteorder != "little":
+        block.byteswap()
+    return block.tolist() if kind == b"l" else tuple(block)
 
 
 def _int(r, depth):
