@@ -203,3 +203,30 @@ def test_records_naming_what_is_not_the_callers_own_kind_are_refused(kind, modul
     with pytest.raises(_wire.WireError, match=why):
         _wire.loads(_record(kind, module, qualname, fields))
     assert "antigravity" not in sys.modules
+
+
+class _Counting(type):
+    """A metaclass whose code would run if the class were hashed or
+    combined: an error naming its class must not."""
+
+    ran = 0
+
+    def __hash__(cls):
+        _Counting.ran += 1
+        return 1
+
+
+class Metered(Exception, metaclass=_Counting):
+    pass
+
+
+def test_an_errors_class_is_made_catchable_only_without_running_code_of_the_callers():
+    from peerwasm import _remote
+
+    def error(kind):
+        return _remote.remote_error("E", "m", "tb", None, kind)
+
+    assert isinstance(error("builtins:ValueError"), ValueError)
+    for kind in (f"{__name__}:Metered", f"{__name__}:Guarded", "os:system", "antigravity:Fly", "builtins:SystemExit"):
+        assert type(error(kind)) is _remote.RemoteError, kind
+    assert _Counting.ran == 0 and "antigravity" not in sys.modules

@@ -52,8 +52,11 @@ def remote_error(type_name, message, traceback, result, kind=None):
     """The `RemoteError` for a guest's exception; `kind`: its class as
     `"module:qualname"` (see the module docs)."""
     module, _, qualname = (kind or "").partition(":")
-    cls = _catchable(_wire.loaded_class(module, qualname)) if qualname else None
-    return (cls or RemoteError)(type_name, message, traceback, result)
+    cls = _wire.loaded_class(module, qualname) if qualname else None
+    # A plain metaclass before anything else: the cache below hashes the
+    # class, and another metaclass's `__hash__` would be code of its own.
+    combined = _catchable(cls) if type(cls) is type else None
+    return (combined or RemoteError)(type_name, message, traceback, result)
 
 
 # What needs more than a message to be made (exception groups: 3.11+).
@@ -64,12 +67,7 @@ _NOT_BY_MESSAGE = tuple(c for c in (UnicodeError, getattr(builtins, "BaseExcepti
 def _catchable(cls):
     """`RemoteError` and `cls` in one class, or None when `cls` may not be
     (see the module docs)."""
-    if (
-        cls is None
-        or not issubclass(cls, Exception)
-        or issubclass(cls, (RemoteError, *_NOT_BY_MESSAGE))
-        or type(cls) is not type
-    ):
+    if not issubclass(cls, Exception) or issubclass(cls, (RemoteError, *_NOT_BY_MESSAGE)):
         return None
     for c in cls.__mro__:
         if c.__module__ != "builtins" and {"__init__", "__new__", "__init_subclass__"} & set(vars(c)):
