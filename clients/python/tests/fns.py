@@ -380,3 +380,10 @@ def row_total(row):
     """A row of `DataFrame.itertuples()`: a named tuple of a class pandas
     makes on the fly."""
     return float(row.a + row.b), type(row).__name__
+
+
+def word_counts(text):
+    """A Counter (a dict subclass) back as a Counter."""
+    import collections
+
+    return collections.Counter(text.split())

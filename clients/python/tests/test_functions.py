@@ -220,6 +220,13 @@ def test_rows_of_itertuples_travel_though_their_class_was_made_on_the_fly():
     assert peerwasm.map(fns.row_total, frame.itertuples(name="Row")) == [(1.5, "Row"), (2.25, "Row")]
 
 
+def test_a_dict_subclass_comes_back_as_its_class():
+    import collections
+
+    counts = peerwasm.run(fns.word_counts, "a b a")
+    assert type(counts) is collections.Counter and counts.most_common(1) == [("a", 2)]
+
+
 def test_run_calls_the_function_with_its_arguments():
     assert peerwasm.run(fns.add, 2, 3) == 5
     assert peerwasm.run(fns.add, [1], [2]) == [1, 2]
@@ -549,8 +556,10 @@ def test_a_bound_method_runs_on_its_instance_as_its_class_defines_it():
     assert peerwasm.map(third.limit_denominator, [10]) == [third]
     import collections
 
-    with pytest.raises(peerwasm.RemoteError, match="the result of Counter.copy cannot be sent back"):
-        peerwasm.run(collections.Counter("aab").copy)
+    assert peerwasm.run(collections.Counter("aab").copy) == collections.Counter("aab")
+    # (a class itself is not data)
+    with pytest.raises(peerwasm.RemoteError, match="the result of Fraction.__reduce__ cannot be sent back"):
+        peerwasm.run(third.__reduce__)
     with pytest.raises(TypeError, match="generator"):
         peerwasm.map(double.steps, [2])
     assert peerwasm.map(fns.Scaler.of, [4]) == [40], "a class method, on its class"

@@ -1,5 +1,8 @@
 """Results as data: the encoding a Python job's reply crosses back in.
 
+Past 600 lines because the encoder and the decoder are one file on
+purpose: it is sent whole into the sandbox as the guest's encoder.
+
 A job's reply is bytes the guest chose. A guest whose code was taken over by
 the data it parses (or a worker that answers in its place) chooses them to
 hurt, so the caller must decode them with something that cannot run code:
@@ -24,6 +27,10 @@ naming the type and where it sits in the result):
   nullable extension dtypes), column by column as the above; pandas'
   Timestamp, Timedelta, NaT, Period and Interval;
 * fractions.Fraction, uuid.UUID, pathlib paths;
+* dict subclasses: made of Python classes (`OptimizeResult`, `Bunch`,
+  `Counter`), rebuilt as the caller's loaded class by `dict.__new__` and
+  `dict.update`, else (not loaded; `OrderedDict`, `defaultdict`) a plain
+  dict of their items;
 * instances of dataclasses, named tuples and Enums: their class's module
   and name, and their fields as the above. The caller rebuilds one only as
   a class it has loaded itself (nothing is imported, no constructor,
@@ -34,9 +41,6 @@ The decoder checks every length against the bytes it has, every dtype
 against a plain-dtype pattern, every shape against the bytes it covers, and
 the nesting depth; what fails is a `WireError` naming what is wrong.
 numpy and pandas are imported only when a value needs them.
-
-Past 600 lines because the encoder and the decoder are one file on
-purpose: it is sent whole into the sandbox as the guest's encoder.
 
 Layout: `b"PWV1"`, then one value: a tag byte, then the tag's fields. Sizes
 and counts are unsigned LEB128 varints.
@@ -274,6 +278,10 @@ def _encode_record(v, out, where, depth):
         kind, fields = b"Q", list(v)
     elif _dataclasses.is_dataclass(t):
         kind, fields = b"C", {f.name: getattr(v, f.name) for f in _dataclasses.fields(v) if hasattr(v, f.name)}
+    elif isinstance(v, dict):
+        if not _python_mapping(t):  # OrderedDict, defaultdict: a plain dict
+            return _encode(dict(v), out, where, depth)
+        kind, fields = b"M", (dict(v), dict(getattr(v, "__dict__", {})))
     else:
         _not_data(v, where)
     if "<locals>" in t.__qualname__:
@@ -282,6 +290,26 @@ def _encode_record(v, out, where, depth):
     for name in class_name(t):
         _blob(name.encode(), out)
     _encode(fields, out, where, depth + 1)
+
+
+def _python_mapping(cls):
+    """Whether `cls` is a dict subclass made of Python classes only (scipy's
+    `OptimizeResult`, scikit-learn's `Bunch`, `Counter`) — one a dict's
+    items and an instance's attributes are all of, which `dict.__new__`
+    can make. A class written in C (`OrderedDict`, `defaultdict`) keeps
+    state of its own there."""
+    if type(cls) is not type or not issubclass(cls, dict):
+        return False
+    for c in cls.__mro__:
+        if c is dict:
+            return True
+        if not c.__flags__ & _HEAP_TYPE:
+            return False
+    return False
+
+
+# `Py_TPFLAGS_HEAPTYPE`: a class made by a `class` statement.
+_HEAP_TYPE = 1 << 9
 
 
 def _encode_numpy(v, out, where, depth):
@@ -671,6 +699,8 @@ def _record(r, depth):
     module, qualname = r.text("a module"), r.text("a class name")
     cls = loaded_class(module, qualname)
     fields = _decode(r, depth + 1)
+    if kind == b"M":
+        return _mapping(cls, fields)
     want = {b"E": _enum.Enum, b"Q": tuple, b"C": object}.get(kind)
     if want is None or not isinstance(cls, type) or not issubclass(cls, want):
         raise WireError(
@@ -697,6 +727,25 @@ def _record(r, depth):
             slot.__set__(obj, value)
         else:
             vars(obj)[name] = value
+    return obj
+
+
+def _mapping(cls, fields):
+    """A dict subclass's instance: made by `dict.__new__` and filled by
+    `dict.update` (neither runs the class's code) when this process has
+    loaded it and it is made of Python classes; else its items as a plain
+    dict (`OptimizeResult` of a scipy this process never imported: `res["x"]`)."""
+    if type(fields) is not tuple or len(fields) != 2 or not all(type(f) is dict for f in fields):
+        raise WireError("a mapping is not (items, attributes)")
+    items, attributes = fields
+    if cls is None or not _python_mapping(cls):
+        return items
+    obj = dict.__new__(cls)
+    dict.update(obj, items)
+    if attributes:
+        if not all(type(k) is str for k in attributes) or not hasattr(obj, "__dict__"):
+            raise WireError(f"{cls.__qualname__}'s attributes cannot be set here")
+        vars(obj).update(attributes)
     return obj
 
 
