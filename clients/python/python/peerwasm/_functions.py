@@ -31,8 +31,8 @@ import os
 import sys
 
 from . import _arguments, _arrays, _maps, _peerwasm, _sources, _travel, _warm, _wire
-from ._remote import RemoteError, remote_error
 from ._arguments import PROTOCOL  # noqa: F401  (the arguments' pickle protocol, for callers)
+from ._remote import RemoteError, remote_error
 
 
 # The program each job runs: the result encoder (`_wire`, in a module of
