@@ -29,6 +29,8 @@
 //!   apart): started without fork handlers, tied to their parent;
 //! * [`private_path`] — files and directories that must be this user's
 //!   alone (a TLS key, a worker's state dir);
+//! * [`leftovers`] — temporary directories claimed while in use, and
+//!   swept once the process that made them was killed;
 //! * [`units`] — sizes, durations and tables as people write and read them.
 //!
 //! The types a program that runs jobs uses most are also at the root:
@@ -49,6 +51,7 @@ pub use sandbox::{RunSpec, SandboxConfig};
 pub mod child;
 pub mod client;
 pub mod gossip;
+pub mod leftovers;
 pub mod net;
 pub mod private_path;
 pub mod proto;

@@ -61,7 +61,9 @@
 //! # Ok::<(), anyhow::Error>(())
 //! ```
 
-pub use peerwasm_core::{client, gossip, net, private_path, proto, runner, sandbox, slot, units};
+pub use peerwasm_core::{
+    client, gossip, leftovers, net, private_path, proto, runner, sandbox, slot, units,
+};
 // The facade: `peerwasm-core`'s root, and a worker started from a program.
 pub use peerwasm_core::{
     Job, JobLimits, JobResult, JobRunner, JobSpec, MapConfig, MapItem, MapSummary, Outcome, Pool,

@@ -28,6 +28,7 @@ use std::time::Instant;
 
 use lru::LruCache;
 
+use crate::leftovers;
 use crate::proto::ModuleHash;
 use crate::proto::tree::{FileHash, Manifest, TreeGrant};
 use crate::sandbox::files::{NEW_INODE_BYTES, ScratchPool};
@@ -62,11 +63,17 @@ impl std::fmt::Display for StoreError {
     }
 }
 
+/// What a store's directory is named from (a temporary name after it).
+const PREFIX: &str = "peerwasm-files-";
+
 /// Files by hash, on disk; see the module docs.
 #[derive(Debug)]
 pub struct FileStore {
     /// Holds the files; removed with the store.
     dir: tempfile::TempDir,
+    /// Held while the store lives: a worker starting later removes the
+    /// store only once this process is gone.
+    _claim: leftovers::Claim,
     budget: u64,
     disk: Option<Arc<ScratchPool>>,
     /// Whether tenants must show what they mount.
@@ -100,16 +107,21 @@ impl FileStore {
         disk: Option<Arc<ScratchPool>>,
         multi_tenant: bool,
     ) -> anyhow::Result<FileStore> {
-        let b = tempfile::Builder::new()
-            .prefix("peerwasm-files-")
-            .to_owned();
-        let dir = match root {
-            Some(root) => b.tempdir_in(root),
-            None => b.tempdir(),
+        let parent = root.map_or_else(std::env::temp_dir, Path::to_path_buf);
+        // What workers killed here left (`peerwasm::leftovers`).
+        let swept = leftovers::sweep(&parent, PREFIX, leftovers::CLAIM_FILE, leftovers::GRACE);
+        if swept > 0 {
+            tracing::info!(swept, dir = %parent.display(), "removed the file stores of workers that were killed");
         }
-        .map_err(|e| anyhow::anyhow!("cannot make the file store's directory: {e}"))?;
+        let dir = tempfile::Builder::new()
+            .prefix(PREFIX)
+            .tempdir_in(&parent)
+            .map_err(|e| anyhow::anyhow!("cannot make the file store's directory: {e}"))?;
+        let claim = leftovers::claim(dir.path())
+            .map_err(|e| anyhow::anyhow!("cannot claim the file store's directory: {e}"))?;
         Ok(FileStore {
             dir,
+            _claim: claim,
             budget,
             disk,
             multi_tenant,

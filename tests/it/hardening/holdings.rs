@@ -465,3 +465,68 @@ async fn buffered_output_and_held_results_count_against_the_workers_memory() {
     assert!(out.status.success(), "{out:?}");
     assert_eq!(me(&w.addr).await.largest_fit_bytes, 256 * MIB);
 }
+
+/// A worker killed with SIGKILL (the OOM killer, `scancel` past its grace)
+/// cannot remove what it made for itself under its scratch dir — its file
+/// store, its slot processes' scratch; the next worker started there does,
+/// and leaves a live worker's alone (each holds a lock on its own while it
+/// lives: `peerwasm::leftovers`). Before, every killed worker left them
+/// for good.
+#[tokio::test(flavor = "multi_thread")]
+async fn what_a_killed_worker_left_is_removed_by_the_next_and_a_live_ones_kept() {
+    let scratch = tempfile::tempdir().unwrap();
+    let flags = [
+        "--scratch-dir",
+        scratch.path().to_str().unwrap(),
+        "--slot-processes",
+        "always",
+    ];
+    let names = || -> std::collections::BTreeSet<String> {
+        std::fs::read_dir(scratch.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    let mut killed = WorkerProcess::start_with("2GiB", 1, None, &flags);
+    let hello = Job::new(peerwasm_testkit::guest_wasm_bytes("hello"));
+    let pool = Target::pool_as(vec![killed.addr.clone()], None).unwrap();
+    let r = pool
+        .run(&hello, hello.spec(Vec::new(), 32 * MIB))
+        .await
+        .unwrap();
+    assert!(r.outcome.is_success(), "{}", r.outcome);
+    let its = names();
+    assert!(
+        its.iter().any(|n| n.starts_with("peerwasm-files-"))
+            && its.iter().any(|n| n.starts_with("peerwasm-slot-")),
+        "{its:?}"
+    );
+    let live = WorkerProcess::start_with("2GiB", 1, None, &flags);
+    let lives: Vec<String> = names().difference(&its).cloned().collect();
+    assert!(!lives.is_empty());
+    killed.kill();
+    // Time passes: every lock file older than the grace period.
+    let long_ago = std::time::SystemTime::now() - Duration::from_secs(120);
+    for name in names() {
+        let claim = scratch
+            .path()
+            .join(&name)
+            .join(peerwasm::leftovers::CLAIM_FILE);
+        if let Ok(f) = std::fs::File::options().write(true).open(&claim) {
+            f.set_modified(long_ago).unwrap();
+        }
+    }
+    assert!(its.is_subset(&names()), "nothing goes by itself");
+    let _next = WorkerProcess::start_with("2GiB", 1, None, &flags);
+    let after = names();
+    for name in &its {
+        assert!(
+            !after.contains(name),
+            "{name}, the killed worker's, is still there: {after:?}"
+        );
+    }
+    for name in &lives {
+        assert!(after.contains(name), "{name}, a live worker's, was removed");
+    }
+    drop(live);
+}

@@ -38,8 +38,9 @@ pub(super) struct SlotChild {
     /// (and of every in-process job, which share the runner's task type)
     /// stay small enough to move cheaply.
     buf: Box<[u8]>,
-    /// The child's scratch root: removed when the child is dropped.
-    _scratch: tempfile::TempDir,
+    /// The child's scratch root: removed when the child is dropped, and
+    /// claimed by this process while it lives (`crate::leftovers`).
+    _scratch: (tempfile::TempDir, crate::leftovers::Claim),
     /// What the child holds for the jobs to come (its last `Done` said),
     /// counted by [`SlotProcesses::warm_held`](super::SlotProcesses::warm_held)
     /// while the child lives.
@@ -53,7 +54,7 @@ impl SlotChild {
         process: Child,
         to: ChildStdin,
         from: ChildStdout,
-        scratch: tempfile::TempDir,
+        scratch: (tempfile::TempDir, crate::leftovers::Claim),
     ) -> SlotChild {
         SlotChild {
             process,
@@ -68,7 +69,7 @@ impl SlotChild {
 
     /// The child's scratch root.
     pub(super) fn scratch(&self) -> &std::path::Path {
-        self._scratch.path()
+        self._scratch.0.path()
     }
 
     /// Whether the child still runs (an idle one may have been killed).

@@ -64,6 +64,9 @@ pub struct SlotProgram {
     pub args: Vec<std::ffi::OsString>,
 }
 
+/// What a slot process's scratch directory is named from.
+const SCRATCH_PREFIX: &str = "peerwasm-slot-";
+
 /// Which jobs run in slot processes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SlotPolicy {
@@ -125,13 +128,21 @@ impl SlotProcesses {
     /// idle children.
     pub fn new(program: SlotProgram, sandbox: &Sandbox) -> SlotProcesses {
         let config = sandbox.config();
+        let scratch_root = config
+            .scratch_root
+            .clone()
+            .unwrap_or_else(std::env::temp_dir);
+        // The scratch of slot processes whose worker was killed.
+        crate::leftovers::sweep(
+            &scratch_root,
+            SCRATCH_PREFIX,
+            crate::leftovers::CLAIM_FILE,
+            crate::leftovers::GRACE,
+        );
         SlotProcesses {
             program,
             setup: wire::child_sandbox(config, None),
-            scratch_root: config
-                .scratch_root
-                .clone()
-                .unwrap_or_else(std::env::temp_dir),
+            scratch_root,
             scratch: sandbox.scratch_pool(),
             idle: Mutex::new(Vec::new()),
             max_idle: config.slots.max(1),
@@ -320,8 +331,11 @@ impl SlotProcesses {
     /// Starts a child and sends it its setup.
     async fn spawn(&self) -> anyhow::Result<SlotChild> {
         let scratch = tempfile::Builder::new()
-            .prefix("peerwasm-slot-")
+            .prefix(SCRATCH_PREFIX)
             .tempdir_in(&self.scratch_root)?;
+        // Held by this process, not the child (the descriptor is not
+        // inherited): the child dies with it.
+        let claim = crate::leftovers::claim(scratch.path())?;
         // Started without `pre_exec` (`crate::child`): the child ties
         // itself to this process and leaves Ctrl-C to it.
         let mut command = tokio::process::Command::from(crate::child::command(
@@ -339,7 +353,7 @@ impl SlotProcesses {
         let (Some(to), Some(from)) = (process.stdin.take(), process.stdout.take()) else {
             anyhow::bail!("the slot process has no pipes");
         };
-        let mut child = SlotChild::new(process, to, from, scratch);
+        let mut child = SlotChild::new(process, to, from, (scratch, claim));
         self.warm.lock().push(Arc::downgrade(&child.warm_held));
         let setup = SandboxConfig {
             scratch_root: Some(child.scratch().to_path_buf()),

@@ -91,13 +91,15 @@ impl StateDb {
     /// the system's), removed when it is dropped: for a worker whose state
     /// need not outlive it.
     pub fn temporary(parent: Option<&Path>) -> anyhow::Result<StateDb> {
-        let temp = match parent {
-            Some(p) => tempfile::Builder::new()
-                .prefix("peerwasm-state-")
-                .tempdir_in(p),
-            None => tempfile::Builder::new().prefix("peerwasm-state-").tempdir(),
-        }
-        .context("cannot make a temporary state dir")?;
+        const PREFIX: &str = "peerwasm-state-";
+        let parent = parent.map_or_else(std::env::temp_dir, Path::to_path_buf);
+        // Those of workers killed here: each holds its `lock` while alive
+        // (`lock_dir`), and a dead one's goes (`peerwasm::leftovers`).
+        crate::leftovers::sweep(&parent, PREFIX, "lock", crate::leftovers::GRACE);
+        let temp = tempfile::Builder::new()
+            .prefix(PREFIX)
+            .tempdir_in(&parent)
+            .context("cannot make a temporary state dir")?;
         let path = temp.path().to_path_buf();
         StateDb::open_inner(&path, Some(temp))
     }
