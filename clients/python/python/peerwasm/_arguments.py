@@ -14,7 +14,6 @@ import functools
 import inspect
 import io
 import pickle
-import sys
 
 from . import _arrays, _mounts, _peerwasm, _travel
 
@@ -49,10 +48,7 @@ def _made_on_the_fly(cls):
     rows' — which pickle would refuse: it travels as its name and fields."""
     if not (issubclass(cls, tuple) and isinstance(getattr(cls, "_fields", None), tuple)):
         return False
-    found = sys.modules.get(cls.__module__)
-    for part in cls.__qualname__.split("."):
-        found = getattr(found, part, None)
-    return found is not cls
+    return _travel.found_by_name(cls.__module__, cls.__qualname__) is not cls
 
 
 def pickled(obj, found, arrays=None):

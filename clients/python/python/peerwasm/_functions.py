@@ -306,10 +306,7 @@ def _import_path(fn):
         return None
     if not (inspect.isfunction(fn) or inspect.isbuiltin(fn) or type(fn).__name__ == "ufunc"):
         return None
-    found = sys.modules.get(module)
-    for part in qualname.split("."):
-        found = getattr(found, part, None)
-    return (module, qualname) if found is fn else None
+    return (module, qualname) if _travel.found_by_name(module, qualname) is fn else None
 
 
 def _import_program(path, classes, place):

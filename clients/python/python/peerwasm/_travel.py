@@ -459,6 +459,15 @@ def mangled(cls, name):
     return name
 
 
+def found_by_name(module, qualname):
+    """What `module.qualname` names in this process (as pickle finds a
+    function or class again), or None; `module` is not imported."""
+    found = sys.modules.get(module)
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return found
+
+
 def installed(fn):
     """Whether `fn` comes from the standard library or an installed package
     rather than the caller's own code (a script, a notebook, a project's

@@ -482,12 +482,22 @@ class _Reader:
             if shift > 63:
                 raise WireError(f"{what}: a size past 2^64")
 
+    def sized(self, what):
+        """The bytes its length prefix announces, as a view; a length of
+        one byte (most of them) read inline."""
+        data, pos = self.data, self.pos
+        if pos < len(data) and data[pos] < 0x80 and pos + 1 + data[pos] <= len(data):
+            end = pos + 1 + data[pos]
+            self.pos = end
+            return data[pos + 1 : end]
+        return self.take(self.varint(what), what)
+
     def blob(self, what):
-        return bytes(self.take(self.varint(what), what))
+        return bytes(self.sized(what))
 
     def text(self, what):
         try:
-            return str(self.take(self.varint(what), what), "utf-8", "surrogatepass")
+            return str(self.sized(what), "utf-8", "surrogatepass")
         except UnicodeDecodeError as e:
             raise WireError(f"{what} is not UTF-8: {e}") from None
 
@@ -592,36 +602,15 @@ def _dict(r, depth):
     return out
 
 
-def _short_str(r, depth):
-    """A str; one shorter than 128 bytes read inline (most of them)."""
-    data, pos = r.data, r.pos
-    if pos < len(data) and data[pos] < 0x80 and pos + 1 + data[pos] <= len(data):
-        end = pos + 1 + data[pos]
-        r.pos = end
-        return str(data[pos + 1 : end], "utf-8", "surrogatepass")
-    return r.text("a str")
-
-
-def _int_value(r, depth):
-    """An int; its length read inline when it is one byte (any int under
-    2^1000)."""
-    data, pos = r.data, r.pos
-    if pos < len(data) and data[pos] < 0x80 and pos + 1 + data[pos] <= len(data):
-        end = pos + 1 + data[pos]
-        r.pos = end
-        return int.from_bytes(data[pos + 1 : end], "little", signed=True)
-    return int.from_bytes(r.take(r.varint("an int"), "an int"), "little", signed=True)
-
-
 #: The tags most values are made of, each decoded without the others'
-#: tests (a million-item dict: 3.1 s -> ~1 s).
+#: tests (decoding a million-item dict: 3.1 s -> 1.8 s).
 _COMMON = {
     ord("N"): lambda r, depth: None,
     ord("T"): lambda r, depth: True,
     ord("F"): lambda r, depth: False,
-    ord("i"): _int_value,
+    ord("i"): lambda r, depth: int.from_bytes(r.sized("an int"), "little", signed=True),
     ord("f"): lambda r, depth: _struct.unpack("<d", r.take(8, "a float"))[0],
-    ord("s"): _short_str,
+    ord("s"): lambda r, depth: r.text("a str"),
     ord("l"): _items,
     ord("t"): lambda r, depth: tuple(_items(r, depth)),
     ord("d"): _dict,
