@@ -10,11 +10,19 @@ import numpy as np
 FRESH_RNG = np.random.default_rng()
 FRESH_STATE = np.random.RandomState()
 FRESH_RANDOM = random.Random()
-# Made from entropy, then drawn from as the module loads: still its stream.
+# Made from entropy, then drawn from as the module loads (in the sandbox
+# too: a method called on it travels with its definition): still its stream.
 ADVANCED_RNG = np.random.default_rng()
-ADVANCED_FIRST = ADVANCED_RNG.random()
-# A bootstrap's data, drawn from numpy's own generator as the module loads.
+ADVANCED_RNG.random()
+# A bootstrap's data: the caller's numbers, which travel by value.
 DATA = np.random.randn(50)
+
+
+class Loaded:
+    """Drawn from numpy's own generator as the module loads, in the
+    sandbox too (a class travels as its source)."""
+
+    FIRST = float(np.random.random())
 
 # Seeded with a value: each item starts from that value's state.
 SEEDED_RNG = np.random.default_rng(7)
@@ -23,7 +31,7 @@ SEEDED_RANDOM = random.Random(5)
 
 
 def draws_unseeded(i):
-    assert ADVANCED_FIRST >= 0
+    assert Loaded.FIRST >= 0
     return [
         float(FRESH_RNG.normal()),
         float(FRESH_STATE.rand()),

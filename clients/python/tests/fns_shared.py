@@ -1,7 +1,9 @@
 """A module as scientists write them: a host-only import sharing its
 statement with one the sandbox has, a constant made from a file only the
-host has (`peerwasm.map` sends what a function uses of it), decorated
-functions, and functions that cannot be mapped (a generator, a coroutine)."""
+host has (`peerwasm.map` sends what a function uses of it: its value), a
+class that reads that file as the module loads (its source travels, and
+fails there), decorated functions, and functions that cannot be mapped (a
+generator, a coroutine)."""
 
 import dataclasses, os, peerwasm  # noqa: E401,F401  (one statement, on purpose)
 import functools
@@ -29,6 +31,16 @@ def shifted(p, by):
 
 def local_lines(_):
     return len(LOCAL_SOURCE.splitlines())
+
+
+class LocalFile:
+    """Reads a file beside this one as its module loads."""
+
+    LINES = open(os.path.join(HERE, "localmod.py")).read().splitlines()
+
+
+def local_file_lines(_):
+    return len(LocalFile.LINES)
 
 
 def doubled(fn):

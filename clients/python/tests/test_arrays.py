@@ -47,6 +47,7 @@ def test_an_array_bound_to_every_item_travels_once_not_in_each_item():
     X = np.random.default_rng(1).random((1500, 1000))  # 12 MB
     calls = [((i,), {"X": X}) for i in range(50)]
     inputs, _, mounts = _arguments.inputs(fns_arrays.row_sum, calls, None, None, None)
+    mounts.finish()
     try:
         assert max(len(i) for i in inputs) < 1024, [len(i) for i in inputs[:3]]
         [(host, guest, read_only)] = mounts.grants
@@ -137,6 +138,7 @@ def test_on_a_pool_an_array_only_its_item_has_goes_inside_its_pickle():
     calls = [((a,), {"X": X}) for a in own] + [((huge,), {"X": X})]
     for pool, inside in ((True, [True] * 4 + [False]), (False, [False] * 5)):
         inputs, _, mounts = _arguments.inputs(fns_arrays.row_sum, calls, None, None, None, pool=pool)
+        mounts.finish()
         try:
             assert [len(i) > own[0].nbytes for i in inputs] == inside, (pool, [len(i) for i in inputs])
             [(host, _, _)] = mounts.grants

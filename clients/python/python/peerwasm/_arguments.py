@@ -23,8 +23,9 @@ PROTOCOL = 4
 
 class ClassFinder(pickle.Pickler):
     """A pickler that notes the class of every object it pickles (and every
-    class pickled as a value): what an argument's pickle will ask the guest
-    to find, however deep in it — an attribute's attribute, a dict's value."""
+    class and function pickled by its name): what an argument's pickle will
+    ask the guest to find, however deep in it — an attribute's attribute, a
+    dict's value."""
 
     def __init__(self, file, found, arrays=None):
         super().__init__(file, protocol=PROTOCOL)
@@ -35,7 +36,7 @@ class ClassFinder(pickle.Pickler):
         return self.arrays.persistent_id(obj) if self.arrays is not None else None
 
     def reducer_override(self, obj):
-        self.found.add(obj if isinstance(obj, type) else type(obj))
+        self.found.add(obj if isinstance(obj, type) or inspect.isroutine(obj) else type(obj))
         if isinstance(obj, type) and _made_on_the_fly(obj):
             # Made again in the sandbox, once per pickle (pickle memoizes it).
             return collections.namedtuple, (obj.__name__, obj._fields)
@@ -98,7 +99,9 @@ def inputs(fn, calls, files, packages, outputs, pool=False):
     as files (`_arrays`; on a `pool`, only those calls share, or too large
     to go inside: `_pool_pickles`) — the classes they name, and the mounts
     the jobs of `fn` are given (with the packages of the caller's own it
-    needs), which must be closed after the jobs are done."""
+    needs): to be finished once the program is made (its data globals'
+    arrays join the arguments': `Mounts.finish`), and closed after the jobs
+    are done."""
     classes, arrays = set(), _arrays.Arrays()
     try:
         if pool:
@@ -106,7 +109,6 @@ def inputs(fn, calls, files, packages, outputs, pool=False):
         else:
             pickles = [pickled(call, classes, arrays) for call in calls]
         _check_inputs(pickles)
-        arrays.finish()
         mounts = _mounts.Mounts(files, packages, outputs, arrays=arrays, local=_local_packages(fn))
     except BaseException:
         arrays.close()

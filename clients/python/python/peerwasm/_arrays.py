@@ -18,7 +18,7 @@ matrix were 10 GB in the caller and on the wire. Now an array of
 directory the jobs are given read-only at `GUEST` — read in place by the
 embedded worker, sent to a pool by content hash once per worker, as
 `files=` are — and the pickle carries its name; the guest loads it as it
-unpickles (`_functions._DRIVER`), once per object the input names, so two
+unpickles (`_program._DRIVER`), once per object the input names, so two
 references to one array are still one array there.
 
 The directory is named by what it holds (`<cache>/arrays/<hash of its
@@ -58,6 +58,7 @@ class Arrays:
     def __init__(self):
         self._ids = {}  # id(array) -> (its index, the array: kept, so its id stays its own)
         self._names = []  # file name per index
+        self._files = []  # the names of other files (`add_file`)
         self._staging = None
         self._staging_fd = None
         self._held = None  # the directory's descriptor, locked shared
@@ -74,6 +75,31 @@ class Arrays:
         index = found[0]
         return (TAG, self._names[index], index)
 
+    @property
+    def moved(self):
+        """Whether any array was moved as a file."""
+        return bool(self._names)
+
+    @property
+    def moved_count(self):
+        """How many arrays were moved as files so far."""
+        return len(self._names)
+
+    def add_file(self, name, data):
+        """`data` as the file `name` (named by its content's hash) in the
+        directory, beside the arrays; its name."""
+        path = self._staged(name)
+        if not os.path.exists(path):
+            with open(path, "wb") as f:
+                f.write(data)
+        self._files.append(name)
+        return name
+
+    @staticmethod
+    def guest_path(name):
+        """Where the jobs see the file `name` of the directory."""
+        return f"{GUEST}/{name}"
+
     def _write(self, numpy, array):
         """`array` written into the staging directory (once per content);
         its file's name."""
@@ -81,23 +107,29 @@ class Arrays:
         h = hashlib.sha256(repr((data.dtype.str, data.shape)).encode())
         h.update(data.reshape(-1).view(numpy.uint8).data)  # any dtype's bytes (a buffer cannot hold datetime64's)
         name = h.hexdigest()[:40] + ".npy"
+        path = self._staged(name)
+        if not os.path.exists(path):
+            with open(path, "wb") as f:
+                numpy.lib.format.write_array(f, data, allow_pickle=False)
+        return name
+
+    def _staged(self, name):
+        """The path of `name` in the staging directory, made (and held)
+        with the first file."""
         if self._staging is None:
             self._staging = tempfile.mkdtemp(prefix=".partial-", dir=_root())
             # Held while it is written: not another map's to sweep away.
             self._staging_fd = os.open(self._staging, os.O_RDONLY | os.O_DIRECTORY)
             fcntl.flock(self._staging_fd, fcntl.LOCK_SH)
-        path = os.path.join(self._staging, name)
-        if not os.path.exists(path):
-            with open(path, "wb") as f:
-                numpy.lib.format.write_array(f, data, allow_pickle=False)
-        return name
+        return os.path.join(self._staging, name)
 
     def finish(self):
         """Puts the staged files where their content names them and holds
         that directory; `dir` then names it."""
         if self._staging is None:
             return
-        key = hashlib.sha256("\0".join(sorted(set(self._names))).encode()).hexdigest()[:32]
+        names = [*self._names, *self._files]
+        key = hashlib.sha256("\0".join(sorted(set(names))).encode()).hexdigest()[:32]
         final = os.path.join(os.path.dirname(self._staging), key)
         _sweep(os.path.dirname(final))
         for _ in range(3):
@@ -107,7 +139,7 @@ class Arrays:
                     self._staging = None
                 except OSError:
                     pass  # there already: another map's, of the same arrays
-            held = _hold(final, self._names)
+            held = _hold(final, names)
             if held is not None:
                 self._held, self.dir = held, final
                 self._drop_staging()

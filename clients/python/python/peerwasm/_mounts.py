@@ -57,14 +57,14 @@ class Mounts:
     (`(host_dir, guest_dir, read_only)`), `sys_path` (guest paths put first
     on `sys.path`). Holds the staged copies (unpacked wheels, packages)
     and the arguments' large arrays (`arrays`, an `_arrays.Arrays`, granted
-    at its `GUEST`) until `close`, which must come after the jobs are done."""
+    at its `GUEST` by `finish`, once the program's data globals have joined
+    them: `_globals`) until `close`, which must come after the jobs are
+    done."""
 
     def __init__(self, files=None, packages=None, outputs=None, arrays=None, local=()):
         self.grants, self.sys_path, self._staged = [], [], []
-        self._arrays = arrays
+        self.arrays = arrays
         try:
-            if arrays is not None and arrays.dir is not None:
-                self._grant(arrays.dir, _arrays.GUEST)
             for guest, host in _data_dirs(files, "files"):
                 self._grant(host, guest)
             outputs = _as_list(outputs, "outputs")
@@ -84,10 +84,14 @@ class Mounts:
             self.close()
             raise
 
-    @property
-    def arrays(self):
-        """Whether the arguments' arrays were moved as files (`_arrays`)."""
-        return self._arrays is not None and self._arrays.dir is not None
+    def finish(self):
+        """Puts the arrays (and the data globals' files) where the jobs will
+        find them, and grants that directory: after the program is made,
+        before the jobs start."""
+        if self.arrays is not None:
+            self.arrays.finish()
+            if self.arrays.dir is not None:
+                self.grants.insert(0, (os.path.abspath(self.arrays.dir), _arrays.GUEST, True))
 
     @property
     def workdir(self):
@@ -223,8 +227,8 @@ class Mounts:
         for d in self._staged:
             shutil.rmtree(d, ignore_errors=True)
         self._staged = []
-        if self._arrays is not None:
-            self._arrays.close()
+        if self.arrays is not None:
+            self.arrays.close()
 
 
 def _kept_root():

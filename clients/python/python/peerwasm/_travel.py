@@ -41,7 +41,7 @@ def imports(fn):
                 names = [a.asname or a.name.split(".")[0] for a in node.names]
             else:
                 names = [a.asname or a.name for a in node.names if a.name != "*"]
-            stand_ins = [f"    {name} = _pw_Missing({statement!r}, _pw_e)" for name in names] or [
+            stand_ins = [f"    {name} = _pw_Missing({'run `' + statement + '`'!r}, _pw_e)" for name in names] or [
                 # `from m import *` names nothing to stand in for: said.
                 f"    _pw_sys.stderr.write('peerwasm: the sandbox could not run ' + {statement!r} + ': ' + str(_pw_e) + '\\n')"
             ]
@@ -339,27 +339,44 @@ def _names_in(node):
     return names
 
 
-def definitions(fn, fn_node, extra=(), own=None):
+def definitions(fn, fn_node, extra=(), own=None, values=None):
     """The top-level definitions of `fn`'s module (or notebook) that it
     uses — helpers, constants, classes, and what they use in turn, each
     with the statements after it that change it (`_changed`) — and those
     named in `extra` (classes of its arguments), as source, in the order
     they were written; not `own` (the name the program defines itself:
     `fn`'s, unless given). The last definition of a name wins, as it would
-    at run time."""
-    defs, changes, order = {}, {}, 0
+    at run time. With `values` (a `_globals.ByValue`), a data global goes
+    as its value instead, bound where its statement stood (one bound under
+    the main guard: after every definition)."""
+    defs, changes, imported, order = {}, {}, set(), 0
     for tree in _sources.module_trees(fn):
         context = _sources.import_context(tree)
         for node in tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                imported.update((a.asname or a.name).split(".")[0] for a in node.names)
             for name in _defined(node):
                 defs.setdefault(name, []).append((order, node, context))
             for name in _changed(node):
                 changes.setdefault(name, []).append((order, node))
             order += 1
-    needed, todo = {}, [*_names_in(fn_node), *extra]
+    needed, todo, late = {}, [*_names_in(fn_node), *extra], order
     while todo:
         name = todo.pop()
-        if name in needed or name == (own or fn.__name__) or name not in defs:
+        if name in needed or name == (own or fn.__name__):
+            continue
+        if values is not None and name in fn.__globals__ and (name in defs or name not in imported):
+            taken = _by_value(fn, name, defs.get(name, ()), values)
+            if taken is not None:
+                (at, statement), refers = taken
+                if at is None:
+                    at, late = late, late + 1
+                # Just after its statement, which may travel for another
+                # name it binds (a block): the value is the one that counts.
+                needed[name] = [(at + 0.5, statement)]
+                todo.extend(refers)
+                continue
+        if name not in defs:
             continue
         running = _as_running(fn, name, defs[name])
         if running is None:
@@ -369,7 +386,53 @@ def definitions(fn, fn_node, extra=(), own=None):
         for _, node in needed[name]:
             todo.extend(_names_in(node))
     nodes = {id(node): (o, node) for statements in needed.values() for o, node in statements}
+    if values is not None:
+        loading = set().union(*(_read_as_loading(n) for n in [fn_node, *(n for _, n in nodes.values())]))
+        for name in values.split(loading):
+            del nodes[id(needed[name][0][1])]
     return "\n\n".join(ast.unparse(node) for _, node in sorted(nodes.values(), key=lambda x: x[0]))
+
+
+# Scopes whose code runs where they stand: a comprehension's, at its
+# statement's run (a generator expression's maybe later: counted too).
+_RUN_IN_PLACE = {"listcomp", "setcomp", "dictcomp", "genexpr"}
+
+
+def _read_as_loading(node):
+    """The names a top-level statement reads as its module loads: all but
+    those read only inside the functions (and lambdas) it defines — so a
+    class body's, a decorator's, a default value's."""
+    try:
+        table = symtable.symtable(ast.unparse(node), "<definition>", "exec")
+    except SyntaxError:
+        return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    names = set()
+
+    def read(scope, top):
+        for symbol in scope.get_symbols():
+            if symbol.is_referenced() and (top or symbol.is_global()):
+                names.add(symbol.get_name())
+        for inner in scope.get_children():
+            if inner.get_type() == "class" or inner.get_name() in _RUN_IN_PLACE:
+                read(inner, False)
+
+    read(table, True)
+    return names
+
+
+def _by_value(fn, name, candidates, values):
+    """`((order, statement), refers)` when the global `name` of `fn`'s
+    module travels as its value (`values.take`): where its binding goes
+    (None: after every definition), and the names its value refers to."""
+    value = fn.__globals__[name]
+    if inspect.isfunction(value) or inspect.isclass(value):
+        return None  # code: its definition travels (checked by `_as_running`)
+    running = _as_running(fn, name, candidates) if candidates else None
+    taken = values.take(name, value, running[1] if running else None)
+    if taken is None:
+        return None
+    statement, refers = taken
+    return ((running[0] if running else None), statement), refers
 
 
 def _as_running(fn, name, candidates):

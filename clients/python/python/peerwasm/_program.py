@@ -1,0 +1,397 @@
+"""The program each job of a Python function runs in the sandbox: the
+result encoder (`_wire`), the function's module's imports and the
+definitions it uses (`_travel`), its data globals (`_globals`), its
+source, and a main that reads the item's pickled arguments on stdin and
+replies with its value as data on stdout (`_DRIVER`). `program` makes it
+for a plain function, a decorated one, a bound method (`_arguments.Method`)
+or a library's function (imported there by its names).
+
+What crosses is source, not pickled code: the caller's Python and the
+sandbox's (3.15) need not match, and code pickled by value does not
+survive that.
+"""
+
+import ast
+import inspect
+import os
+import sys
+
+from . import _arguments, _arrays, _globals, _sources, _travel, _wire
+
+
+# The program each job runs: the result encoder (`_wire`, in a module of
+# its own so that its names never meet the function's), the function's
+# imports and source, then a main that reads the pickled arguments on stdin
+# and writes the reply, as data, on stdout. What the function prints goes to
+# stderr, so it cannot spoil the reply. A raised exception is replied with
+# its type, message and traceback, and exit code 1 (so a map stops at it,
+# or retries it).
+_DRIVER = """\
+import io as _pw_io
+import pickle as _pw_pickle
+import sys as _pw_sys
+import traceback as _pw_traceback
+import types as _pw_types
+_pw_wire = _pw_types.ModuleType("_pw_wire")
+exec(compile({wire_source!r}, "peerwasm/_wire.py", "exec"), _pw_wire.__dict__)
+_pw_wire.HOME = {home!r}
+
+class _pw_Missing:
+    # A name the function's module imports that the sandbox could not (or
+    # a global whose value does not load here): unused, it costs nothing
+    # (a host-only import); used, it raises the error, saying what failed.
+    def __init__(self, what, error, why=None):
+        object.__setattr__(self, "_pw_why", (what, error, why or f"{{type(error).__name__}}: {{error}}"))
+    def _pw_raise(self, *_args, **_kwargs):
+        what, error, why = object.__getattribute__(self, "_pw_why")
+        message = f"the sandbox could not {{what}} ({{why}}), and the function uses it"
+        try:
+            raised = type(error)(message)
+        except Exception:
+            raised = RuntimeError(message)
+        raise raised
+    __getattr__ = __call__ = __getitem__ = __iter__ = __len__ = __bool__ = _pw_raise
+
+class _pw_Unpickler(_pw_pickle.Unpickler):
+    # A large numpy array the caller moved as a file (peerwasm/_arrays.py):
+    # loaded once per array the input names.
+    def persistent_load(self, pid):
+        tag, name, index = pid
+        if tag != {array_tag!r} or "/" in name:
+            raise _pw_pickle.UnpicklingError("unknown persistent id " + repr(tag))
+        loaded = self.__dict__.setdefault("_pw_loaded", {{}})
+        if index not in loaded:
+            import numpy
+            loaded[index] = numpy.load({arrays_dir!r} + "/" + name, allow_pickle=False)
+        return loaded[index]
+
+    # A class or function of the caller's module (`mymodule.Point` in an
+    # argument) is this program's own copy: its definition travelled with
+    # the function.
+    def find_class(self, module, name):
+        own = globals().get(name) if module == _pw_wire.HOME else None
+        if (isinstance(own, type) or callable(own)) and type(own) is not _pw_Missing:
+            return own
+        try:
+            return super().find_class(module, name)
+        except (ImportError, AttributeError):
+            found = globals().get(name)
+            if (isinstance(found, type) or callable(found)) and type(found) is not _pw_Missing:
+                return found
+            raise
+
+def _pw_unpickling(error, what="an argument"):
+    # Why a pickle of the caller's (an argument, a data global: `what`)
+    # does not load here, and what to do: its class's package is not in
+    # the sandbox, or the sandbox's version of it reads it differently.
+    if isinstance(error, ModuleNotFoundError) and error.name:
+        return (
+            f"{{error.name!r}} is not in the sandbox ({{what}} is an object of one of its classes): give "
+            "it with packages= if it is pure Python, or pass plainer data (numbers, strings, numpy arrays, "
+            "lists, dicts)"
+        )
+    loaded = [f"{{m}} {{_pw_sys.modules[m].__version__}}" for m in ("numpy", "pandas") if m in _pw_sys.modules]
+    return (
+        f"{{type(error).__name__}}: {{error}} (the sandbox has Python {{_pw_sys.version.split()[0]}}"
+        + "".join(", " + v for v in loaded)
+        + "; an object pickled by a newer version of its library than the sandbox's may not load: pass "
+        "plainer data, or match the versions)"
+    )
+
+def _pw_load(name, data, kind):
+    # A data global of the function's module, as the caller has it
+    # (peerwasm/_globals.py); a set was sent sorted.
+    try:
+        value = _pw_Unpickler(_pw_io.BytesIO(data)).load()
+        return {{"set": set, "frozenset": frozenset}}[kind](value) if kind else value
+    except Exception as error:
+        return _pw_Missing(f"load {{name}} as the caller has it", error, _pw_unpickling(error, name))
+
+def _pw_value(name, kind):
+    # One of the program's own, bound where its statement stood.
+    return _pw_load(name, _pw_values.pop(name), kind)
+
+{values}
+{place}
+def _pw_while_loading(kind, error, traceback):
+    # What the function's module does as it loads runs here, in the
+    # sandbox: a file it reads then (`df = pd.read_csv(...)`) is not here
+    # unless given. Said under the error, which stays the module's own.
+    if isinstance(error, OSError):
+        what = repr(error.filename) if error.filename is not None else "a file"
+        error.add_note(
+            f"peerwasm: {{type(error).__name__}}: the function's module opened {{what}} as it loaded, in the "
+            "sandbox, which sees only the directories it is given: give its directory as files= ('.' for "
+            "this one), or read the data inside the function, or pass it as an argument"
+        )
+    _pw_sys.__excepthook__(kind, error, traceback)
+_pw_sys.excepthook = _pw_while_loading
+{imports}
+
+{definitions}
+_pw_sys.excepthook = _pw_sys.__excepthook__
+
+{source}
+
+def _pw_parallel(error):
+    # Threads and processes do not exist in the sandbox (WebAssembly: one
+    # thread), so a pool started inside the function fails somewhere deep
+    # in the standard library (`os.pipe` missing, "can't start new
+    # thread"): said, with what to do, when the error came from there.
+    files = [f.f_code.co_filename for f, _ in _pw_traceback.walk_tb(error.__traceback__)]
+    if any(w in f for f in files for w in ("multiprocessing", "concurrent/futures", "threading.py")):
+        return (
+            " (peerwasm: the sandbox runs one thread and starts no processes; run the work one piece after "
+            "another inside the function (n_jobs=1) and let peerwasm.map spread the items over cores and machines)"
+        )
+    return ""
+
+def _pw_error_reply(error, message):
+    # An exception as the caller gets it: its type's name, the message,
+    # the traceback, and its class as the caller knows it (`_remote`).
+    module, qualname = _pw_wire.class_name(type(error))
+    return (type(error).__name__, message, _pw_traceback.format_exc(), module + ":" + qualname)
+
+def _pw_main():
+    reply_to = _pw_sys.stdout.buffer
+    _pw_sys.stdout = _pw_sys.stderr
+    code = 0
+    try:
+        given = _pw_sys.stdin.buffer
+        args, kwargs = _pw_Unpickler(given).load()
+        # The data globals that came with the item (after its arguments).
+        rest = given.read()
+        for name, (data, kind) in (_pw_pickle.loads(rest) if rest else {{}}).items():
+            globals()[name] = _pw_load(name, data, kind)
+    except Exception as e:
+        why = "the sandbox could not unpickle the item's arguments: " + _pw_unpickling(e)
+        reply, code = (False, _pw_error_reply(e, why)), 1
+    else:
+        try:
+            reply = (True, {name}(*args, **kwargs))
+        except BaseException as e:
+            reply, code = (False, _pw_error_reply(e, str(e) + _pw_parallel(e))), 1
+    try:
+        data = _pw_wire.dumps_reply(*reply)
+    except Exception as e:
+        why = "the result of {label} cannot be sent back: " + str(e)
+        data = _pw_wire.dumps_reply(False, _pw_error_reply(e, why))
+        code = 1
+    reply_to.write(data)
+    reply_to.flush()
+    _pw_sys.stderr.flush()
+    return code
+
+def _pw_item():
+    # A map's item, begun from the snapshot the prelude (`_warm`) left: the
+    # random generators it left seeded from entropy are seeded afresh, as
+    # a process of its own would be, so that items do not draw alike.
+    _pw_reseed()
+    return _pw_main()
+
+if not globals().get("_pw_warm"):
+    _pw_sys.exit(_pw_main())
+"""
+
+def _wire_source():
+    with open(_wire.__file__, encoding="utf-8") as f:
+        return f.read()
+
+
+def _classes_of(fn, classes):
+    """Names of `classes` (the classes and functions those arguments'
+    pickles name) that `fn`'s own module defines at its top level: they
+    travel with it."""
+    return {
+        t.__name__
+        for t in classes
+        if getattr(t, "__module__", None) == fn.__module__ and "." not in getattr(t, "__qualname__", ".")
+    }
+
+
+def program(fn, values=(), sys_path=(), classes=None, workdir=None, arrays=None, carried=None):
+    """The program that runs `fn` in the sandbox (see `_DRIVER`): its
+    source, its module's imports, and the module's definitions it uses (and
+    the classes of `values`, its arguments) — its data globals as their
+    values (`_globals`) — with `sys_path` (the guest paths of its
+    `packages=`) first on `sys.path`, in `workdir` (the caller's working
+    directory, when the sandbox sees it: `_mounts`). `arrays`: the
+    `_arrays.Arrays` of the arguments, not yet finished, which the data
+    globals' own large arrays join; when it holds any, numpy is imported as
+    the program loads (each item's arguments then load them: in a map,
+    from its snapshot). Raises TypeError for what has no source of its own
+    to send. `classes`: those the arguments' pickles name, when they were
+    pickled already (else found in `values`). `carried`: a list when the
+    small data globals may go with each item instead (`_globals.ByValue.split`):
+    the bytes to append to each item's input are put in it."""
+    place = f"_pw_sys.path[:0] = {list(sys_path)!r}\n"
+    if workdir is not None:
+        place += f"__import__('os').chdir({workdir!r})\n"
+    if classes is None:
+        classes = set()
+        _arguments.pickled(tuple(values), classes)
+    target = fn.func if isinstance(fn, _arguments.Method) else fn
+    by_value = _globals.ByValue(target, arrays, carried is not None) if inspect.isfunction(target) else None
+    if isinstance(fn, _arguments.Method):
+        source = _method_program(fn, classes, place, by_value)
+    elif (path := _import_path(fn)) is not None:
+        source = _import_program(path, classes, place)
+    elif (inner := _decorated_def(fn)) is not None:
+        source = _program_of(inner, classes, place, by_value, decorated=True)
+    else:
+        source = _program_of(fn, classes, place, by_value, decorated=False)
+    loader = by_value.loader() if by_value is not None else "_pw_values = {}"
+    if arrays is not None and arrays.moved:
+        loader = "__import__('numpy')\n" + loader
+    if carried is not None:
+        carried.append(by_value.with_each_item() if by_value is not None else b"")
+    return source.replace(_VALUES_HERE, loader, 1)
+
+
+# Where the program's data globals are made ready (`_DRIVER`'s `{values}`):
+# known only once its definitions are.
+_VALUES_HERE = "# <peerwasm: the data globals' pickles>"
+
+
+def _decorated_def(fn):
+    """The `def` under `fn` when `fn` is what a decorated definition at its
+    module's top level made (`@timer def f` with `functools.wraps`,
+    `@functools.lru_cache def f`): that definition, decorators and all, is
+    then what the sandbox runs, so that `f` there is what `f` is here. None
+    for anything else."""
+    if not hasattr(fn, "__wrapped__"):
+        return None
+    try:
+        inner = inspect.unwrap(fn)
+    except ValueError:  # a cycle of __wrapped__
+        return None
+    if inner is fn or not inspect.isfunction(inner) or inner.__globals__.get(inner.__name__) is not fn:
+        return None
+    return inner
+
+
+def _program_of(fn, classes, place, by_value, decorated):
+    """`program` of a plain function: its `def` with its decorators when
+    `decorated` (the module's name for it is what they made), else alone."""
+    _refuse_unsendable(fn)
+    if fn.__closure__:
+        names = ", ".join(fn.__code__.co_freevars)
+        raise TypeError(
+            f"{fn.__name__} uses variables of the function around it ({names}): "
+            "define it at the top level of a module and pass what it needs as arguments"
+        )
+    source = _sources.function_source(fn)
+    # A plain function's decorators left it as it is (they registered it,
+    # say): they would only run again in the sandbox, so the `def` goes
+    # alone.
+    tree = ast.parse(source)
+    node = tree.body[0]
+    if not decorated and getattr(node, "decorator_list", None):
+        node.decorator_list = []
+        source = ast.unparse(node)
+    return _driver(fn, node, source, fn.__name__, classes, place, by_value=by_value)
+
+
+def _method_program(method, classes, place, by_value):
+    """`program` of a bound method: a function that calls it on its
+    instance or class (the call's first argument) by name, so that the
+    method runs as its class — which travels with it — defines it."""
+    _refuse_unsendable(method.func)
+    source = f"def _pw_method(_pw_self, *args, **kwargs):\n    return getattr(_pw_self, {method.attr!r})(*args, **kwargs)\n"
+    # A class of the standard library or an installed package (a fitted
+    # model's `predict`) comes by import in the sandbox, as its instance's
+    # pickle names it: nothing of its module is sent.
+    own = not _travel.installed(method.func)
+    node = ast.parse(source).body[0]
+    return _driver(method.func, node, source, "_pw_method", classes, place, own, method.func.__qualname__, by_value)
+
+
+def _import_path(fn):
+    """`(module, qualname)` for a function of the standard library or an
+    installed package — a builtin (`abs`), a ufunc (`np.sqrt`), a library
+    `def` (`json.dumps`) — that the sandbox imports by those names, as
+    pickle would; None for the caller's own functions and what cannot be
+    found again by its names."""
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str) or module == "__main__":
+        return None
+    if inspect.isfunction(fn) and not (_travel.installed(fn) or _travel.in_local_package(fn)):
+        return None
+    if not (inspect.isfunction(fn) or inspect.isbuiltin(fn) or type(fn).__name__ == "ufunc"):
+        return None
+    return (module, qualname) if _travel.found_by_name(module, qualname) is fn else None
+
+
+def _import_program(path, classes, place):
+    """`program` of a library function (or one of a package of the
+    caller's own, which travels: `_travel.local_packages`): imported in the
+    sandbox by its names (`_import_path`) as the program loads — so a
+    map's snapshot holds the import, not each item — and called; nothing
+    of its module is sent."""
+    module, qualname = path
+    source = (
+        "def _pw_find():\n"
+        "    import importlib\n"
+        f"    target = importlib.import_module({module!r})\n"
+        f"    for part in {qualname.split('.')!r}:\n"
+        "        target = getattr(target, part)\n"
+        "    return target\n"
+        "try:\n"
+        "    _pw_target = _pw_find()\n"
+        "except Exception as _pw_e:\n"
+        "    _pw_failed = _pw_e  # raised by each call, as the function's own error\n"
+        "    def _pw_target(*args, **kwargs):\n"
+        "        raise _pw_failed\n"
+        "def _pw_imported(*args, **kwargs):\n"
+        "    return _pw_target(*args, **kwargs)\n"
+    )
+    return _driver(None, None, source, "_pw_imported", classes, place, own=False, label=f"{module}.{qualname}")
+
+
+def _driver(fn, node, source, name, classes, place, own=True, label=None, by_value=None):
+    """`_DRIVER` filled for calling `name`, defined by `source` (parsed:
+    `node`), with what it uses of `fn`'s module when that is the caller's
+    `own` code (else `fn` and `node` are not read), placed by `place` (its
+    `sys.path` and working directory: `program`); `label`: what its
+    messages call it (`name`)."""
+    module_file = getattr(sys.modules.get(fn.__module__), "__file__", None) if own else None
+    package = _travel.package_of(fn) if own else None
+    if package:
+        # `python -m pkg.script`: its relative imports are `pkg`'s.
+        place += f"__package__ = {package!r}\n"
+    if module_file:
+        # As on the host, so that a path made from it (`Path(__file__).parent
+        # / "data.csv"`) is the host's, found when its directory is given.
+        place += f"__file__ = {os.path.abspath(module_file)!r}\n"
+    return _DRIVER.format(
+        wire_source=_wire_source(),
+        imports=_travel.imports(fn) if own else "",
+        definitions=_travel.definitions(fn, node, _classes_of(fn, classes), own=name, values=by_value) if own else "",
+        values=_VALUES_HERE,
+        source=source,
+        home=fn.__module__ if own else None,
+        name=name,
+        label=label or name,
+        place=place,
+        array_tag=_arrays.TAG,
+        arrays_dir=_arrays.GUEST,
+    )
+
+
+def _refuse_unsendable(fn):
+    """TypeError, saying why, for what cannot run as itself in the sandbox:
+    not a `def`, a lambda, an async or generator function."""
+    if not inspect.isfunction(fn):
+        raise TypeError(f"{fn!r} is not a plain Python function: give a `def` function (or a .wasm path)")
+    if fn.__name__ == "<lambda>":
+        raise TypeError("a lambda cannot be sent to the sandbox: define it with `def` at the top level of a module")
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        raise TypeError(
+            f"{fn.__name__} is an async function: give a plain `def` (one that calls asyncio.run itself if it awaits)"
+        )
+    if inspect.isgeneratorfunction(fn):
+        raise TypeError(
+            f"{fn.__name__} is a generator function: what it yields cannot come back one by one; "
+            "return a list (`return list(...)`) instead"
+        )
