@@ -57,6 +57,25 @@ def test_a_function_of_python_dash_c_runs():
     assert _result(_python(["-c", SCRIPT])) == [EXPECTED]
 
 
+NESTED = """\
+import peerwasm
+
+def main():
+    k = 4
+    def f(x):
+        return x * k
+    print("RESULT", peerwasm.map(f, [1, 2]), peerwasm.map(lambda x: x - k, [10]))
+
+main()
+"""
+
+
+@pytest.mark.parametrize("how", ["piped", "-c"])
+def test_a_closure_and_a_lambda_of_a_script_without_a_file_run(how):
+    p = _python([], input=NESTED) if how == "piped" else _python(["-c", NESTED])
+    assert _result(p) == ["RESULT [4, 8] [6]"]
+
+
 def test_what_the_piped_script_reads_from_stdin_is_unchanged():
     # Python reads the whole script before running it: stdin is at its end
     # for the script, with the hook as without it.
@@ -119,11 +138,13 @@ def test_a_function_typed_at_the_prompt_runs_and_its_last_definition_is_the_one_
             "    return y * 2",
             "",
             "print('RESULT', peerwasm.map(h, [1, 2]))",
+            "print('LAMBDA', peerwasm.map(lambda x: x * OFFSET, [3]))",
             "print('DONE')",
         ],
         env,
     )
     assert "RESULT [12, 14]" in shown, shown[-3000:]
+    assert "LAMBDA [15]" in shown, shown[-3000:]
 
 
 def test_a_helper_only_an_earlier_sessions_history_defines_is_not_sent(tmp_path):

@@ -69,7 +69,7 @@ class ByValue:
         when its source travels instead. `statement`: the top-level
         statement that bound it as the module ran, or None (bound under
         the main guard, or otherwise out of sight)."""
-        if not _is_data(name, value) or _made_again(name, value, statement):
+        if not is_data(name, value) or _made_again(name, value, statement):
             return None
         kind = type(value).__name__ if type(value) in (set, frozenset) else None
         if kind:
@@ -84,7 +84,7 @@ class ByValue:
             data = _arguments.pickled(value, found, self.arrays)
         except Exception:  # noqa: BLE001 - whatever does not pickle is made again from its source
             return None
-        if any(_draws(t) or getattr(t, "__module__", None) == "typing" for t in found):
+        if any(draws(t) or getattr(t, "__module__", None) == "typing" for t in found):
             return None
         moved = self.arrays is not None and self.arrays.moved_count > moved
         self.values[name] = (data, kind, moved)
@@ -133,11 +133,16 @@ class ByValue:
         return pickle.dumps(dict(sorted(self.per_item.items())), protocol=_arguments.PROTOCOL)
 
 
-def _is_data(name, value):
+def is_data(name, value):
     """Whether `value`, bound to `name`, is data rather than code: not a
-    module, class or function, nor a name of Python's own (`__file__`)."""
+    module, class or function, nor a name of Python's own (`__file__`). A
+    method bound to an object is data: the object and the method's name
+    (`predict = model.predict`)."""
     if name.startswith("__") and name.endswith("__"):
         return False
+    owner = getattr(value, "__self__", None)
+    if (inspect.ismethod(value) or inspect.isbuiltin(value)) and owner is not None and not inspect.ismodule(owner):
+        return True
     return not (inspect.ismodule(value) or isinstance(value, type) or inspect.isroutine(value))
 
 
@@ -176,7 +181,7 @@ def _canonical(value):
     return kind.__name__, repr(value)
 
 
-def _draws(t):
+def draws(t):
     """Whether `t` is a random generator's class (`random.Random`, numpy's
     generators, bit generators and seed sequences)."""
     if not isinstance(t, type):

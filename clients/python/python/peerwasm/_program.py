@@ -16,7 +16,7 @@ import inspect
 import os
 import sys
 
-from . import _arguments, _arrays, _globals, _sources, _travel, _wire
+from . import _arguments, _arrays, _globals, _nested, _sources, _travel, _wire
 
 
 # The program each job runs: the result encoder (`_wire`, in a module of
@@ -274,11 +274,14 @@ def _program_of(fn, classes, place, by_value, decorated):
     """`program` of a plain function: its `def` with its decorators when
     `decorated` (the module's name for it is what they made), else alone."""
     _refuse_unsendable(fn)
-    if fn.__closure__:
-        names = ", ".join(fn.__code__.co_freevars)
-        raise TypeError(
-            f"{fn.__name__} uses variables of the function around it ({names}): "
-            "define it at the top level of a module and pass what it needs as arguments"
+    if _nested.is_nested(fn):
+        # A lambda, or a function defined inside another: its own text, and
+        # the variables it reads of the functions around it (`_nested`).
+        node, source, defaults = _nested.definition(fn)
+        closure = {**_nested.closure(fn), **defaults}
+        label = "the lambda" if fn.__name__ == "<lambda>" else fn.__qualname__
+        return _driver(
+            fn, node, source, _nested.name_of(fn), classes, place, label=label, by_value=by_value, closure=closure
         )
     source = _sources.function_source(fn)
     # A plain function's decorators left it as it is (they registered it,
@@ -349,7 +352,7 @@ def _import_program(path, classes, place):
     return _driver(None, None, source, "_pw_imported", classes, place, own=False, label=f"{module}.{qualname}")
 
 
-def _driver(fn, node, source, name, classes, place, own=True, label=None, by_value=None):
+def _driver(fn, node, source, name, classes, place, own=True, label=None, by_value=None, closure=None):
     """`_DRIVER` filled for calling `name`, defined by `source` (parsed:
     `node`), with what it uses of `fn`'s module when that is the caller's
     `own` code (else `fn` and `node` are not read), placed by `place` (its
@@ -367,7 +370,11 @@ def _driver(fn, node, source, name, classes, place, own=True, label=None, by_val
     return _DRIVER.format(
         wire_source=_wire_source(),
         imports=_travel.imports(fn) if own else "",
-        definitions=_travel.definitions(fn, node, _classes_of(fn, classes), own=name, values=by_value) if own else "",
+        definitions=(
+            _travel.definitions(fn, node, _classes_of(fn, classes), own=name, values=by_value, closure=closure)
+            if own
+            else ""
+        ),
         values=_VALUES_HERE,
         source=source,
         home=fn.__module__ if own else None,
@@ -381,11 +388,9 @@ def _driver(fn, node, source, name, classes, place, own=True, label=None, by_val
 
 def _refuse_unsendable(fn):
     """TypeError, saying why, for what cannot run as itself in the sandbox:
-    not a `def`, a lambda, an async or generator function."""
+    not a plain function, an async or generator function."""
     if not inspect.isfunction(fn):
         raise TypeError(f"{fn!r} is not a plain Python function: give a `def` function (or a .wasm path)")
-    if fn.__name__ == "<lambda>":
-        raise TypeError("a lambda cannot be sent to the sandbox: define it with `def` at the top level of a module")
     if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
         raise TypeError(
             f"{fn.__name__} is an async function: give a plain `def` (one that calls asyncio.run itself if it awaits)"

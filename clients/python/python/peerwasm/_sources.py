@@ -53,7 +53,7 @@ def function_source(fn):
     else:
         _check_running(source, fn)
         return source
-    for text in _scriptless_texts(fn):
+    for text in scriptless_texts(fn):
         found = _definition_in(text, fn)
         if found is not None:
             return found
@@ -101,7 +101,7 @@ def module_trees(fn):
         return [ast.parse(inspect.getsource(module))]
     except (OSError, TypeError, SyntaxError):
         pass
-    return _parsed(_scriptless_texts(fn)) if fn.__module__ == "__main__" else []
+    return _parsed(scriptless_texts(fn)) if fn.__module__ == "__main__" else []
 
 
 def same_code(source, fn, context=""):
@@ -181,7 +181,7 @@ def _definition_in(text, fn):
     return None
 
 
-def _scriptless_texts(fn):
+def scriptless_texts(fn):
     """The texts that may hold `fn` when its file does not exist: the
     script of `-c`, the script read from stdin, or the inputs typed at the
     prompt (oldest first)."""

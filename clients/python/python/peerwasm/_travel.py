@@ -19,7 +19,7 @@ import sys
 import sysconfig
 import textwrap
 
-from . import _sources
+from . import _nested, _sources
 
 
 def imports(fn):
@@ -339,7 +339,7 @@ def _names_in(node):
     return names
 
 
-def definitions(fn, fn_node, extra=(), own=None, values=None):
+def definitions(fn, fn_node, extra=(), own=None, values=None, closure=None):
     """The top-level definitions of `fn`'s module (or notebook) that it
     uses — helpers, constants, classes, and what they use in turn, each
     with the statements after it that change it (`_changed`) — and those
@@ -348,7 +348,10 @@ def definitions(fn, fn_node, extra=(), own=None, values=None):
     `fn`'s, unless given). The last definition of a name wins, as it would
     at run time. With `values` (a `_globals.ByValue`), a data global goes
     as its value instead, bound where its statement stood (one bound under
-    the main guard: after every definition)."""
+    the main guard: after every definition). `closure`: the variables of
+    the functions around `fn` it reads (`_nested.closure`), bound after
+    every definition, as `_nested.bound` says."""
+    closure = dict(closure or {})
     defs, changes, imported, order = {}, {}, set(), 0
     for tree in _sources.module_trees(fn):
         context = _sources.import_context(tree)
@@ -364,6 +367,19 @@ def definitions(fn, fn_node, extra=(), own=None, values=None):
     while todo:
         name = todo.pop()
         if name in needed or name == (own or fn.__name__):
+            continue
+        if name in closure:
+            statements, names = _nested.bound(name, closure[name], fn, closure, values)
+            # Functions after every value and import: a default value or a
+            # decorator of one reads them as it is defined.
+            needed[name] = [
+                (late + i / 10 + (_AFTER_VALUES if isinstance(statements[0], _FUNCTIONS) else 0), statement)
+                for i, statement in enumerate(statements)
+            ]
+            late += 1
+            todo.extend(names)
+            for statement in statements:
+                todo.extend(_names_in(statement))
             continue
         if values is not None and name in fn.__globals__ and (name in defs or name not in imported):
             taken = _by_value(fn, name, defs.get(name, ()), values)
@@ -384,7 +400,9 @@ def definitions(fn, fn_node, extra=(), own=None, values=None):
         rebound = min((o for o, _, _ in defs[name] if o > running[0]), default=order)
         needed[name] = [running[:2], *((o, n) for o, n in changes.get(name, ()) if running[0] < o < rebound)]
         for _, node in needed[name]:
-            todo.extend(_names_in(node))
+            reads = _names_in(node)
+            _refuse_shadowed(fn, name, reads, closure)
+            todo.extend(reads)
     nodes = {id(node): (o, node) for statements in needed.values() for o, node in statements}
     if values is not None:
         loading = set().union(*(_read_as_loading(n) for n in [fn_node, *(n for _, n in nodes.values())]))
@@ -418,6 +436,18 @@ def _read_as_loading(node):
 
     read(table, True)
     return names
+
+
+def _refuse_shadowed(fn, name, reads, closure):
+    """TypeError when the module's definition of `name` reads a global
+    that a variable of the functions around `fn` shadows: both would be
+    one global in the sandbox."""
+    for shadowed in sorted(reads & closure.keys()):
+        if shadowed in fn.__globals__:
+            raise TypeError(
+                f"{fn.__qualname__} reads {shadowed} of the function around it, and {name} of its module reads "
+                f"the module's own {shadowed}: rename one of them"
+            )
 
 
 def _by_value(fn, name, candidates, values):
@@ -484,6 +514,10 @@ def _as_running(fn, name, candidates):
 
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+# Where a closure's functions go, after its values (`definitions`).
+_AFTER_VALUES = 1 << 20
 
 
 _DEFINITIONS = (*_FUNCTIONS, ast.ClassDef)
