@@ -108,7 +108,7 @@ def inputs(fn, calls, files, packages, outputs, pool=False):
             pickles = _pool_pickles(list(calls), classes, arrays)
         else:
             pickles = [pickled(call, classes, arrays) for call in calls]
-        _check_inputs(pickles)
+        check_inputs(pickles)
         mounts = _mounts.Mounts(files, packages, outputs, arrays=arrays, local=_local_packages(fn))
     except BaseException:
         arrays.close()
@@ -147,7 +147,7 @@ def _local_packages(fn):
     return _travel.local_packages(target)
 
 
-def _check_inputs(inputs):
+def check_inputs(inputs):
     """Refuses, before any job starts, an item whose pickled arguments are
     over what a job's input may be — embedded as on a pool, so that a map
     that works here works on a pool too."""

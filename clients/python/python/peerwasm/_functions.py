@@ -110,8 +110,7 @@ def run(fn, args, kwargs, mem=None, timeout=None, peers=None, token=None, files=
     call = ((*bound, *args), {**keywords, **kwargs})
     (stdin,), classes, mounts = _arguments.inputs(fn, [call], files, packages, outputs, pool=_on_pool(peers))
     try:
-        source = program(fn, sys_path=mounts.sys_path, classes=classes, workdir=mounts.workdir, arrays=mounts.arrays)
-        mounts.finish()
+        source = _program_given(fn, classes, mounts)
         result = _peerwasm._run_python(
             runtime_dir(), source, stdin, mem, timeout, peers, token, mounts.grants, max_output, mounts.may_plot()
         )
@@ -125,6 +124,18 @@ def run(fn, args, kwargs, mem=None, timeout=None, peers=None, token=None, files=
     if isinstance(value, RemoteError):
         raise value
     return value
+
+
+def _program_given(fn, classes, mounts, carried=None):
+    """The program of `fn` (see `program`) for jobs given `mounts`, which
+    are then finished: their arrays' directory holds what the program's
+    data globals moved there too."""
+    source = program(
+        fn, sys_path=mounts.sys_path, classes=classes, workdir=mounts.workdir, arrays=mounts.arrays,
+        own_path=mounts.own_path, carried=carried,
+    )
+    mounts.finish()
+    return source
 
 
 def _on_pool(peers):
@@ -150,13 +161,10 @@ def _start(fn, items, ordered, options):
     )
     try:
         carried = []
-        source = program(
-            fn, sys_path=mounts.sys_path, classes=classes, workdir=mounts.workdir, arrays=mounts.arrays,
-            carried=carried,
-        )
-        mounts.finish()
+        source = _program_given(fn, classes, mounts, carried)
         if carried[0]:
             inputs = [data + carried[0] for data in inputs]
+            _arguments.check_inputs(inputs)
         stream = _peerwasm._map_python(
             runtime_dir(),
             source,

@@ -55,7 +55,7 @@ _KEPT_UNUSED_S = 14 * 24 * 3600
 class Mounts:
     """The directories a map's or a run's jobs are given: `grants`
     (`(host_dir, guest_dir, read_only)`), `sys_path` (guest paths put first
-    on `sys.path`). Holds the staged copies (unpacked wheels, packages)
+    on `sys.path`; `own_path`: those of the caller's own packages). Holds the staged copies (unpacked wheels, packages)
     and the arguments' large arrays (`arrays`, an `_arrays.Arrays`, granted
     at its `GUEST` by `finish`, once the program's data globals have joined
     them: `_globals`) until `close`, which must come after the jobs are
@@ -63,6 +63,8 @@ class Mounts:
 
     def __init__(self, files=None, packages=None, outputs=None, arrays=None, local=()):
         self.grants, self.sys_path, self._staged = [], [], []
+        # Those of `sys_path` holding the caller's own packages (`local`).
+        self.own_path = []
         self.arrays = arrays
         try:
             for guest, host in _data_dirs(files, "files"):
@@ -80,6 +82,7 @@ class Mounts:
             mine = [p for p in local if p not in {os.path.abspath(g) for g in given}]
             for i, package in enumerate(mine, start=len(given)):
                 self._package(package, f"{_PACKAGES}/{i}", sources_only=True)
+                self.own_path.append(f"{_PACKAGES}/{i}")
         except BaseException:
             self.close()
             raise

@@ -52,6 +52,54 @@ class _pw_Missing:
         raise raised
     __getattr__ = __call__ = __getitem__ = __iter__ = __len__ = __bool__ = _pw_raise
 
+def _pw_guarded(source, path):
+    # A module of the caller's own (a file beside the function's module, or
+    # one of a package of theirs), compiled with its top-level imports
+    # guarded as the function's module's are: one the sandbox cannot do
+    # (a host-only package) binds a stand-in that raises its error when
+    # used, instead of failing every item of a function that never uses it.
+    import ast
+    tree = ast.parse(source, path)
+    body = []
+    for node in tree.body:
+        if not isinstance(node, (ast.Import, ast.ImportFrom)) or getattr(node, "module", None) == "__future__":
+            body.append(node)
+            continue
+        for alias in node.names:
+            one = ast.Import(names=[alias]) if isinstance(node, ast.Import) else ast.ImportFrom(
+                module=node.module, names=[alias], level=node.level)
+            name = (alias.asname or alias.name.split(".")[0]) if isinstance(node, ast.Import) else (
+                alias.asname or alias.name)
+            stand_in = ast.parse(
+                "pass" if alias.name == "*" else
+                f"{{name}} = _pw_Missing({{'run `' + ast.unparse(one) + '`'!r}}, _pw_e)").body
+            guard = ast.Try(body=[one], handlers=[ast.ExceptHandler(ast.Name("ImportError", ast.Load()), "_pw_e",
+                            stand_in)], orelse=[], finalbody=[])
+            for n in ast.walk(guard):
+                ast.copy_location(n, node)
+            body.append(guard)
+    tree.body = body
+    return compile(ast.fix_missing_locations(tree), path, "exec")
+
+def _pw_guard_own(paths):
+    # The caller's own packages (`paths`, put on sys.path) load through
+    # `_pw_guarded`; other packages as they are.
+    import importlib.machinery as machinery
+    class Loader(machinery.SourceFileLoader):
+        def source_to_code(self, data, path, *_args, **_kwargs):
+            return _pw_guarded(data, path)
+        def exec_module(self, module):
+            module.__dict__.setdefault("_pw_Missing", _pw_Missing)
+            super().exec_module(module)
+    def hook(path):
+        if not any(path == p or path.startswith(p + "/") for p in paths):
+            raise ImportError("not a package of the caller's own")
+        return machinery.FileFinder(path, (Loader, machinery.SOURCE_SUFFIXES))
+    _pw_sys.path_hooks.insert(0, hook)
+    for p in list(_pw_sys.path_importer_cache):
+        if any(p == q or p.startswith(q + "/") for q in paths):
+            del _pw_sys.path_importer_cache[p]
+
 class _pw_Unpickler(_pw_pickle.Unpickler):
     # A large numpy array the caller moved as a file (peerwasm/_arrays.py):
     # loaded once per array the input names.
@@ -209,12 +257,13 @@ def _classes_of(fn, classes):
     }
 
 
-def program(fn, values=(), sys_path=(), classes=None, workdir=None, arrays=None, carried=None):
+def program(fn, values=(), sys_path=(), classes=None, workdir=None, arrays=None, carried=None, own_path=()):
     """The program that runs `fn` in the sandbox (see `_DRIVER`): its
     source, its module's imports, and the module's definitions it uses (and
     the classes of `values`, its arguments) — its data globals as their
     values (`_globals`) — with `sys_path` (the guest paths of its
-    `packages=`) first on `sys.path`, in `workdir` (the caller's working
+    `packages=`; `own_path`: those of the caller's own packages, whose
+    imports are guarded) first on `sys.path`, in `workdir` (the caller's working
     directory, when the sandbox sees it: `_mounts`). `arrays`: the
     `_arrays.Arrays` of the arguments, not yet finished, which the data
     globals' own large arrays join; when it holds any, numpy is imported as
@@ -224,7 +273,8 @@ def program(fn, values=(), sys_path=(), classes=None, workdir=None, arrays=None,
     pickled already (else found in `values`). `carried`: a list when the
     small data globals may go with each item instead (`_globals.ByValue.split`):
     the bytes to append to each item's input are put in it."""
-    place = f"_pw_sys.path[:0] = {list(sys_path)!r}\n"
+    place = f"_pw_guard_own({list(own_path)!r})\n" if own_path else ""
+    place += f"_pw_sys.path[:0] = {list(sys_path)!r}\n"
     if workdir is not None:
         place += f"__import__('os').chdir({workdir!r})\n"
     if classes is None:

@@ -203,13 +203,16 @@ def in_local_package(fn):
 def _local_modules(fn):
     """The single-file modules of the user's own that `fn`'s module imports
     (see `_local`), as code that makes each one in the guest before the
-    imports run, so that `import mylib` finds it there."""
+    imports run, so that `import mylib` finds it there — its own top-level
+    imports guarded as the function's module's are (`_pw_guarded`, in
+    `_program._DRIVER`)."""
     found = _local(fn)[0]
     # Made in reverse order of discovery: what a module imports exists first.
     return "\n".join(
         f"_pw_sys.modules[{name!r}] = _pw_m = _pw_types.ModuleType({name!r})\n"
         f"_pw_m.__file__ = {os.path.abspath(path)!r}\n"
-        f"exec(compile({source!r}, {path!r}, 'exec'), _pw_m.__dict__)"
+        f"_pw_m._pw_Missing = _pw_Missing\n"
+        f"exec(_pw_guarded({source!r}, {path!r}), _pw_m.__dict__)"
         for name, (path, source) in reversed(list(found.items()))
     )
 
