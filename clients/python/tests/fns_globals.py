@@ -9,6 +9,7 @@ import os
 import tempfile
 
 import numpy as np
+import pandas as pd
 import pluggy  # a package the sandbox does not have
 
 # Other numbers each time the statement runs: the sandbox must see these.
@@ -54,6 +55,8 @@ TABLE = {f"key{i}": f"value {i} " * 4 for i in range(5000)}
 BIG = np.random.rand(300_000)
 # Loads only where its package is.
 MARKER = pluggy.HookspecMarker("lab")
+# Text held by pyarrow where it is installed (pandas' default).
+NAMES = pd.DataFrame({"name": ["p", "q"]}, index=pd.Index(["first", "second"]))
 # Changed by the tests between maps.
 CHANGING = [0]
 
@@ -84,3 +87,11 @@ def marker(i):
 
 def changing(i):
     return CHANGING[0] + i
+
+
+def name_at(i):
+    return NAMES.name.iloc[i], NAMES.index[i]
+
+
+def text_of(frame):
+    return [None if pd.isna(v) else v for v in frame["name"]], list(frame.index), str(frame["name"].dtype)

@@ -123,3 +123,24 @@ def test_a_notebooks_data_is_the_notebooks_not_made_again():
     shell.run_cell("def pick(i):\n    return label, float(samples[i])", store_history=True).raise_error()
     pick, ns = shell.user_ns["pick"], shell.user_ns
     assert peerwasm.map(pick, range(6)) == [(ns["label"], float(ns["samples"][i])) for i in range(6)]
+
+
+def test_text_that_pandas_holds_in_pyarrow_reaches_the_sandbox():
+    # pandas' default storage of text wherever pyarrow is installed (it is,
+    # for these tests, as in most scientists' environments); the sandbox
+    # has no pyarrow: the same strings go held by Python objects.
+    import pandas as pd
+
+    frame = pd.DataFrame({"name": ["a", None, "c"], "x": [1.0, 2.0, 3.0]}, index=pd.Index(["r1", "r2", "r3"]))
+    assert frame["name"].dtype.storage == "pyarrow" and g.NAMES["name"].dtype.storage == "pyarrow"
+    assert peerwasm.run(g.text_of, frame) == (["a", None, "c"], ["r1", "r2", "r3"], "str")
+    assert peerwasm.map(g.name_at, [0, 1]) == [("p", "first"), ("q", "second")]
+
+
+def test_data_kept_in_pyarrow_by_choice_is_refused_saying_how_to_convert_it():
+    import pandas as pd
+
+    counts = pd.Series([1, 2, None], dtype="int64[pyarrow]")
+    with pytest.raises(peerwasm.RemoteError) as e:
+        peerwasm.run(g.text_of, pd.DataFrame({"name": counts}))
+    assert "pyarrow is not in the sandbox" in e.value.message and "convert_dtypes" in e.value.message, e.value.message

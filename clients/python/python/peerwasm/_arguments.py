@@ -14,6 +14,7 @@ import functools
 import inspect
 import io
 import pickle
+import sys
 
 from . import _arrays, _mounts, _peerwasm, _travel
 
@@ -40,7 +41,25 @@ class ClassFinder(pickle.Pickler):
         if isinstance(obj, type) and _made_on_the_fly(obj):
             # Made again in the sandbox, once per pickle (pickle memoizes it).
             return collections.namedtuple, (obj.__name__, obj._fields)
+        return _without_arrow(obj)
+
+
+def _without_arrow(obj):
+    """pandas' strings held by pyarrow — its default `str` dtype wherever
+    pyarrow is installed, as it is in most scientists' environments — as
+    the same strings held by Python objects, the storage the sandbox has
+    (it has no pyarrow, a compiled library): else every DataFrame with a
+    column or an index of text failed to unpickle there. NotImplemented
+    for anything else."""
+    pd = sys.modules.get("pandas")
+    if pd is None:
         return NotImplemented
+    if type(obj) is pd.StringDtype and obj.storage == "pyarrow":
+        return pd.StringDtype, ("python", obj.na_value)
+    arrow_strings = getattr(getattr(pd, "arrays", None), "ArrowStringArray", None)
+    if arrow_strings is not None and isinstance(obj, arrow_strings):
+        return pd.array, (obj.to_numpy(dtype=object), pd.StringDtype("python", obj.dtype.na_value))
+    return NotImplemented
 
 
 def _made_on_the_fly(cls):

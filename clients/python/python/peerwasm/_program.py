@@ -132,11 +132,18 @@ def _pw_unpickling(error, what="an argument"):
     # Why a pickle of the caller's (an argument, a data global: `what`)
     # does not load here, and what to do: its class's package is not in
     # the sandbox, or the sandbox's version of it reads it differently.
+    if isinstance(error, ModuleNotFoundError) and error.name == "pyarrow":
+        return (
+            f"pyarrow is not in the sandbox ({{what}} holds pandas data kept in pyarrow, `dtype=...[pyarrow]`): "
+            "convert it to numpy's first, `.convert_dtypes(dtype_backend='numpy_nullable')` (text is converted "
+            "for you)"
+        )
     if isinstance(error, ModuleNotFoundError) and error.name:
         return (
             f"{{error.name!r}} is not in the sandbox ({{what}} is an object of one of its classes): give "
             "it with packages= if it is pure Python, or pass plainer data (numbers, strings, numpy arrays, "
-            "lists, dicts)"
+            "lists, dicts, pandas frames): a compiled library other than numpy, scipy, pandas and "
+            "scikit-learn cannot run in the sandbox"
         )
     loaded = [f"{{m}} {{_pw_sys.modules[m].__version__}}" for m in ("numpy", "pandas") if m in _pw_sys.modules]
     return (
