@@ -78,6 +78,13 @@ def _check_running(source, fn):
     except (SyntaxError, ValueError):
         return
     if not same_code(source, fn, import_context(tree)):
+        if filename.startswith("<"):
+            # A text Python kept (`-c`'s, since 3.13), not a file: the
+            # function was made otherwise (by `exec`, say).
+            raise TypeError(
+                f"the source of {fn.__name__} cannot be read ({filename} defines it otherwise: code made at run "
+                "time?): define it in a file, a notebook cell, or a script"
+            )
         raise TypeError(
             f"the source of {fn.__name__} in {filename} is not the code that runs here (the file changed since "
             "it was imported): import it afresh (importlib.reload, or restart) and call again"
@@ -97,6 +104,10 @@ def module_trees(fn):
     module = sys.modules.get(fn.__module__)
     if module is None:
         return []
+    if fn.__module__ == "__main__" and fn.__code__.co_filename.startswith("<"):
+        # Typed at the prompt, or `-c`'s: `inspect` would read another text
+        # (Python 3.13's prompt is a module of its own).
+        return _parsed(scriptless_texts(fn))
     try:
         return [ast.parse(inspect.getsource(module))]
     except (OSError, TypeError, SyntaxError):
@@ -140,13 +151,17 @@ def import_context(tree):
 
 def alike(a, b):
     """Whether two code objects are the same code: bytecode, names,
-    constants (nested code compared alike), line numbers aside."""
+    constants (nested code compared alike), line numbers aside — a class
+    body's own too (Python 3.13 keeps it as a constant, `__firstlineno__`)."""
     if (a.co_code, a.co_names, a.co_varnames, a.co_freevars) != (b.co_code, b.co_names, b.co_varnames, b.co_freevars):
         return False
     if len(a.co_consts) != len(b.co_consts):
         return False
+    lines = "__firstlineno__" in a.co_names
     return all(
-        alike(x, y) if inspect.iscode(x) and inspect.iscode(y) else type(x) is type(y) and x == y
+        alike(x, y)
+        if inspect.iscode(x) and inspect.iscode(y)
+        else (type(x) is type(y) and x == y) or (lines and (x, y) == (a.co_firstlineno, b.co_firstlineno))
         for x, y in zip(a.co_consts, b.co_consts)
     )
 
@@ -194,14 +209,16 @@ def scriptless_texts(fn):
             return _typed_inputs()
         script = _stdin_script()
         return [script] if script is not None else []
-    if filename.startswith("<python-input-"):
-        # The prompt of Python 3.13 and later: each input is in linecache.
-        def number(name):
-            digits = name[len("<python-input-") : -1]
-            return int(digits) if digits.isdigit() else -1
+    for prefix, end in (("<python-input-", ">"), ("<stdin>-", "")):
+        if filename.startswith(prefix):
+            # The prompt of Python 3.13 and later (its own, and the plain
+            # one it falls back to): each input is in linecache.
+            def number(name):
+                digits = name[len(prefix) : len(name) - len(end)]
+                return int(digits) if digits.isdigit() else -1
 
-        names = sorted((n for n in linecache.cache if n.startswith("<python-input-")), key=number)
-        return ["".join(linecache.getlines(n)) for n in names]
+            names = sorted((n for n in linecache.cache if n.startswith(prefix) and number(n) >= 0), key=number)
+            return ["".join(linecache.getlines(n)) for n in names]
     return []
 
 

@@ -234,7 +234,7 @@ def _encode(v, out, where, depth):
     elif t is _uuid.UUID:
         out += b"u"
         _blob(v.bytes, out)
-    elif isinstance(v, _pathlib.PurePath) and t.__module__ == "pathlib":
+    elif t in _PATHS:
         out += b"p" if isinstance(v, _pathlib.Path) else b"o"
         _blob(str(v).encode("utf-8", "surrogateescape"), out)
     elif t.__module__.split(".")[0] == "numpy":
@@ -303,13 +303,23 @@ def _python_mapping(cls):
     for c in cls.__mro__:
         if c is dict:
             return True
-        if not c.__flags__ & _HEAP_TYPE:
+        # A class of C: a static type, or (Python 3.12 and later make many
+        # of them heap types: `defaultdict`) one whose methods are C's.
+        if not c.__flags__ & _HEAP_TYPE or any(type(m) in _C_METHODS for m in vars(c).values()):
             return False
     return False
 
 
-# `Py_TPFLAGS_HEAPTYPE`: a class made by a `class` statement.
+# `Py_TPFLAGS_HEAPTYPE`: a class made by a `class` statement, or by C code
+# that asks for one.
 _HEAP_TYPE = 1 << 9
+# What a class written in C holds for its methods: slot wrappers, method
+# and class-method descriptors.
+_C_METHODS = (type(dict.__init__), type(dict.keys), type(dict.__dict__["fromkeys"]))
+# The paths sent as such (their module is `pathlib._local` on Python 3.13).
+_PATHS = tuple(
+    getattr(_pathlib, n) for n in ("PurePath", "PurePosixPath", "PureWindowsPath", "Path", "PosixPath", "WindowsPath")
+)
 
 
 def _encode_numpy(v, out, where, depth):
