@@ -232,6 +232,6 @@ def bound(name, value, fn, known, values):
 def _guarded(statement, name):
     """`statement` (an import binding `name`), with `name` a stand-in
     that raises the import's error when used if the sandbox cannot do it."""
-    return ast.parse(
-        f"try:\n    {statement}\nexcept ImportError as _pw_e:\n    {name} = _pw_Missing({'run `' + statement + '`'!r}, _pw_e)\n"
-    ).body[0]
+    from . import _travel  # (which imports this module)
+
+    return ast.parse(_travel.guarded_import(statement, [name])).body[0]

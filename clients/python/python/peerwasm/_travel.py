@@ -41,17 +41,19 @@ def imports(fn):
                 names = [a.asname or a.name.split(".")[0] for a in node.names]
             else:
                 names = [a.asname or a.name for a in node.names if a.name != "*"]
-            stand_ins = [f"    {name} = _pw_Missing({'run `' + statement + '`'!r}, _pw_e)" for name in names] or [
-                # `from m import *` names nothing to stand in for: said.
-                f"    _pw_sys.stderr.write('peerwasm: the sandbox could not run ' + {statement!r} + ': ' + str(_pw_e) + '\\n')"
-            ]
-            guarded.append(
-                "try:\n"
-                + textwrap.indent(statement, "    ")
-                + "\nexcept ImportError as _pw_e:\n"
-                + "\n".join(stand_ins)
-            )
+            guarded.append(guarded_import(statement, names))
     return "\n".join(guarded)
+
+
+def guarded_import(statement, names):
+    """`statement`, an import binding `names`, as code that binds each to a
+    stand-in raising the import's error when used if the sandbox cannot do
+    it (`_program._DRIVER`'s `_pw_Missing`)."""
+    stand_ins = [f"    {name} = _pw_Missing({'run `' + statement + '`'!r}, _pw_e)" for name in names] or [
+        # `from m import *` names nothing to stand in for: said.
+        f"    _pw_sys.stderr.write('peerwasm: the sandbox could not run ' + {statement!r} + ': ' + str(_pw_e) + '\\n')"
+    ]
+    return "try:\n" + textwrap.indent(statement, "    ") + "\nexcept ImportError as _pw_e:\n" + "\n".join(stand_ins)
 
 
 def _one_name_each(body):
@@ -319,12 +321,19 @@ def _changed(node):
     return names
 
 
-def _names_in(node):
+# Scopes whose code runs where they stand: a comprehension's, at its
+# statement's run (a generator expression's maybe later: counted too).
+_RUN_IN_PLACE = {"listcomp", "setcomp", "dictcomp", "genexpr"}
+
+
+def _names_in(node, as_loading=False):
     """The module-level names a top-level statement reads: every name read
     at the top level, and within a function or class only those it does not
     bind itself — a parameter or local named like a module global (`def
     f(df)` beside a global `df`) is not that global, and the global's
-    definition does not travel for it."""
+    definition does not travel for it. `as_loading`: only those it reads
+    as its module loads, not within the functions (and lambdas) it
+    defines — a class body's, a decorator's, a default value's."""
     try:
         table = symtable.symtable(ast.unparse(node), "<definition>", "exec")
     except SyntaxError:
@@ -336,7 +345,8 @@ def _names_in(node):
             if symbol.is_referenced() if top else symbol.is_global():
                 names.add(symbol.get_name())
         for inner in scope.get_children():
-            read(inner, False)
+            if not as_loading or inner.get_type() == "class" or inner.get_name() in _RUN_IN_PLACE:
+                read(inner, False)
 
     read(table, True)
     return names
@@ -408,37 +418,10 @@ def definitions(fn, fn_node, extra=(), own=None, values=None, closure=None):
             todo.extend(reads)
     nodes = {id(node): (o, node) for statements in needed.values() for o, node in statements}
     if values is not None:
-        loading = set().union(*(_read_as_loading(n) for n in [fn_node, *(n for _, n in nodes.values())]))
+        loading = set().union(*(_names_in(n, as_loading=True) for n in [fn_node, *(n for _, n in nodes.values())]))
         for name in values.split(loading):
             del nodes[id(needed[name][0][1])]
     return "\n\n".join(ast.unparse(node) for _, node in sorted(nodes.values(), key=lambda x: x[0]))
-
-
-# Scopes whose code runs where they stand: a comprehension's, at its
-# statement's run (a generator expression's maybe later: counted too).
-_RUN_IN_PLACE = {"listcomp", "setcomp", "dictcomp", "genexpr"}
-
-
-def _read_as_loading(node):
-    """The names a top-level statement reads as its module loads: all but
-    those read only inside the functions (and lambdas) it defines — so a
-    class body's, a decorator's, a default value's."""
-    try:
-        table = symtable.symtable(ast.unparse(node), "<definition>", "exec")
-    except SyntaxError:
-        return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-    names = set()
-
-    def read(scope, top):
-        for symbol in scope.get_symbols():
-            if symbol.is_referenced() and (top or symbol.is_global()):
-                names.add(symbol.get_name())
-        for inner in scope.get_children():
-            if inner.get_type() == "class" or inner.get_name() in _RUN_IN_PLACE:
-                read(inner, False)
-
-    read(table, True)
-    return names
 
 
 def _refuse_shadowed(fn, name, reads, closure):
