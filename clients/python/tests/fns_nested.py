@@ -116,3 +116,14 @@ class Scaler:
 
     def apply(self, x):
         return x * self.factor
+
+
+class Threshold:
+    """An object called as a function, as `Pool.map(Threshold(3), xs)`
+    takes it."""
+
+    def __init__(self, limit):
+        self.limit = limit
+
+    def __call__(self, x):
+        return sum(1 for i in range(x) if i > self.limit)

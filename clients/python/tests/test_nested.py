@@ -66,3 +66,13 @@ def test_a_bound_method_and_default_values_go_by_value():
     applies, makers = n.with_a_bound_method_and_defaults()
     assert peerwasm.map(applies, [1, 2]) == [3, 6]
     assert [peerwasm.run(m, 5) for m in makers] == [0, 5, 10]
+
+
+def test_an_object_called_as_a_function_runs_as_its_call():
+    assert peerwasm.map(n.Threshold(3), [5, 10]) == [1, 6]
+    assert peerwasm.run(n.Threshold(0), 4) == 3
+
+
+def test_an_argument_holding_a_lambda_is_refused_saying_what_to_do():
+    with pytest.raises(TypeError, match="holds a lambda"):
+        peerwasm.run(n.Threshold(0), {"key": lambda v: v})

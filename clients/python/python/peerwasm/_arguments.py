@@ -97,8 +97,8 @@ class Method:
 
 def unbind(fn):
     """`fn` without what binds arguments to it — `functools.partial`
-    layers, a bound method's instance: the function (a bound method's as a
-    `Method`), and the arguments bound before each call's own (their
+    layers, a bound method's instance, an object called as a function (its
+    `__call__`): the function (a bound method's as a `Method`), and the arguments bound before each call's own (their
     keywords under the call's), which then travel with each call's
     arguments — as a process pool pickles them with each task."""
     bound, keywords = (), {}
@@ -109,8 +109,20 @@ def unbind(fn):
         elif inspect.ismethod(fn) and inspect.isfunction(fn.__func__):
             bound = (fn.__self__, *bound)
             return Method(fn), bound, keywords
+        elif _called_as_instance(fn):
+            # An object called as a function (`map(Analysis(params), xs)`):
+            # its `__call__`, bound to it, as a process pool pickles it.
+            fn = fn.__call__
         else:
             return fn, bound, keywords
+
+
+def _called_as_instance(fn):
+    """Whether `fn` is an instance of a class whose `__call__` is a Python
+    function — not a function, a class, a builtin or a partial itself."""
+    if isinstance(fn, type) or inspect.isroutine(fn) or isinstance(fn, functools.partial):
+        return False
+    return inspect.isfunction(getattr(type(fn), "__call__", None))
 
 
 def inputs(fn, calls, files, packages, outputs, pool=False):
@@ -123,10 +135,17 @@ def inputs(fn, calls, files, packages, outputs, pool=False):
     are done."""
     classes, arrays = set(), _arrays.Arrays()
     try:
-        if pool:
-            pickles = _pool_pickles(list(calls), classes, arrays)
-        else:
-            pickles = [pickled(call, classes, arrays) for call in calls]
+        try:
+            if pool:
+                pickles = _pool_pickles(list(calls), classes, arrays)
+            else:
+                pickles = [pickled(call, classes, arrays) for call in calls]
+        except (pickle.PicklingError, AttributeError) as e:
+            raise TypeError(
+                f"the arguments cannot go to the sandbox ({e}): an argument, or an object the function is bound "
+                "to, holds a lambda or a function or class defined inside another — pass the values it needs, "
+                "or define it at the top level of a module"
+            ) from e
         check_inputs(pickles)
         mounts = _mounts.Mounts(files, packages, outputs, arrays=arrays, local=_local_packages(fn))
     except BaseException:
