@@ -1,7 +1,9 @@
 //! Temporary directories a worker makes for itself — its file store
 //! (`peerwasm-files-*`, up to `--file-store`, 10 GiB by default), a
 //! temporary state dir (`peerwasm-state-*`), each slot process's scratch
-//! (`peerwasm-slot-*`) — and what a worker that was killed leaves of them.
+//! (`peerwasm-slot-*`), the directory a sandbox makes its jobs' scratch
+//! and laid-out trees in (`peerwasm-jobs-*`: `sandbox::workdir`) — and
+//! what a worker that was killed leaves of them.
 //!
 //! Why: a worker removes them as it stops, but one killed with SIGKILL (the
 //! kernel's OOM killer, Slurm's `scancel` past its grace, a laptop's lid

@@ -30,7 +30,8 @@
 //! * `kinds` — how a component and a warm start run (a core module's run
 //!   is here);
 //! * `outcome` — classifying how a job ended;
-//! * `wasi_ctx` — a job's WASI context: args, env, stdio, directories.
+//! * `wasi_ctx` — a job's WASI context: args, env, stdio, directories;
+//! * `workdir` — the claimed directory jobs' scratch is made in.
 //!
 //! A job runs as an async wasmtime call on a Tokio runtime. That is what lets
 //! a wall-time limit end a job that is asleep in a host call: the sync WASI
@@ -65,6 +66,7 @@ pub(crate) mod validate;
 mod warm;
 mod warm_disk;
 mod wasi_ctx;
+mod workdir;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -155,6 +157,9 @@ pub struct Sandbox {
     warm: warm::WarmStarts,
     /// Instances jobs of a snapshot left, for the next of them.
     residents: resident::Residents,
+    /// Where jobs' scratch directories are made (none: it could not be
+    /// made, and they go under `scratch_root` as they are).
+    work: Option<workdir::WorkDir>,
 }
 
 impl Sandbox {
@@ -195,7 +200,11 @@ impl Sandbox {
         let scratch = config
             .scratch_total_bytes
             .map(|total| Arc::new(files::ScratchPool::new(total)));
+        let work = workdir::WorkDir::make(config.scratch_root.as_deref())
+            .inspect_err(|e| tracing::warn!("cannot make a directory for the jobs' scratch: {e}"))
+            .ok();
         Ok(Sandbox {
+            work,
             scratch,
             engine,
             linker,
@@ -234,6 +243,15 @@ impl Sandbox {
     /// The configuration it was made with.
     pub fn config(&self) -> &SandboxConfig {
         &self.config
+    }
+
+    /// Where jobs' scratch directories are made, and a worker lays out
+    /// their trees: a directory of this sandbox's own under `scratch_root`,
+    /// claimed while it lives so that what a killed process's jobs left is
+    /// removed by the next one to start there (`workdir`). None: the
+    /// system's temporary directory.
+    pub fn jobs_dir(&self) -> Option<std::path::PathBuf> {
+        workdir::for_jobs(self.work.as_ref(), self.config.scratch_root.as_deref())
     }
 
     /// The worker's disk total shared by running jobs (`scratch_total_bytes`),

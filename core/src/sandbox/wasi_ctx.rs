@@ -57,7 +57,7 @@ impl super::Sandbox {
 
     pub(super) fn scratch_dir(&self) -> std::io::Result<tempfile::TempDir> {
         let b = tempfile::Builder::new().prefix("peerwasm-job-").to_owned();
-        match &self.config.scratch_root {
+        match self.jobs_dir() {
             Some(root) => b.tempdir_in(root),
             None => b.tempdir(),
         }

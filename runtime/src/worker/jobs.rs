@@ -548,10 +548,7 @@ async fn mount_trees(
         return Ok(None);
     };
     let sandbox = w.runner.sandbox();
-    let (root, disk) = (
-        sandbox.config().scratch_root.clone(),
-        sandbox.scratch_pool(),
-    );
+    let (root, disk) = (sandbox.jobs_dir(), sandbox.scratch_pool());
     let (store, manifests, trees) = (
         w.files.clone(),
         tree_pins.manifests.clone(),

@@ -498,7 +498,8 @@ async fn what_a_killed_worker_left_is_removed_by_the_next_and_a_live_ones_kept()
     let its = names();
     assert!(
         its.iter().any(|n| n.starts_with("peerwasm-files-"))
-            && its.iter().any(|n| n.starts_with("peerwasm-slot-")),
+            && its.iter().any(|n| n.starts_with("peerwasm-slot-"))
+            && its.iter().any(|n| n.starts_with("peerwasm-jobs-")),
         "{its:?}"
     );
     let live = WorkerProcess::start_with("2GiB", 1, None, &flags);
