@@ -601,3 +601,10 @@ def test_a_notebooks_class_travels_with_its_instances_bound_method():
     ).raise_error()
     shell.run_cell("m = Model([1.0, 2.0])", store_history=True).raise_error()
     assert peerwasm.map(shell.user_ns["m"].predict, [[1, 1], [2, 0]]) == [3.0, 2.0]
+
+
+def test_a_fitted_model_sent_back_is_refused_saying_what_to_return():
+    # scikit-learn is in the sandbox; a fitted model is not data.
+    with pytest.raises(peerwasm.RemoteError) as e:
+        peerwasm.run(fns.fits_a_model, 20)
+    assert "LogisticRegression" in e.value.message and "coef_" in e.value.message, e.value.message

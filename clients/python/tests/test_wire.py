@@ -268,3 +268,4 @@ def test_dict_subclasses_come_back_as_their_class_or_as_a_plain_dict():
         back = _wire.loads(bytes(out) + items)
         assert type(back) is dict and back == {"x": 1}, (module, back)
     assert "antigravity" not in sys.modules
+

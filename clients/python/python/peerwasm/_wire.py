@@ -159,10 +159,15 @@ def _place(where):
 def _not_data(value, where, why=""):
     module, qualname = class_name(type(value))
     name = qualname if module in ("builtins", None) else f"{module}.{qualname}"
-    raise TypeError(
-        f"{_place(where)} is a {name}{why}, which cannot be sent back: {WHAT_IT_MAY_BE}. "
-        "Convert it to one of those first (e.g. a dict of its fields)"
-    )
+    hint = "Convert it to one of those first (e.g. a dict of its fields)"
+    if callable(getattr(value, "fit", None)) and callable(getattr(value, "get_params", None)):
+        # A scikit-learn estimator, the object most often sent back so.
+        hint = (
+            "Return what you need of it instead: its predictions or scores, or its fitted arrays (coef_, "
+            "feature_importances_, ...) — what comes back is read as data here, never unpickled, since a "
+            "function taken over by its input would choose those bytes"
+        )
+    raise TypeError(f"{_place(where)} is a {name}{why}, which cannot be sent back: {WHAT_IT_MAY_BE}. {hint}")
 
 
 def class_name(t):
