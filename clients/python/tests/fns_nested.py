@@ -127,3 +127,13 @@ class Threshold:
 
     def __call__(self, x):
         return sum(1 for i in range(x) if i > self.limit)
+
+
+def through_a_default(shift=shift):
+    """A closure over a variable holding this module's own `shift`, by the
+    same name."""
+
+    def work(i):
+        return shift(i)
+
+    return work

@@ -33,6 +33,10 @@ def test_lambdas_at_the_top_level_and_in_a_call_run():
     assert n.maps_with_lambdas() == ([107, 114], [6])
 
 
+def test_a_variable_holding_the_modules_own_function_of_that_name_brings_it():
+    assert peerwasm.map(n.through_a_default(), [1]) == [101]
+
+
 def test_a_function_that_calls_itself_through_its_own_name_runs():
     assert peerwasm.map(n.recursive(), [5]) == [120]
 

@@ -183,11 +183,13 @@ def bound(name, value, fn, known, values):
     """`(statements, names)`: what binds `name` — a variable of the
     functions around `fn`, holding `value` — as a global of the sandbox's
     program, and the names its value names besides what the statements
-    read (its classes and functions, to travel in turn). A
-    function defined inside another travels as its text (its own such
-    variables joining `known`, those found so far); one of a module, a class or a module by
-    import, guarded as the module's imports are; data by value (`values`,
-    a `_globals.ByValue`). Raises TypeError for what cannot travel."""
+    read (its classes and functions, to travel in turn); None when it is
+    the global of that name of `fn`'s own module (which travels as such).
+    A function defined inside another travels as its text (its own such
+    variables joining `known`, those found so far); a function or class
+    of a module, and a module, by import, guarded as the module's imports
+    are; data by value (`values`, a `_globals.ByValue`). Raises TypeError
+    for what cannot travel."""
     if value is fn:
         raise TypeError(f"{_label(fn)} reads itself through {name}: define it with `def` at the top level of a module")
     if inspect.isfunction(value) and is_nested(value):
@@ -209,7 +211,9 @@ def bound(name, value, fn, known, values):
         module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", "")
         if module == fn.__module__ and "." not in qualname and fn.__globals__.get(qualname) is value:
             # One of its module's own: it travels as the module's do.
-            return ([ast.parse(f"{name} = {qualname}").body[0]] if qualname != name else []), [qualname]
+            if qualname == name:
+                return None
+            return [ast.parse(f"{name} = {qualname}").body[0]], [qualname]
         if isinstance(module, str) and qualname and "<" not in qualname and "." not in qualname:
             return [_guarded(f"from {module} import {qualname} as {name}", name)], []
         raise TypeError(

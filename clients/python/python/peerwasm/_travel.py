@@ -382,7 +382,12 @@ def definitions(fn, fn_node, extra=(), own=None, values=None, closure=None):
         if name in needed or name == (own or fn.__name__):
             continue
         if name in closure:
-            statements, names = _nested.bound(name, closure[name], fn, closure, values)
+            bound = _nested.bound(name, closure[name], fn, closure, values)
+            if bound is None:  # the module's own global of that name
+                del closure[name]
+                todo.append(name)
+                continue
+            statements, names = bound
             # Functions after every value and import: a default value or a
             # decorator of one reads them as it is defined.
             needed[name] = [
