@@ -95,3 +95,11 @@ def name_at(i):
 
 def text_of(frame):
     return [None if pd.isna(v) else v for v in frame["name"]], list(frame.index), str(frame["name"].dtype)
+
+
+# Ranks read by `rank`, a key a library's function is given.
+ORDER = {"a": 2, "b": 1, "c": 3}
+
+
+def rank(letter):
+    return ORDER[letter] * SETTING.factor

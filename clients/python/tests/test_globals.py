@@ -144,3 +144,16 @@ def test_data_kept_in_pyarrow_by_choice_is_refused_saying_how_to_convert_it():
     with pytest.raises(peerwasm.RemoteError) as e:
         peerwasm.run(g.text_of, pd.DataFrame({"name": counts}))
     assert "pyarrow is not in the sandbox" in e.value.message and "convert_dtypes" in e.value.message, e.value.message
+
+
+def test_a_library_function_given_a_function_of_ones_own_finds_it_there():
+    # `partial(scipy.optimize.minimize, my_loss)`, `partial(sorted,
+    # key=my_key)`: the library's function is imported there, and the
+    # caller's function it is given travels with what it reads.
+    import functools
+
+    assert peerwasm.map(functools.partial(sorted, key=g.rank), [["a", "b", "c"], ["c", "a"]]) == [
+        ["b", "a", "c"],
+        ["a", "c"],
+    ]
+    assert peerwasm.run(functools.partial(max, key=g.rank), ["a", "b", "c"]) == "c"

@@ -138,6 +138,11 @@ def _pw_unpickling(error, what="an argument"):
             "convert it to numpy's first, `.convert_dtypes(dtype_backend='numpy_nullable')` (text is converted "
             "for you)"
         )
+    if isinstance(error, AttributeError) and "has no attribute" in str(error):
+        return (
+            f"{{error}} ({{what}} names a function or class of the caller's that did not come with the function: "
+            "define it at the top level of the script, or of a module of yours)"
+        )
     if isinstance(error, ModuleNotFoundError) and error.name:
         return (
             f"{{error.name!r}} is not in the sandbox ({{what}} is an object of one of its classes): give "
@@ -287,12 +292,16 @@ def program(fn, values=(), sys_path=(), classes=None, workdir=None, arrays=None,
     if classes is None:
         classes = set()
         _arguments.pickled(tuple(values), classes)
-    target = fn.func if isinstance(fn, _arguments.Method) else fn
-    by_value = _globals.ByValue(target, arrays, carried is not None) if inspect.isfunction(target) else None
+    path = None if isinstance(fn, _arguments.Method) else _import_path(fn)
     if isinstance(fn, _arguments.Method):
-        source = _method_program(fn, classes, place, by_value)
-    elif (path := _import_path(fn)) is not None:
-        source = _import_program(path, classes, place)
+        home = fn.func if not _travel.installed(fn.func) else _callers_own(classes)
+    else:
+        home = _callers_own(classes) if path is not None else fn
+    by_value = _globals.ByValue(home, arrays, carried is not None) if inspect.isfunction(home) else None
+    if isinstance(fn, _arguments.Method):
+        source = _method_program(fn, home, classes, place, by_value)
+    elif path is not None:
+        source = _import_program(path, home, classes, place, by_value)
     elif (inner := _decorated_def(fn)) is not None:
         source = _program_of(inner, classes, place, by_value, decorated=True)
     else:
@@ -352,18 +361,50 @@ def _program_of(fn, classes, place, by_value, decorated):
     return _driver(fn, node, source, fn.__name__, classes, place, by_value=by_value)
 
 
-def _method_program(method, classes, place, by_value):
+def _method_program(method, home, classes, place, by_value):
     """`program` of a bound method: a function that calls it on its
     instance or class (the call's first argument) by name, so that the
-    method runs as its class — which travels with it — defines it."""
+    method runs as its class — which travels with it — defines it. `home`:
+    the function whose module's definitions travel (`program`)."""
     _refuse_unsendable(method.func)
     source = f"def _pw_method(_pw_self, *args, **kwargs):\n    return getattr(_pw_self, {method.attr!r})(*args, **kwargs)\n"
     # A class of the standard library or an installed package (a fitted
     # model's `predict`) comes by import in the sandbox, as its instance's
-    # pickle names it: nothing of its module is sent.
-    own = not _travel.installed(method.func)
+    # pickle names it: nothing of its module is sent (but what of the
+    # caller's its instance names: `home`).
     node = ast.parse(source).body[0]
-    return _driver(method.func, node, source, "_pw_method", classes, place, own, method.func.__qualname__, by_value)
+    return _driver(home, node, source, "_pw_method", classes, place, home is not None, method.func.__qualname__, by_value)
+
+
+def _callers_own(classes):
+    """A function of the caller's own code among what the arguments'
+    pickles name — `partial(minimize, my_loss)` names `my_loss` — or a
+    method of a class of theirs there: its module's definitions then
+    travel with a library's function as they do with the caller's own
+    (else the guest cannot find `__main__.my_loss`). None when the pickles
+    name nothing of the caller's. The first by name, so that the same
+    arguments make the same program."""
+    own = sorted(
+        (t for t in classes if (inspect.isfunction(t) or inspect.isclass(t)) and _of_the_callers(t)),
+        key=lambda t: (t.__module__, t.__qualname__),
+    )
+    for t in own:
+        if inspect.isfunction(t):
+            return t
+    for cls in own:
+        for member in vars(cls).values():
+            if inspect.isfunction(member) and member.__module__ == cls.__module__:
+                return member
+    return None
+
+
+def _of_the_callers(t):
+    """Whether the function or class `t` is the caller's own code, not
+    Python's or an installed package's."""
+    module = getattr(t, "__module__", None)
+    if not isinstance(module, str) or module == "builtins" or module.split(".")[0] in sys.stdlib_module_names:
+        return False
+    return not _travel.installed(t)
 
 
 def _import_path(fn):
@@ -383,12 +424,13 @@ def _import_path(fn):
     return (module, qualname) if _travel.found_by_name(module, qualname) is fn else None
 
 
-def _import_program(path, classes, place):
+def _import_program(path, home, classes, place, by_value):
     """`program` of a library function (or one of a package of the
     caller's own, which travels: `_travel.local_packages`): imported in the
     sandbox by its names (`_import_path`) as the program loads — so a
     map's snapshot holds the import, not each item — and called; nothing
-    of its module is sent."""
+    of its module is sent, but what of the caller's its arguments name
+    (`partial(minimize, my_loss)`): `home`'s module's definitions."""
     module, qualname = path
     source = (
         "def _pw_find():\n"
@@ -406,7 +448,10 @@ def _import_program(path, classes, place):
         "def _pw_imported(*args, **kwargs):\n"
         "    return _pw_target(*args, **kwargs)\n"
     )
-    return _driver(None, None, source, "_pw_imported", classes, place, own=False, label=f"{module}.{qualname}")
+    return _driver(
+        home, ast.parse(source), source, "_pw_imported", classes, place, own=home is not None,
+        label=f"{module}.{qualname}", by_value=by_value,
+    )
 
 
 def _driver(fn, node, source, name, classes, place, own=True, label=None, by_value=None, closure=None):
