@@ -418,10 +418,27 @@ async fn scratch_directories_are_removed_after_the_job() {
     let res = r.run(guest_job(&r, "files", ""), Some(tx)).await;
     assert_eq!(res.outcome, Outcome::Exited { code: 1 });
     assert!(rx.try_recv().is_ok(), "the job ran and wrote");
+    // The job's scratch was made inside the sandbox's own directory for
+    // its jobs (claimed while it lives: what a killed worker left is
+    // swept), and went with the job.
+    let dirs: Vec<_> = std::fs::read_dir(root.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    let name = dirs[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.starts_with("peerwasm-jobs-"), "{name}");
+    let left: Vec<_> = std::fs::read_dir(&dirs[0])
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n != peerwasm_core::leftovers::CLAIM_FILE)
+        .collect();
+    assert!(left.is_empty(), "scratch dir left behind: {left:?}");
+    drop(r);
     assert_eq!(
         std::fs::read_dir(root.path()).unwrap().count(),
         0,
-        "scratch dir left behind"
+        "the jobs' directory goes with the sandbox"
     );
 }
 
