@@ -79,6 +79,14 @@ pub struct SandboxConfig {
     /// Where per-job scratch directories are made. Default: the system's
     /// temporary directory.
     pub scratch_root: Option<PathBuf>,
+    /// Whether jobs' scratch directories (and a worker's laid-out trees)
+    /// are made inside one directory of this sandbox's own, claimed while
+    /// it lives, so that what a killed process's jobs left is removed by
+    /// the next to start there (`peerwasm worker` sets it; a one-shot
+    /// `peerwasm run`, whose process may end without unwinding, does not).
+    /// Default: false.
+    #[serde(default)]
+    pub claim_jobs_dir: bool,
     /// The longest any job may run, whatever it asks (a worker's
     /// `--max-job-time`); a job that asks for no limit gets this one.
     /// Default: none (as `wasmtime run`; `peerwasm worker` sets 24 h).
@@ -157,6 +165,7 @@ impl Default for SandboxConfig {
             max_compile_time: None,
             compile_program: None,
             scratch_root: None,
+            claim_jobs_dir: false,
             max_job_time: None,
             max_open_files: super::files::DEFAULT_MAX_OPEN_FILES,
             max_scratch_bytes: None,

@@ -157,8 +157,9 @@ pub struct Sandbox {
     warm: warm::WarmStarts,
     /// Instances jobs of a snapshot left, for the next of them.
     residents: resident::Residents,
-    /// Where jobs' scratch directories are made (none: it could not be
-    /// made, and they go under `scratch_root` as they are).
+    /// Where jobs' scratch directories are made (none: not asked for,
+    /// `claim_jobs_dir`, or it could not be made, and they go under
+    /// `scratch_root` as they are).
     work: Option<workdir::WorkDir>,
 }
 
@@ -200,9 +201,16 @@ impl Sandbox {
         let scratch = config
             .scratch_total_bytes
             .map(|total| Arc::new(files::ScratchPool::new(total)));
-        let work = workdir::WorkDir::make(config.scratch_root.as_deref())
-            .inspect_err(|e| tracing::warn!("cannot make a directory for the jobs' scratch: {e}"))
-            .ok();
+        let work = config
+            .claim_jobs_dir
+            .then(|| {
+                workdir::WorkDir::make(config.scratch_root.as_deref())
+                    .inspect_err(|e| {
+                        tracing::warn!("cannot make a directory for the jobs' scratch: {e}")
+                    })
+                    .ok()
+            })
+            .flatten();
         Ok(Sandbox {
             work,
             scratch,
@@ -246,10 +254,11 @@ impl Sandbox {
     }
 
     /// Where jobs' scratch directories are made, and a worker lays out
-    /// their trees: a directory of this sandbox's own under `scratch_root`,
-    /// claimed while it lives so that what a killed process's jobs left is
-    /// removed by the next one to start there (`workdir`). None: the
-    /// system's temporary directory.
+    /// their trees: a directory of this sandbox's own under `scratch_root`
+    /// when `claim_jobs_dir`, claimed while it lives so that what a killed
+    /// process's jobs left is removed by the next one to start there
+    /// (`workdir`); else `scratch_root`. None: the system's temporary
+    /// directory.
     pub fn jobs_dir(&self) -> Option<std::path::PathBuf> {
         workdir::for_jobs(self.work.as_ref(), self.config.scratch_root.as_deref())
     }

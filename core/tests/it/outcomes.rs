@@ -411,6 +411,7 @@ async fn scratch_directories_are_removed_after_the_job() {
     let r = runner(SandboxConfig {
         slots: 1,
         scratch_root: Some(root.path().into()),
+        claim_jobs_dir: true,
         ..SandboxConfig::default()
     });
     // `files` opens files, so it gets a scratch dir (it fails: no /in granted).

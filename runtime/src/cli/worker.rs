@@ -330,6 +330,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
             .unwrap_or_else(|| free_space(&scratch_root) / 10 * 9),
     );
     sandbox.scratch_root = args.scratch_dir;
+    sandbox.claim_jobs_dir = true;
     sandbox.max_compile_time = Some(args.max_compile_time.0);
     sandbox.compile_program = Some(super::args::compile_program()?);
     sandbox.max_output_bytes = Some(args.max_output.0);

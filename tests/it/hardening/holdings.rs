@@ -168,12 +168,24 @@ async fn a_disk_filler_gets_enospc_at_its_bound_and_leaves_nothing_behind() {
         stdout.starts_with("wrote 31 MiB, then: No space left on device"),
         "{stdout}"
     );
-    // Only the worker's own file store (made at its start) may be there.
-    let left: Vec<_> = std::fs::read_dir(scratch.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|name| !name.starts_with("peerwasm-files-"))
-        .collect();
+    // Only the worker's own file store and its jobs' directory (made at
+    // its start) may be there, and that directory holds its claim alone.
+    let mut left = Vec::new();
+    for entry in std::fs::read_dir(scratch.path()).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("peerwasm-jobs-") {
+            left.extend(
+                std::fs::read_dir(entry.path())
+                    .unwrap()
+                    .map(|e| e.unwrap().file_name())
+                    .filter(|n| n != peerwasm::leftovers::CLAIM_FILE)
+                    .map(|n| format!("{name}/{}", n.to_string_lossy())),
+            );
+        } else if !name.starts_with("peerwasm-files-") {
+            left.push(name);
+        }
+    }
     assert!(left.is_empty(), "scratch left behind: {left:?}");
     // Another tenant's job writes its own files as usual.
     let bob = Target::pool_as(vec![w.addr.clone()], Some(BOB.into())).unwrap();

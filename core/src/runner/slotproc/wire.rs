@@ -100,6 +100,8 @@ pub fn child_sandbox(worker: &SandboxConfig, scratch_root: Option<PathBuf>) -> S
         file_io_on_job_thread: true,
         module_bytes_held: worker.max_module_bytes,
         scratch_root,
+        // Its scratch is claimed as a whole already (`slotproc`).
+        claim_jobs_dir: false,
         scratch_total_bytes: Some(u64::MAX),
         map_kept_snapshots: true,
         ..worker.clone()
