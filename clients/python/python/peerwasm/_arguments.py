@@ -98,9 +98,10 @@ class Method:
 def unbind(fn):
     """`fn` without what binds arguments to it — `functools.partial`
     layers, a bound method's instance, an object called as a function (its
-    `__call__`): the function (a bound method's as a `Method`), and the arguments bound before each call's own (their
-    keywords under the call's), which then travel with each call's
-    arguments — as a process pool pickles them with each task."""
+    `__call__`): the function (a bound method's as a `Method`), and the
+    arguments bound before each call's own (their keywords under the
+    call's), which then travel with each call's arguments — as a process
+    pool pickles them with each task."""
     bound, keywords = (), {}
     while True:
         if isinstance(fn, functools.partial):
@@ -141,6 +142,8 @@ def inputs(fn, calls, files, packages, outputs, pool=False):
             else:
                 pickles = [pickled(call, classes, arrays) for call in calls]
         except (pickle.PicklingError, AttributeError) as e:
+            if isinstance(e, AttributeError) and "local object" not in str(e):
+                raise  # the object's own pickling failed: its error
             raise TypeError(
                 f"the arguments cannot go to the sandbox ({e}): an argument, or an object the function is bound "
                 "to, holds a lambda or a function or class defined inside another — pass the values it needs, "
