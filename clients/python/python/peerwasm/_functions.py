@@ -19,10 +19,12 @@ containers, dates, numpy arrays of a plain dtype and pandas frames;
 anything else is a TypeError in the guest naming the type.
 
 Beside this module: `_program` makes the program, `_travel` finds what of
-the function's module goes with it (`_globals`: its data globals), `_arguments` what its arguments become (large arrays as files:
-`_arrays`), `_warm` what a map's items start from (a snapshot of the
-interpreter made ready once), `_wire` the results' encoding, `_mounts`
-the directories and packages given, `_maps` the results as they come.
+the function's module goes with it (`_globals`: its data globals by
+value; `_nested`: lambdas and closures), `_arguments` what its arguments
+become (large arrays as files: `_arrays`), `_warm` what a map's items
+start from (a snapshot of the interpreter made ready once), `_wire` the
+results' encoding, `_mounts` the directories and packages given, `_maps`
+the results as they come.
 """
 
 import os
