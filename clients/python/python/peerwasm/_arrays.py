@@ -78,7 +78,7 @@ class Arrays:
     @property
     def moved(self):
         """Whether any array was moved as a file."""
-        return bool(self._names)
+        return self.moved_count > 0
 
     @property
     def moved_count(self):

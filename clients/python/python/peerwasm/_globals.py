@@ -79,14 +79,14 @@ class ByValue:
                 value = sorted(value)
             except TypeError:
                 kind = None
-        found, moved = set(), self.arrays.moved_count if self.arrays is not None else 0
+        found, before = set(), self.arrays.moved_count if self.arrays is not None else 0
         try:
             data = _arguments.pickled(value, found, self.arrays)
         except Exception:  # noqa: BLE001 - whatever does not pickle is made again from its source
             return None
         if any(draws(t) or getattr(t, "__module__", None) == "typing" for t in found):
             return None
-        moved = self.arrays is not None and self.arrays.moved_count > moved
+        moved = self.arrays is not None and self.arrays.moved_count > before
         self.values[name] = (data, kind, moved)
         refers = sorted(
             getattr(t, "__name__", "")
@@ -119,9 +119,9 @@ class ByValue:
         # In the order of their names: the same globals make the same
         # program (and so start from the same snapshot) in every process.
         pickles = {name: data for name, (data, _, _) in sorted(self.values.items()) if name not in self.per_item}
-        bundle = pickle.dumps(pickles, protocol=_arguments.PROTOCOL)
-        if self.arrays is None or len(bundle) <= INLINE_BYTES:
+        if self.arrays is None or sum(map(len, pickles.values())) <= INLINE_BYTES:
             return f"_pw_values = {pickles!r}"
+        bundle = pickle.dumps(pickles, protocol=_arguments.PROTOCOL)
         name = self.arrays.add_file(hashlib.sha256(bundle).hexdigest()[:40] + ".pickle", bundle)
         return f"with open({self.arrays.guest_path(name)!r}, 'rb') as _pw_f:\n    _pw_values = _pw_pickle.load(_pw_f)"
 
