@@ -3,6 +3,7 @@
 
 import collections
 import dataclasses
+import enum
 import json
 
 import numpy as np
@@ -314,6 +315,29 @@ def measure(i):
     return Measurement(i * 1.5, localmod.Unit.METRE, Bounds(i - 1, i + 1))
 
 
+class Access(enum.Flag):
+    READ = 4
+    WRITE = 2
+    EXECUTE = 1
+
+
+def survey(rows):
+    """What a scientist's function returns as it is: errors caught per row
+    (returned, not raised), a named tuple made inside, a Flag's combined
+    members, a bounded deque, masked and structured arrays."""
+    Summary = collections.namedtuple("Summary", "good bad")
+    errors = []
+    for row in range(rows):
+        try:
+            int("x" if row % 2 else str(row))
+        except ValueError as e:
+            errors.append(e)
+    readings = np.ma.masked_invalid(np.array([1.0, np.nan, 3.0]))
+    table = np.array([(1, 2.5)], dtype=[("id", "i4"), ("v", "f8")])
+    recent = collections.deque(range(rows), maxlen=2)
+    return Summary(rows - len(errors), errors), Access.READ | Access.WRITE, recent, readings, table
+
+
 def make_point(x):
     """A plain class's instance: not data, refused."""
     return Point(x, x)
@@ -380,6 +404,13 @@ def row_total(row):
     """A row of `DataFrame.itertuples()`: a named tuple of a class pandas
     makes on the fly."""
     return float(row.a + row.b), type(row).__name__
+
+
+def time_index(series):
+    """What of a series' time index arrives: its frequency, its first and
+    last stamps, and the values."""
+    index = series.index
+    return index.freqstr, str(index[0]), str(index[-1]), series.tolist()
 
 
 def word_counts(text):

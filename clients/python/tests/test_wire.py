@@ -100,8 +100,12 @@ def test_what_is_not_data_is_refused_naming_its_type_and_place():
 
     with pytest.raises(TypeError, match=r"result\['a'\]\[0\] is a .*Reduces"):
         _wire.dumps({"a": [Reduces()]})
-    with pytest.raises(TypeError, match="dtype object"):
-        _wire.dumps(np.array([object()]))
+    # An object array goes element by element: one that is not data is
+    # named by its place.
+    with pytest.raises(TypeError, match=r"result\[1\] is a object"):
+        _wire.dumps(np.array([1, object()]))
+    with pytest.raises(TypeError, match="a field of a dtype that is not plain"):
+        _wire.dumps(np.zeros(2, dtype=[("a", "f8", (3,))]))
 
 
 @pytest.mark.parametrize(
@@ -153,6 +157,24 @@ class Color(enum.Enum):
 Pair = collections.namedtuple("Pair", "left right")
 
 
+class Perm(enum.Flag):
+    R = 4
+    W = 2
+    X = 1
+
+
+class Missing(enum.Flag):
+    """A Flag whose own `_missing_` would run: bytes naming a combination
+    of its members are refused."""
+
+    A = 1
+    B = 2
+
+    @classmethod
+    def _missing_(cls, value):
+        raise AssertionError("never called")
+
+
 class Guarded:
     """Not a dataclass, named tuple or Enum: bytes naming it are refused."""
 
@@ -195,7 +217,13 @@ def _record(kind, module, qualname, fields):
         # Fields the class does not declare, members it does not have.
         (b"C", __name__, "Point", {"x": 1, "__class__": 2}, "not a dataclass with those fields"),
         (b"E", __name__, "Color", "GREEN", "no member 'GREEN'"),
-        (b"Q", __name__, "Pair", [1], "not a named tuple of 1 fields"),
+        (b"Q", __name__, "Pair", (["left"], [1]), "not a named tuple of 1 fields"),
+        (b"Q", __name__, "Pair", (["right", "left"], [1, 2]), "not a named tuple of 2 fields"),
+        # An int names a combination of a Flag's members only.
+        (b"E", __name__, "Color", 6, "no member 6"),
+        (b"E", __name__, "Perm", 8, "no member 8"),
+        (b"E", __name__, "Perm", -1, "no member -1"),
+        (b"E", __name__, "Missing", 3, "no member 3"),
     ],
 )
 def test_records_naming_what_is_not_the_callers_own_kind_are_refused(kind, module, qualname, fields, why):
@@ -269,3 +297,109 @@ def test_dict_subclasses_come_back_as_their_class_or_as_a_plain_dict():
         assert type(back) is dict and back == {"x": 1}, (module, back)
     assert "antigravity" not in sys.modules
 
+
+
+def test_datetimes_in_named_zones_come_back_in_their_zone():
+    zoneinfo = pytest.importorskip("zoneinfo")
+    try:
+        berlin = zoneinfo.ZoneInfo("Europe/Berlin")
+    except zoneinfo.ZoneInfoNotFoundError:
+        pytest.skip("no time zone data here")
+    # The hour a clock goes back: the second 02:30 (fold=1) stays itself.
+    for moment in (datetime.datetime(2024, 10, 27, 2, 30, fold=1, tzinfo=berlin),
+                   datetime.datetime(2024, 7, 1, 12, tzinfo=berlin)):
+        back = _wire.loads(_wire.dumps(moment))
+        assert back.tzinfo is berlin and back == moment and back.utcoffset() == moment.utcoffset()
+    for key, why in (("../../etc/passwd", "TZPATH|normalized|relative"), ("No/Such_Zone", "No time zone")):
+        junk = b"PWV1E" + _wire.dumps("2024-01-01T00:00:00+00:00")[5:] + _wire.dumps(key)[5:]
+        with pytest.raises(_wire.WireError, match=why):
+            _wire.loads(junk)
+
+
+def test_flags_deques_ranges_and_na_round_trip():
+    pd = pytest.importorskip("pandas")
+    value = [Perm.R | Perm.W, Perm(0), Perm.X, collections.deque([1, "a"], maxlen=5), range(2, 11, 3), pd.NA]
+    back = _wire.loads(_wire.dumps(value))
+    assert back[:5] == value[:5] and back[5] is pd.NA
+    assert [type(b) for b in back[:5]] == [type(v) for v in value[:5]] and back[3].maxlen == 5
+
+
+def test_named_tuples_of_classes_not_loaded_here_come_back_made_with_their_fields():
+    data = _wire.dumps([Pair(1, 2), Pair(3, 4)]).replace(b"test_wire", b"elsewhere")
+    first, second = _wire.loads(data)
+    assert first == (1, 2) and first.right == 2 and type(first).__name__ == "Pair" and type(first) is not Pair
+    assert type(second) is type(first) and type(_wire.loads(data)[0]) is type(first)
+    # Names that are not identifiers are never made into code.
+    with pytest.raises(_wire.WireError, match="identifiers"):
+        _wire.loads(_record(b"Q", "nowhere", "T", (["x=__import__('os')"], [1])))
+
+
+def test_structured_object_and_masked_arrays_round_trip():
+    aligned = np.dtype([("a", "i1"), ("b", "<f8")], align=True)
+    arrays = [
+        np.array([(1, 2.5), (3, -1.0)], dtype=[("a", "<i4"), ("b", ">f8")]),
+        np.zeros(3, dtype=aligned),
+        np.array([1, "a", None, [2, 3]], dtype=object),
+        np.array([[1, 2.5], [None, "x"]], dtype=object),
+        np.ma.array([1.0, 2.0, 3.0], mask=[False, True, False], fill_value=-9.0),
+    ]
+    for a in arrays:
+        back = _wire.loads(_wire.dumps(a))
+        assert type(back) is type(a) and back.dtype == a.dtype and back.shape == a.shape
+        assert back.tolist() == a.tolist()
+    masked = _wire.loads(_wire.dumps(arrays[-1]))
+    assert masked.mask.tolist() == [False, True, False] and masked.fill_value == -9.0
+    record = _wire.loads(_wire.dumps(arrays[0][1]))
+    assert type(record) is np.void and record["a"] == 3 and record["b"] == -1.0
+
+
+def test_frames_keep_their_attrs():
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"x": [1.0]})
+    frame.attrs = {"units": "mV", "rate": 1000}
+    back = _wire.loads(_wire.dumps({"f": frame, "s": frame["x"]}))
+    assert back["f"].attrs == {"units": "mV", "rate": 1000} and back["s"].attrs == frame["x"].attrs
+
+
+def test_returned_exceptions_come_back_as_remote_errors_of_their_class():
+    from peerwasm import RemoteError
+
+    try:
+        {}["missing"]
+    except KeyError as e:
+        caught = e
+    back = _wire.loads(_wire.dumps({"ok": 1, "errors": [caught, ValueError("bad row")]}))
+    raised, returned = back["errors"]
+    assert isinstance(raised, KeyError) and isinstance(raised, RemoteError) and raised.index is None
+    assert "'missing'" in raised.message and "Traceback" in raised.traceback
+    assert isinstance(returned, ValueError) and returned.message == "bad row"
+    assert "returned by the function" in returned.traceback
+
+
+@pytest.mark.parametrize(
+    "junk, why",
+    [
+        # A structured array's fields must be plain: an object field would
+        # make raw bytes into pointers.
+        (b"PWV1Ua" + _wire.dumps([["a", "|O", 0]])[4:] + b"F\x08\x01\x01\x08" + b"\x00" * 8, "plain dtype"),
+        (b"PWV1Ua" + _wire.dumps([["a", "<f8", 0]])[4:] + b"F\x08\x01\x02\x08" + b"\x00" * 8, "needs 16 bytes"),
+        (b"PWV1Y\x01\x03" + _wire.dumps([1, 2])[4:], "shape \\(3,\\) holds 2 items"),
+        (b"PWV1H" + _wire.dumps(np.zeros(2))[4:] + _wire.dumps(np.zeros(3, bool))[4:] + b"N", "mask of its shape"),
+        (b"PWV1K" + _wire.dumps("x")[4:] + _wire.dumps([])[4:], "not \\(maxlen, items\\)"),
+        (b"PWV1G" + _wire.dumps(1)[4:] + _wire.dumps(2)[4:] + _wire.dumps(0)[4:], "must not be zero"),
+    ],
+)
+def test_hostile_bytes_of_the_newer_kinds_are_refused(junk, why):
+    with pytest.raises(_wire.WireError, match=why):
+        _wire.loads(junk)
+
+
+def test_named_tuple_classes_made_here_are_bounded():
+    made = dict(_wire._MADE)
+    try:
+        for i in range(_wire._MADE_MOST + 10):
+            back = _wire.loads(_record(b"Q", "nowhere", f"T{i}", (["x"], [i])))
+        assert len(_wire._MADE) == _wire._MADE_MOST and type(back) is tuple and back == (_wire._MADE_MOST + 9,)
+    finally:
+        _wire._MADE.clear()
+        _wire._MADE.update(made)

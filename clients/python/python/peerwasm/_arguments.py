@@ -10,6 +10,7 @@ than the function itself; results come back as data (`_wire`).
 """
 
 import collections
+import copyreg
 import functools
 import inspect
 import io
@@ -41,19 +42,36 @@ class ClassFinder(pickle.Pickler):
         if isinstance(obj, type) and _made_on_the_fly(obj):
             # Made again in the sandbox, once per pickle (pickle memoizes it).
             return collections.namedtuple, (obj.__name__, obj._fields)
-        return _without_arrow(obj)
+        return _as_the_sandbox_reads(obj)
 
 
-def _without_arrow(obj):
+def _as_the_sandbox_reads(obj):
+    """pandas objects pickled so that the sandbox's pandas reads them, when
+    this process's pickles them in a way it would not (NotImplemented for
+    anything else):
+
+    - time indexes (`DatetimeIndex`, `TimedeltaIndex`) by their public
+      constructor, from their values, frequency and name: pandas pickles
+      them through private functions that change between releases (a
+      pandas newer than the sandbox's — 3.1 against 3.0 — stores the
+      frequency elsewhere, and the sandbox failed to unpickle every series
+      with a regular time index: `pd.date_range(...)`, `resample`);
+    - strings held by pyarrow (`_without_arrow`)."""
+    pd = sys.modules.get("pandas")
+    if pd is None:
+        return NotImplemented
+    if type(obj) in (pd.DatetimeIndex, pd.TimedeltaIndex):
+        return copyreg.__newobj_ex__, (type(obj), (obj.array,), {"freq": obj.freq, "name": obj.name})
+    return _without_arrow(obj, pd)
+
+
+def _without_arrow(obj, pd):
     """pandas' strings held by pyarrow — its default `str` dtype wherever
     pyarrow is installed, as it is in most scientists' environments — as
     the same strings held by Python objects, the storage the sandbox has
     (it has no pyarrow, a compiled library): else every DataFrame with a
     column or an index of text failed to unpickle there. NotImplemented
     for anything else."""
-    pd = sys.modules.get("pandas")
-    if pd is None:
-        return NotImplemented
     if type(obj) is pd.StringDtype and obj.storage == "pyarrow":
         return pd.StringDtype, ("python", obj.na_value)
     arrow_strings = getattr(getattr(pd, "arrays", None), "ArrowStringArray", None)

@@ -54,19 +54,30 @@ def runtime_dir():
 def _reply(result):
     """The function's return value from a job's Result; its exception as a
     RemoteError. The reply is decoded as data (`_wire`), never unpickled."""
+    return _outcome(result)[1]
+
+
+def _outcome(result):
+    """`(returned, value)` of a job's reply: whether the function returned
+    (its value) or raised (its exception as a RemoteError) — a value may
+    be an exception the function returned."""
     try:
         reply = _wire.loads(result.stdout)
         ok, value = reply if type(reply) is tuple and len(reply) == 2 and type(reply[0]) is bool else (None, None)
         if ok is None or (not ok and not (type(value) is tuple and len(value) == 4 and all(type(v) is str for v in value))):
             raise _wire.WireError("the reply is not (ok, value)")
     except _wire.WireError as e:
+        index = getattr(result, "index", None)
+        where = "" if index is None else f"item {index} of the map: "
+        if result.ok:  # the function returned: its value is what cannot be read
+            raise RuntimeError(f"{where}the function's result cannot be read here: {e}") from None
         raise RuntimeError(
-            f"the job ended without a readable reply ({result.message}; {e}): {result.stderr.strip()[-2000:]}"
+            f"{where}the job ended without a readable reply ({result.message}; {e}): {result.stderr.strip()[-2000:]}"
         ) from None
     if ok:
-        return value
+        return True, value
     type_name, message, traceback, kind = value
-    return remote_error(type_name, message, traceback, result, kind)
+    return False, remote_error(type_name, message, traceback, result, kind)
 
 
 def _value(result):
@@ -122,8 +133,8 @@ def run(fn, args, kwargs, mem=None, timeout=None, peers=None, token=None, files=
     finally:
         mounts.close()
     _maps.forward(result)
-    value = _reply(result)
-    if isinstance(value, RemoteError):
+    returned, value = _outcome(result)
+    if not returned:
         raise value
     return value
 

@@ -15,27 +15,37 @@ What a result may be (anything else is a clear `TypeError` in the guest,
 naming the type and where it sits in the result):
 
 * None, bool, int, float, complex, str, bytes, bytearray;
-* list, tuple, dict, set, frozenset of those (dict keys and set members
-  hashable), nested up to `MAX_DEPTH` deep;
-* datetime.date, datetime.datetime (naive or with a fixed UTC offset),
-  datetime.time, datetime.timedelta, decimal.Decimal;
+* list, tuple, dict, set, frozenset, deque of those (dict keys and set
+  members hashable), nested up to `MAX_DEPTH` deep; range;
+* datetime.date, datetime.datetime (naive, with a fixed UTC offset, or in
+  a `zoneinfo` zone: by its name), datetime.time, datetime.timedelta,
+  decimal.Decimal;
 * numpy arrays and scalars of a plain dtype (booleans, integers, floats,
-  complex, datetime64/timedelta64, fixed-width bytes and unicode; not
-  object or structured arrays): dtype, shape and raw bytes;
+  complex, datetime64/timedelta64, fixed-width bytes and unicode): dtype,
+  shape and raw bytes; structured arrays whose fields are of plain dtypes
+  (their names, dtypes and offsets, then the raw records: no field may be
+  an object, so the bytes hold no pointers); object arrays, element by
+  element as values; masked arrays (data, mask, fill value);
 * pandas DataFrame, Series and Index (also RangeIndex, MultiIndex,
   categorical, timezone-aware, interval and period columns, and the
-  nullable extension dtypes), column by column as the above; pandas'
-  Timestamp, Timedelta, NaT, Period and Interval;
+  nullable extension dtypes), column by column as the above, with their
+  `attrs`; pandas' Timestamp, Timedelta, NaT, NA, Period and Interval;
 * fractions.Fraction, uuid.UUID, pathlib paths;
+* an exception returned (not raised): a `RemoteError` as a raised one
+  becomes (`_remote`: an instance of its own class too when that is safe);
 * dict subclasses: made of Python classes (`OptimizeResult`, `Bunch`,
   `Counter`), rebuilt as the caller's loaded class by `dict.__new__` and
   `dict.update`, else (not loaded; `OrderedDict`, `defaultdict`) a plain
   dict of their items;
-* instances of dataclasses, named tuples and Enums: their class's module
-  and name, and their fields as the above. The caller rebuilds one only as
-  a class it has loaded itself (nothing is imported, no constructor,
-  `__post_init__` or property runs: `_record`), so the bytes choose among
-  the caller's own classes of those three kinds, never code.
+* instances of dataclasses, named tuples and Enums (a Flag's combined
+  members too): their class's module and name, and their fields as the
+  above. The caller rebuilds one only as a class it has loaded itself
+  (nothing is imported, no constructor, `__post_init__` or property runs:
+  `_record`; a Flag's combination is made by enum's own code only), so
+  the bytes choose among the caller's own classes of those three kinds,
+  never code. A named tuple whose class the caller has not loaded (made
+  by `namedtuple()` in the function) comes back as one made here with
+  its name and fields.
 
 The decoder checks every length against the bytes it has, every dtype
 against a plain-dtype pattern, every shape against the bytes it covers, and
@@ -47,6 +57,7 @@ and counts are unsigned LEB128 varints.
 """
 
 import array as _pyarray
+from collections import deque as _deque
 import dataclasses as _dataclasses
 import datetime as _datetime
 import decimal as _decimal
@@ -69,8 +80,8 @@ MAX_DEPTH = 200
 _PACKED_FROM = 16
 
 #: A plain numpy dtype: byte order, kind, item size, and a datetime unit.
-#: No object ('O'), void or structured dtypes: those would need more than
-#: bytes to rebuild.
+#: No object ('O'), void or structured dtypes: raw bytes of those are not
+#: values (structured arrays of plain fields: `_structured`).
 _PLAIN_DTYPE = _re.compile(r"^[<>|=]?[biufcmMSU][0-9]{1,4}(\[[0-9]*[a-zA-Z]{1,2}\])?$")
 
 #: The sides an interval may be closed on.
@@ -84,8 +95,8 @@ _PANDAS_DTYPES = frozenset(
 
 WHAT_IT_MAY_BE = (
     "a result may be numbers, strings, bytes, lists, tuples, dicts, sets, dates and times, Decimals, Fractions, "
-    "UUIDs, paths, numpy arrays of a plain dtype, pandas frames, series and indexes, and dataclasses, named "
-    "tuples and Enums"
+    "UUIDs, paths, numpy arrays (of plain, structured or object dtypes, masked or not), pandas frames, series "
+    "and indexes, exceptions, and dataclasses, named tuples and Enums"
 )
 
 #: The module the caller knows the guest program's own definitions by
@@ -217,8 +228,13 @@ def _encode(v, out, where, depth):
     elif t is _datetime.datetime:
         if v.tzinfo is not None and v.utcoffset() is None:
             _not_data(v, where, " with a time zone that has no fixed offset")
-        out += b"D"
+        key = getattr(v.tzinfo, "key", None) if type(v.tzinfo).__module__ == "zoneinfo" else None
+        # In a named zone (`ZoneInfo("Europe/Berlin")`): the instant, and
+        # the zone's name, so that it comes back in that zone.
+        out += b"D" if key is None else b"E"
         _blob(v.isoformat().encode(), out)
+        if key is not None:
+            _blob(key.encode(), out)
     elif t is _datetime.date:
         out += b"y"
         _blob(v.isoformat().encode(), out)
@@ -239,6 +255,14 @@ def _encode(v, out, where, depth):
     elif t is _uuid.UUID:
         out += b"u"
         _blob(v.bytes, out)
+    elif t is _deque:
+        out += b"K"
+        _encode(v.maxlen, out, where, depth + 1)
+        _encode(list(v), out, where, depth + 1)
+    elif t is range:
+        out += b"G"
+        for part in (v.start, v.stop, v.step):
+            _encode(part, out, where, depth + 1)
     elif t in _PATHS:
         out += b"p" if isinstance(v, _pathlib.Path) else b"o"
         _blob(str(v).encode("utf-8", "surrogateescape"), out)
@@ -278,23 +302,48 @@ def _encode_record(v, out, where, depth):
     instance (its fields by name), after its class's module and name."""
     t = type(v)
     if isinstance(v, _enum.Enum):
-        kind, fields = b"E", v.name
+        # A member by its name; a Flag's combination of members (`R|W`)
+        # or its empty value by the int it stands for.
+        combined = isinstance(v, _enum.Flag) and t._member_map_.get(v.name) is not v
+        kind, fields = b"E", int(v._value_) if combined else v.name
     elif isinstance(v, tuple) and isinstance(getattr(t, "_fields", None), tuple):
-        kind, fields = b"Q", list(v)
+        # Its fields' names too: the caller may not have the class (one
+        # made by `namedtuple(...)` inside the function).
+        kind, fields = b"Q", (list(t._fields), list(v))
     elif _dataclasses.is_dataclass(t):
         kind, fields = b"C", {f.name: getattr(v, f.name) for f in _dataclasses.fields(v) if hasattr(v, f.name)}
+    elif isinstance(v, BaseException):
+        # Returned, not raised (`except OSError as e: return e`): as the
+        # caller meets a raised one, its type's name, message and traceback.
+        kind, fields = b"X", _error_fields(v)
     elif isinstance(v, dict):
         if not _python_mapping(t):  # OrderedDict, defaultdict: a plain dict
             return _encode(dict(v), out, where, depth)
         kind, fields = b"M", (dict(v), dict(getattr(v, "__dict__", {})))
     else:
         _not_data(v, where)
-    if "<locals>" in t.__qualname__:
+    if "<locals>" in t.__qualname__ and kind != b"X":
         _not_data(v, where, " (a class defined inside a function)")
     out += b"R" + kind
     for name in class_name(t):
         _blob(name.encode(), out)
     _encode(fields, out, where, depth + 1)
+
+
+def _error_fields(error):
+    """An exception's type name, message and traceback (where it was
+    raised, when it was)."""
+    try:
+        message = str(error)
+    except Exception:
+        message = f"<{type(error).__name__}: its message could not be made>"
+    if error.__traceback__ is None:
+        traceback = "(returned by the function, not raised)\n"
+    else:
+        import traceback as _traceback
+
+        traceback = "".join(_traceback.format_exception(type(error), error, error.__traceback__))
+    return (type(error).__name__, message, traceback)
 
 
 def _python_mapping(cls):
@@ -330,20 +379,49 @@ _PATHS = tuple(
 def _encode_numpy(v, out, where, depth):
     import numpy as np
 
-    if isinstance(v, np.ndarray) and type(v) is np.ndarray:
-        out += b"a"
+    if type(v) is np.ma.MaskedArray:
+        # Its data, its mask (every element's), its fill value.
+        out += b"H"
+        _encode_numpy(np.asarray(v.data), out, where, depth)
+        _encode_numpy(np.ma.getmaskarray(v), out, where, depth)
+        _encode(v.fill_value, out, f"{_place(where)}.fill_value", depth + 1)
+        return
+    if type(v) is np.ndarray:
+        scalar = False
     elif isinstance(v, np.generic):
-        out += b"g"
-        v = np.asarray(v)
+        scalar, v = True, np.asarray(v)
     else:
         _not_data(v, where)
-    if not _PLAIN_DTYPE.match(v.dtype.str):
-        _not_data(v, where, f" of dtype {v.dtype}")
-    _blob(v.dtype.str.encode(), out)
+    dtype = v.dtype
+    if dtype == object and not scalar:
+        # Each element as a value of its own.
+        out += b"Y"
+        _shape(v, out)
+        _encode(list(v.ravel(order="C")), out, where, depth + 1)
+        return
+    if dtype.names is not None:
+        # Structured: each field's name, plain dtype and offset, then the
+        # raw records.
+        fields = [(name, *dtype.fields[name][:2]) for name in dtype.names]
+        if not all(_PLAIN_DTYPE.match(f.str) for _, f, _ in fields):
+            _not_data(v, where, f" of dtype {dtype} (a field of a dtype that is not plain)")
+        out += b"U" + (b"g" if scalar else b"a")
+        _encode([[name, f.str, offset] for name, f, offset in fields], out, where, depth + 1)
+        _encode(bool(dtype.isalignedstruct), out, where, depth + 1)
+        _varint(dtype.itemsize, out)
+    elif _PLAIN_DTYPE.match(dtype.str):
+        out += b"g" if scalar else b"a"
+        _blob(dtype.str.encode(), out)
+    else:
+        _not_data(v, where, f" of dtype {dtype}")
+    _shape(v, out)
+    _blob(np.ascontiguousarray(v).tobytes(), out)
+
+
+def _shape(v, out):
     _varint(v.ndim, out)
     for n in v.shape:
         _varint(n, out)
-    _blob(np.ascontiguousarray(v).tobytes(), out)
 
 
 def _encode_pandas(v, out, where, depth):
@@ -356,11 +434,13 @@ def _encode_pandas(v, out, where, depth):
         _varint(v.shape[1], out)
         for i in range(v.shape[1]):
             _encode_values(v.iloc[:, i], out, f"{_place(where)} column {v.columns[i]!r}", depth)
+        _encode(dict(v.attrs), out, f"{_place(where)}.attrs", depth + 1)
     elif isinstance(v, pd.Series):
         out += b"S"
         _encode(v.name, out, f"{_place(where)}.name", depth + 1)
         _encode_index(v.index, out, f"{_place(where)}.index", depth)
         _encode_values(v, out, where, depth)
+        _encode(dict(v.attrs), out, f"{_place(where)}.attrs", depth + 1)
     elif isinstance(v, pd.Index):
         out += b"I"
         _encode_index(v, out, where, depth)
@@ -376,6 +456,8 @@ def _encode_pandas_scalar(v, out, where, depth):
 
     if v is pd.NaT:
         out += b"Z"
+    elif v is pd.NA:
+        out += b"A"
     elif isinstance(v, pd.Timestamp):
         out += b"W"
         for part in (int(v.value), v.unit, None if v.tz is None else str(v.tz)):
@@ -567,6 +649,13 @@ def _decode(r, depth):
         return (set if tag == b"e" else frozenset)(_items(r, depth))
     if tag == b"D":
         return _datetime.datetime.fromisoformat(r.text("a datetime"))
+    if tag == b"E":
+        instant, key = _datetime.datetime.fromisoformat(r.text("a datetime")), r.text("a time zone")
+        if instant.utcoffset() is None:
+            raise WireError("a datetime in a named zone has no offset")
+        import zoneinfo  # its keys are names of files under its zone directories, checked as such
+
+        return instant.astimezone(zoneinfo.ZoneInfo(key))
     if tag == b"y":
         return _datetime.date.fromisoformat(r.text("a date"))
     if tag == b"h":
@@ -584,22 +673,36 @@ def _decode(r, depth):
     if tag in (b"p", b"o"):
         text = r.blob("a path").decode("utf-8", "surrogateescape")
         return (_pathlib.Path if tag == b"p" else _pathlib.PurePosixPath)(text)
+    if tag == b"K":
+        maxlen, items = _decode(r, depth + 1), _decode(r, depth + 1)
+        if not (maxlen is None or type(maxlen) is int) or type(items) is not list:
+            raise WireError("a deque is not (maxlen, items)")
+        return _deque(items, maxlen)
+    if tag == b"G":
+        return range(_int(r, depth), _int(r, depth), _int(r, depth))
     if tag == b"R":
         return _record(r, depth)
     if tag == b"a":
         return _array(r)
     if tag == b"g":
         return _array(r)[()]
+    if tag == b"U":
+        return _structured(r, depth)
+    if tag == b"Y":
+        return _objects(r, depth)
+    if tag == b"H":
+        return _masked(r, depth)
     if tag == b"P":
         return _frame(r, depth)
     if tag == b"S":
         pd = _pandas()
         name = _decode(r, depth + 1)
         index = _index(r, depth)
-        return pd.Series(_values(r, depth), index=index, name=name, copy=False)
+        series = pd.Series(_values(r, depth), index=index, name=name, copy=False)
+        return _with_attrs(series, r, depth)
     if tag == b"I":
         return _index(r, depth)
-    if tag in (b"Z", b"W", b"J", b"O", b"V"):
+    if tag in (b"Z", b"A", b"W", b"J", b"O", b"V"):
         return _pandas_scalar(tag, r, depth)
     raise WireError(f"unknown tag {tag!r}")
 
@@ -637,6 +740,8 @@ def _pandas_scalar(tag, r, depth):
     pd = _pandas()
     if tag == b"Z":
         return pd.NaT
+    if tag == b"A":
+        return pd.NA
     if tag == b"W":
         ns, unit, tz = _int(r, depth), _str(r, depth), _decode(r, depth + 1)
         if unit not in ("s", "ms", "us", "ns") or not (tz is None or type(tz) is str):
@@ -705,6 +810,10 @@ def _record(r, depth):
     fields = _decode(r, depth + 1)
     if kind == b"M":
         return _mapping(cls, fields)
+    if kind == b"X":
+        return _error_value(module, qualname, fields)
+    if kind == b"Q" and cls is None:
+        return _made_tuple(module, qualname, fields)
     want = {b"E": _enum.Enum, b"Q": tuple, b"C": object}.get(kind)
     if want is None or not isinstance(cls, type) or not issubclass(cls, want):
         raise WireError(
@@ -712,15 +821,16 @@ def _record(r, depth):
             f"(import {module} to read it)"
         )
     if kind == b"E":
-        member = vars(cls).get("_member_map_", {}).get(fields) if type(fields) is str else None
+        member = vars(cls).get("_member_map_", {}).get(fields) if type(fields) is str else _flag(cls, fields)
         if member is None:
             raise WireError(f"{qualname} has no member {fields!r}")
         return member
     if kind == b"Q":
         names = _inspect.getattr_static(cls, "_fields", None)
-        if not isinstance(names, tuple) or type(fields) is not list or len(fields) != len(names):
-            raise WireError(f"{qualname} is not a named tuple of {len(fields)} fields here")
-        return tuple.__new__(cls, fields)
+        if not isinstance(names, tuple) or not _tuple_fields(fields) or tuple(fields[0]) != names:
+            count = len(fields[1]) if _tuple_fields(fields) else "those"
+            raise WireError(f"{qualname} is not a named tuple of {count} fields here")
+        return tuple.__new__(cls, fields[1])
     declared = _inspect.getattr_static(cls, "__dataclass_fields__", None)
     if type(declared) is not dict or type(fields) is not dict or not set(fields) <= set(declared):
         raise WireError(f"{qualname} is not a dataclass with those fields here")
@@ -732,6 +842,82 @@ def _record(r, depth):
         else:
             vars(obj)[name] = value
     return obj
+
+
+def _flag(cls, value):
+    """The combination of `cls`'s members (or its empty value) that the int
+    `value` stands for, when `cls` is a Flag made by enum's own code (no
+    metaclass, `_missing_` or `__new__` of the caller's runs) and `value`
+    holds only its members' bits; else None. Made as `cls(value)` makes it."""
+    if type(value) is not int or type(cls) is not _enum.EnumMeta or not issubclass(cls, _enum.Flag):
+        return None
+    if _inspect.getattr_static(cls, "_missing_", None) is not _OWN_MISSING:
+        return None
+    if _inspect.getattr_static(cls, "__new__", None) not in _OWN_NEW:
+        return None
+    mask = 0
+    for member in vars(cls).get("_member_map_", {}).values():
+        mask |= member._value_ if type(member._value_) is int else 0
+    if value < 0 or value & ~mask:
+        return None
+    return cls(value)
+
+
+# What enum's own Flags are made by (as a class's attribute, as its dict
+# holds it).
+_OWN_MISSING = _enum.Flag.__dict__["_missing_"]
+_OWN_NEW = (_enum.Enum.__dict__["__new__"], getattr(_enum.Enum.__dict__["__new__"], "__func__", None))
+
+
+def _tuple_fields(fields):
+    """Whether a named tuple's fields are `(names, values)`, as many names
+    as values, the names strs."""
+    return (
+        type(fields) is tuple
+        and len(fields) == 2
+        and all(type(f) is list for f in fields)
+        and len(fields[0]) == len(fields[1])
+        and all(type(n) is str for n in fields[0])
+    )
+
+
+#: Named tuple classes made for results whose class this process has not
+#: loaded, by module, name and fields; at most `_MADE_MOST` (past that a
+#: plain tuple), so that replies naming ever new ones cannot fill memory.
+_MADE = {}
+_MADE_MOST = 256
+
+
+def _made_tuple(module, qualname, fields):
+    """A named tuple whose class this process has not loaded (made by
+    `namedtuple(...)` inside the function, or a module only the sandbox
+    has): one made here with its name and fields, as `namedtuple` makes
+    them (the names must be identifiers: nothing is evaluated from them)."""
+    if not _tuple_fields(fields):
+        raise WireError(f"a named tuple {qualname} is not (names, values)")
+    names, values = fields
+    key = (module, qualname, tuple(names))
+    cls = _MADE.get(key)
+    if cls is None:
+        if len(_MADE) >= _MADE_MOST:
+            return tuple(values)
+        import collections
+
+        cls = collections.namedtuple(qualname.rpartition(".")[2], names, module=module)
+        _MADE[key] = cls
+    return tuple.__new__(cls, values)
+
+
+def _error_value(module, qualname, fields):
+    """An exception returned as (or inside) a value: a `RemoteError`, an
+    instance of its own class too when this process has it and may make it
+    (`_remote`)."""
+    if type(fields) is not tuple or len(fields) != 3 or not all(type(f) is str for f in fields):
+        raise WireError("an exception is not (type, message, traceback)")
+    from . import _remote
+
+    type_name, message, traceback = fields
+    return _remote.remote_error(type_name, message, traceback, None, f"{module}:{qualname}")
 
 
 def _mapping(cls, fields):
@@ -769,16 +955,16 @@ def _pandas():
     return pandas
 
 
-def _array(r):
-    descr = r.text("a dtype")
-    if not _PLAIN_DTYPE.match(descr):
-        raise WireError(f"dtype {descr!r} is not a plain dtype")
+def _array(r, dtype=None):
+    """An array of a plain dtype (named in the bytes), or of the structured
+    `dtype` `_structured` read."""
     np = _numpy()
-    dtype = np.dtype(descr)
-    ndim = r.varint("an array's dimensions")
-    if ndim > 64:
-        raise WireError(f"{ndim} dimensions")
-    shape = tuple(r.varint("an array's shape") for _ in range(ndim))
+    if dtype is None:
+        descr = r.text("a dtype")
+        if not _PLAIN_DTYPE.match(descr):
+            raise WireError(f"dtype {descr!r} is not a plain dtype")
+        dtype = np.dtype(descr)
+    shape = _read_shape(r)
     data = r.blob("an array's data")
     count = 1
     for n in shape:
@@ -786,6 +972,59 @@ def _array(r):
     if count * dtype.itemsize != len(data):
         raise WireError(f"shape {shape} of {dtype} needs {count * dtype.itemsize} bytes, the array has {len(data)}")
     return np.frombuffer(data, dtype=dtype).reshape(shape).copy()
+
+
+def _read_shape(r):
+    ndim = r.varint("an array's dimensions")
+    if ndim > 64:
+        raise WireError(f"{ndim} dimensions")
+    return tuple(r.varint("an array's shape") for _ in range(ndim))
+
+
+def _structured(r, depth):
+    """A structured array (or scalar): its fields' names, plain dtypes and
+    offsets make its dtype — none of them an object, so the raw records
+    hold no pointers — then its records."""
+    np = _numpy()
+    scalar = bytes([r.byte("a structured array's kind")])
+    fields, aligned, itemsize = _decode(r, depth + 1), _decode(r, depth + 1), r.varint("a record's size")
+    if scalar not in (b"a", b"g") or type(fields) is not list or not fields or type(aligned) is not bool:
+        raise WireError("a structured array's fields are not a list")
+    for field in fields:
+        if not (type(field) is list and len(field) == 3 and type(field[0]) is str and type(field[1]) is str
+                and type(field[2]) is int and _PLAIN_DTYPE.match(field[1])):
+            raise WireError(f"a structured array's field is not (name, plain dtype, offset): {field!r}"[:200])
+    names, formats, offsets = ([f[i] for f in fields] for i in range(3))
+    dtype = np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": itemsize}, align=aligned)
+    if dtype.hasobject:
+        raise WireError("a structured array of objects")
+    array = _array(r, dtype)
+    return array[()] if scalar == b"g" else array
+
+
+def _objects(r, depth):
+    """An array of objects: its shape, then its elements as values."""
+    np = _numpy()
+    shape = _read_shape(r)
+    items = _decode(r, depth + 1)
+    count = 1
+    for n in shape:
+        count *= n
+    if type(items) is not list or len(items) != count:
+        raise WireError(f"an object array of shape {shape} holds {len(items) if type(items) is list else 'no'} items")
+    out = np.empty(count, dtype=object)
+    out[:] = items
+    return out.reshape(shape)
+
+
+def _masked(r, depth):
+    """A masked array: its data, mask and fill value."""
+    np = _numpy()
+    data, mask = _decode(r, depth + 1), _decode(r, depth + 1)
+    fill = _decode(r, depth + 1)
+    if type(data) is not np.ndarray or type(mask) is not np.ndarray or mask.dtype != bool or mask.shape != data.shape:
+        raise WireError("a masked array is not (data, a mask of its shape, fill value)")
+    return np.ma.MaskedArray(data, mask=mask, fill_value=fill)
 
 
 def _values(r, depth):
@@ -875,4 +1114,14 @@ def _frame(r, depth):
             raise WireError(f"a column of {len(v)} values in a frame of {len(index)} rows")
     frame = pd.DataFrame({i: v for i, v in enumerate(data)}, index=index)
     frame.columns = columns
-    return frame
+    return _with_attrs(frame, r, depth)
+
+
+def _with_attrs(obj, r, depth):
+    """A frame or series with the `attrs` (a dict) that follow it."""
+    attrs = _decode(r, depth + 1)
+    if type(attrs) is not dict:
+        raise WireError("a frame's attrs are not a dict")
+    if attrs:
+        obj.attrs = attrs
+    return obj
