@@ -403,3 +403,20 @@ def test_named_tuple_classes_made_here_are_bounded():
     finally:
         _wire._MADE.clear()
         _wire._MADE.update(made)
+    wide = [f"f{i}" for i in range(_wire._MADE_FIELDS + 1)]
+    assert type(_wire.loads(_record(b"Q", "nowhere", "Wide", (wide, list(range(len(wide))))))) is tuple
+
+
+def test_flag_combinations_made_here_are_bounded():
+    Wide = enum.IntFlag("Wide", [f"B{i}" for i in range(20)], module=__name__)
+    globals()["Wide"] = Wide
+    made = _wire._FLAGS_MADE
+    try:
+        _wire._FLAGS_MADE = _wire._FLAGS_MOST - 2
+        for value in (3, 5, 3):  # a combination made once is reused
+            assert _wire.loads(_record(b"E", __name__, "Wide", value)) == value
+        with pytest.raises(_wire.WireError, match="no member 6"):
+            _wire.loads(_record(b"E", __name__, "Wide", 6))
+    finally:
+        _wire._FLAGS_MADE = made
+        del globals()["Wide"]

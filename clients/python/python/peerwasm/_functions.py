@@ -15,7 +15,8 @@ could. Results come back as *data*, never as pickles (`_wire`): a guest
 taken over by the input it parses, or a worker that answers in its place,
 chooses the reply's bytes, and `pickle.loads` of them would run whatever
 they name in the caller's process. A result may be numbers, strings,
-containers, dates, numpy arrays of a plain dtype and pandas frames;
+containers, dates, numpy arrays, pandas frames, returned exceptions and
+the caller's dataclasses, named tuples and Enums (the list: `_wire`);
 anything else is a TypeError in the guest naming the type.
 
 Beside this module: `_program` makes the program, `_travel` finds what of

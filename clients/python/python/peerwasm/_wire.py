@@ -860,12 +860,24 @@ def _flag(cls, value):
         mask |= member._value_ if type(member._value_) is int else 0
     if value < 0 or value & ~mask:
         return None
+    known = vars(cls).get("_value2member_map_", {}).get(value)
+    if known is not None:
+        return known
+    # enum keeps every combination it makes for good: a reply naming ever
+    # new ones would grow that without end.
+    global _FLAGS_MADE
+    if _FLAGS_MADE >= _FLAGS_MOST:
+        return None
+    _FLAGS_MADE += 1
     return cls(value)
 
 
 # What enum's own Flags are made by (as a class's attribute, as its dict
 # holds it).
 _OWN_MISSING = _enum.Flag.__dict__["_missing_"]
+#: Flag combinations made here for results (enum keeps each one), and the
+#: most this process makes.
+_FLAGS_MADE, _FLAGS_MOST = 0, 4096
 _OWN_NEW = (_enum.Enum.__dict__["__new__"], getattr(_enum.Enum.__dict__["__new__"], "__func__", None))
 
 
@@ -882,10 +894,11 @@ def _tuple_fields(fields):
 
 
 #: Named tuple classes made for results whose class this process has not
-#: loaded, by module, name and fields; at most `_MADE_MOST` (past that a
-#: plain tuple), so that replies naming ever new ones cannot fill memory.
+#: loaded, by module, name and fields; at most `_MADE_MOST` of at most
+#: `_MADE_FIELDS` fields (past that a plain tuple), so that replies naming
+#: ever new ones cannot fill memory.
 _MADE = {}
-_MADE_MOST = 256
+_MADE_MOST, _MADE_FIELDS = 256, 256
 
 
 def _made_tuple(module, qualname, fields):
@@ -899,7 +912,7 @@ def _made_tuple(module, qualname, fields):
     key = (module, qualname, tuple(names))
     cls = _MADE.get(key)
     if cls is None:
-        if len(_MADE) >= _MADE_MOST:
+        if len(_MADE) >= _MADE_MOST or len(names) > _MADE_FIELDS:
             return tuple(values)
         import collections
 
