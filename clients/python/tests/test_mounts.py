@@ -63,6 +63,11 @@ def test_without_files_the_host_is_not_there(tmp_path):
     with pytest.raises(peerwasm.RemoteError) as e:
         peerwasm.run(fns.reads, str(data / "a.txt"))
     assert e.value.type_name in ("FileNotFoundError", "PermissionError", "OSError"), e.value
+    # Said with what to do: a bare "No such file" of a file the caller sees
+    # leaves a scientist nowhere.
+    assert "files=[the directory]" in e.value.message and "outputs=" in e.value.message, e.value.message
+    with pytest.raises(peerwasm.RemoteError, match=r"out.txt.*outputs=\[the directory\]"):
+        peerwasm.run(fns.writes, str(tmp_path / "out.txt"))
 
 
 def test_files_are_read_only(tmp_path):

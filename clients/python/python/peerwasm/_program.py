@@ -193,6 +193,23 @@ _pw_sys.excepthook = _pw_sys.__excepthook__
 
 {source}
 
+def _pw_hint(error):
+    # What to do about an error the sandbox itself caused, said after it.
+    # A path outside what the function was given does not exist for it
+    # (WASI opens only under the directories granted): reading the
+    # caller's `data.csv`, or writing a figure, failed with a bare "No
+    # such file or directory" for a file the caller can see.
+    if isinstance(error, OSError) and error.filename is not None and error.errno in _pw_NOT_GIVEN:
+        return (
+            " (peerwasm: the function sees only the directories it is given, nothing else of the machine that "
+            "called it: files=[the directory] to read from one, at the same path; outputs=[the directory] to "
+            "write into one)"
+        )
+    return _pw_parallel(error)
+
+import errno as _pw_errno
+_pw_NOT_GIVEN = {{_pw_errno.ENOENT, _pw_errno.EACCES, _pw_errno.EPERM, _pw_errno.EROFS, getattr(_pw_errno, "ENOTCAPABLE", -1)}}
+
 def _pw_parallel(error):
     # Threads and processes do not exist in the sandbox (WebAssembly: one
     # thread), so a pool started inside the function fails somewhere deep
@@ -230,7 +247,7 @@ def _pw_main():
         try:
             reply = (True, {name}(*args, **kwargs))
         except BaseException as e:
-            reply, code = (False, _pw_error_reply(e, str(e) + _pw_parallel(e))), 1
+            reply, code = (False, _pw_error_reply(e, str(e) + _pw_hint(e))), 1
     try:
         data = _pw_wire.dumps_reply(*reply)
     except Exception as e:
