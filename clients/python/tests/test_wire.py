@@ -310,10 +310,28 @@ def test_datetimes_in_named_zones_come_back_in_their_zone():
                    datetime.datetime(2024, 7, 1, 12, tzinfo=berlin)):
         back = _wire.loads(_wire.dumps(moment))
         assert back.tzinfo is berlin and back == moment and back.utcoffset() == moment.utcoffset()
-    for key, why in (("../../etc/passwd", "TZPATH|normalized|relative"), ("No/Such_Zone", "No time zone")):
+    for key, why in (("../../etc/passwd", "zone named"), ("No/Such_Zone", "No time zone"), ("Europe", "Is a directory"),
+                     ("a" * 5000, "zone named"), ("Etc/./UTC", "zone named")):
         junk = b"PWV1E" + _wire.dumps("2024-01-01T00:00:00+00:00")[5:] + _wire.dumps(key)[5:]
         with pytest.raises(_wire.WireError, match=why):
             _wire.loads(junk)
+
+
+def test_pandas_time_zones_are_names_never_paths():
+    pd = pytest.importorskip("pandas")
+    fixed = pd.Series(pd.date_range("2024", periods=2, tz=datetime.timezone(datetime.timedelta(hours=-3, minutes=-30))))
+    pd.testing.assert_series_equal(_wire.loads(_wire.dumps(fixed)), fixed)
+    # pandas opens and parses the file a `dateutil/<path>` zone names: the
+    # bytes may not name one of the caller's files.
+    stamp = _wire.dumps(pd.Timestamp("2024-01-01", tz="UTC"))
+    for tz in ("dateutil//dev/stdin", "dateutil/../../etc/passwd", "/etc/localtime"):
+        junk = stamp.replace(b"\x03UTC", bytes([len(tz)]) + tz.encode())
+        assert junk != stamp
+        with pytest.raises(_wire.WireError, match="a time zone named"):
+            _wire.loads(junk)
+    frame = _wire.dumps(pd.DataFrame({"t": pd.date_range("2024", periods=2, tz="UTC")}))
+    with pytest.raises(_wire.WireError, match="a time zone named"):
+        _wire.loads(frame.replace(b"\x03UTC", b"\x13dateutil//dev/stdin"))
 
 
 def test_flags_deques_ranges_and_na_round_trip():

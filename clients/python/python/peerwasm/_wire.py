@@ -84,6 +84,13 @@ _PACKED_FROM = 16
 #: values (structured arrays of plain fields: `_structured`).
 _PLAIN_DTYPE = _re.compile(r"^[<>|=]?[biufcmMSU][0-9]{1,4}(\[[0-9]*[a-zA-Z]{1,2}\])?$")
 
+#: A time zone's name (`Europe/Berlin`, `Etc/GMT+5`), as tzdata spells
+#: them: what else the bytes name is not looked for.
+_ZONE = _re.compile(r"^[A-Za-z0-9_+-]{1,40}(/[A-Za-z0-9_+-]{1,40}){0,3}$")
+
+#: A fixed offset as pandas names one (`str(datetime.timezone(...))`).
+_OFFSET = _re.compile(r"^UTC([+-][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,6})?)?)?$")
+
 #: The sides an interval may be closed on.
 _CLOSED = frozenset(["left", "right", "both", "neither"])
 
@@ -617,8 +624,8 @@ def loads(data):
         value = _decode(r, 0)
     except WireError:
         raise
-    except (ValueError, TypeError, OverflowError, LookupError, ArithmeticError) as e:
-        raise WireError(f"{type(e).__name__}: {e}") from None
+    except Exception as e:  # whatever the bytes made a constructor raise: they are not a result
+        raise WireError(f"{type(e).__name__}: {e}"[:1000]) from None
     if r.pos != len(r.data):
         raise WireError(f"{len(r.data) - r.pos} bytes after the value")
     return value
@@ -651,8 +658,8 @@ def _decode(r, depth):
         return _datetime.datetime.fromisoformat(r.text("a datetime"))
     if tag == b"E":
         instant, key = _datetime.datetime.fromisoformat(r.text("a datetime")), r.text("a time zone")
-        if instant.utcoffset() is None:
-            raise WireError("a datetime in a named zone has no offset")
+        if instant.utcoffset() is None or not _ZONE.match(key):
+            raise WireError(f"a datetime in a zone named {key[:100]!r}, or with no offset")
         import zoneinfo  # its keys are names of files under its zone directories, checked as such
 
         return instant.astimezone(zoneinfo.ZoneInfo(key))
@@ -747,7 +754,7 @@ def _pandas_scalar(tag, r, depth):
         if unit not in ("s", "ms", "us", "ns") or not (tz is None or type(tz) is str):
             raise WireError(f"a Timestamp of unit {unit!r} and zone {tz!r}")
         stamp = pd.Timestamp(ns, unit="ns")
-        stamp = stamp if tz is None else stamp.tz_localize("UTC").tz_convert(tz)
+        stamp = stamp if tz is None else stamp.tz_localize("UTC").tz_convert(_zone(tz))
         return stamp.as_unit(unit)
     if tag == b"J":
         return pd.Timedelta(_int(r, depth), unit="ns")
@@ -772,6 +779,16 @@ def _unpacked(r):
     if _sys.byteorder != "little":
         block.byteswap()
     return block.tolist() if kind == b"l" else tuple(block)
+
+
+def _zone(name):
+    """A pandas time zone's name as the bytes give it, when it is one: a
+    tzdata name or a fixed offset (`UTC+01:00`). Anything else is refused
+    before pandas reads it: it opens and parses whatever regular file of
+    the caller's a `dateutil/<path>` name names."""
+    if not (_ZONE.match(name) or _OFFSET.match(name)):
+        raise WireError(f"a time zone named {name[:100]!r}")
+    return name
 
 
 def _int(r, depth):
@@ -1065,7 +1082,7 @@ def _values(r, depth):
             raise WireError("a datetime column's values are not integers")
         if unit not in ("s", "ms", "us", "ns"):
             raise WireError(f"datetime unit {unit!r}")
-        return pd.DatetimeIndex(ns.astype(f"datetime64[{unit}]")).tz_localize("UTC").tz_convert(tz)
+        return pd.DatetimeIndex(ns.astype(f"datetime64[{unit}]")).tz_localize("UTC").tz_convert(_zone(tz))
     if kind == b"o":
         dtype = _str(r, depth)
         items = _decode(r, depth + 1)
