@@ -101,6 +101,42 @@ def maps_with_lambdas():
     return peerwasm.map(lambda x: x * k + OFFSET, [1, 2]), peerwasm.map(lambda x: (lambda y: y * 3)(x), [2])
 
 
+TRANSFORMS = {"inc": lambda x: x + 1, "dbl": lambda x: 2 * x}
+
+
+def transforms(x):
+    """A data global holding lambdas: its statement travels, lambdas and all."""
+    return applies_each(TRANSFORMS, x)
+
+
+def applies_each(functions, x):
+    """Each function it is given, applied to `x`."""
+    return {name: f(x) for name, f in sorted(functions.items())}
+
+
+def lambdas_in_the_arguments():
+    """What a cloudpickle user passes inside the arguments: lambdas (one
+    reading this module's helper, one in a loop with its default computed),
+    a closure over data and a module, a sort key in a partial — each
+    returned beside what it gives here."""
+    import functools
+    import statistics
+
+    scale = np.array([1.5, 2.0])
+
+    def weighted(x, k=OFFSET):
+        return float(statistics.mean(scale * x)) + k
+
+    functions = {"shifted": lambda x: shift(x) * 2, "weighted": weighted,
+                 **{f"times{k}": (lambda x, k=k: x * k) for k in (2, 3)}}
+    by_second = functools.partial(sorted, key=lambda row: row[1])
+    rows = [[(1, "b"), (2, "a")], [(3, "z"), (4, "y")]]
+    return (
+        (peerwasm.map(functools.partial(applies_each, functions), [1, 2]), [applies_each(functions, x) for x in (1, 2)]),
+        (peerwasm.map(by_second, rows), [by_second(r) for r in rows]),
+    )
+
+
 def with_a_bound_method_and_defaults():
     """A closure over a bound method; lambdas whose default values were
     computed in a loop (`k=k`)."""

@@ -419,7 +419,13 @@ def _kept_snapshots():
     if base is None:
         base = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "peerwasm")
     folder = pathlib.Path(base) / "modules" / "snapshots"
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.glob("*.snap")}
+    kept = {}
+    for p in folder.glob("*.snap"):
+        try:
+            kept[p.name] = hashlib.sha256(p.read_bytes()).hexdigest()
+        except FileNotFoundError:  # another process sharing the cache let it go
+            pass
+    return kept
 
 
 def test_the_next_process_starts_warm_from_the_snapshot_kept_on_disk(tmp_path):

@@ -77,6 +77,18 @@ def test_an_object_called_as_a_function_runs_as_its_call():
     assert peerwasm.run(n.Threshold(0), 4) == 3
 
 
+def test_lambdas_and_closures_inside_the_arguments_are_made_again_in_the_sandbox():
+    for got, here in n.lambdas_in_the_arguments():
+        assert got == here
+    # A data global holding lambdas still travels as its statement.
+    assert peerwasm.map(n.transforms, [1, 2]) == [n.transforms(1), n.transforms(2)]
+
+
 def test_an_argument_holding_a_lambda_is_refused_saying_what_to_do():
+    # One of another module than the function's: its module's definitions
+    # do not travel.
     with pytest.raises(TypeError, match="holds a lambda"):
         peerwasm.run(n.Threshold(0), {"key": lambda v: v})
+    # One that reads itself (a recursive closure): refused, not a pickling loop.
+    with pytest.raises(TypeError, match="reads itself"):
+        peerwasm.run(n.applies_each, {"fact": n.recursive()}, 3)

@@ -12,12 +12,13 @@ than the function itself; results come back as data (`_wire`).
 import collections
 import copyreg
 import functools
+import importlib
 import inspect
 import io
 import pickle
 import sys
 
-from . import _arrays, _mounts, _peerwasm, _travel
+from . import _arrays, _mounts, _nested, _peerwasm, _travel
 
 
 PROTOCOL = 4
@@ -38,11 +39,63 @@ class ClassFinder(pickle.Pickler):
         return self.arrays.persistent_id(obj) if self.arrays is not None else None
 
     def reducer_override(self, obj):
+        if type(obj) in (_InProgram, _Program):
+            return obj.__reduce__()
         self.found.add(obj if isinstance(obj, type) or inspect.isroutine(obj) else type(obj))
         if isinstance(obj, type) and _made_on_the_fly(obj):
             # Made again in the sandbox, once per pickle (pickle memoizes it).
             return collections.namedtuple, (obj.__name__, obj._fields)
+        if made_again(obj):
+            return _made_again(obj)
+        if inspect.ismodule(obj) and sys.modules.get(obj.__name__) is obj:
+            # A module (a closure's `np`): imported there by its name.
+            return importlib.import_module, (obj.__name__,)
         return _as_the_sandbox_reads(obj)
+
+
+def made_again(obj):
+    """Whether `obj` is a function pickle cannot find again by its names
+    (a lambda, one made inside another), which the sandbox's program makes
+    again from its text when an argument holds it (`_made_again`)."""
+    return inspect.isfunction(obj) and _travel.found_by_name(obj.__module__, obj.__qualname__) is not obj
+
+
+def _made_again(fn):
+    """A lambda, or a function made inside another, that an argument holds
+    (`partial(sorted, key=lambda r: r[1])`, a closure in a dict): as a call
+    of the program's function that makes it again from its text
+    (`_nested.factory`, which the program defines for each such function
+    the pickles name), given its default values and the values it reads of
+    the functions around it — pickled here in turn, as cloudpickle sends a
+    closure's cells."""
+    cells = _nested.closure(fn)
+    if any(value is fn for value in cells.values()):
+        raise TypeError(
+            f"{fn.__qualname__}, which an argument holds, reads itself through a variable of the function around "
+            "it: define it with `def` at the top level of a module"
+        )
+    made = (fn.__defaults__, fn.__kwdefaults__, *(cells[name] for name in fn.__code__.co_freevars))
+    return _InProgram(_nested.factory_name(fn)), made
+
+
+class _Program:
+    """Pickles as the sandbox's program module (its `__main__`)."""
+
+    def __reduce__(self):
+        return importlib.import_module, ("__main__",)
+
+
+class _InProgram:
+    """Pickles as what the sandbox's program defines as `name`."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __reduce__(self):
+        return getattr, (_Program(), self.name)
+
+    def __call__(self, *args, **kwargs):  # (pickle asks that a reduction's first item be callable)
+        raise RuntimeError(f"{self.name} is the sandbox's, called only there")
 
 
 def _as_the_sandbox_reads(obj):

@@ -84,7 +84,9 @@ class ByValue:
             data = _arguments.pickled(value, found, self.arrays)
         except Exception:  # noqa: BLE001 - whatever does not pickle is made again from its source
             return None
-        if any(draws(t) or getattr(t, "__module__", None) == "typing" for t in found):
+        # A lambda inside (a dict of them): its statement is made again
+        # there instead, lambdas and all.
+        if any(draws(t) or getattr(t, "__module__", None) == "typing" or _arguments.made_again(t) for t in found):
             return None
         moved = self.arrays is not None and self.arrays.moved_count > before
         self.values[name] = (data, kind, moved)

@@ -14,12 +14,18 @@ become globals of the program: data by value (`_globals`, as cloudpickle
 sends a closure's cells), a function among them as its own text in the
 same way, a module as its import (`_travel.definitions`).
 
+One that an argument holds (`partial(sorted, key=lambda r: r[1])`) is
+made again by a function of the program (`factory`) that the argument's
+pickle calls with its default values and its variables' values
+(`_arguments._made_again`).
+
 Refused, saying why: a function that assigns those variables
 (`nonlocal`: the sandbox's copy could not change the caller's), one that
 reads a variable not yet bound, or a class defined inside the function.
 """
 
 import ast
+import hashlib
 import inspect
 import linecache
 import textwrap
@@ -87,6 +93,59 @@ def closure(fn):
                 "bind it before the map, or pass it as an argument"
             ) from None
     return values
+
+
+def factory_name(fn):
+    """The name of the function that makes `fn` again in the sandbox when
+    an argument holds it (`factory`): the same for the same code at the
+    same place, so that the same arguments make the same program."""
+    code = fn.__code__
+    key = f"{fn.__module__}:{fn.__qualname__}:{code.co_firstlineno}:{code.co_code.hex()}"
+    return "_pw_made_" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def factory(fn):
+    """`(node, reads)`: for a lambda or a function defined inside another
+    that an argument holds (`key=lambda r: r[1]`, a closure in a
+    `partial`), a top-level `def` named `factory_name(fn)` that makes it
+    again from its text — called in the sandbox with its default values
+    and the values of the variables it reads of the functions around it,
+    both pickled with the argument (`_arguments`) — and the global names
+    the text reads (its module's definitions that must travel). Raises
+    TypeError, saying what to do, as `definition` does."""
+    node = None
+    for text in _texts(fn):
+        found = _found_in(text, fn)
+        if found is not None:
+            node = found[0]
+            break
+    if node is None:
+        raise TypeError(
+            f"the source of {_label(fn)}, which an argument holds, cannot be read: define it in a file, a "
+            "notebook cell or a script (a lambda on a line of its own, not beside another lambda)"
+        )
+    if any(isinstance(n, ast.Nonlocal) for n in ast.walk(node)):
+        raise TypeError(
+            f"{_label(fn)}, which an argument holds, assigns variables of the function around it (`nonlocal`), "
+            "which the sandbox's copy cannot change for the caller"
+        )
+    # Its default values are the caller's (computed where it was made):
+    # set on the made function, not computed again.
+    args = (node.value if isinstance(node, ast.Assign) else node).args
+    args.defaults = [ast.Constant(None) for _ in args.defaults]
+    args.kw_defaults = [None if d is None else ast.Constant(None) for d in args.kw_defaults]
+    inner = name_of(fn)
+    free = list(fn.__code__.co_freevars)
+    made = ast.parse(
+        f"def {factory_name(fn)}(_pw_defaults, _pw_kwdefaults, {', '.join([*free, ''])}):\n"
+        f"    {inner}.__defaults__, {inner}.__kwdefaults__ = _pw_defaults, _pw_kwdefaults\n"
+        f"    return {inner}\n"
+    ).body[0]
+    made.body.insert(0, node)
+    from . import _travel  # (which imports this module)
+
+    reads = [n for n in _travel._names_in(node) if n not in free]
+    return made, reads
 
 
 def _defaults_read(fn, node):

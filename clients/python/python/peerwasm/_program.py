@@ -477,6 +477,7 @@ def _driver(fn, node, source, name, classes, place, own=True, label=None, by_val
     `own` code (else `fn` and `node` are not read), placed by `place` (its
     `sys.path` and working directory: `program`); `label`: what its
     messages call it (`name`)."""
+    made, reads = _made_in_arguments(fn, classes, own, label or name)
     module_file = getattr(sys.modules.get(fn.__module__), "__file__", None) if own else None
     package = _travel.package_of(fn) if own else None
     if package:
@@ -490,7 +491,8 @@ def _driver(fn, node, source, name, classes, place, own=True, label=None, by_val
         wire_source=_wire_source(),
         imports=_travel.imports(fn) if own else "",
         definitions=(
-            _travel.definitions(fn, node, _classes_of(fn, classes), own=name, values=by_value, closure=closure)
+            _travel.definitions(fn, node, _classes_of(fn, classes) | reads, own=name, values=by_value, closure=closure)
+            + "".join(f"\n\n{ast.unparse(n)}" for n in made)
             if own
             else ""
         ),
@@ -503,6 +505,27 @@ def _driver(fn, node, source, name, classes, place, own=True, label=None, by_val
         array_tag=_arrays.TAG,
         arrays_dir=_arrays.GUEST,
     )
+
+
+def _made_in_arguments(fn, classes, own, label):
+    """`(factories, reads)`: the program's functions that make again the
+    lambdas and functions made inside another that the arguments hold
+    (`_nested.factory`; the pickles call them: `_arguments._made_again`),
+    in a stable order, and the global names they read. They must be of
+    `fn`'s module, the caller's `own` code, whose definitions travel."""
+    held = sorted(filter(_arguments.made_again, classes), key=_nested.factory_name)
+    factories, reads = [], set()
+    for t in held:
+        if not own or t.__module__ != fn.__module__:
+            raise TypeError(
+                f"an argument holds a lambda or a function defined inside another ({t.__qualname__} of "
+                f"{t.__module__}), which travels only from the module of the function run ({label}): define it "
+                "there or at the top level of a module, or pass the values it needs"
+            )
+        node, names = _nested.factory(t)
+        factories.append(node)
+        reads.update(names)
+    return factories, reads
 
 
 def _refuse_unsendable(fn):
