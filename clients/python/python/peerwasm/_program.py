@@ -16,7 +16,7 @@ import inspect
 import os
 import sys
 
-from . import _arguments, _arrays, _globals, _nested, _sources, _travel, _wire
+from . import _arguments, _arrays, _globals, _nested, _sources, _travel, _wire, _wire_tables
 
 
 # The program each job runs: the result encoder (`_wire`, in a module of
@@ -271,8 +271,12 @@ if not globals().get("_pw_warm"):
 """
 
 def _wire_source():
-    with open(_wire.__file__, encoding="utf-8") as f:
-        return f.read()
+    """`_wire` and `_wire_tables` as the one module the guest runs."""
+    texts = []
+    for module in (_wire, _wire_tables):
+        with open(module.__file__, encoding="utf-8") as f:
+            texts.append(f.read())
+    return "\n\n".join(texts)
 
 
 def _classes_of(fn, classes):
