@@ -369,6 +369,9 @@ def test_structured_object_and_masked_arrays_round_trip():
     assert masked.mask.tolist() == [False, True, False] and masked.fill_value == -9.0
     record = _wire.loads(_wire.dumps(arrays[0][1]))
     assert type(record) is np.void and record["a"] == 3 and record["b"] == -1.0
+    # `DataFrame.to_records()`: a record array, its fields as attributes.
+    records = _wire.loads(_wire.dumps(arrays[0].view(np.recarray)))
+    assert type(records) is np.recarray and records.b.tolist() == [2.5, -1.0]
 
 
 def test_frames_keep_their_attrs():

@@ -24,9 +24,10 @@ naming the type and where it sits in the result):
   decimal.Decimal;
 * numpy arrays and scalars of a plain dtype (booleans, integers, floats,
   complex, datetime64/timedelta64, fixed-width bytes and unicode): dtype,
-  shape and raw bytes; structured arrays whose fields are of plain dtypes
-  (their names, dtypes and offsets, then the raw records: no field may be
-  an object, so the bytes hold no pointers); object arrays, element by
+  shape and raw bytes; structured arrays (and record arrays) whose fields
+  are of plain dtypes (their names, dtypes and offsets, then the raw
+  records: no field may be an object, so the bytes hold no pointers);
+  object arrays, element by
   element as values; masked arrays (data, mask, fill value);
 * pandas DataFrame, Series and Index (also RangeIndex, MultiIndex,
   categorical, timezone-aware, interval and period columns, and the

@@ -46,7 +46,7 @@ def _encode_numpy(v, out, where, depth):
         _encode_numpy(np.ma.getmaskarray(v), out, where, depth)
         _encode(v.fill_value, out, f"{_place(where)}.fill_value", depth + 1)
         return
-    if type(v) is np.ndarray:
+    if type(v) is np.ndarray or (type(v) is np.recarray and v.dtype.names is not None):
         scalar = False
     elif isinstance(v, np.generic):
         scalar, v = True, np.asarray(v)
@@ -65,7 +65,8 @@ def _encode_numpy(v, out, where, depth):
         fields = [(name, *dtype.fields[name][:2]) for name in dtype.names]
         if not all(_PLAIN_DTYPE.match(f.str) for _, f, _ in fields):
             _not_data(v, where, f" of dtype {dtype} (a field of a dtype that is not plain)")
-        out += b"U" + (b"g" if scalar else b"a")
+        # A record array (`DataFrame.to_records()`) comes back as one.
+        out += b"U" + (b"g" if scalar else b"r" if type(v) is np.recarray else b"a")
         _encode([[name, f.str, offset] for name, f, offset in fields], out, where, depth + 1)
         _encode(bool(dtype.isalignedstruct), out, where, depth + 1)
         _varint(dtype.itemsize, out)
@@ -274,7 +275,7 @@ def _structured(r, depth):
     np = _numpy()
     scalar = bytes([r.byte("a structured array's kind")])
     fields, aligned, itemsize = _decode(r, depth + 1), _decode(r, depth + 1), r.varint("a record's size")
-    if scalar not in (b"a", b"g") or type(fields) is not list or not fields or type(aligned) is not bool:
+    if scalar not in (b"a", b"g", b"r") or type(fields) is not list or not fields or type(aligned) is not bool:
         raise WireError("a structured array's fields are not a list")
     for field in fields:
         if not (type(field) is list and len(field) == 3 and type(field[0]) is str and type(field[1]) is str
@@ -285,7 +286,7 @@ def _structured(r, depth):
     if dtype.hasobject:
         raise WireError("a structured array of objects")
     array = _array(r, dtype)
-    return array[()] if scalar == b"g" else array
+    return array[()] if scalar == b"g" else array.view(np.recarray) if scalar == b"r" else array
 
 
 def _objects(r, depth):
