@@ -352,6 +352,15 @@ def test_named_tuples_of_classes_not_loaded_here_come_back_made_with_their_field
         _wire.loads(_record(b"Q", "nowhere", "T", (["x=__import__('os')"], [1])))
 
 
+def test_numpys_named_tuples_come_back_as_numpys():
+    eig, svd = np.linalg.eig(np.diag([2.0, 3.0])), np.linalg.svd(np.eye(2))
+    back = _wire.loads(_wire.dumps([eig, svd]))
+    assert type(back[0]) is type(eig) and back[0].eigenvalues.tolist() == [2.0, 3.0]
+    assert type(back[1]) is type(svd) and back[1].S.tolist() == [1.0, 1.0]
+    with pytest.raises(TypeError, match="numpy.nditer"):
+        _wire.dumps(np.nditer(np.zeros(2)))
+
+
 def test_structured_object_and_masked_arrays_round_trip():
     aligned = np.dtype([("a", "i1"), ("b", "<f8")], align=True)
     arrays = [

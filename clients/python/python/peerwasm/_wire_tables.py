@@ -13,7 +13,9 @@ numpy and pandas are imported only when a value needs them.
 import re as _re
 
 try:  # (imported by `_wire`, at its end; in the guest its names are this module's own)
-    from ._wire import WHAT_IT_MAY_BE, WireError, _blob, _decode, _encode, _int, _not_data, _place, _str, _varint, _zone
+    from ._wire import (
+        WHAT_IT_MAY_BE, WireError, _blob, _decode, _encode, _encode_record, _int, _not_data, _place, _str, _varint, _zone,
+    )
 except ImportError:
     if __package__:
         raise
@@ -50,8 +52,8 @@ def _encode_numpy(v, out, where, depth):
         scalar = False
     elif isinstance(v, np.generic):
         scalar, v = True, np.asarray(v)
-    else:
-        _not_data(v, where)
+    else:  # numpy's named tuples (`np.linalg.eig`'s `EigResult`), or not data
+        return _encode_record(v, out, where, depth)
     dtype = v.dtype
     if dtype == object and not scalar:
         # Each element as a value of its own.
@@ -135,7 +137,7 @@ def _encode_pandas_scalar(v, out, where, depth):
         for part in (v.left, v.right, v.closed):
             _encode(part, out, where, depth + 1)
     else:
-        _not_data(v, where)
+        _encode_record(v, out, where, depth)
 
 
 def _encode_index(index, out, where, depth):
