@@ -426,3 +426,14 @@ def fits_a_model(n):
 
     X = [[i, i % 3] for i in range(n)]
     return LogisticRegression().fit(X, [i % 2 for i in range(n)])
+
+
+def searches(n):
+    """A grid search's `cv_results_` (its parameters are masked object
+    arrays) and its best parameters: what a scientist returns of one."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import GridSearchCV
+
+    X = [[i, i % 3] for i in range(n)]
+    search = GridSearchCV(LogisticRegression(), {"C": [0.1, 1.0]}, cv=2).fit(X, [i % 2 for i in range(n)])
+    return search.cv_results_, search.best_params_

@@ -643,3 +643,9 @@ def test_a_fitted_model_sent_back_is_refused_saying_what_to_return():
     with pytest.raises(peerwasm.RemoteError) as e:
         peerwasm.run(fns.fits_a_model, 20)
     assert "LogisticRegression" in e.value.message and "coef_" in e.value.message, e.value.message
+
+
+def test_a_grid_searchs_results_come_back_masked_parameters_and_all():
+    results, best = peerwasm.run(fns.searches, 20)
+    assert isinstance(results["param_C"], np.ma.MaskedArray) and results["param_C"].tolist() == [0.1, 1.0]
+    assert best["C"] in (0.1, 1.0) and len(results["mean_test_score"]) == 2
