@@ -645,6 +645,15 @@ def test_a_fitted_model_sent_back_is_refused_saying_what_to_return():
     assert "LogisticRegression" in e.value.message and "coef_" in e.value.message, e.value.message
 
 
+def test_an_item_that_cannot_go_to_the_sandbox_is_named_with_what_to_do():
+    import threading
+
+    with pytest.raises(TypeError, match=r"^item 2 of the map: the arguments cannot go.*a lock, a generator"):
+        peerwasm.map(fns.square, [1, 2, threading.Lock(), 4])
+    with pytest.raises(TypeError, match=r"^the arguments cannot go.*'generator'"):
+        peerwasm.run(fns.square, (x for x in range(3)))
+
+
 def test_a_grid_searchs_results_come_back_masked_parameters_and_all():
     results, best = peerwasm.run(fns.searches, 20)
     assert isinstance(results["param_C"], np.ma.MaskedArray) and results["param_C"].tolist() == [0.1, 1.0]

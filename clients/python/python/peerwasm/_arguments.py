@@ -197,29 +197,22 @@ def _called_as_instance(fn):
     return inspect.isfunction(getattr(type(fn), "__call__", None))
 
 
-def inputs(fn, calls, files, packages, outputs, pool=False):
+def inputs(fn, calls, files, packages, outputs, pool=False, indexed=False):
     """Each call's `(args, kwargs)` pickled — its large numpy arrays moved
     as files (`_arrays`; on a `pool`, only those calls share, or too large
     to go inside: `_pool_pickles`) — the classes they name, and the mounts
     the jobs of `fn` are given (with the packages of the caller's own it
     needs): to be finished once the program is made (its data globals'
     arrays join the arguments': `Mounts.finish`), and closed after the jobs
-    are done."""
+    are done. `indexed`: the calls are a map's items, and an error names
+    the item."""
     classes, arrays = set(), _arrays.Arrays()
     try:
-        try:
-            if pool:
-                pickles = _pool_pickles(list(calls), classes, arrays)
-            else:
-                pickles = [pickled(call, classes, arrays) for call in calls]
-        except (pickle.PicklingError, AttributeError) as e:
-            if isinstance(e, AttributeError) and "local object" not in str(e):
-                raise  # the object's own pickling failed: its error
-            raise TypeError(
-                f"the arguments cannot go to the sandbox ({e}): an argument, or an object the function is bound "
-                "to, holds a lambda or a function or class defined inside another — pass the values it needs, "
-                "or define it at the top level of a module"
-            ) from e
+        calls = list(calls)
+        if pool:
+            pickles = _pool_pickles(calls, classes, arrays, indexed)
+        else:
+            pickles = [_pickled_call(i, call, classes, arrays, indexed) for i, call in enumerate(calls)]
         check_inputs(pickles)
         mounts = _mounts.Mounts(files, packages, outputs, arrays=arrays, local=_local_packages(fn))
     except BaseException:
@@ -228,7 +221,30 @@ def inputs(fn, calls, files, packages, outputs, pool=False):
     return pickles, classes, mounts
 
 
-def _pool_pickles(calls, classes, arrays):
+def _pickled_call(index, call, found, arrays, indexed):
+    """`pickled(call, ...)`, its failure said as what cannot go to the
+    sandbox and, for a map's item, which item it is."""
+    try:
+        return pickled(call, found, arrays)
+    except (pickle.PicklingError, TypeError, AttributeError) as e:
+        where = f"item {index} of the map: " if indexed else ""
+        if isinstance(e, AttributeError) and "local object" not in str(e):
+            # The object's own pickling failed: its error, placed.
+            raise AttributeError(f"{where}{e}") from e
+        if isinstance(e, TypeError) and not str(e).startswith("cannot pickle"):
+            raise TypeError(f"{where}{e}") from e  # said already (a lambda refused, ...): placed
+        what = (
+            "holds a function or class defined inside another, which pickle cannot find again"
+            if "local object" in str(e)
+            else "holds what does not pickle (an open file, a lock, a generator, a connection)"
+        )
+        raise TypeError(
+            f"{where}the arguments cannot go to the sandbox ({e}): an argument, or an object the function is bound "
+            f"to, {what} — pass the values it needs, or define it at the top level of a module"
+        ) from e
+
+
+def _pool_pickles(calls, classes, arrays, indexed):
     """Each call pickled for a pool: a large array that several calls share
     goes as a file, once per worker; one only its own call has goes inside
     that call's pickle (so only to the worker that runs it), unless the
@@ -236,9 +252,9 @@ def _pool_pickles(calls, classes, arrays):
     Calls without a large array are pickled once; the others twice (the
     first time with each array a stand-in: `_arrays.Census`)."""
     census, first = _arrays.Census(), []
-    for call in calls:
+    for i, call in enumerate(calls):
         census.begin()
-        first.append(pickled(call, classes, census))
+        first.append(_pickled_call(i, call, classes, census, indexed))
     shared = census.shared()
     out = []
     for call, data, mine in zip(calls, first, census.per_call):

@@ -171,7 +171,7 @@ def _start(fn, items, ordered, options):
     outputs = options.pop("outputs")
     calls = (((*bound, item), keywords) for item in items)
     inputs, classes, mounts = _arguments.inputs(
-        fn, calls, options.pop("files"), options.pop("packages"), outputs, pool=_on_pool(options["peers"])
+        fn, calls, options.pop("files"), options.pop("packages"), outputs, pool=_on_pool(options["peers"]), indexed=True
     )
     try:
         carried = []
