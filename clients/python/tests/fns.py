@@ -437,3 +437,19 @@ def searches(n):
     X = [[i, i % 3] for i in range(n)]
     search = GridSearchCV(LogisticRegression(), {"C": [0.1, 1.0]}, cv=2).fit(X, [i % 2 for i in range(n)])
     return search.cv_results_, search.best_params_
+
+
+def imports_inside(i):
+    """Whether `colorsys` — imported inside this function only — was
+    imported already as the item started, and one the sandbox lacks
+    still failing where the function imports it."""
+    import sys
+
+    before = "colorsys" in sys.modules
+    import colorsys
+
+    try:
+        import definitely_not_in_the_sandbox  # noqa: F401
+    except ImportError:
+        missing = True
+    return before, colorsys.rgb_to_hsv(1, 0, 0)[2] + i, missing

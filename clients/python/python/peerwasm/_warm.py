@@ -215,6 +215,17 @@ with open({path!r}, "rb") as _pw_f:
 del _pw_f
 exec(_pw_code)
 del _pw_code
+# What the functions import as they run (`_program._inner_imports`), into
+# the snapshot: each item then finds them imported, as a process pool's
+# worker does after its first task. One the sandbox cannot import is left
+# for the function to meet, as it would have.
+for _pw_name in globals().get("_pw_inner_imports", ()):
+    try:
+        __import__(_pw_name)
+    except Exception:
+        pass
+_pw_name = None
+del _pw_name
 def _pw_files_open():
     import os, stat
     n = 0
