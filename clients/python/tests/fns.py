@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 
+import lazypkg  # a package of the tests' own that loads its submodule on first use
 import localmod  # a module of the tests' own, beside this file
 import peerwasm  # the host's client: a host-only import, not in the sandbox
 
@@ -453,3 +454,17 @@ def imports_inside(i):
     except ImportError:
         missing = True
     return before, colorsys.rgb_to_hsv(1, 0, 0)[2] + i, missing
+
+
+def reaches_lazily(i):
+    """Whether `lazypkg.sub` — loaded by its package on first use — was
+    loaded already as the item started; and `lazypkg.eager`, which no
+    package loads, still missing as in any process."""
+    import sys
+
+    before = "lazypkg.sub" in sys.modules
+    try:
+        eager = lazypkg.eager.VALUE
+    except AttributeError:
+        eager = None
+    return before, lazypkg.sub.VALUE + i, eager

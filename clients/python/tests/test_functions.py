@@ -334,6 +334,9 @@ def _no_item_sees_another(out):
 def test_what_the_function_imports_inside_is_imported_in_the_snapshot_not_by_each_item():
     # (scikit-learn imported inside a fit: 1.75 s of every item before.)
     assert peerwasm.map(fns.imports_inside, [0, 1, 2]) == [(True, 1.0, True), (True, 2.0, True), (True, 3.0, True)]
+    # A submodule its package loads on first use (scipy.stats after
+    # `import scipy`): loaded in the snapshot; one no package loads is not.
+    assert peerwasm.map(fns.reaches_lazily, [0, 1]) == [(True, 40, None), (True, 41, None)]
 
 
 def test_items_start_warm_and_none_sees_what_another_left():

@@ -490,7 +490,9 @@ def _driver(fn, node, source, name, classes, place, own=True, label=None, by_val
     )
     # What the functions import as they run, for a map's snapshot to hold
     # (`_warm`): read from their text, not run here.
-    definitions += f"\n\n_pw_inner_imports = {_inner_imports([node, *made], definitions)!r}"
+    imports = _travel.imports(fn) if own else ""
+    inner, reached = _inner_imports([node, *made], definitions, imports)
+    definitions += f"\n\n_pw_inner_imports = {inner!r}\n_pw_reached = {reached!r}"
     module_file = getattr(sys.modules.get(fn.__module__), "__file__", None) if own else None
     package = _travel.package_of(fn) if own else None
     if package:
@@ -502,7 +504,7 @@ def _driver(fn, node, source, name, classes, place, own=True, label=None, by_val
         place += f"__file__ = {os.path.abspath(module_file)!r}\n"
     return _DRIVER.format(
         wire_source=_wire_source(),
-        imports=_travel.imports(fn) if own else "",
+        imports=imports,
         definitions=definitions,
         values=_VALUES_HERE,
         source=source,
@@ -515,20 +517,31 @@ def _driver(fn, node, source, name, classes, place, own=True, label=None, by_val
     )
 
 
-def _inner_imports(nodes, definitions):
-    """The modules the functions among `nodes` and `definitions` (source)
+def _inner_imports(nodes, definitions, imports):
+    """`(imported, reached)`: what the functions among `nodes` and
+    `definitions` (source) import as they run, for a map's snapshot to
+    hold (`_warm`), in the order first met. `imported`: the modules they
     import inside their bodies (`def fit(...): from sklearn.linear_model
-    import LogisticRegression`), absolute ones only, in the order first
-    met: for `from m import n`, `m` and `m.n` (which may be a submodule).
-    A map's snapshot imports them, so that each item does not: an item
-    starts from the snapshot, and an import inside the function was paid
-    again by every item (scikit-learn's: 1.75 s of each fit)."""
+    import LogisticRegression`), absolute ones — for `from m import n`,
+    `m` and `m.n`, which may be a submodule. `reached`: `(module, a[, b])`
+    for each `m.a.b` they read of a module the program's `imports` bind —
+    a library that loads its submodules on first use (`scipy.stats` after
+    `import scipy`) loads it then; one that does not is not made to. Each
+    item paid again for such an import, since each starts from the
+    snapshot (scikit-learn's: 1.75 s of each fit; scipy.stats': ~1 s)."""
     trees = list(nodes)
-    try:
-        trees.append(ast.parse(definitions))
-    except SyntaxError:
-        pass
-    names = []
+    for text in (definitions, imports):
+        try:
+            trees.append(ast.parse(text))
+        except SyntaxError:
+            pass
+    modules = {}  # a name the imports bind -> the module it may be
+    for n in ast.walk(trees[-1]) if imports else ():
+        if isinstance(n, ast.Import):
+            modules.update({a.asname or a.name.split(".")[0]: a.name if a.asname else a.name.split(".")[0] for a in n.names})
+        elif isinstance(n, ast.ImportFrom) and not n.level and n.module:
+            modules.update({a.asname or a.name: f"{n.module}.{a.name}" for a in n.names if a.name != "*"})
+    names, reached = [], []
     for tree in trees:
         for scope in ast.walk(tree):
             if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
@@ -538,7 +551,16 @@ def _inner_imports(nodes, definitions):
                     names += [a.name for a in n.names]
                 elif isinstance(n, ast.ImportFrom) and not n.level and n.module and n.module != "__future__":
                     names += [n.module, *(f"{n.module}.{a.name}" for a in n.names if a.name != "*")]
-    return list(dict.fromkeys(names))
+                elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in modules:
+                    reached.append((modules[n.value.id], n.attr))
+                elif (
+                    isinstance(n, ast.Attribute)
+                    and isinstance(n.value, ast.Attribute)
+                    and isinstance(n.value.value, ast.Name)
+                    and n.value.value.id in modules
+                ):
+                    reached.append((modules[n.value.value.id], n.value.attr, n.attr))
+    return list(dict.fromkeys(names)), list(dict.fromkeys(reached))
 
 
 def _made_in_arguments(fn, classes, own, label):

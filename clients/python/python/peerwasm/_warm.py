@@ -224,8 +224,20 @@ for _pw_name in globals().get("_pw_inner_imports", ()):
         __import__(_pw_name)
     except Exception:
         pass
-_pw_name = None
-del _pw_name
+# And the submodules they reach through a module's attributes, read as
+# they would read them (a library that loads them on first use, as scipy
+# does, loads them now); only modules' attributes are read.
+for _pw_name in globals().get("_pw_reached", ()):
+    _pw_at = _pw_sys.modules.get(_pw_name[0])
+    for _pw_part in _pw_name[1:]:
+        if type(_pw_at) is not type(_pw_sys):
+            break
+        try:
+            _pw_at = getattr(_pw_at, _pw_part)
+        except Exception:
+            break
+_pw_name = _pw_at = _pw_part = None
+del _pw_name, _pw_at, _pw_part
 def _pw_files_open():
     import os, stat
     n = 0

@@ -1,0 +1,3 @@
+"""Loaded by `lazypkg` on first use."""
+
+VALUE = 40
