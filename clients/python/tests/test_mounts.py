@@ -126,13 +126,15 @@ def test_what_cannot_be_given_is_refused_saying_why(tmp_path):
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def test_matplotlib_draws_and_a_figure_written_to_outputs_comes_back(tmp_path):
+def test_matplotlib_draws_and_a_figure_written_to_outputs_comes_back(tmp_path, capfd):
     [png] = peerwasm.map(fns.plots, [5])
     assert png.startswith(PNG)
     figs = tmp_path / "figs"
     paths = [str(figs / f"fig{i}.png") for i in range(2)]
     assert peerwasm.map(fns.saves_figure, paths, outputs=[figs]) == paths
     assert all(pathlib.Path(p).read_bytes().startswith(PNG) for p in paths)
+    # Its cache has a place: no warning about one on the caller's stderr.
+    assert "MPLCONFIGDIR" not in capfd.readouterr().err
 
 
 def test_a_link_pointing_out_of_outputs_is_never_planted_on_the_host(tmp_path):

@@ -46,6 +46,8 @@ const MPL_DATA_MEMBER: &str = "matplotlib/mpl-data.zip";
 /// the stdlib zip. A directory mounted at this path (a longer prefix than
 /// the zip's folder) is what the guest finds there.
 const MPL_DATA_GUEST: &str = "/usr/local/lib/python315.zip/matplotlib/mpl-data";
+/// Where matplotlib keeps its cache in a job: in its scratch directory.
+const MPL_CONFIG_GUEST: &str = "/tmp/matplotlib";
 /// Where the script's directory is mounted in the guest.
 pub const SCRIPT_GUEST_DIR: &str = "/script";
 /// The reactor entry `python.wasm` exports.
@@ -499,6 +501,12 @@ fn interpreter_job(runtime: &PythonRuntime, cache: &Path, plots: bool) -> anyhow
             guest: MPL_DATA_GUEST.into(),
             read_only: true,
         });
+        // Its cache in the job's scratch: without a home or this, every
+        // import warned on the caller's stderr that it "created a temporary
+        // cache directory" and that MPLCONFIGDIR should be set — which a
+        // job's caller cannot do.
+        job.env
+            .push(("MPLCONFIGDIR".into(), MPL_CONFIG_GUEST.into()));
     }
     Ok(job)
 }
