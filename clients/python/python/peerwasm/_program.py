@@ -529,14 +529,9 @@ def _inner_imports(nodes, definitions, imports):
     `import scipy`) loads it then; one that does not is not made to. Each
     item paid again for such an import, since each starts from the
     snapshot (scikit-learn's: 1.75 s of each fit; scipy.stats': ~1 s)."""
-    trees = list(nodes)
-    for text in (definitions, imports):
-        try:
-            trees.append(ast.parse(text))
-        except SyntaxError:
-            pass
+    trees = [*nodes, *_sources._parsed([definitions])]
     modules = {}  # a name the imports bind -> the module it may be
-    for n in ast.walk(trees[-1]) if imports else ():
+    for n in (n for tree in _sources._parsed([imports]) for n in ast.walk(tree)):
         if isinstance(n, ast.Import):
             modules.update({a.asname or a.name.split(".")[0]: a.name if a.asname else a.name.split(".")[0] for a in n.names})
         elif isinstance(n, ast.ImportFrom) and not n.level and n.module:
