@@ -10,6 +10,9 @@ import numpy as np
 FRESH_RNG = np.random.default_rng()
 FRESH_STATE = np.random.RandomState()
 FRESH_RANDOM = random.Random()
+# The legacy interface over a newer bit generator made from entropy: it
+# cannot be seeded again as numpy's own can (`seed()` is MT19937's alone).
+FRESH_PCG_STATE = np.random.RandomState(np.random.PCG64())
 # Made from entropy, then drawn from as the module loads (in the sandbox
 # too: a method called on it travels with its definition): still its stream.
 ADVANCED_RNG = np.random.default_rng()
@@ -36,6 +39,7 @@ def draws_unseeded(i):
         float(FRESH_RNG.normal()),
         float(FRESH_STATE.rand()),
         FRESH_RANDOM.random(),
+        float(FRESH_PCG_STATE.rand()),
         float(ADVANCED_RNG.random()),
         float(np.random.choice(DATA) + np.random.random()),
         random.random(),
