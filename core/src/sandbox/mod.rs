@@ -31,7 +31,8 @@
 //!   is here);
 //! * `outcome` — classifying how a job ended;
 //! * `wasi_ctx` — a job's WASI context: args, env, stdio, directories;
-//! * `workdir` — the claimed directory jobs' scratch is made in.
+//! * `workdir` — the claimed directory jobs' scratch is made in;
+//! * `scratch` — a job's scratch directory (kept for the next when left empty).
 //!
 //! A job runs as an async wasmtime call on a Tokio runtime. That is what lets
 //! a wall-time limit end a job that is asleep in a host call: the sync WASI
@@ -58,6 +59,7 @@ mod kinds;
 pub(crate) mod limiter;
 pub(crate) mod outcome;
 mod resident;
+mod scratch;
 mod spec;
 pub(crate) mod stdin;
 pub(crate) mod stdio;
@@ -161,6 +163,8 @@ pub struct Sandbox {
     /// `claim_jobs_dir`, or it could not be made, and they go under
     /// `scratch_root` as they are).
     work: Option<workdir::WorkDir>,
+    /// Empty scratch directories kept for the next jobs (`scratch`).
+    spare_scratch: Arc<scratch::Spares>,
 }
 
 impl Sandbox {
@@ -222,6 +226,7 @@ impl Sandbox {
             config,
             warm,
             residents: resident::Residents::default(),
+            spare_scratch: Arc::default(),
         })
     }
 
@@ -251,16 +256,6 @@ impl Sandbox {
     /// The configuration it was made with.
     pub fn config(&self) -> &SandboxConfig {
         &self.config
-    }
-
-    /// Where jobs' scratch directories are made, and a worker lays out
-    /// their trees: a directory of this sandbox's own under `scratch_root`
-    /// when `claim_jobs_dir`, claimed while it lives so that what a killed
-    /// process's jobs left is removed by the next one to start there
-    /// (`workdir`); else `scratch_root`. None: the system's temporary
-    /// directory.
-    pub fn jobs_dir(&self) -> Option<std::path::PathBuf> {
-        workdir::for_jobs(self.work.as_ref(), self.config.scratch_root.as_deref())
     }
 
     /// The worker's disk total shared by running jobs (`scratch_total_bytes`),

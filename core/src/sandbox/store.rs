@@ -20,7 +20,7 @@ impl super::Sandbox {
         spec: &RunSpec,
         io: JobIo<'_>,
         limiter: MemoryLimiter,
-    ) -> Result<(Store<JobState>, Option<tempfile::TempDir>), String> {
+    ) -> Result<(Store<JobState>, Option<super::scratch::Scratch>), String> {
         let (state, scratch) = self.core_state(opens_files, spec, io, limiter)?;
         Ok((self.store_of(engine, state), scratch))
     }
@@ -33,7 +33,7 @@ impl super::Sandbox {
         spec: &RunSpec,
         io: JobIo<'_>,
         limiter: MemoryLimiter,
-    ) -> Result<(JobState, Option<tempfile::TempDir>), String> {
+    ) -> Result<(JobState, Option<super::scratch::Scratch>), String> {
         let scratch = opens_files
             .then(|| self.scratch_dir())
             .transpose()

@@ -54,12 +54,4 @@ impl super::Sandbox {
         }
         Ok(b)
     }
-
-    pub(super) fn scratch_dir(&self) -> std::io::Result<tempfile::TempDir> {
-        let b = tempfile::Builder::new().prefix("peerwasm-job-").to_owned();
-        match self.jobs_dir() {
-            Some(root) => b.tempdir_in(root),
-            None => b.tempdir(),
-        }
-    }
 }

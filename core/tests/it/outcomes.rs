@@ -406,35 +406,58 @@ async fn files_sees_only_its_granted_directories() {
 }
 
 #[tokio::test]
-async fn scratch_directories_are_removed_after_the_job() {
+async fn a_scratch_directory_holding_anything_goes_with_its_job_and_the_next_sees_none_of_it() {
     let root = tempfile::tempdir().unwrap();
     let r = runner(SandboxConfig {
         slots: 1,
         scratch_root: Some(root.path().into()),
         claim_jobs_dir: true,
+        max_scratch_bytes: Some(4 << 20),
         ..SandboxConfig::default()
     });
-    // `files` opens files, so it gets a scratch dir (it fails: no /in granted).
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let res = r.run(guest_job(&r, "files", ""), Some(tx)).await;
-    assert_eq!(res.outcome, Outcome::Exited { code: 1 });
-    assert!(rx.try_recv().is_ok(), "the job ran and wrote");
-    // The job's scratch was made inside the sandbox's own directory for
-    // its jobs (claimed while it lives: what a killed worker left is
-    // swept), and went with the job.
-    let dirs: Vec<_> = std::fs::read_dir(root.path())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    assert_eq!(dirs.len(), 1, "{dirs:?}");
-    let name = dirs[0].file_name().unwrap().to_string_lossy().into_owned();
-    assert!(name.starts_with("peerwasm-jobs-"), "{name}");
-    let left: Vec<_> = std::fs::read_dir(&dirs[0])
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .filter(|n| n != peerwasm_core::leftovers::CLAIM_FILE)
-        .collect();
-    assert!(left.is_empty(), "scratch dir left behind: {left:?}");
+    // The jobs' scratch is made inside the sandbox's own directory for its
+    // jobs (claimed while it lives: what a killed worker left is swept).
+    let jobs_dir = || {
+        let dirs: Vec<_> = std::fs::read_dir(root.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(dirs.len(), 1, "{dirs:?}");
+        let name = dirs[0].file_name().unwrap().to_string_lossy().into_owned();
+        assert!(name.starts_with("peerwasm-jobs-"), "{name}");
+        dirs[0].clone()
+    };
+    let scratches = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(jobs_dir())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.file_name().unwrap() != peerwasm_core::leftovers::CLAIM_FILE)
+            .collect()
+    };
+    // A job that fills its scratch (64 directories deep, then a file to
+    // its 4 MiB bound): all of it goes with the job.
+    let res = r.run(guest_job(&r, "hostile-disk", ""), None).await;
+    assert_eq!(res.outcome, Outcome::Exited { code: 0 });
+    assert!(stdout(&res).contains("wrote 3 MiB"), "{}", stdout(&res));
+    assert!(scratches().is_empty(), "{:?}", scratches());
+    // One that leaves it empty (`ls` only reads /tmp): kept for the next.
+    let listed = |res: &peerwasm_core::proto::JobResult| {
+        assert_eq!(res.outcome, Outcome::Exited { code: 0 }, "{}", stderr(res));
+        stdout(res)
+    };
+    let res = r.run(guest_job(&r, "ls", "/tmp"), None).await;
+    assert_eq!(listed(&res).trim(), "", "a fresh scratch is empty");
+    let kept = scratches();
+    assert_eq!(kept.len(), 1, "left empty: kept");
+    assert_eq!(std::fs::read_dir(&kept[0]).unwrap().count(), 0);
+    // The next job that fills it has that one, and it goes with the job;
+    // the job after it sees none of what was written.
+    let res = r.run(guest_job(&r, "hostile-disk", ""), None).await;
+    assert!(stdout(&res).contains("wrote 3 MiB"), "{}", stdout(&res));
+    assert!(!kept[0].exists(), "held the job's files: removed");
+    assert!(scratches().is_empty(), "{:?}", scratches());
+    let res = r.run(guest_job(&r, "ls", "/tmp"), None).await;
+    assert_eq!(listed(&res).trim(), "", "nothing of the job before");
     drop(r);
     assert_eq!(
         std::fs::read_dir(root.path()).unwrap().count(),

@@ -1,0 +1,157 @@
+//! A job's scratch directory ([`Scratch`]): the writable directory a job
+//! that can open files sees at [`SCRATCH_GUEST_PATH`](super::SCRATCH_GUEST_PATH),
+//! made for it in the sandbox's jobs directory and gone when it ends.
+//!
+//! Why one is sometimes kept: most jobs of a map never write a file, and
+//! making and removing a directory costs ~0.1 ms on a journaled filesystem
+//! (ext4 mounted with `discard` here: the freed block is discarded before
+//! `rmdir` returns) — a fifth of a small Python item's whole cost. A
+//! directory its job left empty holds nothing of that job's: a name is all
+//! a WASI preview 1 guest can leave in a directory (it can change neither
+//! its mode nor its owner, nor remove or rename the directory it was given),
+//! and there is none. So it is kept for the next job, whoever's; one that
+//! holds anything is removed with what it holds, as every one was before.
+//! Whether it is empty is read from the directory itself once its job can
+//! no longer run, not from what the job was counted to have written.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tempfile::TempDir;
+
+/// Empty scratch directories a sandbox keeps for the next jobs: as many as
+/// jobs run at once on a large worker; beyond that an empty one is removed.
+pub(super) const SPARES_KEPT: usize = 16;
+
+/// A job's scratch directory, held while the job runs: dropped, it is
+/// removed — or kept for the next job if its job left it empty.
+#[derive(Debug)]
+pub(super) struct Scratch {
+    dir: Option<TempDir>,
+    spares: Arc<Spares>,
+}
+
+impl Scratch {
+    /// Where it is on the host.
+    pub(super) fn path(&self) -> &Path {
+        self.dir.as_ref().map_or(Path::new(""), |d| d.path())
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let Some(dir) = self.dir.take() else { return };
+        if is_empty(dir.path()) {
+            let mut spares = self.spares.dirs.lock();
+            if spares.len() < SPARES_KEPT {
+                spares.push(dir);
+            }
+        }
+        // Otherwise `dir` drops here: removed with what it holds.
+    }
+}
+
+/// The empty scratch directories a sandbox keeps (removed with it).
+#[derive(Debug, Default)]
+pub(super) struct Spares {
+    dirs: Mutex<Vec<TempDir>>,
+}
+
+impl Spares {
+    /// How many are kept now.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.dirs.lock().len()
+    }
+}
+
+/// Whether `dir` is a directory with nothing in it.
+fn is_empty(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_none())
+}
+
+impl super::Sandbox {
+    /// A scratch directory for a job: a kept empty one, else a new one in
+    /// [`jobs_dir`](Self::jobs_dir).
+    pub(super) fn scratch_dir(&self) -> std::io::Result<Scratch> {
+        take(&self.spare_scratch, self.jobs_dir())
+    }
+
+    /// Where jobs' scratch directories are made, and a worker lays out
+    /// their trees: a directory of this sandbox's own under `scratch_root`
+    /// when `claim_jobs_dir`, claimed while it lives so that what a killed
+    /// process's jobs left is removed by the next one to start there
+    /// (`workdir`); else `scratch_root`. None: the system's temporary
+    /// directory.
+    pub fn jobs_dir(&self) -> Option<PathBuf> {
+        super::workdir::for_jobs(self.work.as_ref(), self.config.scratch_root.as_deref())
+    }
+}
+
+/// A kept empty directory of `spares`, else a new one under `root` (the
+/// system's temporary directory when none).
+fn take(spares: &Arc<Spares>, root: Option<PathBuf>) -> std::io::Result<Scratch> {
+    let kept = spares.dirs.lock().pop();
+    let dir = match kept {
+        Some(dir) => dir,
+        None => {
+            let b = tempfile::Builder::new().prefix("peerwasm-job-").to_owned();
+            match root {
+                Some(root) => b.tempdir_in(root)?,
+                None => b.tempdir()?,
+            }
+        }
+    };
+    Ok(Scratch {
+        dir: Some(dir),
+        spares: spares.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_scratch_is_kept_for_the_next_job_and_one_holding_anything_is_removed() {
+        let root = tempfile::tempdir().unwrap();
+        let spares = Arc::new(Spares::default());
+        let first = take(&spares, Some(root.path().into())).unwrap();
+        let kept = first.path().to_path_buf();
+        drop(first);
+        assert!(kept.is_dir(), "left empty: kept");
+        assert_eq!(spares.len(), 1);
+
+        let second = take(&spares, Some(root.path().into())).unwrap();
+        assert_eq!(second.path(), kept, "the next job has it");
+        assert_eq!(spares.len(), 0, "and no one else while it runs");
+        std::fs::create_dir(second.path().join("d")).unwrap();
+        std::fs::write(second.path().join("d/f"), b"tenant A's").unwrap();
+        drop(second);
+        assert!(!kept.exists(), "it held something: removed with it");
+        assert_eq!(spares.len(), 0);
+
+        let third = take(&spares, Some(root.path().into())).unwrap();
+        assert_ne!(third.path(), kept, "a new one");
+        assert_eq!(std::fs::read_dir(third.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn at_most_spares_kept_empty_directories_stay() {
+        let root = tempfile::tempdir().unwrap();
+        let spares = Arc::new(Spares::default());
+        let running: Vec<Scratch> = (0..SPARES_KEPT + 3)
+            .map(|_| take(&spares, Some(root.path().into())).unwrap())
+            .collect();
+        drop(running);
+        assert_eq!(spares.len(), SPARES_KEPT);
+        assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), SPARES_KEPT);
+        drop(spares);
+        assert_eq!(
+            std::fs::read_dir(root.path()).unwrap().count(),
+            0,
+            "removed with the sandbox"
+        );
+    }
+}
