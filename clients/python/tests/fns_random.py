@@ -17,6 +17,16 @@ FRESH_PCG_STATE = np.random.RandomState(np.random.PCG64())
 # too: a method called on it travels with its definition): still its stream.
 ADVANCED_RNG = np.random.default_rng()
 ADVANCED_RNG.random()
+# Made from entropy and drawn from as the module loads, of every kind whose
+# state changes wholly as it draws (the legacy RandomState's MT19937 among
+# them), and a stream jumped ahead: still entropy's, not a value's.
+DRAWN_STATE = np.random.RandomState()
+NOISE = DRAWN_STATE.randn(3000)
+DRAWN_MT = np.random.Generator(np.random.MT19937())
+DRAWN_MT.random(5)
+DRAWN_SFC = np.random.Generator(np.random.SFC64())
+DRAWN_SFC.integers(0, 9, 3, dtype=np.uint32)
+JUMPED = np.random.Generator(np.random.PCG64().jumped())
 # A bootstrap's data: the caller's numbers, which travel by value.
 DATA = np.random.randn(50)
 
@@ -31,6 +41,11 @@ class Loaded:
 SEEDED_RNG = np.random.default_rng(7)
 SEEDED_STATE = np.random.RandomState(42)
 SEEDED_RANDOM = random.Random(5)
+# Made from entropy, then set by hand to a saved state: that state's.
+RESTORED_STATE = np.random.RandomState()
+RESTORED_STATE.set_state(np.random.RandomState(7).get_state())
+RESTORED_SFC = np.random.SFC64()
+RESTORED_SFC.state = np.random.SFC64(8).state
 
 
 def draws_unseeded(i):
@@ -41,10 +56,20 @@ def draws_unseeded(i):
         FRESH_RANDOM.random(),
         float(FRESH_PCG_STATE.rand()),
         float(ADVANCED_RNG.random()),
+        float(DRAWN_STATE.rand()),
+        float(DRAWN_MT.random()),
+        float(DRAWN_SFC.random()),
+        float(JUMPED.random()),
         float(np.random.choice(DATA) + np.random.random()),
         random.random(),
     ]
 
 
 def draws_seeded(i):
-    return [float(SEEDED_RNG.normal()), float(SEEDED_STATE.rand()), SEEDED_RANDOM.random()]
+    return [
+        float(SEEDED_RNG.normal()),
+        float(SEEDED_STATE.rand()),
+        SEEDED_RANDOM.random(),
+        float(RESTORED_STATE.rand()),
+        int(RESTORED_SFC.random_raw()),
+    ]

@@ -360,6 +360,8 @@ def test_generators_seeded_with_a_value_start_each_item_from_it_as_a_process_wou
         float(np.random.default_rng(7).normal()),
         float(np.random.RandomState(42).rand()),
         random.Random(5).random(),
+        float(np.random.RandomState(7).rand()),
+        int(np.random.SFC64(8).random_raw()),
     ]
     assert peerwasm.map(fns_random.draws_seeded, range(6)) == [expected] * 6
     # numpy's and random's own, seeded by a local module as it loads.

@@ -29,10 +29,16 @@ PROGRAM_PATH = "/script/job.py"
 # * numpy: every entropy it draws comes through `secrets.randbits` (bound
 #   when numpy.random is imported, after this), so what that hands out is
 #   kept; a bit generator whose seed sequence holds such entropy was made
-#   from entropy. Whether it was seeded *again* with a value since
-#   (`RandomState(42)` seeds one made from entropy), is read from its
-#   state at the prelude's end: untouched since made, or — a PCG64, the
-#   default — the same stream (its increment). numpy.random's own
+#   from entropy. Seeding it again with a value (`RandomState(42)` seeds
+#   one made from entropy, as `rs.seed(5)` does) lets go of its seed
+#   sequence; what is left is a state set by hand (`set_state`, `.state =`),
+#   told from drawing by where the state is at the prelude's end: untouched
+#   since made, or where drawing gets to — the same stream (PCG64's
+#   increment, Philox's key: a `jumped()` one's stream is another entropy's
+#   it was given), or, for MT19937 (`RandomState()`'s) and SFC64, its
+#   draws replayed from the seed sequence, up to `REPLAY_WORDS`. Before,
+#   only untouched and PCG64 counted: a `RandomState()` drawn from as the
+#   module loaded gave every item the same numbers. numpy.random's own
 #   generator is watched through `np.random.seed`/`set_state`, wrapped as
 #   numpy.random is imported, by whatever route (numpy imports it lazily).
 #
@@ -44,6 +50,8 @@ def _pw_watch_seeds():
     marked = weakref.WeakValueDictionary()  # id -> a Random seeded from entropy
     given = set()  # entropy secrets.randbits handed out
     numpy_own = {}  # "fresh": whether numpy.random's generator is seeded from entropy
+    REPLAY_WORDS = 1 << 22  # 4 Mi words: 2 Mi doubles drawn as the module loaded
+    STREAMS_TRIED = 256  # other entropy a jumped() generator's stream is looked for in
     seed, setstate, randbits = random.Random.seed, random.Random.setstate, secrets.randbits
 
     def mark(generator, fresh):
@@ -131,16 +139,57 @@ def _pw_watch_seeds():
             return numpy.array_equal(a, b)
         return a == b
 
+    def stream(state):
+        # What names a generator's stream whatever it has drawn: PCG64's
+        # increment, Philox's key; None for those with no such part.
+        inner = state.get("state")
+        if isinstance(inner, dict) and "inc" in inner:
+            return ("inc", int(inner["inc"]))
+        if isinstance(inner, dict) and "key" in inner and "counter" in inner:
+            return ("key", tuple(int(k) for k in inner["key"]))
+        return None
+
+    def drawn_to(kind, ss, now, nr):
+        # Whether a generator made from `ss` gets to state `now` by drawing
+        # at most REPLAY_WORDS words: SFC64 counts its words; MT19937 is
+        # compared a block of 624 words at a time, by the block each state
+        # draws next (its key alone decides it).
+        probe, inner = kind(ss), now["state"]
+        if kind is nr.SFC64:
+            left = int(inner["state"][3]) - int(probe.state["state"]["state"][3])
+            if not 0 < left <= REPLAY_WORDS:
+                return False
+            while left:
+                step = min(left, 1 << 20)
+                probe.random_raw(step)
+                left -= step
+            return same(probe.state["state"], inner)
+        if kind is nr.MT19937:
+            there = kind()
+            there.state = {"bit_generator": "MT19937", "state": {"key": inner["key"], "pos": 624}}
+            block = there.random_raw(624)
+            probe.random_raw(624 - probe.state["state"]["pos"])  # to a block's start
+            for _ in range(REPLAY_WORDS // (624 * 256)):
+                blocks = probe.random_raw(624 * 256).reshape(256, 624)
+                if (blocks == block).all(axis=1).any():
+                    return True
+        return False
+
     def from_entropy(bg, nr):
-        # Made from entropy, and not seeded again since with a value.
+        # Made from entropy, and not set by hand to a state since (see above).
         ss = getattr(bg, "seed_seq", None)
         if not isinstance(ss, nr.SeedSequence) or type(ss.entropy) is not int or ss.entropy not in given:
             return False
-        now, made = bg.state, type(bg)(ss).state
-        inner = now.get("state")
-        if isinstance(inner, dict) and "inc" in inner:
-            return inner["inc"] == made["state"]["inc"]
-        return same(now, made)
+        now, kind = bg.state, type(bg)
+        if same(now, kind(ss).state):
+            return True
+        mine = stream(now)
+        if mine is None:
+            return drawn_to(kind, ss, now, nr)
+        if stream(kind(ss).state) == mine:
+            return True
+        others = sorted(given)[:STREAMS_TRIED]
+        return any(stream(kind(nr.SeedSequence(e)).state) == mine for e in others)
 
     def afresh(state, nr):
         # A RandomState seeded again from entropy, its cached normal let go.
