@@ -12,7 +12,10 @@
 //! and there is none. So it is kept for the next job, whoever's; one that
 //! holds anything is removed with what it holds, as every one was before.
 //! Whether it is empty is read from the directory itself once its job can
-//! no longer run, not from what the job was counted to have written.
+//! no longer run, not from what the job was counted to have written. Its
+//! times are set to the present as it is kept: a guest can set them
+//! (`path_filestat_set_times` on its `/tmp`), and the next job — another
+//! tenant's — can read them.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -42,7 +45,7 @@ impl Scratch {
 impl Drop for Scratch {
     fn drop(&mut self) {
         let Some(dir) = self.dir.take() else { return };
-        if is_empty(dir.path()) {
+        if is_empty(dir.path()) && times_reset(dir.path()) {
             let mut spares = self.spares.dirs.lock();
             if spares.len() < SPARES_KEPT {
                 spares.push(dir);
@@ -69,6 +72,18 @@ impl Spares {
 /// Whether `dir` is a directory with nothing in it.
 fn is_empty(dir: &Path) -> bool {
     std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_none())
+}
+
+/// Sets `dir`'s access and modification times to now (what a new one's
+/// read); false if they could not be.
+fn times_reset(dir: &Path) -> bool {
+    let now = std::time::SystemTime::now();
+    let times = std::fs::FileTimes::new()
+        .set_accessed(now)
+        .set_modified(now);
+    std::fs::File::open(dir)
+        .and_then(|d| d.set_times(times))
+        .is_ok()
 }
 
 impl super::Sandbox {
@@ -135,6 +150,29 @@ mod tests {
         let third = take(&spares, Some(root.path().into())).unwrap();
         assert_ne!(third.path(), kept, "a new one");
         assert_eq!(std::fs::read_dir(third.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_kept_scratch_does_not_carry_the_times_its_job_set() {
+        let root = tempfile::tempdir().unwrap();
+        let spares = Arc::new(Spares::default());
+        let first = take(&spares, Some(root.path().into())).unwrap();
+        // What a guest can do to its /tmp: set its times, to anything.
+        let long_ago = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1234567);
+        let times = std::fs::FileTimes::new()
+            .set_accessed(long_ago)
+            .set_modified(long_ago);
+        std::fs::File::open(first.path())
+            .unwrap()
+            .set_times(times)
+            .unwrap();
+        drop(first);
+        let second = take(&spares, Some(root.path().into())).unwrap();
+        let meta = std::fs::metadata(second.path()).unwrap();
+        let age = |t: std::time::SystemTime| t.elapsed().unwrap_or_default();
+        assert_eq!(spares.len(), 0, "the kept one");
+        assert!(age(meta.modified().unwrap()) < std::time::Duration::from_secs(600));
+        assert!(age(meta.accessed().unwrap()) < std::time::Duration::from_secs(600));
     }
 
     #[test]
