@@ -12,10 +12,12 @@
 //! and there is none. So it is kept for the next job, whoever's; one that
 //! holds anything is removed with what it holds, as every one was before.
 //! Whether it is empty is read from the directory itself once its job can
-//! no longer run, not from what the job was counted to have written. Its
-//! times are set to the present as it is kept: a guest can set them
-//! (`path_filestat_set_times` on its `/tmp`), and the next job — another
-//! tenant's — can read them.
+//! no longer run, not from what the job was counted to have written. What
+//! else a guest can leave on it the next job — another tenant's — could
+//! read: its times (`path_filestat_set_times` on its `/tmp`), set to the
+//! present as it is kept; and its size, which grows with the names a
+//! directory has held (ext4 never shrinks one): one no longer the size it
+//! was made with is removed.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -32,6 +34,8 @@ pub(super) const SPARES_KEPT: usize = 16;
 #[derive(Debug)]
 pub(super) struct Scratch {
     dir: Option<TempDir>,
+    /// Its size as made (`st_size`).
+    made: u64,
     spares: Arc<Spares>,
 }
 
@@ -45,10 +49,10 @@ impl Scratch {
 impl Drop for Scratch {
     fn drop(&mut self) {
         let Some(dir) = self.dir.take() else { return };
-        if is_empty(dir.path()) && times_reset(dir.path()) {
+        if as_made(dir.path(), self.made) && times_reset(dir.path()) {
             let mut spares = self.spares.dirs.lock();
             if spares.len() < SPARES_KEPT {
-                spares.push(dir);
+                spares.push((dir, self.made));
             }
         }
         // Otherwise `dir` drops here: removed with what it holds.
@@ -58,7 +62,7 @@ impl Drop for Scratch {
 /// The empty scratch directories a sandbox keeps (removed with it).
 #[derive(Debug, Default)]
 pub(super) struct Spares {
-    dirs: Mutex<Vec<TempDir>>,
+    dirs: Mutex<Vec<(TempDir, u64)>>,
 }
 
 impl Spares {
@@ -69,9 +73,11 @@ impl Spares {
     }
 }
 
-/// Whether `dir` is a directory with nothing in it.
-fn is_empty(dir: &Path) -> bool {
-    std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_none())
+/// Whether `dir` is a directory with nothing in it, of the size it was
+/// made with.
+fn as_made(dir: &Path, made: u64) -> bool {
+    std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir() && m.len() == made)
+        && std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_none())
 }
 
 /// Sets `dir`'s access and modification times to now (what a new one's
@@ -108,18 +114,21 @@ impl super::Sandbox {
 /// system's temporary directory when none).
 fn take(spares: &Arc<Spares>, root: Option<PathBuf>) -> std::io::Result<Scratch> {
     let kept = spares.dirs.lock().pop();
-    let dir = match kept {
-        Some(dir) => dir,
+    let (dir, made) = match kept {
+        Some(kept) => kept,
         None => {
             let b = tempfile::Builder::new().prefix("peerwasm-job-").to_owned();
-            match root {
+            let dir = match root {
                 Some(root) => b.tempdir_in(root)?,
                 None => b.tempdir()?,
-            }
+            };
+            let made = std::fs::metadata(dir.path())?.len();
+            (dir, made)
         }
     };
     Ok(Scratch {
         dir: Some(dir),
+        made,
         spares: spares.clone(),
     })
 }
@@ -173,6 +182,34 @@ mod tests {
         assert_eq!(spares.len(), 0, "the kept one");
         assert!(age(meta.modified().unwrap()) < std::time::Duration::from_secs(600));
         assert!(age(meta.accessed().unwrap()) < std::time::Duration::from_secs(600));
+    }
+
+    #[test]
+    fn an_empty_scratch_grown_by_the_names_it_held_is_removed() {
+        let root = tempfile::tempdir().unwrap();
+        let spares = Arc::new(Spares::default());
+        let first = take(&spares, Some(root.path().into())).unwrap();
+        let made = std::fs::metadata(first.path()).unwrap().len();
+        // Names enough to grow the directory past its first block, then
+        // removed: empty, but its size tells how many there were.
+        let mut n = 0;
+        while std::fs::metadata(first.path()).unwrap().len() == made && n < 100_000 {
+            std::fs::write(first.path().join(format!("{n:0>200}")), b"").unwrap();
+            n += 1;
+        }
+        for entry in std::fs::read_dir(first.path()).unwrap() {
+            std::fs::remove_file(entry.unwrap().path()).unwrap();
+        }
+        let grown = std::fs::metadata(first.path()).unwrap().len();
+        let path = first.path().to_path_buf();
+        drop(first);
+        if grown != made {
+            assert!(!path.exists(), "{made} -> {grown} bytes: removed");
+            assert_eq!(spares.len(), 0);
+        } else {
+            // A filesystem that shrinks directories (tmpfs): nothing to tell.
+            assert_eq!(spares.len(), 1);
+        }
     }
 
     #[test]
