@@ -91,14 +91,7 @@ fn to_result(
     attempts: u32,
     index: Option<usize>,
 ) -> PyResult<Result> {
-    let json = py.import("json")?;
-    let output = match std::str::from_utf8(&r.stdout) {
-        Ok(text) if !text.trim().is_empty() => json
-            .call_method1("loads", (text,))
-            .map(|v| v.unbind())
-            .unwrap_or_else(|_| py.None()),
-        _ => py.None(),
-    };
+    let output = json_output(py, &r.stdout)?;
     Ok(Result {
         exit_code: r.outcome.exit_code(),
         outcome: r.outcome.kind().into(),
@@ -114,6 +107,29 @@ fn to_result(
         attempts,
         index,
     })
+}
+
+/// A job's stdout read as JSON (`Result.output`), None when it is not.
+///
+/// Only what can begin a JSON text is given to `json.loads` (a Python
+/// map's replies, which begin `PWV1`, are not: the failed parse cost each
+/// item an exception), and only an `Exception` of its (not JSON, nested too
+/// deep for the parser) means "not JSON": a `KeyboardInterrupt` is raised —
+/// `json.loads` runs Python code, so a Ctrl-C that arrives while it runs is
+/// raised there, and was lost with it (the map went on to its end).
+fn json_output(py: Python<'_>, stdout: &[u8]) -> PyResult<Py<PyAny>> {
+    let Ok(text) = std::str::from_utf8(stdout) else {
+        return Ok(py.None());
+    };
+    let starts_json = |c: char| "{[\"-tfnNI".contains(c) || c.is_ascii_digit();
+    if !text.trim_start().starts_with(starts_json) {
+        return Ok(py.None());
+    }
+    match py.import("json")?.call_method1("loads", (text,)) {
+        Ok(value) => Ok(value.unbind()),
+        Err(e) if e.is_instance_of::<PyException>(py) => Ok(py.None()),
+        Err(e) => Err(e),
+    }
 }
 
 /// A `JobError` carrying `result`; a map's item says which it is.

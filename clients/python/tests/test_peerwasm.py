@@ -19,6 +19,7 @@ GUESTS = ROOT / "target" / "guests" / "wasm32-wasip1" / "release"
 PRIMES = GUESTS / "primes.wasm"
 SLEEP = GUESTS / "sleep.wasm"
 MEMHOG = GUESTS / "memhog.wasm"
+HELLO = GUESTS / "hello.wasm"
 PEERWASM = pathlib.Path(os.environ.get("PEERWASM_BIN", ROOT / "target" / "debug" / "peerwasm"))
 
 
@@ -46,6 +47,28 @@ def test_run_reports_what_the_job_used():
     assert r.memory_limit_bytes == 64 << 20
     assert 0 < r.peak_memory_bytes <= r.memory_limit_bytes
     assert r.wall_s > 0 and r.cpu_s > 0
+
+
+def test_output_is_stdout_read_as_json_when_it_is_and_none_else():
+    assert peerwasm.run(HELLO, args=['{"a": [1, 2]}']).output == {"a": [1, 2]}
+    assert peerwasm.run(HELLO, args=["not json"]).output is None
+    assert peerwasm.run(HELLO, args=["[1, 2"]).output is None
+    # Nested past what the parser can go into: not JSON here either.
+    assert peerwasm.run(HELLO, args=["[" * 100_000]).output is None
+
+
+def test_a_ctrl_c_while_a_result_is_read_is_raised_not_lost(monkeypatch):
+    # json.loads runs Python code, so a Ctrl-C that arrives while it reads
+    # a result's stdout is raised inside it. That was taken for stdout that
+    # is not JSON and lost: a map went on to its end.
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(json, "loads", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        peerwasm.run(PRIMES, stdin=b'{"n": 10}')
+    with pytest.raises(KeyboardInterrupt):
+        peerwasm.map(str(PRIMES), [{"n": 10}, {"n": 100}])
 
 
 def test_a_failed_job_raises_with_its_result():
