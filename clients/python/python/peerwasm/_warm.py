@@ -181,12 +181,13 @@ def _pw_watch_seeds():
         if not isinstance(ss, nr.SeedSequence) or type(ss.entropy) is not int or ss.entropy not in given:
             return False
         now, kind = bg.state, type(bg)
-        if same(now, kind(ss).state):
+        made = kind(ss).state
+        if same(now, made):
             return True
         mine = stream(now)
         if mine is None:
             return drawn_to(kind, ss, now, nr)
-        if stream(kind(ss).state) == mine:
+        if stream(made) == mine:
             return True
         others = sorted(given)[:STREAMS_TRIED]
         return any(stream(kind(nr.SeedSequence(e)).state) == mine for e in others)
@@ -407,8 +408,8 @@ TURN = "raise SystemExit(_pw_item())\n"
 
 def prelude(outputs):
     """A map's prelude; entry points read, BLAS's buffer made and the turn
-    compiled in the snapshot when it is kept (a map with `outputs=` starts each item cold:
-    they would only cost)."""
+    compiled in the snapshot when it is kept (a map with `outputs=` starts
+    each item cold: they would only cost)."""
     body = _PRELUDE.format(path=PROGRAM_PATH)
     kept = "" if outputs else _ENTRY_POINTS + _BLAS + _TURN_COMPILED.format(turn=TURN)
     return _SEEDS_WATCH + body + kept + _END
