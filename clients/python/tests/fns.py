@@ -4,6 +4,7 @@
 import collections
 import dataclasses
 import enum
+import functools
 import json
 
 import numpy as np
@@ -37,6 +38,22 @@ def _scaled(x):
 def uses_its_module(x):
     """A helper, constants (one built from another) and a class of its module."""
     return _scaled(x) + Point(x, -x).norm1()
+
+
+@functools.lru_cache(maxsize=None)
+def _squares(n):
+    """A helper kept by a decorator's wrapper object, not a function."""
+    return tuple(i * i for i in range(n))
+
+
+@functools.cache
+def _cubes(n):
+    return tuple(i**3 for i in range(n))
+
+
+def uses_cached_helpers(n):
+    _squares(n)  # a second call in the same item: the cache's
+    return sum(_squares(n)) + sum(_cubes(n)), _squares.cache_info().hits
 
 
 def uses_a_local_module(a, b):

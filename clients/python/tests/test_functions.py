@@ -115,6 +115,10 @@ def test_a_function_takes_its_modules_helpers_constants_and_classes():
     assert peerwasm.map(fns.norm_of, [fns.Point(1, -2), fns.Point(3, 4)]) == [3, 7]
     assert peerwasm.map(fns.norm_of, (fns.Point(i, i) for i in range(3))) == [0, 2, 4]
     assert peerwasm.run(fns.uses_a_local_module, 3, 4) == 5.0
+    # Helpers behind functools.lru_cache / functools.cache (wrapper objects,
+    # not functions) travel as their decorated `def` (they were not sent:
+    # NameError in the sandbox).
+    assert peerwasm.map(fns.uses_cached_helpers, [3, 4]) == [(5 + 9, 1), (14 + 36, 1)]
 
 
 def test_a_parameter_named_like_a_global_does_not_bring_the_global():

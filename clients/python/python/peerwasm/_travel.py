@@ -446,7 +446,7 @@ def _by_value(fn, name, candidates, values):
     module travels as its value (`values.take`): where its binding goes
     (None: after every definition), and the names its value refers to."""
     value = fn.__globals__[name]
-    if inspect.isfunction(value) or inspect.isclass(value):
+    if _code(value) is not None:
         return None  # code: its definition travels (checked by `_as_running`)
     running = _as_running(fn, name, candidates) if candidates else None
     taken = values.take(name, value, running[1] if running else None)
@@ -471,7 +471,8 @@ def _as_running(fn, name, candidates):
     if name not in namespace:
         return None
     live = namespace[name]
-    target = inspect.unwrap(live) if inspect.isfunction(live) else live
+    code = _code(live)
+    target = live if code is None else inspect.unwrap(code) if inspect.isfunction(code) else code
     ours = getattr(target, "__module__", None) == fn.__module__
     named = getattr(target, "__name__", None) == name
     if inspect.isfunction(target) and named:
@@ -502,6 +503,23 @@ def _as_running(fn, name, candidates):
         "otherwise: an earlier session's history, or a file changed since it was imported): "
         "define them in a file, and import it afresh"
     )
+
+
+def _code(value):
+    """`value` when it is code whose definition travels — a function, a
+    class — or the function a decorator's wrapper object holds
+    (`functools.lru_cache`'s, `functools.cache`'s: its `__wrapped__`), whose
+    `def` then travels with its decorators; else None. (Such a helper was
+    not sent at all: the function failed with NameError in the sandbox.)"""
+    if inspect.isfunction(value) or inspect.isclass(value):
+        return value
+    if not callable(value) or not hasattr(value, "__wrapped__"):
+        return None
+    try:
+        inner = inspect.unwrap(value)
+    except ValueError:  # a cycle of __wrapped__
+        return None
+    return inner if inspect.isfunction(inner) else None
 
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
