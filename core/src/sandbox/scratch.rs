@@ -113,7 +113,13 @@ impl super::Sandbox {
 /// A kept empty directory of `spares`, else a new one under `root` (the
 /// system's temporary directory when none).
 fn take(spares: &Arc<Spares>, root: Option<PathBuf>) -> std::io::Result<Scratch> {
-    let kept = spares.dirs.lock().pop();
+    // One removed from under us since (a cleaner of old temporary files)
+    // is let go, and a new one made.
+    let kept = spares
+        .dirs
+        .lock()
+        .pop()
+        .filter(|(dir, _)| dir.path().is_dir());
     let (dir, made) = match kept {
         Some(kept) => kept,
         None => {
@@ -210,6 +216,18 @@ mod tests {
             // A filesystem that shrinks directories (tmpfs): nothing to tell.
             assert_eq!(spares.len(), 1);
         }
+    }
+
+    #[test]
+    fn a_kept_scratch_removed_from_under_the_sandbox_is_made_again() {
+        let root = tempfile::tempdir().unwrap();
+        let spares = Arc::new(Spares::default());
+        let first = take(&spares, Some(root.path().into())).unwrap();
+        let kept = first.path().to_path_buf();
+        drop(first);
+        std::fs::remove_dir(&kept).unwrap();
+        let second = take(&spares, Some(root.path().into())).unwrap();
+        assert!(second.path().is_dir(), "{}", second.path().display());
     }
 
     #[test]
